@@ -1,0 +1,1 @@
+"""Built-in backends (numpy) and shared backend helpers (triton, ck)."""

@@ -1,0 +1,122 @@
+"""Parallel build of a registry through each kernel's backend.
+
+Kernels compile in a process pool (spawned workers: safe with CUDA and
+Triton), progress goes to stderr, and a kernel that fails is reported and
+left out of the registry -- it never sinks the batch.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from multiprocessing import get_context
+from typing import Optional
+
+import attrs
+
+from . import knobs
+from .errors import CkError
+
+log = logging.getLogger(__name__)
+
+
+@attrs.define
+class BuildReport:
+    built: dict = attrs.field(factory=dict)      # name -> metadata
+    failed: dict = attrs.field(factory=dict)     # name -> error text
+    cache_hits: int = 0
+    seconds: float = 0.0
+    workers: int = 1
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+    def summary(self) -> str:
+        return (f"built {len(self.built)} kernels ({self.cache_hits} from cache), "
+                f"{len(self.failed)} failed, {self.seconds:.2f} s with {self.workers} worker(s)")
+
+
+def _compile_one(key_dict: dict, cache_root: Optional[str], force: bool):
+    """Worker entry point (module level so it pickles)."""
+    from .key import KernelKey
+    from .plugins import get_manager
+
+    try:
+        mgr = get_manager()
+        key = KernelKey.from_dict(key_dict, manager=mgr)
+        backend = mgr.backend(key.backend)
+        meta = backend.compile(key, mgr.op(key.op), mgr.arch(key.arch),
+                               {"cache_root": cache_root, "force": force})
+        return key_dict["name"], meta or {}, None
+    except CkError as exc:
+        return key_dict["name"], None, f"{type(exc).__name__}: {exc}"
+    except Exception as exc:  # a compiler crash is one kernel's failure, not the batch's
+        return key_dict["name"], None, f"{type(exc).__name__}: {exc}"
+
+
+def _progress(total: int, enabled: Optional[bool]):
+    if enabled is None:
+        enabled = knobs.get("CK_PROGRESS") and sys.stderr.isatty()
+    if not enabled:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, file=sys.stderr, unit="kernel", desc="build")
+
+
+def build_registry(registry, max_workers: Optional[int] = None, progress: Optional[bool] = None,
+                   force: bool = False, cache_root: Optional[str] = None) -> BuildReport:
+    mgr = registry.mgr
+    t0 = time.perf_counter()
+    todo = []
+    report = BuildReport()
+    for key in registry:
+        backend = mgr.backend(key.backend)
+        if backend.compile is None:
+            report.built[key.name] = {"backend": key.backend, "compiled": False}
+            continue
+        ok, why = backend.available()
+        if not ok:
+            report.failed[key.name] = f"backend {key.backend} unavailable: {why}"
+            continue
+        todo.append(key)
+    workers = max(1, min(max_workers or knobs.build_workers(), len(todo) or 1))
+    report.workers = workers
+    bar = _progress(len(todo), progress)
+    dicts = [k.to_dict() for k in todo]
+    if workers == 1 or len(todo) <= 1:
+        results = (_compile_one(d, cache_root, force) for d in dicts)
+        for res in results:
+            _collect(report, res, bar)
+    else:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
+            futs = [pool.submit(_compile_one, d, cache_root, force) for d in dicts]
+            for fut in as_completed(futs):
+                _collect(report, fut.result(), bar)
+    if bar is not None:
+        bar.close()
+    for name, err in report.failed.items():
+        log.warning("kernel %s failed to build and was removed: %s", name, err)
+        if name in registry:
+            registry.remove(registry.get(name))
+    for name, meta in report.built.items():
+        registry.build_info[name] = meta
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _collect(report: BuildReport, res, bar) -> None:
+    name, meta, err = res
+    if err is not None:
+        report.failed[name] = err
+    else:
+        report.built[name] = meta
+        if meta.get("cache_hit"):
+            report.cache_hits += 1
+    if bar is not None:
+        bar.update(1)

@@ -1,0 +1,416 @@
+"""The ``ck`` command line (also ``python -m ck_core``).
+
+Op-specific problem fields and enumeration options are passed as
+``--<field> <value>`` pairs and handed to the op plugin, so a new op needs
+no CLI code.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from typing import Optional, Sequence
+
+import attrs
+import numpy as np
+
+from . import __version__, knobs
+from .errors import CkError, ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def _convert(text: str):
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    if "," in text:
+        return [_convert(t) for t in text.split(",") if t]
+    return text
+
+
+def _extras(tokens: Sequence[str]) -> dict:
+    out, i = {}, 0
+    while i < len(tokens):
+        tok = tokens[i]
+        if not tok.startswith("--") or len(tok) < 3:
+            raise ConfigError(f"unexpected argument {tok!r}; options look like --name value")
+        name = tok[2:].replace("-", "_")
+        if "=" in name:
+            name, val = name.split("=", 1)
+            i += 1
+        elif i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
+            val = tokens[i + 1]
+            i += 2
+        else:
+            val, i = "true", i + 1
+        out[name] = _convert(val)
+    return out
+
+
+def _print_table(rows: list[dict], cols: Sequence[str], out=sys.stdout) -> None:
+    widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) if rows else len(c) for c in cols}
+    out.write("  ".join(c.ljust(widths[c]) for c in cols) + "\n")
+    for r in rows:
+        out.write("  ".join(str(r.get(c, "")).ljust(widths[c]) for c in cols) + "\n")
+
+
+# -- commands ------------------------------------------------------------------
+
+def cmd_plugins(args, extra):
+    from .plugins import get_manager
+
+    mgr = get_manager()
+    if args.json:
+        print(json.dumps({"loaded": mgr.loaded, "ops": sorted(mgr.ops()), "archs": sorted(mgr.archs()),
+                          "backends": sorted(mgr.backends())}, indent=1))
+        return 0
+    _print_table(mgr.loaded, ("name", "group", "distribution", "module"))
+    print(f"\nops: {', '.join(sorted(mgr.ops()))}")
+    print(f"archs: {', '.join(sorted(mgr.archs()))}")
+    rows = []
+    for name, b in sorted(mgr.backends().items()):
+        ok, why = b.available()
+        rows.append({"backend": name, "available": "yes" if ok else f"no ({why})",
+                     "distribution": b.distribution})
+    print()
+    _print_table(rows, ("backend", "available", "distribution"))
+    return 0
+
+
+def cmd_archs(args, extra):
+    from .plugins import get_manager
+
+    archs = [a.summary() for a in sorted(get_manager().archs().values(), key=lambda a: a.name)]
+    if args.json:
+        print(json.dumps(archs, indent=1))
+        return 0
+    for a in archs:
+        a["target"] = ",".join(map(str, a["triton_target"] or ()))
+        a["lds_KiB"] = a["lds_bytes"] // 1024
+        a["dtypes"] = ",".join(a["dtypes"])
+    _print_table(archs, ("name", "vendor", "family", "warp_size", "lds_KiB", "compute_units",
+                         "target", "dtypes", "distribution"))
+    return 0
+
+
+def _registry_from_args(args, extra):
+    from .filters import compile_filter, load_filter_file
+    from .registry import Registry
+
+    reg = Registry.from_enumeration(args.op, args.arch, args.backend, **extra)
+    if args.filter:
+        reg = reg.filter(compile_filter(args.filter))
+    if args.filter_file:
+        reg = reg.filter(load_filter_file(args.filter_file))
+    return reg
+
+
+def cmd_list(args, extra):
+    t0 = time.perf_counter()
+    reg = _registry_from_args(args, extra)
+    secs = time.perf_counter() - t0
+    if args.count:
+        if args.json:
+            print(json.dumps({"op": args.op, "arch": args.arch, "backend": args.backend,
+                              "count": len(reg), "seconds": round(secs, 4), **extra}))
+        else:
+            print(len(reg))
+        return 0
+    if args.json:
+        print(json.dumps(reg.to_dict(), indent=1))
+        return 0
+    for k in reg:
+        print(k.name)
+    return 0
+
+
+def cmd_export(args, extra):
+    reg = _registry_from_args(args, extra)
+    path = reg.export_json(args.output)
+    print(f"wrote {len(reg)} kernels to {path}")
+    return 0
+
+
+def cmd_import(args, extra):
+    from .registry import Registry
+
+    reg = Registry.import_json(args.file)
+    print(f"{args.file}: registry {reg.name!r}, arch {reg.arch}, {len(reg)} kernels")
+    ops: dict[str, int] = {}
+    for k in reg:
+        ops[k.op] = ops.get(k.op, 0) + 1
+    for op, n in sorted(ops.items()):
+        print(f"  {op}: {n}")
+    return 0
+
+
+def _problem(op, extra):
+    fields = {f.name for f in attrs.fields(op.problem_type)}
+    pdict = {k: v for k, v in extra.items() if k in fields}
+    rest = {k: v for k, v in extra.items() if k not in fields}
+    for k, v in pdict.items():
+        if isinstance(v, list):
+            pdict[k] = tuple(v)
+    return op.problem_type.from_dict(pdict), rest
+
+
+def _seconds_for(dispatcher, problem, inputs, repeat):
+    backend = dispatcher.backend_spec
+    if backend.timer is not None:
+        return backend.timer(lambda: dispatcher.run_dict(problem, inputs), repeat)
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        dispatcher.run_dict(problem, inputs)
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def cmd_run(args, extra):
+    from .dispatcher import Dispatcher
+    from .plugins import get_manager
+    from .registry import Registry
+    from .validate import compare_all
+
+    mgr = get_manager()
+    op = mgr.op(args.op)
+    problem, options = _problem(op, extra)
+    reg = Registry.from_enumeration(args.op, args.arch, args.backend, **options)
+    if args.filter:
+        reg = reg.filter(args.filter)
+    tuning = None
+    if args.tuned:
+        from .tuning import TuningTable
+        tuning = TuningTable()
+    disp = Dispatcher(reg, backend=args.backend, tuning=tuning)
+    plan = disp.plan(problem)
+    rng = np.random.default_rng(args.seed)
+    inputs = op.make_inputs(problem, rng)
+    bk = disp.backend_spec
+    moved = {k: bk.to_backend(v) for k, v in inputs.items()}
+    outs = disp.run_dict(problem, moved)
+    result = {"problem": problem.to_dict(), "arch": args.arch, "backend": args.backend,
+              "plan": plan.describe(), "candidates": len(reg.candidates(problem, args.backend))}
+    if not args.no_validate:
+        ref = op.reference(problem, inputs)
+        tol = op.tolerance(problem) if op.tolerance else {}
+        dtypes = {k: getattr(problem, "dtype_c", getattr(problem, "dtype", "fp32")) for k in ref}
+        report = compare_all({k: bk.to_numpy(outs[k]) for k in ref}, ref, dtypes, tol)
+        result["validation"] = [attrs.asdict(v) for v in report.verdicts]
+        result["passed"] = report.passed
+    secs = _seconds_for(disp, problem, moved, args.repeat)
+    result["seconds"] = secs
+    if op.flops:
+        result["tflops"] = op.flops(problem) / secs / 1e12
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        print(f"problem : {problem}")
+        print(f"arch    : {args.arch}   backend: {args.backend}   candidates: {result['candidates']}")
+        for st in plan.stages:
+            print(f"kernel  : [{st.name}] {st.key.name}")
+        if not args.no_validate:
+            for v in report.verdicts:
+                print(f"verdict : {v}")
+        extra_t = f"  ({result['tflops']:.3f} TFLOPS)" if "tflops" in result else ""
+        print(f"time    : {secs * 1e3:.3f} ms{extra_t}")
+    if not args.no_validate and not result["passed"]:
+        return 1
+    return 0
+
+
+def cmd_build(args, extra):
+    reg = _registry_from_args(args, extra)
+    if args.limit:
+        from .registry import Registry
+        reg = Registry(reg.arch, list(reg)[: args.limit], name=reg.name)
+    report = reg.build(max_workers=args.workers)
+    print(report.summary())
+    for name, err in sorted(report.failed.items()):
+        print(f"FAILED {name}: {err}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"built": report.built, "failed": report.failed, "seconds": report.seconds,
+                       "workers": report.workers}, f, indent=1, default=str)
+    return 0 if report.ok or args.keep_going else 1
+
+
+def cmd_cache(args, extra):
+    from .cache import KernelCache
+
+    cache = KernelCache()
+    if args.action == "clear":
+        n = cache.clear()
+        print(f"removed {n} cached kernels from {cache.root}")
+    else:
+        print(json.dumps(cache.stats(), indent=1))
+    return 0
+
+
+def cmd_tune(args, extra):
+    from .dispatcher import Dispatcher
+    from .plugins import get_manager
+    from .registry import Registry
+    from .tuning import TuningTable, tune
+
+    mgr = get_manager()
+    op = mgr.op(args.op)
+    problem, options = _problem(op, extra)
+    reg = Registry.from_enumeration(args.op, args.arch, args.backend, **options)
+    if args.filter:
+        reg = reg.filter(args.filter)
+    disp = Dispatcher(reg, backend=args.backend)
+    inputs = op.make_inputs(problem, np.random.default_rng(0))
+    bk = disp.backend_spec
+    moved = {k: bk.to_backend(v) for k, v in inputs.items()}
+    timer = (lambda fn: bk.timer(fn, args.repeat)) if bk.timer else (
+        lambda fn: _seconds_for_fn(fn, args.repeat))
+    table = TuningTable(args.db) if args.db else TuningTable()
+    results = tune(disp, problem, moved, timer, table, top=args.top)
+    table.save()
+    rows = [{"rank": i + 1, "kernel": n, "ms": f"{s * 1e3:.4f}"} for i, (n, s) in enumerate(results[: args.show])]
+    _print_table(rows, ("rank", "ms", "kernel"))
+    print(f"winner recorded in {table.path}")
+    return 0
+
+
+def _seconds_for_fn(fn, repeat):
+    fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def cmd_bench(args, extra):
+    from .bench import run_bench
+
+    return run_bench(args.op, args, extra)
+
+
+def cmd_knobs(args, extra):
+    rows = [{"name": k.name, "default": k.default, "doc": k.doc} for k in knobs.KNOBS.values()]
+    _print_table(rows, ("name", "default", "doc"))
+    return 0
+
+
+def cmd_demo(args, extra):
+    from .demo import run_demo
+
+    return run_demo(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ck", allow_abbrev=False, description="ck-dispatcher: declare, enumerate, build, "
+                                "select, launch and validate GPU kernels")
+    p.add_argument("--version", action="version", version=f"ck-dispatcher {__version__}")
+    p.add_argument("-v", "--verbose", action="count", default=0, help="-v info, -vv debug logging")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    s = sub.add_parser("plugins", allow_abbrev=False, help="loaded plugins, ops, archs, backends")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_plugins)
+    s = sub.add_parser("archs", allow_abbrev=False, help="installed architectures")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_archs)
+
+    def reg_args(s, out=False):
+        s.add_argument("op")
+        s.add_argument("--arch", required=True)
+        s.add_argument("--backend", default=knobs.get("CK_BACKEND") or "numpy")
+        s.add_argument("--filter", help="safe expression over kernel fields, e.g. \"c.tile_m == 128\"")
+        s.add_argument("--filter-file", help="file of filter expressions, one a line")
+
+    s = sub.add_parser("list", allow_abbrev=False, help="enumerate kernels: ck list <op> --arch A [--count] [--json]")
+    reg_args(s)
+    s.add_argument("--count", action="store_true")
+    s.add_argument("--list", action="store_true", help="print names (the default)")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_list)
+
+    s = sub.add_parser("export", allow_abbrev=False, help="write a registry to JSON")
+    reg_args(s)
+    s.add_argument("-o", "--output", required=True)
+    s.set_defaults(fn=cmd_export)
+    s = sub.add_parser("import", allow_abbrev=False, help="read and check a registry JSON")
+    s.add_argument("file")
+    s.set_defaults(fn=cmd_import)
+
+    s = sub.add_parser("run", allow_abbrev=False, help="dispatch, run and validate one problem")
+    s.add_argument("op")
+    s.add_argument("--arch", required=True)
+    s.add_argument("--backend", default=knobs.get("CK_BACKEND") or "numpy")
+    s.add_argument("--filter")
+    s.add_argument("--seed", type=int, default=None)
+    s.add_argument("--repeat", type=int, default=3)
+    s.add_argument("--tuned", action="store_true", help="use the tuning table")
+    s.add_argument("--no-validate", action="store_true")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_run)
+
+    s = sub.add_parser("build", allow_abbrev=False, help="compile a registry in parallel through its backend")
+    reg_args(s)
+    s.add_argument("--workers", type=int, default=None)
+    s.add_argument("--limit", type=int, default=0, help="build only the first N kernels")
+    s.add_argument("--keep-going", action="store_true", help="exit 0 even if some kernels failed")
+    s.add_argument("--json", help="write the build report here")
+    s.set_defaults(fn=cmd_build)
+
+    s = sub.add_parser("cache", allow_abbrev=False, help="kernel cache: info | clear")
+    s.add_argument("action", choices=("info", "clear"))
+    s.set_defaults(fn=cmd_cache)
+
+    s = sub.add_parser("tune", allow_abbrev=False, help="time the candidates of a problem, store the winner")
+    s.add_argument("op")
+    s.add_argument("--arch", required=True)
+    s.add_argument("--backend", default=knobs.get("CK_BACKEND") or "numpy")
+    s.add_argument("--filter")
+    s.add_argument("--top", type=int, default=None, help="time only the heuristic's first N")
+    s.add_argument("--show", type=int, default=10)
+    s.add_argument("--repeat", type=int, default=5)
+    s.add_argument("--db", help="tuning table path (default CK_TUNING_DB or the cache dir)")
+    s.set_defaults(fn=cmd_tune)
+
+    s = sub.add_parser("bench", allow_abbrev=False, help="benchmark against a peer: ck bench gemm --vs torch")
+    s.add_argument("op")
+    s.add_argument("--vs", default="torch")
+    s.add_argument("--arch", default=None)
+    s.add_argument("--backend", default=None)
+    s.add_argument("--csv")
+    s.add_argument("--json")
+    s.add_argument("--quick", action="store_true")
+    s.set_defaults(fn=cmd_bench)
+
+    s = sub.add_parser("knobs", allow_abbrev=False, help="the CK_* environment variables")
+    s.set_defaults(fn=cmd_knobs)
+
+    s = sub.add_parser("demo", allow_abbrev=False, help="the main job: dispatched, validated GEMM and FMHA")
+    s.add_argument("--backend", default=None)
+    s.set_defaults(fn=cmd_demo)
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if args.verbose:
+        logging.basicConfig(level=logging.DEBUG if args.verbose > 1 else logging.INFO,
+                            format="%(levelname)s %(name)s: %(message)s")
+    try:
+        extra = _extras(rest)
+        return args.fn(args, extra)
+    except CkError as exc:
+        print(f"ck: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0

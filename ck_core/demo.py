@@ -1,0 +1,80 @@
+"""`ck demo`: the main job -- dispatched, validated GEMM (and FMHA when installed).
+
+Uses the triton backend on a GPU it can run, else the numpy backend on the CPU.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .dispatcher import Dispatcher
+from .errors import CkError
+from .plugins import get_manager
+from .registry import Registry
+from .validate import compare_all
+
+
+def _pick_backend(mgr, requested):
+    if requested:
+        return requested, None
+    for arch in mgr.archs().values():
+        if "triton" in mgr.backends():
+            ok, _ = mgr.backend("triton").can_execute(arch)
+            if ok:
+                return "triton", arch.name
+    return "numpy", None
+
+
+def _validated(disp, op, problem, rng):
+    inputs = op.make_inputs(problem, rng)
+    bk = disp.backend_spec
+    t0 = time.perf_counter()
+    outs = disp.run_dict(problem, {k: bk.to_backend(v) for k, v in inputs.items()})
+    secs = time.perf_counter() - t0
+    ref = op.reference(problem, inputs)
+    tol = op.tolerance(problem) if op.tolerance else {}
+    dtypes = {k: getattr(problem, "dtype_c", getattr(problem, "dtype", "fp32")) for k in ref}
+    return compare_all({k: bk.to_numpy(outs[k]) for k in ref}, ref, dtypes, tol), secs
+
+
+def run_demo(args) -> int:
+    mgr = get_manager()
+    backend, gpu_arch = _pick_backend(mgr, args.backend)
+    arch = gpu_arch or "gfx942"
+    rng = np.random.default_rng()
+    ok = True
+    print(f"ck-dispatcher demo: backend={backend} arch={arch}")
+    jobs = []
+    if "gemm" in mgr.ops():
+        from ck_gemm import GemmProblem
+
+        jobs.append(("gemm", GemmProblem(m=257, n=131, k=199, dtype="fp16", layout="rcr"), {}))
+    if "fmha" in mgr.ops():
+        from ck_fmha.demo import demo_problems
+
+        jobs.extend(demo_problems())
+    if not jobs:
+        print("no op plugins installed: pip install -e plugins/gemm plugins/fmha")
+        return 1
+    for op_name, problem, opts in jobs:
+        op = mgr.op(op_name)
+        try:
+            reg = Registry.from_enumeration(op_name, arch, backend, **opts)
+            disp = Dispatcher(reg, backend=backend)
+            plan = disp.plan(problem)
+            report, secs = _validated(disp, op, problem, rng)
+        except CkError as exc:
+            print(f"[{op_name}] error: {exc}")
+            ok = False
+            continue
+        print(f"\n[{op_name}] {problem}")
+        print(f"  registry: {len(reg)} kernels for {arch}/{backend}")
+        for st in plan.stages:
+            print(f"  stage {st.name:>16}: {st.key.name}")
+        for v in report.verdicts:
+            print(f"  {v}")
+        print(f"  host time {secs * 1e3:.2f} ms")
+        ok &= report.passed
+    print("\nall validated: " + ("PASS" if ok else "FAIL"))
+    return 0 if ok else 1

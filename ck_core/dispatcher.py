@@ -1,0 +1,134 @@
+"""Dispatcher: pick a kernel per problem, plan the stages, launch them.
+
+Selection order: the tuning table (measured winners) > the
+``ck_rank_candidates`` hook > the op's own heuristic > first fit.  Plans and
+launchers are cached per problem, so a warm ``run`` costs a dict lookup plus
+the kernel launch.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Optional
+
+from . import knobs
+from .errors import InvalidProblem, MissingKernel, UnsupportedProblem
+from .records import Plan, Stage
+from .registry import Registry
+
+log = logging.getLogger(__name__)
+
+
+class Dispatcher:
+    def __init__(self, registry: Registry, backend: Optional[str] = None, tuning=None,
+                 check_backend: bool = True):
+        self.registry = registry
+        self.mgr = registry.mgr
+        self.backend = backend or knobs.get("CK_BACKEND") or "numpy"
+        self.backend_spec = self.mgr.backend(self.backend)
+        self.arch = self.mgr.arch(registry.arch)
+        self.tuning = tuning
+        self._plans: dict[Any, Plan] = {}
+        self._impls: dict[Any, Any] = {}
+        self._selected: dict[Any, Any] = {}
+        if check_backend:
+            ok, why = self.backend_spec.can_execute(self.arch)
+            if not ok:
+                raise UnsupportedProblem(
+                    f"backend {self.backend!r} cannot run {self.arch.name} kernels here: {why}"
+                )
+
+    # -- selection -----------------------------------------------------------
+    def rank(self, problem) -> list:
+        """Candidates for ``problem``, best first."""
+        cands = self.registry.candidates(problem, backend=self.backend)
+        if not cands:
+            why = self.registry.why_not(problem)
+            detail = ("; e.g. " + " | ".join(why)) if why else ""
+            raise MissingKernel(
+                f"no kernel in registry {self.registry.name!r} ({len(self.registry)} kernels, "
+                f"backend {self.backend}) supports {problem}{detail}. Add kernels for this case "
+                f"(Registry.from_enumeration or `ck list`), or use another arch/backend"
+            )
+        if self.tuning is not None:
+            best = self.tuning.lookup(self.arch.name, self.backend, problem)
+            if best:
+                for k in cands:
+                    if k.name == best:
+                        return [k] + [c for c in cands if c is not k]
+        ranked = self.mgr.hook.ck_rank_candidates(problem=problem, candidates=list(cands), arch=self.arch)
+        if ranked:
+            return list(ranked)
+        op = self.mgr.op(problem.op)
+        if op.heuristic is not None:
+            return list(op.heuristic(problem, list(cands), self.arch))
+        return cands
+
+    def select(self, problem):
+        try:
+            return self._selected[problem]
+        except KeyError:
+            pass
+        key = self.rank(problem)[0]
+        self._selected[problem] = key
+        log.debug("selected %s for %s", key.name, problem)
+        return key
+
+    def plan(self, problem) -> Plan:
+        try:
+            return self._plans[problem]
+        except KeyError:
+            pass
+        op = self.mgr.op(problem.op)
+        steps = op.plan(problem) if op.plan else [(op.name, problem)]
+        plan = Plan(problem, [Stage(name, sub, self.select(sub)) for name, sub in steps])
+        self._plans[problem] = plan
+        return plan
+
+    # -- launch ----------------------------------------------------------------
+    def impl(self, key):
+        try:
+            return self._impls[key]
+        except KeyError:
+            op = self.mgr.op(key.op)
+            fn = op.implement(key, self.backend)
+            self._impls[key] = fn
+            return fn
+
+    def bind(self, problem, args, named) -> dict:
+        op = self.mgr.op(problem.op)
+        if len(args) > len(op.input_names):
+            raise InvalidProblem(f"{op.name} takes at most {len(op.input_names)} positional "
+                                 f"tensors ({', '.join(op.input_names)}), got {len(args)}")
+        tensors = dict(zip(op.input_names, args))
+        for k, v in named.items():
+            if k in tensors:
+                raise InvalidProblem(f"tensor {k!r} given twice (positionally and by name)")
+            tensors[k] = v
+        return tensors
+
+    def run(self, problem, *args, **named):
+        """Launch the plan for ``problem``; returns the op's outputs (one or a tuple)."""
+        t0 = time.perf_counter()
+        plan = self.plan(problem)
+        tensors = self.bind(problem, args, named)
+        for stage in plan.stages:
+            out = self.impl(stage.key)(stage.problem, tensors)
+            tensors.update(out)
+        op = self.mgr.op(problem.op)
+        result = tuple(tensors[n] for n in op.output_names if n in tensors)
+        self.mgr.hook.ck_after_run(problem=problem, plan=plan, seconds=time.perf_counter() - t0)
+        return result[0] if len(result) == 1 else result
+
+    def run_dict(self, problem, tensors: dict) -> dict:
+        """Like :meth:`run` but takes and returns every tensor by name."""
+        plan = self.plan(problem)
+        tensors = dict(tensors)
+        for stage in plan.stages:
+            tensors.update(self.impl(stage.key)(stage.problem, tensors))
+        return tensors
+
+    def clear_cache(self) -> None:
+        self._plans.clear()
+        self._selected.clear()
+        self._impls.clear()

@@ -1,0 +1,93 @@
+"""Every ``CK_*`` environment variable, declared once, typed and documented.
+
+Read a knob with ``knobs.get("CK_CACHE_DIR")`` (parsed on every call, so tests
+can monkeypatch the environment); ``ck knobs`` prints this table.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import attrs
+
+from .errors import ConfigError
+
+
+def _bool(text: str) -> bool:
+    low = text.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError("expected one of 1/0, true/false, yes/no, on/off")
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(n.strip() for n in text.split(",") if n.strip())
+
+
+def _int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError("expected a non-negative integer")
+    return value
+
+
+@attrs.frozen
+class Knob:
+    name: str
+    parse: Callable[[str], Any]
+    default: Any
+    doc: str
+
+
+KNOBS: dict[str, Knob] = {}
+
+
+def _declare(name: str, parse: Callable[[str], Any], default: Any, doc: str) -> None:
+    KNOBS[name] = Knob(name, parse, default, doc)
+
+
+_declare("CK_DISABLE_PLUGIN_AUTOLOAD", _bool, False,
+         "Do not load plugins from entry points; only built-ins and plugins passed explicitly.")
+_declare("CK_PLUGINS", _names, (),
+         "Comma-separated allow-list of plugin names (entry-point names); empty means all.")
+_declare("CK_BLOCK_PLUGINS", _names, (),
+         "Comma-separated block-list of plugin names never to load.")
+_declare("CK_CACHE_DIR", str, "",
+         "Kernel cache folder; default $XDG_CACHE_HOME/ck-dispatcher or ~/.cache/ck-dispatcher.")
+_declare("CK_BACKEND", str, "",
+         "Default backend for `ck run` and Dispatcher when none is given (numpy, triton, ck).")
+_declare("CK_BUILD_WORKERS", _int, 0,
+         "Default number of build worker processes; 0 means the number of CPUs.")
+_declare("CK_TUNING_DB", str, "",
+         "Path of the tuning table (JSON); default <cache dir>/tuning.json.")
+_declare("CK_PROGRESS", _bool, True,
+         "Show progress bars on stderr when it is a terminal.")
+
+
+def get(name: str) -> Any:
+    try:
+        knob = KNOBS[name]
+    except KeyError:
+        raise ConfigError(f"unknown knob {name!r}; known knobs: {', '.join(KNOBS)}") from None
+    raw = os.environ.get(name)
+    if raw is None:
+        return knob.default
+    try:
+        return knob.parse(raw)
+    except ValueError as exc:
+        raise ConfigError(f"environment variable {name}={raw!r} is invalid: {exc}") from None
+
+
+def cache_dir() -> Path:
+    explicit = get("CK_CACHE_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "ck-dispatcher"
+
+
+def build_workers() -> int:
+    return get("CK_BUILD_WORKERS") or (os.cpu_count() or 1)

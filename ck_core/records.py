@@ -1,0 +1,171 @@
+"""Typed records that plugins hand to the core through the hooks.
+
+Hooks return these, never bare dicts (the shape is checked once, here, so a
+broken plugin fails at load time with its own name in the message).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+
+import attrs
+
+from .errors import PluginError
+
+
+def _tuple(x: Iterable) -> tuple:
+    return tuple(x)
+
+
+@attrs.frozen(eq=False)
+class ArchSpec:
+    """One GPU architecture: hardware facts, kernel-space tables and rules.
+
+    ``warp_tiles`` maps a dtype token (``"fp16"``, ``"fp8"`` ...) to the legal
+    (M, N, K) matrix-instruction tiles of one warp; ``wave_layouts`` lists the
+    legal warps-per-block arrangements; ``pipeline_lds_limit`` gives, per GEMM
+    pipeline, the LDS/shared-memory bytes a kernel may use.  ``rules`` are
+    callables ``rule(key) -> str | None`` returning why a kernel key is illegal
+    on this arch (or ``None``).  ``extras`` holds op-specific facts, keyed by op
+    name (e.g. ``extras["fmha"]``).  ``triton_target`` is the
+    ``(backend, arch, warp_size)`` triple of ``triton.backends.compiler.GPUTarget``.
+    """
+
+    name: str
+    vendor: str = attrs.field(validator=attrs.validators.in_(("amd", "nvidia", "other")))
+    family: str
+    warp_size: int
+    lds_bytes: int
+    compute_units: int
+    dtypes: tuple = attrs.field(converter=_tuple)
+    warp_tiles: Mapping[str, tuple] = attrs.field(factory=dict)
+    wave_layouts: tuple = attrs.field(converter=_tuple, default=((2, 2, 1),))
+    pipelines: tuple = attrs.field(converter=_tuple, default=())
+    pipeline_lds_limit: Mapping[str, int] = attrs.field(factory=dict)
+    triton_target: Optional[tuple] = None
+    description: str = ""
+    peak: Mapping[str, float] = attrs.field(factory=dict)
+    extras: Mapping[str, Any] = attrs.field(factory=dict)
+    rules: tuple = attrs.field(converter=_tuple, default=())
+    distribution: str = ""
+
+    def gpu_target(self):
+        """The ``triton`` GPUTarget of this arch (imports triton lazily)."""
+        if self.triton_target is None:
+            raise PluginError(f"arch {self.name} declares no triton_target; its plugin must set one")
+        from triton.backends.compiler import GPUTarget
+
+        return GPUTarget(*self.triton_target)
+
+    def reject(self, key) -> Optional[str]:
+        """Why ``key`` is illegal on this arch, or None when it is legal."""
+        for rule in self.rules:
+            reason = rule(key)
+            if reason:
+                return reason
+        return None
+
+    def summary(self) -> dict:
+        return {
+            "name": self.name, "vendor": self.vendor, "family": self.family,
+            "warp_size": self.warp_size, "lds_bytes": self.lds_bytes,
+            "compute_units": self.compute_units, "dtypes": list(self.dtypes),
+            "pipelines": list(self.pipelines),
+            "triton_target": list(self.triton_target) if self.triton_target else None,
+            "distribution": self.distribution,
+        }
+
+
+@attrs.frozen(eq=False)
+class OpSpec:
+    """One operation (gemm, conv, fmha): problem type, kernel space, references.
+
+    Callables (all receive plain values; none may touch global state):
+
+    * ``enumerate(arch: ArchSpec, backend: str, options: dict) -> iterable of KernelKey``
+    * ``format_name(signature, algorithm) -> str`` and ``parse_name(body) -> (signature, algorithm)``
+      -- the name body always starts with ``f"{name}_"``;
+    * ``from_fields(signature: dict, algorithm: dict) -> (signature, algorithm)`` for JSON;
+    * ``supports(key, problem) -> str | None``: None when the kernel computes the problem,
+      else the reason it cannot;
+    * ``plan(problem) -> list[(stage_name, sub_problem)]``: one entry for single-stage ops;
+    * ``reference(problem, tensors: dict) -> dict`` in float64;
+    * ``make_inputs(problem, rng) -> dict`` of fresh random numpy inputs;
+    * ``implement(key, backend: str) -> callable(problem, tensors) -> dict``;
+    * ``flops(problem) -> float`` and ``bytes_moved(problem) -> float``;
+    * ``heuristic(problem, candidates, arch) -> list`` (optional first-pick ranking).
+    """
+
+    name: str
+    problem_type: type
+    enumerate: Callable
+    format_name: Callable
+    parse_name: Callable
+    from_fields: Callable
+    supports: Callable
+    reference: Callable
+    make_inputs: Callable
+    implement: Callable
+    input_names: tuple = attrs.field(converter=_tuple)
+    output_names: tuple = attrs.field(converter=_tuple)
+    plan: Optional[Callable] = None
+    flops: Optional[Callable] = None
+    bytes_moved: Optional[Callable] = None
+    heuristic: Optional[Callable] = None
+    families: tuple = attrs.field(converter=_tuple, default=())
+    tolerance: Optional[Callable] = None
+    description: str = ""
+    distribution: str = ""
+
+
+@attrs.frozen(eq=False)
+class BackendSpec:
+    """A way to execute kernels.
+
+    * ``available() -> (bool, reason)``: can this backend compile here at all;
+    * ``can_execute(arch: ArchSpec) -> (bool, reason)``: can it *run* kernels for ``arch``
+      on this machine (the numpy backend runs anything; triton needs that GPU);
+    * ``compile(key, op: OpSpec, arch: ArchSpec, cache_dir) -> dict`` of build metadata
+      (may raise CompileError); ``None`` when there is nothing to build;
+    * ``to_backend(array)`` / ``to_numpy(tensor)`` move data in and out.
+    """
+
+    name: str
+    available: Callable
+    can_execute: Callable
+    to_backend: Callable
+    to_numpy: Callable
+    compile: Optional[Callable] = None
+    synchronize: Optional[Callable] = None
+    timer: Optional[Callable] = None
+    description: str = ""
+    distribution: str = ""
+
+
+@attrs.frozen
+class Stage:
+    """One launch of a plan: a stage name, the sub-problem and the chosen key."""
+
+    name: str
+    problem: Any
+    key: Any
+
+
+@attrs.frozen
+class Plan:
+    problem: Any
+    stages: tuple = attrs.field(converter=_tuple)
+
+    def describe(self) -> list[dict]:
+        return [{"stage": s.name, "kernel": s.key.name} for s in self.stages]
+
+
+def check_records(records: Sequence, kind: type, plugin: str) -> list:
+    out = []
+    for rec in records or ():
+        if not isinstance(rec, kind):
+            raise PluginError(
+                f"plugin {plugin!r} returned {type(rec).__name__} where {kind.__name__} "
+                f"records are expected; build them with ck_core.{kind.__name__}(...)"
+            )
+        out.append(rec)
+    return out

@@ -1,0 +1,1 @@
+pytest_plugins = ["ck_core.testing"]

@@ -1,0 +1,255 @@
+"""GEMM kernel keys: signature, algorithm, CK-style names, the kernel space.
+
+Name grammar (tokens joined by ``_``)::
+
+    gemm_<dtype>_<layout>_<pipeline>_<epilogue>_<scheduler>_<pad>_
+         <TMxTNxTK>_<WMxWNxWK>_<WTMxWTNxWTK>[_c<dtype_c>][_d<n><op>][_<act>]
+         [_sk<split_k>][_s<stages>][_v<variant>]
+
+``pad`` is ``npad`` or ``p`` followed by the padded dims (``pmnk``, ``pk``...).
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import attrs
+
+from ck_core.dtypes import ELEMENT_BYTES
+from ck_core.errors import MissingKernel
+from ck_core.key import KernelKey
+
+from .problem import ACTIVATIONS, D_OPS, DEFAULT_C, DTYPES, LAYOUTS
+
+log = logging.getLogger(__name__)
+
+AMD_PIPELINES = ("mem", "compv3", "compv4")
+#: LDS buffers a pipeline keeps per stage (CK: compv4 double-buffers LDS)
+LDS_BUFFERS = {"mem": 1, "compv3": 1, "compv4": 2}
+SCHEDULERS = ("intrawave", "interwave")
+EPILOGUES = ("cshuffle", "default")
+VARIANTS = ("tile", "tma", "persistent", "tma_ws")
+
+
+@attrs.frozen(cache_hash=True)
+class GemmSignature:
+    dtype: str
+    layout: str
+    dtype_c: str = ""
+    num_d: int = 0
+    d_op: str = "add"
+    activation: str = "none"
+
+    def __attrs_post_init__(self):
+        if not self.dtype_c:
+            object.__setattr__(self, "dtype_c", DEFAULT_C[self.dtype])
+
+    def name_body(self, alg: "GemmAlgorithm") -> str:
+        return format_name(self, alg)
+
+
+@attrs.frozen(cache_hash=True)
+class GemmAlgorithm:
+    tile_m: int
+    tile_n: int
+    tile_k: int
+    warp_m: int
+    warp_n: int
+    warp_k: int
+    warp_tile_m: int
+    warp_tile_n: int
+    warp_tile_k: int
+    pipeline: str = "compv3"
+    scheduler: str = "intrawave"
+    epilogue: str = "cshuffle"
+    pad_m: bool = False
+    pad_n: bool = False
+    pad_k: bool = False
+    split_k: int = 1
+    stages: int = 0          # 0: the pipeline's default
+    variant: str = "tile"    # Triton realisation (tile loop, TMA, persistent, warp-specialised)
+
+    @property
+    def num_warps(self) -> int:
+        return self.warp_m * self.warp_n * self.warp_k
+
+
+def _pad_token(a: GemmAlgorithm) -> str:
+    dims = "".join(d for d, on in (("m", a.pad_m), ("n", a.pad_n), ("k", a.pad_k)) if on)
+    return "p" + dims if dims else "npad"
+
+
+def format_name(sig: GemmSignature, a: GemmAlgorithm) -> str:
+    parts = ["gemm", sig.dtype, sig.layout, a.pipeline, a.epilogue, a.scheduler, _pad_token(a),
+             f"{a.tile_m}x{a.tile_n}x{a.tile_k}", f"{a.warp_m}x{a.warp_n}x{a.warp_k}",
+             f"{a.warp_tile_m}x{a.warp_tile_n}x{a.warp_tile_k}"]
+    if sig.dtype_c != DEFAULT_C[sig.dtype]:
+        parts.append("c" + sig.dtype_c)
+    if sig.num_d:
+        parts.append(f"d{sig.num_d}{sig.d_op}")
+    if sig.activation != "none":
+        parts.append(sig.activation)
+    if a.split_k != 1:
+        parts.append(f"sk{a.split_k}")
+    if a.stages:
+        parts.append(f"s{a.stages}")
+    if a.variant != "tile":
+        parts.append("v" + a.variant)
+    return "_".join(parts)
+
+
+def _triple(tok: str, what: str, name: str) -> tuple:
+    try:
+        a, b, c = (int(x) for x in tok.split("x"))
+    except ValueError:
+        raise MissingKernel(f"GEMM kernel name {name!r}: {what} {tok!r} is not AxBxC") from None
+    return a, b, c
+
+
+def parse_name(body: str):
+    toks = body.split("_")
+    if len(toks) < 10 or toks[0] != "gemm":
+        raise MissingKernel(f"{body!r} is not a GEMM kernel name (gemm_<dtype>_<layout>_...)")
+    _, dtype, layout, pipeline, epilogue, scheduler, pad = toks[:7]
+    if dtype not in DTYPES or layout not in LAYOUTS:
+        raise MissingKernel(f"GEMM kernel name {body!r}: unknown dtype {dtype!r} or layout {layout!r}")
+    if pad != "npad" and not (pad.startswith("p") and set(pad[1:]) <= set("mnk")):
+        raise MissingKernel(f"GEMM kernel name {body!r}: bad padding token {pad!r}")
+    tile = _triple(toks[7], "tile", body)
+    wave = _triple(toks[8], "wave layout", body)
+    wt = _triple(toks[9], "warp tile", body)
+    sig = dict(dtype=dtype, layout=layout)
+    alg = dict(pipeline=pipeline, epilogue=epilogue, scheduler=scheduler,
+               pad_m="m" in pad[1:] if pad != "npad" else False,
+               pad_n="n" in pad[1:] if pad != "npad" else False,
+               pad_k="k" in pad[1:] if pad != "npad" else False)
+    for tok in toks[10:]:
+        if tok in ACTIVATIONS:
+            sig["activation"] = tok
+        elif tok.startswith("sk") and tok[2:].isdigit():
+            alg["split_k"] = int(tok[2:])
+        elif tok.startswith("s") and tok[1:].isdigit():
+            alg["stages"] = int(tok[1:])
+        elif tok.startswith("v") and tok[1:] in VARIANTS:
+            alg["variant"] = tok[1:]
+        elif tok.startswith("d") and tok[1:2].isdigit() and tok[2:] in D_OPS:
+            sig["num_d"], sig["d_op"] = int(tok[1]), tok[2:]
+        elif tok.startswith("c") and tok[1:] in ("fp16", "bf16", "fp32", "int32"):
+            sig["dtype_c"] = tok[1:]
+        else:
+            raise MissingKernel(f"GEMM kernel name {body!r}: unknown token {tok!r}")
+    return GemmSignature(**sig), GemmAlgorithm(*tile, *wave, *wt, **alg)
+
+
+def from_fields(sig: dict, alg: dict):
+    return GemmSignature(**sig), GemmAlgorithm(**alg)
+
+
+# -- the kernel space ------------------------------------------------------------
+
+def lds_bytes(sig: GemmSignature, a: GemmAlgorithm, nvidia: bool = False) -> int:
+    """Shared memory the A and B tiles take (what the arch's LDS limit prunes)."""
+    eb = ELEMENT_BYTES[sig.dtype]
+    per_stage = (a.tile_m + a.tile_n) * a.tile_k * eb
+    if nvidia or a.stages:
+        return per_stage * max(a.stages, 1)
+    return per_stage * LDS_BUFFERS.get(a.pipeline, 1)
+
+
+def _warp_tiles_for(arch, dtype):
+    return tuple(tuple(t) for t in arch.warp_tiles.get(dtype, ()))
+
+
+def rules_violation(sig: GemmSignature, a: GemmAlgorithm, arch) -> str | None:
+    """The generic CK tile rules (arch plugins add their own on top)."""
+    if sig.dtype not in arch.dtypes:
+        return f"{arch.name} has no {sig.dtype} matrix instructions"
+    wt = (a.warp_tile_m, a.warp_tile_n, a.warp_tile_k)
+    legal = _warp_tiles_for(arch, sig.dtype)
+    if legal and wt not in legal:
+        return f"warp tile {wt} is not a {sig.dtype} instruction tile of {arch.name}"
+    if arch.wave_layouts and (a.warp_m, a.warp_n, a.warp_k) not in tuple(map(tuple, arch.wave_layouts)):
+        return f"wave layout {a.warp_m}x{a.warp_n}x{a.warp_k} is not legal on {arch.name}"
+    if a.tile_m % (a.warp_m * a.warp_tile_m) or a.tile_n % (a.warp_n * a.warp_tile_n):
+        return "tile M/N must be multiples of wave layout x warp tile"
+    if a.tile_k % (a.warp_k * a.warp_tile_k):
+        return "tile K must be a multiple of warp_k x warp tile K"
+    if a.pipeline not in arch.pipelines:
+        return f"pipeline {a.pipeline} does not exist on {arch.name}"
+    if a.scheduler == "interwave" and a.pipeline != "mem":
+        return "the interwave scheduler exists only for the mem pipeline"
+    limit = arch.pipeline_lds_limit.get(a.pipeline, arch.lds_bytes)
+    need = lds_bytes(sig, a, arch.vendor == "nvidia")
+    if need > limit:
+        return f"needs {need} B of LDS/shared memory, {arch.name} allows {limit} B for {a.pipeline}"
+    return None
+
+
+def enumerate_keys(arch, backend: str, options: dict) -> list[KernelKey]:
+    """CK-style kernel space on ``arch`` (tile table from ``arch.extras['gemm']``)."""
+    facts = dict(arch.extras.get("gemm", {}))
+    dtypes = options.get("dtypes") or [d for d in DTYPES if d in arch.dtypes]
+    layouts = options.get("layouts") or LAYOUTS
+    tiles_mn = options.get("tiles_mn") or facts.get("tiles_mn") or (64, 128, 256)
+    tile_k_bytes = facts.get("tile_k_bytes", (64, 128))
+    pipelines = options.get("pipelines") or facts.get("pipelines") or arch.pipelines
+    schedulers = facts.get("schedulers", SCHEDULERS)
+    epilogues = options.get("epilogues") or facts.get("epilogues", EPILOGUES)
+    pads = options.get("pads") or facts.get("pads", ((False, False, False), (True, True, True)))
+    stages_opts = facts.get("stages", (0,))
+    variants = facts.get("variants", ("tile",))
+    out = []
+    for dtype in dtypes:
+        eb = ELEMENT_BYTES[dtype]
+        sig_list = [GemmSignature(dtype, lay) for lay in layouts]
+        tks = sorted({tb // eb for tb in tile_k_bytes})
+        for tm, tn, tk, wave, wt, pipe, sched, epi, pad, st, var in itertools.product(
+                tiles_mn, tiles_mn, tks, arch.wave_layouts, _warp_tiles_for(arch, dtype),
+                pipelines, schedulers, epilogues, pads, stages_opts, variants):
+            alg = GemmAlgorithm(tm, tn, tk, *wave, *wt, pipeline=pipe, scheduler=sched,
+                                epilogue=epi, pad_m=pad[0], pad_n=pad[1], pad_k=pad[2],
+                                stages=st, variant=var)
+            why = rules_violation(sig_list[0], alg, arch)
+            if why:
+                if log.isEnabledFor(logging.DEBUG):
+                    log.debug("culled gemm %s %s: %s", dtype, alg, why)
+                continue
+            for sig in sig_list:
+                out.append(KernelKey("gemm", sig, alg, arch.name, backend))
+    return out
+
+
+def supports(key: KernelKey, problem) -> str | None:
+    s, a = key.signature, key.algorithm
+    if s.dtype != problem.dtype or s.dtype_c != problem.dtype_c:
+        return f"kernel is {s.dtype}->{s.dtype_c}, problem {problem.dtype}->{problem.dtype_c}"
+    if s.layout != problem.layout:
+        return f"kernel layout {s.layout}, problem {problem.layout}"
+    if (s.num_d, s.activation) != (problem.num_d, problem.activation) or (
+            s.num_d and s.d_op != problem.d_op):
+        return "epilogue (D tensors / activation) differs"
+    if problem.m % a.tile_m and not a.pad_m:
+        return f"M={problem.m} is not a multiple of tile M {a.tile_m} and the kernel does not pad M"
+    if problem.n % a.tile_n and not a.pad_n:
+        return f"N={problem.n} is not a multiple of tile N {a.tile_n} and the kernel does not pad N"
+    if problem.k % (a.tile_k * a.split_k) and not a.pad_k:
+        return f"K={problem.k} is not a multiple of tile K x split-K and the kernel does not pad K"
+    return None
+
+
+def heuristic(problem, candidates: list, arch) -> list:
+    """First pick: least padded work, then enough tiles to fill the machine, then bigger tiles."""
+    cus = max(arch.compute_units, 1)
+
+    def cost(key):
+        a = key.algorithm
+        tiles_m = -(-problem.m // a.tile_m)
+        tiles_n = -(-problem.n // a.tile_n)
+        tiles = tiles_m * tiles_n * problem.batch * a.split_k
+        waste = (tiles_m * a.tile_m * tiles_n * a.tile_n) / (problem.m * problem.n)
+        waves = -(-tiles // cus)
+        occupancy = tiles / (waves * cus)
+        pad_penalty = 0.01 * (a.pad_m + a.pad_n + a.pad_k)
+        return (round(waste / occupancy, 2) + pad_penalty, -a.tile_m * a.tile_n, a.tile_k)
+
+    return sorted(candidates, key=cost)
+

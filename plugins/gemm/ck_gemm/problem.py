@@ -1,0 +1,115 @@
+"""GemmProblem: C = act(A @ B (op) D0 (op) D1 ...), optionally batched."""
+from __future__ import annotations
+
+from typing import ClassVar
+
+import attrs
+import numpy as np
+
+from ck_core.dtypes import check_dtype, numpy_storage
+from ck_core.errors import InvalidProblem
+from ck_core.problem import Problem, positive
+
+DTYPES = ("fp16", "bf16", "fp32", "fp8", "bf8", "int8")
+LAYOUTS = ("rcr", "rrr", "crr", "ccr")
+ACTIVATIONS = ("none", "relu", "gelu", "silu", "sigmoid", "tanh")
+D_OPS = ("add", "mul")
+#: CK's output type per input type
+DEFAULT_C = {"fp16": "fp16", "bf16": "bf16", "fp32": "fp32", "fp8": "fp16", "bf8": "fp16",
+             "int8": "int32"}
+
+
+def _dtype(instance, attribute, value):
+    try:
+        check_dtype(value, DTYPES)
+    except InvalidProblem as exc:
+        raise InvalidProblem(f"GemmProblem.{attribute.name}: {exc}") from None
+
+
+def _layout(instance, attribute, value):
+    if value not in LAYOUTS:
+        raise InvalidProblem(f"GemmProblem.layout={value!r} is unknown; use one of {', '.join(LAYOUTS)} "
+                             f"(letters give A, B, C storage: r=row-major, c=column-major)")
+
+
+@attrs.frozen(cache_hash=True)
+class GemmProblem(Problem):
+    """M x N x K GEMM (times ``batch``), CK layout letters for A, B, C.
+
+    ``rcr`` = A row-major (M x K), B column-major (stored N x K), C row-major.
+    Epilogue: ``num_d`` extra tensors shaped like C are combined with the
+    accumulator by ``d_op`` (add/mul), then ``activation`` is applied.
+    """
+
+    op: ClassVar[str] = "gemm"
+    m: int = attrs.field(validator=positive)
+    n: int = attrs.field(validator=positive)
+    k: int = attrs.field(validator=positive)
+    batch: int = attrs.field(default=1, validator=positive)
+    dtype: str = attrs.field(default="fp16", validator=_dtype)
+    dtype_c: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
+    layout: str = attrs.field(default="rcr", validator=_layout)
+    num_d: int = attrs.field(default=0)
+    d_op: str = attrs.field(default="add")
+    activation: str = attrs.field(default="none")
+
+    def __attrs_post_init__(self):
+        if not self.dtype_c:
+            object.__setattr__(self, "dtype_c", DEFAULT_C[self.dtype])
+        check_dtype(self.dtype_c, ("fp16", "bf16", "fp32", "int32"))
+        if self.dtype == "int8" and self.dtype_c != "int32":
+            raise InvalidProblem("int8 GEMM accumulates and outputs int32; set dtype_c='int32'")
+        if not isinstance(self.num_d, int) or isinstance(self.num_d, bool) or not 0 <= self.num_d <= 4:
+            raise InvalidProblem(f"GemmProblem.num_d must be 0..4, got {self.num_d!r}")
+        if self.d_op not in D_OPS:
+            raise InvalidProblem(f"GemmProblem.d_op={self.d_op!r}; use one of {', '.join(D_OPS)}")
+        if self.activation not in ACTIVATIONS:
+            raise InvalidProblem(f"GemmProblem.activation={self.activation!r}; use one of "
+                                 f"{', '.join(ACTIVATIONS)}")
+
+    # -- tensor shapes (storage order) ----------------------------------------
+    def _lead(self) -> tuple:
+        return (self.batch,) if self.batch > 1 else ()
+
+    def shape_a(self) -> tuple:
+        return self._lead() + ((self.m, self.k) if self.layout[0] == "r" else (self.k, self.m))
+
+    def shape_b(self) -> tuple:
+        return self._lead() + ((self.k, self.n) if self.layout[1] == "r" else (self.n, self.k))
+
+    def shape_c(self) -> tuple:
+        return self._lead() + ((self.m, self.n) if self.layout[2] == "r" else (self.n, self.m))
+
+    def flops(self) -> float:
+        return 2.0 * self.batch * self.m * self.n * self.k
+
+    def bytes_moved(self) -> float:
+        from ck_core.dtypes import ELEMENT_BYTES as eb
+
+        return self.batch * (eb[self.dtype] * (self.m * self.k + self.k * self.n)
+                             + eb[self.dtype_c] * self.m * self.n * (1 + self.num_d))
+
+    def bucket(self) -> tuple:
+        """Tuning bucket: dtypes, layout, epilogue and each size rounded up to a power of two."""
+        p2 = lambda x: 1 << (int(x) - 1).bit_length()
+        return (self.dtype, self.dtype_c, self.layout, self.num_d, self.d_op, self.activation,
+                p2(self.batch), p2(self.m), p2(self.n), p2(self.k))
+
+    def check_arrays(self, tensors: dict, names=None) -> None:
+        """Shape (and, for numpy arrays, dtype) checks; InvalidProblem names the tensor."""
+        want = {"a": (self.shape_a(), self.dtype), "b": (self.shape_b(), self.dtype)}
+        for i in range(self.num_d):
+            want[f"d{i}"] = (self.shape_c(), self.dtype_c)
+        for name, (shape, dt) in want.items():
+            if name not in tensors:
+                raise InvalidProblem(f"GEMM needs tensor {name!r} of shape {shape} ({dt})")
+            t = tensors[name]
+            got = tuple(t.shape)
+            if got != shape and not (self.batch == 1 and got == (1,) + shape):
+                raise InvalidProblem(f"tensor {name!r} has shape {got}, expected {shape} for "
+                                     f"{self.layout} layout (M={self.m}, N={self.n}, K={self.k}, "
+                                     f"batch={self.batch})")
+            if isinstance(t, np.ndarray) and t.dtype != numpy_storage(dt):
+                raise InvalidProblem(f"tensor {name!r} has numpy dtype {t.dtype}, expected "
+                                     f"{numpy_storage(dt)} for {dt}; convert it with "
+                                     f"ck_core.dtypes.quantize(x, {dt!r})")
