@@ -22,7 +22,9 @@ log = logging.getLogger(__name__)
 
 GROUPS = ("ck_core.ops", "ck_core.archs", "ck_core.backends")
 #: modules that ship with ck-core; they load even when autoload is disabled
-BUILTINS = {"numpy": "ck_core.backends.numpy_backend"}
+BUILTINS = {"numpy": "ck_core.backends.numpy_backend",
+            "triton": "ck_core.backends.triton_backend",
+            "ck": "ck_core.backends.ck_backend"}
 
 
 class PluginManager:

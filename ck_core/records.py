@@ -92,7 +92,9 @@ class OpSpec:
     * ``make_inputs(problem, rng) -> dict`` of fresh random numpy inputs;
     * ``implement(key, backend: str) -> callable(problem, tensors) -> dict``;
     * ``flops(problem) -> float`` and ``bytes_moved(problem) -> float``;
-    * ``heuristic(problem, candidates, arch) -> list`` (optional first-pick ranking).
+    * ``heuristic(problem, candidates, arch) -> list`` (optional first-pick ranking);
+    * ``render(key, backend) -> rendered`` (optional): an object with ``compile(target)``
+      and ``source_hash`` that compiling backends (triton, ck) build ahead of time.
     """
 
     name: str
@@ -108,6 +110,7 @@ class OpSpec:
     input_names: tuple = attrs.field(converter=_tuple)
     output_names: tuple = attrs.field(converter=_tuple)
     plan: Optional[Callable] = None
+    render: Optional[Callable] = None
     flops: Optional[Callable] = None
     bytes_moved: Optional[Callable] = None
     heuristic: Optional[Callable] = None

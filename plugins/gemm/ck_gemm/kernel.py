@@ -4,7 +4,7 @@ Name grammar (tokens joined by ``_``)::
 
     gemm_<dtype>_<layout>_<pipeline>_<epilogue>_<scheduler>_<pad>_
          <TMxTNxTK>_<WMxWNxWK>_<WTMxWTNxWTK>[_c<dtype_c>][_d<n><op>][_<act>]
-         [_sk<split_k>][_s<stages>][_v<variant>]
+         [_sk<split_k>][_s<stages>][_v<variant>][_g<group_m>]
 
 ``pad`` is ``npad`` or ``p`` followed by the padded dims (``pmnk``, ``pk``...).
 """
@@ -15,7 +15,7 @@ import logging
 import attrs
 
 from ck_core.dtypes import ELEMENT_BYTES
-from ck_core.errors import MissingKernel
+from ck_core.errors import ConfigError, MissingKernel
 from ck_core.key import KernelKey
 
 from .problem import ACTIVATIONS, D_OPS, DEFAULT_C, DTYPES, LAYOUTS
@@ -27,7 +27,7 @@ AMD_PIPELINES = ("mem", "compv3", "compv4")
 LDS_BUFFERS = {"mem": 1, "compv3": 1, "compv4": 2}
 SCHEDULERS = ("intrawave", "interwave")
 EPILOGUES = ("cshuffle", "default")
-VARIANTS = ("tile", "tma", "persistent", "tma_ws")
+VARIANTS = ("tile", "persistent", "tma", "tma_ws", "tma_persistent", "tma_persistent_ws")
 
 
 @attrs.frozen(cache_hash=True)
@@ -67,6 +67,7 @@ class GemmAlgorithm:
     split_k: int = 1
     stages: int = 0          # 0: the pipeline's default
     variant: str = "tile"    # Triton realisation (tile loop, TMA, persistent, warp-specialised)
+    group_m: int = 8         # Triton's grouped tile order (L2 reuse)
 
     @property
     def num_warps(self) -> int:
@@ -94,6 +95,8 @@ def format_name(sig: GemmSignature, a: GemmAlgorithm) -> str:
         parts.append(f"s{a.stages}")
     if a.variant != "tile":
         parts.append("v" + a.variant)
+    if a.group_m != 8:
+        parts.append(f"g{a.group_m}")
     return "_".join(parts)
 
 
@@ -129,6 +132,8 @@ def parse_name(body: str):
             alg["split_k"] = int(tok[2:])
         elif tok.startswith("s") and tok[1:].isdigit():
             alg["stages"] = int(tok[1:])
+        elif tok.startswith("g") and tok[1:].isdigit():
+            alg["group_m"] = int(tok[1:])
         elif tok.startswith("v") and tok[1:] in VARIANTS:
             alg["variant"] = tok[1:]
         elif tok.startswith("d") and tok[1:2].isdigit() and tok[2:] in D_OPS:
@@ -184,9 +189,21 @@ def rules_violation(sig: GemmSignature, a: GemmAlgorithm, arch) -> str | None:
     return None
 
 
+OPTIONS = ("dtypes", "layouts", "tiles_mn", "pipelines", "epilogues", "pads")
+
+
 def enumerate_keys(arch, backend: str, options: dict) -> list[KernelKey]:
     """CK-style kernel space on ``arch`` (tile table from ``arch.extras['gemm']``)."""
     facts = dict(arch.extras.get("gemm", {}))
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise ConfigError(f"unknown gemm enumeration option(s) {', '.join(unknown)}; "
+                          f"known: {', '.join(OPTIONS)}")
+    options = {k: ([v] if isinstance(v, (str, int)) else list(v)) for k, v in options.items()}
+    for name, allowed in (("dtypes", DTYPES), ("layouts", LAYOUTS)):
+        bad = [v for v in options.get(name, ()) if v not in allowed]
+        if bad:
+            raise ConfigError(f"gemm option {name}: unknown value(s) {bad}; use {', '.join(allowed)}")
     dtypes = options.get("dtypes") or [d for d in DTYPES if d in arch.dtypes]
     layouts = options.get("layouts") or LAYOUTS
     tiles_mn = options.get("tiles_mn") or facts.get("tiles_mn") or (64, 128, 256)
@@ -215,6 +232,27 @@ def enumerate_keys(arch, backend: str, options: dict) -> list[KernelKey]:
                 continue
             for sig in sig_list:
                 out.append(KernelKey("gemm", sig, alg, arch.name, backend))
+    if backend == "triton":
+        out.extend(_tuned_keys(arch, backend, dtypes, layouts))
+    return out
+
+
+def _tuned_keys(arch, backend, dtypes, layouts) -> list:
+    """The measured winners of the arch's tuning table (so the registry holds them)."""
+    try:
+        from .triton.tuning import load_table
+        from .triton_launch import algorithm_for_config
+    except ImportError:  # triton not installed: nothing tuned to add
+        return []
+    out = []
+    pipeline = (arch.pipelines or ("compv3",))[0]
+    for dt, _lay, _m, _n, _k, cfg in load_table(arch.name):
+        for dtype in (d for d in dtypes if d == dt or {d, dt} <= {"fp16", "bf16"}):
+            alg = algorithm_for_config(cfg, arch, dtype, pipeline)
+            if alg is None or rules_violation(GemmSignature(dtype, layouts[0]), alg, arch):
+                continue
+            out.extend(KernelKey("gemm", GemmSignature(dtype, lay), alg, arch.name, backend)
+                       for lay in layouts)
     return out
 
 
@@ -237,8 +275,21 @@ def supports(key: KernelKey, problem) -> str | None:
 
 
 def heuristic(problem, candidates: list, arch) -> list:
-    """First pick: least padded work, then enough tiles to fill the machine, then bigger tiles."""
+    """First pick: least padded work, then enough tiles to fill the machine, then bigger tiles.
+
+    On the triton backend the arch's tuning table (nearest measured shape) goes first.
+    """
     cus = max(arch.compute_units, 1)
+    preferred = None
+    if candidates and candidates[0].backend == "triton":
+        try:
+            from .triton.tuning import pick_config
+            from .triton_launch import config_of
+            want = pick_config(problem.m, problem.n, problem.k, problem.dtype, arch.name,
+                               layout=problem.layout, batch=problem.batch)
+            preferred = [k for k in candidates if config_of(k) == want]
+        except ImportError:
+            preferred = None
 
     def cost(key):
         a = key.algorithm
@@ -251,5 +302,8 @@ def heuristic(problem, candidates: list, arch) -> list:
         pad_penalty = 0.01 * (a.pad_m + a.pad_n + a.pad_k)
         return (round(waste / occupancy, 2) + pad_penalty, -a.tile_m * a.tile_n, a.tile_k)
 
-    return sorted(candidates, key=cost)
+    ranked = sorted(candidates, key=cost)
+    if preferred:
+        ranked = preferred[:1] + [k for k in ranked if k is not preferred[0]]
+    return ranked
 

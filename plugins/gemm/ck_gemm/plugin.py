@@ -22,6 +22,12 @@ def implement(key, backend: str):
                              f"use backend numpy or triton")
 
 
+def _render(key, backend):
+    from .triton_launch import render
+
+    return render(key, backend)
+
+
 def _numpy_impl(key, problem, tensors):
     return reference.run_numpy(key, problem, tensors)
 
@@ -43,6 +49,7 @@ def gemm_op() -> OpSpec:
         flops=lambda p: p.flops(),
         bytes_moved=lambda p: p.bytes_moved(),
         heuristic=kernel.heuristic,
+        render=_render,
         tolerance=reference.tolerance,
         families=("gemm",),
         description="GEMM: C = act(A @ B op D...), CK layouts rcr/rrr/crr/ccr, batched, split-K",
