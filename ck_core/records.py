@@ -94,7 +94,8 @@ class OpSpec:
     * ``flops(problem) -> float`` and ``bytes_moved(problem) -> float``;
     * ``heuristic(problem, candidates, arch) -> list`` (optional first-pick ranking);
     * ``render(key, backend) -> rendered`` (optional): an object with ``compile(target)``
-      and ``source_hash`` that compiling backends (triton, ck) build ahead of time.
+      and ``source_hash`` that compiling backends (triton, ck) build ahead of time;
+    * ``bench(peer, options) -> {"rows": [...], "extra": {...}}`` (optional): ``ck bench``.
     """
 
     name: str
@@ -111,6 +112,7 @@ class OpSpec:
     output_names: tuple = attrs.field(converter=_tuple)
     plan: Optional[Callable] = None
     render: Optional[Callable] = None
+    bench: Optional[Callable] = None
     flops: Optional[Callable] = None
     bytes_moved: Optional[Callable] = None
     heuristic: Optional[Callable] = None

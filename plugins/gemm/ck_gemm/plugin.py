@@ -15,11 +15,17 @@ def implement(key, backend: str):
     if backend == "numpy":
         return partial(_numpy_impl, key)
     if backend == "triton":
-        from .triton_launch import make_launcher
+        from .triton_launch import make_fast_launcher
 
-        return make_launcher(key)
+        return make_fast_launcher(key)
     raise UnsupportedProblem(f"the gemm plugin has no {backend!r} implementation; "
                              f"use backend numpy or triton")
+
+
+def _bench(peer, options):
+    from .bench import bench
+
+    return bench(peer, options)
 
 
 def _render(key, backend):
@@ -51,6 +57,7 @@ def gemm_op() -> OpSpec:
         heuristic=kernel.heuristic,
         render=_render,
         tolerance=reference.tolerance,
+        bench=_bench,
         families=("gemm",),
         description="GEMM: C = act(A @ B op D...), CK layouts rcr/rrr/crr/ccr, batched, split-K",
     )

@@ -124,3 +124,120 @@ def make_launcher(key):
         return {"c": c}
 
     return launch
+
+
+# -- the fast path ----------------------------------------------------------------------
+#
+# ``ck_gemm.triton.gemm`` checks and derives everything on each call (tens of
+# microseconds of Python).  A dispatcher launcher is bound to one key and sees the
+# same problem again and again, so it records the launch of the first call per
+# problem signature (kernel, grid, arguments) and afterwards only swaps in the new
+# tensors: the per-call cost is one dict lookup and the bare Triton launch.
+
+_TENSOR_SLOTS = {"a_ptr": "a", "b_ptr": "b", "c_ptr": "c", "d0_ptr": "c", "d1_ptr": "c",
+                 "a_desc": "a", "b_desc": "b"}
+
+
+class _Recorded:
+    __slots__ = ("launch", "args", "slots", "a_t", "b_t", "c_t", "c_shape", "c_dtype")
+
+
+def _record(cfg, problem, a, b, c, t_out, act):
+    """Run the full launcher once, capturing the kernel launch it makes."""
+    from .triton import launch as L
+
+    captured = []
+    real = L._launch
+
+    def capture(spec, vals, M, N, batch):
+        captured.append((spec, dict(vals), M, N, batch))
+        real(spec, vals, M, N, batch)
+
+    L._launch = capture
+    try:
+        L.gemm(a, b, layout=problem.layout, config=cfg, c=c, out_dtype=t_out, activation=act)
+    finally:
+        L._launch = real
+    if len(captured) != 1:
+        return None  # split-K (two launches): keep the general path
+    spec, vals, M, N, batch = captured[0]
+    cxn = L._constexpr_names(spec.fn)
+    names = [n for n in spec.fn.arg_names if n not in cxn]
+    cx = {k: v for k, v in spec.constexprs.items() if k in cxn}
+    rec = _Recorded()
+    grid = spec.grid(M, N, batch)
+    bound = spec.fn[grid]
+    opts = dict(cx, **spec.options)
+    rec.launch = lambda *args: bound(*args, **opts)
+    rec.args = [vals[n] for n in names]
+    rec.slots = [(i, n) for i, n in enumerate(names) if n in _TENSOR_SLOTS]
+    a_r, b_r, c_r = (ch == "r" for ch in problem.layout)
+    rec.a_t, rec.b_t, rec.c_t = not a_r, not b_r, not c_r
+    rec.c_shape, rec.c_dtype = tuple(c.shape), c.dtype
+    return rec
+
+
+def _fast_call(rec, a, b, c):
+    import dataclasses as dc
+
+    args = list(rec.args)
+    for i, n in rec.slots:
+        which = _TENSOR_SLOTS[n]
+        t = a if which == "a" else b if which == "b" else c
+        transpose = rec.a_t if which == "a" else rec.b_t if which == "b" else rec.c_t
+        if n.endswith("_desc"):
+            args[i] = dc.replace(args[i], base=t)
+        else:
+            args[i] = t.transpose(-1, -2) if transpose else t
+    rec.launch(*args)
+    return c
+
+
+def bare_launch(key, problem, a, b):
+    """A zero-overhead baseline for benchmarks: the recorded launch with fixed arguments."""
+    import torch
+
+    cfg = config_of(key)
+    t_out = torch_dtype(key.signature.dtype_c)
+    c = torch.empty(problem.shape_c(), device=a.device, dtype=t_out)
+    rec = _record(cfg, problem, a, b, c, t_out, None)
+    args = list(rec.args)
+    launch = rec.launch
+    return lambda: launch(*args)
+
+
+def make_fast_launcher(key):
+    """Like :func:`make_launcher`, with the recorded fast path for plain GEMMs."""
+    import torch
+
+    general = make_launcher(key)
+    cfg = config_of(key)
+    sig = key.signature
+    t_in, t_out = torch_dtype(sig.dtype), torch_dtype(sig.dtype_c)
+    recorded: dict = {}
+
+    def launch(problem, tensors):
+        a, b = tensors["a"], tensors["b"]
+        if problem.num_d or problem.activation != "none" or problem.batch != 1 or a.dtype != t_in \
+                or b.dtype != t_in or not a.is_cuda:
+            return general(problem, tensors)
+        sig_ = (problem, a.stride(), b.stride(), a.data_ptr() % 16, b.data_ptr() % 16, a.device)
+        rec = recorded.get(sig_)
+        c = tensors.get("c")
+        if c is None:
+            c = torch.empty(problem.shape_c(), device=a.device, dtype=t_out)
+        if rec is None:
+            if tuple(a.shape) != problem.shape_a() or tuple(b.shape) != problem.shape_b():
+                raise InvalidProblem(f"tensor shapes {tuple(a.shape)} / {tuple(b.shape)} do not "
+                                     f"match {problem.shape_a()} / {problem.shape_b()}")
+            rec = _record(cfg, problem, a, b, c, t_out, None)
+            if rec is None:
+                recorded[sig_] = False
+                return {"c": c}
+            recorded[sig_] = rec
+            return {"c": c}
+        if rec is False:
+            return general(problem, tensors)
+        return {"c": _fast_call(rec, a, b, c)}
+
+    return launch

@@ -1,0 +1,105 @@
+"""Benchmark harness: ours vs a peer, same process, same inputs.
+
+Op plugins provide ``OpSpec.bench(peer, options) -> dict`` with ``rows`` (each
+``case, ours, peer, peer_name, unit, ratio`` plus free columns) and optional
+``extra`` tables.  This module stamps device, date and command, computes the
+geometric mean of the ratios, prints a table and writes JSON / CSV.
+"""
+from __future__ import annotations
+
+import csv
+import datetime as _dt
+import json
+import math
+import platform
+import sys
+from pathlib import Path
+from typing import Iterable, Optional
+
+from .errors import UnsupportedProblem
+
+ROW_KEYS = ("case", "ours", "peer", "peer_name", "unit", "ratio")
+
+
+def geomean(values: Iterable[float]) -> Optional[float]:
+    vals = [v for v in values if v and v > 0 and math.isfinite(v)]
+    if not vals:
+        return None
+    return math.exp(sum(math.log(v) for v in vals) / len(vals))
+
+
+def device_name() -> str:
+    try:
+        import torch
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_name(0)
+    except ImportError:
+        pass
+    return f"CPU ({platform.processor() or platform.machine()})"
+
+
+def stamp(result: dict, command: Optional[str] = None) -> dict:
+    rows = result.get("rows", [])
+    for r in rows:
+        missing = [k for k in ROW_KEYS if k not in r]
+        if missing:
+            raise ValueError(f"benchmark row lacks {missing}: {r}")
+    groups: dict[str, list] = {}
+    for r in rows:
+        groups.setdefault(r.get("group", "all"), []).append(r["ratio"])
+    out = {
+        "device": device_name(),
+        "date": _dt.date.today().isoformat(),
+        "command": command or " ".join(["ck"] + sys.argv[1:]),
+        "geomean": geomean(r["ratio"] for r in rows),
+        "geomean_by_group": {g: geomean(v) for g, v in groups.items()},
+        "min_ratio": min((r["ratio"] for r in rows), default=None),
+    }
+    out.update(result)
+    return out
+
+
+def format_table(rows: list[dict], cols=None) -> str:
+    cols = cols or [c for c in ("group", "case", "ours", "peer", "peer_name", "unit", "ratio", "ok")
+                    if any(c in r for r in rows)]
+
+    def fmt(v):
+        return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+    w = {c: max(len(c), *(len(fmt(r.get(c, ""))) for r in rows)) for c in cols}
+    lines = [" | ".join(c.ljust(w[c]) for c in cols), "-|-".join("-" * w[c] for c in cols)]
+    lines += [" | ".join(fmt(r.get(c, "")).ljust(w[c]) for c in cols) for r in rows]
+    return "\n".join(lines)
+
+
+def write(result: dict, json_path=None, csv_path=None) -> None:
+    if json_path:
+        p = Path(json_path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(json.dumps(result, indent=1, default=str))
+    if csv_path:
+        rows = result.get("rows", [])
+        keys = list(dict.fromkeys(k for r in rows for k in r))
+        with open(csv_path, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=keys)
+            w.writeheader()
+            w.writerows(rows)
+
+
+def run_bench(op_name: str, args, extra: dict) -> int:
+    from .plugins import get_manager
+
+    op = get_manager().op(op_name)
+    if op.bench is None:
+        raise UnsupportedProblem(f"op {op_name} has no benchmark suite")
+    result = stamp(op.bench(args.vs, dict(extra, arch=args.arch, backend=args.backend,
+                                           quick=args.quick)))
+    print(f"# {op_name} vs {args.vs} on {result['device']} ({result['date']})")
+    print(format_table(result["rows"]))
+    for name, table in result.get("extra", {}).items():
+        print(f"\n## {name}")
+        print(format_table(table) if isinstance(table, list) else json.dumps(table, indent=1))
+    gm = result["geomean"]
+    print(f"\ngeomean ratio: {gm:.3f}" if gm else "\nno ratio")
+    write(result, args.json or Path("benchmarks/results") / f"{op_name}.json", args.csv)
+    return 0

@@ -1,0 +1,137 @@
+"""`ck bench gemm --vs torch`: dispatched Triton GEMM vs torch.matmul (cuBLAS).
+
+Same process, same inputs, CUDA-event timing (triton.testing.do_bench, warm-up,
+median).  Besides TFLOPS it measures the host overhead of Dispatcher.run over
+the bare Triton launch, the parallel AOT build speed-up and cache-hit loads.
+"""
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+import time
+
+from ck_core.errors import UnsupportedProblem
+
+SHAPES = [(8192, 8192, 8192), (4096, 4096, 4096), (2048, 2048, 2048), (1024, 1024, 1024),
+          (16, 4096, 4096), (128, 14336, 4096), (4096, 14336, 4096), (8192, 4096, 14336)]
+QUICK = [(4096, 4096, 4096), (16, 4096, 4096)]
+
+
+def _gpu_arch(mgr, arch_name):
+    if arch_name:
+        return mgr.arch(arch_name)
+    tb = mgr.backend("triton")
+    for arch in mgr.archs().values():
+        if tb.can_execute(arch)[0] and arch.vendor != "other":
+            return arch
+    raise UnsupportedProblem("ck bench gemm needs a GPU that an installed arch plugin describes "
+                             "(e.g. ck-arch-sm90 on an H100); none is visible here")
+
+
+def bench(peer: str, options: dict) -> dict:
+    import torch
+    from triton.testing import do_bench
+
+    from ck_core import Dispatcher, Registry, get_manager
+
+    from .problem import GemmProblem
+
+    if peer != "torch":
+        raise UnsupportedProblem(f"gemm benchmarks compare with 'torch' (cuBLAS), not {peer!r}")
+    mgr = get_manager()
+    arch = _gpu_arch(mgr, options.get("arch"))
+    shapes = QUICK if options.get("quick") else SHAPES
+    dtypes = options.get("dtypes") or ["bf16", "fp16"]
+    dtypes = [dtypes] if isinstance(dtypes, str) else dtypes
+    rows = []
+    regs = {}
+    for dtype in dtypes:
+        regs[dtype] = reg = Registry.from_enumeration("gemm", arch.name, "triton", dtypes=[dtype],
+                                                      layouts=["rcr"])
+        disp = Dispatcher(reg, backend="triton")
+        tdt = getattr(torch, {"bf16": "bfloat16", "fp16": "float16"}[dtype])
+        for (m, n, k) in shapes:
+            p = GemmProblem(m=m, n=n, k=k, dtype=dtype, layout="rcr")
+            a = torch.randn(m, k, device="cuda", dtype=tdt)
+            b = torch.randn(n, k, device="cuda", dtype=tdt)
+            key = disp.select(p)
+            c = disp.run(p, a, b)
+            ref = torch.matmul(a.float(), b.float().t())
+            err = ((c.float() - ref).norm() / ref.norm()).item()
+            ours = do_bench(lambda: disp.run(p, a, b), warmup=25, rep=200, return_mode="median")
+            theirs = do_bench(lambda: torch.matmul(a, b.t()), warmup=25, rep=200, return_mode="median")
+            fl = 2.0 * m * n * k
+            t_ours, t_peer = fl / ours / 1e9, fl / theirs / 1e9
+            rows.append({"group": dtype, "case": f"{dtype} {m}x{n}x{k}", "ours": round(t_ours, 1),
+                         "peer": round(t_peer, 1), "peer_name": "torch.matmul (cuBLAS)",
+                         "unit": "TFLOPS", "ratio": round(t_ours / t_peer, 3),
+                         "ok": err < 2e-2, "rel_err": err, "kernel": key.name})
+            del a, b, c, ref
+    extra = {"host overhead": _overhead(regs[dtypes[0]], dtypes[0])}
+    if not options.get("quick"):
+        extra["build"] = _build_speed(arch, dtypes[0], int(options.get("workers") or os.cpu_count() or 2))
+    return {"rows": rows, "extra": extra, "arch": arch.name}
+
+
+def _overhead(reg, dtype):
+    """Host microseconds per call: Dispatcher.run vs the bare Triton launch, same kernel."""
+    import torch
+
+    from ck_core import Dispatcher
+
+    from .problem import GemmProblem
+    from .triton_launch import bare_launch
+
+    p = GemmProblem(m=256, n=256, k=256, dtype=dtype, layout="rcr")
+    tdt = getattr(torch, {"bf16": "bfloat16", "fp16": "float16"}[dtype])
+    a = torch.randn(256, 256, device="cuda", dtype=tdt)
+    b = torch.randn(256, 256, device="cuda", dtype=tdt)
+    disp = Dispatcher(reg, backend="triton")
+    key = disp.select(p)
+    raw = bare_launch(key, p, a, b)
+
+    def per_call(fn, n=2000):
+        for _ in range(50):
+            fn()
+        torch.cuda.synchronize()
+        best = math.inf
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            best = min(best, (time.perf_counter() - t0) / n)
+            torch.cuda.synchronize()
+        return best * 1e6
+
+    t_run = per_call(lambda: disp.run(p, a, b))
+    t_raw = per_call(raw)
+    return [{"case": "Dispatcher.run (warm) vs raw kernel[grid](...)", "run_us": round(t_run, 2),
+             "raw_us": round(t_raw, 2), "overhead_us": round(t_run - t_raw, 2), "kernel": key.name}]
+
+
+def _build_speed(arch, dtype, workers):
+    """AOT-compile 32 kernels with 1 and N workers into fresh caches; then cache-hit loads."""
+    from ck_core import Registry
+    from ck_core.build import build_registry
+
+    base = Registry.from_enumeration("gemm", arch.name, "triton", dtypes=[dtype], layouts=["rcr"])
+    keys = list(base)[:32]
+    out = []
+    t_one = None
+    for n in (1, workers):
+        with tempfile.TemporaryDirectory() as d:
+            reg = Registry(arch.name, keys)
+            rep = build_registry(reg, max_workers=n, progress=False, cache_root=d)
+            if n == 1:
+                t_one = rep.seconds
+            row = {"case": f"build 32 kernels, {n} worker(s)", "seconds": round(rep.seconds, 2),
+                   "built": len(rep.built), "failed": len(rep.failed),
+                   "speedup": round(t_one / rep.seconds, 2), "workers": n}
+            if n == workers:
+                reg2 = Registry(arch.name, keys)
+                rep2 = build_registry(reg2, max_workers=1, progress=False, cache_root=d)
+                row["cache_hit_ms_per_kernel"] = round(rep2.seconds / max(len(keys), 1) * 1e3, 2)
+                row["cache_hits"] = rep2.cache_hits
+            out.append(row)
+    return out
