@@ -110,7 +110,7 @@ def ck_compile_options(key, arch, backend):
 
         @hookimpl
         def ck_compile_options(key, arch, backend):
-            return {"maxnreg": 168} if arch.name == "sm90" else None
+            return {"maxnreg": 168} if arch.vendor == "nvidia" else None
     """
 
 

@@ -32,6 +32,7 @@ class KernelKey:
     algorithm: Any
     arch: str
     backend: str = "numpy"
+    _flat: Any = attrs.field(default=None, init=False, eq=False, hash=False, repr=False)
 
     @property
     def body(self) -> str:
@@ -48,11 +49,13 @@ class KernelKey:
 
     @property
     def fields(self) -> dict:
-        """All signature and algorithm fields in one flat dict (for filters)."""
-        out = {"op": self.op, "arch": self.arch, "backend": self.backend}
-        out.update(_to_plain(self.signature))
-        out.update(_to_plain(self.algorithm))
-        return out
+        """All signature and algorithm fields in one flat dict (for filters); computed once."""
+        if self._flat is None:
+            out = {"op": self.op, "arch": self.arch, "backend": self.backend}
+            out.update(_to_plain(self.signature))
+            out.update(_to_plain(self.algorithm))
+            object.__setattr__(self, "_flat", out)
+        return self._flat
 
     def with_backend(self, backend: str) -> "KernelKey":
         return attrs.evolve(self, backend=backend)

@@ -3,7 +3,7 @@
 * compile: the op plugin renders a key (``OpSpec.render(key, "triton")``) into
   an object with ``compile(target)`` (a ``triton.compile`` of an ``ASTSource``)
   and ``source_hash``; the code object (hsaco for gfx targets, cubin for
-  sm90) and the compiler's metadata (shared memory, registers, spills) are
+  NVIDIA targets) and the compiler's metadata (shared memory, registers, spills) are
   kept in the content-addressed :class:`ck_core.cache.KernelCache`.
 * execute: kernels run where torch sees a matching GPU, or anywhere under
   ``TRITON_INTERPRET=1`` (Triton's CPU interpreter, for tests).

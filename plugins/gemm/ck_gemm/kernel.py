@@ -28,6 +28,10 @@ LDS_BUFFERS = {"mem": 1, "compv3": 1, "compv4": 2}
 SCHEDULERS = ("intrawave", "interwave")
 EPILOGUES = ("cshuffle", "default")
 VARIANTS = ("tile", "persistent", "tma", "tma_ws", "tma_persistent", "tma_persistent_ws")
+#: name tokens of the variants (no underscores, so names split cleanly on "_")
+VARIANT_TOKEN = {"persistent": "vpers", "tma": "vtma", "tma_ws": "vtmaws",
+                 "tma_persistent": "vtmapers", "tma_persistent_ws": "vtmapersws"}
+_TOKEN_VARIANT = {t: v for v, t in VARIANT_TOKEN.items()}
 
 
 @attrs.frozen(cache_hash=True)
@@ -94,7 +98,7 @@ def format_name(sig: GemmSignature, a: GemmAlgorithm) -> str:
     if a.stages:
         parts.append(f"s{a.stages}")
     if a.variant != "tile":
-        parts.append("v" + a.variant)
+        parts.append(VARIANT_TOKEN[a.variant])
     if a.group_m != 8:
         parts.append(f"g{a.group_m}")
     return "_".join(parts)
@@ -134,8 +138,8 @@ def parse_name(body: str):
             alg["stages"] = int(tok[1:])
         elif tok.startswith("g") and tok[1:].isdigit():
             alg["group_m"] = int(tok[1:])
-        elif tok.startswith("v") and tok[1:] in VARIANTS:
-            alg["variant"] = tok[1:]
+        elif tok in _TOKEN_VARIANT:
+            alg["variant"] = _TOKEN_VARIANT[tok]
         elif tok.startswith("d") and tok[1:2].isdigit() and tok[2:] in D_OPS:
             sig["num_d"], sig["d_op"] = int(tok[1]), tok[2:]
         elif tok.startswith("c") and tok[1:] in ("fp16", "bf16", "fp32", "int32"):
