@@ -38,6 +38,19 @@ def _validated(disp, op, problem, rng):
     return compare_all({k: bk.to_numpy(outs[k]) for k in ref}, ref, dtypes, tol), secs
 
 
+def _brief(problem) -> str:
+    """The problem's fields that differ from their defaults."""
+    import attrs
+
+    parts = []
+    for f in attrs.fields(type(problem)):
+        v = getattr(problem, f.name)
+        d = f.default
+        if isinstance(d, attrs.Factory) or d is attrs.NOTHING or v != d:
+            parts.append(f"{f.name}={v}")
+    return f"{type(problem).__name__}({', '.join(parts)})"
+
+
 def run_demo(args) -> int:
     mgr = get_manager()
     backend, gpu_arch = _pick_backend(mgr, args.backend)
@@ -68,7 +81,7 @@ def run_demo(args) -> int:
             print(f"[{op_name}] error: {exc}")
             ok = False
             continue
-        print(f"\n[{op_name}] {problem}")
+        print(f"\n[{op_name}] {_brief(problem)}")
         print(f"  registry: {len(reg)} kernels for {arch}/{backend}")
         for st in plan.stages:
             print(f"  stage {st.name:>16}: {st.key.name}")

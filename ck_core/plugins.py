@@ -132,7 +132,7 @@ class PluginManager:
     def op_for_name(self, kernel_name: str) -> OpSpec:
         """The op whose names start like ``kernel_name`` (``gemm_...`` -> gemm)."""
         for op in sorted(self._ops.values(), key=lambda o: -len(o.name)):
-            if kernel_name.startswith(op.name + "_"):
+            if kernel_name.startswith((op.name + "_", op.name + ".")):
                 return op
         raise PluginError(
             f"no installed op plugin makes kernels named like {kernel_name[:40]!r}; "

@@ -1,0 +1,118 @@
+"""FMHA kernel keys: CK-rule instances (``FmhaKernelSpec``) and what each supports.
+
+A CK-style key's signature is the codegen's :class:`FmhaKernelSpec` (CK's
+name maps one-to-one onto ours); its algorithm is empty because CK's tile
+table is part of the instance.  ``supports`` answers whether an instance
+computes a problem: family, dtype, head dims (larger with d-padding), mode,
+mask, bias, LSE, dropout, soft cap, sinks, paging, RoPE, padding of lengths.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import attrs
+
+from ck_core.errors import ConfigError
+from ck_core.key import KernelKey
+
+from .codegen import enumerate_kernels, parse_name
+from .codegen.spec import FmhaKernelSpec
+
+
+@attrs.frozen
+class CkInstance:
+    """The algorithm half of a CK FMHA key: CK's tiles live in the spec itself."""
+
+
+CK_INSTANCE = CkInstance()
+_BIAS = {"none": "no", "elementwise": "bias", "alibi": "alibi"}
+_ROPE = {"none": "no", "interleaved": "inter", "half_rotated": "half"}
+ENUM_OPTIONS = ("receipt", "family", "families", "mask_impl")
+
+
+def ck_keys(arch, backend: str, options: dict) -> list:
+    unknown = sorted(set(options) - set(ENUM_OPTIONS))
+    if unknown:
+        raise ConfigError(f"unknown fmha enumeration option(s) {', '.join(unknown)}; "
+                          f"known: {', '.join(ENUM_OPTIONS)}")
+    fams = options.get("families") or options.get("family")
+    if isinstance(fams, str):
+        fams = [fams]
+    kw = {"mask_impl": options["mask_impl"]} if "mask_impl" in options else {}
+    specs = enumerate_kernels(arch.name, int(options.get("receipt", 0)), fams, **kw)
+    return [KernelKey("fmha", s, CK_INSTANCE, arch.name, backend) for s in specs]
+
+
+def _dtype_ok(spec_dtype: str, dtype: str) -> bool:
+    return spec_dtype == dtype or (dtype == "fp8" and spec_dtype.startswith("fp8"))
+
+
+def ck_supports(s: FmhaKernelSpec, p) -> Optional[str]:
+    fam = p.family
+    if s.family != fam:
+        return f"kernel family {s.family}, problem {fam}"
+    if not _dtype_ok(s.dtype, p.dtype):
+        return f"kernel dtype {s.dtype}, problem {p.dtype}"
+    if s.hdim_q < p.hdim_q or s.hdim_v < p.hdim_v:
+        return f"kernel head dims {s.hdim_q}/{s.hdim_v} < problem {p.hdim_q}/{p.hdim_v}"
+    if (s.hdim_q != p.hdim_q and not s.dpad) or (s.hdim_v != p.hdim_v and not s.dvpad):
+        return "head dim differs from the kernel's and the kernel does not pad it"
+    if s.mode and s.mode != p.mode:
+        return f"kernel is {s.mode} mode, problem {p.mode}"
+    if s.mask:
+        if p.mask == "none" and s.mask != "no":
+            return "kernel applies a mask; problem has none"
+        if p.mask != "none" and s.mask == "no":
+            return "problem needs a mask"
+        if p.mask != "none" and s.mask == "causal" and not p.is_causal:
+            return "kernel handles causal masks only; problem has a window"
+    if s.bias and s.bias != _BIAS[p.bias]:
+        return f"kernel bias {s.bias}, problem {p.bias}"
+    if fam in ("fwd", "batch_prefill") and p.lse and not s.lse:
+        return "problem wants LSE stored"
+    if fam in ("fwd", "batch_prefill", "bwd_dq_dk_dv") and (p.p_drop > 0) != s.dropout:
+        return "dropout differs"
+    if fam in ("fwd", "fwd_splitkv", "fwd_pagedkv", "batch_prefill") and (p.logits_soft_cap > 0) != s.logits:
+        return "logits soft cap differs"
+    if fam in ("fwd", "fwd_splitkv", "fwd_pagedkv", "batch_prefill") and \
+            (p.sink_tokens > 0 or p.sink_logits) != s.sink:
+        return "sink tokens differ"
+    if fam == "fwd" and p.skip_min_seqlen_q > 0 and not s.skip:
+        return "problem skips short sequences (skip_min_seqlen_q)"
+    if fam in ("fwd_splitkv", "fwd_appendkv") and p.paged_kv != s.pagedkv:
+        return "paged KV differs"
+    if fam == "fwd_appendkv" and _ROPE[p.rope] != (s.rope or "no"):
+        return f"kernel RoPE {s.rope or 'no'}, problem {p.rope}"
+    if fam == "batch_prefill":
+        if (s.page_size, s.kv_layout, s.kv_lookup) != (p.page_size, p.kv_layout, p.kv_lookup):
+            return "page size / KV layout / lookup table differ"
+    if fam in ("bwd_dq_dk_dv",) and s.dbias != p.dbias:
+        return "dbias differs"
+    if fam in ("bwd_dq_dk_dv", "bwd_convert_dq") and s.deterministic != p.deterministic:
+        return "deterministic mode differs"
+    if fam in ("fwd", "fwd_splitkv", "fwd_pagedkv") and s.tile and not s.spad:
+        if p.is_group or (p.seqlen_q or 0) % s.tile[0]:
+            return "query length needs a padded (spad) kernel"
+    if fam in ("fwd", "fwd_splitkv", "fwd_pagedkv") and len(s.tile) > 1 and not s.skpad:
+        if p.is_group or (p.seqlen_k or 0) % s.tile[1]:
+            return "key length needs a padded (skpad) kernel"
+    if p.dtype == "fp8" and fam == "fwd" and s.qscale not in ("pertensor",):
+        return "fp8 needs a per-tensor qscale kernel"
+    return None
+
+
+def ck_rank(problem, keys: list) -> list:
+    """Exact head dims first, then fewest padding switches, then the largest tile."""
+    def cost(k):
+        s = k.signature
+        pads = int(s.spad) + int(s.skpad) + int(bool(s.dpad)) + int(bool(s.dvpad))
+        return (s.hdim_q - problem.hdim_q + s.hdim_v - problem.hdim_v, pads, -(s.tile[0] if s.tile else 0))
+    return sorted(keys, key=cost)
+
+
+def format_ck(sig, alg) -> str:
+    return sig.name
+
+
+def parse_ck(body: str):
+    return parse_name(body), CK_INSTANCE

@@ -1,0 +1,108 @@
+"""Hook implementations of the FMHA op plugin (entry point group ``ck_core.ops``).
+
+Kernel spaces:
+* archs with CK FMHA tables (gfx90a, gfx942, gfx950, gfx1100, gfx1201): CK's
+  01_fmha codegen rules (:mod:`ck_fmha.codegen`), per receipt;
+* the triton backend, on any arch with a Triton target: the Triton templates'
+  configurations (:mod:`ck_fmha.triton_keys`).
+"""
+from __future__ import annotations
+
+from ck_core.errors import UnsupportedProblem
+from ck_core.hookspecs import hookimpl
+from ck_core.records import OpSpec
+
+from . import keys, stages
+from .codegen import ARCHES as CK_ARCHES
+from .codegen.spec import FmhaKernelSpec
+from .problem import FmhaProblem
+
+INPUTS = ("q", "k", "v", "bias", "alibi_slopes", "sink", "o", "lse", "do", "k_cache", "v_cache",
+          "block_table", "kv_indptr", "kv_page_indices", "kv_last_page_lens", "knew", "vnew",
+          "rotary_cos", "rotary_sin")
+OUTPUTS = ("o", "lse", "randval", "dq", "dk", "dv", "dbias", "q_rot", "k_cache", "v_cache")
+
+
+def _triton_keys():
+    from . import triton_keys
+
+    return triton_keys
+
+
+def enumerate_keys(arch, backend, options):
+    if backend == "triton" or arch.name not in CK_ARCHES:
+        return _triton_keys().enumerate_keys(arch, backend, options)
+    return keys.ck_keys(arch, backend, options)
+
+
+def format_name(sig, alg):
+    if isinstance(sig, FmhaKernelSpec):
+        return sig.name
+    return _triton_keys().format_name(sig, alg)
+
+
+def parse_name(body):
+    if body.startswith(_TRITON_PREFIX):
+        return _triton_keys().parse_name(body)
+    return keys.parse_ck(body)
+
+
+_TRITON_PREFIX = "fmha_triton_"
+
+
+def from_fields(sig: dict, alg: dict):
+    if "tile" in sig and "arch" in sig:
+        return FmhaKernelSpec.from_dict(sig), keys.CK_INSTANCE
+    return _triton_keys().from_fields(sig, alg)
+
+
+def supports(key, problem):
+    if isinstance(key.signature, FmhaKernelSpec):
+        return keys.ck_supports(key.signature, problem)
+    return _triton_keys().supports(key, problem)
+
+
+def heuristic(problem, candidates, arch):
+    if candidates and isinstance(candidates[0].signature, FmhaKernelSpec):
+        return keys.ck_rank(problem, candidates)
+    return _triton_keys().rank(problem, candidates, arch)
+
+
+def implement(key, backend):
+    if backend == "numpy":
+        return _numpy_stage
+    if backend == "triton":
+        return _triton_keys().make_launcher(key)
+    raise UnsupportedProblem(f"fmha has no {backend!r} implementation; use numpy or triton")
+
+
+def _numpy_stage(problem, tensors):
+    return stages.run_stage(problem, tensors)
+
+
+def _render(key, backend):
+    return _triton_keys().render(key, backend)
+
+
+def _bench(peer, options):
+    from .bench import bench
+
+    return bench(peer, options)
+
+
+def fmha_op() -> OpSpec:
+    return OpSpec(
+        name="fmha", problem_type=FmhaProblem, enumerate=enumerate_keys, format_name=format_name,
+        parse_name=parse_name, from_fields=from_fields, supports=supports,
+        reference=stages.reference, make_inputs=stages.make_inputs, implement=implement,
+        input_names=INPUTS, output_names=OUTPUTS, plan=stages.plan, render=_render, bench=_bench,
+        flops=stages.flops, heuristic=heuristic, tolerance=stages.tolerance,
+        families=("fwd", "fwd_splitkv", "fwd_splitkv_combine", "fwd_pagedkv", "fwd_appendkv",
+                  "batch_prefill", "bwd_dot_do_o", "bwd_dq_dk_dv", "bwd_convert_dq"),
+        description="fused multi-head attention: nine CK families, multi-stage plans",
+    )
+
+
+@hookimpl
+def ck_register_ops():
+    return [fmha_op()]
