@@ -27,7 +27,7 @@ class CkInstance:
 CK_INSTANCE = CkInstance()
 _BIAS = {"none": "no", "elementwise": "bias", "alibi": "alibi"}
 _ROPE = {"none": "no", "interleaved": "inter", "half_rotated": "half"}
-ENUM_OPTIONS = ("receipt", "family", "families", "mask_impl")
+ENUM_OPTIONS = ("receipt", "family", "families", "mask_impl", "batch_prefill_64bit", "config")
 
 
 def ck_keys(arch, backend: str, options: dict) -> list:
@@ -38,8 +38,12 @@ def ck_keys(arch, backend: str, options: dict) -> list:
     fams = options.get("families") or options.get("family")
     if isinstance(fams, str):
         fams = [fams]
-    kw = {"mask_impl": options["mask_impl"]} if "mask_impl" in options else {}
+    kw = {k: options[k] for k in ("mask_impl", "batch_prefill_64bit") if k in options}
     specs = enumerate_kernels(arch.name, int(options.get("receipt", 0)), fams, **kw)
+    if options.get("config"):  # a tile-engine sweep config (JSON or TOML allow-lists)
+        from .codegen import load_sweep
+
+        specs = load_sweep(options["config"]).apply(specs)
     return [KernelKey("fmha", s, CK_INSTANCE, arch.name, backend) for s in specs]
 
 
