@@ -128,7 +128,7 @@ def cmd_list(args, extra):
         print(json.dumps(reg.to_dict(), indent=1))
         return 0
     for k in reg:
-        print(k.name)
+        print(getattr(k.signature, "ck_name", k.name) if args.ck_names else k.name)
     return 0
 
 
@@ -335,6 +335,8 @@ def build_parser() -> argparse.ArgumentParser:
     reg_args(s)
     s.add_argument("--count", action="store_true")
     s.add_argument("--list", action="store_true", help="print names (the default)")
+    s.add_argument("--ck-names", action="store_true",
+                   help="print CK's own kernel names where the op has them (FMHA)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_list)
 

@@ -120,3 +120,24 @@ def test_mismatched_tensor(disp, ck_rng):
     t2["q"] = t2["q"].astype(np.float32)
     with pytest.raises(CkError):
         disp.run_dict(p, t2)
+
+
+def test_cli_lists_ck_names_matching_the_oracle(capsys):
+    """`ck list fmha --ck-names` for the exact families equals CK's own list."""
+    import gzip
+    from pathlib import Path
+
+    from ck_core.cli import main
+
+    if "gfx950" not in get_manager().archs():
+        pytest.skip("ck-arch-gfx950 is not installed")
+    oracle = Path(__file__).resolve().parent / "data" / "fmha_gfx950_receipt0.txt.gz"
+    with gzip.open(oracle, "rt") as fh:
+        names = {line.strip() for line in fh if line.strip()}
+    for family, prefix in (("bwd_dot_do_o", "fmha_bwd_dot_do_o_"), ("bwd_convert_dq", "fmha_bwd_convert_dq_")):
+        assert main(["list", "fmha", "--arch", "gfx950", "--receipt", "0", "--family", family,
+                     "--ck-names"]) == 0
+        ours = set(capsys.readouterr().out.split())
+        assert ours == {n for n in names if n.startswith(prefix)}
+    assert main(["list", "fmha", "--arch", "gfx950", "--receipt", "0", "--family", "fwd", "--count"]) == 0
+    assert int(capsys.readouterr().out) == 11980
