@@ -3,13 +3,12 @@ from __future__ import annotations
 
 from ck_core import ArchSpec, hookimpl
 
-from .ck_rules import make_gemm_rule
 from .facts import FACTS
 
 
 def arch_spec() -> ArchSpec:
-    """The gfx1100 record: :data:`.facts.FACTS` plus CK's warp-size-dependent GEMM rules."""
-    return ArchSpec(vendor="amd", rules=(make_gemm_rule(FACTS["name"], FACTS["warp_size"]),), **FACTS)
+    """The gfx1100 record: :data:`.facts.FACTS`, pure data (CK's GEMM rules live in the GEMM plugin)."""
+    return ArchSpec(vendor="amd", **FACTS)
 
 
 @hookimpl

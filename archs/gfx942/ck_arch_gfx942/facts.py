@@ -7,7 +7,7 @@ Sources, composable_kernel (github.com/ROCm/composable_kernel):
   per A_B_Acc dtype -> ``warp_tiles``), ``pipeline_lds_budget``;
 * ``tile_engine/ops/gemm/gemm_validation_utils.py``: the GEMM pipelines
   (``GEMM_PIPELINES`` = mem, compv3, compv4), ``LDS_SIZE_MAP``, and the rules
-  in :mod:`.ck_rules`;
+  in :mod:`ck_gemm.ck_rules` (the GEMM plugin);
 * ``dispatcher/codegen/fmha/fmha_arch_specs.json``: ``extras["fmha"]``;
 * AMD data sheets: compute units and ``peak`` (MI300X data sheet (dense, no sparsity), HBM3 5.3 TB/s).
 

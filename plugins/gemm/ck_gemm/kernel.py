@@ -18,6 +18,7 @@ from ck_core.dtypes import ELEMENT_BYTES
 from ck_core.errors import ConfigError, MissingKernel
 from ck_core.key import KernelKey
 
+from . import ck_rules
 from .problem import ACTIVATIONS, D_OPS, DEFAULT_C, DTYPES, LAYOUTS
 
 log = logging.getLogger(__name__)
@@ -169,7 +170,20 @@ def _warp_tiles_for(arch, dtype):
 
 
 def rules_violation(sig: GemmSignature, a: GemmAlgorithm, arch) -> str | None:
-    """The generic CK tile rules (arch plugins add their own on top)."""
+    """Why GEMM ``(sig, a)`` is illegal on ``arch``, or None.
+
+    The tile rules from the arch's facts (:func:`_tile_violation`), then, on AMD
+    archs, CK Tile's warp-size rules (:func:`ck_rules.violation`).  Arch
+    plugins may add their own on top (``ArchSpec.rules``).
+    """
+    why = _tile_violation(sig, a, arch)
+    if why is None and arch.vendor == "amd":
+        why = ck_rules.violation(sig, a, arch.name, arch.warp_size)
+    return why
+
+
+def _tile_violation(sig: GemmSignature, a: GemmAlgorithm, arch) -> str | None:
+    """The rules that follow from the arch's facts alone (the same for every layout)."""
     if sig.dtype not in arch.dtypes:
         return f"{arch.name} has no {sig.dtype} matrix instructions"
     wt = (a.warp_tile_m, a.warp_tile_n, a.warp_tile_k)
@@ -218,6 +232,7 @@ def enumerate_keys(arch, backend: str, options: dict) -> list[KernelKey]:
     pads = options.get("pads") or facts.get("pads", ((False, False, False), (True, True, True)))
     stages_opts = facts.get("stages", (0,))
     variants = facts.get("variants", ("tile",))
+    ck = arch.vendor == "amd"
     out = []
     for dtype in dtypes:
         eb = ELEMENT_BYTES[dtype]
@@ -229,12 +244,18 @@ def enumerate_keys(arch, backend: str, options: dict) -> list[KernelKey]:
             alg = GemmAlgorithm(tm, tn, tk, *wave, *wt, pipeline=pipe, scheduler=sched,
                                 epilogue=epi, pad_m=pad[0], pad_n=pad[1], pad_k=pad[2],
                                 stages=st, variant=var)
-            why = rules_violation(sig_list[0], alg, arch)
+            why = _tile_violation(sig_list[0], alg, arch)
             if why:
                 if log.isEnabledFor(logging.DEBUG):
                     log.debug("culled gemm %s %s: %s", dtype, alg, why)
                 continue
             for sig in sig_list:
+                # CK's load-cover rule depends on the layout: check every signature
+                why = ck and ck_rules.violation(sig, alg, arch.name, arch.warp_size)
+                if why:
+                    if log.isEnabledFor(logging.DEBUG):
+                        log.debug("culled gemm %s %s %s: %s", dtype, sig.layout, alg, why)
+                    continue
                 out.append(KernelKey("gemm", sig, alg, arch.name, backend))
     if backend == "triton":
         out.extend(_tuned_keys(arch, backend, dtypes, layouts))
@@ -253,10 +274,11 @@ def _tuned_keys(arch, backend, dtypes, layouts) -> list:
     for dt, _lay, _m, _n, _k, cfg in load_table(arch.name):
         for dtype in (d for d in dtypes if d == dt or {d, dt} <= {"fp16", "bf16"}):
             alg = algorithm_for_config(cfg, arch, dtype, pipeline)
-            if alg is None or rules_violation(GemmSignature(dtype, layouts[0]), alg, arch):
+            if alg is None:
                 continue
-            out.extend(KernelKey("gemm", GemmSignature(dtype, lay), alg, arch.name, backend)
-                       for lay in layouts)
+            out.extend(KernelKey("gemm", sig, alg, arch.name, backend)
+                       for sig in (GemmSignature(dtype, lay) for lay in layouts)
+                       if rules_violation(sig, alg, arch) is None)
     return out
 
 

@@ -1,22 +1,18 @@
-"""CK Tile's GEMM legality rules that depend on the arch (warp size), as ``rule(key)`` callables.
+"""CK Tile's GEMM legality rules that depend on the warp size and CK's tile distributions.
 
 Ported from composable_kernel ``tile_engine/ops/gemm/gemm_validation_utils.py``
 (``validate_whole_wg_cover_configuration``, ``validate_cshuffle_epilogue_distribution``,
 ``TRAIT_UNSUPPORTED_COMBINATIONS``) and ``dispatcher/codegen/arch_specs.json``
-(``unsupported_trait_combos``).  The GEMM op plugin already checks dtypes, warp
-tiles, wave layouts, tile divisibility and LDS; these are the checks it cannot
-make without the warp size or CK's load/store tile distributions.
-
-This module is copied verbatim into every AMD arch plugin (ck-arch-gfx90a,
-gfx942, gfx950, gfx1100, gfx1201) so that each distribution stands alone;
-edit all five copies together.
+(``unsupported_trait_combos``).  :func:`ck_gemm.kernel.rules_violation` checks
+dtypes, warp tiles, wave layouts, tile divisibility and LDS from the arch's
+facts; on AMD archs it adds these, the checks it cannot make without the warp
+size or CK's load/store tile distributions.
 """
 from __future__ import annotations
 
 from functools import lru_cache
 
-#: bytes per element (CK ``ELEMENT_SIZE_MAP``)
-ELEMENT_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4, "fp8": 1, "bf8": 1, "int8": 1, "int32": 4}
+from ck_core.dtypes import ELEMENT_BYTES
 
 #: (pipeline, epilogue, scheduler) that CK cannot build: only ``mem`` has an
 #: interwave scheduler (arch_specs.json ``unsupported_trait_combos``)
@@ -93,27 +89,22 @@ def cshuffle_violation(warp_size, tile_m, tile_n, warp_m, warps, eb_c):
     return None
 
 
-def make_gemm_rule(arch_name: str, warp_size: int):
-    """The arch rule for GEMM keys: CK trait table, load cover, cshuffle epilogue."""
+def violation(sig, a, arch_name: str, warp_size: int) -> str | None:
+    """Why CK Tile cannot build GEMM ``(sig, a)`` on ``arch_name`` (``warp_size``-lane waves), or None.
 
-    def ck_gemm_rules(key):
-        if key.op != "gemm":
-            return None
-        # the names of key.fields, read straight off the records: building the
-        # fields dict for every candidate cost most of the enumeration time
-        s, a = key.signature, key.algorithm
-        if (a.pipeline, a.epilogue, a.scheduler) in UNSUPPORTED_TRAITS:
-            return (f"CK has no {a.pipeline} pipeline with the {a.scheduler} scheduler "
-                    f"(only mem is interwave)")
-        warps = a.warp_m * a.warp_n * a.warp_k
-        eb = ELEMENT_BYTES[s.dtype]
-        why = load_cover_violation(warp_size, a.tile_m, a.tile_n, a.tile_k, warps, s.layout, eb, eb)
+    Checks, in order: CK's trait table, the A/B load cover (depends on the
+    layout), the cshuffle epilogue's store distribution.
+    """
+    if (a.pipeline, a.epilogue, a.scheduler) in UNSUPPORTED_TRAITS:
+        return (f"CK has no {a.pipeline} pipeline with the {a.scheduler} scheduler "
+                f"(only mem is interwave)")
+    warps = a.warp_m * a.warp_n * a.warp_k
+    eb = ELEMENT_BYTES[sig.dtype]
+    why = load_cover_violation(warp_size, a.tile_m, a.tile_n, a.tile_k, warps, sig.layout, eb, eb)
+    if why:
+        return f"{why} ({warp_size}-lane waves on {arch_name})"
+    if a.epilogue == "cshuffle":
+        why = cshuffle_violation(warp_size, a.tile_m, a.tile_n, a.warp_m, warps, ELEMENT_BYTES[sig.dtype_c])
         if why:
-            return f"{why} ({warp_size}-lane waves on {arch_name})"
-        if a.epilogue == "cshuffle":
-            return cshuffle_violation(warp_size, a.tile_m, a.tile_n, a.warp_m, warps,
-                                      ELEMENT_BYTES[s.dtype_c])
-        return None
-
-    ck_gemm_rules.__qualname__ = f"ck_gemm_rules[{arch_name}]"
-    return ck_gemm_rules
+            return f"{why} ({arch_name})"
+    return None
