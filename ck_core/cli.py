@@ -17,7 +17,7 @@ import attrs
 import numpy as np
 
 from . import __version__, knobs
-from .errors import CkError, ConfigError
+from .errors import CkError, ConfigError, InvalidProblem
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +159,12 @@ def _problem(op, extra):
     for k, v in pdict.items():
         if isinstance(v, list):
             pdict[k] = tuple(v)
-    return op.problem_type.from_dict(pdict), rest
+    try:
+        return op.problem_type.from_dict(pdict), rest
+    except TypeError as exc:  # a missing required field
+        needed = [f.name for f in attrs.fields(op.problem_type) if f.default is attrs.NOTHING]
+        raise InvalidProblem(f"cannot build a {op.name} problem ({exc}); required: "
+                             f"{', '.join('--' + n for n in needed)}") from None
 
 
 def _seconds_for(dispatcher, problem, inputs, repeat):
@@ -184,8 +189,8 @@ def cmd_run(args, extra):
     op = mgr.op(args.op)
     problem, options = _problem(op, extra)
     reg = Registry.from_enumeration(args.op, args.arch, args.backend, **options)
-    if args.filter:
-        reg = reg.filter(args.filter)
+    if args.kfilter:
+        reg = reg.filter(args.kfilter)
     tuning = None
     if args.tuned:
         from .tuning import TuningTable
@@ -265,8 +270,8 @@ def cmd_tune(args, extra):
     op = mgr.op(args.op)
     problem, options = _problem(op, extra)
     reg = Registry.from_enumeration(args.op, args.arch, args.backend, **options)
-    if args.filter:
-        reg = reg.filter(args.filter)
+    if args.kfilter:
+        reg = reg.filter(args.kfilter)
     disp = Dispatcher(reg, backend=args.backend)
     inputs = op.make_inputs(problem, np.random.default_rng(0))
     bk = disp.backend_spec
@@ -352,7 +357,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("op")
     s.add_argument("--arch", required=True)
     s.add_argument("--backend", default=knobs.get("CK_BACKEND") or "numpy")
-    s.add_argument("--filter")
+    s.add_argument("--kernel-filter", dest="kfilter",
+                   help="restrict the candidates with a filter expression (problem fields take --<field>)")
     s.add_argument("--seed", type=int, default=None)
     s.add_argument("--repeat", type=int, default=3)
     s.add_argument("--tuned", action="store_true", help="use the tuning table")
@@ -376,7 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("op")
     s.add_argument("--arch", required=True)
     s.add_argument("--backend", default=knobs.get("CK_BACKEND") or "numpy")
-    s.add_argument("--filter")
+    s.add_argument("--kernel-filter", dest="kfilter")
     s.add_argument("--top", type=int, default=None, help="time only the heuristic's first N")
     s.add_argument("--show", type=int, default=10)
     s.add_argument("--repeat", type=int, default=5)

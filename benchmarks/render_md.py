@@ -1,0 +1,80 @@
+"""Render benchmarks/results/*.json (written by `ck bench`) into BENCHMARKS.md.
+
+    python benchmarks/render_md.py            # rewrites BENCHMARKS.md from the JSON files
+
+Each JSON holds device, date, command, rows (case, ours, peer, peer_name, unit,
+ratio) and optional extra tables; the Markdown keeps them together so every
+figure carries its date, device and command.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+ORDER = ["gemm", "fmha", "conv"]
+INTRO = """# Benchmarks
+
+Speed is always a ratio against the peer library, timed in the same process on
+the same inputs (CUDA events through `triton.testing.do_bench`: warm-up, then the
+median). Each section gives the date, the device and the command that produced
+it; the same rows are machine-readable in `benchmarks/results/<op>.json`.
+Regenerate this file with `python benchmarks/render_md.py`.
+"""
+
+
+def _fmt(v):
+    if isinstance(v, float):
+        return f"{v:.3f}" if abs(v) < 100 else f"{v:.1f}"
+    return "" if v is None else str(v)
+
+
+def table(rows, cols=None) -> str:
+    if not rows:
+        return "(no rows)\n"
+    cols = cols or [c for c in ("group", "case", "ours", "peer", "peer_name", "unit", "ratio", "ok", "note")
+                    if any(c in r for r in rows)]
+    if not cols:
+        cols = list(dict.fromkeys(k for r in rows for k in r))
+    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        out.append("| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |")
+    return "\n".join(out) + "\n"
+
+
+def section(name: str, data: dict) -> str:
+    parts = [f"## {name}\n", f"- date: {data.get('date')}", f"- device: {data.get('device')}",
+             f"- command: `{data.get('command')}`"]
+    gm = data.get("geomean")
+    if gm:
+        parts.append(f"- geomean ratio (ours / peer): **{gm:.3f}**; lowest {data.get('min_ratio'):.3f}")
+    for g, v in (data.get("geomean_by_group") or {}).items():
+        if v and len(data.get("geomean_by_group")) > 1:
+            parts.append(f"  - {g}: {v:.3f}")
+    if data.get("notes"):
+        parts.append(f"- notes: {data['notes']}")
+    parts.append("")
+    parts.append(table(data.get("rows", [])))
+    for title, t in (data.get("extra") or {}).items():
+        parts.append(f"### {title}\n")
+        parts.append(table(t, list(dict.fromkeys(k for r in t for k in r))) if isinstance(t, list)
+                     else "```\n" + json.dumps(t, indent=1) + "\n```\n")
+    return "\n".join(parts)
+
+
+def main() -> int:
+    files = sorted((ROOT / "results").glob("*.json"),
+                   key=lambda p: (ORDER.index(p.stem) if p.stem in ORDER else 99, p.stem))
+    body = [INTRO]
+    for f in files:
+        if f.stem.endswith("_raw"):
+            continue
+        body.append(section(f.stem, json.loads(f.read_text())))
+    (ROOT.parent / "BENCHMARKS.md").write_text("\n".join(body))
+    print(f"wrote BENCHMARKS.md from {len(files)} result files", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

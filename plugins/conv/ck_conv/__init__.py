@@ -1,0 +1,29 @@
+"""ck-conv: the grouped convolution op plugin of ck-dispatcher.
+
+Light at import: torch and triton load only when a kernel is launched or compiled.
+"""
+from __future__ import annotations
+
+from .kernels import ConvKernelConfig, enumerate_configs, heuristic_config
+from .problem import ConvProblem
+
+__all__ = ["ConvProblem", "ConvKernelConfig", "enumerate_configs", "heuristic_config", "run", "kernel_for",
+           "reference"]
+
+
+def run(problem, tensors, config=None):
+    """Run ``problem`` on torch tensors with a Triton kernel (see :func:`ck_conv.launch.run`)."""
+    from .launch import run as _run
+    return _run(problem, tensors, config)
+
+
+def kernel_for(key_or_config, problem=None):
+    """``(jit_fn, constexprs, grid)`` of a kernel (see :func:`ck_conv.launch.kernel_for`)."""
+    from .launch import kernel_for as _kf
+    return _kf(key_or_config, problem)
+
+
+def reference(problem, tensors):
+    """Float64 NumPy result of ``problem`` (see :func:`ck_conv.reference.reference`)."""
+    from .reference import reference as _ref
+    return _ref(problem, tensors)

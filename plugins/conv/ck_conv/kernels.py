@@ -1,0 +1,367 @@
+"""CK-style kernel space for grouped convolution: configs, names, enumeration.
+
+A :class:`ConvKernelConfig` is one kernel: what it computes (direction, dtype,
+layouts, spatial rank, specialisation) and how (implicit-GEMM block tile, waves,
+warp tile, pipeline, scheduler, vector sizes, padding).  Its name is its
+identity and parses back::
+
+    conv_fwd_fp16_nhwgc_gkyxc_nhwgk_2d_compv3_intrawave_128x128x32_2x2x1_32x32x16_default
+    conv_bwd_weight_bf16_ndhwgc_gkzyxc_ndhwgk_3d_mem_intrawave_64x64x64_2x2x1_16x16x16_filter1x1_pad0_vec8_8_8
+
+Optional suffixes appear only when not default: ``_vec{a}_{b}_{c}`` (default
+4/8/8, CK's) and ``_pad{m}{n}{k}`` (default all padded).
+
+Tile facts follow CK's grouped-conv dispatcher tables (``grouped_config_rules``):
+block tiles, wave layouts (1x4x1, 2x2x1, 4x1x1, 8x2x1, 4x4x1), and the rule
+that backward kernels use only the compv3 and mem pipelines.  Which warp tiles
+and how much LDS exist is the arch's business: enumeration takes them as
+arguments (or from an ArchSpec).
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import re
+
+import attrs
+
+from ck_core.errors import InvalidProblem, MissingKernel
+
+from .problem import DIRECTIONS, DTYPES, LAYOUT_FAMILIES, ConvProblem
+
+log = logging.getLogger(__name__)
+
+DIR_TOKEN = {"forward": "fwd", "bwd_data": "bwd_data", "bwd_weight": "bwd_weight"}
+TOKEN_DIR = {v: k for k, v in DIR_TOKEN.items()}
+PIPELINES = ("mem", "compv3", "compv4")
+#: LDS buffers a pipeline holds (compv4 double-buffers; CK's DoubleSmemBuffer)
+PIPELINE_LDS_BUFFERS = {"mem": 1, "compv3": 1, "compv4": 2}
+#: Triton software-pipelining depth we give each CK pipeline
+PIPELINE_STAGES = {"mem": 2, "compv3": 3, "compv4": 4}
+PIPELINE_STAGES_BWD = {"mem": 3, "compv3": 5, "compv4": 5}
+SCHEDULERS = ("intrawave", "interwave")
+SPECIALIZATIONS = ("default", "filter1x1_stride1_pad0", "filter1x1_pad0", "filter3x3", "depthwise")
+ELEMENT_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
+
+#: CK's grouped-conv block tiles (M, N, K) plus larger ones for 4-warp-group archs
+DEFAULT_TILES = (
+    (16, 64, 64), (32, 64, 64), (64, 64, 64), (32, 128, 64), (64, 128, 64), (128, 128, 64),
+    (16, 64, 128), (32, 64, 128), (64, 64, 128), (128, 64, 128),
+    (128, 64, 64), (128, 128, 32), (256, 128, 64), (128, 256, 64), (64, 32, 64), (128, 32, 64),
+)
+#: CK's approved wave (warp) layouts
+DEFAULT_WAVES = ((1, 4, 1), (2, 2, 1), (4, 1, 1), (8, 2, 1), (4, 4, 1), (2, 1, 1), (1, 2, 1), (2, 4, 1))
+#: tiles of the depthwise direct kernels: (pixels, groups, 1)
+DEPTHWISE_TILES = ((64, 64, 1), (128, 64, 1), (32, 128, 1), (256, 32, 1))
+
+_TRIPLE = r"(\d+)x(\d+)x(\d+)"
+_NAME_RE = re.compile(
+    r"^conv_(?P<dir>fwd|bwd_data|bwd_weight)_(?P<dtype>fp16|bf16|fp32)_(?P<inl>[a-z]+)_(?P<wl>[a-z]+)_(?P<outl>[a-z]+)"
+    r"_(?P<nd>[123])d_(?P<pipe>" + "|".join(PIPELINES) + r")_(?P<sched>" + "|".join(SCHEDULERS) + r")"
+    r"_(?P<tile>" + _TRIPLE + r")_(?P<wave>" + _TRIPLE + r")_(?P<warp>" + _TRIPLE + r")"
+    r"_(?P<spec>" + "|".join(sorted(SPECIALIZATIONS, key=len, reverse=True)) + r")"
+    r"(?:_vec(?P<vec>\d+_\d+_\d+))?(?:_pad(?P<pad>[01]{3}))?$")
+
+
+def _triple(v) -> tuple:
+    t = tuple(int(x) for x in v)
+    if len(t) != 3 or any(x <= 0 for x in t):
+        raise InvalidProblem(f"expected three positive integers, got {v!r}")
+    return t
+
+
+@attrs.frozen(kw_only=True)
+class ConvKernelConfig:
+    """One grouped-conv kernel; ``name`` is its identity and parses back with ``from_name``."""
+
+    direction: str = attrs.field(validator=attrs.validators.in_(DIRECTIONS))
+    dtype: str = attrs.field(validator=attrs.validators.in_(DTYPES))
+    ndim: int = attrs.field(validator=attrs.validators.in_((1, 2, 3)))
+    layout: str = attrs.field(default="nhwgc", validator=attrs.validators.in_(tuple(LAYOUT_FAMILIES)))
+    pipeline: str = attrs.field(default="compv3", validator=attrs.validators.in_(PIPELINES))
+    scheduler: str = attrs.field(default="intrawave", validator=attrs.validators.in_(SCHEDULERS))
+    tile: tuple = attrs.field(default=(128, 128, 32), converter=_triple)
+    waves: tuple = attrs.field(default=(2, 2, 1), converter=_triple)
+    warp_tile: tuple = attrs.field(default=(32, 32, 16), converter=_triple)
+    specialization: str = attrs.field(default="default", validator=attrs.validators.in_(SPECIALIZATIONS))
+    vector: tuple = attrs.field(default=(4, 8, 8), converter=_triple)
+    pad: tuple = attrs.field(default=(True, True, True), converter=lambda v: tuple(bool(x) for x in v))
+
+    # ---- identity -------------------------------------------------------
+    @property
+    def layouts(self) -> tuple:
+        return LAYOUT_FAMILIES[self.layout][self.ndim]
+
+    @property
+    def name(self) -> str:
+        i, w, o = (s.lower() for s in self.layouts)
+        s = (f"conv_{DIR_TOKEN[self.direction]}_{self.dtype}_{i}_{w}_{o}_{self.ndim}d_{self.pipeline}_"
+             f"{self.scheduler}_{'x'.join(map(str, self.tile))}_{'x'.join(map(str, self.waves))}_"
+             f"{'x'.join(map(str, self.warp_tile))}_{self.specialization}")
+        if self.vector != (4, 8, 8):
+            s += "_vec" + "_".join(map(str, self.vector))
+        if not all(self.pad):
+            s += "_pad" + "".join(str(int(p)) for p in self.pad)
+        return s
+
+    def __str__(self) -> str:
+        return self.name
+
+    @classmethod
+    def from_name(cls, name: str) -> "ConvKernelConfig":
+        m = _NAME_RE.match(name)
+        if not m:
+            raise MissingKernel(f"{name!r} is not a conv kernel name; expected e.g. 'conv_fwd_fp16_nhwgc_gkyxc_"
+                                f"nhwgk_2d_compv3_intrawave_128x128x32_2x2x1_32x32x16_default'")
+        nd = int(m["nd"])
+        fam = None
+        for f, per in LAYOUT_FAMILIES.items():
+            if tuple(s.lower() for s in per[nd]) == (m["inl"], m["wl"], m["outl"]):
+                fam = f
+        if fam is None:
+            raise MissingKernel(f"{name!r}: layouts {m['inl']}/{m['wl']}/{m['outl']} are not a known {nd}D family")
+        tri = lambda s: tuple(int(x) for x in s.split("x"))  # noqa: E731
+        return cls(direction=TOKEN_DIR[m["dir"]], dtype=m["dtype"], ndim=nd, layout=fam, pipeline=m["pipe"],
+                   scheduler=m["sched"], tile=tri(m["tile"]), waves=tri(m["wave"]), warp_tile=tri(m["warp"]),
+                   specialization=m["spec"],
+                   vector=tuple(int(x) for x in m["vec"].split("_")) if m["vec"] else (4, 8, 8),
+                   pad=tuple(c == "1" for c in m["pad"]) if m["pad"] else (True, True, True))
+
+    # ---- resources --------------------------------------------------------
+    @property
+    def num_warps(self) -> int:
+        return self.waves[0] * self.waves[1] * self.waves[2]
+
+    @property
+    def num_stages(self) -> int:
+        # backward kernels gather one operand through an index table whose loads
+        # take software-pipeline stages of their own (Triton 3.6 on sm90 keeps 2
+        # A/B buffers at 3-4 stages and 3 at 5): more stages, same buffers
+        if self.direction != "forward" and self.specialization != "depthwise":
+            return PIPELINE_STAGES_BWD[self.pipeline]
+        return PIPELINE_STAGES[self.pipeline]
+
+    @property
+    def smem_buffers(self) -> int:
+        """A/B tile buffers the Triton realisation keeps in shared memory (the 1x1
+        stride-1 backward path has no index table: every stage is a buffer)."""
+        if self.direction != "forward" and self.specialization == "filter1x1_stride1_pad0":
+            return self.num_stages
+        return PIPELINE_STAGES[self.pipeline]
+
+    def lds_bytes(self) -> int:
+        """LDS the CK pipeline holds for the A and B block tiles."""
+        if self.specialization == "depthwise":
+            return 0
+        m, n, k = self.tile
+        return (m * k + n * k) * ELEMENT_BYTES[self.dtype] * PIPELINE_LDS_BUFFERS[self.pipeline]
+
+    def triton_meta(self) -> dict:
+        """Constexprs and launch options of the Triton kernel this config names."""
+        m, n, k = self.tile
+        if self.specialization == "depthwise":
+            return {"BLOCK_P": m, "BLOCK_G": n, "num_warps": self.num_warps, "num_stages": self.num_stages}
+        spec = {"filter1x1_stride1_pad0": 1, "filter1x1_pad0": 2}.get(self.specialization, 0)
+        return {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "SPEC": spec,
+                "num_warps": self.num_warps, "num_stages": self.num_stages}
+
+    # ---- applicability ------------------------------------------------------
+    def why_not(self, p: ConvProblem) -> str | None:
+        """None if this kernel computes ``p``; else the reason it does not."""
+        if p.direction != self.direction:
+            return f"direction {p.direction} != {self.direction}"
+        if p.dtype != self.dtype:
+            return f"dtype {p.dtype} != {self.dtype}"
+        if p.ndim != self.ndim:
+            return f"{p.ndim}D problem, {self.ndim}D kernel"
+        if p.layout_family != self.layout:
+            return f"layout {p.layout_family} != {self.layout}"
+        dw = p.c_per_group == 1 and p.k_per_group == 1
+        spec = self.specialization
+        if spec == "depthwise":
+            return None if dw else "depthwise kernel needs C = K = G (one channel per group)"
+        if spec == "filter1x1_stride1_pad0" and p.specialization != "filter1x1_stride1_pad0":
+            return f"needs 1x1 filter, stride 1, pad 0; problem is {p.specialization}"
+        if spec == "filter1x1_pad0" and p.specialization not in ("filter1x1_pad0", "filter1x1_stride1_pad0"):
+            return f"needs 1x1 filter, pad 0; problem is {p.specialization}"
+        if spec == "filter3x3" and p.specialization != "filter3x3":
+            return "needs a 3x3 filter"
+        m, n, k = p.gemm_mnk
+        pm, pn, pk = self.pad
+        tm, tn, tk = self.tile
+        if not pm and m % tm:
+            return f"GEMM M={m} not a multiple of {tm} and M padding is off"
+        if not pn and n % tn:
+            return f"GEMM N={n} not a multiple of {tn} and N padding is off"
+        if not pk and k % tk:
+            return f"GEMM K={k} not a multiple of {tk} and K padding is off"
+        vec_c = p.c_per_group if p.direction != "bwd_weight" else p.k_per_group
+        if self.vector[0] > 1 and vec_c % self.vector[0] and not pk:
+            return f"vector size {self.vector[0]} does not divide {vec_c} channels"
+        return None
+
+    def supports(self, p: ConvProblem) -> bool:
+        return self.why_not(p) is None
+
+
+# ---------------------------------------------------------------------------
+# enumeration
+# ---------------------------------------------------------------------------
+
+def cull_reason(cfg: ConvKernelConfig, *, warp_size: int, lds_bytes: int, warp_tiles) -> str | None:
+    """Why ``cfg`` is illegal on an arch with these facts (None: legal)."""
+    if cfg.specialization == "depthwise":
+        return None
+    tm, tn, tk = cfg.tile
+    wm, wn, wk = cfg.waves
+    xm, xn, xk = cfg.warp_tile
+    if tuple(cfg.warp_tile) not in {tuple(t) for t in warp_tiles}:
+        return f"warp tile {cfg.warp_tile} not a matrix-instruction tile of this arch for {cfg.dtype}"
+    if tm % (wm * xm) or tn % (wn * xn) or tk % (wk * xk):
+        return f"block tile {cfg.tile} is not a multiple of waves {cfg.waves} x warp tile {cfg.warp_tile}"
+    if cfg.num_warps * warp_size > 1024:
+        return f"{cfg.num_warps} waves of {warp_size} lanes exceed 1024 threads"
+    if cfg.lds_bytes() > lds_bytes:
+        return f"needs {cfg.lds_bytes()} B of LDS, arch has {lds_bytes}"
+    if cfg.direction != "forward" and cfg.pipeline not in ("compv3", "mem"):
+        return "backward kernels use the compv3 or mem pipeline only (CK)"
+    if cfg.scheduler == "interwave" and cfg.pipeline != "mem":
+        return "interwave scheduling exists for the mem pipeline only"
+    # each lane must load whole vectors of the A and B tiles
+    lanes = cfg.num_warps * warp_size
+    if (tm * tk) % (lanes * cfg.vector[0]) and (tm * tk) >= lanes * cfg.vector[0]:
+        return f"A tile {tm}x{tk} does not split into {lanes} lanes x vector {cfg.vector[0]}"
+    if (tn * tk) % (lanes * cfg.vector[1]) and (tn * tk) >= lanes * cfg.vector[1]:
+        return f"B tile {tn}x{tk} does not split into {lanes} lanes x vector {cfg.vector[1]}"
+    return None
+
+
+def enumerate_configs(*, warp_size: int, lds_bytes: int, warp_tiles, directions=DIRECTIONS,
+                      dtypes=DTYPES, ndims=(1, 2, 3), layouts=("nhwgc",), tiles=DEFAULT_TILES,
+                      waves=DEFAULT_WAVES, pipelines=PIPELINES, schedulers=("intrawave",),
+                      specializations=SPECIALIZATIONS, vector=(4, 8, 8), depthwise_tiles=DEPTHWISE_TILES,
+                      culled: list | None = None) -> list[ConvKernelConfig]:
+    """Every legal kernel for an arch described by ``warp_size``, ``lds_bytes`` and
+    ``warp_tiles`` (a dict dtype -> [(m, n, k), ...] or one list for every dtype).
+
+    Culled candidates are logged at debug level with their reason and appended
+    to ``culled`` as (name, reason) when a list is given.
+    """
+    out = []
+    for d, dt, nd, lay, spec in itertools.product(directions, dtypes, ndims, layouts, specializations):
+        wt = warp_tiles.get(dt, ()) if isinstance(warp_tiles, dict) else warp_tiles
+        if spec == "depthwise":
+            for t in depthwise_tiles:
+                out.append(ConvKernelConfig(direction=d, dtype=dt, ndim=nd, layout=lay, pipeline="mem",
+                                            tile=t, waves=(4, 1, 1), warp_tile=(1, 1, 1),
+                                            specialization=spec, vector=vector))
+            continue
+        for t, wv, x, pipe, sch in itertools.product(tiles, waves, wt, pipelines, schedulers):
+            cfg = ConvKernelConfig(direction=d, dtype=dt, ndim=nd, layout=lay, pipeline=pipe, scheduler=sch,
+                                   tile=t, waves=wv, warp_tile=x, specialization=spec, vector=vector)
+            why = cull_reason(cfg, warp_size=warp_size, lds_bytes=lds_bytes, warp_tiles=wt)
+            if why is None:
+                out.append(cfg)
+            else:
+                log.debug("cull %s: %s", cfg.name, why)
+                if culled is not None:
+                    culled.append((cfg.name, why))
+    return out
+
+
+def enumerate_for_arch(arch, **kw) -> list[ConvKernelConfig]:
+    """Same as :func:`enumerate_configs`, facts taken from an ArchSpec-like object."""
+    wt = getattr(arch, "warp_tiles", None) or getattr(arch, "matrix_tiles", None) or {}
+    return enumerate_configs(warp_size=arch.warp_size, lds_bytes=getattr(arch, "lds_bytes", None)
+                             or getattr(arch, "shared_memory_bytes"), warp_tiles=wt, **kw)
+
+
+# ---------------------------------------------------------------------------
+# heuristic choice (what the dispatcher falls back to with no tuning data)
+# ---------------------------------------------------------------------------
+
+def _pow2_at_least(x: int, lo: int, hi: int) -> int:
+    v = lo
+    while v < x and v < hi:
+        v *= 2
+    return v
+
+
+def heuristic_config(p: ConvProblem, *, warp_size: int = 32, big_smem: bool = True) -> ConvKernelConfig:
+    """A good default kernel for ``p`` on a tensor-core GPU (tuned on an H100)."""
+    common = dict(direction=p.direction, dtype=p.dtype, ndim=p.ndim, layout=p.layout_family)
+    if p.c_per_group == 1 and p.k_per_group == 1:
+        tile = (128, 32, 1) if p.direction != "bwd_weight" else (8, 32, 1)
+        return ConvKernelConfig(pipeline="mem", tile=tile, waves=(4, 1, 1), warp_tile=(1, 1, 1),
+                                specialization="depthwise", **common)
+    spec = p.specialization
+    m, n, k = p.gemm_mnk
+    red_chan = p.c_per_group if p.direction != "bwd_data" else p.k_per_group
+    if p.direction == "bwd_weight":
+        # M = K, N = C (per tap), reduction over pixels
+        tm = _pow2_at_least(p.k_per_group, 16, 128)
+        tn = _pow2_at_least(p.c_per_group, 16, 128)
+        tk = 64 if p.dtype != "fp32" else 32
+        waves = (2, 2, 1) if tm * tn >= 64 * 64 else (1, 2, 1) if tm * tn >= 32 * 32 else (1, 1, 1)
+        if tm * tn >= 128 * 64:
+            waves = (2, 4, 1)
+        pipe = "compv3"
+    else:
+        tn = _pow2_at_least(n, 16, 128)
+        tk = min(64 if p.dtype != "fp32" else 32, _pow2_at_least(red_chan, 16, 64))
+        tm = 128 if m >= 8192 else 64
+        if tn <= 32:
+            tm = 128
+        waves = (2, 4, 1) if tm * tn >= 128 * 64 else (2, 2, 1) if tm * tn >= 64 * 64 else (2, 1, 1)
+        if m < 16384 and tn >= 64:
+            tm = 64  # small pixel counts: more tiles to fill the SMs
+            waves = (2, 2, 1) if tn <= 64 else (2, 4, 1)
+        pipe = "compv3"
+    return ConvKernelConfig(pipeline=pipe, tile=(tm, tn, tk), waves=waves, warp_tile=(16, 16, 16),
+                            specialization=spec, **common)
+
+
+def candidate_configs(p: ConvProblem, limit: int | None = None) -> list[ConvKernelConfig]:
+    """A short tuning list for ``p`` (the heuristic pick first), for autotuning on a GPU."""
+    base = heuristic_config(p)
+    out = [base]
+
+    def add(tile, waves, pipe="compv3"):
+        c = attrs.evolve(base, tile=tile, waves=waves, pipeline=pipe)
+        if c not in out and c.why_not(p) is None:
+            out.append(c)
+
+    if base.specialization == "depthwise":
+        tiles = ((8, 32, 1), (16, 32, 1), (16, 16, 1), (32, 16, 1), (8, 64, 1), (32, 32, 1)) \
+            if p.direction == "bwd_weight" else ((128, 32, 1), (256, 16, 1), (64, 64, 1), (128, 16, 1),
+                                                 (256, 32, 1), (64, 32, 1))
+        for t in tiles:
+            add(t, (4, 1, 1), "mem")
+        if p.direction != "bwd_weight":
+            add((512, 16, 1), (8, 1, 1), "mem")
+            add((256, 16, 1), (8, 1, 1), "mem")
+        return out[:limit] if limit else out
+    m, n, k = p.gemm_mnk
+    if p.direction == "bwd_weight":
+        tm = _pow2_at_least(p.k_per_group, 16, 128)
+        tn = _pow2_at_least(p.c_per_group, 16, 128)
+        for (a, b, c), w, pipe in (((64, 64, 64), (2, 2, 1), "compv3"), ((128, 64, 64), (2, 4, 1), "compv3"),
+                                   ((64, 128, 64), (2, 4, 1), "compv3"), ((128, 128, 64), (2, 4, 1), "compv3"),
+                                   ((128, 128, 32), (2, 4, 1), "compv3"), ((128, 128, 64), (2, 4, 1), "mem"),
+                                   ((64, 64, 128), (2, 2, 1), "compv3"), ((tm, tn, 128), (2, 2, 1), "mem")):
+            add((min(a, tm), min(b, tn), c), w if min(a, tm) * min(b, tn) >= 64 * 64 else (1, 2, 1), pipe)
+        return out[:limit] if limit else out
+    bn = _pow2_at_least(n, 16, 128)
+    bk = base.tile[2]
+    fwd = p.direction == "forward"
+    opts = [((128, bn, bk), (2, 2, 1), "compv3"), ((128, bn, bk), (2, 4, 1), "compv3"),
+            ((64, bn, bk), (2, 2, 1), "compv3"), ((128, bn, bk), (2, 2, 1), "mem")]
+    if fwd:
+        opts += [((128, bn, bk), (2, 4, 1), "compv4"), ((128, bn, 32), (2, 4, 1), "compv4")]
+    if bn >= 64:
+        opts += [((256, bn, bk), (2, 4, 1), "compv3"), ((64, bn, bk), (2, 2, 1), "mem")]
+    if n >= 256:
+        opts += [((128, 256, bk), (2, 4, 1), "compv4" if fwd else "compv3"), ((64, 256, bk), (2, 4, 1), "compv3")]
+    for t, w, pipe in opts:
+        add(t, w if t[0] * t[1] >= 64 * 64 else (2, 1, 1), pipe)
+    return out[:limit] if limit else out

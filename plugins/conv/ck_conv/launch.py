@@ -1,0 +1,467 @@
+"""Launch the Triton conv kernels on torch tensors, and describe them for AOT builds.
+
+``run(problem, tensors, config=None)`` takes the operands of the problem's
+direction (``x``/``w`` forward, ``dy``/``w`` bwd_data, ``x``/``dy`` bwd_weight)
+as torch tensors in the problem's layouts and returns the result in the
+problem's layout.  Tensors of the ``nhwgc`` family go straight to the kernels;
+others are transposed to channels-last first (a copy).
+
+``kernel_for(config_or_name)`` gives ``(jit_fn, constexprs, grid)`` with
+``grid(problem)`` the launch grid, and ``aot_signature(config)`` the argument
+types, which is what ``triton.compile(ASTSource(...))`` needs.
+"""
+from __future__ import annotations
+
+import functools
+
+from ck_core.errors import InvalidProblem, UnsupportedProblem
+
+from .kernels import ConvKernelConfig, heuristic_config
+from .problem import _FLT, _IMG, ConvProblem
+
+
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+def _pad3(t, fill):
+    return (fill,) * (3 - len(t)) + tuple(t)
+
+
+def geometry(p: ConvProblem) -> dict:
+    """The problem lifted to 3D (leading size-1 dims), as the kernels see it."""
+    Di, Hi, Wi = _pad3(p.input_spatial, 1)
+    Do, Ho, Wo = _pad3(p.output_spatial, 1)
+    return dict(Di=Di, Hi=Hi, Wi=Wi, Do=Do, Ho=Ho, Wo=Wo,
+                sd=_pad3(p.stride, 1), pad=_pad3(p.pad_left, 0), dil=_pad3(p.dilation, 1),
+                flt=_pad3(p.filter, 1), C=p.c_per_group, K=p.k_per_group, G=p.G, N=p.N)
+
+
+# ---------------------------------------------------------------------------
+# layouts
+# ---------------------------------------------------------------------------
+
+def _cl_order(kind: str, nd: int) -> str:
+    return {"in": "N" + _IMG[nd] + "GC", "out": "N" + _IMG[nd] + "GK", "wei": "GK" + _FLT[nd] + "C"}[kind]
+
+
+def to_channels_last(t, layout: str, kind: str, nd: int):
+    """A contiguous channels-last (NDHWGC / GKZYXC / NDHWGK order) view or copy of ``t``."""
+    order = _cl_order(kind, nd)
+    if layout != order:
+        t = t.permute(*[layout.index(ch) for ch in order])
+    return t.contiguous()
+
+
+def from_channels_last(t, layout: str, kind: str, nd: int):
+    order = _cl_order(kind, nd)
+    if layout == order:
+        return t
+    return t.permute(*[order.index(ch) for ch in layout]).contiguous()
+
+
+# ---------------------------------------------------------------------------
+# bwd_data: which taps reach each stride residue class
+# ---------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=256)
+def _residue_table(sd, pad, dil, flt):
+    """rows[r] = [(tap, od_off, oh_off, ow_off), ...] for residue r (row-major over sd)."""
+    rows = []
+    for rd in range(sd[0]):
+        for rh in range(sd[1]):
+            for rw in range(sd[2]):
+                row = []
+                for fz in range(flt[0]):
+                    for fy in range(flt[1]):
+                        for fx in range(flt[2]):
+                            offs = []
+                            for r, f, s, p, d in zip((rd, rh, rw), (fz, fy, fx), sd, pad, dil):
+                                num = r + p - f * d
+                                if num % s:
+                                    break
+                                offs.append(num // s)
+                            else:
+                                row.append(((fz * flt[1] + fy) * flt[2] + fx, *offs))
+                rows.append(row)
+    return rows
+
+
+def _linear_rows(rows, Ho, Wo):
+    """Table rows (tap, od, oh, ow, (od*Ho + oh)*Wo + ow) for the kernel."""
+    return [[(t, a, b, c, (a * Ho + b) * Wo + c) for (t, a, b, c) in row] for row in rows]
+
+
+_TABLES: dict = {}
+
+
+def _table_tensor(rows, T, device, extra=None):
+    """Device copies of a residue table, cached so that launches inside CUDA-graph capture copy nothing."""
+    key = (id(rows), T, str(device), extra)
+    hit = _TABLES.get(key)
+    if hit is not None and hit[0] is rows:
+        return hit[1], hit[2]
+    import torch
+    tab = torch.zeros((len(rows), T, 5), dtype=torch.int32)
+    cnt = torch.zeros((len(rows),), dtype=torch.int32)
+    for r, row in enumerate(rows):
+        cnt[r] = len(row)
+        for j, e in enumerate(row):
+            tab[r, j] = torch.tensor(e if len(e) == 5 else (*e, (e[1] * extra[0] + e[2]) * extra[1] + e[3]),
+                                     dtype=torch.int32)
+    tab, cnt = tab.to(device), cnt.to(device)
+    _TABLES[key] = (rows, tab, cnt)
+    return tab, cnt
+
+
+# ---------------------------------------------------------------------------
+# launching
+# ---------------------------------------------------------------------------
+
+_TORCH_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
+
+
+def _check(p: ConvProblem, **tensors):
+    import torch
+    want = getattr(torch, _TORCH_DTYPES[p.dtype])
+    for name, t in tensors.items():
+        if t.dtype != want:
+            raise InvalidProblem(f"{name} is {t.dtype} but the problem is {p.dtype}; convert it with .to({want})")
+        if t.numel() >= 2 ** 31:
+            raise UnsupportedProblem(f"{name} has {t.numel()} elements; the Triton kernels index with 32-bit "
+                                     f"offsets, split the batch below 2**31 elements per tensor")
+    devs = {t.device for t in tensors.values()}
+    if len(devs) > 1:
+        raise InvalidProblem(f"operands live on different devices {sorted(map(str, devs))}; move them to one")
+
+
+_PIX: dict = {}
+
+
+def pixel_tables(p: ConvProblem, device):
+    """(base, packed coords) int32 tables over output pixels for bwd_weight, or None
+    when a coordinate does not fit the 10-bit packing (the kernel then divides)."""
+    g = geometry(p)
+    key = (p.N, tuple(g[k] for k in ("Di", "Hi", "Wi", "Do", "Ho", "Wo")), g["sd"], g["pad"], str(device))
+    if key in _PIX:
+        return _PIX[key]
+    lim = max(g["Di"], g["Hi"], g["Wi"], *(o * s for o, s in zip((g["Do"], g["Ho"], g["Wo"]), g["sd"])))
+    if lim + max(g["pad"]) >= 511 or max(g["pad"]) > 511:
+        _PIX[key] = None
+        return None
+    import torch
+    P = p.N * g["Do"] * g["Ho"] * g["Wo"]
+    q = torch.arange(P, dtype=torch.int64, device=device)
+    ow = q % g["Wo"]
+    t = q // g["Wo"]
+    oh = t % g["Ho"]
+    t = t // g["Ho"]
+    od = t % g["Do"]
+    n = t // g["Do"]
+    i0 = od * g["sd"][0] - g["pad"][0]
+    i1 = oh * g["sd"][1] - g["pad"][1]
+    i2 = ow * g["sd"][2] - g["pad"][2]
+    base = (((n * g["Di"] + i0) * g["Hi"] + i1) * g["Wi"] + i2).to(torch.int32)
+    packed = (((i0 + 512) << 20) | ((i1 + 512) << 10) | (i2 + 512)).to(torch.int32)
+    _PIX[key] = (base, packed)
+    return _PIX[key]
+
+
+def auto_split_k(p: ConvProblem, cfg: ConvKernelConfig, num_sms: int = 132) -> int:
+    """Split of the bwd_weight pixel reduction that fills about two waves of the GPU."""
+    g = geometry(p)
+    P = p.N * g["Do"] * g["Ho"] * g["Wo"]
+    if cfg.specialization == "depthwise":
+        tiles = _cdiv(p.G, cfg.tile[1])
+        min_chunk = 4 * cfg.tile[0]
+    else:
+        tiles = p.G * p.taps * _cdiv(p.k_per_group, cfg.tile[0]) * _cdiv(p.c_per_group, cfg.tile[1])
+        min_chunk = 8 * cfg.tile[2]
+    want = max(1, _cdiv(2 * num_sms, tiles))
+    return max(1, min(want, P // min_chunk if P >= min_chunk else 1))
+
+
+def _num_sms(device) -> int:
+    try:
+        import torch
+        if device.type == "cuda":
+            return torch.cuda.get_device_properties(device).multi_processor_count
+    except Exception:  # pragma: no cover - no GPU
+        pass
+    return 4
+
+
+def auto_split_mn(tiles: int, steps: int, num_sms: int) -> int:
+    """Split-K for forward / bwd_data: only when the output tiles leave most SMs idle."""
+    if tiles * 2 >= num_sms or steps < 8:
+        return 1
+    return max(1, min(num_sms // tiles, steps // 4))
+
+
+def run(p: ConvProblem, tensors: dict, config: ConvKernelConfig | str | None = None, split: int | None = None):
+    """Compute ``p`` on torch tensors with the Triton kernel ``config`` (heuristic when None).
+
+    ``split`` splits the reduction of forward / bwd_data kernels over several
+    programs (fp32 atomics into a workspace); None chooses from the grid size.
+    bwd_weight takes its split from ``p.split_k`` (0 = choose).
+    """
+    import torch
+    from . import triton_kernels as tk
+
+    if isinstance(config, str):
+        config = ConvKernelConfig.from_name(config)
+    cfg = config or heuristic_config(p)
+    why = cfg.why_not(p)
+    if why:
+        raise UnsupportedProblem(f"kernel {cfg.name} cannot run this problem: {why}; pick another kernel "
+                                 f"or pass config=None for the heuristic choice")
+    nd = p.ndim
+    g = geometry(p)
+    meta = cfg.triton_meta()
+    nw, ns = meta.pop("num_warps"), meta.pop("num_stages")
+    if next(iter(tensors.values())).device.type == "cpu":
+        ns = 1  # interpreter: no pipelining
+    sd, pad, dil, flt = g["sd"], g["pad"], g["dil"], g["flt"]
+    G, C, K = p.G, g["C"], g["K"]
+    ieee = 1 if p.dtype == "fp32" else 0
+    if p.dtype == "bf16" and next(iter(tensors.values())).device.type == "cpu":
+        ieee = 2
+    dwise = cfg.specialization == "depthwise"
+
+    if p.direction == "forward":
+        x, w = tensors["x"], tensors["w"]
+        p.check_shapes(x=x, w=w)
+        _check(p, x=x, w=w)
+        xc = to_channels_last(x, p.in_layout, "in", nd)
+        wc = to_channels_last(w, p.wei_layout, "wei", nd)
+        M = p.N * g["Do"] * g["Ho"] * g["Wo"]
+        y = torch.empty((p.N,) + p.output_spatial + (G, K), dtype=x.dtype, device=x.device)
+        if dwise:
+            grid = (_cdiv(M, meta["BLOCK_P"]), _cdiv(G, meta["BLOCK_G"]))
+            tk.dw_fwd_kernel[grid](xc, wc, y, M, G, g["Di"], g["Hi"], g["Wi"], g["Do"], g["Ho"], g["Wo"],
+                                   *sd, *pad, *dil, *flt, **meta, num_warps=nw, num_stages=ns)
+        else:
+            tiles = _cdiv(M, meta["BLOCK_M"]) * _cdiv(K, meta["BLOCK_N"])
+            steps = p.taps * _cdiv(C, meta["BLOCK_K"])
+            nsplit = split or auto_split_mn(tiles * G, steps, _num_sms(x.device))
+            chunk = _cdiv(steps, nsplit)
+            nsplit = _cdiv(steps, chunk)
+            out = y if nsplit == 1 else torch.zeros(y.shape, dtype=torch.float32, device=y.device)
+            tk.conv_fwd_kernel[(tiles, G, nsplit)](
+                xc, wc, out, M, g["Di"], g["Hi"], g["Wi"], g["Do"], g["Ho"], g["Wo"],
+                C, K, G * C, G * K, *sd, *pad, *dil, *flt, chunk, **meta,
+                EVEN_C=C % meta["BLOCK_K"] == 0, IEEE=ieee, ATOMIC=nsplit > 1, num_warps=nw, num_stages=ns)
+            if nsplit > 1:
+                y = out.to(y.dtype)
+        return from_channels_last(y, p.out_layout, "out", nd)
+
+    if p.direction == "bwd_data":
+        dy, w = tensors["dy"], tensors["w"]
+        p.check_shapes(y=dy, w=w)
+        _check(p, dy=dy, w=w)
+        dyc = to_channels_last(dy, p.out_layout, "out", nd)
+        wc = to_channels_last(w, p.wei_layout, "wei", nd)
+        dx = torch.empty((p.N,) + p.input_spatial + (G, C), dtype=dy.dtype, device=dy.device)
+        if dwise:
+            Mi = p.N * g["Di"] * g["Hi"] * g["Wi"]
+            grid = (_cdiv(Mi, meta["BLOCK_P"]), _cdiv(G, meta["BLOCK_G"]))
+            tk.dw_bwd_data_kernel[grid](dyc, wc, dx, Mi, G, g["Di"], g["Hi"], g["Wi"], g["Do"], g["Ho"], g["Wo"],
+                                        *sd, *pad, *dil, *flt, **meta, num_warps=nw, num_stages=ns)
+        else:
+            T = p.taps
+            rows = _residue_table(sd, pad, dil, flt)
+            tab, cnt = _table_tensor(rows, T, dy.device, (g["Ho"], g["Wo"]))
+            Rd, Rh, Rw = (_cdiv(a, s) for a, s in zip((g["Di"], g["Hi"], g["Wi"]), sd))
+            Mr = p.N * Rd * Rh * Rw
+            tiles = _cdiv(Mr, meta["BLOCK_M"]) * _cdiv(C, meta["BLOCK_N"])
+            steps = max(len(r) for r in rows) * _cdiv(K, meta["BLOCK_K"])
+            nsplit = split or auto_split_mn(tiles * G * len(rows), steps, _num_sms(dy.device))
+            chunk = _cdiv(max(steps, 1), nsplit)
+            nsplit = max(1, _cdiv(steps, chunk))
+            out = dx if nsplit == 1 else torch.zeros(dx.shape, dtype=torch.float32, device=dx.device)
+            grid = (tiles, G, len(rows) * nsplit)
+            tk.conv_bwd_data_kernel[grid](dyc, wc, out, tab, cnt, Mr, Rd, Rh, Rw, g["Di"], g["Hi"], g["Wi"],
+                                          g["Do"], g["Ho"], g["Wo"], C, K, G * C, G * K, T, T, *sd, chunk, nsplit,
+                                          **meta, EVEN_K=K % meta["BLOCK_K"] == 0, IEEE=ieee, ATOMIC=nsplit > 1,
+                                          num_warps=nw, num_stages=ns)
+            if nsplit > 1:
+                dx = out.to(dx.dtype)
+        return from_channels_last(dx, p.in_layout, "in", nd)
+
+    # bwd_weight
+    x, dy = tensors["x"], tensors["dy"]
+    p.check_shapes(x=x, y=dy)
+    _check(p, x=x, dy=dy)
+    xc = to_channels_last(x, p.in_layout, "in", nd)
+    dyc = to_channels_last(dy, p.out_layout, "out", nd)
+    P = p.N * g["Do"] * g["Ho"] * g["Wo"]
+    split = p.split_k or auto_split_k(p, cfg, _num_sms(x.device))
+    if dwise:
+        from .dw_codegen import dw_bwd_weight_kernel
+        chunk = _cdiv(_cdiv(P, split), meta["BLOCK_P"]) * meta["BLOCK_P"]
+        split = _cdiv(P, chunk)
+        ws = torch.zeros((G, p.taps), dtype=torch.float32, device=x.device)
+        grid = (_cdiv(G, meta["BLOCK_G"]), split)
+        dw_bwd_weight_kernel(flt)[grid](xc, dyc, ws, P, chunk, G, g["Di"], g["Hi"], g["Wi"], g["Do"], g["Ho"],
+                                        g["Wo"], *sd, *pad, *dil, **meta, num_warps=nw, num_stages=ns)
+        dwc = ws.to(x.dtype).reshape((G, 1) + p.filter + (1,))
+        return from_channels_last(dwc, p.wei_layout, "wei", nd)
+    bk = meta["BLOCK_K"]
+    chunk = _cdiv(_cdiv(P, split), bk) * bk
+    split = _cdiv(P, chunk)
+    atomic = split > 1
+    shape = (G, K) + p.filter + (C,)
+    if atomic:
+        out = torch.zeros(shape, dtype=torch.float32, device=x.device)
+    else:
+        out = torch.empty(shape, dtype=x.dtype, device=x.device)
+    grid = (p.taps * _cdiv(K, meta["BLOCK_M"]) * _cdiv(C, meta["BLOCK_N"]), G, split)
+    tabs = None if meta["SPEC"] == 1 else pixel_tables(p, x.device)
+    pb, pc = tabs if tabs is not None else (xc, xc)  # unused when TABLE is off
+    tk.conv_bwd_weight_kernel[grid](xc, dyc, out, pb, pc, P, chunk, g["Di"], g["Hi"], g["Wi"],
+                                    g["Do"], g["Ho"], g["Wo"],
+                                    C, K, G * C, G * K, *sd, *pad, *dil, *flt, **meta, ATOMIC=atomic,
+                                    IEEE=ieee, FAST_DIV=P < 2 ** 24, TABLE=tabs is not None,
+                                    num_warps=nw, num_stages=ns)
+    if atomic and out.dtype != x.dtype:
+        out = out.to(x.dtype)
+    return from_channels_last(out, p.wei_layout, "wei", nd)
+
+
+# ---------------------------------------------------------------------------
+# AOT description
+# ---------------------------------------------------------------------------
+
+_ARGS = {
+    ("forward", False): ["x_ptr", "w_ptr", "y_ptr", "M", "Di", "Hi", "Wi", "Do", "Ho", "Wo", "C", "K", "CS", "KS",
+                         "sd", "sh", "sw", "pd", "ph", "pw", "dd", "dh", "dw", "FZ", "FY", "FX", "IT_CHUNK"],
+    ("bwd_data", False): ["dy_ptr", "w_ptr", "dx_ptr", "tab_ptr", "ntap_ptr", "Mr", "Rd", "Rh", "Rw", "Di", "Hi",
+                          "Wi", "Do", "Ho", "Wo", "C", "K", "CS", "KS", "T", "TMAX", "sd", "sh", "sw",
+                          "IT_CHUNK", "NSPLIT"],
+    ("bwd_weight", False): ["x_ptr", "dy_ptr", "dw_ptr", "pb_ptr", "pc_ptr", "P", "CHUNK", "Di", "Hi", "Wi",
+                            "Do", "Ho", "Wo", "C",
+                            "K", "CS", "KS", "sd", "sh", "sw", "pd", "ph", "pw", "dd", "dh", "dw", "FZ", "FY", "FX"],
+    ("forward", True): ["x_ptr", "w_ptr", "y_ptr", "M", "G", "Di", "Hi", "Wi", "Do", "Ho", "Wo",
+                        "sd", "sh", "sw", "pd", "ph", "pw", "dd", "dh", "dw"],
+    ("bwd_data", True): ["dy_ptr", "w_ptr", "dx_ptr", "M", "G", "Di", "Hi", "Wi", "Do", "Ho", "Wo",
+                         "sd", "sh", "sw", "pd", "ph", "pw", "dd", "dh", "dw"],
+    ("bwd_weight", True): ["x_ptr", "dy_ptr", "dw_ptr", "P", "CHUNK", "G", "Di", "Hi", "Wi", "Do", "Ho", "Wo",
+                           "sd", "sh", "sw", "pd", "ph", "pw", "dd", "dh", "dw"],
+}
+
+
+def kernel_for(key_or_config, problem: ConvProblem | None = None):
+    """``(jit_fn, constexprs, grid)`` for a kernel config, name, or KernelKey-like object.
+
+    ``grid(problem)`` returns the launch grid for a problem (bwd_weight assumes
+    the problem's split_k, or 1).  ``constexprs`` holds the compile-time values
+    plus ``num_warps`` / ``num_stages``; kernel-wide flags that depend on the
+    problem (EVEN_C/EVEN_K, ATOMIC) take their general-case value unless a
+    problem is given.
+    """
+    from . import triton_kernels as tk
+
+    cfg = _as_config(key_or_config)
+    meta = cfg.triton_meta()
+    dwise = cfg.specialization == "depthwise"
+    ieee = 1 if cfg.dtype == "fp32" else 0
+    if dwise:
+        flt = _pad3(problem.filter if problem else (3,) * cfg.ndim, 1)
+        if cfg.direction == "bwd_weight":
+            from .dw_codegen import dw_bwd_weight_kernel
+            fn = dw_bwd_weight_kernel(flt)
+        else:
+            fn = {"forward": tk.dw_fwd_kernel, "bwd_data": tk.dw_bwd_data_kernel}[cfg.direction]
+            meta.update(FZ=flt[0], FY=flt[1], FX=flt[2])
+    else:
+        fn = {"forward": tk.conv_fwd_kernel, "bwd_data": tk.conv_bwd_data_kernel,
+              "bwd_weight": tk.conv_bwd_weight_kernel}[cfg.direction]
+        meta["IEEE"] = ieee
+        if cfg.direction == "forward":
+            meta["EVEN_C"] = bool(problem and problem.c_per_group % meta["BLOCK_K"] == 0)
+            meta["ATOMIC"] = False
+        elif cfg.direction == "bwd_data":
+            meta["EVEN_K"] = bool(problem and problem.k_per_group % meta["BLOCK_K"] == 0)
+            meta["ATOMIC"] = False
+        else:
+            meta["ATOMIC"] = problem is None or problem.split_k != 1
+            meta["FAST_DIV"] = True
+            meta["TABLE"] = meta["SPEC"] != 1
+
+    def grid(p: ConvProblem):
+        g = geometry(p)
+        if dwise:
+            if p.direction == "forward":
+                return (_cdiv(p.N * g["Do"] * g["Ho"] * g["Wo"], meta["BLOCK_P"]), _cdiv(p.G, meta["BLOCK_G"]), 1)
+            if p.direction == "bwd_data":
+                return (_cdiv(p.N * g["Di"] * g["Hi"] * g["Wi"], meta["BLOCK_P"]), _cdiv(p.G, meta["BLOCK_G"]), 1)
+            return (_cdiv(p.G, meta["BLOCK_G"]), max(1, p.split_k), 1)
+        if p.direction == "forward":
+            M = p.N * g["Do"] * g["Ho"] * g["Wo"]
+            return (_cdiv(M, meta["BLOCK_M"]) * _cdiv(g["K"], meta["BLOCK_N"]), p.G, 1)  # split 1
+        if p.direction == "bwd_data":
+            Mr = p.N * _cdiv(g["Di"], g["sd"][0]) * _cdiv(g["Hi"], g["sd"][1]) * _cdiv(g["Wi"], g["sd"][2])
+            return (_cdiv(Mr, meta["BLOCK_M"]) * _cdiv(g["C"], meta["BLOCK_N"]), p.G,
+                    g["sd"][0] * g["sd"][1] * g["sd"][2])  # split 1
+        return (p.taps * _cdiv(g["K"], meta["BLOCK_M"]) * _cdiv(g["C"], meta["BLOCK_N"]), p.G, max(1, p.split_k))
+
+    return fn, meta, grid
+
+
+def aot_signature(key_or_config, constexprs: dict | None = None) -> dict:
+    """Argument name -> Triton type string (constexprs as ``"constexpr"``), for
+    ``triton.compile(ASTSource(fn, signature, constexprs))``; ``constexprs`` as
+    :func:`kernel_for` returns them (its defaults when None)."""
+    cfg = _as_config(key_or_config)
+    if constexprs is None:
+        constexprs = kernel_for(cfg)[1]
+    atomic = constexprs.get("ATOMIC", True)
+    dwise = cfg.specialization == "depthwise"
+    ptr = "*" + cfg.dtype
+    out_ptr = {"forward": "y_ptr", "bwd_data": "dx_ptr", "bwd_weight": "dw_ptr"}[cfg.direction]
+    sig = {}
+    for n in _ARGS[(cfg.direction, dwise)]:
+        if n in ("tab_ptr", "ntap_ptr", "pb_ptr", "pc_ptr"):
+            sig[n] = "*i32"
+        elif n == out_ptr and (atomic or (dwise and cfg.direction == "bwd_weight")):
+            sig[n] = "*fp32"  # split-K workspace
+        elif n.endswith("_ptr"):
+            sig[n] = ptr
+        else:
+            sig[n] = "i32"
+    for k in constexprs:
+        if k not in ("num_warps", "num_stages"):
+            sig[k] = "constexpr"
+    return sig
+
+
+def aot_source_args(key_or_config, problem: ConvProblem | None = None):
+    """``(fn, signature, constexprs, options)`` ready for ``ASTSource`` and ``triton.compile``."""
+    fn, meta, _ = kernel_for(key_or_config, problem)
+    sig = aot_signature(key_or_config, meta)
+    consts = {k: v for k, v in meta.items() if k not in ("num_warps", "num_stages")}
+    missing = [a for a in fn.arg_names if a not in sig]
+    if missing:  # a template and its argument table disagree: a bug here, not the caller's
+        raise InvalidProblem(f"{fn.__name__}: no AOT type for argument(s) {missing}")
+    sig = {a: sig[a] for a in fn.arg_names}
+    # pointers are 16-byte aligned (torch allocations), as the JIT would specialise them;
+    # channel counts of a given problem that are multiples of 16 are marked too, which
+    # is what lets the compiler prove 16-byte vector loads and software-pipeline them
+    known = {}
+    if problem is not None:
+        known = {"C": problem.c_per_group, "K": problem.k_per_group, "CS": problem.C, "KS": problem.K,
+                 "G": problem.G}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
+             if sig[a].startswith("*") or (a in known and known[a] % 16 == 0)}
+    return fn, sig, consts, {"num_warps": meta["num_warps"], "num_stages": meta["num_stages"], "attrs": attrs}
+
+
+def _as_config(k) -> ConvKernelConfig:
+    if isinstance(k, ConvKernelConfig):
+        return k
+    if isinstance(k, str):
+        return ConvKernelConfig.from_name(k)
+    name = getattr(k, "name", None)
+    if isinstance(name, str):
+        return ConvKernelConfig.from_name(name)
+    raise InvalidProblem(f"cannot make a conv kernel config from {k!r}; pass a ConvKernelConfig or its name")

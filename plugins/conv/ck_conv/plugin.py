@@ -1,0 +1,321 @@
+"""Hook implementations of the grouped-conv op plugin (entry point group ``ck_core.ops``).
+
+A conv KernelKey is ``KernelKey("conv", ConvSignature, ConvAlgorithm, arch, backend)``;
+its body is :attr:`ck_conv.kernels.ConvKernelConfig.name`, e.g.
+``conv_fwd_fp16_nhwgc_gkyxc_nhwgk_2d_compv3_intrawave_128x128x32_2x2x1_32x32x16_default``.
+
+Tensors by name: inputs ``x`` (input), ``w`` (weight), ``dy`` (output
+gradient); outputs ``y`` (forward), ``dx`` (bwd_data), ``dw`` (bwd_weight).
+"""
+from __future__ import annotations
+
+import hashlib
+import inspect
+import math
+
+import attrs
+import numpy as np
+
+from ck_core.dtypes import ATOL, RTOL, quantize
+from ck_core.errors import ConfigError, UnsupportedProblem
+from ck_core.hookspecs import hookimpl
+from ck_core.key import KernelKey
+from ck_core.records import OpSpec
+
+from . import kernels as K
+from .problem import DIRECTIONS, DTYPES, LAYOUT_FAMILIES, ConvProblem
+
+OUT_NAME = {"forward": "y", "bwd_data": "dx", "bwd_weight": "dw"}
+IN_NAMES = {"forward": ("x", "w"), "bwd_data": ("dy", "w"), "bwd_weight": ("x", "dy")}
+
+
+@attrs.frozen(cache_hash=True)
+class ConvSignature:
+    """What a conv kernel computes."""
+
+    direction: str
+    dtype: str
+    ndim: int
+    layout: str = "nhwgc"
+
+    def name_body(self, alg: "ConvAlgorithm") -> str:
+        return to_config(self, alg).name
+
+
+@attrs.frozen(cache_hash=True)
+class ConvAlgorithm:
+    """How: CK's implicit-GEMM tile, waves, warp tile, pipeline, specialisation."""
+
+    tile_m: int
+    tile_n: int
+    tile_k: int
+    warp_m: int
+    warp_n: int
+    warp_k: int
+    warp_tile_m: int
+    warp_tile_n: int
+    warp_tile_k: int
+    pipeline: str = "compv3"
+    scheduler: str = "intrawave"
+    specialization: str = "default"
+    vector_a: int = 4
+    vector_b: int = 8
+    vector_c: int = 8
+    pad_m: bool = True
+    pad_n: bool = True
+    pad_k: bool = True
+
+    @property
+    def num_warps(self) -> int:
+        return self.warp_m * self.warp_n * self.warp_k
+
+
+def to_config(sig: ConvSignature, a: ConvAlgorithm) -> K.ConvKernelConfig:
+    return K.ConvKernelConfig(direction=sig.direction, dtype=sig.dtype, ndim=sig.ndim, layout=sig.layout,
+                              pipeline=a.pipeline, scheduler=a.scheduler, tile=(a.tile_m, a.tile_n, a.tile_k),
+                              waves=(a.warp_m, a.warp_n, a.warp_k),
+                              warp_tile=(a.warp_tile_m, a.warp_tile_n, a.warp_tile_k),
+                              specialization=a.specialization, vector=(a.vector_a, a.vector_b, a.vector_c),
+                              pad=(a.pad_m, a.pad_n, a.pad_k))
+
+
+def from_config(c: K.ConvKernelConfig) -> tuple:
+    sig = ConvSignature(c.direction, c.dtype, c.ndim, c.layout)
+    alg = ConvAlgorithm(*c.tile, *c.waves, *c.warp_tile, pipeline=c.pipeline, scheduler=c.scheduler,
+                        specialization=c.specialization, vector_a=c.vector[0], vector_b=c.vector[1],
+                        vector_c=c.vector[2], pad_m=c.pad[0], pad_n=c.pad[1], pad_k=c.pad[2])
+    return sig, alg
+
+
+def config_of(key) -> K.ConvKernelConfig:
+    return to_config(key.signature, key.algorithm)
+
+
+def key_of(cfg: K.ConvKernelConfig, arch: str, backend: str = "numpy") -> KernelKey:
+    sig, alg = from_config(cfg)
+    return KernelKey("conv", sig, alg, arch, backend)
+
+
+def format_name(sig, alg) -> str:
+    return to_config(sig, alg).name
+
+
+def parse_name(body: str):
+    return from_config(K.ConvKernelConfig.from_name(body))
+
+
+def from_fields(sig: dict, alg: dict):
+    return ConvSignature(**sig), ConvAlgorithm(**alg)
+
+
+# -- the kernel space ----------------------------------------------------------
+
+OPTIONS = ("directions", "dtypes", "ndims", "layouts", "specializations", "pipelines", "tiles")
+
+
+def enumerate_keys(arch, backend: str, options: dict) -> list:
+    """CK's grouped-conv kernel space on ``arch`` (its warp tiles, wave layouts, LDS).
+
+    Arch facts for conv may sit in ``arch.extras["conv"]`` (``tiles``,
+    ``pipelines``, ``specializations``); the defaults are CK's tables.  Archs
+    whose pipelines are not CK's (sm90's ``multistage``) take CK's three, which
+    our Triton kernels realise as 2/3/4-stage software pipelines.
+    """
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise ConfigError(f"unknown conv enumeration option(s) {', '.join(unknown)}; known: {', '.join(OPTIONS)}")
+    opts = {k: ([v] if isinstance(v, (str, int)) else list(v)) for k, v in options.items()}
+    for name, allowed in (("directions", DIRECTIONS), ("dtypes", DTYPES), ("layouts", tuple(LAYOUT_FAMILIES)),
+                          ("specializations", K.SPECIALIZATIONS), ("pipelines", K.PIPELINES)):
+        bad = [v for v in opts.get(name, ()) if v not in allowed]
+        if bad:
+            raise ConfigError(f"conv option {name}: unknown value(s) {bad}; use {', '.join(allowed)}")
+    facts = dict(getattr(arch, "extras", {}).get("conv", {}))
+    dtypes = [d for d in (opts.get("dtypes") or DTYPES) if d in arch.dtypes]
+    pipes = opts.get("pipelines") or facts.get("pipelines") or \
+        [p for p in K.PIPELINES if p in (arch.pipelines or K.PIPELINES)] or list(K.PIPELINES)
+    tiles = [tuple(t) for t in (opts.get("tiles") or facts.get("tiles") or K.DEFAULT_TILES)]
+    nvidia = getattr(arch, "vendor", "") == "nvidia"
+    lds = arch.lds_bytes
+    culled: list = []
+    cfgs = K.enumerate_configs(
+        warp_size=arch.warp_size, lds_bytes=lds, warp_tiles=dict(arch.warp_tiles),
+        directions=opts.get("directions") or DIRECTIONS, dtypes=dtypes,
+        ndims=[int(n) for n in opts.get("ndims") or (1, 2, 3)], layouts=opts.get("layouts") or ("nhwgc",),
+        tiles=tiles, waves=tuple(map(tuple, arch.wave_layouts)) or K.DEFAULT_WAVES, pipelines=pipes,
+        specializations=opts.get("specializations") or facts.get("specializations") or K.SPECIALIZATIONS,
+        culled=culled)
+    out = []
+    for c in cfgs:
+        if nvidia and c.specialization != "depthwise":
+            # Triton on NVIDIA keeps num_stages buffers of A and B in shared memory
+            need = (c.tile[0] + c.tile[1]) * c.tile[2] * K.ELEMENT_BYTES[c.dtype] * c.smem_buffers
+            if need > lds:
+                continue
+        out.append(key_of(c, arch.name, backend))
+    return out
+
+
+def supports(key, problem) -> str | None:
+    if not isinstance(problem, ConvProblem):
+        return f"not a conv problem ({type(problem).__name__})"
+    return config_of(key).why_not(problem)
+
+
+def heuristic(problem, candidates, arch) -> list:
+    """Rank candidates by closeness to :func:`ck_conv.kernels.heuristic_config`'s pick."""
+    want = K.heuristic_config(problem, warp_size=getattr(arch, "warp_size", 32),
+                              big_smem=getattr(arch, "lds_bytes", 65536) > 100_000)
+    spec_rank = {"depthwise": 0, "filter1x1_stride1_pad0": 0, "filter1x1_pad0": 1, "filter3x3": 2, "default": 3}
+
+    def score(k):
+        c = config_of(k)
+        s = sum(abs(math.log2(a / b)) for a, b in zip(c.tile, want.tile))
+        s += 0.5 * (c.pipeline != want.pipeline) + 0.25 * (c.waves != want.waves)
+        s += 0.1 * spec_rank.get(c.specialization, 3) + 0.05 * (c.warp_tile != want.warp_tile)
+        return s
+
+    good = [k for k in candidates if supports(k, problem) is None]
+    return sorted(good, key=score) or list(candidates)
+
+
+# -- references and inputs -------------------------------------------------------
+
+def reference(problem: ConvProblem, tensors: dict) -> dict:
+    from .reference import reference as ref
+    ops = {n: np.asarray(tensors[n]) for n in IN_NAMES[problem.direction]}
+    return {OUT_NAME[problem.direction]: ref(problem, ops)}
+
+
+def make_inputs(problem: ConvProblem, rng: np.random.Generator) -> dict:
+    shapes = {"x": problem.input_shape, "w": problem.weight_shape, "dy": problem.output_shape}
+    out = {}
+    for n in IN_NAMES[problem.direction]:
+        scale = 1.0 / math.sqrt(problem.c_per_group * problem.taps) if n == "w" else 1.0
+        out[n] = quantize(rng.uniform(-1.0, 1.0, shapes[n]) * scale, problem.dtype)
+    return out
+
+
+def tolerance(problem: ConvProblem) -> dict:
+    # long reductions in fp16/bf16 round more than one GEMM step: widen with the depth
+    m, n, k = problem.gemm_mnk
+    grow = max(1.0, math.sqrt(k / 256.0))
+    name = OUT_NAME[problem.direction]
+    return {name: (RTOL[problem.dtype] * grow, ATOL[problem.dtype] * grow)}
+
+
+def _numpy_impl(key, problem, tensors):
+    if supports(key, problem):
+        raise UnsupportedProblem(f"{key.name} cannot run {problem}: {supports(key, problem)}")
+    out = reference(problem, tensors)
+    return {k: quantize(v, problem.dtype) for k, v in out.items()}
+
+
+def _triton_impl(key):
+    import torch
+    from .launch import run
+
+    cfg = config_of(key)
+    td = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[cfg.dtype]
+
+    def launch(problem, tensors):
+        ops = {}
+        for n in IN_NAMES[problem.direction]:
+            t = tensors[n]
+            ops[n] = t if t.dtype == td else t.to(td)  # numpy storage (float32 for bf16) via to_backend
+        return {OUT_NAME[problem.direction]: run(problem, ops, cfg)}
+
+    return launch
+
+
+def implement(key, backend: str):
+    if backend == "numpy":
+        return lambda problem, tensors: _numpy_impl(key, problem, tensors)
+    if backend == "triton":
+        return _triton_impl(key)
+    raise UnsupportedProblem(f"the conv plugin has no {backend!r} implementation; use backend numpy or triton")
+
+
+# -- ahead-of-time -------------------------------------------------------------
+
+@attrs.frozen
+class ConvRendered:
+    """A Triton kernel ready for ``triton.compile(ASTSource(...), target=...)``."""
+
+    fn: object
+    signature: dict
+    constexprs: dict
+    attrs_: dict
+    options: dict
+    source_hash: str
+
+    def compile(self, target, extra_options=None):
+        import triton
+        from triton.compiler import ASTSource
+
+        opts = dict(self.options, **(extra_options or {}))
+        return triton.compile(ASTSource(self.fn, self.signature, self.constexprs, self.attrs_),
+                              target=target, options=opts)
+
+
+def render(key, backend: str):
+    if backend != "triton":
+        raise UnsupportedProblem(f"conv has no {backend} templates; use backend triton")
+    from . import triton_kernels
+    from .launch import aot_source_args
+
+    fn, sig, consts, opts = aot_source_args(config_of(key))
+    attrs_ = opts.pop("attrs")
+    try:
+        src = inspect.getsource(triton_kernels) + fn.src
+    except (OSError, AttributeError):  # generated kernels carry their own source
+        src = getattr(fn, "src", repr(fn))
+    h = hashlib.sha256((src + repr(sorted(consts.items())) + repr(sig) + repr(sorted(opts.items())))
+                       .encode()).hexdigest()
+    return ConvRendered(fn, sig, consts, attrs_, opts, h)
+
+
+def _flops(p):
+    return float(p.flops)
+
+
+def _bytes(p):
+    from ck_core.dtypes import ELEMENT_BYTES
+    n = math.prod(p.input_shape) + math.prod(p.weight_shape) + math.prod(p.output_shape)
+    return float(n * ELEMENT_BYTES[p.dtype])
+
+
+def _bench(peer, options):
+    from .bench import bench
+
+    return bench(peer, options)
+
+
+def conv_op() -> OpSpec:
+    return OpSpec(
+        name="conv",
+        problem_type=ConvProblem,
+        enumerate=enumerate_keys,
+        format_name=format_name,
+        parse_name=parse_name,
+        from_fields=from_fields,
+        supports=supports,
+        reference=reference,
+        make_inputs=make_inputs,
+        implement=implement,
+        input_names=("x", "w", "dy"),
+        output_names=("y", "dx", "dw"),
+        flops=_flops,
+        bytes_moved=_bytes,
+        heuristic=heuristic,
+        render=render,
+        bench=_bench,
+        tolerance=tolerance,
+        families=("implicit_gemm", "depthwise"),
+        description="grouped convolution 1D/2D/3D: forward, bwd_data, bwd_weight (CK layouts NHWGC/GKYXC/NHWGK)",
+    )
+
+
+@hookimpl
+def ck_register_ops():
+    return [conv_op()]

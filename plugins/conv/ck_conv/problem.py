@@ -1,0 +1,299 @@
+"""What a grouped convolution caller wants computed: :class:`ConvProblem`.
+
+Conventions
+-----------
+* ``C`` and ``K`` are **totals** over all groups (PyTorch's ``in_channels`` /
+  ``out_channels``), each divisible by ``G``.  CK's own ``ConvParam`` stores the
+  per-group counts; :attr:`ConvProblem.c_per_group` / :attr:`k_per_group` give
+  those, and :meth:`ConvProblem.from_ck` takes CK's convention.
+* Spatial sizes, filter sizes, strides, dilations and paddings are tuples with
+  one entry per spatial dimension, outermost first (D, H, W / Z, Y, X).
+* A layout string names the tensor's array dimensions in order, one letter per
+  dimension, as CK spells them: ``NHWGC`` is an array of shape
+  ``(N, H, W, G, C/G)``; ``GKYXC`` is ``(G, K/G, Y, X, C/G)``.
+* ``direction`` says which tensor is computed: ``forward`` -> output,
+  ``bwd_data`` -> input gradient, ``bwd_weight`` -> weight gradient.
+"""
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import attrs
+
+from ck_core.errors import InvalidProblem
+from ck_core.problem import Problem
+
+DIRECTIONS = ("forward", "bwd_data", "bwd_weight")
+DTYPES = ("fp16", "bf16", "fp32")
+
+# letters of the spatial dimensions of image tensors and of filters, per ndim
+_IMG = {1: "W", 2: "HW", 3: "DHW"}
+_FLT = {1: "X", 2: "YX", 3: "ZYX"}
+
+#: layout families; each maps ndim -> (input, weight, output) layout names
+LAYOUT_FAMILIES = {
+    # channels last, group before channel (CK's preferred, our Triton kernels')
+    "nhwgc": {n: ("N" + _IMG[n] + "GC", "GK" + _FLT[n] + "C", "N" + _IMG[n] + "GK") for n in (1, 2, 3)},
+    # channels first (PyTorch's default NCHW with groups split out)
+    "ngchw": {n: ("NGC" + _IMG[n], "GKC" + _FLT[n], "NGK" + _IMG[n]) for n in (1, 2, 3)},
+    # group outermost
+    "gnhwc": {n: ("GN" + _IMG[n] + "C", "GK" + _FLT[n] + "C", "GN" + _IMG[n] + "K") for n in (1, 2, 3)},
+}
+IN_LAYOUTS = {f[n][0]: n for f in LAYOUT_FAMILIES.values() for n in (1, 2, 3)}
+WEI_LAYOUTS = {f[n][1]: n for f in LAYOUT_FAMILIES.values() for n in (1, 2, 3)}
+OUT_LAYOUTS = {f[n][2]: n for f in LAYOUT_FAMILIES.values() for n in (1, 2, 3)}
+
+
+def _tuple(v) -> tuple:
+    if isinstance(v, int):
+        return (v,)
+    return tuple(int(x) for x in v)
+
+
+def family_of(in_layout: str) -> str:
+    for fam, per in LAYOUT_FAMILIES.items():
+        if any(per[n][0] == in_layout for n in per):
+            return fam
+    raise InvalidProblem(f"unknown input layout {in_layout!r}; use one of {', '.join(sorted(IN_LAYOUTS))}")
+
+
+def _positive(name):
+    def check(inst, attr, value):
+        if isinstance(value, tuple):
+            if not value or any((not isinstance(x, int)) or x <= 0 for x in value):
+                raise InvalidProblem(f"{name} must be positive integers, got {value!r}; "
+                                     f"give one positive size per spatial dimension")
+        elif not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise InvalidProblem(f"{name} must be a positive integer, got {value!r}")
+    return check
+
+
+def _non_negative(name):
+    def check(inst, attr, value):
+        if any((not isinstance(x, int)) or x < 0 for x in value):
+            raise InvalidProblem(f"{name} must be integers >= 0, got {value!r}")
+    return check
+
+
+def _one_of(name, allowed):
+    def check(inst, attr, value):
+        if value not in allowed:
+            raise InvalidProblem(f"unknown {name} {value!r}; use one of {', '.join(allowed)}")
+    return check
+
+
+@attrs.frozen(kw_only=True)
+class ConvProblem(Problem):
+    """A grouped 1D/2D/3D convolution, forward or backward, CK-style.
+
+    >>> p = ConvProblem(N=2, G=2, C=8, K=4, input_spatial=(9, 9), filter=(3, 3),
+    ...                 stride=(2, 2), pad_left=(1, 1), pad_right=(1, 1))
+    >>> p.output_spatial, p.in_layout, p.gemm_mnk
+    ((5, 5), 'NHWGC', (50, 2, 36))
+    """
+
+    op: ClassVar[str] = "conv"
+
+    N: int = attrs.field(validator=_positive("N"))
+    G: int = attrs.field(default=1, validator=_positive("G"))
+    C: int = attrs.field(validator=_positive("C"))
+    K: int = attrs.field(validator=_positive("K"))
+    input_spatial: tuple = attrs.field(converter=_tuple, validator=_positive("input_spatial"))
+    filter: tuple = attrs.field(converter=_tuple, validator=_positive("filter"))
+    stride: tuple = attrs.field(default=(), converter=_tuple)
+    dilation: tuple = attrs.field(default=(), converter=_tuple)
+    pad_left: tuple = attrs.field(default=(), converter=_tuple)
+    pad_right: tuple = attrs.field(default=(), converter=_tuple)
+    direction: str = attrs.field(default="forward", validator=_one_of("direction", DIRECTIONS))
+    dtype: str = attrs.field(default="fp16", validator=_one_of("dtype", DTYPES))
+    in_layout: str = attrs.field(default="")
+    wei_layout: str = attrs.field(default="")
+    out_layout: str = attrs.field(default="")
+    #: bwd_weight only: how many programs split the pixel reduction; 0 lets the launcher choose
+    split_k: int = attrs.field(default=1)
+
+    def __attrs_post_init__(self):
+        nd = len(self.input_spatial)
+        if nd not in (1, 2, 3):
+            raise InvalidProblem(f"input_spatial has {nd} dimensions; give 1, 2 or 3 sizes (W / H, W / D, H, W)")
+        if len(self.filter) != nd:
+            raise InvalidProblem(f"filter {self.filter} has {len(self.filter)} sizes but the input has {nd} "
+                                 f"spatial dimensions; give one filter size per spatial dimension")
+        # per-dimension defaults: stride/dilation 1, padding 0; a single value broadcasts
+        for name, dflt in (("stride", 1), ("dilation", 1), ("pad_left", 0), ("pad_right", 0)):
+            v = getattr(self, name)
+            if not v:
+                v = (dflt,) * nd
+            elif len(v) == 1 and nd > 1:
+                v = v * nd
+            if len(v) != nd:
+                raise InvalidProblem(f"{name} {v} has {len(v)} entries; give {nd} (one per spatial dimension)")
+            object.__setattr__(self, name, v)
+        _positive("stride")(self, None, self.stride)
+        _positive("dilation")(self, None, self.dilation)
+        _non_negative("pad_left")(self, None, self.pad_left)
+        _non_negative("pad_right")(self, None, self.pad_right)
+        if self.C % self.G:
+            raise InvalidProblem(f"C={self.C} is not divisible by G={self.G}; C is the total input channel "
+                                 f"count over all groups (use C = G * channels_per_group)")
+        if self.K % self.G:
+            raise InvalidProblem(f"K={self.K} is not divisible by G={self.G}; K is the total output channel "
+                                 f"count over all groups (use K = G * filters_per_group)")
+        fam = None
+        if not self.in_layout:
+            fam = "nhwgc"
+        else:
+            fam = family_of(self.in_layout) if self.in_layout in IN_LAYOUTS else None
+            if fam is None:
+                raise InvalidProblem(f"unknown input layout {self.in_layout!r}; use one of "
+                                     f"{', '.join(sorted(IN_LAYOUTS))}")
+        dflt = LAYOUT_FAMILIES[fam][nd]
+        for i, (name, table) in enumerate((("in_layout", IN_LAYOUTS), ("wei_layout", WEI_LAYOUTS),
+                                           ("out_layout", OUT_LAYOUTS))):
+            v = getattr(self, name) or dflt[i]
+            if v not in table:
+                raise InvalidProblem(f"unknown {name} {v!r}; use one of {', '.join(sorted(table))}")
+            if table[v] != nd:
+                raise InvalidProblem(f"{name} {v!r} is for {table[v]}D but the problem is {nd}D; "
+                                     f"use {dflt[i]!r}")
+            object.__setattr__(self, name, v)
+        if self.out_layout != dflt[2]:
+            raise InvalidProblem(f"out_layout {self.out_layout!r} does not match in_layout {self.in_layout!r}; "
+                                 f"use {dflt[2]!r}")
+        if not isinstance(self.split_k, int) or self.split_k < 0:
+            raise InvalidProblem(f"split_k must be an integer >= 0 (0 = let the launcher choose), got {self.split_k!r}")
+        if self.split_k != 1 and self.direction != "bwd_weight":
+            raise InvalidProblem(f"split_k={self.split_k} only applies to bwd_weight; leave it at 1 "
+                                 f"for {self.direction}")
+        for d in range(nd):
+            eff = self.dilation[d] * (self.filter[d] - 1) + 1
+            padded = self.input_spatial[d] + self.pad_left[d] + self.pad_right[d]
+            if padded < eff:
+                raise InvalidProblem(
+                    f"output size along spatial dim {d} is <= 0: padded input {padded} is smaller than the "
+                    f"dilated filter {eff}; enlarge the input or padding, or shrink the filter/dilation")
+
+    # ---- derived sizes -------------------------------------------------
+    @property
+    def ndim(self) -> int:
+        return len(self.input_spatial)
+
+    @property
+    def c_per_group(self) -> int:
+        return self.C // self.G
+
+    @property
+    def k_per_group(self) -> int:
+        return self.K // self.G
+
+    @property
+    def output_spatial(self) -> tuple:
+        return tuple((i + pl + pr - d * (f - 1) - 1) // s + 1
+                     for i, f, s, d, pl, pr in zip(self.input_spatial, self.filter, self.stride,
+                                                   self.dilation, self.pad_left, self.pad_right))
+
+    @property
+    def layout_family(self) -> str:
+        return family_of(self.in_layout)
+
+    @property
+    def taps(self) -> int:
+        t = 1
+        for f in self.filter:
+            t *= f
+        return t
+
+    @property
+    def gemm_mnk(self) -> tuple:
+        """The implicit GEMM's (M, N, K) per group for this direction (CK's mapping)."""
+        pix_out = self.N * _prod(self.output_spatial)
+        pix_in = self.N * _prod(self.input_spatial)
+        if self.direction == "forward":
+            return (pix_out, self.k_per_group, self.taps * self.c_per_group)
+        if self.direction == "bwd_data":
+            return (pix_in, self.c_per_group, self.taps * self.k_per_group)
+        return (self.k_per_group, self.taps * self.c_per_group, pix_out)
+
+    @property
+    def flops(self) -> int:
+        m, n, k = self.gemm_mnk
+        return 2 * m * n * k * self.G
+
+    @property
+    def specialization(self) -> str:
+        """The most specific CK conv specialisation this problem satisfies."""
+        zero_pad = not any(self.pad_left) and not any(self.pad_right)
+        if all(f == 1 for f in self.filter) and zero_pad:
+            if all(s == 1 for s in self.stride):
+                return "filter1x1_stride1_pad0"
+            return "filter1x1_pad0"
+        if all(f == 3 for f in self.filter):
+            return "filter3x3"
+        return "default"
+
+    # ---- tensor shapes in this problem's layouts -------------------------
+    def _dims(self, layout: str, spatial: tuple, chan: int, is_weight: bool = False) -> tuple:
+        sizes = {"N": self.N, "G": self.G}
+        letters = _FLT[self.ndim] if is_weight else _IMG[self.ndim]
+        sizes.update(dict(zip(letters, spatial)))
+        if is_weight:
+            sizes["K"] = self.k_per_group
+            sizes["C"] = self.c_per_group
+        else:
+            sizes["C" if "C" in layout else "K"] = chan
+        return tuple(sizes[ch] for ch in layout)
+
+    @property
+    def input_shape(self) -> tuple:
+        return self._dims(self.in_layout, self.input_spatial, self.c_per_group)
+
+    @property
+    def weight_shape(self) -> tuple:
+        return self._dims(self.wei_layout, self.filter, 0, is_weight=True)
+
+    @property
+    def output_shape(self) -> tuple:
+        return self._dims(self.out_layout, self.output_spatial, self.k_per_group)
+
+    def check_shapes(self, x=None, w=None, y=None) -> None:
+        """Raise InvalidProblem when a given tensor's shape disagrees with the problem."""
+        for name, t, want, lay in (("input", x, self.input_shape, self.in_layout),
+                                   ("weight", w, self.weight_shape, self.wei_layout),
+                                   ("output", y, self.output_shape, self.out_layout)):
+            if t is not None and tuple(t.shape) != want:
+                raise InvalidProblem(f"{name} tensor has shape {tuple(t.shape)} but the problem needs {want} "
+                                     f"({lay}); reshape it, or describe the problem from its sizes")
+
+    # ---- (de)serialisation ----------------------------------------------
+    def to_dict(self) -> dict:
+        d = attrs.asdict(self)
+        for k, v in d.items():
+            if isinstance(v, tuple):
+                d[k] = list(v)
+        d["op"] = "conv"
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ConvProblem":
+        d = dict(d)
+        d.pop("op", None)
+        names = {a.name for a in attrs.fields(cls)}
+        unknown = set(d) - names
+        if unknown:
+            raise InvalidProblem(f"unknown ConvProblem fields {sorted(unknown)}; known: {sorted(names)}")
+        return cls(**d)
+
+    @classmethod
+    def from_ck(cls, *, G: int, N: int, K: int, C: int, **kw) -> "ConvProblem":
+        """Build from CK's ConvParam convention (K and C per group)."""
+        return cls(G=G, N=N, K=K * G, C=C * G, **kw)
+
+    def with_direction(self, direction: str, split_k: int = 1) -> "ConvProblem":
+        return attrs.evolve(self, direction=direction, split_k=split_k)
+
+
+def _prod(t) -> int:
+    r = 1
+    for x in t:
+        r *= x
+    return r

@@ -1,0 +1,103 @@
+"""Kernel names (stable, parseable), the enumerated space per arch facts, heuristics."""
+from __future__ import annotations
+
+import pytest
+
+from ck_core.errors import MissingKernel
+from ck_conv.kernels import (ConvKernelConfig, candidate_configs, cull_reason, enumerate_configs,
+                             heuristic_config)
+from ck_conv.problem import ConvProblem
+
+GFX942_FP16 = ((32, 32, 8), (16, 16, 16), (32, 32, 16), (16, 16, 32), (4, 64, 16), (64, 4, 16))
+
+
+def test_example_name_parses_and_round_trips():
+    n = "conv_fwd_fp16_nhwgc_gkyxc_nhwgk_2d_compv3_intrawave_128x128x32_2x2x1_32x32x16_default"
+    c = ConvKernelConfig.from_name(n)
+    assert (c.direction, c.tile, c.waves, c.warp_tile, c.specialization) == \
+        ("forward", (128, 128, 32), (2, 2, 1), (32, 32, 16), "default")
+    assert c.name == n
+    odd = ConvKernelConfig(direction="bwd_weight", dtype="bf16", ndim=3, layout="ngchw", pipeline="mem",
+                           scheduler="interwave", tile=(64, 64, 64), waves=(1, 4, 1), warp_tile=(16, 16, 16),
+                           specialization="filter1x1_stride1_pad0", vector=(8, 8, 8), pad=(True, False, True))
+    assert odd.name.endswith("_filter1x1_stride1_pad0_vec8_8_8_pad101")
+    assert ConvKernelConfig.from_name(odd.name) == odd
+
+
+@pytest.mark.parametrize("bad", [
+    "gemm_fp16_rcr",
+    "conv_fwd_fp16_nhwgc_gkyxc_nhwgk_2d_compv9_intrawave_1x1x1_1x1x1_1x1x1_default",
+    "conv_fwd_fp16_nhwgc_gkxc_nhwgk_2d_compv3_intrawave_128x128x32_2x2x1_32x32x16_default",
+])
+def test_bad_names(bad):
+    with pytest.raises(MissingKernel):
+        ConvKernelConfig.from_name(bad)
+
+
+def test_enumeration_respects_arch_facts():
+    culled = []
+    cfgs = enumerate_configs(warp_size=64, lds_bytes=65536, warp_tiles={"fp16": GFX942_FP16},
+                             dtypes=("fp16",), ndims=(2,), culled=culled)
+    assert cfgs and culled
+    names = [c.name for c in cfgs]
+    assert len(set(names)) == len(names)
+    assert all(ConvKernelConfig.from_name(n).name == n for n in names[::97])
+    for c in cfgs:
+        if c.specialization == "depthwise":
+            continue
+        assert c.warp_tile in GFX942_FP16
+        assert c.lds_bytes() <= 65536
+        assert c.tile[0] % (c.waves[0] * c.warp_tile[0]) == 0
+        if c.direction != "forward":
+            assert c.pipeline in ("compv3", "mem")
+    # a smaller LDS culls more; a tile that breaks the warp-tile rule is culled with a reason
+    fewer = enumerate_configs(warp_size=64, lds_bytes=32768, warp_tiles={"fp16": GFX942_FP16},
+                              dtypes=("fp16",), ndims=(2,))
+    assert len(fewer) < len(cfgs)
+    bad = ConvKernelConfig(direction="forward", dtype="fp16", ndim=2, tile=(16, 64, 64), waves=(2, 2, 1),
+                           warp_tile=(16, 16, 16))
+    assert "multiple" in cull_reason(bad, warp_size=64, lds_bytes=65536, warp_tiles=GFX942_FP16)
+    wrong_tile = ConvKernelConfig(direction="forward", dtype="fp16", ndim=2, warp_tile=(16, 8, 16))
+    assert "warp tile" in cull_reason(wrong_tile, warp_size=64, lds_bytes=65536, warp_tiles=GFX942_FP16)
+
+
+@pytest.mark.parametrize("direction", ["forward", "bwd_data", "bwd_weight"])
+@pytest.mark.parametrize("shape", [
+    dict(N=32, C=64, K=64, input_spatial=(56, 56), filter=(3, 3), pad_left=1, pad_right=1),
+    dict(N=32, C=1024, K=256, input_spatial=(14, 14), filter=(1, 1)),
+    dict(N=32, G=144, C=144, K=144, input_spatial=(56, 56), filter=(3, 3), pad_left=1, pad_right=1),
+    dict(N=8, G=32, C=512, K=512, input_spatial=(4, 14, 14), filter=(3, 3, 3), stride=2),
+])
+def test_heuristic_and_candidates_support_the_problem(shape, direction):
+    p = ConvProblem(**shape, direction=direction, split_k=0 if direction == "bwd_weight" else 1)
+    h = heuristic_config(p)
+    assert h.why_not(p) is None
+    cands = candidate_configs(p)
+    assert cands[0] == h and all(c.why_not(p) is None for c in cands)
+    assert len({c.name for c in cands}) == len(cands)
+
+
+def test_specialisation_and_direction_mismatch_reasons():
+    p = ConvProblem(N=1, C=8, K=8, input_spatial=(5, 5), filter=(3, 3))
+    one = ConvKernelConfig(direction="forward", dtype="fp16", ndim=2, specialization="filter1x1_stride1_pad0")
+    assert "1x1" in one.why_not(p)
+    assert "direction" in ConvKernelConfig(direction="bwd_data", dtype="fp16", ndim=2).why_not(p)
+    assert "depthwise" in ConvKernelConfig(direction="forward", dtype="fp16", ndim=2,
+                                           specialization="depthwise").why_not(p)
+
+
+def test_hopper_enumeration_keeps_shared_memory_in_bounds():
+    """On an NVIDIA arch every A/B buffer the Triton pipeline keeps must fit (227 KB on sm90)."""
+    from ck_conv import plugin
+    from ck_core.records import ArchSpec
+    sm90 = ArchSpec(name="sm90x", vendor="nvidia", family="hopper", warp_size=32, lds_bytes=232448,
+                    compute_units=132, dtypes=("fp16",), warp_tiles={"fp16": ((16, 64, 16), (16, 128, 16))},
+                    wave_layouts=((2, 2, 1), (2, 4, 1)), pipelines=("multistage",))
+    keys = plugin.enumerate_keys(sm90, "triton", {"ndims": [2], "directions": ["bwd_data"]})
+    assert keys
+    for k in keys:
+        c = plugin.config_of(k)
+        if c.specialization != "depthwise":
+            assert (c.tile[0] + c.tile[1]) * c.tile[2] * 2 * c.smem_buffers <= 232448
+    assert not any(plugin.config_of(k).tile == (256, 128, 64) and k.algorithm.pipeline == "compv3"
+                   and k.algorithm.specialization == "filter1x1_stride1_pad0" for k in keys)
