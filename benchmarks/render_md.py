@@ -26,7 +26,7 @@ Regenerate this file with `python benchmarks/render_md.py`.
 
 def _fmt(v):
     if isinstance(v, float):
-        return f"{v:.3f}" if abs(v) < 100 else f"{v:.1f}"
+        return f"{v:.3f}" if abs(v) < 10 else f"{v:.1f}"
     return "" if v is None else str(v)
 
 
