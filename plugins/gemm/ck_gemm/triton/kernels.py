@@ -1,0 +1,341 @@
+"""Triton GEMM kernels: C[b] = act(op(A[b] @ B[b], D0[b], D1[b])).
+
+All kernels see *logical* operands A (M x K), B (K x N), C (M x N) through
+strides, so one source covers every CK layout (rcr, rrr, crr, ccr, ...) and
+broadcast D tensors (stride 0).  Accumulation is fp32 (int32 for int8).
+
+Kernels (each takes only constexpr meta-parameters besides tensors, sizes and strides):
+
+* :func:`gemm_plain_kernel`       grid (tiles, batch, split_k), pointer loads
+* :func:`gemm_persistent_kernel`  grid (#SMs,), pointer loads, flattened tile loop
+* :func:`gemm_tma_kernel`         grid (tiles, batch, split_k), host tensor descriptors
+* :func:`gemm_tma_persistent_kernel` grid (#SMs,), tensor descriptors, tile loop
+  (WARP_SPEC=True warp-specialises the loop)
+* :func:`gemm_splitk_reduce_kernel` second pass of split-K: sums the fp32 partials
+  in a fixed order (deterministic) and applies the epilogue.
+
+Epilogue constexprs: NUM_D (0..2 D tensors), D_OP (0 add, 1 mul), ACT
+(0 none, 1 relu, 2 gelu(erf), 3 silu, 4 sigmoid, 5 tanh).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+ACTIVATIONS = {None: 0, "none": 0, "relu": 1, "gelu": 2, "silu": 3, "sigmoid": 4, "tanh": 5}
+D_OPS = {"add": 0, "mul": 1}
+MAX_D = 2
+
+
+@triton.jit
+def _tile_ids(tile_id, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    # grouped ordering: GROUP_M row-tiles share B columns while they sit in L2
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_pid_in_group = GROUP_M * num_pid_n
+    group_id = tile_id // num_pid_in_group
+    first_pid_m = group_id * GROUP_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + ((tile_id % num_pid_in_group) % group_size_m)
+    pid_n = (tile_id % num_pid_in_group) // group_size_m
+    return pid_m, pid_n
+
+
+@triton.jit
+def _activation(x, ACT: tl.constexpr):
+    if ACT == 1:
+        x = tl.maximum(x, 0.0)
+    elif ACT == 2:
+        x = 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
+    elif ACT == 3:
+        x = x / (1.0 + tl.exp(-x))
+    elif ACT == 4:
+        x = 1.0 / (1.0 + tl.exp(-x))
+    elif ACT == 5:
+        # tanh(x) = 2 sigmoid(2x) - 1: exp-only, portable across backends
+        x = 2.0 / (1.0 + tl.exp(-2.0 * x)) - 1.0
+    return x
+
+
+@triton.jit
+def _epilogue_store(acc, offs_m, offs_n, M, N, c_ptr, stride_cm, stride_cn,
+                    d0_ptr, stride_d0m, stride_d0n, d1_ptr, stride_d1m, stride_d1n,
+                    NUM_D: tl.constexpr, D_OP: tl.constexpr, ACT: tl.constexpr):
+    rm = offs_m.to(tl.int64)[:, None]
+    rn = offs_n.to(tl.int64)[None, :]
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    if NUM_D > 0 or ACT > 0:
+        x = acc.to(tl.float32)
+    else:
+        x = acc
+    if NUM_D >= 1:
+        d0 = tl.load(d0_ptr + rm * stride_d0m + rn * stride_d0n, mask=mask, other=0.0).to(tl.float32)
+        if D_OP == 0:
+            x = x + d0
+        else:
+            x = x * d0
+    if NUM_D >= 2:
+        d1 = tl.load(d1_ptr + rm * stride_d1m + rn * stride_d1n, mask=mask, other=0.0).to(tl.float32)
+        if D_OP == 0:
+            x = x + d1
+        else:
+            x = x * d1
+    if ACT > 0:
+        x = _activation(x, ACT)
+    tl.store(c_ptr + rm * stride_cm + rn * stride_cn, x.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _k_range(pid_k, K, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    if SPLIT_K == 1:
+        k_start = 0
+        k_end = k_tiles
+    else:
+        per = tl.cdiv(k_tiles, SPLIT_K)
+        k_start = pid_k * per
+        k_end = min(k_start + per, k_tiles)
+    return k_start, k_end
+
+
+@triton.jit
+def gemm_plain_kernel(
+        a_ptr, b_ptr, c_ptr, d0_ptr, d1_ptr, M, N, K,
+        stride_ab, stride_am, stride_ak,
+        stride_bb, stride_bk, stride_bn,
+        stride_cb, stride_cm, stride_cn, stride_ck,
+        stride_d0b, stride_d0m, stride_d0n,
+        stride_d1b, stride_d1m, stride_d1n,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+        SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
+        NUM_D: tl.constexpr, D_OP: tl.constexpr, ACT: tl.constexpr, ACC_INT: tl.constexpr):
+    pid = tl.program_id(0)
+    pid_b = tl.program_id(1).to(tl.int64)
+    pid_k = tl.program_id(2)
+    pid_m, pid_n = _tile_ids(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    a_ptr += pid_b * stride_ab
+    b_ptr += pid_b * stride_bb
+    c_ptr += pid_b * stride_cb + pid_k.to(tl.int64) * stride_ck
+    d0_ptr += pid_b * stride_d0b
+    d1_ptr += pid_b * stride_d1b
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    k_start, k_end = _k_range(pid_k, K, BLOCK_K, SPLIT_K)
+    a_ptrs = a_ptr + offs_m[:, None] * stride_am + (k_start * BLOCK_K + offs_k)[None, :] * stride_ak
+    b_ptrs = b_ptr + (k_start * BLOCK_K + offs_k)[:, None] * stride_bk + offs_n[None, :] * stride_bn
+    if ACC_INT:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kt in range(k_start, k_end):
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=mask_m[:, None], other=0.0)
+            b = tl.load(b_ptrs, mask=mask_n[None, :], other=0.0)
+        else:
+            k_left = K - kt * BLOCK_K
+            a = tl.load(a_ptrs, mask=mask_m[:, None] & (offs_k[None, :] < k_left), other=0.0)
+            b = tl.load(b_ptrs, mask=(offs_k[:, None] < k_left) & mask_n[None, :], other=0.0)
+        acc = tl.dot(a, b, acc, out_dtype=acc.dtype)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    _epilogue_store(acc, offs_m, offs_n, M, N, c_ptr, stride_cm, stride_cn,
+                    d0_ptr, stride_d0m, stride_d0n, d1_ptr, stride_d1m, stride_d1n, NUM_D, D_OP, ACT)
+
+
+@triton.jit
+def gemm_persistent_kernel(
+        a_ptr, b_ptr, c_ptr, d0_ptr, d1_ptr, M, N, K, batch_count,
+        stride_ab, stride_am, stride_ak,
+        stride_bb, stride_bk, stride_bn,
+        stride_cb, stride_cm, stride_cn,
+        stride_d0b, stride_d0m, stride_d0n,
+        stride_d1b, stride_d1m, stride_d1n,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+        NUM_SMS: tl.constexpr, EVEN_K: tl.constexpr,
+        NUM_D: tl.constexpr, D_OP: tl.constexpr, ACT: tl.constexpr, ACC_INT: tl.constexpr):
+    start_pid = tl.program_id(0)
+    tiles_per_batch = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    num_tiles = tiles_per_batch * batch_count
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    offs_k = tl.arange(0, BLOCK_K)
+    # a second counter for the epilogue keeps the flattened loop's prologue and
+    # epilogue from sharing a value (what the pipeliner wants)
+    tile_id_c = start_pid - NUM_SMS
+    for tile_id in tl.range(start_pid, num_tiles, NUM_SMS, flatten=True):
+        pid_b = (tile_id // tiles_per_batch).to(tl.int64)
+        pid_m, pid_n = _tile_ids(tile_id % tiles_per_batch, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask_m = offs_m < M
+        mask_n = offs_n < N
+        a_base = a_ptr + pid_b * stride_ab
+        b_base = b_ptr + pid_b * stride_bb
+        if ACC_INT:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+        else:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kt in range(k_tiles):
+            rk = kt * BLOCK_K + offs_k
+            a_ptrs = a_base + offs_m[:, None] * stride_am + rk[None, :] * stride_ak
+            b_ptrs = b_base + rk[:, None] * stride_bk + offs_n[None, :] * stride_bn
+            if EVEN_K:
+                a = tl.load(a_ptrs, mask=mask_m[:, None], other=0.0)
+                b = tl.load(b_ptrs, mask=mask_n[None, :], other=0.0)
+            else:
+                a = tl.load(a_ptrs, mask=mask_m[:, None] & (rk[None, :] < K), other=0.0)
+                b = tl.load(b_ptrs, mask=(rk[:, None] < K) & mask_n[None, :], other=0.0)
+            acc = tl.dot(a, b, acc, out_dtype=acc.dtype)
+        tile_id_c += NUM_SMS
+        pid_bc = (tile_id_c // tiles_per_batch).to(tl.int64)
+        pid_mc, pid_nc = _tile_ids(tile_id_c % tiles_per_batch, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        offs_cm = pid_mc * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_cn = pid_nc * BLOCK_N + tl.arange(0, BLOCK_N)
+        _epilogue_store(acc, offs_cm, offs_cn, M, N, c_ptr + pid_bc * stride_cb, stride_cm, stride_cn,
+                        d0_ptr + pid_bc * stride_d0b, stride_d0m, stride_d0n,
+                        d1_ptr + pid_bc * stride_d1b, stride_d1m, stride_d1n, NUM_D, D_OP, ACT)
+
+
+@triton.jit
+def _desc_load_a(a_desc, pid_b, off_m, off_k, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+                 A_KMAJOR: tl.constexpr, BATCHED: tl.constexpr):
+    # A stored M x K (K contiguous, "r") or K x M ("c"); returns the BLOCK_M x BLOCK_K tile
+    if A_KMAJOR:
+        if BATCHED:
+            a = a_desc.load([pid_b, off_m, off_k]).reshape(BLOCK_M, BLOCK_K)
+        else:
+            a = a_desc.load([off_m, off_k])
+    else:
+        if BATCHED:
+            a = a_desc.load([pid_b, off_k, off_m]).reshape(BLOCK_K, BLOCK_M).T
+        else:
+            a = a_desc.load([off_k, off_m]).T
+    return a
+
+
+@triton.jit
+def _desc_load_b(b_desc, pid_b, off_k, off_n, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
+                 B_KMAJOR: tl.constexpr, BATCHED: tl.constexpr):
+    # B stored N x K (K contiguous, "c") or K x N ("r"); returns the BLOCK_K x BLOCK_N tile
+    if B_KMAJOR:
+        if BATCHED:
+            b = b_desc.load([pid_b, off_n, off_k]).reshape(BLOCK_N, BLOCK_K).T
+        else:
+            b = b_desc.load([off_n, off_k]).T
+    else:
+        if BATCHED:
+            b = b_desc.load([pid_b, off_k, off_n]).reshape(BLOCK_K, BLOCK_N)
+        else:
+            b = b_desc.load([off_k, off_n])
+    return b
+
+
+@triton.jit
+def gemm_tma_kernel(
+        a_desc, b_desc, c_ptr, d0_ptr, d1_ptr, M, N, K,
+        stride_cb, stride_cm, stride_cn, stride_ck,
+        stride_d0b, stride_d0m, stride_d0n,
+        stride_d1b, stride_d1m, stride_d1n,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+        SPLIT_K: tl.constexpr, A_KMAJOR: tl.constexpr, B_KMAJOR: tl.constexpr, BATCHED: tl.constexpr,
+        WARP_SPEC: tl.constexpr,
+        NUM_D: tl.constexpr, D_OP: tl.constexpr, ACT: tl.constexpr, ACC_INT: tl.constexpr):
+    pid = tl.program_id(0)
+    pid_b = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    pid_m, pid_n = _tile_ids(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    off_m = pid_m * BLOCK_M
+    off_n = pid_n * BLOCK_N
+    k_start, k_end = _k_range(pid_k, K, BLOCK_K, SPLIT_K)
+    if ACC_INT:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    # the descriptors zero-fill out-of-bounds rows and columns: no masks in the K loop
+    for kt in tl.range(k_start, k_end, warp_specialize=WARP_SPEC):
+        off_k = kt * BLOCK_K
+        a = _desc_load_a(a_desc, pid_b, off_m, off_k, BLOCK_M, BLOCK_K, A_KMAJOR, BATCHED)
+        b = _desc_load_b(b_desc, pid_b, off_k, off_n, BLOCK_K, BLOCK_N, B_KMAJOR, BATCHED)
+        acc = tl.dot(a, b, acc, out_dtype=acc.dtype)
+    pb = pid_b.to(tl.int64)
+    offs_m = off_m + tl.arange(0, BLOCK_M)
+    offs_n = off_n + tl.arange(0, BLOCK_N)
+    _epilogue_store(acc, offs_m, offs_n, M, N, c_ptr + pb * stride_cb + pid_k.to(tl.int64) * stride_ck,
+                    stride_cm, stride_cn,
+                    d0_ptr + pb * stride_d0b, stride_d0m, stride_d0n,
+                    d1_ptr + pb * stride_d1b, stride_d1m, stride_d1n, NUM_D, D_OP, ACT)
+
+
+@triton.jit
+def gemm_tma_persistent_kernel(
+        a_desc, b_desc, c_ptr, d0_ptr, d1_ptr, M, N, K, batch_count,
+        stride_cb, stride_cm, stride_cn,
+        stride_d0b, stride_d0m, stride_d0n,
+        stride_d1b, stride_d1m, stride_d1n,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+        NUM_SMS: tl.constexpr, A_KMAJOR: tl.constexpr, B_KMAJOR: tl.constexpr, BATCHED: tl.constexpr,
+        WARP_SPEC: tl.constexpr,
+        NUM_D: tl.constexpr, D_OP: tl.constexpr, ACT: tl.constexpr, ACC_INT: tl.constexpr):
+    start_pid = tl.program_id(0)
+    tiles_per_batch = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    num_tiles = tiles_per_batch * batch_count
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    tile_id_c = start_pid - NUM_SMS
+    # Hopper's automatic warp specialisation (triton 3.6) handles the innermost
+    # loop only: with WARP_SPEC the K loop is specialised and the tile loop stays
+    # plain; without it the tile loop is flattened and software-pipelined
+    for tile_id in tl.range(start_pid, num_tiles, NUM_SMS, flatten=not WARP_SPEC):
+        pid_b = tile_id // tiles_per_batch
+        pid_m, pid_n = _tile_ids(tile_id % tiles_per_batch, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        if ACC_INT:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+        else:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kt in tl.range(k_tiles, warp_specialize=WARP_SPEC):
+            off_k = kt * BLOCK_K
+            a = _desc_load_a(a_desc, pid_b, off_m, off_k, BLOCK_M, BLOCK_K, A_KMAJOR, BATCHED)
+            b = _desc_load_b(b_desc, pid_b, off_k, off_n, BLOCK_K, BLOCK_N, B_KMAJOR, BATCHED)
+            acc = tl.dot(a, b, acc, out_dtype=acc.dtype)
+        tile_id_c += NUM_SMS
+        pb = (tile_id_c // tiles_per_batch).to(tl.int64)
+        pid_mc, pid_nc = _tile_ids(tile_id_c % tiles_per_batch, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        offs_cm = pid_mc * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_cn = pid_nc * BLOCK_N + tl.arange(0, BLOCK_N)
+        _epilogue_store(acc, offs_cm, offs_cn, M, N, c_ptr + pb * stride_cb, stride_cm, stride_cn,
+                        d0_ptr + pb * stride_d0b, stride_d0m, stride_d0n,
+                        d1_ptr + pb * stride_d1b, stride_d1m, stride_d1n, NUM_D, D_OP, ACT)
+
+
+@triton.jit
+def gemm_splitk_reduce_kernel(
+        ws_ptr, c_ptr, d0_ptr, d1_ptr, M, N,
+        stride_wk, stride_wb, stride_wm,
+        stride_cb, stride_cm, stride_cn,
+        stride_d0b, stride_d0m, stride_d0n,
+        stride_d1b, stride_d1m, stride_d1n,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
+        NUM_D: tl.constexpr, D_OP: tl.constexpr, ACT: tl.constexpr, ACC_INT: tl.constexpr):
+    # fixed summation order over the splits: bitwise reproducible, unlike atomics
+    pid = tl.program_id(0)
+    pid_b = tl.program_id(1).to(tl.int64)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    pid_m = pid // num_pid_n
+    pid_n = pid % num_pid_n
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    ptrs = ws_ptr + pid_b * stride_wb + offs_m.to(tl.int64)[:, None] * stride_wm + offs_n[None, :]
+    if ACC_INT:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for s in tl.static_range(SPLIT_K):
+        acc += tl.load(ptrs + s * stride_wk, mask=mask, other=0)
+    _epilogue_store(acc, offs_m, offs_n, M, N, c_ptr + pid_b * stride_cb, stride_cm, stride_cn,
+                    d0_ptr + pid_b * stride_d0b, stride_d0m, stride_d0n,
+                    d1_ptr + pid_b * stride_d1b, stride_d1m, stride_d1n, NUM_D, D_OP, ACT)

@@ -1,0 +1,224 @@
+"""Plain-Python launcher for the Triton GEMM kernels on torch tensors.
+
+Operands are passed in their *stored* form, CK style (letters for A, B, C):
+
+=======  ====================  ====================  ====================
+layout   A stored as           B stored as           C stored as
+=======  ====================  ====================  ====================
+``r``    (M, K) row-major      (K, N) row-major      (M, N) row-major
+``c``    (K, M) = MxK col-maj  (N, K) = KxN col-maj  (N, M) = MxN col-maj
+=======  ====================  ====================  ====================
+
+so ``rcr`` is ``C = A @ B.T`` with ``B`` stored N x K.  A leading batch dim
+is allowed on any operand (a 2-D operand is broadcast over the batch).  D
+tensors are given in C's stored orientation and broadcast against it (a
+bias of shape (N,) for row-major C).
+"""
+from __future__ import annotations
+
+import functools
+import logging
+
+from ck_core.errors import InvalidProblem, UnsupportedProblem
+
+from .aot import DEFAULT_NUM_SMS, DEFAULT_OUT, desc_block_shapes, kernel_for, parse_layout
+from .configs import GemmConfig, as_config
+
+log = logging.getLogger(__name__)
+
+_FALLBACK = {"tma": "plain", "tma_ws": "plain", "tma_persistent": "persistent",
+             "tma_persistent_ws": "persistent"}
+
+
+def _dtype_token(t) -> str:
+    import torch
+    m = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.int8: "int8",
+         torch.int32: "int32"}
+    for name in ("float8_e4m3fn",):
+        if hasattr(torch, name):
+            m[getattr(torch, name)] = "fp8"
+    if hasattr(torch, "float8_e5m2"):
+        m[torch.float8_e5m2] = "bf8"
+    try:
+        return m[t]
+    except KeyError:
+        raise InvalidProblem(f"dtype {t}: the Triton GEMM takes fp16, bf16, fp32, fp8 (e4m3fn) or int8") from None
+
+
+def _torch_dtype(token: str):
+    import torch
+    return {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32, "int32": torch.int32,
+            "int8": torch.int8}[token]
+
+
+@functools.lru_cache(maxsize=512)
+def _spec(cfg, dtype, layout, out_dtype, d_dtype, num_d, d_op, activation, batched, even_k, num_sms):
+    return kernel_for(cfg, dtype=dtype, layout=layout, out_dtype=out_dtype, d_dtype=d_dtype, num_d=num_d,
+                      d_op=d_op, activation=activation, batched=batched, even_k=even_k, num_sms=num_sms)
+
+
+@functools.lru_cache(maxsize=16)
+def _device_info(index: int):
+    import torch
+    p = torch.cuda.get_device_properties(index)
+    return p.multi_processor_count, (p.major, p.minor), bool(getattr(torch.version, "hip", None))
+
+
+def _tma_ok(t, layout_row_major: bool) -> bool:
+    """Tensor descriptors need a unit last stride, 16-byte aligned base and other strides."""
+    eb = t.element_size()
+    if t.stride(-1) != 1 or t.data_ptr() % 16:
+        return False
+    return all(s > 0 and (s * eb) % 16 == 0 for s in t.stride()[:-1])
+
+
+def gemm(a, b, *, layout: str = "rcr", config=None, c=None, d_tensors=(), d_op: str = "add",
+         activation=None, split_k: int | None = None, out_dtype=None, num_sms: int | None = None,
+         arch: str | None = None):
+    """C = activation(A @ B  (+|*) D0 (+|*) D1), batched, on CUDA (or CPU under TRITON_INTERPRET=1).
+
+    ``config``: a GemmConfig, its dict or name, or None for :func:`pick_config`.
+    ``split_k`` overrides config.split_k (deterministic two-pass reduction).
+    ``out_dtype``: torch dtype of C (default: input dtype; bf16 for fp8; int32 for int8).
+    Returns C in its stored layout (``c`` if given, which is written in place).
+    TMA variants fall back to their pointer twin (tma->plain, tma_persistent*->persistent)
+    where descriptors cannot describe the operands (misaligned strides, broadcast batch,
+    no Hopper).
+    """
+    import torch
+
+    a_r, b_r, c_r = parse_layout(layout)
+    if a.dim() not in (2, 3) or b.dim() not in (2, 3):
+        raise InvalidProblem(f"gemm: A and B must be 2-D or 3-D (batch first), got {a.dim()}-D and {b.dim()}-D")
+    dt = _dtype_token(a.dtype)
+    if _dtype_token(b.dtype) != dt:
+        raise InvalidProblem(f"gemm: A is {a.dtype} but B is {b.dtype}; cast one of them")
+    if a.device != b.device:
+        raise InvalidProblem(f"gemm: A on {a.device} but B on {b.device}")
+    al = a if a_r else a.transpose(-1, -2)   # logical (.., M, K)
+    bl = b if b_r else b.transpose(-1, -2)   # logical (.., K, N)
+    M, K = al.shape[-2:]
+    K2, N = bl.shape[-2:]
+    if K != K2:
+        raise InvalidProblem(f"gemm[{layout}]: A is {M}x{K} but B is {K2}x{N} (logical); K must match")
+    batch = max(a.shape[0] if a.dim() == 3 else 1, b.shape[0] if b.dim() == 3 else 1)
+    for name, t in (("A", a), ("B", b)):
+        if t.dim() == 3 and t.shape[0] not in (1, batch):
+            raise InvalidProblem(f"gemm: {name} has batch {t.shape[0]}, expected 1 or {batch}")
+    batched_io = a.dim() == 3 or b.dim() == 3
+    if min(M, N, K) < 1:
+        raise InvalidProblem(f"gemm: empty problem M={M} N={N} K={K}")
+
+    out_token = _dtype_token(out_dtype) if out_dtype is not None else DEFAULT_OUT[dt]
+    c_stored_shape = (M, N) if c_r else (N, M)
+    if batched_io:
+        c_stored_shape = (batch,) + c_stored_shape
+    if c is None:
+        c = torch.empty(c_stored_shape, device=a.device, dtype=_torch_dtype(out_token))
+    else:
+        if tuple(c.shape) != c_stored_shape:
+            raise InvalidProblem(f"gemm: c has shape {tuple(c.shape)}, expected {c_stored_shape} for {layout}")
+        out_token = _dtype_token(c.dtype)
+    cl = c if c_r else c.transpose(-1, -2)
+
+    d_tensors = tuple(d_tensors)
+    if len(d_tensors) > 2:
+        raise InvalidProblem(f"gemm: {len(d_tensors)} D tensors given; at most 2 are fused")
+    d_logical = []
+    for i, d in enumerate(d_tensors):
+        try:
+            de = d.expand(c_stored_shape)
+        except RuntimeError:
+            raise InvalidProblem(f"gemm: D{i} of shape {tuple(d.shape)} does not broadcast to C's "
+                                 f"stored shape {c_stored_shape}") from None
+        d_logical.append(de if c_r else de.transpose(-1, -2))
+    d_token = _dtype_token(d_tensors[0].dtype) if d_tensors else None
+    if len(d_tensors) == 2 and _dtype_token(d_tensors[1].dtype) != d_token:
+        raise InvalidProblem("gemm: both D tensors must have the same dtype")
+
+    on_gpu = a.is_cuda
+    if on_gpu:
+        sms, cap, is_hip = _device_info(a.device.index if a.device.index is not None else torch.cuda.current_device())
+    else:
+        sms, cap, is_hip = DEFAULT_NUM_SMS, (0, 0), False
+    num_sms = num_sms or sms
+    if config is None:
+        from .tuning import pick_config
+        cfg = pick_config(M, N, K, dt, arch=arch or ("sm90" if cap[0] == 9 and not is_hip else "generic"),
+                          layout=layout, batch=batch)
+    else:
+        cfg = as_config(config)
+    if split_k is not None:
+        cfg = cfg.evolve(split_k=split_k, variant=cfg.variant if cfg.variant in ("plain", "tma", "tma_ws")
+                         or split_k == 1 else "plain")
+
+    if cfg.is_tma:
+        why = None
+        if on_gpu and (is_hip or cap[0] < 9):
+            why = "tensor descriptors need sm90+"
+        elif batched_io and (a.dim() != 3 or b.dim() != 3 or a.shape[0] != b.shape[0]):
+            why = "a broadcast batch operand"
+        elif not (_tma_ok(a, a_r) and _tma_ok(b, b_r)):
+            why = "operand strides or base not 16-byte aligned / not contiguous"
+        if why:
+            log.debug("gemm: %s -> %s (%s)", cfg.variant, _FALLBACK[cfg.variant], why)
+            cfg = cfg.evolve(variant=_FALLBACK[cfg.variant])
+
+    even_k = K % cfg.block_k == 0
+    spec = _spec(cfg, dt, layout, out_token, d_token, len(d_tensors), d_op, activation,
+                 batched_io and cfg.is_tma, even_k, num_sms)
+
+    def bstride(t):
+        return t.stride(0) if (t.dim() == 3 and t.shape[0] > 1) else 0
+
+    d0 = d_logical[0] if d_logical else cl
+    d1 = d_logical[1] if len(d_logical) > 1 else d0
+    vals = {"M": M, "N": N, "K": K, "batch_count": batch, "d0_ptr": d0, "d1_ptr": d1}
+    for key, t in (("d0", d0), ("d1", d1)):
+        vals[f"stride_{key}b"] = bstride(t)
+        vals[f"stride_{key}m"], vals[f"stride_{key}n"] = t.stride(-2), t.stride(-1)
+    if cfg.is_tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+        a_blk, b_blk = desc_block_shapes(cfg, layout, batched_io)
+        vals["a_desc"] = TensorDescriptor(a, list(a.shape), list(a.stride()), a_blk)
+        vals["b_desc"] = TensorDescriptor(b, list(b.shape), list(b.stride()), b_blk)
+    else:
+        vals["a_ptr"], vals["b_ptr"] = al, bl
+        vals["stride_ab"], vals["stride_am"], vals["stride_ak"] = bstride(al), al.stride(-2), al.stride(-1)
+        vals["stride_bb"], vals["stride_bk"], vals["stride_bn"] = bstride(bl), bl.stride(-2), bl.stride(-1)
+
+    if spec.split_k > 1:
+        ws = torch.empty((spec.split_k, batch, M, N), device=a.device,
+                         dtype=torch.int32 if spec.acc_dtype == "int32" else torch.float32)
+        vals.update({"c_ptr": ws, "stride_ck": ws.stride(0), "stride_cb": ws.stride(1),
+                     "stride_cm": ws.stride(2), "stride_cn": 1})
+    else:
+        vals.update({"c_ptr": cl, "stride_ck": 0, "stride_cb": bstride(cl),
+                     "stride_cm": cl.stride(-2), "stride_cn": cl.stride(-1)})
+    _launch(spec, vals, M, N, batch)
+    if spec.split_k > 1:
+        r = spec.reduce
+        rv = {"ws_ptr": ws, "c_ptr": cl, "d0_ptr": d0, "d1_ptr": d1, "M": M, "N": N,
+              "stride_wk": ws.stride(0), "stride_wb": ws.stride(1), "stride_wm": ws.stride(2),
+              "stride_cb": bstride(cl), "stride_cm": cl.stride(-2), "stride_cn": cl.stride(-1)}
+        for key in ("d0", "d1"):
+            for ax in ("b", "m", "n"):
+                rv[f"stride_{key}{ax}"] = vals[f"stride_{key}{ax}"]
+        _launch(r, rv, M, N, batch)
+    return c
+
+
+@functools.lru_cache(maxsize=None)
+def _constexpr_names(fn) -> frozenset:
+    import inspect
+    f = getattr(fn, "fn", fn)
+    return frozenset(n for n, p in inspect.signature(f).parameters.items() if "constexpr" in str(p.annotation))
+
+
+def _launch(spec, vals, M, N, batch):
+    fn = spec.fn
+    # JIT specialises unit strides itself: only the declared constexprs go by keyword
+    cxn = _constexpr_names(fn)
+    args = [vals[n] for n in fn.arg_names if n not in cxn]
+    cx = {k: v for k, v in spec.constexprs.items() if k in cxn}
+    fn[spec.grid(M, N, batch)](*args, **cx, **spec.options)

@@ -1,0 +1,92 @@
+"""Per-arch tuned configs and the selection function.
+
+``h100_tuned.json`` (beside this file) holds the winners of the H100 sweep
+(benchmarks/gemm_triton_bench.py --tune): one row per (dtype, layout, M, N, K)
+with the config name and its measured TFLOPS.  :func:`pick_config` returns
+the row nearest to the problem in log2(M, N, K) space (M weighted most: it
+decides between skinny and square kernels), preferring the same dtype and
+layout, else a size heuristic.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import math
+from pathlib import Path
+
+from ck_core.errors import InvalidProblem
+
+from .configs import GemmConfig
+
+TABLES = {"sm90": "h100_tuned.json"}
+#: dtypes whose tuned configs transfer to each other (same element size, same MMA path)
+_SIBLINGS = {"fp16": ("bf16",), "bf16": ("fp16",), "fp8": ("bf8",), "bf8": ("fp8",)}
+
+
+@functools.lru_cache(maxsize=None)
+def load_table(arch: str = "sm90") -> tuple:
+    name = TABLES.get(arch)
+    if name is None:
+        return ()
+    path = Path(__file__).with_name(name)
+    if not path.exists():
+        return ()
+    data = json.loads(path.read_text())
+    rows = []
+    for r in data.get("entries", []):
+        try:
+            rows.append((r["dtype"], r.get("layout", "rcr"), int(r["M"]), int(r["N"]), int(r["K"]),
+                         GemmConfig.from_name(r["config"])))
+        except (KeyError, ValueError, InvalidProblem) as e:
+            raise InvalidProblem(f"{path}: bad entry {r!r}: {e}") from None
+    return tuple(rows)
+
+
+def shape_bucket(M: int, N: int, K: int) -> tuple:
+    """Power-of-two bucket of a shape (how the tuning table is keyed)."""
+    return tuple(1 << max(0, math.ceil(math.log2(max(x, 1)))) for x in (M, N, K))
+
+
+def heuristic_config(M: int, N: int, K: int, dtype: str = "fp16", arch: str = "generic") -> GemmConfig:
+    """A reasonable config without a table: small tiles for small problems."""
+    hopper = arch == "sm90"
+    if M <= 32:
+        sk = 1 if N * K < (1 << 22) else max(1, min(8, K // 1024))
+        return GemmConfig(block_m=16 if M <= 16 else 32, block_n=64, block_k=128, group_m=1, num_warps=4,
+                          num_stages=4, variant="plain", split_k=sk)
+    if M <= 128 or N <= 128:
+        return GemmConfig(64, 128, 64, 8, 4, 4, "tma" if hopper else "plain", 1)
+    if hopper:
+        return GemmConfig(128, 256, 64, 8, 8, 3, "tma_persistent", 1)
+    return GemmConfig(128, 128, 64, 8, 4, 3, "plain", 1)
+
+
+def pick_config(M: int, N: int, K: int, dtype: str = "fp16", arch: str = "sm90", *, layout: str = "rcr",
+                batch: int = 1) -> GemmConfig:
+    """Best known config for an M x N x K ``dtype`` GEMM on ``arch``.
+
+    Nearest tuned row (dtype, then sibling dtype; same layout preferred) by a
+    weighted log2 distance; the heuristic when the arch has no table or no row
+    lies within a factor of 4 per dimension.
+    """
+    for x, n in ((M, "M"), (N, "N"), (K, "K")):
+        if x < 1:
+            raise InvalidProblem(f"pick_config: {n}={x} must be positive")
+    rows = load_table(arch)
+    if not rows:
+        return heuristic_config(M, N, K, dtype, arch)
+    lm, ln, lk = (math.log2(x) for x in (M, N, K))
+    best, best_d = None, None
+    for dts, penalty in (((dtype,), 0.0), (_SIBLINGS.get(dtype, ()), 0.25)):
+        for (dt, lay, m, n, k, cfg) in rows:
+            if dt not in dts:
+                continue
+            d = (2.0 * abs(lm - math.log2(m)) + abs(ln - math.log2(n)) + abs(lk - math.log2(k))
+                 + penalty + (0.0 if lay == layout else 0.5))
+            if best_d is None or d < best_d:
+                best, best_d = cfg, d
+        if best is not None:
+            break
+    if best is None or best_d > 6.0:
+        return heuristic_config(M, N, K, dtype, arch)
+    return best
