@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 
 # Triton kernels run on the CPU through the interpreter in these tests
-os.environ.setdefault("TRITON_INTERPRET", "1")
+if os.environ.get("CK_TEST_GPU") != "1":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 # the ck_core.testing fixtures (ck_rng, fake_arch) come from the repository's root

@@ -245,6 +245,8 @@ def enumerate_keys(arch, backend: str, options: dict) -> list[KernelKey]:
                                 epilogue=epi, pad_m=pad[0], pad_n=pad[1], pad_k=pad[2],
                                 stages=st, variant=var)
             why = _tile_violation(sig_list[0], alg, arch)
+            if why is None and backend == "triton":
+                why = triton_smem_violation(dtype, alg, arch)
             if why:
                 if log.isEnabledFor(logging.DEBUG):
                     log.debug("culled gemm %s %s: %s", dtype, alg, why)
@@ -260,6 +262,23 @@ def enumerate_keys(arch, backend: str, options: dict) -> list[KernelKey]:
     if backend == "triton":
         out.extend(_tuned_keys(arch, backend, dtypes, layouts))
     return out
+
+
+def triton_smem_violation(dtype: str, alg: GemmAlgorithm, arch) -> str | None:
+    """On the triton backend the Triton template's own shared-memory model decides.
+
+    Triton allocates ``num_stages`` buffers (plus epilogue scratch), not CK's
+    LDS buffers, so the CK estimate would let kernels through that do not fit.
+    """
+    try:
+        from .triton.configs import smem_bytes
+        from .triton_launch import config_of_algorithm
+    except ImportError:  # triton missing: nothing to compile, nothing to prune
+        return None
+    need = smem_bytes(config_of_algorithm(alg), dtype)
+    if need > arch.lds_bytes:
+        return f"Triton kernel needs {need} B of shared memory/LDS; {arch.name} has {arch.lds_bytes} B"
+    return None
 
 
 def _tuned_keys(arch, backend, dtypes, layouts) -> list:

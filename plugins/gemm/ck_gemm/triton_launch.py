@@ -24,9 +24,13 @@ DEFAULT_STAGES = {"mem": 2, "compv3": 2, "compv4": 3}
 
 
 def config_of(key):
+    return config_of_algorithm(key.algorithm)
+
+
+@functools.lru_cache(maxsize=None)
+def config_of_algorithm(a: GemmAlgorithm):
     from .triton.configs import GemmConfig
 
-    a: GemmAlgorithm = key.algorithm
     return GemmConfig(block_m=a.tile_m, block_n=a.tile_n, block_k=a.tile_k, group_m=a.group_m,
                       num_warps=a.num_warps, num_stages=a.stages or DEFAULT_STAGES.get(a.pipeline, 3),
                       variant="plain" if a.variant == "tile" else a.variant, split_k=a.split_k)

@@ -1,0 +1,6 @@
+"""Triton FMHA kernels (forward, backward, split-KV / paged decode) for ck-fmha."""
+from .configs import (CUDA_ONLY_VARIANTS, FAMILIES, VARIANTS, TritonFmhaConfig, aot_compile,  # noqa: F401
+                      constexprs_for, default_bwd_configs, default_fwd_config, default_splitkv_config,
+                      kernel_for, num_splits_heuristic, signature_for)
+from .ops import (AttentionFunction, attention, bwd, fwd, mask_params, paged_decode,  # noqa: F401
+                  splitkv_decode)

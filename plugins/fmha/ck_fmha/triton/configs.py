@@ -1,0 +1,278 @@
+"""Meta-parameters of the Triton FMHA kernels as plain data, the default
+choices per head dim, and the ``kernel_for`` contract used by the core for
+ahead-of-time compilation.
+
+``kernel_for(family, config) -> (jit_fn, constexprs)``
+    ``family``: one of :data:`FAMILIES`.  ``config``: a mapping holding the
+    meta-parameters (``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages``,
+    ``variant``) and the problem features that are compile-time constants
+    (``hdim_q``, ``hdim_v``, ``mask_mode``, ``bottom_right``, ``softcap``,
+    ``lse``, ...; see :func:`constexprs_for`).  ``constexprs`` maps every
+    ``tl.constexpr`` argument name of ``jit_fn`` to its value.
+
+``signature_for(family, dtype, config)`` gives the full ``ASTSource``
+signature (pointer / scalar types, ``"constexpr"`` for the constants), and
+:func:`aot_compile` puts the three together for a ``GPUTarget``.
+``num_warps`` / ``num_stages`` are compile options, not constexprs.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Dict, Mapping, Tuple
+
+from . import kernels as K
+
+FAMILIES = (
+    "fwd",
+    "fwd_splitkv",
+    "fwd_splitkv_combine",
+    "fwd_pagedkv",  # fwd_splitkv with page_size > 0
+    "bwd_dot_do_o",
+    "bwd_dq_dk_dv",
+    "bwd_dq",
+    "bwd_convert_dq",
+)
+
+VARIANTS = ("ptr", "tma", "tma_ws", "tma_host")
+# variants that need NVIDIA Hopper+ (device-side TMA descriptors / warp specialisation)
+CUDA_ONLY_VARIANTS = ("tma", "tma_ws", "tma_host")
+# tma_host: host-side TensorDescriptor arguments over the flattened 2-D view
+# (its Q/K/V arguments are descriptors; signature_for gives their tensordesc<> types)
+
+
+@dataclass(frozen=True)
+class TritonFmhaConfig:
+    """Meta-parameters of one kernel instance (plain data)."""
+
+    BLOCK_M: int = 128
+    BLOCK_N: int = 64
+    num_warps: int = 4
+    num_stages: int = 3
+    variant: str = "ptr"
+
+    def as_dict(self) -> Dict[str, Any]:
+        return asdict(self)
+
+    def with_(self, **kw) -> "TritonFmhaConfig":
+        return replace(self, **kw)
+
+
+def next_pow2(x: int) -> int:
+    return 1 << max(0, int(x - 1).bit_length())
+
+
+def padded_hdim(d: int) -> int:
+    return max(16, next_pow2(d))
+
+
+# ---------------------------------------------------------------------------
+# defaults (tuned on an H100 SXM, triton 3.6; see benchmarks/results/)
+# keyed by padded head dim
+# ---------------------------------------------------------------------------
+FWD_DEFAULTS_SM90 = {
+    16: TritonFmhaConfig(128, 64, 4, 3, "tma"),
+    32: TritonFmhaConfig(128, 64, 4, 3, "tma"),
+    64: TritonFmhaConfig(128, 128, 4, 3, "ptr"),
+    128: TritonFmhaConfig(128, 64, 4, 2, "tma"),
+    256: TritonFmhaConfig(128, 64, 8, 2, "tma"),
+}
+FWD_DEFAULTS_GENERIC = {
+    16: TritonFmhaConfig(64, 64, 4, 2, "ptr"),
+    32: TritonFmhaConfig(64, 64, 4, 2, "ptr"),
+    64: TritonFmhaConfig(128, 64, 4, 2, "ptr"),
+    128: TritonFmhaConfig(128, 64, 8, 2, "ptr"),
+    256: TritonFmhaConfig(64, 32, 4, 1, "ptr"),
+}
+# measured winners per (padded hdim, causal, seqlen bucket), filled from the
+# H100 sweep of benchmarks/fmha_triton_bench.py --sweep
+FWD_TUNED_SM90: Dict[Tuple[int, bool, int], TritonFmhaConfig] = {}
+
+
+def _seq_bucket(s: int) -> int:
+    for b in (512, 1024, 4096):
+        if s <= b:
+            return b
+    return 16384
+
+
+# backward: (dkdv config, dq config)
+BWD_DEFAULTS_SM90 = {
+    16: (TritonFmhaConfig(64, 128, 8, 3), TritonFmhaConfig(128, 64, 8, 3)),
+    32: (TritonFmhaConfig(64, 128, 8, 3), TritonFmhaConfig(128, 64, 8, 3)),
+    64: (TritonFmhaConfig(32, 128, 4, 3), TritonFmhaConfig(64, 64, 4, 3)),
+    128: (TritonFmhaConfig(64, 64, 4, 3), TritonFmhaConfig(128, 64, 8, 2)),
+    256: (TritonFmhaConfig(32, 64, 4, 1), TritonFmhaConfig(64, 32, 4, 1)),
+}
+SPLITKV_DEFAULTS = {
+    16: TritonFmhaConfig(16, 128, 4, 3),
+    32: TritonFmhaConfig(16, 128, 4, 3),
+    64: TritonFmhaConfig(16, 128, 4, 3),
+    128: TritonFmhaConfig(16, 64, 4, 2),
+    256: TritonFmhaConfig(16, 32, 4, 2),
+}
+BWD_ATOMIC_DQ_DEFAULT = False  # deterministic separate dQ pass by default
+
+
+def default_fwd_config(hdim_q: int, hdim_v: int, arch: str = "sm90", causal: bool = False,
+                       seqlen: int = 4096) -> TritonFmhaConfig:
+    d = padded_hdim(max(hdim_q, hdim_v))
+    if arch == "sm90":
+        cfg = FWD_TUNED_SM90.get((min(d, 256), bool(causal), _seq_bucket(seqlen)))
+        if cfg is not None:
+            return cfg
+    table = FWD_DEFAULTS_SM90 if arch == "sm90" else FWD_DEFAULTS_GENERIC
+    cfg = table[min(d, 256)]
+    if arch != "sm90" and cfg.variant != "ptr":
+        cfg = cfg.with_(variant="ptr")
+    return cfg
+
+
+def default_bwd_configs(hdim_q: int, hdim_v: int, arch: str = "sm90"):
+    d = padded_hdim(max(hdim_q, hdim_v))
+    return BWD_DEFAULTS_SM90[min(d, 256)]
+
+
+def default_splitkv_config(hdim_q: int, hdim_v: int, rows: int) -> TritonFmhaConfig:
+    d = padded_hdim(max(hdim_q, hdim_v))
+    cfg = SPLITKV_DEFAULTS[min(d, 256)]
+    bm = max(16, next_pow2(rows))
+    if bm > 16:
+        bm = min(bm, 64)
+        cfg = cfg.with_(BLOCK_M=bm, BLOCK_N=min(cfg.BLOCK_N, 64))
+    return cfg
+
+
+def num_splits_heuristic(batch_heads: int, seqlen_k: int, num_m_blocks: int = 1,
+                         num_sms: int = 132, block_n: int = 64, min_chunk: int = 256,
+                         max_splits: int = 128) -> int:
+    """Split the KV sequence until about two waves of programs cover the
+    machine, keeping at least ``min_chunk`` keys per split."""
+    programs = max(1, batch_heads * num_m_blocks)
+    want = max(1, -(-2 * num_sms // programs))
+    cap = max(1, seqlen_k // min_chunk)
+    n = max(1, min(want, cap, max_splits))
+    chunk = -(-seqlen_k // n)
+    chunk = -(-chunk // block_n) * block_n
+    return max(1, -(-seqlen_k // chunk))
+
+
+# ---------------------------------------------------------------------------
+# kernel_for / signatures / AOT
+# ---------------------------------------------------------------------------
+_FN = {
+    "fwd": K.fmha_fwd_kernel,
+    "fwd_splitkv": K.fmha_fwd_splitkv_kernel,
+    "fwd_pagedkv": K.fmha_fwd_splitkv_kernel,
+    "fwd_splitkv_combine": K.fmha_fwd_splitkv_combine_kernel,
+    "bwd_dot_do_o": K.fmha_bwd_dot_do_o_kernel,
+    "bwd_dq_dk_dv": K.fmha_bwd_dq_dk_dv_kernel,
+    "bwd_dq": K.fmha_bwd_dq_kernel,
+    "bwd_convert_dq": K.fmha_bwd_convert_dq_kernel,
+}
+
+
+def _get(cfg: Mapping, key, default):
+    v = cfg.get(key, default)
+    return default if v is None else v
+
+
+def constexprs_for(family: str, config: Mapping) -> Dict[str, Any]:
+    """Every constexpr argument of the family's kernel, from ``config``."""
+    if family not in _FN:
+        from ck_core.errors import MissingKernel  # noqa: WPS433
+
+        raise MissingKernel(f"unknown Triton FMHA family {family!r}; known: {', '.join(FAMILIES)}")
+    dq = int(_get(config, "hdim_q", 128))
+    dv = int(_get(config, "hdim_v", dq))
+    bdq, bdv = padded_hdim(dq), padded_hdim(dv)
+    bm = int(_get(config, "BLOCK_M", 128))
+    bn = int(_get(config, "BLOCK_N", 64))
+    variant = _get(config, "variant", "ptr")
+    mm = int(_get(config, "mask_mode", 0))
+    br = bool(_get(config, "bottom_right", False))
+    sc = bool(_get(config, "softcap", False))
+    if family == "fwd":
+        return dict(D_Q=dq, D_V=dv, BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=bm, BLOCK_N=bn,
+                    MASK_MODE=mm, BOTTOM_RIGHT=br, HAS_SOFTCAP=sc,
+                    STORE_LSE=bool(_get(config, "lse", True)),
+                    IS_VARLEN=bool(_get(config, "varlen", False)),
+                    REVERSE_M=bool(_get(config, "reverse_m", mm & 1 == 1)),
+                    USE_TMA={"ptr": 0, "tma": 1, "tma_ws": 1, "tma_host": 2}[variant],
+                    WARP_SPEC=variant == "tma_ws")
+    if family in ("fwd_splitkv", "fwd_pagedkv"):
+        ps = int(_get(config, "page_size", 16 if family == "fwd_pagedkv" else 0))
+        return dict(D_Q=dq, D_V=dv, BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=max(16, bm), BLOCK_N=bn,
+                    PAGE_SIZE=ps, MASK_MODE=mm, BOTTOM_RIGHT=bool(_get(config, "bottom_right", True)),
+                    HAS_SOFTCAP=sc, HAS_SEQLENS=bool(_get(config, "seqlens", ps > 0)))
+    if family == "fwd_splitkv_combine":
+        return dict(D_V=dv, BLOCK_DV=bdv, BLOCK_S=max(2, next_pow2(int(_get(config, "num_splits", 16)))),
+                    STORE_LSE=bool(_get(config, "lse", True)))
+    if family == "bwd_dot_do_o":
+        return dict(D_V=dv, BLOCK_DV=bdv, BLOCK_M=bm)
+    if family == "bwd_dq_dk_dv":
+        return dict(D_Q=dq, D_V=dv, BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=bm, BLOCK_N=bn,
+                    MASK_MODE=mm, BOTTOM_RIGHT=br, HAS_SOFTCAP=sc,
+                    ATOMIC_DQ=bool(_get(config, "atomic_dq", BWD_ATOMIC_DQ_DEFAULT)),
+                    EVEN_M=bool(_get(config, "even_m", False)), EVEN_N=bool(_get(config, "even_n", False)))
+    if family == "bwd_dq":
+        return dict(D_Q=dq, D_V=dv, BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=bm, BLOCK_N=bn,
+                    MASK_MODE=mm, BOTTOM_RIGHT=br, HAS_SOFTCAP=sc,
+                    EVEN_M=bool(_get(config, "even_m", False)), EVEN_N=bool(_get(config, "even_n", False)))
+    if family == "bwd_convert_dq":
+        return dict(D_Q=dq, BLOCK_DQ=bdq, BLOCK_M=bm)
+    raise AssertionError(family)
+
+
+def kernel_for(family: str, config: Mapping | TritonFmhaConfig) -> Tuple[Any, Dict[str, Any]]:
+    """(jit function, constexpr dict) for ``family`` under ``config``."""
+    if isinstance(config, TritonFmhaConfig):
+        config = config.as_dict()
+    return _FN[family], constexprs_for(family, config)
+
+
+_TORCH_TO_TT = {"fp16": "fp16", "float16": "fp16", "bf16": "bf16", "bfloat16": "bf16", "fp32": "fp32",
+                "float32": "fp32"}
+_PTR_ARGS = {  # argument name -> element type key ('x' = the data dtype)
+    "Q": "x", "K": "x", "V": "x", "O": "x", "DO": "x", "DK": "x", "DV": "x", "DQ": "x",
+    "LSE": "fp32", "DELTA": "fp32", "DQA": "fp32", "OACC": "fp32", "LACC": "fp32",
+    "CU_Q": "i32", "CU_K": "i32", "BLOCK_TABLE": "i32", "SEQLENS_K": "i32",
+}
+_FLOAT_ARGS = {"scale2", "cap_in", "cap_out", "sm_scale"}
+
+
+def signature_for(family: str, dtype: str, config: Mapping | TritonFmhaConfig) -> Tuple[Dict[str, str], Dict[str, Any]]:
+    """(ASTSource signature, constexprs) for ``family`` with data type ``dtype``."""
+    fn, cx = kernel_for(family, config)
+    x = _TORCH_TO_TT[str(dtype).replace("torch.", "")]
+    sig = {}
+    for name in fn.arg_names:
+        if name in cx:
+            sig[name] = "constexpr"
+        elif name in _PTR_ARGS:
+            t = _PTR_ARGS[name]
+            if family == "bwd_convert_dq" and name == "DQA":
+                t = "fp32"
+            sig[name] = "*" + (x if t == "x" else t)
+        elif name in _FLOAT_ARGS:
+            sig[name] = "fp32"
+        else:
+            sig[name] = "i32"
+    if family == "fwd" and cx.get("USE_TMA") == 2:
+        # host-side descriptors: block shapes are part of the type
+        sig["Q"] = f"tensordesc<{x}[{cx['BLOCK_M']},{cx['BLOCK_DQ']}]>"
+        sig["K"] = f"tensordesc<{x}[{cx['BLOCK_N']},{cx['BLOCK_DQ']}]>"
+        sig["V"] = f"tensordesc<{x}[{cx['BLOCK_N']},{cx['BLOCK_DV']}]>"
+    return sig, cx
+
+
+def aot_compile(family: str, dtype: str, config: Mapping | TritonFmhaConfig, target):
+    """Compile one kernel instance for ``target`` (a ``triton.backends.compiler.GPUTarget``)
+    without a GPU.  Returns the ``CompiledKernel`` (``.asm`` holds ptx/cubin or amdgcn/hsaco)."""
+    import triton
+    from triton.compiler import ASTSource
+
+    cfgd = config.as_dict() if isinstance(config, TritonFmhaConfig) else dict(config)
+    fn, cx = kernel_for(family, cfgd)
+    sig, _ = signature_for(family, dtype, cfgd)
+    opts = {"num_warps": int(cfgd.get("num_warps", 4)), "num_stages": int(cfgd.get("num_stages", 2))}
+    return triton.compile(ASTSource(fn, sig, constexprs=cx), target=target, options=opts)

@@ -1,0 +1,654 @@
+"""Triton FMHA kernels (forward, backward, split-KV / paged decode).
+
+All kernels are plain ``@triton.jit`` functions whose meta-parameters are
+``tl.constexpr`` arguments, so that the core can compile them ahead of time
+through ``triton.compile(ASTSource(fn, signature, constexprs), target=...)``.
+
+Conventions shared by every kernel
+----------------------------------
+* Tensors are addressed by (batch, head, seq) strides; the head dimension is
+  contiguous (stride 1).  BHSD and BSHD only differ by strides; group (varlen)
+  mode passes batch stride 0 and the per-sequence start from ``cu_seqlens``.
+* Scores live in the log2 domain: ``scale2 = softmax_scale * log2(e)`` is folded
+  into the QK product so the softmax uses ``exp2``.  Soft capping computes
+  ``cap * tanh(s * scale / cap)``: ``cap_in = scale / cap``,
+  ``cap_out = cap * log2(e)``.
+* Masks (CK's generic window): key ``j`` is visible from query ``i`` when
+  ``-left <= j - i - off <= right`` where a negative ``left`` / ``right`` means
+  unbounded, and ``off = seqlen_k - seqlen_q`` for bottom-right alignment, 0 for
+  top-left.  Causal is ``right = 0``.  ``MASK_MODE`` bit 0: right bound present,
+  bit 1: left bound present.
+* LSE is stored in natural-log units ([B, H, Sq] fp32, -inf for rows that see
+  no key); split-KV partial LSEs are kept in log2 units.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+
+# ----------------------------------------------------------------------------
+# helpers
+# ----------------------------------------------------------------------------
+@triton.jit
+def _tanh(x):
+    # portable tanh (no libdevice, so that the same source compiles for HIP)
+    e = tl.exp2(x * 2.8853900817779268)  # exp(2x)
+    return 1.0 - 2.0 / (e + 1.0)
+
+
+@triton.jit
+def _visible(rows, cols, off, left, right, MASK_MODE: tl.constexpr):
+    rel = cols[None, :] - rows[:, None] - off
+    ok = rel < 2147483647
+    if MASK_MODE & 1:
+        ok = ok & (rel <= right)
+    if MASK_MODE & 2:
+        ok = ok & (rel >= -left)
+    return ok
+
+
+@triton.jit
+def _visible_t(rows, cols, off, left, right, MASK_MODE: tl.constexpr):
+    # transposed [cols, rows] version of _visible
+    rel = cols[:, None] - rows[None, :] - off
+    ok = rel < 2147483647
+    if MASK_MODE & 1:
+        ok = ok & (rel <= right)
+    if MASK_MODE & 2:
+        ok = ok & (rel >= -left)
+    return ok
+
+
+@triton.jit
+def _kv_range(m0, off, left, right, seqlen_k,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASK_MODE: tl.constexpr):
+    """For the query tile [m0, m0+BLOCK_M): the key blocks to visit, split into
+    [lo, full_lo) masked, [full_lo, full_hi) unmasked, [full_hi, hi) masked."""
+    lo = m0 * 0
+    hi = seqlen_k
+    full_lo = lo
+    full_hi = hi
+    if MASK_MODE & 2:
+        lo = tl.maximum(m0 + off - left, 0)
+        lo = (lo // BLOCK_N) * BLOCK_N
+        full_lo = m0 + BLOCK_M - 1 + off - left
+        full_lo = tl.maximum(((full_lo + BLOCK_N - 1) // BLOCK_N) * BLOCK_N, 0)
+    if MASK_MODE & 1:
+        hi = tl.minimum(m0 + BLOCK_M + off + right, seqlen_k)
+        hi = tl.maximum(hi, 0)
+        full_hi = tl.maximum(((m0 + off + right + 1) // BLOCK_N) * BLOCK_N, 0)
+    hi_c = ((hi + BLOCK_N - 1) // BLOCK_N) * BLOCK_N
+    lo = tl.minimum(lo, hi_c)
+    full_hi = tl.minimum(full_hi, (seqlen_k // BLOCK_N) * BLOCK_N)
+    full_lo = tl.maximum(tl.minimum(full_lo, hi_c), lo)
+    full_hi = tl.maximum(tl.minimum(full_hi, hi_c), full_lo)
+    return lo, full_lo, full_hi, hi_c
+
+
+@triton.jit
+def _q_range(n0, off, left, right, seqlen_q,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASK_MODE: tl.constexpr):
+    """For the key tile [n0, n0+BLOCK_N): the query blocks that see it, split
+    into masked / unmasked / masked runs (rows past seqlen_q are harmless in
+    the backward: their q, dO are zero and their LSE is +inf)."""
+    lo = n0 * 0
+    hi = seqlen_q
+    full_lo = lo
+    full_hi = ((seqlen_q + BLOCK_M - 1) // BLOCK_M) * BLOCK_M
+    if MASK_MODE & 1:
+        lo = tl.maximum(n0 - off - right, 0)
+        lo = (lo // BLOCK_M) * BLOCK_M
+        full_lo = n0 + BLOCK_N - 1 - off - right
+        full_lo = tl.maximum(((full_lo + BLOCK_M - 1) // BLOCK_M) * BLOCK_M, 0)
+    if MASK_MODE & 2:
+        hi = tl.minimum(n0 + BLOCK_N - off + left, seqlen_q)
+        hi = tl.maximum(hi, 0)
+        full_hi = tl.maximum(((n0 - off + left + 1) // BLOCK_M) * BLOCK_M, 0)
+    hi_c = ((hi + BLOCK_M - 1) // BLOCK_M) * BLOCK_M
+    lo = tl.minimum(lo, hi_c)
+    full_lo = tl.maximum(tl.minimum(full_lo, hi_c), lo)
+    full_hi = tl.maximum(tl.minimum(full_hi, hi_c), full_lo)
+    return lo, full_lo, full_hi, hi_c
+
+
+# ----------------------------------------------------------------------------
+# forward
+# ----------------------------------------------------------------------------
+@triton.jit
+def _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, vcol,
+               start, end, rows, off, left, right, seqlen_k,
+               scale2, cap_in, cap_out,
+               D_Q: tl.constexpr, D_V: tl.constexpr,
+               BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
+               MASKED: tl.constexpr, MASK_MODE: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+               USE_TMA: tl.constexpr, WARP_SPEC: tl.constexpr):
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_dq = tl.arange(0, BLOCK_DQ)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    dtype = q.dtype
+    for start_n in tl.range(start, end, BLOCK_N, warp_specialize=WARP_SPEC):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        cols = start_n + offs_n
+        if USE_TMA != 0:
+            k = desc_k.load([krow + start_n, kcol])
+        else:
+            kp = kb + cols[:, None] * sks + offs_dq[None, :]
+            if MASKED:
+                k = tl.load(kp, mask=(cols[:, None] < seqlen_k) & (offs_dq[None, :] < D_Q), other=0.0)
+            elif BLOCK_DQ != D_Q:
+                k = tl.load(kp, mask=offs_dq[None, :] < D_Q, other=0.0)
+            else:
+                k = tl.load(kp)
+        qk = tl.dot(q, tl.trans(k))
+        if MASKED:
+            if HAS_SOFTCAP:
+                qk = _tanh(qk * cap_in) * cap_out
+            else:
+                qk = qk * scale2
+            ok = cols[None, :] < seqlen_k
+            if MASK_MODE != 0:
+                ok = ok & _visible(rows, cols, off, left, right, MASK_MODE)
+            qk = tl.where(ok, qk, float("-inf"))
+            m_ij = tl.maximum(m_i, tl.max(qk, 1))
+            m_sub = tl.where(m_ij == float("-inf"), 0.0, m_ij)
+            p = tl.math.exp2(qk - m_sub[:, None])
+            alpha = tl.math.exp2(m_i - m_sub)
+        else:
+            if HAS_SOFTCAP:
+                qk = _tanh(qk * cap_in) * cap_out
+                m_ij = tl.maximum(m_i, tl.max(qk, 1))
+                p = tl.math.exp2(qk - m_ij[:, None])
+            else:
+                m_ij = tl.maximum(m_i, tl.max(qk, 1) * scale2)
+                p = tl.math.exp2(qk * scale2 - m_ij[:, None])
+            alpha = tl.math.exp2(m_i - m_ij)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        if USE_TMA != 0:
+            v = desc_v.load([krow + start_n, vcol])
+        else:
+            vp = vb + cols[:, None] * svs + offs_dv[None, :]
+            if MASKED:
+                v = tl.load(vp, mask=(cols[:, None] < seqlen_k) & (offs_dv[None, :] < D_V), other=0.0)
+            elif BLOCK_DV != D_V:
+                v = tl.load(vp, mask=offs_dv[None, :] < D_V, other=0.0)
+            else:
+                v = tl.load(vp)
+        acc = tl.dot(p.to(dtype), v, acc)
+        m_i = m_ij
+    return acc, l_i, m_i
+
+
+@triton.jit
+def fmha_fwd_kernel(
+    Q, K, V, O, LSE, CU_Q, CU_K,
+    sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sob, soh, sos, slb, slh,
+    H, GROUP, SEQ_Q, SEQ_K,
+    scale2, cap_in, cap_out, left, right,
+    D_Q: tl.constexpr, D_V: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    MASK_MODE: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+    STORE_LSE: tl.constexpr, IS_VARLEN: tl.constexpr, REVERSE_M: tl.constexpr,
+    USE_TMA: tl.constexpr, WARP_SPEC: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    if REVERSE_M:
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    hk = h // GROUP
+    if IS_VARLEN:
+        q_start = tl.load(CU_Q + b)
+        seqlen_q = tl.load(CU_Q + b + 1) - q_start
+        k_start = tl.load(CU_K + b)
+        seqlen_k = tl.load(CU_K + b + 1) - k_start
+    else:
+        q_start = 0
+        seqlen_q = SEQ_Q
+        k_start = 0
+        seqlen_k = SEQ_K
+    m0 = pid_m * BLOCK_M
+    if m0 >= seqlen_q:
+        return
+    if BOTTOM_RIGHT:
+        off = seqlen_k - seqlen_q
+    else:
+        off = 0
+    b64 = b.to(tl.int64)
+    ob = O + b64 * sob + h.to(tl.int64) * soh + q_start.to(tl.int64) * sos
+    rows = m0 + tl.arange(0, BLOCK_M)
+    offs_dq = tl.arange(0, BLOCK_DQ)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    krow = 0
+    kcol = 0
+    vcol = 0
+    if USE_TMA == 2:
+        # host-side descriptors over the flattened 2-D view; (s?b, s?h, s?s) are
+        # then (rows per batch, rows per head, columns per head) of that view
+        kb = 0
+        vb = 0
+        desc_k = K
+        desc_v = V
+        q = Q.load([b * sqb + h * sqh + m0, h * sqs])
+        krow = b * skb + hk * skh
+        kcol = hk * sks
+        vcol = hk * svs
+    elif USE_TMA == 1:
+        qb = Q + b64 * sqb + h.to(tl.int64) * sqh + q_start.to(tl.int64) * sqs
+        kb = K + b64 * skb + hk.to(tl.int64) * skh + k_start.to(tl.int64) * sks
+        vb = V + b64 * svb + hk.to(tl.int64) * svh + k_start.to(tl.int64) * svs
+        desc_q = tl.make_tensor_descriptor(qb, shape=[seqlen_q, D_Q], strides=[sqs, 1],
+                                           block_shape=[BLOCK_M, BLOCK_DQ])
+        desc_k = tl.make_tensor_descriptor(kb, shape=[seqlen_k, D_Q], strides=[sks, 1],
+                                           block_shape=[BLOCK_N, BLOCK_DQ])
+        desc_v = tl.make_tensor_descriptor(vb, shape=[seqlen_k, D_V], strides=[svs, 1],
+                                           block_shape=[BLOCK_N, BLOCK_DV])
+        q = desc_q.load([m0, 0])
+    else:
+        qb = Q + b64 * sqb + h.to(tl.int64) * sqh + q_start.to(tl.int64) * sqs
+        kb = K + b64 * skb + hk.to(tl.int64) * skh + k_start.to(tl.int64) * sks
+        vb = V + b64 * svb + hk.to(tl.int64) * svh + k_start.to(tl.int64) * svs
+        desc_k = 0
+        desc_v = 0
+        q = tl.load(qb + rows[:, None] * sqs + offs_dq[None, :],
+                    mask=(rows[:, None] < seqlen_q) & (offs_dq[None, :] < D_Q), other=0.0)
+    m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    lo, full_lo, full_hi, hi = _kv_range(m0, off, left, right, seqlen_k, BLOCK_M, BLOCK_N, MASK_MODE)
+    if MASK_MODE & 2:
+        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, vcol,
+                                   lo, full_lo, rows, off, left, right, seqlen_k,
+                                   scale2, cap_in, cap_out, D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_N,
+                                   True, MASK_MODE, HAS_SOFTCAP, USE_TMA, False)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, vcol,
+                               full_lo, full_hi, rows, off, left, right, seqlen_k,
+                               scale2, cap_in, cap_out, D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_N,
+                               False, MASK_MODE, HAS_SOFTCAP, USE_TMA, WARP_SPEC)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, vcol,
+                               full_hi, hi, rows, off, left, right, seqlen_k,
+                               scale2, cap_in, cap_out, D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_N,
+                               True, MASK_MODE, HAS_SOFTCAP, USE_TMA, False)
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    acc = acc / l_safe[:, None]
+    out = acc.to(O.dtype.element_ty)
+    tl.store(ob + rows[:, None] * sos + offs_dv[None, :], out,
+             mask=(rows[:, None] < seqlen_q) & (offs_dv[None, :] < D_V))
+    if STORE_LSE:
+        lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453
+        tl.store(LSE + b64 * slb + h.to(tl.int64) * slh + q_start + rows, lse, mask=rows < seqlen_q)
+
+
+# ----------------------------------------------------------------------------
+# backward
+# ----------------------------------------------------------------------------
+@triton.jit
+def fmha_bwd_dot_do_o_kernel(O, DO, DELTA, sob, soh, sos, sdb, sdh, sds, H, SEQ_Q,
+                             D_V: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_DV)
+    msk = (rows[:, None] < SEQ_Q) & (offs_d[None, :] < D_V)
+    o = tl.load(O + b * sob + h * soh + rows[:, None] * sos + offs_d[None, :], mask=msk, other=0.0)
+    do = tl.load(DO + b * sdb + h * sdh + rows[:, None] * sds + offs_d[None, :], mask=msk, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+    tl.store(DELTA + bh.to(tl.int64) * SEQ_Q + rows, delta, mask=rows < SEQ_Q)
+
+
+@triton.jit
+def _bwd_dkdv_inner(dk, dv, k, v, qb, dob, lseb, deltab, dqab, sqs, sdos, sdqs,
+                    start, end, cols, off, left, right, seqlen_q,
+                    sm_scale, scale2, cap_in, cap_out,
+                    D_Q: tl.constexpr, D_V: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
+                    BLOCK_M: tl.constexpr, MASKED: tl.constexpr, MASK_MODE: tl.constexpr,
+                    HAS_SOFTCAP: tl.constexpr, ATOMIC_DQ: tl.constexpr, EVEN_M: tl.constexpr):
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_dq = tl.arange(0, BLOCK_DQ)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    dtype = k.dtype
+    for start_m in tl.range(start, end, BLOCK_M):
+        start_m = tl.multiple_of(start_m, BLOCK_M)
+        rows = start_m + offs_m
+        if EVEN_M and BLOCK_DQ == D_Q:
+            q = tl.load(qb + rows[:, None] * sqs + offs_dq[None, :])
+        else:
+            q = tl.load(qb + rows[:, None] * sqs + offs_dq[None, :],
+                        mask=(rows[:, None] < seqlen_q) & (offs_dq[None, :] < D_Q), other=0.0)
+        if EVEN_M:
+            lse2 = tl.load(lseb + rows)
+        else:
+            lse2 = tl.load(lseb + rows, mask=rows < seqlen_q, other=float("inf"))
+        lse2 = lse2 * 1.4426950408889634
+        lse2 = tl.where(lse2 == float("-inf"), float("inf"), lse2)
+        qkT = tl.dot(k, tl.trans(q))
+        if HAS_SOFTCAP:
+            t = _tanh(qkT * cap_in)
+            pT = tl.math.exp2(t * cap_out - lse2[None, :])
+        else:
+            pT = tl.math.exp2(qkT * scale2 - lse2[None, :])
+        if MASKED:
+            pT = tl.where(_visible_t(rows, cols, off, left, right, MASK_MODE), pT, 0.0)
+        if EVEN_M and BLOCK_DV == D_V:
+            do = tl.load(dob + rows[:, None] * sdos + offs_dv[None, :])
+        else:
+            do = tl.load(dob + rows[:, None] * sdos + offs_dv[None, :],
+                         mask=(rows[:, None] < seqlen_q) & (offs_dv[None, :] < D_V), other=0.0)
+        dv = tl.dot(pT.to(dtype), do, dv)
+        if EVEN_M:
+            di = tl.load(deltab + rows)
+        else:
+            di = tl.load(deltab + rows, mask=rows < seqlen_q, other=0.0)
+        dpT = tl.dot(v, tl.trans(do))
+        dsT = pT * (dpT - di[None, :])
+        if HAS_SOFTCAP:
+            dsT = dsT * (1.0 - t * t)
+        dsT16 = dsT.to(dtype)
+        dk = tl.dot(dsT16, q, dk)
+        if ATOMIC_DQ:
+            dq = tl.dot(tl.trans(dsT16), k) * sm_scale
+            tl.atomic_add(dqab + rows[:, None] * sdqs + offs_dq[None, :], dq,
+                          mask=(rows[:, None] < seqlen_q) & (offs_dq[None, :] < D_Q), sem="relaxed")
+    return dk, dv
+
+
+@triton.jit
+def fmha_bwd_dq_dk_dv_kernel(
+    Q, K, V, DO, LSE, DELTA, DK, DV, DQA,
+    sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdob, sdoh, sdos,
+    sdkb, sdkh, sdks, sdvb, sdvh, sdvs, sdqb, sdqh, sdqs,
+    HK, GROUP, SEQ_Q, SEQ_K,
+    sm_scale, scale2, cap_in, cap_out, left, right,
+    D_Q: tl.constexpr, D_V: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    MASK_MODE: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
+):
+    """dK, dV for one key block (summed over the GQA group); with ATOMIC_DQ
+    also accumulates dQ (scaled, fp32) into DQA with atomics."""
+    pid_n = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // HK).to(tl.int64)
+    hk = (bh % HK).to(tl.int64)
+    n0 = pid_n * BLOCK_N
+    if BOTTOM_RIGHT:
+        off = SEQ_K - SEQ_Q
+    else:
+        off = 0
+    cols = n0 + tl.arange(0, BLOCK_N)
+    offs_dq = tl.arange(0, BLOCK_DQ)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    kmask = (cols[:, None] < SEQ_K) & (offs_dq[None, :] < D_Q)
+    vmask = (cols[:, None] < SEQ_K) & (offs_dv[None, :] < D_V)
+    k = tl.load(K + b * skb + hk * skh + cols[:, None] * sks + offs_dq[None, :], mask=kmask, other=0.0)
+    v = tl.load(V + b * svb + hk * svh + cols[:, None] * svs + offs_dv[None, :], mask=vmask, other=0.0)
+    dk = tl.zeros([BLOCK_N, BLOCK_DQ], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
+    lo, full_lo, full_hi, hi = _q_range(n0, off, left, right, SEQ_Q, BLOCK_M, BLOCK_N, MASK_MODE)
+    for g in range(0, GROUP):
+        h = hk * GROUP + g
+        qb = Q + b * sqb + h * sqh
+        dob = DO + b * sdob + h * sdoh
+        dqab = DQA + b * sdqb + h * sdqh
+        lseb = LSE + (b * HK * GROUP + h) * SEQ_Q
+        deltab = DELTA + (b * HK * GROUP + h) * SEQ_Q
+        if MASK_MODE & 1:
+            dk, dv = _bwd_dkdv_inner(dk, dv, k, v, qb, dob, lseb, deltab, dqab, sqs, sdos, sdqs,
+                                     lo, full_lo, cols, off, left, right, SEQ_Q,
+                                     sm_scale, scale2, cap_in, cap_out, D_Q, D_V, BLOCK_DQ, BLOCK_DV,
+                                     BLOCK_M, True, MASK_MODE, HAS_SOFTCAP, ATOMIC_DQ, EVEN_M)
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, qb, dob, lseb, deltab, dqab, sqs, sdos, sdqs,
+                                 full_lo, full_hi, cols, off, left, right, SEQ_Q,
+                                 sm_scale, scale2, cap_in, cap_out, D_Q, D_V, BLOCK_DQ, BLOCK_DV,
+                                 BLOCK_M, False, MASK_MODE, HAS_SOFTCAP, ATOMIC_DQ, EVEN_M)
+        if MASK_MODE & 2:
+            dk, dv = _bwd_dkdv_inner(dk, dv, k, v, qb, dob, lseb, deltab, dqab, sqs, sdos, sdqs,
+                                     full_hi, hi, cols, off, left, right, SEQ_Q,
+                                     sm_scale, scale2, cap_in, cap_out, D_Q, D_V, BLOCK_DQ, BLOCK_DV,
+                                     BLOCK_M, True, MASK_MODE, HAS_SOFTCAP, ATOMIC_DQ, EVEN_M)
+    dk = dk * sm_scale
+    tl.store(DK + b * sdkb + hk * sdkh + cols[:, None] * sdks + offs_dq[None, :],
+             dk.to(DK.dtype.element_ty), mask=kmask)
+    tl.store(DV + b * sdvb + hk * sdvh + cols[:, None] * sdvs + offs_dv[None, :],
+             dv.to(DV.dtype.element_ty), mask=vmask)
+
+
+@triton.jit
+def _bwd_dq_inner(dq, q, do, lse2, di, kb, vb, sks, svs, start, end, rows, off, left, right, seqlen_k,
+                  scale2, cap_in, cap_out,
+                  D_Q: tl.constexpr, D_V: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
+                  BLOCK_N: tl.constexpr, MASKED: tl.constexpr, MASK_MODE: tl.constexpr,
+                  HAS_SOFTCAP: tl.constexpr, EVEN_N: tl.constexpr):
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_dq = tl.arange(0, BLOCK_DQ)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    dtype = q.dtype
+    for start_n in tl.range(start, end, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        cols = start_n + offs_n
+        if EVEN_N and BLOCK_DQ == D_Q:
+            k = tl.load(kb + cols[:, None] * sks + offs_dq[None, :])
+        else:
+            k = tl.load(kb + cols[:, None] * sks + offs_dq[None, :],
+                        mask=(cols[:, None] < seqlen_k) & (offs_dq[None, :] < D_Q), other=0.0)
+        if EVEN_N and BLOCK_DV == D_V:
+            v = tl.load(vb + cols[:, None] * svs + offs_dv[None, :])
+        else:
+            v = tl.load(vb + cols[:, None] * svs + offs_dv[None, :],
+                        mask=(cols[:, None] < seqlen_k) & (offs_dv[None, :] < D_V), other=0.0)
+        qk = tl.dot(q, tl.trans(k))
+        if HAS_SOFTCAP:
+            t = _tanh(qk * cap_in)
+            p = tl.math.exp2(t * cap_out - lse2[:, None])
+        else:
+            p = tl.math.exp2(qk * scale2 - lse2[:, None])
+        if MASKED:
+            p = tl.where(_visible(rows, cols, off, left, right, MASK_MODE), p, 0.0)
+        dp = tl.dot(do, tl.trans(v))
+        ds = p * (dp - di[:, None])
+        if HAS_SOFTCAP:
+            ds = ds * (1.0 - t * t)
+        dq = tl.dot(ds.to(dtype), k, dq)
+    return dq
+
+
+@triton.jit
+def fmha_bwd_dq_kernel(
+    Q, K, V, DO, LSE, DELTA, DQ,
+    sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdob, sdoh, sdos, sdqb, sdqh, sdqs,
+    H, GROUP, SEQ_Q, SEQ_K,
+    sm_scale, scale2, cap_in, cap_out, left, right,
+    D_Q: tl.constexpr, D_V: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    MASK_MODE: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+    EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
+):
+    """Deterministic dQ pass: one program per query block, loops over keys.
+    With a causal (right-bounded) mask the heaviest (last) query blocks go first."""
+    pid_m = tl.program_id(0)
+    if MASK_MODE & 1:
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    bh = tl.program_id(1)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    hk = h // GROUP
+    m0 = pid_m * BLOCK_M
+    if BOTTOM_RIGHT:
+        off = SEQ_K - SEQ_Q
+    else:
+        off = 0
+    rows = m0 + tl.arange(0, BLOCK_M)
+    offs_dq = tl.arange(0, BLOCK_DQ)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    qmask = (rows[:, None] < SEQ_Q) & (offs_dq[None, :] < D_Q)
+    q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqs + offs_dq[None, :], mask=qmask, other=0.0)
+    do = tl.load(DO + b * sdob + h * sdoh + rows[:, None] * sdos + offs_dv[None, :],
+                 mask=(rows[:, None] < SEQ_Q) & (offs_dv[None, :] < D_V), other=0.0)
+    lse2 = tl.load(LSE + bh.to(tl.int64) * SEQ_Q + rows, mask=rows < SEQ_Q, other=float("inf"))
+    lse2 = lse2 * 1.4426950408889634
+    lse2 = tl.where(lse2 == float("-inf"), float("inf"), lse2)
+    di = tl.load(DELTA + bh.to(tl.int64) * SEQ_Q + rows, mask=rows < SEQ_Q, other=0.0)
+    kb = K + b * skb + hk * skh
+    vb = V + b * svb + hk * svh
+    dq = tl.zeros([BLOCK_M, BLOCK_DQ], dtype=tl.float32)
+    lo, full_lo, full_hi, hi = _kv_range(m0, off, left, right, SEQ_K, BLOCK_M, BLOCK_N, MASK_MODE)
+    if MASK_MODE & 2:
+        dq = _bwd_dq_inner(dq, q, do, lse2, di, kb, vb, sks, svs, lo, full_lo, rows, off, left, right, SEQ_K,
+                           scale2, cap_in, cap_out, D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_N,
+                           True, MASK_MODE, HAS_SOFTCAP, EVEN_N)
+    dq = _bwd_dq_inner(dq, q, do, lse2, di, kb, vb, sks, svs, full_lo, full_hi, rows, off, left, right, SEQ_K,
+                       scale2, cap_in, cap_out, D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_N,
+                       False, MASK_MODE, HAS_SOFTCAP, EVEN_N)
+    dq = _bwd_dq_inner(dq, q, do, lse2, di, kb, vb, sks, svs, full_hi, hi, rows, off, left, right, SEQ_K,
+                       scale2, cap_in, cap_out, D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_N,
+                       True, MASK_MODE, HAS_SOFTCAP, EVEN_N)
+    dq = dq * sm_scale
+    tl.store(DQ + b * sdqb + h * sdqh + rows[:, None] * sdqs + offs_dq[None, :],
+             dq.to(DQ.dtype.element_ty), mask=qmask)
+
+
+@triton.jit
+def fmha_bwd_convert_dq_kernel(DQA, DQ, sab, sah, sas, sdb, sdh, sds, H, SEQ_Q,
+                               D_Q: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_M: tl.constexpr):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_DQ)
+    msk = (rows[:, None] < SEQ_Q) & (offs_d[None, :] < D_Q)
+    x = tl.load(DQA + b * sab + h * sah + rows[:, None] * sas + offs_d[None, :], mask=msk, other=0.0)
+    tl.store(DQ + b * sdb + h * sdh + rows[:, None] * sds + offs_d[None, :],
+             x.to(DQ.dtype.element_ty), mask=msk)
+
+
+# ----------------------------------------------------------------------------
+# decode: split-KV (optionally paged) + combine
+# ----------------------------------------------------------------------------
+@triton.jit
+def fmha_fwd_splitkv_kernel(
+    Q, K, V, OACC, LACC, BLOCK_TABLE, SEQLENS_K,
+    sqb, sqh, sqs, skb, skh, sks, svb, svh, svs,
+    sob, soh, sos, sosp, slb, slh, sls, sbt,
+    HKV, GROUP, SEQ_Q, SEQ_K, CHUNK,
+    scale2, cap_in, cap_out, left, right,
+    D_Q: tl.constexpr, D_V: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    MASK_MODE: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+    HAS_SEQLENS: tl.constexpr,
+):
+    """One KV chunk [split*CHUNK, (split+1)*CHUNK) of one (batch, kv head).  The
+    M rows are the GROUP*SEQ_Q query rows that share the kv head (GQA packed
+    into M), so K/V are read once per group.  With PAGE_SIZE > 0, K/V are the
+    page pool [num_pages, PAGE_SIZE, HK, D] (skb/svb: page stride, sks/svs:
+    slot stride) addressed through BLOCK_TABLE[b, page].  Writes the chunk's
+    normalised partial output (fp32) and its log2-domain LSE."""
+    split = tl.program_id(0)
+    bhk = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    b = bhk // HKV
+    hk = bhk % HKV
+    b64 = b.to(tl.int64)
+    if HAS_SEQLENS:
+        seqlen_k = tl.load(SEQLENS_K + b)
+    else:
+        seqlen_k = SEQ_K
+    if BOTTOM_RIGHT:
+        off = seqlen_k - SEQ_Q
+    else:
+        off = 0
+    r = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    g = r // SEQ_Q
+    qi = r % SEQ_Q
+    h = hk * GROUP + g
+    rvalid = r < GROUP * SEQ_Q
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_dq = tl.arange(0, BLOCK_DQ)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    q = tl.load(Q + b64 * sqb + h.to(tl.int64)[:, None] * sqh + qi[:, None] * sqs + offs_dq[None, :],
+                mask=rvalid[:, None] & (offs_dq[None, :] < D_Q), other=0.0)
+    dtype = q.dtype
+    n_lo = split * CHUNK
+    n_hi = tl.minimum(n_lo + CHUNK, seqlen_k)
+    m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    for start_n in tl.range(n_lo, n_hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        cols = start_n + offs_n
+        cmask = cols < n_hi
+        if PAGE_SIZE > 0:
+            if PAGE_SIZE % BLOCK_N == 0:
+                page = tl.load(BLOCK_TABLE + b64 * sbt + start_n // PAGE_SIZE).to(tl.int64)
+                slot = (start_n % PAGE_SIZE) + offs_n
+                kp = K + page * skb + hk * skh + slot[:, None] * sks + offs_dq[None, :]
+                vp = V + page * svb + hk * svh + slot[:, None] * svs + offs_dv[None, :]
+            else:
+                page = tl.load(BLOCK_TABLE + b64 * sbt + cols // PAGE_SIZE, mask=cmask, other=0).to(tl.int64)
+                slot = cols % PAGE_SIZE
+                kp = K + page[:, None] * skb + hk * skh + slot[:, None] * sks + offs_dq[None, :]
+                vp = V + page[:, None] * svb + hk * svh + slot[:, None] * svs + offs_dv[None, :]
+        else:
+            kp = K + b64 * skb + hk * skh + cols[:, None] * sks + offs_dq[None, :]
+            vp = V + b64 * svb + hk * svh + cols[:, None] * svs + offs_dv[None, :]
+        k = tl.load(kp, mask=cmask[:, None] & (offs_dq[None, :] < D_Q), other=0.0)
+        qk = tl.dot(q, tl.trans(k))
+        if HAS_SOFTCAP:
+            qk = _tanh(qk * cap_in) * cap_out
+        else:
+            qk = qk * scale2
+        ok = cmask[None, :] & rvalid[:, None]
+        if MASK_MODE != 0:
+            ok = ok & _visible(qi, cols, off, left, right, MASK_MODE)
+        qk = tl.where(ok, qk, float("-inf"))
+        m_ij = tl.maximum(m_i, tl.max(qk, 1))
+        m_sub = tl.where(m_ij == float("-inf"), 0.0, m_ij)
+        p = tl.math.exp2(qk - m_sub[:, None])
+        alpha = tl.math.exp2(m_i - m_sub)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        v = tl.load(vp, mask=cmask[:, None] & (offs_dv[None, :] < D_V), other=0.0)
+        acc = tl.dot(p.to(dtype), v, acc)
+        m_i = m_ij
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    acc = acc / l_safe[:, None]
+    lse2 = m_i + tl.math.log2(l_i)
+    hq = h.to(tl.int64)
+    tl.store(OACC + b64 * sob + hq[:, None] * soh + qi[:, None] * sos + split * sosp + offs_dv[None, :],
+             acc, mask=rvalid[:, None] & (offs_dv[None, :] < D_V))
+    tl.store(LACC + b64 * slb + hq * slh + qi * sls + split, lse2, mask=rvalid)
+
+
+@triton.jit
+def fmha_fwd_splitkv_combine_kernel(
+    OACC, LACC, O, LSE,
+    sob, soh, sos, sosp, slb, slh, sls, s_ob, s_oh, s_os, s_lb, s_lh,
+    H, SEQ_Q, NUM_SPLITS,
+    D_V: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_S: tl.constexpr, STORE_LSE: tl.constexpr,
+):
+    """Merge the split partials of one query row through their LSEs."""
+    row = tl.program_id(0)
+    b = (row // (H * SEQ_Q)).to(tl.int64)
+    h = ((row // SEQ_Q) % H).to(tl.int64)
+    qi = row % SEQ_Q
+    s = tl.arange(0, BLOCK_S)
+    smask = s < NUM_SPLITS
+    offs_d = tl.arange(0, BLOCK_DV)
+    l = tl.load(LACC + b * slb + h * slh + qi * sls + s, mask=smask, other=float("-inf"))
+    mx = tl.max(l, 0)
+    mx_s = tl.where(mx == float("-inf"), 0.0, mx)
+    w = tl.math.exp2(l - mx_s)
+    tot = tl.sum(w, 0)
+    o = tl.load(OACC + b * sob + h * soh + qi * sos + s[:, None] * sosp + offs_d[None, :],
+                mask=smask[:, None] & (offs_d[None, :] < D_V), other=0.0)
+    out = tl.sum(w[:, None] * o, 0) / tl.where(tot == 0.0, 1.0, tot)
+    tl.store(O + b * s_ob + h * s_oh + qi * s_os + offs_d, out.to(O.dtype.element_ty), mask=offs_d < D_V)
+    if STORE_LSE:
+        tl.store(LSE + b * s_lb + h * s_lh + qi, (mx + tl.math.log2(tot)) * 0.6931471805599453)

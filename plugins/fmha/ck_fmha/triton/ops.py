@@ -1,0 +1,425 @@
+"""Python launchers of the Triton FMHA kernels on torch tensors.
+
+Public API (all tensors on one device; CPU tensors work under TRITON_INTERPRET=1):
+
+* ``fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0,
+  return_lse=False, layout='bhsd', config=None, cu_seqlens_q=None,
+  cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, align=None)``
+  -> ``o`` or ``(o, lse)``
+* ``bwd(q, k, v, o, lse, do, *, causal, scale, window, softcap, layout,
+  deterministic=True, config=None)`` -> ``(dq, dk, dv)``
+* ``splitkv_decode(q, k, v, *, seqlens_k=None, causal=False, ..., num_splits=None)``
+* ``paged_decode(q, k_cache, v_cache, block_table, seqlens_k, *, ...)``
+* ``attention(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0,
+  layout='bhsd')``: autograd wrapper (``AttentionFunction``).
+
+Layouts: ``'bhsd'`` [B, H, S, D]; ``'bshd'`` [B, S, H, D]; ``'thd'`` (group /
+varlen mode) [total, H, D] with ``cu_seqlens_q/k`` (int32, B+1) and the
+caller's ``max_seqlen_q`` (so no host synchronisation is needed).
+
+Masks: ``causal`` is ``False``, ``True``/``'top_left'`` (torch SDPA's
+convention) or ``'bottom_right'`` (flash-attn / decode convention);
+``window=(left, right)``, -1 = unbounded, aligned like the causal mask
+(``align`` overrides).  GQA/MQA: ``H_q`` must be a multiple of ``H_k``.
+LSE is fp32 natural-log, [B, H, Sq] ([H, total] in group mode).
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import Optional, Tuple
+
+import torch
+import triton
+
+from . import kernels as K
+from .configs import (TritonFmhaConfig, default_bwd_configs, default_fwd_config, default_splitkv_config,
+                      num_splits_heuristic, padded_hdim, next_pow2)
+
+try:
+    from ck_core.errors import InvalidProblem, UnsupportedProblem
+except Exception:  # pragma: no cover - core not importable
+    class InvalidProblem(ValueError):
+        pass
+
+    class UnsupportedProblem(RuntimeError):
+        pass
+
+LOG2E = K.LOG2E
+
+# ---------------------------------------------------------------------------
+# small helpers
+# ---------------------------------------------------------------------------
+
+
+def _interpret() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _arch_of(t: torch.Tensor) -> str:
+    if t.device.type == "cuda" and not _interpret():
+        if torch.version.hip:
+            return "hip"
+        major, _ = torch.cuda.get_device_capability(t.device)
+        return "sm90" if major >= 9 else "cuda"
+    return "cpu"
+
+
+_ALLOC_SET = False
+
+
+def _ensure_allocator():
+    global _ALLOC_SET
+    if not _ALLOC_SET:
+        def _alloc(size, alignment, stream):
+            return torch.empty(size, dtype=torch.int8, device="cuda")
+        triton.set_allocator(_alloc)
+        _ALLOC_SET = True
+
+
+def _bhs_strides(t: torch.Tensor, layout: str):
+    """(batch, head, seq) strides of a tensor in ``layout``."""
+    if layout == "bhsd":
+        return t.stride(0), t.stride(1), t.stride(2)
+    if layout == "bshd":
+        return t.stride(0), t.stride(2), t.stride(1)
+    if layout == "thd":
+        return 0, t.stride(1), t.stride(0)
+    raise InvalidProblem(f"layout {layout!r} is not one of 'bhsd', 'bshd', 'thd'")
+
+
+def _dims(t: torch.Tensor, layout: str):
+    """(batch, heads, seqlen, hdim); batch/seqlen are None in 'thd'."""
+    if layout == "bhsd":
+        b, h, s, d = t.shape
+    elif layout == "bshd":
+        b, s, h, d = t.shape
+    elif layout == "thd":
+        _, h, d = t.shape
+        b, s = None, None
+    else:
+        raise InvalidProblem(f"layout {layout!r} is not one of 'bhsd', 'bshd', 'thd'")
+    return b, h, s, d
+
+
+def _last_contig(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def mask_params(causal, window, align=None):
+    """-> (mask_mode, bottom_right, left, right) from the user's mask arguments."""
+    left, right = (int(window[0]), int(window[1])) if window is not None else (-1, -1)
+    if causal not in (False, True, None, "top_left", "bottom_right", "none"):
+        raise InvalidProblem(f"causal={causal!r}: use False, True/'top_left' or 'bottom_right'")
+    is_causal = causal not in (False, None, "none")
+    if is_causal:
+        right = 0 if right < 0 else min(right, 0)
+    bottom_right = (causal == "bottom_right") if align is None else (align == "bottom_right")
+    mode = (1 if right >= 0 else 0) | (2 if left >= 0 else 0)
+    return mode, bottom_right, max(left, 0), max(right, 0)
+
+
+def _scales(d_q: int, scale: Optional[float], softcap: float):
+    sm_scale = 1.0 / math.sqrt(d_q) if scale is None else float(scale)
+    if softcap and softcap > 0:
+        return sm_scale, sm_scale * LOG2E, sm_scale / softcap, softcap * LOG2E
+    return sm_scale, sm_scale * LOG2E, 1.0, 1.0
+
+
+def _tma_ok(*ts) -> bool:
+    for t in ts:
+        es = t.element_size()
+        if t.data_ptr() % 16 or t.stride(-1) != 1:
+            return False
+        if any((s * es) % 16 for s in t.stride()[:-1]):
+            return False
+        if t.shape[-1] * es < 16:
+            return False
+    return True
+
+
+def _check_gqa(hq, hk):
+    if hk <= 0 or hq % hk:
+        raise InvalidProblem(f"nhead_q={hq} must be a multiple of nhead_k={hk} (GQA/MQA)")
+    return hq // hk
+
+
+# ---------------------------------------------------------------------------
+# forward
+# ---------------------------------------------------------------------------
+
+
+def fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, return_lse=False,
+        layout="bhsd", config: Optional[TritonFmhaConfig] = None, cu_seqlens_q=None, cu_seqlens_k=None,
+        max_seqlen_q=None, max_seqlen_k=None, align=None, out=None):
+    q, k, v = _last_contig(q), _last_contig(k), _last_contig(v)
+    varlen = layout == "thd"
+    b, hq, sq, dq = _dims(q, layout)
+    _, hk, sk, dk_ = _dims(k, layout)
+    _, hv, _, dv = _dims(v, layout)
+    if dk_ != dq or hv != hk:
+        raise InvalidProblem(f"k hdim {dk_} != q hdim {dq} or v heads {hv} != k heads {hk}")
+    if q.dtype not in (torch.float16, torch.bfloat16) or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise InvalidProblem(f"q/k/v must share dtype fp16 or bf16, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if max(dq, dv) > 256:
+        raise UnsupportedProblem(f"head dim {max(dq, dv)} > 256 is not supported by the Triton FMHA kernels")
+    group = _check_gqa(hq, hk)
+    if varlen:
+        if cu_seqlens_q is None or cu_seqlens_k is None or max_seqlen_q is None:
+            raise InvalidProblem("layout 'thd' needs cu_seqlens_q, cu_seqlens_k and max_seqlen_q")
+        b = cu_seqlens_q.numel() - 1
+        sq, sk = int(max_seqlen_q), int(max_seqlen_k or 0)
+    mode, br, left, right = mask_params(causal, window, align)
+    sm_scale, scale2, cap_in, cap_out = _scales(dq, scale, softcap)
+    arch = _arch_of(q)
+    cfg = config or default_fwd_config(dq, dv, "sm90" if arch == "sm90" else "generic", causal=mode & 1 == 1,
+                                       seqlen=sq)
+    variant = cfg.variant if arch == "sm90" else "ptr"
+    if varlen:
+        o = out if out is not None else torch.empty(q.shape[:-1] + (dv,), device=q.device, dtype=q.dtype)
+    else:
+        shape = (b, hq, sq, dv) if layout == "bhsd" else (b, sq, hq, dv)
+        o = out if out is not None else torch.empty(shape, device=q.device, dtype=q.dtype)
+    if variant == "tma_host" and not (not varlen and dq == padded_hdim(dq) and dv == padded_hdim(dv)
+                                      and q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
+                                      and _tma_ok(q, k, v)):
+        variant = "tma"
+    if variant in ("tma", "tma_ws") and not _tma_ok(q, k, v, o):
+        variant = "ptr"
+    if variant in ("tma", "tma_ws"):
+        _ensure_allocator()
+    if return_lse:
+        lse = torch.empty((hq, q.shape[0]) if varlen else (b, hq, sq), device=q.device, dtype=torch.float32)
+        slb, slh = (0, lse.stride(0)) if varlen else (lse.stride(0), lse.stride(1))
+    else:
+        lse, slb, slh = o, 0, 0
+    cu_q = cu_seqlens_q if varlen else o
+    cu_k = cu_seqlens_k if varlen else o
+    sob, soh, sos = _bhs_strides(o, layout)
+    if variant == "tma_host":
+        from triton.tools.tensor_descriptor import TensorDescriptor
+        bm, bn = cfg.BLOCK_M, cfg.BLOCK_N
+        if layout == "bhsd":
+            qa = TensorDescriptor.from_tensor(q.view(b * hq * sq, dq), [bm, dq])
+            ka = TensorDescriptor.from_tensor(k.view(b * hk * sk, dq), [bn, dq])
+            va = TensorDescriptor.from_tensor(v.view(b * hk * sk, dv), [bn, dv])
+            sqb, sqh, sqs = hq * sq, sq, 0
+            skb, skh, sks = hk * sk, sk, 0
+            svb, svh, svs = hk * sk, sk, 0
+        else:
+            qa = TensorDescriptor.from_tensor(q.view(b * sq, hq * dq), [bm, dq])
+            ka = TensorDescriptor.from_tensor(k.view(b * sk, hk * dq), [bn, dq])
+            va = TensorDescriptor.from_tensor(v.view(b * sk, hk * dv), [bn, dv])
+            sqb, sqh, sqs = sq, 0, dq
+            skb, skh, sks = sk, 0, dq
+            svb, svh, svs = sk, 0, dv
+    else:
+        qa, ka, va = q, k, v
+        sqb, sqh, sqs = _bhs_strides(q, layout)
+        skb, skh, sks = _bhs_strides(k, layout)
+        svb, svh, svs = _bhs_strides(v, layout)
+    grid = (triton.cdiv(sq, cfg.BLOCK_M), b * hq)
+    K.fmha_fwd_kernel[grid](
+        qa, ka, va, o, lse, cu_q, cu_k,
+        sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sob, soh, sos, slb, slh,
+        hq, group, sq, sk if not varlen else 0,
+        scale2, cap_in, cap_out, left, right,
+        D_Q=dq, D_V=dv, BLOCK_DQ=padded_hdim(dq), BLOCK_DV=padded_hdim(dv),
+        BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
+        MASK_MODE=mode, BOTTOM_RIGHT=br, HAS_SOFTCAP=bool(softcap and softcap > 0),
+        STORE_LSE=bool(return_lse), IS_VARLEN=varlen, REVERSE_M=bool(mode & 1),
+        USE_TMA={"ptr": 0, "tma": 1, "tma_ws": 1, "tma_host": 2}[variant], WARP_SPEC=variant == "tma_ws",
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return (o, lse) if return_lse else o
+
+
+# ---------------------------------------------------------------------------
+# backward
+# ---------------------------------------------------------------------------
+
+
+def bwd(q, k, v, o, lse, do, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, layout="bhsd",
+        deterministic=True, config=None, align=None):
+    """dq, dk, dv of attention; ``lse`` is fwd's natural-log LSE [B, H, Sq].
+    ``deterministic=False`` accumulates dQ with fp32 atomics (then a convert
+    pass); the default runs a separate dQ pass.  ``config``: optional
+    ``(dkdv_config, dq_config)``."""
+    if layout == "thd":
+        raise UnsupportedProblem("the Triton FMHA backward has no group (varlen) mode yet; use 'bhsd'/'bshd'")
+    q, k, v, o, do = (_last_contig(t) for t in (q, k, v, o, do))
+    b, hq, sq, dq_ = _dims(q, layout)
+    _, hk, sk, _ = _dims(k, layout)
+    _, _, _, dv_ = _dims(v, layout)
+    group = _check_gqa(hq, hk)
+    lse = lse.contiguous().float()
+    mode, br, left, right = mask_params(causal, window, align)
+    sm_scale, scale2, cap_in, cap_out = _scales(dq_, scale, softcap)
+    has_sc = bool(softcap and softcap > 0)
+    cfg_kv, cfg_q = config or default_bwd_configs(dq_, dv_)
+    bdq, bdv = padded_hdim(dq_), padded_hdim(dv_)
+    # 1. D = rowsum(dO * O)
+    delta = torch.empty((b, hq, sq), device=q.device, dtype=torch.float32)
+    sob, soh, sos = _bhs_strides(o, layout)
+    sdob, sdoh, sdos = _bhs_strides(do, layout)
+    bm0 = 64
+    K.fmha_bwd_dot_do_o_kernel[(triton.cdiv(sq, bm0), b * hq)](
+        o, do, delta, sob, soh, sos, sdob, sdoh, sdos, hq, sq,
+        D_V=dv_, BLOCK_DV=bdv, BLOCK_M=bm0, num_warps=4)
+    dq = torch.empty_like(q)
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    atomic = not deterministic
+    if atomic:
+        dqa = torch.zeros((b, hq, sq, dq_), device=q.device, dtype=torch.float32)
+        sab, sah, sas = dqa.stride(0), dqa.stride(1), dqa.stride(2)
+    else:
+        dqa, sab, sah, sas = delta, 0, 0, 0
+    sqb, sqh, sqs = _bhs_strides(q, layout)
+    skb, skh, sks = _bhs_strides(k, layout)
+    svb, svh, svs = _bhs_strides(v, layout)
+    sdkb, sdkh, sdks = _bhs_strides(dk, layout)
+    sdvb, sdvh, sdvs = _bhs_strides(dv, layout)
+    # 2. dK, dV (+ dQ atomics)
+    K.fmha_bwd_dq_dk_dv_kernel[(triton.cdiv(sk, cfg_kv.BLOCK_N), b * hk)](
+        q, k, v, do, lse, delta, dk, dv, dqa,
+        sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdob, sdoh, sdos,
+        sdkb, sdkh, sdks, sdvb, sdvh, sdvs, sab, sah, sas,
+        hk, group, sq, sk, sm_scale, scale2, cap_in, cap_out, left, right,
+        D_Q=dq_, D_V=dv_, BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=cfg_kv.BLOCK_M, BLOCK_N=cfg_kv.BLOCK_N,
+        MASK_MODE=mode, BOTTOM_RIGHT=br, HAS_SOFTCAP=has_sc, ATOMIC_DQ=atomic,
+        EVEN_M=sq % cfg_kv.BLOCK_M == 0, EVEN_N=sk % cfg_kv.BLOCK_N == 0,
+        num_warps=cfg_kv.num_warps, num_stages=cfg_kv.num_stages)
+    sdqb, sdqh, sdqs = _bhs_strides(dq, layout)
+    if atomic:
+        # 3a. fp32 dQ accumulator -> output dtype
+        K.fmha_bwd_convert_dq_kernel[(triton.cdiv(sq, 64), b * hq)](
+            dqa, dq, sab, sah, sas, sdqb, sdqh, sdqs, hq, sq,
+            D_Q=dq_, BLOCK_DQ=bdq, BLOCK_M=64, num_warps=4)
+    else:
+        # 3b. deterministic dQ pass
+        K.fmha_bwd_dq_kernel[(triton.cdiv(sq, cfg_q.BLOCK_M), b * hq)](
+            q, k, v, do, lse, delta, dq,
+            sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdob, sdoh, sdos, sdqb, sdqh, sdqs,
+            hq, group, sq, sk, sm_scale, scale2, cap_in, cap_out, left, right,
+            D_Q=dq_, D_V=dv_, BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=cfg_q.BLOCK_M, BLOCK_N=cfg_q.BLOCK_N,
+            MASK_MODE=mode, BOTTOM_RIGHT=br, HAS_SOFTCAP=has_sc,
+            EVEN_M=sq % cfg_q.BLOCK_M == 0, EVEN_N=sk % cfg_q.BLOCK_N == 0,
+            num_warps=cfg_q.num_warps, num_stages=cfg_q.num_stages)
+    return dq, dk, dv
+
+
+class AttentionFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0, layout="bhsd",
+                deterministic=True):
+        o, lse = fwd(q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
+                     return_lse=True, layout=layout)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.args = (causal, scale, window, softcap, layout, deterministic)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        causal, scale, window, softcap, layout, deterministic = ctx.args
+        dq, dk, dv = bwd(q, k, v, o, lse, do, causal=causal, scale=scale, window=window, softcap=softcap,
+                         layout=layout, deterministic=deterministic)
+        return dq, dk, dv, None, None, None, None, None, None
+
+
+def attention(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0, layout="bhsd",
+              deterministic=True):
+    return AttentionFunction.apply(q, k, v, causal, scale, tuple(window), softcap, layout, deterministic)
+
+
+# ---------------------------------------------------------------------------
+# decode: split-KV and paged-KV
+# ---------------------------------------------------------------------------
+
+
+def _splitkv(q, k, v, *, page_size, block_table, seqlens_k, max_seqlen_k, causal, scale, window, softcap,
+             num_splits, return_lse, layout, config, kv_strides, hk, align):
+    q = _last_contig(q)
+    b, hq, sq, dq = _dims(q, layout)
+    dv = v.shape[-1]
+    group = _check_gqa(hq, hk)
+    mode, br, left, right = mask_params(causal, window, align if align is not None else "bottom_right")
+    sm_scale, scale2, cap_in, cap_out = _scales(dq, scale, softcap)
+    rows = group * sq
+    cfg = config or default_splitkv_config(dq, dv, rows)
+    bm = max(16, min(cfg.BLOCK_M, next_pow2(rows))) if config is None else max(16, cfg.BLOCK_M)
+    num_m = triton.cdiv(rows, bm)
+    if num_splits is None:
+        num_splits = num_splits_heuristic(b * hk, max_seqlen_k, num_m, block_n=cfg.BLOCK_N)
+    num_splits = max(1, int(num_splits))
+    chunk = triton.cdiv(max_seqlen_k, num_splits)
+    chunk = triton.cdiv(chunk, cfg.BLOCK_N) * cfg.BLOCK_N
+    if page_size and page_size % cfg.BLOCK_N and cfg.BLOCK_N % page_size == 0:
+        pass  # handled per-column in the kernel
+    num_splits = max(1, triton.cdiv(max_seqlen_k, chunk))
+    oacc = torch.empty((b, hq, sq, num_splits, dv), device=q.device, dtype=torch.float32)
+    lacc = torch.empty((b, hq, sq, num_splits), device=q.device, dtype=torch.float32)
+    sqb, sqh, sqs = _bhs_strides(q, layout)
+    skb, skh, sks, svb, svh, svs = kv_strides
+    bt = block_table if block_table is not None else oacc
+    sbt = block_table.stride(0) if block_table is not None else 0
+    sl = seqlens_k if seqlens_k is not None else oacc
+    K.fmha_fwd_splitkv_kernel[(num_splits, b * hk, num_m)](
+        q, k, v, oacc, lacc, bt, sl,
+        sqb, sqh, sqs, skb, skh, sks, svb, svh, svs,
+        oacc.stride(0), oacc.stride(1), oacc.stride(2), oacc.stride(3),
+        lacc.stride(0), lacc.stride(1), lacc.stride(2), sbt,
+        hk, group, sq, max_seqlen_k, chunk,
+        scale2, cap_in, cap_out, left, right,
+        D_Q=dq, D_V=dv, BLOCK_DQ=padded_hdim(dq), BLOCK_DV=padded_hdim(dv),
+        BLOCK_M=bm, BLOCK_N=cfg.BLOCK_N, PAGE_SIZE=int(page_size or 0),
+        MASK_MODE=mode, BOTTOM_RIGHT=br, HAS_SOFTCAP=bool(softcap and softcap > 0),
+        HAS_SEQLENS=seqlens_k is not None,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    shape = (b, hq, sq, dv) if layout == "bhsd" else (b, sq, hq, dv)
+    o = torch.empty(shape, device=q.device, dtype=q.dtype)
+    sob, soh, sos = _bhs_strides(o, layout)
+    lse = torch.empty((b, hq, sq), device=q.device, dtype=torch.float32) if return_lse else lacc
+    K.fmha_fwd_splitkv_combine_kernel[(b * hq * sq,)](
+        oacc, lacc, o, lse,
+        oacc.stride(0), oacc.stride(1), oacc.stride(2), oacc.stride(3),
+        lacc.stride(0), lacc.stride(1), lacc.stride(2),
+        sob, soh, sos, lse.stride(0) if return_lse else 0, lse.stride(1) if return_lse else 0,
+        hq, sq, num_splits,
+        D_V=dv, BLOCK_DV=padded_hdim(dv), BLOCK_S=max(2, next_pow2(num_splits)), STORE_LSE=bool(return_lse),
+        num_warps=4 if dv >= 128 else 2)
+    return (o, lse) if return_lse else o
+
+
+def splitkv_decode(q, k, v, *, seqlens_k=None, causal=False, scale=None, window=(-1, -1), softcap=0.0,
+                   num_splits=None, return_lse=False, layout="bhsd", config=None, align=None):
+    """Split-KV forward for short queries over a long contiguous KV
+    (k, v in ``layout``), then an LSE combine.  ``seqlens_k`` (int32 [B])
+    optionally gives each batch's valid KV length.  Causal masks default to
+    bottom-right alignment here (the query is the sequence's tail)."""
+    k, v = _last_contig(k), _last_contig(v)
+    _, hk, sk, _ = _dims(k, layout)
+    kv = _bhs_strides(k, layout) + _bhs_strides(v, layout)
+    return _splitkv(q, k, v, page_size=0, block_table=None, seqlens_k=seqlens_k, max_seqlen_k=sk,
+                    causal=causal, scale=scale, window=window, softcap=softcap, num_splits=num_splits,
+                    return_lse=return_lse, layout=layout, config=config, kv_strides=kv, hk=hk, align=align)
+
+
+def paged_decode(q, k_cache, v_cache, block_table, seqlens_k, *, max_seqlen_k=None, causal=False, scale=None,
+                 window=(-1, -1), softcap=0.0, num_splits=None, return_lse=False, layout="bhsd", config=None,
+                 align=None):
+    """Decode over a paged KV cache: ``k_cache``/``v_cache`` are
+    [num_pages, page_size, H_k, D]; ``block_table`` int32 [B, max_pages];
+    ``seqlens_k`` int32 [B].  ``max_seqlen_k`` defaults to
+    ``max_pages * page_size`` (no host sync)."""
+    k_cache, v_cache = _last_contig(k_cache), _last_contig(v_cache)
+    _, page_size, hk, _ = k_cache.shape
+    if max_seqlen_k is None:
+        max_seqlen_k = block_table.shape[1] * page_size
+    kv = (k_cache.stride(0), k_cache.stride(2), k_cache.stride(1),
+          v_cache.stride(0), v_cache.stride(2), v_cache.stride(1))
+    return _splitkv(q, k_cache, v_cache, page_size=page_size, block_table=block_table.to(torch.int32),
+                    seqlens_k=seqlens_k.to(torch.int32), max_seqlen_k=int(max_seqlen_k), causal=causal,
+                    scale=scale, window=window, softcap=softcap, num_splits=num_splits, return_lse=return_lse,
+                    layout=layout, config=config, kv_strides=kv, hk=hk, align=align)
