@@ -1,5 +1,6 @@
 """GPU correctness of the Triton FMHA kernels (run on the device machine:
-``PYTHONPATH=plugins/fmha:. python -m pytest -m gpu plugins/fmha/tests/test_triton_fmha_gpu.py``).
+``CK_TEST_GPU=1 PYTHONPATH=plugins/fmha:. python -m pytest -m gpu -n 8 plugins/fmha/tests/test_triton_fmha_gpu.py``;
+without CK_TEST_GPU=1 the root conftest selects the CPU interpreter and this file skips).
 References are computed in float64 from the same random inputs; outputs are
 poisoned before each run so that unwritten elements show up."""
 from __future__ import annotations

@@ -73,7 +73,7 @@ FWD_DEFAULTS_SM90 = {
     16: TritonFmhaConfig(128, 64, 4, 3, "tma"),
     32: TritonFmhaConfig(128, 64, 4, 3, "tma"),
     64: TritonFmhaConfig(128, 128, 4, 3, "ptr"),
-    128: TritonFmhaConfig(128, 64, 4, 2, "tma"),
+    128: TritonFmhaConfig(128, 64, 4, 2, "tma_host"),
     256: TritonFmhaConfig(128, 64, 8, 2, "tma"),
 }
 FWD_DEFAULTS_GENERIC = {
@@ -85,7 +85,19 @@ FWD_DEFAULTS_GENERIC = {
 }
 # measured winners per (padded hdim, causal, seqlen bucket), filled from the
 # H100 sweep of benchmarks/fmha_triton_bench.py --sweep
-FWD_TUNED_SM90: Dict[Tuple[int, bool, int], TritonFmhaConfig] = {}
+# (H100 SXM, triton 3.6, bf16, 2026-11-22; benchmarks/results/fmha_triton_raw.json "best_configs")
+_H = "tma_host"
+FWD_TUNED_SM90: Dict[Tuple[int, bool, int], TritonFmhaConfig] = {
+    (64, False, 512): TritonFmhaConfig(64, 64, 4, 3, _H),
+    (64, False, 1024): TritonFmhaConfig(64, 64, 4, 3, _H),
+    (64, False, 4096): TritonFmhaConfig(128, 128, 4, 3, _H),
+    (64, False, 16384): TritonFmhaConfig(128, 128, 4, 3, "ptr"),
+    (64, True, 512): TritonFmhaConfig(64, 64, 4, 3, _H),
+    (64, True, 1024): TritonFmhaConfig(128, 64, 4, 3, "tma"),
+    (64, True, 4096): TritonFmhaConfig(64, 64, 4, 3, _H),
+    (64, True, 16384): TritonFmhaConfig(128, 128, 4, 3, _H),
+    **{(128, c, b): TritonFmhaConfig(128, 64, 4, 2, _H) for c in (False, True) for b in (512, 1024, 4096, 16384)},
+}
 
 
 def _seq_bucket(s: int) -> int:
@@ -110,6 +122,14 @@ SPLITKV_DEFAULTS = {
     128: TritonFmhaConfig(16, 64, 4, 2),
     256: TritonFmhaConfig(16, 32, 4, 2),
 }
+# measured winners (H100, bf16, S=4096) per (hdim, causal); the fp32-atomic dQ
+# variant lost to the separate dQ pass in every pairing tried
+BWD_TUNED_SM90 = {
+    (64, False): (TritonFmhaConfig(32, 128, 4, 3), TritonFmhaConfig(64, 64, 4, 3)),
+    (64, True): (TritonFmhaConfig(32, 64, 4, 3), TritonFmhaConfig(64, 64, 4, 3)),
+    (128, False): (TritonFmhaConfig(64, 64, 4, 2), TritonFmhaConfig(128, 64, 8, 2)),
+    (128, True): (TritonFmhaConfig(64, 128, 8, 2), TritonFmhaConfig(64, 64, 4, 3)),
+}
 BWD_ATOMIC_DQ_DEFAULT = False  # deterministic separate dQ pass by default
 
 
@@ -127,9 +147,10 @@ def default_fwd_config(hdim_q: int, hdim_v: int, arch: str = "sm90", causal: boo
     return cfg
 
 
-def default_bwd_configs(hdim_q: int, hdim_v: int, arch: str = "sm90"):
+def default_bwd_configs(hdim_q: int, hdim_v: int, arch: str = "sm90", causal: bool = False):
     d = padded_hdim(max(hdim_q, hdim_v))
-    return BWD_DEFAULTS_SM90[min(d, 256)]
+    tuned = BWD_TUNED_SM90.get((d, bool(causal)))
+    return tuned if tuned is not None else BWD_DEFAULTS_SM90[min(d, 256)]
 
 
 def default_splitkv_config(hdim_q: int, hdim_v: int, rows: int) -> TritonFmhaConfig:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 import triton
@@ -256,7 +256,7 @@ def bwd(q, k, v, o, lse, do, *, causal=False, scale=None, window=(-1, -1), softc
     mode, br, left, right = mask_params(causal, window, align)
     sm_scale, scale2, cap_in, cap_out = _scales(dq_, scale, softcap)
     has_sc = bool(softcap and softcap > 0)
-    cfg_kv, cfg_q = config or default_bwd_configs(dq_, dv_)
+    cfg_kv, cfg_q = config or default_bwd_configs(dq_, dv_, causal=mode & 1 == 1)
     bdq, bdv = padded_hdim(dq_), padded_hdim(dv_)
     # 1. D = rowsum(dO * O)
     delta = torch.empty((b, hq, sq), device=q.device, dtype=torch.float32)
@@ -355,8 +355,6 @@ def _splitkv(q, k, v, *, page_size, block_table, seqlens_k, max_seqlen_k, causal
     num_splits = max(1, int(num_splits))
     chunk = triton.cdiv(max_seqlen_k, num_splits)
     chunk = triton.cdiv(chunk, cfg.BLOCK_N) * cfg.BLOCK_N
-    if page_size and page_size % cfg.BLOCK_N and cfg.BLOCK_N % page_size == 0:
-        pass  # handled per-column in the kernel
     num_splits = max(1, triton.cdiv(max_seqlen_k, chunk))
     oacc = torch.empty((b, hq, sq, num_splits, dv), device=q.device, dtype=torch.float32)
     lacc = torch.empty((b, hq, sq, num_splits), device=q.device, dtype=torch.float32)
