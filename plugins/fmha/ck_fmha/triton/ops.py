@@ -239,15 +239,31 @@ def fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, retu
 # ---------------------------------------------------------------------------
 
 
-def bwd(q, k, v, o, lse, do, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, layout="bhsd",
-        deterministic=True, config=None, align=None):
-    """dq, dk, dv of attention; ``lse`` is fwd's natural-log LSE [B, H, Sq].
-    ``deterministic=False`` accumulates dQ with fp32 atomics (then a convert
-    pass); the default runs a separate dQ pass.  ``config``: optional
-    ``(dkdv_config, dq_config)``."""
+def bwd_dot_do_o(o, do, *, layout="bhsd"):
+    """Backward stage 1: D = rowsum(dO * O), fp32 [B, H, Sq]."""
+    o, do = _last_contig(o), _last_contig(do)
+    b, hq, sq, dv_ = _dims(o, layout)
+    delta = torch.empty((b, hq, sq), device=o.device, dtype=torch.float32)
+    sob, soh, sos = _bhs_strides(o, layout)
+    sdob, sdoh, sdos = _bhs_strides(do, layout)
+    bm0 = 64
+    K.fmha_bwd_dot_do_o_kernel[(triton.cdiv(sq, bm0), b * hq)](
+        o, do, delta, sob, soh, sos, sdob, sdoh, sdos, hq, sq,
+        D_V=dv_, BLOCK_DV=padded_hdim(dv_), BLOCK_M=bm0, num_warps=4)
+    return delta
+
+
+def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-1, -1), softcap=0.0,
+                 layout="bhsd", deterministic=True, config=None, align=None):
+    """Backward stage 2: dK, dV (summed over the GQA group) and dQ.
+
+    Returns ``(dq, dq_acc, dk, dv)``: deterministic mode computes dQ in its own
+    pass (``dq`` set, ``dq_acc`` None); otherwise dQ accumulates with fp32
+    atomics into ``dq_acc`` and stage 3 (:func:`bwd_convert_dq`) rounds it.
+    """
     if layout == "thd":
         raise UnsupportedProblem("the Triton FMHA backward has no group (varlen) mode yet; use 'bhsd'/'bshd'")
-    q, k, v, o, do = (_last_contig(t) for t in (q, k, v, o, do))
+    q, k, v, do = (_last_contig(t) for t in (q, k, v, do))
     b, hq, sq, dq_ = _dims(q, layout)
     _, hk, sk, _ = _dims(k, layout)
     _, _, _, dv_ = _dims(v, layout)
@@ -258,15 +274,6 @@ def bwd(q, k, v, o, lse, do, *, causal=False, scale=None, window=(-1, -1), softc
     has_sc = bool(softcap and softcap > 0)
     cfg_kv, cfg_q = config or default_bwd_configs(dq_, dv_, causal=mode & 1 == 1)
     bdq, bdv = padded_hdim(dq_), padded_hdim(dv_)
-    # 1. D = rowsum(dO * O)
-    delta = torch.empty((b, hq, sq), device=q.device, dtype=torch.float32)
-    sob, soh, sos = _bhs_strides(o, layout)
-    sdob, sdoh, sdos = _bhs_strides(do, layout)
-    bm0 = 64
-    K.fmha_bwd_dot_do_o_kernel[(triton.cdiv(sq, bm0), b * hq)](
-        o, do, delta, sob, soh, sos, sdob, sdoh, sdos, hq, sq,
-        D_V=dv_, BLOCK_DV=bdv, BLOCK_M=bm0, num_warps=4)
-    dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     atomic = not deterministic
@@ -278,9 +285,9 @@ def bwd(q, k, v, o, lse, do, *, causal=False, scale=None, window=(-1, -1), softc
     sqb, sqh, sqs = _bhs_strides(q, layout)
     skb, skh, sks = _bhs_strides(k, layout)
     svb, svh, svs = _bhs_strides(v, layout)
+    sdob, sdoh, sdos = _bhs_strides(do, layout)
     sdkb, sdkh, sdks = _bhs_strides(dk, layout)
     sdvb, sdvh, sdvs = _bhs_strides(dv, layout)
-    # 2. dK, dV (+ dQ atomics)
     K.fmha_bwd_dq_dk_dv_kernel[(triton.cdiv(sk, cfg_kv.BLOCK_N), b * hk)](
         q, k, v, do, lse, delta, dk, dv, dqa,
         sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdob, sdoh, sdos,
@@ -290,22 +297,48 @@ def bwd(q, k, v, o, lse, do, *, causal=False, scale=None, window=(-1, -1), softc
         MASK_MODE=mode, BOTTOM_RIGHT=br, HAS_SOFTCAP=has_sc, ATOMIC_DQ=atomic,
         EVEN_M=sq % cfg_kv.BLOCK_M == 0, EVEN_N=sk % cfg_kv.BLOCK_N == 0,
         num_warps=cfg_kv.num_warps, num_stages=cfg_kv.num_stages)
-    sdqb, sdqh, sdqs = _bhs_strides(dq, layout)
     if atomic:
-        # 3a. fp32 dQ accumulator -> output dtype
-        K.fmha_bwd_convert_dq_kernel[(triton.cdiv(sq, 64), b * hq)](
-            dqa, dq, sab, sah, sas, sdqb, sdqh, sdqs, hq, sq,
-            D_Q=dq_, BLOCK_DQ=bdq, BLOCK_M=64, num_warps=4)
-    else:
-        # 3b. deterministic dQ pass
-        K.fmha_bwd_dq_kernel[(triton.cdiv(sq, cfg_q.BLOCK_M), b * hq)](
-            q, k, v, do, lse, delta, dq,
-            sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdob, sdoh, sdos, sdqb, sdqh, sdqs,
-            hq, group, sq, sk, sm_scale, scale2, cap_in, cap_out, left, right,
-            D_Q=dq_, D_V=dv_, BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=cfg_q.BLOCK_M, BLOCK_N=cfg_q.BLOCK_N,
-            MASK_MODE=mode, BOTTOM_RIGHT=br, HAS_SOFTCAP=has_sc,
-            EVEN_M=sq % cfg_q.BLOCK_M == 0, EVEN_N=sk % cfg_q.BLOCK_N == 0,
-            num_warps=cfg_q.num_warps, num_stages=cfg_q.num_stages)
+        return None, dqa, dk, dv
+    dq = torch.empty_like(q)
+    sdqb, sdqh, sdqs = _bhs_strides(dq, layout)
+    K.fmha_bwd_dq_kernel[(triton.cdiv(sq, cfg_q.BLOCK_M), b * hq)](
+        q, k, v, do, lse, delta, dq,
+        sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdob, sdoh, sdos, sdqb, sdqh, sdqs,
+        hq, group, sq, sk, sm_scale, scale2, cap_in, cap_out, left, right,
+        D_Q=dq_, D_V=dv_, BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=cfg_q.BLOCK_M, BLOCK_N=cfg_q.BLOCK_N,
+        MASK_MODE=mode, BOTTOM_RIGHT=br, HAS_SOFTCAP=has_sc,
+        EVEN_M=sq % cfg_q.BLOCK_M == 0, EVEN_N=sk % cfg_q.BLOCK_N == 0,
+        num_warps=cfg_q.num_warps, num_stages=cfg_q.num_stages)
+    return dq, None, dk, dv
+
+
+def bwd_convert_dq(dqa, q_like, *, layout="bhsd"):
+    """Backward stage 3: the fp32 dQ accumulator [B, H, Sq, D] -> dQ in q's dtype and layout."""
+    b, hq, sq, dq_ = dqa.shape
+    dq = torch.empty_like(q_like)
+    sdqb, sdqh, sdqs = _bhs_strides(dq, layout)
+    K.fmha_bwd_convert_dq_kernel[(triton.cdiv(sq, 64), b * hq)](
+        dqa, dq, dqa.stride(0), dqa.stride(1), dqa.stride(2), sdqb, sdqh, sdqs, hq, sq,
+        D_Q=dq_, BLOCK_DQ=padded_hdim(dq_), BLOCK_M=64, num_warps=4)
+    return dq
+
+
+def bwd(q, k, v, o, lse, do, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, layout="bhsd",
+        deterministic=True, config=None, align=None):
+    """dq, dk, dv of attention; ``lse`` is fwd's natural-log LSE [B, H, Sq].
+
+    The three CK stages: :func:`bwd_dot_do_o`, :func:`bwd_dq_dk_dv`, and (with
+    ``deterministic=False``, fp32 dQ atomics) :func:`bwd_convert_dq`; the
+    default runs a separate deterministic dQ pass.  ``config``: optional
+    ``(dkdv_config, dq_config)``."""
+    if layout == "thd":
+        raise UnsupportedProblem("the Triton FMHA backward has no group (varlen) mode yet; use 'bhsd'/'bshd'")
+    delta = bwd_dot_do_o(o, do, layout=layout)
+    dq, dqa, dk, dv = bwd_dq_dk_dv(q, k, v, do, lse, delta, causal=causal, scale=scale, window=window,
+                                   softcap=softcap, layout=layout, deterministic=deterministic,
+                                   config=config, align=align)
+    if dq is None:
+        dq = bwd_convert_dq(dqa, _last_contig(q), layout=layout)
     return dq, dk, dv
 
 
@@ -338,8 +371,15 @@ def attention(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0, l
 # ---------------------------------------------------------------------------
 
 
-def _splitkv(q, k, v, *, page_size, block_table, seqlens_k, max_seqlen_k, causal, scale, window, softcap,
-             num_splits, return_lse, layout, config, kv_strides, hk, align):
+def _splitkv(q, k, v, *, return_lse, layout, **kw):
+    oacc, lacc = _splitkv_main(q, k, v, layout=layout, **kw)
+    return splitkv_combine(oacc, lacc, q, layout=layout, return_lse=return_lse)
+
+
+def _splitkv_main(q, k, v, *, page_size, block_table, seqlens_k, max_seqlen_k, causal, scale, window, softcap,
+                  num_splits, layout, config, kv_strides, hk, align):
+    """Split-KV main stage: per-split partial outputs ``o_acc`` [B, H, Sq, S, Dv] and LSEs ``lse_acc``
+    [B, H, Sq, S] (fp32); the number of splits follows the heuristic unless given."""
     q = _last_contig(q)
     b, hq, sq, dq = _dims(q, layout)
     dv = v.shape[-1]
@@ -375,6 +415,12 @@ def _splitkv(q, k, v, *, page_size, block_table, seqlens_k, max_seqlen_k, causal
         MASK_MODE=mode, BOTTOM_RIGHT=br, HAS_SOFTCAP=bool(softcap and softcap > 0),
         HAS_SEQLENS=seqlens_k is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return oacc, lacc
+
+
+def splitkv_combine(oacc, lacc, q, *, layout="bhsd", return_lse=True):
+    """Split-KV combine stage: merge the partials through their LSEs into o (q's dtype) and lse."""
+    b, hq, sq, num_splits, dv = oacc.shape
     shape = (b, hq, sq, dv) if layout == "bhsd" else (b, sq, hq, dv)
     o = torch.empty(shape, device=q.device, dtype=q.dtype)
     sob, soh, sos = _bhs_strides(o, layout)

@@ -1,0 +1,327 @@
+"""FMHA on the triton backend: key space, support rules, stage launchers, AOT.
+
+A Triton FMHA key is (family, dtype, head dims) + a Triton configuration
+(BLOCK_M, BLOCK_N, warps, stages, variant).  Masks, GQA, soft cap, LSE and
+group mode are run-time or JIT-specialised features of the same kernels.
+Stages follow the plans of :mod:`ck_fmha.stages`: split-KV main + combine,
+backward dot_do_o -> dq_dk_dv -> convert_dq, with tensors passed by name.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import re
+from typing import Optional
+
+import attrs
+
+from ck_core.errors import ConfigError, InvalidProblem, MissingKernel
+from ck_core.key import KernelKey
+
+FAMILIES = ("fwd", "fwd_splitkv", "fwd_splitkv_combine", "fwd_pagedkv",
+            "bwd_dot_do_o", "bwd_dq_dk_dv", "bwd_convert_dq")
+HDIMS = ((32, 32), (64, 64), (96, 96), (128, 128), (192, 128), (256, 256))
+VARIANTS = ("ptr", "tma", "tma_host", "tma_ws")
+CUDA_ONLY = ("tma", "tma_host", "tma_ws")
+OPTIONS = ("family", "families", "receipt", "dtypes")
+_NAME = re.compile(r"^fmha_triton_(?P<family>[a-z_]+?)_(?P<dtype>fp16|bf16)_d(?P<hq>\d+)x(?P<hv>\d+)"
+                   r"_m(?P<bm>\d+)n(?P<bn>\d+)_w(?P<w>\d+)_s(?P<s>\d+)_(?P<variant>[a-z_]+)$")
+
+
+@attrs.frozen(cache_hash=True)
+class TritonFmhaSig:
+    family: str
+    dtype: str
+    hdim_q: int
+    hdim_v: int
+
+    def name_body(self, alg: "TritonFmhaAlg") -> str:
+        return format_name(self, alg)
+
+
+@attrs.frozen(cache_hash=True)
+class TritonFmhaAlg:
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    variant: str = "ptr"
+
+    def config(self):
+        from .triton.configs import TritonFmhaConfig
+
+        return TritonFmhaConfig(self.block_m, self.block_n, self.num_warps, self.num_stages, self.variant)
+
+
+def format_name(sig: TritonFmhaSig, a: TritonFmhaAlg) -> str:
+    return (f"fmha_triton_{sig.family}_{sig.dtype}_d{sig.hdim_q}x{sig.hdim_v}_m{a.block_m}n{a.block_n}"
+            f"_w{a.num_warps}_s{a.num_stages}_{a.variant}")
+
+
+def parse_name(body: str):
+    m = _NAME.match(body)
+    if not m or m["family"] not in FAMILIES or m["variant"] not in VARIANTS:
+        raise MissingKernel(f"{body!r} is not a Triton FMHA kernel name "
+                            f"(fmha_triton_<family>_<dtype>_d<Q>x<V>_m<BM>n<BN>_w<W>_s<S>_<variant>)")
+    return (TritonFmhaSig(m["family"], m["dtype"], int(m["hq"]), int(m["hv"])),
+            TritonFmhaAlg(int(m["bm"]), int(m["bn"]), int(m["w"]), int(m["s"]), m["variant"]))
+
+
+def from_fields(sig: dict, alg: dict):
+    return TritonFmhaSig(**sig), TritonFmhaAlg(**alg)
+
+
+def _hopper(arch) -> bool:
+    return tuple(arch.triton_target or ())[:2] == ("cuda", 90)
+
+
+def _smem(family, hq, hv, a: TritonFmhaAlg) -> int:
+    """Upper estimate of shared memory: the Q tile plus num_stages K/V tiles (2-byte data)."""
+    from .triton.configs import padded_hdim
+
+    dq, dv = padded_hdim(hq), padded_hdim(hv)
+    return 2 * (a.block_m * dq + a.num_stages * a.block_n * (dq + dv))
+
+
+def _configs(family, hq, hv, arch) -> list:
+    from .triton import configs as C
+
+    tag = "sm90" if _hopper(arch) else "generic"
+    if family == "fwd":
+        cands = [C.default_fwd_config(hq, hv, tag), C.default_fwd_config(hq, hv, tag, causal=True),
+                 C.TritonFmhaConfig(128, 64, 4, 3, "ptr"), C.TritonFmhaConfig(64, 64, 4, 2, "ptr")]
+    elif family in ("fwd_splitkv", "fwd_pagedkv"):
+        cands = [C.default_splitkv_config(hq, hv, 1), C.default_splitkv_config(hq, hv, 64)]
+    elif family == "bwd_dq_dk_dv":
+        cands = [C.default_bwd_configs(hq, hv, tag)[0], C.default_bwd_configs(hq, hv, tag, causal=True)[0]]
+    else:  # combine, dot_do_o, convert_dq: one small elementwise kernel each
+        cands = [C.TritonFmhaConfig(64, 64, 4, 1, "ptr")]
+    out = []
+    for c in cands:
+        v = c.variant if (_hopper(arch) or c.variant not in CUDA_ONLY) else "ptr"
+        a = TritonFmhaAlg(c.BLOCK_M, c.BLOCK_N, c.num_warps, c.num_stages, v)
+        if a not in out and _smem(family, hq, hv, a) <= arch.lds_bytes:
+            out.append(a)
+    return out
+
+
+def enumerate_keys(arch, backend: str, options: dict) -> list:
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise ConfigError(f"unknown fmha option(s) for Triton kernels: {', '.join(unknown)}; "
+                          f"known: {', '.join(OPTIONS)}")
+    fams = options.get("families") or options.get("family") or FAMILIES
+    fams = [fams] if isinstance(fams, str) else list(fams)
+    bad = [f for f in fams if f not in FAMILIES]
+    if bad:
+        raise ConfigError(f"the Triton FMHA kernels have no family {bad}; they cover {', '.join(FAMILIES)} "
+                          f"(batch_prefill and fwd_appendkv run on the numpy backend)")
+    dtypes = options.get("dtypes") or ("fp16", "bf16")
+    dtypes = [dtypes] if isinstance(dtypes, str) else dtypes
+    keys = []
+    for fam in fams:
+        for dt in dtypes:
+            if dt not in arch.dtypes:
+                continue
+            for hq, hv in HDIMS:
+                for a in _configs(fam, hq, hv, arch):
+                    keys.append(KernelKey("fmha", TritonFmhaSig(fam, dt, hq, hv), a, arch.name, backend))
+    return keys
+
+
+def supports(key, p) -> Optional[str]:
+    s = key.signature
+    if s.family != p.family:
+        return f"kernel family {s.family}, problem {p.family}"
+    if s.dtype != p.dtype:
+        return f"kernel dtype {s.dtype}, problem {p.dtype}"
+    if (s.hdim_q, s.hdim_v) != (p.hdim_q, p.hdim_v):
+        return f"kernel head dims {s.hdim_q}/{s.hdim_v}, problem {p.hdim_q}/{p.hdim_v}"
+    if p.bias != "none":
+        return "the Triton FMHA kernels have no bias yet (use the numpy backend)"
+    if p.p_drop > 0:
+        return "the Triton FMHA kernels have no dropout yet"
+    if p.sink_tokens or p.sink_logits:
+        return "the Triton FMHA kernels have no sink tokens yet"
+    if p.skip_min_seqlen_q:
+        return "skip_min_seqlen_q is not implemented by the Triton kernels"
+    if p.vlayout != "r":
+        return "the Triton kernels read V row-major only"
+    if p.is_group and p.family != "fwd":
+        return "group (varlen) mode is implemented for the Triton forward only"
+    if p.family in ("fwd_splitkv", "fwd_splitkv_combine") and p.is_group:
+        return "split-KV runs in batch mode"
+    return None
+
+
+def rank(problem, candidates: list, arch) -> list:
+    """The tuned default first (per head dim, causal-ness and length), then by tile size."""
+    from .triton import configs as C
+
+    tag = "sm90" if _hopper(arch) else "generic"
+    fam = problem.family
+    want = None
+    if fam == "fwd":
+        c = C.default_fwd_config(problem.hdim_q, problem.hdim_v, tag, causal=problem.is_causal,
+                                 seqlen=problem.seqlen_q or 4096)
+        want = (c.BLOCK_M, c.BLOCK_N, c.num_warps, c.num_stages)
+    elif fam == "bwd_dq_dk_dv":
+        c = C.default_bwd_configs(problem.hdim_q, problem.hdim_v, tag, causal=problem.is_causal)[0]
+        want = (c.BLOCK_M, c.BLOCK_N, c.num_warps, c.num_stages)
+
+    def cost(k):
+        a = k.algorithm
+        exact = (a.block_m, a.block_n, a.num_warps, a.num_stages) == want
+        return (not exact, -a.block_m * a.block_n)
+
+    return sorted(candidates, key=cost)
+
+
+# -- launchers ----------------------------------------------------------------------------
+
+def _mask(p) -> dict:
+    if p.mask == "none":
+        return {"causal": False, "window": (-1, -1), "align": "top_left"}
+    align = "bottom_right" if p.mask == "bottom_right" else "top_left"
+    return {"causal": False, "window": (p.window_left, p.window_right), "align": align}
+
+
+def _torch_dtype(token):
+    import torch
+
+    return {"fp16": torch.float16, "bf16": torch.bfloat16}[token]
+
+
+def make_launcher(key):
+    """Stage launcher for one key: ``(problem, tensors) -> {name: tensor}`` on torch tensors."""
+    import torch
+
+    from .triton import ops
+
+    fam = key.signature.family
+    alg = key.algorithm
+    cfg = alg.config()
+    tdt = _torch_dtype(key.signature.dtype)
+    device_cache: dict = {}
+
+    def dev_int32(p, name, values, like):
+        """Host-side problem data uploaded once per problem (never read back: no host sync)."""
+        k = (p, name)
+        t = device_cache.get(k)
+        if t is None:
+            t = torch.tensor(values, dtype=torch.int32, device=like.device)
+            device_cache[k] = t
+        return t
+
+    def cast(t, names):
+        return {n: (t[n] if t[n].dtype == tdt else t[n].to(tdt)) for n in names if n in t}
+
+    def fwd(p, t):
+        x = cast(t, ("q", "k", "v"))
+        layout, kw = p.layout, {}
+        if p.is_group:
+            layout = "thd"
+            kw = dict(cu_seqlens_q=dev_int32(p, "sq", p.seqstart_q, x["q"]),
+                      cu_seqlens_k=dev_int32(p, "sk", p.seqstart_k, x["q"]),
+                      max_seqlen_q=p.seqlen_q, max_seqlen_k=p.seqlen_k)
+        o, lse = ops.fwd(x["q"], x["k"], x["v"], scale=p.softmax_scale, softcap=p.logits_soft_cap,
+                         return_lse=True, layout=layout, config=cfg, **_mask(p), **kw)
+        return {"o": o, "lse": lse}
+
+    def _kv(p, t):
+        if p.paged_kv:
+            x = cast(t, ("k_cache", "v_cache"))
+            kc, vc = x["k_cache"], x["v_cache"]
+            if p.layout == "bhsd":   # [pages, Hk, P, D]
+                page_size, hk = kc.shape[2], kc.shape[1]
+                kvs = (kc.stride(0), kc.stride(1), kc.stride(2), vc.stride(0), vc.stride(1), vc.stride(2))
+            else:                    # [pages, P, Hk, D]
+                page_size, hk = kc.shape[1], kc.shape[2]
+                kvs = (kc.stride(0), kc.stride(2), kc.stride(1), vc.stride(0), vc.stride(2), vc.stride(1))
+            bt = t["block_table"]
+            return kc, vc, dict(page_size=page_size, block_table=bt.to(dtype=torch.int32),
+                                max_seqlen_k=int(bt.shape[1]) * page_size, kv_strides=kvs, hk=hk)
+        x = cast(t, ("k", "v"))
+        k, v = ops._last_contig(x["k"]), ops._last_contig(x["v"])
+        _, hk, sk, _ = ops._dims(k, p.layout)
+        kvs = ops._bhs_strides(k, p.layout) + ops._bhs_strides(v, p.layout)
+        return k, v, dict(page_size=0, block_table=None, max_seqlen_k=sk, kv_strides=kvs, hk=hk)
+
+    def splitkv_main(p, t):
+        q = cast(t, ("q",))["q"]
+        k, v, kw = _kv(p, t)
+        seqlens = dev_int32(p, "lens", p.seqlens_k, q) if p.seqlens_k else None
+        oacc, lacc = ops._splitkv_main(q, k, v, seqlens_k=seqlens, scale=p.softmax_scale,
+                                       softcap=p.logits_soft_cap, num_splits=p.num_splits, layout=p.layout,
+                                       config=cfg, **_mask(p), **kw)
+        return {"o_acc": oacc, "lse_acc": lacc}
+
+    def combine(p, t):
+        q = cast(t, ("q",))["q"]
+        o, lse = ops.splitkv_combine(t["o_acc"], t["lse_acc"], q, layout=p.layout, return_lse=True)
+        return {"o": o, "lse": lse}
+
+    def pagedkv(p, t):
+        out = splitkv_main(p, t)
+        return combine(p, dict(t, **out))
+
+    def dot_do_o(p, t):
+        x = cast(t, ("o", "do"))
+        return {"d": ops.bwd_dot_do_o(x["o"], x["do"], layout=p.layout)}
+
+    def dq_dk_dv(p, t):
+        from .triton.configs import default_bwd_configs
+
+        x = cast(t, ("q", "k", "v", "do"))
+        q_cfg = default_bwd_configs(p.hdim_q, p.hdim_v, causal=p.is_causal)[1]
+        dq, dqa, dk, dv = ops.bwd_dq_dk_dv(x["q"], x["k"], x["v"], x["do"], t["lse"], t["d"],
+                                           scale=p.softmax_scale, softcap=p.logits_soft_cap, layout=p.layout,
+                                           deterministic=p.deterministic, config=(cfg, q_cfg), **_mask(p))
+        return {"dq": dq, "dk": dk, "dv": dv} if dq is not None else {"dq_acc": dqa, "dk": dk, "dv": dv}
+
+    def convert_dq(p, t):
+        if t.get("dq_acc") is None:   # deterministic mode wrote dq in stage 2
+            return {}
+        q = cast(t, ("q",))["q"]
+        return {"dq": ops.bwd_convert_dq(t["dq_acc"], ops._last_contig(q), layout=p.layout)}
+
+    table = {"fwd": fwd, "fwd_splitkv": splitkv_main, "fwd_splitkv_combine": combine,
+             "fwd_pagedkv": pagedkv, "bwd_dot_do_o": dot_do_o, "bwd_dq_dk_dv": dq_dk_dv,
+             "bwd_convert_dq": convert_dq}
+    return table[fam]
+
+
+# -- ahead-of-time compilation --------------------------------------------------------------
+
+_AOT_FAMILY = {"fwd_pagedkv": "fwd_pagedkv", "fwd_splitkv": "fwd_splitkv", "bwd_dq_dk_dv": "bwd_dq_dk_dv"}
+
+
+@functools.lru_cache(maxsize=None)
+def _source_hash() -> str:
+    from .triton import configs, kernels
+
+    return hashlib.sha256((inspect.getsource(kernels) + inspect.getsource(configs)).encode()).hexdigest()
+
+
+@attrs.frozen
+class TritonFmhaRendered:
+    family: str
+    dtype: str
+    config: dict
+    source_hash: str
+    options: dict
+
+    def compile(self, target, extra_options=None):
+        from .triton.configs import aot_compile
+
+        return aot_compile(self.family, self.dtype, self.config, target)
+
+
+def render(key, backend: str):
+    if backend != "triton" or not isinstance(key.signature, TritonFmhaSig):
+        raise InvalidProblem(f"{key.name}: only Triton FMHA keys render (CK-rule keys are CK Tile instances)")
+    s, a = key.signature, key.algorithm
+    cfg = dict(a.config().as_dict(), hdim_q=s.hdim_q, hdim_v=s.hdim_v)
+    h = hashlib.sha256((_source_hash() + repr(sorted(cfg.items())) + s.family + s.dtype).encode()).hexdigest()
+    return TritonFmhaRendered(s.family, s.dtype, cfg, h, {"num_warps": a.num_warps, "num_stages": a.num_stages})
