@@ -85,7 +85,7 @@ def _render(key, backend):
 
 
 def _bench(peer, options):
-    from .bench import bench
+    from .bench_suite import bench
 
     return bench(peer, options)
 
