@@ -98,7 +98,10 @@ def run_bench(op_name: str, args, extra: dict) -> int:
     print(format_table(result["rows"]))
     for name, table in result.get("extra", {}).items():
         print(f"\n## {name}")
-        print(format_table(table) if isinstance(table, list) else json.dumps(table, indent=1))
+        if isinstance(table, list) and table:
+            print(format_table(table, list(dict.fromkeys(k for r in table for k in r))))
+        else:
+            print(json.dumps(table, indent=1))
     gm = result["geomean"]
     print(f"\ngeomean ratio: {gm:.3f}" if gm else "\nno ratio")
     write(result, args.json or Path("benchmarks/results") / f"{op_name}.json", args.csv)

@@ -128,9 +128,15 @@ class Dispatcher:
             return self.run_dict(problem, self.bind(problem, args, named))  # raises the clear error
         tensors = dict(zip(inputs, args))
         if named:
-            tensors.update(self.bind(problem, args, named))
+            if not tensors.keys().isdisjoint(named):
+                self.bind(problem, args, named)  # raises the clear "given twice" error
+            tensors.update(named)
         for fn, sub in runners:
             tensors.update(fn(sub, tensors))
+        if len(outputs) == 1:
+            if self._observed:
+                self.mgr.hook.ck_after_run(problem=problem, plan=plan, seconds=time.perf_counter() - t0)
+            return tensors[outputs[0]]
         result = tuple(tensors[n] for n in outputs if n in tensors)
         if self._observed:
             self.mgr.hook.ck_after_run(problem=problem, plan=plan, seconds=time.perf_counter() - t0)

@@ -292,12 +292,10 @@ def _tuned_keys(arch, backend, dtypes, layouts) -> list:
     pipeline = (arch.pipelines or ("compv3",))[0]
     for dt, _lay, _m, _n, _k, cfg in load_table(arch.name):
         for dtype in (d for d in dtypes if d == dt or {d, dt} <= {"fp16", "bf16"}):
-            alg = algorithm_for_config(cfg, arch, dtype, pipeline)
-            if alg is None:
-                continue
-            out.extend(KernelKey("gemm", sig, alg, arch.name, backend)
-                       for sig in (GemmSignature(dtype, lay) for lay in layouts)
-                       if rules_violation(sig, alg, arch) is None)
+            for lay in layouts:
+                alg = algorithm_for_config(cfg, arch, dtype, pipeline, lay)
+                if alg is not None:
+                    out.append(KernelKey("gemm", GemmSignature(dtype, lay), alg, arch.name, backend))
     return out
 
 
@@ -345,7 +343,8 @@ def heuristic(problem, candidates: list, arch) -> list:
         waves = -(-tiles // cus)
         occupancy = tiles / (waves * cus)
         pad_penalty = 0.01 * (a.pad_m + a.pad_n + a.pad_k)
-        return (round(waste / occupancy, 2) + pad_penalty, -a.tile_m * a.tile_n, a.tile_k)
+        # tenths: a few percent of tail effect must not beat a 16x larger (more intense) tile
+        return (round(waste / occupancy, 1) + pad_penalty, -a.tile_m * a.tile_n, a.tile_k)
 
     ranked = sorted(candidates, key=cost)
     if preferred:

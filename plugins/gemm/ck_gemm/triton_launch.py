@@ -36,8 +36,17 @@ def config_of_algorithm(a: GemmAlgorithm):
                       variant="plain" if a.variant == "tile" else a.variant, split_k=a.split_k)
 
 
-def algorithm_for_config(cfg, arch, dtype: str, pipeline: str) -> Optional[GemmAlgorithm]:
-    """A legal CK-style algorithm record for a Triton config on ``arch`` (None if none fits)."""
+def algorithm_for_config(cfg, arch, dtype: str, pipeline: str, layout: str = "rcr") -> Optional[GemmAlgorithm]:
+    """The legal CK-style algorithm record of a Triton config on ``arch`` (None if none fits).
+
+    Of the (wave layout, warp tile) pairs that tile the block, the first the
+    arch accepts wins (e.g. sm90 wants its wgmma tile, not an mma.sync one).
+    """
+    from ck_core.key import KernelKey
+
+    from .kernel import GemmSignature, rules_violation
+
+    sig = GemmSignature(dtype, layout)
     for wave in arch.wave_layouts:
         if wave[0] * wave[1] * wave[2] != cfg.num_warps:
             continue
@@ -45,11 +54,14 @@ def algorithm_for_config(cfg, arch, dtype: str, pipeline: str) -> Optional[GemmA
             if cfg.block_m % (wave[0] * wt[0]) or cfg.block_n % (wave[1] * wt[1]) \
                     or cfg.block_k % (wave[2] * wt[2]):
                 continue
-            return GemmAlgorithm(cfg.block_m, cfg.block_n, cfg.block_k, *wave, *wt,
-                                 pipeline=pipeline, pad_m=True, pad_n=True, pad_k=True,
-                                 split_k=cfg.split_k, stages=cfg.num_stages,
-                                 variant="tile" if cfg.variant == "plain" else cfg.variant,
-                                 group_m=cfg.group_m)
+            alg = GemmAlgorithm(cfg.block_m, cfg.block_n, cfg.block_k, *wave, *wt,
+                                pipeline=pipeline, pad_m=True, pad_n=True, pad_k=True,
+                                split_k=cfg.split_k, stages=cfg.num_stages,
+                                variant="tile" if cfg.variant == "plain" else cfg.variant,
+                                group_m=cfg.group_m)
+            if rules_violation(sig, alg, arch) is None and \
+                    arch.reject(KernelKey("gemm", sig, alg, arch.name, "triton")) is None:
+                return alg
     return None
 
 
@@ -143,7 +155,7 @@ _TENSOR_SLOTS = {"a_ptr": "a", "b_ptr": "b", "c_ptr": "c", "d0_ptr": "c", "d1_pt
 
 
 class _Recorded:
-    __slots__ = ("launch", "args", "slots", "a_t", "b_t", "c_t", "c_shape", "c_dtype")
+    __slots__ = ("launch", "args", "a_slots", "b_slots", "c_slots", "descs")
 
 
 def _record(cfg, problem, a, b, c, t_out, act):
@@ -169,31 +181,31 @@ def _record(cfg, problem, a, b, c, t_out, act):
     names = [n for n in spec.fn.arg_names if n not in cxn]
     cx = {k: v for k, v in spec.constexprs.items() if k in cxn}
     rec = _Recorded()
-    grid = spec.grid(M, N, batch)
-    bound = spec.fn[grid]
+    bound = spec.fn[spec.grid(M, N, batch)]
     opts = dict(cx, **spec.options)
-    rec.launch = lambda *args: bound(*args, **opts)
+    rec.launch = lambda args: bound(*args, **opts)
     rec.args = [vals[n] for n in names]
-    rec.slots = [(i, n) for i, n in enumerate(names) if n in _TENSOR_SLOTS]
-    a_r, b_r, c_r = (ch == "r" for ch in problem.layout)
-    rec.a_t, rec.b_t, rec.c_t = not a_r, not b_r, not c_r
-    rec.c_shape, rec.c_dtype = tuple(c.shape), c.dtype
+    # Pointer arguments only pass their data pointer (a transposed view has the
+    # same one), so the new tensors go in as they are; descriptors are rebuilt.
+    slot = {n: i for i, n in enumerate(names)}
+    rec.a_slots = tuple(slot[n] for n in ("a_ptr",) if n in slot)
+    rec.b_slots = tuple(slot[n] for n in ("b_ptr",) if n in slot)
+    rec.c_slots = tuple(slot[n] for n in ("c_ptr", "d0_ptr", "d1_ptr") if n in slot)
+    rec.descs = tuple((slot[n], "a" if n == "a_desc" else "b") for n in ("a_desc", "b_desc") if n in slot)
     return rec
 
 
 def _fast_call(rec, a, b, c):
-    import dataclasses as dc
-
-    args = list(rec.args)
-    for i, n in rec.slots:
-        which = _TENSOR_SLOTS[n]
-        t = a if which == "a" else b if which == "b" else c
-        transpose = rec.a_t if which == "a" else rec.b_t if which == "b" else rec.c_t
-        if n.endswith("_desc"):
-            args[i] = dc.replace(args[i], base=t)
-        else:
-            args[i] = t.transpose(-1, -2) if transpose else t
-    rec.launch(*args)
+    args = rec.args.copy()
+    for i in rec.a_slots:
+        args[i] = a
+    for i in rec.b_slots:
+        args[i] = b
+    for i in rec.c_slots:
+        args[i] = c
+    for i, which in rec.descs:
+        args[i] = dataclasses.replace(args[i], base=a if which == "a" else b)
+    rec.launch(args)
     return c
 
 
@@ -207,7 +219,7 @@ def bare_launch(key, problem, a, b):
     rec = _record(cfg, problem, a, b, c, t_out, None)
     args = list(rec.args)
     launch = rec.launch
-    return lambda: launch(*args)
+    return lambda: launch(args)
 
 
 def make_fast_launcher(key):
@@ -225,7 +237,7 @@ def make_fast_launcher(key):
         if problem.num_d or problem.activation != "none" or problem.batch != 1 or a.dtype != t_in \
                 or b.dtype != t_in or not a.is_cuda:
             return general(problem, tensors)
-        sig_ = (problem, a.stride(), b.stride(), a.data_ptr() % 16, b.data_ptr() % 16, a.device)
+        sig_ = (problem, a.stride(), b.stride(), a.data_ptr() % 16, b.data_ptr() % 16)
         rec = recorded.get(sig_)
         c = tensors.get("c")
         if c is None:

@@ -146,7 +146,8 @@ def smem_bytes(config, dtype: str = "fp16", out_dtype: str | None = None) -> int
       buffers once the K loop is software-pipelined (fewer when it is not;
       AMD's stream pipeliner keeps num_stages - 1 or fewer);
     * persistent variants add an epilogue staging buffer that cannot alias
-      the live ring: <= min(block_m*block_n*4, 16 KiB) seen;
+      the live ring: 16 KiB up to 128x128 tiles, half the C tile beyond
+      (32 KiB + 32 B seen for a 128x256 tma_persistent, 4 stages);
     * warp-specialised variants add the accumulator hand-off between
       partitions: <= max(block_m*block_n, 16 KiB) seen;
     * the non-persistent epilogue's layout conversion reuses the ring, so it
@@ -166,7 +167,7 @@ def smem_bytes(config, dtype: str = "fp16", out_dtype: str | None = None) -> int
     if cfg.warp_specialize:
         extra = max(bm * bn, 16384)
     elif cfg.is_persistent:
-        extra = min(bm * bn * 4, 16384)
+        extra = max(min(bm * bn * 4, 16384), bm * bn * 2 // 2 + 64)
     barriers = 1024 if cfg.is_tma else 0
     return max(pipeline + extra, bm * bn * 4) + barriers
 
