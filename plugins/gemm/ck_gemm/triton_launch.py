@@ -204,7 +204,13 @@ def _fast_call(rec, a, b, c):
     for i in rec.c_slots:
         args[i] = c
     for i, which in rec.descs:
-        args[i] = dataclasses.replace(args[i], base=a if which == "a" else b)
+        # same shape, strides and alignment as the recorded descriptor (the cache key
+        # guarantees it): copy it without re-running TensorDescriptor's validation
+        old = args[i]
+        d = object.__new__(type(old))
+        d.__dict__.update(old.__dict__)
+        d.base = a if which == "a" else b
+        args[i] = d
     rec.launch(args)
     return c
 
