@@ -70,6 +70,11 @@ def main() -> int:
     shown = 0
     for f in files:
         data = json.loads(f.read_text())
+        if data.get("kind") == "table":   # a plain measurement, no peer
+            body.append(f"## {data['title']}\n\n- date: {data['date']}\n- device: {data['device']}\n"
+                        f"- command: `{data['command']}`\n\n" + table(data["rows"], list(data["rows"][0])))
+            shown += 1
+            continue
         if "_raw" in f.stem or "geomean_by_group" not in data:  # raw script outputs: kept, not shown
             continue
         body.append(section(f.stem, data))
