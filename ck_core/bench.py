@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Iterable, Optional
 
-from .errors import UnsupportedProblem
+from .errors import PluginError, UnsupportedProblem
 
 ROW_KEYS = ("case", "ours", "peer", "peer_name", "unit", "ratio")
 
@@ -43,7 +43,7 @@ def stamp(result: dict, command: Optional[str] = None) -> dict:
     for r in rows:
         missing = [k for k in ROW_KEYS if k not in r]
         if missing:
-            raise ValueError(f"benchmark row lacks {missing}: {r}")
+            raise PluginError(f"an op plugin's benchmark row lacks {missing}: {r}")
     groups: dict[str, list] = {}
     for r in rows:
         groups.setdefault(r.get("group", "all"), []).append(r["ratio"])

@@ -12,6 +12,8 @@ import itertools
 
 import numpy as np
 
+from ck_core.errors import InvalidProblem
+
 from .problem import _FLT, _IMG, ConvProblem
 
 
@@ -116,7 +118,7 @@ def rel_error(out, ref) -> float:
     out = np.asarray(out, np.float64)
     ref = np.asarray(ref, np.float64)
     if out.shape != ref.shape:
-        raise ValueError(f"shape mismatch {out.shape} vs {ref.shape}")
+        raise InvalidProblem(f"output shape {out.shape} differs from the reference shape {ref.shape}")
     if not np.all(np.isfinite(out)):
         return float("inf")
     den = np.linalg.norm(ref.ravel())

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import attrs
 
+from ck_core.errors import InvalidProblem
+
 from .problem import FmhaProblem
 from .reference_bwd import BwdResult, bwd_convert_dq, bwd_dot_do_o, bwd_dq_dk_dv, dq_splits
 from .reference_fwd import (AppendKvResult, FwdResult, SplitKvResult, batch_prefill, fwd,
@@ -69,7 +71,7 @@ def attention_forward(problem: FmhaProblem, q, k, v, **kw) -> FwdResult:
             return fwd_pagedkv(pf, out.q, out.k_cache, out.v_cache, block_table=app_kw["block_table"], **kw)
         pf = attrs.evolve(p, family="fwd", **base)
         return fwd(pf, out.q, out.k_cache, out.v_cache, **kw)
-    raise ValueError(f"unknown family {fam!r}")
+    raise InvalidProblem(f"unknown FMHA family {fam!r}; use one of {', '.join(REFERENCES)}")
 
 
 def attention_backward(problem: FmhaProblem, q, k, v, o, lse, do, *, bias=None, alibi_slopes=None,
