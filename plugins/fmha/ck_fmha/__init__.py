@@ -10,12 +10,13 @@ three stages)::
 
 
 def attention(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0, layout="bhsd",
-              deterministic=True):
-    """Attention on torch tensors with autograd (see ck_fmha.triton.ops.attention)."""
+              deterministic=True, **features):
+    """Attention on torch tensors with autograd (see ck_fmha.triton.ops.attention); ``features``:
+    ``bias``, ``alibi_slopes``, ``dropout_p``, ``seed``, ``offset``."""
     from .triton.ops import attention as _attention
 
     return _attention(q, k, v, causal=causal, scale=scale, window=window, softcap=softcap, layout=layout,
-                      deterministic=deterministic)
+                      deterministic=deterministic, **features)
 
 
 def attention_forward(q, k, v, **kw):

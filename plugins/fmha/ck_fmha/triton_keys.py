@@ -1,8 +1,11 @@
 """FMHA on the triton backend: key space, support rules, stage launchers, AOT.
 
 A Triton FMHA key is (family, dtype, head dims) + a Triton configuration
-(BLOCK_M, BLOCK_N, warps, stages, variant).  Masks, GQA, soft cap, LSE and
-group mode are run-time or JIT-specialised features of the same kernels.
+(BLOCK_M, BLOCK_N, warps, stages, variant).  Masks, GQA, soft cap, LSE,
+group mode (forward and backward), elementwise bias / ALiBi (with dbias) and
+dropout (Philox, bit-exact with ck_fmha.philox; store_randval by a separate
+pass) are run-time or JIT-specialised features of the same kernels; sink
+tokens/logits are not (numpy backend).
 Stages follow the plans of :mod:`ck_fmha.stages`: split-KV main + combine,
 backward dot_do_o -> dq_dk_dv -> convert_dq, with tensors passed by name.
 """
@@ -138,20 +141,21 @@ def supports(key, p) -> Optional[str]:
         return f"kernel dtype {s.dtype}, problem {p.dtype}"
     if (s.hdim_q, s.hdim_v) != (p.hdim_q, p.hdim_v):
         return f"kernel head dims {s.hdim_q}/{s.hdim_v}, problem {p.hdim_q}/{p.hdim_v}"
-    if p.bias != "none":
-        return "the Triton FMHA kernels have no bias yet (use the numpy backend)"
-    if p.p_drop > 0:
-        return "the Triton FMHA kernels have no dropout yet"
+    split = p.family in ("fwd_splitkv", "fwd_splitkv_combine", "fwd_pagedkv")
+    if p.bias != "none" and split:
+        return "the Triton split-KV / paged kernels have no bias (the Triton fwd and backward have)"
+    if p.p_drop > 0 and split:
+        return "the Triton split-KV / paged kernels have no dropout"
     if p.sink_tokens or p.sink_logits:
         return "the Triton FMHA kernels have no sink tokens yet"
     if p.skip_min_seqlen_q:
         return "skip_min_seqlen_q is not implemented by the Triton kernels"
     if p.vlayout != "r":
         return "the Triton kernels read V row-major only"
-    if p.is_group and p.family != "fwd":
-        return "group (varlen) mode is implemented for the Triton forward only"
-    if p.family in ("fwd_splitkv", "fwd_splitkv_combine") and p.is_group:
-        return "split-KV runs in batch mode"
+    if p.is_group and split:
+        return "split-KV / paged decode runs in batch mode on the Triton kernels"
+    if p.seqlens_k is not None and not (split or p.is_group):
+        return "per-batch logical seqlens_k is implemented by the Triton split-KV / paged kernels only"
     return None
 
 
@@ -185,6 +189,27 @@ def _mask(p) -> dict:
         return {"causal": False, "window": (-1, -1), "align": "top_left"}
     align = "bottom_right" if p.mask == "bottom_right" else "top_left"
     return {"causal": False, "window": (p.window_left, p.window_right), "align": align}
+
+
+def _alibi_align(p) -> str:
+    """Which ALiBi form the reference uses for this mask (ck_fmha.masks.alibi_bias)."""
+    if p.is_causal:
+        return "vertical"
+    return "top_left" if p.mask in ("top_left", "generic") else "bottom_right"
+
+
+def _features(p, t, tdt) -> dict:
+    """Bias / ALiBi / dropout keyword arguments of ops.fwd / ops.bwd_dq_dk_dv from the problem."""
+    kw = {}
+    if p.bias == "elementwise":
+        b = t["bias"]
+        kw["bias"] = b if b.dtype == tdt else b.to(tdt)
+    elif p.bias == "alibi":
+        kw["alibi_slopes"] = t["alibi_slopes"]
+        kw["alibi_align"] = _alibi_align(p)
+    if p.p_drop > 0:
+        kw.update(dropout_p=p.p_drop, seed=p.seed, offset=p.offset)
+    return kw
 
 
 def _torch_dtype(token):
@@ -226,8 +251,14 @@ def make_launcher(key):
                       cu_seqlens_k=dev_int32(p, "sk", p.seqstart_k, x["q"]),
                       max_seqlen_q=p.seqlen_q, max_seqlen_k=p.seqlen_k)
         o, lse = ops.fwd(x["q"], x["k"], x["v"], scale=p.softmax_scale, softcap=p.logits_soft_cap,
-                         return_lse=True, layout=layout, config=cfg, **_mask(p), **kw)
-        return {"o": o, "lse": lse}
+                         return_lse=True, layout=layout, config=cfg, **_mask(p), **kw, **_features(p, t, tdt))
+        out = {"o": o, "lse": lse}
+        if p.store_randval:
+            out["randval"] = ops.dropout_randval(
+                p.batch, p.nhead_q, p.seqlen_q, p.seqlen_k, dropout_p=p.p_drop, seed=p.seed, offset=p.offset,
+                device=o.device, cu_seqlens_q=kw.get("cu_seqlens_q"), cu_seqlens_k=kw.get("cu_seqlens_k"),
+                total_q=p.total_q)
+        return out
 
     def _kv(p, t):
         if p.paged_kv:
@@ -266,25 +297,42 @@ def make_launcher(key):
         out = splitkv_main(p, t)
         return combine(p, dict(t, **out))
 
+    def varlen(p, like, k=True):
+        """layout and group-mode keywords (device cu_seqlens, the problem's maxima: no host sync)."""
+        if not p.is_group:
+            return p.layout, {}
+        kw = dict(cu_seqlens_q=dev_int32(p, "sq", p.seqstart_q, like), max_seqlen_q=p.seqlen_q)
+        if k:
+            kw.update(cu_seqlens_k=dev_int32(p, "sk", p.seqstart_k, like), max_seqlen_k=p.seqlen_k)
+        return "thd", kw
+
     def dot_do_o(p, t):
         x = cast(t, ("o", "do"))
-        return {"d": ops.bwd_dot_do_o(x["o"], x["do"], layout=p.layout)}
+        layout, kw = varlen(p, x["o"], k=False)
+        return {"d": ops.bwd_dot_do_o(x["o"], x["do"], layout=layout, **kw)}
 
     def dq_dk_dv(p, t):
         from .triton.configs import default_bwd_configs
 
         x = cast(t, ("q", "k", "v", "do"))
+        layout, kw = varlen(p, x["q"])
         q_cfg = default_bwd_configs(p.hdim_q, p.hdim_v, causal=p.is_causal)[1]
-        dq, dqa, dk, dv = ops.bwd_dq_dk_dv(x["q"], x["k"], x["v"], x["do"], t["lse"], t["d"],
-                                           scale=p.softmax_scale, softcap=p.logits_soft_cap, layout=p.layout,
-                                           deterministic=p.deterministic, config=(cfg, q_cfg), **_mask(p))
-        return {"dq": dq, "dk": dk, "dv": dv} if dq is not None else {"dq_acc": dqa, "dk": dk, "dv": dv}
+        res = ops.bwd_dq_dk_dv(x["q"], x["k"], x["v"], x["do"], t["lse"], t["d"],
+                               scale=p.softmax_scale, softcap=p.logits_soft_cap, layout=layout,
+                               deterministic=p.deterministic, config=(cfg, q_cfg), return_dbias=p.dbias,
+                               **_mask(p), **kw, **_features(p, t, tdt))
+        dq, dqa, dk, dv = res[:4]
+        out = {"dq": dq, "dk": dk, "dv": dv} if dq is not None else {"dq_acc": dqa, "dk": dk, "dv": dv}
+        if p.dbias:
+            out["dbias"] = res[4]
+        return out
 
     def convert_dq(p, t):
         if t.get("dq_acc") is None:   # deterministic mode wrote dq in stage 2
             return {}
         q = cast(t, ("q",))["q"]
-        return {"dq": ops.bwd_convert_dq(t["dq_acc"], ops._last_contig(q), layout=p.layout)}
+        layout, kw = varlen(p, q, k=False)
+        return {"dq": ops.bwd_convert_dq(t["dq_acc"], ops._last_contig(q), layout=layout, **kw)}
 
     table = {"fwd": fwd, "fwd_splitkv": splitkv_main, "fwd_splitkv_combine": combine,
              "fwd_pagedkv": pagedkv, "bwd_dot_do_o": dot_do_o, "bwd_dq_dk_dv": dq_dk_dv,

@@ -60,7 +60,99 @@ def test_paged_decode(disp, ck_rng):
 
 def test_unsupported_features_are_clear(disp):
     with pytest.raises(MissingKernel, match="bias"):
-        disp.select(FmhaProblem(**{**BASE, "bias": "alibi"}))
+        disp.select(FmhaProblem(**{**BASE, "family": "fwd_splitkv", "seqlen_q": 1, "num_splits": 2,
+                                   "bias": "alibi"}))
+    with pytest.raises(MissingKernel, match="sink"):
+        disp.select(FmhaProblem(**{**BASE, "mask": "top_left", "window_left": 8, "window_right": 0,
+                                   "sink_tokens": 2}))
+
+
+# -- bias, ALiBi, dropout, group-mode backward ------------------------------------------------
+SEED = dict(seed=0x9E3779B97F4A7C15, offset=0x0000000700000003)
+G = dict(mode="group", batch=3, seqstart_q=(0, 17, 18, 41), seqstart_k=(0, 29, 34, 65))
+
+
+@pytest.mark.parametrize("kw", [
+    dict(family="fwd", bias="elementwise", mask="bottom_right"),
+    dict(family="fwd", bias="alibi"),                                       # no mask: bottom-right |i+off-j|
+    dict(family="fwd", bias="alibi", mask="top_left", layout="bshd"),      # causal: vertical form
+    dict(family="fwd", bias="alibi", mask="generic", window_left=6, window_right=2),
+    dict(family="fwd", p_drop=0.2, mask="top_left", **SEED),
+    dict(family="fwd", p_drop=0.3, bias="elementwise", layout="bshd", **SEED),
+    dict(family="fwd", p_drop=0.1, bias="alibi", mask="bottom_right", nhead_k=4, **G, **SEED),
+    dict(family="fwd", bias="elementwise", **G),
+    dict(family="bwd_dq_dk_dv", bias="elementwise", dbias=True, mask="bottom_right"),
+    dict(family="bwd_dq_dk_dv", bias="alibi", mask="top_left", deterministic=True),
+    dict(family="bwd_dq_dk_dv", bias="alibi", seqlen_q=45, seqlen_k=29, layout="bshd"),
+    dict(family="bwd_dq_dk_dv", p_drop=0.25, mask="generic", window_left=5, window_right=3, **SEED),
+    dict(family="bwd_dq_dk_dv", p_drop=0.2, bias="elementwise", dbias=True, deterministic=True, **SEED),
+    dict(family="bwd_dq_dk_dv", mask="bottom_right", **G),
+    dict(family="bwd_dq_dk_dv", deterministic=True, bias="alibi", mask="top_left", **G),
+    dict(family="bwd_dq_dk_dv", p_drop=0.15, bias="elementwise", dbias=True, nhead_k=1, **G, **SEED),
+], ids=lambda kw: "-".join(f"{k}={v}" for k, v in kw.items() if k not in ("seed", "offset", "seqstart_q",
+                                                                          "seqstart_k", "batch")))
+def test_triton_bias_dropout_group_bwd(disp, kw, ck_rng):
+    p = FmhaProblem(**{**BASE, **kw})
+    rep = check_against_reference(disp, p, ck_rng)
+    assert rep.passed, str(rep)
+
+
+def _run_custom(disp, p, rng, **replace):
+    """check_against_reference with some inputs replaced (broadcast bias, [B, H] slopes)."""
+    from ck_core.validate import compare_all
+
+    op = disp.mgr.op("fmha")
+    inputs = op.make_inputs(p, rng)
+    inputs.update(replace)
+    if p.family.startswith("bwd"):   # redo the forward with the replaced extras
+        import attrs
+        import numpy as np
+
+        from ck_fmha import reference as R
+        fp = attrs.evolve(p, family="fwd", dbias=False, deterministic=False)
+        ex = {k: inputs[k] for k in ("bias", "alibi_slopes") if k in inputs}
+        r = R.fwd(fp, inputs["q"], inputs["k"], inputs["v"], **ex)
+        inputs["o"] = r.o.astype(inputs["q"].dtype)
+        inputs["lse"] = np.asarray(r.lse, np.float32)
+    ref = op.reference(p, inputs)
+    be = disp.backend_spec
+    outs = disp.run_dict(p, {k: be.to_backend(v) for k, v in inputs.items()})
+    got = {k: be.to_numpy(outs[k]) for k in ref}
+    return compare_all(got, ref, {k: p.dtype for k in ref}, op.tolerance(p)), outs
+
+
+@pytest.mark.parametrize("bshape", [(1, 4), (2, 1), (1, 1)])
+def test_broadcast_bias_dbias(disp, bshape, ck_rng):
+    p = FmhaProblem(**{**BASE, "family": "bwd_dq_dk_dv", "bias": "elementwise", "dbias": True,
+                       "mask": "top_left", "p_drop": 0.1, **SEED})
+    bias = ck_rng.standard_normal(bshape + (p.seqlen_q, p.seqlen_k)).astype("float16")
+    rep, outs = _run_custom(disp, p, ck_rng, bias=bias)
+    assert tuple(outs["dbias"].shape) == bias.shape
+    assert rep.passed, str(rep)
+
+
+def test_alibi_slopes_per_batch(disp, ck_rng):
+    import numpy as np
+
+    p = FmhaProblem(**{**BASE, "family": "fwd", "bias": "alibi", "mask": "bottom_right"})
+    slopes = ck_rng.uniform(0.05, 0.9, (p.batch, p.nhead_q)).astype(np.float32)
+    rep, _ = _run_custom(disp, p, ck_rng, alibi_slopes=slopes)
+    assert rep.passed, str(rep)
+
+
+@pytest.mark.parametrize("group", [False, True])
+def test_store_randval_is_bit_exact(disp, group, ck_rng):
+    import numpy as np
+
+    from ck_fmha import reference as R
+
+    kw = dict(G, nhead_k=4) if group else {}
+    p = FmhaProblem(**{**BASE, "family": "fwd", "p_drop": 0.3, "store_randval": True, **SEED, **kw})
+    inputs = disp.mgr.op("fmha").make_inputs(p, ck_rng)
+    be = disp.backend_spec
+    outs = disp.run_dict(p, {k: be.to_backend(v) for k, v in inputs.items()})
+    want = R.fwd(p, inputs["q"], inputs["k"], inputs["v"]).randval
+    assert np.array_equal(be.to_numpy(outs["randval"]), want)
 
 
 def test_triton_names_round_trip(disp):

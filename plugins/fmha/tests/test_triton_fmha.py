@@ -188,6 +188,209 @@ def test_kernel_for_contract():
 
 
 # --------------------------------------------------------------------------
+# bias / ALiBi / dropout / group-mode backward against the numpy references
+# --------------------------------------------------------------------------
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from ck_fmha.triton import kernels as _K  # noqa: E402
+
+
+@triton.jit
+def _x0_kernel(C, OUT, k0, k1, N: tl.constexpr):
+    i = tl.arange(0, N)
+    c0 = tl.load(C + 4 * i).to(tl.uint32, bitcast=True)
+    c1 = tl.load(C + 4 * i + 1).to(tl.uint32, bitcast=True)
+    c2 = tl.load(C + 4 * i + 2).to(tl.uint32, bitcast=True)
+    c3 = tl.load(C + 4 * i + 3).to(tl.uint32, bitcast=True)
+    x0 = _K._philox_x0(c0, c1, c2, c3, k0.to(tl.uint32, bitcast=True), k1.to(tl.uint32, bitcast=True))
+    tl.store(OUT + i, x0.to(tl.int32, bitcast=True))
+
+
+def test_philox_matches_numpy():
+    """The Triton Philox-4x32-10 against ck_fmha.philox on edge and random counters/keys."""
+    import numpy as np
+
+    from ck_fmha.philox import dropout_randval as np_randval, philox4x32_10
+    from ck_fmha.triton.ops import dropout_params
+
+    rng = np.random.default_rng(7)
+    ctr = rng.integers(0, 2 ** 32, (16, 4), dtype=np.uint64).astype(np.uint32)
+    ctr[0] = 0
+    ctr[1] = 0xFFFFFFFF
+    for k0, k1 in ((0, 0), (0x12345678, 0x9ABCDEF0), (0xFFFFFFFF, 0xFFFFFFFF)):
+        out = torch.empty(16, dtype=torch.int32)
+        _x0_kernel[(1,)](torch.from_numpy(ctr.view(np.int32).copy()), out,
+                         k0 - (1 << 32) if k0 >= 1 << 31 else k0, k1 - (1 << 32) if k1 >= 1 << 31 else k1, N=16)
+        want = philox4x32_10(ctr[:, 0], ctr[:, 1], ctr[:, 2], ctr[:, 3], k0, k1)[0]
+        assert np.array_equal(out.numpy().view(np.uint32), want), (k0, k1)
+    # the randval pass: 64-bit seed/offset with high bits set, b*H + h counters
+    seed, offset = 0xDEADBEEF12345678, 0xFFFF000100000009
+    assert dropout_params(0.5, seed, offset)[0]
+    rv = ops_randval(2, 3, 19, 70, seed, offset)
+    for b in range(2):
+        for h in range(3):
+            assert np.array_equal(rv[b, h].numpy(), np_randval(seed, offset, b, h, 3, 19, 70))
+
+
+def ops_randval(b, h, sq, sk, seed, offset):
+    from ck_fmha.triton import dropout_randval
+
+    return dropout_randval(b, h, sq, sk, dropout_p=0.5, seed=seed, offset=offset)
+
+
+def _np_problem(family, **kw):
+    from ck_fmha.problem import FmhaProblem
+
+    base = dict(batch=2, nhead_q=4, nhead_k=2, seqlen_q=37, seqlen_k=45, hdim_q=32, dtype="fp16",
+                seed=0x123456789AB, offset=0x5555000000007)
+    return FmhaProblem(family=family, **{**base, **kw})
+
+
+def _np_inputs(p, rng, bias_shape=None, slopes_2d=False):
+    import numpy as np
+
+    from ck_fmha.problem import expected_shapes
+
+    sh = expected_shapes(p)
+    t = {n: rng.standard_normal(sh[n]).astype(np.float16) for n in ("q", "k", "v")}
+    t["do"] = rng.standard_normal(sh["o"]).astype(np.float16)
+    ex = {}
+    if p.bias == "elementwise":
+        ex["bias"] = rng.standard_normal(bias_shape or sh["bias"][0]).astype(np.float16)
+    if p.bias == "alibi":
+        ex["alibi_slopes"] = rng.uniform(0.05, 0.9, (p.batch, p.nhead_q) if slopes_2d else (p.nhead_q,)).astype(
+            np.float32)
+    return t, ex
+
+
+def _ops_kw(p, ex):
+    kw = dict(scale=p.softmax_scale, window=(p.window_left, p.window_right) if p.mask != "none" else (-1, -1),
+              align="bottom_right" if p.mask == "bottom_right" else "top_left",
+              dropout_p=p.p_drop, seed=p.seed, offset=p.offset)
+    if "bias" in ex:
+        kw["bias"] = torch.from_numpy(ex["bias"])
+    if "alibi_slopes" in ex:
+        kw["alibi_slopes"] = torch.from_numpy(ex["alibi_slopes"])
+        kw["alibi_align"] = ("vertical" if p.is_causal else
+                             "top_left" if p.mask in ("top_left", "generic") else "bottom_right")
+    if p.is_group:
+        kw.update(layout="thd", cu_seqlens_q=torch.tensor(p.seqstart_q, dtype=torch.int32),
+                  cu_seqlens_k=torch.tensor(p.seqstart_k, dtype=torch.int32),
+                  max_seqlen_q=p.seqlen_q, max_seqlen_k=p.seqlen_k)
+    return kw
+
+
+def _rel(a, b):
+    import numpy as np
+
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
+
+
+GROUP = dict(mode="group", batch=3, seqstart_q=(0, 17, 17, 40), seqstart_k=(0, 29, 32, 63))
+
+FEATURE_CASES = [
+    dict(bias="elementwise", mask="bottom_right"),
+    dict(bias="alibi", mask="top_left"),                                    # causal: vertical ALiBi
+    dict(bias="alibi", mask="generic", window_left=5, window_right=3, slopes_2d=True),
+    dict(bias="alibi", seqlen_q=45, seqlen_k=29),                           # no mask: bottom-right |i+off-j|
+    dict(p_drop=0.3),
+    dict(p_drop=0.2, bias="elementwise", mask="top_left", bias_shape=(1, 4, 37, 45)),
+    dict(p_drop=0.1, bias="alibi", mask="bottom_right", **GROUP),
+    dict(bias="elementwise", bias_shape=(1, 40, 45), **GROUP),
+]
+
+
+@pytest.mark.parametrize("case", FEATURE_CASES, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()
+                                                                        if not k.startswith("seqstart")))
+def test_fwd_bias_alibi_dropout(case):
+    import numpy as np
+
+    from ck_fmha import reference_fwd as R
+
+    case = dict(case)
+    bias_shape, slopes_2d = case.pop("bias_shape", None), case.pop("slopes_2d", False)
+    p = _np_problem("fwd", **case)
+    t, ex = _np_inputs(p, np.random.default_rng(11), bias_shape, slopes_2d)
+    r = R.fwd(p, t["q"], t["k"], t["v"], **ex)
+    o, lse = fwd(*(torch.from_numpy(t[n]) for n in ("q", "k", "v")), return_lse=True, config=SMALL,
+                 **_ops_kw(p, ex))
+    assert _rel(o.numpy(), r.o) < TOL
+    fin = np.isfinite(r.lse)
+    assert np.array_equal(np.isfinite(lse.numpy()), fin)
+    assert _rel(lse.numpy()[fin], r.lse[fin]) < 1e-5
+
+
+BWD_FEATURE_CASES = [
+    dict(bias="elementwise", dbias=True, mask="bottom_right"),
+    dict(bias="elementwise", dbias=True, bias_shape=(2, 1, 37, 45), deterministic=False, p_drop=0.2),
+    dict(bias="alibi", mask="top_left", slopes_2d=True),
+    dict(p_drop=0.25, mask="generic", window_left=6, window_right=2, deterministic=False),
+    dict(mask="bottom_right", deterministic=False, **GROUP),
+    dict(bias="elementwise", dbias=True, bias_shape=(1, 40, 45), p_drop=0.3, **GROUP),
+    dict(bias="alibi", mask="top_left", nhead_k=1, **GROUP),
+]
+
+
+@pytest.mark.parametrize("case", BWD_FEATURE_CASES, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()
+                                                                            if not k.startswith("seqstart")))
+def test_bwd_bias_alibi_dropout_group(case):
+    import attrs
+    import numpy as np
+
+    from ck_fmha import reference_bwd as RB
+    from ck_fmha import reference_fwd as R
+
+    case = dict(case)
+    bias_shape, slopes_2d = case.pop("bias_shape", None), case.pop("slopes_2d", False)
+    case.setdefault("deterministic", True)
+    p = _np_problem("bwd_dq_dk_dv", **case)
+    t, ex = _np_inputs(p, np.random.default_rng(12), bias_shape, slopes_2d)
+    r = R.fwd(attrs.evolve(p, family="fwd", dbias=False, deterministic=False), t["q"], t["k"], t["v"], **ex)
+    o, lse = r.o.astype(np.float16), r.lse.astype(np.float32)
+    rb = RB.bwd_dq_dk_dv(p, t["q"], t["k"], t["v"], lse, t["do"], RB.bwd_dot_do_o(p, o, t["do"]), **ex)
+    res = bwd(*(torch.from_numpy(x) for x in (t["q"], t["k"], t["v"], o, lse, t["do"])),
+              deterministic=p.deterministic, config=(SMALL, SMALL), return_dbias=p.dbias, **_ops_kw(p, ex))
+    assert _rel(res[0].numpy(), rb.dq.sum(0)) < TOL
+    assert _rel(res[1].numpy(), rb.dk) < TOL
+    assert _rel(res[2].numpy(), rb.dv) < TOL
+    if p.dbias:
+        assert res[3].shape == ex["bias"].shape and res[3].dtype == torch.float16
+        assert _rel(res[3].numpy(), rb.dbias) < TOL
+
+
+def test_attention_autograd_bias_grad():
+    q, k, v = _qkv(1, 2, 2, 21, 27, 32, 32, seed=6)
+    bias = torch.randn(1, 2, 21, 27, generator=torch.Generator().manual_seed(7)).half()
+    q, k, v, bias = (x.requires_grad_() for x in (q, k, v, bias))
+    o = attention(q, k, v, causal="bottom_right", bias=bias)
+    o.float().sum().backward()
+    qd, kd, vd, bd = (x.detach().double().requires_grad_() for x in (q, k, v, bias))
+    s = torch.einsum("bhid,bhjd->bhij", qd, kd) * 32 ** -0.5 + bd
+    vis = torch.ones(21, 27, dtype=torch.bool).tril(27 - 21)
+    ro = torch.softmax(s.masked_fill(~vis, float("-inf")), -1) @ vd
+    ro.sum().backward()
+    assert rel_err(o, ro) < TOL
+    for got, want in ((q.grad, qd.grad), (k.grad, kd.grad), (v.grad, vd.grad), (bias.grad, bd.grad)):
+        assert rel_err(got, want) < TOL
+
+
+def test_features_default_off_in_kernel_for():
+    for fam in ("fwd", "bwd_dq_dk_dv", "bwd_dq"):
+        _, cx = kernel_for(fam, {"hdim_q": 64})
+        assert cx["BIAS_MODE"] == 0 and cx["HAS_DROPOUT"] is False and cx["IS_VARLEN"] is False
+    _, cx = kernel_for("bwd_dq_dk_dv", {"hdim_q": 64, "bias_mode": "elementwise", "dbias": True,
+                                        "varlen": True, "even_m": True})
+    assert cx["STORE_DBIAS"] and cx["BIAS_MODE"] == 1 and cx["IS_VARLEN"] and not cx["EVEN_M"]
+    sig, _ = signature_for("bwd_dq_dk_dv", "fp16", {"hdim_q": 64})
+    assert sig["BIAS"] == "*fp16" and sig["ALIBI"] == "*fp32" and sig["DBIAS"] == "*fp32"
+    assert sig["drop_scale"] == "fp32" and sig["seed_lo"] == "i32"
+    sig, _ = signature_for("dropout_randval", "fp16", {"varlen": True})
+    assert sig["RV"] == "*u8" and sig["IS_VARLEN"] == "constexpr"
+
+
+# --------------------------------------------------------------------------
 # ahead-of-time compilation (no GPU needed).  The interpreter replaces
 # @triton.jit functions, so compilation runs in a child process without
 # TRITON_INTERPRET.
@@ -203,12 +406,12 @@ cases = json.loads(sys.argv[1])
 out = {}
 for name in sys.argv[2].split(","):
     tgt = targets[name]
-    for fam, dtype, cfg in cases:
+    for i, (fam, dtype, cfg) in enumerate(cases):
         if cfg.get("variant", "ptr") != "ptr" and tgt.backend != "cuda":
             continue
         ck = aot_compile(fam, dtype, cfg, tgt)
         blob = ck.asm.get("cubin") if tgt.backend == "cuda" else ck.asm.get("hsaco")
-        out[name + ":" + fam + ":" + cfg.get("variant", "ptr")] = [len(blob or b""), ck.metadata.shared]
+        out[name + ":" + fam + ":" + str(i) + ":" + cfg.get("variant", "ptr")] = [len(blob or b""), ck.metadata.shared]
 print("AOT-RESULT " + json.dumps(out))
 """
 
@@ -216,6 +419,9 @@ AOT_FAST = [  # small instances that compile quickly: forward, backward, split-K
     ("fwd", "fp16", dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2, hdim_q=64, mask_mode=1, lse=True)),
     ("bwd_dq_dk_dv", "fp16", dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1, hdim_q=32, mask_mode=1)),
     ("fwd_splitkv", "bf16", dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=2, hdim_q=64)),
+    # every backward feature at once: group mode, elementwise bias + dbias, Philox dropout
+    ("bwd_dq_dk_dv", "fp16", dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1, hdim_q=32, mask_mode=1,
+                                  varlen=True, bias_mode="elementwise", dbias=True, dropout=True)),
 ]
 
 AOT_ALL = AOT_FAST + [
@@ -232,6 +438,22 @@ AOT_ALL = AOT_FAST + [
     ("fwd", "bf16", dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3, hdim_q=128, variant="tma")),
     ("fwd", "bf16", dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3, hdim_q=128, variant="tma_ws")),
     ("fwd", "bf16", dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=2, hdim_q=128, variant="tma_host")),
+    # bias / ALiBi / dropout / group-mode backward
+    ("fwd", "fp16", dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2, hdim_q=64, mask_mode=1,
+                         bias_mode="alibi_vertical", dropout=True)),
+    ("fwd", "bf16", dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, hdim_q=64, bias_mode="elementwise",
+                         varlen=True, dropout=True)),
+    ("fwd", "bf16", dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=2, hdim_q=128, variant="tma_host",
+                         bias_mode="alibi")),
+    ("fwd", "bf16", dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3, hdim_q=128, variant="tma",
+                         bias_mode="elementwise", dropout=True)),
+    ("bwd_dq_dk_dv", "bf16", dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=2, hdim_q=64, atomic_dq=True,
+                                  bias_mode="alibi_top_left", dropout=True, varlen=True)),
+    ("bwd_dq", "bf16", dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2, hdim_q=64, mask_mode=1,
+                            varlen=True, bias_mode="elementwise", dropout=True)),
+    ("bwd_dot_do_o", "bf16", dict(BLOCK_M=64, hdim_q=128, varlen=True)),
+    ("bwd_convert_dq", "bf16", dict(BLOCK_M=64, hdim_q=128, varlen=True)),
+    ("dropout_randval", "fp16", dict(BLOCK_M=32, BLOCK_N=64, varlen=True)),
 ]
 
 TARGETS = ["sm90", "gfx942", "gfx90a", "gfx950", "gfx1100", "gfx1201"]

@@ -2,5 +2,5 @@
 from .configs import (CUDA_ONLY_VARIANTS, FAMILIES, VARIANTS, TritonFmhaConfig, aot_compile,  # noqa: F401
                       constexprs_for, default_bwd_configs, default_fwd_config, default_splitkv_config,
                       kernel_for, num_splits_heuristic, signature_for)
-from .ops import (AttentionFunction, attention, bwd, fwd, mask_params, paged_decode,  # noqa: F401
-                  splitkv_decode)
+from .ops import (AttentionFunction, attention, bwd, dropout_randval, fwd, mask_params,  # noqa: F401
+                  paged_decode, splitkv_decode)

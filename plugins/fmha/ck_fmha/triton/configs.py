@@ -7,7 +7,9 @@ ahead-of-time compilation.
     meta-parameters (``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages``,
     ``variant``) and the problem features that are compile-time constants
     (``hdim_q``, ``hdim_v``, ``mask_mode``, ``bottom_right``, ``softcap``,
-    ``lse``, ...; see :func:`constexprs_for`).  ``constexprs`` maps every
+    ``lse``, ``varlen``, ``bias_mode`` (0..4 or a name of :data:`BIAS_MODES`),
+    ``dropout``, ``dbias``, ...; see :func:`constexprs_for`).  The feature
+    keys default to off, which compiles the kernels as without the features.  ``constexprs`` maps every
     ``tl.constexpr`` argument name of ``jit_fn`` to its value.
 
 ``signature_for(family, dtype, config)`` gives the full ``ASTSource``
@@ -31,6 +33,7 @@ FAMILIES = (
     "bwd_dq_dk_dv",
     "bwd_dq",
     "bwd_convert_dq",
+    "dropout_randval",  # store_randval: the forward's uint8 dropout random values
 )
 
 VARIANTS = ("ptr", "tma", "tma_ws", "tma_host")
@@ -189,12 +192,29 @@ _FN = {
     "bwd_dq_dk_dv": K.fmha_bwd_dq_dk_dv_kernel,
     "bwd_dq": K.fmha_bwd_dq_kernel,
     "bwd_convert_dq": K.fmha_bwd_convert_dq_kernel,
+    "dropout_randval": K.fmha_dropout_randval_kernel,
 }
 
 
 def _get(cfg: Mapping, key, default):
     v = cfg.get(key, default)
     return default if v is None else v
+
+
+BIAS_MODES = {"none": 0, "elementwise": 1, "alibi_vertical": 2, "alibi_top_left": 3, "alibi_bottom_right": 4,
+              "alibi": 4}
+
+
+def bias_mode_of(x) -> int:
+    """Kernel BIAS_MODE from a config value: an int 0..4 or a name of :data:`BIAS_MODES`."""
+    if isinstance(x, str):
+        if x not in BIAS_MODES:
+            raise ValueError(f"bias mode {x!r} is not one of {', '.join(BIAS_MODES)}")
+        return BIAS_MODES[x]
+    x = int(x)
+    if not 0 <= x <= 4:
+        raise ValueError(f"bias mode {x} is not in 0..4")
+    return x
 
 
 def constexprs_for(family: str, config: Mapping) -> Dict[str, Any]:
@@ -212,14 +232,18 @@ def constexprs_for(family: str, config: Mapping) -> Dict[str, Any]:
     mm = int(_get(config, "mask_mode", 0))
     br = bool(_get(config, "bottom_right", False))
     sc = bool(_get(config, "softcap", False))
+    # features off by default: the kernels then compile exactly as without them
+    bmode = bias_mode_of(_get(config, "bias_mode", 0))
+    drop = bool(_get(config, "dropout", False))
+    varlen = bool(_get(config, "varlen", False))
     if family == "fwd":
         return dict(D_Q=dq, D_V=dv, BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=bm, BLOCK_N=bn,
                     MASK_MODE=mm, BOTTOM_RIGHT=br, HAS_SOFTCAP=sc,
                     STORE_LSE=bool(_get(config, "lse", True)),
-                    IS_VARLEN=bool(_get(config, "varlen", False)),
+                    IS_VARLEN=varlen,
                     REVERSE_M=bool(_get(config, "reverse_m", mm & 1 == 1)),
                     USE_TMA={"ptr": 0, "tma": 1, "tma_ws": 1, "tma_host": 2}[variant],
-                    WARP_SPEC=variant == "tma_ws")
+                    WARP_SPEC=variant == "tma_ws", BIAS_MODE=bmode, HAS_DROPOUT=drop)
     if family in ("fwd_splitkv", "fwd_pagedkv"):
         ps = int(_get(config, "page_size", 16 if family == "fwd_pagedkv" else 0))
         return dict(D_Q=dq, D_V=dv, BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=max(16, bm), BLOCK_N=bn,
@@ -228,19 +252,24 @@ def constexprs_for(family: str, config: Mapping) -> Dict[str, Any]:
     if family == "fwd_splitkv_combine":
         return dict(D_V=dv, BLOCK_DV=bdv, BLOCK_S=max(2, next_pow2(int(_get(config, "num_splits", 16)))),
                     STORE_LSE=bool(_get(config, "lse", True)))
+    even_m = bool(_get(config, "even_m", False)) and not varlen
+    even_n = bool(_get(config, "even_n", False)) and not varlen
     if family == "bwd_dot_do_o":
-        return dict(D_V=dv, BLOCK_DV=bdv, BLOCK_M=bm)
+        return dict(D_V=dv, BLOCK_DV=bdv, BLOCK_M=bm, IS_VARLEN=varlen)
     if family == "bwd_dq_dk_dv":
         return dict(D_Q=dq, D_V=dv, BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=bm, BLOCK_N=bn,
                     MASK_MODE=mm, BOTTOM_RIGHT=br, HAS_SOFTCAP=sc,
                     ATOMIC_DQ=bool(_get(config, "atomic_dq", BWD_ATOMIC_DQ_DEFAULT)),
-                    EVEN_M=bool(_get(config, "even_m", False)), EVEN_N=bool(_get(config, "even_n", False)))
+                    EVEN_M=even_m, EVEN_N=even_n, IS_VARLEN=varlen, BIAS_MODE=bmode, HAS_DROPOUT=drop,
+                    STORE_DBIAS=bool(_get(config, "dbias", False)) and bmode == 1)
     if family == "bwd_dq":
         return dict(D_Q=dq, D_V=dv, BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=bm, BLOCK_N=bn,
                     MASK_MODE=mm, BOTTOM_RIGHT=br, HAS_SOFTCAP=sc,
-                    EVEN_M=bool(_get(config, "even_m", False)), EVEN_N=bool(_get(config, "even_n", False)))
+                    EVEN_M=even_m, EVEN_N=even_n, IS_VARLEN=varlen, BIAS_MODE=bmode, HAS_DROPOUT=drop)
     if family == "bwd_convert_dq":
-        return dict(D_Q=dq, BLOCK_DQ=bdq, BLOCK_M=bm)
+        return dict(D_Q=dq, BLOCK_DQ=bdq, BLOCK_M=bm, IS_VARLEN=varlen)
+    if family == "dropout_randval":
+        return dict(BLOCK_M=bm, BLOCK_N=bn, IS_VARLEN=varlen)
     raise AssertionError(family)
 
 
@@ -257,8 +286,9 @@ _PTR_ARGS = {  # argument name -> element type key ('x' = the data dtype)
     "Q": "x", "K": "x", "V": "x", "O": "x", "DO": "x", "DK": "x", "DV": "x", "DQ": "x",
     "LSE": "fp32", "DELTA": "fp32", "DQA": "fp32", "OACC": "fp32", "LACC": "fp32",
     "CU_Q": "i32", "CU_K": "i32", "BLOCK_TABLE": "i32", "SEQLENS_K": "i32",
+    "BIAS": "x", "ALIBI": "fp32", "DBIAS": "fp32", "RV": "u8",
 }
-_FLOAT_ARGS = {"scale2", "cap_in", "cap_out", "sm_scale"}
+_FLOAT_ARGS = {"scale2", "cap_in", "cap_out", "sm_scale", "drop_scale"}
 
 
 def signature_for(family: str, dtype: str, config: Mapping | TritonFmhaConfig) -> Tuple[Dict[str, str], Dict[str, Any]]:

@@ -20,6 +20,13 @@ Conventions shared by every kernel
   bit 1: left bound present.
 * LSE is stored in natural-log units ([B, H, Sq] fp32, -inf for rows that see
   no key); split-KV partial LSEs are kept in log2 units.
+* Optional features are constexpr-guarded (``BIAS_MODE``, ``HAS_DROPOUT``,
+  ``STORE_DBIAS``, ``IS_VARLEN`` in the backward); their run-time arguments
+  come after the original ones, so with the features off the kernels compile
+  to the same code as without them (checked on sm90 PTX / gfx942 AMDGCN, only
+  the kernel argument list and hidden-argument offsets differ).  Bias is added
+  after the softmax scale (log2 units inside); dropout keeps the pre-dropout
+  LSE and scales kept probabilities by 1 / (1 - p).
 """
 from __future__ import annotations
 
@@ -61,6 +68,79 @@ def _visible_t(rows, cols, off, left, right, MASK_MODE: tl.constexpr):
     if MASK_MODE & 2:
         ok = ok & (rel >= -left)
     return ok
+
+
+@triton.jit
+def _philox_x0(c0, c1, c2, c3, k0, k1):
+    """First output word of Philox-4x32-10 (Salmon et al.), uint32 arithmetic;
+    the same stream as ``ck_fmha.philox.philox4x32_10``."""
+    M0: tl.constexpr = 0xD2511F53
+    M1: tl.constexpr = 0xCD9E8D57
+    W0: tl.constexpr = 0x9E3779B9
+    W1: tl.constexpr = 0xBB67AE85
+    for _ in tl.static_range(10):
+        hi0 = tl.umulhi(c0, M0)
+        lo0 = c0 * M0
+        hi1 = tl.umulhi(c2, M1)
+        lo1 = c2 * M1
+        c0 = hi1 ^ c1 ^ k0
+        c1 = lo1
+        c2 = hi0 ^ c3 ^ k1
+        c3 = lo0
+        k0 = k0 + W0
+        k1 = k1 + W1
+    return c0
+
+
+@triton.jit
+def _randval(ri, cj, bh, k0, k1, off_lo):
+    """uint8-valued (int32) dropout random values of the elements (row ri, column cj)
+    (broadcastable index tensors, local to the sequence) of attention matrix
+    ``bh = b * nhead_q + h``: Philox counter (j, i, bh, offset_lo), key (k0, k1)
+    (i32 bit patterns), top byte of the first output word."""
+    c0 = (cj + ri * 0).to(tl.uint32)
+    c1 = (ri + cj * 0).to(tl.uint32)
+    z = c0 * 0
+    c2 = z + bh.to(tl.uint32)
+    c3 = z + off_lo.to(tl.uint32, bitcast=True)
+    x0 = _philox_x0(c0, c1, c2, c3, k0.to(tl.uint32, bitcast=True), k1.to(tl.uint32, bitcast=True))
+    return (x0 >> 24).to(tl.int32)
+
+
+@triton.jit
+def _dropout_keep(ri, cj, bh, k0, k1, off_lo, thresh):
+    """Keep mask: randval <= thresh (CK's uint8 rule, thresh = floor((1 - p) * 255))."""
+    return _randval(ri, cj, bh, k0, k1, off_lo) <= thresh
+
+
+@triton.jit
+def _bias_at(ri, cj, biasb, sbq, sbk, slope, aoff, seqlen_q, seqlen_k, BIAS_MODE: tl.constexpr):
+    """Bias (log2 units) at rows ri / columns cj (broadcastable).  BIAS_MODE 1: elementwise
+    tensor; 2: ALiBi vertical (causal) ``slope * j``; 3: ALiBi ``-slope * |i + aoff - j|``."""
+    if BIAS_MODE == 1:
+        bt = tl.load(biasb + ri * sbq + cj * sbk, mask=(ri < seqlen_q) & (cj < seqlen_k),
+                     other=0.0).to(tl.float32)
+    elif BIAS_MODE == 2:
+        bt = slope * (cj + ri * 0).to(tl.float32)
+    else:
+        bt = -slope * tl.abs(ri + aoff - cj).to(tl.float32)
+    return bt * 1.4426950408889634
+
+
+@triton.jit
+def _bias_setup(BIAS, ALIBI, b64, h64, q_start, sbb, sbh, sbq, sab, seqlen_q, seqlen_k,
+                BIAS_MODE: tl.constexpr):
+    """(bias base pointer of (b, h), ALiBi slope, ALiBi row offset) for BIAS_MODE (see fmha_fwd_kernel)."""
+    biasb = BIAS
+    slope = 0.0
+    aoff = seqlen_q * 0
+    if BIAS_MODE == 1:
+        biasb = BIAS + b64 * sbb + h64 * sbh + q_start.to(tl.int64) * sbq
+    if BIAS_MODE >= 2:
+        slope = tl.load(ALIBI + b64 * sab + h64).to(tl.float32)
+    if BIAS_MODE == 4:
+        aoff = seqlen_k - seqlen_q
+    return biasb, slope, aoff
 
 
 @triton.jit
@@ -122,10 +202,12 @@ def _q_range(n0, off, left, right, seqlen_q,
 def _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, vcol,
                start, end, rows, off, left, right, seqlen_k,
                scale2, cap_in, cap_out,
+               biasb, sbq, sbk, slope, aoff, seqlen_q, bh_id, k0, k1, off_lo, thresh,
                D_Q: tl.constexpr, D_V: tl.constexpr,
                BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
                MASKED: tl.constexpr, MASK_MODE: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-               USE_TMA: tl.constexpr, WARP_SPEC: tl.constexpr):
+               USE_TMA: tl.constexpr, WARP_SPEC: tl.constexpr,
+               BIAS_MODE: tl.constexpr, HAS_DROPOUT: tl.constexpr):
     offs_n = tl.arange(0, BLOCK_N)
     offs_dq = tl.arange(0, BLOCK_DQ)
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -144,15 +226,19 @@ def _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, v
             else:
                 k = tl.load(kp)
         qk = tl.dot(q, tl.trans(k))
-        if MASKED:
+        if MASKED or BIAS_MODE != 0:
             if HAS_SOFTCAP:
                 qk = _tanh(qk * cap_in) * cap_out
             else:
                 qk = qk * scale2
-            ok = cols[None, :] < seqlen_k
-            if MASK_MODE != 0:
-                ok = ok & _visible(rows, cols, off, left, right, MASK_MODE)
-            qk = tl.where(ok, qk, float("-inf"))
+            if BIAS_MODE != 0:
+                qk = qk + _bias_at(rows[:, None], cols[None, :], biasb, sbq, sbk, slope, aoff,
+                                   seqlen_q, seqlen_k, BIAS_MODE)
+            if MASKED:
+                ok = cols[None, :] < seqlen_k
+                if MASK_MODE != 0:
+                    ok = ok & _visible(rows, cols, off, left, right, MASK_MODE)
+                qk = tl.where(ok, qk, float("-inf"))
             m_ij = tl.maximum(m_i, tl.max(qk, 1))
             m_sub = tl.where(m_ij == float("-inf"), 0.0, m_ij)
             p = tl.math.exp2(qk - m_sub[:, None])
@@ -168,6 +254,8 @@ def _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, v
             alpha = tl.math.exp2(m_i - m_ij)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
+        if HAS_DROPOUT:
+            p = tl.where(_dropout_keep(rows[:, None], cols[None, :], bh_id, k0, k1, off_lo, thresh), p, 0.0)
         if USE_TMA != 0:
             v = desc_v.load([krow + start_n, vcol])
         else:
@@ -189,12 +277,19 @@ def fmha_fwd_kernel(
     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sob, soh, sos, slb, slh,
     H, GROUP, SEQ_Q, SEQ_K,
     scale2, cap_in, cap_out, left, right,
+    BIAS, ALIBI, sbb, sbh, sbq, sbk, sab, seed_lo, seed_hi, off_lo, drop_thresh, drop_scale,
     D_Q: tl.constexpr, D_V: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     MASK_MODE: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     STORE_LSE: tl.constexpr, IS_VARLEN: tl.constexpr, REVERSE_M: tl.constexpr,
     USE_TMA: tl.constexpr, WARP_SPEC: tl.constexpr,
+    BIAS_MODE: tl.constexpr, HAS_DROPOUT: tl.constexpr,
 ):
+    """BIAS_MODE: 0 none, 1 elementwise BIAS [B|1, H|1, Sq, Sk] (strides sb?, 0 where broadcast;
+    group mode: [H|1, Tq, max Sk], sbb = 0), 2 ALiBi vertical (causal), 3 ALiBi top-left,
+    4 ALiBi bottom-right (ALIBI: fp32 slopes, batch stride sab, 0 for [H]).  HAS_DROPOUT:
+    Philox keep mask (key (seed_lo, seed_hi), counter (j, i, b*H + h, off_lo)), kept
+    probabilities scaled by drop_scale; LSE is the pre-dropout one."""
     pid_m = tl.program_id(0)
     if REVERSE_M:
         pid_m = tl.num_programs(0) - 1 - pid_m
@@ -260,22 +355,33 @@ def fmha_fwd_kernel(
     m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    biasb, slope, aoff = _bias_setup(BIAS, ALIBI, b64, h.to(tl.int64), q_start, sbb, sbh, sbq, sab,
+                                     seqlen_q, seqlen_k, BIAS_MODE)
+    bh_id = b * H + h
     lo, full_lo, full_hi, hi = _kv_range(m0, off, left, right, seqlen_k, BLOCK_M, BLOCK_N, MASK_MODE)
     if MASK_MODE & 2:
         acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, vcol,
                                    lo, full_lo, rows, off, left, right, seqlen_k,
-                                   scale2, cap_in, cap_out, D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_N,
-                                   True, MASK_MODE, HAS_SOFTCAP, USE_TMA, False)
+                                   scale2, cap_in, cap_out, biasb, sbq, sbk, slope, aoff, seqlen_q, bh_id,
+                                   seed_lo, seed_hi, off_lo, drop_thresh,
+                                   D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_N,
+                                   True, MASK_MODE, HAS_SOFTCAP, USE_TMA, False, BIAS_MODE, HAS_DROPOUT)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, vcol,
                                full_lo, full_hi, rows, off, left, right, seqlen_k,
-                               scale2, cap_in, cap_out, D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_N,
-                               False, MASK_MODE, HAS_SOFTCAP, USE_TMA, WARP_SPEC)
+                               scale2, cap_in, cap_out, biasb, sbq, sbk, slope, aoff, seqlen_q, bh_id,
+                               seed_lo, seed_hi, off_lo, drop_thresh,
+                               D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_N,
+                               False, MASK_MODE, HAS_SOFTCAP, USE_TMA, WARP_SPEC, BIAS_MODE, HAS_DROPOUT)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, vcol,
                                full_hi, hi, rows, off, left, right, seqlen_k,
-                               scale2, cap_in, cap_out, D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_N,
-                               True, MASK_MODE, HAS_SOFTCAP, USE_TMA, False)
+                               scale2, cap_in, cap_out, biasb, sbq, sbk, slope, aoff, seqlen_q, bh_id,
+                               seed_lo, seed_hi, off_lo, drop_thresh,
+                               D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_N,
+                               True, MASK_MODE, HAS_SOFTCAP, USE_TMA, False, BIAS_MODE, HAS_DROPOUT)
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     acc = acc / l_safe[:, None]
+    if HAS_DROPOUT:
+        acc = acc * drop_scale
     out = acc.to(O.dtype.element_ty)
     tl.store(ob + rows[:, None] * sos + offs_dv[None, :], out,
              mask=(rows[:, None] < seqlen_q) & (offs_dv[None, :] < D_V))
@@ -284,32 +390,72 @@ def fmha_fwd_kernel(
         tl.store(LSE + b64 * slb + h.to(tl.int64) * slh + q_start + rows, lse, mask=rows < seqlen_q)
 
 
+@triton.jit
+def fmha_dropout_randval_kernel(RV, CU_Q, CU_K, srb, srh, srq, H, SEQ_Q, SEQ_K, seed_lo, seed_hi, off_lo,
+                                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """The forward's dropout random values (store_randval) as uint8: RV [B, H, Sq, Sk]
+    ([H, Tq, max Sk] in group mode, srb = 0); a separate pass so that the attention
+    kernels stay free of the extra stores."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    bh = tl.program_id(2)
+    b = bh // H
+    h = bh % H
+    if IS_VARLEN:
+        q_start = tl.load(CU_Q + b)
+        seqlen_q = tl.load(CU_Q + b + 1) - q_start
+        seqlen_k = tl.load(CU_K + b + 1) - tl.load(CU_K + b)
+    else:
+        q_start = 0
+        seqlen_q = SEQ_Q
+        seqlen_k = SEQ_K
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rv = _randval(rows[:, None], cols[None, :], bh, seed_lo, seed_hi, off_lo)
+    ptr = RV + b.to(tl.int64) * srb + h.to(tl.int64) * srh + (q_start + rows[:, None]).to(tl.int64) * srq
+    tl.store(ptr + cols[None, :], rv.to(tl.uint8), mask=(rows[:, None] < seqlen_q) & (cols[None, :] < seqlen_k))
+
+
 # ----------------------------------------------------------------------------
 # backward
 # ----------------------------------------------------------------------------
 @triton.jit
-def fmha_bwd_dot_do_o_kernel(O, DO, DELTA, sob, soh, sos, sdb, sdh, sds, H, SEQ_Q,
-                             D_V: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr):
+def fmha_bwd_dot_do_o_kernel(O, DO, DELTA, sob, soh, sos, sdb, sdh, sds, H, SEQ_Q, CU_Q, sdlh,
+                             D_V: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr,
+                             IS_VARLEN: tl.constexpr):
+    """DELTA = rowsum(dO * O): [B, H, Sq] fp32, or [H, Tq] (head stride sdlh) in group mode."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_DV)
-    msk = (rows[:, None] < SEQ_Q) & (offs_d[None, :] < D_V)
-    o = tl.load(O + b * sob + h * soh + rows[:, None] * sos + offs_d[None, :], mask=msk, other=0.0)
-    do = tl.load(DO + b * sdb + h * sdh + rows[:, None] * sds + offs_d[None, :], mask=msk, other=0.0)
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
-    tl.store(DELTA + bh.to(tl.int64) * SEQ_Q + rows, delta, mask=rows < SEQ_Q)
+    if IS_VARLEN:
+        q_start = tl.load(CU_Q + b).to(tl.int64)
+        seqlen_q = tl.load(CU_Q + b + 1) - q_start
+        msk = (rows[:, None] < seqlen_q) & (offs_d[None, :] < D_V)
+        o = tl.load(O + q_start * sos + h * soh + rows[:, None] * sos + offs_d[None, :], mask=msk, other=0.0)
+        do = tl.load(DO + q_start * sds + h * sdh + rows[:, None] * sds + offs_d[None, :], mask=msk, other=0.0)
+        delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+        tl.store(DELTA + h * sdlh + q_start + rows, delta, mask=rows < seqlen_q)
+    else:
+        msk = (rows[:, None] < SEQ_Q) & (offs_d[None, :] < D_V)
+        o = tl.load(O + b * sob + h * soh + rows[:, None] * sos + offs_d[None, :], mask=msk, other=0.0)
+        do = tl.load(DO + b * sdb + h * sdh + rows[:, None] * sds + offs_d[None, :], mask=msk, other=0.0)
+        delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+        tl.store(DELTA + bh.to(tl.int64) * SEQ_Q + rows, delta, mask=rows < SEQ_Q)
 
 
 @triton.jit
 def _bwd_dkdv_inner(dk, dv, k, v, qb, dob, lseb, deltab, dqab, sqs, sdos, sdqs,
                     start, end, cols, off, left, right, seqlen_q,
                     sm_scale, scale2, cap_in, cap_out,
+                    biasb, dbiasb, sbq, sbk, sdbq, slope, aoff, seqlen_k, bh_id, k0, k1, off_lo, thresh,
+                    drop_scale,
                     D_Q: tl.constexpr, D_V: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
                     BLOCK_M: tl.constexpr, MASKED: tl.constexpr, MASK_MODE: tl.constexpr,
-                    HAS_SOFTCAP: tl.constexpr, ATOMIC_DQ: tl.constexpr, EVEN_M: tl.constexpr):
+                    HAS_SOFTCAP: tl.constexpr, ATOMIC_DQ: tl.constexpr, EVEN_M: tl.constexpr,
+                    BIAS_MODE: tl.constexpr, HAS_DROPOUT: tl.constexpr, STORE_DBIAS: tl.constexpr):
     offs_m = tl.arange(0, BLOCK_M)
     offs_dq = tl.arange(0, BLOCK_DQ)
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -332,6 +478,12 @@ def _bwd_dkdv_inner(dk, dv, k, v, qb, dob, lseb, deltab, dqab, sqs, sdos, sdqs,
         if HAS_SOFTCAP:
             t = _tanh(qkT * cap_in)
             pT = tl.math.exp2(t * cap_out - lse2[None, :])
+        elif BIAS_MODE != 0:
+            bT = _bias_at(rows[None, :], cols[:, None], biasb, sbq, sbk, slope, aoff, seqlen_q, seqlen_k,
+                          BIAS_MODE)
+            # keys past the end: the bias there is arbitrary (ALiBi grows with j), keep them out
+            sT = tl.where(cols[:, None] < seqlen_k, qkT * scale2 + bT, float("-inf"))
+            pT = tl.math.exp2(sT - lse2[None, :])
         else:
             pT = tl.math.exp2(qkT * scale2 - lse2[None, :])
         if MASKED:
@@ -341,13 +493,22 @@ def _bwd_dkdv_inner(dk, dv, k, v, qb, dob, lseb, deltab, dqab, sqs, sdos, sdqs,
         else:
             do = tl.load(dob + rows[:, None] * sdos + offs_dv[None, :],
                          mask=(rows[:, None] < seqlen_q) & (offs_dv[None, :] < D_V), other=0.0)
-        dv = tl.dot(pT.to(dtype), do, dv)
+        if HAS_DROPOUT:
+            keepT = _dropout_keep(rows[None, :], cols[:, None], bh_id, k0, k1, off_lo, thresh)
+            dv = tl.dot(tl.where(keepT, pT * drop_scale, 0.0).to(dtype), do, dv)
+        else:
+            dv = tl.dot(pT.to(dtype), do, dv)
         if EVEN_M:
             di = tl.load(deltab + rows)
         else:
             di = tl.load(deltab + rows, mask=rows < seqlen_q, other=0.0)
         dpT = tl.dot(v, tl.trans(do))
+        if HAS_DROPOUT:
+            dpT = tl.where(keepT, dpT * drop_scale, 0.0)
         dsT = pT * (dpT - di[None, :])
+        if STORE_DBIAS:
+            tl.store(dbiasb + rows[None, :] * sdbq + cols[:, None], dsT,
+                     mask=(rows[None, :] < seqlen_q) & (cols[:, None] < seqlen_k))
         if HAS_SOFTCAP:
             dsT = dsT * (1.0 - t * t)
         dsT16 = dsT.to(dtype)
@@ -366,66 +527,123 @@ def fmha_bwd_dq_dk_dv_kernel(
     sdkb, sdkh, sdks, sdvb, sdvh, sdvs, sdqb, sdqh, sdqs,
     HK, GROUP, SEQ_Q, SEQ_K,
     sm_scale, scale2, cap_in, cap_out, left, right,
+    CU_Q, CU_K, BIAS, ALIBI, DBIAS, sbb, sbh, sbq, sbk, sab, sdbb, sdbh, sdbq, slh,
+    seed_lo, seed_hi, off_lo, drop_thresh, drop_scale,
     D_Q: tl.constexpr, D_V: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     MASK_MODE: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     ATOMIC_DQ: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
+    IS_VARLEN: tl.constexpr, BIAS_MODE: tl.constexpr, HAS_DROPOUT: tl.constexpr, STORE_DBIAS: tl.constexpr,
 ):
     """dK, dV for one key block (summed over the GQA group); with ATOMIC_DQ
-    also accumulates dQ (scaled, fp32) into DQA with atomics."""
+    also accumulates dQ (scaled, fp32) into DQA with atomics.  IS_VARLEN: group
+    mode (CU_Q/CU_K offsets, LSE/DELTA [H, Tq] with head stride slh; the grid
+    covers max_seqlen_k).  BIAS_MODE / HAS_DROPOUT as in fmha_fwd_kernel;
+    STORE_DBIAS writes dS (= dBias of an elementwise bias) into the fp32 DBIAS
+    [B, H, Sq, Sk] ([H, Tq, max Sk] in group mode), column stride 1."""
     pid_n = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // HK).to(tl.int64)
     hk = (bh % HK).to(tl.int64)
     n0 = pid_n * BLOCK_N
+    if IS_VARLEN:
+        q_start = tl.load(CU_Q + b).to(tl.int64)
+        seqlen_q = (tl.load(CU_Q + b + 1) - q_start).to(tl.int32)
+        k_start = tl.load(CU_K + b).to(tl.int64)
+        seqlen_k = (tl.load(CU_K + b + 1) - k_start).to(tl.int32)
+    else:
+        q_start = 0
+        k_start = 0
+        seqlen_q = SEQ_Q
+        seqlen_k = SEQ_K
+    if IS_VARLEN:
+        if n0 >= seqlen_k:
+            return
     if BOTTOM_RIGHT:
-        off = SEQ_K - SEQ_Q
+        off = seqlen_k - seqlen_q
     else:
         off = 0
     cols = n0 + tl.arange(0, BLOCK_N)
     offs_dq = tl.arange(0, BLOCK_DQ)
     offs_dv = tl.arange(0, BLOCK_DV)
-    kmask = (cols[:, None] < SEQ_K) & (offs_dq[None, :] < D_Q)
-    vmask = (cols[:, None] < SEQ_K) & (offs_dv[None, :] < D_V)
-    k = tl.load(K + b * skb + hk * skh + cols[:, None] * sks + offs_dq[None, :], mask=kmask, other=0.0)
-    v = tl.load(V + b * svb + hk * svh + cols[:, None] * svs + offs_dv[None, :], mask=vmask, other=0.0)
+    kmask = (cols[:, None] < seqlen_k) & (offs_dq[None, :] < D_Q)
+    vmask = (cols[:, None] < seqlen_k) & (offs_dv[None, :] < D_V)
+    if IS_VARLEN:
+        k = tl.load(K + k_start * sks + hk * skh + cols[:, None] * sks + offs_dq[None, :], mask=kmask, other=0.0)
+        v = tl.load(V + k_start * svs + hk * svh + cols[:, None] * svs + offs_dv[None, :], mask=vmask, other=0.0)
+    else:
+        k = tl.load(K + b * skb + hk * skh + cols[:, None] * sks + offs_dq[None, :], mask=kmask, other=0.0)
+        v = tl.load(V + b * svb + hk * svh + cols[:, None] * svs + offs_dv[None, :], mask=vmask, other=0.0)
     dk = tl.zeros([BLOCK_N, BLOCK_DQ], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
-    lo, full_lo, full_hi, hi = _q_range(n0, off, left, right, SEQ_Q, BLOCK_M, BLOCK_N, MASK_MODE)
+    lo, full_lo, full_hi, hi = _q_range(n0, off, left, right, seqlen_q, BLOCK_M, BLOCK_N, MASK_MODE)
     for g in range(0, GROUP):
         h = hk * GROUP + g
-        qb = Q + b * sqb + h * sqh
-        dob = DO + b * sdob + h * sdoh
-        dqab = DQA + b * sdqb + h * sdqh
-        lseb = LSE + (b * HK * GROUP + h) * SEQ_Q
-        deltab = DELTA + (b * HK * GROUP + h) * SEQ_Q
+        if IS_VARLEN:
+            qb = Q + q_start * sqs + h * sqh
+            dob = DO + q_start * sdos + h * sdoh
+            dqab = DQA + q_start * sdqs + h * sdqh
+            lseb = LSE + h * slh + q_start
+            deltab = DELTA + h * slh + q_start
+        else:
+            qb = Q + b * sqb + h * sqh
+            dob = DO + b * sdob + h * sdoh
+            dqab = DQA + b * sdqb + h * sdqh
+            lseb = LSE + (b * HK * GROUP + h) * SEQ_Q
+            deltab = DELTA + (b * HK * GROUP + h) * SEQ_Q
+        biasb, slope, aoff = _bias_setup(BIAS, ALIBI, b, h, q_start, sbb, sbh, sbq, sab,
+                                         seqlen_q, seqlen_k, BIAS_MODE)
+        dbiasb = DBIAS
+        if STORE_DBIAS:
+            dbiasb = DBIAS + b * sdbb + h * sdbh + q_start * sdbq
+        bh_id = b * HK * GROUP + h
         if MASK_MODE & 1:
             dk, dv = _bwd_dkdv_inner(dk, dv, k, v, qb, dob, lseb, deltab, dqab, sqs, sdos, sdqs,
-                                     lo, full_lo, cols, off, left, right, SEQ_Q,
-                                     sm_scale, scale2, cap_in, cap_out, D_Q, D_V, BLOCK_DQ, BLOCK_DV,
-                                     BLOCK_M, True, MASK_MODE, HAS_SOFTCAP, ATOMIC_DQ, EVEN_M)
+                                     lo, full_lo, cols, off, left, right, seqlen_q,
+                                     sm_scale, scale2, cap_in, cap_out,
+                                     biasb, dbiasb, sbq, sbk, sdbq, slope, aoff, seqlen_k, bh_id,
+                                     seed_lo, seed_hi, off_lo, drop_thresh, drop_scale,
+                                     D_Q, D_V, BLOCK_DQ, BLOCK_DV,
+                                     BLOCK_M, True, MASK_MODE, HAS_SOFTCAP, ATOMIC_DQ, EVEN_M,
+                                     BIAS_MODE, HAS_DROPOUT, STORE_DBIAS)
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, qb, dob, lseb, deltab, dqab, sqs, sdos, sdqs,
-                                 full_lo, full_hi, cols, off, left, right, SEQ_Q,
-                                 sm_scale, scale2, cap_in, cap_out, D_Q, D_V, BLOCK_DQ, BLOCK_DV,
-                                 BLOCK_M, False, MASK_MODE, HAS_SOFTCAP, ATOMIC_DQ, EVEN_M)
+                                 full_lo, full_hi, cols, off, left, right, seqlen_q,
+                                 sm_scale, scale2, cap_in, cap_out,
+                                 biasb, dbiasb, sbq, sbk, sdbq, slope, aoff, seqlen_k, bh_id,
+                                 seed_lo, seed_hi, off_lo, drop_thresh, drop_scale,
+                                 D_Q, D_V, BLOCK_DQ, BLOCK_DV,
+                                 BLOCK_M, False, MASK_MODE, HAS_SOFTCAP, ATOMIC_DQ, EVEN_M,
+                                 BIAS_MODE, HAS_DROPOUT, STORE_DBIAS)
         if MASK_MODE & 2:
             dk, dv = _bwd_dkdv_inner(dk, dv, k, v, qb, dob, lseb, deltab, dqab, sqs, sdos, sdqs,
-                                     full_hi, hi, cols, off, left, right, SEQ_Q,
-                                     sm_scale, scale2, cap_in, cap_out, D_Q, D_V, BLOCK_DQ, BLOCK_DV,
-                                     BLOCK_M, True, MASK_MODE, HAS_SOFTCAP, ATOMIC_DQ, EVEN_M)
+                                     full_hi, hi, cols, off, left, right, seqlen_q,
+                                     sm_scale, scale2, cap_in, cap_out,
+                                     biasb, dbiasb, sbq, sbk, sdbq, slope, aoff, seqlen_k, bh_id,
+                                     seed_lo, seed_hi, off_lo, drop_thresh, drop_scale,
+                                     D_Q, D_V, BLOCK_DQ, BLOCK_DV,
+                                     BLOCK_M, True, MASK_MODE, HAS_SOFTCAP, ATOMIC_DQ, EVEN_M,
+                                     BIAS_MODE, HAS_DROPOUT, STORE_DBIAS)
     dk = dk * sm_scale
-    tl.store(DK + b * sdkb + hk * sdkh + cols[:, None] * sdks + offs_dq[None, :],
-             dk.to(DK.dtype.element_ty), mask=kmask)
-    tl.store(DV + b * sdvb + hk * sdvh + cols[:, None] * sdvs + offs_dv[None, :],
-             dv.to(DV.dtype.element_ty), mask=vmask)
+    if IS_VARLEN:
+        tl.store(DK + k_start * sdks + hk * sdkh + cols[:, None] * sdks + offs_dq[None, :],
+                 dk.to(DK.dtype.element_ty), mask=kmask)
+        tl.store(DV + k_start * sdvs + hk * sdvh + cols[:, None] * sdvs + offs_dv[None, :],
+                 dv.to(DV.dtype.element_ty), mask=vmask)
+    else:
+        tl.store(DK + b * sdkb + hk * sdkh + cols[:, None] * sdks + offs_dq[None, :],
+                 dk.to(DK.dtype.element_ty), mask=kmask)
+        tl.store(DV + b * sdvb + hk * sdvh + cols[:, None] * sdvs + offs_dv[None, :],
+                 dv.to(DV.dtype.element_ty), mask=vmask)
 
 
 @triton.jit
 def _bwd_dq_inner(dq, q, do, lse2, di, kb, vb, sks, svs, start, end, rows, off, left, right, seqlen_k,
                   scale2, cap_in, cap_out,
+                  biasb, sbq, sbk, slope, aoff, seqlen_q, bh_id, k0, k1, off_lo, thresh, drop_scale,
                   D_Q: tl.constexpr, D_V: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
                   BLOCK_N: tl.constexpr, MASKED: tl.constexpr, MASK_MODE: tl.constexpr,
-                  HAS_SOFTCAP: tl.constexpr, EVEN_N: tl.constexpr):
+                  HAS_SOFTCAP: tl.constexpr, EVEN_N: tl.constexpr,
+                  BIAS_MODE: tl.constexpr, HAS_DROPOUT: tl.constexpr):
     offs_n = tl.arange(0, BLOCK_N)
     offs_dq = tl.arange(0, BLOCK_DQ)
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -447,11 +665,19 @@ def _bwd_dq_inner(dq, q, do, lse2, di, kb, vb, sks, svs, start, end, rows, off, 
         if HAS_SOFTCAP:
             t = _tanh(qk * cap_in)
             p = tl.math.exp2(t * cap_out - lse2[:, None])
+        elif BIAS_MODE != 0:
+            bt = _bias_at(rows[:, None], cols[None, :], biasb, sbq, sbk, slope, aoff, seqlen_q, seqlen_k,
+                          BIAS_MODE)
+            s = tl.where(cols[None, :] < seqlen_k, qk * scale2 + bt, float("-inf"))
+            p = tl.math.exp2(s - lse2[:, None])
         else:
             p = tl.math.exp2(qk * scale2 - lse2[:, None])
         if MASKED:
             p = tl.where(_visible(rows, cols, off, left, right, MASK_MODE), p, 0.0)
         dp = tl.dot(do, tl.trans(v))
+        if HAS_DROPOUT:
+            keep = _dropout_keep(rows[:, None], cols[None, :], bh_id, k0, k1, off_lo, thresh)
+            dp = tl.where(keep, dp * drop_scale, 0.0)
         ds = p * (dp - di[:, None])
         if HAS_SOFTCAP:
             ds = ds * (1.0 - t * t)
@@ -465,13 +691,17 @@ def fmha_bwd_dq_kernel(
     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdob, sdoh, sdos, sdqb, sdqh, sdqs,
     H, GROUP, SEQ_Q, SEQ_K,
     sm_scale, scale2, cap_in, cap_out, left, right,
+    CU_Q, CU_K, BIAS, ALIBI, sbb, sbh, sbq, sbk, sab, slh,
+    seed_lo, seed_hi, off_lo, drop_thresh, drop_scale,
     D_Q: tl.constexpr, D_V: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     MASK_MODE: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
+    IS_VARLEN: tl.constexpr, BIAS_MODE: tl.constexpr, HAS_DROPOUT: tl.constexpr,
 ):
     """Deterministic dQ pass: one program per query block, loops over keys.
-    With a causal (right-bounded) mask the heaviest (last) query blocks go first."""
+    With a causal (right-bounded) mask the heaviest (last) query blocks go first.
+    IS_VARLEN / BIAS_MODE / HAS_DROPOUT as in fmha_bwd_dq_dk_dv_kernel."""
     pid_m = tl.program_id(0)
     if MASK_MODE & 1:
         pid_m = tl.num_programs(0) - 1 - pid_m
@@ -480,53 +710,99 @@ def fmha_bwd_dq_kernel(
     h = (bh % H).to(tl.int64)
     hk = h // GROUP
     m0 = pid_m * BLOCK_M
+    if IS_VARLEN:
+        q_start = tl.load(CU_Q + b).to(tl.int64)
+        seqlen_q = (tl.load(CU_Q + b + 1) - q_start).to(tl.int32)
+        k_start = tl.load(CU_K + b).to(tl.int64)
+        seqlen_k = (tl.load(CU_K + b + 1) - k_start).to(tl.int32)
+    else:
+        q_start = 0
+        k_start = 0
+        seqlen_q = SEQ_Q
+        seqlen_k = SEQ_K
+    if IS_VARLEN:
+        if m0 >= seqlen_q:
+            return
     if BOTTOM_RIGHT:
-        off = SEQ_K - SEQ_Q
+        off = seqlen_k - seqlen_q
     else:
         off = 0
     rows = m0 + tl.arange(0, BLOCK_M)
     offs_dq = tl.arange(0, BLOCK_DQ)
     offs_dv = tl.arange(0, BLOCK_DV)
-    qmask = (rows[:, None] < SEQ_Q) & (offs_dq[None, :] < D_Q)
-    q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqs + offs_dq[None, :], mask=qmask, other=0.0)
-    do = tl.load(DO + b * sdob + h * sdoh + rows[:, None] * sdos + offs_dv[None, :],
-                 mask=(rows[:, None] < SEQ_Q) & (offs_dv[None, :] < D_V), other=0.0)
-    lse2 = tl.load(LSE + bh.to(tl.int64) * SEQ_Q + rows, mask=rows < SEQ_Q, other=float("inf"))
+    qmask = (rows[:, None] < seqlen_q) & (offs_dq[None, :] < D_Q)
+    if IS_VARLEN:
+        q = tl.load(Q + q_start * sqs + h * sqh + rows[:, None] * sqs + offs_dq[None, :], mask=qmask, other=0.0)
+        do = tl.load(DO + q_start * sdos + h * sdoh + rows[:, None] * sdos + offs_dv[None, :],
+                     mask=(rows[:, None] < seqlen_q) & (offs_dv[None, :] < D_V), other=0.0)
+        lse2 = tl.load(LSE + h * slh + q_start + rows, mask=rows < seqlen_q, other=float("inf"))
+    else:
+        q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqs + offs_dq[None, :], mask=qmask, other=0.0)
+        do = tl.load(DO + b * sdob + h * sdoh + rows[:, None] * sdos + offs_dv[None, :],
+                     mask=(rows[:, None] < SEQ_Q) & (offs_dv[None, :] < D_V), other=0.0)
+        lse2 = tl.load(LSE + bh.to(tl.int64) * SEQ_Q + rows, mask=rows < SEQ_Q, other=float("inf"))
     lse2 = lse2 * 1.4426950408889634
     lse2 = tl.where(lse2 == float("-inf"), float("inf"), lse2)
-    di = tl.load(DELTA + bh.to(tl.int64) * SEQ_Q + rows, mask=rows < SEQ_Q, other=0.0)
-    kb = K + b * skb + hk * skh
-    vb = V + b * svb + hk * svh
+    if IS_VARLEN:
+        di = tl.load(DELTA + h * slh + q_start + rows, mask=rows < seqlen_q, other=0.0)
+        kb = K + k_start * sks + hk * skh
+        vb = V + k_start * svs + hk * svh
+    else:
+        di = tl.load(DELTA + bh.to(tl.int64) * SEQ_Q + rows, mask=rows < SEQ_Q, other=0.0)
+        kb = K + b * skb + hk * skh
+        vb = V + b * svb + hk * svh
+    biasb, slope, aoff = _bias_setup(BIAS, ALIBI, b, h, q_start, sbb, sbh, sbq, sab,
+                                     seqlen_q, seqlen_k, BIAS_MODE)
+    bh_id = b * H + h
     dq = tl.zeros([BLOCK_M, BLOCK_DQ], dtype=tl.float32)
-    lo, full_lo, full_hi, hi = _kv_range(m0, off, left, right, SEQ_K, BLOCK_M, BLOCK_N, MASK_MODE)
+    lo, full_lo, full_hi, hi = _kv_range(m0, off, left, right, seqlen_k, BLOCK_M, BLOCK_N, MASK_MODE)
     if MASK_MODE & 2:
-        dq = _bwd_dq_inner(dq, q, do, lse2, di, kb, vb, sks, svs, lo, full_lo, rows, off, left, right, SEQ_K,
-                           scale2, cap_in, cap_out, D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_N,
-                           True, MASK_MODE, HAS_SOFTCAP, EVEN_N)
-    dq = _bwd_dq_inner(dq, q, do, lse2, di, kb, vb, sks, svs, full_lo, full_hi, rows, off, left, right, SEQ_K,
-                       scale2, cap_in, cap_out, D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_N,
-                       False, MASK_MODE, HAS_SOFTCAP, EVEN_N)
-    dq = _bwd_dq_inner(dq, q, do, lse2, di, kb, vb, sks, svs, full_hi, hi, rows, off, left, right, SEQ_K,
-                       scale2, cap_in, cap_out, D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_N,
-                       True, MASK_MODE, HAS_SOFTCAP, EVEN_N)
+        dq = _bwd_dq_inner(dq, q, do, lse2, di, kb, vb, sks, svs, lo, full_lo, rows, off, left, right, seqlen_k,
+                           scale2, cap_in, cap_out,
+                           biasb, sbq, sbk, slope, aoff, seqlen_q, bh_id, seed_lo, seed_hi, off_lo, drop_thresh,
+                           drop_scale, D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_N,
+                           True, MASK_MODE, HAS_SOFTCAP, EVEN_N, BIAS_MODE, HAS_DROPOUT)
+    dq = _bwd_dq_inner(dq, q, do, lse2, di, kb, vb, sks, svs, full_lo, full_hi, rows, off, left, right, seqlen_k,
+                       scale2, cap_in, cap_out,
+                       biasb, sbq, sbk, slope, aoff, seqlen_q, bh_id, seed_lo, seed_hi, off_lo, drop_thresh,
+                       drop_scale, D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_N,
+                       False, MASK_MODE, HAS_SOFTCAP, EVEN_N, BIAS_MODE, HAS_DROPOUT)
+    dq = _bwd_dq_inner(dq, q, do, lse2, di, kb, vb, sks, svs, full_hi, hi, rows, off, left, right, seqlen_k,
+                       scale2, cap_in, cap_out,
+                       biasb, sbq, sbk, slope, aoff, seqlen_q, bh_id, seed_lo, seed_hi, off_lo, drop_thresh,
+                       drop_scale, D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_N,
+                       True, MASK_MODE, HAS_SOFTCAP, EVEN_N, BIAS_MODE, HAS_DROPOUT)
     dq = dq * sm_scale
-    tl.store(DQ + b * sdqb + h * sdqh + rows[:, None] * sdqs + offs_dq[None, :],
-             dq.to(DQ.dtype.element_ty), mask=qmask)
+    if IS_VARLEN:
+        tl.store(DQ + q_start * sdqs + h * sdqh + rows[:, None] * sdqs + offs_dq[None, :],
+                 dq.to(DQ.dtype.element_ty), mask=qmask)
+    else:
+        tl.store(DQ + b * sdqb + h * sdqh + rows[:, None] * sdqs + offs_dq[None, :],
+                 dq.to(DQ.dtype.element_ty), mask=qmask)
 
 
 @triton.jit
-def fmha_bwd_convert_dq_kernel(DQA, DQ, sab, sah, sas, sdb, sdh, sds, H, SEQ_Q,
-                               D_Q: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_M: tl.constexpr):
+def fmha_bwd_convert_dq_kernel(DQA, DQ, sab, sah, sas, sdb, sdh, sds, H, SEQ_Q, CU_Q,
+                               D_Q: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_M: tl.constexpr,
+                               IS_VARLEN: tl.constexpr):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_DQ)
-    msk = (rows[:, None] < SEQ_Q) & (offs_d[None, :] < D_Q)
-    x = tl.load(DQA + b * sab + h * sah + rows[:, None] * sas + offs_d[None, :], mask=msk, other=0.0)
-    tl.store(DQ + b * sdb + h * sdh + rows[:, None] * sds + offs_d[None, :],
-             x.to(DQ.dtype.element_ty), mask=msk)
+    if IS_VARLEN:
+        q_start = tl.load(CU_Q + b).to(tl.int64)
+        seqlen_q = tl.load(CU_Q + b + 1) - q_start
+        msk = (rows[:, None] < seqlen_q) & (offs_d[None, :] < D_Q)
+        x = tl.load(DQA + q_start * sas + h * sah + rows[:, None] * sas + offs_d[None, :], mask=msk, other=0.0)
+        tl.store(DQ + q_start * sds + h * sdh + rows[:, None] * sds + offs_d[None, :],
+                 x.to(DQ.dtype.element_ty), mask=msk)
+    else:
+        msk = (rows[:, None] < SEQ_Q) & (offs_d[None, :] < D_Q)
+        x = tl.load(DQA + b * sab + h * sah + rows[:, None] * sas + offs_d[None, :], mask=msk, other=0.0)
+        tl.store(DQ + b * sdb + h * sdh + rows[:, None] * sds + offs_d[None, :],
+                 x.to(DQ.dtype.element_ty), mask=msk)
 
 
 # ----------------------------------------------------------------------------

@@ -7,7 +7,13 @@ Public API (all tensors on one device; CPU tensors work under TRITON_INTERPRET=1
   cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, align=None)``
   -> ``o`` or ``(o, lse)``
 * ``bwd(q, k, v, o, lse, do, *, causal, scale, window, softcap, layout,
-  deterministic=True, config=None)`` -> ``(dq, dk, dv)``
+  deterministic=True, config=None, ...)`` -> ``(dq, dk, dv)`` (``+ dbias`` with
+  ``return_dbias=True``); group mode ('thd') like the forward
+* ``fwd`` / ``bwd`` also take ``bias`` ([B|1, H|1, Sq, Sk]; [H|1, Tq, max Sk]
+  in group mode), ``alibi_slopes`` ([H] or [B, H]; ``alibi_align`` picks the
+  form, default from the mask as :func:`alibi_mode`), and ``dropout_p``,
+  ``seed``, ``offset`` (Philox-4x32-10, the stream of :mod:`ck_fmha.philox`);
+  ``dropout_randval(...)`` gives the uint8 random values (store_randval)
 * ``splitkv_decode(q, k, v, *, seqlens_k=None, causal=False, ..., num_splits=None)``
 * ``paged_decode(q, k_cache, v_cache, block_table, seqlens_k, *, ...)``
 * ``attention(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0,
@@ -138,6 +144,65 @@ def _tma_ok(*ts) -> bool:
     return True
 
 
+def _i32(x: int) -> int:
+    """A uint32 value as the int32 with the same bits (kernel scalar arguments are i32)."""
+    x = int(x) & 0xFFFFFFFF
+    return x - (1 << 32) if x >= (1 << 31) else x
+
+
+def dropout_params(p_drop: float, seed: int = 0, offset: int = 0):
+    """-> (has_dropout, seed_lo, seed_hi ^ offset_hi, offset_lo, keep threshold, 1/(1-p)) as kernel args
+    (the Philox stream of :mod:`ck_fmha.philox`)."""
+    p_drop = float(p_drop or 0.0)
+    if not 0.0 <= p_drop < 1.0:
+        raise InvalidProblem(f"dropout_p={p_drop} must be in [0, 1)")
+    if p_drop == 0.0:
+        return False, 0, 0, 0, 0, 1.0
+    seed, offset = int(seed), int(offset)
+    thresh = int(math.floor((1.0 - p_drop) * 255.0))
+    return (True, _i32(seed), _i32((seed >> 32) ^ (offset >> 32)), _i32(offset), thresh, 1.0 / (1.0 - p_drop))
+
+
+ALIBI_ALIGN = {"vertical": 2, "top_left": 3, "bottom_right": 4}
+
+
+def alibi_mode(mode: int, bottom_right: bool, right: int, align: Optional[str] = None) -> int:
+    """Kernel BIAS_MODE of ALiBi under a mask (ck_fmha.masks.alibi_bias): causal -> vertical (2);
+    other top-left masks -> |i - j| (3); no mask or bottom-right -> |i + sk - sq - j| (4).
+    ``align`` ('vertical', 'top_left', 'bottom_right') overrides the choice."""
+    if align is not None:
+        if align not in ALIBI_ALIGN:
+            raise InvalidProblem(f"alibi_align={align!r} is not one of {', '.join(ALIBI_ALIGN)}")
+        return ALIBI_ALIGN[align]
+    if mode == 1 and right == 0:
+        return 2
+    if mode != 0 and not bottom_right:
+        return 3
+    return 4
+
+
+def bias_params(bias, alibi_slopes, varlen: bool, mode: int, bottom_right: bool, right: int, dummy,
+                alibi_align: Optional[str] = None):
+    """-> (BIAS, ALIBI, (sbb, sbh, sbq, sbk), sab, BIAS_MODE).  ``bias``: [B|1, H|1, Sq, Sk]
+    ([H|1, Tq, max Sk] in group mode), broadcast dims get stride 0; ``alibi_slopes``: [H] or [B, H]."""
+    if bias is not None and alibi_slopes is not None:
+        raise InvalidProblem("pass either bias or alibi_slopes, not both")
+    if bias is not None:
+        if bias.dim() != (3 if varlen else 4):
+            raise InvalidProblem(f"bias must be {'[H|1, Tq, Sk]' if varlen else '[B|1, H|1, Sq, Sk]'}, "
+                                 f"got shape {tuple(bias.shape)}")
+        st = [0 if n == 1 else s for n, s in zip(bias.shape, bias.stride())]
+        if varlen:
+            st = [0] + st
+        return bias, dummy, tuple(st), 0, 1
+    if alibi_slopes is not None:
+        a = alibi_slopes if alibi_slopes.dtype == torch.float32 else alibi_slopes.float()
+        a = a.contiguous()
+        sab = a.stride(0) if a.dim() == 2 else 0
+        return dummy, a, (0, 0, 0, 0), sab, alibi_mode(mode, bottom_right, right, alibi_align)
+    return dummy, dummy, (0, 0, 0, 0), 0, 0
+
+
 def _check_gqa(hq, hk):
     if hk <= 0 or hq % hk:
         raise InvalidProblem(f"nhead_q={hq} must be a multiple of nhead_k={hk} (GQA/MQA)")
@@ -151,7 +216,8 @@ def _check_gqa(hq, hk):
 
 def fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, return_lse=False,
         layout="bhsd", config: Optional[TritonFmhaConfig] = None, cu_seqlens_q=None, cu_seqlens_k=None,
-        max_seqlen_q=None, max_seqlen_k=None, align=None, out=None):
+        max_seqlen_q=None, max_seqlen_k=None, align=None, out=None, bias=None, alibi_slopes=None,
+        dropout_p=0.0, seed=0, offset=0, alibi_align=None):
     q, k, v = _last_contig(q), _last_contig(k), _last_contig(v)
     varlen = layout == "thd"
     b, hq, sq, dq = _dims(q, layout)
@@ -196,6 +262,9 @@ def fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, retu
     cu_q = cu_seqlens_q if varlen else o
     cu_k = cu_seqlens_k if varlen else o
     sob, soh, sos = _bhs_strides(o, layout)
+    ba, aa, (sbb, sbh, sbq, sbk), sab, bmode = bias_params(bias, alibi_slopes, varlen, mode, br, right, o,
+                                                           alibi_align)
+    has_do, k0, k1, off_lo, thresh, dscale = dropout_params(dropout_p, seed, offset)
     if variant == "tma_host":
         from triton.tools.tensor_descriptor import TensorDescriptor
         bm, bn = cfg.BLOCK_M, cfg.BLOCK_N
@@ -224,14 +293,38 @@ def fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, retu
         sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sob, soh, sos, slb, slh,
         hq, group, sq, sk if not varlen else 0,
         scale2, cap_in, cap_out, left, right,
+        ba, aa, sbb, sbh, sbq, sbk, sab, k0, k1, off_lo, thresh, dscale,
         D_Q=dq, D_V=dv, BLOCK_DQ=padded_hdim(dq), BLOCK_DV=padded_hdim(dv),
         BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
         MASK_MODE=mode, BOTTOM_RIGHT=br, HAS_SOFTCAP=bool(softcap and softcap > 0),
         STORE_LSE=bool(return_lse), IS_VARLEN=varlen, REVERSE_M=bool(mode & 1),
         USE_TMA={"ptr": 0, "tma": 1, "tma_ws": 1, "tma_host": 2}[variant], WARP_SPEC=variant == "tma_ws",
+        BIAS_MODE=bmode, HAS_DROPOUT=has_do,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return (o, lse) if return_lse else o
+
+
+def dropout_randval(batch, nhead, seqlen_q, seqlen_k, *, dropout_p, seed=0, offset=0, device="cpu",
+                    cu_seqlens_q=None, cu_seqlens_k=None, total_q=None):
+    """The uint8 dropout random values the forward used (``store_randval``): [B, H, Sq, Sk], or
+    [H, total_q, max Sk] in group mode (``cu_seqlens_q/k`` given; seqlen_q/k are the maxima).
+    Elements outside a sequence are 0."""
+    varlen = cu_seqlens_q is not None
+    _, k0, k1, off_lo, _, _ = dropout_params(dropout_p, seed, offset)
+    if varlen:
+        rv = torch.zeros((nhead, int(total_q), seqlen_k), dtype=torch.uint8, device=device)
+        srb, srh, srq = 0, rv.stride(0), rv.stride(1)
+        cu_q, cu_k = cu_seqlens_q, cu_seqlens_k
+    else:
+        rv = torch.zeros((batch, nhead, seqlen_q, seqlen_k), dtype=torch.uint8, device=device)
+        srb, srh, srq = rv.stride(0), rv.stride(1), rv.stride(2)
+        cu_q = cu_k = rv
+    bm, bn = 32, 64
+    K.fmha_dropout_randval_kernel[(triton.cdiv(seqlen_q, bm), triton.cdiv(seqlen_k, bn), batch * nhead)](
+        rv, cu_q, cu_k, srb, srh, srq, nhead, seqlen_q, seqlen_k, k0, k1, off_lo,
+        BLOCK_M=bm, BLOCK_N=bn, IS_VARLEN=varlen, num_warps=4)
+    return rv
 
 
 # ---------------------------------------------------------------------------
@@ -239,34 +332,53 @@ def fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, retu
 # ---------------------------------------------------------------------------
 
 
-def bwd_dot_do_o(o, do, *, layout="bhsd"):
-    """Backward stage 1: D = rowsum(dO * O), fp32 [B, H, Sq]."""
+def bwd_dot_do_o(o, do, *, layout="bhsd", cu_seqlens_q=None, max_seqlen_q=None):
+    """Backward stage 1: D = rowsum(dO * O), fp32 [B, H, Sq] ([H, total_q] in group mode 'thd',
+    which needs ``cu_seqlens_q`` and ``max_seqlen_q``)."""
     o, do = _last_contig(o), _last_contig(do)
+    varlen = layout == "thd"
     b, hq, sq, dv_ = _dims(o, layout)
-    delta = torch.empty((b, hq, sq), device=o.device, dtype=torch.float32)
+    if varlen:
+        if cu_seqlens_q is None or max_seqlen_q is None:
+            raise InvalidProblem("layout 'thd' needs cu_seqlens_q and max_seqlen_q")
+        b, sq = cu_seqlens_q.numel() - 1, int(max_seqlen_q)
+        delta = torch.empty((hq, o.shape[0]), device=o.device, dtype=torch.float32)
+    else:
+        delta = torch.empty((b, hq, sq), device=o.device, dtype=torch.float32)
     sob, soh, sos = _bhs_strides(o, layout)
     sdob, sdoh, sdos = _bhs_strides(do, layout)
     bm0 = 64
     K.fmha_bwd_dot_do_o_kernel[(triton.cdiv(sq, bm0), b * hq)](
         o, do, delta, sob, soh, sos, sdob, sdoh, sdos, hq, sq,
-        D_V=dv_, BLOCK_DV=padded_hdim(dv_), BLOCK_M=bm0, num_warps=4)
+        cu_seqlens_q if varlen else delta, delta.stride(0) if varlen else 0,
+        D_V=dv_, BLOCK_DV=padded_hdim(dv_), BLOCK_M=bm0, IS_VARLEN=varlen, num_warps=4)
     return delta
 
 
 def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-1, -1), softcap=0.0,
-                 layout="bhsd", deterministic=True, config=None, align=None):
+                 layout="bhsd", deterministic=True, config=None, align=None, cu_seqlens_q=None,
+                 cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, bias=None, alibi_slopes=None,
+                 dropout_p=0.0, seed=0, offset=0, return_dbias=False, alibi_align=None):
     """Backward stage 2: dK, dV (summed over the GQA group) and dQ.
 
-    Returns ``(dq, dq_acc, dk, dv)``: deterministic mode computes dQ in its own
-    pass (``dq`` set, ``dq_acc`` None); otherwise dQ accumulates with fp32
-    atomics into ``dq_acc`` and stage 3 (:func:`bwd_convert_dq`) rounds it.
+    Returns ``(dq, dq_acc, dk, dv)`` (``(dq, dq_acc, dk, dv, dbias)`` with
+    ``return_dbias``): deterministic mode computes dQ in its own pass (``dq``
+    set, ``dq_acc`` None); otherwise dQ accumulates with fp32 atomics into
+    ``dq_acc`` and stage 3 (:func:`bwd_convert_dq`) rounds it.  Group mode
+    (``layout='thd'``) takes ``cu_seqlens_q/k`` (device int32) and the caller's
+    ``max_seqlen_q/k`` (grid size, no host sync); lse/delta are then [H, total_q].
+    ``bias`` / ``alibi_slopes`` / ``dropout_p, seed, offset`` must be the forward's;
+    ``dbias`` has the bias's shape and dtype (summed over its broadcast dims).
     """
-    if layout == "thd":
-        raise UnsupportedProblem("the Triton FMHA backward has no group (varlen) mode yet; use 'bhsd'/'bshd'")
     q, k, v, do = (_last_contig(t) for t in (q, k, v, do))
+    varlen = layout == "thd"
     b, hq, sq, dq_ = _dims(q, layout)
     _, hk, sk, _ = _dims(k, layout)
     _, _, _, dv_ = _dims(v, layout)
+    if varlen:
+        if cu_seqlens_q is None or cu_seqlens_k is None or max_seqlen_q is None or max_seqlen_k is None:
+            raise InvalidProblem("layout 'thd' needs cu_seqlens_q, cu_seqlens_k, max_seqlen_q and max_seqlen_k")
+        b, sq, sk = cu_seqlens_q.numel() - 1, int(max_seqlen_q), int(max_seqlen_k)
     group = _check_gqa(hq, hk)
     lse = lse.contiguous().float()
     mode, br, left, right = mask_params(causal, window, align)
@@ -278,10 +390,33 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
     dv = torch.empty_like(v)
     atomic = not deterministic
     if atomic:
-        dqa = torch.zeros((b, hq, sq, dq_), device=q.device, dtype=torch.float32)
-        sab, sah, sas = dqa.stride(0), dqa.stride(1), dqa.stride(2)
+        if varlen:
+            dqa = torch.zeros((q.shape[0], hq, dq_), device=q.device, dtype=torch.float32)
+            sab, sah, sas = 0, dqa.stride(1), dqa.stride(0)
+        else:
+            dqa = torch.zeros((b, hq, sq, dq_), device=q.device, dtype=torch.float32)
+            sab, sah, sas = dqa.stride(0), dqa.stride(1), dqa.stride(2)
     else:
         dqa, sab, sah, sas = delta, 0, 0, 0
+    ba, aa, (sbb, sbh, sbq, sbk), salb, bmode = bias_params(bias, alibi_slopes, varlen, mode, br, right, delta,
+                                                            alibi_align)
+    if return_dbias and bmode != 1:
+        raise InvalidProblem("dbias needs an elementwise bias")
+    if return_dbias:
+        dshape = (hq, q.shape[0], sk) if varlen else (b, hq, sq, sk)
+        dbias_full = torch.zeros(dshape, device=q.device, dtype=torch.float32)
+        if varlen:
+            sdbb, sdbh, sdbq = 0, dbias_full.stride(0), dbias_full.stride(1)
+        else:
+            sdbb, sdbh, sdbq = dbias_full.stride(0), dbias_full.stride(1), dbias_full.stride(2)
+    else:
+        dbias_full, sdbb, sdbh, sdbq = delta, 0, 0, 0
+    has_do, k0, k1, off_lo, thresh, dscale = dropout_params(dropout_p, seed, offset)
+    cu_q = cu_seqlens_q if varlen else delta
+    cu_k = cu_seqlens_k if varlen else delta
+    slh = lse.stride(0) if varlen else 0
+    if varlen and delta.stride(0) != slh:
+        raise InvalidProblem("lse and delta must both be contiguous [H, total_q] in group mode")
     sqb, sqh, sqs = _bhs_strides(q, layout)
     skb, skh, sks = _bhs_strides(k, layout)
     svb, svh, svs = _bhs_strides(v, layout)
@@ -293,77 +428,118 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
         sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdob, sdoh, sdos,
         sdkb, sdkh, sdks, sdvb, sdvh, sdvs, sab, sah, sas,
         hk, group, sq, sk, sm_scale, scale2, cap_in, cap_out, left, right,
+        cu_q, cu_k, ba, aa, dbias_full, sbb, sbh, sbq, sbk, salb, sdbb, sdbh, sdbq, slh,
+        k0, k1, off_lo, thresh, dscale,
         D_Q=dq_, D_V=dv_, BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=cfg_kv.BLOCK_M, BLOCK_N=cfg_kv.BLOCK_N,
         MASK_MODE=mode, BOTTOM_RIGHT=br, HAS_SOFTCAP=has_sc, ATOMIC_DQ=atomic,
-        EVEN_M=sq % cfg_kv.BLOCK_M == 0, EVEN_N=sk % cfg_kv.BLOCK_N == 0,
+        EVEN_M=not varlen and sq % cfg_kv.BLOCK_M == 0, EVEN_N=not varlen and sk % cfg_kv.BLOCK_N == 0,
+        IS_VARLEN=varlen, BIAS_MODE=bmode, HAS_DROPOUT=has_do, STORE_DBIAS=bool(return_dbias),
         num_warps=cfg_kv.num_warps, num_stages=cfg_kv.num_stages)
+    dbias = None
+    if return_dbias:
+        dbias = dbias_full
+        if varlen:
+            if bias.shape[0] == 1:
+                dbias = dbias.sum(0, keepdim=True)
+        else:
+            dims = tuple(i for i in (0, 1) if bias.shape[i] == 1)
+            if dims:
+                dbias = dbias.sum(dims, keepdim=True)
+        dbias = dbias.to(bias.dtype)
     if atomic:
-        return None, dqa, dk, dv
+        return (None, dqa, dk, dv, dbias) if return_dbias else (None, dqa, dk, dv)
     dq = torch.empty_like(q)
     sdqb, sdqh, sdqs = _bhs_strides(dq, layout)
     K.fmha_bwd_dq_kernel[(triton.cdiv(sq, cfg_q.BLOCK_M), b * hq)](
         q, k, v, do, lse, delta, dq,
         sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdob, sdoh, sdos, sdqb, sdqh, sdqs,
         hq, group, sq, sk, sm_scale, scale2, cap_in, cap_out, left, right,
+        cu_q, cu_k, ba, aa, sbb, sbh, sbq, sbk, salb, slh,
+        k0, k1, off_lo, thresh, dscale,
         D_Q=dq_, D_V=dv_, BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=cfg_q.BLOCK_M, BLOCK_N=cfg_q.BLOCK_N,
         MASK_MODE=mode, BOTTOM_RIGHT=br, HAS_SOFTCAP=has_sc,
-        EVEN_M=sq % cfg_q.BLOCK_M == 0, EVEN_N=sk % cfg_q.BLOCK_N == 0,
+        EVEN_M=not varlen and sq % cfg_q.BLOCK_M == 0, EVEN_N=not varlen and sk % cfg_q.BLOCK_N == 0,
+        IS_VARLEN=varlen, BIAS_MODE=bmode, HAS_DROPOUT=has_do,
         num_warps=cfg_q.num_warps, num_stages=cfg_q.num_stages)
-    return dq, None, dk, dv
+    return (dq, None, dk, dv, dbias) if return_dbias else (dq, None, dk, dv)
 
 
-def bwd_convert_dq(dqa, q_like, *, layout="bhsd"):
-    """Backward stage 3: the fp32 dQ accumulator [B, H, Sq, D] -> dQ in q's dtype and layout."""
-    b, hq, sq, dq_ = dqa.shape
+def bwd_convert_dq(dqa, q_like, *, layout="bhsd", cu_seqlens_q=None, max_seqlen_q=None):
+    """Backward stage 3: the fp32 dQ accumulator [B, H, Sq, D] ([total_q, H, D] in group
+    mode) -> dQ in q's dtype and layout."""
     dq = torch.empty_like(q_like)
     sdqb, sdqh, sdqs = _bhs_strides(dq, layout)
+    if layout == "thd":
+        if cu_seqlens_q is None or max_seqlen_q is None:
+            raise InvalidProblem("layout 'thd' needs cu_seqlens_q and max_seqlen_q")
+        _, hq, dq_ = dqa.shape
+        b, sq = cu_seqlens_q.numel() - 1, int(max_seqlen_q)
+        sab, sah, sas = 0, dqa.stride(1), dqa.stride(0)
+        cu = cu_seqlens_q
+    else:
+        b, hq, sq, dq_ = dqa.shape
+        sab, sah, sas = dqa.stride(0), dqa.stride(1), dqa.stride(2)
+        cu = dqa
     K.fmha_bwd_convert_dq_kernel[(triton.cdiv(sq, 64), b * hq)](
-        dqa, dq, dqa.stride(0), dqa.stride(1), dqa.stride(2), sdqb, sdqh, sdqs, hq, sq,
-        D_Q=dq_, BLOCK_DQ=padded_hdim(dq_), BLOCK_M=64, num_warps=4)
+        dqa, dq, sab, sah, sas, sdqb, sdqh, sdqs, hq, sq, cu,
+        D_Q=dq_, BLOCK_DQ=padded_hdim(dq_), BLOCK_M=64, IS_VARLEN=layout == "thd", num_warps=4)
     return dq
 
 
 def bwd(q, k, v, o, lse, do, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, layout="bhsd",
-        deterministic=True, config=None, align=None):
-    """dq, dk, dv of attention; ``lse`` is fwd's natural-log LSE [B, H, Sq].
+        deterministic=True, config=None, align=None, cu_seqlens_q=None, cu_seqlens_k=None,
+        max_seqlen_q=None, max_seqlen_k=None, bias=None, alibi_slopes=None, dropout_p=0.0, seed=0,
+        offset=0, return_dbias=False, alibi_align=None):
+    """dq, dk, dv (and dbias with ``return_dbias``) of attention; ``lse`` is fwd's natural-log
+    LSE [B, H, Sq] ([H, total_q] in group mode).
 
     The three CK stages: :func:`bwd_dot_do_o`, :func:`bwd_dq_dk_dv`, and (with
     ``deterministic=False``, fp32 dQ atomics) :func:`bwd_convert_dq`; the
     default runs a separate deterministic dQ pass.  ``config``: optional
-    ``(dkdv_config, dq_config)``."""
-    if layout == "thd":
-        raise UnsupportedProblem("the Triton FMHA backward has no group (varlen) mode yet; use 'bhsd'/'bshd'")
-    delta = bwd_dot_do_o(o, do, layout=layout)
-    dq, dqa, dk, dv = bwd_dq_dk_dv(q, k, v, do, lse, delta, causal=causal, scale=scale, window=window,
-                                   softcap=softcap, layout=layout, deterministic=deterministic,
-                                   config=config, align=align)
+    ``(dkdv_config, dq_config)``.  Bias / ALiBi / dropout arguments must be the forward's."""
+    delta = bwd_dot_do_o(o, do, layout=layout, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q)
+    res = bwd_dq_dk_dv(q, k, v, do, lse, delta, causal=causal, scale=scale, window=window,
+                       softcap=softcap, layout=layout, deterministic=deterministic,
+                       config=config, align=align, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                       max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, bias=bias,
+                       alibi_slopes=alibi_slopes, dropout_p=dropout_p, seed=seed, offset=offset,
+                       return_dbias=return_dbias, alibi_align=alibi_align)
+    dq, dqa, dk, dv = res[:4]
     if dq is None:
-        dq = bwd_convert_dq(dqa, _last_contig(q), layout=layout)
-    return dq, dk, dv
+        dq = bwd_convert_dq(dqa, _last_contig(q), layout=layout, cu_seqlens_q=cu_seqlens_q,
+                            max_seqlen_q=max_seqlen_q)
+    return (dq, dk, dv, res[4]) if return_dbias else (dq, dk, dv)
 
 
 class AttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0, layout="bhsd",
-                deterministic=True):
+                deterministic=True, bias=None, alibi_slopes=None, dropout_p=0.0, seed=0, offset=0):
         o, lse = fwd(q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
-                     return_lse=True, layout=layout)
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.args = (causal, scale, window, softcap, layout, deterministic)
+                     return_lse=True, layout=layout, bias=bias, alibi_slopes=alibi_slopes,
+                     dropout_p=dropout_p, seed=seed, offset=offset)
+        ctx.save_for_backward(q, k, v, o, lse, bias, alibi_slopes)
+        ctx.args = (causal, scale, window, softcap, layout, deterministic, dropout_p, seed, offset)
         return o
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, o, lse = ctx.saved_tensors
-        causal, scale, window, softcap, layout, deterministic = ctx.args
-        dq, dk, dv = bwd(q, k, v, o, lse, do, causal=causal, scale=scale, window=window, softcap=softcap,
-                         layout=layout, deterministic=deterministic)
-        return dq, dk, dv, None, None, None, None, None, None
+        q, k, v, o, lse, bias, alibi_slopes = ctx.saved_tensors
+        causal, scale, window, softcap, layout, deterministic, dropout_p, seed, offset = ctx.args
+        want_db = bias is not None and ctx.needs_input_grad[9]
+        res = bwd(q, k, v, o, lse, do, causal=causal, scale=scale, window=window, softcap=softcap,
+                  layout=layout, deterministic=deterministic, bias=bias, alibi_slopes=alibi_slopes,
+                  dropout_p=dropout_p, seed=seed, offset=offset, return_dbias=want_db)
+        dbias = res[3] if want_db else None
+        return res[0], res[1], res[2], None, None, None, None, None, None, dbias, None, None, None, None
 
 
 def attention(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0, layout="bhsd",
-              deterministic=True):
-    return AttentionFunction.apply(q, k, v, causal, scale, tuple(window), softcap, layout, deterministic)
+              deterministic=True, bias=None, alibi_slopes=None, dropout_p=0.0, seed=0, offset=0):
+    """Autograd attention (batch layouts).  ``bias`` [B|1, H|1, Sq, Sk] gets a gradient when it
+    requires one; dropout is reproducible from (seed, offset) (Philox, :mod:`ck_fmha.philox`)."""
+    return AttentionFunction.apply(q, k, v, causal, scale, tuple(window), softcap, layout, deterministic,
+                                   bias, alibi_slopes, dropout_p, seed, offset)
 
 
 # ---------------------------------------------------------------------------
