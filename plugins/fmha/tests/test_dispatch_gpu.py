@@ -61,3 +61,38 @@ def test_group_mode_forward_replays_in_a_cuda_graph(disp, ck_rng):
     got = out["o"].float().cpu().numpy()
     rel = np.linalg.norm(got - ref["o"]) / np.linalg.norm(ref["o"])
     assert rel < 1e-2, rel
+
+
+def test_group_mode_forward_and_backward_replay_in_one_cuda_graph(disp, ck_rng):
+    """Issue 5's no-host-sync promise: a whole varlen fwd + bwd is captured once and replayed."""
+    import attrs
+
+    pf = FmhaProblem(family="fwd", mode="group", batch=3, nhead_q=4, nhead_k=2, hdim_q=64, lse=True,
+                     seqstart_q=(0, 170, 171, 400), seqstart_k=(0, 170, 171, 400), mask="top_left")
+    pb = attrs.evolve(pf, family="bwd_dq_dk_dv", lse=False)
+    op = get_manager().op("fmha")
+    host = op.make_inputs(pb, ck_rng)
+    t = {k: torch.from_numpy(np.ascontiguousarray(host[k])).cuda() for k in ("q", "k", "v", "do")}
+
+    def step():
+        f = disp.run_dict(pf, {n: t[n] for n in ("q", "k", "v")})
+        b = disp.run_dict(pb, {"q": t["q"], "k": t["k"], "v": t["v"], "o": f["o"], "lse": f["lse"],
+                               "do": t["do"]})
+        return f, b
+
+    step()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        f, b = step()
+    t["q"].copy_(torch.randn_like(t["q"]))
+    g.replay()
+    torch.cuda.synchronize()
+    cpu = {k: v.cpu().numpy() for k, v in t.items()}
+    ref_f = op.reference(pf, cpu)
+    ref_b = op.reference(pb, dict(cpu, o=f["o"].cpu().numpy(), lse=f["lse"].cpu().numpy()))
+    for name, got, ref in (("o", f["o"], ref_f["o"]), ("dq", b["dq"], ref_b["dq"]),
+                           ("dk", b["dk"], ref_b["dk"]), ("dv", b["dv"], ref_b["dv"])):
+        got = got.float().cpu().numpy()
+        rel = np.linalg.norm(got - ref) / np.linalg.norm(ref)
+        assert rel < 2e-2, (name, rel)
