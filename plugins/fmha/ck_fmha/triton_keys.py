@@ -4,8 +4,11 @@ A Triton FMHA key is (family, dtype, head dims) + a Triton configuration
 (BLOCK_M, BLOCK_N, warps, stages, variant).  Masks, GQA, soft cap, LSE,
 group mode (forward and backward), elementwise bias / ALiBi (with dbias) and
 dropout (Philox, bit-exact with ck_fmha.philox; store_randval by a separate
-pass) are run-time or JIT-specialised features of the same kernels; sink
-tokens/logits are not (numpy backend).
+pass) and sink tokens / sink logits (forward) are run-time or JIT-specialised
+features of the same kernels.  fwd_appendkv (knew/vnew into contiguous or paged
+caches, RoPE on knew and q) has its own kernel; batch_prefill (group-mode queries
+over a paged cache: vLLM block table or SGLang page table, linear or vectorized
+pages) is the fwd kernel with a page gather.
 Stages follow the plans of :mod:`ck_fmha.stages`: split-KV main + combine,
 backward dot_do_o -> dq_dk_dv -> convert_dq, with tensors passed by name.
 """
@@ -22,7 +25,7 @@ import attrs
 from ck_core.errors import ConfigError, InvalidProblem, MissingKernel
 from ck_core.key import KernelKey
 
-FAMILIES = ("fwd", "fwd_splitkv", "fwd_splitkv_combine", "fwd_pagedkv",
+FAMILIES = ("fwd", "fwd_splitkv", "fwd_splitkv_combine", "fwd_pagedkv", "fwd_appendkv", "batch_prefill",
             "bwd_dot_do_o", "bwd_dq_dk_dv", "bwd_convert_dq")
 HDIMS = ((32, 32), (64, 64), (96, 96), (128, 128), (192, 128), (256, 256))
 VARIANTS = ("ptr", "tma", "tma_host", "tma_ws")
@@ -94,10 +97,15 @@ def _configs(family, hq, hv, arch) -> list:
     if family == "fwd":
         cands = [C.default_fwd_config(hq, hv, tag), C.default_fwd_config(hq, hv, tag, causal=True),
                  C.TritonFmhaConfig(128, 64, 4, 3, "ptr"), C.TritonFmhaConfig(64, 64, 4, 2, "ptr")]
+    elif family == "batch_prefill":  # the fwd kernel with a page gather: pointer loads only
+        cands = [C.default_fwd_config(hq, hv, "generic").with_(variant="ptr"),
+                 C.TritonFmhaConfig(64, 64, 4, 2, "ptr")]
     elif family in ("fwd_splitkv", "fwd_pagedkv"):
         cands = [C.default_splitkv_config(hq, hv, 1), C.default_splitkv_config(hq, hv, 64)]
     elif family == "bwd_dq_dk_dv":
         cands = [C.default_bwd_configs(hq, hv, tag)[0], C.default_bwd_configs(hq, hv, tag, causal=True)[0]]
+    elif family == "fwd_appendkv":  # a copy kernel: BLOCK_M rows per program, BLOCK_N unused
+        cands = [C.TritonFmhaConfig(32, 16, 4, 1, "ptr")]
     else:  # combine, dot_do_o, convert_dq: one small elementwise kernel each
         cands = [C.TritonFmhaConfig(64, 64, 4, 1, "ptr")]
     out = []
@@ -118,8 +126,7 @@ def enumerate_keys(arch, backend: str, options: dict) -> list:
     fams = [fams] if isinstance(fams, str) else list(fams)
     bad = [f for f in fams if f not in FAMILIES]
     if bad:
-        raise ConfigError(f"the Triton FMHA kernels have no family {bad}; they cover {', '.join(FAMILIES)} "
-                          f"(batch_prefill and fwd_appendkv run on the numpy backend)")
+        raise ConfigError(f"the Triton FMHA kernels have no family {bad}; they cover {', '.join(FAMILIES)}")
     dtypes = options.get("dtypes") or ("fp16", "bf16")
     dtypes = [dtypes] if isinstance(dtypes, str) else dtypes
     keys = []
@@ -141,13 +148,21 @@ def supports(key, p) -> Optional[str]:
         return f"kernel dtype {s.dtype}, problem {p.dtype}"
     if (s.hdim_q, s.hdim_v) != (p.hdim_q, p.hdim_v):
         return f"kernel head dims {s.hdim_q}/{s.hdim_v}, problem {p.hdim_q}/{p.hdim_v}"
+    if p.family == "fwd_appendkv":
+        return None   # contiguous or paged caches, both RoPE forms; no attention features apply
+    if p.family == "batch_prefill":
+        if p.store_randval:
+            return "store_randval is not implemented for the Triton batch_prefill (dropout itself is)"
+        if p.skip_min_seqlen_q:
+            return "skip_min_seqlen_q is not implemented by the Triton kernels"
+        return None   # group mode, both lookups, linear and vectorized pages, masks/softcap/bias/dropout/sinks
     split = p.family in ("fwd_splitkv", "fwd_splitkv_combine", "fwd_pagedkv")
     if p.bias != "none" and split:
         return "the Triton split-KV / paged kernels have no bias (the Triton fwd and backward have)"
     if p.p_drop > 0 and split:
         return "the Triton split-KV / paged kernels have no dropout"
-    if p.sink_tokens or p.sink_logits:
-        return "the Triton FMHA kernels have no sink tokens yet"
+    if (p.sink_tokens or p.sink_logits) and p.family.startswith("bwd"):
+        return "the Triton backward kernels have no sink tokens"
     if p.skip_min_seqlen_q:
         return "skip_min_seqlen_q is not implemented by the Triton kernels"
     if p.vlayout != "r":
@@ -212,6 +227,16 @@ def _features(p, t, tdt) -> dict:
     return kw
 
 
+def _sinks(p, t) -> dict:
+    """Sink-token / sink-logit keyword arguments of the Triton forwards."""
+    kw = {}
+    if p.sink_tokens:
+        kw["sink_tokens"] = p.sink_tokens
+    if p.sink_logits:
+        kw["sink"] = t["sink"]
+    return kw
+
+
 def _torch_dtype(token):
     import torch
 
@@ -251,7 +276,8 @@ def make_launcher(key):
                       cu_seqlens_k=dev_int32(p, "sk", p.seqstart_k, x["q"]),
                       max_seqlen_q=p.seqlen_q, max_seqlen_k=p.seqlen_k)
         o, lse = ops.fwd(x["q"], x["k"], x["v"], scale=p.softmax_scale, softcap=p.logits_soft_cap,
-                         return_lse=True, layout=layout, config=cfg, **_mask(p), **kw, **_features(p, t, tdt))
+                         return_lse=True, layout=layout, config=cfg, **_mask(p), **kw, **_features(p, t, tdt),
+                         **_sinks(p, t))
         out = {"o": o, "lse": lse}
         if p.store_randval:
             out["randval"] = ops.dropout_randval(
@@ -285,7 +311,7 @@ def make_launcher(key):
         seqlens = dev_int32(p, "lens", p.seqlens_k, q) if p.seqlens_k else None
         oacc, lacc = ops._splitkv_main(q, k, v, seqlens_k=seqlens, scale=p.softmax_scale,
                                        softcap=p.logits_soft_cap, num_splits=p.num_splits, layout=p.layout,
-                                       config=cfg, **_mask(p), **kw)
+                                       config=cfg, **_mask(p), **kw, **_sinks(p, t))
         return {"o_acc": oacc, "lse_acc": lacc}
 
     def combine(p, t):
@@ -334,8 +360,40 @@ def make_launcher(key):
         layout, kw = varlen(p, q, k=False)
         return {"dq": ops.bwd_convert_dq(t["dq_acc"], ops._last_contig(q), layout=layout, **kw)}
 
+    def appendkv(p, t):
+        """Writes knew/vnew into t['k_cache'] / t['v_cache'] IN PLACE (when they already have the
+        kernel's dtype; else into converted copies) and returns the caches under the same names."""
+        x = cast(t, ("q", "knew", "vnew", "k_cache", "v_cache"))
+        rope = {}
+        if p.rope != "none":
+            need = max(p.seqlens_k) + max(p.seqlen_knew, p.seqlen_q)
+            if t["rotary_cos"].shape[0] < need:   # the kernel does not bound-check table rows
+                raise InvalidProblem(f"rotary tables have {t['rotary_cos'].shape[0]} positions; need at least {need}")
+            rope = dict(rotary_cos=t["rotary_cos"], rotary_sin=t["rotary_sin"], rope=p.rope,
+                        rotary_dim=p.rotary_dim)
+        bt = t["block_table"] if p.paged_kv else None
+        q_rot, kc, vc = ops.appendkv(x["q"], x["knew"], x["vnew"], x["k_cache"], x["v_cache"],
+                                     dev_int32(p, "lens", p.seqlens_k, x["q"]), block_table=bt,
+                                     layout=p.layout, block_m=alg.block_m, **rope)
+        return {"q_rot": q_rot, "k_cache": kc, "v_cache": vc}
+
+    def prefill(p, t):
+        x = cast(t, ("q", "k_cache", "v_cache"))
+        q = x["q"]
+        if p.kv_lookup == "sglang":
+            tables = dict(kv_indptr=t["kv_indptr"], kv_page_indices=t["kv_page_indices"])
+        else:
+            tables = dict(block_table=t["block_table"])
+        o, lse = ops.batch_prefill(q, x["k_cache"], x["v_cache"], dev_int32(p, "lens", p.seqlens_k, q),
+                                   cu_seqlens_q=dev_int32(p, "sq", p.seqstart_q, q), max_seqlen_q=p.seqlen_q,
+                                   max_seqlen_k=max(p.seqlens_k), kv_layout=p.kv_layout, scale=p.softmax_scale,
+                                   softcap=p.logits_soft_cap, return_lse=True, config=cfg, **tables,
+                                   **_mask(p), **_features(p, t, tdt), **_sinks(p, t))
+        return {"o": o, "lse": lse}
+
     table = {"fwd": fwd, "fwd_splitkv": splitkv_main, "fwd_splitkv_combine": combine,
-             "fwd_pagedkv": pagedkv, "bwd_dot_do_o": dot_do_o, "bwd_dq_dk_dv": dq_dk_dv,
+             "fwd_appendkv": appendkv, "batch_prefill": prefill, "fwd_pagedkv": pagedkv,
+             "bwd_dot_do_o": dot_do_o, "bwd_dq_dk_dv": dq_dk_dv,
              "bwd_convert_dq": convert_dq}
     return table[fam]
 

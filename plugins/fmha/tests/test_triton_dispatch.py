@@ -63,8 +63,8 @@ def test_unsupported_features_are_clear(disp):
         disp.select(FmhaProblem(**{**BASE, "family": "fwd_splitkv", "seqlen_q": 1, "num_splits": 2,
                                    "bias": "alibi"}))
     with pytest.raises(MissingKernel, match="sink"):
-        disp.select(FmhaProblem(**{**BASE, "mask": "top_left", "window_left": 8, "window_right": 0,
-                                   "sink_tokens": 2}))
+        disp.select(FmhaProblem(**{**BASE, "family": "bwd_dq_dk_dv", "mask": "top_left", "window_left": 8,
+                                   "window_right": 0, "sink_tokens": 2}))
 
 
 # -- bias, ALiBi, dropout, group-mode backward ------------------------------------------------
@@ -159,3 +159,73 @@ def test_triton_names_round_trip(disp):
     for key in disp.registry:
         assert KernelKey.from_name(key.name) == key
         assert KernelKey.from_dict(key.to_dict()) == key
+
+
+# -- fwd_appendkv (+ RoPE), contiguous and paged caches -----------------------------------------
+AKV = dict(family="fwd_appendkv", batch=2, nhead_q=4, nhead_k=2, hdim_q=32, dtype="fp16", seqlen_knew=5,
+           seqlens_k=(7, 20))
+
+
+@pytest.mark.parametrize("kw", [
+    dict(seqlen_k=40),
+    dict(seqlen_k=40, rope="interleaved", rotary_dim=32, layout="bshd"),
+    dict(seqlen_k=40, rope="half_rotated", rotary_dim=16, seqlen_q=3),
+    dict(paged_kv=True, page_size=16, rope="half_rotated", rotary_dim=32, seqlen_q=9),
+    # (make_inputs' block tables point every unowned slot at one spare page: only one batch may append
+    # past its own pages, and page_size=1 leaves room for a single new token)
+    dict(paged_kv=True, page_size=1, batch=1, seqlens_k=(9,), seqlen_knew=1, seqlen_q=3, rope="interleaved",
+         rotary_dim=12, layout="bshd"),
+    dict(paged_kv=True, page_size=4, seqlens_k=(8, 17), seqlen_knew=3, nhead_k=1, hdim_q=96,
+         rope="half_rotated", rotary_dim=20),
+], ids=lambda kw: "-".join(f"{k}={v}" for k, v in kw.items()))
+def test_appendkv(disp, kw, ck_rng):
+    p = FmhaProblem(**{**AKV, **kw})
+    rep = check_against_reference(disp, p, ck_rng)
+    assert rep.passed, str(rep)
+
+
+# -- batch_prefill: group-mode queries over a paged cache -----------------------------------------
+BP = dict(family="batch_prefill", mode="group", batch=3, nhead_q=4, nhead_k=2, hdim_q=32, dtype="fp16",
+          paged_kv=True, seqstart_q=(0, 17, 18, 41), seqlens_k=(29, 5, 40))
+
+
+@pytest.mark.parametrize("kw", [
+    dict(page_size=16),
+    dict(page_size=1, kv_lookup="sglang", mask="bottom_right", lse=True),
+    dict(page_size=16, kv_lookup="sglang", mask="top_left", logits_soft_cap=15.0),
+    dict(page_size=64, mask="generic", window_left=6, window_right=2, nhead_k=1, seqlens_k=(150, 5, 70)),
+    dict(page_size=128, kv_lookup="sglang", seqlens_k=(300, 0, 129)),
+    dict(page_size=4, bias="alibi", mask="bottom_right"),
+    dict(page_size=32, bias="elementwise", kv_lookup="sglang"),
+    dict(page_size=16, p_drop=0.2, mask="top_left", **SEED),
+    dict(page_size=16, kv_layout="vectorized", mask="bottom_right"),
+    dict(page_size=8, kv_layout="vectorized", kv_lookup="sglang", hdim_q=64),
+], ids=lambda kw: "-".join(f"{k}={v}" for k, v in kw.items() if k not in ("seed", "offset")))
+def test_batch_prefill(disp, kw, ck_rng):
+    p = FmhaProblem(**{**BP, **kw})
+    rep = check_against_reference(disp, p, ck_rng)
+    assert rep.passed, str(rep)
+
+
+# -- sink tokens and sink logits --------------------------------------------------------------------
+@pytest.mark.parametrize("kw", [
+    dict(family="fwd", mask="bottom_right", window_left=5, window_right=0, sink_tokens=3),
+    dict(family="fwd", mask="top_left", window_left=4, window_right=2, sink_tokens=20, layout="bshd"),
+    dict(family="fwd", sink_logits=True, lse=True),
+    dict(family="fwd", mask="bottom_right", window_left=5, window_right=0, sink_tokens=70, seqlen_q=70,
+         seqlen_k=260, nhead_q=2, nhead_k=1),                                  # sink blocks left of the window
+    dict(family="fwd", mask="bottom_right", seqlen_q=45, seqlen_k=29, sink_logits=True),  # rows with no key
+    dict(family="fwd", mask="generic", window_left=3, window_right=1, sink_tokens=2, sink_logits=True,
+         bias="alibi", **G),
+    dict(BP, page_size=16, mask="bottom_right", window_left=4, window_right=0, sink_tokens=4, sink_logits=True),
+    dict(family="fwd_splitkv", seqlen_q=3, seqlen_k=200, num_splits=3, sink_logits=True),
+    dict(family="fwd_splitkv", seqlen_q=2, seqlen_k=200, num_splits=4, mask="bottom_right", window_left=9,
+         window_right=0, sink_tokens=5, sink_logits=True),                    # splits with no visible key
+    dict(family="fwd_pagedkv", seqlen_q=1, seqlen_k=96, seqlens_k=(96, 41), paged_kv=True, page_size=16,
+         mask="bottom_right", window_left=7, window_right=0, sink_tokens=3),
+], ids=lambda kw: "-".join(f"{k}={v}" for k, v in kw.items() if k not in ("seqstart_q", "seqstart_k",
+                                                                          "seqlens_k", "batch")))
+def test_sinks(disp, kw, ck_rng):
+    p = FmhaProblem(**{**BASE, **kw})
+    rep = check_against_reference(disp, p, ck_rng)
+    assert rep.passed, str(rep)

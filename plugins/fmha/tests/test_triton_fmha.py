@@ -167,6 +167,66 @@ def test_splitkv_and_paged(hq, hk, sq, sk, causal, seqlens, ns):
         assert rel_err(o2, ro2) < TOL
 
 
+@pytest.mark.parametrize("layout,paged,rope,rdim", [
+    ("bhsd", False, "interleaved", 16), ("bshd", True, "half_rotated", 32), ("bhsd", True, "none", 0)])
+def test_appendkv_writes_caches_in_place(layout, paged, rope, rdim):
+    import numpy as np
+
+    from ck_fmha import reference as R
+    from ck_fmha.problem import FmhaProblem
+    from ck_fmha.stages import make_inputs
+
+    from ck_fmha.triton import appendkv
+
+    p = FmhaProblem(family="fwd_appendkv", batch=2, nhead_q=4, nhead_k=2, hdim_q=32, dtype="fp16",
+                    seqlen_knew=4, seqlen_q=6, seqlens_k=(3, 16), layout=layout, rope=rope, rotary_dim=rdim,
+                    paged_kv=paged, page_size=8 if paged else 0, seqlen_k=None if paged else 24)
+    t = make_inputs(p, np.random.default_rng(3))
+    want = R.fwd_appendkv(p, t["q"], t["knew"], t["vnew"], t["k_cache"], t["v_cache"],
+                          **{k: t[k] for k in ("rotary_cos", "rotary_sin", "block_table") if k in t})
+    x = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in t.items()}
+    kc, vc = x["k_cache"], x["v_cache"]
+    rope_kw = dict(rotary_cos=x["rotary_cos"], rotary_sin=x["rotary_sin"], rope=rope, rotary_dim=rdim) if rdim else {}
+    q_rot, kc2, vc2 = appendkv(x["q"], x["knew"], x["vnew"], kc, vc, torch.tensor(p.seqlens_k),
+                               block_table=x.get("block_table"), layout=layout, **rope_kw)
+    assert kc2 is kc and vc2 is vc                   # written in place
+    for got, ref in ((q_rot, want.q), (kc, want.k_cache), (vc, want.v_cache)):
+        assert np.allclose(got.double().numpy(), ref, rtol=2e-3, atol=2e-3)
+
+
+def test_prefill_and_sinks_kernels():
+    """ops.batch_prefill (both lookups) and the sink arguments of ops.fwd against the references."""
+    import numpy as np
+
+    from ck_fmha import reference as R
+    from ck_fmha.problem import FmhaProblem
+    from ck_fmha.stages import make_inputs
+    from ck_fmha.triton import batch_prefill
+
+    for lookup, ps in (("vllm", 2), ("sglang", 16)):
+        p = FmhaProblem(family="batch_prefill", mode="group", batch=2, nhead_q=2, nhead_k=1, hdim_q=32,
+                        dtype="fp16", paged_kv=True, page_size=ps, kv_lookup=lookup, seqstart_q=(0, 9, 30),
+                        seqlens_k=(33, 21), mask="bottom_right", sink_logits=True)
+        t = make_inputs(p, np.random.default_rng(4))
+        tabs = {k: t[k] for k in ("block_table", "kv_indptr", "kv_page_indices", "kv_last_page_lens") if k in t}
+        want = R.batch_prefill(p, t["q"], t["k_cache"], t["v_cache"], sink=t["sink"], **tabs)
+        x = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in t.items()}
+        tabs = {k: x[k] for k in tabs if k != "kv_last_page_lens"}
+        o, lse = batch_prefill(x["q"], x["k_cache"], x["v_cache"], torch.tensor(p.seqlens_k, dtype=torch.int32),
+                               cu_seqlens_q=torch.tensor(p.seqstart_q, dtype=torch.int32), max_seqlen_q=p.seqlen_q,
+                               max_seqlen_k=33, causal="bottom_right", return_lse=True, sink=x["sink"],
+                               config=SMALL, **tabs)
+        assert rel_err(o, torch.from_numpy(want.o)) < TOL
+        assert rel_err(lse, torch.from_numpy(want.lse)) < 1e-5
+    p = FmhaProblem(family="fwd", batch=1, nhead_q=2, nhead_k=2, seqlen_q=40, seqlen_k=50, hdim_q=32,
+                    dtype="fp16", mask="top_left", window_left=3, window_right=0, sink_tokens=20)
+    t = make_inputs(p, np.random.default_rng(5))
+    want = R.fwd(p, t["q"], t["k"], t["v"])
+    x = {k: torch.from_numpy(v) for k, v in t.items()}
+    o, lse = fwd(x["q"], x["k"], x["v"], causal=True, window=(3, 0), sink_tokens=20, return_lse=True, config=SMALL)
+    assert rel_err(o, torch.from_numpy(want.o)) < TOL and rel_err(lse, torch.from_numpy(want.lse)) < 1e-5
+
+
 def test_num_splits_heuristic():
     assert num_splits_heuristic(132 * 4, 4096) == 1            # machine already full
     n = num_splits_heuristic(8, 131072)
@@ -182,9 +242,22 @@ def test_kernel_for_contract():
     assert sig["Q"] == "*bf16" and sig["LSE"] == "*fp32" and sig["scale2"] == "fp32" and sig["H"] == "i32"
     assert all(sig[n] == "constexpr" for n in cx2)
     for fam in ("bwd_dot_do_o", "bwd_dq_dk_dv", "bwd_dq", "bwd_convert_dq", "fwd_splitkv",
-                "fwd_pagedkv", "fwd_splitkv_combine"):
+                "fwd_pagedkv", "fwd_splitkv_combine", "fwd_appendkv", "batch_prefill"):
         f, c = kernel_for(fam, TritonFmhaConfig(64, 64, 4, 2))
         assert set(c) <= set(f.arg_names)
+        sig, _ = signature_for(fam, "fp16", TritonFmhaConfig(64, 64, 4, 2))
+        assert set(sig) == set(f.arg_names)
+    # features off by default: paging, sinks
+    _, cx = kernel_for("fwd", {"hdim_q": 64})
+    assert cx["PAGE_SIZE"] == 0 and not cx["HAS_SINK"] and not cx["HAS_SINK_LOGIT"]
+    _, cx = kernel_for("fwd_splitkv", {"hdim_q": 64})
+    assert not cx["HAS_SINK"] and not cx["HAS_SINK_LOGIT"]
+    sig, cx = signature_for("batch_prefill", "bf16", {"hdim_q": 128, "page_size": 1, "kv_lookup": "sglang",
+                                                      "sink_logits": True})
+    assert cx["PAGE_SIZE"] == 1 and cx["KV_LOOKUP"] == 1 and cx["IS_VARLEN"] and cx["HAS_SINK_LOGIT"]
+    assert sig["PT"] == "*i32" and sig["KV_INDPTR"] == "*i32" and sig["SINK"] == "*fp32"
+    sig, cx = signature_for("fwd_appendkv", "fp16", {"hdim_q": 64, "rope": "half_rotated", "page_size": 16})
+    assert cx["ROPE"] == 2 and cx["PAGE_SIZE"] == 16 and sig["COS"] == "*fp32" and sig["KC"] == "*fp16"
 
 
 # --------------------------------------------------------------------------
@@ -422,6 +495,10 @@ AOT_FAST = [  # small instances that compile quickly: forward, backward, split-K
     # every backward feature at once: group mode, elementwise bias + dbias, Philox dropout
     ("bwd_dq_dk_dv", "fp16", dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1, hdim_q=32, mask_mode=1,
                                   varlen=True, bias_mode="elementwise", dbias=True, dropout=True)),
+    # append-KV + RoPE; batch prefill (SGLang lookup) with sink tokens and sink logits
+    ("fwd_appendkv", "fp16", dict(BLOCK_M=32, hdim_q=64, rope="interleaved")),
+    ("batch_prefill", "fp16", dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2, hdim_q=64, page_size=16,
+                                   kv_lookup="sglang", mask_mode=3, sink_tokens=True, sink_logits=True)),
 ]
 
 AOT_ALL = AOT_FAST + [
@@ -454,6 +531,16 @@ AOT_ALL = AOT_FAST + [
     ("bwd_dot_do_o", "bf16", dict(BLOCK_M=64, hdim_q=128, varlen=True)),
     ("bwd_convert_dq", "bf16", dict(BLOCK_M=64, hdim_q=128, varlen=True)),
     ("dropout_randval", "fp16", dict(BLOCK_M=32, BLOCK_N=64, varlen=True)),
+    # append-KV, batch prefill (both lookups, vectorized pages), sinks
+    ("fwd_appendkv", "bf16", dict(BLOCK_M=32, hdim_q=128, rope="half_rotated", page_size=16)),
+    ("batch_prefill", "bf16", dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2, hdim_q=128, page_size=64,
+                                   mask_mode=1, bottom_right=True)),
+    ("batch_prefill", "fp16", dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, hdim_q=64, page_size=16,
+                                   kv_lookup="sglang", kv_vec=8, sink_tokens=True, sink_logits=True, mask_mode=3)),
+    ("fwd", "bf16", dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, hdim_q=64, mask_mode=3,
+                         sink_tokens=True, sink_logits=True, varlen=True)),
+    ("fwd_pagedkv", "bf16", dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=2, hdim_q=128, page_size=16,
+                                 mask_mode=3, sink_tokens=True, sink_logits=True)),
 ]
 
 TARGETS = ["sm90", "gfx942", "gfx90a", "gfx950", "gfx1100", "gfx1201"]

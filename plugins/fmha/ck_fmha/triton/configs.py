@@ -8,7 +8,9 @@ ahead-of-time compilation.
     ``variant``) and the problem features that are compile-time constants
     (``hdim_q``, ``hdim_v``, ``mask_mode``, ``bottom_right``, ``softcap``,
     ``lse``, ``varlen``, ``bias_mode`` (0..4 or a name of :data:`BIAS_MODES`),
-    ``dropout``, ``dbias``, ...; see :func:`constexprs_for`).  The feature
+    ``dropout``, ``dbias``, ``page_size``, ``kv_lookup`` ('vllm' | 'sglang'), ``kv_vec``
+    (vectorized pages), ``sink_tokens``, ``sink_logits`` (bools), ``rope`` (appendkv), ...;
+    see :func:`constexprs_for`).  The feature
     keys default to off, which compiles the kernels as without the features.  ``constexprs`` maps every
     ``tl.constexpr`` argument name of ``jit_fn`` to its value.
 
@@ -34,6 +36,8 @@ FAMILIES = (
     "bwd_dq",
     "bwd_convert_dq",
     "dropout_randval",  # store_randval: the forward's uint8 dropout random values
+    "fwd_appendkv",     # knew/vnew into the KV cache (+ RoPE on knew and q)
+    "batch_prefill",    # fwd with a paged KV cache (page_size > 0), group mode
 )
 
 VARIANTS = ("ptr", "tma", "tma_ws", "tma_host")
@@ -193,7 +197,11 @@ _FN = {
     "bwd_dq": K.fmha_bwd_dq_kernel,
     "bwd_convert_dq": K.fmha_bwd_convert_dq_kernel,
     "dropout_randval": K.fmha_dropout_randval_kernel,
+    "fwd_appendkv": K.fmha_fwd_appendkv_kernel,
+    "batch_prefill": K.fmha_fwd_kernel,
 }
+
+ROPE_MODES = {"none": 0, "interleaved": 1, "half_rotated": 2}
 
 
 def _get(cfg: Mapping, key, default):
@@ -236,19 +244,30 @@ def constexprs_for(family: str, config: Mapping) -> Dict[str, Any]:
     bmode = bias_mode_of(_get(config, "bias_mode", 0))
     drop = bool(_get(config, "dropout", False))
     varlen = bool(_get(config, "varlen", False))
-    if family == "fwd":
+    if family in ("fwd", "batch_prefill"):
+        prefill = family == "batch_prefill"
+        ps = int(_get(config, "page_size", 16 if prefill else 0))
+        if ps and variant != "ptr":
+            raise ValueError(f"a paged forward (page_size={ps}) takes the 'ptr' variant, not {variant!r}")
+        lookup = _get(config, "kv_lookup", 0)
+        lookup = {"vllm": 0, "sglang": 1}[lookup] if isinstance(lookup, str) else int(lookup)
         return dict(D_Q=dq, D_V=dv, BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=bm, BLOCK_N=bn,
                     MASK_MODE=mm, BOTTOM_RIGHT=br, HAS_SOFTCAP=sc,
                     STORE_LSE=bool(_get(config, "lse", True)),
-                    IS_VARLEN=varlen,
+                    IS_VARLEN=bool(_get(config, "varlen", prefill)),
                     REVERSE_M=bool(_get(config, "reverse_m", mm & 1 == 1)),
                     USE_TMA={"ptr": 0, "tma": 1, "tma_ws": 1, "tma_host": 2}[variant],
-                    WARP_SPEC=variant == "tma_ws", BIAS_MODE=bmode, HAS_DROPOUT=drop)
+                    WARP_SPEC=variant == "tma_ws", BIAS_MODE=bmode, HAS_DROPOUT=drop,
+                    PAGE_SIZE=ps, KV_LOOKUP=lookup if ps else 0, KV_VEC=int(_get(config, "kv_vec", 0)) if ps else 0,
+                    HAS_SINK=bool(_get(config, "sink_tokens", False)),
+                    HAS_SINK_LOGIT=bool(_get(config, "sink_logits", False)))
     if family in ("fwd_splitkv", "fwd_pagedkv"):
         ps = int(_get(config, "page_size", 16 if family == "fwd_pagedkv" else 0))
         return dict(D_Q=dq, D_V=dv, BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=max(16, bm), BLOCK_N=bn,
                     PAGE_SIZE=ps, MASK_MODE=mm, BOTTOM_RIGHT=bool(_get(config, "bottom_right", True)),
-                    HAS_SOFTCAP=sc, HAS_SEQLENS=bool(_get(config, "seqlens", ps > 0)))
+                    HAS_SOFTCAP=sc, HAS_SEQLENS=bool(_get(config, "seqlens", ps > 0)),
+                    HAS_SINK=bool(_get(config, "sink_tokens", False)),
+                    HAS_SINK_LOGIT=bool(_get(config, "sink_logits", False)))
     if family == "fwd_splitkv_combine":
         return dict(D_V=dv, BLOCK_DV=bdv, BLOCK_S=max(2, next_pow2(int(_get(config, "num_splits", 16)))),
                     STORE_LSE=bool(_get(config, "lse", True)))
@@ -270,6 +289,11 @@ def constexprs_for(family: str, config: Mapping) -> Dict[str, Any]:
         return dict(D_Q=dq, BLOCK_DQ=bdq, BLOCK_M=bm, IS_VARLEN=varlen)
     if family == "dropout_randval":
         return dict(BLOCK_M=bm, BLOCK_N=bn, IS_VARLEN=varlen)
+    if family == "fwd_appendkv":
+        rope = _get(config, "rope", 0)
+        rope = ROPE_MODES[rope] if isinstance(rope, str) else int(rope)
+        return dict(D_Q=dq, D_V=dv, BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=bm,
+                    PAGE_SIZE=int(_get(config, "page_size", 0)), ROPE=rope)
     raise AssertionError(family)
 
 
@@ -287,6 +311,8 @@ _PTR_ARGS = {  # argument name -> element type key ('x' = the data dtype)
     "LSE": "fp32", "DELTA": "fp32", "DQA": "fp32", "OACC": "fp32", "LACC": "fp32",
     "CU_Q": "i32", "CU_K": "i32", "BLOCK_TABLE": "i32", "SEQLENS_K": "i32",
     "BIAS": "x", "ALIBI": "fp32", "DBIAS": "fp32", "RV": "u8",
+    "PT": "i32", "KV_INDPTR": "i32", "SINK": "fp32",
+    "KNEW": "x", "VNEW": "x", "QR": "x", "KC": "x", "VC": "x", "COS": "fp32", "SIN": "fp32",
 }
 _FLOAT_ARGS = {"scale2", "cap_in", "cap_out", "sm_scale", "drop_scale"}
 
@@ -308,7 +334,7 @@ def signature_for(family: str, dtype: str, config: Mapping | TritonFmhaConfig) -
             sig[name] = "fp32"
         else:
             sig[name] = "i32"
-    if family == "fwd" and cx.get("USE_TMA") == 2:
+    if family in ("fwd", "batch_prefill") and cx.get("USE_TMA") == 2:
         # host-side descriptors: block shapes are part of the type
         sig["Q"] = f"tensordesc<{x}[{cx['BLOCK_M']},{cx['BLOCK_DQ']}]>"
         sig["K"] = f"tensordesc<{x}[{cx['BLOCK_N']},{cx['BLOCK_DQ']}]>"

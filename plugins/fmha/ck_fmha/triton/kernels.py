@@ -195,6 +195,47 @@ def _q_range(n0, off, left, right, seqlen_q,
     return lo, full_lo, full_hi, hi_c
 
 
+@triton.jit
+def _visible_sink(rows, cols, off, left, right, n_sink, MASK_MODE: tl.constexpr):
+    """The window mask plus sink tokens: the first n_sink keys stay visible past the left edge
+    (the right edge still applies), as ck_fmha.masks.visible."""
+    rel = cols[None, :] - rows[:, None] - off
+    ok = rel < 2147483647
+    if MASK_MODE & 1:
+        ok = ok & (rel <= right)
+    win = ok
+    if MASK_MODE & 2:
+        win = win & (rel >= -left)
+    return win | (ok & (cols[None, :] < n_sink))
+
+
+@triton.jit
+def _paged_kv_ptrs(kb, vb, pt, start_n, cols, seqlen_k, skp, svp, sks, svs, skd, offs_n, offs_dq, offs_dv,
+                   PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, KV_VEC: tl.constexpr):
+    """K/V tile pointers of keys ``cols`` in a paged cache: ``pt`` is the batch's row of page ids,
+    key t lives in page pt[t // PAGE_SIZE] at slot t % PAGE_SIZE; kb/vb already hold the head offset.
+    KV_VEC == 0: linear pages (slot stride sks/svs, d contiguous).  KV_VEC > 0: CK's vectorized
+    layout, K [pages, Hk, D/vec, P, vec] (skd: stride of a D/vec chunk) and V [pages, Hk, P/vec, Dv, vec]
+    (svs: stride of a P/vec chunk)."""
+    if PAGE_SIZE % BLOCK_N == 0:
+        page = tl.load(pt + start_n // PAGE_SIZE).to(tl.int64)
+        slot = (start_n % PAGE_SIZE) + offs_n
+        kpg = kb + page * skp
+        vpg = vb + page * svp
+    else:
+        page = tl.load(pt + cols // PAGE_SIZE, mask=cols < seqlen_k, other=0).to(tl.int64)
+        slot = cols % PAGE_SIZE
+        kpg = kb + page[:, None] * skp
+        vpg = vb + page[:, None] * svp
+    if KV_VEC > 0:
+        kp = kpg + slot[:, None] * KV_VEC + ((offs_dq // KV_VEC) * skd + offs_dq % KV_VEC)[None, :]
+        vp = vpg + ((slot // KV_VEC) * svs + slot % KV_VEC)[:, None] + (offs_dv * KV_VEC)[None, :]
+    else:
+        kp = kpg + slot[:, None] * sks + offs_dq[None, :]
+        vp = vpg + slot[:, None] * svs + offs_dv[None, :]
+    return kp, vp
+
+
 # ----------------------------------------------------------------------------
 # forward
 # ----------------------------------------------------------------------------
@@ -203,11 +244,13 @@ def _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, v
                start, end, rows, off, left, right, seqlen_k,
                scale2, cap_in, cap_out,
                biasb, sbq, sbk, slope, aoff, seqlen_q, bh_id, k0, k1, off_lo, thresh,
+               pt, skp, svp, skd, n_sink,
                D_Q: tl.constexpr, D_V: tl.constexpr,
                BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
                MASKED: tl.constexpr, MASK_MODE: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                USE_TMA: tl.constexpr, WARP_SPEC: tl.constexpr,
-               BIAS_MODE: tl.constexpr, HAS_DROPOUT: tl.constexpr):
+               BIAS_MODE: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+               PAGE_SIZE: tl.constexpr, KV_VEC: tl.constexpr, HAS_SINK: tl.constexpr):
     offs_n = tl.arange(0, BLOCK_N)
     offs_dq = tl.arange(0, BLOCK_DQ)
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -218,7 +261,11 @@ def _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, v
         if USE_TMA != 0:
             k = desc_k.load([krow + start_n, kcol])
         else:
-            kp = kb + cols[:, None] * sks + offs_dq[None, :]
+            if PAGE_SIZE > 0:
+                kp, vp_pg = _paged_kv_ptrs(kb, vb, pt, start_n, cols, seqlen_k, skp, svp, sks, svs, skd,
+                                           offs_n, offs_dq, offs_dv, PAGE_SIZE, BLOCK_N, KV_VEC)
+            else:
+                kp = kb + cols[:, None] * sks + offs_dq[None, :]
             if MASKED:
                 k = tl.load(kp, mask=(cols[:, None] < seqlen_k) & (offs_dq[None, :] < D_Q), other=0.0)
             elif BLOCK_DQ != D_Q:
@@ -236,7 +283,9 @@ def _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, v
                                    seqlen_q, seqlen_k, BIAS_MODE)
             if MASKED:
                 ok = cols[None, :] < seqlen_k
-                if MASK_MODE != 0:
+                if HAS_SINK:
+                    ok = ok & _visible_sink(rows, cols, off, left, right, n_sink, MASK_MODE)
+                elif MASK_MODE != 0:
                     ok = ok & _visible(rows, cols, off, left, right, MASK_MODE)
                 qk = tl.where(ok, qk, float("-inf"))
             m_ij = tl.maximum(m_i, tl.max(qk, 1))
@@ -259,7 +308,10 @@ def _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, v
         if USE_TMA != 0:
             v = desc_v.load([krow + start_n, vcol])
         else:
-            vp = vb + cols[:, None] * svs + offs_dv[None, :]
+            if PAGE_SIZE > 0:
+                vp = vp_pg
+            else:
+                vp = vb + cols[:, None] * svs + offs_dv[None, :]
             if MASKED:
                 v = tl.load(vp, mask=(cols[:, None] < seqlen_k) & (offs_dv[None, :] < D_V), other=0.0)
             elif BLOCK_DV != D_V:
@@ -278,18 +330,28 @@ def fmha_fwd_kernel(
     H, GROUP, SEQ_Q, SEQ_K,
     scale2, cap_in, cap_out, left, right,
     BIAS, ALIBI, sbb, sbh, sbq, sbk, sab, seed_lo, seed_hi, off_lo, drop_thresh, drop_scale,
+    PT, KV_INDPTR, SEQLENS_K, sbt, skp, svp, skd, SINK, n_sink,
     D_Q: tl.constexpr, D_V: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     MASK_MODE: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     STORE_LSE: tl.constexpr, IS_VARLEN: tl.constexpr, REVERSE_M: tl.constexpr,
     USE_TMA: tl.constexpr, WARP_SPEC: tl.constexpr,
     BIAS_MODE: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    PAGE_SIZE: tl.constexpr = 0, KV_LOOKUP: tl.constexpr = 0, KV_VEC: tl.constexpr = 0,
+    HAS_SINK: tl.constexpr = False, HAS_SINK_LOGIT: tl.constexpr = False,
 ):
     """BIAS_MODE: 0 none, 1 elementwise BIAS [B|1, H|1, Sq, Sk] (strides sb?, 0 where broadcast;
     group mode: [H|1, Tq, max Sk], sbb = 0), 2 ALiBi vertical (causal), 3 ALiBi top-left,
     4 ALiBi bottom-right (ALIBI: fp32 slopes, batch stride sab, 0 for [H]).  HAS_DROPOUT:
     Philox keep mask (key (seed_lo, seed_hi), counter (j, i, b*H + h, off_lo)), kept
-    probabilities scaled by drop_scale; LSE is the pre-dropout one."""
+    probabilities scaled by drop_scale; LSE is the pre-dropout one.
+
+    PAGE_SIZE > 0 (batch_prefill): K/V are page pools (heads at skh/svh, pages at skp/svp, slots at
+    sks/svs; KV_VEC > 0: CK's vectorized pages, see _paged_kv_ptrs), the key length of batch b is
+    SEQLENS_K[b] and its page ids are PT[b * sbt + i] (KV_LOOKUP 0, vLLM block table) or
+    PT[KV_INDPTR[b] + i] (KV_LOOKUP 1, SGLang kv_indptr / kv_page_indices).  HAS_SINK: the first
+    n_sink keys stay visible past the window's left edge.  HAS_SINK_LOGIT: SINK [H] (fp32, natural-log
+    units) joins the softmax denominator as a key with a zero value."""
     pid_m = tl.program_id(0)
     if REVERSE_M:
         pid_m = tl.num_programs(0) - 1 - pid_m
@@ -300,13 +362,20 @@ def fmha_fwd_kernel(
     if IS_VARLEN:
         q_start = tl.load(CU_Q + b)
         seqlen_q = tl.load(CU_Q + b + 1) - q_start
-        k_start = tl.load(CU_K + b)
-        seqlen_k = tl.load(CU_K + b + 1) - k_start
+        if PAGE_SIZE > 0:
+            k_start = 0
+            seqlen_k = tl.load(SEQLENS_K + b)
+        else:
+            k_start = tl.load(CU_K + b)
+            seqlen_k = tl.load(CU_K + b + 1) - k_start
     else:
         q_start = 0
         seqlen_q = SEQ_Q
         k_start = 0
-        seqlen_k = SEQ_K
+        if PAGE_SIZE > 0:
+            seqlen_k = tl.load(SEQLENS_K + b)
+        else:
+            seqlen_k = SEQ_K
     m0 = pid_m * BLOCK_M
     if m0 >= seqlen_q:
         return
@@ -352,32 +421,55 @@ def fmha_fwd_kernel(
         desc_v = 0
         q = tl.load(qb + rows[:, None] * sqs + offs_dq[None, :],
                     mask=(rows[:, None] < seqlen_q) & (offs_dq[None, :] < D_Q), other=0.0)
-    m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if HAS_SINK_LOGIT:   # the sink is a key of logit SINK[h] (log2 units inside) and value 0
+        m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.load(SINK + h).to(tl.float32) * 1.4426950408889634
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32) + 1.0
+    else:
+        m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     biasb, slope, aoff = _bias_setup(BIAS, ALIBI, b64, h.to(tl.int64), q_start, sbb, sbh, sbq, sab,
                                      seqlen_q, seqlen_k, BIAS_MODE)
     bh_id = b * H + h
+    if PAGE_SIZE > 0:
+        if KV_LOOKUP == 1:
+            pt = PT + tl.load(KV_INDPTR + b)
+        else:
+            pt = PT + b64 * sbt
+    else:
+        pt = PT
     lo, full_lo, full_hi, hi = _kv_range(m0, off, left, right, seqlen_k, BLOCK_M, BLOCK_N, MASK_MODE)
+    if HAS_SINK:   # sink-token blocks left of the window: [0, min(lo, sink blocks))
+        sink_hi = tl.minimum(((n_sink + BLOCK_N - 1) // BLOCK_N) * BLOCK_N, lo)
+        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, vcol,
+                                   0, sink_hi, rows, off, left, right, seqlen_k,
+                                   scale2, cap_in, cap_out, biasb, sbq, sbk, slope, aoff, seqlen_q, bh_id,
+                                   seed_lo, seed_hi, off_lo, drop_thresh, pt, skp, svp, skd, n_sink,
+                                   D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_N,
+                                   True, MASK_MODE, HAS_SOFTCAP, USE_TMA, False, BIAS_MODE, HAS_DROPOUT,
+                                   PAGE_SIZE, KV_VEC, HAS_SINK)
     if MASK_MODE & 2:
         acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, vcol,
                                    lo, full_lo, rows, off, left, right, seqlen_k,
                                    scale2, cap_in, cap_out, biasb, sbq, sbk, slope, aoff, seqlen_q, bh_id,
-                                   seed_lo, seed_hi, off_lo, drop_thresh,
+                                   seed_lo, seed_hi, off_lo, drop_thresh, pt, skp, svp, skd, n_sink,
                                    D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_N,
-                                   True, MASK_MODE, HAS_SOFTCAP, USE_TMA, False, BIAS_MODE, HAS_DROPOUT)
+                                   True, MASK_MODE, HAS_SOFTCAP, USE_TMA, False, BIAS_MODE, HAS_DROPOUT,
+                                   PAGE_SIZE, KV_VEC, HAS_SINK)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, vcol,
                                full_lo, full_hi, rows, off, left, right, seqlen_k,
                                scale2, cap_in, cap_out, biasb, sbq, sbk, slope, aoff, seqlen_q, bh_id,
-                               seed_lo, seed_hi, off_lo, drop_thresh,
+                               seed_lo, seed_hi, off_lo, drop_thresh, pt, skp, svp, skd, n_sink,
                                D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_N,
-                               False, MASK_MODE, HAS_SOFTCAP, USE_TMA, WARP_SPEC, BIAS_MODE, HAS_DROPOUT)
+                               False, MASK_MODE, HAS_SOFTCAP, USE_TMA, WARP_SPEC, BIAS_MODE, HAS_DROPOUT,
+                               PAGE_SIZE, KV_VEC, HAS_SINK)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, vcol,
                                full_hi, hi, rows, off, left, right, seqlen_k,
                                scale2, cap_in, cap_out, biasb, sbq, sbk, slope, aoff, seqlen_q, bh_id,
-                               seed_lo, seed_hi, off_lo, drop_thresh,
+                               seed_lo, seed_hi, off_lo, drop_thresh, pt, skp, svp, skd, n_sink,
                                D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_N,
-                               True, MASK_MODE, HAS_SOFTCAP, USE_TMA, False, BIAS_MODE, HAS_DROPOUT)
+                               True, MASK_MODE, HAS_SOFTCAP, USE_TMA, False, BIAS_MODE, HAS_DROPOUT,
+                               PAGE_SIZE, KV_VEC, HAS_SINK)
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     acc = acc / l_safe[:, None]
     if HAS_DROPOUT:
@@ -814,18 +906,20 @@ def fmha_fwd_splitkv_kernel(
     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs,
     sob, soh, sos, sosp, slb, slh, sls, sbt,
     HKV, GROUP, SEQ_Q, SEQ_K, CHUNK,
-    scale2, cap_in, cap_out, left, right,
+    scale2, cap_in, cap_out, left, right, SINK, n_sink,
     D_Q: tl.constexpr, D_V: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
     MASK_MODE: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-    HAS_SEQLENS: tl.constexpr,
+    HAS_SEQLENS: tl.constexpr, HAS_SINK: tl.constexpr = False, HAS_SINK_LOGIT: tl.constexpr = False,
 ):
     """One KV chunk [split*CHUNK, (split+1)*CHUNK) of one (batch, kv head).  The
     M rows are the GROUP*SEQ_Q query rows that share the kv head (GQA packed
     into M), so K/V are read once per group.  With PAGE_SIZE > 0, K/V are the
     page pool [num_pages, PAGE_SIZE, HK, D] (skb/svb: page stride, sks/svs:
     slot stride) addressed through BLOCK_TABLE[b, page].  Writes the chunk's
-    normalised partial output (fp32) and its log2-domain LSE."""
+    normalised partial output (fp32) and its log2-domain LSE.  HAS_SINK: the first n_sink
+    keys stay visible past the window's left edge; HAS_SINK_LOGIT: SINK [H] joins split 0's
+    softmax denominator (once, so the combine counts it once)."""
     split = tl.program_id(0)
     bhk = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -853,8 +947,13 @@ def fmha_fwd_splitkv_kernel(
     dtype = q.dtype
     n_lo = split * CHUNK
     n_hi = tl.minimum(n_lo + CHUNK, seqlen_k)
-    m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if HAS_SINK_LOGIT:
+        sk2 = tl.load(SINK + h, mask=rvalid, other=0.0).to(tl.float32) * 1.4426950408889634
+        m_i = tl.where(split == 0, sk2, float("-inf"))
+        l_i = tl.where(split == 0, 1.0, 0.0) + tl.zeros([BLOCK_M], dtype=tl.float32)
+    else:
+        m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     for start_n in tl.range(n_lo, n_hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
@@ -881,7 +980,9 @@ def fmha_fwd_splitkv_kernel(
         else:
             qk = qk * scale2
         ok = cmask[None, :] & rvalid[:, None]
-        if MASK_MODE != 0:
+        if HAS_SINK:
+            ok = ok & _visible_sink(qi, cols, off, left, right, n_sink, MASK_MODE)
+        elif MASK_MODE != 0:
             ok = ok & _visible(qi, cols, off, left, right, MASK_MODE)
         qk = tl.where(ok, qk, float("-inf"))
         m_ij = tl.maximum(m_i, tl.max(qk, 1))
@@ -928,3 +1029,86 @@ def fmha_fwd_splitkv_combine_kernel(
     tl.store(O + b * s_ob + h * s_oh + qi * s_os + offs_d, out.to(O.dtype.element_ty), mask=offs_d < D_V)
     if STORE_LSE:
         tl.store(LSE + b * s_lb + h * s_lh + qi, (mx + tl.math.log2(tot)) * 0.6931471805599453)
+
+
+# ----------------------------------------------------------------------------
+# append-KV (+ RoPE)
+# ----------------------------------------------------------------------------
+@triton.jit
+def _rope_rows(X, pos, COS, SIN, scs, rotary_dim, dmask, rmask,
+               BLOCK_D: tl.constexpr, ROPE: tl.constexpr):
+    """Rows ``X + rows * stride`` (already offset) of [BLOCK_M, BLOCK_D] in fp32, rotated by RoPE at
+    positions ``pos`` [BLOCK_M] over the first rotary_dim channels.  ROPE: 0 none, 1 interleaved
+    (pairs 2i, 2i+1), 2 half-rotated (pairs i, i + rotary_dim/2).  ``X`` is a [BLOCK_M, 1] row pointer."""
+    d = tl.arange(0, BLOCK_D)
+    m = rmask[:, None] & dmask[None, :]
+    x = tl.load(X + d[None, :], mask=m, other=0.0).to(tl.float32)
+    if ROPE != 0:
+        half = rotary_dim // 2
+        rot = d < rotary_dim
+        if ROPE == 1:
+            partner = d ^ 1
+            ang = d // 2
+            first = (d % 2) == 0
+        else:
+            first = d < half
+            partner = tl.where(first, d + half, d - half)
+            ang = tl.where(first, d, d - half)
+        mr = rmask[:, None] & rot[None, :]
+        xp = tl.load(X + partner[None, :], mask=mr, other=0.0).to(tl.float32)
+        cp = pos.to(tl.int64)[:, None] * scs + ang[None, :]
+        c = tl.load(COS + cp, mask=mr, other=1.0).to(tl.float32)
+        s = tl.load(SIN + cp, mask=mr, other=0.0).to(tl.float32)
+        sgn = tl.where(first, -1.0, 1.0)
+        x = tl.where(rot[None, :], x * c + sgn[None, :] * xp * s, x)
+    return x
+
+
+@triton.jit
+def fmha_fwd_appendkv_kernel(
+    Q, KNEW, VNEW, QR, KC, VC, COS, SIN, SEQLENS_K, BLOCK_TABLE,
+    sqb, sqh, sqs, sknb, sknh, skns, svnb, svnh, svns, sqrb, sqrh, sqrs,
+    skcb, skch, skcs, svcb, svch, svcs, sbt, scs,
+    H, HK, SEQ_Q, SEQ_KNEW, rotary_dim,
+    D_Q: tl.constexpr, D_V: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, PAGE_SIZE: tl.constexpr, ROPE: tl.constexpr,
+):
+    """CK's append-KV: program (m, b, h) with h < H rotates query rows [m*BLOCK_M, ..) of head h into
+    QR (rows sit at positions seqlens_k[b] + i); h >= H writes knew/vnew rows of kv head h - H into
+    the caches at positions seqlens_k[b] + i (knew rotated).  With PAGE_SIZE > 0 the caches are the
+    page pools (skcb/svcb: page stride, sk?s: slot stride) addressed through BLOCK_TABLE[b, pos // P]."""
+    pid_m = tl.program_id(0)
+    b = tl.program_id(1)
+    h = tl.program_id(2)
+    b64 = b.to(tl.int64)
+    base = tl.load(SEQLENS_K + b)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    dq = tl.arange(0, BLOCK_DQ)
+    dv = tl.arange(0, BLOCK_DV)
+    pos = base + rows
+    if h < H:
+        rmask = rows < SEQ_Q
+        h64 = h.to(tl.int64)
+        x = _rope_rows(Q + b64 * sqb + h64 * sqh + rows[:, None].to(tl.int64) * sqs, pos, COS, SIN, scs,
+                       rotary_dim, dq < D_Q, rmask, BLOCK_DQ, ROPE)
+        tl.store(QR + b64 * sqrb + h64 * sqrh + rows[:, None].to(tl.int64) * sqrs + dq[None, :],
+                 x.to(QR.dtype.element_ty), mask=rmask[:, None] & (dq[None, :] < D_Q))
+    else:
+        hk = (h - H).to(tl.int64)
+        rmask = rows < SEQ_KNEW
+        r64 = rows[:, None].to(tl.int64)
+        k = _rope_rows(KNEW + b64 * sknb + hk * sknh + r64 * skns, pos, COS, SIN, scs,
+                       rotary_dim, dq < D_Q, rmask, BLOCK_DQ, ROPE)
+        v = tl.load(VNEW + b64 * svnb + hk * svnh + r64 * svns + dv[None, :],
+                    mask=rmask[:, None] & (dv[None, :] < D_V), other=0.0)
+        if PAGE_SIZE > 0:
+            page = tl.load(BLOCK_TABLE + b64 * sbt + pos // PAGE_SIZE, mask=rmask, other=0).to(tl.int64)
+            slot = (pos % PAGE_SIZE).to(tl.int64)
+            kdst = KC + page[:, None] * skcb + hk * skch + slot[:, None] * skcs
+            vdst = VC + page[:, None] * svcb + hk * svch + slot[:, None] * svcs
+        else:
+            p64 = pos[:, None].to(tl.int64)
+            kdst = KC + b64 * skcb + hk * skch + p64 * skcs
+            vdst = VC + b64 * svcb + hk * svch + p64 * svcs
+        tl.store(kdst + dq[None, :], k.to(KC.dtype.element_ty), mask=rmask[:, None] & (dq[None, :] < D_Q))
+        tl.store(vdst + dv[None, :], v.to(VC.dtype.element_ty), mask=rmask[:, None] & (dv[None, :] < D_V))

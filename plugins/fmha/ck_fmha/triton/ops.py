@@ -16,6 +16,12 @@ Public API (all tensors on one device; CPU tensors work under TRITON_INTERPRET=1
   ``dropout_randval(...)`` gives the uint8 random values (store_randval)
 * ``splitkv_decode(q, k, v, *, seqlens_k=None, causal=False, ..., num_splits=None)``
 * ``paged_decode(q, k_cache, v_cache, block_table, seqlens_k, *, ...)``
+* ``appendkv(q, knew, vnew, k_cache, v_cache, seqlens_k, *, rotary_cos, rotary_sin, rope,
+  rotary_dim, block_table, layout)`` -> ``(q_rot, k_cache, v_cache)``: writes the caches in place
+* ``batch_prefill(q, k_cache, v_cache, seqlens_k, *, cu_seqlens_q, max_seqlen_q, max_seqlen_k,
+  block_table | kv_indptr + kv_page_indices, kv_layout, ...)``: group-mode queries over a paged cache
+* ``fwd`` / ``splitkv_decode`` / ``paged_decode`` / ``batch_prefill`` take ``sink`` (per-head sink
+  logits [H]) and ``sink_tokens`` (first keys visible past a window's left edge)
 * ``attention(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0,
   layout='bhsd')``: autograd wrapper (``AttentionFunction``).
 
@@ -217,12 +223,18 @@ def _check_gqa(hq, hk):
 def fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, return_lse=False,
         layout="bhsd", config: Optional[TritonFmhaConfig] = None, cu_seqlens_q=None, cu_seqlens_k=None,
         max_seqlen_q=None, max_seqlen_k=None, align=None, out=None, bias=None, alibi_slopes=None,
-        dropout_p=0.0, seed=0, offset=0, alibi_align=None):
+        dropout_p=0.0, seed=0, offset=0, alibi_align=None, sink=None, sink_tokens=0, _paged=None):
+    """``sink``: per-head sink logits [H] (fp32, natural-log units) joining the softmax denominator;
+    ``sink_tokens``: the first keys stay visible past a window's left edge.  ``_paged``: see
+    :func:`batch_prefill`."""
     q, k, v = _last_contig(q), _last_contig(k), _last_contig(v)
     varlen = layout == "thd"
     b, hq, sq, dq = _dims(q, layout)
-    _, hk, sk, dk_ = _dims(k, layout)
-    _, hv, _, dv = _dims(v, layout)
+    if _paged is not None:
+        hk, hv, dk_, dv, sk = _paged["hk"], _paged["hk"], _paged["dq"], _paged["dv"], _paged["max_seqlen_k"]
+    else:
+        _, hk, sk, dk_ = _dims(k, layout)
+        _, hv, _, dv = _dims(v, layout)
     if dk_ != dq or hv != hk:
         raise InvalidProblem(f"k hdim {dk_} != q hdim {dq} or v heads {hv} != k heads {hk}")
     if q.dtype not in (torch.float16, torch.bfloat16) or k.dtype != q.dtype or v.dtype != q.dtype:
@@ -231,16 +243,16 @@ def fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, retu
         raise UnsupportedProblem(f"head dim {max(dq, dv)} > 256 is not supported by the Triton FMHA kernels")
     group = _check_gqa(hq, hk)
     if varlen:
-        if cu_seqlens_q is None or cu_seqlens_k is None or max_seqlen_q is None:
+        if cu_seqlens_q is None or (cu_seqlens_k is None and _paged is None) or max_seqlen_q is None:
             raise InvalidProblem("layout 'thd' needs cu_seqlens_q, cu_seqlens_k and max_seqlen_q")
         b = cu_seqlens_q.numel() - 1
-        sq, sk = int(max_seqlen_q), int(max_seqlen_k or 0)
+        sq, sk = int(max_seqlen_q), int(max_seqlen_k or sk or 0)
     mode, br, left, right = mask_params(causal, window, align)
     sm_scale, scale2, cap_in, cap_out = _scales(dq, scale, softcap)
     arch = _arch_of(q)
     cfg = config or default_fwd_config(dq, dv, "sm90" if arch == "sm90" else "generic", causal=mode & 1 == 1,
                                        seqlen=sq)
-    variant = cfg.variant if arch == "sm90" else "ptr"
+    variant = cfg.variant if (arch == "sm90" and _paged is None) else "ptr"
     if varlen:
         o = out if out is not None else torch.empty(q.shape[:-1] + (dv,), device=q.device, dtype=q.dtype)
     else:
@@ -260,7 +272,7 @@ def fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, retu
     else:
         lse, slb, slh = o, 0, 0
     cu_q = cu_seqlens_q if varlen else o
-    cu_k = cu_seqlens_k if varlen else o
+    cu_k = cu_seqlens_k if (varlen and cu_seqlens_k is not None) else o
     sob, soh, sos = _bhs_strides(o, layout)
     ba, aa, (sbb, sbh, sbq, sbk), sab, bmode = bias_params(bias, alibi_slopes, varlen, mode, br, right, o,
                                                            alibi_align)
@@ -285,21 +297,38 @@ def fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, retu
     else:
         qa, ka, va = q, k, v
         sqb, sqh, sqs = _bhs_strides(q, layout)
-        skb, skh, sks = _bhs_strides(k, layout)
-        svb, svh, svs = _bhs_strides(v, layout)
+        if _paged is not None:
+            skb, skh, sks, svb, svh, svs = _paged["kv_strides"]
+        else:
+            skb, skh, sks = _bhs_strides(k, layout)
+            svb, svh, svs = _bhs_strides(v, layout)
+    if _paged is not None:
+        pg = _paged
+        pt, indptr, seqlens = pg["page_table"], pg.get("kv_indptr"), pg["seqlens_k"]
+        paged_args = (pt, indptr if indptr is not None else pt, seqlens, pg.get("sbt", 0), pg["skp"], pg["svp"],
+                      pg.get("skd", 0))
+        paged_cx = dict(PAGE_SIZE=int(pg["page_size"]), KV_LOOKUP=int(indptr is not None),
+                        KV_VEC=int(pg.get("kv_vec", 0)))
+    else:
+        paged_args = (o, o, o, 0, 0, 0, 0)
+        paged_cx = dict(PAGE_SIZE=0, KV_LOOKUP=0, KV_VEC=0)
+    if sink is not None:
+        sink = sink.to(device=q.device, dtype=torch.float32).contiguous()
+    sink_args = (sink if sink is not None else o, int(sink_tokens or 0))
+    has_sink = bool(sink_tokens) and (mode & 2) != 0
     grid = (triton.cdiv(sq, cfg.BLOCK_M), b * hq)
     K.fmha_fwd_kernel[grid](
         qa, ka, va, o, lse, cu_q, cu_k,
         sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sob, soh, sos, slb, slh,
         hq, group, sq, sk if not varlen else 0,
         scale2, cap_in, cap_out, left, right,
-        ba, aa, sbb, sbh, sbq, sbk, sab, k0, k1, off_lo, thresh, dscale,
+        ba, aa, sbb, sbh, sbq, sbk, sab, k0, k1, off_lo, thresh, dscale, *paged_args, *sink_args,
         D_Q=dq, D_V=dv, BLOCK_DQ=padded_hdim(dq), BLOCK_DV=padded_hdim(dv),
         BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
         MASK_MODE=mode, BOTTOM_RIGHT=br, HAS_SOFTCAP=bool(softcap and softcap > 0),
         STORE_LSE=bool(return_lse), IS_VARLEN=varlen, REVERSE_M=bool(mode & 1),
         USE_TMA={"ptr": 0, "tma": 1, "tma_ws": 1, "tma_host": 2}[variant], WARP_SPEC=variant == "tma_ws",
-        BIAS_MODE=bmode, HAS_DROPOUT=has_do,
+        BIAS_MODE=bmode, HAS_DROPOUT=has_do, **paged_cx, HAS_SINK=has_sink, HAS_SINK_LOGIT=sink is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return (o, lse) if return_lse else o
@@ -553,7 +582,7 @@ def _splitkv(q, k, v, *, return_lse, layout, **kw):
 
 
 def _splitkv_main(q, k, v, *, page_size, block_table, seqlens_k, max_seqlen_k, causal, scale, window, softcap,
-                  num_splits, layout, config, kv_strides, hk, align):
+                  num_splits, layout, config, kv_strides, hk, align, sink=None, sink_tokens=0):
     """Split-KV main stage: per-split partial outputs ``o_acc`` [B, H, Sq, S, Dv] and LSEs ``lse_acc``
     [B, H, Sq, S] (fp32); the number of splits follows the heuristic unless given."""
     q = _last_contig(q)
@@ -572,6 +601,8 @@ def _splitkv_main(q, k, v, *, page_size, block_table, seqlens_k, max_seqlen_k, c
     chunk = triton.cdiv(max_seqlen_k, num_splits)
     chunk = triton.cdiv(chunk, cfg.BLOCK_N) * cfg.BLOCK_N
     num_splits = max(1, triton.cdiv(max_seqlen_k, chunk))
+    if sink is not None:
+        sink = sink.to(device=q.device, dtype=torch.float32).contiguous()
     oacc = torch.empty((b, hq, sq, num_splits, dv), device=q.device, dtype=torch.float32)
     lacc = torch.empty((b, hq, sq, num_splits), device=q.device, dtype=torch.float32)
     sqb, sqh, sqs = _bhs_strides(q, layout)
@@ -585,11 +616,12 @@ def _splitkv_main(q, k, v, *, page_size, block_table, seqlens_k, max_seqlen_k, c
         oacc.stride(0), oacc.stride(1), oacc.stride(2), oacc.stride(3),
         lacc.stride(0), lacc.stride(1), lacc.stride(2), sbt,
         hk, group, sq, max_seqlen_k, chunk,
-        scale2, cap_in, cap_out, left, right,
+        scale2, cap_in, cap_out, left, right, sink if sink is not None else oacc, int(sink_tokens or 0),
         D_Q=dq, D_V=dv, BLOCK_DQ=padded_hdim(dq), BLOCK_DV=padded_hdim(dv),
         BLOCK_M=bm, BLOCK_N=cfg.BLOCK_N, PAGE_SIZE=int(page_size or 0),
         MASK_MODE=mode, BOTTOM_RIGHT=br, HAS_SOFTCAP=bool(softcap and softcap > 0),
-        HAS_SEQLENS=seqlens_k is not None,
+        HAS_SEQLENS=seqlens_k is not None, HAS_SINK=bool(sink_tokens) and (mode & 2) != 0,
+        HAS_SINK_LOGIT=sink is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return oacc, lacc
 
@@ -613,7 +645,8 @@ def splitkv_combine(oacc, lacc, q, *, layout="bhsd", return_lse=True):
 
 
 def splitkv_decode(q, k, v, *, seqlens_k=None, causal=False, scale=None, window=(-1, -1), softcap=0.0,
-                   num_splits=None, return_lse=False, layout="bhsd", config=None, align=None):
+                   num_splits=None, return_lse=False, layout="bhsd", config=None, align=None, sink=None,
+                   sink_tokens=0):
     """Split-KV forward for short queries over a long contiguous KV
     (k, v in ``layout``), then an LSE combine.  ``seqlens_k`` (int32 [B])
     optionally gives each batch's valid KV length.  Causal masks default to
@@ -623,12 +656,13 @@ def splitkv_decode(q, k, v, *, seqlens_k=None, causal=False, scale=None, window=
     kv = _bhs_strides(k, layout) + _bhs_strides(v, layout)
     return _splitkv(q, k, v, page_size=0, block_table=None, seqlens_k=seqlens_k, max_seqlen_k=sk,
                     causal=causal, scale=scale, window=window, softcap=softcap, num_splits=num_splits,
-                    return_lse=return_lse, layout=layout, config=config, kv_strides=kv, hk=hk, align=align)
+                    return_lse=return_lse, layout=layout, config=config, kv_strides=kv, hk=hk, align=align,
+                    sink=sink, sink_tokens=sink_tokens)
 
 
 def paged_decode(q, k_cache, v_cache, block_table, seqlens_k, *, max_seqlen_k=None, causal=False, scale=None,
                  window=(-1, -1), softcap=0.0, num_splits=None, return_lse=False, layout="bhsd", config=None,
-                 align=None):
+                 align=None, sink=None, sink_tokens=0):
     """Decode over a paged KV cache: ``k_cache``/``v_cache`` are
     [num_pages, page_size, H_k, D]; ``block_table`` int32 [B, max_pages];
     ``seqlens_k`` int32 [B].  ``max_seqlen_k`` defaults to
@@ -642,4 +676,122 @@ def paged_decode(q, k_cache, v_cache, block_table, seqlens_k, *, max_seqlen_k=No
     return _splitkv(q, k_cache, v_cache, page_size=page_size, block_table=block_table.to(torch.int32),
                     seqlens_k=seqlens_k.to(torch.int32), max_seqlen_k=int(max_seqlen_k), causal=causal,
                     scale=scale, window=window, softcap=softcap, num_splits=num_splits, return_lse=return_lse,
-                    layout=layout, config=config, kv_strides=kv, hk=hk, align=align)
+                    layout=layout, config=config, kv_strides=kv, hk=hk, align=align, sink=sink,
+                    sink_tokens=sink_tokens)
+
+
+# ---------------------------------------------------------------------------
+# append-KV (+ RoPE)
+# ---------------------------------------------------------------------------
+
+from .configs import ROPE_MODES  # noqa: E402
+
+
+def appendkv(q, knew, vnew, k_cache, v_cache, seqlens_k, *, rotary_cos=None, rotary_sin=None, rope="none",
+             rotary_dim=0, block_table=None, layout="bhsd", block_m=32):
+    """CK's fwd_appendkv: write ``knew``/``vnew`` ([B, Hk, Sn, D] in ``layout``) into the caches at
+    positions ``seqlens_k[b] ..`` (int32 [B], the lengths before the append), rotating knew and q (whose
+    rows sit at the same positions) by RoPE (``rope``: 'none' | 'interleaved' | 'half_rotated' over the
+    first ``rotary_dim`` channels; ``rotary_cos``/``rotary_sin`` [max_pos, rotary_dim/2]).
+
+    The caches are written IN PLACE (contiguous [B, Hk, Sk, D] in ``layout``, or with ``block_table``
+    the page pools [pages, Hk, P, D] ('bhsd') / [pages, P, Hk, D] ('bshd')).  Returns
+    ``(q_rot, k_cache, v_cache)``; q_rot is a new tensor (a copy of q when rope='none')."""
+    mode = ROPE_MODES.get(rope)
+    if mode is None:
+        raise InvalidProblem(f"rope={rope!r} is not one of {', '.join(ROPE_MODES)}")
+    if mode and (rotary_cos is None or rotary_sin is None):
+        raise InvalidProblem(f"rope={rope!r} needs rotary_cos and rotary_sin [max_pos, rotary_dim/2]")
+    if mode and (rotary_dim <= 0 or rotary_dim % 2):
+        raise InvalidProblem(f"rotary_dim={rotary_dim} must be even and > 0")
+    q, knew, vnew = _last_contig(q), _last_contig(knew), _last_contig(vnew)
+    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        raise InvalidProblem("the caches are written in place: their last dimension must be contiguous")
+    b, hq, sq, dq = _dims(q, layout)
+    _, hk, sn, _ = _dims(knew, layout)
+    dv = vnew.shape[-1]
+    q_rot = torch.empty_like(q)
+    sl = seqlens_k.to(torch.int32)
+    if block_table is not None:
+        if layout == "bhsd":   # [pages, Hk, P, D]
+            ps = k_cache.shape[2]
+            kcs = (k_cache.stride(0), k_cache.stride(1), k_cache.stride(2))
+            vcs = (v_cache.stride(0), v_cache.stride(1), v_cache.stride(2))
+        else:                  # [pages, P, Hk, D]
+            ps = k_cache.shape[1]
+            kcs = (k_cache.stride(0), k_cache.stride(2), k_cache.stride(1))
+            vcs = (v_cache.stride(0), v_cache.stride(2), v_cache.stride(1))
+        bt = block_table.to(torch.int32)
+        sbt = bt.stride(0)
+    else:
+        ps = 0
+        kcs, vcs = _bhs_strides(k_cache, layout), _bhs_strides(v_cache, layout)
+        bt, sbt = sl, 0
+    if mode:
+        cos = rotary_cos if rotary_cos.dtype == torch.float32 else rotary_cos.float()
+        sin = rotary_sin if rotary_sin.dtype == torch.float32 else rotary_sin.float()
+        cos, sin = cos.contiguous(), sin.contiguous()
+        if sin.stride(0) != cos.stride(0):
+            raise InvalidProblem("rotary_cos and rotary_sin must have the same shape")
+        scs = cos.stride(0)
+    else:
+        cos = sin = q_rot
+        scs = 0
+    bm = max(16, min(int(block_m), next_pow2(max(sq, sn))))
+    grid = (triton.cdiv(max(sq, sn), bm), b, hq + hk)
+    K.fmha_fwd_appendkv_kernel[grid](
+        q, knew, vnew, q_rot, k_cache, v_cache, cos, sin, sl, bt,
+        *_bhs_strides(q, layout), *_bhs_strides(knew, layout), *_bhs_strides(vnew, layout),
+        *_bhs_strides(q_rot, layout), *kcs, *vcs, sbt, scs,
+        hq, hk, sq, sn, int(rotary_dim),
+        D_Q=dq, D_V=dv, BLOCK_DQ=padded_hdim(dq), BLOCK_DV=padded_hdim(dv), BLOCK_M=bm,
+        PAGE_SIZE=int(ps), ROPE=mode, num_warps=4)
+    return q_rot, k_cache, v_cache
+
+
+# ---------------------------------------------------------------------------
+# batch prefill: group-mode queries over a paged KV cache
+# ---------------------------------------------------------------------------
+
+
+def batch_prefill(q, k_cache, v_cache, seqlens_k, *, cu_seqlens_q, max_seqlen_q, max_seqlen_k,
+                  block_table=None, kv_indptr=None, kv_page_indices=None, kv_layout="linear", **kw):
+    """Group-mode queries (``q`` [total_q, H, D], ``cu_seqlens_q``) over a paged KV cache with per-batch
+    key lengths ``seqlens_k`` (int32 [B]).  Pages: ``kv_layout='linear'`` K/V [pages, P, Hk, D];
+    ``'vectorized'`` (CK's layout, vec = 16 bytes / element) K [pages, Hk, D/vec, P, vec],
+    V [pages, Hk, P/vec, Dv, vec].  Lookup: ``block_table`` [B, max_pages] (vLLM) or
+    ``kv_indptr`` [B+1] + ``kv_page_indices`` (SGLang; kv_last_page_lens is implied by seqlens_k).
+    ``max_seqlen_k``: the largest seqlens_k (no host sync).  Other keywords as :func:`fwd`
+    (masks, softcap, bias, ALiBi, dropout, sinks, return_lse, config)."""
+    kc, vc = k_cache, v_cache
+    if kc.stride(-1) != 1 or vc.stride(-1) != 1:
+        raise InvalidProblem("the KV page pools need a contiguous last dimension")
+    if kv_layout == "linear":
+        _, ps, hk, dq = kc.shape
+        dv = vc.shape[-1]
+        strides = (0, kc.stride(2), kc.stride(1), 0, vc.stride(2), vc.stride(1))
+        extra = dict(skp=kc.stride(0), svp=vc.stride(0))
+    elif kv_layout == "vectorized":
+        _, hk, dchunks, ps, vec = kc.shape
+        dq, dv = dchunks * vec, vc.shape[3]
+        if vc.shape[4] != vec or vc.shape[2] * vec != ps:
+            raise InvalidProblem(f"vectorized V pages {tuple(vc.shape)} do not match K pages {tuple(kc.shape)}")
+        if kc.stride(3) != vec or vc.stride(3) != vec:
+            raise InvalidProblem("vectorized pages must be contiguous within a page")
+        strides = (0, kc.stride(1), vec, 0, vc.stride(1), vc.stride(2))
+        extra = dict(skp=kc.stride(0), svp=vc.stride(0), skd=kc.stride(2), kv_vec=vec)
+    else:
+        raise InvalidProblem(f"kv_layout={kv_layout!r} is not 'linear' or 'vectorized'")
+    if (kv_indptr is None) == (block_table is None):
+        raise InvalidProblem("pass block_table (vLLM) or kv_indptr + kv_page_indices (SGLang), not both")
+    if kv_indptr is not None:
+        if kv_page_indices is None:
+            raise InvalidProblem("kv_indptr needs kv_page_indices")
+        pg = dict(page_table=kv_page_indices.to(torch.int32), kv_indptr=kv_indptr.to(torch.int32))
+    else:
+        bt = block_table.to(torch.int32)
+        pg = dict(page_table=bt, sbt=bt.stride(0))
+    pg.update(extra, hk=hk, dq=dq, dv=dv, max_seqlen_k=int(max_seqlen_k), kv_strides=strides,
+              page_size=ps, seqlens_k=seqlens_k.to(torch.int32))
+    return fwd(q, kc, vc, layout="thd", cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
+               max_seqlen_k=max_seqlen_k, _paged=pg, **kw)
