@@ -77,10 +77,16 @@ def bench(peer: str, options: dict) -> dict:
 
 
 def _overhead(reg, dtype):
-    """Host microseconds per call: Dispatcher.run vs the bare Triton launch, same kernel."""
+    """Host microseconds per call: Dispatcher.run vs launching the same kernel directly.
+
+    Two baselines per kernel: ``kernel[grid](*args)`` (the plain Triton launch, the
+    issue's "raw launch") and the compiled kernel's own launcher (the floor that
+    Dispatcher.run's replay path calls).  One pointer kernel and one TMA-descriptor
+    kernel, both on a 256^3 problem, C preallocated on every side.
+    """
     import torch
 
-    from ck_core import Dispatcher
+    from ck_core import Dispatcher, Registry
 
     from .problem import GemmProblem
     from .triton_launch import bare_launch
@@ -89,10 +95,13 @@ def _overhead(reg, dtype):
     tdt = getattr(torch, {"bf16": "bfloat16", "fp16": "float16"}[dtype])
     a = torch.randn(256, 256, device="cuda", dtype=tdt)
     b = torch.randn(256, 256, device="cuda", dtype=tdt)
-    disp = Dispatcher(reg, backend="triton")
-    key = disp.select(p)
-    raw = bare_launch(key, p, a, b)
-    c = torch.empty(256, 256, device="cuda", dtype=tdt)   # both sides write a preallocated C
+    c = torch.empty(256, 256, device="cuda", dtype=tdt)
+    cands = reg.candidates(p, "triton")
+    picks = {}
+    for k in cands:
+        kind = "tma" if k.algorithm.variant.startswith("tma") else "pointer"
+        if k.algorithm.split_k == 1 and kind not in picks and k.algorithm.tile_m <= 128:
+            picks[kind] = k
 
     def per_call(fn, n=2000):
         for _ in range(50):
@@ -107,14 +116,30 @@ def _overhead(reg, dtype):
             torch.cuda.synchronize()
         return best * 1e6
 
-    t_run = per_call(lambda: disp.run(p, a, b, c=c))
-    t_raw = per_call(raw)
-    return [{"case": "Dispatcher.run (warm) vs raw kernel[grid](...)", "run_us": round(t_run, 2),
-             "raw_us": round(t_raw, 2), "overhead_us": round(t_run - t_raw, 2), "kernel": key.name}]
+    rows = []
+    for kind, key in sorted(picks.items()):
+        disp = Dispatcher(Registry(reg.arch, [key]), backend="triton")
+        out = disp.run(p, a, b, c=c)
+        ref = a.float() @ b.float().t()
+        err = ((out.float() - ref).norm() / ref.norm()).item()
+        raw = bare_launch(key, p, a, b)
+        floor = bare_launch(key, p, a, b, replay=True)
+        t_run = per_call(lambda: disp.run(p, a, b, c=c))
+        t_raw = per_call(raw)
+        row = {"case": f"Dispatcher.run (warm) vs kernel[grid](...), {kind} kernel", "run_us": round(t_run, 2),
+               "raw_us": round(t_raw, 2), "overhead_us": round(t_run - t_raw, 2), "kernel": key.name,
+               "rel_err": err}
+        if floor is not None:
+            t_floor = per_call(floor)
+            row["replay_floor_us"] = round(t_floor, 2)
+            row["over_floor_us"] = round(t_run - t_floor, 2)
+        rows.append(row)
+    return rows
 
 
 def _build_speed(arch, dtype, workers):
-    """AOT-compile 32 kernels with 1 and N workers into fresh caches; then cache-hit loads."""
+    """AOT-compile 32 kernels with 1, then 2, 4, ... up to N workers, each into fresh caches
+    (the pool's start-up counted in); then cache-hit loads."""
     from ck_core import Registry
     from ck_core.build import build_registry
 
@@ -123,7 +148,8 @@ def _build_speed(arch, dtype, workers):
     out = []
     t_one = None
     old = os.environ.get("TRITON_CACHE_DIR")
-    for n in (1, workers):
+    counts = [1] + [w for w in (2, 4, 8) if w < workers] + [workers]
+    for n in counts:
         with tempfile.TemporaryDirectory() as d:
             # a cold Triton cache too, or the second build would only read the first's binaries
             os.environ["TRITON_CACHE_DIR"] = os.path.join(d, "triton")

@@ -25,6 +25,7 @@ pytest.importorskip("triton")
 from ck_core.errors import InvalidProblem  # noqa: E402
 from ck_gemm.triton import (CONFIG_SPACE, TMA_VARIANTS, VARIANTS, GemmConfig, gemm, iter_configs,  # noqa: E402
                             kernel_for, pick_config, smem_bytes)
+from ck_gemm.triton import launch as _launch_mod  # noqa: E402
 
 DEV = "cuda" if _GPU else "cpu"
 GEMM_ROOT = Path(__file__).resolve().parents[1]
@@ -124,6 +125,135 @@ def test_batched(variant):
     assert _rel(c2, _reference(a, b[0].expand(B, -1, -1), "rcr")) < 2e-3
 
 
+# ------------------------------------------------------------------ C through a tensor descriptor
+def _ran(monkeypatch):
+    """Record the KernelSpec names gemm launches (to see which path it took)."""
+    names = []
+    real = _launch_mod._launch
+
+    def spy(spec, vals, M, N, batch):
+        names.append(spec.name)
+        real(spec, vals, M, N, batch)
+    monkeypatch.setattr(_launch_mod, "_launch", spy)
+    return names
+
+
+@pytest.mark.parametrize("variant", ["tma_cs", "tma_persistent_cs"])
+@pytest.mark.parametrize("epi", [1, 2, 4])
+@pytest.mark.parametrize("layout,shape", [("rcr", (67, 136, 96)), ("rcr", (5, 24, 16)), ("rrr", (37, 40, 24)),
+                                          ("crr", (40, 72, 24))])
+def test_c_desc_store(variant, epi, layout, shape, monkeypatch):
+    # M and N that are not multiples of the tile: the descriptor clips the edge tiles
+    # (a column-major A needs M % 8 == 0 to stay on descriptors)
+    M, N, K = shape
+    g = torch.Generator().manual_seed(M * 1000 + N + epi)
+    a = _stored((M, K), layout[0] == "r", torch.float16, gen=g)
+    b = _stored((K, N), layout[1] == "r", torch.float16, gen=g)
+    cfg = GemmConfig(16, 64, 32, 2, 4, 2, variant, 1, epi)
+    ran = _ran(monkeypatch)
+    c = gemm(a, b, layout=layout, config=cfg)
+    assert ran == [f"{cfg.name}_fp16_{layout}"]
+    assert _rel(c, _reference(a, b, layout)) < 2e-3
+
+
+@pytest.mark.parametrize("variant", ["tma_cs", "tma_persistent_cs"])
+def test_c_desc_store_leaves_neighbours(variant):
+    # C is a 37 x 40 window of a wider buffer: the 64-wide edge tile must not spill into it
+    g = torch.Generator().manual_seed(21)
+    M, N, K = 37, 40, 24
+    a = _stored((M, K), True, torch.float16, gen=g)
+    b = _stored((K, N), False, torch.float16, gen=g)
+    buf = torch.full((M + 3, N + 24), 7.0, dtype=torch.float16, device=DEV)
+    c = buf[1:M + 1, 8:N + 8]
+    gemm(a, b, layout="rcr", config=GemmConfig(16, 64, 32, 2, 4, 2, variant, 1, 2), c=c)
+    assert _rel(c, _reference(a, b, "rcr")) < 2e-3
+    rest = buf.clone()
+    rest[1:M + 1, 8:N + 8] = 7.0
+    assert torch.all(rest == 7.0)
+
+
+@pytest.mark.parametrize("variant", ["tma_cs", "tma_persistent_cs"])
+def test_c_desc_store_epilogue_batched(variant, monkeypatch):
+    # D tensors (loaded through pointers, per slice) and an activation before the descriptor store
+    g = torch.Generator().manual_seed(13)
+    B, M, N, K = 3, 45, 72, 40
+    a = _stored((M, K), True, torch.float16, batch=B, gen=g)
+    b = _stored((K, N), False, torch.float16, batch=B, gen=g)
+    d0 = torch.randn(B, M, N, generator=g).to(torch.float16).to(DEV)
+    d1 = torch.randn(N, generator=g).to(torch.float16).to(DEV)
+    cfg = GemmConfig(32, 64, 16, 2, 4, 2, variant, 1, 4)
+    ran = _ran(monkeypatch)
+    for op, act in (("add", "gelu"), ("mul", "relu")):
+        c = gemm(a, b, layout="rcr", config=cfg, d_tensors=(d0, d1), d_op=op, activation=act)
+        assert c.shape == (B, M, N)
+        assert _rel(c, _reference(a, b, "rcr", (d0, d1), op, act)) < 3e-3
+    assert ran == [f"{cfg.name}_fp16_rcr"] * 2
+
+
+@pytest.mark.parametrize("variant,twin,pointer_twin",
+                         [("tma_cs", "tma", "plain"), ("tma_persistent_cs", "tma_persistent", "persistent")])
+def test_c_desc_store_fallbacks(variant, twin, pointer_twin, monkeypatch):
+    g = torch.Generator().manual_seed(17)
+    cfg = GemmConfig(16, 64, 32, 2, 4, 2, variant, 1, 2)
+    ran = _ran(monkeypatch)
+    # N=131: C's rows are not 16-byte aligned -> pointer store of C, A/B still by descriptor
+    M, N, K = 67, 131, 96
+    a = _stored((M, K), True, torch.float16, gen=g)
+    b = _stored((K, N), False, torch.float16, gen=g)
+    c = gemm(a, b, layout="rcr", config=cfg)
+    assert _rel(c, _reference(a, b, "rcr")) < 2e-3
+    # column-major C -> the same
+    M, N, K = 37, 40, 24
+    a = _stored((M, K), True, torch.float16, gen=g)
+    b = _stored((K, N), True, torch.float16, gen=g)
+    c = gemm(a, b, layout="rrc", config=cfg)
+    assert _rel(c, _reference(a, b, "rrc")) < 2e-3
+    # a broadcast B: no descriptors at all
+    a3 = _stored((M, K), True, torch.float16, batch=2, gen=g)
+    c = gemm(a3, b, layout="rrr", config=cfg)
+    assert _rel(c, _reference(a3, b.expand(2, -1, -1), "rrr")) < 2e-3
+    twin_name = cfg.evolve(variant=twin, epi_subtile=1).name
+    ptr_name = cfg.evolve(variant=pointer_twin, epi_subtile=1).name
+    assert ran == [f"{twin_name}_fp16_rcr", f"{twin_name}_fp16_rrc", f"{ptr_name}_fp16_rrr"]
+    # split-K has no descriptor-store form: tma_cs -> tma, tma_persistent_cs -> plain
+    ran.clear()
+    c = gemm(a, b, layout="rrr", config=cfg, split_k=2)
+    assert _rel(c, _reference(a, b, "rrr")) < 2e-3
+    assert ran[0].startswith("tri_tma_m" if variant == "tma_cs" else "tri_plain_m")
+
+
+def test_c_desc_config_rules():
+    name = "tri_tma_persistent_cs_m128n256k64_g8_w8_s3_sk1_e2"
+    cfg = GemmConfig.from_name(name)
+    assert (cfg.variant, cfg.epi_subtile, cfg.c_desc, cfg.is_tma, cfg.is_persistent) == \
+        ("tma_persistent_cs", 2, True, True, True)
+    assert cfg.name == name
+    assert GemmConfig.from_name("tri_tma_persistent_m128n256k64_g8_w8_s3_sk1").epi_subtile == 1
+    with pytest.raises(InvalidProblem):
+        GemmConfig(variant="tma_persistent", epi_subtile=2)       # pointer store: no slices
+    with pytest.raises(InvalidProblem):
+        GemmConfig(block_n=32, variant="tma_cs", epi_subtile=4)   # 8-column slices
+    with pytest.raises(InvalidProblem):
+        GemmConfig(variant="tma_cs", epi_subtile=3)
+    with pytest.raises(InvalidProblem):
+        GemmConfig(variant="tma_cs", split_k=2)
+    with pytest.raises(InvalidProblem):
+        kernel_for(cfg, dtype="bf16", layout="rcc")               # column-major C
+    spec = kernel_for(cfg, dtype="bf16", layout="rcr")
+    assert spec.signature["c_desc"] == "tensordesc<bf16[128, 128]>"
+    assert "c_ptr" not in spec.arg_names and spec.constexprs["EPI_SUBTILE"] == 2
+    assert kernel_for(cfg, dtype="fp8", layout="rcr", batched=True).signature["c_desc"] == \
+        "tensordesc<bf16[1, 128, 128]>"
+    # the slice, not the tile, is staged: subtiling frees shared memory for a 4th stage
+    s4 = cfg.evolve(num_stages=4)
+    assert smem_bytes(s4.evolve(epi_subtile=1), "bf16", num_d=0) > 232448 >= smem_bytes(s4, "bf16", num_d=0)
+    subs = {c.epi_subtile for c in iter_configs(variants=("tma_persistent_cs", "tma"), block_m=(128,),
+                                                block_n=(32,), block_k=(64,), group_m=(8,), num_warps=(4,),
+                                                num_stages=(3,), split_k=(1,))
+            if c.variant == "tma_persistent_cs"}
+    assert subs == {1, 2}
+
+
 @pytest.mark.parametrize("split_k,variant,layout", [(2, "plain", "rcr"), (3, "plain", "crr"), (4, "tma", "rrr")])
 def test_split_k_deterministic(split_k, variant, layout):
     g = torch.Generator().manual_seed(5)
@@ -170,11 +300,12 @@ def test_bad_inputs():
 # ------------------------------------------------------------------ plain data
 def test_config_space_and_names():
     assert set(CONFIG_SPACE) == {"block_m", "block_n", "block_k", "group_m", "num_warps", "num_stages",
-                                 "variant", "split_k"}
+                                 "variant", "split_k", "epi_subtile"}
     cfgs = list(iter_configs(block_m=(64, 128), block_n=(128,), block_k=(64,), group_m=(8,), num_warps=(4,),
                              num_stages=(3, 4), split_k=(1, 2), max_smem=232448, dtype="bf16"))
     assert cfgs and all(smem_bytes(c, "bf16") <= 232448 for c in cfgs)
     assert not any(c.split_k > 1 and c.is_persistent for c in cfgs)
+    assert not any(c.epi_subtile > 1 and not c.c_desc for c in cfgs)
     ws = list(iter_configs(variants=("tma_ws",), block_m=(64, 128), block_n=(128,), block_k=(64,), group_m=(8,),
                            num_stages=(3,), split_k=(1,)))
     assert ws and all(c.num_warps == 4 and c.block_m >= 128 for c in ws)
@@ -214,6 +345,25 @@ _AOT_SCRIPT = textwrap.dedent("""
                     out.append([v, s.name, t[1], "ok", k.metadata.shared, smem_bytes(cfg, dtype)])
                 except Exception as e:
                     out.append([v, s.name, t[1], "fail", str(e)[:200], 0])
+    # C descriptor store: slices, batch, D tensors, and the H100 tile (CUDA only)
+    cs = [(GemmConfig(64, 64, 32, 8, 4, 3, "tma_persistent_cs", 1, 2), dict(num_d=2, activation="gelu")),
+          (GemmConfig(64, 64, 32, 8, 4, 3, "tma_cs", 1, 4), dict(num_d=1, batched=True)),
+          (GemmConfig(64, 64, 32, 8, 4, 3, "tma_persistent_cs", 1, 4), dict(batched=True)),
+          (GemmConfig(128, 256, 64, 8, 8, 3, "tma_persistent_cs", 1, 1), dict(even_k=True)),
+          (GemmConfig(128, 256, 64, 8, 8, 4, "tma_persistent_cs", 1, 2), dict(even_k=True)),
+          (GemmConfig(256, 128, 64, 8, 8, 3, "tma_persistent_cs", 1, 2), dict(even_k=True))]
+    for cfg, kw in cs:
+        spec = kernel_for(cfg, dtype=dtype, layout="rcr", **kw)
+        for t in targets:
+            if t[0] != "cuda":
+                continue
+            try:
+                k = spec.compile(GPUTarget(*t))
+                ok = "ok" if "cp.async.bulk.tensor" in k.asm["ptx"] and "st.global" not in k.asm["ptx"] \
+                    else "no TMA store"
+                out.append([cfg.variant, spec.name, t[1], ok, k.metadata.shared, smem_bytes(cfg, dtype)])
+            except Exception as e:
+                out.append([cfg.variant, spec.name, t[1], "fail", str(e)[:200], 0])
     print("RESULT" + json.dumps(out))
 """)
 
@@ -251,7 +401,10 @@ def test_aot_compile_all_targets():
 # ------------------------------------------------------------------ GPU (device machine)
 # run there with: PYTHONPATH=plugins/gemm:. python3 -m pytest -m gpu -n 14 plugins/gemm/tests/test_triton_kernels.py
 _GPU_CFGS = [GemmConfig(128, 128, 64, 8, 4, 3, v, 1) for v in VARIANTS] + [
-    GemmConfig(16, 64, 128, 1, 4, 4, "plain", 3), GemmConfig(64, 128, 64, 8, 4, 3, "tma", 2)]
+    GemmConfig(16, 64, 128, 1, 4, 4, "plain", 3), GemmConfig(64, 128, 64, 8, 4, 3, "tma", 2),
+    GemmConfig(128, 256, 64, 8, 8, 3, "tma_persistent_cs", 1, 2),
+    GemmConfig(128, 256, 64, 8, 8, 4, "tma_persistent_cs", 1, 2),
+    GemmConfig(128, 128, 64, 8, 4, 3, "tma_cs", 1, 4)]
 
 
 @pytest.mark.gpu

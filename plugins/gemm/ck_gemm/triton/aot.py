@@ -18,6 +18,9 @@ are multiples of 16 elements (``attrs``; a batch stride of 0 qualifies); the lay
 other sizes and strides are i32 (batch offsets are widened to int64 inside).
 TMA variants take host tensor descriptors (``tensordesc<...>`` arguments):
 CUDA launches fill them with ``triton.tools.tensor_descriptor.TensorDescriptor``.
+The ``_cs`` variants take C as a descriptor too (``c_desc``, block
+``[block_m, block_n // epi_subtile]``, ``[1, ...]`` when batched) instead of
+``c_ptr`` and its strides; they need a row-major C.
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ from typing import Callable, Optional
 from ck_core.errors import CompileError, InvalidProblem
 
 from . import kernels as K
-from .configs import GemmConfig, as_config
+from .configs import C_DESC_TWIN, GemmConfig, as_config
 
 #: CK dtype token -> Triton pointer element type
 TRITON_DTYPES = {"fp16": "fp16", "bf16": "bf16", "fp8": "fp8e4nv", "bf8": "fp8e5",
@@ -129,8 +132,10 @@ def kernel_for(config, *, dtype: str = "fp16", layout: str = "rcr", out_dtype: s
     Where they compile (checked by tests/test_triton_kernels.py on a CPU-only
     machine, triton 3.6): plain, persistent and the split-K reduce compile for
     cuda sm90 and hip gfx90a, gfx942, gfx950, gfx1100, gfx1201; the tensor-
-    descriptor variants (tma, tma_ws, tma_persistent, tma_persistent_ws) are
-    CUDA-only: treat them as sm90+ and do not enumerate them for AMD archs.
+    descriptor variants (tma, tma_ws, tma_persistent, tma_persistent_ws,
+    tma_cs, tma_persistent_cs) are CUDA-only: treat them as sm90+ and do not
+    enumerate them for AMD archs.  The ``_cs`` variants need a row-major C
+    (layout ``??r``) and split_k == 1.
     fp8 (e4m3fn) needs sm89+/gfx950-class hardware.
 
     ``even_k=True`` drops the K-tail masks (K % block_k == 0 required);
@@ -141,6 +146,10 @@ def kernel_for(config, *, dtype: str = "fp16", layout: str = "rcr", out_dtype: s
     cfg = as_config(config)
     if split_k is not None:
         cfg = cfg.evolve(split_k=split_k)
+    if cfg.c_desc and not parse_layout(layout)[2]:
+        raise InvalidProblem(f"{cfg.name}: the C descriptor store needs a row-major C, "
+                             f"layout {layout!r} has a column-major one (use variant "
+                             f"{C_DESC_TWIN[cfg.variant]!r})")
     if dtype not in TRITON_DTYPES:
         raise InvalidProblem(f"dtype {dtype!r}: use one of {', '.join(TRITON_DTYPES)}")
     out_dtype = out_dtype or DEFAULT_OUT[dtype]
@@ -167,7 +176,26 @@ def kernel_for(config, *, dtype: str = "fp16", layout: str = "rcr", out_dtype: s
     def tiles(M, N):
         return -(-M // bm) * -(-N // bn)
 
-    if cfg.variant in ("plain", "tma", "tma_ws"):
+    if cfg.c_desc:
+        # tensor descriptors for A, B and C; D tensors stay pointers
+        tma_cx = dict(common, A_KMAJOR=a_r, B_KMAJOR=not b_r, BATCHED=batched, EPI_SUBTILE=cfg.epi_subtile,
+                      **epi)
+        types = _desc_types(t_in, cfg, a_r, b_r, batched)
+        types.update({"c_desc": f"tensordesc<{t_out}{desc_c_block_shape(cfg, batched)}>",
+                      "d0_ptr": f"*{t_d}", "d1_ptr": f"*{t_d}"})
+        if cfg.variant == "tma_cs":
+            fn = K.gemm_tma_cs_kernel
+            cx = tma_cx
+
+            def grid(M, N, batch=1):
+                return (tiles(M, N), batch, 1)
+        else:
+            fn = K.gemm_tma_persistent_cs_kernel
+            cx = dict(tma_cx, NUM_SMS=num_sms)
+
+            def grid(M, N, batch=1):
+                return (max(1, min(num_sms, tiles(M, N) * batch)), 1, 1)
+    elif cfg.variant in ("plain", "tma", "tma_ws"):
         if cfg.variant == "plain":
             fn = K.gemm_plain_kernel
             cx = dict(common, SPLIT_K=split, EVEN_K=even_k, **main_epi)
@@ -234,6 +262,12 @@ def desc_block_shapes(cfg: GemmConfig, layout: str, batched: bool):
     if batched:
         a_blk, b_blk = [1] + a_blk, [1] + b_blk
     return a_blk, b_blk
+
+
+def desc_c_block_shape(cfg: GemmConfig, batched: bool) -> list:
+    """Block shape of the C tensor descriptor of a ``_cs`` variant: one epilogue slice."""
+    blk = [cfg.block_m, cfg.block_n // cfg.epi_subtile]
+    return [1] + blk if batched else blk
 
 
 def _reduce_spec(cfg, acc_dtype, t_out, t_d, epi, c_r) -> KernelSpec:

@@ -11,6 +11,9 @@ Kernels (each takes only constexpr meta-parameters besides tensors, sizes and st
 * :func:`gemm_tma_kernel`         grid (tiles, batch, split_k), host tensor descriptors
 * :func:`gemm_tma_persistent_kernel` grid (#SMs,), tensor descriptors, tile loop
   (WARP_SPEC=True warp-specialises the loop)
+* :func:`gemm_tma_cs_kernel`, :func:`gemm_tma_persistent_cs_kernel`: the two above with
+  C written through a tensor descriptor too (TMA store), optionally in EPI_SUBTILE
+  slices along N (see :func:`_epilogue_desc_store`)
 * :func:`gemm_splitk_reduce_kernel` second pass of split-K: sums the fp32 partials
   in a fixed order (deterministic) and applies the epilogue.
 
@@ -58,12 +61,10 @@ def _activation(x, ACT: tl.constexpr):
 
 
 @triton.jit
-def _epilogue_store(acc, offs_m, offs_n, M, N, c_ptr, stride_cm, stride_cn,
-                    d0_ptr, stride_d0m, stride_d0n, d1_ptr, stride_d1m, stride_d1n,
-                    NUM_D: tl.constexpr, D_OP: tl.constexpr, ACT: tl.constexpr):
-    rm = offs_m.to(tl.int64)[:, None]
-    rn = offs_n.to(tl.int64)[None, :]
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+def _epilogue_values(acc, rm, rn, mask, d0_ptr, stride_d0m, stride_d0n, d1_ptr, stride_d1m, stride_d1n,
+                     NUM_D: tl.constexpr, D_OP: tl.constexpr, ACT: tl.constexpr):
+    # the fused part of the epilogue: acc (+|*) D0 (+|*) D1, then the activation;
+    # rm/rn are the tile's int64 row/column indices, mask its in-bounds elements
     if NUM_D > 0 or ACT > 0:
         x = acc.to(tl.float32)
     else:
@@ -82,7 +83,92 @@ def _epilogue_store(acc, offs_m, offs_n, M, N, c_ptr, stride_cm, stride_cn,
             x = x * d1
     if ACT > 0:
         x = _activation(x, ACT)
+    return x
+
+
+@triton.jit
+def _epilogue_store(acc, offs_m, offs_n, M, N, c_ptr, stride_cm, stride_cn,
+                    d0_ptr, stride_d0m, stride_d0n, d1_ptr, stride_d1m, stride_d1n,
+                    NUM_D: tl.constexpr, D_OP: tl.constexpr, ACT: tl.constexpr):
+    rm = offs_m.to(tl.int64)[:, None]
+    rn = offs_n.to(tl.int64)[None, :]
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    x = _epilogue_values(acc, rm, rn, mask, d0_ptr, stride_d0m, stride_d0n, d1_ptr, stride_d1m, stride_d1n,
+                         NUM_D, D_OP, ACT)
     tl.store(c_ptr + rm * stride_cm + rn * stride_cn, x.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _split_n(x, ROWS: tl.constexpr, COLS: tl.constexpr):
+    # (ROWS, COLS) -> its left and right (ROWS, COLS // 2) halves: view the columns as
+    # (2, COLS // 2), move the 2 innermost and split it off (no data leaves the registers)
+    return x.reshape(ROWS, 2, COLS // 2).permute(0, 2, 1).split()
+
+
+@triton.jit
+def _store_c_slice(x, c_desc, pid_b, off_m, off_n, M, N,
+                   d0_ptr, stride_d0m, stride_d0n, d1_ptr, stride_d1m, stride_d1n,
+                   BLOCK_M: tl.constexpr, SLICE_N: tl.constexpr, BATCHED: tl.constexpr,
+                   NUM_D: tl.constexpr, D_OP: tl.constexpr, ACT: tl.constexpr):
+    # one BLOCK_M x SLICE_N piece of the C tile at (off_m, off_n): the D tensors are read
+    # through pointers (masked), C leaves through the descriptor, which drops the
+    # rows and columns past M and N by itself
+    if NUM_D > 0 or ACT > 0:
+        offs_m = off_m + tl.arange(0, BLOCK_M)
+        offs_n = off_n + tl.arange(0, SLICE_N)
+        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        x = _epilogue_values(x, offs_m.to(tl.int64)[:, None], offs_n.to(tl.int64)[None, :], mask,
+                             d0_ptr, stride_d0m, stride_d0n, d1_ptr, stride_d1m, stride_d1n, NUM_D, D_OP, ACT)
+    y = x.to(c_desc.dtype)
+    if BATCHED:
+        c_desc.store([pid_b, off_m, off_n], y.reshape(1, BLOCK_M, SLICE_N))
+    else:
+        c_desc.store([off_m, off_n], y)
+
+
+@triton.jit
+def _epilogue_desc_store(acc, c_desc, pid_b, off_m, off_n, M, N,
+                         d0_ptr, stride_d0m, stride_d0n, d1_ptr, stride_d1m, stride_d1n,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EPI_SUBTILE: tl.constexpr,
+                         BATCHED: tl.constexpr, NUM_D: tl.constexpr, D_OP: tl.constexpr, ACT: tl.constexpr):
+    # Epilogue through a C tensor descriptor; c_desc's block is BLOCK_M x BLOCK_N // EPI_SUBTILE.
+    # EPI_SUBTILE=1 converts and stores the whole tile; 2 (4) cuts it into N-halves
+    # (quarters) that are converted and stored one after another.  What that buys
+    # (triton 3.6, sm90): the TMA store's shared staging buffer holds one slice, not
+    # the tile (128x256 bf16: 32 KiB instead of 64, room for a 4th pipeline stage),
+    # and fewer converted values are live at once.  The compiler keeps one buffer
+    # for all slices, so a slice waits until the previous one's store has read it;
+    # the last store drains while the next tile's K loop (persistent kernel) runs.
+    if EPI_SUBTILE == 1:
+        _store_c_slice(acc, c_desc, pid_b, off_m, off_n, M, N,
+                       d0_ptr, stride_d0m, stride_d0n, d1_ptr, stride_d1m, stride_d1n,
+                       BLOCK_M, BLOCK_N, BATCHED, NUM_D, D_OP, ACT)
+    elif EPI_SUBTILE == 2:
+        h0, h1 = _split_n(acc, BLOCK_M, BLOCK_N)
+        _store_c_slice(h0, c_desc, pid_b, off_m, off_n, M, N,
+                       d0_ptr, stride_d0m, stride_d0n, d1_ptr, stride_d1m, stride_d1n,
+                       BLOCK_M, BLOCK_N // 2, BATCHED, NUM_D, D_OP, ACT)
+        _store_c_slice(h1, c_desc, pid_b, off_m, off_n + BLOCK_N // 2, M, N,
+                       d0_ptr, stride_d0m, stride_d0n, d1_ptr, stride_d1m, stride_d1n,
+                       BLOCK_M, BLOCK_N // 2, BATCHED, NUM_D, D_OP, ACT)
+    else:
+        tl.static_assert(EPI_SUBTILE == 4, "EPI_SUBTILE must be 1, 2 or 4")
+        Q: tl.constexpr = BLOCK_N // 4
+        h0, h1 = _split_n(acc, BLOCK_M, BLOCK_N)
+        q0, q1 = _split_n(h0, BLOCK_M, BLOCK_N // 2)
+        _store_c_slice(q0, c_desc, pid_b, off_m, off_n, M, N,
+                       d0_ptr, stride_d0m, stride_d0n, d1_ptr, stride_d1m, stride_d1n,
+                       BLOCK_M, Q, BATCHED, NUM_D, D_OP, ACT)
+        _store_c_slice(q1, c_desc, pid_b, off_m, off_n + Q, M, N,
+                       d0_ptr, stride_d0m, stride_d0n, d1_ptr, stride_d1m, stride_d1n,
+                       BLOCK_M, Q, BATCHED, NUM_D, D_OP, ACT)
+        q2, q3 = _split_n(h1, BLOCK_M, BLOCK_N // 2)
+        _store_c_slice(q2, c_desc, pid_b, off_m, off_n + 2 * Q, M, N,
+                       d0_ptr, stride_d0m, stride_d0n, d1_ptr, stride_d1m, stride_d1n,
+                       BLOCK_M, Q, BATCHED, NUM_D, D_OP, ACT)
+        _store_c_slice(q3, c_desc, pid_b, off_m, off_n + 3 * Q, M, N,
+                       d0_ptr, stride_d0m, stride_d0n, d1_ptr, stride_d1m, stride_d1n,
+                       BLOCK_M, Q, BATCHED, NUM_D, D_OP, ACT)
 
 
 @triton.jit
@@ -309,6 +395,79 @@ def gemm_tma_persistent_kernel(
         _epilogue_store(acc, offs_cm, offs_cn, M, N, c_ptr + pb * stride_cb, stride_cm, stride_cn,
                         d0_ptr + pb * stride_d0b, stride_d0m, stride_d0n,
                         d1_ptr + pb * stride_d1b, stride_d1m, stride_d1n, NUM_D, D_OP, ACT)
+
+
+@triton.jit
+def gemm_tma_cs_kernel(
+        a_desc, b_desc, c_desc, d0_ptr, d1_ptr, M, N, K,
+        stride_d0b, stride_d0m, stride_d0n,
+        stride_d1b, stride_d1m, stride_d1n,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+        A_KMAJOR: tl.constexpr, B_KMAJOR: tl.constexpr, BATCHED: tl.constexpr, EPI_SUBTILE: tl.constexpr,
+        NUM_D: tl.constexpr, D_OP: tl.constexpr, ACT: tl.constexpr, ACC_INT: tl.constexpr):
+    # gemm_tma_kernel (without split-K / warp specialisation) storing C by descriptor
+    pid = tl.program_id(0)
+    pid_b = tl.program_id(1)
+    pid_m, pid_n = _tile_ids(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    off_m = pid_m * BLOCK_M
+    off_n = pid_n * BLOCK_N
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    if ACC_INT:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kt in tl.range(0, k_tiles):
+        off_k = kt * BLOCK_K
+        a = _desc_load_a(a_desc, pid_b, off_m, off_k, BLOCK_M, BLOCK_K, A_KMAJOR, BATCHED)
+        b = _desc_load_b(b_desc, pid_b, off_k, off_n, BLOCK_K, BLOCK_N, B_KMAJOR, BATCHED)
+        acc = tl.dot(a, b, acc, out_dtype=acc.dtype)
+    pb = pid_b.to(tl.int64)
+    _epilogue_desc_store(acc, c_desc, pid_b, off_m, off_n, M, N,
+                         d0_ptr + pb * stride_d0b, stride_d0m, stride_d0n,
+                         d1_ptr + pb * stride_d1b, stride_d1m, stride_d1n,
+                         BLOCK_M, BLOCK_N, EPI_SUBTILE, BATCHED, NUM_D, D_OP, ACT)
+
+
+@triton.jit
+def gemm_tma_persistent_cs_kernel(
+        a_desc, b_desc, c_desc, d0_ptr, d1_ptr, M, N, K, batch_count,
+        stride_d0b, stride_d0m, stride_d0n,
+        stride_d1b, stride_d1m, stride_d1n,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+        NUM_SMS: tl.constexpr, A_KMAJOR: tl.constexpr, B_KMAJOR: tl.constexpr, BATCHED: tl.constexpr,
+        EPI_SUBTILE: tl.constexpr,
+        NUM_D: tl.constexpr, D_OP: tl.constexpr, ACT: tl.constexpr, ACC_INT: tl.constexpr):
+    # gemm_tma_persistent_kernel (flattened, software-pipelined tile loop, no warp
+    # specialisation) storing C by descriptor: the TMA store of one tile is issued
+    # asynchronously and drains while the next tile's loads are already in flight
+    start_pid = tl.program_id(0)
+    tiles_per_batch = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    num_tiles = tiles_per_batch * batch_count
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    # separate epilogue counter, as in gemm_persistent_kernel
+    tile_id_c = start_pid - NUM_SMS
+    for tile_id in tl.range(start_pid, num_tiles, NUM_SMS, flatten=True):
+        pid_b = tile_id // tiles_per_batch
+        pid_m, pid_n = _tile_ids(tile_id % tiles_per_batch, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        if ACC_INT:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+        else:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kt in tl.range(k_tiles):
+            off_k = kt * BLOCK_K
+            a = _desc_load_a(a_desc, pid_b, off_m, off_k, BLOCK_M, BLOCK_K, A_KMAJOR, BATCHED)
+            b = _desc_load_b(b_desc, pid_b, off_k, off_n, BLOCK_K, BLOCK_N, B_KMAJOR, BATCHED)
+            acc = tl.dot(a, b, acc, out_dtype=acc.dtype)
+        tile_id_c += NUM_SMS
+        pid_bc = tile_id_c // tiles_per_batch
+        pb = pid_bc.to(tl.int64)
+        pid_mc, pid_nc = _tile_ids(tile_id_c % tiles_per_batch, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        _epilogue_desc_store(acc, c_desc, pid_bc, pid_mc * BLOCK_M, pid_nc * BLOCK_N, M, N,
+                             d0_ptr + pb * stride_d0b, stride_d0m, stride_d0n,
+                             d1_ptr + pb * stride_d1b, stride_d1m, stride_d1n,
+                             BLOCK_M, BLOCK_N, EPI_SUBTILE, BATCHED, NUM_D, D_OP, ACT)
 
 
 @triton.jit

@@ -21,13 +21,14 @@ import logging
 
 from ck_core.errors import InvalidProblem, UnsupportedProblem
 
-from .aot import DEFAULT_NUM_SMS, DEFAULT_OUT, desc_block_shapes, kernel_for, parse_layout
-from .configs import GemmConfig, as_config
+from .aot import DEFAULT_NUM_SMS, DEFAULT_OUT, desc_block_shapes, desc_c_block_shape, kernel_for, parse_layout
+from .configs import C_DESC_TWIN, SPLITK_VARIANTS, GemmConfig, as_config
 
 log = logging.getLogger(__name__)
 
+#: pointer twin of each TMA variant, for operands a descriptor cannot describe
 _FALLBACK = {"tma": "plain", "tma_ws": "plain", "tma_persistent": "persistent",
-             "tma_persistent_ws": "persistent"}
+             "tma_persistent_ws": "persistent", "tma_cs": "plain", "tma_persistent_cs": "persistent"}
 
 
 def _dtype_token(t) -> str:
@@ -81,9 +82,10 @@ def gemm(a, b, *, layout: str = "rcr", config=None, c=None, d_tensors=(), d_op: 
     ``split_k`` overrides config.split_k (deterministic two-pass reduction).
     ``out_dtype``: torch dtype of C (default: input dtype; bf16 for fp8; int32 for int8).
     Returns C in its stored layout (``c`` if given, which is written in place).
-    TMA variants fall back to their pointer twin (tma->plain, tma_persistent*->persistent)
-    where descriptors cannot describe the operands (misaligned strides, broadcast batch,
-    no Hopper).
+    TMA variants fall back to their pointer twin (tma*->plain, tma_persistent*->persistent)
+    where descriptors cannot describe A or B (misaligned strides, broadcast batch, no
+    Hopper); the C-descriptor variants (tma_cs, tma_persistent_cs) fall back to tma /
+    tma_persistent when only C is the problem (column-major or misaligned C).
     """
     import torch
 
@@ -149,8 +151,14 @@ def gemm(a, b, *, layout: str = "rcr", config=None, c=None, d_tensors=(), d_op: 
     else:
         cfg = as_config(config)
     if split_k is not None:
-        cfg = cfg.evolve(split_k=split_k, variant=cfg.variant if cfg.variant in ("plain", "tma", "tma_ws")
-                         or split_k == 1 else "plain")
+        variant = cfg.variant
+        if split_k > 1:
+            # split-K writes fp32 partials through pointers: no C descriptor, no persistent loop
+            variant = C_DESC_TWIN.get(variant, variant)
+            if variant not in SPLITK_VARIANTS:
+                variant = "plain"
+        cfg = cfg.evolve(split_k=split_k, variant=variant,
+                         epi_subtile=cfg.epi_subtile if variant == cfg.variant else 1)
 
     if cfg.is_tma:
         why = None
@@ -162,7 +170,16 @@ def gemm(a, b, *, layout: str = "rcr", config=None, c=None, d_tensors=(), d_op: 
             why = "operand strides or base not 16-byte aligned / not contiguous"
         if why:
             log.debug("gemm: %s -> %s (%s)", cfg.variant, _FALLBACK[cfg.variant], why)
-            cfg = cfg.evolve(variant=_FALLBACK[cfg.variant])
+            cfg = cfg.evolve(variant=_FALLBACK[cfg.variant], epi_subtile=1)
+    if cfg.c_desc:
+        why = None
+        if not c_r:
+            why = "column-major C"
+        elif not _tma_ok(c, True):
+            why = "C strides or base not 16-byte aligned / not contiguous"
+        if why:
+            log.debug("gemm: %s -> %s (%s)", cfg.variant, C_DESC_TWIN[cfg.variant], why)
+            cfg = cfg.evolve(variant=C_DESC_TWIN[cfg.variant], epi_subtile=1)
 
     even_k = K % cfg.block_k == 0
     spec = _spec(cfg, dt, layout, out_token, d_token, len(d_tensors), d_op, activation,
@@ -182,6 +199,10 @@ def gemm(a, b, *, layout: str = "rcr", config=None, c=None, d_tensors=(), d_op: 
         a_blk, b_blk = desc_block_shapes(cfg, layout, batched_io)
         vals["a_desc"] = TensorDescriptor(a, list(a.shape), list(a.stride()), a_blk)
         vals["b_desc"] = TensorDescriptor(b, list(b.shape), list(b.stride()), b_blk)
+        if cfg.c_desc:
+            # c is row-major here (checked above): its stored form is the logical one
+            vals["c_desc"] = TensorDescriptor(c, list(c.shape), list(c.stride()),
+                                              desc_c_block_shape(cfg, batched_io))
     else:
         vals["a_ptr"], vals["b_ptr"] = al, bl
         vals["stride_ab"], vals["stride_am"], vals["stride_ak"] = bstride(al), al.stride(-2), al.stride(-1)

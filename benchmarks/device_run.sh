@@ -1,0 +1,26 @@
+#!/bin/bash
+# One call on the GPU machine: install the packages, then run the named steps in order.
+#   bash benchmarks/device_run.sh tests gemmprobe convprobe      (results under $OUT)
+# Each step's output goes to $OUT/log.txt (and the tail to the console); a failing
+# step never stops the ones after it.
+set -u
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/ck_out}; mkdir -p "$OUT"
+A=""; for d in archs/*/; do A="$A -e $d"; done
+python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . -e plugins/gemm -e plugins/fmha \
+    -e plugins/conv $A > "$OUT/install.log" 2>&1 || { tail -20 "$OUT/install.log"; exit 1; }
+nvidia-smi --query-gpu=name,clocks.max.sm,temperature.gpu --format=csv,noheader
+for step in "$@"; do
+    echo "=== $step $(date -u +%H:%M:%S)" | tee -a "$OUT/log.txt"
+    case $step in
+        tests) CK_TEST_GPU=1 timeout 420 python3 -m pytest -q -m "gpu or not gpu" -rfE -p no:warnings \
+                   plugins/gemm/tests/test_gemm_gpu.py plugins/fmha/tests/test_dispatch_gpu.py ;;
+        gemmprobe) timeout 300 python3 benchmarks/gemm_probe.py --out "$OUT/gemm_probe.json" ;;
+        convprobe) timeout 300 python3 benchmarks/conv_probe.py --out "$OUT/conv_probe.json" ;;
+        gemmbench) timeout 400 ck bench gemm --vs torch --json "$OUT/gemm.json" ;;
+        fmhabench) timeout 500 ck bench fmha --vs sdpa --json "$OUT/fmha.json" ;;
+        convbench) timeout 400 ck bench conv --vs torch --json "$OUT/conv.json" ;;
+        *) echo "unknown step $step" ;;
+    esac 2>&1 | tee -a "$OUT/log.txt" | tail -n 25
+done
+echo "=== done $(date -u +%H:%M:%S)"

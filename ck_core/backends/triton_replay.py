@@ -1,0 +1,190 @@
+"""Replay a recorded Triton launch with new tensors, skipping ``JITFunction.run``.
+
+``kernel[grid](*args)`` re-binds every argument, recomputes the specialisation key and
+looks the compiled kernel up on each call: about 20 us of Python on an H100 host.  A
+dispatcher launcher sees the same problem over and over, so it can record the first
+launch (the compiled kernel, the grid and every argument) and afterwards hand the
+compiled kernel's own launcher the new tensors directly.
+
+Host tensor descriptors (TMA) are the other cost: Triton's launcher turns each
+``TensorDescriptor`` into a ``CUtensorMap`` on every call.  A descriptor depends only on
+the base address, shape, strides and block shape; within one recording all but the
+address are fixed, so :class:`Replay` keeps the expanded descriptor per base address.
+
+Everything here is an optimisation with a safe way out: :func:`record` returns ``None``
+where a replay cannot be set up (the interpreter, another Triton layout, a launch
+hook installed by a profiler), and callers keep using the ordinary launch then.  Tested
+against triton 3.6 (the pinned version).
+"""
+from __future__ import annotations
+
+import inspect
+import logging
+from collections import OrderedDict
+from typing import Optional, Sequence
+
+log = logging.getLogger(__name__)
+
+#: how many base addresses per descriptor slot keep their expanded CUtensorMap
+DESC_CACHE_SIZE = 64
+
+
+def _tensordesc_pieces(run):
+    """(raw launcher, positions, metadata) behind Triton's tensor-descriptor wrapper, or None."""
+    launch = getattr(run, "launch", None)
+    code = getattr(launch, "__code__", None)
+    if code is None or launch.__closure__ is None:
+        return None
+    cells = dict(zip(code.co_freevars, (c.cell_contents for c in launch.__closure__)))
+    try:
+        return cells["launcher"], frozenset(cells["tensordesc_indices"]), list(cells["tensordesc_meta"])
+    except KeyError:
+        return None
+
+
+class Replay:
+    """One recorded launch: ``replay(args)`` launches it again with ``args``.
+
+    ``args`` is the full argument list in the kernel's parameter order (constexprs
+    included, as recorded; see :attr:`args` and :meth:`slot`).  Tensor slots take any
+    tensor with the recorded dtype, shape, strides and alignment (the caller's cache key
+    must guarantee that); descriptor slots (:attr:`desc_slots`) take the *base tensor*
+    of the descriptor, not a descriptor.
+    """
+
+    __slots__ = ("args", "names", "grid", "device", "_kernel", "_run", "_raw", "_descs",
+                 "_desc_cache", "_coop", "_pdl", "_stream")
+
+    def __init__(self, kernel, names, args, grid, device, descs, raw):
+        import torch
+
+        self.names = tuple(names)
+        self.args = list(args)
+        self.grid = tuple(grid) + (1,) * (3 - len(grid))
+        self.device = device
+        self._kernel = kernel
+        self._run = kernel.run
+        self._raw = raw              # (launcher, meta per desc position) or None
+        self._descs = descs          # {position: template TensorDescriptor}
+        self._desc_cache = {i: OrderedDict() for i in descs}
+        self._coop = getattr(kernel.run, "launch_cooperative_grid", False)
+        self._pdl = getattr(kernel.run, "launch_pdl", False)
+        self._stream = torch._C._cuda_getCurrentRawStream
+        for i in descs:               # descriptor slots hold their base tensor
+            self.args[i] = descs[i].base
+
+    @property
+    def desc_slots(self) -> tuple:
+        return tuple(sorted(self._descs))
+
+    def slot(self, name: str) -> int:
+        return self.names.index(name)
+
+    def _expand(self, i, base):
+        cache = self._desc_cache[i]
+        key = base.data_ptr()
+        hit = cache.get(key)
+        if hit is None:
+            from triton.backends.nvidia.driver import make_tensordesc_arg
+
+            d = _with_base(self._descs[i], base)
+            hit = make_tensordesc_arg(d, self._raw[1][i])
+            cache[key] = hit
+            if len(cache) > DESC_CACHE_SIZE:
+                cache.popitem(last=False)
+        return hit
+
+    def __call__(self, args: Sequence) -> None:
+        k = self._kernel
+        g0, g1, g2 = self.grid
+        stream = self._stream(self.device)
+        if not self._descs:
+            self._run(g0, g1, g2, stream, k.function, k.packed_metadata, None, None, None, *args)
+            return
+        if self._raw is None:         # descriptors through Triton's own wrapper
+            full = list(args)
+            for i in self._descs:
+                full[i] = _with_base(self._descs[i], args[i])
+            self._run(g0, g1, g2, stream, k.function, k.packed_metadata, None, None, None, *full)
+            return
+        final = []
+        for i, a in enumerate(args):
+            if i in self._descs:
+                final.extend(self._expand(i, a))
+            else:
+                final.append(a)
+        self._raw[0](g0, g1, g2, stream, k.function, self._coop, self._pdl, None, None,
+                     k.packed_metadata, None, None, None, *final)
+
+
+def _with_base(template, base):
+    """A copy of a TensorDescriptor with another base tensor (same shape and strides)."""
+    d = object.__new__(type(template))
+    d.__dict__.update(template.__dict__)
+    d.base = base
+    return d
+
+
+def record(fn, grid, args: Sequence, kwargs: dict) -> Optional[Replay]:
+    """Launch ``fn[grid](*args, **kwargs)`` once; return a :class:`Replay` of it, or None.
+
+    None means "keep calling ``fn[grid]``": interpreter functions, launch hooks
+    (profilers), scratch memory the kernel needs per launch, or a Triton whose
+    internals differ from the ones this was written against.
+    """
+    kernel = fn[grid](*args, **kwargs)
+    try:
+        return _replay_of(fn, kernel, grid, args, kwargs)
+    except Exception as e:  # noqa: BLE001 - any surprise means: no replay, plain launches
+        log.debug("no replay for %s: %s: %s", getattr(fn, "__name__", fn), type(e).__name__, e)
+        return None
+
+
+def _replay_of(fn, kernel, grid, args, kwargs):
+    from triton import knobs
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    if kernel is None or not hasattr(kernel, "packed_metadata") or not hasattr(kernel, "run"):
+        return None
+    if knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None:
+        return None
+    run = kernel.run
+    if getattr(run, "global_scratch_size", 0) or getattr(run, "profile_scratch_size", 0):
+        return None
+    names = list(fn.arg_names)
+    defaults = {p.name: p.default for p in getattr(fn, "params", ())}
+    values = list(args)
+    for name in names[len(values):]:
+        if name in kwargs:
+            values.append(kwargs[name])
+        elif defaults.get(name, inspect.Parameter.empty) is not inspect.Parameter.empty:
+            values.append(defaults[name])
+        else:
+            return None
+    descs = {i: v for i, v in enumerate(values) if isinstance(v, TensorDescriptor)}
+    raw = None
+    if descs:
+        pieces = _tensordesc_pieces(run)
+        if pieces is not None:
+            launcher, positions, meta = pieces
+            if set(descs) == set(positions):
+                order = sorted(positions)
+                raw = (launcher, {i: meta[n] for n, i in enumerate(order)})
+    import torch
+
+    device = torch.cuda.current_device()
+    return Replay(kernel, names, values, grid, device, descs, raw)
+
+
+def is_replayable_env() -> bool:
+    """False under TRITON_INTERPRET=1 or without CUDA (replay needs compiled kernels)."""
+    import os
+
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
