@@ -17,6 +17,10 @@ for step in "$@"; do
                    plugins/gemm/tests/test_gemm_gpu.py plugins/fmha/tests/test_dispatch_gpu.py ;;
         gemmprobe) timeout 300 python3 benchmarks/gemm_probe.py --out "$OUT/gemm_probe.json" ;;
         convprobe) timeout 300 python3 benchmarks/conv_probe.py --out "$OUT/conv_probe.json" ;;
+        overhead) timeout 120 python3 -c "import json, logging; logging.basicConfig(level=logging.WARNING); \
+logging.getLogger('ck_core.backends.triton_replay').setLevel(logging.DEBUG); from ck_core import Registry; from ck_gemm.bench import _overhead; \
+reg = Registry.from_enumeration('gemm', 'sm90', 'triton', dtypes=['bf16'], layouts=['rcr']); \
+print(json.dumps(_overhead(reg, 'bf16'), indent=1))" ;;
         gemmbench) timeout 400 ck bench gemm --vs torch --json "$OUT/gemm.json" ;;
         fmhabench) timeout 500 ck bench fmha --vs sdpa --json "$OUT/fmha.json" ;;
         convbench) timeout 400 ck bench conv --vs torch --json "$OUT/conv.json" ;;

@@ -145,12 +145,14 @@ def _replay_of(fn, kernel, grid, args, kwargs):
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     if kernel is None or not hasattr(kernel, "packed_metadata") or not hasattr(kernel, "run"):
+        log.debug("no replay for %s: %r is not a compiled kernel", getattr(fn, "__name__", fn), kernel)
         return None
     if knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None:
+        log.debug("no replay for %s: a launch hook is installed", getattr(fn, "__name__", fn))
         return None
     run = kernel.run
-    if getattr(run, "global_scratch_size", 0) or getattr(run, "profile_scratch_size", 0):
-        return None
+    # scratch memory per launch: Triton's launcher allocates it; the raw path below cannot
+    scratch = getattr(run, "global_scratch_size", 0) or getattr(run, "profile_scratch_size", 0)
     names = list(fn.arg_names)
     defaults = {p.name: p.default for p in getattr(fn, "params", ())}
     values = list(args)
@@ -160,10 +162,11 @@ def _replay_of(fn, kernel, grid, args, kwargs):
         elif defaults.get(name, inspect.Parameter.empty) is not inspect.Parameter.empty:
             values.append(defaults[name])
         else:
+            log.debug("no replay for %s: no value for %s", getattr(fn, "__name__", fn), name)
             return None
     descs = {i: v for i, v in enumerate(values) if isinstance(v, TensorDescriptor)}
     raw = None
-    if descs:
+    if descs and not scratch:
         pieces = _tensordesc_pieces(run)
         if pieces is not None:
             launcher, positions, meta = pieces

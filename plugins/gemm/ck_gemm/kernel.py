@@ -28,10 +28,12 @@ AMD_PIPELINES = ("mem", "compv3", "compv4")
 LDS_BUFFERS = {"mem": 1, "compv3": 1, "compv4": 2}
 SCHEDULERS = ("intrawave", "interwave")
 EPILOGUES = ("cshuffle", "default")
-VARIANTS = ("tile", "persistent", "tma", "tma_ws", "tma_persistent", "tma_persistent_ws")
+VARIANTS = ("tile", "persistent", "tma", "tma_ws", "tma_persistent", "tma_persistent_ws", "tma_cs",
+            "tma_persistent_cs")
 #: name tokens of the variants (no underscores, so names split cleanly on "_")
 VARIANT_TOKEN = {"persistent": "vpers", "tma": "vtma", "tma_ws": "vtmaws",
-                 "tma_persistent": "vtmapers", "tma_persistent_ws": "vtmapersws"}
+                 "tma_persistent": "vtmapers", "tma_persistent_ws": "vtmapersws",
+                 "tma_cs": "vtmacs", "tma_persistent_cs": "vtmaperscs"}
 _TOKEN_VARIANT = {t: v for v, t in VARIANT_TOKEN.items()}
 
 
@@ -73,6 +75,7 @@ class GemmAlgorithm:
     stages: int = 0          # 0: the pipeline's default
     variant: str = "tile"    # Triton realisation (tile loop, TMA, persistent, warp-specialised)
     group_m: int = 8         # Triton's grouped tile order (L2 reuse)
+    epi_subtile: int = 1     # C stored in this many N-slices (TMA-store ``_cs`` variants)
 
     @property
     def num_warps(self) -> int:
@@ -102,6 +105,8 @@ def format_name(sig: GemmSignature, a: GemmAlgorithm) -> str:
         parts.append(VARIANT_TOKEN[a.variant])
     if a.group_m != 8:
         parts.append(f"g{a.group_m}")
+    if a.epi_subtile != 1:
+        parts.append(f"e{a.epi_subtile}")
     return "_".join(parts)
 
 
@@ -139,6 +144,8 @@ def parse_name(body: str):
             alg["stages"] = int(tok[1:])
         elif tok.startswith("g") and tok[1:].isdigit():
             alg["group_m"] = int(tok[1:])
+        elif tok.startswith("e") and tok[1:].isdigit():
+            alg["epi_subtile"] = int(tok[1:])
         elif tok in _TOKEN_VARIANT:
             alg["variant"] = _TOKEN_VARIANT[tok]
         elif tok.startswith("d") and tok[1:2].isdigit() and tok[2:] in D_OPS:

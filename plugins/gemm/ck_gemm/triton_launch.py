@@ -36,7 +36,8 @@ def config_of_algorithm(a: GemmAlgorithm):
 
     return GemmConfig(block_m=a.tile_m, block_n=a.tile_n, block_k=a.tile_k, group_m=a.group_m,
                       num_warps=a.num_warps, num_stages=a.stages or DEFAULT_STAGES.get(a.pipeline, 3),
-                      variant="plain" if a.variant == "tile" else a.variant, split_k=a.split_k)
+                      variant="plain" if a.variant == "tile" else a.variant, split_k=a.split_k,
+                      epi_subtile=a.epi_subtile)
 
 
 def algorithm_for_config(cfg, arch, dtype: str, pipeline: str, layout: str = "rcr") -> Optional[GemmAlgorithm]:
@@ -61,7 +62,7 @@ def algorithm_for_config(cfg, arch, dtype: str, pipeline: str, layout: str = "rc
                                 pipeline=pipeline, pad_m=True, pad_n=True, pad_k=True,
                                 split_k=cfg.split_k, stages=cfg.num_stages,
                                 variant="tile" if cfg.variant == "plain" else cfg.variant,
-                                group_m=cfg.group_m)
+                                group_m=cfg.group_m, epi_subtile=cfg.epi_subtile)
             if rules_violation(sig, alg, arch) is None and \
                     arch.reject(KernelKey("gemm", sig, alg, arch.name, "triton")) is None:
                 return alg
