@@ -9,7 +9,12 @@ identity and parses back::
     conv_bwd_weight_bf16_ndhwgc_gkzyxc_ndhwgk_3d_mem_intrawave_64x64x64_2x2x1_16x16x16_filter1x1_pad0_vec8_8_8
 
 Optional suffixes appear only when not default: ``_vec{a}_{b}_{c}`` (default
-4/8/8, CK's) and ``_pad{m}{n}{k}`` (default all padded).
+4/8/8, CK's) and ``_pad{m}{n}{k}`` (default all padded), then the Triton
+realisation's knobs (see :class:`ConvKernelConfig`): ``_st{n}`` (explicit
+software-pipeline depth), ``_relaxed`` / ``_twostage`` / ``_fixup`` / ``_atomicfix``
+(how a split reduction is summed), ``_gm{n}`` (bwd_weight: groups merged per program) and ``_tapmask``
+(forward, bwd_weight: per-row tap-validity bits, so a step's row mask is a
+shift and an and).
 
 Tile facts follow CK's grouped-conv dispatcher tables (``grouped_config_rules``):
 block tiles, wave layouts (1x4x1, 2x2x1, 4x1x1, 8x2x1, 4x4x1), and the rule
@@ -41,6 +46,21 @@ PIPELINE_STAGES = {"mem": 2, "compv3": 3, "compv4": 4}
 PIPELINE_STAGES_BWD = {"mem": 3, "compv3": 5, "compv4": 5}
 SCHEDULERS = ("intrawave", "interwave")
 SPECIALIZATIONS = ("default", "filter1x1_stride1_pad0", "filter1x1_pad0", "filter3x3", "depthwise")
+#: how the programs of a split reduction combine their partial sums: ``atomic``
+#: fp32 atomics into a zeroed workspace, then a cast (the original path; Triton's
+#: default acq_rel atomics, each one ordered like a fence); ``relaxed`` the same
+#: with relaxed atomics (the sum is read only after the kernel);
+#: ``twostage`` each split stores its partial tile into a [split, ...] fp32
+#: workspace and a small kernel sums and casts (CK's two-stage bwd_weight;
+#: deterministic, no memset); ``fixup`` the same stores, then the last program to
+#: finish a tile (a per-tile arrival counter) sums the partials in split order
+#: and writes the result (deterministic, one launch, counters reset themselves;
+#: the last program reads every split's partial, so it suits splits up to ~16);
+#: ``atomicfix`` relaxed atomics into a persistent zeroed fp32 buffer, the last
+#: program of a tile casts it out and zeroes it (one launch, any split)
+REDUCTIONS = ("atomic", "relaxed", "twostage", "fixup", "atomicfix")
+#: Triton ``num_stages`` an explicit ``_st{n}`` may ask for
+STAGE_RANGE = range(1, 9)
 ELEMENT_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
 
 #: CK's grouped-conv block tiles (M, N, K) plus larger ones for 4-warp-group archs
@@ -60,7 +80,8 @@ _NAME_RE = re.compile(
     r"_(?P<nd>[123])d_(?P<pipe>" + "|".join(PIPELINES) + r")_(?P<sched>" + "|".join(SCHEDULERS) + r")"
     r"_(?P<tile>" + _TRIPLE + r")_(?P<wave>" + _TRIPLE + r")_(?P<warp>" + _TRIPLE + r")"
     r"_(?P<spec>" + "|".join(sorted(SPECIALIZATIONS, key=len, reverse=True)) + r")"
-    r"(?:_vec(?P<vec>\d+_\d+_\d+))?(?:_pad(?P<pad>[01]{3}))?$")
+    r"(?:_vec(?P<vec>\d+_\d+_\d+))?(?:_pad(?P<pad>[01]{3}))?"
+    r"(?:_st(?P<st>\d))?(?:_(?P<red>relaxed|twostage|fixup|atomicfix))?(?:_gm(?P<gm>\d+))?(?P<tapmask>_tapmask)?$")
 
 
 def _triple(v) -> tuple:
@@ -86,6 +107,23 @@ class ConvKernelConfig:
     specialization: str = attrs.field(default="default", validator=attrs.validators.in_(SPECIALIZATIONS))
     vector: tuple = attrs.field(default=(4, 8, 8), converter=_triple)
     pad: tuple = attrs.field(default=(True, True, True), converter=lambda v: tuple(bool(x) for x in v))
+    #: Triton software-pipeline depth; 0 = the pipeline's default
+    stages: int = attrs.field(default=0, converter=int)
+    #: how a split reduction is combined (``REDUCTIONS``); matters only when the
+    #: launch splits the reduction over several programs
+    reduction: str = attrs.field(default="atomic", validator=attrs.validators.in_(REDUCTIONS))
+    #: bwd_weight: groups one program computes (batched dot over groups); 1 = one
+    group_merge: int = attrs.field(default=1, converter=int)
+    #: tap-validity bits per pixel row (filters of at most 31 taps): forward builds
+    #: them before the main loop, bwd_weight reads them from a per-pixel table
+    tap_mask: bool = attrs.field(default=False, converter=bool)
+
+    def __attrs_post_init__(self):
+        if self.stages and self.stages not in STAGE_RANGE:
+            raise InvalidProblem(f"stages={self.stages}: use 0 (pipeline default) or 1..8")
+        gm = self.group_merge
+        if gm < 1 or gm & (gm - 1):
+            raise InvalidProblem(f"group_merge={gm} must be a power of two >= 1")
 
     # ---- identity -------------------------------------------------------
     @property
@@ -102,6 +140,14 @@ class ConvKernelConfig:
             s += "_vec" + "_".join(map(str, self.vector))
         if not all(self.pad):
             s += "_pad" + "".join(str(int(p)) for p in self.pad)
+        if self.stages:
+            s += f"_st{self.stages}"
+        if self.reduction != "atomic":
+            s += "_" + self.reduction
+        if self.group_merge != 1:
+            s += f"_gm{self.group_merge}"
+        if self.tap_mask:
+            s += "_tapmask"
         return s
 
     def __str__(self) -> str:
@@ -125,7 +171,9 @@ class ConvKernelConfig:
                    scheduler=m["sched"], tile=tri(m["tile"]), waves=tri(m["wave"]), warp_tile=tri(m["warp"]),
                    specialization=m["spec"],
                    vector=tuple(int(x) for x in m["vec"].split("_")) if m["vec"] else (4, 8, 8),
-                   pad=tuple(c == "1" for c in m["pad"]) if m["pad"] else (True, True, True))
+                   pad=tuple(c == "1" for c in m["pad"]) if m["pad"] else (True, True, True),
+                   stages=int(m["st"] or 0), reduction=m["red"] or "atomic", group_merge=int(m["gm"] or 1),
+                   tap_mask=bool(m["tapmask"]))
 
     # ---- resources --------------------------------------------------------
     @property
@@ -134,6 +182,8 @@ class ConvKernelConfig:
 
     @property
     def num_stages(self) -> int:
+        if self.stages:
+            return self.stages
         # backward kernels gather one operand through an index table whose loads
         # take software-pipeline stages of their own (Triton 3.6 on sm90 keeps 2
         # A/B buffers at 3-4 stages and 3 at 5): more stages, same buffers
@@ -147,6 +197,10 @@ class ConvKernelConfig:
         stride-1 backward path has no index table: every stage is a buffer)."""
         if self.direction != "forward" and self.specialization == "filter1x1_stride1_pad0":
             return self.num_stages
+        if self.stages:
+            # the table-gathering backward kernels spend two stages on the table loads
+            return self.stages if self.direction == "forward" or self.specialization == "depthwise" \
+                else max(1, self.stages - 2)
         return PIPELINE_STAGES[self.pipeline]
 
     def lds_bytes(self) -> int:
@@ -162,8 +216,13 @@ class ConvKernelConfig:
         if self.specialization == "depthwise":
             return {"BLOCK_P": m, "BLOCK_G": n, "num_warps": self.num_warps, "num_stages": self.num_stages}
         spec = {"filter1x1_stride1_pad0": 1, "filter1x1_pad0": 2}.get(self.specialization, 0)
-        return {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "SPEC": spec,
-                "num_warps": self.num_warps, "num_stages": self.num_stages}
+        meta = {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "SPEC": spec}
+        if self.direction == "forward":
+            meta["TAPMASK"] = int(self.tap_mask)
+        if self.group_merge > 1:
+            meta["GM"] = self.group_merge
+        meta.update(num_warps=self.num_warps, num_stages=self.num_stages)
+        return meta
 
     # ---- applicability ------------------------------------------------------
     def why_not(self, p: ConvProblem) -> str | None:
@@ -179,7 +238,23 @@ class ConvKernelConfig:
         dw = p.c_per_group == 1 and p.k_per_group == 1
         spec = self.specialization
         if spec == "depthwise":
+            if self.group_merge != 1 or self.tap_mask or self.reduction != "atomic":
+                return "depthwise kernels have no group merging, tap mask or split-reduction modes"
             return None if dw else "depthwise kernel needs C = K = G (one channel per group)"
+        if self.group_merge > 1:
+            if self.direction != "bwd_weight":
+                return "group merging exists for bwd_weight only"
+            if p.G == 1:
+                return "group merging needs a grouped problem (G > 1)"
+            if self.tile[0] < 16 or self.tile[1] < 16 or self.tile[2] < 16:
+                return "group-merged kernels need block tiles of at least 16 (batched dot)"
+        if self.tap_mask:
+            if self.direction == "bwd_data":
+                return "the tap mask exists for the forward and bwd_weight kernels"
+            if p.taps > 31:
+                return f"tap mask holds 31 taps; the filter has {p.taps}"
+            if p.specialization.startswith("filter1x1") or self.specialization.startswith("filter1x1"):
+                return "a 1x1 filter without padding has nothing to mask"
         if spec == "filter1x1_stride1_pad0" and p.specialization != "filter1x1_stride1_pad0":
             return f"needs 1x1 filter, stride 1, pad 0; problem is {p.specialization}"
         if spec == "filter1x1_pad0" and p.specialization not in ("filter1x1_pad0", "filter1x1_stride1_pad0"):
@@ -321,8 +396,12 @@ def heuristic_config(p: ConvProblem, *, warp_size: int = 32, big_smem: bool = Tr
                             specialization=spec, **common)
 
 
-def candidate_configs(p: ConvProblem, limit: int | None = None) -> list[ConvKernelConfig]:
-    """A short tuning list for ``p`` (the heuristic pick first), for autotuning on a GPU."""
+def candidate_configs(p: ConvProblem, limit: int | None = None, extended: bool = True) -> list[ConvKernelConfig]:
+    """A short tuning list for ``p`` (the heuristic pick first), for autotuning on a GPU.
+
+    ``extended`` appends :func:`extended_candidates` (workspace split reductions,
+    tap bits, deeper pipelines, merged groups) after the classic list.
+    """
     base = heuristic_config(p)
     out = [base]
 
@@ -350,18 +429,111 @@ def candidate_configs(p: ConvProblem, limit: int | None = None) -> list[ConvKern
                                    ((128, 128, 32), (2, 4, 1), "compv3"), ((128, 128, 64), (2, 4, 1), "mem"),
                                    ((64, 64, 128), (2, 2, 1), "compv3"), ((tm, tn, 128), (2, 2, 1), "mem")):
             add((min(a, tm), min(b, tn), c), w if min(a, tm) * min(b, tn) >= 64 * 64 else (1, 2, 1), pipe)
-        return out[:limit] if limit else out
+    else:
+        bn = _pow2_at_least(n, 16, 128)
+        bk = base.tile[2]
+        fwd = p.direction == "forward"
+        opts = [((128, bn, bk), (2, 2, 1), "compv3"), ((128, bn, bk), (2, 4, 1), "compv3"),
+                ((64, bn, bk), (2, 2, 1), "compv3"), ((128, bn, bk), (2, 2, 1), "mem")]
+        if fwd:
+            opts += [((128, bn, bk), (2, 4, 1), "compv4"), ((128, bn, 32), (2, 4, 1), "compv4")]
+        if bn >= 64:
+            opts += [((256, bn, bk), (2, 4, 1), "compv3"), ((64, bn, bk), (2, 2, 1), "mem")]
+        if n >= 256:
+            opts += [((128, 256, bk), (2, 4, 1), "compv4" if fwd else "compv3"),
+                     ((64, 256, bk), (2, 4, 1), "compv3")]
+        for t, w, pipe in opts:
+            add(t, w if t[0] * t[1] >= 64 * 64 else (2, 1, 1), pipe)
+    if extended:
+        for c in extended_candidates(p):
+            if c not in out:
+                out.append(c)
+    return out[:limit] if limit else out
+
+
+#: SMs the extended candidate rules plan waves for, and shared memory per block (H100 SXM)
+PLAN_SMS = 132
+PLAN_SMEM = 232448
+
+
+def is_extended(cfg: ConvKernelConfig) -> bool:
+    """Whether ``cfg`` uses a knob of the Triton realisation beyond CK's tile space."""
+    return bool(cfg.stages or cfg.reduction != "atomic" or cfg.group_merge != 1 or cfg.tap_mask)
+
+
+def extended_candidates(p: ConvProblem) -> list[ConvKernelConfig]:
+    """Candidates using the realisation knobs, for the layers the classic list serves
+    worst (H100, run 6 of PERF_NOTES.md):
+
+    * bwd_weight: ``fixup`` / ``atomicfix`` / ``twostage`` / ``relaxed`` split
+      reductions instead of acq_rel atomics + memset + cast; tap bits; BLOCK_K 128 with 4-5 stages;
+      merged groups (batched dot) when a group has at most 32 channels.
+    * forward 3x3 (at most 31 taps): tap bits; and where the output tiles fill
+      less than two waves (c4 14x14x256: 98 tiles of 128x128, c5 7x7x512: 100 of
+      64x128), ``fixup`` split-K with 64/128/256-wide tiles and 8 warps.
+    * bwd_data with few output tiles: ``fixup`` split-K.
+    """
+    base = heuristic_config(p)
+    if base.specialization == "depthwise":
+        return []
+    out: list = []
+    m, n, k = p.gemm_mnk
+    one_by_one = p.specialization.startswith("filter1x1")
+    tap = p.taps <= 31 and not one_by_one
+
+    def add(tile, waves, pipe="compv3", **kw):
+        c = attrs.evolve(base, tile=tile, waves=waves, pipeline=pipe, **kw)
+        # the A/B buffers the Triton pipeline keeps must fit Hopper's 227 KB
+        smem = (c.tile[0] + c.tile[1]) * c.tile[2] * ELEMENT_BYTES[c.dtype] * c.smem_buffers * c.group_merge
+        if c not in out and c.why_not(p) is None and smem <= PLAN_SMEM:
+            out.append(c)
+
+    if p.direction == "bwd_weight":
+        tm = _pow2_at_least(p.k_per_group, 16, 128)
+        tn = _pow2_at_least(p.c_per_group, 16, 128)
+
+        def w(a, b):
+            return (2, 4, 1) if a * b >= 128 * 64 else (2, 2, 1) if a * b >= 64 * 64 else (1, 2, 1)
+
+        for (a, b, c), st, red in (((128, 64, 64), 0, "fixup"), ((128, 128, 64), 0, "fixup"),
+                                   ((128, 128, 128), 4, "fixup"), ((64, 64, 128), 5, "fixup"),
+                                   ((128, 64, 128), 4, "fixup"), ((128, 64, 64), 0, "twostage"),
+                                   ((128, 64, 64), 0, "relaxed"), ((128, 64, 64), 0, "atomicfix"),
+                                   ((128, 128, 64), 0, "atomicfix"), ((64, 64, 128), 5, "atomicfix")):
+            a, b = min(a, tm), min(b, tn)
+            add((a, b, c), w(a, b), stages=st, reduction=red, tap_mask=tap)
+        if tap:  # the tap bits alone, on the classic reduction
+            add((min(128, tm), min(64, tn), 64), w(min(128, tm), min(64, tn)), tap_mask=True)
+        if p.G > 1 and p.k_per_group <= 32 and p.c_per_group <= 32:
+            a, b = max(16, tm), max(16, tn)
+            for gm, c in ((8, 64), (4, 128), (16, 64)):
+                add((a, b, c), (2, 2, 1), group_merge=gm, reduction="fixup", tap_mask=tap)
+        return out
+
     bn = _pow2_at_least(n, 16, 128)
     bk = base.tile[2]
-    fwd = p.direction == "forward"
-    opts = [((128, bn, bk), (2, 2, 1), "compv3"), ((128, bn, bk), (2, 4, 1), "compv3"),
-            ((64, bn, bk), (2, 2, 1), "compv3"), ((128, bn, bk), (2, 2, 1), "mem")]
-    if fwd:
-        opts += [((128, bn, bk), (2, 4, 1), "compv4"), ((128, bn, 32), (2, 4, 1), "compv4")]
-    if bn >= 64:
-        opts += [((256, bn, bk), (2, 4, 1), "compv3"), ((64, bn, bk), (2, 2, 1), "mem")]
-    if n >= 256:
-        opts += [((128, 256, bk), (2, 4, 1), "compv4" if fwd else "compv3"), ((64, 256, bk), (2, 4, 1), "compv3")]
-    for t, w, pipe in opts:
-        add(t, w if t[0] * t[1] >= 64 * 64 else (2, 1, 1), pipe)
-    return out[:limit] if limit else out
+    few_tiles = _cdiv(m, 128) * _cdiv(n, 128) * p.G < 2 * PLAN_SMS
+    if p.direction == "forward":
+        if tap:
+            add(base.tile, base.waves, base.pipeline, tap_mask=True)
+            add((128, bn, bk), (2, 4, 1), "compv4", tap_mask=True)
+            add((256, bn, bk), (2, 4, 1), "compv3", tap_mask=True)
+            if n >= 256:
+                add((128, 256, bk), (2, 4, 1), "compv3", stages=3, tap_mask=True)
+        if few_tiles:
+            add((128, bn, bk), (2, 4, 1), "compv4", reduction="fixup", tap_mask=tap)
+            add((64, bn, bk), (2, 4, 1) if bn >= 128 else (2, 2, 1), "compv3", reduction="fixup", tap_mask=tap)
+            add((64, bn, 128 if bk >= 64 else bk), (2, 4, 1) if bn >= 128 else (2, 2, 1), "compv3", stages=4,
+                reduction="fixup", tap_mask=tap)
+            if n >= 256:
+                add((64, 256, bk), (2, 4, 1), "compv3", reduction="fixup", tap_mask=tap)
+                add((128, 256, bk), (2, 4, 1), "compv3", stages=3, reduction="fixup", tap_mask=tap)
+        return out
+    if few_tiles:  # bwd_data
+        add((128, bn, bk), (2, 4, 1), "compv3", reduction="fixup")
+        add((64, bn, bk), (2, 4, 1) if bn >= 128 else (2, 2, 1), "compv3", reduction="fixup")
+    return out
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)

@@ -138,15 +138,22 @@ def _check(p: ConvProblem, **tensors):
 _PIX: dict = {}
 
 
-def pixel_tables(p: ConvProblem, device):
+def pixel_tables(p: ConvProblem, device, tap_bits: bool = False):
     """(base, packed coords) int32 tables over output pixels for bwd_weight, or None
-    when a coordinate does not fit the 10-bit packing (the kernel then divides)."""
+    when a coordinate does not fit the 10-bit packing (the kernel then divides).
+
+    ``tap_bits``: the second table holds, per output pixel, bit t set where filter
+    tap t reads inside the image (filters of at most 31 taps), so the kernel's
+    row mask is a shift and an and; no packing limit then.
+    """
     g = geometry(p)
     key = (p.N, tuple(g[k] for k in ("Di", "Hi", "Wi", "Do", "Ho", "Wo")), g["sd"], g["pad"], str(device))
+    if tap_bits:
+        key += ("bits", g["dil"], g["flt"])
     if key in _PIX:
         return _PIX[key]
     lim = max(g["Di"], g["Hi"], g["Wi"], *(o * s for o, s in zip((g["Do"], g["Ho"], g["Wo"]), g["sd"])))
-    if lim + max(g["pad"]) >= 511 or max(g["pad"]) > 511:
+    if not tap_bits and (lim + max(g["pad"]) >= 511 or max(g["pad"]) > 511):
         _PIX[key] = None
         return None
     import torch
@@ -162,6 +169,21 @@ def pixel_tables(p: ConvProblem, device):
     i1 = oh * g["sd"][1] - g["pad"][1]
     i2 = ow * g["sd"][2] - g["pad"][2]
     base = (((n * g["Di"] + i0) * g["Hi"] + i1) * g["Wi"] + i2).to(torch.int32)
+    if tap_bits:
+        if p.taps > 31:
+            raise UnsupportedProblem(f"tap bits hold 31 taps; the filter has {p.taps}")
+        bits = torch.zeros(P, dtype=torch.int64, device=device)
+        (fz_n, fy_n, fx_n), (dd, dh, dw) = g["flt"], g["dil"]
+        tap = 0
+        for fz in range(fz_n):
+            for fy in range(fy_n):
+                for fx in range(fx_n):
+                    ok = ((i0 + fz * dd >= 0) & (i0 + fz * dd < g["Di"]) & (i1 + fy * dh >= 0)
+                          & (i1 + fy * dh < g["Hi"]) & (i2 + fx * dw >= 0) & (i2 + fx * dw < g["Wi"]))
+                    bits |= ok.to(torch.int64) << tap
+                    tap += 1
+        _PIX[key] = (base, bits.to(torch.int32))
+        return _PIX[key]
     packed = (((i0 + 512) << 20) | ((i1 + 512) << 10) | (i2 + 512)).to(torch.int32)
     _PIX[key] = (base, packed)
     return _PIX[key]
@@ -175,9 +197,12 @@ def auto_split_k(p: ConvProblem, cfg: ConvKernelConfig, num_sms: int = 132) -> i
         tiles = _cdiv(p.G, cfg.tile[1])
         min_chunk = 4 * cfg.tile[0]
     else:
-        tiles = p.G * p.taps * _cdiv(p.k_per_group, cfg.tile[0]) * _cdiv(p.c_per_group, cfg.tile[1])
+        tiles = _cdiv(p.G, cfg.group_merge) * p.taps * _cdiv(p.k_per_group, cfg.tile[0]) \
+            * _cdiv(p.c_per_group, cfg.tile[1])
         min_chunk = 8 * cfg.tile[2]
     want = max(1, _cdiv(2 * num_sms, tiles))
+    if cfg.reduction == "fixup":
+        want = min(want, FIXUP_MAX_SPLIT)
     return max(1, min(want, P // min_chunk if P >= min_chunk else 1))
 
 
@@ -191,19 +216,114 @@ def _num_sms(device) -> int:
     return 4
 
 
-def auto_split_mn(tiles: int, steps: int, num_sms: int) -> int:
-    """Split-K for forward / bwd_data: only when the output tiles leave most SMs idle."""
+def auto_split_mn(tiles: int, steps: int, num_sms: int, eager: bool = False) -> int:
+    """Split-K for forward / bwd_data: only when the output tiles leave most SMs idle.
+
+    ``eager`` (the workspace reductions, which cost no atomics and no memset):
+    the split (at most 8, at least 8 steps per split) whose programs fill the
+    last wave best, one program per SM assumed, a little penalty per extra split.
+    """
+    if eager:
+        best, score = 1, None
+        for sp in range(1, min(8, steps // 8) + 1):
+            n = tiles * sp
+            sc = n / (_cdiv(n, num_sms) * num_sms) - 0.03 * (sp - 1)
+            if score is None or sc > score + 1e-9:
+                best, score = sp, sc
+        return best
     if tiles * 2 >= num_sms or steps < 8:
         return 1
     return max(1, min(num_sms // tiles, steps // 4))
+
+
+_COUNTERS: dict = {}
+_ACCUM: dict = {}
+_REDUCE_BLOCK = 1024
+#: ``fixup``'s automatic split stops here: the last program of a tile reads every partial
+FIXUP_MAX_SPLIT = 16
+
+
+def _counters(device, n: int):
+    """Zeroed int32 arrival counters for ``fixup`` reductions (each tile's last program
+    resets its counter, so they stay zero between launches).  Shared per device:
+    two fixup launches must not run concurrently on different streams."""
+    return _persistent(_COUNTERS, "int32", device, n)
+
+
+def _persistent(cache: dict, dtype: str, device, n: int):
+    import torch
+    c = cache.get(str(device))
+    if c is None or c.numel() < n:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            # a buffer from the graph's private pool must not outlive the graph
+            raise UnsupportedProblem("fixup/atomicfix reductions size their persistent buffers on the first "
+                                     "launch; run the kernel once before capturing it in a CUDA graph")
+        c = torch.zeros(max(n, 1 << 16), dtype=getattr(torch, dtype), device=device)
+        cache[str(device)] = c
+    return c
+
+
+def _accumulator(device, n: int):
+    """A zeroed fp32 buffer of at least ``n`` elements for ``atomicfix`` reductions (each
+    tile's last program zeroes its part again).  Shared per device like the counters."""
+    return _persistent(_ACCUM, "float32", device, n)
+
+
+class _SplitOut:
+    """Where a (possibly split) reduction writes, and how it is finished.
+
+    ``out`` goes to the kernel's output pointer, ``fin`` / ``cnt`` / ``stride`` to
+    its ``fin_ptr`` / ``cnt_ptr`` / ``WS_STRIDE``; ``atomic`` / ``ws`` are the
+    ATOMIC / WS constexprs; :meth:`finish` returns the result in ``final``'s dtype.
+    """
+
+    def __init__(self, final, nsplit: int, reduction: str, ntiles: int):
+        import torch
+        self.final, self.nsplit = final, nsplit
+        self.fin, self.cnt, self.stride, self.atomic, self.ws = final, final, 0, False, 0
+        if nsplit == 1:
+            self.out = final
+            return
+        numel = final.numel()
+        if reduction == "atomicfix":
+            self.out = _accumulator(final.device, numel)
+            self.ws = 3
+            self.cnt = _counters(final.device, ntiles)
+            return
+        if reduction in ("atomic", "relaxed") or nsplit * numel >= 2 ** 31:
+            self.out = torch.zeros(final.shape, dtype=torch.float32, device=final.device)
+            self.atomic = 2 if reduction == "relaxed" else True
+            return
+        self.out = torch.empty((nsplit,) + tuple(final.shape), dtype=torch.float32, device=final.device)
+        self.stride = numel
+        if reduction == "fixup":
+            self.ws = 2
+            self.cnt = _counters(final.device, ntiles)
+        else:
+            self.ws = 1
+
+    def finish(self):
+        if self.nsplit == 1 or self.ws in (2, 3):
+            return self.final
+        if self.atomic:
+            return self.out if self.out.dtype == self.final.dtype else self.out.to(self.final.dtype)
+        from . import triton_kernels as tk
+        numel = self.final.numel()
+        tk.splitk_reduce_kernel[(_cdiv(numel, _REDUCE_BLOCK),)](self.out, self.final, numel, self.nsplit,
+                                                                BLOCK=_REDUCE_BLOCK, num_warps=4)
+        return self.final
 
 
 def run(p: ConvProblem, tensors: dict, config: ConvKernelConfig | str | None = None, split: int | None = None):
     """Compute ``p`` on torch tensors with the Triton kernel ``config`` (heuristic when None).
 
     ``split`` splits the reduction of forward / bwd_data kernels over several
-    programs (fp32 atomics into a workspace); None chooses from the grid size.
-    bwd_weight takes its split from ``p.split_k`` (0 = choose).
+    programs, combined as the config's ``reduction`` says (fp32 atomics into a
+    workspace by default; see ck_conv.kernels.REDUCTIONS); None chooses from the
+    grid size.  bwd_weight takes its split from ``p.split_k`` (0 = choose).
+    ``fixup`` / ``atomicfix`` keep per-device arrival counters (and, atomicfix,
+    an fp32 accumulator) that their launches leave zeroed: do not run two such
+    launches concurrently on different streams.
     """
     import torch
     from . import triton_kernels as tk
@@ -243,16 +363,17 @@ def run(p: ConvProblem, tensors: dict, config: ConvKernelConfig | str | None = N
         else:
             tiles = _cdiv(M, meta["BLOCK_M"]) * _cdiv(K, meta["BLOCK_N"])
             steps = p.taps * _cdiv(C, meta["BLOCK_K"])
-            nsplit = split or auto_split_mn(tiles * G, steps, _num_sms(x.device))
+            nsplit = split or auto_split_mn(tiles * G, steps, _num_sms(x.device),
+                                            eager=cfg.reduction in ("twostage", "fixup", "atomicfix"))
             chunk = _cdiv(steps, nsplit)
             nsplit = _cdiv(steps, chunk)
-            out = y if nsplit == 1 else torch.zeros(y.shape, dtype=torch.float32, device=y.device)
+            so = _SplitOut(y, nsplit, cfg.reduction, tiles * G)
             tk.conv_fwd_kernel[(tiles, G, nsplit)](
-                xc, wc, out, M, g["Di"], g["Hi"], g["Wi"], g["Do"], g["Ho"], g["Wo"],
-                C, K, G * C, G * K, *sd, *pad, *dil, *flt, chunk, **meta,
-                EVEN_C=C % meta["BLOCK_K"] == 0, IEEE=ieee, ATOMIC=nsplit > 1, num_warps=nw, num_stages=ns)
-            if nsplit > 1:
-                y = out.to(y.dtype)
+                xc, wc, so.out, so.fin, so.cnt, M, g["Di"], g["Hi"], g["Wi"], g["Do"], g["Ho"], g["Wo"],
+                C, K, G * C, G * K, *sd, *pad, *dil, *flt, chunk, so.stride, **meta,
+                EVEN_C=C % meta["BLOCK_K"] == 0, IEEE=ieee, ATOMIC=so.atomic, WS=so.ws, num_warps=nw,
+                num_stages=ns)
+            y = so.finish()
         return from_channels_last(y, p.out_layout, "out", nd)
 
     if p.direction == "bwd_data":
@@ -275,17 +396,18 @@ def run(p: ConvProblem, tensors: dict, config: ConvKernelConfig | str | None = N
             Mr = p.N * Rd * Rh * Rw
             tiles = _cdiv(Mr, meta["BLOCK_M"]) * _cdiv(C, meta["BLOCK_N"])
             steps = max(len(r) for r in rows) * _cdiv(K, meta["BLOCK_K"])
-            nsplit = split or auto_split_mn(tiles * G * len(rows), steps, _num_sms(dy.device))
+            nsplit = split or auto_split_mn(tiles * G * len(rows), steps, _num_sms(dy.device),
+                                            eager=cfg.reduction in ("twostage", "fixup", "atomicfix"))
             chunk = _cdiv(max(steps, 1), nsplit)
             nsplit = max(1, _cdiv(steps, chunk))
-            out = dx if nsplit == 1 else torch.zeros(dx.shape, dtype=torch.float32, device=dx.device)
+            so = _SplitOut(dx, nsplit, cfg.reduction, tiles * G * len(rows))
             grid = (tiles, G, len(rows) * nsplit)
-            tk.conv_bwd_data_kernel[grid](dyc, wc, out, tab, cnt, Mr, Rd, Rh, Rw, g["Di"], g["Hi"], g["Wi"],
-                                          g["Do"], g["Ho"], g["Wo"], C, K, G * C, G * K, T, T, *sd, chunk, nsplit,
-                                          **meta, EVEN_K=K % meta["BLOCK_K"] == 0, IEEE=ieee, ATOMIC=nsplit > 1,
+            tk.conv_bwd_data_kernel[grid](dyc, wc, so.out, tab, cnt, so.fin, so.cnt, Mr, Rd, Rh, Rw,
+                                          g["Di"], g["Hi"], g["Wi"], g["Do"], g["Ho"], g["Wo"], C, K, G * C, G * K,
+                                          T, T, *sd, chunk, nsplit, so.stride, **meta,
+                                          EVEN_K=K % meta["BLOCK_K"] == 0, IEEE=ieee, ATOMIC=so.atomic, WS=so.ws,
                                           num_warps=nw, num_stages=ns)
-            if nsplit > 1:
-                dx = out.to(dx.dtype)
+            dx = so.finish()
         return from_channels_last(dx, p.in_layout, "in", nd)
 
     # bwd_weight
@@ -309,22 +431,25 @@ def run(p: ConvProblem, tensors: dict, config: ConvKernelConfig | str | None = N
     bk = meta["BLOCK_K"]
     chunk = _cdiv(_cdiv(P, split), bk) * bk
     split = _cdiv(P, chunk)
-    atomic = split > 1
     shape = (G, K) + p.filter + (C,)
-    if atomic:
-        out = torch.zeros(shape, dtype=torch.float32, device=x.device)
-    else:
-        out = torch.empty(shape, dtype=x.dtype, device=x.device)
-    grid = (p.taps * _cdiv(K, meta["BLOCK_M"]) * _cdiv(C, meta["BLOCK_N"]), G, split)
-    tabs = None if meta["SPEC"] == 1 else pixel_tables(p, x.device)
+    final = torch.empty(shape, dtype=x.dtype, device=x.device)
+    gm = meta.get("GM", 1)
+    grid = (p.taps * _cdiv(K, meta["BLOCK_M"]) * _cdiv(C, meta["BLOCK_N"]), _cdiv(G, gm), split)
+    so = _SplitOut(final, split, cfg.reduction, grid[0] * grid[1])
+    bits = cfg.tap_mask and meta["SPEC"] != 1
+    tabs = None if meta["SPEC"] == 1 else pixel_tables(p, x.device, tap_bits=bits)
     pb, pc = tabs if tabs is not None else (xc, xc)  # unused when TABLE is off
-    tk.conv_bwd_weight_kernel[grid](xc, dyc, out, pb, pc, P, chunk, g["Di"], g["Hi"], g["Wi"],
-                                    g["Do"], g["Ho"], g["Wo"],
-                                    C, K, G * C, G * K, *sd, *pad, *dil, *flt, **meta, ATOMIC=atomic,
-                                    IEEE=ieee, FAST_DIV=P < 2 ** 24, TABLE=tabs is not None,
-                                    num_warps=nw, num_stages=ns)
-    if atomic and out.dtype != x.dtype:
-        out = out.to(x.dtype)
+    geo = (g["Di"], g["Hi"], g["Wi"], g["Do"], g["Ho"], g["Wo"], C, K, G * C, G * K, *sd, *pad, *dil, *flt,
+           so.stride)
+    flags = dict(ATOMIC=so.atomic, WS=so.ws, IEEE=ieee, FAST_DIV=P < 2 ** 24,
+                 TABLE=0 if tabs is None else 2 if bits else 1,
+                 num_warps=nw, num_stages=ns)
+    if gm > 1:
+        tk.conv_bwd_weight_gm_kernel[grid](xc, dyc, so.out, pb, pc, so.fin, so.cnt, P, chunk, G, *geo, **meta,
+                                           **flags)
+    else:
+        tk.conv_bwd_weight_kernel[grid](xc, dyc, so.out, pb, pc, so.fin, so.cnt, P, chunk, *geo, **meta, **flags)
+    out = so.finish()
     return from_channels_last(out, p.wei_layout, "wei", nd)
 
 
@@ -332,15 +457,19 @@ def run(p: ConvProblem, tensors: dict, config: ConvKernelConfig | str | None = N
 # AOT description
 # ---------------------------------------------------------------------------
 
+_BW_GEO = ["Di", "Hi", "Wi", "Do", "Ho", "Wo", "C", "K", "CS", "KS", "sd", "sh", "sw", "pd", "ph", "pw",
+           "dd", "dh", "dw", "FZ", "FY", "FX", "WS_STRIDE"]
 _ARGS = {
-    ("forward", False): ["x_ptr", "w_ptr", "y_ptr", "M", "Di", "Hi", "Wi", "Do", "Ho", "Wo", "C", "K", "CS", "KS",
-                         "sd", "sh", "sw", "pd", "ph", "pw", "dd", "dh", "dw", "FZ", "FY", "FX", "IT_CHUNK"],
-    ("bwd_data", False): ["dy_ptr", "w_ptr", "dx_ptr", "tab_ptr", "ntap_ptr", "Mr", "Rd", "Rh", "Rw", "Di", "Hi",
-                          "Wi", "Do", "Ho", "Wo", "C", "K", "CS", "KS", "T", "TMAX", "sd", "sh", "sw",
-                          "IT_CHUNK", "NSPLIT"],
-    ("bwd_weight", False): ["x_ptr", "dy_ptr", "dw_ptr", "pb_ptr", "pc_ptr", "P", "CHUNK", "Di", "Hi", "Wi",
-                            "Do", "Ho", "Wo", "C",
-                            "K", "CS", "KS", "sd", "sh", "sw", "pd", "ph", "pw", "dd", "dh", "dw", "FZ", "FY", "FX"],
+    ("forward", False): ["x_ptr", "w_ptr", "y_ptr", "fin_ptr", "cnt_ptr", "M", "Di", "Hi", "Wi", "Do", "Ho", "Wo",
+                         "C", "K", "CS", "KS", "sd", "sh", "sw", "pd", "ph", "pw", "dd", "dh", "dw", "FZ", "FY", "FX",
+                         "IT_CHUNK", "WS_STRIDE"],
+    ("bwd_data", False): ["dy_ptr", "w_ptr", "dx_ptr", "tab_ptr", "ntap_ptr", "fin_ptr", "cnt_ptr", "Mr", "Rd",
+                          "Rh", "Rw", "Di", "Hi", "Wi", "Do", "Ho", "Wo", "C", "K", "CS", "KS", "T", "TMAX",
+                          "sd", "sh", "sw", "IT_CHUNK", "NSPLIT", "WS_STRIDE"],
+    ("bwd_weight", False): ["x_ptr", "dy_ptr", "dw_ptr", "pb_ptr", "pc_ptr", "fin_ptr", "cnt_ptr", "P", "CHUNK"]
+    + _BW_GEO,
+    ("bwd_weight_gm", False): ["x_ptr", "dy_ptr", "dw_ptr", "pb_ptr", "pc_ptr", "fin_ptr", "cnt_ptr", "P", "CHUNK",
+                               "G"] + _BW_GEO,
     ("forward", True): ["x_ptr", "w_ptr", "y_ptr", "M", "G", "Di", "Hi", "Wi", "Do", "Ho", "Wo",
                         "sd", "sh", "sw", "pd", "ph", "pw", "dd", "dh", "dw"],
     ("bwd_data", True): ["dy_ptr", "w_ptr", "dx_ptr", "M", "G", "Di", "Hi", "Wi", "Do", "Ho", "Wo",
@@ -375,8 +504,12 @@ def kernel_for(key_or_config, problem: ConvProblem | None = None):
             meta.update(FZ=flt[0], FY=flt[1], FX=flt[2])
     else:
         fn = {"forward": tk.conv_fwd_kernel, "bwd_data": tk.conv_bwd_data_kernel,
-              "bwd_weight": tk.conv_bwd_weight_kernel}[cfg.direction]
+              "bwd_weight": tk.conv_bwd_weight_gm_kernel if cfg.group_merge > 1
+              else tk.conv_bwd_weight_kernel}[cfg.direction]
         meta["IEEE"] = ieee
+        # a workspace reduction is what a config asking for one is built for
+        ws = {"atomic": 0, "relaxed": 0, "twostage": 1, "fixup": 2, "atomicfix": 3}[cfg.reduction]
+        atomic = 2 if cfg.reduction == "relaxed" else True
         if cfg.direction == "forward":
             meta["EVEN_C"] = bool(problem and problem.c_per_group % meta["BLOCK_K"] == 0)
             meta["ATOMIC"] = False
@@ -384,9 +517,12 @@ def kernel_for(key_or_config, problem: ConvProblem | None = None):
             meta["EVEN_K"] = bool(problem and problem.k_per_group % meta["BLOCK_K"] == 0)
             meta["ATOMIC"] = False
         else:
-            meta["ATOMIC"] = problem is None or problem.split_k != 1
+            split = problem is None or problem.split_k != 1
+            meta["ATOMIC"] = atomic if split and not ws else False
+            ws = ws if split else 0
             meta["FAST_DIV"] = True
-            meta["TABLE"] = meta["SPEC"] != 1
+            meta["TABLE"] = 0 if meta["SPEC"] == 1 else 2 if cfg.tap_mask else 1
+        meta["WS"] = ws
 
     def grid(p: ConvProblem):
         g = geometry(p)
@@ -403,7 +539,8 @@ def kernel_for(key_or_config, problem: ConvProblem | None = None):
             Mr = p.N * _cdiv(g["Di"], g["sd"][0]) * _cdiv(g["Hi"], g["sd"][1]) * _cdiv(g["Wi"], g["sd"][2])
             return (_cdiv(Mr, meta["BLOCK_M"]) * _cdiv(g["C"], meta["BLOCK_N"]), p.G,
                     g["sd"][0] * g["sd"][1] * g["sd"][2])  # split 1
-        return (p.taps * _cdiv(g["K"], meta["BLOCK_M"]) * _cdiv(g["C"], meta["BLOCK_N"]), p.G, max(1, p.split_k))
+        return (p.taps * _cdiv(g["K"], meta["BLOCK_M"]) * _cdiv(g["C"], meta["BLOCK_N"]),
+                _cdiv(p.G, meta.get("GM", 1)), max(1, p.split_k))
 
     return fn, meta, grid
 
@@ -415,13 +552,14 @@ def aot_signature(key_or_config, constexprs: dict | None = None) -> dict:
     cfg = _as_config(key_or_config)
     if constexprs is None:
         constexprs = kernel_for(cfg)[1]
-    atomic = constexprs.get("ATOMIC", True)
+    atomic = constexprs.get("ATOMIC", True) or bool(constexprs.get("WS", 0))
     dwise = cfg.specialization == "depthwise"
     ptr = "*" + cfg.dtype
     out_ptr = {"forward": "y_ptr", "bwd_data": "dx_ptr", "bwd_weight": "dw_ptr"}[cfg.direction]
     sig = {}
-    for n in _ARGS[(cfg.direction, dwise)]:
-        if n in ("tab_ptr", "ntap_ptr", "pb_ptr", "pc_ptr"):
+    kind = "bwd_weight_gm" if cfg.group_merge > 1 and not dwise else cfg.direction
+    for n in _ARGS[(kind, dwise)]:
+        if n in ("tab_ptr", "ntap_ptr", "pb_ptr", "pc_ptr", "cnt_ptr"):
             sig[n] = "*i32"
         elif n == out_ptr and (atomic or (dwise and cfg.direction == "bwd_weight")):
             sig[n] = "*fp32"  # split-K workspace
@@ -449,11 +587,24 @@ def aot_source_args(key_or_config, problem: ConvProblem | None = None):
     # is what lets the compiler prove 16-byte vector loads and software-pipeline them
     known = {}
     if problem is not None:
+        import math
+        numel = {"forward": problem.output_shape, "bwd_data": problem.input_shape,
+                 "bwd_weight": problem.weight_shape}[problem.direction]
         known = {"C": problem.c_per_group, "K": problem.k_per_group, "CS": problem.C, "KS": problem.K,
-                 "G": problem.G}
+                 "G": problem.G, "WS_STRIDE": math.prod(numel)}
     attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
              if sig[a].startswith("*") or (a in known and known[a] % 16 == 0)}
     return fn, sig, consts, {"num_warps": meta["num_warps"], "num_stages": meta["num_stages"], "attrs": attrs}
+
+
+def reduce_aot_source_args(dtype: str):
+    """``(fn, signature, constexprs, options)`` of the second stage of ``twostage``
+    reductions (:func:`ck_conv.triton_kernels.splitk_reduce_kernel`) for ``dtype``."""
+    from . import triton_kernels as tk
+    fn = tk.splitk_reduce_kernel
+    sig = {"ws_ptr": "*fp32", "out_ptr": "*" + dtype, "NUMEL": "i32", "NSPL": "i32", "BLOCK": "constexpr"}
+    attrs = {(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]]}
+    return fn, sig, {"BLOCK": _REDUCE_BLOCK}, {"num_warps": 4, "num_stages": 1, "attrs": attrs}
 
 
 def _as_config(k) -> ConvKernelConfig:

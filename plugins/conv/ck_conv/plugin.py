@@ -64,6 +64,11 @@ class ConvAlgorithm:
     pad_m: bool = True
     pad_n: bool = True
     pad_k: bool = True
+    #: Triton realisation knobs (ck_conv.kernels.ConvKernelConfig); defaults leave names unchanged
+    stages: int = 0
+    reduction: str = "atomic"
+    group_merge: int = 1
+    tap_mask: bool = False
 
     @property
     def num_warps(self) -> int:
@@ -76,14 +81,16 @@ def to_config(sig: ConvSignature, a: ConvAlgorithm) -> K.ConvKernelConfig:
                               waves=(a.warp_m, a.warp_n, a.warp_k),
                               warp_tile=(a.warp_tile_m, a.warp_tile_n, a.warp_tile_k),
                               specialization=a.specialization, vector=(a.vector_a, a.vector_b, a.vector_c),
-                              pad=(a.pad_m, a.pad_n, a.pad_k))
+                              pad=(a.pad_m, a.pad_n, a.pad_k), stages=a.stages, reduction=a.reduction,
+                              group_merge=a.group_merge, tap_mask=a.tap_mask)
 
 
 def from_config(c: K.ConvKernelConfig) -> tuple:
     sig = ConvSignature(c.direction, c.dtype, c.ndim, c.layout)
     alg = ConvAlgorithm(*c.tile, *c.waves, *c.warp_tile, pipeline=c.pipeline, scheduler=c.scheduler,
                         specialization=c.specialization, vector_a=c.vector[0], vector_b=c.vector[1],
-                        vector_c=c.vector[2], pad_m=c.pad[0], pad_n=c.pad[1], pad_k=c.pad[2])
+                        vector_c=c.vector[2], pad_m=c.pad[0], pad_n=c.pad[1], pad_k=c.pad[2],
+                        stages=c.stages, reduction=c.reduction, group_merge=c.group_merge, tap_mask=c.tap_mask)
     return sig, alg
 
 

@@ -24,6 +24,24 @@ MORE = ["conv_bwd_data_bf16_ndhwgc_gkzyxc_ndhwgk_3d_compv3_intrawave_64x64x32_2x
         "conv_fwd_fp16_nhwgc_gkyxc_nhwgk_2d_mem_intrawave_128x32x1_4x1x1_1x1x1_depthwise",
         "conv_bwd_weight_fp16_nhwgc_gkyxc_nhwgk_2d_mem_intrawave_8x32x1_4x1x1_1x1x1_depthwise"]
 PIPELINED = "conv_fwd_fp16_nhwgc_gkyxc_nhwgk_2d_compv3_intrawave_64x64x64_2x2x1_16x16x16_filter3x3"
+# the realisation knobs (split reductions, tap bits, stages, merged groups), each on
+# the problem shape its launch would see, for Hopper and CDNA3
+_P3 = dict(N=2, C=64, K=64, input_spatial=(9, 9), filter=(3, 3), pad_left=1, pad_right=1)
+EXTENDED = [
+    ("conv_fwd_fp16_nhwgc_gkyxc_nhwgk_2d_compv4_intrawave_128x128x64_2x4x1_16x16x16_filter3x3_fixup_tapmask", _P3),
+    ("conv_fwd_fp16_nhwgc_gkyxc_nhwgk_2d_compv3_intrawave_64x128x128_2x4x1_16x16x16_filter3x3_st4_twostage", _P3),
+    ("conv_bwd_data_fp16_nhwgc_gkyxc_nhwgk_2d_compv3_intrawave_64x128x64_2x4x1_16x16x16_filter3x3_fixup",
+     dict(_P3, direction="bwd_data")),
+    ("conv_bwd_weight_fp16_nhwgc_gkyxc_nhwgk_2d_compv3_intrawave_128x128x128_2x4x1_16x16x16_filter3x3_st4_fixup"
+     "_tapmask", dict(_P3, direction="bwd_weight", split_k=2)),
+    ("conv_bwd_weight_fp16_nhwgc_gkyxc_nhwgk_2d_compv3_intrawave_128x64x64_2x4x1_16x16x16_filter3x3_relaxed",
+     dict(_P3, direction="bwd_weight", split_k=2)),
+    ("conv_bwd_weight_fp16_nhwgc_gkyxc_nhwgk_2d_compv3_intrawave_64x64x128_2x2x1_16x16x16_filter3x3_st5_atomicfix"
+     "_tapmask", dict(_P3, direction="bwd_weight", split_k=2)),
+    ("conv_bwd_weight_fp16_nhwgc_gkyxc_nhwgk_2d_compv3_intrawave_16x16x64_2x2x1_16x16x16_filter3x3_fixup_gm8"
+     "_tapmask", dict(_P3, G=16, C=256, K=256, direction="bwd_weight", split_k=2)),
+    ("splitk_reduce:bf16", None),
+]
 
 _CHILD = r'''
 import json, sys
@@ -32,19 +50,29 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from ck_conv.launch import aot_source_args
 from ck_conv.problem import ConvProblem
+from ck_conv.launch import reduce_aot_source_args
 out = []
 for name, tgt, with_problem in json.loads(sys.argv[1]):
-    p = ConvProblem(N=2, C=64, K=64, input_spatial=(9, 9), filter=(3, 3), pad_left=1, pad_right=1) \
-        if with_problem else None
-    fn, sig, consts, opts = aot_source_args(name, p)
+    if isinstance(with_problem, dict):
+        p = ConvProblem(**with_problem)
+    else:
+        p = ConvProblem(N=2, C=64, K=64, input_spatial=(9, 9), filter=(3, 3), pad_left=1, pad_right=1) \
+            if with_problem else None
+    if name.startswith("splitk_reduce:"):
+        fn, sig, consts, opts = reduce_aot_source_args(name.split(":")[1])
+    else:
+        fn, sig, consts, opts = aot_source_args(name, p)
     attrs = opts.pop("attrs")
     try:
         ck = triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget(*tgt), options=opts)
         kind = "cubin" if "cubin" in ck.asm else "hsaco"
         ttgir = ck.asm.get("ttgir", "")
+        ptx = ck.asm.get("ptx", "")
         out.append(dict(name=name, target=tgt, ok=True, kind=kind, size=len(ck.asm[kind]),
                         shared=int(ck.metadata.shared), async_copy="async_copy_global_to_local" in ttgir,
-                        wgmma="warp_group_dot" in ttgir))
+                        wgmma="warp_group_dot" in ttgir, acq_rel_counter="atom.global.gpu.acq_rel.add.u32" in ptx,
+                        relaxed_atomics="atom.global.gpu.relaxed.add" in ptx, cg_loads="ld.global.cg" in ptx,
+                        v4_stores="st.global.v4.b32" in ptx))
     except Exception as e:
         out.append(dict(name=name, target=tgt, ok=False, error=f"{type(e).__name__}: {e}"[:500]))
 print(json.dumps(out))
@@ -88,6 +116,26 @@ def test_other_kernels_compile_for_every_target():
     assert not bad, bad[:3]
 
 
+@pytest.fixture(scope="module")
+def extended_builds():
+    return _compile_all([[n, list(t), p] for n, p in EXTENDED for t in (("cuda", 90, 32), ("hip", "gfx942", 64))])
+
+
+@pytest.mark.parametrize("name", [n for n, _ in EXTENDED], ids=lambda n: n.split("_16x16x16_")[-1] + n[5:13])
+def test_extended_kernels_compile_for_hopper_and_cdna3(extended_builds, name):
+    res = [r for r in extended_builds if r["name"] == name]
+    assert len(res) == 2 and all(r["ok"] for r in res), [r.get("error") for r in res]
+    (h,) = [r for r in res if r["kind"] == "cubin"]
+    if "_fixup" in name:  # workspace partials stored 16 B at a time, arrival counter, partials read at L2
+        assert h["acq_rel_counter"] and h["cg_loads"] and h["v4_stores"]
+    if "_relaxed" in name or "_atomicfix" in name:
+        assert h["relaxed_atomics"]
+    if "_atomicfix" in name:
+        assert h["acq_rel_counter"] and h["cg_loads"]
+    if "_fixup_tapmask" in name and "gm" not in name:
+        assert h["async_copy"] and h["wgmma"]
+
+
 def test_kernel_for_gives_fn_constexprs_grid():
     from ck_conv.launch import kernel_for
     from ck_conv.problem import ConvProblem
@@ -96,4 +144,8 @@ def test_kernel_for_gives_fn_constexprs_grid():
     assert consts["BLOCK_M"] == 64 and consts["EVEN_C"] and consts["num_warps"] == 4
     assert grid(p) == ((2 * 81 + 63) // 64, 1, 1)
     fn_w, consts_w, grid_w = kernel_for(MORE[1].replace("filter1x1_pad0", "default"))
-    assert consts_w["ATOMIC"] and consts_w["TABLE"]
+    assert consts_w["ATOMIC"] and consts_w["TABLE"] and not consts_w["WS"]
+    gm_name, gm_p = [e for e in EXTENDED if "_gm8" in e[0]][0]
+    fx, cx, gx = kernel_for(gm_name, ConvProblem(**gm_p))
+    assert fx.__name__ == "conv_bwd_weight_gm_kernel" and cx["GM"] == 8 and cx["WS"] == 2 and cx["TABLE"] == 2
+    assert not cx["ATOMIC"] and gx(ConvProblem(**gm_p)) == (9, 2, 2)

@@ -101,3 +101,52 @@ def test_hopper_enumeration_keeps_shared_memory_in_bounds():
             assert (c.tile[0] + c.tile[1]) * c.tile[2] * 2 * c.smem_buffers <= 232448
     assert not any(plugin.config_of(k).tile == (256, 128, 64) and k.algorithm.pipeline == "compv3"
                    and k.algorithm.specialization == "filter1x1_stride1_pad0" for k in keys)
+
+
+def test_realisation_knobs_round_trip_and_validate():
+    from ck_core.errors import InvalidProblem
+    from ck_conv.kernels import extended_candidates, is_extended
+    n = ("conv_bwd_weight_fp16_nhwgc_gkyxc_nhwgk_2d_compv3_intrawave_16x16x64_2x2x1_16x16x16_filter3x3"
+         "_st4_fixup_gm8_tapmask")
+    c = ConvKernelConfig.from_name(n)
+    assert (c.stages, c.reduction, c.group_merge, c.tap_mask) == (4, "fixup", 8, True)
+    assert c.name == n and c.num_stages == 4 and c.smem_buffers == 2 and is_extended(c)
+    assert c.triton_meta()["GM"] == 8
+    plain = ConvKernelConfig.from_name(n.split("_st4")[0])
+    assert not is_extended(plain) and plain.reduction == "atomic" and "_st" not in plain.name
+    for red in ("relaxed", "twostage"):
+        assert ConvKernelConfig.from_name(n.replace("fixup", red)).reduction == red
+    with pytest.raises(InvalidProblem):
+        ConvKernelConfig(direction="forward", dtype="fp16", ndim=2, group_merge=3)
+    grouped = ConvProblem(N=2, G=32, C=512, K=512, input_spatial=(14, 14), filter=(3, 3), pad_left=1, pad_right=1,
+                          direction="bwd_weight", split_k=0)
+    assert c.why_not(grouped) is None
+    assert "grouped" in c.why_not(ConvProblem(N=2, C=16, K=16, input_spatial=(8, 8), filter=(3, 3),
+                                              direction="bwd_weight"))
+    fwd = ConvKernelConfig(direction="forward", dtype="fp16", ndim=2, group_merge=2)
+    assert "bwd_weight" in fwd.why_not(grouped.with_direction("forward"))
+    r3 = ConvProblem(N=1, C=8, K=8, input_spatial=(4, 6, 6), filter=(4, 3, 3))
+    assert "31 taps" in ConvKernelConfig(direction="forward", dtype="fp16", ndim=3, tap_mask=True).why_not(r3)
+    one = ConvProblem(N=1, C=8, K=8, input_spatial=(6, 6), filter=(1, 1))
+    assert "nothing to mask" in ConvKernelConfig(direction="forward", dtype="fp16", ndim=2,
+                                                 tap_mask=True).why_not(one)
+    # extended candidates: applicable, distinct, parse back; none for depthwise
+    for d in ("forward", "bwd_data", "bwd_weight"):
+        q = grouped.with_direction(d, split_k=0 if d == "bwd_weight" else 1)
+        ext = extended_candidates(q)
+        assert all(x.why_not(q) is None and is_extended(x) and ConvKernelConfig.from_name(x.name) == x for x in ext)
+        assert len({x.name for x in ext}) == len(ext)
+        assert set(ext) <= set(candidate_configs(q)) and not set(ext) & set(candidate_configs(q, extended=False))
+    assert any(x.group_merge > 1 for x in extended_candidates(grouped))
+    dw = ConvProblem(N=2, G=8, C=8, K=8, input_spatial=(8, 8), filter=(3, 3), direction="bwd_weight")
+    assert extended_candidates(dw) == []
+
+
+def test_realisation_knobs_survive_kernel_keys():
+    from ck_conv import plugin
+    c = ConvKernelConfig.from_name("conv_fwd_fp16_nhwgc_gkyxc_nhwgk_2d_compv4_intrawave_128x128x64_2x4x1_16x16x16"
+                                   "_filter3x3_st3_fixup_tapmask")
+    key = plugin.key_of(c, "sm90")
+    assert plugin.config_of(key) == c and key.algorithm.reduction == "fixup" and key.algorithm.stages == 3
+    sig, alg = plugin.parse_name(c.name)
+    assert plugin.format_name(sig, alg) == c.name
