@@ -1,7 +1,7 @@
 """Parallel build of a registry through each kernel's backend.
 
-Kernels compile in a process pool (spawned workers: safe with CUDA and
-Triton), progress goes to stderr, and a kernel that fails is reported and
+Kernels compile in a process pool (workers forked from a clean, preloaded
+server: safe with CUDA and Triton), progress goes to stderr, and a kernel that fails is reported and
 left out of the registry -- it never sinks the batch.
 """
 from __future__ import annotations
@@ -39,11 +39,30 @@ class BuildReport:
                 f"{len(self.failed)} failed, {self.seconds:.2f} s with {self.workers} worker(s)")
 
 
-def _compile_one(key_dict: dict, cache_root: Optional[str], force: bool):
+#: environment variables a worker takes from the parent at each task: the fork server
+#: (and so every worker) keeps the environment of its start, but a build must follow
+#: the caller's current cache directories and knobs
+_FORWARD_PREFIXES = ("CK_", "TRITON_")
+
+
+def _forwarded_env() -> dict:
+    return {k: v for k, v in os.environ.items() if k.startswith(_FORWARD_PREFIXES)}
+
+
+def _apply_env(env: Optional[dict]) -> None:
+    if env is None:
+        return
+    for k in [k for k in os.environ if k.startswith(_FORWARD_PREFIXES) and k not in env]:
+        del os.environ[k]
+    os.environ.update(env)
+
+
+def _compile_one(key_dict: dict, cache_root: Optional[str], force: bool, env: Optional[dict] = None):
     """Worker entry point (module level so it pickles)."""
     from .key import KernelKey
     from .plugins import get_manager
 
+    _apply_env(env)
     try:
         mgr = get_manager()
         key = KernelKey.from_dict(key_dict, manager=mgr)
@@ -113,7 +132,8 @@ def build_registry(registry, max_workers: Optional[int] = None, progress: Option
             _collect(report, res, bar)
     else:
         with ProcessPoolExecutor(max_workers=workers, mp_context=_pool_context(todo)) as pool:
-            futs = [pool.submit(_compile_one, d, cache_root, force) for d in dicts]
+            env = _forwarded_env()
+            futs = [pool.submit(_compile_one, d, cache_root, force, env) for d in dicts]
             for fut in as_completed(futs):
                 _collect(report, fut.result(), bar)
     if bar is not None:

@@ -12,9 +12,10 @@ the base address, shape, strides and block shape; within one recording all but t
 address are fixed, so :class:`Replay` keeps the expanded descriptor per base address.
 
 Everything here is an optimisation with a safe way out: :func:`record` returns ``None``
-where a replay cannot be set up (the interpreter, another Triton layout, a launch
-hook installed by a profiler), and callers keep using the ordinary launch then.  Tested
-against triton 3.6 (the pinned version).
+where a replay cannot be set up (the interpreter, a Triton whose internals differ),
+and callers keep using the ordinary launch then; while a launch hook is installed (a
+profiler such as proton) each replay goes through Triton's own launch path so the hook
+sees it.  Written against triton 3.6 (the pinned version).
 """
 from __future__ import annotations
 
@@ -24,6 +25,11 @@ from collections import OrderedDict
 from typing import Optional, Sequence
 
 log = logging.getLogger(__name__)
+
+try:  # the replay only runs where triton is installed; the module imports without it
+    from triton import knobs as _knobs
+except ImportError:  # pragma: no cover
+    _knobs = None
 
 #: how many base addresses per descriptor slot keep their expanded CUtensorMap
 DESC_CACHE_SIZE = 64
@@ -96,6 +102,10 @@ class Replay:
 
     def __call__(self, args: Sequence) -> None:
         k = self._kernel
+        rt = _knobs.runtime
+        if _hooked(rt.launch_enter_hook) or _hooked(rt.launch_exit_hook):
+            self._hooked_launch(args)   # a profiler listens: Triton's own path calls its hooks
+            return
         g0, g1, g2 = self.grid
         stream = self._stream(self.device)
         if not self._descs:
@@ -117,6 +127,18 @@ class Replay:
                      k.packed_metadata, None, None, None, *final)
 
 
+    def _hooked_launch(self, args):
+        full = list(args)
+        for i in self._descs:
+            full[i] = _with_base(self._descs[i], args[i])
+        self._kernel[self.grid](*full)
+
+
+def _hooked(hook) -> bool:
+    """True when a launch hook would do something (triton 3.6 keeps an empty HookChain)."""
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
 def _with_base(template, base):
     """A copy of a TensorDescriptor with another base tensor (same shape and strides)."""
     d = object.__new__(type(template))
@@ -128,8 +150,7 @@ def _with_base(template, base):
 def record(fn, grid, args: Sequence, kwargs: dict) -> Optional[Replay]:
     """Launch ``fn[grid](*args, **kwargs)`` once; return a :class:`Replay` of it, or None.
 
-    None means "keep calling ``fn[grid]``": interpreter functions, launch hooks
-    (profilers), scratch memory the kernel needs per launch, or a Triton whose
+    None means "keep calling ``fn[grid]``": interpreter functions, or a Triton whose
     internals differ from the ones this was written against.
     """
     kernel = fn[grid](*args, **kwargs)
@@ -141,14 +162,10 @@ def record(fn, grid, args: Sequence, kwargs: dict) -> Optional[Replay]:
 
 
 def _replay_of(fn, kernel, grid, args, kwargs):
-    from triton import knobs
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     if kernel is None or not hasattr(kernel, "packed_metadata") or not hasattr(kernel, "run"):
         log.debug("no replay for %s: %r is not a compiled kernel", getattr(fn, "__name__", fn), kernel)
-        return None
-    if knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None:
-        log.debug("no replay for %s: a launch hook is installed", getattr(fn, "__name__", fn))
         return None
     run = kernel.run
     # scratch memory per launch: Triton's launcher allocates it; the raw path below cannot

@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("triton")
 
 SCRIPT = textwrap.dedent('''
-    import json, sys
+    import json, os, sys
     from ck_core import Registry, get_manager
     from ck_core.build import build_registry
     from ck_gemm.triton.configs import smem_bytes
@@ -32,9 +32,14 @@ SCRIPT = textwrap.dedent('''
         keys = sorted(full, key=lambda k: (smem_bytes(config_of(k), "fp16"), k.name))
         pick = [keys[0], keys[len(keys) // 2], keys[-1]]
         reg = Registry(arch, pick)
+        # a Triton cache per arch: the pool's workers (forked from a server started with
+        # the first arch's environment) must follow the change
+        tdir = os.path.join(cache, "triton_" + arch)
+        os.environ["TRITON_CACHE_DIR"] = tdir
         rep = build_registry(reg, max_workers=2, progress=False, cache_root=cache)
         again = build_registry(Registry(arch, pick), max_workers=1, progress=False, cache_root=cache)
         out[arch] = {"lds": spec.lds_bytes, "vendor": spec.vendor, "failed": rep.failed,
+                     "triton_files": sum(len(f) for _, _, f in os.walk(tdir)),
                      "hits": again.cache_hits, "n": len(pick),
                      "built": {k.name: dict(rep.built.get(k.name, {}),
                                             model=smem_bytes(config_of(k), "fp16")) for k in pick}}
@@ -53,6 +58,7 @@ def test_every_arch_builds_ahead_of_time(tmp_path):
     for arch, info in res.items():
         assert not info["failed"], (arch, info["failed"])
         assert info["hits"] == info["n"], f"{arch}: second build was not served from the cache"
+        assert info["triton_files"] > 0, f"{arch}: the workers ignored the caller's TRITON_CACHE_DIR"
         for name, meta in info["built"].items():
             assert meta["binary"] == ("cubin" if info["vendor"] == "nvidia" else "hsaco"), name
             assert 0 < meta["shared"] <= info["lds"], (name, meta["shared"], info["lds"])
