@@ -94,6 +94,10 @@ def _pool_context(keys):
             pass
     if any(k.backend == "triton" for k in keys[:1]):
         preload.append("triton")
+    if keys:
+        # read by ck_core._buildserver when the fork server starts (once per process)
+        import json
+        os.environ["CK_BUILD_WARM_KEY"] = json.dumps(keys[0].to_dict())
     ctx.set_forkserver_preload(preload)
     return ctx
 
@@ -136,6 +140,7 @@ def build_registry(registry, max_workers: Optional[int] = None, progress: Option
             futs = [pool.submit(_compile_one, d, cache_root, force, env) for d in dicts]
             for fut in as_completed(futs):
                 _collect(report, fut.result(), bar)
+        os.environ.pop("CK_BUILD_WARM_KEY", None)   # the fork server has read it
     if bar is not None:
         bar.close()
     for name, err in report.failed.items():
