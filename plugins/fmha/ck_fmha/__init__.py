@@ -6,13 +6,17 @@ three stages)::
     from ck_fmha import attention
     o = attention(q, k, v, causal=True)          # q: [B, H, S, D] (layout="bshd" for [B, S, H, D])
     o.sum().backward()
+
+    # fp8 e4m3 forward (no autograd), per-tensor descales as FlashAttention-3 / CK; o in bf16
+    o = attention(q8, k8, v8, causal=True, q_descale=sq, k_descale=sk, v_descale=sv)
 """
 
 
 def attention(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0, layout="bhsd",
               deterministic=True, **features):
     """Attention on torch tensors with autograd (see ck_fmha.triton.ops.attention); ``features``:
-    ``bias``, ``alibi_slopes``, ``dropout_p``, ``seed``, ``offset``."""
+    ``bias``, ``alibi_slopes``, ``dropout_p``, ``seed``, ``offset``; for fp8 q/k/v
+    (``torch.float8_e4m3fn``; forward only) ``q_descale``, ``k_descale``, ``v_descale``, ``out_dtype``."""
     from .triton.ops import attention as _attention
 
     return _attention(q, k, v, causal=causal, scale=scale, window=window, softcap=softcap, layout=layout,

@@ -6,6 +6,9 @@ a device copy of the same number of bytes.
     PYTHONPATH=plugins/fmha:. python3 benchmarks/fmha_triton_bench.py --sweep --out $OUT/fmha.json
 
 Forward flops = 4*B*H*Sq*Sk*D (halved for causal); backward = 2.5x forward.
+Group ``fwd_fp8``: our fp8 e4m3 forward (per-tensor descales, bf16 o) against SDPA
+cuDNN / flash in bf16 on the same shape and the same (fp8-representable) values:
+a cross-precision comparison, labelled as such in ``peer_name``.
 Timings: triton.testing.do_bench medians (CUDA events, warm-up first).
 ``--sweep`` first times a few meta-parameter candidates per head dim on
 (8,16,4096) and uses the best for the matrix.  Kernels are compiled ahead of
@@ -70,6 +73,11 @@ def fwd_tasks(cfg_for):
     for causal in (False, True):
         tasks.append(dict(group="fwd_gqa", dtype="bf16", d=128, causal=causal, b=4, hq=32, hk=4, s=4096,
                           cfg=cfg_for(128, causal, 4096)))
+    # fp8 e4m3 forward (descales 1, bf16 o) vs SDPA in bf16 on the same shape
+    for causal in (False, True):
+        for (b, h, s) in ((8, 16, 4096), (2, 16, 16384)):
+            tasks.append(dict(group="fwd_fp8", dtype="fp8", d=128, causal=causal, b=b, hq=h, hk=h, s=s,
+                              cfg=cfg_for(128, causal, s)))
     return tasks
 
 
@@ -102,7 +110,12 @@ def dec_tasks(cfg_for, splits_mult=1):
 # ---------------------------------------------------------------------------
 
 def make_inputs(t, seed=0):
+    """q, k, v in the task's dtype; fp8 tasks get bf16 tensors holding fp8-representable values
+    (the SDPA peer runs on them, ours casts them to float8_e4m3fn once)."""
     torch.manual_seed(seed)
+    if t["dtype"] == "fp8":
+        q, k, v = make_inputs(dict(t, dtype="bf16"), seed)
+        return tuple(x.to(torch.float8_e4m3fn).to(torch.bfloat16) for x in (q, k, v))
     dt = DTYPES[t["dtype"]]
     if t["group"] == "decode":
         q = torch.randn(t["b"], t["hq"], t["sq"], t["d"], device="cuda", dtype=dt)
@@ -119,6 +132,10 @@ def ours_callable(t, inputs=None):
     from ck_fmha.triton import bwd, fwd, num_splits_heuristic, paged_decode, splitkv_decode
     q, k, v = inputs or make_inputs(t)
     g = t["group"]
+    if t["dtype"] == "fp8":
+        q8, k8, v8 = (x.to(torch.float8_e4m3fn) for x in (q, k, v))
+        return lambda: fwd(q8, k8, v8, causal=t["causal"], config=t["cfg"], q_descale=1.0, k_descale=1.0,
+                           v_descale=1.0)
     if g.startswith("fwd"):
         return lambda: fwd(q, k, v, causal=t["causal"], config=t["cfg"])
     if g.startswith("bwd"):
@@ -440,6 +457,8 @@ def main(argv=None):
                 res[peer + "_error"] = f"{type(e).__name__}: {str(e)[:200]}"
         res["peer"] = res.get("cudnn")
         res["peer_name"] = "torch SDPA cuDNN backend"
+        if t["dtype"] == "fp8":
+            res["peer_name"] = "torch SDPA cuDNN backend in bf16, same shape and values (ours: fp8 e4m3)"
         res["ratio"] = round(res["ours"] / res["cudnn"], 3) if res.get("cudnn") else None
         res["ratio_vs_flash"] = round(res["ours"] / res["flash"], 3) if res.get("flash") else None
         rows.append(res)

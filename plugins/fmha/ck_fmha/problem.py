@@ -97,6 +97,7 @@ RULES: Mapping[str, str] = {
     "R24-softcap": "logits_soft_cap is >= 0 (0 disables it)",
     "R25-sink": "sink_tokens >= 0 and used with a mask; sink logits are forward-only",
     "R26-dbias": "dbias needs an elementwise bias and a backward family",
+    "R27-fp8": "fp8 (e4m3 q/k/v, per-tensor descales scale_q/k/v, bf16 o) has no bias or dropout",
 }
 
 
@@ -202,7 +203,8 @@ class FmhaProblem:
     seqlen_q, seqlen_k      batch mode: per-sequence lengths (seqlen_k = key capacity for caches);
                             group mode: the longest sequence (derived)
     hdim_q, hdim_v          head dims (multiples of 8; asymmetric such as 192/128 allowed)
-    dtype                   fp16, bf16, fp32, fp8 (fp8: per-tensor descales scale_q/k/v)
+    dtype                   fp16, bf16, fp32, fp8 (fp8: e4m3 q/k/v with per-tensor descales
+                            scale_q/k/v, o written in bf16; forward only, no bias/dropout)
     layout, vlayout         batch-mode q/k/v/o layout "bhsd" | "bshd"; V row- ("r") or column-major ("c")
     seqstart_q, seqstart_k  group mode: batch+1 cumulative offsets into the packed tensors
     seqlens_k               per-batch logical key lengths: KV-cache lengths (paged, appendkv: before
@@ -243,7 +245,7 @@ class FmhaProblem:
     seqstart_q: Optional[tuple] = attrs.field(default=None, converter=_opt_tuple)
     seqstart_k: Optional[tuple] = attrs.field(default=None, converter=_opt_tuple)
     seqlens_k: Optional[tuple] = attrs.field(default=None, converter=_opt_tuple)
-    # softmax / quantization scales
+    # softmax / quantization scales (scale_q/k/v: fp8 descales, the real values are scale_x * x)
     scale: Optional[float] = attrs.field(default=None, converter=_opt_float)
     scale_q: float = attrs.field(default=1.0, converter=float)
     scale_k: float = attrs.field(default=1.0, converter=float)
@@ -543,6 +545,12 @@ def _validate(p: FmhaProblem) -> None:
         if p.dtype != "fp8" and v != 1.0:
             raise _err("R19-qscale", f"{name}={v} is a per-tensor fp8 descale; it needs dtype='fp8' "
                        "(fold the factor into your data or into scale)")
+    # R27 fp8
+    if p.dtype == "fp8" and (p.bias != "none" or p.p_drop > 0):
+        what = f"bias={p.bias!r}" if p.bias != "none" else f"p_drop={p.p_drop}"
+        raise _err("R27-fp8", f"fp8 attention with {what}: neither CK's fp8 pipelines nor the Triton fp8 "
+                   "forward have bias or dropout; use dtype='bf16'/'fp16' (dequantised q/k/v) or drop the "
+                   "bias/dropout", UnsupportedProblem)
     if p.scale is not None and not (p.scale > 0 and math.isfinite(p.scale)):
         raise _err("R18-sizes", f"softmax scale={p.scale} must be positive and finite (None = 1/sqrt(hdim_q))")
     # R24 / R06

@@ -12,6 +12,14 @@ tensors in the layouts of :mod:`ck_fmha.problem`.  Logits are
 
 Rows with no visible key (and no sink logit) give o = 0 and lse = -inf.
 Outputs o/lse are float64; split-KV accumulators are float32 as in CK.
+
+fp8 (``dtype="fp8"``): q/k/v hold e4m3 values (numpy storage float32) and
+``scale_q/k/v`` are per-tensor *descales*: the real tensors are ``scale_x * x``
+and everything above is computed exactly on them.  The reference does not model
+the kernels' own roundings: they quantise the probabilities to fp8 for the P V
+product (``P * fp8_max``, 448 for OCP e4m3fn, 240 for e4m3fnuz, then
+``o * scale_v / fp8_max``; ~2**-4 relative per element) and write o in bf16;
+:func:`ck_fmha.stages.tolerance` allows for that (fp8: 0.25 rtol/atol).
 """
 from __future__ import annotations
 

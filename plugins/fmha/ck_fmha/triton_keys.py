@@ -9,6 +9,9 @@ features of the same kernels.  fwd_appendkv (knew/vnew into contiguous or paged
 caches, RoPE on knew and q) has its own kernel; batch_prefill (group-mode queries
 over a paged cache: vLLM block table or SGLang page table, linear or vectorized
 pages) is the fwd kernel with a page gather.
+fp8 (e4m3 with per-tensor descales scale_q/k/v, P scaled onto the fp8 range, o in bf16) is a
+dtype of the fwd family (batch and group mode) on archs whose spec lists fp8; the e4m3 flavour
+(OCP e4m3fn or CDNA3's e4m3fnuz) comes from :func:`fp8_format`.
 Stages follow the plans of :mod:`ck_fmha.stages`: split-KV main + combine,
 backward dot_do_o -> dq_dk_dv -> convert_dq, with tensors passed by name.
 """
@@ -31,7 +34,9 @@ HDIMS = ((32, 32), (64, 64), (96, 96), (128, 128), (192, 128), (256, 256))
 VARIANTS = ("ptr", "tma", "tma_host", "tma_ws")
 CUDA_ONLY = ("tma", "tma_host", "tma_ws")
 OPTIONS = ("family", "families", "receipt", "dtypes")
-_NAME = re.compile(r"^fmha_triton_(?P<family>[a-z_]+?)_(?P<dtype>fp16|bf16)_d(?P<hq>\d+)x(?P<hv>\d+)"
+#: families with fp8 kernels (the forward; split-KV / paged / prefill / backward stay fp16/bf16)
+FP8_FAMILIES = ("fwd",)
+_NAME = re.compile(r"^fmha_triton_(?P<family>[a-z_]+?)_(?P<dtype>fp16|bf16|fp8)_d(?P<hq>\d+)x(?P<hv>\d+)"
                    r"_m(?P<bm>\d+)n(?P<bn>\d+)_w(?P<w>\d+)_s(?P<s>\d+)_(?P<variant>[a-z_]+)$")
 
 
@@ -82,15 +87,47 @@ def _hopper(arch) -> bool:
     return tuple(arch.triton_target or ())[:2] == ("cuda", 90)
 
 
-def _smem(family, hq, hv, a: TritonFmhaAlg) -> int:
-    """Upper estimate of shared memory: the Q tile plus num_stages K/V tiles (2-byte data)."""
+def fp8_format(arch) -> str:
+    """The fp8 e4m3 encoding the arch's matrix units read: ``"e4m3fnuz"`` (exponent bias 8, max 240)
+    on CDNA3 (gfx94x) and ``"e4m3fn"`` (OCP, max 448) elsewhere (Hopper, CDNA4, RDNA4).
+
+    Arch specs list ``fp8`` in ``dtypes`` but not its encoding; an arch plugin may state it as
+    ``extras["fp8_format"]`` (or ``extras["fmha"]["fp8_format"]``), which wins.  ``arch`` may be
+    None (an unknown arch name): OCP then.  Triton 3.6 compiles e4m3fn on gfx942 too, but only by
+    upcasting to fp16 MFMAs; e4m3fnuz is what CDNA3 multiplies natively (and what CK uses there).
+    Its finite range is +-240 (e4m3fn: +-448): the launcher casts other inputs to it, and torch turns
+    values beyond 240 into NaN, so quantise for e4m3fnuz on gfx942 (or pass float8_e4m3fnuz tensors).
+    """
+    if arch is None:
+        return "e4m3fn"
+    extras = getattr(arch, "extras", {}) or {}
+    fmt = extras.get("fp8_format") or (extras.get("fmha") or {}).get("fp8_format")
+    if fmt:
+        if fmt not in ("e4m3fn", "e4m3fnuz"):
+            raise ConfigError(f"arch {arch.name}: fp8_format {fmt!r} is not 'e4m3fn' or 'e4m3fnuz'")
+        return fmt
+    return "e4m3fnuz" if getattr(arch, "family", "") == "cdna3" else "e4m3fn"
+
+
+def _arch_spec(name: str):
+    """The ArchSpec of an arch name from the plugin manager, or None."""
+    try:
+        from ck_core.plugins import get_manager
+
+        return get_manager().archs().get(name)
+    except Exception:  # pragma: no cover - no manager / plugin errors: fall back to OCP fp8
+        return None
+
+
+def _smem(family, hq, hv, a: TritonFmhaAlg, elem_bytes: int = 2) -> int:
+    """Upper estimate of shared memory: the Q tile plus num_stages K/V tiles."""
     from .triton.configs import padded_hdim
 
     dq, dv = padded_hdim(hq), padded_hdim(hv)
-    return 2 * (a.block_m * dq + a.num_stages * a.block_n * (dq + dv))
+    return elem_bytes * (a.block_m * dq + a.num_stages * a.block_n * (dq + dv))
 
 
-def _configs(family, hq, hv, arch) -> list:
+def _configs(family, hq, hv, arch, elem_bytes: int = 2) -> list:
     from .triton import configs as C
 
     tag = "sm90" if _hopper(arch) else "generic"
@@ -112,7 +149,7 @@ def _configs(family, hq, hv, arch) -> list:
     for c in cands:
         v = c.variant if (_hopper(arch) or c.variant not in CUDA_ONLY) else "ptr"
         a = TritonFmhaAlg(c.BLOCK_M, c.BLOCK_N, c.num_warps, c.num_stages, v)
-        if a not in out and _smem(family, hq, hv, a) <= arch.lds_bytes:
+        if a not in out and _smem(family, hq, hv, a, elem_bytes) <= arch.lds_bytes:
             out.append(a)
     return out
 
@@ -127,25 +164,34 @@ def enumerate_keys(arch, backend: str, options: dict) -> list:
     bad = [f for f in fams if f not in FAMILIES]
     if bad:
         raise ConfigError(f"the Triton FMHA kernels have no family {bad}; they cover {', '.join(FAMILIES)}")
-    dtypes = options.get("dtypes") or ("fp16", "bf16")
+    dtypes = options.get("dtypes") or ("fp16", "bf16", "fp8")
     dtypes = [dtypes] if isinstance(dtypes, str) else dtypes
     keys = []
     for fam in fams:
-        for dt in dtypes:
-            if dt not in arch.dtypes:
+        for dt in dtypes:   # Triton kernels: fp16, bf16; fp8 for the FP8_FAMILIES (others: no keys)
+            if (dt not in arch.dtypes or dt not in ("fp16", "bf16", "fp8")
+                    or (dt == "fp8" and fam not in FP8_FAMILIES)):
                 continue
             for hq, hv in HDIMS:
-                for a in _configs(fam, hq, hv, arch):
+                for a in _configs(fam, hq, hv, arch, 1 if dt == "fp8" else 2):
                     keys.append(KernelKey("fmha", TritonFmhaSig(fam, dt, hq, hv), a, arch.name, backend))
     return keys
 
 
 def supports(key, p) -> Optional[str]:
     s = key.signature
+    if p.dtype == "fp8" and p.family not in FP8_FAMILIES:
+        return (f"the Triton fp8 kernels cover the {'/'.join(FP8_FAMILIES)} family (batch and group mode); "
+                f"run {p.family} in fp16/bf16")
     if s.family != p.family:
         return f"kernel family {s.family}, problem {p.family}"
     if s.dtype != p.dtype:
+        if p.dtype == "fp8":
+            return (f"kernel dtype {s.dtype}, problem fp8 (fp8 kernels are enumerated only on archs whose "
+                    f"spec lists fp8, e.g. sm90, gfx942, gfx950, gfx1201)")
         return f"kernel dtype {s.dtype}, problem {p.dtype}"
+    if p.dtype == "fp8" and (p.bias != "none" or p.p_drop > 0):
+        return "the Triton fp8 forward has no bias or dropout"
     if (s.hdim_q, s.hdim_v) != (p.hdim_q, p.hdim_v):
         return f"kernel head dims {s.hdim_q}/{s.hdim_v}, problem {p.hdim_q}/{p.hdim_v}"
     if p.family == "fwd_appendkv":
@@ -237,9 +283,13 @@ def _sinks(p, t) -> dict:
     return kw
 
 
-def _torch_dtype(token):
+def _torch_dtype(token, arch_name: Optional[str] = None):
+    """torch dtype of a key's data; fp8 is the arch's e4m3 flavour (:func:`fp8_format`)."""
     import torch
 
+    if token == "fp8":
+        fmt = fp8_format(_arch_spec(arch_name) if arch_name else None)
+        return {"e4m3fn": torch.float8_e4m3fn, "e4m3fnuz": torch.float8_e4m3fnuz}[fmt]
     return {"fp16": torch.float16, "bf16": torch.bfloat16}[token]
 
 
@@ -252,7 +302,7 @@ def make_launcher(key):
     fam = key.signature.family
     alg = key.algorithm
     cfg = alg.config()
-    tdt = _torch_dtype(key.signature.dtype)
+    tdt = _torch_dtype(key.signature.dtype, key.arch)
     device_cache: dict = {}
 
     def dev_int32(p, name, values, like):
@@ -275,6 +325,8 @@ def make_launcher(key):
             kw = dict(cu_seqlens_q=dev_int32(p, "sq", p.seqstart_q, x["q"]),
                       cu_seqlens_k=dev_int32(p, "sk", p.seqstart_k, x["q"]),
                       max_seqlen_q=p.seqlen_q, max_seqlen_k=p.seqlen_k)
+        if p.dtype == "fp8":   # per-tensor descales from the problem; o in bf16 (stages._store)
+            kw.update(q_descale=p.scale_q, k_descale=p.scale_k, v_descale=p.scale_v, out_dtype=torch.bfloat16)
         o, lse = ops.fwd(x["q"], x["k"], x["v"], scale=p.softmax_scale, softcap=p.logits_soft_cap,
                          return_lse=True, layout=layout, config=cfg, **_mask(p), **kw, **_features(p, t, tdt),
                          **_sinks(p, t))
@@ -429,5 +481,11 @@ def render(key, backend: str):
         raise InvalidProblem(f"{key.name}: only Triton FMHA keys render (CK-rule keys are CK Tile instances)")
     s, a = key.signature, key.algorithm
     cfg = dict(a.config().as_dict(), hdim_q=s.hdim_q, hdim_v=s.hdim_v)
-    h = hashlib.sha256((_source_hash() + repr(sorted(cfg.items())) + s.family + s.dtype).encode()).hexdigest()
-    return TritonFmhaRendered(s.family, s.dtype, cfg, h, {"num_warps": a.num_warps, "num_stages": a.num_stages})
+    dtype = s.dtype
+    if dtype == "fp8":   # the arch's e4m3 flavour as a Triton type; o in bf16
+        from .triton.configs import FP8_TRITON
+
+        dtype = FP8_TRITON[fp8_format(_arch_spec(key.arch))]
+        cfg["out_dtype"] = "bf16"
+    h = hashlib.sha256((_source_hash() + repr(sorted(cfg.items())) + s.family + dtype).encode()).hexdigest()
+    return TritonFmhaRendered(s.family, dtype, cfg, h, {"num_warps": a.num_warps, "num_stages": a.num_stages})

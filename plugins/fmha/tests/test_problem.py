@@ -120,7 +120,13 @@ BAD = {
     "R24-softcap": (dict(logits_soft_cap=-1.0), InvalidProblem, "0 disables"),
     "R25-sink": (dict(sink_tokens=4), InvalidProblem, "set mask="),
     "R26-dbias": (dict(family="bwd_dq_dk_dv", dbias=True), InvalidProblem, "set bias='elementwise'"),
+    "R27-fp8": (dict(dtype="fp8", scale_q=0.5, bias="alibi"), UnsupportedProblem, "use dtype='bf16'"),
 }
+
+
+def test_fp8_rejects_dropout_too():
+    with pytest.raises(UnsupportedProblem, match=r"^\[R27-fp8\] fp8 attention with p_drop=0.1"):
+        P(dtype="fp8", p_drop=0.1)
 
 
 def test_every_rule_has_a_case():

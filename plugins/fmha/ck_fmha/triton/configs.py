@@ -9,13 +9,16 @@ ahead-of-time compilation.
     (``hdim_q``, ``hdim_v``, ``mask_mode``, ``bottom_right``, ``softcap``,
     ``lse``, ``varlen``, ``bias_mode`` (0..4 or a name of :data:`BIAS_MODES`),
     ``dropout``, ``dbias``, ``page_size``, ``kv_lookup`` ('vllm' | 'sglang'), ``kv_vec``
-    (vectorized pages), ``sink_tokens``, ``sink_logits`` (bools), ``rope`` (appendkv), ...;
-    see :func:`constexprs_for`).  The feature
+    (vectorized pages), ``sink_tokens``, ``sink_logits`` (bools), ``rope`` (appendkv),
+    ``descale_ptr`` (fp8: descales read from device tensors), ...; see :func:`constexprs_for`;
+    ``out_dtype`` (fp8 forward: bf16 | fp16) only changes the signature).  The feature
     keys default to off, which compiles the kernels as without the features.  ``constexprs`` maps every
     ``tl.constexpr`` argument name of ``jit_fn`` to its value.
 
 ``signature_for(family, dtype, config)`` gives the full ``ASTSource``
-signature (pointer / scalar types, ``"constexpr"`` for the constants), and
+signature (pointer / scalar types, ``"constexpr"`` for the constants; fp8 forward:
+``dtype`` "fp8" / "fp8e4nv" (OCP e4m3fn) or "fp8e4b8" (e4m3fnuz, CDNA3); the
+fp8 path is chosen by the element type, not a constexpr), and
 :func:`aot_compile` puts the three together for a ``GPUTarget``.
 ``num_warps`` / ``num_stages`` are compile options, not constexprs.
 """
@@ -260,7 +263,8 @@ def constexprs_for(family: str, config: Mapping) -> Dict[str, Any]:
                     WARP_SPEC=variant == "tma_ws", BIAS_MODE=bmode, HAS_DROPOUT=drop,
                     PAGE_SIZE=ps, KV_LOOKUP=lookup if ps else 0, KV_VEC=int(_get(config, "kv_vec", 0)) if ps else 0,
                     HAS_SINK=bool(_get(config, "sink_tokens", False)),
-                    HAS_SINK_LOGIT=bool(_get(config, "sink_logits", False)))
+                    HAS_SINK_LOGIT=bool(_get(config, "sink_logits", False)),
+                    DESCALE_PTR=bool(_get(config, "descale_ptr", False)))
     if family in ("fwd_splitkv", "fwd_pagedkv"):
         ps = int(_get(config, "page_size", 16 if family == "fwd_pagedkv" else 0))
         return dict(D_Q=dq, D_V=dv, BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=max(16, bm), BLOCK_N=bn,
@@ -305,22 +309,42 @@ def kernel_for(family: str, config: Mapping | TritonFmhaConfig) -> Tuple[Any, Di
 
 
 _TORCH_TO_TT = {"fp16": "fp16", "float16": "fp16", "bf16": "bf16", "bfloat16": "bf16", "fp32": "fp32",
-                "float32": "fp32"}
+                "float32": "fp32",
+                # fp8 e4m3: "fp8" is OCP e4m3fn (ck_core.dtypes); CDNA3 (gfx942) multiplies e4m3fnuz natively
+                "fp8": "fp8e4nv", "fp8e4nv": "fp8e4nv", "float8_e4m3fn": "fp8e4nv",
+                "fp8e4b8": "fp8e4b8", "float8_e4m3fnuz": "fp8e4b8"}
+#: fp8 e4m3 flavour -> Triton element type
+FP8_TRITON = {"e4m3fn": "fp8e4nv", "e4m3fnuz": "fp8e4b8"}
+#: families with an fp8 path (the forward kernel; descales, P scaled onto the fp8 range)
+FP8_FAMILIES = ("fwd",)
 _PTR_ARGS = {  # argument name -> element type key ('x' = the data dtype)
     "Q": "x", "K": "x", "V": "x", "O": "x", "DO": "x", "DK": "x", "DV": "x", "DQ": "x",
     "LSE": "fp32", "DELTA": "fp32", "DQA": "fp32", "OACC": "fp32", "LACC": "fp32",
     "CU_Q": "i32", "CU_K": "i32", "BLOCK_TABLE": "i32", "SEQLENS_K": "i32",
     "BIAS": "x", "ALIBI": "fp32", "DBIAS": "fp32", "RV": "u8",
-    "PT": "i32", "KV_INDPTR": "i32", "SINK": "fp32",
+    "PT": "i32", "KV_INDPTR": "i32", "SINK": "fp32", "QDS": "fp32", "KDS": "fp32", "VDS": "fp32",
     "KNEW": "x", "VNEW": "x", "QR": "x", "KC": "x", "VC": "x", "COS": "fp32", "SIN": "fp32",
 }
-_FLOAT_ARGS = {"scale2", "cap_in", "cap_out", "sm_scale", "drop_scale"}
+_FLOAT_ARGS = {"scale2", "cap_in", "cap_out", "sm_scale", "drop_scale", "v_descale"}
 
 
 def signature_for(family: str, dtype: str, config: Mapping | TritonFmhaConfig) -> Tuple[Dict[str, str], Dict[str, Any]]:
-    """(ASTSource signature, constexprs) for ``family`` with data type ``dtype``."""
+    """(ASTSource signature, constexprs) for ``family`` with data type ``dtype``.
+
+    fp8 (``"fp8"`` = OCP e4m3fn -> ``fp8e4nv``; ``"fp8e4b8"`` / ``"float8_e4m3fnuz"`` for CDNA3) is a
+    forward-only input type: O is then ``config["out_dtype"]`` (bf16 default, or fp16)."""
     fn, cx = kernel_for(family, config)
-    x = _TORCH_TO_TT[str(dtype).replace("torch.", "")]
+    x = _TORCH_TO_TT.get(str(dtype).replace("torch.", ""))
+    if x is None:
+        raise ValueError(f"dtype {dtype!r} is not one of {', '.join(_TORCH_TO_TT)}")
+    o_t = x
+    if x.startswith("fp8"):
+        if family not in FP8_FAMILIES:
+            raise ValueError(f"fp8 is an input type of the {'/'.join(FP8_FAMILIES)} kernel only, not {family}")
+        cfgd = config.as_dict() if isinstance(config, TritonFmhaConfig) else config
+        o_t = _TORCH_TO_TT[str(_get(cfgd, "out_dtype", "bf16")).replace("torch.", "")]
+        if o_t not in ("bf16", "fp16"):
+            raise ValueError(f"the fp8 forward writes bf16 or fp16, not {o_t}")
     sig = {}
     for name in fn.arg_names:
         if name in cx:
@@ -329,6 +353,8 @@ def signature_for(family: str, dtype: str, config: Mapping | TritonFmhaConfig) -
             t = _PTR_ARGS[name]
             if family == "bwd_convert_dq" and name == "DQA":
                 t = "fp32"
+            if t == "x" and name in ("O", "BIAS"):
+                t = o_t
             sig[name] = "*" + (x if t == "x" else t)
         elif name in _FLOAT_ARGS:
             sig[name] = "fp32"
@@ -342,6 +368,16 @@ def signature_for(family: str, dtype: str, config: Mapping | TritonFmhaConfig) -
     return sig, cx
 
 
+def fp8_triton_type(target) -> str:
+    """Triton's e4m3 element type for a ``GPUTarget`` when only "fp8" is known: ``fp8e4b8``
+    (e4m3fnuz) on CDNA3 (gfx94x), whose MFMA reads that format (Triton 3.6 would upcast fp8e4nv to
+    fp16 there), else ``fp8e4nv`` (OCP e4m3fn: sm89+, gfx950, gfx12).  The dispatcher decides from
+    the arch spec instead (``ck_fmha.triton_keys.fp8_format``)."""
+    if getattr(target, "backend", "") == "hip" and str(getattr(target, "arch", "")).startswith("gfx94"):
+        return "fp8e4b8"
+    return "fp8e4nv"
+
+
 def aot_compile(family: str, dtype: str, config: Mapping | TritonFmhaConfig, target):
     """Compile one kernel instance for ``target`` (a ``triton.backends.compiler.GPUTarget``)
     without a GPU.  Returns the ``CompiledKernel`` (``.asm`` holds ptx/cubin or amdgcn/hsaco)."""
@@ -349,6 +385,8 @@ def aot_compile(family: str, dtype: str, config: Mapping | TritonFmhaConfig, tar
     from triton.compiler import ASTSource
 
     cfgd = config.as_dict() if isinstance(config, TritonFmhaConfig) else dict(config)
+    if dtype == "fp8":
+        dtype = fp8_triton_type(target)
     fn, cx = kernel_for(family, cfgd)
     sig, _ = signature_for(family, dtype, cfgd)
     opts = {"num_warps": int(cfgd.get("num_warps", 4)), "num_stages": int(cfgd.get("num_stages", 2))}

@@ -240,6 +240,15 @@ def _paged_kv_ptrs(kb, vb, pt, start_n, cols, seqlen_k, skp, svp, sks, svs, skd,
 # forward
 # ----------------------------------------------------------------------------
 @triton.jit
+def _fp8_max(dtype):
+    """Largest finite value of an fp8 e4m3 type: 240 for e4m3fnuz (fp8e4b8, CDNA3), 448 for OCP e4m3fn."""
+    if dtype.is_fp8e4b8():
+        return 240.0
+    else:
+        return 448.0
+
+
+@triton.jit
 def _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, vcol,
                start, end, rows, off, left, right, seqlen_k,
                scale2, cap_in, cap_out,
@@ -318,7 +327,11 @@ def _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, v
                 v = tl.load(vp, mask=offs_dv[None, :] < D_V, other=0.0)
             else:
                 v = tl.load(vp)
-        acc = tl.dot(p.to(dtype), v, acc)
+        if dtype.is_fp8():
+            # fp8: P in [0, 1] is scaled onto the fp8 range before the cast (see fmha_fwd_kernel)
+            acc = tl.dot((p * _fp8_max(dtype)).to(dtype), v, acc)
+        else:
+            acc = tl.dot(p.to(dtype), v, acc)
         m_i = m_ij
     return acc, l_i, m_i
 
@@ -331,6 +344,7 @@ def fmha_fwd_kernel(
     scale2, cap_in, cap_out, left, right,
     BIAS, ALIBI, sbb, sbh, sbq, sbk, sab, seed_lo, seed_hi, off_lo, drop_thresh, drop_scale,
     PT, KV_INDPTR, SEQLENS_K, sbt, skp, svp, skd, SINK, n_sink,
+    QDS, KDS, VDS, v_descale,
     D_Q: tl.constexpr, D_V: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     MASK_MODE: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
@@ -339,6 +353,7 @@ def fmha_fwd_kernel(
     BIAS_MODE: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     PAGE_SIZE: tl.constexpr = 0, KV_LOOKUP: tl.constexpr = 0, KV_VEC: tl.constexpr = 0,
     HAS_SINK: tl.constexpr = False, HAS_SINK_LOGIT: tl.constexpr = False,
+    DESCALE_PTR: tl.constexpr = False,
 ):
     """BIAS_MODE: 0 none, 1 elementwise BIAS [B|1, H|1, Sq, Sk] (strides sb?, 0 where broadcast;
     group mode: [H|1, Tq, max Sk], sbb = 0), 2 ALiBi vertical (causal), 3 ALiBi top-left,
@@ -351,7 +366,17 @@ def fmha_fwd_kernel(
     SEQLENS_K[b] and its page ids are PT[b * sbt + i] (KV_LOOKUP 0, vLLM block table) or
     PT[KV_INDPTR[b] + i] (KV_LOOKUP 1, SGLang kv_indptr / kv_page_indices).  HAS_SINK: the first
     n_sink keys stay visible past the window's left edge.  HAS_SINK_LOGIT: SINK [H] (fp32, natural-log
-    units) joins the softmax denominator as a key with a zero value."""
+    units) joins the softmax denominator as a key with a zero value.
+
+    fp8 (Q/K/V of an fp8 e4m3 type: fp8e4nv, or fp8e4b8 on CDNA3; decided by the element type, no
+    constexpr): per-tensor descales as CK / FlashAttention-3.  The caller folds q_descale * k_descale
+    into scale2 / cap_in and passes v_descale; with DESCALE_PTR they are instead read from the fp32
+    1-element tensors QDS, KDS, VDS (device scales, no host sync) and multiply the host values.
+    S = (Q K^T) * q_descale * k_descale * softmax_scale in fp32; P = exp(S - m) in [0, 1] is cast to
+    fp8 as P * FP8_MAX (448 e4m3fn, 240 e4m3fnuz: the row maximum lands on the largest finite fp8
+    value, small probabilities stay normal); the softmax sum l uses the unquantised fp32 P; and
+    O = (sum_j fp8(P * FP8_MAX) V) / l * v_descale / FP8_MAX, written in O's type (bf16/fp16).
+    No bias or dropout with fp8 (the launchers reject them)."""
     pid_m = tl.program_id(0)
     if REVERSE_M:
         pid_m = tl.num_programs(0) - 1 - pid_m
@@ -431,6 +456,12 @@ def fmha_fwd_kernel(
     biasb, slope, aoff = _bias_setup(BIAS, ALIBI, b64, h.to(tl.int64), q_start, sbb, sbh, sbq, sab,
                                      seqlen_q, seqlen_k, BIAS_MODE)
     bh_id = b * H + h
+    o_scale = v_descale
+    if DESCALE_PTR:
+        qk_descale = tl.load(QDS).to(tl.float32) * tl.load(KDS).to(tl.float32)
+        scale2 = scale2 * qk_descale
+        cap_in = cap_in * qk_descale
+        o_scale = o_scale * tl.load(VDS).to(tl.float32)
     if PAGE_SIZE > 0:
         if KV_LOOKUP == 1:
             pt = PT + tl.load(KV_INDPTR + b)
@@ -474,6 +505,8 @@ def fmha_fwd_kernel(
     acc = acc / l_safe[:, None]
     if HAS_DROPOUT:
         acc = acc * drop_scale
+    if q.dtype.is_fp8():
+        acc = acc * (o_scale / _fp8_max(q.dtype))
     out = acc.to(O.dtype.element_ty)
     tl.store(ob + rows[:, None] * sos + offs_dv[None, :], out,
              mask=(rows[:, None] < seqlen_q) & (offs_dv[None, :] < D_V))

@@ -24,6 +24,9 @@ Public API (all tensors on one device; CPU tensors work under TRITON_INTERPRET=1
   logits [H]) and ``sink_tokens`` (first keys visible past a window's left edge)
 * ``attention(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0,
   layout='bhsd')``: autograd wrapper (``AttentionFunction``).
+* fp8: ``fwd`` / ``attention`` take ``torch.float8_e4m3fn`` q/k/v (``float8_e4m3fnuz`` on CDNA3)
+  with per-tensor ``q_descale``, ``k_descale``, ``v_descale`` (floats or 1-element fp32 device
+  tensors) and write o in ``out_dtype`` (bf16 default); forward only, no bias/dropout/paging.
 
 Layouts: ``'bhsd'`` [B, H, S, D]; ``'bshd'`` [B, S, H, D]; ``'thd'`` (group /
 varlen mode) [total, H, D] with ``cu_seqlens_q/k`` (int32, B+1) and the
@@ -209,6 +212,63 @@ def bias_params(bias, alibi_slopes, varlen: bool, mode: int, bottom_right: bool,
     return dummy, dummy, (0, 0, 0, 0), 0, 0
 
 
+#: the fp8 e4m3 torch dtypes the forward takes: OCP e4m3fn (Triton fp8e4nv: sm89+/sm90, gfx950, gfx12)
+#: and e4m3fnuz (Triton fp8e4b8: CDNA3 / gfx942, whose MFMA reads this format natively)
+FP8_DTYPES = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e4m3fnuz") if hasattr(torch, n))
+#: largest finite value per fp8 dtype: the p scale of the fp8 P @ V product (kernels._fp8_max)
+FP8_MAX = {getattr(torch, n): m for n, m in (("float8_e4m3fn", 448.0), ("float8_e4m3fnuz", 240.0))
+           if hasattr(torch, n)}
+
+
+def _fp8_descales(q, fp8, q_descale, k_descale, v_descale, bias, alibi_slopes, dropout_p, paged):
+    """-> (q_descale * k_descale as a host float, v_descale as a host float, None or the
+    (QDS, KDS, VDS) device tensors the kernel reads); checks what fp8 excludes."""
+    given = [x for x in (q_descale, k_descale, v_descale) if x is not None]
+    if not fp8:
+        if given:
+            raise InvalidProblem("q_descale/k_descale/v_descale are per-tensor fp8 descales; pass fp8 "
+                                 "(float8_e4m3fn) q/k/v or fold the factors into scale")
+        return 1.0, 1.0, None
+    if bias is not None or alibi_slopes is not None or (dropout_p or 0.0) > 0:
+        raise UnsupportedProblem("the fp8 Triton forward has no bias, ALiBi or dropout (neither has CK's fp8 "
+                                 "forward); dequantise to fp16/bf16 for those features")
+    if paged is not None:
+        raise UnsupportedProblem("the fp8 Triton forward reads contiguous K/V (batch or group mode); "
+                                 "batch_prefill over fp8 pages is not implemented")
+    if q.dtype == getattr(torch, "float8_e4m3fnuz", None) and _arch_of(q) in ("sm90", "cuda"):
+        raise UnsupportedProblem("float8_e4m3fnuz is CDNA3's fp8 format; on NVIDIA GPUs use float8_e4m3fn")
+    if not any(isinstance(x, torch.Tensor) for x in given):
+        vals = [1.0 if x is None else float(x) for x in (q_descale, k_descale, v_descale)]
+        bad = [v for v in vals if not (v > 0 and math.isfinite(v))]
+        if bad:
+            raise InvalidProblem(f"fp8 descales must be positive and finite, got {vals}")
+        return vals[0] * vals[1], vals[2], None
+    ptrs = []
+    for name, x in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
+        if x is None:
+            x = 1.0
+        if isinstance(x, torch.Tensor):
+            if x.numel() != 1:
+                raise InvalidProblem(f"{name} has {x.numel()} elements; the fp8 forward takes per-tensor "
+                                     "descales (a float or a 1-element fp32 tensor)")
+            if x.device != q.device:
+                raise InvalidProblem(f"{name} is on {x.device}; put it on q's device {q.device}")
+            x = x.reshape(1).to(torch.float32)
+        else:   # a fill kernel, not a host-to-device copy: safe inside CUDA-graph capture
+            x = torch.full((1,), float(x), dtype=torch.float32, device=q.device)
+        ptrs.append(x)
+    return 1.0, 1.0, tuple(ptrs)
+
+
+def _fp8_out_dtype(out_dtype, out):
+    dt = out.dtype if out is not None else (out_dtype or torch.bfloat16)
+    if dt not in (torch.bfloat16, torch.float16):
+        raise InvalidProblem(f"the fp8 forward writes o in bf16 or fp16, not {dt}; pass out_dtype=torch.bfloat16")
+    if out is not None and out_dtype is not None and out_dtype != out.dtype:
+        raise InvalidProblem(f"out has dtype {out.dtype} but out_dtype={out_dtype}")
+    return dt
+
+
 def _check_gqa(hq, hk):
     if hk <= 0 or hq % hk:
         raise InvalidProblem(f"nhead_q={hq} must be a multiple of nhead_k={hk} (GQA/MQA)")
@@ -223,10 +283,18 @@ def _check_gqa(hq, hk):
 def fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, return_lse=False,
         layout="bhsd", config: Optional[TritonFmhaConfig] = None, cu_seqlens_q=None, cu_seqlens_k=None,
         max_seqlen_q=None, max_seqlen_k=None, align=None, out=None, bias=None, alibi_slopes=None,
-        dropout_p=0.0, seed=0, offset=0, alibi_align=None, sink=None, sink_tokens=0, _paged=None):
+        dropout_p=0.0, seed=0, offset=0, alibi_align=None, sink=None, sink_tokens=0, q_descale=None,
+        k_descale=None, v_descale=None, out_dtype=None, _paged=None):
     """``sink``: per-head sink logits [H] (fp32, natural-log units) joining the softmax denominator;
     ``sink_tokens``: the first keys stay visible past a window's left edge.  ``_paged``: see
-    :func:`batch_prefill`."""
+    :func:`batch_prefill`.
+
+    fp8: q/k/v of one fp8 e4m3 dtype (``torch.float8_e4m3fn``; ``torch.float8_e4m3fnuz`` on CDNA3)
+    with per-tensor descales ``q_descale``, ``k_descale``, ``v_descale`` (Python floats, or fp32
+    1-element tensors on q's device: read by the kernel, no host sync; default 1):
+    ``o = softmax(scale * q_descale * k_descale * q k^T) @ (v_descale * v)``, P quantised to fp8 as
+    ``P * fp8_max`` (see ``kernels.fmha_fwd_kernel``).  ``o`` is ``out_dtype`` (bf16 default, or
+    fp16); lse as usual.  No bias, ALiBi, dropout or paged KV with fp8."""
     q, k, v = _last_contig(q), _last_contig(k), _last_contig(v)
     varlen = layout == "thd"
     b, hq, sq, dq = _dims(q, layout)
@@ -237,11 +305,18 @@ def fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, retu
         _, hv, _, dv = _dims(v, layout)
     if dk_ != dq or hv != hk:
         raise InvalidProblem(f"k hdim {dk_} != q hdim {dq} or v heads {hv} != k heads {hk}")
-    if q.dtype not in (torch.float16, torch.bfloat16) or k.dtype != q.dtype or v.dtype != q.dtype:
-        raise InvalidProblem(f"q/k/v must share dtype fp16 or bf16, got {q.dtype}, {k.dtype}, {v.dtype}")
+    fp8 = q.dtype in FP8_DTYPES
+    if (q.dtype not in (torch.float16, torch.bfloat16) and not fp8) or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise InvalidProblem(f"q/k/v must share dtype fp16, bf16 or fp8 e4m3 (float8_e4m3fn / float8_e4m3fnuz), "
+                             f"got {q.dtype}, {k.dtype}, {v.dtype}")
     if max(dq, dv) > 256:
         raise UnsupportedProblem(f"head dim {max(dq, dv)} > 256 is not supported by the Triton FMHA kernels")
     group = _check_gqa(hq, hk)
+    descale = _fp8_descales(q, fp8, q_descale, k_descale, v_descale, bias, alibi_slopes, dropout_p, _paged)
+    o_dtype = _fp8_out_dtype(out_dtype, out) if fp8 else q.dtype
+    if not fp8 and out_dtype is not None and out_dtype != q.dtype:
+        raise InvalidProblem(f"out_dtype={out_dtype}: fp16/bf16 attention writes o in q's dtype {q.dtype}; "
+                             "out_dtype picks the output of the fp8 forward")
     if varlen:
         if cu_seqlens_q is None or (cu_seqlens_k is None and _paged is None) or max_seqlen_q is None:
             raise InvalidProblem("layout 'thd' needs cu_seqlens_q, cu_seqlens_k and max_seqlen_q")
@@ -249,15 +324,17 @@ def fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, retu
         sq, sk = int(max_seqlen_q), int(max_seqlen_k or sk or 0)
     mode, br, left, right = mask_params(causal, window, align)
     sm_scale, scale2, cap_in, cap_out = _scales(dq, scale, softcap)
+    qk_descale, v_descale_f, descale_ptrs = descale
+    scale2, cap_in = scale2 * qk_descale, cap_in * qk_descale
     arch = _arch_of(q)
     cfg = config or default_fwd_config(dq, dv, "sm90" if arch == "sm90" else "generic", causal=mode & 1 == 1,
                                        seqlen=sq)
     variant = cfg.variant if (arch == "sm90" and _paged is None) else "ptr"
     if varlen:
-        o = out if out is not None else torch.empty(q.shape[:-1] + (dv,), device=q.device, dtype=q.dtype)
+        o = out if out is not None else torch.empty(q.shape[:-1] + (dv,), device=q.device, dtype=o_dtype)
     else:
         shape = (b, hq, sq, dv) if layout == "bhsd" else (b, sq, hq, dv)
-        o = out if out is not None else torch.empty(shape, device=q.device, dtype=q.dtype)
+        o = out if out is not None else torch.empty(shape, device=q.device, dtype=o_dtype)
     if variant == "tma_host" and not (not varlen and dq == padded_hdim(dq) and dv == padded_hdim(dv)
                                       and q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
                                       and _tma_ok(q, k, v)):
@@ -323,13 +400,14 @@ def fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, retu
         hq, group, sq, sk if not varlen else 0,
         scale2, cap_in, cap_out, left, right,
         ba, aa, sbb, sbh, sbq, sbk, sab, k0, k1, off_lo, thresh, dscale, *paged_args, *sink_args,
+        *(descale_ptrs or (o, o, o)), v_descale_f,
         D_Q=dq, D_V=dv, BLOCK_DQ=padded_hdim(dq), BLOCK_DV=padded_hdim(dv),
         BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
         MASK_MODE=mode, BOTTOM_RIGHT=br, HAS_SOFTCAP=bool(softcap and softcap > 0),
         STORE_LSE=bool(return_lse), IS_VARLEN=varlen, REVERSE_M=bool(mode & 1),
         USE_TMA={"ptr": 0, "tma": 1, "tma_ws": 1, "tma_host": 2}[variant], WARP_SPEC=variant == "tma_ws",
         BIAS_MODE=bmode, HAS_DROPOUT=has_do, **paged_cx, HAS_SINK=has_sink, HAS_SINK_LOGIT=sink is not None,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        DESCALE_PTR=descale_ptrs is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return (o, lse) if return_lse else o
 
@@ -564,9 +642,21 @@ class AttentionFunction(torch.autograd.Function):
 
 
 def attention(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0, layout="bhsd",
-              deterministic=True, bias=None, alibi_slopes=None, dropout_p=0.0, seed=0, offset=0):
+              deterministic=True, bias=None, alibi_slopes=None, dropout_p=0.0, seed=0, offset=0,
+              q_descale=None, k_descale=None, v_descale=None, out_dtype=None):
     """Autograd attention (batch layouts).  ``bias`` [B|1, H|1, Sq, Sk] gets a gradient when it
-    requires one; dropout is reproducible from (seed, offset) (Philox, :mod:`ck_fmha.philox`)."""
+    requires one; dropout is reproducible from (seed, offset) (Philox, :mod:`ck_fmha.philox`).
+
+    fp8 q/k/v (``torch.float8_e4m3fn``, or ``float8_e4m3fnuz`` on CDNA3) run the forward only (no
+    autograd: there is no fp8 backward) with per-tensor ``q_descale``/``k_descale``/``v_descale``
+    (floats or 1-element fp32 tensors) and return o in ``out_dtype`` (bf16 default); see :func:`fwd`."""
+    if q.dtype in FP8_DTYPES:
+        return fwd(q, k, v, causal=causal, scale=scale, window=window, softcap=softcap, layout=layout,
+                   bias=bias, alibi_slopes=alibi_slopes, dropout_p=dropout_p, seed=seed, offset=offset,
+                   q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, out_dtype=out_dtype)
+    if q_descale is not None or k_descale is not None or v_descale is not None or out_dtype is not None:
+        raise InvalidProblem("q_descale/k_descale/v_descale/out_dtype belong to the fp8 forward; "
+                             f"q is {q.dtype} (pass float8_e4m3fn q/k/v, or drop them)")
     return AttentionFunction.apply(q, k, v, causal, scale, tuple(window), softcap, layout, deterministic,
                                    bias, alibi_slopes, dropout_p, seed, offset)
 
@@ -586,6 +676,9 @@ def _splitkv_main(q, k, v, *, page_size, block_table, seqlens_k, max_seqlen_k, c
     """Split-KV main stage: per-split partial outputs ``o_acc`` [B, H, Sq, S, Dv] and LSEs ``lse_acc``
     [B, H, Sq, S] (fp32); the number of splits follows the heuristic unless given."""
     q = _last_contig(q)
+    if q.dtype in FP8_DTYPES:
+        raise UnsupportedProblem("the Triton split-KV / paged decode has no fp8 path; the fp8 forward is fwd "
+                                 "(batch or group mode): ck_fmha.triton.fwd(..., q_descale=, k_descale=, v_descale=)")
     b, hq, sq, dq = _dims(q, layout)
     dv = v.shape[-1]
     group = _check_gqa(hq, hk)
