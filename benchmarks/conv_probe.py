@@ -1,20 +1,26 @@
-"""Probe ck-conv's new kernel variants against the old winners and cuDNN on the weak layers.
+"""Probe ck-conv's new kernel variants against the current winners and cuDNN on the weak layers.
 
 Times, exactly as ``ck bench conv --vs torch`` (ck_conv.bench) does -- same cases,
 same inputs, channels_last cuDNN peer (fastest of the two backward entry points),
 CUDA-graph medians, relative error against PyTorch fp32 -- for
 
-* forward: ResNet-50 c4 3x3 14x14x256, c5 3x3 7x7x512 and the r3d 3x3x3 case;
-* bwd_weight: every implicit-GEMM case of the suite (depthwise has no new variants),
-  weakest first (run 6 ratios), so that a short budget keeps the worst ones;
+* forward: ResNet-50 c5 / c4 / c3 3x3, r3d 3x3x3, the depthwise 144-channel layer and
+  resnext g32;
+* bwd_data: c5 / c4 3x3, c3d / r3d 3x3x3, depthwise, c4 1x1;
 
-each candidate: the run-6 winner (``benchmarks/results/conv_raw.json``, at its split)
-and the new variants (``ck_conv.kernels.extended_candidates`` plus the old winner's
-tile with the new knobs, a few reduction splits).  All (config, split) launches are
-compiled first in a pool of worker processes; a candidate that fails to compile,
-run or verify is reported and skipped.  One JSON line per (case, candidate, split)
-on stdout, one summary line per case, everything in ``--out`` (rewritten after each
-case, so a cut-off run keeps what it measured).
+weakest first (session-2 ratios), so that a short budget keeps the worst ones.  Per
+case: the session-2 winner (``benchmarks/results/conv.json``, at its split) and the
+heuristic pick ("old"), and the new variants ("new"): the bwd_data tap-bit kernel,
+stream-K (``_streamk``, a persistent grid; its split = programs per SM), BLOCK_K 128
+with 4 stages, the fixup split with a split sweep, the flat-row depthwise kernel
+(``_flat``) -- ``ck_conv.kernels.extended_candidates`` plus the winner with the tap
+bits.  All (config, split) launches are compiled first in a pool of worker
+processes; a candidate that fails to compile, run or verify is reported and skipped.
+One JSON line per (case, candidate, split) on stdout, one summary line per case,
+everything in ``--out`` (rewritten after each case, so a cut-off run keeps what it
+measured), and a closing table: per case the old best and the new best ratio, per
+direction the geomean over the probed cases and the suite geomean this projects
+(session-2 suite geomean times the probed speedups).
 
     python benchmarks/conv_probe.py --out $OUT/conv_probe.json
 """
@@ -27,35 +33,44 @@ import os
 import sys
 import time
 
-FWD_CASES = ["r50_c5_3x3_512_512_7", "r50_c4_3x3_256_256_14", "r3d_3x3x3_256_256_8x28x28"]
-# run 6 ratios, weakest first (depthwise left out: nothing new for it)
-BWD_W_CASES = ["r50_c4_3x3_256_256_14", "resnext_g32_3x3_512_14", "r50_c4_1x1_1024_256_14",
-               "r3d_3x3x3_256_256_8x28x28", "r50_c5_3x3_512_512_7", "c3d_3x3x3_64_64_16x56x56",
-               "r50_c3_3x3_128_128_28", "r50_c2_3x3_64_64_56", "r50_c2_1x1_64_64_56", "r50_c2_1x1_64_256_56",
-               "r50_c3_1x1s2_256_512_56"]
-RAW = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "conv_raw.json")
+FWD_CASES = ["r50_c5_3x3_512_512_7", "depthwise_3x3_144_56", "r3d_3x3x3_256_256_8x28x28", "r50_c4_3x3_256_256_14",
+             "resnext_g32_3x3_512_14", "r50_c3_3x3_128_128_28"]
+BWD_D_CASES = ["r50_c5_3x3_512_512_7", "depthwise_3x3_144_56", "r3d_3x3x3_256_256_8x28x28",
+               "r50_c4_3x3_256_256_14", "c3d_3x3x3_64_64_16x56x56", "r50_c4_1x1_1024_256_14"]
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+#: session-2 suite geomeans (benchmarks/results/conv.json), for the projection
+SESSION2_GEOMEAN = {"forward": 0.861, "bwd_data": 0.799, "bwd_weight": 0.826}
+NUM_CASES = 12
 
 
 def _old_winners():
+    """{(case, direction): (kernel, split, ratio)} of the last full run: ``conv.json``
+    (``ck bench conv`` rows), else the raw ``conv_raw.json`` of the older bench script."""
     try:
-        with open(RAW) as f:
+        with open(os.path.join(RESULTS, "conv.json")) as f:
+            rows = json.load(f)["rows"]
+        return {tuple(r["case"].rsplit(" ", 1)): (r.get("kernel"), r.get("split"), r.get("ratio")) for r in rows}
+    except (OSError, ValueError, KeyError):
+        pass
+    try:
+        with open(os.path.join(RESULTS, "conv_raw.json")) as f:
             return {(r["case"], r["direction"]): (r.get("ours_kernel"), r.get("ours_split"), r.get("ratio"))
                     for r in json.load(f)["rows"]}
     except (OSError, ValueError, KeyError):
         return {}
 
 
-def plan(case_names=None, directions=("forward", "bwd_weight")):
+def plan(case_names=None, directions=("forward", "bwd_data")):
     """[(case index, direction, [(config name, split or None, is_new, label), ...])] in timing order."""
     import attrs
 
     from ck_conv.bench import CASES, problem
-    from ck_conv.kernels import ConvKernelConfig, extended_candidates, heuristic_config
+    from ck_conv.kernels import ConvKernelConfig, candidate_configs, extended_candidates, heuristic_config
 
     old = _old_winners()
     names = [c[0] for c in CASES]
     todo = []
-    order = [(c, "bwd_weight") for c in BWD_W_CASES] + [(c, "forward") for c in FWD_CASES]
+    order = [(c, "forward") for c in FWD_CASES] + [(c, "bwd_data") for c in BWD_D_CASES]
     # interleave so that the weakest of both directions come first
     order = sorted(order, key=lambda cd: (old.get(cd, (None, None, 1.0))[2] or 1.0))
     for cname, d in order:
@@ -64,7 +79,6 @@ def plan(case_names=None, directions=("forward", "bwd_weight")):
         ci = names.index(cname)
         p = problem(CASES[ci], d)
         items = []
-
         seen = set()
 
         def add(cfg, split, new, label):
@@ -79,36 +93,32 @@ def plan(case_names=None, directions=("forward", "bwd_weight")):
 
         wname, wsplit, _ = old.get((cname, d), (None, None, None))
         win = ConvKernelConfig.from_name(wname) if wname else heuristic_config(p)
-        add(win, wsplit, False, "run6 winner")
+        add(win, wsplit, False, "session2 winner")
         h = heuristic_config(p)
         if h != win:
             add(h, None, False, "heuristic")
-        tap = p.taps <= 31 and not p.specialization.startswith("filter1x1")
-        if d == "bwd_weight":
-            for red in ("fixup", "relaxed", "atomicfix"):
-                add(attrs.evolve(win, reduction=red), wsplit, True, f"winner+{red}")
-            if tap:
-                add(attrs.evolve(win, reduction="fixup", tap_mask=True), None, True, "winner+fixup+tapmask")
-                add(attrs.evolve(win, tap_mask=True), wsplit, True, "winner+tapmask")
+        if win.specialization == "depthwise":
+            for c in candidate_configs(p):
+                if not c.flat:  # the classic tiles that won before: old
+                    add(c, None, False, "classic")
             for c in extended_candidates(p):
-                add(c, None, True, "extended")
-            # reduction splits around the automatic one (every split > 1 shares one compile)
-            from ck_conv.launch import auto_split_k
-            for c in [attrs.evolve(win, reduction="fixup", tap_mask=tap),
-                      attrs.evolve(win, reduction="atomicfix", tap_mask=tap)] + \
-                    [c for c in extended_candidates(p) if c.reduction == "fixup"][:1]:
-                a = auto_split_k(p, c, 132)
-                for sp in sorted({max(2, a // 2), 2 * a} - {a}):
-                    add(c, sp, True, "split sweep")
-        else:
-            if tap:
-                add(attrs.evolve(win, tap_mask=True), wsplit, True, "winner+tapmask")
-            ext = extended_candidates(p)
-            for c in ext:
-                add(c, None, True, "extended")
-            for c in [c for c in ext if c.reduction == "fixup"][:3]:
-                for sp in (2, 3, 4, 6):
-                    add(c, sp, True, "split sweep")
+                add(c, None, True, "flat rows")
+            todo.append((ci, d, items))
+            continue
+        tap = p.taps <= 31 and not p.specialization.startswith("filter1x1")
+        if tap and not win.tap_mask:
+            add(attrs.evolve(win, tap_mask=True), wsplit, True, "winner+tapmask")
+        ext = extended_candidates(p)
+        for c in ext:
+            add(c, None, True, "extended")
+        # stream-K: 1 and 2 programs per SM (one of them is the automatic choice)
+        for c in [c for c in ext if c.reduction == "streamk"]:
+            for per_sm in (1, 2):
+                add(c, per_sm, True, "streamk per-SM sweep")
+        # fixup: a few splits around the automatic one
+        for c in [c for c in ext if c.reduction == "fixup"][:2]:
+            for sp in (2, 3, 4, 6):
+                add(c, sp, True, "split sweep")
         todo.append((ci, d, items))
     return todo
 
@@ -245,10 +255,13 @@ def compile_all(chunks, workers, budget, per_proc_s=150.0):
 
 
 def used_split(p, name, split, num_sms):
-    """The reduction split run() will launch with (None: auto)."""
+    """The reduction split run() will launch with (None: auto); for stream-K the
+    program count as ``"sk<n>"``; 1 for the depthwise kernels."""
     from ck_conv.kernels import ConvKernelConfig
-    from ck_conv.launch import _cdiv, auto_split_k, auto_split_mn, geometry
+    from ck_conv.launch import (_cdiv, _class_rows, auto_split_k, auto_split_mn, geometry, streamk_programs)
     cfg = ConvKernelConfig.from_name(name)
+    if cfg.specialization == "depthwise" and p.direction != "bwd_weight":
+        return 1
     g = geometry(p)
     m, n, k = cfg.tile
     if p.direction == "bwd_weight":
@@ -256,10 +269,20 @@ def used_split(p, name, split, num_sms):
         s = split or auto_split_k(p, cfg, num_sms)
         chunk = _cdiv(_cdiv(P, s), k) * k
         return _cdiv(P, chunk)
-    M = p.N * g["Do"] * g["Ho"] * g["Wo"]
-    tiles = _cdiv(M, m) * _cdiv(p.k_per_group, n)
-    steps = p.taps * _cdiv(p.c_per_group, k)
-    s = split or auto_split_mn(tiles * p.G, steps, num_sms, eager=cfg.reduction in ("twostage", "fixup"))
+    one = cfg.specialization == "filter1x1_stride1_pad0"
+    if p.direction == "forward":
+        tiles = _cdiv(p.N * g["Do"] * g["Ho"] * g["Wo"], m) * _cdiv(p.k_per_group, n) * p.G
+        steps = (1 if one else p.taps) * _cdiv(p.c_per_group, k)
+    else:
+        rows = _class_rows(g["sd"], g["pad"], g["dil"], g["flt"], g["Ho"], g["Wo"])
+        Mr = p.N * _cdiv(g["Di"], g["sd"][0]) * _cdiv(g["Hi"], g["sd"][1]) * _cdiv(g["Wi"], g["sd"][2])
+        tiles = _cdiv(Mr, m) * _cdiv(p.c_per_group, n) * p.G * len(rows)
+        steps = (1 if one else max(r[0] * r[1] * r[2] for r in rows)) * _cdiv(p.k_per_group, k)
+    if cfg.reduction == "streamk":
+        total = tiles * steps
+        nprog = streamk_programs(cfg, total, steps, num_sms, split)
+        return f"sk{_cdiv(total, _cdiv(total, nprog))}"
+    s = split or auto_split_mn(tiles, steps, num_sms, eager=cfg.reduction in ("twostage", "fixup", "atomicfix"))
     return _cdiv(steps, _cdiv(steps, s))
 
 
