@@ -160,7 +160,10 @@ def _build_speed(arch, dtype, workers):
             row = {"case": f"build 32 kernels, {n} worker(s)", "seconds": round(rep.seconds, 2),
                    "built": len(rep.built), "failed": len(rep.failed),
                    "speedup": round(t_one / rep.seconds, 2), "workers": n,
-                   "speedup_per_worker": round(t_one / rep.seconds / n, 2)}
+                   "speedup_per_worker": round(t_one / rep.seconds / n, 2),
+                   # summed triton.compile seconds: grows with N when the workers slow each
+                   # other down (shared cores, clocks), stays flat when the pool itself costs
+                   "compile_cpu_s": round(sum(m.get("compile_seconds", 0.0) for m in rep.built.values()), 2)}
             if n == workers:
                 reg2 = Registry(arch.name, keys)
                 rep2 = build_registry(reg2, max_workers=1, progress=False, cache_root=d)
