@@ -172,7 +172,9 @@ def main(argv=None):
         for d in dirs:
             cl = candidate_configs(problem(c, d), args.limit)
             cands[(ci, d)] = cl
-            tasks.append((ci, d, [x.name for x in cl]))
+            # chunks of a few launches, so that the long lists (c4/c5: 20) spread over the pool
+            for i in range(0, len(cl), 6):
+                tasks.append((ci, d, [x.name for x in cl[i:i + 6]]))
     failed = {}
     if args.workers > 1:
         import concurrent.futures as cf

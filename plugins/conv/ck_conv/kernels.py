@@ -12,9 +12,10 @@ Optional suffixes appear only when not default: ``_vec{a}_{b}_{c}`` (default
 4/8/8, CK's) and ``_pad{m}{n}{k}`` (default all padded), then the Triton
 realisation's knobs (see :class:`ConvKernelConfig`): ``_st{n}`` (explicit
 software-pipeline depth), ``_relaxed`` / ``_twostage`` / ``_fixup`` / ``_atomicfix``
-(how a split reduction is summed), ``_gm{n}`` (bwd_weight: groups merged per program) and ``_tapmask``
-(forward, bwd_weight: per-row tap-validity bits, so a step's row mask is a
-shift and an and).
+(how a split reduction is summed, or ``_streamk``), ``_gm{n}`` (groups merged per program) and ``_tapmask``
+(forward, bwd_data, bwd_weight: per-row tap-validity bits, so a step's row mask
+is a shift and an and) and ``_flat`` (depthwise forward / bwd_data: rows x a flat
+(W, G) span per program, see :func:`ck_conv.triton_kernels.dw_flat_kernel`).
 
 Tile facts follow CK's grouped-conv dispatcher tables (``grouped_config_rules``):
 block tiles, wave layouts (1x4x1, 2x2x1, 4x1x1, 8x2x1, 4x4x1), and the rule
@@ -57,8 +58,12 @@ SPECIALIZATIONS = ("default", "filter1x1_stride1_pad0", "filter1x1_pad0", "filte
 #: and writes the result (deterministic, one launch, counters reset themselves;
 #: the last program reads every split's partial, so it suits splits up to ~16);
 #: ``atomicfix`` relaxed atomics into a persistent zeroed fp32 buffer, the last
-#: program of a tile casts it out and zeroes it (one launch, any split)
-REDUCTIONS = ("atomic", "relaxed", "twostage", "fixup", "atomicfix")
+#: program of a tile casts it out and zeroes it (one launch, any split);
+#: ``streamk`` (forward, bwd_data) a persistent grid of a few programs per SM, each
+#: walking an equal share of the flattened (output tile, reduction step) space, tiles
+#: cut between programs finished like ``fixup`` (fills the GPU when the output tiles
+#: do not: c5 7x7x512 has 100 tiles of 64x128 for 132 SMs)
+REDUCTIONS = ("atomic", "relaxed", "twostage", "fixup", "atomicfix", "streamk")
 #: Triton ``num_stages`` an explicit ``_st{n}`` may ask for
 STAGE_RANGE = range(1, 9)
 ELEMENT_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
@@ -81,7 +86,8 @@ _NAME_RE = re.compile(
     r"_(?P<tile>" + _TRIPLE + r")_(?P<wave>" + _TRIPLE + r")_(?P<warp>" + _TRIPLE + r")"
     r"_(?P<spec>" + "|".join(sorted(SPECIALIZATIONS, key=len, reverse=True)) + r")"
     r"(?:_vec(?P<vec>\d+_\d+_\d+))?(?:_pad(?P<pad>[01]{3}))?"
-    r"(?:_st(?P<st>\d))?(?:_(?P<red>relaxed|twostage|fixup|atomicfix))?(?:_gm(?P<gm>\d+))?(?P<tapmask>_tapmask)?$")
+    r"(?:_st(?P<st>\d))?(?:_(?P<red>relaxed|twostage|fixup|atomicfix|streamk))?(?:_gm(?P<gm>\d+))?"
+    r"(?P<tapmask>_tapmask)?(?P<flat>_flat)?$")
 
 
 def _triple(v) -> tuple:
@@ -112,11 +118,16 @@ class ConvKernelConfig:
     #: how a split reduction is combined (``REDUCTIONS``); matters only when the
     #: launch splits the reduction over several programs
     reduction: str = attrs.field(default="atomic", validator=attrs.validators.in_(REDUCTIONS))
-    #: bwd_weight: groups one program computes (batched dot over groups); 1 = one
+    #: groups one program computes; 1 = one.  bwd_weight: a batched dot over groups;
+    #: forward / bwd_data: one block-diagonal GEMM over the merged groups' channels
     group_merge: int = attrs.field(default=1, converter=int)
-    #: tap-validity bits per pixel row (filters of at most 31 taps): forward builds
-    #: them before the main loop, bwd_weight reads them from a per-pixel table
+    #: tap-validity bits per pixel row (filters of at most 31 taps): forward and
+    #: bwd_data build them before the main loop, bwd_weight reads them from a
+    #: per-pixel table
     tap_mask: bool = attrs.field(default=False, converter=bool)
+    #: depthwise forward / bwd_data: the flat-row kernel, tile = (output rows,
+    #: flat (W, G) elements, 1): wide contiguous 16-byte loads for any G
+    flat: bool = attrs.field(default=False, converter=bool)
 
     def __attrs_post_init__(self):
         if self.stages and self.stages not in STAGE_RANGE:
@@ -148,6 +159,8 @@ class ConvKernelConfig:
             s += f"_gm{self.group_merge}"
         if self.tap_mask:
             s += "_tapmask"
+        if self.flat:
+            s += "_flat"
         return s
 
     def __str__(self) -> str:
@@ -173,7 +186,7 @@ class ConvKernelConfig:
                    vector=tuple(int(x) for x in m["vec"].split("_")) if m["vec"] else (4, 8, 8),
                    pad=tuple(c == "1" for c in m["pad"]) if m["pad"] else (True, True, True),
                    stages=int(m["st"] or 0), reduction=m["red"] or "atomic", group_merge=int(m["gm"] or 1),
-                   tap_mask=bool(m["tapmask"]))
+                   tap_mask=bool(m["tapmask"]), flat=bool(m["flat"]))
 
     # ---- resources --------------------------------------------------------
     @property
@@ -187,9 +200,16 @@ class ConvKernelConfig:
         # backward kernels gather one operand through an index table whose loads
         # take software-pipeline stages of their own (Triton 3.6 on sm90 keeps 2
         # A/B buffers at 3-4 stages and 3 at 5): more stages, same buffers
-        if self.direction != "forward" and self.specialization != "depthwise":
+        if self.direction != "forward" and self.specialization != "depthwise" and not self._bwd_data_tm:
             return PIPELINE_STAGES_BWD[self.pipeline]
         return PIPELINE_STAGES[self.pipeline]
+
+    @property
+    def _bwd_data_tm(self) -> bool:
+        """bwd_data on the counter-driven kernel (tap bits / stream-K / merged groups):
+        no per-step table loads."""
+        return self.direction == "bwd_data" and (self.tap_mask or self.reduction == "streamk"
+                                                 or self.group_merge > 1)
 
     @property
     def smem_buffers(self) -> int:
@@ -200,7 +220,7 @@ class ConvKernelConfig:
         if self.stages:
             # the table-gathering backward kernels spend two stages on the table loads
             return self.stages if self.direction == "forward" or self.specialization == "depthwise" \
-                else max(1, self.stages - 2)
+                or self._bwd_data_tm else max(1, self.stages - 2)
         return PIPELINE_STAGES[self.pipeline]
 
     def lds_bytes(self) -> int:
@@ -214,12 +234,19 @@ class ConvKernelConfig:
         """Constexprs and launch options of the Triton kernel this config names."""
         m, n, k = self.tile
         if self.specialization == "depthwise":
+            if self.flat:
+                return {"BLOCK_R": m, "BLOCK_F": n, "num_warps": self.num_warps, "num_stages": self.num_stages}
             return {"BLOCK_P": m, "BLOCK_G": n, "num_warps": self.num_warps, "num_stages": self.num_stages}
         spec = {"filter1x1_stride1_pad0": 1, "filter1x1_pad0": 2}.get(self.specialization, 0)
         meta = {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "SPEC": spec}
         if self.direction == "forward":
             meta["TAPMASK"] = int(self.tap_mask)
-        if self.group_merge > 1:
+            meta["STREAMK"] = int(self.reduction == "streamk")
+            meta["GM"] = self.group_merge
+        elif self._bwd_data_tm:
+            meta["STREAMK"] = int(self.reduction == "streamk")
+            meta["GM"] = self.group_merge
+        elif self.group_merge > 1:
             meta["GM"] = self.group_merge
         meta.update(num_warps=self.num_warps, num_stages=self.num_stages)
         return meta
@@ -240,17 +267,35 @@ class ConvKernelConfig:
         if spec == "depthwise":
             if self.group_merge != 1 or self.tap_mask or self.reduction != "atomic":
                 return "depthwise kernels have no group merging, tap mask or split-reduction modes"
+            if self.flat and self.direction == "bwd_weight":
+                return "the flat-row depthwise kernel exists for forward and bwd_data"
+            if self.flat and (self.tile[0] & (self.tile[0] - 1) or self.tile[1] & (self.tile[1] - 1)):
+                return f"flat-row tile {self.tile[:2]} must be powers of two"
             return None if dw else "depthwise kernel needs C = K = G (one channel per group)"
+        if self.flat:
+            return "the flat-row layout exists for depthwise kernels only"
+        if self.reduction == "streamk":
+            if self.direction == "bwd_weight":
+                return "stream-K exists for forward and bwd_data (bwd_weight splits its pixel reduction)"
+            if self.direction == "bwd_data" and not self.tap_mask and not p.specialization.startswith("filter1x1"):
+                return "bwd_data stream-K runs on the tap-bit kernel: add the tap mask"
         if self.group_merge > 1:
-            if self.direction != "bwd_weight":
-                return "group merging exists for bwd_weight only"
+            gm = self.group_merge
             if p.G == 1:
                 return "group merging needs a grouped problem (G > 1)"
             if self.tile[0] < 16 or self.tile[1] < 16 or self.tile[2] < 16:
                 return "group-merged kernels need block tiles of at least 16 (batched dot)"
+            if self.direction != "bwd_weight":
+                # one block-diagonal GEMM over gm groups: whole groups per reduction block
+                red = p.c_per_group if self.direction == "forward" else p.k_per_group
+                if p.G % gm:
+                    return f"G={p.G} is not a multiple of the {gm} merged groups"
+                if self.tile[2] % red:
+                    return f"BLOCK_K {self.tile[2]} must hold whole groups of {red} reduction channels"
+                if self.direction == "bwd_data" and not self.tap_mask \
+                        and not p.specialization.startswith("filter1x1"):
+                    return "bwd_data group merging runs on the tap-bit kernel: add the tap mask"
         if self.tap_mask:
-            if self.direction == "bwd_data":
-                return "the tap mask exists for the forward and bwd_weight kernels"
             if p.taps > 31:
                 return f"tap mask holds 31 taps; the filter has {p.taps}"
             if p.specialization.startswith("filter1x1") or self.specialization.startswith("filter1x1"):
@@ -414,11 +459,17 @@ def candidate_configs(p: ConvProblem, limit: int | None = None, extended: bool =
         tiles = ((8, 32, 1), (16, 32, 1), (16, 16, 1), (32, 16, 1), (8, 64, 1), (32, 32, 1)) \
             if p.direction == "bwd_weight" else ((128, 32, 1), (256, 16, 1), (64, 64, 1), (128, 16, 1),
                                                  (256, 32, 1), (64, 32, 1))
+        if extended and p.direction != "bwd_weight":
+            # the flat-row kernel reads the same bytes in wide rows: keep the classic
+            # tiles that won on the H100 (128x16, 256x16) as the reference
+            tiles = ((128, 16, 1), (256, 16, 1))
         for t in tiles:
             add(t, (4, 1, 1), "mem")
-        if p.direction != "bwd_weight":
+        if p.direction != "bwd_weight" and not extended:
             add((512, 16, 1), (8, 1, 1), "mem")
             add((256, 16, 1), (8, 1, 1), "mem")
+        if extended:
+            out += [c for c in extended_candidates(p) if c not in out]
         return out[:limit] if limit else out
     m, n, k = p.gemm_mnk
     if p.direction == "bwd_weight":
@@ -445,7 +496,15 @@ def candidate_configs(p: ConvProblem, limit: int | None = None, extended: bool =
         for t, w, pipe in opts:
             add(t, w if t[0] * t[1] >= 64 * 64 else (2, 1, 1), pipe)
     if extended:
-        for c in extended_candidates(p):
+        ext = extended_candidates(p)
+        if p.direction == "forward":
+            # the tap bits only take work out of a forward step (H100, session 2: every
+            # 3x3 forward winner but one had them): a classic entry whose twin is in the
+            # extended list goes, the heuristic pick stays first
+            twins = {attrs.evolve(c, tap_mask=False) for c in ext if c.tap_mask and c.reduction == "atomic"
+                     and not c.stages}
+            out = out[:1] + [c for c in out[1:] if c not in twins]
+        for c in ext:
             if c not in out:
                 out.append(c)
     return out[:limit] if limit else out
@@ -458,7 +517,7 @@ PLAN_SMEM = 232448
 
 def is_extended(cfg: ConvKernelConfig) -> bool:
     """Whether ``cfg`` uses a knob of the Triton realisation beyond CK's tile space."""
-    return bool(cfg.stages or cfg.reduction != "atomic" or cfg.group_merge != 1 or cfg.tap_mask)
+    return bool(cfg.stages or cfg.reduction != "atomic" or cfg.group_merge != 1 or cfg.tap_mask or cfg.flat)
 
 
 def extended_candidates(p: ConvProblem) -> list[ConvKernelConfig]:
@@ -468,23 +527,35 @@ def extended_candidates(p: ConvProblem) -> list[ConvKernelConfig]:
     * bwd_weight: ``fixup`` / ``atomicfix`` / ``twostage`` / ``relaxed`` split
       reductions instead of acq_rel atomics + memset + cast; tap bits; BLOCK_K 128 with 4-5 stages;
       merged groups (batched dot) when a group has at most 32 channels.
-    * forward 3x3 (at most 31 taps): tap bits; and where the output tiles fill
-      less than two waves (c4 14x14x256: 98 tiles of 128x128, c5 7x7x512: 100 of
-      64x128), ``fixup`` split-K with 64/128/256-wide tiles and 8 warps.
-    * bwd_data with few output tiles: ``fixup`` split-K.
+    * forward 3x3 (at most 31 taps): tap bits on the classic tiles, BLOCK_K 128
+      with 4 stages; where the output tiles fill less than two waves (c4
+      14x14x256: 98 tiles of 128x128, c5 7x7x512: 100 of 64x128), ``fixup``
+      split-K with 64/128/256-wide tiles and 8 warps; below four waves with at
+      least 16 reduction steps per tile, ``streamk`` persistent programs.
+    * bwd_data: the same on the tap-bit kernel (a stride-1 bwd_data is a forward
+      conv of dy with the flipped filter); wider and deeper tiles for 1x1.
+    * forward / bwd_data with at most 32 channels per group (resnext g32: 16): gm
+      groups per program as one block-diagonal GEMM (``_gm4`` / ``_gm8``).
+    * depthwise forward / bwd_data: the flat-row kernel (rows x a contiguous (W, G)
+      span per program).
     """
     base = heuristic_config(p)
-    if base.specialization == "depthwise":
-        return []
     out: list = []
+    if base.specialization == "depthwise":
+        if p.direction != "bwd_weight":  # the flat-row kernel
+            for t, nw in (((4, 1024, 1), 4), ((2, 1024, 1), 4), ((8, 512, 1), 4), ((2, 2048, 1), 8),
+                          ((8, 1024, 1), 8), ((1, 2048, 1), 4)):
+                out.append(attrs.evolve(base, tile=t, waves=(nw, 1, 1), flat=True))
+        return out
     m, n, k = p.gemm_mnk
     one_by_one = p.specialization.startswith("filter1x1")
     tap = p.taps <= 31 and not one_by_one
 
-    def add(tile, waves, pipe="compv3", **kw):
+    def add_cfg(tile, waves, pipe="compv3", **kw):
         c = attrs.evolve(base, tile=tile, waves=waves, pipeline=pipe, **kw)
         # the A/B buffers the Triton pipeline keeps must fit Hopper's 227 KB
-        smem = (c.tile[0] + c.tile[1]) * c.tile[2] * ELEMENT_BYTES[c.dtype] * c.smem_buffers * c.group_merge
+        smem = (c.tile[0] + c.tile[1]) * c.tile[2] * ELEMENT_BYTES[c.dtype] * c.smem_buffers \
+            * (c.group_merge if c.direction == "bwd_weight" else 1)
         if c not in out and c.why_not(p) is None and smem <= PLAN_SMEM:
             out.append(c)
 
@@ -501,37 +572,100 @@ def extended_candidates(p: ConvProblem) -> list[ConvKernelConfig]:
                                    ((128, 64, 64), 0, "relaxed"), ((128, 64, 64), 0, "atomicfix"),
                                    ((128, 128, 64), 0, "atomicfix"), ((64, 64, 128), 5, "atomicfix")):
             a, b = min(a, tm), min(b, tn)
-            add((a, b, c), w(a, b), stages=st, reduction=red, tap_mask=tap)
+            add_cfg((a, b, c), w(a, b), stages=st, reduction=red, tap_mask=tap)
         if tap:  # the tap bits alone, on the classic reduction
-            add((min(128, tm), min(64, tn), 64), w(min(128, tm), min(64, tn)), tap_mask=True)
+            add_cfg((min(128, tm), min(64, tn), 64), w(min(128, tm), min(64, tn)), tap_mask=True)
         if p.G > 1 and p.k_per_group <= 32 and p.c_per_group <= 32:
             a, b = max(16, tm), max(16, tn)
             for gm, c in ((8, 64), (4, 128), (16, 64)):
-                add((a, b, c), (2, 2, 1), group_merge=gm, reduction="fixup", tap_mask=tap)
+                add_cfg((a, b, c), (2, 2, 1), group_merge=gm, reduction="fixup", tap_mask=tap)
         return out
+
+    def add(tile, waves, pipe="compv3", **kw):
+        # the classic list's rule: tiles under 64x64 run on 2 warps
+        add_cfg(tile, waves if tile[0] * tile[1] >= 64 * 64 else (2, 1, 1), pipe, **kw)
 
     bn = _pow2_at_least(n, 16, 128)
     bk = base.tile[2]
-    few_tiles = _cdiv(m, 128) * _cdiv(n, 128) * p.G < 2 * PLAN_SMS
+    bk2 = 128 if bk >= 64 else bk
+    w8 = (2, 4, 1) if bn >= 128 else (2, 2, 1)
+    tiles128 = _cdiv(m, 128) * _cdiv(n, 128) * p.G
+    few_tiles = tiles128 < 2 * PLAN_SMS
+    steps = (1 if one_by_one else p.taps) * _cdiv(p.c_per_group if p.direction == "forward" else p.k_per_group,
+                                                  bk)
+    # stream-K where the output tiles end in a ragged last wave and each tile has
+    # enough reduction steps to share (c3/c4/c5 3x3, c4 1x1 forward)
+    streamk = tiles128 < 4 * PLAN_SMS and steps >= 16 and (tap or one_by_one)
+    if p.G > 1 and max(p.c_per_group, p.k_per_group) <= 32 and (tap or one_by_one):
+        # few channels per group (resnext g32: 16): gm groups as one block-diagonal GEMM,
+        # rows of gm*16 contiguous channels, a plain 2-D wgmma (gm x the MMA work, most
+        # of it on zeros: these layers are bound by loads and latency, not by MMA)
+        red, oth = (p.c_per_group, p.k_per_group) if p.direction == "forward" else (p.k_per_group, p.c_per_group)
+        for gm, bm, st in ((4, 128, 0), (4, 64, 0), (8, 128, 3)):
+            bkg, bng = _pow2_at_least(gm * red, 16, 128), _pow2_at_least(gm * oth, 16, 128)
+            if p.G % gm == 0 and bkg % red == 0:
+                add((bm, bng, bkg), (2, 4, 1) if bm * bng >= 128 * 128 else (2, 2, 1), "compv3", stages=st,
+                    group_merge=gm, tap_mask=tap)
     if p.direction == "forward":
         if tap:
             add(base.tile, base.waves, base.pipeline, tap_mask=True)
             add((128, bn, bk), (2, 4, 1), "compv4", tap_mask=True)
-            add((256, bn, bk), (2, 4, 1), "compv3", tap_mask=True)
+            if not few_tiles:
+                add((256, bn, bk), (2, 4, 1), "compv3", tap_mask=True)
+            # the classic list's other tiles with the tap bits
+            add((64, bn, bk), (2, 2, 1), "compv3", tap_mask=True)
+            add((128, bn, bk), (2, 2, 1), "compv3", tap_mask=True)
+            add((64, bn, bk2), w8, "compv3", stages=4, tap_mask=True)
             if n >= 256:
                 add((128, 256, bk), (2, 4, 1), "compv3", stages=3, tap_mask=True)
+                if not few_tiles:
+                    add((256, 128, bk), (2, 4, 1), "compv4", tap_mask=True)
         if few_tiles:
             add((128, bn, bk), (2, 4, 1), "compv4", reduction="fixup", tap_mask=tap)
-            add((64, bn, bk), (2, 4, 1) if bn >= 128 else (2, 2, 1), "compv3", reduction="fixup", tap_mask=tap)
-            add((64, bn, 128 if bk >= 64 else bk), (2, 4, 1) if bn >= 128 else (2, 2, 1), "compv3", stages=4,
-                reduction="fixup", tap_mask=tap)
+            add((64, bn, bk2), w8, "compv3", stages=4, reduction="fixup", tap_mask=tap)
+        if few_tiles and not streamk:  # stream-K balances these better
+            add((64, bn, bk), w8, "compv3", reduction="fixup", tap_mask=tap)
             if n >= 256:
                 add((64, 256, bk), (2, 4, 1), "compv3", reduction="fixup", tap_mask=tap)
                 add((128, 256, bk), (2, 4, 1), "compv3", stages=3, reduction="fixup", tap_mask=tap)
+        if streamk:
+            add((128, bn, bk), (2, 4, 1), "compv4", reduction="streamk", tap_mask=tap)
+            add((64, bn, bk), w8, "compv3", reduction="streamk", tap_mask=tap)
+            add((64, bn, bk2), w8, "compv3", stages=4, reduction="streamk", tap_mask=tap)
+            if n >= 256:
+                add((128, 256, bk), (2, 4, 1), "compv3", stages=3, reduction="streamk", tap_mask=tap)
         return out
-    if few_tiles:  # bwd_data
-        add((128, bn, bk), (2, 4, 1), "compv3", reduction="fixup")
-        add((64, bn, bk), (2, 4, 1) if bn >= 128 else (2, 2, 1), "compv3", reduction="fixup")
+    # bwd_data: the tap-bit kernel (no per-step table loads; the forward's pipeline depths)
+    if tap:
+        add(base.tile, base.waves, base.pipeline, tap_mask=True)
+        add((128, bn, bk), (2, 4, 1), "compv3", tap_mask=True)
+        add((64, bn, bk), (2, 2, 1), "compv3", tap_mask=True)
+        if bn <= 64:  # the session-2 winner's tile on the 64-channel layers (c2 3x3, c3d)
+            add((128, bn, bk), (2, 2, 1), "compv3", tap_mask=True)
+        add((128, bn, bk), (2, 4, 1), "compv3", stages=4, tap_mask=True)
+        add((64, bn, bk2), w8, "compv3", stages=4, tap_mask=True)
+        if bn >= 64 and not few_tiles:
+            add((256, bn, bk), (2, 4, 1), "compv3", tap_mask=True)
+        if n >= 256:
+            add((128, 256, bk), (2, 4, 1), "compv3", stages=3, tap_mask=True)
+    elif one_by_one and tiles128 < 4 * PLAN_SMS:
+        # short reductions (c4 1x1: 256 deep): wider tiles, fewer and deeper steps
+        add((128, bn, bk2), (2, 4, 1), "compv3", stages=3)
+        if n >= 256:
+            add((128, 256, bk), (2, 4, 1), "mem")
+            add((256, 128, bk), (2, 4, 1), "compv3", stages=3)
+    if few_tiles and (tap or one_by_one):
+        if tap:
+            add((64, bn, bk2), w8, "compv3", stages=4, reduction="fixup", tap_mask=True)
+        if not streamk:
+            add((128, bn, bk), (2, 4, 1), "compv3", reduction="fixup", tap_mask=tap)
+            add((64, bn, bk), w8, "compv3", reduction="fixup", tap_mask=tap)
+    if streamk:
+        add((128, bn, bk), (2, 4, 1), "compv3", stages=4, reduction="streamk", tap_mask=tap)
+        add((64, bn, bk), w8, "compv3", reduction="streamk", tap_mask=tap)
+        add((64, bn, bk2), w8, "compv3", stages=4, reduction="streamk", tap_mask=tap)
+        if n >= 256:
+            add((128, 256, bk), (2, 4, 1), "compv3", stages=3, reduction="streamk", tap_mask=tap)
     return out
 
 

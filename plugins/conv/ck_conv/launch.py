@@ -13,6 +13,7 @@ types, which is what ``triton.compile(ASTSource(...))`` needs.
 from __future__ import annotations
 
 import functools
+import math
 
 from ck_core.errors import InvalidProblem, UnsupportedProblem
 
@@ -112,6 +113,48 @@ def _table_tensor(rows, T, device, extra=None):
     tab, cnt = tab.to(device), cnt.to(device)
     _TABLES[key] = (rows, tab, cnt)
     return tab, cnt
+
+
+@functools.lru_cache(maxsize=256)
+def _class_rows(sd, pad, dil, flt, Ho, Wo):
+    """Per stride residue class (row-major over sd), the 17 int32 fields of
+    ``conv_bwd_data_tm_kernel``'s class table.
+
+    Along one dimension the filter positions f reaching residue r (r + p - f*d
+    divisible by s) form an arithmetic run f0, f0 + fs, ... (fs = s / gcd(s, d)) whose
+    dy offsets (r + p - f*d) / s fall by dl = fs*d/s per step; the class's taps are
+    the product of the three runs, in the classic table's (z, y, x) order.  Fields:
+    nz, ny, nx, o0z, o0y, o0x, dlz, dly, dlx, tap0, tap step z/y/x, linear dy offset
+    of the first tap and its step z/y/x.
+    """
+    rows = []
+    for rd in range(sd[0]):
+        for rh in range(sd[1]):
+            for rw in range(sd[2]):
+                per = []
+                for r, f, s, p, d in zip((rd, rh, rw), flt, sd, pad, dil):
+                    fs_ = [t for t in range(f) if (r + p - t * d) % s == 0]
+                    f0 = fs_[0] if fs_ else 0
+                    step = s // math.gcd(s, d)  # the run's step (any when it has one tap)
+                    assert all(b - a == step for a, b in zip(fs_, fs_[1:])) and (step * d) % s == 0
+                    per.append((len(fs_), f0, step, (r + p - f0 * d) // s, step * d // s))
+                (nz, fz, sz, oz, dz), (ny, fy, sy, oy, dy), (nx, fx, sx, ox, dx) = per
+                rows.append((nz, ny, nx, oz, oy, ox, dz, dy, dx,
+                             (fz * flt[1] + fy) * flt[2] + fx, sz * flt[1] * flt[2], sy * flt[2], sx,
+                             (oz * Ho + oy) * Wo + ox, -dz * Ho * Wo, -dy * Wo, -dx))
+    return tuple(rows)
+
+
+def _ctab_tensor(rows, device):
+    """Device copy of a class table (cached: launches inside CUDA-graph capture copy nothing)."""
+    key = ("ctab", id(rows), str(device))
+    hit = _TABLES.get(key)
+    if hit is not None and hit[0] is rows:
+        return hit[1]
+    import torch
+    t = torch.tensor([list(r) for r in rows], dtype=torch.int32).reshape(-1).to(device)
+    _TABLES[key] = (rows, t)
+    return t
 
 
 # ---------------------------------------------------------------------------
@@ -236,6 +279,41 @@ def auto_split_mn(tiles: int, steps: int, num_sms: int, eager: bool = False) -> 
     return max(1, min(num_sms // tiles, steps // 4))
 
 
+def streamk_programs(cfg: ConvKernelConfig, total: int, steps: int, num_sms: int, per_sm: int | None = None) -> int:
+    """Programs of a stream-K launch: ``per_sm`` per SM (None: 2 when two of the
+    config's A/B buffer sets fit in one SM's shared memory, else 1), at most one
+    per 4 reduction steps of work (and never more than the work)."""
+    from .kernels import ELEMENT_BYTES, PLAN_SMEM
+    if not per_sm:
+        m, n, k = cfg.tile
+        smem = (m + n) * k * ELEMENT_BYTES[cfg.dtype] * cfg.smem_buffers
+        per_sm = 2 if 2 * smem <= PLAN_SMEM else 1
+    return max(1, min(per_sm * num_sms, total // min(4, max(steps, 1)), total))
+
+
+class _StreamK:
+    """Output, fp32 partials and counters of a stream-K launch of ``nprog`` programs
+    over ``ntiles`` tiles of ``steps`` steps each (kernel args as _SplitOut's)."""
+
+    def __init__(self, final, total: int, steps: int, nprog: int, ntiles: int):
+        import torch
+        self.final = final
+        self.chunk = _cdiv(total, nprog)
+        self.nprog = _cdiv(total, self.chunk)
+        parts = min(self.nprog, _cdiv(steps, self.chunk) + 1)
+        numel = final.numel()
+        if parts * numel >= 2 ** 31:
+            raise UnsupportedProblem(f"stream-K partials of {parts} x {numel} elements overflow 32-bit offsets; "
+                                     f"use a fixup or atomic split reduction for this problem")
+        self.out = torch.empty((parts,) + tuple(final.shape), dtype=torch.float32, device=final.device)
+        self.fin, self.stride = final, numel
+        self.cnt = _counters(final.device, ntiles)
+        self.atomic, self.ws = False, 2
+
+    def finish(self):
+        return self.final
+
+
 _COUNTERS: dict = {}
 _ACCUM: dict = {}
 _REDUCE_BLOCK = 1024
@@ -314,13 +392,37 @@ class _SplitOut:
         return self.final
 
 
+def _flat_args(p: ConvProblem, g: dict, bwd: bool):
+    """(R, Dd, Hd, Wd, Ds, Hs, Ws, a, b, c, s) of ``dw_flat_kernel`` (see _dw_src):
+    destination rows and sizes, source sizes, per-dimension coefficients."""
+    out_sp, in_sp = (g["Do"], g["Ho"], g["Wo"]), (g["Di"], g["Hi"], g["Wi"])
+    dst, src = (in_sp, out_sp) if bwd else (out_sp, in_sp)
+    if bwd:
+        a, b, c, s = (1, 1, 1), g["pad"], tuple(-d for d in g["dil"]), g["sd"]
+    else:
+        a, b, c, s = g["sd"], tuple(-x for x in g["pad"]), g["dil"], (1, 1, 1)
+    R = p.N * dst[0] * dst[1]
+    return R, dst, src, a, b, c, s
+
+
+def _dw_flat(src, w, dst, p: ConvProblem, g: dict, meta: dict, nw: int, ns: int, bwd: bool):
+    """Launch ``dw_flat_kernel``: dst (channels-last) from src and the weights."""
+    from . import triton_kernels as tk
+    R, dsz, ssz, a, b, c, s = _flat_args(p, g, bwd)
+    G = p.G
+    grid = (_cdiv(dsz[2] * G, meta["BLOCK_F"]) * _cdiv(R, meta["BLOCK_R"]),)
+    tk.dw_flat_kernel[grid](src, w, dst, R, G, *dsz, *ssz, src.numel(), *a, *b, *c, *s, *g["flt"], **meta,
+                            UNIT_W=a[2] == 1 and s[2] == 1, BWD=bwd, num_warps=nw, num_stages=ns)
+
+
 def run(p: ConvProblem, tensors: dict, config: ConvKernelConfig | str | None = None, split: int | None = None):
     """Compute ``p`` on torch tensors with the Triton kernel ``config`` (heuristic when None).
 
     ``split`` splits the reduction of forward / bwd_data kernels over several
     programs, combined as the config's ``reduction`` says (fp32 atomics into a
     workspace by default; see ck_conv.kernels.REDUCTIONS); None chooses from the
-    grid size.  bwd_weight takes its split from ``p.split_k`` (0 = choose).
+    grid size.  For ``streamk`` it is the number of persistent programs per SM.
+    bwd_weight takes its split from ``p.split_k`` (0 = choose).
     ``fixup`` / ``atomicfix`` keep per-device arrival counters (and, atomicfix,
     an fp32 accumulator) that their launches leave zeroed: do not run two such
     launches concurrently on different streams.
@@ -356,22 +458,33 @@ def run(p: ConvProblem, tensors: dict, config: ConvKernelConfig | str | None = N
         wc = to_channels_last(w, p.wei_layout, "wei", nd)
         M = p.N * g["Do"] * g["Ho"] * g["Wo"]
         y = torch.empty((p.N,) + p.output_spatial + (G, K), dtype=x.dtype, device=x.device)
-        if dwise:
+        if dwise and cfg.flat:
+            _dw_flat(xc, wc, y, p, g, meta, nw, ns, bwd=False)
+        elif dwise:
             grid = (_cdiv(M, meta["BLOCK_P"]), _cdiv(G, meta["BLOCK_G"]))
             tk.dw_fwd_kernel[grid](xc, wc, y, M, G, g["Di"], g["Hi"], g["Wi"], g["Do"], g["Ho"], g["Wo"],
                                    *sd, *pad, *dil, *flt, **meta, num_warps=nw, num_stages=ns)
         else:
-            tiles = _cdiv(M, meta["BLOCK_M"]) * _cdiv(K, meta["BLOCK_N"])
-            steps = p.taps * _cdiv(C, meta["BLOCK_K"])
-            nsplit = split or auto_split_mn(tiles * G, steps, _num_sms(x.device),
-                                            eager=cfg.reduction in ("twostage", "fixup", "atomicfix"))
-            chunk = _cdiv(steps, nsplit)
-            nsplit = _cdiv(steps, chunk)
-            so = _SplitOut(y, nsplit, cfg.reduction, tiles * G)
-            tk.conv_fwd_kernel[(tiles, G, nsplit)](
+            gm = meta["GM"]  # groups merged into one block-diagonal GEMM
+            Gb = G // gm
+            tiles = _cdiv(M, meta["BLOCK_M"]) * _cdiv(K * gm, meta["BLOCK_N"])
+            steps = (p.taps if meta["SPEC"] != 1 else 1) * _cdiv(C * gm, meta["BLOCK_K"])
+            if cfg.reduction == "streamk":
+                total = tiles * Gb * steps
+                so = _StreamK(y, total, steps, streamk_programs(cfg, total, steps, _num_sms(x.device), split),
+                              tiles * Gb)
+                grid, chunk = (so.nprog, 1, 1), so.chunk
+            else:
+                nsplit = split or auto_split_mn(tiles * Gb, steps, _num_sms(x.device),
+                                                eager=cfg.reduction in ("twostage", "fixup", "atomicfix"))
+                chunk = _cdiv(steps, nsplit)
+                nsplit = _cdiv(steps, chunk)
+                so = _SplitOut(y, nsplit, cfg.reduction, tiles * Gb)
+                grid = (tiles, Gb, nsplit)
+            tk.conv_fwd_kernel[grid](
                 xc, wc, so.out, so.fin, so.cnt, M, g["Di"], g["Hi"], g["Wi"], g["Do"], g["Ho"], g["Wo"],
                 C, K, G * C, G * K, *sd, *pad, *dil, *flt, chunk, so.stride, **meta,
-                EVEN_C=C % meta["BLOCK_K"] == 0, IEEE=ieee, ATOMIC=so.atomic, WS=so.ws, num_warps=nw,
+                EVEN_C=C * gm % meta["BLOCK_K"] == 0, IEEE=ieee, ATOMIC=so.atomic, WS=so.ws, num_warps=nw,
                 num_stages=ns)
             y = so.finish()
         return from_channels_last(y, p.out_layout, "out", nd)
@@ -383,11 +496,41 @@ def run(p: ConvProblem, tensors: dict, config: ConvKernelConfig | str | None = N
         dyc = to_channels_last(dy, p.out_layout, "out", nd)
         wc = to_channels_last(w, p.wei_layout, "wei", nd)
         dx = torch.empty((p.N,) + p.input_spatial + (G, C), dtype=dy.dtype, device=dy.device)
-        if dwise:
+        if dwise and cfg.flat:
+            _dw_flat(dyc, wc, dx, p, g, meta, nw, ns, bwd=True)
+        elif dwise:
             Mi = p.N * g["Di"] * g["Hi"] * g["Wi"]
             grid = (_cdiv(Mi, meta["BLOCK_P"]), _cdiv(G, meta["BLOCK_G"]))
             tk.dw_bwd_data_kernel[grid](dyc, wc, dx, Mi, G, g["Di"], g["Hi"], g["Wi"], g["Do"], g["Ho"], g["Wo"],
                                         *sd, *pad, *dil, *flt, **meta, num_warps=nw, num_stages=ns)
+        elif "STREAMK" in meta:  # the counter-driven kernel: tap bits and/or stream-K
+            crow = _class_rows(sd, pad, dil, flt, g["Ho"], g["Wo"])
+            ctab = _ctab_tensor(crow, dy.device)
+            tmax = max(r[0] * r[1] * r[2] for r in crow)
+            Rd, Rh, Rw = (_cdiv(a, s_) for a, s_ in zip((g["Di"], g["Hi"], g["Wi"]), sd))
+            Mr = p.N * Rd * Rh * Rw
+            gm = meta["GM"]
+            tiles = _cdiv(Mr, meta["BLOCK_M"]) * _cdiv(C * gm, meta["BLOCK_N"])
+            steps = (tmax if meta["SPEC"] != 1 else 1) * _cdiv(K * gm, meta["BLOCK_K"])
+            ntiles = tiles * (G // gm) * len(crow)
+            if cfg.reduction == "streamk":
+                total = ntiles * steps
+                so = _StreamK(dx, total, steps, streamk_programs(cfg, total, steps, _num_sms(dy.device), split),
+                              ntiles)
+                grid, chunk, nsplit = (so.nprog, 1, 1), so.chunk, 1
+            else:
+                nsplit = split or auto_split_mn(ntiles, steps, _num_sms(dy.device),
+                                                eager=cfg.reduction in ("twostage", "fixup", "atomicfix"))
+                chunk = _cdiv(max(steps, 1), nsplit)
+                nsplit = max(1, _cdiv(steps, chunk))
+                so = _SplitOut(dx, nsplit, cfg.reduction, ntiles)
+                grid = (tiles, G // gm, len(crow) * nsplit)
+            tk.conv_bwd_data_tm_kernel[grid](dyc, wc, so.out, ctab, so.fin, so.cnt, Mr, Rd, Rh, Rw,
+                                             g["Di"], g["Hi"], g["Wi"], g["Do"], g["Ho"], g["Wo"], C, K, G * C,
+                                             G * K, p.taps, tmax, *sd, chunk, nsplit, so.stride, **meta,
+                                             EVEN_K=K * gm % meta["BLOCK_K"] == 0, IEEE=ieee, ATOMIC=so.atomic,
+                                             WS=so.ws, num_warps=nw, num_stages=ns)
+            dx = so.finish()
         else:
             T = p.taps
             rows = _residue_table(sd, pad, dil, flt)
@@ -466,6 +609,11 @@ _ARGS = {
     ("bwd_data", False): ["dy_ptr", "w_ptr", "dx_ptr", "tab_ptr", "ntap_ptr", "fin_ptr", "cnt_ptr", "Mr", "Rd",
                           "Rh", "Rw", "Di", "Hi", "Wi", "Do", "Ho", "Wo", "C", "K", "CS", "KS", "T", "TMAX",
                           "sd", "sh", "sw", "IT_CHUNK", "NSPLIT", "WS_STRIDE"],
+    ("bwd_data_tm", False): ["dy_ptr", "w_ptr", "dx_ptr", "ctab_ptr", "fin_ptr", "cnt_ptr", "Mr", "Rd", "Rh", "Rw",
+                             "Di", "Hi", "Wi", "Do", "Ho", "Wo", "C", "K", "CS", "KS", "T", "TMAX",
+                             "sd", "sh", "sw", "IT_CHUNK", "NSPLIT", "WS_STRIDE"],
+    ("flat", True): ["src_ptr", "w_ptr", "dst_ptr", "R", "G", "Dd", "Hd", "Wd", "Ds", "Hs", "Ws", "NSRC",
+                     "ad", "ah", "aw", "bd", "bh", "bw", "cd", "ch", "cw", "s_d", "s_h", "s_w"],
     ("bwd_weight", False): ["x_ptr", "dy_ptr", "dw_ptr", "pb_ptr", "pc_ptr", "fin_ptr", "cnt_ptr", "P", "CHUNK"]
     + _BW_GEO,
     ("bwd_weight_gm", False): ["x_ptr", "dy_ptr", "dw_ptr", "pb_ptr", "pc_ptr", "fin_ptr", "cnt_ptr", "P", "CHUNK",
@@ -499,22 +647,33 @@ def kernel_for(key_or_config, problem: ConvProblem | None = None):
         if cfg.direction == "bwd_weight":
             from .dw_codegen import dw_bwd_weight_kernel
             fn = dw_bwd_weight_kernel(flt)
+        elif cfg.flat:
+            fn = tk.dw_flat_kernel
+            meta.update(FZ=flt[0], FY=flt[1], FX=flt[2])
+            if problem is not None:
+                _, _, _, a, _, _, s = _flat_args(problem, geometry(problem), cfg.direction == "bwd_data")
+                meta.update(UNIT_W=a[2] == 1 and s[2] == 1)
+            else:
+                meta.update(UNIT_W=True)
+            meta.update(BWD=cfg.direction == "bwd_data")
         else:
             fn = {"forward": tk.dw_fwd_kernel, "bwd_data": tk.dw_bwd_data_kernel}[cfg.direction]
             meta.update(FZ=flt[0], FY=flt[1], FX=flt[2])
     else:
-        fn = {"forward": tk.conv_fwd_kernel, "bwd_data": tk.conv_bwd_data_kernel,
+        fn = {"forward": tk.conv_fwd_kernel,
+              "bwd_data": tk.conv_bwd_data_tm_kernel if "STREAMK" in meta else tk.conv_bwd_data_kernel,
               "bwd_weight": tk.conv_bwd_weight_gm_kernel if cfg.group_merge > 1
               else tk.conv_bwd_weight_kernel}[cfg.direction]
         meta["IEEE"] = ieee
         # a workspace reduction is what a config asking for one is built for
-        ws = {"atomic": 0, "relaxed": 0, "twostage": 1, "fixup": 2, "atomicfix": 3}[cfg.reduction]
+        ws = {"atomic": 0, "relaxed": 0, "twostage": 1, "fixup": 2, "atomicfix": 3, "streamk": 2}[cfg.reduction]
         atomic = 2 if cfg.reduction == "relaxed" else True
+        gm = cfg.group_merge
         if cfg.direction == "forward":
-            meta["EVEN_C"] = bool(problem and problem.c_per_group % meta["BLOCK_K"] == 0)
+            meta["EVEN_C"] = bool(problem and problem.c_per_group * gm % meta["BLOCK_K"] == 0)
             meta["ATOMIC"] = False
         elif cfg.direction == "bwd_data":
-            meta["EVEN_K"] = bool(problem and problem.k_per_group % meta["BLOCK_K"] == 0)
+            meta["EVEN_K"] = bool(problem and problem.k_per_group * gm % meta["BLOCK_K"] == 0)
             meta["ATOMIC"] = False
         else:
             split = problem is None or problem.split_k != 1
@@ -526,18 +685,38 @@ def kernel_for(key_or_config, problem: ConvProblem | None = None):
 
     def grid(p: ConvProblem):
         g = geometry(p)
+        if dwise and cfg.flat:
+            R, dsz, _, _, _, _, _ = _flat_args(p, g, p.direction == "bwd_data")
+            return (_cdiv(dsz[2] * p.G, meta["BLOCK_F"]) * _cdiv(R, meta["BLOCK_R"]), 1, 1)
+        if cfg.reduction == "streamk":  # as run() launches it on an H100-sized GPU
+            from .kernels import PLAN_SMS
+            gm = cfg.group_merge
+            if p.direction == "forward":
+                ntiles = _cdiv(p.N * g["Do"] * g["Ho"] * g["Wo"], meta["BLOCK_M"]) \
+                    * _cdiv(g["K"] * gm, meta["BLOCK_N"])
+                steps = (p.taps if meta["SPEC"] != 1 else 1) * _cdiv(g["C"] * gm, meta["BLOCK_K"])
+            else:
+                crow = _class_rows(g["sd"], g["pad"], g["dil"], g["flt"], g["Ho"], g["Wo"])
+                Mr = p.N * _cdiv(g["Di"], g["sd"][0]) * _cdiv(g["Hi"], g["sd"][1]) * _cdiv(g["Wi"], g["sd"][2])
+                ntiles = _cdiv(Mr, meta["BLOCK_M"]) * _cdiv(g["C"] * gm, meta["BLOCK_N"]) * len(crow)
+                steps = (max(r[0] * r[1] * r[2] for r in crow) if meta["SPEC"] != 1 else 1) \
+                    * _cdiv(g["K"] * gm, meta["BLOCK_K"])
+            total = ntiles * (p.G // gm) * steps
+            n = streamk_programs(cfg, total, steps, PLAN_SMS)
+            return (_cdiv(total, _cdiv(total, n)), 1, 1)
         if dwise:
             if p.direction == "forward":
                 return (_cdiv(p.N * g["Do"] * g["Ho"] * g["Wo"], meta["BLOCK_P"]), _cdiv(p.G, meta["BLOCK_G"]), 1)
             if p.direction == "bwd_data":
                 return (_cdiv(p.N * g["Di"] * g["Hi"] * g["Wi"], meta["BLOCK_P"]), _cdiv(p.G, meta["BLOCK_G"]), 1)
             return (_cdiv(p.G, meta["BLOCK_G"]), max(1, p.split_k), 1)
+        gm = cfg.group_merge
         if p.direction == "forward":
             M = p.N * g["Do"] * g["Ho"] * g["Wo"]
-            return (_cdiv(M, meta["BLOCK_M"]) * _cdiv(g["K"], meta["BLOCK_N"]), p.G, 1)  # split 1
+            return (_cdiv(M, meta["BLOCK_M"]) * _cdiv(g["K"] * gm, meta["BLOCK_N"]), p.G // gm, 1)  # split 1
         if p.direction == "bwd_data":
             Mr = p.N * _cdiv(g["Di"], g["sd"][0]) * _cdiv(g["Hi"], g["sd"][1]) * _cdiv(g["Wi"], g["sd"][2])
-            return (_cdiv(Mr, meta["BLOCK_M"]) * _cdiv(g["C"], meta["BLOCK_N"]), p.G,
+            return (_cdiv(Mr, meta["BLOCK_M"]) * _cdiv(g["C"] * gm, meta["BLOCK_N"]), p.G // gm,
                     g["sd"][0] * g["sd"][1] * g["sd"][2])  # split 1
         return (p.taps * _cdiv(g["K"], meta["BLOCK_M"]) * _cdiv(g["C"], meta["BLOCK_N"]),
                 _cdiv(p.G, meta.get("GM", 1)), max(1, p.split_k))
@@ -557,9 +736,14 @@ def aot_signature(key_or_config, constexprs: dict | None = None) -> dict:
     ptr = "*" + cfg.dtype
     out_ptr = {"forward": "y_ptr", "bwd_data": "dx_ptr", "bwd_weight": "dw_ptr"}[cfg.direction]
     sig = {}
-    kind = "bwd_weight_gm" if cfg.group_merge > 1 and not dwise else cfg.direction
+    kind = "bwd_weight_gm" if cfg.group_merge > 1 and not dwise and cfg.direction == "bwd_weight" \
+        else cfg.direction
+    if dwise and cfg.flat:
+        kind = "flat"
+    elif "STREAMK" in constexprs and cfg.direction == "bwd_data":
+        kind = "bwd_data_tm"
     for n in _ARGS[(kind, dwise)]:
-        if n in ("tab_ptr", "ntap_ptr", "pb_ptr", "pc_ptr", "cnt_ptr"):
+        if n in ("tab_ptr", "ntap_ptr", "pb_ptr", "pc_ptr", "cnt_ptr", "ctab_ptr"):
             sig[n] = "*i32"
         elif n == out_ptr and (atomic or (dwise and cfg.direction == "bwd_weight")):
             sig[n] = "*fp32"  # split-K workspace
@@ -592,6 +776,12 @@ def aot_source_args(key_or_config, problem: ConvProblem | None = None):
                  "bwd_weight": problem.weight_shape}[problem.direction]
         known = {"C": problem.c_per_group, "K": problem.k_per_group, "CS": problem.C, "KS": problem.K,
                  "G": problem.G, "WS_STRIDE": math.prod(numel)}
+        if fn.__name__ == "dw_flat_kernel":  # every int argument, as the JIT would see it
+            bwd = problem.direction == "bwd_data"
+            R, dsz, ssz, a, b, c, s = _flat_args(problem, geometry(problem), bwd)
+            vals = [R, problem.G, *dsz, *ssz, math.prod(problem.output_shape if bwd else problem.input_shape),
+                    *a, *b, *c, *s]
+            known = dict(zip(_ARGS[("flat", True)][3:], vals))
     attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
              if sig[a].startswith("*") or (a in known and known[a] % 16 == 0)}
     return fn, sig, consts, {"num_warps": meta["num_warps"], "num_stages": meta["num_stages"], "attrs": attrs}

@@ -69,6 +69,7 @@ class ConvAlgorithm:
     reduction: str = "atomic"
     group_merge: int = 1
     tap_mask: bool = False
+    flat: bool = False
 
     @property
     def num_warps(self) -> int:
@@ -82,7 +83,7 @@ def to_config(sig: ConvSignature, a: ConvAlgorithm) -> K.ConvKernelConfig:
                               warp_tile=(a.warp_tile_m, a.warp_tile_n, a.warp_tile_k),
                               specialization=a.specialization, vector=(a.vector_a, a.vector_b, a.vector_c),
                               pad=(a.pad_m, a.pad_n, a.pad_k), stages=a.stages, reduction=a.reduction,
-                              group_merge=a.group_merge, tap_mask=a.tap_mask)
+                              group_merge=a.group_merge, tap_mask=a.tap_mask, flat=a.flat)
 
 
 def from_config(c: K.ConvKernelConfig) -> tuple:
@@ -90,7 +91,8 @@ def from_config(c: K.ConvKernelConfig) -> tuple:
     alg = ConvAlgorithm(*c.tile, *c.waves, *c.warp_tile, pipeline=c.pipeline, scheduler=c.scheduler,
                         specialization=c.specialization, vector_a=c.vector[0], vector_b=c.vector[1],
                         vector_c=c.vector[2], pad_m=c.pad[0], pad_n=c.pad[1], pad_k=c.pad[2],
-                        stages=c.stages, reduction=c.reduction, group_merge=c.group_merge, tap_mask=c.tap_mask)
+                        stages=c.stages, reduction=c.reduction, group_merge=c.group_merge, tap_mask=c.tap_mask,
+                        flat=c.flat)
     return sig, alg
 
 

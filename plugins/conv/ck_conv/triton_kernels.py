@@ -27,7 +27,15 @@ write the result (a per-tile arrival counter in ``cnt_ptr``, reset by that
 program); both are deterministic.  3 adds relaxed atomics into a persistent
 zeroed fp32 buffer of the output's size, and the last program of each tile
 casts the sum out and zeroes the buffer and its counter again (one launch for
-any split; not deterministic).
+any split; not deterministic).  ``STREAMK`` (forward, bwd_data): a 1-D grid of
+persistent programs, each walking IT_CHUNK steps of the flattened (tile, step)
+space; a tile cut between programs is finished like WS == 2.
+
+bwd_data has two kernels: ``conv_bwd_data_kernel`` reads each step's tap and dy
+offset from a residue table, ``conv_bwd_data_tm_kernel`` (tap bits, stream-K,
+merged groups) carries them as counters from a per-class table of arithmetic
+runs, with the forward kernel's closed-form tap bits.  ``GM`` (forward,
+bwd_data tm) computes GM groups as one GEMM with a block-diagonal weight tile.
 
 ``SPEC`` is CK's convolution specialisation: 0 default, 1 filter1x1_stride1_pad0
 (input pixel = output pixel, no index arithmetic), 2 filter1x1_pad0 (one tap,
@@ -35,7 +43,8 @@ never out of bounds).  3x3 filters use the default path.
 
 Depthwise problems (C = K = 1 per group) are not GEMMs; ``dw_*`` kernels do
 them directly, vectorised across groups (bwd_weight's is generated per filter
-size by :mod:`ck_conv.dw_codegen`).
+size by :mod:`ck_conv.dw_codegen`); ``dw_flat_kernel`` tiles rows x a flat
+(W, G) span instead, for contiguous 16-byte loads whatever G is.
 """
 from __future__ import annotations
 
@@ -85,6 +94,20 @@ def _tap_range(i0, n, f, dl):
 
 
 @triton.jit
+def _box_bits(zlo, zc, ylo, yc, xlo, xc, NY, NX):
+    """Bits of the box [zlo, zlo+zc) x [ylo, ylo+yc) x [xlo, xlo+xc) of taps numbered
+    t = (z*NY + y)*NX + x (NY*NZ*NX <= 31): a run of x bits repeated at every y of the
+    box (a geometric series in 2**NX) and that at every z (in 2**(NY*NX))."""
+    one = tl.full(zlo.shape, 1, tl.int64)
+    nx = tl.maximum(NX, 1)
+    nyx = tl.maximum(NY * NX, 1)
+    xb = ((one << xc) - 1) << xlo
+    sy = (((one << (yc * nx)) - 1) // ((1 << nx) - 1)) << (ylo * nx)
+    sz = (((one << (zc * nyx)) - 1) // ((1 << nyx) - 1)) << (zlo * nyx)
+    return (xb * sy * sz).to(tl.int32)
+
+
+@triton.jit
 def _tap_bits(id0, ih0, iw0, Di, Hi, Wi, FZ, FY, FX, dd, dh, dw):
     """Bit t = (fz*FY + fy)*FX + fx set where tap t reads inside the image (T <= 31):
     the valid taps form a box, so the mask is a run of x bits repeated at every
@@ -92,11 +115,7 @@ def _tap_bits(id0, ih0, iw0, Di, Hi, Wi, FZ, FY, FX, dd, dh, dw):
     zlo, zc = _tap_range(id0, Di, FZ, dd)
     ylo, yc = _tap_range(ih0, Hi, FY, dh)
     xlo, xc = _tap_range(iw0, Wi, FX, dw)
-    one = tl.full(id0.shape, 1, tl.int64)
-    xb = ((one << xc) - 1) << xlo
-    sy = (((one << (yc * FX)) - 1) // ((1 << FX) - 1)) << (ylo * FX)
-    sz = (((one << (zc * (FY * FX))) - 1) // ((1 << (FY * FX)) - 1)) << (zlo * (FY * FX))
-    return (xb * sy * sz).to(tl.int32)
+    return _box_bits(zlo, zc, ylo, yc, xlo, xc, FY, FX)
 
 
 @triton.jit
@@ -151,45 +170,55 @@ def splitk_reduce_kernel(ws_ptr, out_ptr, NUMEL, NSPL, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def conv_fwd_kernel(
-    x_ptr, w_ptr, y_ptr, fin_ptr, cnt_ptr,
-    M, Di, Hi, Wi, Do, Ho, Wo, C, K, CS, KS,
-    sd, sh, sw, pd, ph, pw, dd, dh, dw, FZ, FY, FX, IT_CHUNK, WS_STRIDE,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SPEC: tl.constexpr, EVEN_C: tl.constexpr, IEEE: tl.constexpr, ATOMIC: tl.constexpr,
-    WS: tl.constexpr, TAPMASK: tl.constexpr,
-):
-    # CS = G*C (input pixel stride), KS = G*K (output pixel stride); program axis 2
-    # splits the reduction into IT_CHUNK (tap, channel-block) steps, summed with
-    # fp32 atomics when ATOMIC, through a workspace when WS.  TAPMASK: bit t of
-    # vbits[row] says whether tap t reads inside the image, built once before the
-    # loop, so that a step's row mask is a shift and an and.
-    pid = tl.program_id(0)
-    g = tl.program_id(1)
-    s = tl.program_id(2)
-    num_n = tl.cdiv(K, BLOCK_N)
+def _fwd_tile(x_ptr, w_ptr, pid, g, lo, hi,
+              M, Di, Hi, Wi, Do, Ho, Wo, C, K, CS,
+              sd, sh, sw, pd, ph, pw, dd, dh, dw, FZ, FY, FX,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+              SPEC: tl.constexpr, EVEN_C: tl.constexpr, IEEE: tl.constexpr, TAPMASK: tl.constexpr,
+              GM: tl.constexpr):
+    """Output tile ``pid`` of group block ``g`` summed over the reduction steps [lo, hi)
+    (a step = one (tap, channel block)); returns (acc, offs_m, offs_n, mask_m, mask_n).
+
+    GM > 1 merges GM groups into one dense GEMM of GM*C inputs and GM*K outputs
+    whose weight tile is block diagonal (off-diagonal blocks masked to zero): a
+    pixel's GM*C channels load as one contiguous row (BLOCK_K a multiple of C)."""
+    CV = C * GM
+    KV = K * GM
+    num_n = tl.cdiv(KV, BLOCK_N)
     pid_m = pid // num_n
     pid_n = pid % num_n
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     mask_m = offs_m < M
-    mask_n = offs_n < K
+    mask_n = offs_n < KV
     T = FZ * FY * FX
-    w_base = w_ptr + g * K * T * C + offs_n[None, :] * (T * C) + offs_k[:, None]
+    if GM == 1:
+        w_base = w_ptr + g * K * T * C + offs_n[None, :] * (T * C) + offs_k[:, None]
+    else:
+        # w[g*GM + n//K, n%K, tap, c%C] = w_flat[(g*KV + n)*T*C + tap*C + c%C] where c//C == n//K
+        w_base = w_ptr + (g * KV + offs_n)[None, :] * (T * C) + (offs_k % C)[:, None]
+        k_grp = offs_k // C
+        n_grp = offs_n // K
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    nkc = tl.cdiv(C, BLOCK_K)
+    nkc = tl.cdiv(CV, BLOCK_K)
     if SPEC == 1:
-        a_base = x_ptr + offs_m[:, None] * CS + g * C + offs_k[None, :]
-        for kc in range(s * IT_CHUNK, tl.minimum(s * IT_CHUNK + IT_CHUNK, nkc)):
+        a_base = x_ptr + offs_m[:, None] * CS + g * CV + offs_k[None, :]
+        for kc in range(lo, hi):
             c0 = kc * BLOCK_K
+            if GM == 1:
+                b_ptrs = w_base + c0
+                b_msk = mask_n[None, :]
+            else:
+                b_ptrs = w_base
+                b_msk = mask_n[None, :] & ((kc * (BLOCK_K // C) + k_grp)[:, None] == n_grp[None, :])
             if EVEN_C:
                 a = tl.load(a_base + c0, mask=mask_m[:, None], other=0.0)
-                b = tl.load(w_base + c0, mask=mask_n[None, :], other=0.0)
+                b = tl.load(b_ptrs, mask=b_msk, other=0.0)
             else:
-                ck = (c0 + offs_k) < C
+                ck = (c0 + offs_k) < CV
                 a = tl.load(a_base + c0, mask=mask_m[:, None] & ck[None, :], other=0.0)
-                b = tl.load(w_base + c0, mask=ck[:, None] & mask_n[None, :], other=0.0)
+                b = tl.load(b_ptrs, mask=ck[:, None] & b_msk, other=0.0)
             acc = _dot_prec(a, b, acc, IEEE)
     else:
         ow = offs_m % Wo
@@ -205,20 +234,19 @@ def conv_fwd_kernel(
         # tensor is built once and each step adds a scalar; only the bounds mask is
         # per row
         pix0 = ((n * Di + id0) * Hi + ih0) * Wi + iw0
-        a_base = x_ptr + pix0[:, None] * CS + g * C + offs_k[None, :]
+        a_base = x_ptr + pix0[:, None] * CS + g * CV + offs_k[None, :]
         if TAPMASK:
             # closed form, no loop: a loop-carried tensor would pin a layout that
             # costs a shared-memory round trip per step to convert
             vbits = tl.where(mask_m, _tap_bits(id0, ih0, iw0, Di, Hi, Wi, FZ, FY, FX, dd, dh, dw), 0)
         # (tap, channel block) advance as counters carried through the loop: no
         # division by run-time values inside it
-        lo = s * IT_CHUNK
         tap = lo // nkc
         kc = lo - tap * nkc
         fx = tap % FX
         fy = (tap // FX) % FY
         fz = tap // (FX * FY)
-        for it in range(lo, tl.minimum(lo + IT_CHUNK, T * nkc)):
+        for it in range(lo, hi):
             c0 = kc * BLOCK_K
             toff = ((fz * dd) * Hi + fy * dh) * Wi + fx * dw
             if SPEC == 2:
@@ -228,14 +256,19 @@ def conv_fwd_kernel(
             else:
                 valid = mask_m & _inside(id0 + fz * dd, Di) & _inside(ih0 + fy * dh, Hi) & _inside(iw0 + fx * dw, Wi)
             a_ptrs = a_base + (toff * CS + c0)
-            b_ptrs = w_base + tap * C + c0
+            if GM == 1:
+                b_ptrs = w_base + tap * C + c0
+                b_msk = mask_n[None, :]
+            else:
+                b_ptrs = w_base + tap * C
+                b_msk = mask_n[None, :] & ((kc * (BLOCK_K // C) + k_grp)[:, None] == n_grp[None, :])
             if EVEN_C:
                 a = tl.load(a_ptrs, mask=valid[:, None], other=0.0)
-                b = tl.load(b_ptrs, mask=mask_n[None, :], other=0.0)
+                b = tl.load(b_ptrs, mask=b_msk, other=0.0)
             else:
-                ck = (c0 + offs_k) < C
+                ck = (c0 + offs_k) < CV
                 a = tl.load(a_ptrs, mask=valid[:, None] & ck[None, :], other=0.0)
-                b = tl.load(b_ptrs, mask=ck[:, None] & mask_n[None, :], other=0.0)
+                b = tl.load(b_ptrs, mask=ck[:, None] & b_msk, other=0.0)
             acc = _dot_prec(a, b, acc, IEEE)
             kc += 1
             wrap = kc == nkc
@@ -248,9 +281,72 @@ def conv_fwd_kernel(
             wrap = fy == FY
             fy = tl.where(wrap, 0, fy)
             fz = tl.where(wrap, fz + 1, fz)
-    _epilogue(y_ptr, fin_ptr, cnt_ptr, offs_m[:, None] * KS + g * K + offs_n[None, :],
-              mask_m[:, None] & mask_n[None, :], acc, s, tl.num_programs(2), g * tl.num_programs(0) + pid,
-              WS_STRIDE, ATOMIC, WS)
+    return acc, offs_m, offs_n, mask_m, mask_n
+
+
+@triton.jit
+def _streamk_epilogue(ws_ptr, fin_ptr, cnt_ptr, offs, msk, acc, p, tile, steps, CHUNK, WS_STRIDE):
+    """Write a stream-K program's share of ``tile``: directly when the program
+    covered the whole tile, else as partial number p - first of the programs that
+    share it, the last of which to arrive sums them in order (``fixup``)."""
+    first = (tile * steps) // CHUNK
+    nspl = ((tile + 1) * steps - 1) // CHUNK - first + 1
+    if nspl == 1:
+        tl.store(fin_ptr + offs, acc.to(fin_ptr.dtype.element_ty), mask=msk)
+    else:
+        _epilogue(ws_ptr, fin_ptr, cnt_ptr, offs, msk, acc, p - first, nspl, tile, WS_STRIDE, 0, 2)
+
+
+@triton.jit
+def conv_fwd_kernel(
+    x_ptr, w_ptr, y_ptr, fin_ptr, cnt_ptr,
+    M, Di, Hi, Wi, Do, Ho, Wo, C, K, CS, KS,
+    sd, sh, sw, pd, ph, pw, dd, dh, dw, FZ, FY, FX, IT_CHUNK, WS_STRIDE,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SPEC: tl.constexpr, EVEN_C: tl.constexpr, IEEE: tl.constexpr, ATOMIC: tl.constexpr,
+    WS: tl.constexpr, TAPMASK: tl.constexpr, STREAMK: tl.constexpr, GM: tl.constexpr,
+):
+    # CS = G*C (input pixel stride), KS = G*K (output pixel stride); program axis 2
+    # splits the reduction into IT_CHUNK (tap, channel-block) steps, summed with
+    # fp32 atomics when ATOMIC, through a workspace when WS.  TAPMASK: bit t of
+    # vbits[row] says whether tap t reads inside the image, built once before the
+    # loop, so that a step's row mask is a shift and an and.  STREAMK: a 1-D grid of
+    # persistent programs, program p walks steps [p*IT_CHUNK, (p+1)*IT_CHUNK) of the
+    # flattened (group, tile, step) space (y_ptr: the [split, *y] fp32 partials).
+    # GM > 1: program axis 1 (stream-K: the group index) walks blocks of GM groups
+    # computed as one block-diagonal GEMM (see _fwd_tile).
+    nkc = tl.cdiv(C * GM, BLOCK_K)
+    if SPEC == 1:
+        steps = nkc
+    else:
+        steps = FZ * FY * FX * nkc
+    if STREAMK:
+        p = tl.program_id(0)
+        ntile = tl.cdiv(M, BLOCK_M) * tl.cdiv(K * GM, BLOCK_N)
+        total = ntile * (CS // (C * GM)) * steps
+        it0 = p * IT_CHUNK
+        it1 = tl.minimum(it0 + IT_CHUNK, total)
+        for tile in range(it0 // steps, (it1 - 1) // steps + 1):
+            base = tile * steps
+            g = tile // ntile
+            acc, offs_m, offs_n, mask_m, mask_n = _fwd_tile(
+                x_ptr, w_ptr, tile - g * ntile, g, tl.maximum(it0 - base, 0), tl.minimum(it1 - base, steps),
+                M, Di, Hi, Wi, Do, Ho, Wo, C, K, CS, sd, sh, sw, pd, ph, pw, dd, dh, dw, FZ, FY, FX,
+                BLOCK_M, BLOCK_N, BLOCK_K, SPEC, EVEN_C, IEEE, TAPMASK, GM)
+            _streamk_epilogue(y_ptr, fin_ptr, cnt_ptr, offs_m[:, None] * KS + g * (K * GM) + offs_n[None, :],
+                              mask_m[:, None] & mask_n[None, :], acc, p, tile, steps, IT_CHUNK, WS_STRIDE)
+    else:
+        pid = tl.program_id(0)
+        g = tl.program_id(1)
+        s = tl.program_id(2)
+        lo = s * IT_CHUNK
+        acc, offs_m, offs_n, mask_m, mask_n = _fwd_tile(
+            x_ptr, w_ptr, pid, g, lo, tl.minimum(lo + IT_CHUNK, steps),
+            M, Di, Hi, Wi, Do, Ho, Wo, C, K, CS, sd, sh, sw, pd, ph, pw, dd, dh, dw, FZ, FY, FX,
+            BLOCK_M, BLOCK_N, BLOCK_K, SPEC, EVEN_C, IEEE, TAPMASK, GM)
+        _epilogue(y_ptr, fin_ptr, cnt_ptr, offs_m[:, None] * KS + g * (K * GM) + offs_n[None, :],
+                  mask_m[:, None] & mask_n[None, :], acc, s, tl.num_programs(2), g * tl.num_programs(0) + pid,
+                  WS_STRIDE, ATOMIC, WS)
 
 
 @triton.jit
@@ -338,6 +434,183 @@ def conv_bwd_data_kernel(
     tile = (r * tl.num_programs(1) + g) * tl.num_programs(0) + pid
     _epilogue(dx_ptr, fin_ptr, cnt_ptr, pix_in[:, None] * CS + g * C + offs_n[None, :],
               mask_m[:, None] & mask_n[None, :], acc, s, NSPLIT, tile, WS_STRIDE, ATOMIC, WS)
+
+
+#: int32 fields per stride residue class of ``conv_bwd_data_tm_kernel``'s class table
+CLASS_FIELDS = 17
+
+
+@triton.jit
+def _bwd_data_tile(dy_ptr, w_ptr, ctab_ptr, pid, g, r, lo, hi,
+                   Mr, Rd, Rh, Rw, Di, Hi, Wi, Do, Ho, Wo, C, K, KS, T, sd, sh, sw,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   SPEC: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr, GM: tl.constexpr):
+    """dx tile ``pid`` of group ``g``, residue class ``r``, over the reduction steps
+    [lo, hi) (clipped to the class's own count); returns (acc, pix_in, offs_n, mask_m, mask_n).
+
+    The class's taps form a product of one arithmetic run per dimension (row r of
+    ``ctab``: counts nz, ny, nx, first output offsets o0z/y/x, their decrements dlz/y/x,
+    first tap and tap increments, first linear dy offset and its increments), so the
+    step loop advances (tap, dy offset) as counters, like the forward kernel, and a
+    row's valid taps are a box of bits built once.  GM > 1: GM groups as one
+    block-diagonal GEMM, as in _fwd_tile (BLOCK_K a multiple of K)."""
+    CV = C * GM
+    KV = K * GM
+    num_n = tl.cdiv(CV, BLOCK_N)
+    pid_m = pid // num_n
+    pid_n = pid % num_n
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_m = offs_m < Mr
+    mask_n = offs_n < CV
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    nkc = tl.cdiv(KV, BLOCK_K)
+    # weight element (k, tap, c) for this group
+    if GM == 1:
+        w_base = w_ptr + g * K * T * C + offs_k[:, None] * (T * C) + offs_n[None, :]
+    else:
+        w_base = w_ptr + (g * KV + offs_k)[:, None] * (T * C) + (offs_n % C)[None, :]
+        k_grp = offs_k // K
+        n_grp = offs_n // C
+    if SPEC == 1:
+        pix_in = offs_m
+        a_base = dy_ptr + offs_m[:, None] * KS + g * KV + offs_k[None, :]
+        for kc in range(lo, tl.minimum(hi, nkc)):
+            k0 = kc * BLOCK_K
+            b_msk = mask_n[None, :]
+            if GM > 1:
+                b_msk = b_msk & ((kc * (BLOCK_K // K) + k_grp)[:, None] == n_grp[None, :])
+            if EVEN_K:
+                a = tl.load(a_base + k0, mask=mask_m[:, None], other=0.0)
+                b = tl.load(w_base + k0 * (T * C), mask=b_msk, other=0.0)
+            else:
+                kk = (k0 + offs_k) < KV
+                a = tl.load(a_base + k0, mask=mask_m[:, None] & kk[None, :], other=0.0)
+                b = tl.load(w_base + k0 * (T * C), mask=kk[:, None] & b_msk, other=0.0)
+            acc = _dot_prec(a, b, acc, IEEE)
+    else:
+        rw = r % sw
+        rh = (r // sw) % sh
+        rd = r // (sw * sh)
+        li = offs_m % Rw
+        t = offs_m // Rw
+        lj = t % Rh
+        t = t // Rh
+        ld = t % Rd
+        n = t // Rd
+        xd = rd + ld * sd
+        xh = rh + lj * sh
+        xw = rw + li * sw
+        mask_m = mask_m & (xd < Di) & (xh < Hi) & (xw < Wi)
+        pix_in = ((n * Di + xd) * Hi + xh) * Wi + xw
+        e = ctab_ptr + r * 17  # CLASS_FIELDS
+        nz = tl.load(e)
+        ny = tl.load(e + 1)
+        nx = tl.load(e + 2)
+        # dy row ld + o0 - j*dl must lie in [0, Do): _tap_range on the mirrored index
+        zlo, zc = _tap_range(Do - 1 - ld - tl.load(e + 3), Do, nz, tl.load(e + 6))
+        ylo, yc = _tap_range(Ho - 1 - lj - tl.load(e + 4), Ho, ny, tl.load(e + 7))
+        xlo, xc = _tap_range(Wo - 1 - li - tl.load(e + 5), Wo, nx, tl.load(e + 8))
+        vbits = tl.where(mask_m, _box_bits(zlo, zc, ylo, yc, xlo, xc, ny, nx), 0)
+        tz = tl.load(e + 10)
+        ty = tl.load(e + 11)
+        tx = tl.load(e + 12)
+        lz = tl.load(e + 14)
+        ly = tl.load(e + 15)
+        lx = tl.load(e + 16)
+        a_base = dy_ptr + (((n * Do + ld) * Ho + lj) * Wo + li)[:, None] * KS + g * KV + offs_k[None, :]
+        j = lo // nkc
+        kc = lo - j * nkc
+        nx1 = tl.maximum(nx, 1)
+        jx = j % nx1
+        jy = (j // nx1) % tl.maximum(ny, 1)
+        jz = j // (nx1 * tl.maximum(ny, 1))
+        tap = tl.load(e + 9) + jz * tz + jy * ty + jx * tx
+        lin = tl.load(e + 13) + jz * lz + jy * ly + jx * lx
+        for it in range(lo, tl.minimum(hi, nz * ny * nx * nkc)):
+            k0 = kc * BLOCK_K
+            valid = ((vbits >> j) & 1) != 0
+            a_ptrs = a_base + (lin * KS + k0)
+            b_ptrs = w_base + k0 * (T * C) + tap * C
+            b_msk = mask_n[None, :]
+            if GM > 1:
+                b_msk = b_msk & ((kc * (BLOCK_K // K) + k_grp)[:, None] == n_grp[None, :])
+            if EVEN_K:
+                a = tl.load(a_ptrs, mask=valid[:, None], other=0.0)
+                b = tl.load(b_ptrs, mask=b_msk, other=0.0)
+            else:
+                kk = (k0 + offs_k) < KV
+                a = tl.load(a_ptrs, mask=valid[:, None] & kk[None, :], other=0.0)
+                b = tl.load(b_ptrs, mask=kk[:, None] & b_msk, other=0.0)
+            acc = _dot_prec(a, b, acc, IEEE)
+            kc += 1
+            wrap = kc == nkc
+            kc = tl.where(wrap, 0, kc)
+            j = tl.where(wrap, j + 1, j)
+            jx = tl.where(wrap, jx + 1, jx)
+            tap = tl.where(wrap, tap + tx, tap)
+            lin = tl.where(wrap, lin + lx, lin)
+            wrap = jx == nx
+            jx = tl.where(wrap, 0, jx)
+            jy = tl.where(wrap, jy + 1, jy)
+            tap = tl.where(wrap, tap + ty - nx * tx, tap)
+            lin = tl.where(wrap, lin + ly - nx * lx, lin)
+            wrap = jy == ny
+            jy = tl.where(wrap, 0, jy)
+            tap = tl.where(wrap, tap + tz - ny * ty, tap)
+            lin = tl.where(wrap, lin + lz - ny * ly, lin)
+    return acc, pix_in, offs_n, mask_m, mask_n
+
+
+@triton.jit
+def conv_bwd_data_tm_kernel(
+    dy_ptr, w_ptr, dx_ptr, ctab_ptr, fin_ptr, cnt_ptr,
+    Mr, Rd, Rh, Rw, Di, Hi, Wi, Do, Ho, Wo, C, K, CS, KS, T, TMAX,
+    sd, sh, sw, IT_CHUNK, NSPLIT, WS_STRIDE,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SPEC: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr, ATOMIC: tl.constexpr,
+    WS: tl.constexpr, STREAMK: tl.constexpr, GM: tl.constexpr,
+):
+    # bwd_data without per-step table loads (see _bwd_data_tile): the tap bits of the
+    # forward kernel on the flipped filter.  Grid as conv_bwd_data_kernel's (axis 2 =
+    # residue class * NSPLIT + split), or STREAMK: a 1-D grid of persistent programs
+    # over the flattened (class, group, tile, step) space, every tile counted with
+    # TMAX taps (a class with fewer has idle steps).
+    nkc = tl.cdiv(K * GM, BLOCK_K)
+    if SPEC == 1:
+        steps = nkc
+    else:
+        steps = TMAX * nkc
+    if STREAMK:
+        p = tl.program_id(0)
+        ntile = tl.cdiv(Mr, BLOCK_M) * tl.cdiv(C * GM, BLOCK_N)
+        G = CS // (C * GM)
+        total = ntile * G * (sd * sh * sw) * steps
+        it0 = p * IT_CHUNK
+        it1 = tl.minimum(it0 + IT_CHUNK, total)
+        for tile in range(it0 // steps, (it1 - 1) // steps + 1):
+            base = tile * steps
+            rg = tile // ntile
+            g = rg % G
+            acc, pix_in, offs_n, mask_m, mask_n = _bwd_data_tile(
+                dy_ptr, w_ptr, ctab_ptr, tile - rg * ntile, g, rg // G, tl.maximum(it0 - base, 0),
+                tl.minimum(it1 - base, steps), Mr, Rd, Rh, Rw, Di, Hi, Wi, Do, Ho, Wo, C, K, KS, T, sd, sh, sw,
+                BLOCK_M, BLOCK_N, BLOCK_K, SPEC, EVEN_K, IEEE, GM)
+            _streamk_epilogue(dx_ptr, fin_ptr, cnt_ptr, pix_in[:, None] * CS + g * (C * GM) + offs_n[None, :],
+                              mask_m[:, None] & mask_n[None, :], acc, p, tile, steps, IT_CHUNK, WS_STRIDE)
+    else:
+        pid = tl.program_id(0)
+        g = tl.program_id(1)
+        r = tl.program_id(2) // NSPLIT
+        s = tl.program_id(2) % NSPLIT
+        lo = s * IT_CHUNK
+        acc, pix_in, offs_n, mask_m, mask_n = _bwd_data_tile(
+            dy_ptr, w_ptr, ctab_ptr, pid, g, r, lo, lo + IT_CHUNK, Mr, Rd, Rh, Rw, Di, Hi, Wi, Do, Ho, Wo,
+            C, K, KS, T, sd, sh, sw, BLOCK_M, BLOCK_N, BLOCK_K, SPEC, EVEN_K, IEEE, GM)
+        tile = (r * tl.num_programs(1) + g) * tl.num_programs(0) + pid
+        _epilogue(dx_ptr, fin_ptr, cnt_ptr, pix_in[:, None] * CS + g * (C * GM) + offs_n[None, :],
+                  mask_m[:, None] & mask_n[None, :], acc, s, NSPLIT, tile, WS_STRIDE, ATOMIC, WS)
 
 
 @triton.jit
@@ -571,3 +844,83 @@ def dw_bwd_data_kernel(
         acc += gv.to(tl.float32) * wv.to(tl.float32)[None, :]
     tl.store(dx_ptr + offs_p[:, None] * G + offs_g[None, :], acc.to(dx_ptr.dtype.element_ty),
              mask=mp[:, None] & mg[None, :])
+
+
+# ---------------------------------------------------------------------------
+# depthwise, flat rows: a program takes BLOCK_R output rows (n, d, h) times a span
+# of BLOCK_F elements of the flattened (W, G) row, so every load and store is a
+# wide contiguous run (16-byte vectors when G is a multiple of 8) whatever G is,
+# with no lanes lost to padding G up to a power of two; a tap's weights are loaded
+# once per program and reused over its rows
+# ---------------------------------------------------------------------------
+
+@triton.jit
+def _dw_src(o, a, b, c, f, s, n, BWD: tl.constexpr):
+    """Source coordinate of destination coordinate ``o`` at filter position ``f``
+    and whether it exists: forward o*a + b + f*c (a = stride, b = -pad, c =
+    dilation); bwd_data that number (a = 1, b = pad, c = -dilation) over the stride
+    ``s``, when the stride divides it."""
+    num = o * a + b + f * c
+    if BWD:
+        q = num // s
+        ok = (num >= 0) & (q * s == num) & (q < n)
+    else:
+        q = num
+        ok = (num >= 0) & (num < n)
+    return q, ok
+
+
+@triton.jit
+def dw_flat_kernel(
+    src_ptr, w_ptr, dst_ptr,
+    R, G, Dd, Hd, Wd, Ds, Hs, Ws, NSRC,
+    ad, ah, aw, bd, bh, bw, cd, ch, cw, s_d, s_h, s_w,
+    FZ: tl.constexpr, FY: tl.constexpr, FX: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_F: tl.constexpr, UNIT_W: tl.constexpr, BWD: tl.constexpr,
+):
+    # dst (N, Dd, Hd, Wd, G) = sum over taps of w[g, tap] * src (N, Ds, Hs, Ws, G) at the
+    # tap's source pixel (_dw_src); R = N*Dd*Hd destination rows.  UNIT_W (source
+    # column = destination column + a constant, stride 1 along W): a tap's source
+    # span is the destination span shifted by whole pixels, loaded contiguously; the
+    # columns that fall outside the image are zeroed after the load.
+    WG = Wd * G
+    nf = tl.cdiv(WG, BLOCK_F)
+    pid = tl.program_id(0)
+    offs_f = (pid % nf) * BLOCK_F + tl.arange(0, BLOCK_F)
+    rows = (pid // nf) * BLOCK_R + tl.arange(0, BLOCK_R)
+    mf = offs_f < WG
+    mr = rows < R
+    ow = offs_f // G
+    gch = offs_f - ow * G
+    oh = rows % Hd
+    t = rows // Hd
+    od = t % Dd
+    n = t // Dd
+    T: tl.constexpr = FZ * FY * FX
+    SWG = Ws * G
+    acc = tl.zeros((BLOCK_R, BLOCK_F), dtype=tl.float32)
+    for tap in tl.static_range(T):
+        fx = tap % FX
+        fy = (tap // FX) % FY
+        fz = tap // (FX * FY)
+        idd, okd = _dw_src(od, ad, bd, cd, fz, s_d, Ds, BWD)
+        ihh, okh = _dw_src(oh, ah, bh, ch, fy, s_h, Hs, BWD)
+        row_ok = mr & okd & okh
+        srow = ((n * Ds + idd) * Hs + ihh) * SWG
+        wv = tl.load(w_ptr + gch * T + tap, mask=mf, other=0.0).to(tl.float32)
+        if UNIT_W:
+            shift = bw + fx * cw
+            iw = ow + shift
+            col_ok = (iw >= 0) & (iw < Ws)
+            gi = srow[:, None] + (offs_f + shift * G)[None, :]
+            # the bounds test keeps the neighbours' reads inside the tensor; the row
+            # and span masks are constant over each 16-byte vector
+            xv = tl.load(src_ptr + gi, mask=row_ok[:, None] & mf[None, :] & (gi >= 0) & (gi < NSRC), other=0.0)
+            xv = tl.where(col_ok[None, :], xv, 0.0)
+        else:
+            iw, col_ok = _dw_src(ow, aw, bw, cw, fx, s_w, Ws, BWD)
+            xv = tl.load(src_ptr + srow[:, None] + (iw * G + gch)[None, :],
+                         mask=row_ok[:, None] & (mf & col_ok)[None, :], other=0.0)
+        acc += xv.to(tl.float32) * wv[None, :]
+    tl.store(dst_ptr + rows[:, None] * WG + offs_f[None, :], acc.to(dst_ptr.dtype.element_ty),
+             mask=mr[:, None] & mf[None, :])

@@ -40,11 +40,28 @@ EXTENDED = [
      "_tapmask", dict(_P3, direction="bwd_weight", split_k=2)),
     ("conv_bwd_weight_fp16_nhwgc_gkyxc_nhwgk_2d_compv3_intrawave_16x16x64_2x2x1_16x16x16_filter3x3_fixup_gm8"
      "_tapmask", dict(_P3, G=16, C=256, K=256, direction="bwd_weight", split_k=2)),
+    # session 3: bwd_data tap bits, stream-K (both directions, 3x3 and 1x1), flat-row depthwise
+    ("conv_bwd_data_fp16_nhwgc_gkyxc_nhwgk_2d_compv3_intrawave_64x128x64_2x2x1_16x16x16_filter3x3_tapmask",
+     dict(_P3, direction="bwd_data")),
+    ("conv_bwd_data_fp16_nhwgc_gkyxc_nhwgk_2d_compv3_intrawave_64x128x128_2x4x1_16x16x16_filter3x3_st4_streamk"
+     "_tapmask", dict(_P3, direction="bwd_data")),
+    ("conv_fwd_fp16_nhwgc_gkyxc_nhwgk_2d_compv3_intrawave_64x128x128_2x4x1_16x16x16_filter3x3_st4_streamk_tapmask",
+     _P3),
+    ("conv_bwd_data_fp16_nhwgc_gkyxc_nhwgk_2d_compv3_intrawave_128x128x64_2x4x1_16x16x16_filter1x1_stride1_pad0"
+     "_streamk", dict(_P3, filter=(1, 1), pad_left=0, pad_right=0, direction="bwd_data")),
+    ("conv_fwd_fp16_nhwgc_gkyxc_nhwgk_2d_mem_intrawave_4x1024x1_4x1x1_1x1x1_depthwise_flat",
+     dict(_P3, G=144, C=144, K=144)),
+    ("conv_bwd_data_fp16_nhwgc_gkyxc_nhwgk_2d_mem_intrawave_2x2048x1_8x1x1_1x1x1_depthwise_flat",
+     dict(_P3, G=144, C=144, K=144, direction="bwd_data")),
+    ("conv_fwd_fp16_nhwgc_gkyxc_nhwgk_2d_compv3_intrawave_128x64x64_2x2x1_16x16x16_filter3x3_gm4_tapmask",
+     dict(_P3, G=32, C=512, K=512)),
+    ("conv_bwd_data_fp16_nhwgc_gkyxc_nhwgk_2d_compv3_intrawave_128x64x64_2x2x1_16x16x16_filter3x3_gm4_tapmask",
+     dict(_P3, G=32, C=512, K=512, direction="bwd_data")),
     ("splitk_reduce:bf16", None),
 ]
 
 _CHILD = r'''
-import json, sys
+import json, re, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -72,7 +89,7 @@ for name, tgt, with_problem in json.loads(sys.argv[1]):
                         shared=int(ck.metadata.shared), async_copy="async_copy_global_to_local" in ttgir,
                         wgmma="warp_group_dot" in ttgir, acq_rel_counter="atom.global.gpu.acq_rel.add.u32" in ptx,
                         relaxed_atomics="atom.global.gpu.relaxed.add" in ptx, cg_loads="ld.global.cg" in ptx,
-                        v4_stores="st.global.v4.b32" in ptx))
+                        v4_stores="st.global.v4.b32" in ptx, v4_loads=len(re.findall(r"ld\.global[^;]*\.v4", ptx))))
     except Exception as e:
         out.append(dict(name=name, target=tgt, ok=False, error=f"{type(e).__name__}: {e}"[:500]))
 print(json.dumps(out))
@@ -134,6 +151,12 @@ def test_extended_kernels_compile_for_hopper_and_cdna3(extended_builds, name):
         assert h["acq_rel_counter"] and h["cg_loads"]
     if "_fixup_tapmask" in name and "gm" not in name:
         assert h["async_copy"] and h["wgmma"]
+    if "_streamk" in name:  # cut tiles finish like fixup; the main loop still pipelines into wgmma
+        assert h["acq_rel_counter"] and h["cg_loads"] and h["v4_stores"] and h["async_copy"] and h["wgmma"]
+    if "_tapmask" in name and not name.startswith("conv_bwd_weight"):  # incl. the block-diagonal gm4 ones
+        assert h["async_copy"] and h["wgmma"]
+    if name.endswith("_depthwise_flat"):  # every tap's rows load as 16-byte vectors (G = 144)
+        assert h["v4_loads"] >= 9 and h["v4_stores"]
 
 
 def test_kernel_for_gives_fn_constexprs_grid():

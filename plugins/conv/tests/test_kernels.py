@@ -1,6 +1,7 @@
 """Kernel names (stable, parseable), the enumerated space per arch facts, heuristics."""
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from ck_core.errors import MissingKernel
@@ -124,7 +125,9 @@ def test_realisation_knobs_round_trip_and_validate():
     assert "grouped" in c.why_not(ConvProblem(N=2, C=16, K=16, input_spatial=(8, 8), filter=(3, 3),
                                               direction="bwd_weight"))
     fwd = ConvKernelConfig(direction="forward", dtype="fp16", ndim=2, group_merge=2)
-    assert "bwd_weight" in fwd.why_not(grouped.with_direction("forward"))
+    assert fwd.why_not(grouped.with_direction("forward")) is None  # block-diagonal merging (session 3)
+    g24 = attrs.evolve(grouped.with_direction("forward"), C=32 * 24, K=32 * 24)
+    assert "whole groups" in attrs.evolve(fwd, tile=(128, 128, 32)).why_not(g24)
     r3 = ConvProblem(N=1, C=8, K=8, input_spatial=(4, 6, 6), filter=(4, 3, 3))
     assert "31 taps" in ConvKernelConfig(direction="forward", dtype="fp16", ndim=3, tap_mask=True).why_not(r3)
     one = ConvProblem(N=1, C=8, K=8, input_spatial=(6, 6), filter=(1, 1))
@@ -150,3 +153,43 @@ def test_realisation_knobs_survive_kernel_keys():
     assert plugin.config_of(key) == c and key.algorithm.reduction == "fixup" and key.algorithm.stages == 3
     sig, alg = plugin.parse_name(c.name)
     assert plugin.format_name(sig, alg) == c.name
+
+
+def test_session3_knobs_round_trip_and_validate():
+    from ck_conv import plugin
+    from ck_conv.kernels import is_extended
+    bd = ConvProblem(N=2, C=64, K=64, input_spatial=(9, 9), filter=(3, 3), pad_left=1, pad_right=1,
+                     direction="bwd_data")
+    for n in ("conv_bwd_data_fp16_nhwgc_gkyxc_nhwgk_2d_compv3_intrawave_64x128x128_2x4x1_16x16x16_filter3x3_st4"
+              "_streamk_tapmask",
+              "conv_fwd_fp16_nhwgc_gkyxc_nhwgk_2d_compv4_intrawave_128x128x64_2x4x1_16x16x16_filter3x3_streamk",
+              "conv_fwd_fp16_nhwgc_gkyxc_nhwgk_2d_mem_intrawave_4x1024x1_4x1x1_1x1x1_depthwise_flat"):
+        c = ConvKernelConfig.from_name(n)
+        assert c.name == n and is_extended(c)
+        sig, alg = plugin.parse_name(n)
+        assert plugin.format_name(sig, alg) == n and plugin.config_of(plugin.key_of(c, "sm90")) == c
+    c = ConvKernelConfig.from_name("conv_bwd_data_fp16_nhwgc_gkyxc_nhwgk_2d_compv3_intrawave_64x128x64_2x2x1_16x16x16"
+                                   "_filter3x3_tapmask")
+    # no table loads: the forward's pipeline depth, every stage a buffer
+    assert c.why_not(bd) is None and c.num_stages == 3 and c.smem_buffers == 3
+    assert c.triton_meta()["STREAMK"] == 0
+    sk = attrs.evolve(c, tap_mask=False, reduction="streamk")
+    assert "tap mask" in sk.why_not(bd)
+    assert "bwd_weight" in attrs.evolve(sk, direction="bwd_weight").why_not(bd.with_direction("bwd_weight"))
+    one = ConvProblem(N=2, C=64, K=64, input_spatial=(9, 9), filter=(1, 1), direction="bwd_data")
+    assert attrs.evolve(sk, specialization="filter1x1_stride1_pad0").why_not(one) is None
+    dw = ConvProblem(N=2, G=144, C=144, K=144, input_spatial=(8, 8), filter=(3, 3), pad_left=1, pad_right=1)
+    flat = ConvKernelConfig.from_name("conv_fwd_fp16_nhwgc_gkyxc_nhwgk_2d_mem_intrawave_4x1024x1_4x1x1_1x1x1"
+                                      "_depthwise_flat")
+    assert flat.why_not(dw) is None and flat.triton_meta()["BLOCK_F"] == 1024
+    assert "powers of two" in attrs.evolve(flat, tile=(3, 1024, 1)).why_not(dw)
+    assert "forward and bwd_data" in attrs.evolve(flat, direction="bwd_weight").why_not(
+        dw.with_direction("bwd_weight"))
+    assert "depthwise" in attrs.evolve(c, flat=True).why_not(bd)
+
+
+def test_candidate_count_stays_reasonable():
+    """ck bench conv compiles every candidate of its 36 (case, direction) pairs."""
+    from ck_conv.bench import CASES, problem
+    n = sum(len(candidate_configs(problem(c, d))) for c in CASES for d in ("forward", "bwd_data", "bwd_weight"))
+    assert n < 500

@@ -184,3 +184,148 @@ def test_extended_candidates_compute_the_same():
         assert ext and all(c.why_not(p) is None for c in ext)
         for c in ext[::3]:
             _check(p, attrs.evolve(c, tile=tuple(min(t, 32) for t in c.tile)), 2 if d == "forward" else None)
+
+
+# ---- session 3: bwd_data tap bits, stream-K, flat-row depthwise -----------------------
+
+#: bwd_data shapes whose residue classes see every case: strides with several classes,
+#: dilation, classes no tap reaches (stride 3 > filter 2 / 1), 1D and 3D
+BWD_TM_SHAPES = {
+    "2d_strided_dilated": SHAPES["2d_strided_dilated"],
+    "3d": SHAPES["3d"],
+    "1d_empty_classes": SHAPES["1d"],
+    "2d_stride3_pad": dict(N=1, G=1, C=8, K=12, input_spatial=(7, 8), filter=(1, 2), stride=(3, 3),
+                           pad_left=(1, 0), pad_right=(0, 1)),
+}
+
+
+@pytest.fixture
+def odd_sms(monkeypatch):
+    """A 5-SM "GPU", so stream-K chunks cut output tiles unevenly."""
+    from ck_conv import launch
+    monkeypatch.setattr(launch, "_num_sms", lambda device: 5)
+
+
+def test_class_rows_match_the_residue_table():
+    """The arithmetic runs of _class_rows enumerate exactly the classic table's (tap, offsets)."""
+    import itertools
+
+    from ck_conv.launch import _class_rows, _residue_table
+    for sd, pad, dil, flt in itertools.product([(1, 1, 1), (1, 2, 3), (2, 3, 1)], [(0, 1, 2), (2, 0, 1)],
+                                               [(1, 1, 1), (2, 3, 1), (1, 2, 2)], [(1, 3, 3), (3, 2, 1)]):
+        Ho, Wo = 9, 11
+        for row, c in zip(_residue_table(sd, pad, dil, flt), _class_rows(sd, pad, dil, flt, Ho, Wo)):
+            nz, ny, nx, oz, oy, ox, dz, dy, dx, t0, tz, ty, tx, l0, lz, ly, lx = c
+            got = [(t0 + a * tz + b * ty + e * tx, oz - a * dz, oy - b * dy, ox - e * dx)
+                   for a in range(nz) for b in range(ny) for e in range(nx)]
+            assert got == row, (sd, pad, dil, flt)
+            assert [l0 + a * lz + b * ly + e * lx for a in range(nz) for b in range(ny) for e in range(nx)] == \
+                [(a * Ho + b) * Wo + e for _, a, b, e in row]
+
+
+@pytest.mark.parametrize("shape", list(BWD_TM_SHAPES))
+def test_bwd_data_tap_bits(shape, odd_sms):
+    p = ConvProblem(**BWD_TM_SHAPES[shape], direction="bwd_data")
+    cfg = attrs.evolve(heuristic_config(p), tile=(16, 16, 16), tap_mask=True)
+    assert cfg.why_not(p) is None and cfg.num_stages == 3  # no table stages
+    _check(p, cfg)
+    _check(p, attrs.evolve(cfg, reduction="fixup"), 2)
+    _check(p, attrs.evolve(cfg, reduction="streamk"), 3)
+    assert _counters_zero()
+
+
+def test_bwd_data_tap_bits_odd_channels_and_dtypes(odd_sms):
+    p = ConvProblem(**SPLIT_SHAPE, direction="bwd_data")  # K = 18 per group: EVEN_K off at BLOCK_K 16
+    cfg = attrs.evolve(heuristic_config(p), tile=(16, 16, 16), tap_mask=True, reduction="streamk")
+    _check(p, cfg, 2)
+    for dt in ("bf16", "fp32"):
+        q = attrs.evolve(p, dtype=dt)
+        _check(q, attrs.evolve(cfg, dtype=dt), 1)
+    assert _counters_zero()
+
+
+@pytest.mark.parametrize("direction", ["forward", "bwd_data"])
+def test_streamk_1x1(direction, odd_sms):
+    """Stream-K on the plain-GEMM path (SPEC 1) and, bwd_data, on 1x1 stride 2 (classes
+    without taps: idle steps that still write their zeros)."""
+    p = ConvProblem(N=2, G=2, C=2 * 40, K=2 * 36, input_spatial=(3, 5), filter=(1, 1), direction=direction)
+    cfg = attrs.evolve(heuristic_config(p), tile=(16, 16, 16), reduction="streamk")
+    assert cfg.why_not(p) is None
+    _check(p, cfg, 3)
+    q = attrs.evolve(p, input_spatial=(5, 5), stride=(2, 2))
+    _check(q, attrs.evolve(heuristic_config(q), tile=(16, 16, 16), reduction="streamk"), 2)
+    assert _counters_zero()
+
+
+@pytest.mark.parametrize("shape", ["2d_strided_dilated", "3d"])
+def test_forward_streamk(shape, odd_sms):
+    p = ConvProblem(**SHAPES[shape], direction="forward")
+    cfg = attrs.evolve(heuristic_config(p), tile=(16, 16, 16), reduction="streamk")
+    for tm, per_sm in ((False, 1), (True, 3)):
+        _check(p, attrs.evolve(cfg, tap_mask=tm), per_sm)
+    _check(ConvProblem(**SPLIT_SHAPE), attrs.evolve(cfg, ndim=2, tap_mask=True), 5)  # odd C: EVEN_C off
+    assert _counters_zero()
+
+
+#: depthwise with G not a power of two (G = 144 in the benchmark), strides, dilation, 1D / 3D
+DW_SHAPES = {
+    "g18_s2": dict(N=2, G=18, C=18, K=18, input_spatial=(6, 5), filter=(3, 3), stride=(2, 1), pad_left=(1, 1),
+                   pad_right=(1, 1)),
+    "g36": dict(N=1, G=36, C=36, K=36, input_spatial=(4, 5), filter=(3, 3), pad_left=1, pad_right=1),
+    "g5_sw2_dil": dict(N=2, G=5, C=5, K=5, input_spatial=(6, 5), filter=(3, 3), stride=(1, 2), pad_left=(1, 1),
+                       pad_right=(1, 0), dilation=(2, 1)),
+    "3d": SHAPES["depthwise_3d"],
+    "1d_g24": dict(N=1, G=24, C=24, K=24, input_spatial=(9,), filter=(5,), stride=(2,), pad_left=(2,),
+                   pad_right=(1,), dilation=(2,)),
+}
+
+
+@pytest.mark.parametrize("direction", ["forward", "bwd_data"])
+@pytest.mark.parametrize("shape", list(DW_SHAPES))
+def test_depthwise_flat_rows(shape, direction):
+    p = ConvProblem(**DW_SHAPES[shape], direction=direction)
+    base = heuristic_config(p)
+    # spans over several pixels and rows past the end; on G = 5, spans of part of a row
+    cfg = attrs.evolve(base, tile=(4, 16, 1) if shape == "g5_sw2_dil" else (2, 128, 1), flat=True)
+    assert cfg.why_not(p) is None
+    _check(p, cfg)
+
+
+def test_depthwise_flat_other_dtypes():
+    for dt in ("bf16", "fp32"):
+        p = ConvProblem(**DW_SHAPES["g18_s2"], direction="bwd_data", dtype=dt)
+        _check(p, attrs.evolve(heuristic_config(p), tile=(2, 32, 1), flat=True))
+
+
+def test_new_extended_candidates_compute_the_same(odd_sms):
+    from ck_conv.kernels import extended_candidates
+    # c5-like: few output tiles, 18 reduction steps: tap bits, fixup and stream-K candidates
+    p = ConvProblem(N=1, G=1, C=128, K=128, input_spatial=(3, 4), filter=(3, 3), pad_left=1, pad_right=1,
+                    direction="bwd_data")
+    ext = extended_candidates(p)
+    kinds = {(c.tap_mask, c.reduction) for c in ext}
+    assert {(True, "atomic"), (True, "fixup"), (True, "streamk")} <= kinds
+    for c in (ext[0], [c for c in ext if c.reduction == "streamk"][-1]):
+        _check(p, attrs.evolve(c, tile=(16, 64, 64)), 2)
+    q = ConvProblem(**DW_SHAPES["g36"])
+    flat = [c for c in candidate_configs(q) if c.flat]
+    assert len(flat) >= 4 and all(c.why_not(q) is None for c in flat)
+    _check(q, attrs.evolve(flat[0], tile=(2, 128, 1)))
+
+
+@pytest.mark.parametrize("direction", ["forward", "bwd_data"])
+def test_block_diagonal_group_merge(direction, odd_sms):
+    """gm groups as one block-diagonal GEMM: a reduction block of one and of two groups,
+    strided 3x3 (several bwd_data classes), split / stream-K, and 1x1."""
+    p = ConvProblem(N=1, G=4, C=4 * 8, K=4 * 16, input_spatial=(4, 5), filter=(3, 3), stride=(1, 2), pad_left=1,
+                    pad_right=1, direction=direction)
+    red = 8 if direction == "forward" else 16
+    base = attrs.evolve(heuristic_config(p), tap_mask=True)
+    _check(p, attrs.evolve(base, tile=(16, 16, 2 * red), group_merge=4))
+    _check(p, attrs.evolve(base, tile=(16, 32, 2 * red), group_merge=2, reduction="streamk"), 3)
+    q = ConvProblem(N=2, G=4, C=4 * 8, K=4 * 8, input_spatial=(3, 5), filter=(1, 1), direction=direction)
+    _check(q, attrs.evolve(heuristic_config(q), tile=(16, 16, 16), group_merge=2))
+    odd = attrs.evolve(p, C=4 * 24, K=4 * 24)
+    assert "whole groups" in attrs.evolve(base, tile=(16, 16, 32), group_merge=2).why_not(odd)
+    assert "multiple" in attrs.evolve(base, tile=(16, 16, 32), group_merge=8).why_not(p)
+    assert _counters_zero()
