@@ -11,7 +11,8 @@ over a paged cache: vLLM block table or SGLang page table, linear or vectorized
 pages) is the fwd kernel with a page gather.
 fp8 (e4m3 with per-tensor descales scale_q/k/v, P scaled onto the fp8 range, o in bf16) is a
 dtype of the fwd family (batch and group mode) on archs whose spec lists fp8; the e4m3 flavour
-(OCP e4m3fn or CDNA3's e4m3fnuz) comes from :func:`fp8_format`.
+(OCP e4m3fn or CDNA3's e4m3fnuz) comes from :func:`fp8_format`; on NVIDIA the fp8 forward reads V
+key-contiguous (:func:`fp8_v_trans`: one transposed copy per call, none for vlayout="c" problems).
 Stages follow the plans of :mod:`ck_fmha.stages`: split-KV main + combine,
 backward dot_do_o -> dq_dk_dv -> convert_dq, with tensors passed by name.
 """
@@ -107,6 +108,21 @@ def fp8_format(arch) -> str:
             raise ConfigError(f"arch {arch.name}: fp8_format {fmt!r} is not 'e4m3fn' or 'e4m3fnuz'")
         return fmt
     return "e4m3fnuz" if getattr(arch, "family", "") == "cdna3" else "e4m3fn"
+
+
+def fp8_v_trans(arch) -> bool:
+    """Whether the fp8 forward reads V key-contiguous (kernel ``V_TRANS``) on ``arch``: everywhere but
+    on AMD GPUs.  Hopper's fp8 wgmma takes its shared-memory operands K-major only, and the reduction
+    index of P @ V is the key, so a channel-contiguous V would be transposed through shared memory on
+    every key block.  AMD keeps row-major V until measured (the key-contiguous path compiles there).
+    An arch plugin may decide with ``extras["fp8_v_trans"]`` (or ``extras["fmha"]["fp8_v_trans"]``)."""
+    if arch is None:
+        return True
+    extras = getattr(arch, "extras", {}) or {}
+    flag = extras.get("fp8_v_trans", (extras.get("fmha") or {}).get("fp8_v_trans"))
+    if flag is not None:
+        return bool(flag)
+    return getattr(arch, "vendor", "") != "amd"
 
 
 def _arch_spec(name: str):
@@ -211,8 +227,8 @@ def supports(key, p) -> Optional[str]:
         return "the Triton backward kernels have no sink tokens"
     if p.skip_min_seqlen_q:
         return "skip_min_seqlen_q is not implemented by the Triton kernels"
-    if p.vlayout != "r":
-        return "the Triton kernels read V row-major only"
+    if p.vlayout != "r" and not (p.dtype == "fp8" and p.family == "fwd"):
+        return "the Triton kernels read V row-major only (column-major V: the fp8 forward)"
     if p.is_group and split:
         return "split-KV / paged decode runs in batch mode on the Triton kernels"
     if p.seqlens_k is not None and not (split or p.is_group):
@@ -317,17 +333,24 @@ def make_launcher(key):
     def cast(t, names):
         return {n: (t[n] if t[n].dtype == tdt else t[n].to(tdt)) for n in names if n in t}
 
+    v_trans = fp8_v_trans(_arch_spec(key.arch)) if key.signature.dtype == "fp8" else None
+
     def fwd(p, t):
         x = cast(t, ("q", "k", "v"))
         layout, kw = p.layout, {}
+        v = x["v"]
+        if p.vlayout == "c":   # [B, Hk, Dv, Sk] / [Hk, Dv, Tk]: the same data as a key-contiguous V view
+            v = v.permute(2, 0, 1) if p.is_group else (v.transpose(2, 3) if p.layout == "bhsd"
+                                                        else v.permute(0, 3, 1, 2))
         if p.is_group:
             layout = "thd"
             kw = dict(cu_seqlens_q=dev_int32(p, "sq", p.seqstart_q, x["q"]),
                       cu_seqlens_k=dev_int32(p, "sk", p.seqstart_k, x["q"]),
                       max_seqlen_q=p.seqlen_q, max_seqlen_k=p.seqlen_k)
         if p.dtype == "fp8":   # per-tensor descales from the problem; o in bf16 (stages._store)
-            kw.update(q_descale=p.scale_q, k_descale=p.scale_k, v_descale=p.scale_v, out_dtype=torch.bfloat16)
-        o, lse = ops.fwd(x["q"], x["k"], x["v"], scale=p.softmax_scale, softcap=p.logits_soft_cap,
+            kw.update(q_descale=p.scale_q, k_descale=p.scale_k, v_descale=p.scale_v, out_dtype=torch.bfloat16,
+                      fp8_v_trans=v_trans)
+        o, lse = ops.fwd(x["q"], x["k"], v, scale=p.softmax_scale, softcap=p.logits_soft_cap,
                          return_lse=True, layout=layout, config=cfg, **_mask(p), **kw, **_features(p, t, tdt),
                          **_sinks(p, t))
         out = {"o": o, "lse": lse}
@@ -485,7 +508,10 @@ def render(key, backend: str):
     if dtype == "fp8":   # the arch's e4m3 flavour as a Triton type; o in bf16
         from .triton.configs import FP8_TRITON
 
-        dtype = FP8_TRITON[fp8_format(_arch_spec(key.arch))]
+        spec = _arch_spec(key.arch)
+        dtype = FP8_TRITON[fp8_format(spec)]
         cfg["out_dtype"] = "bf16"
+        if fp8_v_trans(spec):   # the kernel the launcher runs: key-contiguous V
+            cfg["v_trans"] = True
     h = hashlib.sha256((_source_hash() + repr(sorted(cfg.items())) + s.family + dtype).encode()).hexdigest()
     return TritonFmhaRendered(s.family, dtype, cfg, h, {"num_warps": a.num_warps, "num_stages": a.num_stages})

@@ -136,14 +136,18 @@ def _fp8_check(disp, p, rng):
     dict(hdim_q=192, hdim_v=128, mask="top_left"),
     dict(hdim_q=256, logits_soft_cap=30.0, seqlen_q=129, seqlen_k=77),
     dict(hdim_q=96, nhead_k=1, seqlen_q=1, seqlen_k=1001),              # MQA, one query row
+    dict(vlayout="c", seqlen_k=336),                                     # column-major V: read as it is
+    dict(vlayout="c", layout="bshd", mask="top_left"),                   # (Sk=333: no TMA, pointer loads)
 ])
 def test_fp8_forward_on_gpu(disp, kw, ck_rng):
     _fp8_check(disp, FmhaProblem(**{**BASE, "family": "fwd", **FP8, **kw}), ck_rng)
 
 
-def test_fp8_group_mode_forward_on_gpu(disp, ck_rng):
+@pytest.mark.parametrize("vlayout", ["r", "c"])
+def test_fp8_group_mode_forward_on_gpu(disp, vlayout, ck_rng):
     p = FmhaProblem(family="fwd", mode="group", batch=3, nhead_q=8, nhead_k=2, hdim_q=128, lse=True,
-                    seqstart_q=(0, 170, 171, 400), seqstart_k=(0, 290, 290, 611), mask="bottom_right", **FP8)
+                    seqstart_q=(0, 170, 171, 400), seqstart_k=(0, 290, 290, 611), mask="bottom_right",
+                    vlayout=vlayout, **FP8)
     _fp8_check(disp, p, ck_rng)
 
 
@@ -199,3 +203,36 @@ def test_fp8_ops_device_descales_in_a_cuda_graph(variant):
     want = _ref_fp8(q, k, v, (0.37, 0.9, 0.61), True)
     rel = ((og.double().cpu() - want).norm() / want.norm()).item()
     assert rel < FP8_TOL, rel
+
+
+@pytest.mark.parametrize("variant", ["ptr", "tma", "tma_host"])
+@pytest.mark.parametrize("layout", ["bhsd", "bshd", "thd"])
+def test_fp8_v_layouts_on_gpu(variant, layout):
+    """fp8 forward with V channel-contiguous (fp8_v_trans=False), copied by fwd (True) and made
+    key-contiguous ahead of time (v_key_major, no copy): the same attention; the last two are the
+    same kernel on the same data, so bit-identical."""
+    from ck_fmha.triton import TritonFmhaConfig, fwd, is_key_major, v_key_major
+
+    if torch.version.hip and variant != "ptr":
+        pytest.skip("the TMA variants are CUDA-only")
+    f8 = _fp8_dtype()
+    g = torch.Generator(device="cuda").manual_seed(3)
+    b, h, hk, s, d = 2, 8, 2, 400, 128
+    kw = dict(causal=True, config=TritonFmhaConfig(128, 64, 4, 2, variant), q_descale=0.5, k_descale=1.5,
+              v_descale=0.8, layout=layout)
+    if layout == "thd":
+        cu = torch.tensor([0, 150, 400], dtype=torch.int32, device="cuda")
+        q, k, v = (torch.randn(s, n, d, device="cuda", generator=g).to(f8) for n in (h, hk, hk))
+        kw.update(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=250, max_seqlen_k=250)
+    else:
+        shp = (lambda n: (b, n, s, d)) if layout == "bhsd" else (lambda n: (b, s, n, d))
+        q, k, v = (torch.randn(shp(n), device="cuda", generator=g).to(f8) for n in (h, hk, hk))
+    vk = v_key_major(v, layout)
+    assert is_key_major(vk, layout) and torch.equal(vk.float(), v.float())
+    o_row = fwd(q, k, v, fp8_v_trans=False, **kw)
+    o_cp = fwd(q, k, v, fp8_v_trans=True, **kw)
+    o_vk = fwd(q, k, vk, **kw)
+    torch.cuda.synchronize()
+    assert torch.equal(o_cp, o_vk)
+    rel = ((o_cp.double() - o_row.double()).norm() / o_row.double().norm()).item()
+    assert rel < 1e-2, rel

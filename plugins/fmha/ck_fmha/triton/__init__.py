@@ -3,4 +3,5 @@ from .configs import (CUDA_ONLY_VARIANTS, FAMILIES, VARIANTS, TritonFmhaConfig, 
                       constexprs_for, default_bwd_configs, default_fwd_config, default_splitkv_config,
                       kernel_for, num_splits_heuristic, signature_for)
 from .ops import (AttentionFunction, appendkv, attention, batch_prefill, bwd, dropout_randval,  # noqa: F401
-                  fwd, mask_params, paged_decode, splitkv_decode)
+                  fp8_v_trans_default, fwd, is_key_major, mask_params, paged_decode, splitkv_decode,
+                  v_key_major)

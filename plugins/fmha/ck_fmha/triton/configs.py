@@ -10,7 +10,8 @@ ahead-of-time compilation.
     ``lse``, ``varlen``, ``bias_mode`` (0..4 or a name of :data:`BIAS_MODES`),
     ``dropout``, ``dbias``, ``page_size``, ``kv_lookup`` ('vllm' | 'sglang'), ``kv_vec``
     (vectorized pages), ``sink_tokens``, ``sink_logits`` (bools), ``rope`` (appendkv),
-    ``descale_ptr`` (fp8: descales read from device tensors), ...; see :func:`constexprs_for`;
+    ``descale_ptr`` (fp8: descales read from device tensors), ``v_trans`` (fp8: key-contiguous V,
+    see ``kernels.fmha_fwd_kernel``), ...; see :func:`constexprs_for`;
     ``out_dtype`` (fp8 forward: bf16 | fp16) only changes the signature).  The feature
     keys default to off, which compiles the kernels as without the features.  ``constexprs`` maps every
     ``tl.constexpr`` argument name of ``jit_fn`` to its value.
@@ -41,6 +42,7 @@ FAMILIES = (
     "dropout_randval",  # store_randval: the forward's uint8 dropout random values
     "fwd_appendkv",     # knew/vnew into the KV cache (+ RoPE on knew and q)
     "batch_prefill",    # fwd with a paged KV cache (page_size > 0), group mode
+    "v_transpose",      # the key-contiguous copy of V that the fp8 forward reads on NVIDIA (v_trans)
 )
 
 VARIANTS = ("ptr", "tma", "tma_ws", "tma_host")
@@ -134,11 +136,11 @@ SPLITKV_DEFAULTS = {
 }
 # measured winners (H100, bf16, S=4096) per (hdim, causal); the fp32-atomic dQ
 # variant lost to the separate dQ pass in every pairing tried
-BWD_TUNED_SM90 = {
+BWD_TUNED_SM90 = {  # (dK/dV config, dQ config); benchmarks/fmha_bwd_probe.py on the H100, 2026-11-22 session 2
     (64, False): (TritonFmhaConfig(32, 128, 4, 3), TritonFmhaConfig(64, 64, 4, 3)),
-    (64, True): (TritonFmhaConfig(32, 64, 4, 3), TritonFmhaConfig(64, 64, 4, 3)),
-    (128, False): (TritonFmhaConfig(64, 64, 4, 2), TritonFmhaConfig(128, 64, 8, 2)),
-    (128, True): (TritonFmhaConfig(64, 128, 8, 2), TritonFmhaConfig(64, 64, 4, 3)),
+    (64, True): (TritonFmhaConfig(128, 128, 8, 2), TritonFmhaConfig(64, 64, 4, 3)),     # +3% over (32, 64, 4, 3)
+    (128, False): (TritonFmhaConfig(64, 64, 4, 2), TritonFmhaConfig(128, 128, 8, 2)),   # +5%: dQ 128x128 w8
+    (128, True): (TritonFmhaConfig(64, 128, 8, 3), TritonFmhaConfig(128, 64, 8, 3)),    # +10%
 }
 BWD_ATOMIC_DQ_DEFAULT = False  # deterministic separate dQ pass by default
 
@@ -202,6 +204,7 @@ _FN = {
     "dropout_randval": K.fmha_dropout_randval_kernel,
     "fwd_appendkv": K.fmha_fwd_appendkv_kernel,
     "batch_prefill": K.fmha_fwd_kernel,
+    "v_transpose": K.fmha_v_transpose_kernel,
 }
 
 ROPE_MODES = {"none": 0, "interleaved": 1, "half_rotated": 2}
@@ -254,6 +257,9 @@ def constexprs_for(family: str, config: Mapping) -> Dict[str, Any]:
             raise ValueError(f"a paged forward (page_size={ps}) takes the 'ptr' variant, not {variant!r}")
         lookup = _get(config, "kv_lookup", 0)
         lookup = {"vllm": 0, "sglang": 1}[lookup] if isinstance(lookup, str) else int(lookup)
+        vt = bool(_get(config, "v_trans", False))
+        if vt and ps:
+            raise ValueError("v_trans (key-contiguous V) is not implemented for paged K/V")
         return dict(D_Q=dq, D_V=dv, BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=bm, BLOCK_N=bn,
                     MASK_MODE=mm, BOTTOM_RIGHT=br, HAS_SOFTCAP=sc,
                     STORE_LSE=bool(_get(config, "lse", True)),
@@ -264,7 +270,7 @@ def constexprs_for(family: str, config: Mapping) -> Dict[str, Any]:
                     PAGE_SIZE=ps, KV_LOOKUP=lookup if ps else 0, KV_VEC=int(_get(config, "kv_vec", 0)) if ps else 0,
                     HAS_SINK=bool(_get(config, "sink_tokens", False)),
                     HAS_SINK_LOGIT=bool(_get(config, "sink_logits", False)),
-                    DESCALE_PTR=bool(_get(config, "descale_ptr", False)))
+                    DESCALE_PTR=bool(_get(config, "descale_ptr", False)), V_TRANS=vt)
     if family in ("fwd_splitkv", "fwd_pagedkv"):
         ps = int(_get(config, "page_size", 16 if family == "fwd_pagedkv" else 0))
         return dict(D_Q=dq, D_V=dv, BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=max(16, bm), BLOCK_N=bn,
@@ -293,6 +299,8 @@ def constexprs_for(family: str, config: Mapping) -> Dict[str, Any]:
         return dict(D_Q=dq, BLOCK_DQ=bdq, BLOCK_M=bm, IS_VARLEN=varlen)
     if family == "dropout_randval":
         return dict(BLOCK_M=bm, BLOCK_N=bn, IS_VARLEN=varlen)
+    if family == "v_transpose":
+        return dict(D_V=dv, BLOCK_S=bm, BLOCK_DV=bdv)
     if family == "fwd_appendkv":
         rope = _get(config, "rope", 0)
         rope = ROPE_MODES[rope] if isinstance(rope, str) else int(rope)
@@ -315,15 +323,16 @@ _TORCH_TO_TT = {"fp16": "fp16", "float16": "fp16", "bf16": "bf16", "bfloat16": "
                 "fp8e4b8": "fp8e4b8", "float8_e4m3fnuz": "fp8e4b8"}
 #: fp8 e4m3 flavour -> Triton element type
 FP8_TRITON = {"e4m3fn": "fp8e4nv", "e4m3fnuz": "fp8e4b8"}
-#: families with an fp8 path (the forward kernel; descales, P scaled onto the fp8 range)
-FP8_FAMILIES = ("fwd",)
+#: families with an fp8 path (the forward kernel; descales, P scaled onto the fp8 range) and the
+#: dtype-agnostic copy of V into the key-contiguous layout that the fp8 forward reads on NVIDIA
+FP8_FAMILIES = ("fwd", "v_transpose")
 _PTR_ARGS = {  # argument name -> element type key ('x' = the data dtype)
     "Q": "x", "K": "x", "V": "x", "O": "x", "DO": "x", "DK": "x", "DV": "x", "DQ": "x",
     "LSE": "fp32", "DELTA": "fp32", "DQA": "fp32", "OACC": "fp32", "LACC": "fp32",
     "CU_Q": "i32", "CU_K": "i32", "BLOCK_TABLE": "i32", "SEQLENS_K": "i32",
     "BIAS": "x", "ALIBI": "fp32", "DBIAS": "fp32", "RV": "u8",
     "PT": "i32", "KV_INDPTR": "i32", "SINK": "fp32", "QDS": "fp32", "KDS": "fp32", "VDS": "fp32",
-    "KNEW": "x", "VNEW": "x", "QR": "x", "KC": "x", "VC": "x", "COS": "fp32", "SIN": "fp32",
+    "KNEW": "x", "VNEW": "x", "QR": "x", "KC": "x", "VC": "x", "COS": "fp32", "SIN": "fp32", "VT": "x",
 }
 _FLOAT_ARGS = {"scale2", "cap_in", "cap_out", "sm_scale", "drop_scale", "v_descale"}
 
@@ -364,7 +373,10 @@ def signature_for(family: str, dtype: str, config: Mapping | TritonFmhaConfig) -
         # host-side descriptors: block shapes are part of the type
         sig["Q"] = f"tensordesc<{x}[{cx['BLOCK_M']},{cx['BLOCK_DQ']}]>"
         sig["K"] = f"tensordesc<{x}[{cx['BLOCK_N']},{cx['BLOCK_DQ']}]>"
-        sig["V"] = f"tensordesc<{x}[{cx['BLOCK_N']},{cx['BLOCK_DV']}]>"
+        if cx.get("V_TRANS"):   # descriptor over the key-contiguous [B*Hk*D_V, keys] view
+            sig["V"] = f"tensordesc<{x}[{cx['BLOCK_DV']},{cx['BLOCK_N']}]>"
+        else:
+            sig["V"] = f"tensordesc<{x}[{cx['BLOCK_N']},{cx['BLOCK_DV']}]>"
     return sig, cx
 
 

@@ -259,7 +259,8 @@ def _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, v
                MASKED: tl.constexpr, MASK_MODE: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                USE_TMA: tl.constexpr, WARP_SPEC: tl.constexpr,
                BIAS_MODE: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-               PAGE_SIZE: tl.constexpr, KV_VEC: tl.constexpr, HAS_SINK: tl.constexpr):
+               PAGE_SIZE: tl.constexpr, KV_VEC: tl.constexpr, HAS_SINK: tl.constexpr,
+               V_TRANS: tl.constexpr = False):
     offs_n = tl.arange(0, BLOCK_N)
     offs_dq = tl.arange(0, BLOCK_DQ)
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -314,7 +315,24 @@ def _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, v
         acc = acc * alpha[:, None]
         if HAS_DROPOUT:
             p = tl.where(_dropout_keep(rows[:, None], cols[None, :], bh_id, k0, k1, off_lo, thresh), p, 0.0)
-        if USE_TMA != 0:
+        if V_TRANS:
+            # key-contiguous V: the [BLOCK_DV, BLOCK_N] tile is read along the keys, so its transpose
+            # (the [BLOCK_N, BLOCK_DV] B operand of P @ V) is K-major in shared memory, as Hopper's
+            # fp8 wgmma needs (no transposing copy of V per block)
+            if USE_TMA == 2:
+                vt = desc_v.load([vcol, start_n])
+            elif USE_TMA == 1:
+                vt = desc_v.load([0, vcol + start_n])
+            else:
+                vtp = vb + cols[None, :] + offs_dv[:, None] * svs
+                if MASKED:
+                    vt = tl.load(vtp, mask=(cols[None, :] < seqlen_k) & (offs_dv[:, None] < D_V), other=0.0)
+                elif BLOCK_DV != D_V:
+                    vt = tl.load(vtp, mask=offs_dv[:, None] < D_V, other=0.0)
+                else:
+                    vt = tl.load(vtp)
+            v = tl.trans(vt)
+        elif USE_TMA != 0:
             v = desc_v.load([krow + start_n, vcol])
         else:
             if PAGE_SIZE > 0:
@@ -353,7 +371,7 @@ def fmha_fwd_kernel(
     BIAS_MODE: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     PAGE_SIZE: tl.constexpr = 0, KV_LOOKUP: tl.constexpr = 0, KV_VEC: tl.constexpr = 0,
     HAS_SINK: tl.constexpr = False, HAS_SINK_LOGIT: tl.constexpr = False,
-    DESCALE_PTR: tl.constexpr = False,
+    DESCALE_PTR: tl.constexpr = False, V_TRANS: tl.constexpr = False,
 ):
     """BIAS_MODE: 0 none, 1 elementwise BIAS [B|1, H|1, Sq, Sk] (strides sb?, 0 where broadcast;
     group mode: [H|1, Tq, max Sk], sbb = 0), 2 ALiBi vertical (causal), 3 ALiBi top-left,
@@ -376,7 +394,17 @@ def fmha_fwd_kernel(
     fp8 as P * FP8_MAX (448 e4m3fn, 240 e4m3fnuz: the row maximum lands on the largest finite fp8
     value, small probabilities stay normal); the softmax sum l uses the unquantised fp32 P; and
     O = (sum_j fp8(P * FP8_MAX) V) / l * v_descale / FP8_MAX, written in O's type (bf16/fp16).
-    No bias or dropout with fp8 (the launchers reject them)."""
+    No bias or dropout with fp8 (the launchers reject them).
+
+    V_TRANS (fp8 on NVIDIA: Hopper's fp8 wgmma reads both operands K-major, and the reduction dim of
+    P @ V is the key index): V is key-contiguous.  Key j, channel d of (b, kv head hk) lives at
+    ``V + b*svb + hk*svh + k_start + j + d*svs`` (svs is then the channel stride); the kernel loads
+    [BLOCK_DV, BLOCK_N] tiles and multiplies their transpose.  tma: a device descriptor over
+    [D_V, k_start + seqlen_k] at ``V + b*svb + hk*svh`` (16-byte aligned even when k_start is not;
+    keys past the sequence are TMA zero fill); tma_host: V is a descriptor over the [B*Hk*D_V, keys]
+    view with block [BLOCK_DV, BLOCK_N] and (svb, svh) its rows per batch / kv head.  Not with pages."""
+    if V_TRANS:
+        tl.static_assert(PAGE_SIZE == 0, "V_TRANS (key-contiguous V) is not implemented for paged K/V")
     pid_m = tl.program_id(0)
     if REVERSE_M:
         pid_m = tl.num_programs(0) - 1 - pid_m
@@ -426,22 +454,36 @@ def fmha_fwd_kernel(
         q = Q.load([b * sqb + h * sqh + m0, h * sqs])
         krow = b * skb + hk * skh
         kcol = hk * sks
-        vcol = hk * svs
+        if V_TRANS:   # first row of (b, hk) in the [B*Hk*D_V, keys] view
+            vcol = b * svb + hk * svh
+        else:
+            vcol = hk * svs
     elif USE_TMA == 1:
         qb = Q + b64 * sqb + h.to(tl.int64) * sqh + q_start.to(tl.int64) * sqs
         kb = K + b64 * skb + hk.to(tl.int64) * skh + k_start.to(tl.int64) * sks
-        vb = V + b64 * svb + hk.to(tl.int64) * svh + k_start.to(tl.int64) * svs
+        if V_TRANS:
+            vb = V + b64 * svb + hk.to(tl.int64) * svh
+        else:
+            vb = V + b64 * svb + hk.to(tl.int64) * svh + k_start.to(tl.int64) * svs
         desc_q = tl.make_tensor_descriptor(qb, shape=[seqlen_q, D_Q], strides=[sqs, 1],
                                            block_shape=[BLOCK_M, BLOCK_DQ])
         desc_k = tl.make_tensor_descriptor(kb, shape=[seqlen_k, D_Q], strides=[sks, 1],
                                            block_shape=[BLOCK_N, BLOCK_DQ])
-        desc_v = tl.make_tensor_descriptor(vb, shape=[seqlen_k, D_V], strides=[svs, 1],
-                                           block_shape=[BLOCK_N, BLOCK_DV])
+        if V_TRANS:
+            desc_v = tl.make_tensor_descriptor(vb, shape=[D_V, k_start + seqlen_k], strides=[svs, 1],
+                                               block_shape=[BLOCK_DV, BLOCK_N])
+            vcol = k_start
+        else:
+            desc_v = tl.make_tensor_descriptor(vb, shape=[seqlen_k, D_V], strides=[svs, 1],
+                                               block_shape=[BLOCK_N, BLOCK_DV])
         q = desc_q.load([m0, 0])
     else:
         qb = Q + b64 * sqb + h.to(tl.int64) * sqh + q_start.to(tl.int64) * sqs
         kb = K + b64 * skb + hk.to(tl.int64) * skh + k_start.to(tl.int64) * sks
-        vb = V + b64 * svb + hk.to(tl.int64) * svh + k_start.to(tl.int64) * svs
+        if V_TRANS:
+            vb = V + b64 * svb + hk.to(tl.int64) * svh + k_start.to(tl.int64)
+        else:
+            vb = V + b64 * svb + hk.to(tl.int64) * svh + k_start.to(tl.int64) * svs
         desc_k = 0
         desc_v = 0
         q = tl.load(qb + rows[:, None] * sqs + offs_dq[None, :],
@@ -478,7 +520,7 @@ def fmha_fwd_kernel(
                                    seed_lo, seed_hi, off_lo, drop_thresh, pt, skp, svp, skd, n_sink,
                                    D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_N,
                                    True, MASK_MODE, HAS_SOFTCAP, USE_TMA, False, BIAS_MODE, HAS_DROPOUT,
-                                   PAGE_SIZE, KV_VEC, HAS_SINK)
+                                   PAGE_SIZE, KV_VEC, HAS_SINK, V_TRANS)
     if MASK_MODE & 2:
         acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, vcol,
                                    lo, full_lo, rows, off, left, right, seqlen_k,
@@ -486,21 +528,21 @@ def fmha_fwd_kernel(
                                    seed_lo, seed_hi, off_lo, drop_thresh, pt, skp, svp, skd, n_sink,
                                    D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_N,
                                    True, MASK_MODE, HAS_SOFTCAP, USE_TMA, False, BIAS_MODE, HAS_DROPOUT,
-                                   PAGE_SIZE, KV_VEC, HAS_SINK)
+                                   PAGE_SIZE, KV_VEC, HAS_SINK, V_TRANS)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, vcol,
                                full_lo, full_hi, rows, off, left, right, seqlen_k,
                                scale2, cap_in, cap_out, biasb, sbq, sbk, slope, aoff, seqlen_q, bh_id,
                                seed_lo, seed_hi, off_lo, drop_thresh, pt, skp, svp, skd, n_sink,
                                D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_N,
                                False, MASK_MODE, HAS_SOFTCAP, USE_TMA, WARP_SPEC, BIAS_MODE, HAS_DROPOUT,
-                               PAGE_SIZE, KV_VEC, HAS_SINK)
+                               PAGE_SIZE, KV_VEC, HAS_SINK, V_TRANS)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, vcol,
                                full_hi, hi, rows, off, left, right, seqlen_k,
                                scale2, cap_in, cap_out, biasb, sbq, sbk, slope, aoff, seqlen_q, bh_id,
                                seed_lo, seed_hi, off_lo, drop_thresh, pt, skp, svp, skd, n_sink,
                                D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_N,
                                True, MASK_MODE, HAS_SOFTCAP, USE_TMA, False, BIAS_MODE, HAS_DROPOUT,
-                               PAGE_SIZE, KV_VEC, HAS_SINK)
+                               PAGE_SIZE, KV_VEC, HAS_SINK, V_TRANS)
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     acc = acc / l_safe[:, None]
     if HAS_DROPOUT:
@@ -513,6 +555,26 @@ def fmha_fwd_kernel(
     if STORE_LSE:
         lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453
         tl.store(LSE + b64 * slb + h.to(tl.int64) * slh + q_start + rows, lse, mask=rows < seqlen_q)
+
+
+@triton.jit
+def fmha_v_transpose_kernel(V, VT, svb, svh, svs, stb, sth, std, SEQ, H,
+                            D_V: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """Key-contiguous copy of V for the fp8 forward (V_TRANS): program (s block, b*H + h) moves the
+    [BLOCK_S, D_V] tile of V (channel-contiguous; key s at s*svs) to VT + b*stb + h*sth + d*std + s.
+    Memory bound: one read and one write of V; the tile transpose goes through registers / shared
+    memory inside the program, so both global accesses are coalesced."""
+    pid = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    s = pid * BLOCK_S + tl.arange(0, BLOCK_S)
+    d = tl.arange(0, BLOCK_DV)
+    m = (s[:, None] < SEQ) & (d[None, :] < D_V)
+    x = tl.load(V + b * svb + h * svh + s[:, None].to(tl.int64) * svs + d[None, :], mask=m)
+    xt = tl.trans(x)
+    tl.store(VT + b * stb + h * sth + d[:, None].to(tl.int64) * std + s[None, :], xt,
+             mask=(d[:, None] < D_V) & (s[None, :] < SEQ))
 
 
 @triton.jit

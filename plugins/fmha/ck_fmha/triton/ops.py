@@ -27,6 +27,9 @@ Public API (all tensors on one device; CPU tensors work under TRITON_INTERPRET=1
 * fp8: ``fwd`` / ``attention`` take ``torch.float8_e4m3fn`` q/k/v (``float8_e4m3fnuz`` on CDNA3)
   with per-tensor ``q_descale``, ``k_descale``, ``v_descale`` (floats or 1-element fp32 device
   tensors) and write o in ``out_dtype`` (bf16 default); forward only, no bias/dropout/paging.
+  On NVIDIA GPUs (and in the interpreter) the fp8 forward reads V key-contiguous (``fp8_v_trans``):
+  ``fwd`` makes one transposed copy of a channel-contiguous V per call; :func:`v_key_major` makes it
+  ahead of time (pass its result as v and no copy is made).
 
 Layouts: ``'bhsd'`` [B, H, S, D]; ``'bshd'`` [B, S, H, D]; ``'thd'`` (group /
 varlen mode) [total, H, D] with ``cu_seqlens_q/k`` (int32, B+1) and the
@@ -269,6 +272,97 @@ def _fp8_out_dtype(out_dtype, out):
     return dt
 
 
+def fp8_v_trans_default(t: torch.Tensor) -> bool:
+    """Whether the fp8 forward reads V key-contiguous (``V_TRANS``) on ``t``'s device by default:
+    yes on NVIDIA GPUs (Hopper's fp8 wgmma takes its shared-memory operands K-major only, and the
+    reduction index of P @ V is the key) and in the interpreter; no on AMD GPUs, where it is not
+    measured (it compiles for gfx942/gfx950/gfx1201, and there the AOT instruction mix even loses the
+    byte-wise LDS reads of V; pass ``fp8_v_trans=True`` to try it)."""
+    return _arch_of(t) != "hip"
+
+
+_KEY_DIM = {"bhsd": 2, "bshd": 1, "thd": 0}
+
+
+def is_key_major(v: torch.Tensor, layout: str) -> bool:
+    """Whether V (logical shape of ``layout``) is key-contiguous: key stride 1, channels strided."""
+    kd = _KEY_DIM.get(layout)
+    if kd is None:
+        raise InvalidProblem(f"layout {layout!r} is not one of 'bhsd', 'bshd', 'thd'")
+    return v.stride(kd) == 1 and v.stride(-1) != 1
+
+
+def _key_major_strides(v: torch.Tensor, layout: str):
+    """(batch, head, channel) strides of a key-contiguous V (batch stride 0 in 'thd')."""
+    if layout == "bhsd":
+        return v.stride(0), v.stride(1), v.stride(3)
+    if layout == "bshd":
+        return v.stride(0), v.stride(2), v.stride(3)
+    return 0, v.stride(1), v.stride(2)
+
+
+def v_key_major(v: torch.Tensor, layout: str = "bhsd", *, impl: str = "triton") -> torch.Tensor:
+    """A key-contiguous copy of V: same logical shape and ``layout``, key stride 1.  Storage is
+    [B, Hk, Dv, S16] ('thd': [Hk, Dv, T16]; S16 = the key count rounded up to 16, so that every
+    channel row starts 16-byte aligned for TMA; the pad columns are zeroed and never read).
+
+    This is the V layout the fp8 forward reads on NVIDIA GPUs (``fwd(..., fp8_v_trans=True)``, the
+    default there); ``fwd`` calls this itself for a channel-contiguous V, so make the copy ahead of
+    time (e.g. once per KV cache update) and pass the result as ``v`` to skip it.  Cost: one read and
+    one write of V (memory bound): 2 * B*Hk*S*Dv bytes for fp8, e.g. 134 MB for B=8, Hk=16, S=4096,
+    Dv=128, an estimated ~50 us at ~2.7 TB/s (the forward itself is ~0.5-1 ms there; measured by
+    benchmarks/fmha_fp8_probe.py).  ``impl``: 'triton'
+    (``kernels.fmha_v_transpose_kernel``, tiles transposed on chip) or 'torch' (``copy_`` of the
+    permuted view)."""
+    if not (v.is_floating_point() or v.dtype in FP8_DTYPES):
+        raise InvalidProblem(f"v has dtype {v.dtype}")
+    varlen = layout == "thd"
+    b, h, s, d = _dims(v, layout)
+    if varlen:
+        s = v.shape[0]
+    sp = -(-max(s, 1) // 16) * 16
+    shape = (h, d, sp) if varlen else (b, h, d, sp)
+    buf = torch.empty(shape, device=v.device, dtype=v.dtype)
+    if sp > s:   # (fp8 through a byte view: fill_ is not implemented for every fp8 dtype / device)
+        pad = buf[..., s:]
+        (pad.view(torch.uint8) if v.element_size() == 1 else pad).zero_()
+    if varlen:
+        view = buf[..., :s].permute(2, 0, 1)
+    elif layout == "bhsd":
+        view = buf[..., :s].transpose(2, 3)
+    else:
+        view = buf[..., :s].permute(0, 3, 1, 2)
+    if s == 0 or v.numel() == 0:
+        return view
+    if impl == "torch":
+        view.copy_(v)
+        return view
+    if impl != "triton":
+        raise InvalidProblem(f"impl={impl!r} is not 'triton' or 'torch'")
+    v = _last_contig(v)
+    svb, svh, svs = _bhs_strides(v, layout)
+    stb = 0 if varlen else buf.stride(0)
+    sth, std = buf.stride(-3), buf.stride(-2)
+    bs = 64
+    K.fmha_v_transpose_kernel[(triton.cdiv(s, bs), (1 if varlen else b) * h)](
+        v, buf, svb, svh, svs, stb, sth, std, s, h,
+        D_V=d, BLOCK_S=bs, BLOCK_DV=padded_hdim(d), num_warps=4)
+    return view
+
+
+def _vt_host_tma_ok(v: torch.Tensor, layout: str, hk: int, dv: int) -> bool:
+    """A key-contiguous V the host descriptor over the [B*Hk*Dv, keys] view can address."""
+    svb, svh, svd = _key_major_strides(v, layout)
+    return (layout != "thd" and v.data_ptr() % 16 == 0 and (svd * v.element_size()) % 16 == 0
+            and svh == dv * svd and (v.shape[0] == 1 or svb == hk * svh))
+
+
+def _vt_tma_ok(v: torch.Tensor, layout: str) -> bool:
+    """A key-contiguous V whose per-(batch, head) [Dv, keys] planes device descriptors can address."""
+    es = v.element_size()
+    return v.data_ptr() % 16 == 0 and all((x * es) % 16 == 0 for x in _key_major_strides(v, layout))
+
+
 def _check_gqa(hq, hk):
     if hk <= 0 or hq % hk:
         raise InvalidProblem(f"nhead_q={hq} must be a multiple of nhead_k={hk} (GQA/MQA)")
@@ -284,7 +378,7 @@ def fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, retu
         layout="bhsd", config: Optional[TritonFmhaConfig] = None, cu_seqlens_q=None, cu_seqlens_k=None,
         max_seqlen_q=None, max_seqlen_k=None, align=None, out=None, bias=None, alibi_slopes=None,
         dropout_p=0.0, seed=0, offset=0, alibi_align=None, sink=None, sink_tokens=0, q_descale=None,
-        k_descale=None, v_descale=None, out_dtype=None, _paged=None):
+        k_descale=None, v_descale=None, out_dtype=None, fp8_v_trans=None, _paged=None):
     """``sink``: per-head sink logits [H] (fp32, natural-log units) joining the softmax denominator;
     ``sink_tokens``: the first keys stay visible past a window's left edge.  ``_paged``: see
     :func:`batch_prefill`.
@@ -294,8 +388,20 @@ def fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, retu
     1-element tensors on q's device: read by the kernel, no host sync; default 1):
     ``o = softmax(scale * q_descale * k_descale * q k^T) @ (v_descale * v)``, P quantised to fp8 as
     ``P * fp8_max`` (see ``kernels.fmha_fwd_kernel``).  ``o`` is ``out_dtype`` (bf16 default, or
-    fp16); lse as usual.  No bias, ALiBi, dropout or paged KV with fp8."""
-    q, k, v = _last_contig(q), _last_contig(k), _last_contig(v)
+    fp16); lse as usual.  No bias, ALiBi, dropout or paged KV with fp8.
+
+    ``fp8_v_trans`` (fp8 only; None: :func:`fp8_v_trans_default`, i.e. on NVIDIA GPUs and in the
+    interpreter): read V key-contiguous so that Hopper's fp8 wgmma gets V K-major without a
+    per-block transpose in the kernel.  A key-contiguous v (:func:`is_key_major`, e.g. from
+    :func:`v_key_major`) is used as it is; otherwise one transposed copy is made per call (see
+    :func:`v_key_major` for its cost).  False: a channel-contiguous V as for fp16/bf16."""
+    fp8 = q.dtype in FP8_DTYPES
+    if fp8_v_trans and not fp8:
+        raise InvalidProblem(f"fp8_v_trans selects the V layout of the fp8 forward; q is {q.dtype}")
+    v_trans = fp8 and _paged is None and (fp8_v_trans_default(q) if fp8_v_trans is None else bool(fp8_v_trans))
+    q, k = _last_contig(q), _last_contig(k)
+    if not v_trans:
+        v = _last_contig(v)
     varlen = layout == "thd"
     b, hq, sq, dq = _dims(q, layout)
     if _paged is not None:
@@ -305,7 +411,6 @@ def fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, retu
         _, hv, _, dv = _dims(v, layout)
     if dk_ != dq or hv != hk:
         raise InvalidProblem(f"k hdim {dk_} != q hdim {dq} or v heads {hv} != k heads {hk}")
-    fp8 = q.dtype in FP8_DTYPES
     if (q.dtype not in (torch.float16, torch.bfloat16) and not fp8) or k.dtype != q.dtype or v.dtype != q.dtype:
         raise InvalidProblem(f"q/k/v must share dtype fp16, bf16 or fp8 e4m3 (float8_e4m3fn / float8_e4m3fnuz), "
                              f"got {q.dtype}, {k.dtype}, {v.dtype}")
@@ -314,6 +419,8 @@ def fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, retu
     group = _check_gqa(hq, hk)
     descale = _fp8_descales(q, fp8, q_descale, k_descale, v_descale, bias, alibi_slopes, dropout_p, _paged)
     o_dtype = _fp8_out_dtype(out_dtype, out) if fp8 else q.dtype
+    if v_trans and not is_key_major(v, layout):
+        v = v_key_major(v, layout)
     if not fp8 and out_dtype is not None and out_dtype != q.dtype:
         raise InvalidProblem(f"out_dtype={out_dtype}: fp16/bf16 attention writes o in q's dtype {q.dtype}; "
                              "out_dtype picks the output of the fp8 forward")
@@ -335,11 +442,17 @@ def fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, retu
     else:
         shape = (b, hq, sq, dv) if layout == "bhsd" else (b, sq, hq, dv)
         o = out if out is not None else torch.empty(shape, device=q.device, dtype=o_dtype)
+    if v_trans:
+        v_host_ok = _vt_host_tma_ok(v, layout, hk, dv)
+        v_dev_ok = _vt_tma_ok(v, layout)
+    else:
+        v_host_ok = v.is_contiguous() and _tma_ok(v)
+        v_dev_ok = _tma_ok(v)
     if variant == "tma_host" and not (not varlen and dq == padded_hdim(dq) and dv == padded_hdim(dv)
-                                      and q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
-                                      and _tma_ok(q, k, v)):
+                                      and q.is_contiguous() and k.is_contiguous() and v_host_ok
+                                      and _tma_ok(q, k)):
         variant = "tma"
-    if variant in ("tma", "tma_ws") and not _tma_ok(q, k, v, o):
+    if variant in ("tma", "tma_ws") and not (_tma_ok(q, k, o) and v_dev_ok):
         variant = "ptr"
     if variant in ("tma", "tma_ws"):
         _ensure_allocator()
@@ -360,17 +473,22 @@ def fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, retu
         if layout == "bhsd":
             qa = TensorDescriptor.from_tensor(q.view(b * hq * sq, dq), [bm, dq])
             ka = TensorDescriptor.from_tensor(k.view(b * hk * sk, dq), [bn, dq])
-            va = TensorDescriptor.from_tensor(v.view(b * hk * sk, dv), [bn, dv])
+            if not v_trans:
+                va = TensorDescriptor.from_tensor(v.view(b * hk * sk, dv), [bn, dv])
             sqb, sqh, sqs = hq * sq, sq, 0
             skb, skh, sks = hk * sk, sk, 0
             svb, svh, svs = hk * sk, sk, 0
         else:
             qa = TensorDescriptor.from_tensor(q.view(b * sq, hq * dq), [bm, dq])
             ka = TensorDescriptor.from_tensor(k.view(b * sk, hk * dq), [bn, dq])
-            va = TensorDescriptor.from_tensor(v.view(b * sk, hk * dv), [bn, dv])
+            if not v_trans:
+                va = TensorDescriptor.from_tensor(v.view(b * sk, hk * dv), [bn, dv])
             sqb, sqh, sqs = sq, 0, dq
             skb, skh, sks = sk, 0, dq
             svb, svh, svs = sk, 0, dv
+        if v_trans:   # rows (b, hk, d) of the key-contiguous V, keys along the row
+            va = TensorDescriptor(v, [b * hk * dv, sk], [_key_major_strides(v, layout)[2], 1], [dv, bn])
+            svb, svh, svs = hk * dv, dv, 0
     else:
         qa, ka, va = q, k, v
         sqb, sqh, sqs = _bhs_strides(q, layout)
@@ -378,7 +496,7 @@ def fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, retu
             skb, skh, sks, svb, svh, svs = _paged["kv_strides"]
         else:
             skb, skh, sks = _bhs_strides(k, layout)
-            svb, svh, svs = _bhs_strides(v, layout)
+            svb, svh, svs = _key_major_strides(v, layout) if v_trans else _bhs_strides(v, layout)
     if _paged is not None:
         pg = _paged
         pt, indptr, seqlens = pg["page_table"], pg.get("kv_indptr"), pg["seqlens_k"]
@@ -407,7 +525,8 @@ def fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, retu
         STORE_LSE=bool(return_lse), IS_VARLEN=varlen, REVERSE_M=bool(mode & 1),
         USE_TMA={"ptr": 0, "tma": 1, "tma_ws": 1, "tma_host": 2}[variant], WARP_SPEC=variant == "tma_ws",
         BIAS_MODE=bmode, HAS_DROPOUT=has_do, **paged_cx, HAS_SINK=has_sink, HAS_SINK_LOGIT=sink is not None,
-        DESCALE_PTR=descale_ptrs is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        DESCALE_PTR=descale_ptrs is not None, V_TRANS=v_trans, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )
     return (o, lse) if return_lse else o
 
