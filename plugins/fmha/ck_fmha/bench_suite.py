@@ -76,8 +76,9 @@ def fwd_tasks(cfg_for):
     # fp8 e4m3 forward (descales 1, bf16 o) vs SDPA in bf16 on the same shape
     for causal in (False, True):
         for (b, h, s) in ((8, 16, 4096), (2, 16, 16384)):
+            from ck_fmha.triton import configs as C
             tasks.append(dict(group="fwd_fp8", dtype="fp8", d=128, causal=causal, b=b, hq=h, hk=h, s=s,
-                              cfg=cfg_for(128, causal, s)))
+                              cfg=C.default_fwd_config(128, 128, "sm90", causal, s, fp8=True)))
     return tasks
 
 

@@ -150,6 +150,8 @@ def _configs(family, hq, hv, arch, elem_bytes: int = 2) -> list:
     if family == "fwd":
         cands = [C.default_fwd_config(hq, hv, tag), C.default_fwd_config(hq, hv, tag, causal=True),
                  C.TritonFmhaConfig(128, 64, 4, 3, "ptr"), C.TritonFmhaConfig(64, 64, 4, 2, "ptr")]
+        if elem_bytes == 1:
+            cands.insert(0, C.default_fwd_config(hq, hv, tag, fp8=True))
     elif family == "batch_prefill":  # the fwd kernel with a page gather: pointer loads only
         cands = [C.default_fwd_config(hq, hv, "generic").with_(variant="ptr"),
                  C.TritonFmhaConfig(64, 64, 4, 2, "ptr")]
@@ -245,7 +247,8 @@ def rank(problem, candidates: list, arch) -> list:
     want = None
     if fam == "fwd":
         c = C.default_fwd_config(problem.hdim_q, problem.hdim_v, tag, causal=problem.is_causal,
-                                 seqlen=problem.seqlen_q or 4096)
+                                 seqlen=problem.seqlen_q or 4096,
+                                 fp8=problem.dtype == "fp8" and fp8_v_trans(arch))
         want = (c.BLOCK_M, c.BLOCK_N, c.num_warps, c.num_stages)
     elif fam == "bwd_dq_dk_dv":
         c = C.default_bwd_configs(problem.hdim_q, problem.hdim_v, tag, causal=problem.is_causal)[0]

@@ -435,7 +435,7 @@ def fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, retu
     scale2, cap_in = scale2 * qk_descale, cap_in * qk_descale
     arch = _arch_of(q)
     cfg = config or default_fwd_config(dq, dv, "sm90" if arch == "sm90" else "generic", causal=mode & 1 == 1,
-                                       seqlen=sq)
+                                       seqlen=sq, fp8=v_trans)
     variant = cfg.variant if (arch == "sm90" and _paged is None) else "ptr"
     if varlen:
         o = out if out is not None else torch.empty(q.shape[:-1] + (dv,), device=q.device, dtype=o_dtype)
