@@ -437,6 +437,11 @@ def fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, retu
     cfg = config or default_fwd_config(dq, dv, "sm90" if arch == "sm90" else "generic", causal=mode & 1 == 1,
                                        seqlen=sq, fp8=v_trans)
     variant = cfg.variant if (arch == "sm90" and _paged is None) else "ptr"
+    if varlen and v_trans and variant != "ptr":
+        # group mode + key-contiguous V through device tensor descriptors raised "illegal
+        # instruction" on the H100 (benchmarks/fp8_layout_debug.py, 2026-11-22); pointer
+        # loads of the same layout are correct there
+        variant = "ptr"
     if varlen:
         o = out if out is not None else torch.empty(q.shape[:-1] + (dv,), device=q.device, dtype=o_dtype)
     else:
