@@ -24,6 +24,11 @@ direction the geomean over the probed cases and the suite geomean this projects
 (session-2 suite geomean times the probed speedups).
 
     python benchmarks/conv_probe.py --out $OUT/conv_probe.json
+
+Just the row-reuse depthwise forward kernels against the old winner and cuDNN (~1 min):
+
+    python benchmarks/conv_probe.py --cases depthwise_3x3_144_56 --directions forward --rows-only \
+        --out $OUT/conv_probe_rows.json
 """
 from __future__ import annotations
 
@@ -62,8 +67,16 @@ def _old_winners():
         return {}
 
 
-def plan(case_names=None, directions=("forward", "bwd_data")):
-    """[(case index, direction, [(config name, split or None, is_new, label), ...])] in timing order."""
+#: extra row-reuse shapes the probe times beside extended_candidates' (RH, BLOCK, warps, weights)
+ROWS_EXTRA = (((8, 1024, 1), 4, 2), ((4, 2048, 1), 8, 2), ((2, 2048, 1), 8, 1), ((2, 1024, 1), 4, 2),
+              ((2, 1024, 1), 4, 1))
+
+
+def plan(case_names=None, directions=("forward", "bwd_data"), rows_only=False):
+    """[(case index, direction, [(config name, split or None, is_new, label), ...])] in timing order.
+
+    ``rows_only``: per depthwise case just the session-2 winner (old) against the
+    row-reuse kernels (``_rows`` / ``_rows_wexp``, new); other cases are dropped."""
     import attrs
 
     from ck_conv.bench import CASES, problem
@@ -99,6 +112,17 @@ def plan(case_names=None, directions=("forward", "bwd_data")):
         h = heuristic_config(p)
         if h != win:
             add(h, None, False, "heuristic")
+        if rows_only:
+            if win.specialization != "depthwise":
+                continue
+            rows = [c for c in extended_candidates(p) if c.rows]
+            rows += [attrs.evolve(win, tile=t, waves=(nw, 1, 1), pipeline="mem", warp_tile=(1, 1, 1), flat=False,
+                                  rows=r) for t, nw, r in ROWS_EXTRA]
+            for c in rows:
+                add(c, None, True, "row reuse")
+            if len(items) > 1:
+                todo.append((ci, d, items))
+            continue
         if win.specialization == "depthwise":
             for c in candidate_configs(p):
                 if not c.flat:  # the classic tiles that won before: old
@@ -299,12 +323,14 @@ def main(argv=None):
     ap.add_argument("--cases", default=None, help="comma-separated case names (default: all planned)")
     ap.add_argument("--directions", default="forward,bwd_data")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and exit (no GPU needed)")
+    ap.add_argument("--rows-only", action="store_true",
+                    help="depthwise cases only: the session-2 winner against the row-reuse kernels (_rows)")
     args = ap.parse_args(argv)
     if args.worker:
         return _worker(*args.worker)
     t0 = time.time()
 
-    todo = plan(args.cases.split(",") if args.cases else None, tuple(args.directions.split(",")))
+    todo = plan(args.cases.split(",") if args.cases else None, tuple(args.directions.split(",")), args.rows_only)
     n_items = sum(len(it) for _, _, it in todo)
     if args.dry_run:
         from ck_conv.bench import CASES

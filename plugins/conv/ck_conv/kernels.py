@@ -15,7 +15,12 @@ software-pipeline depth), ``_relaxed`` / ``_twostage`` / ``_fixup`` / ``_atomicf
 (how a split reduction is summed, or ``_streamk``), ``_gm{n}`` (groups merged per program) and ``_tapmask``
 (forward, bwd_data, bwd_weight: per-row tap-validity bits, so a step's row mask
 is a shift and an and) and ``_flat`` (depthwise forward / bwd_data: rows x a flat
-(W, G) span per program, see :func:`ck_conv.triton_kernels.dw_flat_kernel`).
+(W, G) span per program, see :func:`ck_conv.triton_kernels.dw_flat_kernel`) and
+``_rows`` / ``_rows_wexp`` (depthwise forward, stride 1, dilation 1 along H and W:
+RH output rows x a flat (W, G) span per program, each input row loaded once per
+filter column and reused for every output row it feeds; ``_wexp`` reads the
+weights from a host-expanded [taps, Wo*G] table instead of gathering them by
+channel, see :mod:`ck_conv.dw_codegen`).
 
 Tile facts follow CK's grouped-conv dispatcher tables (``grouped_config_rules``):
 block tiles, wave layouts (1x4x1, 2x2x1, 4x1x1, 8x2x1, 4x4x1), and the rule
@@ -87,7 +92,7 @@ _NAME_RE = re.compile(
     r"_(?P<spec>" + "|".join(sorted(SPECIALIZATIONS, key=len, reverse=True)) + r")"
     r"(?:_vec(?P<vec>\d+_\d+_\d+))?(?:_pad(?P<pad>[01]{3}))?"
     r"(?:_st(?P<st>\d))?(?:_(?P<red>relaxed|twostage|fixup|atomicfix|streamk))?(?:_gm(?P<gm>\d+))?"
-    r"(?P<tapmask>_tapmask)?(?P<flat>_flat)?$")
+    r"(?P<tapmask>_tapmask)?(?P<flat>_flat)?(?P<rows>_rows(?:_wexp)?)?$")
 
 
 def _triple(v) -> tuple:
@@ -128,8 +133,15 @@ class ConvKernelConfig:
     #: depthwise forward / bwd_data: the flat-row kernel, tile = (output rows,
     #: flat (W, G) elements, 1): wide contiguous 16-byte loads for any G
     flat: bool = attrs.field(default=False, converter=bool)
+    #: depthwise forward, stride 1 / dilation 1 along H and W: the row-reuse kernel,
+    #: tile = (output rows RH, flat (W, G) elements, 1); 1 = weights gathered by
+    #: channel in the kernel (``_rows``), 2 = from a host-expanded [taps, Wo*G]
+    #: table (``_rows_wexp``)
+    rows: int = attrs.field(default=0, converter=int)
 
     def __attrs_post_init__(self):
+        if self.rows not in (0, 1, 2):
+            raise InvalidProblem(f"rows={self.rows}: use 0, 1 (_rows) or 2 (_rows_wexp)")
         if self.stages and self.stages not in STAGE_RANGE:
             raise InvalidProblem(f"stages={self.stages}: use 0 (pipeline default) or 1..8")
         gm = self.group_merge
@@ -161,6 +173,8 @@ class ConvKernelConfig:
             s += "_tapmask"
         if self.flat:
             s += "_flat"
+        if self.rows:
+            s += "_rows" if self.rows == 1 else "_rows_wexp"
         return s
 
     def __str__(self) -> str:
@@ -186,7 +200,8 @@ class ConvKernelConfig:
                    vector=tuple(int(x) for x in m["vec"].split("_")) if m["vec"] else (4, 8, 8),
                    pad=tuple(c == "1" for c in m["pad"]) if m["pad"] else (True, True, True),
                    stages=int(m["st"] or 0), reduction=m["red"] or "atomic", group_merge=int(m["gm"] or 1),
-                   tap_mask=bool(m["tapmask"]), flat=bool(m["flat"]))
+                   tap_mask=bool(m["tapmask"]), flat=bool(m["flat"]),
+                   rows={None: 0, "_rows": 1, "_rows_wexp": 2}[m["rows"]])
 
     # ---- resources --------------------------------------------------------
     @property
@@ -234,6 +249,9 @@ class ConvKernelConfig:
         """Constexprs and launch options of the Triton kernel this config names."""
         m, n, k = self.tile
         if self.specialization == "depthwise":
+            if self.rows:
+                return {"BLOCK": n, "WEXP": int(self.rows == 2), "num_warps": self.num_warps,
+                        "num_stages": self.num_stages}
             if self.flat:
                 return {"BLOCK_R": m, "BLOCK_F": n, "num_warps": self.num_warps, "num_stages": self.num_stages}
             return {"BLOCK_P": m, "BLOCK_G": n, "num_warps": self.num_warps, "num_stages": self.num_stages}
@@ -271,9 +289,15 @@ class ConvKernelConfig:
                 return "the flat-row depthwise kernel exists for forward and bwd_data"
             if self.flat and (self.tile[0] & (self.tile[0] - 1) or self.tile[1] & (self.tile[1] - 1)):
                 return f"flat-row tile {self.tile[:2]} must be powers of two"
+            if self.rows:
+                why = rows_why_not(self, p)
+                if why:
+                    return why
             return None if dw else "depthwise kernel needs C = K = G (one channel per group)"
         if self.flat:
             return "the flat-row layout exists for depthwise kernels only"
+        if self.rows:
+            return "the row-reuse kernel exists for depthwise kernels only"
         if self.reduction == "streamk":
             if self.direction == "bwd_weight":
                 return "stream-K exists for forward and bwd_data (bwd_weight splits its pixel reduction)"
@@ -322,6 +346,31 @@ class ConvKernelConfig:
 
     def supports(self, p: ConvProblem) -> bool:
         return self.why_not(p) is None
+
+
+#: output rows per program of the row-reuse depthwise kernel
+ROWS_RH = (1, 2, 4, 8, 16)
+
+
+def rows_why_not(cfg: ConvKernelConfig, p: ConvProblem) -> str | None:
+    """Why the row-reuse depthwise kernel (``_rows``) cannot run ``p`` (None: it can)."""
+    if cfg.direction != "forward":
+        return "the row-reuse depthwise kernel exists for forward only"
+    if cfg.flat:
+        return "_rows and _flat are different kernels; pick one"
+    rh, blk, _ = cfg.tile
+    if rh not in ROWS_RH or blk & (blk - 1) or blk < 16:
+        return f"row-reuse tile {cfg.tile[:2]}: rows in {ROWS_RH}, span a power of two >= 16"
+    sp = (1,) * (3 - p.ndim)
+    st, dil = sp + tuple(p.stride), sp + tuple(p.dilation)
+    flt, pad = sp + tuple(p.filter), (0,) * (3 - p.ndim) + tuple(p.pad_left)
+    if st[1:] != (1, 1) or dil[1:] != (1, 1):
+        return "the row-reuse depthwise kernel needs stride 1 and dilation 1 along H and W"
+    if flt[0] != 1 or st[0] != 1 or pad[0] != 0 or tuple(p.input_spatial)[:-2] != tuple(p.output_spatial)[:-2]:
+        return "the row-reuse depthwise kernel needs a 1-deep filter, stride 1 and no padding along D"
+    if p.filter[-1] > 15 or (p.filter[-2] if p.ndim > 1 else 1) > 15:
+        return "the row-reuse depthwise kernel unrolls filters up to 15x15"
+    return None
 
 
 # ---------------------------------------------------------------------------
@@ -517,7 +566,8 @@ PLAN_SMEM = 232448
 
 def is_extended(cfg: ConvKernelConfig) -> bool:
     """Whether ``cfg`` uses a knob of the Triton realisation beyond CK's tile space."""
-    return bool(cfg.stages or cfg.reduction != "atomic" or cfg.group_merge != 1 or cfg.tap_mask or cfg.flat)
+    return bool(cfg.stages or cfg.reduction != "atomic" or cfg.group_merge != 1 or cfg.tap_mask or cfg.flat
+                or cfg.rows)
 
 
 def extended_candidates(p: ConvProblem) -> list[ConvKernelConfig]:
@@ -537,7 +587,9 @@ def extended_candidates(p: ConvProblem) -> list[ConvKernelConfig]:
     * forward / bwd_data with at most 32 channels per group (resnext g32: 16): gm
       groups per program as one block-diagonal GEMM (``_gm4`` / ``_gm8``).
     * depthwise forward / bwd_data: the flat-row kernel (rows x a contiguous (W, G)
-      span per program).
+      span per program); forward with stride 1 / dilation 1 in H and W also the
+      row-reuse kernel (``_rows``: each input row loaded once per filter column for
+      RH output rows).
     """
     base = heuristic_config(p)
     out: list = []
@@ -546,6 +598,13 @@ def extended_candidates(p: ConvProblem) -> list[ConvKernelConfig]:
             for t, nw in (((4, 1024, 1), 4), ((2, 1024, 1), 4), ((8, 512, 1), 4), ((2, 2048, 1), 8),
                           ((8, 1024, 1), 8), ((1, 2048, 1), 4)):
                 out.append(attrs.evolve(base, tile=t, waves=(nw, 1, 1), flat=True))
+        if p.direction == "forward":  # the row-reuse kernel, where it applies
+            # at least 8 elements per lane (16-byte fp16 vectors): BLOCK >= 256 * warps
+            for t, nw, r in (((4, 1024, 1), 4, 1), ((8, 1024, 1), 4, 1), ((4, 2048, 1), 8, 1),
+                             ((4, 1024, 1), 4, 2), ((8, 2048, 1), 8, 2)):
+                c = attrs.evolve(base, tile=t, waves=(nw, 1, 1), rows=r)
+                if c.why_not(p) is None:
+                    out.append(c)
         return out
     m, n, k = p.gemm_mnk
     one_by_one = p.specialization.startswith("filter1x1")

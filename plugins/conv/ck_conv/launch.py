@@ -415,6 +415,44 @@ def _dw_flat(src, w, dst, p: ConvProblem, g: dict, meta: dict, nw: int, ns: int,
                             UNIT_W=a[2] == 1 and s[2] == 1, BWD=bwd, num_warps=nw, num_stages=ns)
 
 
+def _rows_args(p: ConvProblem, g: dict):
+    """(G, Hi, Ho, WGI, WGO, ph, pw) of the row-reuse kernel (rows = N*Di: D is unpadded, 1-deep)."""
+    return (p.G, g["Hi"], g["Ho"], g["Wi"] * p.G, g["Wo"] * p.G, g["pad"][1], g["pad"][2])
+
+
+def _rows_grid(p: ConvProblem, g: dict, block: int, rh: int) -> tuple:
+    return (_cdiv(g["Wo"] * p.G, block), _cdiv(g["Ho"], rh), p.N * g["Di"])
+
+
+#: host-expanded weight tables of ``_rows_wexp`` launches: id(w) -> (w, w._version, Wo, table);
+#: the weight tensor is held so that its id and storage cannot be reused while cached
+_WEXP: dict = {}
+_WEXP_MAX = 8
+
+
+def _wexp_table(w, wc, T: int, G: int, Wo: int):
+    """[T, Wo*G] table with table[t, ow*G + g] = wc[g, t] (wc: the channels-last [G, 1, ..., 1]
+    depthwise weights made from the caller's ``w``), cached per ``w`` and its in-place version (weights are
+    usually static; a modified or different tensor builds a new table)."""
+    e = _WEXP.get(id(w))
+    if e is not None and e[0] is w and e[1] == w._version and e[2] == Wo:
+        return e[3]
+    tab = wc.reshape(G, T).t().unsqueeze(1).expand(T, Wo, G).contiguous()
+    if len(_WEXP) >= _WEXP_MAX:
+        _WEXP.pop(next(iter(_WEXP)))
+    _WEXP[id(w)] = (w, w._version, Wo, tab)
+    return tab
+
+
+def _dw_rows(x, w, wc, y, p: ConvProblem, g: dict, meta: dict, nw: int, ns: int):
+    """Launch the row-reuse depthwise forward kernel (ck_conv.dw_codegen.render_rows)."""
+    from .dw_codegen import dw_fwd_rows_kernel
+    rh, fy, fx = meta.pop("RH"), g["flt"][1], g["flt"][2]
+    wt = _wexp_table(w, wc, fy * fx, p.G, g["Wo"]) if meta["WEXP"] else wc
+    grid = _rows_grid(p, g, meta["BLOCK"], rh)
+    dw_fwd_rows_kernel(rh, fy, fx)[grid](x, wt, y, *_rows_args(p, g), **meta, num_warps=nw, num_stages=ns)
+
+
 def run(p: ConvProblem, tensors: dict, config: ConvKernelConfig | str | None = None, split: int | None = None):
     """Compute ``p`` on torch tensors with the Triton kernel ``config`` (heuristic when None).
 
@@ -458,7 +496,9 @@ def run(p: ConvProblem, tensors: dict, config: ConvKernelConfig | str | None = N
         wc = to_channels_last(w, p.wei_layout, "wei", nd)
         M = p.N * g["Do"] * g["Ho"] * g["Wo"]
         y = torch.empty((p.N,) + p.output_spatial + (G, K), dtype=x.dtype, device=x.device)
-        if dwise and cfg.flat:
+        if dwise and cfg.rows:
+            _dw_rows(xc, w, wc, y, p, g, dict(meta, RH=cfg.tile[0]), nw, ns)
+        elif dwise and cfg.flat:
             _dw_flat(xc, wc, y, p, g, meta, nw, ns, bwd=False)
         elif dwise:
             grid = (_cdiv(M, meta["BLOCK_P"]), _cdiv(G, meta["BLOCK_G"]))
@@ -614,6 +654,7 @@ _ARGS = {
                              "sd", "sh", "sw", "IT_CHUNK", "NSPLIT", "WS_STRIDE"],
     ("flat", True): ["src_ptr", "w_ptr", "dst_ptr", "R", "G", "Dd", "Hd", "Wd", "Ds", "Hs", "Ws", "NSRC",
                      "ad", "ah", "aw", "bd", "bh", "bw", "cd", "ch", "cw", "s_d", "s_h", "s_w"],
+    ("rows", True): ["x_ptr", "w_ptr", "y_ptr", "G", "Hi", "Ho", "WGI", "WGO", "ph", "pw"],
     ("bwd_weight", False): ["x_ptr", "dy_ptr", "dw_ptr", "pb_ptr", "pc_ptr", "fin_ptr", "cnt_ptr", "P", "CHUNK"]
     + _BW_GEO,
     ("bwd_weight_gm", False): ["x_ptr", "dy_ptr", "dw_ptr", "pb_ptr", "pc_ptr", "fin_ptr", "cnt_ptr", "P", "CHUNK",
@@ -647,6 +688,9 @@ def kernel_for(key_or_config, problem: ConvProblem | None = None):
         if cfg.direction == "bwd_weight":
             from .dw_codegen import dw_bwd_weight_kernel
             fn = dw_bwd_weight_kernel(flt)
+        elif cfg.rows:
+            from .dw_codegen import dw_fwd_rows_kernel
+            fn = dw_fwd_rows_kernel(cfg.tile[0], flt[1], flt[2])
         elif cfg.flat:
             fn = tk.dw_flat_kernel
             meta.update(FZ=flt[0], FY=flt[1], FX=flt[2])
@@ -685,6 +729,8 @@ def kernel_for(key_or_config, problem: ConvProblem | None = None):
 
     def grid(p: ConvProblem):
         g = geometry(p)
+        if dwise and cfg.rows:
+            return _rows_grid(p, g, meta["BLOCK"], cfg.tile[0])
         if dwise and cfg.flat:
             R, dsz, _, _, _, _, _ = _flat_args(p, g, p.direction == "bwd_data")
             return (_cdiv(dsz[2] * p.G, meta["BLOCK_F"]) * _cdiv(R, meta["BLOCK_R"]), 1, 1)
@@ -731,14 +777,17 @@ def aot_signature(key_or_config, constexprs: dict | None = None) -> dict:
     cfg = _as_config(key_or_config)
     if constexprs is None:
         constexprs = kernel_for(cfg)[1]
-    atomic = constexprs.get("ATOMIC", True) or bool(constexprs.get("WS", 0))
     dwise = cfg.specialization == "depthwise"
+    # depthwise forward / bwd_data kernels store the output dtype (no split workspace)
+    atomic = False if dwise else constexprs.get("ATOMIC", True) or bool(constexprs.get("WS", 0))
     ptr = "*" + cfg.dtype
     out_ptr = {"forward": "y_ptr", "bwd_data": "dx_ptr", "bwd_weight": "dw_ptr"}[cfg.direction]
     sig = {}
     kind = "bwd_weight_gm" if cfg.group_merge > 1 and not dwise and cfg.direction == "bwd_weight" \
         else cfg.direction
-    if dwise and cfg.flat:
+    if dwise and cfg.rows:
+        kind = "rows"
+    elif dwise and cfg.flat:
         kind = "flat"
     elif "STREAMK" in constexprs and cfg.direction == "bwd_data":
         kind = "bwd_data_tm"
@@ -782,6 +831,8 @@ def aot_source_args(key_or_config, problem: ConvProblem | None = None):
             vals = [R, problem.G, *dsz, *ssz, math.prod(problem.output_shape if bwd else problem.input_shape),
                     *a, *b, *c, *s]
             known = dict(zip(_ARGS[("flat", True)][3:], vals))
+        elif fn.__name__ == "kernel" and _as_config(key_or_config).rows:  # the row-reuse kernel
+            known = dict(zip(_ARGS[("rows", True)][3:], _rows_args(problem, geometry(problem))))
     attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
              if sig[a].startswith("*") or (a in known and known[a] % 16 == 0)}
     return fn, sig, consts, {"num_warps": meta["num_warps"], "num_stages": meta["num_stages"], "attrs": attrs}

@@ -70,6 +70,7 @@ class ConvAlgorithm:
     group_merge: int = 1
     tap_mask: bool = False
     flat: bool = False
+    rows: int = 0
 
     @property
     def num_warps(self) -> int:
@@ -83,7 +84,8 @@ def to_config(sig: ConvSignature, a: ConvAlgorithm) -> K.ConvKernelConfig:
                               warp_tile=(a.warp_tile_m, a.warp_tile_n, a.warp_tile_k),
                               specialization=a.specialization, vector=(a.vector_a, a.vector_b, a.vector_c),
                               pad=(a.pad_m, a.pad_n, a.pad_k), stages=a.stages, reduction=a.reduction,
-                              group_merge=a.group_merge, tap_mask=a.tap_mask, flat=a.flat)
+                              group_merge=a.group_merge, tap_mask=a.tap_mask, flat=a.flat,
+                              rows=a.rows)
 
 
 def from_config(c: K.ConvKernelConfig) -> tuple:
@@ -92,7 +94,7 @@ def from_config(c: K.ConvKernelConfig) -> tuple:
                         specialization=c.specialization, vector_a=c.vector[0], vector_b=c.vector[1],
                         vector_c=c.vector[2], pad_m=c.pad[0], pad_n=c.pad[1], pad_k=c.pad[2],
                         stages=c.stages, reduction=c.reduction, group_merge=c.group_merge, tap_mask=c.tap_mask,
-                        flat=c.flat)
+                        flat=c.flat, rows=c.rows)
     return sig, alg
 
 

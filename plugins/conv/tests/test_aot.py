@@ -53,6 +53,11 @@ EXTENDED = [
      dict(_P3, G=144, C=144, K=144)),
     ("conv_bwd_data_fp16_nhwgc_gkyxc_nhwgk_2d_mem_intrawave_2x2048x1_8x1x1_1x1x1_depthwise_flat",
      dict(_P3, G=144, C=144, K=144, direction="bwd_data")),
+    # row-reuse depthwise forward (gathered weights / expanded table), the bench's 56x56x144 layer
+    ("conv_fwd_fp16_nhwgc_gkyxc_nhwgk_2d_mem_intrawave_4x1024x1_4x1x1_1x1x1_depthwise_rows",
+     dict(_P3, G=144, C=144, K=144, input_spatial=(56, 56))),
+    ("conv_fwd_fp16_nhwgc_gkyxc_nhwgk_2d_mem_intrawave_8x2048x1_8x1x1_1x1x1_depthwise_rows_wexp",
+     dict(_P3, G=144, C=144, K=144, input_spatial=(56, 56))),
     ("conv_fwd_fp16_nhwgc_gkyxc_nhwgk_2d_compv3_intrawave_128x64x64_2x2x1_16x16x16_filter3x3_gm4_tapmask",
      dict(_P3, G=32, C=512, K=512)),
     ("conv_bwd_data_fp16_nhwgc_gkyxc_nhwgk_2d_compv3_intrawave_128x64x64_2x2x1_16x16x16_filter3x3_gm4_tapmask",
@@ -157,6 +162,9 @@ def test_extended_kernels_compile_for_hopper_and_cdna3(extended_builds, name):
         assert h["async_copy"] and h["wgmma"]
     if name.endswith("_depthwise_flat"):  # every tap's rows load as 16-byte vectors (G = 144)
         assert h["v4_loads"] >= 9 and h["v4_stores"]
+    if "_depthwise_rows" in name:  # (RH + 2) rows x 3 shifts, each a 16-byte vector load (G = 144)
+        rh = int(name.split("_intrawave_")[1].split("x")[0])
+        assert h["v4_loads"] >= (rh + 2) * 3 + (9 if name.endswith("_wexp") else 0) and h["v4_stores"], h
 
 
 def test_kernel_for_gives_fn_constexprs_grid():

@@ -329,3 +329,73 @@ def test_block_diagonal_group_merge(direction, odd_sms):
     assert "whole groups" in attrs.evolve(base, tile=(16, 16, 32), group_merge=2).why_not(odd)
     assert "multiple" in attrs.evolve(base, tile=(16, 16, 32), group_merge=8).why_not(p)
     assert _counters_zero()
+
+
+# ---- row-reuse depthwise forward (_rows / _rows_wexp) ----------------------------------
+
+#: stride-1 depthwise forward shapes: odd H / W, G not a power of two (5, 18), rows past
+#: the end (H % RH != 0), spans over several pixels and parts of pixels, 5x5 pad 2,
+#: asymmetric padding (Ho != Hi, Wo != Wi), an even filter, 1D and a 1-deep 3D filter
+DW_ROWS_SHAPES = {
+    "g18": dict(N=2, G=18, C=18, K=18, input_spatial=(7, 9), filter=(3, 3), pad_left=1, pad_right=1),
+    "g5": dict(N=2, G=5, C=5, K=5, input_spatial=(7, 9), filter=(3, 3), pad_left=1, pad_right=1),
+    "g18_5x5": dict(N=2, G=18, C=18, K=18, input_spatial=(7, 9), filter=(5, 5), pad_left=2, pad_right=2),
+    "g5_asym": dict(N=1, G=5, C=5, K=5, input_spatial=(6, 7), filter=(3, 5), pad_left=(0, 2), pad_right=(1, 0)),
+    "g8_2x2": dict(N=2, G=8, C=8, K=8, input_spatial=(5, 6), filter=(2, 2), pad_left=(1, 0), pad_right=(0, 1)),
+    "1d_g24": dict(N=2, G=24, C=24, K=24, input_spatial=(11,), filter=(3,), pad_left=(1,), pad_right=(1,)),
+    "3d_1deep": dict(N=1, G=6, C=6, K=6, input_spatial=(3, 5, 4), filter=(1, 3, 3), pad_left=(0, 1, 1),
+                     pad_right=(0, 1, 1)),
+}
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+@pytest.mark.parametrize("shape", list(DW_ROWS_SHAPES))
+def test_depthwise_rows(shape, rows):
+    p = ConvProblem(**DW_ROWS_SHAPES[shape])
+    base = heuristic_config(p)
+    for tile in ((4, 64, 1), (2, 16, 1), (8, 256, 1)):
+        cfg = attrs.evolve(base, tile=tile, rows=rows)
+        assert cfg.why_not(p) is None, cfg.why_not(p)
+        assert ConvKernelConfig.from_name(cfg.name) == cfg
+        _check(p, cfg)
+
+
+def test_depthwise_rows_other_dtypes_and_layouts():
+    for dt in ("bf16", "fp32"):
+        p = ConvProblem(**DW_ROWS_SHAPES["g18"], dtype=dt)
+        _check(p, attrs.evolve(heuristic_config(p), tile=(4, 32, 1), rows=2))
+    p = ConvProblem(**DW_ROWS_SHAPES["g5"], in_layout="NGCHW")
+    _check(p, attrs.evolve(heuristic_config(p), tile=(2, 64, 1), rows=2))
+
+
+def test_depthwise_rows_weight_table_follows_the_weights():
+    """The cached expanded table is rebuilt when the weights change in place."""
+    p = ConvProblem(**DW_ROWS_SHAPES["g18"])
+    cfg = attrs.evolve(heuristic_config(p), tile=(4, 64, 1), rows=2)
+    ops = random_operands(p, seed=3)
+    tt = {k: torch.from_numpy(v).to(torch.float16) for k, v in ops.items()}
+    run(p, tt, cfg)
+    tt["w"].mul_(-0.5)
+    ref = reference(p, {k: v.float().numpy() for k, v in tt.items()})
+    assert rel_error(run(p, tt, cfg).float().numpy(), ref) < TOL["fp16"]
+
+
+def test_depthwise_rows_applicability():
+    ok = ConvProblem(**DW_ROWS_SHAPES["g18"])
+    cfg = attrs.evolve(heuristic_config(ok), tile=(4, 1024, 1), rows=1)
+    assert cfg.why_not(ok) is None and cfg.name.endswith("_depthwise_rows")
+    assert attrs.evolve(cfg, rows=2).name.endswith("_depthwise_rows_wexp")
+    assert "stride 1" in cfg.why_not(attrs.evolve(ok, stride=(2, 1)))
+    assert "dilation 1" in cfg.why_not(attrs.evolve(ok, dilation=(1, 2)))
+    assert "forward only" in attrs.evolve(cfg, direction="bwd_data").why_not(ok.with_direction("bwd_data"))
+    assert "powers of two" in attrs.evolve(cfg, tile=(4, 1000, 1)).why_not(ok) or \
+        "power of two" in attrs.evolve(cfg, tile=(4, 1000, 1)).why_not(ok)
+    assert "rows in" in attrs.evolve(cfg, tile=(3, 1024, 1)).why_not(ok)
+    assert "1-deep" in attrs.evolve(cfg, ndim=3).why_not(ConvProblem(**DW_SHAPES["3d"]))
+    assert "depthwise" in attrs.evolve(cfg, specialization="default").why_not(
+        ConvProblem(N=1, G=1, C=8, K=8, input_spatial=(5, 5), filter=(3, 3), pad_left=1, pad_right=1))
+    # the bench's depthwise layer gets row-reuse candidates, bwd_data and strided layers none
+    from ck_conv.bench import CASES, problem
+    (case,) = [c for c in CASES if c[0] == "depthwise_3x3_144_56"]
+    assert sum(c.rows > 0 for c in candidate_configs(problem(case, "forward"))) >= 4
+    assert not any(c.rows for c in candidate_configs(problem(case, "bwd_data")))
