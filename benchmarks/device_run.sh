@@ -25,6 +25,8 @@ print(json.dumps(_overhead(reg, 'bf16'), indent=1))" ;;
         fp8probe) timeout 200 python3 benchmarks/fmha_fp8_probe.py --out "$OUT/fp8_probe.json" ;;
         fmhatests) CK_TEST_GPU=1 timeout 300 python3 -m pytest -q -m "gpu or not gpu" -rfE -p no:warnings \
                    plugins/fmha/tests/test_dispatch_gpu.py ;;
+        dwprobe) timeout 150 python3 benchmarks/conv_probe.py --cases depthwise_3x3_144_56 --directions forward \
+                     --rows-only --budget 80 --compile-budget 50 --out "$OUT/conv_probe_rows.json" ;;
         fp8debug) timeout 240 python3 benchmarks/fp8_layout_debug.py ;;
         gemmbench) timeout 400 ck bench gemm --vs torch --json "$OUT/gemm.json" ;;
         fmhabench) timeout 500 ck bench fmha --vs sdpa --json "$OUT/fmha.json" ;;
