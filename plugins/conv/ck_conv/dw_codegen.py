@@ -83,20 +83,7 @@ def _gen_dir() -> Path:
 @functools.lru_cache(maxsize=None)
 def dw_bwd_weight_kernel(flt: tuple):
     """The JIT function for a (FZ, FY, FX) filter (rendered, written and imported once)."""
-    src = render(tuple(flt))
-    h = hashlib.sha256(src.encode()).hexdigest()[:16]
-    d = _gen_dir()
-    d.mkdir(parents=True, exist_ok=True)
-    path = d / f"dw_bwd_weight_{'x'.join(map(str, flt))}_{h}.py"
-    if not path.exists():
-        fd, tmp = tempfile.mkstemp(dir=d, prefix=".gen.", suffix=".py")
-        with os.fdopen(fd, "w") as f:
-            f.write(src)
-        os.replace(tmp, path)
-    spec = importlib.util.spec_from_file_location(f"ck_conv_gen_{path.stem}", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.kernel
+    return _load(f"dw_bwd_weight_{'x'.join(map(str, flt))}", render(tuple(flt)))
 
 
 # ---------------------------------------------------------------------------
