@@ -1,0 +1,130 @@
+"""Probe the Gluon sm90 attention forward (ck_fmha.triton.gluon_fwd) on the H100.
+
+    python benchmarks/gluon_fa_probe.py --out $OUT/gluon_probe.json [--quick]
+
+1. correctness: small odd-batch cases (bf16/fp16, bhsd/bshd, causal, GQA, D 64/128) against a float64
+   softmax, rel l2 of o and of the LSE; a poisoned output buffer (NaN) is passed in.
+2. speed: the issue's forward cases (B, H, S) x D {64, 128} x causal, bf16, for a few tiles, against
+   torch SDPA (cuDNN backend) and our Triton forward (launcher default), CUDA-graph medians
+   (``triton.testing.do_bench_cudagraph``).  TFLOPS count 4*B*H*S^2*D, half when causal.
+Every row is caught on its own (a failing tile is recorded with its error); the JSON is rewritten
+after each row.
+"""
+import argparse
+import json
+import math
+import os
+import sys
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+for p in (os.path.join(ROOT, "plugins", "fmha"), ROOT):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+CASES = [(16, 16, 1024), (8, 16, 4096), (2, 16, 16384), (32, 32, 512)]
+TILES = {128: [(128, 128, 8, 2), (128, 64, 8, 2), (128, 64, 8, 3)],
+         64: [(128, 128, 8, 2), (128, 128, 8, 3), (128, 64, 8, 3), (128, 256, 8, 2)]}
+
+
+def ref_attention(q, k, v, causal, scale, layout):
+    import torch
+    if layout == "bshd":
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    g = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(g, 1)
+    v = v.repeat_interleave(g, 1)
+    s = torch.einsum("bhqd,bhkd->bhqk", q.double(), k.double()) * scale
+    if causal:
+        sq, sk = s.shape[-2:]
+        s = s.masked_fill(torch.ones(sq, sk, dtype=torch.bool, device=s.device).triu(1), float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    o = torch.softmax(s, -1) @ v.double()
+    if layout == "bshd":
+        o = o.transpose(1, 2)
+    return o, lse
+
+
+def rel(a, b):
+    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="gluon_probe.json")
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    import torch
+    import triton
+    from ck_fmha.triton import gluon_fwd as G
+    from ck_fmha.triton import ops
+    res = dict(device=torch.cuda.get_device_name(), date=time.strftime("%Y-%m-%d"), check=[], speed=[])
+
+    def dump():
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+
+    torch.manual_seed(0)
+    checks = [(3, 4, 2, 384, 128, "bhsd", False, torch.bfloat16), (3, 4, 4, 256, 64, "bshd", True, torch.float16),
+              (2, 8, 2, 512, 128, "bshd", True, torch.bfloat16), (1, 2, 2, 640, 64, "bhsd", False, torch.bfloat16)]
+    for (b, h, hk, s, d, layout, causal, dt) in checks:
+        row = dict(b=b, h=h, hk=hk, s=s, d=d, layout=layout, causal=causal, dtype=str(dt))
+        try:
+            shp = lambda hh: (b, hh, s, d) if layout == "bhsd" else (b, s, hh, d)
+            q = torch.randn(shp(h), device="cuda", dtype=dt)
+            k = torch.randn(shp(hk), device="cuda", dtype=dt)
+            v = torch.randn(shp(hk), device="cuda", dtype=dt)
+            out = torch.full_like(q, float("nan"))
+            for tile in TILES[d][:2]:
+                o, lse = G.fwd(q, k, v, causal=causal, layout=layout, return_lse=True, tile=tile, out=out)
+                ro, rl = ref_attention(q, k, v, causal, 1 / math.sqrt(d), layout)
+                row[f"err_o_{tile}"] = rel(o, ro)
+                row[f"err_lse_{tile}"] = rel(lse, rl)
+                out.fill_(float("nan"))
+        except Exception as e:
+            row["error"] = f"{type(e).__name__}: {e}"[:2000]
+            traceback.print_exc()
+        print(row, flush=True)
+        res["check"].append(row)
+        dump()
+
+    from torch.nn.attention import sdpa_kernel, SDPBackend
+    F = torch.nn.functional
+    cases = CASES[1:2] if args.quick else CASES
+    for (b, h, s) in cases:
+        for d in (128, 64):
+            for causal in (False, True):
+                q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+                flops = 4 * b * h * s * s * d * (0.5 if causal else 1.0)
+                base = dict(b=b, h=h, s=s, d=d, causal=causal)
+
+                def timeit(name, fn):
+                    row = dict(base, kind=name)
+                    try:
+                        fn()
+                        torch.cuda.synchronize()
+                        ms = triton.testing.do_bench_cudagraph(fn, rep=40)
+                        row.update(ms=ms, tflops=flops / ms * 1e-9)
+                    except Exception as e:
+                        row["error"] = f"{type(e).__name__}: {e}"[:1500]
+                    print(row, flush=True)
+                    res["speed"].append(row)
+                    dump()
+                    return row
+
+                def cudnn():
+                    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                timeit("sdpa_cudnn", cudnn)
+                timeit("ours_triton", lambda: ops.fwd(q, k, v, causal=causal, return_lse=True))
+                for tile in TILES[d]:
+                    o = torch.empty_like(q)
+                    timeit(f"gluon{tile}", lambda: G.fwd(q, k, v, causal=causal, return_lse=True, tile=tile,
+                                                          out=o))
+    dump()
+
+
+if __name__ == "__main__":
+    main()
