@@ -197,10 +197,191 @@ if HAVE_GLUON:
         tma.store_wait(pendings=0)
 
 
+    # -----------------------------------------------------------------------
+    # warp-specialised variant: a producer warpgroup issues the TMA copies, two consumer
+    # warpgroups own 64 query rows each; slots are handed over through full/empty mbarriers,
+    # so the consumers never wait on each other (no CTA barrier in the main loop)
+    # -----------------------------------------------------------------------
+    @gluon.jit
+    def _ws_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty,
+                     q_row, q_col, k_row, k_col, n_blocks,
+                     SUB_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr):
+        kv_bytes: gl.constexpr = BLOCK_N * HEAD_D * 2
+        for i in gl.static_range(2):
+            mbarrier.expect(q_bar.index(i), SUB_M * HEAD_D * 2)
+            tma.async_copy_global_to_shared(q_desc, [q_row + i * SUB_M, q_col], q_bar.index(i), q_smem.index(i))
+        for j in range(n_blocks):
+            slot = j % STAGES
+            ph = ((j // STAGES) & 1) ^ 1
+            mbarrier.wait(k_empty.index(slot), ph, pred=j >= STAGES)
+            mbarrier.expect(k_full.index(slot), kv_bytes)
+            tma.async_copy_global_to_shared(k_desc, [k_row + j * BLOCK_N, k_col], k_full.index(slot),
+                                            k_smem.index(slot))
+            mbarrier.wait(v_empty.index(slot), ph, pred=j >= STAGES)
+            mbarrier.expect(v_full.index(slot), kv_bytes)
+            tma.async_copy_global_to_shared(v_desc, [k_row + j * BLOCK_N, k_col], v_full.index(slot),
+                                            v_smem.index(slot))
+
+    @gluon.jit
+    def _ws_consumer(o_desc, LSE, lse_off, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty,
+                     q_row, q_col, m0, n_full, n_blocks, qk_scale,
+                     SUB: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr,
+                     SUB_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr):
+        dtype: gl.constexpr = o_desc.dtype
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_D, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
+        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+        qs = q_smem.index(SUB)
+        r0 = m0 + SUB * SUB_M
+        rows = r0 + gl.arange(0, SUB_M, layout=row_s)
+        cols = gl.arange(0, BLOCK_N, layout=col_s)
+        m_i = gl.full([SUB_M], -float("inf"), gl.float32, layout=row_s)
+        l_i = gl.full([SUB_M], 0.0, gl.float32, layout=row_s)
+        acc = gl.zeros([SUB_M, HEAD_D], gl.float32, layout=o_layout)
+        s_zero = gl.zeros([SUB_M, BLOCK_N], gl.float32, layout=s_layout)
+        # this warpgroup's rows end at r0 + SUB_M: blocks at or past it are fully masked
+        if CAUSAL:
+            n_mine = gl.cdiv(r0 + SUB_M, BLOCK_N)
+            n_full = r0 // BLOCK_N
+        else:
+            n_mine = n_blocks
+
+        mbarrier.wait(q_bar.index(SUB), 0)
+        mbarrier.wait(k_full.index(0), 0)
+        s_tok = warpgroup_mma(qs, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(0, deps=[s_tok])
+        mbarrier.arrive(k_empty.index(0))
+        if CAUSAL:
+            if n_full == 0:
+                p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, rows, cols, 0, True)
+            else:
+                p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, rows, cols, 0, False)
+        else:
+            p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, rows, cols, 0, False)
+
+        for j in range(0, n_mine - 1):
+            slot = j % STAGES
+            nslot = (j + 1) % STAGES
+            mbarrier.wait(k_full.index(nslot), ((j + 1) // STAGES) & 1)
+            s_tok = warpgroup_mma(qs, k_smem.index(nslot).permute((1, 0)), s_zero, use_acc=False,
+                                  is_async=True)
+            mbarrier.wait(v_full.index(slot), (j // STAGES) & 1)
+            p16 = gl.convert_layout(p.to(dtype), p_layout)
+            acc_tok = warpgroup_mma(p16, v_smem.index(slot), acc, is_async=True)
+            s = warpgroup_mma_wait(1, deps=[s_tok])
+            mbarrier.arrive(k_empty.index(nslot))
+            if CAUSAL:
+                if j + 1 >= n_full:
+                    p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, rows, cols, (j + 1) * BLOCK_N, True)
+                else:
+                    p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, rows, cols, 0, False)
+            else:
+                p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, rows, cols, 0, False)
+            acc = warpgroup_mma_wait(0, deps=[acc_tok])
+            mbarrier.arrive(v_empty.index(slot))
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+
+        last = n_mine - 1
+        lslot = last % STAGES
+        mbarrier.wait(v_full.index(lslot), (last // STAGES) & 1)
+        p16 = gl.convert_layout(p.to(dtype), p_layout)
+        acc_tok = warpgroup_mma(p16, v_smem.index(lslot), acc, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=[acc_tok])
+        mbarrier.arrive(v_empty.index(lslot))
+        # blocks this warpgroup skips (causal, past its rows) still release their slots
+        for j in range(n_mine, n_blocks):
+            slot = j % STAGES
+            mbarrier.wait(k_full.index(slot), (j // STAGES) & 1)
+            mbarrier.arrive(k_empty.index(slot))
+            mbarrier.wait(v_full.index(slot), (j // STAGES) & 1)
+            mbarrier.arrive(v_empty.index(slot))
+
+        l_o = gl.convert_layout(l_i, row_o)
+        out = acc / gl.expand_dims(l_o, 1)
+        if STORE_LSE:
+            lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
+            gl.store(LSE + lse_off + rows, lse)
+        qs.store(out.to(dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(o_desc, [q_row + SUB * SUB_M, q_col], qs)
+        tma.store_wait(pendings=0)
+
+    @gluon.jit
+    def fmha_fwd_gluon_ws_sm90(
+        q_desc, k_desc, v_desc, o_desc, LSE, slb, slh,
+        H, HK, GROUP, SEQ_Q, SEQ_K, qk_scale,
+        BSHD: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr,
+        BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+        CONSUMER_REGS: gl.constexpr,
+    ):
+        SUB_M: gl.constexpr = q_desc.block_type.shape[0]   # 64 rows per consumer warpgroup
+        BLOCK_M: gl.constexpr = 2 * SUB_M
+        dtype: gl.constexpr = q_desc.dtype
+        pid_m = gl.program_id(0)
+        bh = gl.program_id(1)
+        if CAUSAL:
+            pid_m = gl.num_programs(0) - 1 - pid_m
+        b = bh // H
+        h = bh % H
+        hk = h // GROUP
+        m0 = pid_m * BLOCK_M
+        if BSHD:
+            q_row = b * SEQ_Q + m0
+            q_col = h * HEAD_D
+            k_row = b * SEQ_K
+            k_col = hk * HEAD_D
+        else:
+            q_row = bh * SEQ_Q + m0
+            q_col = 0
+            k_row = (b * HK + hk) * SEQ_K
+            k_col = 0
+        if CAUSAL:
+            n_full = m0 // BLOCK_N
+            n_blocks = gl.cdiv(m0 + BLOCK_M, BLOCK_N)
+        else:
+            n_full = SEQ_K // BLOCK_N
+            n_blocks = n_full
+        lse_off = b.to(gl.int64) * slb + h.to(gl.int64) * slh
+
+        q_smem = gl.allocate_shared_memory(dtype, [2, SUB_M, HEAD_D], q_desc.layout)
+        k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], v_desc.layout)
+        q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        k_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(2):
+            mbarrier.init(q_bar.index(i), count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_full.index(i), count=1)
+            mbarrier.init(v_full.index(i), count=1)
+            mbarrier.init(k_empty.index(i), count=2)
+            mbarrier.init(v_empty.index(i), count=2)
+
+        gl.warp_specialize([
+            (_ws_consumer, (o_desc, LSE, lse_off, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty,
+                            q_row, q_col, m0, n_full, n_blocks, qk_scale, 0, CAUSAL, STORE_LSE, SUB_M, BLOCK_N,
+                            HEAD_D, STAGES)),
+            (_ws_consumer, (o_desc, LSE, lse_off, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty,
+                            q_row, q_col, m0, n_full, n_blocks, qk_scale, 1, CAUSAL, STORE_LSE, SUB_M, BLOCK_N,
+                            HEAD_D, STAGES)),
+            (_ws_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty,
+                            q_row, q_col, k_row, k_col, n_blocks, SUB_M, BLOCK_N, HEAD_D, STAGES)),
+        ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
+
+
 # ---------------------------------------------------------------------------
 # host side
 # ---------------------------------------------------------------------------
 DEFAULT_TILES = {128: (128, 128, 8, 2), 64: (128, 128, 8, 2)}   # (BLOCK_M, BLOCK_N, warps, stages)
+WS_WARPS = 12   # warps=12 in a tile: the warp-specialised kernel (BLOCK_M must be 128)
 GLUON_DTYPES = ("float16", "bfloat16")
 
 
@@ -267,22 +448,29 @@ def fwd(q, k, v, *, causal=False, scale=None, return_lse=False, layout="bhsd", t
         views = (q.view(b * sq, hq * d), k.view(b * sk, hk * d), v.view(b * sk, hk * d))
     o = out if out is not None else torch.empty_like(q)
     ov = o.view(views[0].shape)
+    ws = warps == WS_WARPS   # producer warpgroup + two consumer warpgroups of 64 rows
+    qm = bm // 2 if ws else bm
     gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
-    q_l = gl.NVMMASharedLayout.get_default_for([bm, d], gdt)
+    q_l = gl.NVMMASharedLayout.get_default_for([qm, d], gdt)
     kv_l = gl.NVMMASharedLayout.get_default_for([bn, d], gdt)
-    qd = TensorDescriptor.from_tensor(views[0], [bm, d], q_l)
+    qd = TensorDescriptor.from_tensor(views[0], [qm, d], q_l)
     kd = TensorDescriptor.from_tensor(views[1], [bn, d], kv_l)
     vd = TensorDescriptor.from_tensor(views[2], [bn, d], kv_l)
-    od = TensorDescriptor.from_tensor(ov, [bm, d], q_l)
+    od = TensorDescriptor.from_tensor(ov, [qm, d], q_l)
     if return_lse:
         lse = torch.empty((b, hq, sq), device=q.device, dtype=torch.float32)
     else:
         lse = torch.empty(1, device=q.device, dtype=torch.float32)
     sm_scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     grid = (sq // bm, b * hq)
-    fmha_fwd_gluon_sm90[grid](
-        qd, kd, vd, od, lse, hq * sq if return_lse else 0, sq if return_lse else 0,
-        hq, hk, hq // hk, sq, sk, sm_scale * LOG2E,
-        BSHD=layout == "bshd", CAUSAL=bool(causal), STORE_LSE=bool(return_lse),
-        BLOCK_M=bm, BLOCK_N=bn, HEAD_D=d, STAGES=stages, num_warps=warps)
+    common = (qd, kd, vd, od, lse, hq * sq if return_lse else 0, sq if return_lse else 0,
+              hq, hk, hq // hk, sq, sk, sm_scale * LOG2E)
+    if ws:
+        fmha_fwd_gluon_ws_sm90[grid](
+            *common, BSHD=layout == "bshd", CAUSAL=bool(causal), STORE_LSE=bool(return_lse),
+            BLOCK_N=bn, HEAD_D=d, STAGES=stages, PRODUCER_REGS=24, CONSUMER_REGS=240, num_warps=4)
+    else:
+        fmha_fwd_gluon_sm90[grid](
+            *common, BSHD=layout == "bshd", CAUSAL=bool(causal), STORE_LSE=bool(return_lse),
+            BLOCK_M=bm, BLOCK_N=bn, HEAD_D=d, STAGES=stages, num_warps=warps)
     return (o, lse) if return_lse else o
