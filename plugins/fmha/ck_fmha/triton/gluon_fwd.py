@@ -223,10 +223,11 @@ if HAVE_GLUON:
                                             v_smem.index(slot))
 
     @gluon.jit
-    def _ws_consumer(o_desc, LSE, lse_off, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty,
+    def _ws_consumer(o_desc, LSE, lse_off, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, turn,
                      q_row, q_col, m0, n_full, n_blocks, qk_scale,
                      SUB: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr,
-                     SUB_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr):
+                     SUB_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
+                     PINGPONG: gl.constexpr):
         dtype: gl.constexpr = o_desc.dtype
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
@@ -249,8 +250,15 @@ if HAVE_GLUON:
         if CAUSAL:
             n_mine = gl.cdiv(r0 + SUB_M, BLOCK_N)
             n_full = r0 // BLOCK_N
+            n_other = gl.cdiv(m0 + (1 - SUB) * SUB_M + SUB_M, BLOCK_N)
         else:
             n_mine = n_blocks
+            n_other = n_blocks
+        if PINGPONG:
+            # the two warpgroups take turns issuing their two products (FlashAttention-3's
+            # inter-warpgroup schedule): one's softmax runs under the other's wgmma
+            if SUB == 1:
+                mbarrier.arrive(turn.index(0))
 
         mbarrier.wait(q_bar.index(SUB), 0)
         mbarrier.wait(k_full.index(0), 0)
@@ -269,11 +277,15 @@ if HAVE_GLUON:
             slot = j % STAGES
             nslot = (j + 1) % STAGES
             mbarrier.wait(k_full.index(nslot), ((j + 1) // STAGES) & 1)
+            if PINGPONG:
+                mbarrier.wait(turn.index(SUB), j & 1)
             s_tok = warpgroup_mma(qs, k_smem.index(nslot).permute((1, 0)), s_zero, use_acc=False,
                                   is_async=True)
             mbarrier.wait(v_full.index(slot), (j // STAGES) & 1)
             p16 = gl.convert_layout(p.to(dtype), p_layout)
             acc_tok = warpgroup_mma(p16, v_smem.index(slot), acc, is_async=True)
+            if PINGPONG:
+                mbarrier.arrive(turn.index(1 - SUB))
             s = warpgroup_mma_wait(1, deps=[s_tok])
             mbarrier.arrive(k_empty.index(nslot))
             if CAUSAL:
@@ -287,6 +299,10 @@ if HAVE_GLUON:
             mbarrier.arrive(v_empty.index(slot))
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
 
+        if PINGPONG:  # turns the other warpgroup still takes (causal: it may have more blocks)
+            for j in range(n_mine - 1, n_other - 1):
+                mbarrier.wait(turn.index(SUB), j & 1)
+                mbarrier.arrive(turn.index(1 - SUB))
         last = n_mine - 1
         lslot = last % STAGES
         mbarrier.wait(v_full.index(lslot), (last // STAGES) & 1)
@@ -318,7 +334,7 @@ if HAVE_GLUON:
         H, HK, GROUP, SEQ_Q, SEQ_K, qk_scale,
         BSHD: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr,
         BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-        CONSUMER_REGS: gl.constexpr,
+        CONSUMER_REGS: gl.constexpr, PINGPONG: gl.constexpr,
     ):
         SUB_M: gl.constexpr = q_desc.block_type.shape[0]   # 64 rows per consumer warpgroup
         BLOCK_M: gl.constexpr = 2 * SUB_M
@@ -357,8 +373,10 @@ if HAVE_GLUON:
         v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(2):
             mbarrier.init(q_bar.index(i), count=1)
+            mbarrier.init(turn.index(i), count=1)
         for i in gl.static_range(STAGES):
             mbarrier.init(k_full.index(i), count=1)
             mbarrier.init(v_full.index(i), count=1)
@@ -367,11 +385,11 @@ if HAVE_GLUON:
 
         gl.warp_specialize([
             (_ws_consumer, (o_desc, LSE, lse_off, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty,
-                            q_row, q_col, m0, n_full, n_blocks, qk_scale, 0, CAUSAL, STORE_LSE, SUB_M, BLOCK_N,
-                            HEAD_D, STAGES)),
+                            turn, q_row, q_col, m0, n_full, n_blocks, qk_scale, 0, CAUSAL, STORE_LSE, SUB_M,
+                            BLOCK_N, HEAD_D, STAGES, PINGPONG)),
             (_ws_consumer, (o_desc, LSE, lse_off, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty,
-                            q_row, q_col, m0, n_full, n_blocks, qk_scale, 1, CAUSAL, STORE_LSE, SUB_M, BLOCK_N,
-                            HEAD_D, STAGES)),
+                            turn, q_row, q_col, m0, n_full, n_blocks, qk_scale, 1, CAUSAL, STORE_LSE, SUB_M,
+                            BLOCK_N, HEAD_D, STAGES, PINGPONG)),
             (_ws_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty,
                             q_row, q_col, k_row, k_col, n_blocks, SUB_M, BLOCK_N, HEAD_D, STAGES)),
         ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
@@ -424,7 +442,8 @@ def unsupported_reason(q, k, v, *, causal=False, layout="bhsd", tile=None, windo
     return ""
 
 
-def fwd(q, k, v, *, causal=False, scale=None, return_lse=False, layout="bhsd", tile=None, out=None):
+def fwd(q, k, v, *, causal=False, scale=None, return_lse=False, layout="bhsd", tile=None, out=None,
+        pingpong=False):
     """Gluon forward; raises ``UnsupportedProblem`` naming what it lacks (see
     :func:`unsupported_reason`)."""
     import math
@@ -468,7 +487,8 @@ def fwd(q, k, v, *, causal=False, scale=None, return_lse=False, layout="bhsd", t
     if ws:
         fmha_fwd_gluon_ws_sm90[grid](
             *common, BSHD=layout == "bshd", CAUSAL=bool(causal), STORE_LSE=bool(return_lse),
-            BLOCK_N=bn, HEAD_D=d, STAGES=stages, PRODUCER_REGS=24, CONSUMER_REGS=240, num_warps=4)
+            BLOCK_N=bn, HEAD_D=d, STAGES=stages, PRODUCER_REGS=24, CONSUMER_REGS=240,
+            PINGPONG=bool(pingpong), num_warps=4)
     else:
         fmha_fwd_gluon_sm90[grid](
             *common, BSHD=layout == "bshd", CAUSAL=bool(causal), STORE_LSE=bool(return_lse),
