@@ -25,9 +25,9 @@ for p in (os.path.join(ROOT, "plugins", "fmha"), ROOT):
         sys.path.insert(0, p)
 
 CASES = [(16, 16, 1024), (8, 16, 4096), (2, 16, 16384), (32, 32, 512)]
-# (BLOCK_M, BLOCK_N, warps, stages[, pingpong]); warps=12: the warp-specialised kernel
-TILES = {128: [(128, 128, 12, 2), (128, 128, 12, 2, 1), (128, 64, 12, 3, 1), (128, 64, 12, 3)],
-         64: [(128, 128, 12, 3), (128, 128, 12, 3, 1), (128, 64, 12, 4, 1), (128, 64, 8, 3)]}
+# (BLOCK_N, stages, variant) of the warp-specialised kernel (BLOCK_M 128, 12 warps)
+TILES = {128: [(128, 2, "gluon_wspp"), (128, 2, "gluon_wspp_pers"), (128, 2, "gluon_ws_pers")],
+         64: [(128, 3, "gluon_ws"), (128, 3, "gluon_ws_pers"), (128, 3, "gluon_wspp_pers"), (64, 4, "gluon_ws_pers")]}
 
 
 def ref_attention(q, k, v, causal, scale, layout):
@@ -69,7 +69,8 @@ def main():
 
     torch.manual_seed(0)
     checks = [(3, 4, 2, 384, 128, "bhsd", False, torch.bfloat16), (3, 4, 4, 256, 64, "bshd", True, torch.float16),
-              (2, 8, 2, 512, 128, "bshd", True, torch.bfloat16), (1, 2, 2, 640, 64, "bhsd", False, torch.bfloat16)]
+              (2, 8, 2, 512, 128, "bshd", True, torch.bfloat16), (1, 2, 2, 640, 64, "bhsd", False, torch.bfloat16),
+              (3, 8, 2, 1024, 128, "bhsd", True, torch.bfloat16), (2, 6, 6, 1152, 64, "bshd", True, torch.float16)]
     for (b, h, hk, s, d, layout, causal, dt) in checks:
         row = dict(b=b, h=h, hk=hk, s=s, d=d, layout=layout, causal=causal, dtype=str(dt))
         try:
@@ -79,10 +80,11 @@ def main():
             v = torch.randn(shp(hk), device="cuda", dtype=dt)
             out = torch.full_like(q, float("nan"))
             for tile in TILES[d]:
-                if G.unsupported_reason(q, k, v, causal=causal, layout=layout, tile=tile[:4]):
+                t4 = (128, tile[0], 12, tile[1])
+                if G.unsupported_reason(q, k, v, causal=causal, layout=layout, tile=t4):
                     continue
-                o, lse = G.fwd(q, k, v, causal=causal, layout=layout, return_lse=True, tile=tile[:4], out=out,
-                               pingpong=len(tile) > 4)
+                o, lse = G.fwd(q, k, v, causal=causal, layout=layout, return_lse=True, tile=t4, out=out,
+                               **G.GLUON_VARIANTS[tile[2]])
                 ro, rl = ref_attention(q, k, v, causal, 1 / math.sqrt(d), layout)
                 row[f"err_o_{tile}"] = rel(o, ro)
                 row[f"err_lse_{tile}"] = rel(lse, rl)
@@ -125,8 +127,9 @@ def main():
                 timeit("ours_triton", lambda: ops.fwd(q, k, v, causal=causal, return_lse=True))
                 for tile in TILES[d]:
                     o = torch.empty_like(q)
-                    timeit(f"gluon{tile}", lambda: G.fwd(q, k, v, causal=causal, return_lse=True, tile=tile[:4],
-                                                          out=o, pingpong=len(tile) > 4))
+                    timeit(f"{tile[2]}/n{tile[0]}s{tile[1]}",
+                           lambda: G.fwd(q, k, v, causal=causal, return_lse=True, tile=(128, tile[0], 12, tile[1]),
+                                         out=o, **G.GLUON_VARIANTS[tile[2]]))
     dump()
 
 
