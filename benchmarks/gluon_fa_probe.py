@@ -56,6 +56,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="gluon_probe.json")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--causal", choices=("both", "only", "no"), default="both")
+    ap.add_argument("--no-check", action="store_true")
     args = ap.parse_args()
     import torch
     import triton
@@ -71,7 +73,7 @@ def main():
     checks = [(3, 4, 2, 384, 128, "bhsd", False, torch.bfloat16), (3, 4, 4, 256, 64, "bshd", True, torch.float16),
               (2, 8, 2, 512, 128, "bshd", True, torch.bfloat16), (1, 2, 2, 640, 64, "bhsd", False, torch.bfloat16),
               (3, 8, 2, 1024, 128, "bhsd", True, torch.bfloat16), (2, 6, 6, 1152, 64, "bshd", True, torch.float16)]
-    for (b, h, hk, s, d, layout, causal, dt) in checks:
+    for (b, h, hk, s, d, layout, causal, dt) in ([] if args.no_check else checks):
         row = dict(b=b, h=h, hk=hk, s=s, d=d, layout=layout, causal=causal, dtype=str(dt))
         try:
             shp = lambda hh: (b, hh, s, d) if layout == "bhsd" else (b, s, hh, d)
@@ -101,7 +103,7 @@ def main():
     cases = CASES[1:2] if args.quick else CASES
     for (b, h, s) in cases:
         for d in (128, 64):
-            for causal in (False, True):
+            for causal in {"both": (False, True), "only": (True, ), "no": (False, )}[args.causal]:
                 q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
                 flops = 4 * b * h * s * s * d * (0.5 if causal else 1.0)
                 base = dict(b=b, h=h, s=s, d=d, causal=causal)
