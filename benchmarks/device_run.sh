@@ -14,7 +14,7 @@ for step in "$@"; do
     echo "=== $step $(date -u +%H:%M:%S)" | tee -a "$OUT/log.txt"
     case $step in
         tests) CK_TEST_GPU=1 timeout 420 python3 -m pytest -q -m "gpu or not gpu" -rfE -p no:warnings \
-                   plugins/gemm/tests/test_gemm_gpu.py plugins/fmha/tests/test_dispatch_gpu.py ;;
+                   plugins/gemm/tests/test_gemm_gpu.py plugins/fmha/tests/test_dispatch_gpu.py plugins/fmha/tests/test_gluon_gpu.py ;;
         gemmprobe) timeout 300 python3 benchmarks/gemm_probe.py --out "$OUT/gemm_probe.json" ;;
         convprobe) timeout 300 python3 benchmarks/conv_probe.py --out "$OUT/conv_probe.json" ;;
         overhead) timeout 120 python3 -c "import json, logging; logging.basicConfig(level=logging.WARNING); \
@@ -24,7 +24,7 @@ print(json.dumps(_overhead(reg, 'bf16'), indent=1))" ;;
         bwdprobe) timeout 300 python3 benchmarks/fmha_bwd_probe.py --out "$OUT/bwd_probe.json" ;;
         fp8probe) timeout 200 python3 benchmarks/fmha_fp8_probe.py --out "$OUT/fp8_probe.json" ;;
         fmhatests) CK_TEST_GPU=1 timeout 300 python3 -m pytest -q -m "gpu or not gpu" -rfE -p no:warnings \
-                   plugins/fmha/tests/test_dispatch_gpu.py ;;
+                   plugins/fmha/tests/test_dispatch_gpu.py plugins/fmha/tests/test_gluon_gpu.py ;;
         dwprobe) timeout 150 python3 benchmarks/conv_probe.py --cases depthwise_3x3_144_56 --directions forward \
                      --rows-only --budget 80 --compile-budget 50 --out "$OUT/conv_probe_rows.json" ;;
         gluonprobe) timeout 400 python3 benchmarks/gluon_fa_probe.py --out "$OUT/gluon_probe.json" ;;

@@ -13,6 +13,9 @@ fp8 (e4m3 with per-tensor descales scale_q/k/v, P scaled onto the fp8 range, o i
 dtype of the fwd family (batch and group mode) on archs whose spec lists fp8; the e4m3 flavour
 (OCP e4m3fn or CDNA3's e4m3fnuz) comes from :func:`fp8_format`; on NVIDIA the fp8 forward reads V
 key-contiguous (:func:`fp8_v_trans`: one transposed copy per call, none for vlayout="c" problems).
+On Hopper the fwd family also has Gluon keys (variants :data:`GLUON_VARIANTS`, the warp-specialised
+kernel of :mod:`ck_fmha.triton.gluon_fwd`) for fp16/bf16 no-padding problems with head dims 64/64 or
+128/128; they run through ``ops.fwd`` like the Triton keys and build from ``gluon_fwd.aot_source``.
 Stages follow the plans of :mod:`ck_fmha.stages`: split-KV main + combine,
 backward dot_do_o -> dq_dk_dv -> convert_dq, with tensors passed by name.
 """
@@ -32,8 +35,16 @@ from ck_core.key import KernelKey
 FAMILIES = ("fwd", "fwd_splitkv", "fwd_splitkv_combine", "fwd_pagedkv", "fwd_appendkv", "batch_prefill",
             "bwd_dot_do_o", "bwd_dq_dk_dv", "bwd_convert_dq")
 HDIMS = ((32, 32), (64, 64), (96, 96), (128, 128), (192, 128), (256, 256))
-VARIANTS = ("ptr", "tma", "tma_host", "tma_ws")
-CUDA_ONLY = ("tma", "tma_host", "tma_ws")
+#: the Gluon sm90 forward's variants: the names of ``ck_fmha.triton.gluon_fwd.GLUON_VARIANTS``, spelled out
+#: here because that import brings in torch (tests/test_gluon_fwd.py keeps the two in step)
+GLUON_VARIANTS = ("gluon_ws", "gluon_wspp", "gluon_ws_pers", "gluon_wspp_pers")
+VARIANTS = ("ptr", "tma", "tma_host", "tma_ws") + GLUON_VARIANTS
+CUDA_ONLY = ("tma", "tma_host", "tma_ws") + GLUON_VARIANTS
+#: what a Gluon key runs: 128 query rows per program (two consumer warpgroups of 64 and a producer
+#: warpgroup: 12 warps), head dims q = v
+GLUON_BLOCK_M = 128
+GLUON_WARPS = 12
+GLUON_HDIMS = ((64, 64), (128, 128))
 OPTIONS = ("family", "families", "receipt", "dtypes")
 #: families with fp8 kernels (the forward; split-KV / paged / prefill / backward stay fp16/bf16)
 FP8_FAMILIES = ("fwd",)
@@ -136,11 +147,13 @@ def _arch_spec(name: str):
 
 
 def _smem(family, hq, hv, a: TritonFmhaAlg, elem_bytes: int = 2) -> int:
-    """Upper estimate of shared memory: the Q tile plus num_stages K/V tiles."""
+    """Upper estimate of shared memory: the Q tile plus num_stages K/V tiles (Gluon keys: also the
+    output staging tile and 1 KiB for the mbarriers)."""
     from .triton.configs import padded_hdim
 
     dq, dv = padded_hdim(hq), padded_hdim(hv)
-    return elem_bytes * (a.block_m * dq + a.num_stages * a.block_n * (dq + dv))
+    extra = elem_bytes * a.block_m * dv + 1024 if a.variant in GLUON_VARIANTS else 0
+    return elem_bytes * (a.block_m * dq + a.num_stages * a.block_n * (dq + dv)) + extra
 
 
 def _configs(family, hq, hv, arch, elem_bytes: int = 2) -> list:
@@ -148,10 +161,13 @@ def _configs(family, hq, hv, arch, elem_bytes: int = 2) -> list:
 
     tag = "sm90" if _hopper(arch) else "generic"
     if family == "fwd":
-        cands = [C.default_fwd_config(hq, hv, tag), C.default_fwd_config(hq, hv, tag, causal=True),
+        cands = [C.default_fwd_config(hq, hv, tag, gluon=False),
+                 C.default_fwd_config(hq, hv, tag, causal=True, gluon=False),
                  C.TritonFmhaConfig(128, 64, 4, 3, "ptr"), C.TritonFmhaConfig(64, 64, 4, 2, "ptr")]
         if elem_bytes == 1:
             cands.insert(0, C.default_fwd_config(hq, hv, tag, fp8=True))
+        if _hopper(arch) and elem_bytes == 2 and (hq, hv) in GLUON_HDIMS:
+            cands += C.gluon_fwd_configs(hq)   # the Gluon kernel's tuned tiles
     elif family == "batch_prefill":  # the fwd kernel with a page gather: pointer loads only
         cands = [C.default_fwd_config(hq, hv, "generic").with_(variant="ptr"),
                  C.TritonFmhaConfig(64, 64, 4, 2, "ptr")]
@@ -165,6 +181,8 @@ def _configs(family, hq, hv, arch, elem_bytes: int = 2) -> list:
         cands = [C.TritonFmhaConfig(64, 64, 4, 1, "ptr")]
     out = []
     for c in cands:
+        if c.variant in GLUON_VARIANTS and not _hopper(arch):
+            continue   # a Hopper kernel: no pointer form to fall back to
         v = c.variant if (_hopper(arch) or c.variant not in CUDA_ONLY) else "ptr"
         a = TritonFmhaAlg(c.BLOCK_M, c.BLOCK_N, c.num_warps, c.num_stages, v)
         if a not in out and _smem(family, hq, hv, a, elem_bytes) <= arch.lds_bytes:
@@ -212,6 +230,8 @@ def supports(key, p) -> Optional[str]:
         return "the Triton fp8 forward has no bias or dropout"
     if (s.hdim_q, s.hdim_v) != (p.hdim_q, p.hdim_v):
         return f"kernel head dims {s.hdim_q}/{s.hdim_v}, problem {p.hdim_q}/{p.hdim_v}"
+    if key.algorithm.variant in GLUON_VARIANTS:
+        return _gluon_unsupported(key.algorithm, p)
     if p.family == "fwd_appendkv":
         return None   # contiguous or paged caches, both RoPE forms; no attention features apply
     if p.family == "batch_prefill":
@@ -238,26 +258,67 @@ def supports(key, p) -> Optional[str]:
     return None
 
 
+def _gluon_unsupported(a: TritonFmhaAlg, p) -> Optional[str]:
+    """Why a Gluon key cannot run ``p`` (None when it can): batch-mode fwd, fp16/bf16, head dims 64/64 or
+    128/128, plain or causal attention on whole tiles (no padding), nothing else."""
+    g = f"the Gluon sm90 forward ({a.variant})"
+    if p.family != "fwd":
+        return f"{g} is a fwd kernel, not {p.family}"
+    if a.block_m != GLUON_BLOCK_M or a.num_warps != GLUON_WARPS:
+        return f"{g} runs BLOCK_M={GLUON_BLOCK_M} with {GLUON_WARPS} warps; this key has {a.block_m}/{a.num_warps}"
+    if p.is_group:
+        return f"{g} runs batch mode only (group mode / varlen: the Triton kernels)"
+    if p.dtype not in ("fp16", "bf16"):
+        return f"{g} takes fp16/bf16, not {p.dtype}"
+    if (p.hdim_q, p.hdim_v) not in GLUON_HDIMS:
+        return f"{g} takes head dims 64/64 or 128/128, not {p.hdim_q}/{p.hdim_v}"
+    if p.bias != "none":
+        return f"{g} has no bias or ALiBi"
+    if p.p_drop > 0 or p.store_randval:
+        return f"{g} has no dropout"
+    if p.logits_soft_cap > 0:
+        return f"{g} has no logits soft cap"
+    if p.has_window and not p.is_causal:
+        return f"{g} has no sliding-window / local masks (plain or causal attention only)"
+    if p.sink_tokens or p.sink_logits:
+        return f"{g} has no sink tokens or sink logits"
+    if p.vlayout != "r":
+        return f"{g} reads V row-major only"
+    if p.paged_kv or p.seqlens_k is not None:
+        return f"{g} reads contiguous K/V of one length (no paged KV, no per-batch seqlens_k)"
+    if not p.seqlen_q or p.seqlen_q % GLUON_BLOCK_M:
+        return f"{g} needs seqlen_q a multiple of {GLUON_BLOCK_M} (no padding), got {p.seqlen_q}"
+    if not p.seqlen_k or p.seqlen_k % a.block_n:
+        return f"{g} needs seqlen_k a multiple of its BLOCK_N {a.block_n} (no padding), got {p.seqlen_k}"
+    if p.is_causal and p.seqlen_q != p.seqlen_k:
+        return f"{g} is causal only with seqlen_q == seqlen_k (got {p.seqlen_q}/{p.seqlen_k})"
+    return None
+
+
 def rank(problem, candidates: list, arch) -> list:
-    """The tuned default first (per head dim, causal-ness and length), then by tile size."""
+    """The tuned default first (per head dim, causal-ness and length; on Hopper the Gluon key where
+    the Gluon table names it, then the Triton kernel's tuned tile), then by tile size."""
     from .triton import configs as C
 
     tag = "sm90" if _hopper(arch) else "generic"
     fam = problem.family
-    want = None
-    if fam == "fwd":
-        c = C.default_fwd_config(problem.hdim_q, problem.hdim_v, tag, causal=problem.is_causal,
-                                 seqlen=problem.seqlen_q or 4096,
-                                 fp8=problem.dtype == "fp8" and fp8_v_trans(arch))
-        want = (c.BLOCK_M, c.BLOCK_N, c.num_warps, c.num_stages)
+    want = []
+    if fam == "fwd":   # the Gluon kernel where tuned (and supported), else the Triton kernel's tuned tile
+        kw = dict(causal=problem.is_causal, seqlen=problem.seqlen_q or 4096,
+                  fp8=problem.dtype == "fp8" and fp8_v_trans(arch))
+        want = [C.default_fwd_config(problem.hdim_q, problem.hdim_v, tag, **kw),
+                C.default_fwd_config(problem.hdim_q, problem.hdim_v, tag, gluon=False, **kw)]
     elif fam == "bwd_dq_dk_dv":
-        c = C.default_bwd_configs(problem.hdim_q, problem.hdim_v, tag, causal=problem.is_causal)[0]
-        want = (c.BLOCK_M, c.BLOCK_N, c.num_warps, c.num_stages)
+        want = [C.default_bwd_configs(problem.hdim_q, problem.hdim_v, tag, causal=problem.is_causal)[0]]
+    # Gluon tiles match with their variant (several share a tile); Triton tiles by the tile alone
+    want = [(c.BLOCK_M, c.BLOCK_N, c.num_warps, c.num_stages, c.variant if c.variant in GLUON_VARIANTS else None)
+            for c in want]
 
     def cost(k):
         a = k.algorithm
-        exact = (a.block_m, a.block_n, a.num_warps, a.num_stages) == want
-        return (not exact, -a.block_m * a.block_n)
+        t = (a.block_m, a.block_n, a.num_warps, a.num_stages)
+        hit = [i for i, w in enumerate(want) if w[:4] == t and w[4] in (None, a.variant)]
+        return (hit[0] if hit else len(want), -a.block_m * a.block_n)
 
     return sorted(candidates, key=cost)
 
@@ -482,10 +543,12 @@ _AOT_FAMILY = {"fwd_pagedkv": "fwd_pagedkv", "fwd_splitkv": "fwd_splitkv", "bwd_
 
 
 @functools.lru_cache(maxsize=None)
-def _source_hash() -> str:
-    from .triton import configs, kernels
+def _source_hash(gluon: bool = False) -> str:
+    """Hash of the kernel sources a key compiles from (Gluon keys: gluon_fwd.py, not kernels.py)."""
+    from .triton import configs, gluon_fwd, kernels
 
-    return hashlib.sha256((inspect.getsource(kernels) + inspect.getsource(configs)).encode()).hexdigest()
+    src = inspect.getsource(gluon_fwd if gluon else kernels) + inspect.getsource(configs)
+    return hashlib.sha256(src.encode()).hexdigest()
 
 
 @attrs.frozen
@@ -516,5 +579,6 @@ def render(key, backend: str):
         cfg["out_dtype"] = "bf16"
         if fp8_v_trans(spec):   # the kernel the launcher runs: key-contiguous V
             cfg["v_trans"] = True
-    h = hashlib.sha256((_source_hash() + repr(sorted(cfg.items())) + s.family + dtype).encode()).hexdigest()
+    src = _source_hash(a.variant in GLUON_VARIANTS)   # (a Gluon key builds its bhsd, non-causal, LSE instance)
+    h = hashlib.sha256((src + repr(sorted(cfg.items())) + s.family + dtype).encode()).hexdigest()
     return TritonFmhaRendered(s.family, dtype, cfg, h, {"num_warps": a.num_warps, "num_stages": a.num_stages})

@@ -515,6 +515,9 @@ AOT_ALL = AOT_FAST + [
     ("fwd", "bf16", dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3, hdim_q=128, variant="tma")),
     ("fwd", "bf16", dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3, hdim_q=128, variant="tma_ws")),
     ("fwd", "bf16", dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=2, hdim_q=128, variant="tma_host")),
+    # the Gluon warp-specialised forward (sm90 only; tests/test_gluon_fwd.py checks its instructions)
+    ("fwd", "bf16", dict(BLOCK_M=128, BLOCK_N=128, num_warps=12, num_stages=2, hdim_q=128, mask_mode=1,
+                         variant="gluon_wspp")),
     # bias / ALiBi / dropout / group-mode backward
     ("fwd", "fp16", dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2, hdim_q=64, mask_mode=1,
                          bias_mode="alibi_vertical", dropout=True)),
@@ -574,3 +577,5 @@ def test_aot_compile_six_targets():
 def test_aot_compile_all_families():
     res = _aot(AOT_ALL, TARGETS)
     assert any(k.endswith(":tma_ws") for k in res)
+    gluon = [k for k in res if k.endswith(":gluon_wspp")]
+    assert gluon and all(k.startswith("sm90:") for k in gluon)   # compiled for sm90, skipped on hip

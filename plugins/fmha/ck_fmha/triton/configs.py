@@ -16,6 +16,11 @@ ahead-of-time compilation.
     keys default to off, which compiles the kernels as without the features.  ``constexprs`` maps every
     ``tl.constexpr`` argument name of ``jit_fn`` to its value.
 
+The Gluon variants (:data:`GLUON_VARIANTS`, the warp-specialised sm90 forward of
+:mod:`.gluon_fwd`) are a separate kernel: :func:`aot_compile` builds them through
+``gluon_fwd.aot_source`` (NVIDIA sm90 targets only), ``kernel_for`` / ``signature_for``
+refuse them.
+
 ``signature_for(family, dtype, config)`` gives the full ``ASTSource``
 signature (pointer / scalar types, ``"constexpr"`` for the constants; fp8 forward:
 ``dtype`` "fp8" / "fp8e4nv" (OCP e4m3fn) or "fp8e4b8" (e4m3fnuz, CDNA3); the
@@ -29,6 +34,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Dict, Mapping, Tuple
 
 from . import kernels as K
+from .gluon_fwd import GLUON_VARIANTS as _GLUON_FLAGS, HDIMS as GLUON_HDIMS, WS_WARPS
 
 FAMILIES = (
     "fwd",
@@ -45,9 +51,12 @@ FAMILIES = (
     "v_transpose",      # the key-contiguous copy of V that the fp8 forward reads on NVIDIA (v_trans)
 )
 
-VARIANTS = ("ptr", "tma", "tma_ws", "tma_host")
-# variants that need NVIDIA Hopper+ (device-side TMA descriptors / warp specialisation)
-CUDA_ONLY_VARIANTS = ("tma", "tma_ws", "tma_host")
+#: the forward of gluon_fwd.py (sm90, fp16/bf16, head dim 64/128, no-padding problems):
+#: ``gluon_fwd.GLUON_VARIANTS[variant]`` holds its launch flags
+GLUON_VARIANTS = tuple(_GLUON_FLAGS)
+VARIANTS = ("ptr", "tma", "tma_ws", "tma_host") + GLUON_VARIANTS
+# variants that need NVIDIA Hopper+ (device-side TMA descriptors / warp specialisation / Gluon)
+CUDA_ONLY_VARIANTS = ("tma", "tma_ws", "tma_host") + GLUON_VARIANTS
 # tma_host: host-side TensorDescriptor arguments over the flattened 2-D view
 # (its Q/K/V arguments are descriptors; signature_for gives their tensordesc<> types)
 
@@ -112,6 +121,34 @@ FWD_TUNED_SM90: Dict[Tuple[int, bool, int], TritonFmhaConfig] = {
 }
 
 
+#: the Gluon forward where it beat FWD_TUNED_SM90 (benchmarks/gluon_fa_probe.py, H100, bf16, TFLOPS ratio
+#: to cuDNN SDPA, 2026-11-22 session 3).  D=128: ping-pong consumers, 128x128, 2 stages; persistent
+#: (one program per SM) everywhere but causal S<=512, where the plain persistent walk wins (0.85):
+#: non-causal 0.94 / 0.95 / 1.01 / 1.00 at S 512 / 1k / 4k / 16k, causal 0.85 / 1.00 / 1.05 / 1.06
+#: (Triton kernel: 0.75-0.85).  D=64: persistent, 128x128, 3 stages; ping-pong without a mask
+#: (0.86-0.96), without it under a causal mask (0.93 / 0.98 / 1.00 from 1k), 128x64x4 stages for causal
+#: S<=512 (0.89; Triton 0.88).  The persistent causal walk mirrors every second pass (gluon_fwd._tile).
+_P = WS_WARPS
+FWD_GLUON_SM90: Dict[Tuple[int, bool, int], TritonFmhaConfig] = {
+    **{(128, False, b): TritonFmhaConfig(128, 128, _P, 2, "gluon_wspp_pers") for b in (512, 1024, 4096, 16384)},
+    (128, True, 512): TritonFmhaConfig(128, 128, _P, 2, "gluon_ws_pers"),
+    **{(128, True, b): TritonFmhaConfig(128, 128, _P, 2, "gluon_wspp_pers") for b in (1024, 4096, 16384)},
+    (64, False, 512): TritonFmhaConfig(128, 128, _P, 3, "gluon_ws_pers"),
+    **{(64, False, b): TritonFmhaConfig(128, 128, _P, 3, "gluon_wspp_pers") for b in (1024, 4096, 16384)},
+    (64, True, 512): TritonFmhaConfig(128, 64, _P, 4, "gluon_ws_pers"),
+    **{(64, True, b): TritonFmhaConfig(128, 128, _P, 3, "gluon_ws_pers") for b in (1024, 4096, 16384)},
+}
+
+
+def gluon_fwd_configs(hdim: int):
+    """The distinct Gluon configurations of :data:`FWD_GLUON_SM90` for one head dim."""
+    out = []
+    for (d, _, _), c in FWD_GLUON_SM90.items():
+        if d == hdim and c not in out:
+            out.append(c)
+    return out
+
+
 def _seq_bucket(s: int) -> int:
     for b in (512, 1024, 4096):
         if s <= b:
@@ -151,10 +188,17 @@ FWD_FP8_TUNED_SM90: Dict[int, TritonFmhaConfig] = {128: TritonFmhaConfig(64, 128
 
 
 def default_fwd_config(hdim_q: int, hdim_v: int, arch: str = "sm90", causal: bool = False,
-                       seqlen: int = 4096, fp8: bool = False) -> TritonFmhaConfig:
+                       seqlen: int = 4096, fp8: bool = False, gluon: bool = True) -> TritonFmhaConfig:
+    """The tuned forward configuration.  ``gluon``: on sm90, fp16/bf16 with head dims 64/64 or
+    128/128, take :data:`FWD_GLUON_SM90` first (``ops.fwd`` falls back to ``gluon=False`` for
+    problems the Gluon kernel cannot run); False: the Triton kernel's choice only."""
     d = padded_hdim(max(hdim_q, hdim_v))
     if arch == "sm90" and fp8 and d in FWD_FP8_TUNED_SM90:
         return FWD_FP8_TUNED_SM90[d]
+    if arch == "sm90" and gluon and not fp8 and hdim_q == hdim_v and hdim_q in GLUON_HDIMS:
+        cfg = FWD_GLUON_SM90.get((d, bool(causal), _seq_bucket(seqlen)))
+        if cfg is not None:
+            return cfg
     if arch == "sm90":
         cfg = FWD_TUNED_SM90.get((min(d, 256), bool(causal), _seq_bucket(seqlen)))
         if cfg is not None:
@@ -244,6 +288,13 @@ def constexprs_for(family: str, config: Mapping) -> Dict[str, Any]:
         from ck_core.errors import MissingKernel  # noqa: WPS433
 
         raise MissingKernel(f"unknown Triton FMHA family {family!r}; known: {', '.join(FAMILIES)}")
+    if _get(config, "variant", "ptr") in GLUON_VARIANTS:
+        from ck_core.errors import UnsupportedProblem  # noqa: WPS433
+
+        raise UnsupportedProblem(
+            f"variant {config['variant']!r} is the Gluon sm90 forward (ck_fmha.triton.gluon_fwd), not a Triton "
+            "FMHA kernel: it has no kernel_for/signature_for form; compile it with aot_compile(), which "
+            "builds it from gluon_fwd.aot_source")
     dq = int(_get(config, "hdim_q", 128))
     dv = int(_get(config, "hdim_v", dq))
     bdq, bdv = padded_hdim(dq), padded_hdim(dv)
@@ -399,14 +450,67 @@ def fp8_triton_type(target) -> str:
 
 def aot_compile(family: str, dtype: str, config: Mapping | TritonFmhaConfig, target):
     """Compile one kernel instance for ``target`` (a ``triton.backends.compiler.GPUTarget``)
-    without a GPU.  Returns the ``CompiledKernel`` (``.asm`` holds ptx/cubin or amdgcn/hsaco)."""
+    without a GPU.  Returns the ``CompiledKernel`` (``.asm`` holds ptx/cubin or amdgcn/hsaco).
+
+    A Gluon variant compiles the warp-specialised kernel of :mod:`.gluon_fwd` (fwd family, CUDA
+    targets of arch >= 90); its compile-time layout is ``config["bshd"]`` (default False), causal
+    is ``mask_mode`` 1, ``lse`` as for the Triton forward; other features are refused."""
     import triton
     from triton.compiler import ASTSource
 
     cfgd = config.as_dict() if isinstance(config, TritonFmhaConfig) else dict(config)
+    if cfgd.get("variant") in GLUON_VARIANTS:
+        return _aot_compile_gluon(family, dtype, cfgd, target)
     if dtype == "fp8":
         dtype = fp8_triton_type(target)
     fn, cx = kernel_for(family, cfgd)
     sig, _ = signature_for(family, dtype, cfgd)
     opts = {"num_warps": int(cfgd.get("num_warps", 4)), "num_stages": int(cfgd.get("num_stages", 2))}
     return triton.compile(ASTSource(fn, sig, constexprs=cx), target=target, options=opts)
+
+
+#: Triton forward features (config keys) that the Gluon kernel does not have
+_GLUON_NO = ("softcap", "dropout", "varlen", "page_size", "sink_tokens", "sink_logits", "descale_ptr", "v_trans")
+
+
+def _aot_compile_gluon(family: str, dtype: str, cfgd: dict, target):
+    """:func:`aot_compile` of a Gluon variant: checks the config, then ``gluon_fwd.aot_source``."""
+    import triton
+
+    from ck_core.errors import ToolchainMissing, UnsupportedProblem  # noqa: WPS433
+
+    from . import gluon_fwd
+
+    v = cfgd["variant"]
+    if getattr(target, "backend", None) != "cuda" or int(getattr(target, "arch", 0) or 0) < 90:
+        raise UnsupportedProblem(f"variant {v!r} is a Hopper (sm90) Gluon kernel; target {target} is not a CUDA "
+                                 "target of arch >= 90 (AMD and older NVIDIA archs run the Triton variants)")
+    if not gluon_fwd.HAVE_GLUON:
+        raise ToolchainMissing(f"variant {v!r}: triton.experimental.gluon is not importable (triton==3.6.0 has it)")
+    if family != "fwd":
+        raise UnsupportedProblem(f"variant {v!r} is a forward kernel; family {family!r} has no Gluon form")
+    dt = _TORCH_TO_TT.get(str(dtype).replace("torch.", ""))
+    if dt not in ("fp16", "bf16"):
+        raise UnsupportedProblem(f"variant {v!r} takes fp16/bf16, not {dtype!r}")
+    dq = int(_get(cfgd, "hdim_q", 128))
+    dv = int(_get(cfgd, "hdim_v", dq))
+    if dq != dv or dq not in GLUON_HDIMS:
+        raise UnsupportedProblem(f"variant {v!r} takes head dims {'/'.join(map(str, GLUON_HDIMS))} (q = v), "
+                                 f"not {dq}/{dv}")
+    bm, warps = int(_get(cfgd, "BLOCK_M", 128)), int(_get(cfgd, "num_warps", WS_WARPS))
+    if bm != 128 or warps != WS_WARPS:
+        raise UnsupportedProblem(f"variant {v!r} runs BLOCK_M=128 with num_warps={WS_WARPS} (a producer and two "
+                                 f"consumer warpgroups), not BLOCK_M={bm}, num_warps={warps}")
+    mm = int(_get(cfgd, "mask_mode", 0))
+    bad = [k for k in _GLUON_NO if _get(cfgd, k, False)]
+    if bias_mode_of(_get(cfgd, "bias_mode", 0)):
+        bad.append("bias_mode")
+    if mm not in (0, 1):
+        bad.append(f"mask_mode={mm}")
+    if bad:
+        raise UnsupportedProblem(f"variant {v!r} computes plain or causal attention only; the config sets "
+                                 f"{', '.join(bad)}: use a Triton variant")
+    src, opts = gluon_fwd.aot_source(dt, dq, int(_get(cfgd, "BLOCK_N", 128)), int(_get(cfgd, "num_stages", 2)), v,
+                                     causal=mm == 1, bshd=bool(_get(cfgd, "bshd", False)),
+                                     lse=bool(_get(cfgd, "lse", True)))
+    return triton.compile(src, target=target, options=opts)

@@ -31,6 +31,12 @@ Public API (all tensors on one device; CPU tensors work under TRITON_INTERPRET=1
   ``fwd`` makes one transposed copy of a channel-contiguous V per call; :func:`v_key_major` makes it
   ahead of time (pass its result as v and no copy is made).
 
+sm90: a config whose variant is a Gluon one (``configs.GLUON_VARIANTS``; the default config where
+``configs.FWD_GLUON_SM90`` names one) runs ``fwd`` on the warp-specialised kernel of :mod:`.gluon_fwd`
+when that kernel takes the problem (batch mode, fp16/bf16, head dim 64/128, plain or causal attention
+on whole 128-row tiles, see ``gluon_fwd.unsupported_reason``); any other problem runs on the Triton
+kernel with the Triton default config (``default_fwd_config(..., gluon=False)``).
+
 Layouts: ``'bhsd'`` [B, H, S, D]; ``'bshd'`` [B, S, H, D]; ``'thd'`` (group /
 varlen mode) [total, H, D] with ``cu_seqlens_q/k`` (int32, B+1) and the
 caller's ``max_seqlen_q`` (so no host synchronisation is needed).
@@ -43,6 +49,7 @@ LSE is fp32 natural-log, [B, H, Sq] ([H, total] in group mode).
 """
 from __future__ import annotations
 
+import logging
 import math
 import os
 from typing import Optional
@@ -50,9 +57,10 @@ from typing import Optional
 import torch
 import triton
 
+from . import gluon_fwd
 from . import kernels as K
-from .configs import (TritonFmhaConfig, default_bwd_configs, default_fwd_config, default_splitkv_config,
-                      num_splits_heuristic, padded_hdim, next_pow2)
+from .configs import (GLUON_VARIANTS, TritonFmhaConfig, default_bwd_configs, default_fwd_config,
+                      default_splitkv_config, num_splits_heuristic, padded_hdim, next_pow2)
 
 try:
     from ck_core.errors import InvalidProblem, UnsupportedProblem
@@ -64,6 +72,7 @@ except Exception:  # pragma: no cover - core not importable
         pass
 
 LOG2E = K.LOG2E
+log = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------------------
 # small helpers
@@ -434,8 +443,18 @@ def fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, retu
     qk_descale, v_descale_f, descale_ptrs = descale
     scale2, cap_in = scale2 * qk_descale, cap_in * qk_descale
     arch = _arch_of(q)
-    cfg = config or default_fwd_config(dq, dv, "sm90" if arch == "sm90" else "generic", causal=mode & 1 == 1,
-                                       seqlen=sq, fp8=v_trans)
+    tag = "sm90" if arch == "sm90" else "generic"
+    cfg = config or default_fwd_config(dq, dv, tag, causal=mode & 1 == 1, seqlen=sq, fp8=v_trans)
+    if cfg.variant in GLUON_VARIANTS:
+        why = _gluon_reason(q, k, v, cfg, layout=layout, mode=mode, left=left, right=right, softcap=softcap,
+                            bias=bias, alibi_slopes=alibi_slopes, dropout_p=dropout_p, sink=sink,
+                            sink_tokens=sink_tokens, out=out, fp8=fp8, out_dtype=out_dtype, paged=_paged)
+        if not why:
+            return gluon_fwd.fwd(q, k, v, causal=mode == 1 and right == 0, scale=scale, return_lse=return_lse,
+                                 layout=layout, tile=(cfg.BLOCK_M, cfg.BLOCK_N, cfg.num_warps, cfg.num_stages),
+                                 out=out, **gluon_fwd.GLUON_VARIANTS[cfg.variant])
+        log.debug("fwd: %s not taken (%s); the Triton kernel runs this problem", cfg.variant, why)
+        cfg = default_fwd_config(dq, dv, tag, causal=mode & 1 == 1, seqlen=sq, fp8=v_trans, gluon=False)
     variant = cfg.variant if (arch == "sm90" and _paged is None) else "ptr"
     if varlen and v_trans and variant != "ptr":
         # group mode + key-contiguous V through device tensor descriptors raised "illegal
@@ -534,6 +553,30 @@ def fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, retu
         num_stages=cfg.num_stages,
     )
     return (o, lse) if return_lse else o
+
+
+def _gluon_reason(q, k, v, cfg, *, layout, mode, left, right, softcap, bias, alibi_slopes, dropout_p, sink,
+                  sink_tokens, out, fp8, out_dtype, paged) -> str:
+    """Why ``fwd`` cannot hand this problem to the Gluon kernel of ``cfg`` ('' when it can); ``mode``,
+    ``left``, ``right`` as from :func:`mask_params`."""
+    if _interpret():
+        return "TRITON_INTERPRET=1 runs the Triton kernel"
+    if layout == "thd" or paged is not None:
+        return "group mode / paged K/V"
+    if fp8 or (out_dtype is not None and out_dtype != q.dtype):
+        return "fp8 (the Gluon kernel reads and writes fp16/bf16)"
+    if q.shape[-1] != v.shape[-1]:
+        return f"hdim_q {q.shape[-1]} != hdim_v {v.shape[-1]}"
+    if cfg.BLOCK_M != 128 or cfg.num_warps != gluon_fwd.WS_WARPS:
+        return f"config {cfg}: the Gluon kernel runs BLOCK_M=128 with num_warps={gluon_fwd.WS_WARPS}"
+    if q.numel() == 0 or k.numel() == 0:
+        return "empty q or k/v"
+    causal = mode == 1 and right == 0   # (top-left and bottom-right agree where the kernel runs: sq == sk)
+    window = (-1, -1) if causal or mode == 0 else (left if mode & 2 else -1, right if mode & 1 else -1)
+    return gluon_fwd.unsupported_reason(
+        q, k, v, causal=causal, layout=layout, tile=(cfg.BLOCK_M, cfg.BLOCK_N, cfg.num_warps, cfg.num_stages),
+        window=window, softcap=softcap if softcap and softcap > 0 else 0.0, bias=bias, alibi_slopes=alibi_slopes,
+        dropout_p=dropout_p, sink=sink, sink_tokens=sink_tokens, out=out)
 
 
 def dropout_randval(batch, nhead, seqlen_q, seqlen_k, *, dropout_p, seed=0, offset=0, device="cpu",

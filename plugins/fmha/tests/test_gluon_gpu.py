@@ -1,0 +1,164 @@
+"""The Gluon sm90 forward on an H100 (CK_TEST_GPU=1 pytest -m gpu): ``ops.fwd`` with every Gluon
+variant against a float64 torch reference (o and lse), the dispatcher picking a Gluon key from an
+sm90 registry, and the fallback to the Triton kernel for a problem the Gluon kernel cannot run."""
+import math
+import os
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+from ck_fmha.problem import FmhaProblem  # noqa: E402
+from ck_fmha.triton import gluon_fwd, ops  # noqa: E402
+from ck_fmha.triton.configs import GLUON_VARIANTS, TritonFmhaConfig  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _sm90():
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("TRITON_INTERPRET=1 runs the Triton kernel; run the GPU tests with CK_TEST_GPU=1")
+    if torch.version.hip or torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon forward needs an sm90 (Hopper) GPU")
+    if not gluon_fwd.HAVE_GLUON:
+        pytest.skip("triton.experimental.gluon is not importable")
+
+
+@pytest.fixture
+def gluon_calls(monkeypatch):
+    """Counts the launches of the Gluon kernel (ops.fwd goes through gluon_fwd.fwd)."""
+    calls = []
+    real = gluon_fwd.fwd
+
+    def counted(*a, **kw):
+        calls.append(kw.get("tile"))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(gluon_fwd, "fwd", counted)
+    return calls
+
+
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+TILES = {64: (128, 128, 12, 3), 128: (128, 128, 12, 2)}
+
+
+def _inputs(rng, b, hq, hk, sq, sk, d, layout, dtype):
+    g = torch.Generator(device="cuda").manual_seed(int(rng.integers(1 << 62)))
+
+    def t(h, s):
+        shape = (b, h, s, d) if layout == "bhsd" else (b, s, h, d)
+        return torch.randn(shape, generator=g, device="cuda", dtype=torch.float32).to(DTYPES[dtype])
+
+    return t(hq, sq), t(hk, sk), t(hk, sk)
+
+
+def _reference(q, k, v, causal, layout, scale=None):
+    """float64 o (bhsd) and lse [B, H, Sq] (natural log)."""
+    if layout == "bshd":
+        q, k, v = (x.transpose(1, 2) for x in (q, k, v))
+    q, k, v = (x.double() for x in (q, k, v))
+    grp = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(grp, 1), v.repeat_interleave(grp, 1)
+    s = (q @ k.transpose(-1, -2)) * (scale if scale is not None else 1.0 / math.sqrt(q.shape[-1]))
+    if causal:
+        keep = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
+        s = s.masked_fill(~keep, float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    return torch.exp(s - lse[..., None]) @ v, lse
+
+
+def _rel(a, b):
+    return ((a.double() - b).norm() / b.norm()).item()
+
+
+# every variant with both head dims, both masks, both layouts, both dtypes; lengths and GQA vary
+V = list(GLUON_VARIANTS)
+CASES = [  # (variant, hdim, causal, layout, dtype, seqlen, (hq, hk))
+    (V[0 % len(V)], 64, False, "bhsd", "fp16", 256, (5, 5)),
+    (V[1 % len(V)], 64, False, "bshd", "bf16", 384, (6, 2)),
+    (V[2 % len(V)], 64, True, "bhsd", "bf16", 1024, (5, 5)),
+    (V[3 % len(V)], 64, True, "bshd", "fp16", 256, (6, 2)),
+    (V[2 % len(V)], 128, False, "bhsd", "bf16", 384, (6, 2)),
+    (V[3 % len(V)], 128, False, "bshd", "fp16", 1024, (5, 5)),
+    (V[0 % len(V)], 128, True, "bshd", "bf16", 384, (5, 5)),
+    (V[1 % len(V)], 128, True, "bhsd", "fp16", 1024, (6, 2)),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c[:5] + (c[5], "%dx%d" % c[6]))))
+def test_gluon_fwd_matches_float64(case, ck_rng, gluon_calls):
+    variant, d, causal, layout, dtype, s, (hq, hk) = case
+    q, k, v = _inputs(ck_rng, 3, hq, hk, s, s, d, layout, dtype)
+    out = torch.full_like(q, float("nan"))
+    cfg = TritonFmhaConfig(*TILES[d], variant)
+    o, lse = ops.fwd(q, k, v, causal=causal, return_lse=True, layout=layout, config=cfg, out=out)
+    assert gluon_calls == [TILES[d]], "the Gluon kernel did not run"
+    assert o.data_ptr() == out.data_ptr() and lse.shape == (3, hq, s) and lse.dtype == torch.float32
+    ro, rl = _reference(q, k, v, causal, layout)
+    ob = o.transpose(1, 2) if layout == "bshd" else o
+    assert torch.isfinite(ob).all() and torch.isfinite(lse).all()
+    assert _rel(ob, ro) < 1e-2
+    assert _rel(lse, rl) < 1e-5
+
+
+def test_default_config_runs_gluon_and_scale(ck_rng, gluon_calls):
+    """No config: the tuned default (FWD_GLUON_SM90) takes the Gluon kernel; a custom scale holds."""
+    q, k, v = _inputs(ck_rng, 3, 6, 2, 1024, 1024, 128, "bhsd", "bf16")
+    o, lse = ops.fwd(q, k, v, causal=True, scale=0.05, return_lse=True)
+    assert len(gluon_calls) == 1
+    ro, rl = _reference(q, k, v, True, "bhsd", scale=0.05)
+    assert _rel(o, ro) < 1e-2 and _rel(lse, rl) < 1e-5
+
+
+@pytest.mark.parametrize("sq, sk, causal", [(200, 200, False), (256, 384, True)], ids=["seqlen200", "causal-sq<sk"])
+def test_gluon_config_falls_back_to_triton(sq, sk, causal, ck_rng, gluon_calls):
+    q, k, v = _inputs(ck_rng, 3, 5, 5, sq, sk, 128, "bhsd", "bf16")
+    out = torch.full_like(q, float("nan"))
+    o, lse = ops.fwd(q, k, v, causal=causal, return_lse=True, out=out,
+                     config=TritonFmhaConfig(128, 128, 12, 2, "gluon_wspp"))
+    assert not gluon_calls and o.data_ptr() == out.data_ptr()
+    ro, rl = _reference(q, k, v, causal, "bhsd")   # (top-left causal, as ops.fwd's causal=True)
+    assert torch.isfinite(o).all()
+    assert _rel(o, ro) < 1e-2 and _rel(lse, rl) < 1e-5
+
+
+def test_dispatcher_selects_and_runs_a_gluon_key(ck_rng, gluon_calls):
+    from ck_core import Dispatcher, Registry, get_manager
+    from ck_core.testing import check_against_reference
+
+    reg = Registry.from_enumeration("fmha", "sm90", "triton", families="fwd", dtypes=("bf16", "fp16"))
+    disp = Dispatcher(reg, backend="triton")
+    p = FmhaProblem(family="fwd", batch=3, nhead_q=6, nhead_k=2, seqlen_q=1024, seqlen_k=1024, hdim_q=128,
+                    dtype="bf16", mask="bottom_right", lse=True, layout="bshd")
+    key = disp.select(p)
+    assert key.algorithm.variant == "gluon_wspp_pers", key.name
+    rep = check_against_reference(disp, p, ck_rng)
+    assert rep.passed, str(rep)
+    assert len(gluon_calls) == 1
+    # and with the o / lse compared here too (rel l2)
+    op = get_manager().op("fmha")
+    inputs = op.make_inputs(p, ck_rng)
+    t = {n: torch.from_numpy(np.ascontiguousarray(x)).cuda() for n, x in inputs.items()}
+    got = disp.run_dict(p, t)
+    ro, rl = _reference(*(t[n].to(torch.bfloat16) for n in ("q", "k", "v")), True, "bshd")
+    assert _rel(got["o"].transpose(1, 2), ro) < 1e-2 and _rel(got["lse"], rl) < 1e-5
+    # a problem the Gluon key rejects gets a Triton key
+    p2 = FmhaProblem(family="fwd", batch=3, nhead_q=6, nhead_k=2, seqlen_q=1000, seqlen_k=1000, hdim_q=128,
+                     dtype="bf16")
+    assert disp.select(p2).algorithm.variant not in GLUON_VARIANTS
+    assert check_against_reference(disp, p2, ck_rng).passed
+
+
+@pytest.mark.parametrize("variant", ["gluon_ws_pers", "gluon_wspp"])
+def test_gluon_fwd_block_n_64(variant, ck_rng, gluon_calls):
+    """The 128x64, 4-stage tile (tuned for short causal D=64) over more tiles than SMs."""
+    q, k, v = _inputs(ck_rng, 5, 7, 7, 512, 512, 64, "bhsd", "fp16")
+    out = torch.full_like(q, float("nan"))
+    o, lse = ops.fwd(q, k, v, causal=True, return_lse=True, config=TritonFmhaConfig(128, 64, 12, 4, variant),
+                     out=out)
+    assert gluon_calls == [(128, 64, 12, 4)]
+    ro, rl = _reference(q, k, v, True, "bhsd")
+    assert torch.isfinite(o).all() and _rel(o, ro) < 1e-2 and _rel(lse, rl) < 1e-5
