@@ -181,7 +181,13 @@ def _replay_of(fn, kernel, grid, args, kwargs):
         else:
             log.debug("no replay for %s: no value for %s", getattr(fn, "__name__", fn), name)
             return None
-    descs = {i: v for i, v in enumerate(values) if isinstance(v, TensorDescriptor)}
+    kinds = (TensorDescriptor, )
+    try:  # Gluon kernels take Gluon's host descriptors (same base/shape/strides/padding fields)
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
+        kinds += (GluonDescriptor, )
+    except ImportError:  # pragma: no cover - a triton without Gluon
+        pass
+    descs = {i: v for i, v in enumerate(values) if isinstance(v, kinds)}
     raw = None
     if descs and not scratch:
         pieces = _tensordesc_pieces(run)

@@ -50,6 +50,7 @@ LSE is fp32 natural-log, [B, H, Sq] ([H, total] in group mode).
 from __future__ import annotations
 
 import logging
+import functools
 import math
 import os
 from typing import Optional
@@ -85,11 +86,16 @@ def _interpret() -> bool:
 
 def _arch_of(t: torch.Tensor) -> str:
     if t.device.type == "cuda" and not _interpret():
-        if torch.version.hip:
-            return "hip"
-        major, _ = torch.cuda.get_device_capability(t.device)
-        return "sm90" if major >= 9 else "cuda"
+        return _cuda_arch(t.device.index if t.device.index is not None else torch.cuda.current_device())
     return "cpu"
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_arch(index: int) -> str:
+    if torch.version.hip:
+        return "hip"
+    major, _ = torch.cuda.get_device_capability(index)
+    return "sm90" if major >= 9 else "cuda"
 
 
 _ALLOC_SET = False
@@ -452,7 +458,7 @@ def fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, retu
         if not why:
             return gluon_fwd.fwd(q, k, v, causal=mode == 1 and right == 0, scale=scale, return_lse=return_lse,
                                  layout=layout, tile=(cfg.BLOCK_M, cfg.BLOCK_N, cfg.num_warps, cfg.num_stages),
-                                 out=out, **gluon_fwd.GLUON_VARIANTS[cfg.variant])
+                                 out=out, _checked=True, **gluon_fwd.GLUON_VARIANTS[cfg.variant])
         log.debug("fwd: %s not taken (%s); the Triton kernel runs this problem", cfg.variant, why)
         cfg = default_fwd_config(dq, dv, tag, causal=mode & 1 == 1, seqlen=sq, fp8=v_trans, gluon=False)
     variant = cfg.variant if (arch == "sm90" and _paged is None) else "ptr"
