@@ -49,8 +49,8 @@ LSE is fp32 natural-log, [B, H, Sq] ([H, total] in group mode).
 """
 from __future__ import annotations
 
-import logging
 import functools
+import logging
 import math
 import os
 from typing import Optional
