@@ -58,6 +58,7 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--causal", choices=("both", "only", "no"), default="both")
     ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--bwd", action="store_true", help="probe the Gluon dQ pass instead of the forward")
     args = ap.parse_args()
     import torch
     import triton
@@ -70,6 +71,8 @@ def main():
             json.dump(res, f, indent=1)
 
     torch.manual_seed(0)
+    if args.bwd:
+        return probe_bwd(args, res, dump)
     checks = [(3, 4, 2, 384, 128, "bhsd", False, torch.bfloat16), (3, 4, 4, 256, 64, "bshd", True, torch.float16),
               (2, 8, 2, 512, 128, "bshd", True, torch.bfloat16), (1, 2, 2, 640, 64, "bhsd", False, torch.bfloat16),
               (3, 8, 2, 1024, 128, "bhsd", True, torch.bfloat16), (2, 6, 6, 1152, 64, "bshd", True, torch.float16)]
@@ -132,6 +135,77 @@ def main():
                     timeit(f"{tile[2]}/n{tile[0]}s{tile[1]}",
                            lambda: G.fwd(q, k, v, causal=causal, return_lse=True, tile=(128, tile[0], 12, tile[1]),
                                          out=o, **G.GLUON_VARIANTS[tile[2]]))
+    dump()
+
+
+DQ_TILES = {128: [(64, 3, True), (64, 3, False), (64, 4, True), (128, 2, True)],
+            64: [(64, 3, True), (64, 4, True), (128, 2, True), (128, 3, True)]}
+
+
+def probe_bwd(args, res, dump):
+    """dQ pass: correctness against float64 autograd, then bwd_dq_dk_dv with the Triton dQ kernel,
+    the Gluon one and none (dK/dV alone), and the Gluon dQ kernel alone per tile."""
+    import torch
+    import triton
+    from ck_fmha.triton import gluon_bwd as GB
+    from ck_fmha.triton import ops
+
+    def inputs(b, h, hk, s, d, layout, dt):
+        shp = lambda hh: (b, hh, s, d) if layout == "bhsd" else (b, s, hh, d)
+        q, k, v, do = (torch.randn(shp(x), device="cuda", dtype=dt) for x in (h, hk, hk, h))
+        return q, k, v, do
+
+    checks = [(3, 4, 2, 384, 128, "bhsd", False, torch.bfloat16), (2, 6, 6, 512, 64, "bshd", True, torch.float16),
+              (3, 8, 2, 1024, 128, "bhsd", True, torch.bfloat16), (2, 4, 4, 256, 64, "bhsd", False, torch.bfloat16)]
+    for (b, h, hk, s, d, layout, causal, dt) in ([] if args.no_check else checks):
+        row = dict(b=b, h=h, hk=hk, s=s, d=d, layout=layout, causal=causal, dtype=str(dt))
+        try:
+            q, k, v, do = inputs(b, h, hk, s, d, layout, dt)
+            o, lse = ops.fwd(q, k, v, causal=causal, layout=layout, return_lse=True)
+            delta = ops.bwd_dot_do_o(o, do, layout=layout)
+            q64 = q.double().requires_grad_()
+            ro, _ = ref_attention(q64, k, v, causal, 1 / math.sqrt(d), layout)
+            ro.backward(do.double() if layout == "bhsd" else do.double())
+            for t in DQ_TILES[d]:
+                dqg = GB.dq(q, k, v, do, lse, delta, causal=causal, layout=layout, tile=t,
+                            out=torch.full_like(q, float("nan")))
+                row[f"err_dq_{t}"] = rel(dqg, q64.grad)
+            dqt = ops.bwd_dq_dk_dv(q, k, v, do, lse, delta, causal=causal, layout=layout, _dq="triton")[0]
+            row["err_dq_triton"] = rel(dqt, q64.grad)
+        except Exception as e:
+            row["error"] = f"{type(e).__name__}: {e}"[:2000]
+            traceback.print_exc()
+        print(row, flush=True)
+        res["check"].append(row)
+        dump()
+
+    for (b, h, s) in CASES:
+        for d in (128, 64):
+            for causal in {"both": (False, True), "only": (True, ), "no": (False, )}[args.causal]:
+                q, k, v, do = inputs(b, h, h, s, d, "bhsd", torch.bfloat16)
+                o, lse = ops.fwd(q, k, v, causal=causal, return_lse=True)
+                delta = ops.bwd_dot_do_o(o, do)
+                flops = 4 * b * h * s * s * d * (0.5 if causal else 1.0)   # forward flops; dQ pass: 1.5x this
+                base = dict(b=b, h=h, s=s, d=d, causal=causal)
+
+                def timeit(name, fn):
+                    row = dict(base, kind=name)
+                    try:
+                        fn()
+                        torch.cuda.synchronize()
+                        ms = triton.testing.do_bench_cudagraph(fn, rep=40)
+                        row.update(ms=ms, fwd_tflops=flops / ms * 1e-9)
+                    except Exception as e:
+                        row["error"] = f"{type(e).__name__}: {e}"[:1500]
+                    print(row, flush=True)
+                    res["speed"].append(row)
+                    dump()
+
+                for mode in ("triton", "gluon", "none"):
+                    timeit(f"dqdkdv/{mode}", lambda: ops.bwd_dq_dk_dv(q, k, v, do, lse, delta, causal=causal, _dq=mode))
+                for t in DQ_TILES[d]:
+                    out = torch.empty_like(q)
+                    timeit(f"gluon_dq{t}", lambda: GB.dq(q, k, v, do, lse, delta, causal=causal, tile=t, out=out))
     dump()
 
 

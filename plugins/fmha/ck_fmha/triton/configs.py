@@ -179,7 +179,10 @@ BWD_TUNED_SM90 = {  # (dK/dV config, dQ config); benchmarks/fmha_bwd_probe.py on
     (128, False): (TritonFmhaConfig(64, 64, 4, 2), TritonFmhaConfig(128, 128, 8, 2)),   # +5%: dQ 128x128 w8
     (128, True): (TritonFmhaConfig(64, 128, 8, 3), TritonFmhaConfig(128, 64, 8, 3)),    # +10%
 }
-BWD_ATOMIC_DQ_DEFAULT = False  # deterministic separate dQ pass by default
+BWD_ATOMIC_DQ_DEFAULT = False
+#: head dim -> (BLOCK_N, STAGES, persistent) of the Gluon dQ pass (gluon_bwd.py) where it beat the Triton
+#: dQ kernel on the H100; head dims not listed run the Triton dQ kernel
+BWD_GLUON_DQ_SM90: Dict[int, Tuple[int, int, bool]] = {}  # deterministic separate dQ pass by default
 
 
 #: fp8 forward on sm90 with key-contiguous V (benchmarks/fmha_fp8_probe.py, H100, 2026-11-22):

@@ -58,9 +58,9 @@ from typing import Optional
 import torch
 import triton
 
-from . import gluon_fwd
+from . import gluon_bwd, gluon_fwd
 from . import kernels as K
-from .configs import (GLUON_VARIANTS, TritonFmhaConfig, default_bwd_configs, default_fwd_config,
+from .configs import (BWD_GLUON_DQ_SM90, GLUON_VARIANTS, TritonFmhaConfig, default_bwd_configs, default_fwd_config,
                       default_splitkv_config, num_splits_heuristic, padded_hdim, next_pow2)
 
 try:
@@ -585,6 +585,22 @@ def _gluon_reason(q, k, v, cfg, *, layout, mode, left, right, softcap, bias, ali
         dropout_p=dropout_p, sink=sink, sink_tokens=sink_tokens, out=out)
 
 
+def _gluon_dq_reason(q, k, v, do, lse, delta, tile, *, layout, mode, right, has_sc, bias, alibi_slopes, dropout_p,
+                     dv_) -> str:
+    """Why the Gluon dQ pass cannot take this backward ('' when it can)."""
+    if _interpret():
+        return "TRITON_INTERPRET=1 runs the Triton kernel"
+    if layout == "thd":
+        return "group mode"
+    if mode not in (0, 1) or (mode == 1 and right != 0) or has_sc or bias is not None or alibi_slopes is not None \
+            or dropout_p:
+        return "window/softcap/bias/ALiBi/dropout"
+    if q.shape[-1] != dv_ or q.numel() == 0 or k.numel() == 0:
+        return "hdim_q != hdim_v or empty tensors"
+    return gluon_bwd.dq_unsupported_reason(q, k, v, do, lse, delta, causal=mode == 1, layout=layout,
+                                           block_n=tile[0])
+
+
 def dropout_randval(batch, nhead, seqlen_q, seqlen_k, *, dropout_p, seed=0, offset=0, device="cpu",
                     cu_seqlens_q=None, cu_seqlens_k=None, total_q=None):
     """The uint8 dropout random values the forward used (``store_randval``): [B, H, Sq, Sk], or
@@ -638,8 +654,13 @@ def bwd_dot_do_o(o, do, *, layout="bhsd", cu_seqlens_q=None, max_seqlen_q=None):
 def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-1, -1), softcap=0.0,
                  layout="bhsd", deterministic=True, config=None, align=None, cu_seqlens_q=None,
                  cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, bias=None, alibi_slopes=None,
-                 dropout_p=0.0, seed=0, offset=0, return_dbias=False, alibi_align=None):
+                 dropout_p=0.0, seed=0, offset=0, return_dbias=False, alibi_align=None, _dq=None):
     """Backward stage 2: dK, dV (summed over the GQA group) and dQ.
+
+    The deterministic dQ pass runs on the Gluon sm90 kernel (:mod:`.gluon_bwd`) where
+    ``configs.BWD_GLUON_DQ_SM90`` names a tile for the head dim and the problem is in its scope (plain
+    or causal fp16/bf16 batch mode, whole 128-row tiles), else on the Triton kernel.  ``_dq``
+    ("triton" | "gluon" | "none", benchmarks only) overrides that; "none" skips dQ (dq is None).
 
     Returns ``(dq, dq_acc, dk, dv)`` (``(dq, dq_acc, dk, dv, dbias)`` with
     ``return_dbias``): deterministic mode computes dQ in its own pass (``dq``
@@ -728,6 +749,18 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
         dbias = dbias.to(bias.dtype)
     if atomic:
         return (None, dqa, dk, dv, dbias) if return_dbias else (None, dqa, dk, dv)
+    if _dq == "none":
+        return (None, None, dk, dv, dbias) if return_dbias else (None, None, dk, dv)
+    gtile = BWD_GLUON_DQ_SM90.get(dq_) if _dq is None else gluon_bwd.DQ_TILES.get(dq_)
+    if _dq != "triton" and gtile is not None:
+        why = _gluon_dq_reason(q, k, v, do, lse, delta, gtile, layout=layout, mode=mode, right=right, has_sc=has_sc,
+                               bias=bias, alibi_slopes=alibi_slopes, dropout_p=dropout_p, dv_=dv_)
+        if not why:
+            dq = gluon_bwd.dq(q, k, v, do, lse, delta, causal=mode == 1, scale=scale, layout=layout, tile=gtile)
+            return (dq, None, dk, dv, dbias) if return_dbias else (dq, None, dk, dv)
+        if _dq == "gluon":
+            raise UnsupportedProblem(f"gluon dQ pass: {why}")
+        log.debug("bwd: Gluon dQ not taken (%s); the Triton dQ kernel runs", why)
     dq = torch.empty_like(q)
     sdqb, sdqh, sdqs = _bhs_strides(dq, layout)
     K.fmha_bwd_dq_kernel[(triton.cdiv(sq, cfg_q.BLOCK_M), b * hq)](

@@ -1,0 +1,270 @@
+"""Hopper (sm90) dQ pass of the attention backward in Gluon.
+
+The deterministic backward computes dQ in its own pass (one program per query block, a loop over
+key blocks), which has the forward's shape: per key block S = Q K^T and dP = dO V^T, then
+dS = P * (dP - delta) with P = exp2(S * scale2 - lse2), then dQ += dS K.  This kernel runs it with the
+forward's structure (:mod:`.gluon_fwd`): a producer warpgroup streams K and V through TMA rings, two
+consumer warpgroups own 64 query rows each and keep the dQ product of block j in flight while the
+S / dP products of block j+1 finish and dS[j+1] is computed.  ``PERSISTENT``: one program per SM
+over the tiles, causal passes mirrored as in the forward.
+
+Scope as the Gluon forward (``gluon_fwd.unsupported_reason``) with seqlen_k % BLOCK_N == 0; dQ is
+written in q's dtype and layout; lse (natural log) and delta are [B, H, Sq] fp32.
+"""
+from __future__ import annotations
+
+import logging
+
+from . import gluon_fwd as GF
+
+log = logging.getLogger(__name__)
+
+if GF.HAVE_GLUON:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
+
+    @gluon.jit
+    def _ds_step(s, dp, lse2, di, scale2, rows, cols, n_off, MASKED: gl.constexpr):
+        p = gl.exp2(s * scale2 - gl.expand_dims(lse2, 1))
+        if MASKED:
+            keep = gl.expand_dims(rows, 1) >= gl.expand_dims(cols + n_off, 0)
+            p = gl.where(keep, p, 0.0)
+        return p * (dp - gl.expand_dims(di, 1))
+
+    @gluon.jit
+    def _dq_producer(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, q_bar, q_empty, k_full,
+                     v_full, k_empty, v_empty, n_m, n_tiles, H, HK, GROUP, SEQ_Q, SEQ_K,
+                     SUB_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
+                     BSHD: gl.constexpr, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr):
+        kv_bytes: gl.constexpr = BLOCK_N * HEAD_D * 2
+        if PERSISTENT:
+            step = gl.num_programs(0)
+        else:
+            step = n_tiles
+        cnt = 0
+        it = 0
+        for t in range(gl.program_id(0), n_tiles, step):
+            b, h, m0, q_row, q_col, k_row, k_col, n_blocks = GF._tile(
+                t, n_m, n_tiles, H, HK, GROUP, SEQ_Q, SEQ_K, 2 * SUB_M, BLOCK_N, HEAD_D, BSHD, CAUSAL, PERSISTENT)
+            for i in gl.static_range(2):   # Q and dO of each consumer's rows on one barrier
+                mbarrier.wait(q_empty.index(i), (it & 1) ^ 1, pred=it > 0)
+                mbarrier.expect(q_bar.index(i), 2 * SUB_M * HEAD_D * 2)
+                tma.async_copy_global_to_shared(q_desc, [q_row + i * SUB_M, q_col], q_bar.index(i),
+                                                q_smem.index(i))
+                tma.async_copy_global_to_shared(do_desc, [q_row + i * SUB_M, q_col], q_bar.index(i),
+                                                do_smem.index(i))
+            for j in range(n_blocks):
+                c = cnt + j
+                slot = c % STAGES
+                ph = ((c // STAGES) & 1) ^ 1
+                mbarrier.wait(k_empty.index(slot), ph, pred=c >= STAGES)
+                mbarrier.expect(k_full.index(slot), kv_bytes)
+                tma.async_copy_global_to_shared(k_desc, [k_row + j * BLOCK_N, k_col], k_full.index(slot),
+                                                k_smem.index(slot))
+                mbarrier.wait(v_empty.index(slot), ph, pred=c >= STAGES)
+                mbarrier.expect(v_full.index(slot), kv_bytes)
+                tma.async_copy_global_to_shared(v_desc, [k_row + j * BLOCK_N, k_col], v_full.index(slot),
+                                                v_smem.index(slot))
+            cnt += n_blocks
+            it += 1
+
+    @gluon.jit
+    def _dq_consumer(dq_desc, LSE, DELTA, q_smem, do_smem, dq_smem, k_smem, v_smem, q_bar, q_empty, k_full, v_full,
+                     k_empty, v_empty, n_m, n_tiles, H, HK, GROUP, SEQ_Q, SEQ_K, scale2, sm_scale,
+                     SUB: gl.constexpr, CAUSAL: gl.constexpr, SUB_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                     HEAD_D: gl.constexpr, STAGES: gl.constexpr, BSHD: gl.constexpr, PERSISTENT: gl.constexpr):
+        dtype: gl.constexpr = dq_desc.dtype
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_D, 16])
+        ds_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
+        qs = q_smem.index(SUB)
+        dos = do_smem.index(SUB)
+        dqs = dq_smem.index(SUB)
+        cols = gl.arange(0, BLOCK_N, layout=col_s)
+        s_zero = gl.zeros([SUB_M, BLOCK_N], gl.float32, layout=s_layout)
+        if PERSISTENT:
+            step = gl.num_programs(0)
+        else:
+            step = n_tiles
+        cnt = 0
+        it = 0
+        for t in range(gl.program_id(0), n_tiles, step):
+            b, h, m0, q_row, q_col, k_row, k_col, n_blocks = GF._tile(
+                t, n_m, n_tiles, H, HK, GROUP, SEQ_Q, SEQ_K, 2 * SUB_M, BLOCK_N, HEAD_D, BSHD, CAUSAL, PERSISTENT)
+            r0 = m0 + SUB * SUB_M
+            if CAUSAL:
+                n_mine = gl.cdiv(r0 + SUB_M, BLOCK_N)
+                n_full = r0 // BLOCK_N
+            else:
+                n_mine = n_blocks
+                n_full = n_blocks
+            rows = r0 + gl.arange(0, SUB_M, layout=row_s)
+            base = (b * H + h).to(gl.int64) * SEQ_Q
+            lse2 = gl.load(LSE + base + rows) * 1.4426950408889634
+            di = gl.load(DELTA + base + rows)
+            acc = gl.zeros([SUB_M, HEAD_D], gl.float32, layout=o_layout)
+
+            mbarrier.wait(q_bar.index(SUB), it & 1)
+            slot0 = cnt % STAGES
+            mbarrier.wait(k_full.index(slot0), (cnt // STAGES) & 1)
+            s_tok = warpgroup_mma(qs, k_smem.index(slot0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            mbarrier.wait(v_full.index(slot0), (cnt // STAGES) & 1)
+            dp_tok = warpgroup_mma(dos, v_smem.index(slot0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s, dp = warpgroup_mma_wait(0, deps=[s_tok, dp_tok])
+            mbarrier.arrive(v_empty.index(slot0))
+            if CAUSAL:
+                if n_full == 0:
+                    ds = _ds_step(s, dp, lse2, di, scale2, rows, cols, 0, True)
+                else:
+                    ds = _ds_step(s, dp, lse2, di, scale2, rows, cols, 0, False)
+            else:
+                ds = _ds_step(s, dp, lse2, di, scale2, rows, cols, 0, False)
+
+            for j in range(0, n_mine - 1):
+                c = cnt + j
+                slot = c % STAGES
+                nslot = (c + 1) % STAGES
+                nph = ((c + 1) // STAGES) & 1
+                mbarrier.wait(k_full.index(nslot), nph)
+                s_tok = warpgroup_mma(qs, k_smem.index(nslot).permute((1, 0)), s_zero, use_acc=False,
+                                      is_async=True)
+                mbarrier.wait(v_full.index(nslot), nph)
+                dp_tok = warpgroup_mma(dos, v_smem.index(nslot).permute((1, 0)), s_zero, use_acc=False,
+                                       is_async=True)
+                ds16 = gl.convert_layout(ds.to(dtype), ds_layout)
+                acc_tok = warpgroup_mma(ds16, k_smem.index(slot), acc, is_async=True)
+                s, dp = warpgroup_mma_wait(1, deps=[s_tok, dp_tok])   # dQ += dS[j] K[j] may still run
+                mbarrier.arrive(v_empty.index(nslot))
+                if CAUSAL:
+                    if j + 1 >= n_full:
+                        ds = _ds_step(s, dp, lse2, di, scale2, rows, cols, (j + 1) * BLOCK_N, True)
+                    else:
+                        ds = _ds_step(s, dp, lse2, di, scale2, rows, cols, 0, False)
+                else:
+                    ds = _ds_step(s, dp, lse2, di, scale2, rows, cols, 0, False)
+                acc = warpgroup_mma_wait(0, deps=[acc_tok])
+                mbarrier.arrive(k_empty.index(slot))
+
+            last = cnt + n_mine - 1
+            lslot = last % STAGES
+            ds16 = gl.convert_layout(ds.to(dtype), ds_layout)
+            acc_tok = warpgroup_mma(ds16, k_smem.index(lslot), acc, is_async=True)
+            acc = warpgroup_mma_wait(0, deps=[acc_tok])
+            mbarrier.arrive(k_empty.index(lslot))
+            mbarrier.arrive(q_empty.index(SUB))   # Q and dO are read by the products above only
+            for j in range(n_mine, n_blocks):     # causal: blocks past this warpgroup's rows
+                c = cnt + j
+                slot = c % STAGES
+                mbarrier.wait(k_full.index(slot), (c // STAGES) & 1)
+                mbarrier.arrive(k_empty.index(slot))
+                mbarrier.wait(v_full.index(slot), (c // STAGES) & 1)
+                mbarrier.arrive(v_empty.index(slot))
+            cnt += n_blocks
+            it += 1
+
+            tma.store_wait(pendings=0)
+            dqs.store((acc * sm_scale).to(dtype))
+            fence_async_shared()
+            tma.async_copy_shared_to_global(dq_desc, [q_row + SUB * SUB_M, q_col], dqs)
+        tma.store_wait(pendings=0)
+
+    @gluon.jit
+    def fmha_bwd_dq_gluon_ws_sm90(
+        q_desc, do_desc, k_desc, v_desc, dq_desc, LSE, DELTA,
+        H, HK, GROUP, SEQ_Q, SEQ_K, BH, scale2, sm_scale,
+        BSHD: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+        STAGES: gl.constexpr, PERSISTENT: gl.constexpr,
+    ):
+        SUB_M: gl.constexpr = q_desc.block_type.shape[0]
+        dtype: gl.constexpr = q_desc.dtype
+        n_m = SEQ_Q // (2 * SUB_M)
+        n_tiles = n_m * BH
+        q_smem = gl.allocate_shared_memory(dtype, [2, SUB_M, HEAD_D], q_desc.layout)
+        do_smem = gl.allocate_shared_memory(dtype, [2, SUB_M, HEAD_D], do_desc.layout)
+        dq_smem = gl.allocate_shared_memory(dtype, [2, SUB_M, HEAD_D], dq_desc.layout)
+        k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], v_desc.layout)
+        q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        k_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(2):
+            mbarrier.init(q_bar.index(i), count=1)
+            mbarrier.init(q_empty.index(i), count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_full.index(i), count=1)
+            mbarrier.init(v_full.index(i), count=1)
+            mbarrier.init(k_empty.index(i), count=2)
+            mbarrier.init(v_empty.index(i), count=2)
+        gl.warp_specialize([
+            (_dq_consumer, (dq_desc, LSE, DELTA, q_smem, do_smem, dq_smem, k_smem, v_smem, q_bar, q_empty, k_full,
+                            v_full, k_empty, v_empty, n_m, n_tiles, H, HK, GROUP, SEQ_Q, SEQ_K, scale2, sm_scale,
+                            0, CAUSAL, SUB_M, BLOCK_N, HEAD_D, STAGES, BSHD, PERSISTENT)),
+            (_dq_consumer, (dq_desc, LSE, DELTA, q_smem, do_smem, dq_smem, k_smem, v_smem, q_bar, q_empty, k_full,
+                            v_full, k_empty, v_empty, n_m, n_tiles, H, HK, GROUP, SEQ_Q, SEQ_K, scale2, sm_scale,
+                            1, CAUSAL, SUB_M, BLOCK_N, HEAD_D, STAGES, BSHD, PERSISTENT)),
+            (_dq_producer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, q_bar, q_empty, k_full,
+                            v_full, k_empty, v_empty, n_m, n_tiles, H, HK, GROUP, SEQ_Q, SEQ_K, SUB_M, BLOCK_N,
+                            HEAD_D, STAGES, BSHD, CAUSAL, PERSISTENT)),
+        ], [4, 4], [240, 24])
+
+
+#: (BLOCK_N, STAGES, persistent) per head dim (first guesses; benchmarks/gluon_fa_probe.py --bwd)
+DQ_TILES = {64: (64, 3, True), 128: (64, 3, True)}
+
+
+def dq_unsupported_reason(q, k, v, do, lse, delta, *, causal, layout, block_n=64) -> str:
+    """Why the Gluon dQ pass cannot run this problem ('' when it can)."""
+    why = GF.unsupported_reason(q, k, v, causal=causal, layout=layout, tile=(128, block_n, GF.WS_WARPS, 2))
+    if why:
+        return why
+    if do.shape != q.shape or do.dtype != q.dtype or not do.is_contiguous() or do.data_ptr() % 16:
+        return "do must be a contiguous 16-byte aligned tensor of q's shape and dtype"
+    n = q.shape[0] * q.shape[1] * q.shape[2]
+    for name, t in (("lse", lse), ("delta", delta)):
+        if t.dtype.itemsize != 4 or not t.is_floating_point() or t.numel() != n or not t.is_contiguous():
+            return f"{name} must be a contiguous fp32 [B, H, Sq] tensor"
+    return ""
+
+
+def dq(q, k, v, do, lse, delta, *, causal=False, scale=None, layout="bhsd", tile=None, out=None):
+    """dQ of the deterministic backward on the Gluon kernel (checks done by the caller, see
+    :func:`dq_unsupported_reason`); ``tile`` = (BLOCK_N, STAGES, persistent)."""
+    import math
+
+    import torch
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    d = q.shape[-1]
+    bn, stages, persistent = tile or DQ_TILES[d]
+    if layout == "bhsd":
+        b, hq, sq, _ = q.shape
+        hk, sk = k.shape[1], k.shape[2]
+        rows_q, rows_k, cols_q, cols_k = b * hq * sq, b * hk * sk, d, d
+    else:
+        b, sq, hq, _ = q.shape
+        sk, hk = k.shape[1], k.shape[2]
+        rows_q, rows_k, cols_q, cols_k = b * sq, b * sk, hq * d, hk * d
+    o = out if out is not None else torch.empty_like(q)
+    gdt = GF._gl_dtype(q.dtype)
+    q_l = gl.NVMMASharedLayout.get_default_for([64, d], gdt)
+    kv_l = gl.NVMMASharedLayout.get_default_for([bn, d], gdt)
+    descs = [TensorDescriptor.from_tensor(t.view(rows_q, cols_q), [64, d], q_l) for t in (q, do)]
+    descs += [TensorDescriptor.from_tensor(t.view(rows_k, cols_k), [bn, d], kv_l) for t in (k, v)]
+    descs.append(TensorDescriptor.from_tensor(o.view(rows_q, cols_q), [64, d], q_l))
+    sm_scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    tiles = (sq // 128) * b * hq
+    grid = (min(tiles, GF._num_sms(q.device.index or 0)) if persistent else tiles, )
+    fmha_bwd_dq_gluon_ws_sm90[grid](
+        *descs, lse, delta, hq, hk, hq // hk, sq, sk, b * hq, sm_scale * GF.LOG2E, sm_scale,
+        BSHD=layout == "bshd", CAUSAL=bool(causal), BLOCK_N=bn, HEAD_D=d, STAGES=stages,
+        PERSISTENT=bool(persistent), num_warps=4)
+    return o
