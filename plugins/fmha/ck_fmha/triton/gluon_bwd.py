@@ -217,8 +217,9 @@ if GF.HAVE_GLUON:
         ], [4, 4], [240, 24])
 
 
-#: (BLOCK_N, STAGES, persistent) per head dim (first guesses; benchmarks/gluon_fa_probe.py --bwd)
-DQ_TILES = {64: (64, 3, True), 128: (64, 3, True)}
+#: (BLOCK_N, STAGES, persistent) per head dim: the fastest of benchmarks/gluon_fa_probe.py --bwd (H100);
+#: configs.BWD_GLUON_DQ_SM90 says where the dispatcher uses the kernel
+DQ_TILES = {64: (64, 4, True), 128: (64, 4, True)}
 
 
 def dq_unsupported_reason(q, k, v, do, lse, delta, *, causal, layout, block_n=64) -> str:
