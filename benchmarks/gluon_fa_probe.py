@@ -138,6 +138,8 @@ def main():
     dump()
 
 
+DKDV_TILES = {128: [(64, 2, True), (64, 2, False), (64, 3, True)],
+              64: [(64, 3, True), (64, 4, True), (128, 2, True)]}
 DQ_TILES = {128: [(64, 3, True), (64, 3, False), (64, 4, True), (128, 2, True)],
             64: [(64, 3, True), (64, 4, True), (128, 2, True), (128, 3, True)]}
 
@@ -172,6 +174,15 @@ def probe_bwd(args, res, dump):
                 row[f"err_dq_{t}"] = rel(dqg, q64.grad)
             dqt = ops.bwd_dq_dk_dv(q, k, v, do, lse, delta, causal=causal, layout=layout, _dq="triton")[0]
             row["err_dq_triton"] = rel(dqt, q64.grad)
+            k64, v64 = k.double().requires_grad_(), v.double().requires_grad_()
+            ro2, _ = ref_attention(q.double(), k64, v64, causal, 1 / math.sqrt(d), layout)
+            ro2.backward(do.double())
+            for t in DKDV_TILES[d]:
+                dk, dv = GB.dkdv(q, k, v, do, lse, delta, causal=causal, layout=layout, tile=t)
+                row[f"err_dk_{t}"] = rel(dk, k64.grad)
+                row[f"err_dv_{t}"] = rel(dv, v64.grad)
+            _, _, dk, dv = ops.bwd_dq_dk_dv(q, k, v, do, lse, delta, causal=causal, layout=layout, _dkdv="triton")
+            row["err_dk_triton"], row["err_dv_triton"] = rel(dk, k64.grad), rel(dv, v64.grad)
         except Exception as e:
             row["error"] = f"{type(e).__name__}: {e}"[:2000]
             traceback.print_exc()
@@ -201,11 +212,13 @@ def probe_bwd(args, res, dump):
                     res["speed"].append(row)
                     dump()
 
-                for mode in ("triton", "gluon", "none"):
-                    timeit(f"dqdkdv/{mode}", lambda: ops.bwd_dq_dk_dv(q, k, v, do, lse, delta, causal=causal, _dq=mode))
-                for t in DQ_TILES[d]:
-                    out = torch.empty_like(q)
-                    timeit(f"gluon_dq{t}", lambda: GB.dq(q, k, v, do, lse, delta, causal=causal, tile=t, out=out))
+                for mode in ("triton", "gluon"):
+                    timeit(f"dqdkdv/dkdv_{mode}",
+                           lambda: ops.bwd_dq_dk_dv(q, k, v, do, lse, delta, causal=causal, _dkdv=mode))
+                timeit("dkdv_only/triton", lambda: ops.bwd_dq_dk_dv(q, k, v, do, lse, delta, causal=causal,
+                                                                    _dq="none", _dkdv="triton"))
+                for t in DKDV_TILES[d]:
+                    timeit(f"gluon_dkdv{t}", lambda: GB.dkdv(q, k, v, do, lse, delta, causal=causal, tile=t))
     dump()
 
 

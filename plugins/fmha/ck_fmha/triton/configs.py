@@ -184,7 +184,9 @@ BWD_ATOMIC_DQ_DEFAULT = False
 #: dQ kernel on the H100 (benchmarks/gluon_fa_probe.py --bwd, bf16, 2026-11-22 session 3): D=128 dQ pass
 #: 18-31% faster (S=4k: 2.30 vs 2.79 ms; S=16k: 8.87 vs 11.77 ms), i.e. dQ+dK/dV 7-14% faster.  D=64 stays on
 #: the Triton dQ kernel (Gluon -4% to +9%, mixed).
-BWD_GLUON_DQ_SM90: Dict[int, Tuple[int, int, bool]] = {128: (64, 4, True)}  # deterministic separate dQ pass by default
+BWD_GLUON_DQ_SM90: Dict[int, Tuple[int, int, bool]] = {128: (64, 4, True)}
+#: head dim -> (BLOCK_MQ, STAGES, persistent) of the Gluon dK/dV kernel where it beat the Triton one
+BWD_GLUON_DKDV_SM90: Dict[int, Tuple[int, int, bool]] = {}  # deterministic separate dQ pass by default
 
 
 #: fp8 forward on sm90 with key-contiguous V (benchmarks/fmha_fp8_probe.py, H100, 2026-11-22):

@@ -269,3 +269,218 @@ def dq(q, k, v, do, lse, delta, *, causal=False, scale=None, layout="bhsd", tile
         BSHD=layout == "bshd", CAUSAL=bool(causal), BLOCK_N=bn, HEAD_D=d, STAGES=stages,
         PERSISTENT=bool(persistent), num_warps=4)
     return o
+
+
+# ---------------------------------------------------------------------------------------------
+# dK / dV: one tile is 128 keys of one (batch, kv head); two consumer warpgroups own 64 keys each
+# and loop over the query blocks of every q head of the GQA group (dK, dV summed over it)
+# ---------------------------------------------------------------------------------------------
+if GF.HAVE_GLUON:
+
+    @gluon.jit
+    def _kv_tile(t, n_n, HK, GROUP, SEQ_Q, SEQ_K, BLOCK_MQ: gl.constexpr, HEAD_D: gl.constexpr,
+                 BSHD: gl.constexpr, CAUSAL: gl.constexpr):
+        pid_n = t % n_n
+        bhk = t // n_n
+        b = bhk // HK
+        hk = bhk % HK
+        n0 = pid_n * 128
+        if BSHD:
+            k_row = b * SEQ_K + n0
+            k_col = hk * HEAD_D
+        else:
+            k_row = bhk * SEQ_K + n0
+            k_col = hk * 0
+        if CAUSAL:
+            j_lo = n0 // BLOCK_MQ
+        else:
+            j_lo = n0 * 0
+        return b, hk, n0, k_row, k_col, j_lo
+
+    @gluon.jit
+    def _q_coords(b, h, H, SEQ_Q, m, HEAD_D: gl.constexpr, BSHD: gl.constexpr):
+        if BSHD:
+            return b * SEQ_Q + m, h * HEAD_D
+        else:
+            return (b * H + h) * SEQ_Q + m, h * 0
+
+    @gluon.jit
+    def _dkdv_producer(k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, kv_empty, q_full,
+                       q_empty, n_n, n_tiles, H, HK, GROUP, SEQ_Q, SEQ_K,
+                       BLOCK_MQ: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr, BSHD: gl.constexpr,
+                       CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr):
+        if PERSISTENT:
+            step = gl.num_programs(0)
+        else:
+            step = n_tiles
+        n_qb = SEQ_Q // BLOCK_MQ
+        cnt = 0
+        it = 0
+        for t in range(gl.program_id(0), n_tiles, step):
+            b, hk, n0, k_row, k_col, j_lo = _kv_tile(t, n_n, HK, GROUP, SEQ_Q, SEQ_K, BLOCK_MQ, HEAD_D, BSHD, CAUSAL)
+            for i in gl.static_range(2):
+                mbarrier.wait(kv_empty.index(i), (it & 1) ^ 1, pred=it > 0)
+                mbarrier.expect(kv_bar.index(i), 2 * 64 * HEAD_D * 2)
+                tma.async_copy_global_to_shared(k_desc, [k_row + i * 64, k_col], kv_bar.index(i), k_smem.index(i))
+                tma.async_copy_global_to_shared(v_desc, [k_row + i * 64, k_col], kv_bar.index(i), v_smem.index(i))
+            n_j = n_qb - j_lo
+            for g in range(GROUP):
+                h = hk * GROUP + g
+                for jj in range(n_j):
+                    c = cnt + g * n_j + jj
+                    slot = c % STAGES
+                    mbarrier.wait(q_empty.index(slot), ((c // STAGES) & 1) ^ 1, pred=c >= STAGES)
+                    mbarrier.expect(q_full.index(slot), 2 * BLOCK_MQ * HEAD_D * 2)
+                    q_row, q_col = _q_coords(b, h, H, SEQ_Q, (j_lo + jj) * BLOCK_MQ, HEAD_D, BSHD)
+                    tma.async_copy_global_to_shared(q_desc, [q_row, q_col], q_full.index(slot), q_smem.index(slot))
+                    tma.async_copy_global_to_shared(do_desc, [q_row, q_col], q_full.index(slot),
+                                                    do_smem.index(slot))
+            cnt += GROUP * n_j
+            it += 1
+
+    @gluon.jit
+    def _dkdv_consumer(dk_desc, dv_desc, LSE, DELTA, k_smem, v_smem, q_smem, do_smem, kv_bar, kv_empty, q_full,
+                       q_empty, n_n, n_tiles, H, HK, GROUP, SEQ_Q, SEQ_K, scale2, sm_scale,
+                       SUB: gl.constexpr, BLOCK_MQ: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
+                       BSHD: gl.constexpr, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr):
+        dtype: gl.constexpr = dk_desc.dtype
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_MQ, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_D, 16])
+        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
+        ks = k_smem.index(SUB)
+        vs = v_smem.index(SUB)
+        qcols = gl.arange(0, BLOCK_MQ, layout=col_s)
+        s_zero = gl.zeros([64, BLOCK_MQ], gl.float32, layout=s_layout)
+        if PERSISTENT:
+            step = gl.num_programs(0)
+        else:
+            step = n_tiles
+        n_qb = SEQ_Q // BLOCK_MQ
+        cnt = 0
+        it = 0
+        for t in range(gl.program_id(0), n_tiles, step):
+            b, hk, n0, k_row, k_col, j_lo = _kv_tile(t, n_n, HK, GROUP, SEQ_Q, SEQ_K, BLOCK_MQ, HEAD_D, BSHD, CAUSAL)
+            r0 = n0 + SUB * 64
+            keys = r0 + gl.arange(0, 64, layout=row_s)
+            n_j = n_qb - j_lo
+            dk = gl.zeros([64, HEAD_D], gl.float32, layout=o_layout)
+            dv = gl.zeros([64, HEAD_D], gl.float32, layout=o_layout)
+            mbarrier.wait(kv_bar.index(SUB), it & 1)
+            for g in range(GROUP):
+                base = (b * H + hk * GROUP + g).to(gl.int64) * SEQ_Q
+                for jj in range(n_j):
+                    c = cnt + g * n_j + jj
+                    slot = c % STAGES
+                    m = (j_lo + jj) * BLOCK_MQ
+                    qrow = m + qcols
+                    mbarrier.wait(q_full.index(slot), (c // STAGES) & 1)
+                    if CAUSAL and m + BLOCK_MQ <= r0:   # every query of the block is before these keys
+                        mbarrier.arrive(q_empty.index(slot))
+                    else:
+                        qsl = q_smem.index(slot)
+                        dosl = do_smem.index(slot)
+                        st_tok = warpgroup_mma(ks, qsl.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+                        dpt_tok = warpgroup_mma(vs, dosl.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+                        lse2 = gl.load(LSE + base + qrow) * 1.4426950408889634
+                        di = gl.load(DELTA + base + qrow)
+                        st, dpt = warpgroup_mma_wait(0, deps=[st_tok, dpt_tok])
+                        pt = gl.exp2(st * scale2 - gl.expand_dims(lse2, 0))
+                        if CAUSAL:
+                            if m < r0 + 64:
+                                pt = gl.where(gl.expand_dims(qrow, 0) >= gl.expand_dims(keys, 1), pt, 0.0)
+                        dst = pt * (dpt - gl.expand_dims(di, 0))
+                        pt16 = gl.convert_layout(pt.to(dtype), a_layout)
+                        dst16 = gl.convert_layout(dst.to(dtype), a_layout)
+                        dv_tok = warpgroup_mma(pt16, dosl, dv, is_async=True)
+                        dk_tok = warpgroup_mma(dst16, qsl, dk, is_async=True)
+                        dv, dk = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok])
+                        mbarrier.arrive(q_empty.index(slot))
+            cnt += GROUP * n_j
+            it += 1
+            # K/V of this tile are no longer read: their shared memory stages dK / dV
+            ks.store((dk * sm_scale).to(dtype))
+            vs.store(dv.to(dtype))
+            fence_async_shared()
+            tma.async_copy_shared_to_global(dk_desc, [k_row + SUB * 64, k_col], ks)
+            tma.async_copy_shared_to_global(dv_desc, [k_row + SUB * 64, k_col], vs)
+            tma.store_wait(pendings=0)
+            mbarrier.arrive(kv_empty.index(SUB))
+
+    @gluon.jit
+    def fmha_bwd_dkdv_gluon_ws_sm90(
+        k_desc, v_desc, q_desc, do_desc, dk_desc, dv_desc, LSE, DELTA,
+        H, HK, GROUP, SEQ_Q, SEQ_K, BHK, scale2, sm_scale,
+        BSHD: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_MQ: gl.constexpr, HEAD_D: gl.constexpr,
+        STAGES: gl.constexpr, PERSISTENT: gl.constexpr,
+    ):
+        dtype: gl.constexpr = q_desc.dtype
+        n_n = SEQ_K // 128
+        n_tiles = n_n * BHK
+        k_smem = gl.allocate_shared_memory(dtype, [2, 64, HEAD_D], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [2, 64, HEAD_D], v_desc.layout)
+        q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_MQ, HEAD_D], q_desc.layout)
+        do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_MQ, HEAD_D], do_desc.layout)
+        kv_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        kv_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        q_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(2):
+            mbarrier.init(kv_bar.index(i), count=1)
+            mbarrier.init(kv_empty.index(i), count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(q_full.index(i), count=1)
+            mbarrier.init(q_empty.index(i), count=2)
+        gl.warp_specialize([
+            (_dkdv_consumer, (dk_desc, dv_desc, LSE, DELTA, k_smem, v_smem, q_smem, do_smem, kv_bar, kv_empty, q_full,
+                              q_empty, n_n, n_tiles, H, HK, GROUP, SEQ_Q, SEQ_K, scale2, sm_scale, 0, BLOCK_MQ,
+                              HEAD_D, STAGES, BSHD, CAUSAL, PERSISTENT)),
+            (_dkdv_consumer, (dk_desc, dv_desc, LSE, DELTA, k_smem, v_smem, q_smem, do_smem, kv_bar, kv_empty, q_full,
+                              q_empty, n_n, n_tiles, H, HK, GROUP, SEQ_Q, SEQ_K, scale2, sm_scale, 1, BLOCK_MQ,
+                              HEAD_D, STAGES, BSHD, CAUSAL, PERSISTENT)),
+            (_dkdv_producer, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, kv_empty,
+                              q_full, q_empty, n_n, n_tiles, H, HK, GROUP, SEQ_Q, SEQ_K, BLOCK_MQ, HEAD_D, STAGES,
+                              BSHD, CAUSAL, PERSISTENT)),
+        ], [4, 4], [240, 24])
+
+
+#: (BLOCK_MQ, STAGES, persistent) of the dK/dV kernel per head dim (first guesses)
+DKDV_TILES = {64: (64, 3, True), 128: (64, 2, True)}
+
+
+def dkdv(q, k, v, do, lse, delta, *, causal=False, scale=None, layout="bhsd", tile=None):
+    """dK, dV (GQA: summed over each group) on the Gluon kernel; scope as :func:`dq` with
+    seqlen_k % 128 == 0 and seqlen_q % BLOCK_MQ == 0 (checked by the caller)."""
+    import math
+
+    import torch
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    d = q.shape[-1]
+    bmq, stages, persistent = tile or DKDV_TILES[d]
+    if layout == "bhsd":
+        b, hq, sq, _ = q.shape
+        hk, sk = k.shape[1], k.shape[2]
+        rq, rk, cq, ck = b * hq * sq, b * hk * sk, d, d
+    else:
+        b, sq, hq, _ = q.shape
+        sk, hk = k.shape[1], k.shape[2]
+        rq, rk, cq, ck = b * sq, b * sk, hq * d, hk * d
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    gdt = GF._gl_dtype(q.dtype)
+    kl = gl.NVMMASharedLayout.get_default_for([64, d], gdt)
+    ql = gl.NVMMASharedLayout.get_default_for([bmq, d], gdt)
+    descs = [TensorDescriptor.from_tensor(t.view(rk, ck), [64, d], kl) for t in (k, v)]
+    descs += [TensorDescriptor.from_tensor(t.view(rq, cq), [bmq, d], ql) for t in (q, do)]
+    descs += [TensorDescriptor.from_tensor(t.view(rk, ck), [64, d], kl) for t in (dk, dv)]
+    sm_scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    tiles = (sk // 128) * b * hk
+    grid = (min(tiles, GF._num_sms(q.device.index or 0)) if persistent else tiles, )
+    fmha_bwd_dkdv_gluon_ws_sm90[grid](
+        *descs, lse, delta, hq, hk, hq // hk, sq, sk, b * hk, sm_scale * GF.LOG2E, sm_scale,
+        BSHD=layout == "bshd", CAUSAL=bool(causal), BLOCK_MQ=bmq, HEAD_D=d, STAGES=stages,
+        PERSISTENT=bool(persistent), num_warps=4)
+    return dk, dv

@@ -60,7 +60,7 @@ import triton
 
 from . import gluon_bwd, gluon_fwd
 from . import kernels as K
-from .configs import (BWD_GLUON_DQ_SM90, GLUON_VARIANTS, TritonFmhaConfig, default_bwd_configs, default_fwd_config,
+from .configs import (BWD_GLUON_DKDV_SM90, BWD_GLUON_DQ_SM90, GLUON_VARIANTS, TritonFmhaConfig, default_bwd_configs, default_fwd_config,
                       default_splitkv_config, num_splits_heuristic, padded_hdim, next_pow2)
 
 try:
@@ -585,6 +585,17 @@ def _gluon_reason(q, k, v, cfg, *, layout, mode, left, right, softcap, bias, ali
         dropout_p=dropout_p, sink=sink, sink_tokens=sink_tokens, out=out)
 
 
+def _gluon_dkdv_tile(d: int, override):
+    if override == "triton":
+        return None
+    env = os.environ.get("CK_FMHA_GLUON_DKDV")
+    if override == "gluon" or env == "1":
+        return gluon_bwd.DKDV_TILES.get(d)
+    if env == "0":
+        return None
+    return BWD_GLUON_DKDV_SM90.get(d)
+
+
 def _gluon_dq_reason(q, k, v, do, lse, delta, tile, *, layout, mode, right, has_sc, bias, alibi_slopes, dropout_p,
                      dv_) -> str:
     """Why the Gluon dQ pass cannot take this backward ('' when it can)."""
@@ -654,13 +665,16 @@ def bwd_dot_do_o(o, do, *, layout="bhsd", cu_seqlens_q=None, max_seqlen_q=None):
 def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-1, -1), softcap=0.0,
                  layout="bhsd", deterministic=True, config=None, align=None, cu_seqlens_q=None,
                  cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, bias=None, alibi_slopes=None,
-                 dropout_p=0.0, seed=0, offset=0, return_dbias=False, alibi_align=None, _dq=None):
+                 dropout_p=0.0, seed=0, offset=0, return_dbias=False, alibi_align=None, _dq=None, _dkdv=None):
     """Backward stage 2: dK, dV (summed over the GQA group) and dQ.
 
     The deterministic dQ pass runs on the Gluon sm90 kernel (:mod:`.gluon_bwd`) where
     ``configs.BWD_GLUON_DQ_SM90`` names a tile for the head dim and the problem is in its scope (plain
     or causal fp16/bf16 batch mode, whole 128-row tiles), else on the Triton kernel.  ``_dq``
     ("triton" | "gluon" | "none", benchmarks only) overrides that; "none" skips dQ (dq is None).
+    dK/dV likewise on :func:`gluon_bwd.dkdv` where ``configs.BWD_GLUON_DKDV_SM90`` names a tile
+    (``_dkdv`` overrides; the environment variable ``CK_FMHA_GLUON_DKDV`` = 0 / 1 turns it off / on
+    for every head dim the kernel has).
 
     Returns ``(dq, dq_acc, dk, dv)`` (``(dq, dq_acc, dk, dv, dbias)`` with
     ``return_dbias``): deterministic mode computes dQ in its own pass (``dq``
@@ -724,18 +738,29 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
     sdob, sdoh, sdos = _bhs_strides(do, layout)
     sdkb, sdkh, sdks = _bhs_strides(dk, layout)
     sdvb, sdvh, sdvs = _bhs_strides(dv, layout)
-    K.fmha_bwd_dq_dk_dv_kernel[(triton.cdiv(sk, cfg_kv.BLOCK_N), b * hk)](
-        q, k, v, do, lse, delta, dk, dv, dqa,
-        sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdob, sdoh, sdos,
-        sdkb, sdkh, sdks, sdvb, sdvh, sdvs, sab, sah, sas,
-        hk, group, sq, sk, sm_scale, scale2, cap_in, cap_out, left, right,
-        cu_q, cu_k, ba, aa, dbias_full, sbb, sbh, sbq, sbk, salb, sdbb, sdbh, sdbq, slh,
-        k0, k1, off_lo, thresh, dscale,
-        D_Q=dq_, D_V=dv_, BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=cfg_kv.BLOCK_M, BLOCK_N=cfg_kv.BLOCK_N,
-        MASK_MODE=mode, BOTTOM_RIGHT=br, HAS_SOFTCAP=has_sc, ATOMIC_DQ=atomic,
-        EVEN_M=not varlen and sq % cfg_kv.BLOCK_M == 0, EVEN_N=not varlen and sk % cfg_kv.BLOCK_N == 0,
-        IS_VARLEN=varlen, BIAS_MODE=bmode, HAS_DROPOUT=has_do, STORE_DBIAS=bool(return_dbias),
-        num_warps=cfg_kv.num_warps, num_stages=cfg_kv.num_stages)
+    gk = _gluon_dkdv_tile(dq_, _dkdv) if deterministic and not return_dbias else None
+    why = "not configured" if gk is None else _gluon_dq_reason(
+        q, k, v, do, lse, delta, (64, 2, True), layout=layout, mode=mode, right=right, has_sc=has_sc, bias=bias,
+        alibi_slopes=alibi_slopes, dropout_p=dropout_p, dv_=dv_)
+    if not why and (sk % 128 or sq % gk[0]):
+        why = f"seqlen_k % 128 or seqlen_q % {gk[0]}"
+    if not why:
+        dk, dv = gluon_bwd.dkdv(q, k, v, do, lse, delta, causal=mode == 1, scale=scale, layout=layout, tile=gk)
+    else:
+        if _dkdv == "gluon":
+            raise UnsupportedProblem(f"gluon dK/dV: {why}")
+        K.fmha_bwd_dq_dk_dv_kernel[(triton.cdiv(sk, cfg_kv.BLOCK_N), b * hk)](
+            q, k, v, do, lse, delta, dk, dv, dqa,
+            sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdob, sdoh, sdos,
+            sdkb, sdkh, sdks, sdvb, sdvh, sdvs, sab, sah, sas,
+            hk, group, sq, sk, sm_scale, scale2, cap_in, cap_out, left, right,
+            cu_q, cu_k, ba, aa, dbias_full, sbb, sbh, sbq, sbk, salb, sdbb, sdbh, sdbq, slh,
+            k0, k1, off_lo, thresh, dscale,
+            D_Q=dq_, D_V=dv_, BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=cfg_kv.BLOCK_M, BLOCK_N=cfg_kv.BLOCK_N,
+            MASK_MODE=mode, BOTTOM_RIGHT=br, HAS_SOFTCAP=has_sc, ATOMIC_DQ=atomic,
+            EVEN_M=not varlen and sq % cfg_kv.BLOCK_M == 0, EVEN_N=not varlen and sk % cfg_kv.BLOCK_N == 0,
+            IS_VARLEN=varlen, BIAS_MODE=bmode, HAS_DROPOUT=has_do, STORE_DBIAS=bool(return_dbias),
+            num_warps=cfg_kv.num_warps, num_stages=cfg_kv.num_stages)
     dbias = None
     if return_dbias:
         dbias = dbias_full
