@@ -287,3 +287,55 @@ def test_aot_compile_refuses_what_the_gluon_kernel_lacks(family, dtype, kw, matc
     cfg = {**GCFG.as_dict(), "hdim_q": 128, **kw}
     with pytest.raises(UnsupportedProblem, match=match):
         C.aot_compile(family, dtype, cfg, GPUTarget("cuda", 90, 32))
+
+
+def test_gluon_backward_tables_name_known_tiles():
+    from ck_fmha.triton import gluon_bwd
+    for d, t in C.BWD_GLUON_DQ_SM90.items():
+        assert d in gluon_fwd.HDIMS and len(t) == 3 and t[0] in (64, 128)
+    for (d, causal), t in C.BWD_GLUON_DKDV_SM90.items():
+        assert d in gluon_fwd.HDIMS and isinstance(causal, bool) and len(t) == 3 and t[0] in (64, 128)
+    assert set(gluon_bwd.DKDV_TILES) == set(gluon_bwd.DQ_TILES) == set(gluon_fwd.HDIMS)
+
+
+@needs_gluon
+def test_gluon_backward_kernels_compile_for_sm90():
+    """Both backward kernels build for sm90 on this CPU-only machine (wgmma, setmaxnreg, TMA)."""
+    import subprocess
+
+    code = r"""
+import torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.runtime.jit import mangle_type
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+from triton.experimental.gluon._runtime import GluonASTSource
+from ck_fmha.triton import gluon_bwd as B
+
+def desc(rows, d):
+    x = torch.empty(256, d, dtype=torch.bfloat16)
+    return mangle_type(TensorDescriptor.from_tensor(x[:rows], [rows, d],
+                                                    gl.NVMMASharedLayout.get_default_for([rows, d], gl.bfloat16)))
+
+ints = dict(H="i32", HK="i32", GROUP="i32", SEQ_Q="i32", SEQ_K="i32", scale2="fp32", sm_scale="fp32",
+            LSE="*fp32", DELTA="*fp32")
+q, kv = desc(64, 128), desc(64, 128)
+for fn, sig, cx in (
+        (B.fmha_bwd_dq_gluon_ws_sm90, dict(q_desc=q, do_desc=q, k_desc=kv, v_desc=kv, dq_desc=q, BH="i32", **ints),
+         dict(BSHD=False, CAUSAL=True, BLOCK_N=64, HEAD_D=128, STAGES=4, PERSISTENT=True)),
+        (B.fmha_bwd_dkdv_gluon_ws_sm90, dict(k_desc=kv, v_desc=kv, q_desc=q, do_desc=q, dk_desc=kv, dv_desc=kv,
+                                             BHK="i32", **ints),
+         dict(BSHD=True, CAUSAL=True, BLOCK_MQ=64, HEAD_D=128, STAGES=2, PERSISTENT=False))):
+    sig = {n: sig.get(n, "constexpr") for n in fn.arg_names}
+    src = GluonASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in cx.items()})
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, num_stages=1)).asm["ptx"]
+    assert all(s in ptx for s in ("wgmma.mma_async", "setmaxnreg", "cp.async.bulk.tensor")), fn
+print("OK")
+"""
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(here)))
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(here), root, env.get("PYTHONPATH", "")])
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-3000:]

@@ -187,21 +187,22 @@ def test_replayed_launches_take_new_tensors(variant, ck_rng):
 @pytest.mark.parametrize("layout, causal, dtype, hk", [("bhsd", False, "bf16", 5), ("bshd", True, "fp16", 1),
                                                        ("bhsd", True, "bf16", 5)])
 def test_backward_with_the_gluon_dq_pass(layout, causal, dtype, hk, ck_rng):
-    """ops.bwd at D=128 takes the Gluon dQ pass (configs.BWD_GLUON_DQ_SM90); dq/dk/dv against float64
-    autograd, and dq against the Triton dQ kernel's."""
+    """ops.bwd at D=128 takes the Gluon dK/dV kernel and dQ pass (configs.BWD_GLUON_DKDV_SM90 /
+    BWD_GLUON_DQ_SM90); dq/dk/dv against float64 autograd, and dq against the Triton dQ kernel's."""
     from ck_fmha.triton import gluon_bwd
 
     assert 128 in __import__("ck_fmha.triton.configs", fromlist=["x"]).BWD_GLUON_DQ_SM90
     q, k, v = _inputs(ck_rng, 3, 5, hk, 384, 384, 128, layout, dtype)
     do = _inputs(ck_rng, 3, 5, 5, 384, 384, 128, layout, dtype)[0]
     o, lse = ops.fwd(q, k, v, causal=causal, return_lse=True, layout=layout)
-    real, calls = gluon_bwd.dq, []
-    gluon_bwd.dq = lambda *a, **kw: calls.append(1) or real(*a, **kw)
+    real, real_kv, calls = gluon_bwd.dq, gluon_bwd.dkdv, []
+    gluon_bwd.dq = lambda *a, **kw: calls.append("dq") or real(*a, **kw)
+    gluon_bwd.dkdv = lambda *a, **kw: calls.append("dkdv") or real_kv(*a, **kw)
     try:
         dq, dk, dv = ops.bwd(q, k, v, o, lse, do, causal=causal, layout=layout)
     finally:
-        gluon_bwd.dq = real
-    assert calls == [1]
+        gluon_bwd.dq, gluon_bwd.dkdv = real, real_kv
+    assert calls == ["dkdv", "dq"]   # configs.BWD_GLUON_DKDV_SM90 has D=128 with and without a mask
     ts = [x.double().requires_grad_() for x in (q, k, v)]
     ro, _ = _reference(*ts, causal, layout)
     ro.backward(do.double().transpose(1, 2) if layout == "bshd" else do.double())

@@ -185,8 +185,13 @@ BWD_ATOMIC_DQ_DEFAULT = False
 #: 18-31% faster (S=4k: 2.30 vs 2.79 ms; S=16k: 8.87 vs 11.77 ms), i.e. dQ+dK/dV 7-14% faster.  D=64 stays on
 #: the Triton dQ kernel (Gluon -4% to +9%, mixed).
 BWD_GLUON_DQ_SM90: Dict[int, Tuple[int, int, bool]] = {128: (64, 4, True)}
-#: head dim -> (BLOCK_MQ, STAGES, persistent) of the Gluon dK/dV kernel where it beat the Triton one
-BWD_GLUON_DKDV_SM90: Dict[int, Tuple[int, int, bool]] = {}  # deterministic separate dQ pass by default
+#: (head dim, causal) -> (BLOCK_MQ, STAGES, persistent) of the Gluon dK/dV kernel (gluon_bwd.py) where it beat
+#: the Triton one (benchmarks/gluon_fa_probe.py --bwd, H100, bf16, session 3; dK/dV pass alone, Triton -> Gluon):
+#: D=128 S=4k 4.08 -> 3.64 ms, causal 2.58 -> 2.03 ms (one program per tile: the persistent walk has no mirrored
+#: passes here and lost under the mask), S=16k causal 9.21 -> 7.17 ms; D=64 causal S=4k 1.51 -> 1.24 ms.  D=64
+#: without a mask stays on Triton (Gluon 0-13% slower).
+BWD_GLUON_DKDV_SM90: Dict[Tuple[int, bool], Tuple[int, int, bool]] = {
+    (128, False): (64, 3, True), (128, True): (64, 2, False), (64, True): (64, 3, True)}  # deterministic separate dQ pass by default
 
 
 #: fp8 forward on sm90 with key-contiguous V (benchmarks/fmha_fp8_probe.py, H100, 2026-11-22):

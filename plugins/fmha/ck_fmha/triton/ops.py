@@ -585,15 +585,15 @@ def _gluon_reason(q, k, v, cfg, *, layout, mode, left, right, softcap, bias, ali
         dropout_p=dropout_p, sink=sink, sink_tokens=sink_tokens, out=out)
 
 
-def _gluon_dkdv_tile(d: int, override):
+def _gluon_dkdv_tile(d: int, causal: bool, override):
     if override == "triton":
         return None
     env = os.environ.get("CK_FMHA_GLUON_DKDV")
     if override == "gluon" or env == "1":
-        return gluon_bwd.DKDV_TILES.get(d)
+        return BWD_GLUON_DKDV_SM90.get((d, causal)) or gluon_bwd.DKDV_TILES.get(d)
     if env == "0":
         return None
-    return BWD_GLUON_DKDV_SM90.get(d)
+    return BWD_GLUON_DKDV_SM90.get((d, causal))
 
 
 def _gluon_dq_reason(q, k, v, do, lse, delta, tile, *, layout, mode, right, has_sc, bias, alibi_slopes, dropout_p,
@@ -738,7 +738,7 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
     sdob, sdoh, sdos = _bhs_strides(do, layout)
     sdkb, sdkh, sdks = _bhs_strides(dk, layout)
     sdvb, sdvh, sdvs = _bhs_strides(dv, layout)
-    gk = _gluon_dkdv_tile(dq_, _dkdv) if deterministic and not return_dbias else None
+    gk = _gluon_dkdv_tile(dq_, mode == 1, _dkdv) if deterministic and not return_dbias else None
     why = "not configured" if gk is None else _gluon_dq_reason(
         q, k, v, do, lse, delta, (64, 2, True), layout=layout, mode=mode, right=right, has_sc=has_sc, bias=bias,
         alibi_slopes=alibi_slopes, dropout_p=dropout_p, dv_=dv_)
