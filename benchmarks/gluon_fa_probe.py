@@ -30,6 +30,23 @@ TILES = {128: [(128, 2, "gluon_wspp"), (128, 2, "gluon_wspp_pers"), (128, 2, "gl
          64: [(128, 3, "gluon_ws"), (128, 3, "gluon_ws_pers"), (128, 3, "gluon_wspp_pers"), (64, 4, "gluon_ws_pers")]}
 
 
+def _timed(res, dump, row, fn, flops, unit):
+    """One timing row (CUDA-graph median); an exception is recorded in the row, not raised."""
+    import torch
+    import triton
+    try:
+        fn()
+        torch.cuda.synchronize()
+        ms = triton.testing.do_bench_cudagraph(fn, rep=40)
+        row.update({"ms": ms, unit: flops / ms * 1e-9})
+    except Exception as e:
+        row["error"] = f"{type(e).__name__}: {e}"[:1500]
+    print(row, flush=True)
+    res["speed"].append(row)
+    dump()
+    return row
+
+
 def ref_attention(q, k, v, causal, scale, layout):
     import torch
     if layout == "bshd":
@@ -112,18 +129,7 @@ def main():
                 base = dict(b=b, h=h, s=s, d=d, causal=causal)
 
                 def timeit(name, fn):
-                    row = dict(base, kind=name)
-                    try:
-                        fn()
-                        torch.cuda.synchronize()
-                        ms = triton.testing.do_bench_cudagraph(fn, rep=40)
-                        row.update(ms=ms, tflops=flops / ms * 1e-9)
-                    except Exception as e:
-                        row["error"] = f"{type(e).__name__}: {e}"[:1500]
-                    print(row, flush=True)
-                    res["speed"].append(row)
-                    dump()
-                    return row
+                    return _timed(res, dump, dict(base, kind=name), fn, flops, "tflops")
 
                 def cudnn():
                     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
@@ -200,17 +206,7 @@ def probe_bwd(args, res, dump):
                 base = dict(b=b, h=h, s=s, d=d, causal=causal)
 
                 def timeit(name, fn):
-                    row = dict(base, kind=name)
-                    try:
-                        fn()
-                        torch.cuda.synchronize()
-                        ms = triton.testing.do_bench_cudagraph(fn, rep=40)
-                        row.update(ms=ms, fwd_tflops=flops / ms * 1e-9)
-                    except Exception as e:
-                        row["error"] = f"{type(e).__name__}: {e}"[:1500]
-                    print(row, flush=True)
-                    res["speed"].append(row)
-                    dump()
+                    return _timed(res, dump, dict(base, kind=name), fn, flops, "fwd_tflops")
 
                 for mode in ("triton", "gluon"):
                     timeit(f"dqdkdv/dkdv_{mode}",

@@ -38,7 +38,6 @@ if GF.HAVE_GLUON:
                      v_full, k_empty, v_empty, n_m, n_tiles, H, HK, GROUP, SEQ_Q, SEQ_K,
                      SUB_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
                      BSHD: gl.constexpr, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr):
-        kv_bytes: gl.constexpr = BLOCK_N * HEAD_D * 2
         if PERSISTENT:
             step = gl.num_programs(0)
         else:
@@ -56,17 +55,8 @@ if GF.HAVE_GLUON:
                 tma.async_copy_global_to_shared(do_desc, [q_row + i * SUB_M, q_col], q_bar.index(i),
                                                 do_smem.index(i))
             for j in range(n_blocks):
-                c = cnt + j
-                slot = c % STAGES
-                ph = ((c // STAGES) & 1) ^ 1
-                mbarrier.wait(k_empty.index(slot), ph, pred=c >= STAGES)
-                mbarrier.expect(k_full.index(slot), kv_bytes)
-                tma.async_copy_global_to_shared(k_desc, [k_row + j * BLOCK_N, k_col], k_full.index(slot),
-                                                k_smem.index(slot))
-                mbarrier.wait(v_empty.index(slot), ph, pred=c >= STAGES)
-                mbarrier.expect(v_full.index(slot), kv_bytes)
-                tma.async_copy_global_to_shared(v_desc, [k_row + j * BLOCK_N, k_col], v_full.index(slot),
-                                                v_smem.index(slot))
+                GF._load_kv(k_desc, v_desc, k_smem, v_smem, k_full, v_full, k_empty, v_empty, cnt + j,
+                            k_row + j * BLOCK_N, k_col, STAGES)
             cnt += n_blocks
             it += 1
 
@@ -76,11 +66,9 @@ if GF.HAVE_GLUON:
                      SUB: gl.constexpr, CAUSAL: gl.constexpr, SUB_M: gl.constexpr, BLOCK_N: gl.constexpr,
                      HEAD_D: gl.constexpr, STAGES: gl.constexpr, BSHD: gl.constexpr, PERSISTENT: gl.constexpr):
         dtype: gl.constexpr = dq_desc.dtype
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_D, 16])
-        ds_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        s_layout: gl.constexpr = GF._acc_layout(BLOCK_N)
+        o_layout: gl.constexpr = GF._acc_layout(HEAD_D)
+        ds_layout: gl.constexpr = GF._a_layout(HEAD_D)
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
         qs = q_smem.index(SUB)
@@ -190,20 +178,12 @@ if GF.HAVE_GLUON:
         dq_smem = gl.allocate_shared_memory(dtype, [2, SUB_M, HEAD_D], dq_desc.layout)
         k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)
         v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], v_desc.layout)
-        q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        k_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(2):
-            mbarrier.init(q_bar.index(i), count=1)
-            mbarrier.init(q_empty.index(i), count=1)
-        for i in gl.static_range(STAGES):
-            mbarrier.init(k_full.index(i), count=1)
-            mbarrier.init(v_full.index(i), count=1)
-            mbarrier.init(k_empty.index(i), count=2)
-            mbarrier.init(v_empty.index(i), count=2)
+        q_bar = GF._barriers(2, 1)
+        q_empty = GF._barriers(2, 1)
+        k_full = GF._barriers(STAGES, 1)
+        v_full = GF._barriers(STAGES, 1)
+        k_empty = GF._barriers(STAGES, 2)
+        v_empty = GF._barriers(STAGES, 2)
         gl.warp_specialize([
             (_dq_consumer, (dq_desc, LSE, DELTA, q_smem, do_smem, dq_smem, k_smem, v_smem, q_bar, q_empty, k_full,
                             v_full, k_empty, v_empty, n_m, n_tiles, H, HK, GROUP, SEQ_Q, SEQ_K, scale2, sm_scale,
@@ -344,11 +324,9 @@ if GF.HAVE_GLUON:
                        SUB: gl.constexpr, BLOCK_MQ: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
                        BSHD: gl.constexpr, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr):
         dtype: gl.constexpr = dk_desc.dtype
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_MQ, 16])
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_D, 16])
-        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        s_layout: gl.constexpr = GF._acc_layout(BLOCK_MQ)
+        o_layout: gl.constexpr = GF._acc_layout(HEAD_D)
+        a_layout: gl.constexpr = GF._a_layout(HEAD_D)
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
         ks = k_smem.index(SUB)
@@ -424,16 +402,10 @@ if GF.HAVE_GLUON:
         v_smem = gl.allocate_shared_memory(dtype, [2, 64, HEAD_D], v_desc.layout)
         q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_MQ, HEAD_D], q_desc.layout)
         do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_MQ, HEAD_D], do_desc.layout)
-        kv_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        kv_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        q_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(2):
-            mbarrier.init(kv_bar.index(i), count=1)
-            mbarrier.init(kv_empty.index(i), count=1)
-        for i in gl.static_range(STAGES):
-            mbarrier.init(q_full.index(i), count=1)
-            mbarrier.init(q_empty.index(i), count=2)
+        kv_bar = GF._barriers(2, 1)
+        kv_empty = GF._barriers(2, 1)
+        q_full = GF._barriers(STAGES, 1)
+        q_empty = GF._barriers(STAGES, 2)
         gl.warp_specialize([
             (_dkdv_consumer, (dk_desc, dv_desc, LSE, DELTA, k_smem, v_smem, q_smem, do_smem, kv_bar, kv_empty, q_full,
                               q_empty, n_n, n_tiles, H, HK, GROUP, SEQ_Q, SEQ_K, scale2, sm_scale, 0, BLOCK_MQ,

@@ -59,6 +59,39 @@ if HAVE_GLUON:
         l_i = l_i * alpha + gl.sum(p, 1)
         return p, m_new, l_i, alpha
 
+    @gluon.constexpr_function
+    def _acc_layout(n):
+        """wgmma accumulator layout of one warpgroup: m64 x ``n`` (instructions m16 n``n`` k16)."""
+        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, 16])
+
+    @gluon.constexpr_function
+    def _a_layout(n):
+        """Register A operand (16-bit) of a product accumulating into ``_acc_layout(n)``."""
+        return gl.DotOperandLayout(operand_index=0, parent=_acc_layout(n), k_width=2)
+
+    @gluon.jit
+    def _barriers(N: gl.constexpr, COUNT: gl.constexpr):
+        """``N`` mbarriers in shared memory, each expecting ``COUNT`` arrivals per phase."""
+        bars = gl.allocate_shared_memory(gl.int64, [N, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(N):
+            mbarrier.init(bars.index(i), count=COUNT)
+        return bars
+
+    @gluon.jit
+    def _load_kv(k_desc, v_desc, k_smem, v_smem, k_full, v_full, k_empty, v_empty, c, row, col,
+                 STAGES: gl.constexpr):
+        """Producer step ``c`` of a K/V ring: wait until the slot is free (both consumers arrived
+        on its empty barrier; the first ``STAGES`` steps find it free), then copy K and V rows
+        [row, row + BLOCK_N) into it, each completing on its full barrier."""
+        slot = c % STAGES
+        ph = ((c // STAGES) & 1) ^ 1
+        mbarrier.wait(k_empty.index(slot), ph, pred=c >= STAGES)
+        mbarrier.expect(k_full.index(slot), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [row, col], k_full.index(slot), k_smem.index(slot))
+        mbarrier.wait(v_empty.index(slot), ph, pred=c >= STAGES)
+        mbarrier.expect(v_full.index(slot), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [row, col], v_full.index(slot), v_smem.index(slot))
+
     @gluon.jit
     def _tile(t, n_m, n_tiles, H, HK, GROUP, SEQ_Q, SEQ_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               HEAD_D: gl.constexpr, BSHD: gl.constexpr, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr):
@@ -102,7 +135,6 @@ if HAVE_GLUON:
                      v_empty, n_m, n_tiles, H, HK, GROUP, SEQ_Q, SEQ_K,
                      SUB_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
                      BSHD: gl.constexpr, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr):
-        kv_bytes: gl.constexpr = BLOCK_N * HEAD_D * 2
         if PERSISTENT:
             step = gl.num_programs(0)
         else:
@@ -118,17 +150,8 @@ if HAVE_GLUON:
                 tma.async_copy_global_to_shared(q_desc, [q_row + i * SUB_M, q_col], q_bar.index(i),
                                                 q_smem.index(i))
             for j in range(n_blocks):
-                c = cnt + j
-                slot = c % STAGES
-                ph = ((c // STAGES) & 1) ^ 1
-                mbarrier.wait(k_empty.index(slot), ph, pred=c >= STAGES)
-                mbarrier.expect(k_full.index(slot), kv_bytes)
-                tma.async_copy_global_to_shared(k_desc, [k_row + j * BLOCK_N, k_col], k_full.index(slot),
-                                                k_smem.index(slot))
-                mbarrier.wait(v_empty.index(slot), ph, pred=c >= STAGES)
-                mbarrier.expect(v_full.index(slot), kv_bytes)
-                tma.async_copy_global_to_shared(v_desc, [k_row + j * BLOCK_N, k_col], v_full.index(slot),
-                                                v_smem.index(slot))
+                _load_kv(k_desc, v_desc, k_smem, v_smem, k_full, v_full, k_empty, v_empty, cnt + j,
+                         k_row + j * BLOCK_N, k_col, STAGES)
             cnt += n_blocks
             it += 1
 
@@ -139,11 +162,9 @@ if HAVE_GLUON:
                      SUB_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
                      BSHD: gl.constexpr, PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr):
         dtype: gl.constexpr = o_desc.dtype
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_D, 16])
-        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        s_layout: gl.constexpr = _acc_layout(BLOCK_N)
+        o_layout: gl.constexpr = _acc_layout(HEAD_D)
+        p_layout: gl.constexpr = _a_layout(HEAD_D)
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
@@ -278,22 +299,13 @@ if HAVE_GLUON:
         o_smem = gl.allocate_shared_memory(dtype, [2, SUB_M, HEAD_D], o_desc.layout)
         k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)
         v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], v_desc.layout)
-        q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        k_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(2):
-            mbarrier.init(q_bar.index(i), count=1)
-            mbarrier.init(q_empty.index(i), count=1)
-            mbarrier.init(turn.index(i), count=1)
-        for i in gl.static_range(STAGES):
-            mbarrier.init(k_full.index(i), count=1)
-            mbarrier.init(v_full.index(i), count=1)
-            mbarrier.init(k_empty.index(i), count=2)
-            mbarrier.init(v_empty.index(i), count=2)
+        q_bar = _barriers(2, 1)
+        q_empty = _barriers(2, 1)
+        turn = _barriers(2, 1)
+        k_full = _barriers(STAGES, 1)
+        v_full = _barriers(STAGES, 1)
+        k_empty = _barriers(STAGES, 2)   # both consumers release a slot
+        v_empty = _barriers(STAGES, 2)
 
         gl.warp_specialize([
             (_ws_consumer, (o_desc, LSE, slb, slh, q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_full, v_full,
