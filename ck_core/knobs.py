@@ -66,6 +66,9 @@ _declare("CK_TUNING_DB", str, "",
 _declare("CK_ROCM_PATH", str, "", "ROCm install prefix holding bin/hipcc (default /opt/rocm).")
 _declare("CK_TILE_INCLUDE", str, "",
          "Folder with composable_kernel's include/ (ck_tile headers) for the ck backend.")
+_declare("CK_FMHA_GLUON_DKDV", str, "",
+         "FMHA backward on Hopper: '1' runs every dK/dV on the Gluon kernel, '0' none; unset: the tuned table "
+         "(ck_fmha.triton.configs.BWD_GLUON_DKDV_SM90).")
 _declare("CK_PROGRESS", _bool, True,
          "Show progress bars on stderr when it is a terminal.")
 

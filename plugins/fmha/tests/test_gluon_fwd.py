@@ -339,3 +339,16 @@ print("OK")
     env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(here), root, env.get("PYTHONPATH", "")])
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-3000:]
+
+
+def test_dkdv_choice_follows_table_and_knob(monkeypatch):
+    monkeypatch.delenv("CK_FMHA_GLUON_DKDV", raising=False)
+    for (d, causal), tile in C.BWD_GLUON_DKDV_SM90.items():
+        assert ops._gluon_dkdv_tile(d, causal, None) == tile
+        assert ops._gluon_dkdv_tile(d, causal, "triton") is None
+    assert ops._gluon_dkdv_tile(64, False, None) is None          # measured slower: Triton
+    monkeypatch.setenv("CK_FMHA_GLUON_DKDV", "1")
+    assert ops._gluon_dkdv_tile(64, False, None) is not None
+    monkeypatch.setenv("CK_FMHA_GLUON_DKDV", "0")
+    assert ops._gluon_dkdv_tile(128, True, None) is None
+    assert ops._gluon_dkdv_tile(128, True, "gluon") is not None

@@ -588,7 +588,8 @@ def _gluon_reason(q, k, v, cfg, *, layout, mode, left, right, softcap, bias, ali
 def _gluon_dkdv_tile(d: int, causal: bool, override):
     if override == "triton":
         return None
-    env = os.environ.get("CK_FMHA_GLUON_DKDV")
+    from ck_core import knobs
+    env = knobs.get("CK_FMHA_GLUON_DKDV")
     if override == "gluon" or env == "1":
         return BWD_GLUON_DKDV_SM90.get((d, causal)) or gluon_bwd.DKDV_TILES.get(d)
     if env == "0":
