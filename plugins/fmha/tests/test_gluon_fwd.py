@@ -352,3 +352,16 @@ def test_dkdv_choice_follows_table_and_knob(monkeypatch):
     monkeypatch.setenv("CK_FMHA_GLUON_DKDV", "0")
     assert ops._gluon_dkdv_tile(128, True, None) is None
     assert ops._gluon_dkdv_tile(128, True, "gluon") is not None
+
+
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+def test_geometry_gives_the_flattened_views(layout):
+    b, hq, hk, sq, sk, d = 3, 6, 2, 256, 384, 64
+    shp = (lambda h, s: (b, h, s, d)) if layout == "bhsd" else (lambda h, s: (b, s, h, d))
+    q, k = torch.empty(shp(hq, sq)), torch.empty(shp(hk, sk))
+    g = gluon_fwd.geometry(q, k, layout)
+    assert g[:5] == (b, hq, sq, hk, sk)
+    assert q.view(g[5], g[7]).shape == (g[5], g[7]) and g[5] * g[7] == q.numel()
+    assert k.view(g[6], g[8]).shape == (g[6], g[8]) and g[6] * g[8] == k.numel()
+    assert g[7] == (d if layout == "bhsd" else hq * d)
+    assert gluon_fwd.grid_for(1000, False, torch.device("cpu")) == (1000, )

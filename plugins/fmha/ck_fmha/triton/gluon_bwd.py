@@ -226,14 +226,7 @@ def dq(q, k, v, do, lse, delta, *, causal=False, scale=None, layout="bhsd", tile
 
     d = q.shape[-1]
     bn, stages, persistent = tile or DQ_TILES[d]
-    if layout == "bhsd":
-        b, hq, sq, _ = q.shape
-        hk, sk = k.shape[1], k.shape[2]
-        rows_q, rows_k, cols_q, cols_k = b * hq * sq, b * hk * sk, d, d
-    else:
-        b, sq, hq, _ = q.shape
-        sk, hk = k.shape[1], k.shape[2]
-        rows_q, rows_k, cols_q, cols_k = b * sq, b * sk, hq * d, hk * d
+    b, hq, sq, hk, sk, rows_q, rows_k, cols_q, cols_k = GF.geometry(q, k, layout)
     o = out if out is not None else torch.empty_like(q)
     gdt = GF._gl_dtype(q.dtype)
     q_l = gl.NVMMASharedLayout.get_default_for([64, d], gdt)
@@ -242,8 +235,7 @@ def dq(q, k, v, do, lse, delta, *, causal=False, scale=None, layout="bhsd", tile
     descs += [TensorDescriptor.from_tensor(t.view(rows_k, cols_k), [bn, d], kv_l) for t in (k, v)]
     descs.append(TensorDescriptor.from_tensor(o.view(rows_q, cols_q), [64, d], q_l))
     sm_scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    tiles = (sq // 128) * b * hq
-    grid = (min(tiles, GF._num_sms(q.device.index or 0)) if persistent else tiles, )
+    grid = GF.grid_for((sq // 128) * b * hq, persistent, q.device)
     fmha_bwd_dq_gluon_ws_sm90[grid](
         *descs, lse, delta, hq, hk, hq // hk, sq, sk, b * hq, sm_scale * GF.LOG2E, sm_scale,
         BSHD=layout == "bshd", CAUSAL=bool(causal), BLOCK_N=bn, HEAD_D=d, STAGES=stages,
@@ -433,14 +425,7 @@ def dkdv(q, k, v, do, lse, delta, *, causal=False, scale=None, layout="bhsd", ti
 
     d = q.shape[-1]
     bmq, stages, persistent = tile or DKDV_TILES[d]
-    if layout == "bhsd":
-        b, hq, sq, _ = q.shape
-        hk, sk = k.shape[1], k.shape[2]
-        rq, rk, cq, ck = b * hq * sq, b * hk * sk, d, d
-    else:
-        b, sq, hq, _ = q.shape
-        sk, hk = k.shape[1], k.shape[2]
-        rq, rk, cq, ck = b * sq, b * sk, hq * d, hk * d
+    b, hq, sq, hk, sk, rq, rk, cq, ck = GF.geometry(q, k, layout)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     gdt = GF._gl_dtype(q.dtype)
     kl = gl.NVMMASharedLayout.get_default_for([64, d], gdt)
@@ -449,8 +434,7 @@ def dkdv(q, k, v, do, lse, delta, *, causal=False, scale=None, layout="bhsd", ti
     descs += [TensorDescriptor.from_tensor(t.view(rq, cq), [bmq, d], ql) for t in (q, do)]
     descs += [TensorDescriptor.from_tensor(t.view(rk, ck), [64, d], kl) for t in (dk, dv)]
     sm_scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    tiles = (sk // 128) * b * hk
-    grid = (min(tiles, GF._num_sms(q.device.index or 0)) if persistent else tiles, )
+    grid = GF.grid_for((sk // 128) * b * hk, persistent, q.device)
     fmha_bwd_dkdv_gluon_ws_sm90[grid](
         *descs, lse, delta, hq, hk, hq // hk, sq, sk, b * hk, sm_scale * GF.LOG2E, sm_scale,
         BSHD=layout == "bshd", CAUSAL=bool(causal), BLOCK_MQ=bmq, HEAD_D=d, STAGES=stages,

@@ -408,6 +408,24 @@ def unsupported_reason(q, k, v, *, causal=False, layout="bhsd", tile=None, windo
     return ""
 
 
+def geometry(q, k, layout: str) -> tuple:
+    """(b, hq, sq, hk, sk, rows_q, rows_k, cols_q, cols_k) of q/k in ``layout``: the kernels see
+    every tensor as its flattened 2-D view [rows, cols] (bhsd: [B*H*S, D]; bshd: [B*S, H*D])."""
+    d = q.shape[-1]
+    if layout == "bhsd":
+        b, hq, sq, _ = q.shape
+        hk, sk = k.shape[1], k.shape[2]
+        return b, hq, sq, hk, sk, b * hq * sq, b * hk * sk, d, d
+    b, sq, hq, _ = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    return b, hq, sq, hk, sk, b * sq, b * sk, hq * d, hk * d
+
+
+def grid_for(tiles: int, persistent: bool, device) -> tuple:
+    """One program per tile, or (``persistent``) one per SM at most."""
+    return (min(tiles, _num_sms(device.index or 0)) if persistent else tiles, )
+
+
 @functools.lru_cache(maxsize=None)
 def _num_sms(index: int) -> int:
     import torch
@@ -451,10 +469,7 @@ def fwd(q, k, v, *, causal=False, scale=None, return_lse=False, layout="bhsd", t
     bm, bn, warps, stages = tile or DEFAULT_TILES[d]
     if bm != 128 or warps != WS_WARPS:
         raise UnsupportedProblem(f"gluon sm90 forward: tile {tile}: BLOCK_M must be 128 and warps {WS_WARPS}")
-    if layout == "bhsd":
-        b, hq, sq, _ = q.shape
-    else:
-        b, sq, hq, _ = q.shape
+    b, hq, sq = geometry(q, k, layout)[:3]
     o = out if out is not None else torch.empty_like(q)
     lse = torch.empty((b, hq, sq), device=q.device, dtype=torch.float32) if return_lse else None
     key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), o.stride(), q.dtype, q.device.index,
@@ -487,14 +502,8 @@ def _record(q, k, v, o, lse, causal, scale, layout, bm, bn, stages, pingpong, pe
 
     from ck_core.backends import triton_replay
     d = q.shape[-1]
-    if layout == "bhsd":
-        b, hq, sq, _ = q.shape
-        hk, sk = k.shape[1], k.shape[2]
-        views = (q.view(b * hq * sq, d), k.view(b * hk * sk, d), v.view(b * hk * sk, d))
-    else:
-        b, sq, hq, _ = q.shape
-        sk, hk = k.shape[1], k.shape[2]
-        views = (q.view(b * sq, hq * d), k.view(b * sk, hk * d), v.view(b * sk, hk * d))
+    b, hq, sq, hk, sk, rq, rk, cq, ck = geometry(q, k, layout)
+    views = (q.view(rq, cq), k.view(rk, ck), v.view(rk, ck))
     gdt = _gl_dtype(q.dtype)
     q_l = gl.NVMMASharedLayout.get_default_for([bm // 2, d], gdt)
     kv_l = gl.NVMMASharedLayout.get_default_for([bn, d], gdt)
@@ -504,8 +513,7 @@ def _record(q, k, v, o, lse, causal, scale, layout, bm, bn, stages, pingpong, pe
     od = TensorDescriptor.from_tensor(o.view(views[0].shape), [bm // 2, d], q_l)
     lse_arg = lse if lse is not None else torch.empty(1, device=q.device, dtype=torch.float32)
     sm_scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    tiles = (sq // bm) * b * hq
-    grid = (min(tiles, _num_sms(q.device.index or 0)) if persistent else tiles, )
+    grid = grid_for((sq // bm) * b * hq, persistent, q.device)
     args = [qd, kd, vd, od, lse_arg, hq * sq if lse is not None else 0, sq if lse is not None else 0,
             hq, hk, hq // hk, sq, sk, b * hq, sm_scale * LOG2E]
     kwargs = dict(BSHD=layout == "bshd", CAUSAL=bool(causal), STORE_LSE=lse is not None,
