@@ -75,7 +75,10 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--causal", choices=("both", "only", "no"), default="both")
     ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--hdims", default="128,64", help="head dims of the speed part (--fused)")
     ap.add_argument("--bwd", action="store_true", help="probe the Gluon dQ pass instead of the forward")
+    ap.add_argument("--fused", action="store_true",
+                    help="probe the dK/dV kernel with dQ fused in (non-deterministic backward) instead")
     args = ap.parse_args()
     import torch
     import triton
@@ -90,6 +93,8 @@ def main():
     torch.manual_seed(0)
     if args.bwd:
         return probe_bwd(args, res, dump)
+    if args.fused:
+        return probe_fused(args, res, dump)
     checks = [(3, 4, 2, 384, 128, "bhsd", False, torch.bfloat16), (3, 4, 4, 256, 64, "bshd", True, torch.float16),
               (2, 8, 2, 512, 128, "bshd", True, torch.bfloat16), (1, 2, 2, 640, 64, "bhsd", False, torch.bfloat16),
               (3, 8, 2, 1024, 128, "bhsd", True, torch.bfloat16), (2, 6, 6, 1152, 64, "bshd", True, torch.float16)]
@@ -215,6 +220,96 @@ def probe_bwd(args, res, dump):
                                                                     _dq="none", _dkdv="triton"))
                 for t in DKDV_TILES[d]:
                     timeit(f"gluon_dkdv{t}", lambda: GB.dkdv(q, k, v, do, lse, delta, causal=causal, tile=t))
+    dump()
+
+
+FUSED_TILES = {128: [(64, 2, True), (64, 2, False)],
+               64: [(64, 3, True), (64, 3, False), (128, 2, True), (128, 2, False)]}
+
+
+def probe_fused(args, res, dump):
+    """dK/dV with dQ fused in (gluon_bwd.dkdv(dq_acc=...)): dq/dk/dv against float64 autograd per tile,
+    then whole backwards (ops.bwd, deterministic and not, CUDA-graph medians) per case, with the cuDNN
+    SDPA backward (autograd.grad, eager do_bench) and ours eager for the ratio."""
+    import torch
+    import triton
+    from ck_fmha.bench_suite import peer_callable
+    from ck_fmha.triton import gluon_bwd as GB
+    from ck_fmha.triton import ops
+
+    def inputs(b, h, hk, s, d, layout, dt):
+        shp = lambda hh: (b, hh, s, d) if layout == "bhsd" else (b, s, hh, d)
+        return tuple(torch.randn(shp(x), device="cuda", dtype=dt) for x in (h, hk, hk, h))
+
+    checks = [(3, 4, 2, 384, 128, "bhsd", False, torch.bfloat16), (2, 6, 6, 512, 64, "bshd", True, torch.float16),
+              (3, 8, 2, 1024, 128, "bhsd", True, torch.bfloat16), (2, 4, 4, 256, 64, "bhsd", False, torch.bfloat16),
+              (1, 4, 1, 640, 128, "bshd", True, torch.float16)]
+    for (b, h, hk, s, d, layout, causal, dt) in ([] if args.no_check else checks):
+        row = dict(b=b, h=h, hk=hk, s=s, d=d, layout=layout, causal=causal, dtype=str(dt))
+        try:
+            q, k, v, do = inputs(b, h, hk, s, d, layout, dt)
+            o, lse = ops.fwd(q, k, v, causal=causal, layout=layout, return_lse=True)
+            delta = ops.bwd_dot_do_o(o, do, layout=layout)
+            q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
+            ro, _ = ref_attention(q64, k64, v64, causal, 1 / math.sqrt(d), layout)
+            ro.backward(do.double())
+            bq = q.shape[0] * (q.shape[1] if layout == "bhsd" else q.shape[2])
+            for t in FUSED_TILES[d]:
+                dqa = torch.zeros(b, h, s, d, device="cuda", dtype=torch.float32)
+                dk, dv = GB.dkdv(q, k, v, do, lse, delta, causal=causal, layout=layout, tile=t, dq_acc=dqa)
+                dq = ops.bwd_convert_dq(dqa, q, layout=layout)
+                row[f"err_{t}"] = [rel(dq, q64.grad), rel(dk, k64.grad), rel(dv, v64.grad)]
+            dq, dk, dv = ops.bwd(q, k, v, o, lse, do, causal=causal, layout=layout, deterministic=False)
+            row["err_ops_nondet"] = [rel(dq, q64.grad), rel(dk, k64.grad), rel(dv, v64.grad)]
+            dq, dk, dv = ops.bwd(q, k, v, o, lse, do, causal=causal, layout=layout, deterministic=True)
+            row["err_ops_det"] = [rel(dq, q64.grad), rel(dk, k64.grad), rel(dv, v64.grad)]
+            del bq
+        except Exception as e:
+            row["error"] = f"{type(e).__name__}: {e}"[:2000]
+            traceback.print_exc()
+        print(row, flush=True)
+        res["check"].append(row)
+        dump()
+
+    cases = CASES[1:3] if args.quick else CASES
+    for (b, h, s) in cases:
+        for d in (int(x) for x in args.hdims.split(",")):
+            for causal in {"both": (False, True), "only": (True, ), "no": (False, )}[args.causal]:
+                q, k, v, do = inputs(b, h, h, s, d, "bhsd", torch.bfloat16)
+                o, lse = ops.fwd(q, k, v, causal=causal, return_lse=True)
+                delta = ops.bwd_dot_do_o(o, do)
+                flops = 2.5 * 4 * b * h * s * s * d * (0.5 if causal else 1.0)
+                base = dict(b=b, h=h, s=s, d=d, causal=causal)
+
+                def timeit(name, fn):
+                    return _timed(res, dump, dict(base, kind=name), fn, flops, "tflops")
+
+                def eager(name, fn):
+                    row = dict(base, kind=name)
+                    try:
+                        fn()
+                        ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+                        row.update(ms=ms, tflops=flops / ms * 1e-9)
+                    except Exception as e:
+                        row["error"] = f"{type(e).__name__}: {e}"[:1500]
+                    print(row, flush=True)
+                    res["speed"].append(row)
+                    return row
+
+                task = dict(group="bwd", b=b, hq=h, hk=h, s=s, d=d, causal=causal)
+                peer, _ = peer_callable(task, "cudnn", (q, k, v))
+                eager("sdpa_cudnn_eager", peer)
+                del peer
+                eager("ours_det_eager", lambda: ops.bwd(q, k, v, o, lse, do, causal=causal, deterministic=True))
+                eager("ours_nondet_eager", lambda: ops.bwd(q, k, v, o, lse, do, causal=causal, deterministic=False))
+                timeit("ours_det", lambda: ops.bwd(q, k, v, o, lse, do, causal=causal, deterministic=True))
+                for t in FUSED_TILES[d]:
+                    def fused(t=t):
+                        dqa = torch.zeros(b, h, s, d, device="cuda", dtype=torch.float32)
+                        GB.dkdv(q, k, v, do, lse, delta, causal=causal, tile=t, dq_acc=dqa)
+                        return dqa
+                    timeit(f"fused_dkdv{t}", fused)
+                torch.cuda.empty_cache()
     dump()
 
 

@@ -82,6 +82,13 @@ def fwd_tasks(cfg_for):
     return tasks
 
 
+def _bwd_det(d, causal, s):
+    """Deterministic backward unless the fused dK/dV+dQ Gluon kernel is configured for the case (it is
+    then the faster one; ``deterministic=False`` elsewhere resolves to the deterministic path on sm90)."""
+    from ck_fmha.triton import configs as C
+    return (d, causal) not in C.BWD_GLUON_FUSED_SM90 or s < C.BWD_GLUON_FUSED_MIN_SEQLEN
+
+
 def bwd_tasks(cfg_for, det):
     tasks = []
     for dname in DTYPES:
@@ -89,7 +96,7 @@ def bwd_tasks(cfg_for, det):
             for causal in (False, True):
                 for (b, h, s) in SHAPES:
                     tasks.append(dict(group="bwd", dtype=dname, d=d, causal=causal, b=b, hq=h, hk=h, s=s,
-                                      cfg=cfg_for(d, causal), det=True))
+                                      cfg=cfg_for(d, causal), det=_bwd_det(d, causal, s)))
     for causal in (False, True):
         tasks.append(dict(group="bwd_gqa", dtype="bf16", d=128, causal=causal, b=4, hq=32, hk=4, s=4096,
                           cfg=cfg_for(128, causal), det=True))
@@ -446,6 +453,8 @@ def main(argv=None):
         fl = flops(t)
         res = dict(group=g, case=_name(t), unit="TFLOPS", ours=round(fl / ours / 1e9, 1), ours_ms=ours,
                    cfg=repr(t["cfg"]))
+        if t.get("det") is not None:
+            res["deterministic"] = bool(t["det"])
         for peer in ("cudnn", "flash"):
             try:
                 fn, note = peer_callable(t, peer, inputs)

@@ -312,10 +312,10 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.experimental.gluon._runtime import GluonASTSource
 from ck_fmha.triton import gluon_bwd as B
 
-def desc(rows, d):
-    x = torch.empty(256, d, dtype=torch.bfloat16)
+def desc(rows, d, dt=torch.bfloat16, gdt=gl.bfloat16):
+    x = torch.empty(256, d, dtype=dt)
     return mangle_type(TensorDescriptor.from_tensor(x[:rows], [rows, d],
-                                                    gl.NVMMASharedLayout.get_default_for([rows, d], gl.bfloat16)))
+                                                    gl.NVMMASharedLayout.get_default_for([rows, d], gdt)))
 
 ints = dict(H="i32", HK="i32", GROUP="i32", SEQ_Q="i32", SEQ_K="i32", scale2="fp32", sm_scale="fp32",
             LSE="*fp32", DELTA="*fp32")
@@ -324,12 +324,16 @@ for fn, sig, cx in (
         (B.fmha_bwd_dq_gluon_ws_sm90, dict(q_desc=q, do_desc=q, k_desc=kv, v_desc=kv, dq_desc=q, BH="i32", **ints),
          dict(BSHD=False, CAUSAL=True, BLOCK_N=64, HEAD_D=128, STAGES=4, PERSISTENT=True)),
         (B.fmha_bwd_dkdv_gluon_ws_sm90, dict(k_desc=kv, v_desc=kv, q_desc=q, do_desc=q, dk_desc=kv, dv_desc=kv,
-                                             BHK="i32", **ints),
-         dict(BSHD=True, CAUSAL=True, BLOCK_MQ=64, HEAD_D=128, STAGES=2, PERSISTENT=False))):
+                                             dq_desc=kv, BHK="i32", **ints),
+         dict(BSHD=True, CAUSAL=True, BLOCK_MQ=64, HEAD_D=128, STAGES=2, PERSISTENT=False, FUSED_DQ=False)),
+        (B.fmha_bwd_dkdv_gluon_ws_sm90, dict(k_desc=kv, v_desc=kv, q_desc=q, do_desc=q, dk_desc=kv, dv_desc=kv,
+                                             dq_desc=desc(64, 128, torch.float32, gl.float32), BHK="i32", **ints),
+         dict(BSHD=False, CAUSAL=False, BLOCK_MQ=64, HEAD_D=128, STAGES=2, PERSISTENT=True, FUSED_DQ=True))):
     sig = {n: sig.get(n, "constexpr") for n in fn.arg_names}
     src = GluonASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in cx.items()})
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, num_stages=1)).asm["ptx"]
     assert all(s in ptx for s in ("wgmma.mma_async", "setmaxnreg", "cp.async.bulk.tensor")), fn
+    assert ("cp.reduce.async.bulk.tensor" in ptx) == bool(cx.get("FUSED_DQ")), fn
 print("OK")
 """
     env = dict(os.environ)
@@ -365,3 +369,20 @@ def test_geometry_gives_the_flattened_views(layout):
     assert k.view(g[6], g[8]).shape == (g[6], g[8]) and g[6] * g[8] == k.numel()
     assert g[7] == (d if layout == "bhsd" else hq * d)
     assert gluon_fwd.grid_for(1000, False, torch.device("cpu")) == (1000, )
+
+
+def test_fused_dq_tables_and_shared_memory():
+    """The fused dK/dV+dQ choice follows its table, seqlen threshold and the knob; every tile in the
+    tables fits the sm90 shared memory (the fused kernel adds dS^T and two fp32 dQ staging tiles)."""
+    from ck_fmha.triton import gluon_bwd as B
+    for (d, causal), tile in C.BWD_GLUON_FUSED_SM90.items():
+        assert ops._gluon_fused_tile(d, causal, C.BWD_GLUON_FUSED_MIN_SEQLEN, None) == tile
+        assert ops._gluon_fused_tile(d, causal, C.BWD_GLUON_FUSED_MIN_SEQLEN - 128, None) is None
+        assert ops._gluon_fused_tile(d, causal, 1 << 20, "triton") is None
+        assert B.dkdv_smem_bytes(d, tile[0], tile[1], True) <= B.SMEM_LIMIT
+    for d, tile in B.FUSED_TILES.items():
+        assert B.dkdv_smem_bytes(d, tile[0], tile[1], True) <= B.SMEM_LIMIT
+        assert ops._gluon_fused_tile(d, True, 128, "gluon") is not None
+    for (d, _), tile in C.BWD_GLUON_DKDV_SM90.items():
+        assert B.dkdv_smem_bytes(d, tile[0], tile[1], False) <= B.SMEM_LIMIT
+    assert B.dkdv_smem_bytes(128, 64, 3, True) > B.SMEM_LIMIT     # 3 stages do not fit with dQ fused at D=128

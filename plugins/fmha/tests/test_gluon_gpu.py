@@ -211,3 +211,52 @@ def test_backward_with_the_gluon_dq_pass(layout, causal, dtype, hk, ck_rng):
     delta = ops.bwd_dot_do_o(o, do, layout=layout)
     dqt = ops.bwd_dq_dk_dv(q, k, v, do, lse, delta, causal=causal, layout=layout, _dq="triton")[0]
     assert _rel(dq, dqt.double()) < 5e-3
+
+
+@pytest.mark.parametrize("d, layout, causal, dtype, hk, s", [(64, "bhsd", False, "bf16", 5, 384),
+                                                            (64, "bshd", True, "fp16", 1, 512),
+                                                            (128, "bhsd", True, "bf16", 5, 384),
+                                                            (128, "bshd", False, "fp16", 1, 256)])
+def test_backward_with_dq_fused_into_dkdv(d, layout, causal, dtype, hk, s, ck_rng):
+    """deterministic=False on the Gluon dK/dV kernel with dQ fused in (TMA reduce-adds into the fp32
+    accumulator, then the convert stage): dq/dk/dv against float64 autograd; the accumulator is
+    poisoned-free (zeroed by ops) and a NaN-filled one is never read."""
+    from ck_fmha.triton import gluon_bwd
+
+    q, k, v = _inputs(ck_rng, 3, 5, hk, s, s, d, layout, dtype)
+    do = _inputs(ck_rng, 3, 5, 5, s, s, d, layout, dtype)[0]
+    o, lse = ops.fwd(q, k, v, causal=causal, return_lse=True, layout=layout)
+    delta = ops.bwd_dot_do_o(o, do, layout=layout)
+    real, calls = gluon_bwd.dkdv, []
+    gluon_bwd.dkdv = lambda *a, **kw: calls.append(kw.get("dq_acc") is not None) or real(*a, **kw)
+    try:
+        dq0, dqa, dk, dv = ops.bwd_dq_dk_dv(q, k, v, do, lse, delta, causal=causal, layout=layout,
+                                            deterministic=False, _dkdv="gluon")
+    finally:
+        gluon_bwd.dkdv = real
+    assert calls == [True] and dq0 is None and dqa.dtype == torch.float32
+    dq = ops.bwd_convert_dq(dqa, q, layout=layout)
+    ts = [x.double().requires_grad_() for x in (q, k, v)]
+    ro, _ = _reference(*ts, causal, layout)
+    ro.backward(do.double().transpose(1, 2) if layout == "bshd" else do.double())
+    for got, ref in zip((dq, dk, dv), ts):
+        assert torch.isfinite(got).all() and _rel(got, ref.grad) < 1e-2
+    # the same through ops.bwd: the deterministic answer within rounding
+    dq2, dk2, dv2 = ops.bwd(q, k, v, o, lse, do, causal=causal, layout=layout, deterministic=True)
+    assert _rel(dq, dq2.double()) < 5e-3 and _rel(dk, dk2.double()) < 5e-3 and _rel(dv, dv2.double()) < 5e-3
+
+
+def test_nondeterministic_backward_prefers_the_faster_path(ck_rng):
+    """deterministic=False where no fused tile is configured (D=128) runs the deterministic Gluon path
+    (faster on the H100 than the Triton fp32-atomic kernel); _dkdv='triton' keeps the atomic kernel."""
+    from ck_fmha.triton import configs as C
+
+    assert (128, False) not in C.BWD_GLUON_FUSED_SM90
+    q, k, v = _inputs(ck_rng, 2, 4, 4, 256, 256, 128, "bhsd", "bf16")
+    do = _inputs(ck_rng, 2, 4, 4, 256, 256, 128, "bhsd", "bf16")[0]
+    o, lse = ops.fwd(q, k, v, return_lse=True)
+    delta = ops.bwd_dot_do_o(o, do)
+    dq, dqa, _, _ = ops.bwd_dq_dk_dv(q, k, v, do, lse, delta, deterministic=False)
+    assert dq is not None and dqa is None
+    dq, dqa, _, _ = ops.bwd_dq_dk_dv(q, k, v, do, lse, delta, deterministic=False, _dkdv="triton")
+    assert dq is None and dqa is not None

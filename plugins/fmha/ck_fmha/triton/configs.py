@@ -192,6 +192,15 @@ BWD_GLUON_DQ_SM90: Dict[int, Tuple[int, int, bool]] = {128: (64, 4, True)}
 #: without a mask stays on Triton (Gluon 0-13% slower).
 BWD_GLUON_DKDV_SM90: Dict[Tuple[int, bool], Tuple[int, int, bool]] = {
     (128, False): (64, 3, True), (128, True): (64, 2, False), (64, True): (64, 3, True)}  # deterministic separate dQ pass by default
+#: (head dim, causal) -> (BLOCK_MQ, STAGES, persistent) of the Gluon dK/dV kernel with dQ fused in (the
+#: non-deterministic backward, ``deterministic=False``: fp32 TMA reduce-adds into a dQ accumulator, then the
+#: convert stage), from seqlen_k >= BWD_GLUON_FUSED_MIN_SEQLEN.  H100, bf16, benchmarks/gluon_fa_probe.py
+#: --fused, session 4 (CUDA-graph ms, fused kernel vs the whole deterministic backward): D=64 S=16k 14.5 vs
+#: 16.2; D=64 S=4k 3.88 vs 3.88 (even); D=64 causal S=16k 7.66 vs 7.93 (even once the accumulator is zeroed
+#: and rounded); D=128 slower (S=16k 26.3 vs 23.4, causal 16.0 vs 12.7: the dQ product and its fp32 staging
+#: cost more than the separate pass at this head dim) -> D=64 without a mask only.
+BWD_GLUON_FUSED_SM90: Dict[Tuple[int, bool], Tuple[int, int, bool]] = {(64, False): (64, 3, True)}
+BWD_GLUON_FUSED_MIN_SEQLEN = 8192
 
 
 #: fp8 forward on sm90 with key-contiguous V (benchmarks/fmha_fp8_probe.py, H100, 2026-11-22):

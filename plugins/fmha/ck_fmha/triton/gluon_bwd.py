@@ -245,9 +245,26 @@ def dq(q, k, v, do, lse, delta, *, causal=False, scale=None, layout="bhsd", tile
 
 # ---------------------------------------------------------------------------------------------
 # dK / dV: one tile is 128 keys of one (batch, kv head); two consumer warpgroups own 64 keys each
-# and loop over the query blocks of every q head of the GQA group (dK, dV summed over it)
+# and loop over the query blocks of every q head of the GQA group (dK, dV summed over it).
+# FUSED_DQ (the non-deterministic backward, FlashAttention-3's five products): each warpgroup
+# also forms its share of dQ = dS K for the query block (dS^T goes through shared memory, where it
+# is the A operand of both dK += dS^T Q and, transposed, of dQ = dS K) and adds it into the fp32
+# accumulator with a TMA reduce-add (cp.reduce.async.bulk.tensor); no separate dQ pass.
 # ---------------------------------------------------------------------------------------------
 if GF.HAVE_GLUON:
+    from triton._C.libtriton import ir as _ir
+    from triton.experimental.gluon.language._core import builtin as _builtin
+
+    @gluon.constexpr_function
+    def _nvmma_for(rows, cols, dtype):
+        return gl.NVMMASharedLayout.get_default_for([rows, cols], dtype)
+
+    @_builtin
+    def _tma_reduce_add(desc, coord, src, _semantic=None):
+        """``global[coord : coord + block] += src`` (a shared-memory tile) by an asynchronous TMA bulk
+        reduction (Gluon 3.6 has no wrapper for it); ``tma.store_wait`` waits for it like a store."""
+        coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+        _semantic.builder.create_async_tma_reduce(_ir.DESCRIPTOR_REDUCE_KIND.ADD, desc.handle, coord, src.handle)
 
     @gluon.jit
     def _kv_tile(t, n_n, HK, GROUP, SEQ_Q, SEQ_K, BLOCK_MQ: gl.constexpr, HEAD_D: gl.constexpr,
@@ -311,10 +328,11 @@ if GF.HAVE_GLUON:
             it += 1
 
     @gluon.jit
-    def _dkdv_consumer(dk_desc, dv_desc, LSE, DELTA, k_smem, v_smem, q_smem, do_smem, kv_bar, kv_empty, q_full,
-                       q_empty, n_n, n_tiles, H, HK, GROUP, SEQ_Q, SEQ_K, scale2, sm_scale,
+    def _dkdv_consumer(dk_desc, dv_desc, dq_desc, LSE, DELTA, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar,
+                       kv_empty, q_full, q_empty, n_n, n_tiles, H, HK, GROUP, SEQ_Q, SEQ_K, scale2, sm_scale,
                        SUB: gl.constexpr, BLOCK_MQ: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
-                       BSHD: gl.constexpr, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr):
+                       BSHD: gl.constexpr, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr,
+                       FUSED_DQ: gl.constexpr):
         dtype: gl.constexpr = dk_desc.dtype
         s_layout: gl.constexpr = GF._acc_layout(BLOCK_MQ)
         o_layout: gl.constexpr = GF._acc_layout(HEAD_D)
@@ -325,6 +343,9 @@ if GF.HAVE_GLUON:
         vs = v_smem.index(SUB)
         qcols = gl.arange(0, BLOCK_MQ, layout=col_s)
         s_zero = gl.zeros([64, BLOCK_MQ], gl.float32, layout=s_layout)
+        if FUSED_DQ:
+            dq_zero = gl.zeros([BLOCK_MQ, HEAD_D], gl.float32, layout=o_layout)
+            dq_s = dq_smem.index(SUB)
         if PERSISTENT:
             step = gl.num_programs(0)
         else:
@@ -364,11 +385,28 @@ if GF.HAVE_GLUON:
                                 pt = gl.where(gl.expand_dims(qrow, 0) >= gl.expand_dims(keys, 1), pt, 0.0)
                         dst = pt * (dpt - gl.expand_dims(di, 0))
                         pt16 = gl.convert_layout(pt.to(dtype), a_layout)
-                        dst16 = gl.convert_layout(dst.to(dtype), a_layout)
-                        dv_tok = warpgroup_mma(pt16, dosl, dv, is_async=True)
-                        dk_tok = warpgroup_mma(dst16, qsl, dk, is_async=True)
-                        dv, dk = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok])
-                        mbarrier.arrive(q_empty.index(slot))
+                        if FUSED_DQ:
+                            ds_s = ds_smem.index(SUB)
+                            ds_s.store(dst.to(dtype))
+                            fence_async_shared()
+                            dv_tok = warpgroup_mma(pt16, dosl, dv, is_async=True)
+                            dk_tok = warpgroup_mma(ds_s, qsl, dk, is_async=True)
+                            dq_tok = warpgroup_mma(ds_s.permute((1, 0)), ks, dq_zero, use_acc=False,
+                                                   is_async=True)
+                            dv, dk, dqp = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, dq_tok])
+                            mbarrier.arrive(q_empty.index(slot))
+                            # the previous block's reduction has read the staging tile by now (it ran
+                            # under this block's products): wait for it, restage, add without waiting
+                            tma.store_wait(pendings=0)
+                            dq_s.store(dqp * sm_scale)
+                            fence_async_shared()
+                            _tma_reduce_add(dq_desc, [(b * H + hk * GROUP + g) * SEQ_Q + m, 0], dq_s)
+                        else:
+                            dst16 = gl.convert_layout(dst.to(dtype), a_layout)
+                            dv_tok = warpgroup_mma(pt16, dosl, dv, is_async=True)
+                            dk_tok = warpgroup_mma(dst16, qsl, dk, is_async=True)
+                            dv, dk = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok])
+                            mbarrier.arrive(q_empty.index(slot))
             cnt += GROUP * n_j
             it += 1
             # K/V of this tile are no longer read: their shared memory stages dK / dV
@@ -382,11 +420,13 @@ if GF.HAVE_GLUON:
 
     @gluon.jit
     def fmha_bwd_dkdv_gluon_ws_sm90(
-        k_desc, v_desc, q_desc, do_desc, dk_desc, dv_desc, LSE, DELTA,
+        k_desc, v_desc, q_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, DELTA,
         H, HK, GROUP, SEQ_Q, SEQ_K, BHK, scale2, sm_scale,
         BSHD: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_MQ: gl.constexpr, HEAD_D: gl.constexpr,
-        STAGES: gl.constexpr, PERSISTENT: gl.constexpr,
+        STAGES: gl.constexpr, PERSISTENT: gl.constexpr, FUSED_DQ: gl.constexpr,
     ):
+        """``FUSED_DQ``: ``dq_desc`` is the fp32 dQ accumulator [B*H*Sq, D] (zeroed by the caller, in
+        blocks of [BLOCK_MQ, D]); otherwise it is not read (pass any descriptor)."""
         dtype: gl.constexpr = q_desc.dtype
         n_n = SEQ_K // 128
         n_tiles = n_n * BHK
@@ -398,33 +438,58 @@ if GF.HAVE_GLUON:
         kv_empty = GF._barriers(2, 1)
         q_full = GF._barriers(STAGES, 1)
         q_empty = GF._barriers(STAGES, 2)
+        if FUSED_DQ:   # dS^T of each warpgroup, [64 keys, BLOCK_MQ queries]
+            ds_layout: gl.constexpr = _nvmma_for(64, BLOCK_MQ, dtype)
+            ds_smem = gl.allocate_shared_memory(dtype, [2, 64, BLOCK_MQ], ds_layout)
+            dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_MQ, HEAD_D], dq_desc.layout)
+        else:
+            ds_smem = k_smem
+            dq_smem = k_smem
         gl.warp_specialize([
-            (_dkdv_consumer, (dk_desc, dv_desc, LSE, DELTA, k_smem, v_smem, q_smem, do_smem, kv_bar, kv_empty, q_full,
-                              q_empty, n_n, n_tiles, H, HK, GROUP, SEQ_Q, SEQ_K, scale2, sm_scale, 0, BLOCK_MQ,
-                              HEAD_D, STAGES, BSHD, CAUSAL, PERSISTENT)),
-            (_dkdv_consumer, (dk_desc, dv_desc, LSE, DELTA, k_smem, v_smem, q_smem, do_smem, kv_bar, kv_empty, q_full,
-                              q_empty, n_n, n_tiles, H, HK, GROUP, SEQ_Q, SEQ_K, scale2, sm_scale, 1, BLOCK_MQ,
-                              HEAD_D, STAGES, BSHD, CAUSAL, PERSISTENT)),
+            (_dkdv_consumer, (dk_desc, dv_desc, dq_desc, LSE, DELTA, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar,
+                              kv_empty, q_full, q_empty, n_n, n_tiles, H, HK, GROUP, SEQ_Q, SEQ_K, scale2, sm_scale,
+                              0, BLOCK_MQ, HEAD_D, STAGES, BSHD, CAUSAL, PERSISTENT, FUSED_DQ)),
+            (_dkdv_consumer, (dk_desc, dv_desc, dq_desc, LSE, DELTA, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar,
+                              kv_empty, q_full, q_empty, n_n, n_tiles, H, HK, GROUP, SEQ_Q, SEQ_K, scale2, sm_scale,
+                              1, BLOCK_MQ, HEAD_D, STAGES, BSHD, CAUSAL, PERSISTENT, FUSED_DQ)),
             (_dkdv_producer, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, kv_empty,
                               q_full, q_empty, n_n, n_tiles, H, HK, GROUP, SEQ_Q, SEQ_K, BLOCK_MQ, HEAD_D, STAGES,
                               BSHD, CAUSAL, PERSISTENT)),
         ], [4, 4], [240, 24])
 
 
-#: (BLOCK_MQ, STAGES, persistent) of the dK/dV kernel per head dim (first guesses)
+#: (BLOCK_MQ, STAGES, persistent) of the dK/dV kernel per head dim (first guesses), and with dQ fused in
 DKDV_TILES = {64: (64, 3, True), 128: (64, 2, True)}
+FUSED_TILES = {64: (64, 3, True), 128: (64, 2, True)}
+SMEM_LIMIT = 227 * 1024   # sm90 dynamic shared memory per block
 
 
-def dkdv(q, k, v, do, lse, delta, *, causal=False, scale=None, layout="bhsd", tile=None):
+def dkdv_smem_bytes(d: int, block_mq: int, stages: int, fused: bool, itemsize: int = 2) -> int:
+    """Shared memory of the dK/dV kernel: K and V (128 keys), the Q/dO ring, and with ``fused`` the dS^T
+    tiles and the two fp32 dQ staging tiles of the TMA reduce-add."""
+    n = 2 * 128 * d * itemsize + stages * 2 * block_mq * d * itemsize
+    if fused:
+        n += 2 * 64 * block_mq * itemsize + 2 * block_mq * d * 4
+    return n
+
+
+def dkdv(q, k, v, do, lse, delta, *, causal=False, scale=None, layout="bhsd", tile=None, dq_acc=None):
     """dK, dV (GQA: summed over each group) on the Gluon kernel; scope as :func:`dq` with
-    seqlen_k % 128 == 0 and seqlen_q % BLOCK_MQ == 0 (checked by the caller)."""
+    seqlen_k % 128 == 0 and seqlen_q % BLOCK_MQ == 0 (checked by the caller).
+
+    ``dq_acc``: a zeroed contiguous fp32 [B, Hq, Sq, D] tensor (any ``layout``): dQ is then added
+    into it in the same kernel (TMA reduce-adds from every key tile, so the summation order and the
+    last bits are not deterministic); ``ops.bwd_convert_dq`` rounds it."""
     import math
 
     import torch
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     d = q.shape[-1]
-    bmq, stages, persistent = tile or DKDV_TILES[d]
+    bmq, stages, persistent = tile or (FUSED_TILES if dq_acc is not None else DKDV_TILES)[d]
+    if dkdv_smem_bytes(d, bmq, stages, dq_acc is not None) > SMEM_LIMIT:
+        raise ValueError(f"gluon dK/dV tile {(bmq, stages)} at head dim {d} needs more than "
+                         f"{SMEM_LIMIT} bytes of shared memory (fewer stages)")
     b, hq, sq, hk, sk, rq, rk, cq, ck = GF.geometry(q, k, layout)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     gdt = GF._gl_dtype(q.dtype)
@@ -433,10 +498,15 @@ def dkdv(q, k, v, do, lse, delta, *, causal=False, scale=None, layout="bhsd", ti
     descs = [TensorDescriptor.from_tensor(t.view(rk, ck), [64, d], kl) for t in (k, v)]
     descs += [TensorDescriptor.from_tensor(t.view(rq, cq), [bmq, d], ql) for t in (q, do)]
     descs += [TensorDescriptor.from_tensor(t.view(rk, ck), [64, d], kl) for t in (dk, dv)]
+    if dq_acc is not None:
+        al = gl.NVMMASharedLayout.get_default_for([bmq, d], gl.float32)
+        descs.append(TensorDescriptor.from_tensor(dq_acc.view(b * hq * sq, d), [bmq, d], al))
+    else:
+        descs.append(descs[-1])   # not read
     sm_scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     grid = GF.grid_for((sk // 128) * b * hk, persistent, q.device)
     fmha_bwd_dkdv_gluon_ws_sm90[grid](
         *descs, lse, delta, hq, hk, hq // hk, sq, sk, b * hk, sm_scale * GF.LOG2E, sm_scale,
         BSHD=layout == "bshd", CAUSAL=bool(causal), BLOCK_MQ=bmq, HEAD_D=d, STAGES=stages,
-        PERSISTENT=bool(persistent), num_warps=4)
+        PERSISTENT=bool(persistent), FUSED_DQ=dq_acc is not None, num_warps=4)
     return dk, dv

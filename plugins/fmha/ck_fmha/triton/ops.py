@@ -60,7 +60,7 @@ import triton
 
 from . import gluon_bwd, gluon_fwd
 from . import kernels as K
-from .configs import (BWD_GLUON_DKDV_SM90, BWD_GLUON_DQ_SM90, GLUON_VARIANTS, TritonFmhaConfig, default_bwd_configs, default_fwd_config,
+from .configs import (BWD_GLUON_DKDV_SM90, BWD_GLUON_DQ_SM90, BWD_GLUON_FUSED_MIN_SEQLEN, BWD_GLUON_FUSED_SM90, GLUON_VARIANTS, TritonFmhaConfig, default_bwd_configs, default_fwd_config,
                       default_splitkv_config, num_splits_heuristic, padded_hdim, next_pow2)
 
 try:
@@ -597,6 +597,19 @@ def _gluon_dkdv_tile(d: int, causal: bool, override):
     return BWD_GLUON_DKDV_SM90.get((d, causal))
 
 
+def _gluon_fused_tile(d: int, causal: bool, seqlen_k: int, override):
+    """Tile of the Gluon dK/dV kernel with dQ fused in (the non-deterministic backward), or None."""
+    if override == "triton":
+        return None
+    from ck_core import knobs
+    if knobs.get("CK_FMHA_GLUON_DKDV") == "0" and override != "gluon":
+        return None
+    tile = BWD_GLUON_FUSED_SM90.get((d, causal))
+    if override == "gluon":
+        return tile or gluon_bwd.FUSED_TILES.get(d)
+    return tile if tile is not None and seqlen_k >= BWD_GLUON_FUSED_MIN_SEQLEN else None
+
+
 def _gluon_dq_reason(q, k, v, do, lse, delta, tile, *, layout, mode, right, has_sc, bias, alibi_slopes, dropout_p,
                      dv_) -> str:
     """Why the Gluon dQ pass cannot take this backward ('' when it can)."""
@@ -677,6 +690,11 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
     (``_dkdv`` overrides; the environment variable ``CK_FMHA_GLUON_DKDV`` = 0 / 1 turns it off / on
     for every head dim the kernel has).
 
+    ``deterministic=False`` on an sm90 GPU within the Gluon kernels' scope: dQ is computed inside the
+    Gluon dK/dV kernel (TMA reduce-adds into the fp32 accumulator) where ``configs.BWD_GLUON_FUSED_SM90``
+    names a tile and seqlen_k >= ``BWD_GLUON_FUSED_MIN_SEQLEN``; elsewhere there it takes the deterministic
+    path, which measured faster than the Triton fp32-atomic kernel (``_dkdv="triton"`` keeps that kernel).
+
     Returns ``(dq, dq_acc, dk, dv)`` (``(dq, dq_acc, dk, dv, dbias)`` with
     ``return_dbias``): deterministic mode computes dQ in its own pass (``dq``
     set, ``dq_acc`` None); otherwise dQ accumulates with fp32 atomics into
@@ -704,6 +722,15 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
     bdq, bdv = padded_hdim(dq_), padded_hdim(dv_)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
+    gluon_why = "dbias" if return_dbias else _gluon_dq_reason(
+        q, k, v, do, lse, delta, (64, 2, True), layout=layout, mode=mode, right=right, has_sc=has_sc, bias=bias,
+        alibi_slopes=alibi_slopes, dropout_p=dropout_p, dv_=dv_)
+    fused = None
+    if not deterministic and not gluon_why:
+        fused = _gluon_fused_tile(dq_, mode == 1, sk, _dkdv)
+        if fused is None and _dkdv != "triton":
+            # no fused tile here: on sm90 the separate dQ pass beats the Triton fp32-atomic kernel
+            deterministic = True
     atomic = not deterministic
     if atomic:
         if varlen:
@@ -739,14 +766,18 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
     sdob, sdoh, sdos = _bhs_strides(do, layout)
     sdkb, sdkh, sdks = _bhs_strides(dk, layout)
     sdvb, sdvh, sdvs = _bhs_strides(dv, layout)
-    gk = _gluon_dkdv_tile(dq_, mode == 1, _dkdv) if deterministic and not return_dbias else None
-    why = "not configured" if gk is None else _gluon_dq_reason(
-        q, k, v, do, lse, delta, (64, 2, True), layout=layout, mode=mode, right=right, has_sc=has_sc, bias=bias,
-        alibi_slopes=alibi_slopes, dropout_p=dropout_p, dv_=dv_)
+    if return_dbias:
+        gk = None
+    elif deterministic:
+        gk = _gluon_dkdv_tile(dq_, mode == 1, _dkdv)
+    else:
+        gk = fused
+    why = "not configured" if gk is None else gluon_why
     if not why and (sk % 128 or sq % gk[0]):
         why = f"seqlen_k % 128 or seqlen_q % {gk[0]}"
     if not why:
-        dk, dv = gluon_bwd.dkdv(q, k, v, do, lse, delta, causal=mode == 1, scale=scale, layout=layout, tile=gk)
+        dk, dv = gluon_bwd.dkdv(q, k, v, do, lse, delta, causal=mode == 1, scale=scale, layout=layout, tile=gk,
+                                dq_acc=dqa if atomic else None)
     else:
         if _dkdv == "gluon":
             raise UnsupportedProblem(f"gluon dK/dV: {why}")
