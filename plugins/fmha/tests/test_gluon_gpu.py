@@ -14,6 +14,7 @@ pytestmark = [pytest.mark.gpu,
 
 from ck_fmha.problem import FmhaProblem  # noqa: E402
 from ck_fmha.triton import gluon_fwd, ops  # noqa: E402
+from ck_fmha.triton import configs as C  # noqa: E402
 from ck_fmha.triton.configs import GLUON_VARIANTS, TritonFmhaConfig  # noqa: E402
 
 
@@ -134,7 +135,7 @@ def test_dispatcher_selects_and_runs_a_gluon_key(ck_rng, gluon_calls):
     p = FmhaProblem(family="fwd", batch=3, nhead_q=6, nhead_k=2, seqlen_q=1024, seqlen_k=1024, hdim_q=128,
                     dtype="bf16", mask="bottom_right", lse=True, layout="bshd")
     key = disp.select(p)
-    assert key.algorithm.variant == "gluon_wspp_pers", key.name
+    assert key.algorithm.variant == C.FWD_GLUON_SM90[(128, True, 1024)].variant, key.name
     rep = check_against_reference(disp, p, ck_rng)
     assert rep.passed, str(rep)
     assert len(gluon_calls) == 1
@@ -249,7 +250,7 @@ def test_backward_with_dq_fused_into_dkdv(d, layout, causal, dtype, hk, s, ck_rn
 def test_nondeterministic_backward_prefers_the_faster_path(ck_rng):
     """deterministic=False where no fused tile is configured (D=128) runs the deterministic Gluon path
     (faster on the H100 than the Triton fp32-atomic kernel); _dkdv='triton' keeps the atomic kernel."""
-    from ck_fmha.triton import configs as C
+
 
     assert (128, False) not in C.BWD_GLUON_FUSED_SM90
     q, k, v = _inputs(ck_rng, 2, 4, 4, 256, 256, 128, "bhsd", "bf16")

@@ -121,22 +121,23 @@ FWD_TUNED_SM90: Dict[Tuple[int, bool, int], TritonFmhaConfig] = {
 }
 
 
-#: the Gluon forward where it beat FWD_TUNED_SM90 (benchmarks/gluon_fa_probe.py, H100, bf16, TFLOPS ratio
-#: to cuDNN SDPA, 2026-11-22 session 3).  D=128: ping-pong consumers, 128x128, 2 stages; persistent
-#: (one program per SM) everywhere but causal S<=512, where the plain persistent walk wins (0.85):
-#: non-causal 0.94 / 0.95 / 1.01 / 1.00 at S 512 / 1k / 4k / 16k, causal 0.85 / 1.00 / 1.05 / 1.06
-#: (Triton kernel: 0.75-0.85).  D=64: persistent, 128x128, 3 stages; ping-pong without a mask
-#: (0.86-0.96), without it under a causal mask (0.93 / 0.98 / 1.00 from 1k), 128x64x4 stages for causal
-#: S<=512 (0.89; Triton 0.88).  The persistent causal walk mirrors every second pass (gluon_fwd._tile).
+#: the Gluon forward where it beat FWD_TUNED_SM90 (benchmarks/gluon_fa_probe.py, H100, bf16, CUDA-graph
+#: TFLOPS ratio to cuDNN SDPA).  Session 4 (2026-11-22), after consumers release Q at their last Q K^T:
+#: D=128 persistent 128x128, 2 stages, no ping-pong except non-causal S=4k: non-causal 1.04 / 1.03 / 1.00 /
+#: 1.00 at S 512 / 1k / 4k / 16k, causal 0.84 / 1.01 / 1.07 / 1.06.  D=64: persistent 128x128, 3 stages,
+#: ping-pong without a mask at S 512 and 16k (1.00 / 1.00 / 0.99 / 0.96), 128x64x4 stages under a causal
+#: mask to 1k (0.96 / 0.95), 128x128x3 from 4k (0.97 / 0.98).  The persistent causal walk mirrors every
+#: second pass (gluon_fwd._tile).
 _P = WS_WARPS
 FWD_GLUON_SM90: Dict[Tuple[int, bool, int], TritonFmhaConfig] = {
-    **{(128, False, b): TritonFmhaConfig(128, 128, _P, 2, "gluon_wspp_pers") for b in (512, 1024, 4096, 16384)},
-    (128, True, 512): TritonFmhaConfig(128, 128, _P, 2, "gluon_ws_pers"),
-    **{(128, True, b): TritonFmhaConfig(128, 128, _P, 2, "gluon_wspp_pers") for b in (1024, 4096, 16384)},
-    (64, False, 512): TritonFmhaConfig(128, 128, _P, 3, "gluon_ws_pers"),
-    **{(64, False, b): TritonFmhaConfig(128, 128, _P, 3, "gluon_wspp_pers") for b in (1024, 4096, 16384)},
-    (64, True, 512): TritonFmhaConfig(128, 64, _P, 4, "gluon_ws_pers"),
-    **{(64, True, b): TritonFmhaConfig(128, 128, _P, 3, "gluon_ws_pers") for b in (1024, 4096, 16384)},
+    **{(128, False, b): TritonFmhaConfig(128, 128, _P, 2, "gluon_ws_pers") for b in (512, 1024, 16384)},
+    (128, False, 4096): TritonFmhaConfig(128, 128, _P, 2, "gluon_wspp_pers"),
+    **{(128, True, b): TritonFmhaConfig(128, 128, _P, 2, "gluon_ws_pers") for b in (512, 1024, 4096, 16384)},
+    (64, False, 512): TritonFmhaConfig(128, 128, _P, 3, "gluon_wspp_pers"),
+    **{(64, False, b): TritonFmhaConfig(128, 128, _P, 3, "gluon_ws_pers") for b in (1024, 4096)},
+    (64, False, 16384): TritonFmhaConfig(128, 128, _P, 3, "gluon_wspp_pers"),
+    **{(64, True, b): TritonFmhaConfig(128, 64, _P, 4, "gluon_ws_pers") for b in (512, 1024)},
+    **{(64, True, b): TritonFmhaConfig(128, 128, _P, 3, "gluon_ws_pers") for b in (4096, 16384)},
 }
 
 

@@ -19,7 +19,8 @@ warp specialisation, which is what FlashAttention-3's schedule needs:
 * ``PINGPONG``: the consumers take turns issuing their products (inter-warpgroup overlap), so one
   warpgroup's softmax runs under the other's wgmma;
 * ``PERSISTENT``: one program per SM walks over the (query block, batch x head) tiles, so the next
-  tile's Q/K/V copies overlap this tile's last products and its output store.
+  tile's Q/K/V copies overlap this tile's last products and its output store (a consumer releases
+  its Q as soon as its last Q K^T completes, before the last softmax, P V product and epilogue).
 
 Scope (``unsupported_reason`` says what is missing; the launcher falls back to ``fmha_fwd_kernel``):
 batch mode, BHSD or BSHD with contiguous Q/K/V/O, fp16/bf16, head dim 64/128 (q and v equal), no
@@ -207,6 +208,8 @@ if HAVE_GLUON:
             s_tok = warpgroup_mma(qs, k_smem.index(slot0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
             s = warpgroup_mma_wait(0, deps=[s_tok])
             mbarrier.arrive(k_empty.index(slot0))
+            if n_mine == 1:   # Q is read by the Q K^T products only: free it for the next tile's copy
+                mbarrier.arrive(q_empty.index(SUB))
             if CAUSAL:
                 if n_full == 0:
                     p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, rows, cols, 0, True)
@@ -231,6 +234,8 @@ if HAVE_GLUON:
                     mbarrier.arrive(turn.index(1 - SUB))
                 s = warpgroup_mma_wait(1, deps=[s_tok])
                 mbarrier.arrive(k_empty.index(nslot))
+                if j == n_mine - 2:   # this tile's last Q K^T is done: the next tile's Q may load
+                    mbarrier.arrive(q_empty.index(SUB))
                 if CAUSAL:
                     if j + 1 >= n_full:
                         p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, rows, cols, (j + 1) * BLOCK_N,
@@ -258,7 +263,6 @@ if HAVE_GLUON:
             acc_tok = warpgroup_mma(p16, v_smem.index(lslot), acc, is_async=True)
             acc = warpgroup_mma_wait(0, deps=[acc_tok])
             mbarrier.arrive(v_empty.index(lslot))
-            mbarrier.arrive(q_empty.index(SUB))   # every product that reads Q is done
             # blocks this warpgroup skips (causal, past its rows) still release their slots
             for j in range(n_mine, n_blocks):
                 c = cnt + j
