@@ -26,7 +26,8 @@ for p in (os.path.join(ROOT, "plugins", "fmha"), ROOT):
 
 CASES = [(16, 16, 1024), (8, 16, 4096), (2, 16, 16384), (32, 32, 512)]
 # (BLOCK_N, stages, variant) of the warp-specialised kernel (BLOCK_M 128, 12 warps)
-TILES = {128: [(128, 2, "gluon_wspp_pers"), (128, 2, "gluon_ws_pers")],
+TILES = {128: [(128, 2, "gluon_wspp_pers"), (128, 2, "gluon_ws_pers"), (64, 4, "gluon_ws_pers"),
+               (64, 4, "gluon_wspp_pers")],
          64: [(128, 3, "gluon_ws_pers"), (128, 3, "gluon_wspp_pers"), (64, 4, "gluon_ws_pers")]}
 
 
@@ -75,7 +76,8 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--causal", choices=("both", "only", "no"), default="both")
     ap.add_argument("--no-check", action="store_true")
-    ap.add_argument("--hdims", default="128,64", help="head dims of the speed part (--fused)")
+    ap.add_argument("--hdims", default="128,64", help="head dims of the speed part")
+    ap.add_argument("--seqs", default="", help="only these sequence lengths in the speed part (e.g. 512,1024)")
     ap.add_argument("--bwd", action="store_true", help="probe the Gluon dQ pass instead of the forward")
     ap.add_argument("--fused", action="store_true",
                     help="probe the dK/dV kernel with dQ fused in (non-deterministic backward) instead")
@@ -126,8 +128,10 @@ def main():
     from torch.nn.attention import sdpa_kernel, SDPBackend
     F = torch.nn.functional
     cases = CASES[1:2] if args.quick else CASES
+    if args.seqs:
+        cases = [c for c in cases if str(c[2]) in args.seqs.split(",")]
     for (b, h, s) in cases:
-        for d in (128, 64):
+        for d in (int(x) for x in args.hdims.split(",")):
             for causal in {"both": (False, True), "only": (True, ), "no": (False, )}[args.causal]:
                 q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
                 flops = 4 * b * h * s * s * d * (0.5 if causal else 1.0)

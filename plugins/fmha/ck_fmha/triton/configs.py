@@ -124,7 +124,8 @@ FWD_TUNED_SM90: Dict[Tuple[int, bool, int], TritonFmhaConfig] = {
 #: the Gluon forward where it beat FWD_TUNED_SM90 (benchmarks/gluon_fa_probe.py, H100, bf16, CUDA-graph
 #: TFLOPS ratio to cuDNN SDPA).  Session 4 (2026-11-22), after consumers release Q at their last Q K^T:
 #: D=128 persistent 128x128, 2 stages, no ping-pong except non-causal S=4k: non-causal 1.04 / 1.03 / 1.00 /
-#: 1.00 at S 512 / 1k / 4k / 16k, causal 0.84 / 1.01 / 1.07 / 1.06.  D=64: persistent 128x128, 3 stages,
+#: 1.00 at S 512 / 1k / 4k / 16k, causal 0.97 / 1.02 / 1.07 / 1.06 (128x64 tiles, 4 stages, up to 1k: the
+#: diagonal key block wastes half as much; 128x128: 0.84 / 0.99).  D=64: persistent 128x128, 3 stages,
 #: ping-pong without a mask at S 512 and 16k (1.00 / 1.00 / 0.99 / 0.96), 128x64x4 stages under a causal
 #: mask to 1k (0.96 / 0.95), 128x128x3 from 4k (0.97 / 0.98).  The persistent causal walk mirrors every
 #: second pass (gluon_fwd._tile).
@@ -132,7 +133,8 @@ _P = WS_WARPS
 FWD_GLUON_SM90: Dict[Tuple[int, bool, int], TritonFmhaConfig] = {
     **{(128, False, b): TritonFmhaConfig(128, 128, _P, 2, "gluon_ws_pers") for b in (512, 1024, 16384)},
     (128, False, 4096): TritonFmhaConfig(128, 128, _P, 2, "gluon_wspp_pers"),
-    **{(128, True, b): TritonFmhaConfig(128, 128, _P, 2, "gluon_ws_pers") for b in (512, 1024, 4096, 16384)},
+    **{(128, True, b): TritonFmhaConfig(128, 64, _P, 4, "gluon_ws_pers") for b in (512, 1024)},
+    **{(128, True, b): TritonFmhaConfig(128, 128, _P, 2, "gluon_ws_pers") for b in (4096, 16384)},
     (64, False, 512): TritonFmhaConfig(128, 128, _P, 3, "gluon_wspp_pers"),
     **{(64, False, b): TritonFmhaConfig(128, 128, _P, 3, "gluon_ws_pers") for b in (1024, 4096)},
     (64, False, 16384): TritonFmhaConfig(128, 128, _P, 3, "gluon_wspp_pers"),
