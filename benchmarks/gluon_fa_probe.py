@@ -227,7 +227,8 @@ def probe_bwd(args, res, dump):
 
 
 FUSED_TILES = {128: [(64, 2, True), (64, 2, False)],
-               64: [(64, 3, True), (64, 3, False), (128, 2, True), (128, 2, False)]}
+               64: [(64, 3, True), (64, 3, False), (64, 4, True), (64, 4, False)]}
+
 
 
 def probe_fused(args, res, dump):
@@ -312,6 +313,9 @@ def probe_fused(args, res, dump):
                         GB.dkdv(q, k, v, do, lse, delta, causal=causal, tile=t, dq_acc=dqa)
                         return dqa
                     timeit(f"fused_dkdv{t}", fused)
+                    timeit(f"dkdv{t}", lambda: GB.dkdv(q, k, v, do, lse, delta, causal=causal, tile=t))
+                timeit("dkdv_triton", lambda: ops.bwd_dq_dk_dv(q, k, v, do, lse, delta, causal=causal, _dq="none",
+                                                                _dkdv="triton"))
                 torch.cuda.empty_cache()
     dump()
 

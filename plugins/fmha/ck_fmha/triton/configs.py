@@ -193,16 +193,20 @@ BWD_GLUON_DQ_SM90: Dict[int, Tuple[int, int, bool]] = {128: (64, 4, True)}
 #: D=128 S=4k 4.08 -> 3.64 ms, causal 2.58 -> 2.03 ms (one program per tile: the persistent walk has no mirrored
 #: passes here and lost under the mask), S=16k causal 9.21 -> 7.17 ms; D=64 causal S=4k 1.51 -> 1.24 ms.  D=64
 #: without a mask stays on Triton (Gluon 0-13% slower).
+#: Session 4 (same probe, --fused, S=4k / 16k): D=64 without a mask Gluon 2.26 / 9.11 ms vs Triton 2.34 / 9.20;
+#: D=64 causal one program per tile 1.17 / 4.51 ms vs persistent 1.24 / 4.68 (Triton 1.48 / 5.26).
 BWD_GLUON_DKDV_SM90: Dict[Tuple[int, bool], Tuple[int, int, bool]] = {
-    (128, False): (64, 3, True), (128, True): (64, 2, False), (64, True): (64, 3, True)}  # deterministic separate dQ pass by default
+    (128, False): (64, 3, True), (128, True): (64, 2, False), (64, False): (64, 3, True), (64, True): (64, 3, False)}
 #: (head dim, causal) -> (BLOCK_MQ, STAGES, persistent) of the Gluon dK/dV kernel with dQ fused in (the
 #: non-deterministic backward, ``deterministic=False``: fp32 TMA reduce-adds into a dQ accumulator, then the
 #: convert stage), from seqlen_k >= BWD_GLUON_FUSED_MIN_SEQLEN.  H100, bf16, benchmarks/gluon_fa_probe.py
 #: --fused, session 4 (CUDA-graph ms, fused kernel vs the whole deterministic backward): D=64 S=16k 14.5 vs
 #: 16.2; D=64 S=4k 3.88 vs 3.88 (even); D=64 causal S=16k 7.66 vs 7.93 (even once the accumulator is zeroed
 #: and rounded); D=128 slower (S=16k 26.3 vs 23.4, causal 16.0 vs 12.7: the dQ product and its fp32 staging
-#: cost more than the separate pass at this head dim) -> D=64 without a mask only.
-BWD_GLUON_FUSED_SM90: Dict[Tuple[int, bool], Tuple[int, int, bool]] = {(64, False): (64, 3, True)}
+#: cost more than the separate pass at this head dim) -> D=64 only; a second run: D=64 S=16k 4 stages one
+#: program per tile 14.3 ms (3 stages persistent 15.1), causal 7.38 (det. backward 7.97).
+BWD_GLUON_FUSED_SM90: Dict[Tuple[int, bool], Tuple[int, int, bool]] = {(64, False): (64, 4, False),
+                                                                        (64, True): (64, 3, False)}
 BWD_GLUON_FUSED_MIN_SEQLEN = 8192
 
 

@@ -328,6 +328,15 @@ if GF.HAVE_GLUON:
             it += 1
 
     @gluon.jit
+    def _pt_dst(st, dpt, lse2, di, qrow, keys, scale2, m, r0, CAUSAL: gl.constexpr):
+        """P^T and dS^T of one (64 keys x query block) tile from S^T and dP^T."""
+        pt = gl.exp2(st * scale2 - gl.expand_dims(lse2, 0))
+        if CAUSAL:
+            if m < r0 + 64:
+                pt = gl.where(gl.expand_dims(qrow, 0) >= gl.expand_dims(keys, 1), pt, 0.0)
+        return pt, pt * (dpt - gl.expand_dims(di, 0))
+
+    @gluon.jit
     def _dkdv_consumer(dk_desc, dv_desc, dq_desc, LSE, DELTA, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar,
                        kv_empty, q_full, q_empty, n_n, n_tiles, H, HK, GROUP, SEQ_Q, SEQ_K, scale2, sm_scale,
                        SUB: gl.constexpr, BLOCK_MQ: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
@@ -379,11 +388,7 @@ if GF.HAVE_GLUON:
                         lse2 = gl.load(LSE + base + qrow) * 1.4426950408889634
                         di = gl.load(DELTA + base + qrow)
                         st, dpt = warpgroup_mma_wait(0, deps=[st_tok, dpt_tok])
-                        pt = gl.exp2(st * scale2 - gl.expand_dims(lse2, 0))
-                        if CAUSAL:
-                            if m < r0 + 64:
-                                pt = gl.where(gl.expand_dims(qrow, 0) >= gl.expand_dims(keys, 1), pt, 0.0)
-                        dst = pt * (dpt - gl.expand_dims(di, 0))
+                        pt, dst = _pt_dst(st, dpt, lse2, di, qrow, keys, scale2, m, r0, CAUSAL)
                         pt16 = gl.convert_layout(pt.to(dtype), a_layout)
                         if FUSED_DQ:
                             ds_s = ds_smem.index(SUB)
@@ -446,12 +451,12 @@ if GF.HAVE_GLUON:
             ds_smem = k_smem
             dq_smem = k_smem
         gl.warp_specialize([
-            (_dkdv_consumer, (dk_desc, dv_desc, dq_desc, LSE, DELTA, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar,
-                              kv_empty, q_full, q_empty, n_n, n_tiles, H, HK, GROUP, SEQ_Q, SEQ_K, scale2, sm_scale,
-                              0, BLOCK_MQ, HEAD_D, STAGES, BSHD, CAUSAL, PERSISTENT, FUSED_DQ)),
-            (_dkdv_consumer, (dk_desc, dv_desc, dq_desc, LSE, DELTA, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar,
-                              kv_empty, q_full, q_empty, n_n, n_tiles, H, HK, GROUP, SEQ_Q, SEQ_K, scale2, sm_scale,
-                              1, BLOCK_MQ, HEAD_D, STAGES, BSHD, CAUSAL, PERSISTENT, FUSED_DQ)),
+            (_dkdv_consumer, (dk_desc, dv_desc, dq_desc, LSE, DELTA, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
+                              kv_bar, kv_empty, q_full, q_empty, n_n, n_tiles, H, HK, GROUP, SEQ_Q, SEQ_K, scale2,
+                              sm_scale, 0, BLOCK_MQ, HEAD_D, STAGES, BSHD, CAUSAL, PERSISTENT, FUSED_DQ)),
+            (_dkdv_consumer, (dk_desc, dv_desc, dq_desc, LSE, DELTA, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
+                              kv_bar, kv_empty, q_full, q_empty, n_n, n_tiles, H, HK, GROUP, SEQ_Q, SEQ_K, scale2,
+                              sm_scale, 1, BLOCK_MQ, HEAD_D, STAGES, BSHD, CAUSAL, PERSISTENT, FUSED_DQ)),
             (_dkdv_producer, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, kv_empty,
                               q_full, q_empty, n_n, n_tiles, H, HK, GROUP, SEQ_Q, SEQ_K, BLOCK_MQ, HEAD_D, STAGES,
                               BSHD, CAUSAL, PERSISTENT)),
