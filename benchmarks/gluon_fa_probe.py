@@ -28,7 +28,8 @@ CASES = [(16, 16, 1024), (8, 16, 4096), (2, 16, 16384), (32, 32, 512)]
 # (BLOCK_N, stages, variant) of the warp-specialised kernel (BLOCK_M 128, 12 warps)
 TILES = {128: [(128, 2, "gluon_wspp_pers"), (128, 2, "gluon_ws_pers"), (64, 4, "gluon_ws_pers"),
                (64, 4, "gluon_wspp_pers")],
-         64: [(128, 3, "gluon_ws_pers"), (128, 3, "gluon_wspp_pers"), (64, 4, "gluon_ws_pers")]}
+         64: [(128, 3, "gluon_ws_pers"), (128, 3, "gluon_wspp_pers"), (64, 4, "gluon_ws_pers"),
+              (64, 4, "gluon_wspp_pers"), (64, 3, "gluon_ws_pers"), (64, 4, "gluon_ws"), (64, 6, "gluon_ws_pers")]}
 
 
 def _timed(res, dump, row, fn, flops, unit):
