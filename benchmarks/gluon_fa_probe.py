@@ -49,6 +49,17 @@ def _timed(res, dump, row, fn, flops, unit):
     return row
 
 
+def _failed(row, e):
+    row["error"] = f"{type(e).__name__}: {e}"[:2000]
+    traceback.print_exc()
+
+
+def _check_row(res, dump, row):
+    print(row, flush=True)
+    res["check"].append(row)
+    dump()
+
+
 def ref_attention(q, k, v, causal, scale, layout):
     import torch
     if layout == "bshd":
@@ -120,11 +131,8 @@ def main():
                 row[f"err_lse_{tile}"] = rel(lse, rl)
                 out.fill_(float("nan"))
         except Exception as e:
-            row["error"] = f"{type(e).__name__}: {e}"[:2000]
-            traceback.print_exc()
-        print(row, flush=True)
-        res["check"].append(row)
-        dump()
+            _failed(row, e)
+        _check_row(res, dump, row)
 
     from torch.nn.attention import sdpa_kernel, SDPBackend
     F = torch.nn.functional
@@ -153,6 +161,21 @@ def main():
     dump()
 
 
+def _bwd_inputs(b, h, hk, s, d, layout, dt):
+    """q, k, v, dO (random normal) in ``layout``; k/v with ``hk`` heads."""
+    import torch
+    shp = lambda hh: (b, hh, s, d) if layout == "bhsd" else (b, s, hh, d)
+    return tuple(torch.randn(shp(x), device="cuda", dtype=dt) for x in (h, hk, hk, h))
+
+
+def _bwd_checks():
+    """(b, h, hk, s, d, layout, causal, dtype) of the backward correctness rows."""
+    import torch
+    return [(3, 4, 2, 384, 128, "bhsd", False, torch.bfloat16), (2, 6, 6, 512, 64, "bshd", True, torch.float16),
+            (3, 8, 2, 1024, 128, "bhsd", True, torch.bfloat16), (2, 4, 4, 256, 64, "bhsd", False, torch.bfloat16),
+            (1, 4, 1, 640, 128, "bshd", True, torch.float16)]
+
+
 DKDV_TILES = {128: [(64, 2, True), (64, 2, False), (64, 3, True)],
               64: [(64, 3, True), (64, 4, True), (128, 2, True)]}
 DQ_TILES = {128: [(64, 3, True), (64, 3, False), (64, 4, True), (128, 2, True)],
@@ -167,14 +190,8 @@ def probe_bwd(args, res, dump):
     from ck_fmha.triton import gluon_bwd as GB
     from ck_fmha.triton import ops
 
-    def inputs(b, h, hk, s, d, layout, dt):
-        shp = lambda hh: (b, hh, s, d) if layout == "bhsd" else (b, s, hh, d)
-        q, k, v, do = (torch.randn(shp(x), device="cuda", dtype=dt) for x in (h, hk, hk, h))
-        return q, k, v, do
-
-    checks = [(3, 4, 2, 384, 128, "bhsd", False, torch.bfloat16), (2, 6, 6, 512, 64, "bshd", True, torch.float16),
-              (3, 8, 2, 1024, 128, "bhsd", True, torch.bfloat16), (2, 4, 4, 256, 64, "bhsd", False, torch.bfloat16)]
-    for (b, h, hk, s, d, layout, causal, dt) in ([] if args.no_check else checks):
+    inputs = _bwd_inputs
+    for (b, h, hk, s, d, layout, causal, dt) in ([] if args.no_check else _bwd_checks()[:4]):
         row = dict(b=b, h=h, hk=hk, s=s, d=d, layout=layout, causal=causal, dtype=str(dt))
         try:
             q, k, v, do = inputs(b, h, hk, s, d, layout, dt)
@@ -199,11 +216,8 @@ def probe_bwd(args, res, dump):
             _, _, dk, dv = ops.bwd_dq_dk_dv(q, k, v, do, lse, delta, causal=causal, layout=layout, _dkdv="triton")
             row["err_dk_triton"], row["err_dv_triton"] = rel(dk, k64.grad), rel(dv, v64.grad)
         except Exception as e:
-            row["error"] = f"{type(e).__name__}: {e}"[:2000]
-            traceback.print_exc()
-        print(row, flush=True)
-        res["check"].append(row)
-        dump()
+            _failed(row, e)
+        _check_row(res, dump, row)
 
     for (b, h, s) in CASES:
         for d in (128, 64):
@@ -242,14 +256,8 @@ def probe_fused(args, res, dump):
     from ck_fmha.triton import gluon_bwd as GB
     from ck_fmha.triton import ops
 
-    def inputs(b, h, hk, s, d, layout, dt):
-        shp = lambda hh: (b, hh, s, d) if layout == "bhsd" else (b, s, hh, d)
-        return tuple(torch.randn(shp(x), device="cuda", dtype=dt) for x in (h, hk, hk, h))
-
-    checks = [(3, 4, 2, 384, 128, "bhsd", False, torch.bfloat16), (2, 6, 6, 512, 64, "bshd", True, torch.float16),
-              (3, 8, 2, 1024, 128, "bhsd", True, torch.bfloat16), (2, 4, 4, 256, 64, "bhsd", False, torch.bfloat16),
-              (1, 4, 1, 640, 128, "bshd", True, torch.float16)]
-    for (b, h, hk, s, d, layout, causal, dt) in ([] if args.no_check else checks):
+    inputs = _bwd_inputs
+    for (b, h, hk, s, d, layout, causal, dt) in ([] if args.no_check else _bwd_checks()):
         row = dict(b=b, h=h, hk=hk, s=s, d=d, layout=layout, causal=causal, dtype=str(dt))
         try:
             q, k, v, do = inputs(b, h, hk, s, d, layout, dt)
@@ -258,7 +266,6 @@ def probe_fused(args, res, dump):
             q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
             ro, _ = ref_attention(q64, k64, v64, causal, 1 / math.sqrt(d), layout)
             ro.backward(do.double())
-            bq = q.shape[0] * (q.shape[1] if layout == "bhsd" else q.shape[2])
             for t in FUSED_TILES[d]:
                 dqa = torch.zeros(b, h, s, d, device="cuda", dtype=torch.float32)
                 dk, dv = GB.dkdv(q, k, v, do, lse, delta, causal=causal, layout=layout, tile=t, dq_acc=dqa)
@@ -268,13 +275,9 @@ def probe_fused(args, res, dump):
             row["err_ops_nondet"] = [rel(dq, q64.grad), rel(dk, k64.grad), rel(dv, v64.grad)]
             dq, dk, dv = ops.bwd(q, k, v, o, lse, do, causal=causal, layout=layout, deterministic=True)
             row["err_ops_det"] = [rel(dq, q64.grad), rel(dk, k64.grad), rel(dv, v64.grad)]
-            del bq
         except Exception as e:
-            row["error"] = f"{type(e).__name__}: {e}"[:2000]
-            traceback.print_exc()
-        print(row, flush=True)
-        res["check"].append(row)
-        dump()
+            _failed(row, e)
+        _check_row(res, dump, row)
 
     cases = CASES[1:3] if args.quick else CASES
     for (b, h, s) in cases:
