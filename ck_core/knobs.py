@@ -67,8 +67,9 @@ _declare("CK_ROCM_PATH", str, "", "ROCm install prefix holding bin/hipcc (defaul
 _declare("CK_TILE_INCLUDE", str, "",
          "Folder with composable_kernel's include/ (ck_tile headers) for the ck backend.")
 _declare("CK_FMHA_GLUON_DKDV", str, "",
-         "FMHA backward on Hopper: '1' runs every dK/dV on the Gluon kernel, '0' none; unset: the tuned table "
-         "(ck_fmha.triton.configs.BWD_GLUON_DKDV_SM90).")
+         "FMHA backward on Hopper: '1' runs every dK/dV on the Gluon kernel, '0' none (also not the fused "
+         "dK/dV+dQ kernel of deterministic=False); unset: the tuned tables "
+         "(ck_fmha.triton.configs.BWD_GLUON_DKDV_SM90, BWD_GLUON_FUSED_SM90).")
 _declare("CK_PROGRESS", _bool, True,
          "Show progress bars on stderr when it is a terminal.")
 
