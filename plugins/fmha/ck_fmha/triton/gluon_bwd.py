@@ -38,10 +38,7 @@ if GF.HAVE_GLUON:
                      v_full, k_empty, v_empty, n_m, n_tiles, H, HK, GROUP, SEQ_Q, SEQ_K,
                      SUB_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
                      BSHD: gl.constexpr, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr):
-        if PERSISTENT:
-            step = gl.num_programs(0)
-        else:
-            step = n_tiles
+        step = GF._tile_step(n_tiles, PERSISTENT)
         cnt = 0
         it = 0
         for t in range(gl.program_id(0), n_tiles, step):
@@ -76,10 +73,7 @@ if GF.HAVE_GLUON:
         dqs = dq_smem.index(SUB)
         cols = gl.arange(0, BLOCK_N, layout=col_s)
         s_zero = gl.zeros([SUB_M, BLOCK_N], gl.float32, layout=s_layout)
-        if PERSISTENT:
-            step = gl.num_programs(0)
-        else:
-            step = n_tiles
+        step = GF._tile_step(n_tiles, PERSISTENT)
         cnt = 0
         it = 0
         for t in range(gl.program_id(0), n_tiles, step):
@@ -298,10 +292,7 @@ if GF.HAVE_GLUON:
                        q_empty, n_n, n_tiles, H, HK, GROUP, SEQ_Q, SEQ_K,
                        BLOCK_MQ: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr, BSHD: gl.constexpr,
                        CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr):
-        if PERSISTENT:
-            step = gl.num_programs(0)
-        else:
-            step = n_tiles
+        step = GF._tile_step(n_tiles, PERSISTENT)
         n_qb = SEQ_Q // BLOCK_MQ
         cnt = 0
         it = 0
@@ -355,10 +346,7 @@ if GF.HAVE_GLUON:
         if FUSED_DQ:
             dq_zero = gl.zeros([BLOCK_MQ, HEAD_D], gl.float32, layout=o_layout)
             dq_s = dq_smem.index(SUB)
-        if PERSISTENT:
-            step = gl.num_programs(0)
-        else:
-            step = n_tiles
+        step = GF._tile_step(n_tiles, PERSISTENT)
         n_qb = SEQ_Q // BLOCK_MQ
         cnt = 0
         it = 0

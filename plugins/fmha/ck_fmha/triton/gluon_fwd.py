@@ -94,6 +94,15 @@ if HAVE_GLUON:
         tma.async_copy_global_to_shared(v_desc, [row, col], v_full.index(slot), v_smem.index(slot))
 
     @gluon.jit
+    def _tile_step(n_tiles, PERSISTENT: gl.constexpr):
+        """Stride of a program's walk over the tiles: none (one tile per program), or, ``PERSISTENT``,
+        the number of programs (one per SM)."""
+        if PERSISTENT:
+            return gl.num_programs(0)
+        else:
+            return n_tiles
+
+    @gluon.jit
     def _tile(t, n_m, n_tiles, H, HK, GROUP, SEQ_Q, SEQ_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               HEAD_D: gl.constexpr, BSHD: gl.constexpr, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr):
         """Tile ``t`` -> its coordinates.  Query blocks of one head are consecutive tiles (K/V stay
@@ -136,10 +145,7 @@ if HAVE_GLUON:
                      v_empty, n_m, n_tiles, H, HK, GROUP, SEQ_Q, SEQ_K,
                      SUB_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
                      BSHD: gl.constexpr, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr):
-        if PERSISTENT:
-            step = gl.num_programs(0)
-        else:
-            step = n_tiles
+        step = _tile_step(n_tiles, PERSISTENT)
         cnt = 0
         it = 0
         for t in range(gl.program_id(0), n_tiles, step):
@@ -173,10 +179,7 @@ if HAVE_GLUON:
         os_ = o_smem.index(SUB)
         cols = gl.arange(0, BLOCK_N, layout=col_s)
         s_zero = gl.zeros([SUB_M, BLOCK_N], gl.float32, layout=s_layout)
-        if PERSISTENT:
-            step = gl.num_programs(0)
-        else:
-            step = n_tiles
+        step = _tile_step(n_tiles, PERSISTENT)
         if PINGPONG:
             # the warpgroups take turns issuing their two products (FlashAttention-3's
             # inter-warpgroup schedule): one's softmax runs under the other's wgmma
