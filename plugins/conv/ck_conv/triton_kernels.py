@@ -350,6 +350,28 @@ def conv_fwd_kernel(
 
 
 @triton.jit
+def _class_pixels(offs_m, mask_m, r, Rd, Rh, Rw, Di, Hi, Wi, sd, sh, sw):
+    """Rows ``offs_m`` of stride residue class r = ((rd * sh) + rh) * sw + rw (class grid Rd x Rh x Rw
+    per image): (n, ld, lj, li) with dx pixel (rd + ld*sd, rh + lj*sh, rw + li*sw), the row mask
+    narrowed to pixels inside dx, and the linear dx pixel."""
+    rw = r % sw
+    rh = (r // sw) % sh
+    rd = r // (sw * sh)
+    li = offs_m % Rw
+    t = offs_m // Rw
+    lj = t % Rh
+    t = t // Rh
+    ld = t % Rd
+    n = t // Rd
+    xd = rd + ld * sd
+    xh = rh + lj * sh
+    xw = rw + li * sw
+    mask_m = mask_m & (xd < Di) & (xh < Hi) & (xw < Wi)
+    pix_in = ((n * Di + xd) * Hi + xh) * Wi + xw
+    return n, ld, lj, li, mask_m, pix_in
+
+
+@triton.jit
 def conv_bwd_data_kernel(
     dy_ptr, w_ptr, dx_ptr, tab_ptr, ntap_ptr, fin_ptr, cnt_ptr,
     Mr, Rd, Rh, Rw, Di, Hi, Wi, Do, Ho, Wo, C, K, CS, KS, T, TMAX,
@@ -392,20 +414,7 @@ def conv_bwd_data_kernel(
                 b = tl.load(w_base + k0 * (T * C), mask=kk[:, None] & mask_n[None, :], other=0.0)
             acc = _dot_prec(a, b, acc, IEEE)
     else:
-        rw = r % sw
-        rh = (r // sw) % sh
-        rd = r // (sw * sh)
-        li = offs_m % Rw
-        t = offs_m // Rw
-        lj = t % Rh
-        t = t // Rh
-        ld = t % Rd
-        n = t // Rd
-        xd = rd + ld * sd
-        xh = rh + lj * sh
-        xw = rw + li * sw
-        mask_m = mask_m & (xd < Di) & (xh < Hi) & (xw < Wi)
-        pix_in = ((n * Di + xd) * Hi + xh) * Wi + xw
+        n, ld, lj, li, mask_m, pix_in = _class_pixels(offs_m, mask_m, r, Rd, Rh, Rw, Di, Hi, Wi, sd, sh, sw)
         ntap = tl.load(ntap_ptr + r)
         a_base = dy_ptr + (((n * Do + ld) * Ho + lj) * Wo + li)[:, None] * KS + g * K + offs_k[None, :]
         lo = s * IT_CHUNK
@@ -490,20 +499,7 @@ def _bwd_data_tile(dy_ptr, w_ptr, ctab_ptr, pid, g, r, lo, hi,
                 b = tl.load(w_base + k0 * (T * C), mask=kk[:, None] & b_msk, other=0.0)
             acc = _dot_prec(a, b, acc, IEEE)
     else:
-        rw = r % sw
-        rh = (r // sw) % sh
-        rd = r // (sw * sh)
-        li = offs_m % Rw
-        t = offs_m // Rw
-        lj = t % Rh
-        t = t // Rh
-        ld = t % Rd
-        n = t // Rd
-        xd = rd + ld * sd
-        xh = rh + lj * sh
-        xw = rw + li * sw
-        mask_m = mask_m & (xd < Di) & (xh < Hi) & (xw < Wi)
-        pix_in = ((n * Di + xd) * Hi + xh) * Wi + xw
+        n, ld, lj, li, mask_m, pix_in = _class_pixels(offs_m, mask_m, r, Rd, Rh, Rw, Di, Hi, Wi, sd, sh, sw)
         e = ctab_ptr + r * 17  # CLASS_FIELDS
         nz = tl.load(e)
         ny = tl.load(e + 1)
