@@ -1,0 +1,11 @@
+"""06 -- 3 (channels-last NHWGC, fp16), validated against a float64 reference.
+
+    python examples/conv/06_conv3d_bwd_weight.py [--backend numpy|triton]
+"""
+import sys
+from pathlib import Path
+
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
+from _conv import main  # noqa: E402
+
+main("bwd_weight", 3, __doc__)
