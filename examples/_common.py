@@ -44,6 +44,14 @@ def parse_args(description: str, add: Optional[Callable] = None) -> argparse.Nam
     if args.backend is None:
         args.backend = "triton" if gpu else "numpy"
     args.arch = args.arch or gpu or CPU_ARCH
+    if args.backend == "triton":
+        mgr = get_manager()
+        ready, why = mgr.backend("triton").can_execute(mgr.arch(args.arch))
+        if not ready:
+            # a clear word and exit 0: "needs a GPU" is not a failure of the example
+            print(f"SKIP: this run needs a GPU the triton backend can drive ({why}); "
+                  f"use --backend numpy on the CPU")
+            sys.exit(0)
     args.rng = np.random.default_rng(args.seed)
     args.gpu = args.backend == "triton"
     print(f"backend={args.backend} arch={args.arch}")
