@@ -153,6 +153,10 @@ def cmd_import(args, extra):
 
 
 def _problem(op, extra):
+    # a problem class may take shorthand flags (e.g. a window as one list): it expands them
+    expand = getattr(op.problem_type, "expand_cli", None)
+    if expand is not None:
+        extra = expand(dict(extra))
     fields = {f.name for f in attrs.fields(op.problem_type)}
     pdict = {k: v for k, v in extra.items() if k in fields}
     rest = {k: v for k, v in extra.items() if k not in fields}
@@ -217,6 +221,9 @@ def cmd_run(args, extra):
         result["tflops"] = op.flops(problem) / secs / 1e12
     if args.json:
         print(json.dumps(result, indent=1))
+    elif args.csv:
+        from .cli_help import write_run_csv
+        write_run_csv(result, sys.stdout)
     else:
         print(f"problem : {problem}")
         print(f"arch    : {args.arch}   backend: {args.backend}   candidates: {result['candidates']}")
@@ -364,6 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--tuned", action="store_true", help="use the tuning table")
     s.add_argument("--no-validate", action="store_true")
     s.add_argument("--json", action="store_true")
+    s.add_argument("--csv", action="store_true", help="one CSV row per stage (header first)")
     s.set_defaults(fn=cmd_run)
 
     s = sub.add_parser("build", allow_abbrev=False, help="compile a registry in parallel through its backend")
@@ -409,13 +417,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    from . import cli_help
+
+    argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
+    cli_help.attach_op_help(parser, argv)
     args, rest = parser.parse_known_args(argv)
     if args.verbose:
         logging.basicConfig(level=logging.DEBUG if args.verbose > 1 else logging.INFO,
                             format="%(levelname)s %(name)s: %(message)s")
     try:
         extra = _extras(rest)
+        cli_help.preflight(parser, args, extra)
         return args.fn(args, extra)
     except CkError as exc:
         print(f"ck: error: {exc}", file=sys.stderr)

@@ -96,6 +96,9 @@ class OpSpec:
     * ``render(key, backend) -> rendered`` (optional): an object with ``compile(target)``
       and ``source_hash`` that compiling backends (triton, ck) build ahead of time;
     * ``bench(peer, options) -> {"rows": [...], "extra": {...}}`` (optional): ``ck bench``.
+
+    ``options`` maps each enumeration option ``enumerate`` accepts to a one-line
+    help (``ck list <op> --help`` prints them; unknown flags are checked against them).
     """
 
     name: str
@@ -117,6 +120,7 @@ class OpSpec:
     bytes_moved: Optional[Callable] = None
     heuristic: Optional[Callable] = None
     families: tuple = attrs.field(converter=_tuple, default=())
+    options: Mapping[str, str] = attrs.field(factory=dict)
     tolerance: Optional[Callable] = None
     description: str = ""
     distribution: str = ""

@@ -323,6 +323,15 @@ def conv_op() -> OpSpec:
         bench=_bench,
         tolerance=tolerance,
         families=("implicit_gemm", "depthwise"),
+        options={
+            "directions": "forward, bwd_data, bwd_weight (default: all three)",
+            "dtypes": "fp16, bf16, fp32 (default: those the arch runs)",
+            "ndims": "spatial ranks 1, 2, 3 (default: all)",
+            "layouts": "nhwgc, ngchw, gnhwc (default nhwgc)",
+            "specializations": "CK's conv specialisations (default, filter1x1 ...) (default: all)",
+            "pipelines": "mem, compv3, compv4 (default: the arch's)",
+            "tiles": "block tiles as M,N,K triples (default: CK's table)",
+        },
         description="grouped convolution 1D/2D/3D: forward, bwd_data, bwd_weight (CK layouts NHWGC/GKYXC/NHWGK)",
     )
 

@@ -90,6 +90,23 @@ class ConvProblem(Problem):
     ...                 stride=(2, 2), pad_left=(1, 1), pad_right=(1, 1))
     >>> p.output_spatial, p.in_layout, p.gemm_mnk
     ((5, 5), 'NHWGC', (50, 2, 36))
+
+    Fields
+    ------
+    N, G          batch; groups (C and K divisible by G)
+    C, K          input and output channels, totals over all groups
+    input_spatial  one size per spatial dimension, outermost first (D,H,W), e.g. 9,11
+    filter        filter sizes per spatial dimension, e.g. 3,3
+    stride        per dimension (default 1s)
+    dilation      per dimension (default 1s)
+    pad_left      per dimension, before the data (default 0s)
+    pad_right     per dimension, after the data (default 0s)
+    direction     forward (output), bwd_data (input gradient), bwd_weight (weight gradient)
+    dtype         fp16, bf16, fp32
+    in_layout     input layout as CK spells it ('' = NHWGC family), e.g. NHWGC, NGCHW
+    wei_layout    weight layout ('' = the input's family)
+    out_layout    output layout ('' = the input's family)
+    split_k       bwd_weight: split the reduction over N and pixels this many ways
     """
 
     op: ClassVar[str] = "conv"

@@ -100,6 +100,17 @@ def fmha_op() -> OpSpec:
         families=("fwd", "fwd_splitkv", "fwd_splitkv_combine", "fwd_pagedkv", "fwd_appendkv",
                   "batch_prefill", "bwd_dot_do_o", "bwd_dq_dk_dv", "bwd_convert_dq"),
         description="fused multi-head attention: nine CK families, multi-stage plans",
+        options={
+            "receipt": "CK's kernel list by number or name: 0 ck_default, 1 ck_extended, 2 flash_fwd, "
+                       "3 flash_bwd, 4 pytorch, 100/200/300/400 aiter_*, 600 aiter_cpp, 800/801 fp32_*, "
+                       "888 fp8_test (default 0)",
+            "family": "one family (also a problem field): fwd, fwd_splitkv, bwd_dq_dk_dv ...",
+            "families": "several families, e.g. fwd,fwd_splitkv",
+            "mask_impl": "generic or simplified mask kernels (CK backend space)",
+            "batch_prefill_64bit": "batch-prefill kernels with 64-bit page loads (true/false)",
+            "config": "a tile-engine sweep config (JSON or TOML allow-lists) narrowing the space",
+            "dtypes": "triton backend: fp16, bf16, fp8",
+        },
     )
 
 

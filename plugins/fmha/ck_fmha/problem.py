@@ -376,6 +376,22 @@ class FmhaProblem:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in d.items()}
 
     @classmethod
+    def expand_cli(cls, d: dict) -> dict:
+        """Command-line shorthands: ``--window L,R`` for window_left/right, and a CK mask spec
+        split at its comma by the list syntax (``--mask b:8,4``) put back together."""
+        d = dict(d)
+        if isinstance(d.get("mask"), list):
+            d["mask"] = ",".join(str(x) for x in d["mask"])
+        if "window" in d:
+            w = d.pop("window")
+            w = list(w) if isinstance(w, (list, tuple)) else [w]
+            if len(w) != 2 or not all(isinstance(x, int) for x in w):
+                raise InvalidProblem(f"--window takes LEFT,RIGHT (integers, -1 = unlimited), got {w!r}")
+            d["window_left"], d["window_right"] = w
+            d.setdefault("mask", "top_left")
+        return d
+
+    @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "FmhaProblem":
         """Build from a dict; unknown keys are an error; ``mask`` may be a CK spec ('b:3,0')
         (the constructor accepts those too)."""

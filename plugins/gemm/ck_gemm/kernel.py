@@ -10,6 +10,7 @@ Name grammar (tokens joined by ``_``)::
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import attrs
@@ -214,7 +215,8 @@ def _tile_violation(sig: GemmSignature, a: GemmAlgorithm, arch) -> str | None:
     return None
 
 
-OPTIONS = ("dtypes", "layouts", "tiles_mn", "pipelines", "epilogues", "pads")
+OPTIONS = ("dtypes", "layouts", "tiles_mn", "pipelines", "epilogues", "pads", "num_ds", "d_ops",
+           "activations", "split_ks")
 
 
 def enumerate_keys(arch, backend: str, options: dict) -> list[KernelKey]:
@@ -225,7 +227,8 @@ def enumerate_keys(arch, backend: str, options: dict) -> list[KernelKey]:
         raise ConfigError(f"unknown gemm enumeration option(s) {', '.join(unknown)}; "
                           f"known: {', '.join(OPTIONS)}")
     options = {k: ([v] if isinstance(v, (str, int)) else list(v)) for k, v in options.items()}
-    for name, allowed in (("dtypes", DTYPES), ("layouts", LAYOUTS)):
+    for name, allowed in (("dtypes", DTYPES), ("layouts", LAYOUTS), ("num_ds", (0, 1, 2, 3, 4)),
+                          ("d_ops", D_OPS), ("activations", ACTIVATIONS)):
         bad = [v for v in options.get(name, ()) if v not in allowed]
         if bad:
             raise ConfigError(f"gemm option {name}: unknown value(s) {bad}; use {', '.join(allowed)}")
@@ -239,18 +242,26 @@ def enumerate_keys(arch, backend: str, options: dict) -> list[KernelKey]:
     pads = options.get("pads") or facts.get("pads", ((False, False, False), (True, True, True)))
     stages_opts = facts.get("stages", (0,))
     variants = facts.get("variants", ("tile",))
+    split_ks = [int(v) for v in options.get("split_ks") or (1,)]
+    if any(v < 1 for v in split_ks):
+        raise ConfigError(f"gemm option split_ks: factors must be >= 1, got {split_ks}")
+    # fused epilogues (multi-D, activation): one signature per combination; D ops only matter with Ds
+    epis = [(nd, op, act) for nd in options.get("num_ds") or (0,)
+            for op in ((options.get("d_ops") or ("add",)) if nd else ("add",))
+            for act in options.get("activations") or ("none",)]
     ck = arch.vendor == "amd"
     out = []
     for dtype in dtypes:
         eb = ELEMENT_BYTES[dtype]
-        sig_list = [GemmSignature(dtype, lay) for lay in layouts]
+        sig_list = [GemmSignature(dtype, lay, num_d=nd, d_op=op, activation=act)
+                    for lay in layouts for nd, op, act in epis]
         tks = sorted({tb // eb for tb in tile_k_bytes})
-        for tm, tn, tk, wave, wt, pipe, sched, epi, pad, st, var in itertools.product(
+        for tm, tn, tk, wave, wt, pipe, sched, epi, pad, st, var, sk in itertools.product(
                 tiles_mn, tiles_mn, tks, arch.wave_layouts, _warp_tiles_for(arch, dtype),
-                pipelines, schedulers, epilogues, pads, stages_opts, variants):
+                pipelines, schedulers, epilogues, pads, stages_opts, variants, split_ks):
             alg = GemmAlgorithm(tm, tn, tk, *wave, *wt, pipeline=pipe, scheduler=sched,
                                 epilogue=epi, pad_m=pad[0], pad_n=pad[1], pad_k=pad[2],
-                                stages=st, variant=var)
+                                stages=st, variant=var, split_k=sk)
             why = _tile_violation(sig_list[0], alg, arch)
             if why is None and backend == "triton":
                 why = triton_smem_violation(dtype, alg, arch)
@@ -277,15 +288,26 @@ def triton_smem_violation(dtype: str, alg: GemmAlgorithm, arch) -> str | None:
     Triton allocates ``num_stages`` buffers (plus epilogue scratch), not CK's
     LDS buffers, so the CK estimate would let kernels through that do not fit.
     """
-    try:
-        from .triton.configs import smem_bytes
-        from .triton_launch import config_of_algorithm
-    except ImportError:  # triton missing: nothing to compile, nothing to prune
+    model = _triton_smem_model()
+    if model is None:  # triton missing: nothing to compile, nothing to prune
         return None
+    smem_bytes, config_of_algorithm = model
     need = smem_bytes(config_of_algorithm(alg), dtype)
     if need > arch.lds_bytes:
         return f"Triton kernel needs {need} B of shared memory/LDS; {arch.name} has {arch.lds_bytes} B"
     return None
+
+
+@functools.lru_cache(maxsize=1)
+def _triton_smem_model():
+    """Triton's shared-memory model, imported once: a failed import is not cached by Python,
+    and retrying it per key made a triton-less enumeration take minutes."""
+    try:
+        from .triton.configs import smem_bytes
+        from .triton_launch import config_of_algorithm
+    except ImportError:
+        return None
+    return smem_bytes, config_of_algorithm
 
 
 def _tuned_keys(arch, backend, dtypes, layouts) -> list:

@@ -59,6 +59,18 @@ def gemm_op() -> OpSpec:
         tolerance=reference.tolerance,
         bench=_bench,
         families=("gemm",),
+        options={
+            "dtypes": "input dtypes, e.g. fp16,bf16 (default: all the arch runs)",
+            "layouts": "CK layout letters of A, B, C: rcr, rrr, crr, ccr (default: all four)",
+            "tiles_mn": "block tile sizes for M and N, e.g. 128,256 (default: the arch's)",
+            "pipelines": "mem, compv3, compv4 (AMD) or multistage (NVIDIA) (default: the arch's)",
+            "epilogues": "cshuffle, default",
+            "pads": "padding variants (default: none and all of M, N, K)",
+            "num_ds": "fused D tensors per kernel, e.g. 0,1,2 (multi-D epilogue; default 0)",
+            "d_ops": "how D tensors combine with the accumulator: add, mul (default add)",
+            "activations": "epilogue activations: none, relu, gelu, silu, sigmoid, tanh (default none)",
+            "split_ks": "split-K factors, e.g. 1,2,4 (default 1)",
+        },
         description="GEMM: C = act(A @ B op D...), CK layouts rcr/rrr/crr/ccr, batched, split-K",
     )
 

@@ -39,6 +39,17 @@ class GemmProblem(Problem):
     ``rcr`` = A row-major (M x K), B column-major (stored N x K), C row-major.
     Epilogue: ``num_d`` extra tensors shaped like C are combined with the
     accumulator by ``d_op`` (add/mul), then ``activation`` is applied.
+
+    Fields
+    ------
+    m, n, k       the product's sizes (C is M x N, the reduction runs over K)
+    batch         independent products in one launch (tensors gain a leading batch axis)
+    dtype         input dtype: fp16, bf16, fp32, fp8, bf8, int8
+    dtype_c       output dtype ('' = CK's default for dtype: fp8 -> fp16, int8 -> int32)
+    layout        A, B, C storage letters: rcr, rrr, crr, ccr (r = row-major, c = column-major)
+    num_d         extra tensors d0..d3 shaped like C fused into the epilogue (0..4)
+    d_op          how the D tensors combine with the accumulator: add, mul
+    activation    applied last: none, relu, gelu, silu, sigmoid, tanh
     """
 
     op: ClassVar[str] = "gemm"
