@@ -57,13 +57,17 @@ class Dispatcher:
             if best:
                 for k in cands:
                     if k.name == best:
+                        self._rule = "tuning table"
                         return [k] + [c for c in cands if c is not k]
         ranked = self.mgr.hook.ck_rank_candidates(problem=problem, candidates=list(cands), arch=self.arch)
         if ranked:
+            self._rule = "ck_rank_candidates hook"
             return list(ranked)
         op = self.mgr.op(problem.op)
         if op.heuristic is not None:
+            self._rule = f"{op.name} heuristic"
             return list(op.heuristic(problem, list(cands), self.arch))
+        self._rule = "first fit"
         return cands
 
     def select(self, problem):
@@ -71,9 +75,12 @@ class Dispatcher:
             return self._selected[problem]
         except KeyError:
             pass
-        key = self.rank(problem)[0]
+        ranked = self.rank(problem)
+        key = ranked[0]
         self._selected[problem] = key
-        log.debug("selected %s for %s", key.name, problem)
+        log.info("selected %s by %s from %d candidates (registry %s, %d kernels)", key.name,
+                 getattr(self, "_rule", "?"), len(ranked), self.registry.name, len(self.registry))
+        log.debug("for %s; runners-up: %s", problem, ", ".join(k.name for k in ranked[1:4]) or "none")
         return key
 
     def plan(self, problem) -> Plan:
@@ -85,6 +92,7 @@ class Dispatcher:
         steps = op.plan(problem) if op.plan else [(op.name, problem)]
         plan = Plan(problem, [Stage(name, sub, self.select(sub)) for name, sub in steps])
         self._plans[problem] = plan
+        log.info("plan: %d stage(s): %s", len(plan.stages), ", ".join(st.name for st in plan.stages))
         return plan
 
     # -- launch ----------------------------------------------------------------
