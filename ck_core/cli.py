@@ -143,10 +143,16 @@ def cmd_import(args, extra):
     from .registry import Registry
 
     reg = Registry.import_json(args.file)
-    print(f"{args.file}: registry {reg.name!r}, arch {reg.arch}, {len(reg)} kernels")
     ops: dict[str, int] = {}
     for k in reg:
         ops[k.op] = ops.get(k.op, 0) + 1
+    if args.run:
+        from .cli_help import imported_run_setup
+
+        op, problem, backend = imported_run_setup(reg, ops, args, extra, _problem)
+        args.arch, args.backend = reg.arch, backend
+        return _run_and_report(args, op, problem, reg)
+    print(f"{args.file}: registry {reg.name!r}, arch {reg.arch}, {len(reg)} kernels")
     for op, n in sorted(ops.items()):
         print(f"  {op}: {n}")
     return 0
@@ -193,6 +199,14 @@ def cmd_run(args, extra):
     op = mgr.op(args.op)
     problem, options = _problem(op, extra)
     reg = Registry.from_enumeration(args.op, args.arch, args.backend, **options)
+    return _run_and_report(args, op, problem, reg)
+
+
+def _run_and_report(args, op, problem, reg):
+    """Dispatch ``problem`` over ``reg``, validate, time and print (text, --json or --csv)."""
+    from .dispatcher import Dispatcher
+    from .validate import compare_all
+
     if args.kfilter:
         reg = reg.filter(args.kfilter)
     tuning = None
@@ -356,8 +370,18 @@ def build_parser() -> argparse.ArgumentParser:
     reg_args(s)
     s.add_argument("-o", "--output", required=True)
     s.set_defaults(fn=cmd_export)
-    s = sub.add_parser("import", allow_abbrev=False, help="read and check a registry JSON")
+    s = sub.add_parser("import", allow_abbrev=False, help="read and check a registry JSON; --run a problem on it")
     s.add_argument("file")
+    s.add_argument("--run", action="store_true",
+                   help="dispatch the problem given as --<field> value over the imported kernels")
+    s.add_argument("--backend", default=None, help="default: the backend the file's kernels name")
+    s.add_argument("--kernel-filter", dest="kfilter")
+    s.add_argument("--seed", type=int, default=None)
+    s.add_argument("--repeat", type=int, default=3)
+    s.add_argument("--tuned", action="store_true", help="use the tuning table")
+    s.add_argument("--no-validate", action="store_true")
+    s.add_argument("--json", action="store_true")
+    s.add_argument("--csv", action="store_true")
     s.set_defaults(fn=cmd_import)
 
     s = sub.add_parser("run", allow_abbrev=False, help="dispatch, run and validate one problem")

@@ -55,16 +55,23 @@ def _default(f) -> str:
     return f"default: {f.default!r}"
 
 
-def op_help(op) -> str:
-    """The op's problem fields and enumeration options, one line each."""
+def op_help(op, command_flags: Iterable[str] = (), command: str = "run") -> str:
+    """The op's problem fields and enumeration options, one line each.
+
+    A field whose flag the command itself takes (``--seed``, ``--filter``) is marked: the
+    command's meaning wins there.
+    """
+    taken = {f.replace("-", "_") for f in command_flags}
     docs = field_docs(op.problem_type)
     fields = [f for f in attrs.fields(op.problem_type)]
     width = max([len(f.name) for f in fields] + [len(o) for o in getattr(op, "options", {}) or {}] + [8]) + 4
+    where = "" if command in ("run", "tune") else " (for ck run / ck tune)"
     lines = [f"{op.name}: {op.description}".rstrip(": "), "",
-             f"problem fields ({op.problem_type.__name__}; lists as 1,2,3):"]
+             f"problem fields{where} ({op.problem_type.__name__}; lists as 1,2,3):"]
     for f in fields:
         text = docs.get(f.name, "")
-        lines.append(f"  --{f.name:<{width}} {_default(f)}{'; ' + text if text else ''}")
+        note = f" [here --{f.name} is the command's own option]" if f.name in taken else ""
+        lines.append(f"  --{f.name:<{width}} {_default(f)}{'; ' + text if text else ''}{note}")
     opts = getattr(op, "options", None) or {}
     if opts:
         lines += ["", "enumeration options (which kernels the registry holds):"]
@@ -91,7 +98,7 @@ def attach_op_help(parser, argv: Sequence[str]) -> None:
     sub = _subparser(parser, pos[0])
     if sub is not None:
         sub.formatter_class = argparse.RawDescriptionHelpFormatter
-        sub.epilog = op_help(mgr.op(pos[1]))
+        sub.epilog = op_help(mgr.op(pos[1]), command_flags(parser, pos[0]), pos[0])
 
 
 def _subparser(parser, name):
@@ -189,3 +196,26 @@ def write_run_csv(result: dict, out) -> None:
     for st in result["plan"]:
         w.writerow({**problem, **{k: result.get(k, "") for k in cols[len(problem):]},
                     "stage": st["stage"], "kernel": st["kernel"]})
+
+
+def imported_run_setup(reg, ops: dict, args, extra: dict, make_problem):
+    """`ck import FILE --run --<field> v ...`: the op, problem and backend to run on ``reg``."""
+    from .plugins import get_manager
+
+    if len(ops) != 1:
+        raise ConfigError(f"{args.file} holds kernels of {len(ops)} ops ({', '.join(sorted(ops)) or 'none'}); "
+                          "--run needs a registry of one op")
+    (op_name,) = ops
+    op = get_manager().op(op_name)
+    fields = [f.name for f in attrs.fields(op.problem_type)]
+    expand = getattr(op.problem_type, "expand_cli", None)
+    rest = [k for k in (expand(dict(extra)) if expand else extra) if k not in fields]
+    if rest:
+        k = sorted(rest)[0]
+        raise ConfigError(f"unknown {op_name} problem field --{k}{did_you_mean(k, fields)}; the kernels "
+                          "come from the file, so enumeration options do not apply")
+    problem, _ = make_problem(op, extra)
+    backends = sorted({k.backend for k in reg})
+    backend = args.backend or (backends[0] if len(backends) == 1 else "numpy")
+    require_backend(get_manager(), backend, reg.arch, execute=True)
+    return op, problem, backend
