@@ -103,9 +103,11 @@ def cmd_archs(args, extra):
 
 def _registry_from_args(args, extra):
     from .filters import compile_filter, load_filter_file
+    from .progress import busy
     from .registry import Registry
 
-    reg = Registry.from_enumeration(args.op, args.arch, args.backend, **extra)
+    with busy(f"enumerating {args.op} kernels for {args.arch}/{args.backend}"):
+        reg = Registry.from_enumeration(args.op, args.arch, args.backend, **extra)
     if args.filter:
         reg = reg.filter(compile_filter(args.filter))
     if args.filter_file:
@@ -198,7 +200,9 @@ def cmd_run(args, extra):
     mgr = get_manager()
     op = mgr.op(args.op)
     problem, options = _problem(op, extra)
-    reg = Registry.from_enumeration(args.op, args.arch, args.backend, **options)
+    from .progress import busy
+    with busy(f"enumerating {args.op} kernels for {args.arch}/{args.backend}"):
+        reg = Registry.from_enumeration(args.op, args.arch, args.backend, **options)
     return _run_and_report(args, op, problem, reg)
 
 
@@ -214,7 +218,9 @@ def _run_and_report(args, op, problem, reg):
         from .tuning import TuningTable
         tuning = TuningTable()
     disp = Dispatcher(reg, backend=args.backend, tuning=tuning)
-    plan = disp.plan(problem)
+    from .progress import busy
+    with busy(f"selecting among {len(reg)} kernels"):
+        plan = disp.plan(problem)
     rng = np.random.default_rng(args.seed)
     inputs = op.make_inputs(problem, rng)
     bk = disp.backend_spec

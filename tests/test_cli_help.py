@@ -165,3 +165,14 @@ def test_import_runs_a_problem(capsys, tmp_path):
     assert rc == 0 and res["passed"] and res["plan"][0]["kernel"].startswith("gemm_bf16_rrr_")
     rc, _, err = _main(capsys, "import", str(path), "--run", "--m", "33", "--n", "71", "--kk", "20")
     assert rc == 2 and "did you mean --k" in err
+
+
+def test_busy_line_only_for_slow_steps(capsys):
+    from ck_core.progress import busy
+
+    with busy("quick step", after=0.5, enabled=True):
+        pass
+    with busy("slow step", after=0.05, enabled=True):
+        time.sleep(0.5)
+    err = capsys.readouterr().err
+    assert "slow step" in err and "quick step" not in err

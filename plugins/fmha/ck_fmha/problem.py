@@ -377,9 +377,12 @@ class FmhaProblem:
 
     @classmethod
     def expand_cli(cls, d: dict) -> dict:
-        """Command-line shorthands: ``--window L,R`` for window_left/right, and a CK mask spec
-        split at its comma by the list syntax (``--mask b:8,4``) put back together."""
+        """Command-line shorthands: ``--window L,R`` for window_left/right, a CK mask spec
+        split at its comma by the list syntax (``--mask b:8,4``) put back together, and
+        ``--dropout_seed`` for ``seed`` (``ck run --seed`` seeds the inputs)."""
         d = dict(d)
+        if "dropout_seed" in d:
+            d["seed"] = d.pop("dropout_seed")
         if isinstance(d.get("mask"), list):
             d["mask"] = ",".join(str(x) for x in d["mask"])
         if "window" in d:
