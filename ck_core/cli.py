@@ -17,6 +17,7 @@ import attrs
 import numpy as np
 
 from . import __version__, knobs
+from .progress import busy
 from .errors import CkError, ConfigError, InvalidProblem
 
 log = logging.getLogger(__name__)
@@ -103,7 +104,6 @@ def cmd_archs(args, extra):
 
 def _registry_from_args(args, extra):
     from .filters import compile_filter, load_filter_file
-    from .progress import busy
     from .registry import Registry
 
     with busy(f"enumerating {args.op} kernels for {args.arch}/{args.backend}"):
@@ -192,15 +192,12 @@ def _seconds_for(dispatcher, problem, inputs, repeat):
 
 
 def cmd_run(args, extra):
-    from .dispatcher import Dispatcher
     from .plugins import get_manager
     from .registry import Registry
-    from .validate import compare_all
 
     mgr = get_manager()
     op = mgr.op(args.op)
     problem, options = _problem(op, extra)
-    from .progress import busy
     with busy(f"enumerating {args.op} kernels for {args.arch}/{args.backend}"):
         reg = Registry.from_enumeration(args.op, args.arch, args.backend, **options)
     return _run_and_report(args, op, problem, reg)
@@ -218,7 +215,6 @@ def _run_and_report(args, op, problem, reg):
         from .tuning import TuningTable
         tuning = TuningTable()
     disp = Dispatcher(reg, backend=args.backend, tuning=tuning)
-    from .progress import busy
     with busy(f"selecting among {len(reg)} kernels"):
         plan = disp.plan(problem)
     rng = np.random.default_rng(args.seed)

@@ -9,6 +9,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 import _common as ex  # noqa: E402
 import _fmha  # noqa: E402
 
+import attrs  # noqa: E402
 import numpy as np  # noqa: E402
 
 from ck_fmha.problem import FmhaProblem  # noqa: E402
@@ -25,7 +26,6 @@ p = FmhaProblem(p_drop=0.3, seed=99, offset=0, dtype="fp16", **B)
 op, bk = disp.mgr.op("fmha"), disp.backend_spec
 x = {k: bk.to_backend(v) for k, v in op.make_inputs(p, args.rng).items()}
 o1, o2 = (bk.to_numpy(disp.run_dict(p, x)["o"]) for _ in range(2))
-import attrs  # noqa: E402
 o3 = bk.to_numpy(disp.run_dict(attrs.evolve(p, seed=100), x)["o"])
 same, differs = np.array_equal(o1, o2), not np.array_equal(o1, o3)
 print(f"same seed twice: identical={same}; another seed: differs={differs}")
