@@ -70,28 +70,19 @@ def op_help(op, command_flags: Iterable[str] = (), command: str = "run") -> str:
              f"problem fields{where} ({op.problem_type.__name__}; lists as 1,2,3):"]
     for f in fields:
         text = docs.get(f.name, "")
-        note = f" [here --{f.name} is the command's own option{_alias(op, f.name)}]" if f.name in taken else ""
+        note = f" [here --{f.name} is the command's own option; see shorthands]" if f.name in taken else ""
         lines.append(f"  --{f.name:<{width}} {_default(f)}{'; ' + text if text else ''}{note}")
+    short = getattr(op.problem_type, "cli_shorthands", None) or {}
+    if short:
+        lines += ["", "shorthands (the problem class expands them into fields):"]
+        for name, text in short.items():
+            lines.append(f"  --{name:<{width}} {text}")
     opts = getattr(op, "options", None) or {}
     if opts:
         lines += ["", "enumeration options (which kernels the registry holds):"]
         for name, text in opts.items():
             lines.append(f"  --{name:<{width}} {text}")
     return "\n".join(lines)
-
-
-def _alias(op, field: str) -> str:
-    """The shorthand flag a problem class's ``expand_cli`` maps onto ``field``, if any."""
-    expand = getattr(op.problem_type, "expand_cli", None)
-    if expand is None:
-        return ""
-    for cand in (f"dropout_{field}", f"problem_{field}", f"{op.name}_{field}"):
-        try:
-            if expand({cand: 1}).get(field) == 1:
-                return f"; give it as --{cand}"
-        except Exception:  # a shorthand that needs other fields: not this one
-            continue
-    return ""
 
 
 def attach_op_help(parser, argv: Sequence[str]) -> None:

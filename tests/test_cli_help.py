@@ -46,6 +46,7 @@ def test_op_help_lists_every_field_and_option(capsys, cmd, op):
         assert sum(ln.strip().startswith(f"--{name} ") for ln in options_part.splitlines()) == 1, name
     if cmd == "run" and op == "fmha":  # FmhaProblem.seed (dropout) vs the command's input seed
         assert any(ln.strip().startswith("--seed ") and "command's own option" in ln for ln in lines)
+        assert "--dropout_seed" in out and "--window" in out
 
 
 @pytest.mark.parametrize("argv, hint", [

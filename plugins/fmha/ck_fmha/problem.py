@@ -375,6 +375,12 @@ class FmhaProblem:
         d = attrs.asdict(self, recurse=False)
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in d.items()}
 
+    #: flags :meth:`expand_cli` understands (``ck run fmha --help`` lists them)
+    cli_shorthands: ClassVar[dict] = {
+        "window": "LEFT,RIGHT: window_left and window_right at once (-1 = unlimited; mask defaults to top_left)",
+        "dropout_seed": "the Philox seed (field seed; ck run's own --seed seeds the random inputs)",
+    }
+
     @classmethod
     def expand_cli(cls, d: dict) -> dict:
         """Command-line shorthands: ``--window L,R`` for window_left/right, a CK mask spec
