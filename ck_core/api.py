@@ -1,0 +1,111 @@
+"""What the op plugins' torch APIs share: one Dispatcher per (device arch, backend).
+
+A public call (a torch entry point of an op plugin, such as matmul or conv2d) builds its Problem
+from the tensors and runs it through :func:`dispatcher_on` the tensors' device.
+The registry of each Dispatcher is built once, lazily: the ``ck_api_registry``
+hook when a plugin answers, else the op's enumeration with ``OpSpec.api_options``.
+The Dispatcher caches problem -> plan, so a warm call is a few dict lookups and
+the launches.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Optional
+
+from . import knobs
+from .device import current_arch
+from .dispatcher import Dispatcher
+from .errors import InvalidProblem
+from .plugins import PluginManager, get_manager
+from .records import ArchSpec
+from .registry import Registry
+
+log = logging.getLogger(__name__)
+
+_DISPATCHERS: dict = {}
+_ON_DEVICE: dict = {}
+
+#: torch dtype name -> ck dtype token
+_TOKENS = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float8_e4m3fn": "fp8",
+           "float8_e5m2": "bf8", "int8": "int8", "int32": "int32"}
+_TORCH = {v: k for k, v in _TOKENS.items()}
+
+
+def dtype_token(dtype) -> str:
+    """The ck dtype token (``"fp16"`` ...) of a torch dtype."""
+    name = str(dtype).replace("torch.", "")
+    try:
+        return _TOKENS[name]
+    except KeyError:
+        raise InvalidProblem(f"torch.{name} is not a kernel dtype; cast the tensors to one of "
+                             f"{', '.join('torch.' + n for n in _TOKENS)}") from None
+
+
+def torch_dtype(token: str):
+    import torch
+
+    return getattr(torch, _TORCH[token])
+
+
+def dispatcher_for(op: str, arch, backend: str, manager: Optional[PluginManager] = None) -> Dispatcher:
+    """The Dispatcher the public API of ``op`` uses on ``arch`` (ArchSpec or name) with ``backend``."""
+    mgr = manager or get_manager()
+    name = arch.name if isinstance(arch, ArchSpec) else arch
+    key = (mgr, op, name, backend)
+    disp = _DISPATCHERS.get(key)
+    if disp is None:
+        spec = mgr.arch(name)
+        reg = mgr.hook.ck_api_registry(op=op, arch=spec, backend=backend)
+        if reg is None:
+            reg = Registry.from_enumeration(op, name, backend, manager=mgr, **dict(mgr.op(op).api_options))
+        log.debug("public %s API on %s/%s: %d kernels", op, name, backend, len(reg))
+        disp = _DISPATCHERS[key] = Dispatcher(reg, backend=backend)
+    return disp
+
+
+def backend_for(device) -> str:
+    """``CK_BACKEND`` when set; triton on a GPU and under ``TRITON_INTERPRET=1``; else numpy."""
+    explicit = knobs.get("CK_BACKEND")
+    if explicit:
+        return explicit
+    if getattr(device, "type", str(device)) != "cpu":
+        return "triton"
+    from .backends import triton_backend
+
+    if triton_backend.interpreting() and triton_backend.available()[0]:
+        return "triton"
+    return "numpy"
+
+
+def dispatcher_on(op: str, tensor) -> Dispatcher:
+    """The Dispatcher for ``op`` on the device of ``tensor`` (the hot path: one dict lookup)."""
+    env = os.environ
+    key = (get_manager(), op, tensor.device, env.get("CK_BACKEND"), env.get("CK_CPU_ARCH"),
+           env.get("TRITON_INTERPRET"))
+    disp = _ON_DEVICE.get(key)
+    if disp is None:
+        disp = _ON_DEVICE[key] = dispatcher_for(op, current_arch(tensor), backend_for(tensor.device))
+    return disp
+
+
+def run(disp: Dispatcher, problem, tensors: dict, *, device, dtype):
+    """Run ``problem`` on torch ``tensors``; the single output as a torch tensor on ``device``.
+
+    The numpy backend gets numpy arrays (and its result comes back as a tensor).
+    """
+    import numpy as np
+    import torch
+
+    if disp.backend == "numpy":
+        tensors = {k: disp.backend_spec.to_numpy(v) for k, v in tensors.items()}
+    out = disp.run(problem, **tensors)
+    if not isinstance(out, torch.Tensor):
+        out = torch.from_numpy(np.ascontiguousarray(out))
+    return out.to(device=device, dtype=dtype)
+
+
+def clear() -> None:
+    """Forget every public-API Dispatcher (tests; after installing a plugin)."""
+    _DISPATCHERS.clear()
+    _ON_DEVICE.clear()
