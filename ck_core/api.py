@@ -48,18 +48,29 @@ def torch_dtype(token: str):
     return getattr(torch, _TORCH[token])
 
 
-def dispatcher_for(op: str, arch, backend: str, manager: Optional[PluginManager] = None) -> Dispatcher:
-    """The Dispatcher the public API of ``op`` uses on ``arch`` (ArchSpec or name) with ``backend``."""
+def _frozen(options: dict) -> tuple:
+    return tuple(sorted((k, repr(v)) for k, v in options.items()))
+
+
+def dispatcher_for(op: str, arch, backend: str, manager: Optional[PluginManager] = None,
+                   **options) -> Dispatcher:
+    """The Dispatcher the public API of ``op`` uses on ``arch`` (ArchSpec or name) with ``backend``.
+
+    ``options`` narrow the enumeration (over ``OpSpec.api_options``) to one
+    signature family, e.g. a dtype and layout: each family's registry is
+    enumerated once, on its first call, and stays small to rank.
+    """
     mgr = manager or get_manager()
     name = arch.name if isinstance(arch, ArchSpec) else arch
-    key = (mgr, op, name, backend)
+    key = (mgr, op, name, backend, _frozen(options))
     disp = _DISPATCHERS.get(key)
     if disp is None:
         spec = mgr.arch(name)
-        reg = mgr.hook.ck_api_registry(op=op, arch=spec, backend=backend)
+        opts = {**dict(mgr.op(op).api_options), **options}
+        reg = mgr.hook.ck_api_registry(op=op, arch=spec, backend=backend, options=opts)
         if reg is None:
-            reg = Registry.from_enumeration(op, name, backend, manager=mgr, **dict(mgr.op(op).api_options))
-        log.debug("public %s API on %s/%s: %d kernels", op, name, backend, len(reg))
+            reg = Registry.from_enumeration(op, name, backend, manager=mgr, **opts)
+        log.debug("public %s API on %s/%s %s: %d kernels", op, name, backend, opts, len(reg))
         disp = _DISPATCHERS[key] = Dispatcher(reg, backend=backend)
     return disp
 
@@ -78,14 +89,17 @@ def backend_for(device) -> str:
     return "numpy"
 
 
-def dispatcher_on(op: str, tensor) -> Dispatcher:
-    """The Dispatcher for ``op`` on the device of ``tensor`` (the hot path: one dict lookup)."""
+def dispatcher_on(op: str, tensor, **options) -> Dispatcher:
+    """The Dispatcher for ``op`` (and ``options``, see :func:`dispatcher_for`) on ``tensor``'s device.
+
+    The hot path: one dict lookup once warm.
+    """
     env = os.environ
     key = (get_manager(), op, tensor.device, env.get("CK_BACKEND"), env.get("CK_CPU_ARCH"),
-           env.get("TRITON_INTERPRET"))
+           env.get("TRITON_INTERPRET"), *options.values())
     disp = _ON_DEVICE.get(key)
     if disp is None:
-        disp = _ON_DEVICE[key] = dispatcher_for(op, current_arch(tensor), backend_for(tensor.device))
+        disp = _ON_DEVICE[key] = dispatcher_for(op, current_arch(tensor), backend_for(tensor.device), **options)
     return disp
 
 
@@ -98,11 +112,21 @@ def run(disp: Dispatcher, problem, tensors: dict, *, device, dtype):
     import torch
 
     if disp.backend == "numpy":
-        tensors = {k: disp.backend_spec.to_numpy(v) for k, v in tensors.items()}
+        # numpy has no bf16/fp8: those travel as float32 (their numpy storage)
+        tensors = {k: _numpy(v) for k, v in tensors.items()}
     out = disp.run(problem, **tensors)
     if not isinstance(out, torch.Tensor):
         out = torch.from_numpy(np.ascontiguousarray(out))
     return out.to(device=device, dtype=dtype)
+
+
+def _numpy(t):
+    import torch
+
+    t = t.detach().cpu()
+    if t.is_floating_point() and (t.dtype == torch.bfloat16 or t.element_size() == 1):
+        t = t.float()
+    return t.numpy()
 
 
 def clear() -> None:

@@ -158,19 +158,21 @@ def ck_after_run(problem, plan, seconds, launched):
 # --- public APIs, demo, knobs ------------------------------------------------
 
 @hookspec(firstresult=True)
-def ck_api_registry(op, arch, backend):
+def ck_api_registry(op, arch, backend, options):
     """Return the :class:`ck_core.Registry` the public API of ``op`` dispatches through, or None.
 
     firstresult.  ``op`` is an op name, ``arch`` an ArchSpec, ``backend`` a
-    backend name.  Asked once per (plugin manager, op, arch, backend) by
-    :func:`ck_core.api.dispatcher_for`; when nobody answers, the registry is
-    the op's enumeration with ``OpSpec.api_options``.  Lets a deployment (or a
+    backend name, ``options`` the enumeration options of the signature family
+    asked for (``OpSpec.api_options`` plus what the API call narrows, e.g. a
+    dtype and layout).  Asked once per (plugin manager, op, arch, backend,
+    options) by :func:`ck_core.api.dispatcher_for`; when nobody answers, the
+    registry is the op's enumeration with ``options``.  Lets a deployment (or a
     test) restrict the kernels users' calls may select, e.g. to what it built.
 
     Example::
 
         @hookimpl
-        def ck_api_registry(op, arch, backend):
+        def ck_api_registry(op, arch, backend, options):
             if op == "gemm":
                 return Registry.import_json("my_gemms.json")
     """

@@ -214,7 +214,7 @@ def _tile_violation(sig: GemmSignature, a: GemmAlgorithm, arch) -> str | None:
     return None
 
 
-OPTIONS = ("dtypes", "layouts", "tiles_mn", "pipelines", "epilogues", "pads")
+OPTIONS = ("dtypes", "layouts", "tiles_mn", "pipelines", "epilogues", "pads", "fusions", "dtypes_c")
 
 
 def enumerate_keys(arch, backend: str, options: dict) -> list[KernelKey]:
@@ -225,6 +225,9 @@ def enumerate_keys(arch, backend: str, options: dict) -> list[KernelKey]:
         raise ConfigError(f"unknown gemm enumeration option(s) {', '.join(unknown)}; "
                           f"known: {', '.join(OPTIONS)}")
     options = {k: ([v] if isinstance(v, (str, int)) else list(v)) for k, v in options.items()}
+    # fused epilogues (num_d, d_op, activation) and C dtypes ("" = CK's for the input) of the signatures
+    fusions = [tuple(f) for f in options.get("fusions") or [(0, "add", "none")]]
+    dtypes_c = options.get("dtypes_c") or [""]
     for name, allowed in (("dtypes", DTYPES), ("layouts", LAYOUTS)):
         bad = [v for v in options.get(name, ()) if v not in allowed]
         if bad:
@@ -243,7 +246,7 @@ def enumerate_keys(arch, backend: str, options: dict) -> list[KernelKey]:
     out = []
     for dtype in dtypes:
         eb = ELEMENT_BYTES[dtype]
-        sig_list = [GemmSignature(dtype, lay) for lay in layouts]
+        sig_list = [GemmSignature(dtype, lay, dc, *fu) for lay in layouts for dc in dtypes_c for fu in fusions]
         tks = sorted({tb // eb for tb in tile_k_bytes})
         for tm, tn, tk, wave, wt, pipe, sched, epi, pad, st, var in itertools.product(
                 tiles_mn, tiles_mn, tks, arch.wave_layouts, _warp_tiles_for(arch, dtype),
@@ -267,7 +270,9 @@ def enumerate_keys(arch, backend: str, options: dict) -> list[KernelKey]:
                     continue
                 out.append(KernelKey("gemm", sig, alg, arch.name, backend))
     if backend == "triton":
-        out.extend(_tuned_keys(arch, backend, dtypes, layouts))
+        out.extend(attrs.evolve(k, signature=sig) for k in _tuned_keys(arch, backend, dtypes, layouts)
+                   for sig in [attrs.evolve(k.signature, dtype_c=dc, num_d=fu[0], d_op=fu[1], activation=fu[2])
+                               for dc in dtypes_c for fu in fusions])
     return out
 
 
