@@ -6,8 +6,11 @@ Use from a plugin's ``conftest.py``::
 
 Fixtures: ``ck_rng`` (a fresh generator; its seed is printed on failure),
 ``fake_arch`` (an ArchSpec any op can enumerate on), ``ck_manager`` (a plugin
-manager with the fake arch added), and the helpers :func:`check_against_reference`
-(op plugins) and :func:`check_arch_plugin` (arch plugins).
+manager with the fake arch added), ``ck_dispatch_log`` (like ``ck_manager``,
+plus a :class:`DispatchLog` of every Dispatcher run, with CPU tensors of the
+public APIs dispatching on the fake arch), and the helpers
+:func:`check_against_reference` (op plugins) and :func:`check_arch_plugin`
+(arch plugins).
 """
 from __future__ import annotations
 
@@ -67,6 +70,34 @@ def ck_manager(fake_arch, monkeypatch):
     mgr = plugins.PluginManager(plugins=[arch_plugin(fake_arch)])
     monkeypatch.setattr(plugins, "_MANAGER", mgr)
     return mgr
+
+
+class DispatchLog:
+    """A plugin recording each Dispatcher run: ``(problem, plan's kernel names, launched names)``."""
+
+    def __init__(self):
+        self.runs: list = []
+        self.manager = None
+
+    @hookimpl
+    def ck_after_run(self, problem, plan, launched):
+        self.runs.append((problem, tuple(s.key.name for s in plan.stages), tuple(launched)))
+
+    def take(self) -> list:
+        """The runs recorded since the last take."""
+        runs, self.runs = self.runs, []
+        return runs
+
+
+@pytest.fixture
+def ck_dispatch_log(fake_arch, monkeypatch):
+    from . import plugins
+
+    log = DispatchLog()
+    log.manager = plugins.PluginManager(plugins=[arch_plugin(fake_arch), log])
+    monkeypatch.setattr(plugins, "_MANAGER", log.manager)
+    monkeypatch.setenv("CK_CPU_ARCH", fake_arch.name)
+    return log
 
 
 def check_against_reference(dispatcher, problem, rng, poison: bool = True):

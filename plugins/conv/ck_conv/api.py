@@ -188,7 +188,8 @@ def _conv(nd: int, x, w, bias, stride, padding, dilation, groups):
     if x.dim() == nd + 1:   # unbatched, as torch allows
         return _conv(nd, x.unsqueeze(0), w, bias, stride, padding, dilation, groups).squeeze(0)
     if x.dim() != nd + 2:
-        raise InvalidProblem(f"conv{nd}d takes a ({nd + 2})-D input (N, C, {nd} spatial sizes), got {x.dim()}-D")
+        raise InvalidProblem(f"conv{nd}d takes a {nd + 2}-D input (N, C, {nd} spatial sizes) or an "
+                             f"unbatched {nd + 1}-D one, got {x.dim()}-D")
     if w.dtype != x.dtype or w.device != x.device:
         raise InvalidProblem(f"conv{nd}d: input is {x.dtype} on {x.device} but weight {w.dtype} on {w.device}")
     args = ([*_tuple(stride, nd, "stride")], [*_tuple(padding, nd, "padding")],

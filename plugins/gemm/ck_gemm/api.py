@@ -138,7 +138,7 @@ def _backward(ctx, grad):
         ga = _sum_to(gemm_op(gz.to(b.dtype), b.transpose(-1, -2), [], "none", a.dtype), a.shape)
     if need_b:
         gb = _sum_to(gemm_op(a.transpose(-1, -2), gz.to(a.dtype), [], "none", b.dtype), b.shape)
-    gd = [_sum_to(gz, di.shape).to(di.dtype) for di in d] if d else None
+    gd = [_sum_to(gz, di.shape).to(di.dtype) for di in d]   # a list, like the input (even empty)
     return ga, gb, gd, None, None
 
 
