@@ -279,15 +279,16 @@ def auto_split_mn(tiles: int, steps: int, num_sms: int, eager: bool = False) -> 
     return max(1, min(num_sms // tiles, steps // 4))
 
 
-def streamk_programs(cfg: ConvKernelConfig, total: int, steps: int, num_sms: int, per_sm: int | None = None) -> int:
+def streamk_programs(cfg: ConvKernelConfig, total: int, steps: int, num_sms: int, per_sm: int | None = None,
+                     smem_bytes: int | None = None) -> int:
     """Programs of a stream-K launch: ``per_sm`` per SM (None: 2 when two of the
-    config's A/B buffer sets fit in one SM's shared memory, else 1), at most one
-    per 4 reduction steps of work (and never more than the work)."""
+    config's A/B buffer sets fit in one SM's ``smem_bytes`` of shared memory, else 1),
+    at most one per 4 reduction steps of work (and never more than the work)."""
     from .kernels import ELEMENT_BYTES, PLAN_SMEM
     if not per_sm:
         m, n, k = cfg.tile
         smem = (m + n) * k * ELEMENT_BYTES[cfg.dtype] * cfg.smem_buffers
-        per_sm = 2 if 2 * smem <= PLAN_SMEM else 1
+        per_sm = 2 if 2 * smem <= (smem_bytes or PLAN_SMEM) else 1
     return max(1, min(per_sm * num_sms, total // min(4, max(steps, 1)), total))
 
 
@@ -454,16 +455,17 @@ def _dw_rows(x, w, wc, y, p: ConvProblem, g: dict, meta: dict, nw: int, ns: int)
 
 
 def run(p: ConvProblem, tensors: dict, config: ConvKernelConfig | str | None = None, split: int | None = None,
-        num_sms: int | None = None):
+        num_sms: int | None = None, smem_bytes: int | None = None):
     """Compute ``p`` on torch tensors with the Triton kernel ``config`` (heuristic when None).
 
     ``split`` splits the reduction of forward / bwd_data kernels over several
     programs, combined as the config's ``reduction`` says (fp32 atomics into a
     workspace by default; see ck_conv.kernels.REDUCTIONS); None chooses from the
     grid size.  For ``streamk`` it is the number of persistent programs per SM.
-    bwd_weight takes its split from ``p.split_k`` (0 = choose).  ``num_sms``: the SM/CU
-    count splits are sized for (the Dispatcher passes ``ArchSpec.compute_units``);
-    None reads the device's.
+    bwd_weight takes its split from ``p.split_k`` (0 = choose).  ``num_sms`` and
+    ``smem_bytes``: the SM/CU count and shared memory splits are sized for (the
+    Dispatcher passes the ArchSpec's ``compute_units`` and ``lds_bytes``); None reads
+    the device's SM count and takes the H100's shared memory.
     ``fixup`` / ``atomicfix`` keep per-device arrival counters (and, atomicfix,
     an fp32 accumulator) that their launches leave zeroed: do not run two such
     launches concurrently on different streams.
@@ -514,7 +516,8 @@ def run(p: ConvProblem, tensors: dict, config: ConvKernelConfig | str | None = N
             steps = (p.taps if meta["SPEC"] != 1 else 1) * _cdiv(C * gm, meta["BLOCK_K"])
             if cfg.reduction == "streamk":
                 total = tiles * Gb * steps
-                so = _StreamK(y, total, steps, streamk_programs(cfg, total, steps, (num_sms or _num_sms(x.device)), split),
+                so = _StreamK(y, total, steps, streamk_programs(cfg, total, steps, (num_sms or _num_sms(x.device)), split,
+                                                               smem_bytes),
                               tiles * Gb)
                 grid, chunk = (so.nprog, 1, 1), so.chunk
             else:
@@ -558,7 +561,8 @@ def run(p: ConvProblem, tensors: dict, config: ConvKernelConfig | str | None = N
             ntiles = tiles * (G // gm) * len(crow)
             if cfg.reduction == "streamk":
                 total = ntiles * steps
-                so = _StreamK(dx, total, steps, streamk_programs(cfg, total, steps, (num_sms or _num_sms(dy.device)), split),
+                so = _StreamK(dx, total, steps, streamk_programs(cfg, total, steps, (num_sms or _num_sms(dy.device)), split,
+                                                                smem_bytes),
                               ntiles)
                 grid, chunk, nsplit = (so.nprog, 1, 1), so.chunk, 1
             else:
