@@ -10,7 +10,6 @@ the launches.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Optional
 
 from . import knobs
@@ -32,14 +31,19 @@ _TOKENS = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float8_e4m
 _TORCH = {v: k for k, v in _TOKENS.items()}
 
 
+_BY_DTYPE: dict = {}
+
+
 def dtype_token(dtype) -> str:
     """The ck dtype token (``"fp16"`` ...) of a torch dtype."""
-    name = str(dtype).replace("torch.", "")
-    try:
-        return _TOKENS[name]
-    except KeyError:
-        raise InvalidProblem(f"torch.{name} is not a kernel dtype; cast the tensors to one of "
-                             f"{', '.join('torch.' + n for n in _TOKENS)}") from None
+    token = _BY_DTYPE.get(dtype)
+    if token is None:
+        name = str(dtype).replace("torch.", "")
+        if name not in _TOKENS:
+            raise InvalidProblem(f"torch.{name} is not a kernel dtype; cast the tensors to one of "
+                                 f"{', '.join('torch.' + n for n in _TOKENS)}")
+        token = _BY_DTYPE[dtype] = _TOKENS[name]
+    return token
 
 
 def torch_dtype(token: str):
@@ -92,11 +96,11 @@ def backend_for(device) -> str:
 def dispatcher_on(op: str, tensor, **options) -> Dispatcher:
     """The Dispatcher for ``op`` (and ``options``, see :func:`dispatcher_for`) on ``tensor``'s device.
 
-    The hot path: one dict lookup once warm.
+    The hot path: one dict lookup once warm.  The arch and backend of a device
+    (``CK_BACKEND``, ``CK_CPU_ARCH``, ``TRITON_INTERPRET``) are decided on its
+    first call; after changing them in a running process, call :func:`clear`.
     """
-    env = os.environ
-    key = (get_manager(), op, tensor.device, env.get("CK_BACKEND"), env.get("CK_CPU_ARCH"),
-           env.get("TRITON_INTERPRET"), *options.values())
+    key = (get_manager(), op, tensor.device, *options.values())
     disp = _ON_DEVICE.get(key)
     if disp is None:
         disp = _ON_DEVICE[key] = dispatcher_for(op, current_arch(tensor), backend_for(tensor.device), **options)
