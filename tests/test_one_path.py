@@ -169,3 +169,15 @@ def test_torch_compile_fullgraph_of_a_model_using_the_ops(ck_dispatch_log, ck_rn
     ops = [p.op for p, _, _ in ck_dispatch_log.take()]
     # forward conv, linear, matmul; backward matmul (pre-activation, dA, dB), linear (dX, dW), conv dW
     assert ops.count("conv") == 2 and ops.count("gemm") == 7
+
+
+def test_arch_check_kit_needs_no_op_plugin():
+    import attrs
+
+    from ck_core.testing import check_arch_plugin
+
+    spec = attrs.evolve(make_fake_arch(name="kit1"), triton_target=("hip", "kit1", 64), family="test",
+                        peak={"fp16_tflops": 1.0, "mem_gbs": 1.0})
+    with pytest.raises(pytest.skip.Exception, match="the nope space"):
+        check_arch_plugin(spec, plugin=arch_plugin(spec), name="kit1", vendor="other", target=("hip", "kit1", 64),
+                          warp_size=64, lds_bytes=65536, ops=("nope",))
