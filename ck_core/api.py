@@ -4,8 +4,9 @@ A public call (a torch entry point of an op plugin, such as matmul or conv2d) bu
 from the tensors and runs it through :func:`dispatcher_on` the tensors' device.
 The registry of each Dispatcher is built once, lazily: the ``ck_api_registry``
 hook when a plugin answers, else the op's enumeration with ``OpSpec.api_options``.
-The Dispatcher caches problem -> plan, so a warm call is a few dict lookups and
-the launches.
+The Dispatchers read the tuning table (``ck tune``'s winners) first, so tuning
+improves what users call.  A Dispatcher caches problem -> plan, so a warm call is
+a few dict lookups and the launches.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ log = logging.getLogger(__name__)
 
 _DISPATCHERS: dict = {}
 _ON_DEVICE: dict = {}
+_TUNING: list = []
 
 #: torch dtype name -> ck dtype token
 _TOKENS = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float8_e4m3fn": "fp8",
@@ -75,8 +77,17 @@ def dispatcher_for(op: str, arch, backend: str, manager: Optional[PluginManager]
         if reg is None:
             reg = Registry.from_enumeration(op, name, backend, manager=mgr, **opts)
         log.debug("public %s API on %s/%s %s: %d kernels", op, name, backend, opts, len(reg))
-        disp = _DISPATCHERS[key] = Dispatcher(reg, backend=backend)
+        disp = _DISPATCHERS[key] = Dispatcher(reg, backend=backend, tuning=_tuning_table())
     return disp
+
+
+def _tuning_table():
+    """The tuning table (``ck tune``'s measured winners), read once per process."""
+    if not _TUNING:
+        from .tuning import TuningTable
+
+        _TUNING.append(TuningTable())
+    return _TUNING[0]
 
 
 def backend_for(device) -> str:
@@ -134,6 +145,8 @@ def _numpy(t):
 
 
 def clear() -> None:
-    """Forget every public-API Dispatcher (tests; after installing a plugin)."""
+    """Forget every public-API Dispatcher and the tuning table (tests; after installing a
+    plugin, changing CK_BACKEND / CK_CPU_ARCH, or tuning)."""
     _DISPATCHERS.clear()
     _ON_DEVICE.clear()
+    _TUNING.clear()

@@ -181,3 +181,28 @@ def test_arch_check_kit_needs_no_op_plugin():
     with pytest.raises(pytest.skip.Exception, match="the nope space"):
         check_arch_plugin(spec, plugin=arch_plugin(spec), name="kit1", vendor="other", target=("hip", "kit1", 64),
                           warp_size=64, lds_bytes=65536, ops=("nope",))
+
+
+def test_the_tuning_table_decides_what_the_public_api_runs(ck_dispatch_log, tmp_path, monkeypatch):
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("ck_gemm")
+    from ck_core.tuning import TuningTable
+    from ck_gemm import matmul
+
+    monkeypatch.setenv("CK_TUNING_DB", str(tmp_path / "tuning.json"))
+    monkeypatch.setenv("CK_BACKEND", "numpy")
+    api.clear()
+    a, b = torch.rand(33, 17), torch.rand(17, 9)
+    matmul(a, b)
+    ((problem, (first,), _),) = ck_dispatch_log.take()
+    disp = api.dispatcher_on("gemm", a, dtypes=("fp32",), layouts=("rrr",), dtypes_c=("fp32",),
+                             fusions=((0, "add", "none"),))
+    other = next(k.name for k in disp.rank(problem) if k.name != first)
+    table = TuningTable()
+    table.record("fake64", "numpy", problem, other, 1e-6)
+    table.save()
+    api.clear()
+    matmul(a, b)
+    ((_, _, launched),) = ck_dispatch_log.take()
+    assert launched == (other,)
+    api.clear()
