@@ -13,7 +13,7 @@ from .hookspecs import hookimpl
 from .key import KernelKey
 from .plugins import PluginManager, get_manager, reset_manager
 from .problem import Problem
-from .records import ArchSpec, BackendSpec, OpSpec, Plan, Stage
+from .records import ArchSpec, BackendSpec, DemoCase, OpSpec, Plan, Stage
 from .registry import Registry, enumerate_keys
 from .dispatcher import Dispatcher
 from .validate import Verdict, compare
@@ -22,6 +22,6 @@ __all__ = [
     "__version__", "CkError", "CompileError", "ConfigError", "FilterError", "InvalidProblem",
     "MissingKernel", "PluginError", "ToolchainMissing", "UnsupportedProblem", "ValidationFailed",
     "hookimpl", "KernelKey", "PluginManager", "get_manager", "reset_manager", "Problem",
-    "ArchSpec", "BackendSpec", "OpSpec", "Plan", "Stage", "Registry", "enumerate_keys",
+    "ArchSpec", "BackendSpec", "DemoCase", "OpSpec", "Plan", "Stage", "Registry", "enumerate_keys",
     "Dispatcher", "Verdict", "compare",
 ]

@@ -327,7 +327,7 @@ def cmd_bench(args, extra):
 
 
 def cmd_knobs(args, extra):
-    rows = [{"name": k.name, "default": k.default, "doc": k.doc} for k in knobs.KNOBS.values()]
+    rows = [{"name": k.name, "default": k.default, "doc": k.doc} for k in knobs.all_knobs().values()]
     _print_table(rows, ("name", "default", "doc"))
     return 0
 

@@ -1,6 +1,7 @@
-"""`ck demo`: the main job -- dispatched, validated GEMM (and FMHA when installed).
+"""`ck demo`: the main job -- dispatched, validated cases of every installed op plugin.
 
-Uses the triton backend on a GPU it can run, else the numpy backend on the CPU.
+Each plugin contributes its cases through the ``ck_demo_cases`` hook.  Uses
+the triton backend on a GPU it can run, else the numpy backend on the CPU.
 """
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import time
 
 import numpy as np
 
+from .device import cpu_arch
 from .dispatcher import Dispatcher
 from .errors import CkError
 from .plugins import get_manager
@@ -54,23 +56,17 @@ def _brief(problem) -> str:
 def run_demo(args) -> int:
     mgr = get_manager()
     backend, gpu_arch = _pick_backend(mgr, args.backend)
-    arch = gpu_arch or "gfx942"
+    arch = gpu_arch or cpu_arch(mgr).name
     rng = np.random.default_rng()
     ok = True
     print(f"ck-dispatcher demo: backend={backend} arch={arch}")
-    jobs = []
-    if "gemm" in mgr.ops():
-        from ck_gemm import GemmProblem
-
-        jobs.append(("gemm", GemmProblem(m=257, n=131, k=199, dtype="fp16", layout="rcr"), {}))
-    if "fmha" in mgr.ops():
-        from ck_fmha.demo import demo_problems
-
-        jobs.extend(demo_problems())
-    if not jobs:
-        print("no op plugins installed: pip install -e plugins/gemm plugins/fmha")
+    cases = [c for found in mgr.hook.ck_demo_cases() for c in found or ()]
+    cases.sort(key=lambda c: c.order)
+    if not cases:
+        print("no op plugin with demo cases is installed: pip install -e plugins/gemm plugins/fmha")
         return 1
-    for op_name, problem, opts in jobs:
+    for case in cases:
+        op_name, problem, opts = case.op, case.problem, dict(case.options)
         op = mgr.op(op_name)
         try:
             reg = Registry.from_enumeration(op_name, arch, backend, **opts)

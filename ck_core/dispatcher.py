@@ -101,7 +101,7 @@ class Dispatcher:
             return self._impls[key]
         except KeyError:
             op = self.mgr.op(key.op)
-            fn = op.implement(key, self.backend)
+            fn = op.implement(key, self.backend, self.arch)
             self._impls[key] = fn
             return fn
 
@@ -125,13 +125,14 @@ class Dispatcher:
         """
         t0 = time.perf_counter() if self._observed else 0.0
         try:
-            plan, runners, outputs, inputs = self._hot[problem]
+            plan, runners, outputs, inputs, launched = self._hot[problem]
         except KeyError:
             plan = self.plan(problem)
             op = self.mgr.op(problem.op)
             runners = tuple((self.impl(s.key), s.problem) for s in plan.stages)
             outputs, inputs = op.output_names, op.input_names
-            self._hot[problem] = (plan, runners, outputs, inputs)
+            launched = tuple(s.key.name for s in plan.stages)
+            self._hot[problem] = (plan, runners, outputs, inputs, launched)
         if len(args) > len(inputs):
             return self.run_dict(problem, self.bind(problem, args, named))  # raises the clear error
         tensors = dict(zip(inputs, args))
@@ -143,19 +144,25 @@ class Dispatcher:
             tensors.update(fn(sub, tensors))
         if len(outputs) == 1:
             if self._observed:
-                self.mgr.hook.ck_after_run(problem=problem, plan=plan, seconds=time.perf_counter() - t0)
+                self.mgr.hook.ck_after_run(problem=problem, plan=plan, seconds=time.perf_counter() - t0,
+                                           launched=launched)
             return tensors[outputs[0]]
         result = tuple(tensors[n] for n in outputs if n in tensors)
         if self._observed:
-            self.mgr.hook.ck_after_run(problem=problem, plan=plan, seconds=time.perf_counter() - t0)
+            self.mgr.hook.ck_after_run(problem=problem, plan=plan, seconds=time.perf_counter() - t0,
+                                       launched=launched)
         return result[0] if len(result) == 1 else result
 
     def run_dict(self, problem, tensors: dict) -> dict:
         """Like :meth:`run` but takes and returns every tensor by name."""
+        t0 = time.perf_counter()
         plan = self.plan(problem)
         tensors = dict(tensors)
         for stage in plan.stages:
             tensors.update(self.impl(stage.key)(stage.problem, tensors))
+        if self._observed:
+            self.mgr.hook.ck_after_run(problem=problem, plan=plan, seconds=time.perf_counter() - t0,
+                                       launched=tuple(s.key.name for s in plan.stages))
         return tensors
 
     def clear_cache(self) -> None:

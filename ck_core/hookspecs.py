@@ -5,7 +5,8 @@ A plugin is a module (or object) with functions decorated by
 the entry-point groups ``ck_core.ops``, ``ck_core.archs`` and
 ``ck_core.backends``; the built-in numpy backend loads through the same path.
 
-Phases: register -> enumerate -> render/compile -> select -> launch.
+Phases: register -> enumerate -> render/compile -> select -> launch; then the
+public APIs, the demo and the knobs.
 """
 from __future__ import annotations
 
@@ -135,16 +136,73 @@ def ck_rank_candidates(problem, candidates, arch):
 # --- launch -----------------------------------------------------------------
 
 @hookspec
-def ck_after_run(problem, plan, seconds):
+def ck_after_run(problem, plan, seconds, launched):
     """Observe a finished ``Dispatcher.run``; return value ignored.
 
-    Not firstresult.  ``plan`` is the executed :class:`ck_core.Plan` and
+    Not firstresult.  ``plan`` is the executed :class:`ck_core.Plan`,
+    ``launched`` the tuple of the kernel names the Dispatcher launched, in
+    launch order (one per stage: what ran, not what was asked for), and
     ``seconds`` the host wall time of the call (launch time on GPUs, which
-    run asynchronously).  Keep it cheap: it is on the hot path.
+    run asynchronously).  Keep it cheap: it is on the hot path.  An
+    implementation may take any subset of the arguments.
 
     Example::
 
         @hookimpl
-        def ck_after_run(problem, plan, seconds):
-            STATS[plan.stages[0].key.name] += 1
+        def ck_after_run(plan, launched):
+            for name in launched:
+                STATS[name] += 1
+    """
+
+
+# --- public APIs, demo, knobs ------------------------------------------------
+
+@hookspec(firstresult=True)
+def ck_api_registry(op, arch, backend, options):
+    """Return the :class:`ck_core.Registry` the public API of ``op`` dispatches through, or None.
+
+    firstresult.  ``op`` is an op name, ``arch`` an ArchSpec, ``backend`` a
+    backend name, ``options`` the enumeration options of the signature family
+    asked for (``OpSpec.api_options`` plus what the API call narrows, e.g. a
+    dtype and layout).  Asked once per (plugin manager, op, arch, backend,
+    options) by :func:`ck_core.api.dispatcher_for`; when nobody answers, the
+    registry is the op's enumeration with ``options``.  Lets a deployment (or a
+    test) restrict the kernels users' calls may select, e.g. to what it built.
+
+    Example::
+
+        @hookimpl
+        def ck_api_registry(op, arch, backend, options):
+            if op == "gemm":
+                return Registry.import_json("my_gemms.json")
+    """
+
+
+@hookspec
+def ck_demo_cases():
+    """Return a list of :class:`ck_core.DemoCase` that ``ck demo`` dispatches and validates.
+
+    Not firstresult: the cases of every plugin run, sorted by ``order``.
+
+    Example::
+
+        @hookimpl
+        def ck_demo_cases():
+            return [DemoCase("gemm", GemmProblem(m=257, n=131, k=199), order=0)]
+    """
+
+
+@hookspec
+def ck_declare_knobs():
+    """Return a list of :class:`ck_core.knobs.Knob` (environment variables) this plugin reads.
+
+    Not firstresult.  Declared knobs are read with ``ck_core.knobs.get(name)``
+    like the core's and listed by ``ck knobs``.  A name the core or another
+    plugin already declares is a PluginError.
+
+    Example::
+
+        @hookimpl
+        def ck_declare_knobs():
+            return [Knob("CK_MYOP_FAST", knobs.parse_bool, False, "Take the fast path.")]
     """

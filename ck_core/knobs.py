@@ -42,7 +42,11 @@ class Knob:
     doc: str
 
 
+#: the core's knobs; plugins declare theirs through the ``ck_declare_knobs`` hook
 KNOBS: dict[str, Knob] = {}
+
+# parsers for plugins' knobs
+parse_bool, parse_names, parse_int = _bool, _names, _int
 
 
 def _declare(name: str, parse: Callable[[str], Any], default: Any, doc: str) -> None:
@@ -59,6 +63,9 @@ _declare("CK_CACHE_DIR", str, "",
          "Kernel cache folder; default $XDG_CACHE_HOME/ck-dispatcher or ~/.cache/ck-dispatcher.")
 _declare("CK_BACKEND", str, "",
          "Default backend for `ck run` and Dispatcher when none is given (numpy, triton, ck).")
+_declare("CK_CPU_ARCH", str, "",
+         "Arch whose kernel space the public APIs dispatch in for CPU tensors (numpy backend, or the "
+         "Triton interpreter); default gfx942 when installed, else the first installed arch by name.")
 _declare("CK_BUILD_WORKERS", _int, 0,
          "Default number of build worker processes; 0 means the number of CPUs.")
 _declare("CK_TUNING_DB", str, "",
@@ -66,19 +73,27 @@ _declare("CK_TUNING_DB", str, "",
 _declare("CK_ROCM_PATH", str, "", "ROCm install prefix holding bin/hipcc (default /opt/rocm).")
 _declare("CK_TILE_INCLUDE", str, "",
          "Folder with composable_kernel's include/ (ck_tile headers) for the ck backend.")
-_declare("CK_FMHA_GLUON_DKDV", str, "",
-         "FMHA backward on Hopper: '1' runs every dK/dV on the Gluon kernel, '0' none (also not the fused "
-         "dK/dV+dQ kernel of deterministic=False); unset: the tuned tables "
-         "(ck_fmha.triton.configs.BWD_GLUON_DKDV_SM90, BWD_GLUON_FUSED_SM90).")
 _declare("CK_PROGRESS", _bool, True,
          "Show progress bars on stderr when it is a terminal.")
 
 
+def _plugin_knobs() -> dict:
+    from .plugins import get_manager
+
+    return get_manager().knobs()
+
+
+def all_knobs() -> dict[str, Knob]:
+    """The core's knobs and those the installed plugins declare."""
+    return {**KNOBS, **_plugin_knobs()}
+
+
 def get(name: str) -> Any:
-    try:
-        knob = KNOBS[name]
-    except KeyError:
-        raise ConfigError(f"unknown knob {name!r}; known knobs: {', '.join(KNOBS)}") from None
+    knob = KNOBS.get(name)
+    if knob is None:
+        knob = _plugin_knobs().get(name)
+    if knob is None:
+        raise ConfigError(f"unknown knob {name!r}; known knobs: {', '.join(all_knobs())}")
     raw = os.environ.get(name)
     if raw is None:
         return knob.default

@@ -69,6 +69,7 @@ class PluginManager:
         self._ops = self._collect(self.pm.hook.ck_register_ops, OpSpec, "op")
         self._archs = self._collect(self.pm.hook.ck_register_archs, ArchSpec, "arch")
         self._backends = self._collect(self.pm.hook.ck_register_backends, BackendSpec, "backend")
+        self._knobs: Optional[dict] = None
 
     # -- loading ---------------------------------------------------------
     def _load_module(self, name, module, dist, group):
@@ -128,6 +129,22 @@ class PluginManager:
 
     def backend(self, name: str) -> BackendSpec:
         return _lookup(self._backends, name, "backend", "check `ck plugins`")
+
+    def knobs(self) -> dict:
+        """The knobs plugins declare (``ck_declare_knobs``), collected on first use."""
+        if self._knobs is None:
+            found: dict = {}
+            for impl in reversed(self.pm.hook.ck_declare_knobs.get_hookimpls()):
+                for knob in impl.function() or ():
+                    if not isinstance(knob, knobs.Knob):
+                        raise PluginError(f"plugin {impl.plugin_name!r} declared {knob!r} in "
+                                          f"ck_declare_knobs; build it with ck_core.knobs.Knob(...)")
+                    if knob.name in knobs.KNOBS or knob.name in found:
+                        raise PluginError(f"plugin {impl.plugin_name!r} declares the knob {knob.name}, "
+                                          f"which the core or another plugin already declares; rename it")
+                    found[knob.name] = knob
+            self._knobs = found
+        return dict(self._knobs)
 
     def op_for_name(self, kernel_name: str) -> OpSpec:
         """The op whose names start like ``kernel_name`` (``gemm_...`` -> gemm)."""

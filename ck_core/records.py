@@ -90,7 +90,9 @@ class OpSpec:
     * ``plan(problem) -> list[(stage_name, sub_problem)]``: one entry for single-stage ops;
     * ``reference(problem, tensors: dict) -> dict`` in float64;
     * ``make_inputs(problem, rng) -> dict`` of fresh random numpy inputs;
-    * ``implement(key, backend: str) -> callable(problem, tensors) -> dict``;
+    * ``implement(key, backend: str, arch: ArchSpec) -> callable(problem, tensors) -> dict``:
+      ``arch`` is the Dispatcher's arch, whose facts (compute units, shared memory) a
+      launcher reads instead of constants;
     * ``flops(problem) -> float`` and ``bytes_moved(problem) -> float``;
     * ``heuristic(problem, candidates, arch) -> list`` (optional first-pick ranking);
     * ``render(key, backend) -> rendered`` (optional): an object with ``compile(target)``
@@ -99,6 +101,8 @@ class OpSpec:
 
     ``options`` maps each enumeration option ``enumerate`` accepts to a one-line
     help (``ck list <op> --help`` prints them; unknown flags are checked against them).
+    ``api_options`` are the enumeration options of the registry the op's public
+    (torch) API dispatches through (see :func:`ck_core.api.dispatcher_for`).
     """
 
     name: str
@@ -121,6 +125,7 @@ class OpSpec:
     heuristic: Optional[Callable] = None
     families: tuple = attrs.field(converter=_tuple, default=())
     options: Mapping[str, str] = attrs.field(factory=dict)
+    api_options: Mapping[str, Any] = attrs.field(factory=dict)
     tolerance: Optional[Callable] = None
     description: str = ""
     distribution: str = ""
@@ -148,6 +153,17 @@ class BackendSpec:
     timer: Optional[Callable] = None
     description: str = ""
     distribution: str = ""
+
+
+@attrs.frozen
+class DemoCase:
+    """One case of ``ck demo``: a problem of ``op``, dispatched on a registry
+    enumerated with ``options``.  Cases run in ascending ``order``."""
+
+    op: str
+    problem: Any
+    options: Mapping[str, Any] = attrs.field(factory=dict)
+    order: int = 0
 
 
 @attrs.frozen

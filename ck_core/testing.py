@@ -6,8 +6,11 @@ Use from a plugin's ``conftest.py``::
 
 Fixtures: ``ck_rng`` (a fresh generator; its seed is printed on failure),
 ``fake_arch`` (an ArchSpec any op can enumerate on), ``ck_manager`` (a plugin
-manager with the fake arch added), and the helpers :func:`check_against_reference`
-(op plugins) and :func:`check_arch_plugin` (arch plugins).
+manager with the fake arch added), ``ck_dispatch_log`` (like ``ck_manager``,
+plus a :class:`DispatchLog` of every Dispatcher run, with CPU tensors of the
+public APIs dispatching on the fake arch), and the helpers
+:func:`check_against_reference` (op plugins) and :func:`check_arch_plugin`
+(arch plugins).
 """
 from __future__ import annotations
 
@@ -69,6 +72,34 @@ def ck_manager(fake_arch, monkeypatch):
     return mgr
 
 
+class DispatchLog:
+    """A plugin recording each Dispatcher run: ``(problem, plan's kernel names, launched names)``."""
+
+    def __init__(self):
+        self.runs: list = []
+        self.manager = None
+
+    @hookimpl
+    def ck_after_run(self, problem, plan, launched):
+        self.runs.append((problem, tuple(s.key.name for s in plan.stages), tuple(launched)))
+
+    def take(self) -> list:
+        """The runs recorded since the last take."""
+        runs, self.runs = self.runs, []
+        return runs
+
+
+@pytest.fixture
+def ck_dispatch_log(fake_arch, monkeypatch):
+    from . import plugins
+
+    log = DispatchLog()
+    log.manager = plugins.PluginManager(plugins=[arch_plugin(fake_arch), log])
+    monkeypatch.setattr(plugins, "_MANAGER", log.manager)
+    monkeypatch.setenv("CK_CPU_ARCH", fake_arch.name)
+    return log
+
+
 def check_against_reference(dispatcher, problem, rng, poison: bool = True):
     """Run ``problem`` through ``dispatcher`` on fresh inputs; return the validation report."""
     from .validate import compare_all
@@ -88,26 +119,26 @@ def check_against_reference(dispatcher, problem, rng, poison: bool = True):
 
 def check_arch_plugin(spec: ArchSpec, *, plugin, name: str, vendor: str, target: tuple,
                       warp_size: int, lds_bytes: int, pipelines=None,
-                      distribution: str | None = None) -> list:
-    """Assert what every arch plugin must satisfy; return its GEMM keys.
+                      distribution: str | None = None, ops=None) -> dict:
+    """Assert what every arch plugin must satisfy; return each checked op's keys.
 
     ``spec`` is the plugin's record, ``plugin`` the module holding its
     ``ck_register_archs`` hook; the keywords are the facts the record must
     state (``pipelines``: the exact set, when given; ``distribution``: the pip
     name, ``ck-arch-<name>`` by default).  Checks the record's shape and
     consistency, its Triton target, its entry point (when pip-installed), and
-    the GEMM space a :class:`PluginManager` of the ck-gemm plugin and ``plugin``
-    enumerates on it: non-empty, every dtype present, every key legal (arch
-    rules and GEMM rules), names unique and round-tripping, registries agreeing.
+    the kernel space each installed op plugin (``ops``: those op names, default
+    all installed) enumerates on it: non-empty, dtypes among the arch's, every
+    key legal, names unique and round-tripping.
 
-    Every check that can run runs; what cannot (no triton, no ck-gemm, plugin
-    not pip-installed) is named in one ``pytest.skip`` at the end.
+    Every check that can run runs; what cannot (no triton, an op plugin not
+    installed, plugin not pip-installed) is named in one ``pytest.skip`` at the end.
     """
     from importlib import metadata
 
     from .key import KernelKey
     from .plugins import PluginManager
-    from .registry import Registry, enumerate_keys
+    from .registry import enumerate_keys
 
     unchecked = []
     # -- the record
@@ -153,27 +184,24 @@ def check_arch_plugin(spec: ArchSpec, *, plugin, name: str, vendor: str, target:
         assert eps[0].dist.name == (distribution or f"ck-arch-{name}")
     else:
         unchecked.append(f"entry point (ck-arch-{name} is not pip-installed)")
-    # -- the GEMM space
-    keys = []
-    try:
-        from ck_gemm import kernel as gemm, plugin as gemm_plugin
-    except ImportError:
-        unchecked.append("GEMM enumeration (no ck-gemm)")
-    else:
-        mgr = PluginManager(plugins=[gemm_plugin, plugin], autoload=False)
-        keys = enumerate_keys("gemm", name, manager=mgr)
-        assert keys, f"no GEMM kernel is legal on {name}"
-        assert {k.signature.dtype for k in keys} == set(spec.dtypes)
+    # -- the kernel space of each op plugin
+    mgr = PluginManager(plugins=[plugin])
+    wanted = list(ops) if ops is not None else sorted(mgr.ops())
+    spaces = {}
+    for op in wanted:
+        if op not in mgr.ops():
+            unchecked.append(f"the {op} space (its op plugin is not installed)")
+            continue
+        keys = enumerate_keys(op, name, manager=mgr)
+        assert keys, f"no {op} kernel is legal on {name}"
+        assert {k.fields["dtype"] for k in keys if "dtype" in k.fields} <= set(spec.dtypes)
         assert len({k.name for k in keys}) == len(keys), "two keys share a name"
         for k in keys:
             assert k.arch == name
-            assert gemm.rules_violation(k.signature, k.algorithm, spec) is None, k.name
             assert spec.reject(k) is None, k.name
-        dtype = "fp16" if "fp16" in spec.dtypes else spec.dtypes[0]
-        reg = Registry.from_enumeration("gemm", name, manager=mgr, dtypes=[dtype], layouts=["rcr"])
-        assert len(reg) == sum(1 for k in keys if k.signature.dtype == dtype and k.signature.layout == "rcr")
         for k in keys[:: max(1, len(keys) // 200)]:
             assert KernelKey.from_name(k.name, manager=mgr) == k
+        spaces[op] = keys
     if unchecked:
         pytest.skip("all else checked; not checked: " + "; ".join(unchecked))
-    return keys
+    return spaces

@@ -6,7 +6,7 @@ from ck_arch_gfx1201.facts import FACTS
 
 def test_arch_plugin():
     check_arch_plugin(arch_spec(), plugin=plugin, name="gfx1201", vendor="amd", target=("hip", "gfx1201", 32),
-                      warp_size=32, lds_bytes=65536, pipelines=("mem", "compv3", "compv4"))
+                      warp_size=32, lds_bytes=65536, pipelines=("mem", "compv3", "compv4"), ops=("gemm",))
 
 
 def test_gfx1201_facts():

@@ -6,7 +6,7 @@ from ck_arch_gfx90a.facts import FACTS
 
 def test_arch_plugin():
     check_arch_plugin(arch_spec(), plugin=plugin, name="gfx90a", vendor="amd", target=("hip", "gfx90a", 64),
-                      warp_size=64, lds_bytes=65536, pipelines=("mem", "compv3", "compv4"))
+                      warp_size=64, lds_bytes=65536, pipelines=("mem", "compv3", "compv4"), ops=("gemm",))
 
 
 def test_gfx90a_facts():

@@ -6,7 +6,7 @@ from ck_arch_gfx942.facts import FACTS
 
 def test_arch_plugin():
     check_arch_plugin(arch_spec(), plugin=plugin, name="gfx942", vendor="amd", target=("hip", "gfx942", 64),
-                      warp_size=64, lds_bytes=65536, pipelines=("mem", "compv3", "compv4"))
+                      warp_size=64, lds_bytes=65536, pipelines=("mem", "compv3", "compv4"), ops=("gemm",))
 
 
 def test_gfx942_facts():

@@ -6,7 +6,7 @@ from ck_arch_gfx950.facts import FACTS
 
 def test_arch_plugin():
     check_arch_plugin(arch_spec(), plugin=plugin, name="gfx950", vendor="amd", target=("hip", "gfx950", 64),
-                      warp_size=64, lds_bytes=163840, pipelines=("mem", "compv3", "compv4"))
+                      warp_size=64, lds_bytes=163840, pipelines=("mem", "compv3", "compv4"), ops=("gemm",))
 
 
 def test_gfx950_facts():

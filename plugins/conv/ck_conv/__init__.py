@@ -1,6 +1,8 @@
 """ck-conv: the grouped convolution op plugin of ck-dispatcher.
 
 Light at import: torch and triton load only when a kernel is launched or compiled.
+Torch entry points (through the Dispatcher, with autograd): ``conv1d``, ``conv2d``,
+``conv3d`` taking ``torch.nn.functional.conv*d``'s arguments (see :mod:`ck_conv.api`).
 """
 from __future__ import annotations
 
@@ -8,7 +10,15 @@ from .kernels import ConvKernelConfig, enumerate_configs, heuristic_config
 from .problem import ConvProblem
 
 __all__ = ["ConvProblem", "ConvKernelConfig", "enumerate_configs", "heuristic_config", "run", "kernel_for",
-           "reference"]
+           "reference", "conv1d", "conv2d", "conv3d"]
+
+
+def __getattr__(name):
+    if name in ("conv1d", "conv2d", "conv3d"):
+        from . import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'ck_conv' has no attribute {name!r}")
 
 
 def run(problem, tensors, config=None):

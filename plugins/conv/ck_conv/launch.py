@@ -232,7 +232,7 @@ def pixel_tables(p: ConvProblem, device, tap_bits: bool = False):
     return _PIX[key]
 
 
-def auto_split_k(p: ConvProblem, cfg: ConvKernelConfig, num_sms: int = 132) -> int:
+def auto_split_k(p: ConvProblem, cfg: ConvKernelConfig, num_sms: int) -> int:
     """Split of the bwd_weight pixel reduction that fills about two waves of the GPU."""
     g = geometry(p)
     P = p.N * g["Do"] * g["Ho"] * g["Wo"]
@@ -279,15 +279,16 @@ def auto_split_mn(tiles: int, steps: int, num_sms: int, eager: bool = False) -> 
     return max(1, min(num_sms // tiles, steps // 4))
 
 
-def streamk_programs(cfg: ConvKernelConfig, total: int, steps: int, num_sms: int, per_sm: int | None = None) -> int:
+def streamk_programs(cfg: ConvKernelConfig, total: int, steps: int, num_sms: int, per_sm: int | None = None,
+                     smem_bytes: int | None = None) -> int:
     """Programs of a stream-K launch: ``per_sm`` per SM (None: 2 when two of the
-    config's A/B buffer sets fit in one SM's shared memory, else 1), at most one
-    per 4 reduction steps of work (and never more than the work)."""
+    config's A/B buffer sets fit in one SM's ``smem_bytes`` of shared memory, else 1),
+    at most one per 4 reduction steps of work (and never more than the work)."""
     from .kernels import ELEMENT_BYTES, PLAN_SMEM
     if not per_sm:
         m, n, k = cfg.tile
         smem = (m + n) * k * ELEMENT_BYTES[cfg.dtype] * cfg.smem_buffers
-        per_sm = 2 if 2 * smem <= PLAN_SMEM else 1
+        per_sm = 2 if 2 * smem <= (smem_bytes or PLAN_SMEM) else 1
     return max(1, min(per_sm * num_sms, total // min(4, max(steps, 1)), total))
 
 
@@ -453,14 +454,18 @@ def _dw_rows(x, w, wc, y, p: ConvProblem, g: dict, meta: dict, nw: int, ns: int)
     dw_fwd_rows_kernel(rh, fy, fx)[grid](x, wt, y, *_rows_args(p, g), **meta, num_warps=nw, num_stages=ns)
 
 
-def run(p: ConvProblem, tensors: dict, config: ConvKernelConfig | str | None = None, split: int | None = None):
+def run(p: ConvProblem, tensors: dict, config: ConvKernelConfig | str | None = None, split: int | None = None,
+        num_sms: int | None = None, smem_bytes: int | None = None):
     """Compute ``p`` on torch tensors with the Triton kernel ``config`` (heuristic when None).
 
     ``split`` splits the reduction of forward / bwd_data kernels over several
     programs, combined as the config's ``reduction`` says (fp32 atomics into a
     workspace by default; see ck_conv.kernels.REDUCTIONS); None chooses from the
     grid size.  For ``streamk`` it is the number of persistent programs per SM.
-    bwd_weight takes its split from ``p.split_k`` (0 = choose).
+    bwd_weight takes its split from ``p.split_k`` (0 = choose).  ``num_sms`` and
+    ``smem_bytes``: the SM/CU count and shared memory splits are sized for (the
+    Dispatcher passes the ArchSpec's ``compute_units`` and ``lds_bytes``); None reads
+    the device's SM count and takes the H100's shared memory.
     ``fixup`` / ``atomicfix`` keep per-device arrival counters (and, atomicfix,
     an fp32 accumulator) that their launches leave zeroed: do not run two such
     launches concurrently on different streams.
@@ -511,11 +516,12 @@ def run(p: ConvProblem, tensors: dict, config: ConvKernelConfig | str | None = N
             steps = (p.taps if meta["SPEC"] != 1 else 1) * _cdiv(C * gm, meta["BLOCK_K"])
             if cfg.reduction == "streamk":
                 total = tiles * Gb * steps
-                so = _StreamK(y, total, steps, streamk_programs(cfg, total, steps, _num_sms(x.device), split),
+                so = _StreamK(y, total, steps, streamk_programs(cfg, total, steps, (num_sms or _num_sms(x.device)), split,
+                                                               smem_bytes),
                               tiles * Gb)
                 grid, chunk = (so.nprog, 1, 1), so.chunk
             else:
-                nsplit = split or auto_split_mn(tiles * Gb, steps, _num_sms(x.device),
+                nsplit = split or auto_split_mn(tiles * Gb, steps, (num_sms or _num_sms(x.device)),
                                                 eager=cfg.reduction in ("twostage", "fixup", "atomicfix"))
                 chunk = _cdiv(steps, nsplit)
                 nsplit = _cdiv(steps, chunk)
@@ -555,11 +561,12 @@ def run(p: ConvProblem, tensors: dict, config: ConvKernelConfig | str | None = N
             ntiles = tiles * (G // gm) * len(crow)
             if cfg.reduction == "streamk":
                 total = ntiles * steps
-                so = _StreamK(dx, total, steps, streamk_programs(cfg, total, steps, _num_sms(dy.device), split),
+                so = _StreamK(dx, total, steps, streamk_programs(cfg, total, steps, (num_sms or _num_sms(dy.device)), split,
+                                                                smem_bytes),
                               ntiles)
                 grid, chunk, nsplit = (so.nprog, 1, 1), so.chunk, 1
             else:
-                nsplit = split or auto_split_mn(ntiles, steps, _num_sms(dy.device),
+                nsplit = split or auto_split_mn(ntiles, steps, (num_sms or _num_sms(dy.device)),
                                                 eager=cfg.reduction in ("twostage", "fixup", "atomicfix"))
                 chunk = _cdiv(max(steps, 1), nsplit)
                 nsplit = max(1, _cdiv(steps, chunk))
@@ -579,7 +586,7 @@ def run(p: ConvProblem, tensors: dict, config: ConvKernelConfig | str | None = N
             Mr = p.N * Rd * Rh * Rw
             tiles = _cdiv(Mr, meta["BLOCK_M"]) * _cdiv(C, meta["BLOCK_N"])
             steps = max(len(r) for r in rows) * _cdiv(K, meta["BLOCK_K"])
-            nsplit = split or auto_split_mn(tiles * G * len(rows), steps, _num_sms(dy.device),
+            nsplit = split or auto_split_mn(tiles * G * len(rows), steps, (num_sms or _num_sms(dy.device)),
                                             eager=cfg.reduction in ("twostage", "fixup", "atomicfix"))
             chunk = _cdiv(max(steps, 1), nsplit)
             nsplit = max(1, _cdiv(steps, chunk))
@@ -600,7 +607,7 @@ def run(p: ConvProblem, tensors: dict, config: ConvKernelConfig | str | None = N
     xc = to_channels_last(x, p.in_layout, "in", nd)
     dyc = to_channels_last(dy, p.out_layout, "out", nd)
     P = p.N * g["Do"] * g["Ho"] * g["Wo"]
-    split = p.split_k or auto_split_k(p, cfg, _num_sms(x.device))
+    split = p.split_k or auto_split_k(p, cfg, (num_sms or _num_sms(x.device)))
     if dwise:
         from .dw_codegen import dw_bwd_weight_kernel
         chunk = _cdiv(_cdiv(P, split), meta["BLOCK_P"]) * meta["BLOCK_P"]

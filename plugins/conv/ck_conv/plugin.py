@@ -222,7 +222,7 @@ def _numpy_impl(key, problem, tensors):
     return {k: quantize(v, problem.dtype) for k, v in out.items()}
 
 
-def _triton_impl(key):
+def _triton_impl(key, arch):
     import torch
     from .launch import run
 
@@ -234,16 +234,17 @@ def _triton_impl(key):
         for n in IN_NAMES[problem.direction]:
             t = tensors[n]
             ops[n] = t if t.dtype == td else t.to(td)  # numpy storage (float32 for bf16) via to_backend
-        return {OUT_NAME[problem.direction]: run(problem, ops, cfg)}
+        return {OUT_NAME[problem.direction]: run(problem, ops, cfg, num_sms=arch.compute_units,
+                                                   smem_bytes=arch.lds_bytes)}
 
     return launch
 
 
-def implement(key, backend: str):
+def implement(key, backend: str, arch):
     if backend == "numpy":
         return lambda problem, tensors: _numpy_impl(key, problem, tensors)
     if backend == "triton":
-        return _triton_impl(key)
+        return _triton_impl(key, arch)
     raise UnsupportedProblem(f"the conv plugin has no {backend!r} implementation; use backend numpy or triton")
 
 

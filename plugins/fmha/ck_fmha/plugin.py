@@ -68,7 +68,7 @@ def heuristic(problem, candidates, arch):
     return _triton_keys().rank(problem, candidates, arch)
 
 
-def implement(key, backend):
+def implement(key, backend, arch):
     if backend == "numpy":
         return _numpy_stage
     if backend == "triton":
@@ -117,3 +117,20 @@ def fmha_op() -> OpSpec:
 @hookimpl
 def ck_register_ops():
     return [fmha_op()]
+
+
+@hookimpl
+def ck_demo_cases():
+    from .demo import demo_cases
+
+    return demo_cases()
+
+
+@hookimpl
+def ck_declare_knobs():
+    from ck_core.knobs import Knob
+
+    return [Knob("CK_FMHA_GLUON_DKDV", str, "",
+                 "FMHA backward on Hopper: '1' runs every dK/dV on the Gluon kernel, '0' none (also not "
+                 "the fused dK/dV+dQ kernel of deterministic=False); unset: the tuned tables "
+                 "(ck_fmha.triton.configs.BWD_GLUON_DKDV_SM90, BWD_GLUON_FUSED_SM90).")]

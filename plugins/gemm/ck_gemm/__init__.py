@@ -1,5 +1,20 @@
-"""ck-gemm: the GEMM op plugin of ck-dispatcher."""
+"""ck-gemm: the GEMM op plugin of ck-dispatcher.
+
+Torch entry points (through the Dispatcher; torch loads on first use)::
+
+    from ck_gemm import matmul, linear
+    c = matmul(a, b, d=(bias,), activation="gelu")
+    y = linear(x, weight, bias)
+"""
 from .kernel import GemmAlgorithm, GemmSignature
 from .problem import GemmProblem
 
-__all__ = ["GemmProblem", "GemmSignature", "GemmAlgorithm"]
+__all__ = ["GemmProblem", "GemmSignature", "GemmAlgorithm", "matmul", "linear"]
+
+
+def __getattr__(name):
+    if name in ("matmul", "linear"):
+        from . import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'ck_gemm' has no attribute {name!r}")

@@ -216,7 +216,7 @@ def _tile_violation(sig: GemmSignature, a: GemmAlgorithm, arch) -> str | None:
 
 
 OPTIONS = ("dtypes", "layouts", "tiles_mn", "pipelines", "epilogues", "pads", "num_ds", "d_ops",
-           "activations", "split_ks")
+           "activations", "split_ks", "dtypes_c")
 
 
 def enumerate_keys(arch, backend: str, options: dict) -> list[KernelKey]:
@@ -246,6 +246,7 @@ def enumerate_keys(arch, backend: str, options: dict) -> list[KernelKey]:
     if any(v < 1 for v in split_ks):
         raise ConfigError(f"gemm option split_ks: factors must be >= 1, got {split_ks}")
     # fused epilogues (multi-D, activation): one signature per combination; D ops only matter with Ds
+    dtypes_c = options.get("dtypes_c") or [""]  # "" = CK's C dtype for the input dtype
     epis = [(nd, op, act) for nd in options.get("num_ds") or (0,)
             for op in ((options.get("d_ops") or ("add",)) if nd else ("add",))
             for act in options.get("activations") or ("none",)]
@@ -253,8 +254,8 @@ def enumerate_keys(arch, backend: str, options: dict) -> list[KernelKey]:
     out = []
     for dtype in dtypes:
         eb = ELEMENT_BYTES[dtype]
-        sig_list = [GemmSignature(dtype, lay, num_d=nd, d_op=op, activation=act)
-                    for lay in layouts for nd, op, act in epis]
+        sig_list = [GemmSignature(dtype, lay, dc, num_d=nd, d_op=op, activation=act)
+                    for lay in layouts for dc in dtypes_c for nd, op, act in epis]
         tks = sorted({tb // eb for tb in tile_k_bytes})
         for tm, tn, tk, wave, wt, pipe, sched, epi, pad, st, var, sk in itertools.product(
                 tiles_mn, tiles_mn, tks, arch.wave_layouts, _warp_tiles_for(arch, dtype),
@@ -278,7 +279,9 @@ def enumerate_keys(arch, backend: str, options: dict) -> list[KernelKey]:
                     continue
                 out.append(KernelKey("gemm", sig, alg, arch.name, backend))
     if backend == "triton":
-        out.extend(_tuned_keys(arch, backend, dtypes, layouts))
+        out.extend(attrs.evolve(k, signature=sig) for k in _tuned_keys(arch, backend, dtypes, layouts)
+                   for sig in [attrs.evolve(k.signature, dtype_c=dc, num_d=nd, d_op=op, activation=act)
+                               for dc in dtypes_c for nd, op, act in epis])
     return out
 
 

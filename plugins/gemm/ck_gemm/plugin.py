@@ -11,13 +11,13 @@ from . import kernel, reference
 from .problem import GemmProblem
 
 
-def implement(key, backend: str):
+def implement(key, backend: str, arch):
     if backend == "numpy":
         return partial(_numpy_impl, key)
     if backend == "triton":
         from .triton_launch import make_fast_launcher
 
-        return make_fast_launcher(key)
+        return make_fast_launcher(key, num_sms=arch.compute_units)
     raise UnsupportedProblem(f"the gemm plugin has no {backend!r} implementation; "
                              f"use backend numpy or triton")
 
@@ -70,6 +70,7 @@ def gemm_op() -> OpSpec:
             "d_ops": "how D tensors combine with the accumulator: add, mul (default add)",
             "activations": "epilogue activations: none, relu, gelu, silu, sigmoid, tanh (default none)",
             "split_ks": "split-K factors, e.g. 1,2,4 (default 1)",
+            "dtypes_c": "C (output) dtypes, e.g. fp32 (default: CK's C dtype for the input dtype)",
         },
         description="GEMM: C = act(A @ B op D...), CK layouts rcr/rrr/crr/ccr, batched, split-K",
     )
@@ -78,3 +79,10 @@ def gemm_op() -> OpSpec:
 @hookimpl
 def ck_register_ops():
     return [gemm_op()]
+
+
+@hookimpl
+def ck_demo_cases():
+    from ck_core.records import DemoCase
+
+    return [DemoCase("gemm", GemmProblem(m=257, n=131, k=199, dtype="fp16", layout="rcr"), order=0)]

@@ -91,11 +91,14 @@ class TritonRendered:
 
 
 def _spec(key):
+    from ck_core.plugins import get_manager
+
     from .triton.aot import kernel_for
 
     s = key.signature
     return kernel_for(config_of(key), dtype=s.dtype, layout=s.layout, out_dtype=s.dtype_c,
-                      num_d=s.num_d, d_op=s.d_op, activation=s.activation)
+                      num_d=s.num_d, d_op=s.d_op, activation=s.activation,
+                      num_sms=get_manager().arch(key.arch).compute_units)
 
 
 def render(key, backend: str):
@@ -121,8 +124,11 @@ def torch_dtype(token: str):
     return getattr(torch, _TORCH_DT[token])
 
 
-def make_launcher(key):
-    """A callable ``(problem, tensors) -> {"c": tensor}`` bound to this key's config."""
+def make_launcher(key, num_sms=None):
+    """A callable ``(problem, tensors) -> {"c": tensor}`` bound to this key's config.
+
+    ``num_sms``: the programs of a persistent grid (the arch's compute units);
+    None reads the device's."""
     from .triton.launch import gemm
 
     cfg = config_of(key)
@@ -140,7 +146,7 @@ def make_launcher(key):
             raise InvalidProblem(f"tensor shapes {tuple(a.shape)} / {tuple(b.shape)} do not match "
                                  f"{problem.shape_a()} / {problem.shape_b()} ({problem.layout})")
         c = gemm(a, b, layout=problem.layout, config=cfg, d_tensors=ds, d_op=problem.d_op,
-                 activation=act, out_dtype=t_out)
+                 activation=act, out_dtype=t_out, num_sms=num_sms)
         return {"c": c}
 
     return launch
@@ -162,7 +168,7 @@ class _Recorded:
     __slots__ = ("launch", "args", "a_slots", "b_slots", "c_slots", "descs", "replay")
 
 
-def _record(cfg, problem, a, b, c, t_out, act):
+def _record(cfg, problem, a, b, c, t_out, act, num_sms=None):
     """Run the full launcher once, capturing the kernel launch it makes.
 
     Where the compiled kernel can be replayed (``ck_core.backends.triton_replay``:
@@ -192,7 +198,8 @@ def _record(cfg, problem, a, b, c, t_out, act):
 
     L._launch = capture
     try:
-        L.gemm(a, b, layout=problem.layout, config=cfg, c=c, out_dtype=t_out, activation=act)
+        L.gemm(a, b, layout=problem.layout, config=cfg, c=c, out_dtype=t_out, activation=act,
+               num_sms=num_sms)
     finally:
         L._launch = real
     if len(captured) != 1:
@@ -280,11 +287,11 @@ def bare_launch(key, problem, a, b, replay: bool = False):
     return lambda: bound(*args, **opts)
 
 
-def make_fast_launcher(key):
+def make_fast_launcher(key, num_sms=None):
     """Like :func:`make_launcher`, with the recorded fast path for plain GEMMs."""
     import torch
 
-    general = make_launcher(key)
+    general = make_launcher(key, num_sms)
     cfg = config_of(key)
     sig = key.signature
     t_in, t_out = torch_dtype(sig.dtype), torch_dtype(sig.dtype_c)
@@ -307,7 +314,7 @@ def make_fast_launcher(key):
                                      f"match {problem.shape_a()} / {problem.shape_b()}")
             if tuple(c.shape) != problem.shape_c() or c.dtype != t_out:
                 raise InvalidProblem(f"c is {tuple(c.shape)} {c.dtype}; expected {problem.shape_c()} {t_out}")
-            rec = _record(cfg, problem, a, b, c, t_out, None)
+            rec = _record(cfg, problem, a, b, c, t_out, None, num_sms)
             if rec is None:
                 recorded[sig_] = False
                 return {"c": c}

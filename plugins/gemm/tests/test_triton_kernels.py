@@ -238,11 +238,11 @@ def test_c_desc_config_rules():
     with pytest.raises(InvalidProblem):
         GemmConfig(variant="tma_cs", split_k=2)
     with pytest.raises(InvalidProblem):
-        kernel_for(cfg, dtype="bf16", layout="rcc")               # column-major C
-    spec = kernel_for(cfg, dtype="bf16", layout="rcr")
+        kernel_for(cfg, num_sms=8, dtype="bf16", layout="rcc")               # column-major C
+    spec = kernel_for(cfg, num_sms=8, dtype="bf16", layout="rcr")
     assert spec.signature["c_desc"] == "tensordesc<bf16[128, 128]>"
     assert "c_ptr" not in spec.arg_names and spec.constexprs["EPI_SUBTILE"] == 2
-    assert kernel_for(cfg, dtype="fp8", layout="rcr", batched=True).signature["c_desc"] == \
+    assert kernel_for(cfg, num_sms=8, dtype="fp8", layout="rcr", batched=True).signature["c_desc"] == \
         "tensordesc<bf16[1, 128, 128]>"
     # the slice, not the tile, is staged: subtiling frees shared memory for a 4th stage
     s4 = cfg.evolve(num_stages=4)
@@ -334,7 +334,7 @@ _AOT_SCRIPT = textwrap.dedent("""
     targets = json.loads(sys.argv[1]); dtype = sys.argv[2]; out = []
     for v in VARIANTS:
         cfg = GemmConfig(64, 64, 32, 8, 4, 3, v, 2 if v in ("plain", "tma") else 1)
-        spec = kernel_for(cfg, dtype=dtype, layout="rcr", num_d=1, activation="relu")
+        spec = kernel_for(cfg, num_sms=8, dtype=dtype, layout="rcr", num_d=1, activation="relu")
         for t in targets:
             if v in TMA_VARIANTS and t[0] != "cuda":
                 continue
@@ -353,7 +353,7 @@ _AOT_SCRIPT = textwrap.dedent("""
           (GemmConfig(128, 256, 64, 8, 8, 4, "tma_persistent_cs", 1, 2), dict(even_k=True)),
           (GemmConfig(256, 128, 64, 8, 8, 3, "tma_persistent_cs", 1, 2), dict(even_k=True))]
     for cfg, kw in cs:
-        spec = kernel_for(cfg, dtype=dtype, layout="rcr", **kw)
+        spec = kernel_for(cfg, num_sms=8, dtype=dtype, layout="rcr", **kw)
         for t in targets:
             if t[0] != "cuda":
                 continue

@@ -37,8 +37,6 @@ TRITON_DTYPES = {"fp16": "fp16", "bf16": "bf16", "fp8": "fp8e4nv", "bf8": "fp8e5
                  "int8": "i8", "fp32": "fp32", "int32": "i32"}
 #: default output dtype per input dtype
 DEFAULT_OUT = {"fp16": "fp16", "bf16": "bf16", "fp8": "bf16", "bf8": "bf16", "int8": "int32", "fp32": "fp32"}
-#: how many SMs the persistent grid assumes when none is given (H100 SXM)
-DEFAULT_NUM_SMS = 132
 REDUCE_BLOCK = (32, 128)
 
 
@@ -120,7 +118,7 @@ def _epilogue_constexprs(num_d, d_op, activation) -> dict:
 
 def kernel_for(config, *, dtype: str = "fp16", layout: str = "rcr", out_dtype: str | None = None,
                d_dtype: str | None = None, num_d: int = 0, d_op: str = "add", activation=None,
-               batched: bool = False, even_k: bool = False, num_sms: int = DEFAULT_NUM_SMS,
+               batched: bool = False, even_k: bool = False, num_sms: int | None = None,
                split_k: int | None = None, k_multiple_of_16: bool = False) -> KernelSpec:
     """The KernelSpec of ``config`` for one problem signature.
 
@@ -142,10 +140,15 @@ def kernel_for(config, *, dtype: str = "fp16", layout: str = "rcr", out_dtype: s
     ``k_multiple_of_16=True`` lets the compiler assume K % 16 == 0, without
     which the masked K loop of plain/persistent cannot be vectorised or
     software-pipelined on sm90 (the JIT launcher gets both facts for free).
+    ``num_sms``: the programs of a persistent grid, the target's SM/CU count
+    (``ArchSpec.compute_units``); persistent variants need it.
     """
     cfg = as_config(config)
     if split_k is not None:
         cfg = cfg.evolve(split_k=split_k)
+    if "persistent" in cfg.variant and not num_sms:
+        raise InvalidProblem(f"{cfg.name}: a persistent grid needs num_sms, the target's SM/CU count "
+                             f"(ArchSpec.compute_units of its arch plugin)")
     if cfg.c_desc and not parse_layout(layout)[2]:
         raise InvalidProblem(f"{cfg.name}: the C descriptor store needs a row-major C, "
                              f"layout {layout!r} has a column-major one (use variant "

@@ -21,7 +21,7 @@ import logging
 
 from ck_core.errors import InvalidProblem, UnsupportedProblem
 
-from .aot import DEFAULT_NUM_SMS, DEFAULT_OUT, desc_block_shapes, desc_c_block_shape, kernel_for, parse_layout
+from .aot import DEFAULT_OUT, desc_block_shapes, desc_c_block_shape, kernel_for, parse_layout
 from .configs import C_DESC_TWIN, SPLITK_VARIANTS, GemmConfig, as_config
 
 log = logging.getLogger(__name__)
@@ -63,6 +63,19 @@ def _device_info(index: int):
     import torch
     p = torch.cuda.get_device_properties(index)
     return p.multi_processor_count, (p.major, p.minor), bool(getattr(torch.version, "hip", None))
+
+
+def _arch_name(t) -> str:
+    """The installed arch plugin of ``t``'s GPU (its tuned table), or "generic"."""
+    from ck_core.device import current_arch
+    from ck_core.errors import UnsupportedProblem
+
+    if not t.is_cuda:
+        return "generic"
+    try:
+        return current_arch(t).name
+    except UnsupportedProblem:
+        return "generic"
 
 
 def _tma_ok(t, layout_row_major: bool) -> bool:
@@ -142,12 +155,12 @@ def gemm(a, b, *, layout: str = "rcr", config=None, c=None, d_tensors=(), d_op: 
     if on_gpu:
         sms, cap, is_hip = _device_info(a.device.index if a.device.index is not None else torch.cuda.current_device())
     else:
-        sms, cap, is_hip = DEFAULT_NUM_SMS, (0, 0), False
+        # the interpreter runs the programs one after another: any count is correct
+        sms, cap, is_hip = 4, (0, 0), False
     num_sms = num_sms or sms
     if config is None:
         from .tuning import pick_config
-        cfg = pick_config(M, N, K, dt, arch=arch or ("sm90" if cap[0] == 9 and not is_hip else "generic"),
-                          layout=layout, batch=batch)
+        cfg = pick_config(M, N, K, dt, arch=arch or _arch_name(a), layout=layout, batch=batch)
     else:
         cfg = as_config(config)
     if split_k is not None:

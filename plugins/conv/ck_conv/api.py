@@ -1,0 +1,218 @@
+"""Torch entry points of grouped convolution: ``conv1d``, ``conv2d``, ``conv3d``, through the Dispatcher.
+
+They take torch's tensors as ``torch.nn.functional.conv*d`` does: input
+(N, C, *spatial) and weight (K, C/groups, *filter), in the default
+(NCHW / NCDHW) memory format or channels-last.  The memory format picks the
+problem's layout family (``ngchw`` or ``nhwgc``), so neither is copied into
+the other here; the result comes back in the input's memory format.
+
+Forward, bwd_data and bwd_weight are the torch custom ops ``ck::conv``,
+``ck::conv_bwd_data`` and ``ck::conv_bwd_weight`` (fake implementations for
+``torch.compile``); the forward's autograd runs the other two, each a
+:class:`ConvProblem` through the Dispatcher of the tensors' device.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ck_core import api as core
+from ck_core.errors import InvalidProblem
+
+from .problem import LAYOUT_FAMILIES, ConvProblem
+
+
+def _is_channels_last(x: torch.Tensor) -> bool:
+    """Channels innermost (NHWC / NDHWC storage) and not also plainly contiguous."""
+    return x.shape[1] > 1 and x.stride(1) == 1 and not x.is_contiguous()
+
+
+def _tuple(v, nd: int, what: str) -> tuple:
+    if isinstance(v, str):
+        raise InvalidProblem(f"{what}={v!r}: give integers (string paddings such as 'same' are not supported)")
+    t = (int(v),) * nd if isinstance(v, int) else tuple(int(x) for x in v)
+    if len(t) == 1 and nd > 1:
+        t = t * nd
+    if len(t) != nd:
+        raise InvalidProblem(f"{what}={tuple(v)} has {len(t)} entries; give 1 or {nd}")
+    return t
+
+
+def _problem(direction: str, x_shape, w_shape, stride, padding, dilation, groups: int,
+             dtype: torch.dtype, channels_last: bool) -> ConvProblem:
+    nd = len(x_shape) - 2
+    n, c, *spatial = x_shape
+    k, c_per_group, *filt = w_shape
+    if len(w_shape) != nd + 2:
+        raise InvalidProblem(f"conv{nd}d: weight is {tuple(w_shape)}; expected (out_channels, "
+                             f"in_channels/groups, {nd} filter sizes)")
+    if c != c_per_group * groups:
+        raise InvalidProblem(f"conv{nd}d: input has {c} channels but weight {tuple(w_shape)} with groups={groups} "
+                             f"expects {c_per_group * groups}")
+    fam = "nhwgc" if channels_last else "ngchw"
+    in_l, wei_l, out_l = LAYOUT_FAMILIES[fam][nd]
+    pad = _tuple(padding, nd, "padding")
+    return ConvProblem(N=n, G=groups, C=c, K=k, input_spatial=tuple(spatial), filter=tuple(filt),
+                       stride=_tuple(stride, nd, "stride"), dilation=_tuple(dilation, nd, "dilation"),
+                       pad_left=pad, pad_right=pad, direction=direction, dtype=core.dtype_token(dtype),
+                       in_layout=in_l, wei_layout=wei_l, out_layout=out_l,
+                       split_k=0 if direction == "bwd_weight" else 1)
+
+
+def _last(nd: int) -> tuple:
+    """Permutation of (N, C, *spatial) to (N, *spatial, C)."""
+    return (0, *range(2, nd + 2), 1)
+
+
+def _first(nd: int) -> tuple:
+    """Permutation of (N, *spatial, C) back to (N, C, *spatial)."""
+    return (0, nd + 1, *range(1, nd + 1))
+
+
+def _image_in(t: torch.Tensor, groups: int, cl: bool) -> torch.Tensor:
+    """(N, C, *spatial) -> NHWGC (channels last) or NGCHW storage."""
+    n, c, *sp = t.shape
+    if cl:
+        return t.permute(_last(len(sp))).contiguous().view(n, *sp, groups, c // groups)
+    return t.contiguous().view(n, groups, c // groups, *sp)
+
+
+def _weight_in(w: torch.Tensor, groups: int, cl: bool) -> torch.Tensor:
+    """(K, C/G, *filter) -> GKYXC (channels last) or GKCYX storage."""
+    k, cg, *flt = w.shape
+    if cl:
+        return w.permute(_last(len(flt))).contiguous().view(groups, k // groups, *flt, cg)
+    return w.contiguous().view(groups, k // groups, cg, *flt)
+
+
+def _nc_out(t: torch.Tensor, shape, cl: bool) -> torch.Tensor:
+    """Problem storage -> torch's (N|K, C, *spatial) view, channels-last strides when ``cl``."""
+    lead, ch, *sp = shape
+    if cl:
+        return t.reshape(lead, *sp, ch).permute(_first(len(sp)))
+    return t.reshape(shape)
+
+
+def _empty(shape, cl: bool, like: torch.Tensor) -> torch.Tensor:
+    lead, ch, *sp = shape
+    if cl:
+        return like.new_empty((lead, *sp, ch)).permute(_first(len(sp)))
+    return like.new_empty(tuple(shape))
+
+
+def _run(problem: ConvProblem, like: torch.Tensor, tensors: dict, out_shape, cl: bool) -> torch.Tensor:
+    disp = core.dispatcher_on("conv", like, directions=(problem.direction,), dtypes=(problem.dtype,),
+                              ndims=(problem.ndim,), layouts=(problem.layout_family,))
+    out = core.run(disp, problem, tensors, device=like.device, dtype=like.dtype)
+    return _nc_out(out, out_shape, cl)
+
+
+def _out_shape(p: ConvProblem) -> tuple:
+    return (p.N, p.K, *p.output_spatial)
+
+
+# -- the custom ops ----------------------------------------------------------------
+
+def _forward(x, w, stride, padding, dilation, groups: int) -> torch.Tensor:
+    cl = _is_channels_last(x)
+    p = _problem("forward", x.shape, w.shape, stride, padding, dilation, groups, x.dtype, cl)
+    return _run(p, x, {"x": _image_in(x, groups, cl), "w": _weight_in(w, groups, cl)}, _out_shape(p), cl)
+
+
+@torch.library.custom_op("ck::conv", mutates_args=())
+def conv_op(x: torch.Tensor, w: torch.Tensor, stride: list[int], padding: list[int], dilation: list[int],
+            groups: int) -> torch.Tensor:
+    """Grouped convolution forward through the Dispatcher (the custom op ``ck::conv``)."""
+    return _forward(x, w, stride, padding, dilation, groups)
+
+
+@conv_op.register_fake
+def _(x, w, stride, padding, dilation, groups):
+    cl = _is_channels_last(x)
+    p = _problem("forward", x.shape, w.shape, stride, padding, dilation, groups, x.dtype, cl)
+    return _empty(_out_shape(p), cl, x)
+
+
+@torch.library.custom_op("ck::conv_bwd_data", mutates_args=())
+def conv_bwd_data_op(dy: torch.Tensor, w: torch.Tensor, x_shape: list[int], stride: list[int],
+                     padding: list[int], dilation: list[int], groups: int, channels_last: bool) -> torch.Tensor:
+    """The input gradient of ``ck::conv`` (a bwd_data problem through the Dispatcher)."""
+    p = _problem("bwd_data", x_shape, w.shape, stride, padding, dilation, groups, dy.dtype, channels_last)
+    return _run(p, dy, {"dy": _image_in(dy, groups, channels_last), "w": _weight_in(w, groups, channels_last)},
+                tuple(x_shape), channels_last)
+
+
+@conv_bwd_data_op.register_fake
+def _(dy, w, x_shape, stride, padding, dilation, groups, channels_last):
+    return _empty(tuple(x_shape), channels_last, dy)
+
+
+@torch.library.custom_op("ck::conv_bwd_weight", mutates_args=())
+def conv_bwd_weight_op(x: torch.Tensor, dy: torch.Tensor, w_shape: list[int], stride: list[int],
+                       padding: list[int], dilation: list[int], groups: int, channels_last: bool) -> torch.Tensor:
+    """The weight gradient of ``ck::conv`` (a bwd_weight problem through the Dispatcher)."""
+    p = _problem("bwd_weight", x.shape, w_shape, stride, padding, dilation, groups, x.dtype, channels_last)
+    return _run(p, x, {"x": _image_in(x, groups, channels_last), "dy": _image_in(dy, groups, channels_last)},
+                tuple(w_shape), channels_last)
+
+
+@conv_bwd_weight_op.register_fake
+def _(x, dy, w_shape, stride, padding, dilation, groups, channels_last):
+    return _empty(tuple(w_shape), channels_last, x)
+
+
+def _setup(ctx, inputs, output):
+    x, w, stride, padding, dilation, groups = inputs
+    ctx.save_for_backward(x, w)
+    ctx.args = (list(stride), list(padding), list(dilation), groups, _is_channels_last(x))
+
+
+def _backward(ctx, dy):
+    x, w = ctx.saved_tensors
+    stride, padding, dilation, groups, cl = ctx.args
+    dx = dw = None
+    if ctx.needs_input_grad[0]:
+        dx = conv_bwd_data_op(dy, w, list(x.shape), stride, padding, dilation, groups, cl)
+    if ctx.needs_input_grad[1]:
+        dw = conv_bwd_weight_op(x, dy, list(w.shape), stride, padding, dilation, groups, cl)
+    return dx, dw, None, None, None, None
+
+
+conv_op.register_autograd(_backward, setup_context=_setup)
+
+
+# -- the public functions -------------------------------------------------------------
+
+def _conv(nd: int, x, w, bias, stride, padding, dilation, groups):
+    if x.dim() == nd + 1:   # unbatched, as torch allows
+        return _conv(nd, x.unsqueeze(0), w, bias, stride, padding, dilation, groups).squeeze(0)
+    if x.dim() != nd + 2:
+        raise InvalidProblem(f"conv{nd}d takes a {nd + 2}-D input (N, C, {nd} spatial sizes) or an "
+                             f"unbatched {nd + 1}-D one, got {x.dim()}-D")
+    if w.dtype != x.dtype or w.device != x.device:
+        raise InvalidProblem(f"conv{nd}d: input is {x.dtype} on {x.device} but weight {w.dtype} on {w.device}")
+    args = ([*_tuple(stride, nd, "stride")], [*_tuple(padding, nd, "padding")],
+            [*_tuple(dilation, nd, "dilation")], int(groups))
+    if not torch.compiler.is_compiling() and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)):
+        y = _forward(x, w, *args)   # no autograd record to keep: skip the op wrapper
+    else:
+        y = conv_op(x, w, *args)
+    if bias is not None:
+        y = y + bias.view(1, -1, *([1] * nd))
+    return y
+
+
+def conv1d(x, w, bias: Optional[torch.Tensor] = None, stride=1, padding=0, dilation=1, groups: int = 1):
+    """Like ``torch.nn.functional.conv1d``, on the Dispatcher's kernels."""
+    return _conv(1, x, w, bias, stride, padding, dilation, groups)
+
+
+def conv2d(x, w, bias: Optional[torch.Tensor] = None, stride=1, padding=0, dilation=1, groups: int = 1):
+    """Like ``torch.nn.functional.conv2d``, on the Dispatcher's kernels."""
+    return _conv(2, x, w, bias, stride, padding, dilation, groups)
+
+
+def conv3d(x, w, bias: Optional[torch.Tensor] = None, stride=1, padding=0, dilation=1, groups: int = 1):
+    """Like ``torch.nn.functional.conv3d``, on the Dispatcher's kernels."""
+    return _conv(3, x, w, bias, stride, padding, dilation, groups)

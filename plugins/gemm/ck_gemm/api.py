@@ -1,0 +1,181 @@
+"""Torch entry points of GEMM: ``matmul`` and ``linear``, through the Dispatcher.
+
+Each call builds a :class:`GemmProblem` from the tensors (A and B in the
+storage they already have: a transposed view is a column-major operand, not a
+copy) and runs it through the Dispatcher of the tensors' device
+(:func:`ck_core.api.dispatcher_on`).  The op is the torch custom op
+``ck::gemm`` with a fake implementation and autograd, so ``torch.compile``
+traces it without graph breaks; its backward is two more ``ck::gemm`` calls.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import torch
+
+from ck_core import api as core
+from ck_core.errors import InvalidProblem
+
+from .problem import ACTIVATIONS, DEFAULT_C, GemmProblem
+
+
+def _operand(t: torch.Tensor) -> tuple:
+    """(layout letter, tensor in storage order) of a logical (.., rows, cols) operand."""
+    rows, cols = t.shape[-2:]
+    if t.stride(-1) == 1 and (rows == 1 or t.stride(-2) >= max(cols, 1)):
+        return "r", t.contiguous()
+    if t.stride(-2) == 1 and (cols == 1 or t.stride(-1) >= max(rows, 1)):
+        return "c", t.transpose(-1, -2).contiguous()
+    return "r", t.contiguous()
+
+
+def _out_dtype(a: torch.Tensor, out_dtype) -> torch.dtype:
+    return out_dtype if out_dtype is not None else core.torch_dtype(DEFAULT_C[core.dtype_token(a.dtype)])
+
+
+def _shapes(a: torch.Tensor, b: torch.Tensor) -> tuple:
+    """(batch, M, N, K) of ``a @ b``; InvalidProblem says what does not fit."""
+    if a.dim() not in (2, 3) or b.dim() not in (2, 3):
+        raise InvalidProblem(f"matmul takes 2-D or 3-D (batch first) tensors, got {a.dim()}-D and {b.dim()}-D")
+    if a.shape[-1] != b.shape[-2]:
+        raise InvalidProblem(f"matmul: A is {tuple(a.shape)} and B is {tuple(b.shape)}; A's last size must "
+                             f"equal B's second to last (K)")
+    batch = {a.shape[0] if a.dim() == 3 else 1, b.shape[0] if b.dim() == 3 else 1}
+    if len(batch) > 1 and 1 not in batch:
+        raise InvalidProblem(f"matmul: batch sizes {a.shape[0]} and {b.shape[0]} differ")
+    if a.device != b.device:
+        raise InvalidProblem(f"matmul: A is on {a.device} but B on {b.device}")
+    return max(batch), a.shape[-2], b.shape[-1], a.shape[-1]
+
+
+def _gemm(a, b, d, activation: str, out_dtype) -> torch.Tensor:
+    batch, m, n, k = _shapes(a, b)
+    token = core.dtype_token(a.dtype)
+    if core.dtype_token(b.dtype) != token:
+        raise InvalidProblem(f"matmul: A is {a.dtype} but B is {b.dtype}; cast one of them")
+    t_out = _out_dtype(a, out_dtype)
+    out_shape = (batch, m, n) if a.dim() == 3 or b.dim() == 3 else (m, n)
+    if batch > 1:   # a broadcast operand is repeated: the kernels take one batch stride per operand
+        a, b = a.expand(batch, m, k), b.expand(batch, k, n)
+    else:
+        a, b = a.reshape(m, k), b.reshape(k, n)
+    la, sa = _operand(a)
+    lb, sb = _operand(b)
+    tensors = {"a": sa, "b": sb}
+    problem_c = (batch, m, n) if batch > 1 else (m, n)
+    for i, di in enumerate(d):
+        try:
+            tensors[f"d{i}"] = di.to(t_out).expand(out_shape).reshape(problem_c).contiguous()
+        except RuntimeError:
+            raise InvalidProblem(f"matmul: d[{i}] of shape {tuple(di.shape)} does not broadcast to the "
+                                 f"output shape {out_shape}") from None
+    problem = GemmProblem(m=m, n=n, k=k, batch=batch, dtype=token, dtype_c=core.dtype_token(t_out),
+                          layout=la + lb + "r", num_d=len(d), activation=activation)
+    disp = core.dispatcher_on("gemm", a, dtypes=(token,), layouts=(problem.layout,),
+                              dtypes_c=(problem.dtype_c,), num_ds=(len(d),), d_ops=("add",),
+                              activations=(activation,))
+    c = core.run(disp, problem, tensors, device=a.device, dtype=t_out)
+    return c.reshape(out_shape)
+
+
+@torch.library.custom_op("ck::gemm", mutates_args=())
+def gemm_op(a: torch.Tensor, b: torch.Tensor, d: list[torch.Tensor], activation: str,
+            out_dtype: Optional[torch.dtype]) -> torch.Tensor:
+    """``activation(a @ b + sum(d))`` through the Dispatcher (the custom op ``ck::gemm``)."""
+    return _gemm(a, b, d, activation, out_dtype)
+
+
+@gemm_op.register_fake
+def _(a, b, d, activation, out_dtype):
+    batch, m, n, _ = _shapes(a, b)
+    return a.new_empty((batch, m, n) if a.dim() == 3 or b.dim() == 3 else (m, n),
+                       dtype=_out_dtype(a, out_dtype))
+
+
+def _act_grad(activation: str, z: torch.Tensor) -> torch.Tensor:
+    """d activation / dz at the pre-activation ``z``."""
+    if activation == "relu":
+        return (z > 0).to(z.dtype)
+    if activation == "sigmoid":
+        s = torch.sigmoid(z)
+        return s * (1 - s)
+    if activation == "tanh":
+        return 1 - torch.tanh(z) ** 2
+    if activation == "silu":
+        s = torch.sigmoid(z)
+        return s * (1 + z * (1 - s))
+    if activation == "gelu":
+        return 0.5 * (1 + torch.erf(z / math.sqrt(2.0))) + z * torch.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)
+    return torch.ones_like(z)
+
+
+def _sum_to(g: torch.Tensor, shape) -> torch.Tensor:
+    """Undo broadcasting: sum ``g`` down to ``shape``."""
+    shape = tuple(shape)
+    while g.dim() > len(shape):
+        g = g.sum(0)
+    for i, s in enumerate(shape):
+        if s == 1 and g.shape[i] != 1:
+            g = g.sum(i, keepdim=True)
+    return g
+
+
+def _setup(ctx, inputs, output):
+    a, b, d, activation, _ = inputs
+    ctx.save_for_backward(a, b, *d)
+    ctx.activation = activation
+
+
+def _backward(ctx, grad):
+    a, b, *d = ctx.saved_tensors
+    gz = grad
+    if ctx.activation != "none":
+        z = gemm_op(a, b, d, "none", grad.dtype)
+        gz = grad * _act_grad(ctx.activation, z)
+    need_a, need_b, need_d = ctx.needs_input_grad[:3]
+    ga = gb = None
+    if need_a:
+        ga = _sum_to(gemm_op(gz.to(b.dtype), b.transpose(-1, -2), [], "none", a.dtype), a.shape)
+    if need_b:
+        gb = _sum_to(gemm_op(a.transpose(-1, -2), gz.to(a.dtype), [], "none", b.dtype), b.shape)
+    gd = [_sum_to(gz, di.shape).to(di.dtype) for di in d]   # a list, like the input (even empty)
+    return ga, gb, gd, None, None
+
+
+gemm_op.register_autograd(_backward, setup_context=_setup)
+
+
+def _activation(activation) -> str:
+    act = "none" if activation is None else activation
+    if act not in ACTIVATIONS:
+        raise InvalidProblem(f"activation {activation!r} is unknown; use None or one of "
+                             f"{', '.join(a for a in ACTIVATIONS if a != 'none')}")
+    return act
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, *, d: Sequence[torch.Tensor] = (), activation: Optional[str] = None,
+           out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """``activation(a @ b + d[0] + d[1] ...)`` on the Dispatcher's kernel for this problem.
+
+    ``a``: (M, K) or (batch, M, K); ``b``: (K, N) or (batch, K, N) (either may be a
+    transposed view: it is passed as a column-major operand); ``d``: tensors that
+    broadcast to the output, added before ``activation`` (relu, gelu, silu,
+    sigmoid, tanh); ``out_dtype``: C's dtype (default: CK's for the input dtype).
+    """
+    d = list(d)
+    act = _activation(activation)
+    if not torch.compiler.is_compiling() and not (torch.is_grad_enabled() and (
+            a.requires_grad or b.requires_grad or any(x.requires_grad for x in d))):
+        return _gemm(a, b, d, act, out_dtype)   # no autograd record to keep: skip the op wrapper
+    return gemm_op(a, b, d, act, out_dtype)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``x @ weight.T + bias`` like ``torch.nn.functional.linear`` (weight is (out, in))."""
+    if weight.dim() != 2 or x.dim() < 1 or x.shape[-1] != weight.shape[1]:
+        raise InvalidProblem(f"linear: x is {tuple(x.shape)} and weight {tuple(weight.shape)}; weight must be "
+                             f"(out_features, in_features) with in_features = x's last size")
+    lead = x.shape[:-1]
+    y = matmul(x.reshape(-1, x.shape[-1]), weight.t(), d=() if bias is None else (bias,))
+    return y.reshape(*lead, weight.shape[0])
