@@ -12,7 +12,9 @@ A matrix file holds ``[[shape]]`` tables::
     dtype = ["fp16", "bf16"]
 
 Every other key is a problem field (a list stays a list, e.g. a conv's
-``input_spatial``).  Expanded names get ``.<field><value>`` suffixes.
+``input_spatial``).  Expanded names get ``.<field><value>`` suffixes; an
+``expand`` list of tables sets several fields together
+(``ch = [{ G = 32, C = 32, K = 32 }, ...]``).
 Categories nest: ``smoke`` is part of ``full``, and both of ``nightly``.
 """
 from __future__ import annotations
@@ -74,8 +76,15 @@ def _expand(entry: dict, where: str) -> Iterable[tuple[str, dict]]:
         raise ConfigError(f"{where}: {sorted(clash)} given both as a field and under 'expand'")
     names = list(grid)
     for combo in itertools.product(*(grid[n] for n in names)):
-        suffix = "".join(f".{n}{_token(v)}" for n, v in zip(names, combo))
-        yield entry["name"] + suffix, dict(fields, **dict(zip(names, combo)))
+        row, suffix = dict(fields), ""
+        for n, v in zip(names, combo):
+            if isinstance(v, dict):  # a table sets several fields together (e.g. G = C = K)
+                row.update(v)
+                suffix += "." + "".join(f"{k}{_token(x)}" for k, x in v.items())
+            else:
+                row[n] = v
+                suffix += f".{n}{_token(v)}"
+        yield entry["name"] + suffix, row
 
 
 def parse_matrix(data: Mapping[str, Any], source: str) -> List[Shape]:

@@ -92,8 +92,8 @@ class BenchWorker:
             if flops <= self.f64_flops:
                 st.reference = ("f64", self.op.reference(st.problem, st.host))
             elif self.spec.device_reference is not None and self.backend != "numpy":
-                out = self.spec.device_reference(st.problem, st.dev)
-                st.reference = ("fp32", {k: self.bk.to_numpy(v) for k, v in out.items()})
+                out = self.spec.device_reference(st.problem, st.dev) or {}
+                st.reference = ("fp32" if out else "skipped", {k: self.bk.to_numpy(v) for k, v in out.items()})
             else:
                 st.reference = ("skipped", {})
             self.references[name] = st.reference

@@ -106,3 +106,12 @@ def fmha_op() -> OpSpec:
 @hookimpl
 def ck_register_ops():
     return [fmha_op()]
+
+
+@hookimpl
+def ck_sweep_spec(op):
+    if op.name == "fmha":
+        from .sweep import sweep_spec
+
+        return sweep_spec()
+    return None

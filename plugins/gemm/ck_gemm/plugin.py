@@ -66,3 +66,12 @@ def gemm_op() -> OpSpec:
 @hookimpl
 def ck_register_ops():
     return [gemm_op()]
+
+
+@hookimpl
+def ck_sweep_spec(op):
+    if op.name == "gemm":
+        from .sweep import sweep_spec
+
+        return sweep_spec()
+    return None
