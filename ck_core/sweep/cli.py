@@ -65,6 +65,8 @@ def cmd_sweep(args, extra) -> int:
     from .engine import run_sweep
 
     meta = run_sweep(options_from_args(args, extra))
+    if meta.get("interrupted"):
+        return 130
     return 0 if meta.get("count") is not None or not meta.get("status_counts", {}).get("wrong") else 1
 
 

@@ -210,8 +210,12 @@ def run_sweep(opts: Options, out=None) -> dict:
         if cbar is not None and not work.compile_only:
             cbar.update(1)
 
+    interrupted = False
     try:
         stats = executor.run(work, emit, compiled)
+    except KeyboardInterrupt:  # Ctrl-C or `timeout -s INT`: keep what was measured, resumable
+        interrupted, stats = True, {}
+        log.warning("sweep interrupted; the rows so far are written (rerun with --resume)")
     finally:
         sink.close()
         for b in (cbar, bbar):
@@ -233,7 +237,7 @@ def run_sweep(opts: Options, out=None) -> dict:
         "executor": opts.executor, "workers": work.workers, "verify": opts.verify,
         "compile_only": opts.compile_only, "wall_s": round(wall, 3),
         "versions": versions(("ray",) if opts.executor == "ray" else ()),
-        "command": opts.command, "date": today(),
+        "command": opts.command, "date": today(), "interrupted": interrupted,
     }
     meta.update(stats)
     if opts.json:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import signal
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
@@ -39,6 +40,8 @@ def gpu_count(backend: str) -> int:
 
 
 def _worker_main(conn, kwargs: dict, device: Optional[int]) -> None:
+    # Ctrl-C reaches the whole process group: the parent decides, the worker is stopped by it
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if device is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(device)
     from .worker import BenchWorker
@@ -119,13 +122,14 @@ class LocalExecutor:
         devices = list(range(ngpu)) or [None]
         n_tasks = sum(len(t) for t in work.tasks.values())
         clock = {"b0": None, "b1": None}
+        stop = threading.Event()
 
         def bench_loop(device):
             proc = _WorkerProcess(kwargs, device)
             try:
                 while True:
                     task = bench_q.get()
-                    if task is None:
+                    if task is None or stop.is_set():
                         return
                     if clock["b0"] is None:
                         clock["b0"] = time.perf_counter()
@@ -194,6 +198,7 @@ class LocalExecutor:
                     c1 = time.perf_counter()
                 release(by_name[name]["name"], meta, err)
         finally:
+            stop.set()
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
                 os.environ.pop("CK_BUILD_WARM_KEY", None)
