@@ -8,6 +8,6 @@ CSV / JSON / PNG rows, resumably.  Executors: a local process pool
 """
 from __future__ import annotations
 
-from .spec import KernelSet, SweepSpec, generic_kernel_set
+from .spec import KernelSet, SweepSpec, cast_inputs, generic_kernel_set
 
-__all__ = ["KernelSet", "SweepSpec", "generic_kernel_set"]
+__all__ = ["KernelSet", "SweepSpec", "cast_inputs", "generic_kernel_set"]

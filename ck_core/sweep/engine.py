@@ -214,7 +214,7 @@ def run_sweep(opts: Options, out=None) -> dict:
     try:
         stats = executor.run(work, emit, compiled)
     except KeyboardInterrupt:  # Ctrl-C or `timeout -s INT`: keep what was measured, resumable
-        interrupted, stats = True, {}
+        interrupted, stats = True, dict(getattr(executor, "stats", {}))
         log.warning("sweep interrupted; the rows so far are written (rerun with --resume)")
     finally:
         sink.close()

@@ -39,9 +39,13 @@ def gpu_count(backend: str) -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def _worker_main(conn, kwargs: dict, device: Optional[int]) -> None:
-    # Ctrl-C reaches the whole process group: the parent decides, the worker is stopped by it
+def _ignore_sigint() -> None:
+    # Ctrl-C reaches the whole process group: the parent decides, and stops its workers
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _worker_main(conn, kwargs: dict, device: Optional[int]) -> None:
+    _ignore_sigint()
     if device is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(device)
     from .worker import BenchWorker
@@ -112,6 +116,7 @@ class _WorkerProcess:
 
 class LocalExecutor:
     name = "local"
+    stats: dict = {}
 
     def run(self, work: Work, emit, compiled_cb) -> dict:
         env = _build._forwarded_env()
@@ -154,12 +159,13 @@ class LocalExecutor:
                 pool = ThreadPoolExecutor(1)
             else:
                 keys = [_key(d) for d in todo[:1]]
-                pool = ProcessPoolExecutor(max_workers=nw, mp_context=_build._pool_context(keys))
+                pool = ProcessPoolExecutor(max_workers=nw, mp_context=_build._pool_context(keys),
+                                           initializer=_ignore_sigint)
             for d in todo:
                 fut = pool.submit(_build._compile_one, d, work.cache_root, False, env)
                 fut.add_done_callback(lambda f, n=d["name"]: results.put(("compiled", n, f)))
         pending_compiles = len(todo)
-        pending_rows = 0
+        pending_rows = done_rows = 0
         n_compiled = hits = 0
         c1 = None
 
@@ -174,13 +180,24 @@ class LocalExecutor:
                     pending_rows += 1
                     bench_q.put(task)
 
+        interrupted = threading.Event()
+        old_handler = None
+        if threading.current_thread() is threading.main_thread():
+            # a flag, not an exception: KeyboardInterrupt inside Queue.get breaks its lock
+            old_handler = signal.signal(signal.SIGINT, lambda *a: interrupted.set())
         try:
             for d in ready:
                 release(d["name"], {}, None)
             while pending_compiles or pending_rows:
-                msg = results.get()
+                try:
+                    msg = results.get(timeout=0.2)
+                except queue.Empty:
+                    if interrupted.is_set():
+                        raise KeyboardInterrupt from None
+                    continue
                 if msg[0] == "row":
                     pending_rows -= 1
+                    done_rows += 1
                     emit(msg[1])
                     clock["b1"] = time.perf_counter()
                     continue
@@ -198,6 +215,10 @@ class LocalExecutor:
                     c1 = time.perf_counter()
                 release(by_name[name]["name"], meta, err)
         finally:
+            if old_handler is not None:
+                signal.signal(signal.SIGINT, old_handler)
+            self.stats = dict(rates(n_compiled, hits, c0, c1, clock["b0"], clock["b1"], done_rows),
+                              bench_workers=len(threads), gpus=ngpu)
             stop.set()
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
@@ -206,8 +227,7 @@ class LocalExecutor:
                 bench_q.put(None)
             for t in threads:
                 t.join(30)
-        return dict(rates(n_compiled, hits, c0, c1, clock["b0"], clock["b1"], n_tasks),
-                    bench_workers=len(threads), gpus=ngpu)
+        return self.stats
 
 
 def _key(d: dict):

@@ -99,7 +99,7 @@ class RayExecutor:
         inflight: dict = {}   # ref -> (actor, task, deadline)
         n_compiled = hits = 0
         c1 = b0 = b1 = None
-        pending_rows = 0
+        pending_rows = done_rows = 0
 
         def release(name, meta, err):
             nonlocal pending_rows
@@ -149,6 +149,7 @@ class RayExecutor:
                         row = dict(task["base"], status="error", error=f"benchmark actor died: {exc}"[:500])
                         idle.append(new_actor())
                     pending_rows -= 1
+                    done_rows += 1
                     emit(row)
                     b1 = time.perf_counter()
             now = time.monotonic()
@@ -162,5 +163,5 @@ class RayExecutor:
                     b1 = time.perf_counter()
         for actor in idle:
             ray.kill(actor)
-        return dict(rates(n_compiled, hits, c0, c1, b0, b1, n_tasks), bench_workers=n_actors, gpus=gpus,
+        return dict(rates(n_compiled, hits, c0, c1, b0, b1, done_rows), bench_workers=n_actors, gpus=gpus,
                     ray_nodes=len(ray.nodes()), ray_cpus=ray.cluster_resources().get("CPU", 0))

@@ -53,6 +53,9 @@ class SweepSpec:
       backend holds (None where there is no peer, e.g. numpy arrays on the CPU);
     * ``device_reference(problem, tensors) -> dict`` (optional): fp32 outputs computed
       on the device, used to check shapes too large for the float64 reference;
+    * ``device_inputs(problem, tensors) -> dict`` (optional): the inputs as the backend
+      moved them, cast once to what callers pass (numpy has no bf16, so bf16 arrives as
+      float32); without it every timed call of a launcher would also time that cast;
     * ``bytes_moved(problem) -> float`` (optional, else ``OpSpec.bytes_moved``).
     """
 
@@ -68,6 +71,21 @@ class SweepSpec:
     peer: Optional[Callable] = None
     device_reference: Optional[Callable] = None
     bytes_moved: Optional[Callable] = None
+    device_inputs: Optional[Callable] = None
+
+
+def cast_inputs(names, dtype: str, tensors: dict) -> dict:
+    """Torch tensors among ``names`` cast from float32 to ``dtype`` (fp16/bf16); others unchanged.
+    A helper for :attr:`SweepSpec.device_inputs`."""
+    want = {"fp16": "float16", "bf16": "bfloat16"}.get(dtype)
+    out = dict(tensors)
+    for n in names:
+        t = out.get(n)
+        if want and t is not None and type(t).__module__.startswith("torch") and str(t.dtype) == "torch.float32":
+            import torch
+
+            out[n] = t.to(getattr(torch, want))
+    return out
 
 
 def get_spec(mgr, op_name: str) -> SweepSpec:

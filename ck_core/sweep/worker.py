@@ -79,6 +79,8 @@ class BenchWorker:
         problem = self._problem(fields)
         host = self.op.make_inputs(problem, np.random.default_rng(self.seed))
         dev = {k: self.bk.to_backend(v) for k, v in host.items()}
+        if self.spec.device_inputs is not None:
+            dev = self.spec.device_inputs(problem, dev)
         st = _ShapeState(problem, host, dev)
         st.reference = self.references.get(name)
         self.shapes[name] = st

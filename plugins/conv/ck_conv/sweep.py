@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from importlib.resources import files
 
-from ck_core.sweep import SweepSpec
+from ck_core.sweep import cast_inputs, SweepSpec
 
 PROBLEM_FIELDS = ("direction", "dtype", "N", "G", "C", "K", "input_spatial", "filter", "stride", "dilation",
                   "pad_left", "pad_right", "in_layout")
@@ -49,7 +49,12 @@ def device_reference(problem, tensors):
     return {"y": y.unflatten(-1, (problem.G, problem.K // problem.G))}
 
 
+def device_inputs(problem, tensors):
+    return cast_inputs(("x", "w", "dy"), problem.dtype, tensors)
+
+
 def sweep_spec() -> SweepSpec:
     return SweepSpec(op="conv", shapes=str(files("ck_conv") / "sweep_shapes.toml"),
                      problem_fields=PROBLEM_FIELDS, kernel_fields=KERNEL_FIELDS,
-                     peer=peer, device_reference=device_reference)
+                     peer=peer, device_reference=device_reference,
+                     device_inputs=device_inputs)

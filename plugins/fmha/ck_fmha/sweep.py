@@ -12,7 +12,7 @@ from __future__ import annotations
 from importlib.resources import files
 from itertools import accumulate
 
-from ck_core.sweep import KernelSet, SweepSpec
+from ck_core.sweep import cast_inputs, KernelSet, SweepSpec
 
 from .codegen import ck_facts as F
 from .codegen.spec import FmhaKernelSpec
@@ -122,9 +122,14 @@ def device_reference(p: FmhaProblem, tensors):
     return {"o": o}
 
 
+def device_inputs(problem, tensors):
+    return cast_inputs(("q", "k", "v", "knew", "vnew", "k_cache", "v_cache"), problem.dtype, tensors)
+
+
 def sweep_spec() -> SweepSpec:
     return SweepSpec(op="fmha", shapes=str(files("ck_fmha") / "sweep_shapes.toml"),
                      problem_fields=PROBLEM_FIELDS, kernel_fields=KERNEL_FIELDS,
                      problem_columns=problem_columns, kernel_columns=kernel_columns, make_problem=make_problem,
                      kernel_config=kernel_config, filter_fields=seed_fields, peer=peer,
-                     device_reference=device_reference)
+                     device_reference=device_reference,
+                     device_inputs=device_inputs)

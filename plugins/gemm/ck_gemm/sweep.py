@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from importlib.resources import files
 
-from ck_core.sweep import SweepSpec
+from ck_core.sweep import cast_inputs, SweepSpec
 
 PROBLEM_FIELDS = ("batch", "m", "n", "k", "dtype", "dtype_c", "layout")
 KERNEL_FIELDS = ("pipeline", "variant", "tile_m", "tile_n", "tile_k", "warp_m", "warp_n", "warp_k",
@@ -48,7 +48,12 @@ def device_reference(problem, tensors):
     return {"c": c if problem.layout[2] == "r" else c.transpose(-1, -2).contiguous()}
 
 
+def device_inputs(problem, tensors):
+    return cast_inputs(("a", "b"), problem.dtype, tensors)
+
+
 def sweep_spec() -> SweepSpec:
     return SweepSpec(op="gemm", shapes=str(files("ck_gemm") / "sweep_shapes.toml"),
                      problem_fields=PROBLEM_FIELDS, kernel_fields=KERNEL_FIELDS,
-                     peer=peer, device_reference=device_reference)
+                     peer=peer, device_reference=device_reference,
+                     device_inputs=device_inputs)
