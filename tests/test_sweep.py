@@ -364,3 +364,48 @@ def test_ray_missing_is_a_clear_error_fast(monkeypatch, capsys):
     assert "ck-core[ray]" in err
     with pytest.raises(CkError, match="ck-core\\[ray\\]"):
         run_sweep(Options(op="gemm", arch="sm90", executor="ray"))
+
+
+def test_interrupted_sweep_keeps_rows_and_writes_json(tmp_path, monkeypatch):
+    from ck_core.sweep.local import LocalExecutor
+
+    def run_then_ctrl_c(self, work, emit, compiled):
+        task = next(t for ts in work.tasks.values() for t in ts)
+        emit(dict(task["base"], status="ok", latency_ms=1.0))
+        self.stats = {"compiled": 0}
+        raise KeyboardInterrupt
+    monkeypatch.setattr(LocalExecutor, "run", run_then_ctrl_c)
+    meta = run_sweep(_opts(tmp_path, "gemm", progress=True))
+    doc = json.loads((tmp_path / "gemm.json").read_text())
+    assert meta["interrupted"] and doc["metadata"]["interrupted"] and len(doc["results"]) == 1
+    assert len(_csv(tmp_path / "gemm.csv")) == 1 and doc["metadata"]["compiled"] == 0
+
+
+def test_device_check_and_input_cast():
+    torch = pytest.importorskip("torch")
+    from ck_core.sweep import cast_inputs
+    from ck_core.sweep.worker import device_check
+
+    g = torch.Generator().manual_seed(int(time.time()))
+    ref = {"c": torch.randn(33, 17, generator=g)}
+    ok, rel, _ = device_check({"c": ref["c"].to(torch.bfloat16)}, ref, "bf16", {})
+    assert ok and 0 < rel < 1e-2
+    poisoned = ref["c"].clone()
+    poisoned[3, 5] = float("nan")
+    ok, _, text = device_check({"c": poisoned}, ref, "bf16", {})
+    assert not ok and "1/561" in text
+    ok, rel, _ = device_check({"c": ref["c"] * 1.05}, ref, "fp16", {})
+    assert not ok and rel == pytest.approx(0.05, rel=1e-3)
+    cast = cast_inputs(("a", "b"), "bf16", {"a": torch.zeros(2), "b": torch.zeros(2, dtype=torch.float16),
+                                             "d": torch.zeros(2)})
+    assert (cast["a"].dtype, cast["b"].dtype, cast["d"].dtype) == (torch.bfloat16, torch.float16, torch.float32)
+
+
+def test_json_to_stdout(tmp_path, capsys):
+    enum, flt = KERNELS["gemm"]
+    argv = ["sweep", "gemm", "--arch", "sm90", "--shapes", _shapes(tmp_path, "gemm"), "--filter", flt,
+            "--max-kernels", "1", "--json", "-", "--repeat", "1", "--dtypes", enum["dtypes"],
+            "--layouts", enum["layouts"]]
+    assert ck_main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["metadata"]["total_measurements"] == 2 and doc["metadata"]["op"] == "gemm"
