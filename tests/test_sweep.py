@@ -234,6 +234,15 @@ def test_ray_verify_sweep_all_ops(tmp_path, ray_local):
         assert meta["executor"] == "ray" and meta["ray_cpus"] == 2 and meta["bench_workers"] == 1
 
 
+def test_ray_timeout_rows(tmp_path, ray_local):
+    # a fresh actor's first task may take its set-up time; a later task over 1 ms is a timeout
+    # row, and a task still running then has its actor killed and replaced (a fresh one)
+    meta = run_sweep(_opts(tmp_path, "gemm", executor="ray", timeout=1e-3, verify=False, repeat=500, json=None))
+    rows = _csv(tmp_path / "gemm.csv")
+    assert len(rows) == 4 and {r["status"] for r in rows} == {"ok", "timeout"}
+    assert meta["status_counts"]["timeout"] >= 2
+
+
 # -- resume, failures, timeouts ---------------------------------------------------------
 
 def test_resume_after_an_interrupted_sweep(tmp_path):

@@ -125,7 +125,8 @@ class RayExecutor:
                 fresh.discard(actor)
                 inflight[ref] = (actor, task, time.monotonic() + work.timeout + grace)
             waiting = list(crefs) + list(inflight)
-            done, _ = ray.wait(waiting, num_returns=1, timeout=0.5) if waiting else ([], [])
+            wait_s = min([0.5] + [max(0.0, d - time.monotonic()) for _, _, d in inflight.values()])
+            done, _ = ray.wait(waiting, num_returns=1, timeout=wait_s) if waiting else ([], [])
             for ref in done:
                 if ref in crefs:
                     name = crefs.pop(ref)
@@ -141,9 +142,11 @@ class RayExecutor:
                         c1 = time.perf_counter()
                     release(name, meta, err)
                 else:
-                    actor, task, _ = inflight.pop(ref)
+                    actor, task, deadline = inflight.pop(ref)
                     try:
                         row = dict(task["base"], **ray.get(ref))
+                        if time.monotonic() > deadline:   # answered, but later than the limit
+                            row = timeout_row(task, work.timeout)
                         idle.append(actor)
                     except Exception as exc:  # the actor died: its row says so, a new actor replaces it
                         row = dict(task["base"], status="error", error=f"benchmark actor died: {exc}"[:500])
