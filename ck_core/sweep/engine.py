@@ -69,7 +69,6 @@ class Work:
     compile_only: bool
     workers: int
     timeout: float
-    cache_root: Optional[str] = None
 
 
 def _base_row(spec: SweepSpec, shape: Optional[Shape], problem, key, arch: str, backend: str) -> dict:

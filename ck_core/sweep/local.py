@@ -148,7 +148,6 @@ class LocalExecutor:
             for t in threads:
                 t.start()
 
-        by_name = {d["name"]: d for d in work.keys}
         todo = [d for d in work.keys if d["name"] in work.compiles]
         ready = [d for d in work.keys if d["name"] not in work.compiles]
         c0 = time.perf_counter() if todo else None
@@ -162,7 +161,7 @@ class LocalExecutor:
                 pool = ProcessPoolExecutor(max_workers=nw, mp_context=_build._pool_context(keys),
                                            initializer=_ignore_sigint)
             for d in todo:
-                fut = pool.submit(_build._compile_one, d, work.cache_root, False, env)
+                fut = pool.submit(_build._compile_one, d, None, False, env)
                 fut.add_done_callback(lambda f, n=d["name"]: results.put(("compiled", n, f)))
         pending_compiles = len(todo)
         pending_rows = done_rows = 0
@@ -213,7 +212,7 @@ class LocalExecutor:
                 compiled_cb(name, err is None)
                 if not pending_compiles:
                     c1 = time.perf_counter()
-                release(by_name[name]["name"], meta, err)
+                release(name, meta, err)
         finally:
             if old_handler is not None:
                 signal.signal(signal.SIGINT, old_handler)

@@ -82,7 +82,7 @@ class RayExecutor:
         compile_task = ray.remote(num_cpus=1, max_retries=0)(_build._compile_one)
         todo = [d for d in work.keys if d["name"] in work.compiles]
         c0 = time.perf_counter() if todo else None
-        crefs = {compile_task.remote(d, work.cache_root, False, env): d["name"] for d in todo}
+        crefs = {compile_task.remote(d, None, False, env): d["name"] for d in todo}
         n_tasks = sum(len(t) for t in work.tasks.values())
         gpus = int(ray.cluster_resources().get("GPU", 0)) if work.worker["backend"] != "numpy" else 0
         actor_cls = ray.remote(num_gpus=1 if gpus else 0, num_cpus=0, max_restarts=0)(_BenchActor)
