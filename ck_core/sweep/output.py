@@ -21,7 +21,7 @@ from ..errors import ConfigError
 
 STATUSES = ("ok", "wrong", "compile_failed", "unsupported", "timeout", "error")
 TAIL = ("arch", "backend", "status", "verified", "rel_err", "latency_ms", "tflops", "bandwidth_gb_s",
-        "peer", "peer_latency_ms", "peer_tflops", "speedup_vs_peer", "compile_s", "error")
+        "peer", "peer_latency_ms", "peer_tflops", "speedup_vs_peer", "first_call_ms", "compile_s", "error")
 
 
 def columns(spec) -> list:
