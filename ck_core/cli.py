@@ -433,6 +433,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--quick", action="store_true")
     s.set_defaults(fn=cmd_bench)
 
+    from .sweep.cli import add_parser as add_sweep_parser
+    add_sweep_parser(sub)
+
     s = sub.add_parser("knobs", allow_abbrev=False, help="the CK_* environment variables")
     s.set_defaults(fn=cmd_knobs)
 

@@ -206,3 +206,26 @@ def ck_declare_knobs():
         def ck_declare_knobs():
             return [Knob("CK_MYOP_FAST", knobs.parse_bool, False, "Take the fast path.")]
     """
+
+
+# --- sweep (the tile engine) ---------------------------------------------------
+
+@hookspec(firstresult=True)
+def ck_sweep_spec(op):
+    """Return a :class:`ck_core.sweep.SweepSpec` for ``op`` (an OpSpec), or None.
+
+    firstresult: the first non-None answer wins.  The spec tells ``ck sweep``
+    what the core cannot know about an op: its testing matrix (a TOML file of
+    smoke / full / nightly shapes), the CSV columns that describe a problem and
+    a kernel, how a seed-format kernel config maps onto the op's keys, and the
+    peer (e.g. torch) that every shape is also timed with.  An op without a
+    spec can still be swept with ``--shapes FILE``.
+
+    Example::
+
+        @hookimpl
+        def ck_sweep_spec(op):
+            if op.name == "gemm":
+                return SweepSpec(op="gemm", shapes=str(files(__package__) / "sweep_shapes.toml"),
+                                 problem_fields=("m", "n", "k"), ...)
+    """

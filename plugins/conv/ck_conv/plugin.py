@@ -340,3 +340,12 @@ def conv_op() -> OpSpec:
 @hookimpl
 def ck_register_ops():
     return [conv_op()]
+
+
+@hookimpl
+def ck_sweep_spec(op):
+    if op.name == "conv":
+        from .sweep import sweep_spec
+
+        return sweep_spec()
+    return None

@@ -134,3 +134,12 @@ def ck_declare_knobs():
                  "FMHA backward on Hopper: '1' runs every dK/dV on the Gluon kernel, '0' none (also not "
                  "the fused dK/dV+dQ kernel of deterministic=False); unset: the tuned tables "
                  "(ck_fmha.triton.configs.BWD_GLUON_DKDV_SM90, BWD_GLUON_FUSED_SM90).")]
+
+
+@hookimpl
+def ck_sweep_spec(op):
+    if op.name == "fmha":
+        from .sweep import sweep_spec
+
+        return sweep_spec()
+    return None

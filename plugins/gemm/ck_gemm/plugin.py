@@ -86,3 +86,12 @@ def ck_demo_cases():
     from ck_core.records import DemoCase
 
     return [DemoCase("gemm", GemmProblem(m=257, n=131, k=199, dtype="fp16", layout="rcr"), order=0)]
+
+
+@hookimpl
+def ck_sweep_spec(op):
+    if op.name == "gemm":
+        from .sweep import sweep_spec
+
+        return sweep_spec()
+    return None
