@@ -95,7 +95,9 @@ class OpSpec:
     * ``heuristic(problem, candidates, arch) -> list`` (optional first-pick ranking);
     * ``render(key, backend) -> rendered`` (optional): an object with ``compile(target)``
       and ``source_hash`` that compiling backends (triton, ck) build ahead of time;
-    * ``bench(peer, options) -> {"rows": [...], "extra": {...}}`` (optional): ``ck bench``.
+    * ``bench(peer, options) -> {"rows": [...], "extra": {...}}`` (optional): ``ck bench``;
+    * ``legal(key, arch: ArchSpec) -> str | None`` (optional): why the op's enumeration
+      rules would reject ``key`` on ``arch`` (keys imported from JSON are checked with it).
     """
 
     name: str
@@ -118,6 +120,7 @@ class OpSpec:
     heuristic: Optional[Callable] = None
     families: tuple = attrs.field(converter=_tuple, default=())
     tolerance: Optional[Callable] = None
+    legal: Optional[Callable] = None
     description: str = ""
     distribution: str = ""
 
