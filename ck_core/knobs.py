@@ -89,11 +89,18 @@ def get(name: str) -> Any:
 
 
 def cache_dir() -> Path:
+    """The cache folder (not created here); a path that names a file is a ConfigError."""
     explicit = get("CK_CACHE_DIR")
     if explicit:
-        return Path(explicit).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "ck-dispatcher"
+        path, what = Path(explicit).expanduser(), f"CK_CACHE_DIR={explicit!r}"
+    else:
+        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        path, what = Path(base) / "ck-dispatcher", f"the default cache folder {base}/ck-dispatcher"
+    blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise ConfigError(f"{what} cannot be the cache folder: {blocker} is a file, not a folder; "
+                          f"set CK_CACHE_DIR to a folder (it is created if missing) or unset it")
+    return path
 
 
 def build_workers() -> int:
