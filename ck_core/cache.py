@@ -50,9 +50,9 @@ def digest(material: dict) -> str:
     return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file in the same folder."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_TMP_PREFIX)
+def atomic_write(path: Path, data: bytes, prefix: str = _TMP_PREFIX) -> None:
+    """Write ``data`` to ``path`` through a temporary file (named ``prefix...``) in the same folder."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=prefix)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -65,15 +65,16 @@ def atomic_write(path: Path, data: bytes) -> None:
         raise
 
 
-def sweep_orphans(folder: Path, max_age: float = ORPHAN_SECONDS) -> int:
-    """Remove temporary files older than ``max_age`` seconds from ``folder``; returns how many."""
+def sweep_orphans(folder: Path, max_age: float = ORPHAN_SECONDS, prefix: str = _TMP_PREFIX) -> int:
+    """Remove temporary files (``prefix...``) older than ``max_age`` seconds from ``folder``;
+    returns how many."""
     now, n = time.time(), 0
     try:
         entries = list(os.scandir(folder))
     except OSError:
         return 0
     for e in entries:
-        if not e.name.startswith(_TMP_PREFIX):
+        if not e.name.startswith(prefix) or not e.is_file(follow_symlinks=False):
             continue
         try:
             if now - e.stat(follow_symlinks=False).st_mtime > max_age:
@@ -95,7 +96,7 @@ def remove_path(path: Path) -> None:
         pass
 
 
-def ensure_folder(folder: Path, what: str = "cache folder") -> bool:
+def ensure_folder(folder: Path, what: str = "cache folder", report: Optional[Path] = None) -> bool:
     """Create ``folder``; False (with one warning) when it cannot be written here.
 
     A path blocked by a file (``CK_CACHE_DIR`` naming a file, or a file on the way)
@@ -115,7 +116,7 @@ def ensure_folder(folder: Path, what: str = "cache folder") -> bool:
             raise ConfigError(f"the {what} {folder} cannot be created: {exc.strerror or exc}; "
                               f"set CK_CACHE_DIR to a writable folder") from None
         err = exc
-    warn_unwritable(folder, err)
+    warn_unwritable(report or folder, err)
     return False
 
 
@@ -182,7 +183,7 @@ class KernelCache:
 
         if bin_path.parent.is_file():   # a file where an entry folder belongs: damage, not config
             remove_path(bin_path.parent)
-        if not ensure_folder(bin_path.parent):
+        if not ensure_folder(bin_path.parent, report=self.root):
             blob, meta = fresh()
             return blob, meta, False
         with ExitStack() as stack:
@@ -191,7 +192,7 @@ class KernelCache:
             except OSError as exc:
                 if exc.errno not in _UNWRITABLE:
                     raise
-                warn_unwritable(bin_path.parent, exc)
+                warn_unwritable(self.root, exc)
                 blob, meta = fresh()
                 return blob, meta, False
             hit = self.load(kernel_name, material)  # another process may have built it
@@ -207,7 +208,7 @@ class KernelCache:
             except OSError as exc:
                 if exc.errno not in _UNWRITABLE:
                     raise
-                warn_unwritable(bin_path.parent, exc)
+                warn_unwritable(self.root, exc)
             return blob, meta, False
 
     def _entries(self) -> list[Path]:

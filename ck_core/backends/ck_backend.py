@@ -91,7 +91,7 @@ def _folder(key, rendered, arch, cache_root) -> Path:
         remove_path(folder.parent)   # damage inside the cache
     if folder.exists() and not folder.is_dir():
         remove_path(folder)
-    if ensure_folder(folder, "ck source folder"):
+    if ensure_folder(folder, "ck source folder", report=root):
         return folder
     return Path(tempfile.mkdtemp(prefix="ck-src-"))
 
