@@ -46,71 +46,68 @@ def _field_kind(field: "attrs.Attribute") -> str:
     return "any"
 
 
-def typed_record(cls, data, *, what: str, choices: Optional[Mapping[str, Any]] = None,
-                 bounds: Optional[Mapping[str, tuple]] = None):
-    """Build the attrs record ``cls`` from the untrusted mapping ``data``, field by field.
+class RecordSchema:
+    """How to build the attrs record ``cls`` from an untrusted mapping, field by field.
 
     Every field is type-checked (ints are ints, not bools or floats; bools are bools;
     tuples hold ints), integers lie in ``bounds[field]`` (default :data:`INT_BOUNDS`:
     no negative sizes), strings lie in ``choices[field]`` when given, else are one
     name-safe token.  Unknown and missing fields are errors.  Every failure is a
     ConfigError naming ``what`` and the field, so import refuses a record before any
-    of its values reaches a name, a path or a template.
+    of its values reaches a name, a path or a template.  Build one per record class
+    (the checks are prepared once); call it on each mapping.
     """
-    choices, bounds = choices or {}, bounds or {}
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"{what} must be a JSON object of fields, got {type(data).__name__}")
-    fields = {f.name: f for f in attrs.fields(cls) if f.init and not f.name.startswith("_")}
-    unknown = sorted(str(k)[:40] for k in data if k not in fields)
-    if unknown:
-        raise ConfigError(f"{what}: unknown field(s) {unknown}; known: {', '.join(fields)}")
-    missing = [n for n, f in fields.items() if f.default is attrs.NOTHING and n not in data]
-    if missing:
-        raise ConfigError(f"{what}: missing field(s) {missing}")
-    out = {}
-    for name, value in data.items():
-        out[name] = _typed_value(name, value, _field_kind(fields[name]), what,
-                                 choices.get(name), bounds.get(name, INT_BOUNDS))
-    try:
-        return cls(**out)
-    except CkError:
-        raise
-    except (TypeError, ValueError, KeyError) as exc:
-        raise ConfigError(f"{what}: {type(exc).__name__}: {exc}") from None
 
+    def __init__(self, cls, *, what: str, choices: Optional[Mapping[str, Any]] = None,
+                 bounds: Optional[Mapping[str, tuple]] = None):
+        choices, bounds = dict(choices or {}), dict(bounds or {})
+        fields = [f for f in attrs.fields(cls) if f.init and not f.name.startswith("_")]
+        self.cls, self.what = cls, what
+        self.required = tuple(f.name for f in fields if f.default is attrs.NOTHING)
+        self.required_set = frozenset(self.required)
+        self.tuples = frozenset(f.name for f in fields if _field_kind(f) == "tuple")
+        self.checks = {f.name: self._check(f.name, _field_kind(f), choices.get(f.name),
+                                           bounds.get(f.name, INT_BOUNDS)) for f in fields}
 
-def _typed_value(name, value, kind, what, allowed, bound):
-    def bad(expect):
-        return ConfigError(f"{what}: field {name!r} must be {expect}, got {str(value)[:60]!r}")
+    def _check(self, name, kind, allowed, bound):
+        lo, hi = bound
+        if kind == "int":
+            return lambda v: type(v) is int and lo <= v <= hi, f"an integer in [{lo}, {hi}]"
+        if kind == "bool":
+            return lambda v: type(v) is bool, "true or false"
+        if kind == "tuple":
+            return (lambda v: isinstance(v, (list, tuple)) and len(v) <= 32
+                    and all(type(x) is int and lo <= x <= hi for x in v),
+                    f"a list of at most 32 integers in [{lo}, {hi}]")
+        if kind == "str" and allowed is not None:
+            allowed = frozenset(allowed)
+            return lambda v: type(v) is str and v in allowed, f"one of {sorted(allowed)}"
+        if kind == "str":
+            return (lambda v: type(v) is str and _TOKEN.match(v) is not None,
+                    "a string of one token of letters, digits and _")
+        return (lambda v: False), "a plain value"   # a field of a kind the record does not declare
 
-    if kind == "bool":
-        if not isinstance(value, bool):
-            raise bad("true or false")
-        return value
-    if kind == "int":
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise bad("an integer")
-        if not bound[0] <= value <= bound[1]:
-            raise bad(f"an integer in [{bound[0]}, {bound[1]}]")
-        return value
-    if kind == "tuple":
-        if not isinstance(value, (list, tuple)) or len(value) > 32:
-            raise bad("a list of at most 32 integers")
-        items = tuple(value)
-        for v in items:
-            if isinstance(v, bool) or not isinstance(v, int) or not bound[0] <= v <= bound[1]:
-                raise bad(f"a list of integers in [{bound[0]}, {bound[1]}]")
-        return items
-    if kind == "str":
-        if not isinstance(value, str):
-            raise bad("a string")
-        if allowed is not None:
-            if value not in allowed:
-                raise bad(f"one of {sorted(allowed)}")
-        elif not _TOKEN.match(value):
-            raise bad("one token of letters, digits and _")
-        return value
-    raise bad("a plain value")  # a field of a kind the record does not declare
+    def __call__(self, data):
+        what, checks = self.what, self.checks
+        if type(data) is not dict and not isinstance(data, Mapping):
+            raise ConfigError(f"{what} must be a JSON object of fields, got {type(data).__name__}")
+        for name, value in data.items():
+            check = checks.get(name)
+            if check is None:
+                unknown = sorted(str(k)[:40] for k in data if k not in checks)
+                raise ConfigError(f"{what}: unknown field(s) {unknown}; known: {', '.join(checks)}")
+            if not check[0](value):
+                raise ConfigError(f"{what}: field {name!r} must be {check[1]}, got {str(value)[:60]!r}")
+        if not self.required_set <= data.keys():
+            raise ConfigError(f"{what}: missing field(s) {[n for n in self.required if n not in data]}")
+        if self.tuples:
+            data = {k: (tuple(v) if k in self.tuples else v) for k, v in data.items()}
+        try:
+            return self.cls(**data)
+        except CkError:
+            raise
+        except (TypeError, ValueError, KeyError) as exc:
+            raise ConfigError(f"{what}: {type(exc).__name__}: {exc}") from None
 
 
 def _to_plain(obj) -> dict:

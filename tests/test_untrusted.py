@@ -110,11 +110,13 @@ def test_illegal_key_is_refused_at_import(tmp_path):
 def test_conv_and_fmha_fields_are_typed():
     pytest.importorskip("ck_conv")
     pytest.importorskip("ck_fmha")
-    for op, arch, backend in (("conv", "gfx942", "numpy"), ("fmha", "gfx942", "numpy"),
-                              ("fmha", "sm90", "triton")):
+    cases = (("conv", "gfx942", "numpy", dict(directions=["forward"], dtypes=["fp16"], ndims=[2])),
+             ("fmha", "gfx942", "numpy", dict(families=["fwd"])),
+             ("fmha", "sm90", "triton", dict(families=["fwd"])))
+    for op, arch, backend, options in cases:
         if arch not in get_manager().archs():
             continue
-        rec = next(iter(Registry.from_enumeration(op, arch, backend))).to_dict()
+        rec = next(iter(Registry.from_enumeration(op, arch, backend, **options))).to_dict()
         assert KernelKey.from_dict(rec).name == rec["name"]
         for part in ("signature", "algorithm"):
             for field, value in rec[part].items():

@@ -19,7 +19,7 @@ import numpy as np
 from ck_core.dtypes import ATOL, RTOL, quantize
 from ck_core.errors import ConfigError, InvalidProblem, UnsupportedProblem
 from ck_core.hookspecs import hookimpl
-from ck_core.key import KernelKey, typed_record
+from ck_core.key import KernelKey, RecordSchema
 from ck_core.records import OpSpec
 
 from . import kernels as K
@@ -125,11 +125,13 @@ ALG_BOUNDS = {**{f: _SIZE for f in ("tile_m", "tile_n", "tile_k", "warp_m", "war
               "stages": (0, max(K.STAGE_RANGE)), "rows": (0, 2)}
 
 
+_SIG = RecordSchema(ConvSignature, what="conv signature", choices=SIG_CHOICES, bounds={"ndim": (1, 3)})
+_ALG = RecordSchema(ConvAlgorithm, what="conv algorithm", choices=ALG_CHOICES, bounds=ALG_BOUNDS)
+
+
 def from_fields(sig: dict, alg: dict):
     """Signature and algorithm of untrusted field dicts (JSON), every field checked."""
-    s = typed_record(ConvSignature, sig, what="conv signature", choices=SIG_CHOICES,
-                     bounds={"ndim": (1, 3)})
-    a = typed_record(ConvAlgorithm, alg, what="conv algorithm", choices=ALG_CHOICES, bounds=ALG_BOUNDS)
+    s, a = _SIG(sig), _ALG(alg)
     try:
         to_config(s, a)   # the config's own rules (power-of-two group merge, ...)
     except InvalidProblem as exc:

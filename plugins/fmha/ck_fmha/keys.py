@@ -14,7 +14,7 @@ from typing import Optional
 import attrs
 
 from ck_core.errors import ConfigError
-from ck_core.key import KernelKey, typed_record
+from ck_core.key import KernelKey, RecordSchema
 
 from .codegen import ck_facts as F
 from .codegen import enumerate_kernels, parse_name
@@ -131,17 +131,18 @@ SPEC_BOUNDS = {"occupancy": (-1, 64), "dpad": (0, 64), "dvpad": (0, 64), "tile":
                "warps": (0, 1 << 10), "warp_tile": (0, 1 << 10)}
 
 
+_SPEC = RecordSchema(FmhaKernelSpec, what="CK FMHA kernel spec", choices=SPEC_CHOICES, bounds=SPEC_BOUNDS)
+
+
 def check_spec(spec: FmhaKernelSpec) -> FmhaKernelSpec:
     """``spec`` when every field has the right type and vocabulary (ConfigError naming it)."""
-    typed_record(FmhaKernelSpec, spec.to_dict(), what="CK FMHA kernel spec", choices=SPEC_CHOICES,
-                 bounds=SPEC_BOUNDS)
+    _SPEC(spec.to_dict())
     return spec
 
 
 def ck_from_fields(sig: dict, alg: dict):
     """A CK FMHA key's (spec, instance) of untrusted JSON fields, every field checked."""
-    spec = typed_record(FmhaKernelSpec, sig, what="CK FMHA kernel spec", choices=SPEC_CHOICES,
-                        bounds=SPEC_BOUNDS)
+    spec = _SPEC(sig)
     if alg not in ({}, None):
         raise ConfigError(f"a CK FMHA key's algorithm is empty (its tiles live in the spec), got {str(alg)[:80]}")
     return spec, CK_INSTANCE

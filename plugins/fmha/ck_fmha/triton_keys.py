@@ -30,7 +30,7 @@ from typing import Optional
 import attrs
 
 from ck_core.errors import ConfigError, InvalidProblem, MissingKernel
-from ck_core.key import KernelKey, typed_record
+from ck_core.key import KernelKey, RecordSchema
 
 FAMILIES = ("fwd", "fwd_splitkv", "fwd_splitkv_combine", "fwd_pagedkv", "fwd_appendkv", "batch_prefill",
             "bwd_dot_do_o", "bwd_dq_dk_dv", "bwd_convert_dq")
@@ -98,14 +98,16 @@ def parse_name(body: str):
 DTYPES = ("fp16", "bf16", "fp8")
 
 
+_SIG = RecordSchema(TritonFmhaSig, what="Triton FMHA signature", choices={"family": FAMILIES, "dtype": DTYPES},
+                    bounds={"hdim_q": (1, 1024), "hdim_v": (1, 1024)})
+_ALG = RecordSchema(TritonFmhaAlg, what="Triton FMHA algorithm", choices={"variant": VARIANTS},
+                    bounds={"block_m": (1, 1024), "block_n": (1, 1024), "num_warps": (1, 64),
+                            "num_stages": (1, 16)})
+
+
 def from_fields(sig: dict, alg: dict):
     """Signature and algorithm of untrusted JSON field dicts, every field checked."""
-    return (typed_record(TritonFmhaSig, sig, what="Triton FMHA signature",
-                         choices={"family": FAMILIES, "dtype": DTYPES},
-                         bounds={"hdim_q": (1, 1024), "hdim_v": (1, 1024)}),
-            typed_record(TritonFmhaAlg, alg, what="Triton FMHA algorithm", choices={"variant": VARIANTS},
-                         bounds={"block_m": (1, 1024), "block_n": (1, 1024), "num_warps": (1, 64),
-                                 "num_stages": (1, 16)}))
+    return _SIG(sig), _ALG(alg)
 
 
 def legal(key, arch) -> Optional[str]:

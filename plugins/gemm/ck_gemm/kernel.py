@@ -16,7 +16,7 @@ import attrs
 
 from ck_core.dtypes import ELEMENT_BYTES
 from ck_core.errors import ConfigError, MissingKernel
-from ck_core.key import KernelKey, typed_record
+from ck_core.key import KernelKey, RecordSchema
 
 from . import ck_rules
 from .problem import ACTIVATIONS, D_OPS, DEFAULT_C, DTYPES, LAYOUTS
@@ -174,10 +174,13 @@ def parse_name(body: str):
         raise MissingKernel(f"GEMM kernel name {body!r}: {exc}") from None
 
 
+_SIG = RecordSchema(GemmSignature, what="GEMM signature", choices=SIG_CHOICES, bounds=SIG_BOUNDS)
+_ALG = RecordSchema(GemmAlgorithm, what="GEMM algorithm", choices=ALG_CHOICES, bounds=ALG_BOUNDS)
+
+
 def from_fields(sig: dict, alg: dict):
     """Signature and algorithm of untrusted field dicts (JSON, parsed names), every field checked."""
-    return (typed_record(GemmSignature, sig, what="GEMM signature", choices=SIG_CHOICES, bounds=SIG_BOUNDS),
-            typed_record(GemmAlgorithm, alg, what="GEMM algorithm", choices=ALG_CHOICES, bounds=ALG_BOUNDS))
+    return _SIG(sig), _ALG(alg)
 
 
 def legal(key: KernelKey, arch) -> str | None:
