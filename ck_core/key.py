@@ -1,8 +1,13 @@
 """KernelKey: Signature (what) + Algorithm (how) + arch + backend.
 
-The key's ``name`` is its identity everywhere (registry, cache folder, CSV
+The key's ``name`` is its identity everywhere (registry, cache metadata, CSV
 rows, JSON).  It reads ``<body>.<arch>.<backend>`` where ``body`` comes from
 the op plugin (``gemm_fp16_rcr_compv4_...``), and parses back to the same key.
+
+Keys made from outside text (JSON records, names) are checked field by field
+(:class:`RecordSchema`, used by each op's ``from_fields``/``parse_name``) and
+their names must stay in a safe alphabet (:func:`check_name`); cache paths are
+hashes all the same (:mod:`ck_core.cache`), never names.
 """
 from __future__ import annotations
 
