@@ -108,7 +108,7 @@ def ensure_folder(folder: Path, what: str = "cache folder", report: Optional[Pat
             return True
         err = PermissionError(errno.EACCES, "not writable")
     except (FileExistsError, NotADirectoryError):
-        blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), folder)
+        blocker = knobs.blocking_file(folder) or folder
         raise ConfigError(f"the {what} {folder} cannot be created: {blocker} is a file, not a folder; "
                           f"set CK_CACHE_DIR to a folder (it is created if missing)") from None
     except OSError as exc:
