@@ -184,7 +184,8 @@ def test_malformed_registry_json_is_a_config_error_quickly(tmp_path, content):
 
 # -- 9. filter cost ------------------------------------------------------------------------------
 
-FIELDS = {"pipeline": "compv3", "tile_m": 128, "hdim_q": 128, "dtype": "fp16", "tile": (128, 64)}
+FIELDS = {"pipeline": "compv3", "tile_m": 128, "hdim_q": 128, "dtype": "fp16", "tile": (128, 64),
+          "pad_m": True, "pad_n": False}
 
 
 @pytest.mark.parametrize("expr", [
@@ -233,6 +234,7 @@ def test_filter_time_budget(monkeypatch):
     ("c.tile_m * 2 == 256 and -c.tile_m < 0", True),
     ("c.tile_m // 3 + c.tile_m % 3 - 1 == 43", True),
     ("c.tile == (128, 64) and 'v3' in c.pipeline", True),
+    ("c.pad_m + c.pad_n == 1", True),
 ])
 def test_legit_filters_still_work(expr, want):
     assert compile_filter(expr)(FIELDS) is want
