@@ -117,6 +117,8 @@ def _progress(total: int, enabled: Optional[bool]):
 def build_registry(registry, max_workers: Optional[int] = None, progress: Optional[bool] = None,
                    force: bool = False, cache_root: Optional[str] = None) -> BuildReport:
     mgr = registry.mgr
+    if cache_root is None:
+        knobs.cache_dir()   # a CK_CACHE_DIR naming a file: one ConfigError now, not one per kernel
     t0 = time.perf_counter()
     todo = []
     report = BuildReport()

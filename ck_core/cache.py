@@ -3,15 +3,24 @@
 Contract (after Triton's runtime cache and FlashInfer's JIT):
 * the entry key is the SHA-256 of everything that changes the binary: core
   version, template source hash, compiler name and version, target, compile
-  options and the kernel name;
+  options and the kernel name; the entry's path is made from that hash alone
+  (``<root>/<h[:2]>/<h[:40]>.bin``), never from a kernel name or other text, and
+  the readable kernel name lives in the entry's JSON record;
 * builds run under a per-entry file lock and re-check the cache after taking
   it, so concurrent processes build once;
 * files are written to a temporary name and ``os.replace``-d into place; the
-  JSON record (written last) carries the binary's SHA-256, so a torn or
-  corrupted entry is detected on load and rebuilt.
+  JSON record (written last) carries the binary's SHA-256, so a torn, corrupted
+  or otherwise malformed entry (a record that is not an object, garbage bytes,
+  a folder where a file belongs) is detected on load, removed and rebuilt;
+* temporary files a killed writer left behind are removed at the next write
+  into their folder once older than :data:`ORPHAN_SECONDS`, and by ``clear()``;
+* a cache folder that cannot be written (read-only file system, no permission)
+  does not stop a build: the binary is built in memory and returned uncached,
+  with one warning per folder.
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
@@ -19,21 +28,31 @@ import logging
 import os
 import shutil
 import tempfile
-from contextlib import contextmanager
+import time
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Callable, Optional
 
 from . import knobs
+from .errors import ConfigError
 
 log = logging.getLogger(__name__)
+
+#: temporary files older than this are a dead writer's leftovers
+ORPHAN_SECONDS = 600
+_TMP_PREFIX = ".tmp-"
+#: errors that mean "this folder cannot be written here", not "the folder is misconfigured"
+_UNWRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT)
+_warned: set = set()
 
 
 def digest(material: dict) -> str:
     return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+def atomic_write(path: Path, data: bytes, prefix: str = _TMP_PREFIX) -> None:
+    """Write ``data`` to ``path`` through a temporary file (named ``prefix...``) in the same folder."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=prefix)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -46,9 +65,74 @@ def _atomic_write(path: Path, data: bytes) -> None:
         raise
 
 
+def sweep_orphans(folder: Path, max_age: float = ORPHAN_SECONDS, prefix: str = _TMP_PREFIX) -> int:
+    """Remove temporary files (``prefix...``) older than ``max_age`` seconds from ``folder``;
+    returns how many."""
+    now, n = time.time(), 0
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return 0
+    for e in entries:
+        if not e.name.startswith(prefix) or not e.is_file(follow_symlinks=False):
+            continue
+        try:
+            if now - e.stat(follow_symlinks=False).st_mtime > max_age:
+                os.unlink(e.path)
+                n += 1
+        except OSError:   # another process removed or renamed it
+            pass
+    return n
+
+
+def remove_path(path: Path) -> None:
+    """Remove a file, link or folder at ``path`` if there is one."""
+    try:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    except FileNotFoundError:
+        pass
+
+
+def ensure_folder(folder: Path, what: str = "cache folder", report: Optional[Path] = None) -> bool:
+    """Create ``folder``; False (with one warning) when it cannot be written here.
+
+    A path blocked by a file (``CK_CACHE_DIR`` naming a file, or a file on the way)
+    is a ConfigError saying what to change.
+    """
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if os.access(folder, os.W_OK | os.X_OK):
+            return True
+        err = PermissionError(errno.EACCES, "not writable")
+    except (FileExistsError, NotADirectoryError):
+        blocker = knobs.blocking_file(folder) or folder
+        raise ConfigError(f"the {what} {folder} cannot be created: {blocker} is a file, not a folder; "
+                          f"set CK_CACHE_DIR to a folder (it is created if missing)") from None
+    except OSError as exc:
+        if exc.errno not in _UNWRITABLE:
+            raise ConfigError(f"the {what} {folder} cannot be created: {exc.strerror or exc}; "
+                              f"set CK_CACHE_DIR to a writable folder") from None
+        err = exc
+    warn_unwritable(report or folder, err)
+    return False
+
+
+def warn_unwritable(folder: Path, exc: OSError) -> None:
+    if str(folder) not in _warned:
+        _warned.add(str(folder))
+        log.warning("the cache folder %s cannot be written (%s): building without caching; set "
+                    "CK_CACHE_DIR to a writable folder to keep what is built", folder,
+                    exc.strerror or exc)
+
+
 @contextmanager
 def file_lock(path: Path):
     path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir():   # a folder where the lock file belongs: a damaged entry
+        remove_path(path)
     with open(path, "a+") as f:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX)
         try:
@@ -63,18 +147,25 @@ class KernelCache:
 
     def entry(self, kernel_name: str, material: dict) -> tuple[Path, Path]:
         h = digest(dict(material, kernel=kernel_name))
-        folder = self.root / kernel_name
-        return folder / f"{h[:32]}.bin", folder / f"{h[:32]}.json"
+        folder = self.root / h[:2]
+        return folder / f"{h[:40]}.bin", folder / f"{h[:40]}.json"
 
     def load(self, kernel_name: str, material: dict) -> Optional[tuple[bytes, dict]]:
         bin_path, meta_path = self.entry(kernel_name, material)
-        try:
-            meta = json.loads(meta_path.read_text())
-            blob = bin_path.read_bytes()
-        except (OSError, json.JSONDecodeError):
+        if not (bin_path.exists() or meta_path.exists()):
             return None
-        if hashlib.sha256(blob).hexdigest() != meta.get("sha256"):
-            log.warning("cache entry %s is corrupted; rebuilding it", bin_path)
+        try:
+            if not (bin_path.is_file() and meta_path.is_file()):
+                raise IsADirectoryError(errno.EISDIR, "not a file")
+            meta = json.loads(meta_path.read_bytes())
+            blob = bin_path.read_bytes()
+        except (OSError, ValueError, RecursionError) as exc:
+            log.warning("cache entry %s of %s is unreadable (%s); rebuilding it", bin_path, kernel_name,
+                        type(exc).__name__)
+            return None
+        if not (isinstance(meta, dict) and meta.get("kernel") == kernel_name
+                and meta.get("sha256") == hashlib.sha256(blob).hexdigest()):
+            log.warning("cache entry %s of %s is corrupted; rebuilding it", bin_path, kernel_name)
             return None
         return blob, meta
 
@@ -85,27 +176,69 @@ class KernelCache:
         if hit:
             return hit[0], hit[1], True
         bin_path, meta_path = self.entry(kernel_name, material)
-        with file_lock(bin_path.with_suffix(".lock")):
+
+        def fresh():
+            blob, meta = build()
+            return blob, dict(meta, sha256=hashlib.sha256(blob).hexdigest(), kernel=kernel_name)
+
+        if bin_path.parent.is_file():   # a file where an entry folder belongs: damage, not config
+            remove_path(bin_path.parent)
+        if not ensure_folder(bin_path.parent, report=self.root):
+            blob, meta = fresh()
+            return blob, meta, False
+        with ExitStack() as stack:
+            try:
+                stack.enter_context(file_lock(bin_path.with_suffix(".lock")))
+            except OSError as exc:
+                if exc.errno not in _UNWRITABLE:
+                    raise
+                warn_unwritable(self.root, exc)
+                blob, meta = fresh()
+                return blob, meta, False
             hit = self.load(kernel_name, material)  # another process may have built it
             if hit:
                 return hit[0], hit[1], True
-            blob, meta = build()
-            meta = dict(meta, sha256=hashlib.sha256(blob).hexdigest(), kernel=kernel_name)
-            _atomic_write(bin_path, blob)
-            _atomic_write(meta_path, json.dumps(meta, indent=1, default=str).encode())
+            blob, meta = fresh()
+            try:
+                sweep_orphans(bin_path.parent)
+                remove_path(meta_path)      # the record goes first: no record, no entry
+                remove_path(bin_path)
+                atomic_write(bin_path, blob)
+                atomic_write(meta_path, json.dumps(meta, indent=1, default=str).encode())
+            except OSError as exc:
+                if exc.errno not in _UNWRITABLE:
+                    raise
+                warn_unwritable(self.root, exc)
             return blob, meta, False
 
+    def _entries(self) -> list[Path]:
+        if not self.root.is_dir():
+            return []
+        return [p for p in self.root.glob("*/*.bin")]
+
     def clear(self) -> int:
-        """Delete every entry; returns the number of kernel folders removed."""
+        """Delete every entry (and any leftover temporary file); returns the number of entries removed."""
         if not self.root.exists():
             return 0
-        n = sum(1 for p in self.root.iterdir() if p.is_dir())
-        shutil.rmtree(self.root)
+        n = len(self._entries())
+        remove_path(self.root)
         return n
 
+    def sweep(self, max_age: float = ORPHAN_SECONDS) -> int:
+        """Remove dead writers' temporary files from every entry folder; returns how many."""
+        if not self.root.is_dir():
+            return 0
+        return sum(sweep_orphans(p, max_age) for p in self.root.iterdir() if p.is_dir())
+
     def stats(self) -> dict:
-        if not self.root.exists():
-            return {"root": str(self.root), "kernels": 0, "entries": 0, "bytes": 0}
-        entries = list(self.root.glob("*/*.bin"))
-        return {"root": str(self.root), "kernels": len({p.parent for p in entries}),
-                "entries": len(entries), "bytes": sum(p.stat().st_size for p in entries)}
+        entries = self._entries()
+        kernels = set()
+        for p in entries:
+            try:
+                meta = json.loads(p.with_suffix(".json").read_bytes())
+                kernels.add(meta.get("kernel") if isinstance(meta, dict) else None)
+            except (OSError, ValueError, RecursionError):
+                kernels.add(None)
+        kernels.discard(None)
+        return {"root": str(self.root), "kernels": len(kernels), "entries": len(entries),
+                "bytes": sum(p.stat().st_size for p in entries if p.is_file())}

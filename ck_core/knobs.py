@@ -104,11 +104,29 @@ def get(name: str) -> Any:
 
 
 def cache_dir() -> Path:
+    """The cache folder (not created here); a path that names a file is a ConfigError."""
     explicit = get("CK_CACHE_DIR")
     if explicit:
-        return Path(explicit).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "ck-dispatcher"
+        path, what = Path(explicit).expanduser(), f"CK_CACHE_DIR={explicit!r}"
+    else:
+        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        path, what = Path(base) / "ck-dispatcher", f"the default cache folder {base}/ck-dispatcher"
+    blocker = blocking_file(path)
+    if blocker is not None:
+        raise ConfigError(f"{what} cannot be the cache folder: {blocker} is a file, not a folder; "
+                          f"set CK_CACHE_DIR to a folder (it is created if missing) or unset it")
+    return path
+
+
+def blocking_file(path: Path):
+    """The first of ``path`` and its parents that exists and is not a folder, or None."""
+    for p in (path, *path.parents):
+        try:
+            if p.exists() and not p.is_dir():
+                return p
+        except OSError:   # unreadable: not known to block
+            pass
+    return None
 
 
 def build_workers() -> int:

@@ -97,7 +97,9 @@ class OpSpec:
     * ``heuristic(problem, candidates, arch) -> list`` (optional first-pick ranking);
     * ``render(key, backend) -> rendered`` (optional): an object with ``compile(target)``
       and ``source_hash`` that compiling backends (triton, ck) build ahead of time;
-    * ``bench(peer, options) -> {"rows": [...], "extra": {...}}`` (optional): ``ck bench``.
+    * ``bench(peer, options) -> {"rows": [...], "extra": {...}}`` (optional): ``ck bench``;
+    * ``legal(key, arch: ArchSpec) -> str | None`` (optional): why the op's enumeration
+      rules would reject ``key`` on ``arch`` (keys imported from JSON are checked with it).
 
     ``options`` maps each enumeration option ``enumerate`` accepts to a one-line
     help (``ck list <op> --help`` prints them; unknown flags are checked against them).
@@ -127,6 +129,7 @@ class OpSpec:
     options: Mapping[str, str] = attrs.field(factory=dict)
     api_options: Mapping[str, Any] = attrs.field(factory=dict)
     tolerance: Optional[Callable] = None
+    legal: Optional[Callable] = None
     description: str = ""
     distribution: str = ""
 

@@ -10,14 +10,34 @@ import logging
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional, Union
 
-from .errors import ConfigError, MissingKernel
+from .errors import CkError, ConfigError, MissingKernel, PluginError
 from .filters import compile_filter
-from .key import KernelKey
+from .key import KernelKey, check_name
 from .plugins import PluginManager, get_manager
 
 log = logging.getLogger(__name__)
 
 FORMAT = "ck-dispatcher.registry/1"
+_FILE_FIELDS = frozenset({"format", "name", "arch", "kernels"})
+#: registry files larger than this are refused before parsing (a registry of every
+#: FMHA kernel of an arch is about 40 MB)
+MAX_FILE_BYTES = 512 << 20
+
+
+def rejection(key: KernelKey, archspec, mgr: PluginManager, op_rules: bool = True,
+              hook_rules: Optional[bool] = None) -> Optional[str]:
+    """Why ``key`` is illegal on ``archspec`` (arch rules, ``ck_reject_kernel``, and with
+    ``op_rules`` the op's own enumeration rules), or None."""
+    if hook_rules is None:
+        hook_rules = bool(mgr.hook.ck_reject_kernel.get_hookimpls())
+    reason = archspec.reject(key)
+    if reason is None and hook_rules:
+        reasons = [r for r in mgr.hook.ck_reject_kernel(key=key, arch=archspec) if r]
+        reason = reasons[0] if reasons else None
+    if reason is None and op_rules:
+        legal = mgr.op(key.op).legal
+        reason = legal(key, archspec) if legal is not None else None
+    return reason
 
 
 def enumerate_keys(op: str, arch: str, backend: str = "numpy", manager: Optional[PluginManager] = None,
@@ -33,17 +53,14 @@ def enumerate_keys(op: str, arch: str, backend: str = "numpy", manager: Optional
     keys = list(opspec.enumerate(archspec, backend, dict(options)))
     for extra in mgr.hook.ck_extra_kernels(op=opspec, arch=archspec, backend=backend, options=options):
         keys.extend(extra or ())
-    has_hook_rules = bool(mgr.hook.ck_reject_kernel.get_hookimpls())
+    hook_rules = bool(mgr.hook.ck_reject_kernel.get_hookimpls())
     out, seen = [], set()
     debug = log.isEnabledFor(logging.DEBUG)
     for key in keys:
         if key in seen:
             continue
         seen.add(key)
-        reason = archspec.reject(key)
-        if reason is None and has_hook_rules:
-            reasons = [r for r in mgr.hook.ck_reject_kernel(key=key, arch=archspec) if r]
-            reason = reasons[0] if reasons else None
+        reason = rejection(key, archspec, mgr, op_rules=False, hook_rules=hook_rules)
         if reason:
             if debug:
                 log.debug("culled %s: %s", key.name, reason)
@@ -168,22 +185,61 @@ class Registry:
 
     @classmethod
     def from_dict(cls, data: dict, manager: Optional[PluginManager] = None) -> "Registry":
+        """A registry of untrusted data: every record's fields are checked by its op, and
+        a key the arch's or op's enumeration rules would reject is refused (ConfigError)."""
+        if not isinstance(data, dict):
+            raise ConfigError(f"not a registry file: the top level is a {type(data).__name__}, "
+                              f"expected an object with format {FORMAT!r}")
         if data.get("format") != FORMAT:
-            raise ConfigError(f"not a registry file (format {data.get('format')!r}, expected {FORMAT!r})")
-        reg = cls(data["arch"], name=data.get("name", ""), manager=manager)
-        for rec in data["kernels"]:
-            reg.add(KernelKey.from_dict(rec, manager=manager))
+            raise ConfigError(f"not a registry file (format {str(data.get('format'))[:60]!r}, "
+                              f"expected {FORMAT!r})")
+        unknown = sorted(str(k)[:40] for k in data if k not in _FILE_FIELDS)
+        if unknown:
+            raise ConfigError(f"registry file has unknown field(s) {unknown}; "
+                              f"known: {', '.join(sorted(_FILE_FIELDS))}")
+        arch, kernels, name = data.get("arch"), data.get("kernels"), data.get("name", "")
+        if not isinstance(arch, str):
+            raise ConfigError("registry file: 'arch' must be an arch name such as 'gfx942'")
+        check_name(arch, "registry arch")
+        if not isinstance(kernels, list):
+            raise ConfigError("registry file: 'kernels' must be a list of kernel records")
+        if not isinstance(name, str) or len(name) > 200:
+            raise ConfigError("registry file: 'name' must be a string (at most 200 characters)")
+        mgr = manager or get_manager()
+        try:
+            archspec = mgr.arch(arch)
+        except PluginError as exc:
+            raise ConfigError(f"registry file for arch {arch!r}: {exc}") from None
+        reg = cls(arch, name=name, manager=manager)
+        for i, rec in enumerate(kernels):
+            try:
+                key = KernelKey.from_dict(rec, manager=mgr)
+                mgr.backend(key.backend)
+                if key.arch != arch:
+                    raise ConfigError(f"kernel {key.name} is for arch {key.arch}, the file for {arch}")
+                reason = rejection(key, archspec, mgr)
+                if reason:
+                    raise ConfigError(f"kernel {key.name} is not legal on {arch}: {reason}")
+            except PluginError as exc:
+                raise ConfigError(f"registry kernel record {i}: {exc}") from None
+            except CkError as exc:
+                raise type(exc)(f"registry kernel record {i}: {exc}") from None
+            reg.add(key)
         return reg
 
     @classmethod
     def import_json(cls, path, manager: Optional[PluginManager] = None) -> "Registry":
         p = Path(path)
         try:
-            data = json.loads(p.read_text())
+            if p.stat().st_size > MAX_FILE_BYTES:
+                raise ConfigError(f"registry file {p} is larger than {MAX_FILE_BYTES >> 20} MiB")
+            data = json.loads(p.read_bytes())
         except OSError as exc:
-            raise ConfigError(f"cannot read registry file {p}: {exc.strerror}") from None
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{p} is not valid JSON: {exc}") from None
+            raise ConfigError(f"cannot read registry file {p}: {exc.strerror or exc}") from None
+        except RecursionError:
+            raise ConfigError(f"{p} is nested too deeply to be a registry file") from None
+        except ValueError as exc:  # JSONDecodeError, or bytes that are not UTF-8/16/32 text
+            raise ConfigError(f"{p} is not valid JSON: {str(exc)[:200]}") from None
         return cls.from_dict(data, manager=manager)
 
     # -- build ---------------------------------------------------------------

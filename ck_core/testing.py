@@ -4,6 +4,10 @@ Use from a plugin's ``conftest.py``::
 
     pytest_plugins = ["ck_core.testing"]
 
+Every test session gets a private, temporary ``CK_CACHE_DIR``, ``CK_TUNING_DB`` and
+``XDG_CACHE_HOME`` (set before collection, removed at the end), so no test reads
+or writes the user's real cache, even one that unsets ``CK_CACHE_DIR``.
+
 Fixtures: ``ck_rng`` (a fresh generator; its seed is printed on failure),
 ``fake_arch`` (an ArchSpec any op can enumerate on), ``ck_manager`` (a plugin
 manager with the fake arch added), ``ck_dispatch_log`` (like ``ck_manager``,
@@ -16,7 +20,9 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import sys
+import tempfile
 import types
 
 import numpy as np
@@ -48,6 +54,33 @@ def arch_plugin(*archs: ArchSpec):
 
     mod.ck_register_archs = ck_register_archs
     return mod
+
+
+_SESSION_ENV = ("CK_CACHE_DIR", "CK_TUNING_DB", "XDG_CACHE_HOME")
+
+
+def pytest_configure(config):
+    if getattr(config, "_ck_test_env", None) is not None:
+        return
+    tmp = tempfile.mkdtemp(prefix="ck-test-")
+    config._ck_test_env = (tmp, {k: os.environ.get(k) for k in _SESSION_ENV})
+    os.environ["CK_CACHE_DIR"] = os.path.join(tmp, "ck-cache")
+    os.environ["CK_TUNING_DB"] = os.path.join(tmp, "tuning.json")
+    os.environ["XDG_CACHE_HOME"] = os.path.join(tmp, "xdg-cache")
+
+
+def pytest_unconfigure(config):
+    state = getattr(config, "_ck_test_env", None)
+    if state is None:
+        return
+    tmp, saved = state
+    config._ck_test_env = None
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 @pytest.fixture

@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -23,16 +21,53 @@ def default_path() -> Path:
     return Path(knobs.get("CK_TUNING_DB") or knobs.cache_dir() / "tuning.json")
 
 
+FORMAT = "ck-dispatcher.tuning/1"
+_TMP = ".ck-tuning-tmp-"
+#: a tuning table larger than this is not one this code wrote
+MAX_FILE_BYTES = 256 << 20
+
+
+def _entries_of(data, path) -> dict:
+    """The ``entries`` of a parsed tuning file, every field type-checked."""
+    def bad(why):
+        return ConfigError(f"tuning table {path} is malformed ({why}); delete it or point "
+                           f"CK_TUNING_DB at a tuning table written by `ck tune`")
+
+    if not isinstance(data, dict):
+        raise bad(f"the top level is a {type(data).__name__}, not an object")
+    if data.get("format", FORMAT) != FORMAT:
+        raise bad(f"format {str(data.get('format'))[:40]!r}, expected {FORMAT!r}")
+    unknown = sorted(str(k)[:40] for k in data if k not in ("format", "entries"))
+    if unknown:
+        raise bad(f"unknown field(s) {unknown}")
+    entries = data.get("entries", {})
+    if not isinstance(entries, dict):
+        raise bad("'entries' is not an object")
+    for k, e in entries.items():
+        if not isinstance(e, dict) or not isinstance(e.get("kernel"), str):
+            raise bad(f"entry {k[:60]!r} is not an object with a 'kernel' name")
+        secs = e.get("seconds")
+        if secs is not None and (isinstance(secs, bool) or not isinstance(secs, (int, float))):
+            raise bad(f"entry {k[:60]!r}: 'seconds' is not a number")
+        if not isinstance(e.get("results", []), list) or not isinstance(e.get("problem", {}), dict):
+            raise bad(f"entry {k[:60]!r}: 'results' must be a list and 'problem' an object")
+    return entries
+
+
 class TuningTable:
     def __init__(self, path=None):
         self.path = Path(path) if path else default_path()
         self.entries: dict[str, dict] = {}
         if self.path.exists():
             try:
-                self.entries = json.loads(self.path.read_text()).get("entries", {})
-            except (OSError, json.JSONDecodeError) as exc:
-                raise ConfigError(f"tuning table {self.path} is unreadable ({exc}); delete it "
-                                  f"or point CK_TUNING_DB elsewhere") from None
+                if self.path.stat().st_size > MAX_FILE_BYTES:
+                    raise ConfigError(f"tuning table {self.path} is larger than {MAX_FILE_BYTES >> 20} MiB; "
+                                      f"point CK_TUNING_DB at a tuning table written by `ck tune`")
+                data = json.loads(self.path.read_bytes())
+            except (OSError, ValueError, RecursionError) as exc:
+                raise ConfigError(f"tuning table {self.path} is unreadable ({type(exc).__name__}: "
+                                  f"{str(exc)[:200]}); delete it or point CK_TUNING_DB elsewhere") from None
+            self.entries = _entries_of(data, self.path)
 
     @staticmethod
     def _key(arch: str, backend: str, problem) -> str:
@@ -50,11 +85,14 @@ class TuningTable:
         }
 
     def save(self) -> Path:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".tuning-")
-        with os.fdopen(fd, "w") as f:
-            json.dump({"format": "ck-dispatcher.tuning/1", "entries": self.entries}, f, indent=1)
-        os.replace(tmp, self.path)
+        from .cache import atomic_write, ensure_folder, sweep_orphans
+
+        if not ensure_folder(self.path.parent, "tuning table folder"):
+            raise ConfigError(f"cannot write the tuning table {self.path}: its folder is not writable; "
+                              f"point CK_TUNING_DB at a writable path")
+        sweep_orphans(self.path.parent, prefix=_TMP)   # a killed `ck tune`'s leftovers
+        atomic_write(self.path, json.dumps({"format": FORMAT, "entries": self.entries}, indent=1).encode(),
+                     prefix=_TMP)
         return self.path
 
 

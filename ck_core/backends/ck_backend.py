@@ -9,21 +9,26 @@ the error says plainly where it is and what is missing.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Optional
 
 from .. import __version__, knobs
+from ..cache import atomic_write, digest, ensure_folder, remove_path, sweep_orphans
 from ..errors import CompileError, ToolchainMissing
 from ..hookspecs import hookimpl
 from ..records import BackendSpec
 
 log = logging.getLogger(__name__)
 
+#: a hipcc output this old is a killed build's (CK Tile compiles take minutes, not hours)
+_HIPCC_ORPHAN_SECONDS = 3 * 3600
 
 
 def hipcc() -> Optional[str]:
@@ -75,29 +80,52 @@ def source_dir(cache_root=None) -> Path:
     return Path(cache_root) if cache_root else knobs.cache_dir() / "ck-src"
 
 
+def _folder(key, rendered, arch, cache_root) -> Path:
+    """The entry folder of a key's source and library: named by a hash, never by the key's text.
+
+    Where the cache cannot be written, a private temporary folder (with a warning)."""
+    h = digest({"kernel": key.name, "source": rendered.source_hash, "arch": arch.name, "core": __version__})
+    root = source_dir(cache_root)
+    folder = root / h[:2] / h[:40]
+    if folder.parent.exists() and not folder.parent.is_dir():
+        remove_path(folder.parent)   # damage inside the cache
+    if folder.exists() and not folder.is_dir():
+        remove_path(folder)
+    if ensure_folder(folder, "ck source folder", report=root):
+        return folder
+    return Path(tempfile.mkdtemp(prefix="ck-src-"))
+
+
 def compile_key(key, op, arch, opts: dict) -> dict:
     if op.render is None:
         raise CompileError(f"op {op.name} has no CK Tile templates")
     rendered = op.render(key, "ck")
-    folder = source_dir(opts.get("cache_root")) / key.name
-    folder.mkdir(parents=True, exist_ok=True)
-    src = folder / f"{rendered.source_hash[:16]}.cpp"
-    src.write_text(rendered.source)
+    folder = _folder(key, rendered, arch, opts.get("cache_root"))
+    src, lib, record = folder / "kernel.cpp", folder / "kernel.so", folder / "kernel.json"
+    sweep_orphans(folder, _HIPCC_ORPHAN_SECONDS)
+    if not src.is_file() or src.read_bytes() != rendered.source.encode():
+        remove_path(src)
+        remove_path(lib)         # a library of another source is stale
+        atomic_write(record, json.dumps({"kernel": key.name, "arch": arch.name,
+                                         "source_sha256": rendered.source_hash}, indent=1).encode())
+        atomic_write(src, rendered.source.encode())
     ok, why = available()
     if not ok:
         raise ToolchainMissing(f"{why}. The CK Tile source for {key.name} is at {src}; on a ROCm "
                                f"machine, `ck build --backend ck` compiles it with hipcc "
                                f"--offload-arch={arch.name}")
-    lib = src.with_suffix(".so")
-    if lib.exists() and not opts.get("force"):
+    if lib.is_file() and not opts.get("force"):
         return {"source": str(src), "library": str(lib), "cache_hit": True}
+    remove_path(lib)
+    tmp = folder / f".tmp-{os.getpid()}-kernel.so"
     cmd = [hipcc(), "-O3", "-std=c++20", "-shared", "-fPIC", f"--offload-arch={arch.name}",
-           f"-I{ck_include()}", str(src), "-o", str(lib) + ".tmp"]
+           f"-I{ck_include()}", str(src), "-o", str(tmp)]
     t0 = time.perf_counter()
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
+        remove_path(tmp)
         raise CompileError(f"hipcc failed for {key.name} ({src}):\n{res.stderr[-2000:]}")
-    os.replace(str(lib) + ".tmp", lib)
+    os.replace(tmp, lib)
     return {"source": str(src), "library": str(lib), "cache_hit": False,
             "compile_seconds": round(time.perf_counter() - t0, 2), "core": __version__}
 

@@ -17,9 +17,9 @@ import attrs
 import numpy as np
 
 from ck_core.dtypes import ATOL, RTOL, quantize
-from ck_core.errors import ConfigError, UnsupportedProblem
+from ck_core.errors import ConfigError, InvalidProblem, UnsupportedProblem
 from ck_core.hookspecs import hookimpl
-from ck_core.key import KernelKey
+from ck_core.key import KernelKey, RecordSchema
 from ck_core.records import OpSpec
 
 from . import kernels as K
@@ -115,8 +115,42 @@ def parse_name(body: str):
     return from_config(K.ConvKernelConfig.from_name(body))
 
 
+SIG_CHOICES = {"direction": DIRECTIONS, "dtype": DTYPES, "layout": tuple(LAYOUT_FAMILIES)}
+ALG_CHOICES = {"pipeline": K.PIPELINES, "scheduler": K.SCHEDULERS, "specialization": K.SPECIALIZATIONS,
+               "reduction": K.REDUCTIONS}
+_SIZE = (1, 1 << 16)
+ALG_BOUNDS = {**{f: _SIZE for f in ("tile_m", "tile_n", "tile_k", "warp_m", "warp_n", "warp_k", "warp_tile_m",
+                                     "warp_tile_n", "warp_tile_k", "vector_a", "vector_b", "vector_c",
+                                     "group_merge")},
+              "stages": (0, max(K.STAGE_RANGE)), "rows": (0, 2)}
+
+
+_SIG = RecordSchema(ConvSignature, what="conv signature", choices=SIG_CHOICES, bounds={"ndim": (1, 3)})
+_ALG = RecordSchema(ConvAlgorithm, what="conv algorithm", choices=ALG_CHOICES, bounds=ALG_BOUNDS)
+
+
 def from_fields(sig: dict, alg: dict):
-    return ConvSignature(**sig), ConvAlgorithm(**alg)
+    """Signature and algorithm of untrusted field dicts (JSON), every field checked."""
+    s, a = _SIG(sig), _ALG(alg)
+    try:
+        to_config(s, a)   # the config's own rules (power-of-two group merge, ...)
+    except InvalidProblem as exc:
+        raise ConfigError(f"conv kernel fields: {exc}") from None
+    return s, a
+
+
+def legal(key, arch) -> str | None:
+    """Why the enumeration rules would not produce ``key`` on ``arch`` (or None)."""
+    c = config_of(key)
+    why = K.cull_reason(c, warp_size=arch.warp_size, lds_bytes=arch.lds_bytes,
+                        warp_tiles=dict(arch.warp_tiles).get(c.dtype, ()))
+    if why is None and c.dtype not in arch.dtypes:
+        why = f"{arch.name} has no {c.dtype} matrix instructions"
+    if why is None and getattr(arch, "vendor", "") == "nvidia" and c.specialization != "depthwise":
+        need = (c.tile[0] + c.tile[1]) * c.tile[2] * K.ELEMENT_BYTES[c.dtype] * c.smem_buffers
+        if need > arch.lds_bytes:
+            why = f"needs {need} B of shared memory, {arch.name} has {arch.lds_bytes} B"
+    return why
 
 
 # -- the kernel space ----------------------------------------------------------
@@ -311,6 +345,7 @@ def conv_op() -> OpSpec:
         format_name=format_name,
         parse_name=parse_name,
         from_fields=from_fields,
+        legal=legal,
         supports=supports,
         reference=reference,
         make_inputs=make_inputs,

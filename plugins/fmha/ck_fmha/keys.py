@@ -8,13 +8,15 @@ mask, bias, LSE, dropout, soft cap, sinks, paging, RoPE, padding of lengths.
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Optional
 
 import attrs
 
 from ck_core.errors import ConfigError
-from ck_core.key import KernelKey
+from ck_core.key import KernelKey, RecordSchema
 
+from .codegen import ck_facts as F
 from .codegen import enumerate_kernels, parse_name
 from .codegen.spec import FmhaKernelSpec
 
@@ -136,4 +138,45 @@ def format_ck(sig, alg) -> str:
 
 
 def parse_ck(body: str):
-    return parse_name(body), CK_INSTANCE
+    return check_spec(parse_name(body)), CK_INSTANCE
+
+
+#: the vocabulary of CK FMHA spec fields; string fields not listed are one token
+SPEC_CHOICES = {"family": F.FAMILIES, "arch": F.ARCHES, "dtype": F.DTYPES, "mode": ("", *F.MODES),
+                "mask": ("", *(m for ms in F.MASKS.values() for m in ms)), "bias": ("", *F.BIASES)}
+SPEC_BOUNDS = {"occupancy": (-1, 64), "dpad": (0, 64), "dvpad": (0, 64), "tile": (0, 1 << 16),
+               "warps": (0, 1 << 10), "warp_tile": (0, 1 << 10)}
+
+
+_SPEC = RecordSchema(FmhaKernelSpec, what="CK FMHA kernel spec", choices=SPEC_CHOICES, bounds=SPEC_BOUNDS)
+
+
+def check_spec(spec: FmhaKernelSpec) -> FmhaKernelSpec:
+    """``spec`` when every field has the right type and vocabulary (ConfigError naming it)."""
+    _SPEC(spec.to_dict())
+    return spec
+
+
+def ck_from_fields(sig: dict, alg: dict):
+    """A CK FMHA key's (spec, instance) of untrusted JSON fields, every field checked."""
+    spec = _SPEC(sig)
+    if alg not in ({}, None):
+        raise ConfigError(f"a CK FMHA key's algorithm is empty (its tiles live in the spec), got {str(alg)[:80]}")
+    return spec, CK_INSTANCE
+
+
+@lru_cache(maxsize=256)
+def _ck_space(arch: str, family: str, receipt: int, mask_impl: str, wide: bool) -> frozenset:
+    return frozenset(enumerate_kernels(arch, receipt, [family], mask_impl=mask_impl, batch_prefill_64bit=wide))
+
+
+def ck_legal(spec: FmhaKernelSpec, arch) -> Optional[str]:
+    """Why CK's codegen generates ``spec`` for ``arch`` under no receipt (or None)."""
+    if spec.arch != arch.name:
+        return f"the spec is for {spec.arch}, not {arch.name}"
+    for receipt in F.RECEIPTS:
+        for mask_impl in F.MASK_IMPLS:
+            for wide in (True, False):
+                if spec in _ck_space(arch.name, spec.family, receipt, mask_impl, wide):
+                    return None
+    return f"CK's {spec.family} codegen makes no such instance for {arch.name} under any receipt"

@@ -51,9 +51,17 @@ _TRITON_PREFIX = "fmha_triton_"
 
 
 def from_fields(sig: dict, alg: dict):
-    if "tile" in sig and "arch" in sig:
-        return FmhaKernelSpec.from_dict(sig), keys.CK_INSTANCE
+    """(signature, algorithm) of untrusted JSON field dicts, every field checked."""
+    if isinstance(sig, dict) and "tile" in sig and "arch" in sig:
+        return keys.ck_from_fields(sig, alg)
     return _triton_keys().from_fields(sig, alg)
+
+
+def legal(key, arch):
+    """Why the enumeration rules would not produce ``key`` on ``arch`` (or None)."""
+    if isinstance(key.signature, FmhaKernelSpec):
+        return keys.ck_legal(key.signature, arch)
+    return _triton_keys().legal(key, arch)
 
 
 def supports(key, problem):
@@ -93,7 +101,7 @@ def _bench(peer, options):
 def fmha_op() -> OpSpec:
     return OpSpec(
         name="fmha", problem_type=FmhaProblem, enumerate=enumerate_keys, format_name=format_name,
-        parse_name=parse_name, from_fields=from_fields, supports=supports,
+        parse_name=parse_name, from_fields=from_fields, legal=legal, supports=supports,
         reference=stages.reference, make_inputs=stages.make_inputs, implement=implement,
         input_names=INPUTS, output_names=OUTPUTS, plan=stages.plan, render=_render, bench=_bench,
         flops=stages.flops, heuristic=heuristic, tolerance=stages.tolerance,

@@ -30,7 +30,7 @@ from typing import Optional
 import attrs
 
 from ck_core.errors import ConfigError, InvalidProblem, MissingKernel
-from ck_core.key import KernelKey
+from ck_core.key import KernelKey, RecordSchema
 
 FAMILIES = ("fwd", "fwd_splitkv", "fwd_splitkv_combine", "fwd_pagedkv", "fwd_appendkv", "batch_prefill",
             "bwd_dot_do_o", "bwd_dq_dk_dv", "bwd_convert_dq")
@@ -87,12 +87,44 @@ def parse_name(body: str):
     if not m or m["family"] not in FAMILIES or m["variant"] not in VARIANTS:
         raise MissingKernel(f"{body!r} is not a Triton FMHA kernel name "
                             f"(fmha_triton_<family>_<dtype>_d<Q>x<V>_m<BM>n<BN>_w<W>_s<S>_<variant>)")
-    return (TritonFmhaSig(m["family"], m["dtype"], int(m["hq"]), int(m["hv"])),
-            TritonFmhaAlg(int(m["bm"]), int(m["bn"]), int(m["w"]), int(m["s"]), m["variant"]))
+    try:
+        return from_fields(dict(family=m["family"], dtype=m["dtype"], hdim_q=int(m["hq"]), hdim_v=int(m["hv"])),
+                           dict(block_m=int(m["bm"]), block_n=int(m["bn"]), num_warps=int(m["w"]),
+                                num_stages=int(m["s"]), variant=m["variant"]))
+    except ConfigError as exc:
+        raise MissingKernel(f"{body!r}: {exc}") from None
+
+
+DTYPES = ("fp16", "bf16", "fp8")
+
+
+_SIG = RecordSchema(TritonFmhaSig, what="Triton FMHA signature", choices={"family": FAMILIES, "dtype": DTYPES},
+                    bounds={"hdim_q": (1, 1024), "hdim_v": (1, 1024)})
+_ALG = RecordSchema(TritonFmhaAlg, what="Triton FMHA algorithm", choices={"variant": VARIANTS},
+                    bounds={"block_m": (1, 1024), "block_n": (1, 1024), "num_warps": (1, 64),
+                            "num_stages": (1, 16)})
 
 
 def from_fields(sig: dict, alg: dict):
-    return TritonFmhaSig(**sig), TritonFmhaAlg(**alg)
+    """Signature and algorithm of untrusted JSON field dicts, every field checked."""
+    return _SIG(sig), _ALG(alg)
+
+
+def legal(key, arch) -> Optional[str]:
+    """Why the enumeration rules would not produce ``key`` on ``arch`` (or None)."""
+    s, a = key.signature, key.algorithm
+    if s.dtype not in arch.dtypes or (s.dtype == "fp8" and s.family not in FP8_FAMILIES):
+        return f"no Triton {s.family} kernel in {s.dtype} on {arch.name}"
+    if (s.hdim_q, s.hdim_v) not in HDIMS:
+        return f"head dims {s.hdim_q}/{s.hdim_v} are not among the Triton kernels' {HDIMS}"
+    if a.variant in CUDA_ONLY and not _hopper(arch):
+        return f"variant {a.variant} runs on Hopper only"
+    if a.variant in GLUON_VARIANTS and ((s.hdim_q, s.hdim_v) not in GLUON_HDIMS or s.dtype == "fp8"):
+        return f"the Gluon kernel covers fp16/bf16 head dims {GLUON_HDIMS} only"
+    need = _smem(s.family, s.hdim_q, s.hdim_v, a, 1 if s.dtype == "fp8" else 2)
+    if need > arch.lds_bytes:
+        return f"needs {need} B of shared memory/LDS, {arch.name} has {arch.lds_bytes} B"
+    return None
 
 
 def _hopper(arch) -> bool:

@@ -17,7 +17,7 @@ import attrs
 
 from ck_core.dtypes import ELEMENT_BYTES
 from ck_core.errors import ConfigError, MissingKernel
-from ck_core.key import KernelKey
+from ck_core.key import KernelKey, RecordSchema
 
 from . import ck_rules
 from .problem import ACTIVATIONS, D_OPS, DEFAULT_C, DTYPES, LAYOUTS
@@ -36,6 +36,19 @@ VARIANT_TOKEN = {"persistent": "vpers", "tma": "vtma", "tma_ws": "vtmaws",
                  "tma_persistent": "vtmapers", "tma_persistent_ws": "vtmapersws",
                  "tma_cs": "vtmacs", "tma_persistent_cs": "vtmaperscs"}
 _TOKEN_VARIANT = {t: v for v, t in VARIANT_TOKEN.items()}
+C_DTYPES = ("fp16", "bf16", "fp32", "int32")
+
+#: the vocabulary of imported keys (``pipeline`` is an arch fact: any token here,
+#: the arch's rules decide); sizes are at least 1 (they divide)
+SIG_CHOICES = {"dtype": DTYPES, "layout": LAYOUTS, "dtype_c": ("",) + C_DTYPES, "d_op": D_OPS,
+               "activation": ACTIVATIONS}
+SIG_BOUNDS = {"num_d": (0, 4)}
+ALG_CHOICES = {"scheduler": SCHEDULERS, "epilogue": EPILOGUES, "variant": VARIANTS}
+_SIZE = (1, 1 << 16)
+ALG_BOUNDS = {**{f: _SIZE for f in ("tile_m", "tile_n", "tile_k", "warp_m", "warp_n", "warp_k",
+                                     "warp_tile_m", "warp_tile_n", "warp_tile_k", "split_k",
+                                     "group_m", "epi_subtile")},
+              "stages": (0, 64)}
 
 
 @attrs.frozen(cache_hash=True)
@@ -132,7 +145,8 @@ def parse_name(body: str):
     wave = _triple(toks[8], "wave layout", body)
     wt = _triple(toks[9], "warp tile", body)
     sig = dict(dtype=dtype, layout=layout)
-    alg = dict(pipeline=pipeline, epilogue=epilogue, scheduler=scheduler,
+    alg = dict(tile_m=tile[0], tile_n=tile[1], tile_k=tile[2], warp_m=wave[0], warp_n=wave[1],
+               warp_k=wave[2], warp_tile_m=wt[0], warp_tile_n=wt[1], warp_tile_k=wt[2], pipeline=pipeline, epilogue=epilogue, scheduler=scheduler,
                pad_m="m" in pad[1:] if pad != "npad" else False,
                pad_n="n" in pad[1:] if pad != "npad" else False,
                pad_k="k" in pad[1:] if pad != "npad" else False)
@@ -151,15 +165,35 @@ def parse_name(body: str):
             alg["variant"] = _TOKEN_VARIANT[tok]
         elif tok.startswith("d") and tok[1:2].isdigit() and tok[2:] in D_OPS:
             sig["num_d"], sig["d_op"] = int(tok[1]), tok[2:]
-        elif tok.startswith("c") and tok[1:] in ("fp16", "bf16", "fp32", "int32"):
+        elif tok.startswith("c") and tok[1:] in C_DTYPES:
             sig["dtype_c"] = tok[1:]
         else:
             raise MissingKernel(f"GEMM kernel name {body!r}: unknown token {tok!r}")
-    return GemmSignature(**sig), GemmAlgorithm(*tile, *wave, *wt, **alg)
+    try:
+        return from_fields(sig, alg)
+    except ConfigError as exc:
+        raise MissingKernel(f"GEMM kernel name {body!r}: {exc}") from None
+
+
+_SIG = RecordSchema(GemmSignature, what="GEMM signature", choices=SIG_CHOICES, bounds=SIG_BOUNDS)
+_ALG = RecordSchema(GemmAlgorithm, what="GEMM algorithm", choices=ALG_CHOICES, bounds=ALG_BOUNDS)
 
 
 def from_fields(sig: dict, alg: dict):
-    return GemmSignature(**sig), GemmAlgorithm(**alg)
+    """Signature and algorithm of untrusted field dicts (JSON, parsed names), every field checked."""
+    return _SIG(sig), _ALG(alg)
+
+
+def legal(key: KernelKey, arch) -> str | None:
+    """Why the enumeration rules would not produce ``key`` on ``arch`` (or None)."""
+    sig = key.signature
+    why = rules_violation(sig, key.algorithm, arch)
+    if why is None and key.backend == "triton":
+        why = triton_smem_violation(sig.dtype, key.algorithm, arch)
+        # the arch's measured winners join the space whatever the shared-memory model says
+        if why and key in _tuned_keys(arch, key.backend, [sig.dtype], [sig.layout]):
+            why = None
+    return why
 
 
 # -- the kernel space ------------------------------------------------------------

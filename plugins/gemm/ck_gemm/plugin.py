@@ -46,6 +46,7 @@ def gemm_op() -> OpSpec:
         format_name=kernel.format_name,
         parse_name=kernel.parse_name,
         from_fields=kernel.from_fields,
+        legal=kernel.legal,
         supports=kernel.supports,
         reference=reference.reference,
         make_inputs=reference.make_inputs,
