@@ -13,8 +13,9 @@ How: a shim package ``flash_attn`` is written to a temporary folder put first on
 functions are ck_fmha.flash_attn's, ``flash_attn.flash_attn_interface`` adds the two internals the helper
 module imports, and every other submodule (``bert_padding``, ``layers.rotary``) resolves to the snapshot's
 file.  Pytest runs in this process with a sampling plugin: of each test function's parametrizations it
-keeps those whose hash of (seed, node id) ranks lowest, ``max(min_per_test, ceil(fraction * n))`` of them,
-and runs the functions round-robin so that a ``--budget-s`` cut leaves every function sampled; tests
+keeps those whose hash of (seed, node id) ranks lowest, ``max(min_per_test, ceil(fraction * n))`` of them
+(pruned as pytest generates them, so the ~400k parametrizations never become items; with ``-k``, from the
+items that ``-k`` leaves), and runs the functions round-robin so that a ``--budget-s`` cut leaves every function sampled; tests
 past the budget are reported as ``not_run``.  The JSON gives per test function: collected, selected,
 passed, failed, skipped (by the test itself), not_run, and the failures' first error lines.
 """
@@ -31,6 +32,8 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+
+import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -85,20 +88,46 @@ class Sampler:
         self.fraction, self.min_per_test, self.seed, self.budget_s = fraction, min_per_test, seed, budget_s
         self.collected = defaultdict(int)
         self.selected = defaultdict(int)
+        self.pruned = set()
         self.counts = defaultdict(lambda: defaultdict(int))
         self.failures = []
         self.t0 = None
 
+    def _sample(self, nodeids):
+        """Indices of the nodes kept: the ``max(min_per_test, ceil(fraction * n))`` lowest ranks."""
+        n = min(len(nodeids), max(self.min_per_test, math.ceil(self.fraction * len(nodeids))))
+        return sorted(range(len(nodeids)), key=lambda i: _rank(self.seed, nodeids[i]))[:n]
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_generate_tests(self, metafunc):
+        # Sample the parametrizations before pytest makes items of them: the suite has ~400k, and
+        # making them all takes minutes.  With -k the sample is taken after -k, from the items.
+        yield
+        calls = getattr(metafunc, "_calls", None)
+        if metafunc.config.option.keyword or not calls or not all(hasattr(c, "id") for c in calls):
+            return
+        fn = metafunc.function.__name__
+        ids = [f"{metafunc.definition.nodeid}[{c.id}]" for c in calls]
+        keep = sorted(self._sample(ids))
+        self.collected[fn] = len(calls)
+        self.selected[fn] = len(keep)
+        self.pruned.add(fn)
+        metafunc._calls = [calls[i] for i in keep]
+
+    @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, session, config, items):
         by_fn = defaultdict(list)
         for it in items:
             by_fn[function_of(it.nodeid)].append(it)
         keep_lists = []
         for fn, its in by_fn.items():
-            self.collected[fn] = len(its)
-            n = min(len(its), max(self.min_per_test, math.ceil(self.fraction * len(its))))
-            chosen = sorted(its, key=lambda it: _rank(self.seed, it.nodeid))[:n]
-            self.selected[fn] = n
+            if fn in self.pruned:
+                chosen = sorted(its, key=lambda it: _rank(self.seed, it.nodeid))
+            else:
+                self.collected[fn] = len(its)
+                chosen = sorted((its[i] for i in self._sample([it.nodeid for it in its])),
+                                key=lambda it: _rank(self.seed, it.nodeid))
+                self.selected[fn] = len(chosen)
             keep_lists.append(chosen)
         order = []
         for i in range(max((len(x) for x in keep_lists), default=0)):
@@ -108,8 +137,6 @@ class Sampler:
         items[:] = order
 
     def pytest_runtest_setup(self, item):
-        import pytest
-
         if self.t0 is None:
             self.t0 = time.monotonic()
         if time.monotonic() - self.t0 > self.budget_s:
@@ -181,9 +208,6 @@ def main(argv=None) -> int:
     ap.add_argument("--fa-commit", default=None, help="the snapshot's commit, when it is not a git checkout")
     ap.add_argument("--json", default=None, help="write the report here (also printed)")
     args = ap.parse_args(argv)
-
-    import pytest
-
     snapshot = os.path.abspath(args.fa)
     test_file = os.path.join(snapshot, args.tests)
     if not os.path.isfile(test_file):
