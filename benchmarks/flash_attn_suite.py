@@ -91,6 +91,8 @@ class Sampler:
         self.pruned = set()
         self.counts = defaultdict(lambda: defaultdict(int))
         self.failures = []
+        self.outcomes = {}          # short node id -> outcome (and seconds), in run order
+        self.on_progress = None     # called after each test: the report survives a hard timeout
         self.t0 = None
 
     def _sample(self, nodeids):
@@ -147,20 +149,23 @@ class Sampler:
         fn = function_of(report.nodeid)
         c = self.counts[fn]
         not_run = any(k == "not_run" for k, _ in report.user_properties)
+        short = report.nodeid.split("::")[-1]
         if report.when == "setup":
             if report.skipped:
                 c["not_run" if not_run else "skipped"] += 1
+                self.outcomes[short] = "not_run" if not_run else "skipped"
             elif report.failed:
                 c["failed"] += 1
+                self.outcomes[short] = "failed (setup)"
                 self._fail(report)
         elif report.when == "call":
-            if report.passed:
-                c["passed"] += 1
-            elif report.skipped:
-                c["skipped"] += 1
-            else:
-                c["failed"] += 1
+            outcome = "passed" if report.passed else ("skipped" if report.skipped else "failed")
+            c[outcome] += 1
+            self.outcomes[short] = f"{outcome} {report.duration:.1f}s"
+            if outcome == "failed":
                 self._fail(report)
+        elif report.when == "teardown" and self.on_progress is not None:
+            self.on_progress()
 
     def _fail(self, report):
         text = str(report.longrepr) if report.longrepr is not None else ""
@@ -223,24 +228,37 @@ def main(argv=None) -> int:
     if args.k:
         pytest_args += ["-k", args.k]
     t0 = time.time()
-    rc = pytest.main(pytest_args, plugins=[sampler])
-    per_test = sampler.summary()
-    totals = {k: sum(v[k] for v in per_test.values())
-              for k in ("collected", "selected", "passed", "failed", "skipped", "not_run")}
-    report = {
-        "command": "python benchmarks/flash_attn_suite.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "device": _device(),
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "flash_attention_snapshot": args.fa_commit or _snapshot_commit(snapshot),
-        "test_file": args.tests, "fraction": args.fraction, "min_per_test": args.min_per_test, "seed": args.seed,
-        "budget_s": args.budget_s, "wall_s": round(time.time() - t0, 1), "pytest_exit_code": int(rc),
-        "totals": totals, "per_test": per_test, "failures": sampler.failures,
-    }
-    text = json.dumps(report, indent=1)
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            f.write(text + "\n")
+    command = "python benchmarks/flash_attn_suite.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    commit = args.fa_commit or _snapshot_commit(snapshot)
+
+    def report(rc):
+        per_test = sampler.summary()
+        totals = {k: sum(v[k] for v in per_test.values())
+                  for k in ("collected", "selected", "passed", "failed", "skipped", "not_run")}
+        return {
+            "command": command, "device": _device(),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "flash_attention_snapshot": commit, "test_file": args.tests, "fraction": args.fraction,
+            "min_per_test": args.min_per_test, "seed": args.seed, "budget_s": args.budget_s,
+            "wall_s": round(time.time() - t0, 1), "pytest_exit_code": rc, "finished": rc is not None,
+            "totals": totals, "per_test": per_test, "failures": sampler.failures, "tests": sampler.outcomes,
+        }
+
+    def write(rep):
+        text = json.dumps(rep, indent=1)
+        if args.json:
+            os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+            tmp = args.json + ".tmp"
+            with open(tmp, "w") as f:
+                f.write(text + "\n")
+            os.replace(tmp, args.json)
+        return text
+
+    sampler.on_progress = lambda: write(report(None))
+    rc = int(pytest.main(pytest_args, plugins=[sampler]))
+    rep = report(rc)
+    totals = rep["totals"]
+    text = write(rep)
     print(text)
     return 0 if totals["failed"] == 0 and rc in (0, 1, 5) else 1
 
