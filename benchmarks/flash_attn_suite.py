@@ -89,6 +89,7 @@ class Sampler:
         self.collected = defaultdict(int)
         self.selected = defaultdict(int)
         self.pruned = set()
+        self.seen = []
         self.counts = defaultdict(lambda: defaultdict(int))
         self.failures = []
         self.outcomes = {}          # short node id -> outcome (and seconds), in run order
@@ -122,6 +123,7 @@ class Sampler:
         for it in items:
             by_fn[function_of(it.nodeid)].append(it)
         keep_lists = []
+        self.seen = list(by_fn)       # functions the run selected (file::function narrows them)
         for fn, its in by_fn.items():
             if fn in self.pruned:
                 chosen = sorted(its, key=lambda it: _rank(self.seed, it.nodeid))
@@ -175,7 +177,7 @@ class Sampler:
 
     def summary(self):
         out = {}
-        for fn in self.collected:
+        for fn in self.seen:
             c = self.counts.get(fn, {})
             out[fn] = {"collected": self.collected[fn], "selected": self.selected[fn],
                        **{k: c.get(k, 0) for k in ("passed", "failed", "skipped", "not_run")}}
@@ -204,7 +206,9 @@ def _snapshot_commit(snapshot: str):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--fa", required=True, help="path of a Dao-AILab/flash-attention snapshot")
-    ap.add_argument("--tests", default="tests/test_flash_attn_ck.py", help="test file inside the snapshot")
+    ap.add_argument("--tests", action="append", default=None,
+                    help="test file inside the snapshot, or file::function (repeatable; default "
+                         "tests/test_flash_attn_ck.py)")
     ap.add_argument("--fraction", type=float, default=0.001, help="fraction of each function's parametrizations")
     ap.add_argument("--min-per-test", type=int, default=4, help="at least this many per test function")
     ap.add_argument("--seed", type=int, default=0, help="sampling seed (the hash of seed and node id ranks)")
@@ -214,16 +218,19 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None, help="write the report here (also printed)")
     args = ap.parse_args(argv)
     snapshot = os.path.abspath(args.fa)
-    test_file = os.path.join(snapshot, args.tests)
-    if not os.path.isfile(test_file):
-        ap.error(f"{test_file} does not exist: --fa must name a flash-attention snapshot with {args.tests}")
+    args.tests = args.tests or ["tests/test_flash_attn_ck.py"]
+    targets = [os.path.join(snapshot, t) for t in args.tests]
+    test_file = targets[0].split("::")[0]
+    for t in targets:
+        if not os.path.isfile(t.split("::")[0]):
+            ap.error(f"{t.split('::')[0]} does not exist: --fa must name a flash-attention snapshot with it")
     shim = write_shim(tempfile.mkdtemp(prefix="ck_fa_shim_"), snapshot)
     sys.path.insert(0, shim)
     for p in (os.path.join(ROOT, "plugins", "fmha"), ROOT):
         if p not in sys.path:
             sys.path.append(p)
     sampler = Sampler(args.fraction, args.min_per_test, args.seed, args.budget_s)
-    pytest_args = [test_file, "-q", "-p", "no:cacheprovider", "--rootdir", os.path.dirname(test_file),
+    pytest_args = [*targets, "-q", "-p", "no:cacheprovider", "--rootdir", os.path.dirname(test_file),
                    "-o", "console_output_style=classic", "--tb=short", "-W", "ignore::DeprecationWarning"]
     if args.k:
         pytest_args += ["-k", args.k]

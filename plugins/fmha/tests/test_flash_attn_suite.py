@@ -100,6 +100,9 @@ def test_budget_leaves_tests_not_run(snapshot, tmp_path):
     _, rep = _run(snapshot, tmp_path, "--budget-s", "0", "-k", "many")
     assert rep["per_test"]["test_many"]["not_run"] == rep["per_test"]["test_many"]["selected"] == 4
     assert rep["totals"]["passed"] == 0
+    # file::function picks functions without collecting the others
+    _, rep = _run(snapshot, tmp_path, "--tests", "tests/test_flash_attn_ck.py::test_fails", "--min-per-test", "3")
+    assert list(rep["per_test"]) == ["test_fails"] and rep["per_test"]["test_fails"]["failed"] == 1
 
 
 def test_sample_is_deterministic_and_seeded():
