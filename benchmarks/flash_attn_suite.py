@@ -229,9 +229,18 @@ def main(argv=None) -> int:
     for p in (os.path.join(ROOT, "plugins", "fmha"), ROOT):
         if p not in sys.path:
             sys.path.append(p)
+    tests_dir = os.path.dirname(test_file)
+    sys.path.insert(1, tests_dir)        # test_flash_attn_ck.py imports its helper module test_flash_attn
+    # pytest must not pick up the configuration or conftest.py of a project the snapshot sits in
+    # (this project's set TRITON_INTERPRET=1 and --import-mode=importlib): an empty ini, conftest
+    # files only from the snapshot's tests folder
+    ini = os.path.join(shim, "pytest.ini")
+    with open(ini, "w") as f:
+        f.write("[pytest]\n")
     sampler = Sampler(args.fraction, args.min_per_test, args.seed, args.budget_s)
-    pytest_args = [*targets, "-q", "-p", "no:cacheprovider", "--rootdir", os.path.dirname(test_file),
-                   "-o", "console_output_style=classic", "--tb=short", "-W", "ignore::DeprecationWarning"]
+    pytest_args = [*targets, "-q", "-c", ini, "--rootdir", tests_dir, "--confcutdir", tests_dir,
+                   "--import-mode=prepend", "-p", "no:cacheprovider", "-o", "console_output_style=classic",
+                   "--tb=short", "-W", "ignore::DeprecationWarning"]
     if args.k:
         pytest_args += ["-k", args.k]
     t0 = time.time()

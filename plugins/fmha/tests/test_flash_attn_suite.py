@@ -36,6 +36,8 @@ FAKE = {
 
 
         def test_shim_maps_public_names():
+            import os
+            assert "CK_SUITE_LEAK" not in os.environ
             assert flash_attn.flash_attn_func is ck.flash_attn_func
             assert flash_attn.flash_attn_with_kvcache is ck.flash_attn_with_kvcache
             assert not flash_attn.flash_attn_interface.USE_TRITON_ROCM
@@ -64,11 +66,16 @@ FAKE = {
 
 @pytest.fixture
 def snapshot(tmp_path):
+    # inside a project whose pytest configuration and conftest.py must not reach the suite
+    proj = tmp_path / "proj"
+    snap = proj / "fa_snapshot"
     for rel, text in FAKE.items():
-        p = tmp_path / rel
+        p = snap / rel
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(textwrap.dedent(text))
-    return tmp_path
+    (proj / "pyproject.toml").write_text('[tool.pytest.ini_options]\naddopts = "--import-mode=importlib -m slow"\n')
+    (proj / "conftest.py").write_text("import os\nos.environ['CK_SUITE_LEAK'] = '1'\n")
+    return snap
 
 
 def _run(snapshot, tmp_path, *extra):
