@@ -13,9 +13,11 @@ if [ ! -x .venv/bin/ck ] || [ "${CK_REINSTALL:-0}" = 1 ]; then
     if [ -f "$d/pyproject.toml" ]; then pkgs+=(-e "$d"); fi
   done
   # numpy<2.3: the Triton 3.6 interpreter breaks with numpy>=2.4; torch 2.13.0 is the CPU build here.
-  # ray and matplotlib: the optional extras ck-core[ray] and ck-core[plot] of `ck sweep` (tested in CI).
+  # ray and matplotlib: the optional extras ck-core[ray] and ck-core[plot] of `ck sweep` (tested in CI);
+  # transformers: optional, for plugins/fmha/tests/test_transformers.py (attn_implementation="ck_fmha").
   .venv/bin/pip install -q --disable-pip-version-check "setuptools>=64" \
-      "numpy<2.3" pluggy attrs tqdm pytest "triton==3.6.0" "torch==2.13.0" "ray==2.60.0" matplotlib
+      "numpy<2.3" pluggy attrs tqdm pytest "triton==3.6.0" "torch==2.13.0" "ray==2.60.0" matplotlib \
+      "transformers>=5,<6"
   .venv/bin/pip install -q --disable-pip-version-check --no-build-isolation --no-deps "${pkgs[@]}"
 fi
 exec .venv/bin/ck demo "$@"

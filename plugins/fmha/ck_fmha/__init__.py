@@ -15,7 +15,9 @@ three stages)::
 def attention(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0, layout="bhsd",
               deterministic=True, **features):
     """Attention on torch tensors with autograd (see ck_fmha.triton.ops.attention); ``features``:
-    ``bias``, ``alibi_slopes``, ``dropout_p``, ``seed``, ``offset``; for fp8 q/k/v
+    ``bias``, ``alibi_slopes``, ``dropout_p``, ``seed``, ``offset``; ``return_lse=True`` -> ``(o, lse)``;
+    ``align='bottom_right'`` (FlashAttention's mask alignment); group mode: ``layout='thd'`` with
+    ``cu_seqlens_q``, ``cu_seqlens_k``, ``max_seqlen_q``, ``max_seqlen_k``; for fp8 q/k/v
     (``torch.float8_e4m3fn``; forward only) ``q_descale``, ``k_descale``, ``v_descale``, ``out_dtype``."""
     from .triton.ops import attention as _attention
 

@@ -23,7 +23,8 @@ Public API (all tensors on one device; CPU tensors work under TRITON_INTERPRET=1
 * ``fwd`` / ``splitkv_decode`` / ``paged_decode`` / ``batch_prefill`` take ``sink`` (per-head sink
   logits [H]) and ``sink_tokens`` (first keys visible past a window's left edge)
 * ``attention(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0,
-  layout='bhsd')``: autograd wrapper (``AttentionFunction``).
+  layout='bhsd', ..., return_lse=False)``: autograd wrapper (``AttentionFunction``); group mode,
+  ``align`` and ``return_lse`` as ``fwd``.
 * fp8: ``fwd`` / ``attention`` take ``torch.float8_e4m3fn`` q/k/v (``float8_e4m3fnuz`` on CDNA3)
   with per-tensor ``q_descale``, ``k_descale``, ``v_descale`` (floats or 1-element fp32 device
   tensors) and write o in ``out_dtype`` (bf16 default); forward only, no bias/dropout/paging.
@@ -882,46 +883,60 @@ def bwd(q, k, v, o, lse, do, *, causal=False, scale=None, window=(-1, -1), softc
 
 
 class AttentionFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0, layout="bhsd",
-                deterministic=True, bias=None, alibi_slopes=None, dropout_p=0.0, seed=0, offset=0):
-        o, lse = fwd(q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
-                     return_lse=True, layout=layout, bias=bias, alibi_slopes=alibi_slopes,
-                     dropout_p=dropout_p, seed=seed, offset=offset)
-        ctx.save_for_backward(q, k, v, o, lse, bias, alibi_slopes)
-        ctx.args = (causal, scale, window, softcap, layout, deterministic, dropout_p, seed, offset)
-        return o
+    """Autograd over :func:`fwd` / :func:`bwd`; returns ``(o, lse)`` (lse not differentiable).
+    ``varlen`` = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) or None."""
 
     @staticmethod
-    def backward(ctx, do):
-        q, k, v, o, lse, bias, alibi_slopes = ctx.saved_tensors
-        causal, scale, window, softcap, layout, deterministic, dropout_p, seed, offset = ctx.args
+    def forward(ctx, q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0, layout="bhsd",
+                deterministic=True, bias=None, alibi_slopes=None, dropout_p=0.0, seed=0, offset=0,
+                align=None, alibi_align=None, varlen=None):
+        cu_q, cu_k, max_q, max_k = varlen or (None, None, None, None)
+        mask = dict(causal=causal, scale=scale, window=window, softcap=softcap, layout=layout, align=align,
+                    alibi_align=alibi_align, dropout_p=dropout_p, seed=seed, offset=offset,
+                    cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k)
+        o, lse = fwd(q, k, v, return_lse=True, bias=bias, alibi_slopes=alibi_slopes, **mask)
+        ctx.save_for_backward(q, k, v, o, lse, bias, alibi_slopes, cu_q, cu_k)
+        ctx.args = (mask, deterministic)
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, _dlse):
+        q, k, v, o, lse, bias, alibi_slopes, cu_q, cu_k = ctx.saved_tensors
+        mask, deterministic = ctx.args
+        mask = dict(mask, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
         want_db = bias is not None and ctx.needs_input_grad[9]
-        res = bwd(q, k, v, o, lse, do, causal=causal, scale=scale, window=window, softcap=softcap,
-                  layout=layout, deterministic=deterministic, bias=bias, alibi_slopes=alibi_slopes,
-                  dropout_p=dropout_p, seed=seed, offset=offset, return_dbias=want_db)
+        res = bwd(q, k, v, o, lse, do, deterministic=deterministic, bias=bias, alibi_slopes=alibi_slopes,
+                  return_dbias=want_db, **mask)
         dbias = res[3] if want_db else None
-        return res[0], res[1], res[2], None, None, None, None, None, None, dbias, None, None, None, None
+        return (res[0], res[1], res[2]) + (None,) * 6 + (dbias,) + (None,) * 7
 
 
 def attention(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0, layout="bhsd",
               deterministic=True, bias=None, alibi_slopes=None, dropout_p=0.0, seed=0, offset=0,
-              q_descale=None, k_descale=None, v_descale=None, out_dtype=None):
-    """Autograd attention (batch layouts).  ``bias`` [B|1, H|1, Sq, Sk] gets a gradient when it
+              q_descale=None, k_descale=None, v_descale=None, out_dtype=None, return_lse=False, align=None,
+              alibi_align=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):
+    """Autograd attention.  ``bias`` [B|1, H|1, Sq, Sk] gets a gradient when it
     requires one; dropout is reproducible from (seed, offset) (Philox, :mod:`ck_fmha.philox`).
+    ``return_lse=True`` returns ``(o, lse)``; group mode is ``layout='thd'`` with ``cu_seqlens_q/k``
+    and ``max_seqlen_q/k`` as :func:`fwd`; ``align`` / ``alibi_align`` as :func:`fwd`.
 
     fp8 q/k/v (``torch.float8_e4m3fn``, or ``float8_e4m3fnuz`` on CDNA3) run the forward only (no
     autograd: there is no fp8 backward) with per-tensor ``q_descale``/``k_descale``/``v_descale``
     (floats or 1-element fp32 tensors) and return o in ``out_dtype`` (bf16 default); see :func:`fwd`."""
+    varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) if layout == "thd" else None
     if q.dtype in FP8_DTYPES:
         return fwd(q, k, v, causal=causal, scale=scale, window=window, softcap=softcap, layout=layout,
                    bias=bias, alibi_slopes=alibi_slopes, dropout_p=dropout_p, seed=seed, offset=offset,
-                   q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, out_dtype=out_dtype)
+                   q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, out_dtype=out_dtype,
+                   return_lse=return_lse, align=align, alibi_align=alibi_align, cu_seqlens_q=cu_seqlens_q,
+                   cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
     if q_descale is not None or k_descale is not None or v_descale is not None or out_dtype is not None:
         raise InvalidProblem("q_descale/k_descale/v_descale/out_dtype belong to the fp8 forward; "
                              f"q is {q.dtype} (pass float8_e4m3fn q/k/v, or drop them)")
-    return AttentionFunction.apply(q, k, v, causal, scale, tuple(window), softcap, layout, deterministic,
-                                   bias, alibi_slopes, dropout_p, seed, offset)
+    o, lse = AttentionFunction.apply(q, k, v, causal, scale, tuple(window), softcap, layout, deterministic,
+                                     bias, alibi_slopes, dropout_p, seed, offset, align, alibi_align, varlen)
+    return (o, lse) if return_lse else o
 
 
 # ---------------------------------------------------------------------------
