@@ -17,6 +17,7 @@ import attrs
 import numpy as np
 
 from . import __version__, knobs
+from .cliargs import non_negative_int, positive_int
 from .errors import CkError, ConfigError, InvalidProblem
 
 log = logging.getLogger(__name__)
@@ -133,6 +134,11 @@ def cmd_list(args, extra):
 
 
 def cmd_export(args, extra):
+    from pathlib import Path
+
+    folder = Path(args.output).expanduser().parent
+    if not folder.is_dir():
+        raise ConfigError(f"cannot write {args.output}: folder {folder} does not exist; create it first")
     reg = _registry_from_args(args, extra)
     path = reg.export_json(args.output)
     print(f"wrote {len(reg)} kernels to {path}")
@@ -273,6 +279,7 @@ def cmd_tune(args, extra):
     if args.kfilter:
         reg = reg.filter(args.kfilter)
     disp = Dispatcher(reg, backend=args.backend)
+    disp.plan(problem)  # refuses a problem that cannot run (or fit) before its inputs are drawn
     inputs = op.make_inputs(problem, np.random.default_rng(0))
     bk = disp.backend_spec
     moved = {k: bk.to_backend(v) for k, v in inputs.items()}
@@ -359,8 +366,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--backend", default=knobs.get("CK_BACKEND") or "numpy")
     s.add_argument("--kernel-filter", dest="kfilter",
                    help="restrict the candidates with a filter expression (problem fields take --<field>)")
-    s.add_argument("--seed", type=int, default=None)
-    s.add_argument("--repeat", type=int, default=3)
+    s.add_argument("--seed", type=non_negative_int, default=None)
+    s.add_argument("--repeat", type=positive_int, default=3)
     s.add_argument("--tuned", action="store_true", help="use the tuning table")
     s.add_argument("--no-validate", action="store_true")
     s.add_argument("--json", action="store_true")
@@ -368,8 +375,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("build", allow_abbrev=False, help="compile a registry in parallel through its backend")
     reg_args(s)
-    s.add_argument("--workers", type=int, default=None)
-    s.add_argument("--limit", type=int, default=0, help="build only the first N kernels")
+    s.add_argument("--workers", type=positive_int, default=None)
+    s.add_argument("--limit", type=positive_int, default=None, help="build only the first N kernels")
     s.add_argument("--keep-going", action="store_true", help="exit 0 even if some kernels failed")
     s.add_argument("--json", help="write the build report here")
     s.set_defaults(fn=cmd_build)
@@ -383,9 +390,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--arch", required=True)
     s.add_argument("--backend", default=knobs.get("CK_BACKEND") or "numpy")
     s.add_argument("--kernel-filter", dest="kfilter")
-    s.add_argument("--top", type=int, default=None, help="time only the heuristic's first N")
-    s.add_argument("--show", type=int, default=10)
-    s.add_argument("--repeat", type=int, default=5)
+    s.add_argument("--top", type=positive_int, default=None, help="time only the heuristic's first N")
+    s.add_argument("--show", type=positive_int, default=10)
+    s.add_argument("--repeat", type=positive_int, default=5)
     s.add_argument("--db", help="tuning table path (default CK_TUNING_DB or the cache dir)")
     s.set_defaults(fn=cmd_tune)
 
@@ -422,3 +429,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     except BrokenPipeError:
         return 0
+    except KeyboardInterrupt:
+        print("ck: interrupted", file=sys.stderr)
+        return 130
+    except MemoryError:
+        print("ck: error: out of memory; make the problem or the kernel set smaller", file=sys.stderr)
+        return 2
+    except Exception as exc:  # a bug of ours: one line for the user, the traceback under -v
+        log.debug("internal error", exc_info=True)
+        print(f"ck: internal error: {type(exc).__name__}: {exc} (please report it; -vv shows "
+              f"the traceback)", file=sys.stderr)
+        return 3

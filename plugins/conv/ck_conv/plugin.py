@@ -23,10 +23,9 @@ from ck_core.key import KernelKey
 from ck_core.records import OpSpec
 
 from . import kernels as K
-from .problem import DIRECTIONS, DTYPES, LAYOUT_FAMILIES, ConvProblem
+from .problem import DIRECTIONS, DTYPES, IN_NAMES, LAYOUT_FAMILIES, ConvProblem
 
 OUT_NAME = {"forward": "y", "bwd_data": "dx", "bwd_weight": "dw"}
-IN_NAMES = {"forward": ("x", "w"), "bwd_data": ("dy", "w"), "bwd_weight": ("x", "dy")}
 
 
 @attrs.frozen(cache_hash=True)

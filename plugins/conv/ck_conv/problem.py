@@ -24,6 +24,8 @@ from ck_core.errors import InvalidProblem
 from ck_core.problem import Problem
 
 DIRECTIONS = ("forward", "bwd_data", "bwd_weight")
+#: the tensors each direction reads (by name: x input, w weight, dy output gradient)
+IN_NAMES = {"forward": ("x", "w"), "bwd_data": ("dy", "w"), "bwd_weight": ("x", "dy")}
 DTYPES = ("fp16", "bf16", "fp32")
 
 # letters of the spatial dimensions of image tensors and of filters, per ndim
@@ -45,9 +47,18 @@ OUT_LAYOUTS = {f[n][2]: n for f in LAYOUT_FAMILIES.values() for n in (1, 2, 3)}
 
 
 def _tuple(v) -> tuple:
-    if isinstance(v, int):
+    """A size or a sequence of sizes as a tuple, values untouched (validators refuse 2.7 or True,
+    where ``int()`` would silently truncate them)."""
+    if isinstance(v, (int, float, str)) or v is None:
         return (v,)
-    return tuple(int(x) for x in v)
+    try:
+        return tuple(v)
+    except TypeError:
+        raise InvalidProblem(f"expected a size or a sequence of sizes, got {v!r}") from None
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def family_of(in_layout: str) -> str:
@@ -60,17 +71,17 @@ def family_of(in_layout: str) -> str:
 def _positive(name):
     def check(inst, attr, value):
         if isinstance(value, tuple):
-            if not value or any((not isinstance(x, int)) or x <= 0 for x in value):
+            if not value or any(not _is_int(x) or x <= 0 for x in value):
                 raise InvalidProblem(f"{name} must be positive integers, got {value!r}; "
                                      f"give one positive size per spatial dimension")
-        elif not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        elif not _is_int(value) or value <= 0:
             raise InvalidProblem(f"{name} must be a positive integer, got {value!r}")
     return check
 
 
 def _non_negative(name):
     def check(inst, attr, value):
-        if any((not isinstance(x, int)) or x < 0 for x in value):
+        if any(not _is_int(x) or x < 0 for x in value):
             raise InvalidProblem(f"{name} must be integers >= 0, got {value!r}")
     return check
 
@@ -160,7 +171,7 @@ class ConvProblem(Problem):
         if self.out_layout != dflt[2]:
             raise InvalidProblem(f"out_layout {self.out_layout!r} does not match in_layout {self.in_layout!r}; "
                                  f"use {dflt[2]!r}")
-        if not isinstance(self.split_k, int) or self.split_k < 0:
+        if not _is_int(self.split_k) or self.split_k < 0:
             raise InvalidProblem(f"split_k must be an integer >= 0 (0 = let the launcher choose), got {self.split_k!r}")
         if self.split_k != 1 and self.direction != "bwd_weight":
             raise InvalidProblem(f"split_k={self.split_k} only applies to bwd_weight; leave it at 1 "
@@ -172,6 +183,10 @@ class ConvProblem(Problem):
                 raise InvalidProblem(
                     f"output size along spatial dim {d} is <= 0: padded input {padded} is smaller than the "
                     f"dilated filter {eff}; enlarge the input or padding, or shrink the filter/dilation")
+
+    def input_names(self) -> tuple:
+        """The tensors this problem reads (its direction decides)."""
+        return IN_NAMES[self.direction]
 
     # ---- derived sizes -------------------------------------------------
     @property

@@ -67,6 +67,10 @@ class GemmProblem(Problem):
             raise InvalidProblem(f"GemmProblem.activation={self.activation!r}; use one of "
                                  f"{', '.join(ACTIVATIONS)}")
 
+    def input_names(self) -> tuple:
+        """The tensors this problem reads: A, B and one D per epilogue operand."""
+        return ("a", "b") + tuple(f"d{i}" for i in range(self.num_d))
+
     # -- tensor shapes (storage order) ----------------------------------------
     def _lead(self) -> tuple:
         return (self.batch,) if self.batch > 1 else ()
