@@ -39,7 +39,7 @@ def ck_keys(arch, backend: str, options: dict) -> list:
     if isinstance(fams, str):
         fams = [fams]
     kw = {k: options[k] for k in ("mask_impl", "batch_prefill_64bit") if k in options}
-    specs = enumerate_kernels(arch.name, int(options.get("receipt", 0)), fams, **kw)
+    specs = enumerate_kernels(arch.name, options.get("receipt", 0), fams, **kw)
     if options.get("config"):  # a tile-engine sweep config (JSON or TOML allow-lists)
         from .codegen import load_sweep
 
