@@ -14,6 +14,7 @@ from typing import Any, Optional
 from . import knobs
 from .errors import InvalidProblem, MissingKernel, UnsupportedProblem
 from .memory import check_fits
+from .problem import Problem
 from .records import Plan, Stage
 from .registry import Registry
 
@@ -113,18 +114,22 @@ class Dispatcher:
 
         Run on the first call per problem and when a launch fails, never on the warm path.
         """
-        known = self.mgr.op(problem.op).input_names
-        unknown = [k for k in tensors if k not in known]
+        op = self.mgr.op(problem.op)
+        unknown = [k for k in tensors if k not in op.input_names and k not in op.output_names]
         if unknown:
             raise InvalidProblem(f"unknown tensor name(s) {', '.join(map(repr, unknown))} for {problem.op}; "
-                                 f"its inputs are {', '.join(known)}")
-        need = problem.input_names() if hasattr(problem, "input_names") else None
+                                 f"its inputs are {', '.join(op.input_names)} (and outputs "
+                                 f"{', '.join(op.output_names)} as preallocated buffers)")
+        need = problem.input_names() if isinstance(problem, Problem) else None
         if need is not None:
             missing = [k for k in need if k not in tensors]
-            if missing:
-                raise InvalidProblem(f"missing input tensor(s) {', '.join(map(repr, missing))}: this "
-                                     f"{problem.op} problem takes {', '.join(need)}; got "
-                                     f"{', '.join(tensors) or 'none'}")
+            unused = [k for k in tensors if k not in need and k not in op.output_names
+                      and tensors[k] is not None]
+            if missing or unused:
+                what = (f"missing input tensor(s) {', '.join(map(repr, missing))}" if missing else
+                        f"tensor(s) {', '.join(map(repr, unused))} not read by this problem")
+                raise InvalidProblem(f"{what}: this {problem.op} problem takes {', '.join(need)} "
+                                     f"(by name where the order differs); got {', '.join(tensors) or 'none'}")
         want = type(self.sample())
         for k, t in tensors.items():
             if t is not None and not isinstance(t, want):
@@ -158,7 +163,8 @@ class Dispatcher:
             plan = self.plan(problem)
             op = self.mgr.op(problem.op)
             runners = tuple((self.impl(s.key), s.problem) for s in plan.stages)
-            outputs, inputs, known = op.output_names, op.input_names, frozenset(op.input_names)
+            outputs, inputs = op.output_names, op.input_names
+            known = frozenset(inputs + outputs)
             cold = True
         else:
             cold = False

@@ -70,6 +70,13 @@ class Problem:
         except TypeError as exc:
             raise InvalidProblem(f"cannot build {cls.__name__}: {exc}") from None
 
+    def input_names(self):
+        """The tensors this problem reads (a tuple), or None where the op does not say.
+
+        The dispatcher names a missing or unused tensor from it on the first call.
+        """
+        return None
+
     def evolve(self, **changes):
         return attrs.evolve(self, **changes)
 
