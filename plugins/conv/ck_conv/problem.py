@@ -296,7 +296,10 @@ class ConvProblem(Problem):
         unknown = set(d) - names
         if unknown:
             raise InvalidProblem(f"unknown ConvProblem fields {sorted(unknown)}; known: {sorted(names)}")
-        return cls(**d)
+        try:
+            return cls(**d)
+        except TypeError as exc:  # a required field is missing
+            raise InvalidProblem(f"cannot build ConvProblem: {exc}") from None
 
     @classmethod
     def from_ck(cls, *, G: int, N: int, K: int, C: int, **kw) -> "ConvProblem":
