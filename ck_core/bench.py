@@ -79,6 +79,7 @@ def write(result: dict, json_path=None, csv_path=None) -> None:
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(json.dumps(result, indent=1, default=str))
     if csv_path:
+        Path(csv_path).parent.mkdir(parents=True, exist_ok=True)
         rows = result.get("rows", [])
         keys = list(dict.fromkeys(k for r in rows for k in r))
         with open(csv_path, "w", newline="") as f:

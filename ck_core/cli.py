@@ -133,12 +133,17 @@ def cmd_list(args, extra):
     return 0
 
 
-def cmd_export(args, extra):
+def _check_output(path) -> None:
+    """Refuse an output file in a missing folder before the work that would fill it."""
     from pathlib import Path
 
-    folder = Path(args.output).expanduser().parent
+    folder = Path(path).expanduser().parent
     if not folder.is_dir():
-        raise ConfigError(f"cannot write {args.output}: folder {folder} does not exist; create it first")
+        raise ConfigError(f"cannot write {path}: folder {folder} does not exist; create it first")
+
+
+def cmd_export(args, extra):
+    _check_output(args.output)
     reg = _registry_from_args(args, extra)
     path = reg.export_json(args.output)
     print(f"wrote {len(reg)} kernels to {path}")
@@ -239,6 +244,8 @@ def cmd_run(args, extra):
 
 
 def cmd_build(args, extra):
+    if args.json:
+        _check_output(args.json)
     reg = _registry_from_args(args, extra)
     if args.limit:
         from .registry import Registry

@@ -144,6 +144,7 @@ CLI_ROWS = [
     # files
     (["export", "gemm", *GEMM, "-o", "/nonexistent/folder/reg.json"], CK, "does not exist"),
     (["import", "/nonexistent/reg.json"], CK, "reg.json"),
+    (["build", "gemm", *GEMM, "--json", "/nonexistent/folder/report.json"], CK, "does not exist"),
     # benchmarks need a GPU
     (["bench", "nosuchop"], CK, "nosuchop"),
 ]
