@@ -102,10 +102,19 @@ def cmd_archs(args, extra):
     return 0
 
 
+def _check_names(args) -> None:
+    """Unknown op, arch or backend names fail here, before seconds of enumeration."""
+    from .plugins import get_manager
+
+    mgr = get_manager()
+    mgr.op(args.op), mgr.arch(args.arch), mgr.backend(args.backend)
+
+
 def _registry_from_args(args, extra):
     from .filters import compile_filter, load_filter_file
     from .registry import Registry
 
+    _check_names(args)
     reg = Registry.from_enumeration(args.op, args.arch, args.backend, **extra)
     if args.filter:
         reg = reg.filter(compile_filter(args.filter))
@@ -199,6 +208,7 @@ def cmd_run(args, extra):
     mgr = get_manager()
     op = mgr.op(args.op)
     problem, options = _problem(op, extra)
+    _check_names(args)
     reg = Registry.from_enumeration(args.op, args.arch, args.backend, **options)
     if args.kfilter:
         reg = reg.filter(args.kfilter)
@@ -282,6 +292,7 @@ def cmd_tune(args, extra):
     mgr = get_manager()
     op = mgr.op(args.op)
     problem, options = _problem(op, extra)
+    _check_names(args)
     reg = Registry.from_enumeration(args.op, args.arch, args.backend, **options)
     if args.kfilter:
         reg = reg.filter(args.kfilter)
