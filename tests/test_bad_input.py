@@ -368,6 +368,25 @@ def test_problem_refused(cls, kw):
         cls(**kw)
 
 
+def test_integral_sizes_of_other_types_are_accepted():
+    """numpy integers are sizes too (shapes computed with numpy); they are stored as int."""
+    p = GemmProblem(m=np.int64(8), n=np.int32(3), k=5, batch=np.int16(2))
+    assert p == GemmProblem(m=8, n=3, k=5, batch=2) and type(p.m) is int
+    c = ConvProblem(N=np.int64(1), C=4, K=4, input_spatial=np.array([5, 5]), filter=(np.int64(3), 3))
+    assert c == ConvProblem(**_CONV) and type(c.input_spatial[0]) is int
+
+
+_FMHA = dict(batch=2, nhead_q=2, nhead_k=2, seqlen_q=8, seqlen_k=8, hdim_q=16, hdim_v=16)
+
+
+@pytest.mark.xfail(strict=False, reason="owned by engineer fmhafix: FMHA problem validation")
+@pytest.mark.parametrize("kw", [dict(batch=2.7), dict(batch=True), dict(mask="causal", window_left=3)])
+def test_fmha_problem_refused(kw):
+    fmha = pytest.importorskip("ck_fmha.problem")
+    with _time_limit(LIMIT_S), pytest.raises(E.InvalidProblem):
+        fmha.FmhaProblem(**dict(_FMHA, **kw))
+
+
 @pytest.mark.parametrize("cls,data", [
     (GemmProblem, {"m": 8, "n": 8}),
     (GemmProblem, {"m": 8, "n": 8, "k": 8, "colour": 1}),
@@ -485,6 +504,22 @@ def test_warm_call_with_a_bad_tensor_is_refused(gemm_triton):
         gemm_triton.run(P8, a.tolist(), a)
     with _time_limit(LIMIT_S), pytest.raises(E.InvalidProblem, match="unknown"):
         gemm_triton.run(P8, a, a, zz=a)
+
+
+def test_launchers_refuse_non_tensors():
+    """The plugins' direct Triton entry points (outside the Dispatcher) name the wrong operand."""
+    pytest.importorskip("triton")
+    from ck_conv import run as conv_run
+    from ck_gemm.triton.launch import gemm
+    torch = pytest.importorskip("torch")
+    h = torch.ones(8, 8, dtype=torch.float16)
+    for a, b, what in ((_h(8, 8), h, "ndarray"), (h, [[1.0] * 8] * 8, "list")):
+        with _time_limit(LIMIT_S), pytest.raises(E.InvalidProblem, match=what):
+            gemm(a, b)
+    with _time_limit(LIMIT_S), pytest.raises(E.InvalidProblem, match="ndarray"):
+        conv_run(PCONV, {"x": _h(*PCONV.input_shape), "w": _h(*PCONV.weight_shape)})
+    with _time_limit(LIMIT_S), pytest.raises(E.InvalidProblem, match="missing w"):
+        conv_run(PCONV, {"x": torch.ones(PCONV.input_shape, dtype=torch.float16)})
 
 
 @pytest.mark.parametrize("call", [

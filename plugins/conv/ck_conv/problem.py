@@ -16,12 +16,13 @@ Conventions
 """
 from __future__ import annotations
 
+import numbers
 from typing import Any, ClassVar
 
 import attrs
 
 from ck_core.errors import InvalidProblem
-from ck_core.problem import Problem
+from ck_core.problem import Problem, as_int
 
 DIRECTIONS = ("forward", "bwd_data", "bwd_weight")
 #: the tensors each direction reads (by name: x input, w weight, dy output gradient)
@@ -49,10 +50,10 @@ OUT_LAYOUTS = {f[n][2]: n for f in LAYOUT_FAMILIES.values() for n in (1, 2, 3)}
 def _tuple(v) -> tuple:
     """A size or a sequence of sizes as a tuple, values untouched (validators refuse 2.7 or True,
     where ``int()`` would silently truncate them)."""
-    if isinstance(v, (int, float, str)) or v is None:
-        return (v,)
+    if isinstance(v, (numbers.Number, str)) or v is None:
+        return (as_int(v),)
     try:
-        return tuple(v)
+        return tuple(as_int(x) for x in v)
     except TypeError:
         raise InvalidProblem(f"expected a size or a sequence of sizes, got {v!r}") from None
 
@@ -105,10 +106,10 @@ class ConvProblem(Problem):
 
     op: ClassVar[str] = "conv"
 
-    N: int = attrs.field(validator=_positive("N"))
-    G: int = attrs.field(default=1, validator=_positive("G"))
-    C: int = attrs.field(validator=_positive("C"))
-    K: int = attrs.field(validator=_positive("K"))
+    N: int = attrs.field(converter=as_int, validator=_positive("N"))
+    G: int = attrs.field(default=1, converter=as_int, validator=_positive("G"))
+    C: int = attrs.field(converter=as_int, validator=_positive("C"))
+    K: int = attrs.field(converter=as_int, validator=_positive("K"))
     input_spatial: tuple = attrs.field(converter=_tuple, validator=_positive("input_spatial"))
     filter: tuple = attrs.field(converter=_tuple, validator=_positive("filter"))
     stride: tuple = attrs.field(default=(), converter=_tuple)
@@ -121,7 +122,7 @@ class ConvProblem(Problem):
     wei_layout: str = attrs.field(default="")
     out_layout: str = attrs.field(default="")
     #: bwd_weight only: how many programs split the pixel reduction; 0 lets the launcher choose
-    split_k: int = attrs.field(default=1)
+    split_k: int = attrs.field(default=1, converter=as_int)
 
     def __attrs_post_init__(self):
         nd = len(self.input_spatial)

@@ -8,7 +8,7 @@ import numpy as np
 
 from ck_core.dtypes import check_dtype, numpy_storage
 from ck_core.errors import InvalidProblem
-from ck_core.problem import Problem, positive
+from ck_core.problem import Problem, as_int, positive
 
 DTYPES = ("fp16", "bf16", "fp32", "fp8", "bf8", "int8")
 LAYOUTS = ("rcr", "rrr", "crr", "ccr")
@@ -42,14 +42,14 @@ class GemmProblem(Problem):
     """
 
     op: ClassVar[str] = "gemm"
-    m: int = attrs.field(validator=positive)
-    n: int = attrs.field(validator=positive)
-    k: int = attrs.field(validator=positive)
-    batch: int = attrs.field(default=1, validator=positive)
+    m: int = attrs.field(converter=as_int, validator=positive)
+    n: int = attrs.field(converter=as_int, validator=positive)
+    k: int = attrs.field(converter=as_int, validator=positive)
+    batch: int = attrs.field(default=1, converter=as_int, validator=positive)
     dtype: str = attrs.field(default="fp16", validator=_dtype)
     dtype_c: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
     layout: str = attrs.field(default="rcr", validator=_layout)
-    num_d: int = attrs.field(default=0)
+    num_d: int = attrs.field(default=0, converter=as_int)
     d_op: str = attrs.field(default="add")
     activation: str = attrs.field(default="none")
 
