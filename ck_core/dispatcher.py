@@ -184,7 +184,7 @@ class Dispatcher:
             for fn, sub in runners:
                 tensors.update(fn(sub, tensors))
         except (KeyError, AttributeError, TypeError):
-            self.check_tensors(problem, {k: tensors[k] for k in inputs if k in tensors})
+            self.check_tensors(problem, {k: v for k, v in tensors.items() if k in known})
             raise
         if len(outputs) == 1:
             if self._observed:
