@@ -107,7 +107,9 @@ def _check_names(args) -> None:
     from .plugins import get_manager
 
     mgr = get_manager()
-    mgr.op(args.op), mgr.arch(args.arch), mgr.backend(args.backend)
+    mgr.op(args.op)
+    mgr.arch(args.arch)
+    mgr.backend(args.backend)
 
 
 def _registry_from_args(args, extra):
@@ -179,12 +181,12 @@ def _problem(op, extra):
     for k, v in pdict.items():
         if isinstance(v, list):
             pdict[k] = tuple(v)
-    try:
-        return op.problem_type.from_dict(pdict), rest
-    except TypeError as exc:  # a missing required field
-        needed = [f.name for f in attrs.fields(op.problem_type) if f.default is attrs.NOTHING]
-        raise InvalidProblem(f"cannot build a {op.name} problem ({exc}); required: "
-                             f"{', '.join('--' + n for n in needed)}") from None
+    needed = [f.name for f in attrs.fields(op.problem_type) if f.default is attrs.NOTHING]
+    missing = [n for n in needed if n not in pdict]
+    if missing:
+        raise InvalidProblem(f"a {op.name} problem needs {', '.join('--' + n for n in missing)} "
+                             f"(required: {', '.join('--' + n for n in needed)})")
+    return op.problem_type.from_dict(pdict), rest
 
 
 def _seconds_for(dispatcher, problem, inputs, repeat):
