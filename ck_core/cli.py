@@ -148,9 +148,11 @@ def _check_output(path) -> None:
     """Refuse an output file in a missing folder before the work that would fill it."""
     from pathlib import Path
 
-    folder = Path(path).expanduser().parent
-    if not folder.is_dir():
-        raise ConfigError(f"cannot write {path}: folder {folder} does not exist; create it first")
+    target = Path(path).expanduser()
+    if target.is_dir():
+        raise ConfigError(f"cannot write {path}: it is a folder; give a file name inside it")
+    if not target.parent.is_dir():
+        raise ConfigError(f"cannot write {path}: folder {target.parent} does not exist; create it first")
 
 
 def cmd_export(args, extra):

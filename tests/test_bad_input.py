@@ -160,6 +160,7 @@ CLI_ROWS = [
     (["export", "gemm", *GEMM, "-o", "/nonexistent/folder/reg.json"], CK, "does not exist"),
     (["import", "/nonexistent/reg.json"], CK, "reg.json"),
     (["build", "gemm", *GEMM, "--json", "/nonexistent/folder/report.json"], CK, "does not exist"),
+    (["export", "gemm", *GEMM, "-o", "/tmp"], CK, "is a folder"),
     # benchmarks need a GPU
     (["bench", "nosuchop"], CK, "nosuchop"),
 ]

@@ -104,14 +104,15 @@ def make_cases(seed, n, big, dtypes, max_d, device):
 _BASE: dict = {}
 
 
-def _keys(arch, backend, dtype, layout):
-    """A spread of the enumerated keys for (dtype, layout): every tile size, padding and pipeline."""
-    k = (arch, backend, dtype, layout)
+def _keys(arch, backend, dtype, layout, device="cpu"):
+    """A spread of the enumerated keys for (dtype, layout): every tile size, padding and pipeline
+    (and on CUDA every variant: TMA, persistent, warp-specialised)."""
+    k = (arch, backend, dtype, layout, device)
     if k not in _BASE:
         reg = Registry.from_enumeration("gemm", arch, backend, dtypes=[dtype], layouts=[layout])
         # odd sizes need kernels that pad M, N and K
         keys = [key for key in reg if key.algorithm.pad_m and key.algorithm.pad_n and key.algorithm.pad_k
-                and (backend != "triton" or key.algorithm.variant == "tile")]
+                and (device == "cuda" or key.algorithm.variant == "tile")]
         _BASE[k] = keys[:: max(1, len(keys) // 60)]
     return _BASE[k]
 
@@ -122,7 +123,7 @@ def _registry(case, arch, backend):
     epi = dict(num_d=case["num_d"], d_op=case["d_op"], activation=case["activation"])
     keys = [attrs.evolve(k, signature=attrs.evolve(k.signature, **epi),
                          algorithm=attrs.evolve(k.algorithm, split_k=case["split_k"]))
-            for k in _keys(arch, backend, case["dtype"], case["layout"])]
+            for k in _keys(arch, backend, case["dtype"], case["layout"], case["device"])]
     reg = Registry(arch, keys, name="fuzz")
     cands = reg.candidates(GemmProblem(**_problem_fields(case)), backend)
     assert cands, f"no sampled kernel supports {case}"
