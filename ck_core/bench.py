@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import datetime as _dt
+import glob
 import json
 import math
 import platform
@@ -16,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Iterable, Optional
 
-from .errors import PluginError, UnsupportedProblem
+from .errors import PluginError, ToolchainMissing, UnsupportedProblem
 
 ROW_KEYS = ("case", "ours", "peer", "peer_name", "unit", "ratio")
 
@@ -78,6 +79,7 @@ def write(result: dict, json_path=None, csv_path=None) -> None:
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(json.dumps(result, indent=1, default=str))
     if csv_path:
+        Path(csv_path).parent.mkdir(parents=True, exist_ok=True)
         rows = result.get("rows", [])
         keys = list(dict.fromkeys(k for r in rows for k in r))
         with open(csv_path, "w", newline="") as f:
@@ -86,12 +88,33 @@ def write(result: dict, json_path=None, csv_path=None) -> None:
             w.writerows(rows)
 
 
+def _gpu_visible() -> tuple[bool, str]:
+    """Whether torch sees a GPU, answered from the device nodes first (importing torch and
+    initialising CUDA takes seconds; a machine with neither node has no GPU to find)."""
+    if sys.platform.startswith("linux") and "torch" not in sys.modules:
+        nodes = glob.glob("/dev/nvidia[0-9]*") + glob.glob("/dev/kfd")
+        if not nodes:
+            return False, "no /dev/nvidia* or /dev/kfd device node"
+    try:
+        import torch
+    except ImportError:
+        return False, "torch is not installed"
+    if not torch.cuda.is_available():
+        return False, "torch.cuda.is_available() is False"
+    return True, ""
+
+
 def run_bench(op_name: str, args, extra: dict) -> int:
     from .plugins import get_manager
 
     op = get_manager().op(op_name)
     if op.bench is None:
         raise UnsupportedProblem(f"op {op_name} has no benchmark suite")
+    ok, why = _gpu_visible()
+    if not ok:
+        raise ToolchainMissing(f"ck bench {op_name} times kernels on a GPU and none is visible here "
+                               f"({why}); run it on a machine with an NVIDIA or AMD GPU, or use "
+                               f"`ck run {op_name} ...` to check results on the CPU")
     result = stamp(op.bench(args.vs, dict(extra, arch=args.arch, backend=args.backend,
                                            quick=args.quick)))
     print(f"# {op_name} vs {args.vs} on {result['device']} ({result['date']})")

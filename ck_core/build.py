@@ -76,6 +76,44 @@ def _compile_one(key_dict: dict, cache_root: Optional[str], force: bool, env: Op
         return key_dict["name"], None, f"{type(exc).__name__}: {exc}"
 
 
+def _die_with(parent_pid: int) -> None:
+    """Pool initializer: a worker ends when the process that started the build ends.
+
+    A killed ``ck build`` must not leave compilers running for minutes.  Workers are
+    children of the fork server, which exits when the parent does; on Linux the kernel
+    then kills the worker (PR_SET_PDEATHSIG).  A watchdog thread covers other systems
+    and a parent that died before the worker started.
+    """
+    import signal
+    import threading
+
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):  # no libc prctl: the watchdog alone
+            pass
+
+    def alive() -> bool:
+        try:
+            os.kill(parent_pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:  # exists, owned by someone else (pid reused): treat as gone
+            return False
+        return True
+
+    def watch():
+        while alive():
+            time.sleep(0.5)
+        os._exit(1)
+
+    if not alive():
+        os._exit(1)
+    threading.Thread(target=watch, name="ck-build-watchdog", daemon=True).start()
+
+
 def _pool_context(keys):
     """Workers fork from a clean server process that has already imported the backends and
     plugins (no CUDA state is inherited; each worker starts in milliseconds, not seconds)."""
@@ -137,7 +175,8 @@ def build_registry(registry, max_workers: Optional[int] = None, progress: Option
         for res in results:
             _collect(report, res, bar)
     else:
-        with ProcessPoolExecutor(max_workers=workers, mp_context=_pool_context(todo)) as pool:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=_pool_context(todo),
+                                 initializer=_die_with, initargs=(os.getpid(),)) as pool:
             env = _forwarded_env()
             futs = [pool.submit(_compile_one, d, cache_root, force, env) for d in dicts]
             for fut in as_completed(futs):

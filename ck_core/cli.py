@@ -18,6 +18,7 @@ import numpy as np
 
 from . import __version__, knobs
 from .progress import busy
+from .cliargs import non_negative_int, positive_int
 from .errors import CkError, ConfigError, InvalidProblem
 
 log = logging.getLogger(__name__)
@@ -102,10 +103,21 @@ def cmd_archs(args, extra):
     return 0
 
 
+def _check_names(args) -> None:
+    """Unknown op, arch or backend names fail here, before seconds of enumeration."""
+    from .plugins import get_manager
+
+    mgr = get_manager()
+    mgr.op(args.op)
+    mgr.arch(args.arch)
+    mgr.backend(args.backend)
+
+
 def _registry_from_args(args, extra):
     from .filters import compile_filter, load_filter_file
     from .registry import Registry
 
+    _check_names(args)
     with busy(f"enumerating {args.op} kernels for {args.arch}/{args.backend}"):
         reg = Registry.from_enumeration(args.op, args.arch, args.backend, **extra)
     if args.filter:
@@ -134,7 +146,19 @@ def cmd_list(args, extra):
     return 0
 
 
+def _check_output(path) -> None:
+    """Refuse an output file in a missing folder before the work that would fill it."""
+    from pathlib import Path
+
+    target = Path(path).expanduser()
+    if target.is_dir():
+        raise ConfigError(f"cannot write {path}: it is a folder; give a file name inside it")
+    if not target.parent.is_dir():
+        raise ConfigError(f"cannot write {path}: folder {target.parent} does not exist; create it first")
+
+
 def cmd_export(args, extra):
+    _check_output(args.output)
     reg = _registry_from_args(args, extra)
     path = reg.export_json(args.output)
     print(f"wrote {len(reg)} kernels to {path}")
@@ -171,12 +195,12 @@ def _problem(op, extra):
     for k, v in pdict.items():
         if isinstance(v, list):
             pdict[k] = tuple(v)
-    try:
-        return op.problem_type.from_dict(pdict), rest
-    except TypeError as exc:  # a missing required field
-        needed = [f.name for f in attrs.fields(op.problem_type) if f.default is attrs.NOTHING]
-        raise InvalidProblem(f"cannot build a {op.name} problem ({exc}); required: "
-                             f"{', '.join('--' + n for n in needed)}") from None
+    needed = [f.name for f in attrs.fields(op.problem_type) if f.default is attrs.NOTHING]
+    missing = [n for n in needed if n not in pdict]
+    if missing:
+        raise InvalidProblem(f"a {op.name} problem needs {', '.join('--' + n for n in missing)} "
+                             f"(required: {', '.join('--' + n for n in needed)})")
+    return op.problem_type.from_dict(pdict), rest
 
 
 def _seconds_for(dispatcher, problem, inputs, repeat):
@@ -198,6 +222,7 @@ def cmd_run(args, extra):
     mgr = get_manager()
     op = mgr.op(args.op)
     problem, options = _problem(op, extra)
+    _check_names(args)
     with busy(f"enumerating {args.op} kernels for {args.arch}/{args.backend}"):
         reg = Registry.from_enumeration(args.op, args.arch, args.backend, **options)
     return _run_and_report(args, op, problem, reg)
@@ -256,6 +281,8 @@ def _run_and_report(args, op, problem, reg):
 
 
 def cmd_build(args, extra):
+    if args.json:
+        _check_output(args.json)
     reg = _registry_from_args(args, extra)
     if args.limit:
         from .registry import Registry
@@ -292,10 +319,12 @@ def cmd_tune(args, extra):
     mgr = get_manager()
     op = mgr.op(args.op)
     problem, options = _problem(op, extra)
+    _check_names(args)
     reg = Registry.from_enumeration(args.op, args.arch, args.backend, **options)
     if args.kfilter:
         reg = reg.filter(args.kfilter)
     disp = Dispatcher(reg, backend=args.backend)
+    disp.plan(problem)  # refuses a problem that cannot run (or fit) before its inputs are drawn
     inputs = op.make_inputs(problem, np.random.default_rng(0))
     bk = disp.backend_spec
     moved = {k: bk.to_backend(v) for k, v in inputs.items()}
@@ -392,8 +421,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--backend", default=knobs.get("CK_BACKEND") or "numpy")
     s.add_argument("--kernel-filter", dest="kfilter",
                    help="restrict the candidates with a filter expression (problem fields take --<field>)")
-    s.add_argument("--seed", type=int, default=None)
-    s.add_argument("--repeat", type=int, default=3)
+    s.add_argument("--seed", type=non_negative_int, default=None)
+    s.add_argument("--repeat", type=positive_int, default=3)
     s.add_argument("--tuned", action="store_true", help="use the tuning table")
     s.add_argument("--no-validate", action="store_true")
     s.add_argument("--json", action="store_true")
@@ -402,8 +431,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("build", allow_abbrev=False, help="compile a registry in parallel through its backend")
     reg_args(s)
-    s.add_argument("--workers", type=int, default=None)
-    s.add_argument("--limit", type=int, default=0, help="build only the first N kernels")
+    s.add_argument("--workers", type=positive_int, default=None)
+    s.add_argument("--limit", type=positive_int, default=None, help="build only the first N kernels")
     s.add_argument("--keep-going", action="store_true", help="exit 0 even if some kernels failed")
     s.add_argument("--json", help="write the build report here")
     s.set_defaults(fn=cmd_build)
@@ -417,9 +446,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--arch", required=True)
     s.add_argument("--backend", default=knobs.get("CK_BACKEND") or "numpy")
     s.add_argument("--kernel-filter", dest="kfilter")
-    s.add_argument("--top", type=int, default=None, help="time only the heuristic's first N")
-    s.add_argument("--show", type=int, default=10)
-    s.add_argument("--repeat", type=int, default=5)
+    s.add_argument("--top", type=positive_int, default=None, help="time only the heuristic's first N")
+    s.add_argument("--show", type=positive_int, default=10)
+    s.add_argument("--repeat", type=positive_int, default=5)
     s.add_argument("--db", help="tuning table path (default CK_TUNING_DB or the cache dir)")
     s.set_defaults(fn=cmd_tune)
 
@@ -464,3 +493,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     except BrokenPipeError:
         return 0
+    except KeyboardInterrupt:
+        print("ck: interrupted", file=sys.stderr)
+        return 130
+    except MemoryError:
+        print("ck: error: out of memory; make the problem or the kernel set smaller", file=sys.stderr)
+        return 2
+    except Exception as exc:  # a bug of ours: one line for the user, the traceback under -v
+        log.debug("internal error", exc_info=True)
+        print(f"ck: internal error: {type(exc).__name__}: {exc} (please report it; -vv shows "
+              f"the traceback)", file=sys.stderr)
+        return 3

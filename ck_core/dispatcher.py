@@ -13,6 +13,8 @@ from typing import Any, Optional
 
 from . import knobs
 from .errors import InvalidProblem, MissingKernel, UnsupportedProblem
+from .memory import check_fits
+from .problem import Problem
 from .records import Plan, Stage
 from .registry import Registry
 
@@ -33,6 +35,7 @@ class Dispatcher:
         self._impls: dict[Any, Any] = {}
         self._selected: dict[Any, Any] = {}
         self._observed = bool(self.mgr.hook.ck_after_run.get_hookimpls())
+        self._sample = None  # one tiny tensor of the backend: where its tensors live, their type
         if check_backend:
             ok, why = self.backend_spec.can_execute(self.arch)
             if not ok:
@@ -89,6 +92,8 @@ class Dispatcher:
         except KeyError:
             pass
         op = self.mgr.op(problem.op)
+        if op.bytes_moved is not None:
+            check_fits(problem, op.bytes_moved(problem), self.sample(), self.backend)
         steps = op.plan(problem) if op.plan else [(op.name, problem)]
         plan = Plan(problem, [Stage(name, sub, self.select(sub)) for name, sub in steps])
         self._plans[problem] = plan
@@ -104,6 +109,42 @@ class Dispatcher:
             fn = op.implement(key, self.backend, self.arch)
             self._impls[key] = fn
             return fn
+
+    def sample(self):
+        if self._sample is None:
+            import numpy as np
+
+            self._sample = self.backend_spec.to_backend(np.zeros(1, np.float32))
+        return self._sample
+
+    def check_tensors(self, problem, tensors: dict) -> None:
+        """InvalidProblem for a tensor that is unknown, missing, or not the backend's type.
+
+        Run on the first call per problem and when a launch fails, never on the warm path.
+        """
+        op = self.mgr.op(problem.op)
+        unknown = [k for k in tensors if k not in op.input_names and k not in op.output_names]
+        if unknown:
+            raise InvalidProblem(f"unknown tensor name(s) {', '.join(map(repr, unknown))} for {problem.op}; "
+                                 f"its inputs are {', '.join(op.input_names)} (and outputs "
+                                 f"{', '.join(op.output_names)} as preallocated buffers)")
+        need = problem.input_names() if isinstance(problem, Problem) else None
+        if need is not None:
+            missing = [k for k in need if k not in tensors]
+            unused = [k for k in tensors if k not in need and k not in op.output_names
+                      and tensors[k] is not None]
+            if missing or unused:
+                what = (f"missing input tensor(s) {', '.join(map(repr, missing))}" if missing else
+                        f"tensor(s) {', '.join(map(repr, unused))} not read by this problem")
+                raise InvalidProblem(f"{what}: this {problem.op} problem takes {', '.join(need)} "
+                                     f"(by name where the order differs); got {', '.join(tensors) or 'none'}")
+        want = type(self.sample())
+        for k, t in tensors.items():
+            if t is not None and not isinstance(t, want):
+                raise InvalidProblem(
+                    f"tensor {k!r} is a {type(t).__module__}.{type(t).__qualname__}; backend "
+                    f"{self.backend!r} takes {want.__module__}.{want.__qualname__} (convert it with "
+                    f"Dispatcher.backend_spec.to_backend(x))")
 
     def bind(self, problem, args, named) -> dict:
         op = self.mgr.op(problem.op)
@@ -125,23 +166,35 @@ class Dispatcher:
         """
         t0 = time.perf_counter() if self._observed else 0.0
         try:
-            plan, runners, outputs, inputs, launched = self._hot[problem]
+            plan, runners, outputs, inputs, known, launched = self._hot[problem]
         except KeyError:
             plan = self.plan(problem)
             op = self.mgr.op(problem.op)
             runners = tuple((self.impl(s.key), s.problem) for s in plan.stages)
             outputs, inputs = op.output_names, op.input_names
             launched = tuple(s.key.name for s in plan.stages)
-            self._hot[problem] = (plan, runners, outputs, inputs, launched)
+            known = frozenset(inputs + outputs)
+            cold = True
+        else:
+            cold = False
         if len(args) > len(inputs):
             return self.run_dict(problem, self.bind(problem, args, named))  # raises the clear error
         tensors = dict(zip(inputs, args))
         if named:
             if not tensors.keys().isdisjoint(named):
                 self.bind(problem, args, named)  # raises the clear "given twice" error
+            if not named.keys() <= known:
+                self.check_tensors(problem, named)  # names the unknown keyword
             tensors.update(named)
-        for fn, sub in runners:
-            tensors.update(fn(sub, tensors))
+        if cold:
+            self.check_tensors(problem, tensors)
+            self._hot[problem] = (plan, runners, outputs, inputs, known, launched)
+        try:
+            for fn, sub in runners:
+                tensors.update(fn(sub, tensors))
+        except (KeyError, AttributeError, TypeError):
+            self.check_tensors(problem, {k: v for k, v in tensors.items() if k in known})
+            raise
         if len(outputs) == 1:
             if self._observed:
                 self.mgr.hook.ck_after_run(problem=problem, plan=plan, seconds=time.perf_counter() - t0,
@@ -157,6 +210,7 @@ class Dispatcher:
         """Like :meth:`run` but takes and returns every tensor by name."""
         t0 = time.perf_counter()
         plan = self.plan(problem)
+        self.check_tensors(problem, tensors)
         tensors = dict(tensors)
         for stage in plan.stages:
             tensors.update(self.impl(stage.key)(stage.problem, tensors))

@@ -1,11 +1,21 @@
 """The ``Problem`` base: what a caller wants computed, shapes and all."""
 from __future__ import annotations
 
+import numbers
 from typing import Any, ClassVar, Mapping
 
 import attrs
 
 from .errors import InvalidProblem
+
+
+def as_int(value):
+    """attrs converter: an integral number of another type (``numpy.int64``, a 0-d tensor's
+    ``.item()`` is already int) becomes ``int``; anything else (2.7, True, "8") stays for the
+    validator to refuse -- ``int()`` would silently truncate it."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, (bool, int)):
+        return int(value)
+    return value
 
 
 def positive(instance, attribute, value):
@@ -69,6 +79,13 @@ class Problem:
             return cls(**data)
         except TypeError as exc:
             raise InvalidProblem(f"cannot build {cls.__name__}: {exc}") from None
+
+    def input_names(self):
+        """The tensors this problem reads (a tuple), or None where the op does not say.
+
+        The dispatcher names a missing or unused tensor from it on the first call.
+        """
+        return None
 
     def evolve(self, **changes):
         return attrs.evolve(self, **changes)

@@ -473,6 +473,12 @@ def run(p: ConvProblem, tensors: dict, config: ConvKernelConfig | str | None = N
     import torch
     from . import triton_kernels as tk
 
+    need = p.input_names()
+    if any(n not in tensors or not isinstance(tensors[n], torch.Tensor) for n in need):
+        bad = {n: type(tensors[n]).__name__ for n in need if n in tensors and not isinstance(tensors[n], torch.Tensor)}
+        raise InvalidProblem(f"{p.direction} conv takes torch tensors {', '.join(need)}; "
+                             + (f"missing {', '.join(n for n in need if n not in tensors)}" if not bad else
+                                f"got {', '.join(f'{n}: {t}' for n, t in bad.items())}"))
     if isinstance(config, str):
         config = ConvKernelConfig.from_name(config)
     cfg = config or heuristic_config(p)

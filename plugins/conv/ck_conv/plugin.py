@@ -23,10 +23,9 @@ from ck_core.key import KernelKey, RecordSchema
 from ck_core.records import OpSpec
 
 from . import kernels as K
-from .problem import DIRECTIONS, DTYPES, LAYOUT_FAMILIES, ConvProblem
+from .problem import DIRECTIONS, DTYPES, IN_NAMES, LAYOUT_FAMILIES, ConvProblem
 
 OUT_NAME = {"forward": "y", "bwd_data": "dx", "bwd_weight": "dw"}
-IN_NAMES = {"forward": ("x", "w"), "bwd_data": ("dy", "w"), "bwd_weight": ("x", "dy")}
 
 
 @attrs.frozen(cache_hash=True)
@@ -171,10 +170,11 @@ def enumerate_keys(arch, backend: str, options: dict) -> list:
         raise ConfigError(f"unknown conv enumeration option(s) {', '.join(unknown)}; known: {', '.join(OPTIONS)}")
     opts = {k: ([v] if isinstance(v, (str, int)) else list(v)) for k, v in options.items()}
     for name, allowed in (("directions", DIRECTIONS), ("dtypes", DTYPES), ("layouts", tuple(LAYOUT_FAMILIES)),
+                          ("ndims", (1, 2, 3)),
                           ("specializations", K.SPECIALIZATIONS), ("pipelines", K.PIPELINES)):
         bad = [v for v in opts.get(name, ()) if v not in allowed]
         if bad:
-            raise ConfigError(f"conv option {name}: unknown value(s) {bad}; use {', '.join(allowed)}")
+            raise ConfigError(f"conv option {name}: unknown value(s) {bad}; use {', '.join(map(str, allowed))}")
     facts = dict(getattr(arch, "extras", {}).get("conv", {}))
     dtypes = [d for d in (opts.get("dtypes") or DTYPES) if d in arch.dtypes]
     pipes = opts.get("pipelines") or facts.get("pipelines") or \

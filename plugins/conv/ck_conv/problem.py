@@ -16,14 +16,17 @@ Conventions
 """
 from __future__ import annotations
 
+import numbers
 from typing import Any, ClassVar
 
 import attrs
 
 from ck_core.errors import InvalidProblem
-from ck_core.problem import Problem
+from ck_core.problem import Problem, as_int
 
 DIRECTIONS = ("forward", "bwd_data", "bwd_weight")
+#: the tensors each direction reads (by name: x input, w weight, dy output gradient)
+IN_NAMES = {"forward": ("x", "w"), "bwd_data": ("dy", "w"), "bwd_weight": ("x", "dy")}
 DTYPES = ("fp16", "bf16", "fp32")
 
 # letters of the spatial dimensions of image tensors and of filters, per ndim
@@ -45,9 +48,18 @@ OUT_LAYOUTS = {f[n][2]: n for f in LAYOUT_FAMILIES.values() for n in (1, 2, 3)}
 
 
 def _tuple(v) -> tuple:
-    if isinstance(v, int):
-        return (v,)
-    return tuple(int(x) for x in v)
+    """A size or a sequence of sizes as a tuple, values untouched (validators refuse 2.7 or True,
+    where ``int()`` would silently truncate them)."""
+    if isinstance(v, (numbers.Number, str)) or v is None:
+        return (as_int(v),)
+    try:
+        return tuple(as_int(x) for x in v)
+    except TypeError:
+        raise InvalidProblem(f"expected a size or a sequence of sizes, got {v!r}") from None
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def family_of(in_layout: str) -> str:
@@ -60,17 +72,17 @@ def family_of(in_layout: str) -> str:
 def _positive(name):
     def check(inst, attr, value):
         if isinstance(value, tuple):
-            if not value or any((not isinstance(x, int)) or x <= 0 for x in value):
+            if not value or any(not _is_int(x) or x <= 0 for x in value):
                 raise InvalidProblem(f"{name} must be positive integers, got {value!r}; "
                                      f"give one positive size per spatial dimension")
-        elif not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        elif not _is_int(value) or value <= 0:
             raise InvalidProblem(f"{name} must be a positive integer, got {value!r}")
     return check
 
 
 def _non_negative(name):
     def check(inst, attr, value):
-        if any((not isinstance(x, int)) or x < 0 for x in value):
+        if any(not _is_int(x) or x < 0 for x in value):
             raise InvalidProblem(f"{name} must be integers >= 0, got {value!r}")
     return check
 
@@ -111,10 +123,10 @@ class ConvProblem(Problem):
 
     op: ClassVar[str] = "conv"
 
-    N: int = attrs.field(validator=_positive("N"))
-    G: int = attrs.field(default=1, validator=_positive("G"))
-    C: int = attrs.field(validator=_positive("C"))
-    K: int = attrs.field(validator=_positive("K"))
+    N: int = attrs.field(converter=as_int, validator=_positive("N"))
+    G: int = attrs.field(default=1, converter=as_int, validator=_positive("G"))
+    C: int = attrs.field(converter=as_int, validator=_positive("C"))
+    K: int = attrs.field(converter=as_int, validator=_positive("K"))
     input_spatial: tuple = attrs.field(converter=_tuple, validator=_positive("input_spatial"))
     filter: tuple = attrs.field(converter=_tuple, validator=_positive("filter"))
     stride: tuple = attrs.field(default=(), converter=_tuple)
@@ -127,7 +139,7 @@ class ConvProblem(Problem):
     wei_layout: str = attrs.field(default="")
     out_layout: str = attrs.field(default="")
     #: bwd_weight only: how many programs split the pixel reduction; 0 lets the launcher choose
-    split_k: int = attrs.field(default=1)
+    split_k: int = attrs.field(default=1, converter=as_int)
 
     def __attrs_post_init__(self):
         nd = len(self.input_spatial)
@@ -177,7 +189,7 @@ class ConvProblem(Problem):
         if self.out_layout != dflt[2]:
             raise InvalidProblem(f"out_layout {self.out_layout!r} does not match in_layout {self.in_layout!r}; "
                                  f"use {dflt[2]!r}")
-        if not isinstance(self.split_k, int) or self.split_k < 0:
+        if not _is_int(self.split_k) or self.split_k < 0:
             raise InvalidProblem(f"split_k must be an integer >= 0 (0 = let the launcher choose), got {self.split_k!r}")
         if self.split_k != 1 and self.direction != "bwd_weight":
             raise InvalidProblem(f"split_k={self.split_k} only applies to bwd_weight; leave it at 1 "
@@ -189,6 +201,10 @@ class ConvProblem(Problem):
                 raise InvalidProblem(
                     f"output size along spatial dim {d} is <= 0: padded input {padded} is smaller than the "
                     f"dilated filter {eff}; enlarge the input or padding, or shrink the filter/dilation")
+
+    def input_names(self) -> tuple:
+        """The tensors this problem reads (its direction decides)."""
+        return IN_NAMES[self.direction]
 
     # ---- derived sizes -------------------------------------------------
     @property
@@ -298,7 +314,10 @@ class ConvProblem(Problem):
         unknown = set(d) - names
         if unknown:
             raise InvalidProblem(f"unknown ConvProblem fields {sorted(unknown)}; known: {sorted(names)}")
-        return cls(**d)
+        try:
+            return cls(**d)
+        except TypeError as exc:  # a required field is missing
+            raise InvalidProblem(f"cannot build ConvProblem: {exc}") from None
 
     @classmethod
     def from_ck(cls, *, G: int, N: int, K: int, C: int, **kw) -> "ConvProblem":

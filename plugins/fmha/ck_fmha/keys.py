@@ -32,23 +32,6 @@ _ROPE = {"none": "no", "interleaved": "inter", "half_rotated": "half"}
 ENUM_OPTIONS = ("receipt", "family", "families", "mask_impl", "batch_prefill_64bit", "config")
 
 
-def receipt_number(value) -> int:
-    """A CK receipt given by number (0, "2") or by profile name ("flash_fwd")."""
-    from .codegen.ck_facts import RECEIPTS
-
-    by_name = {v: k for k, v in RECEIPTS.items()}
-    if isinstance(value, str) and value.strip().lower() in by_name:
-        return by_name[value.strip().lower()]
-    try:
-        n = int(value)
-    except (TypeError, ValueError):
-        n = None
-    if n not in RECEIPTS:
-        known = ", ".join(f"{k} {v}" for k, v in RECEIPTS.items())
-        raise ConfigError(f"unknown receipt {value!r}; use a number or name: {known}")
-    return n
-
-
 def ck_keys(arch, backend: str, options: dict) -> list:
     unknown = sorted(set(options) - set(ENUM_OPTIONS))
     if unknown:
@@ -58,7 +41,7 @@ def ck_keys(arch, backend: str, options: dict) -> list:
     if isinstance(fams, str):
         fams = [fams]
     kw = {k: options[k] for k in ("mask_impl", "batch_prefill_64bit") if k in options}
-    specs = enumerate_kernels(arch.name, receipt_number(options.get("receipt", 0)), fams, **kw)
+    specs = enumerate_kernels(arch.name, options.get("receipt", 0), fams, **kw)
     if options.get("config"):  # a tile-engine sweep config (JSON or TOML allow-lists)
         from .codegen import load_sweep
 

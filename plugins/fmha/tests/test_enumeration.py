@@ -342,7 +342,8 @@ def test_families_argument_and_order():
 @pytest.mark.parametrize("kwargs, needle", [
     (dict(arch="gfx1030"), "gfx950"),
     (dict(arch="gfx950", receipt=5), "ck_default"),
-    (dict(arch="gfx950", receipt="0"), "receipt"),
+    (dict(arch="gfx950", receipt="nosuch"), "pytorch"),
+    (dict(arch="gfx950", receipt=2.5), "receipt"),
     (dict(arch="gfx950", receipt=True), "receipt"),
     (dict(arch="gfx950", families=["fwd", "fwd2"]), "bwd_dq_dk_dv"),
     (dict(arch="gfx950", mask_impl="fancy"), "simplified"),
@@ -350,6 +351,14 @@ def test_families_argument_and_order():
 def test_invalid_inputs_raise_config_error(kwargs, needle):
     with pytest.raises(ConfigError, match=needle):
         enumerate_kernels(**kwargs)
+
+
+def test_receipt_by_name_or_number():
+    from ck_fmha.codegen.enumerate import receipt_number
+
+    assert receipt_number("pytorch") == receipt_number("4") == receipt_number(4) == 4
+    assert enumerate_kernels("gfx950", "ck_default", ["fwd_appendkv"]) == \
+        enumerate_kernels("gfx950", 0, ["fwd_appendkv"])
 
 
 @pytest.mark.parametrize("bad", [

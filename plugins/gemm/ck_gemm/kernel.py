@@ -374,6 +374,8 @@ def supports(key: KernelKey, problem) -> str | None:
     if (s.num_d, s.activation) != (problem.num_d, problem.activation) or (
             s.num_d and s.d_op != problem.d_op):
         return "epilogue (D tensors / activation) differs"
+    if key.backend == "triton" and s.num_d > 2:
+        return "the Triton kernels fuse at most 2 D tensors"
     if problem.m % a.tile_m and not a.pad_m:
         return f"M={problem.m} is not a multiple of tile M {a.tile_m} and the kernel does not pad M"
     if problem.n % a.tile_n and not a.pad_n:

@@ -8,7 +8,7 @@ import numpy as np
 
 from ck_core.dtypes import check_dtype, numpy_storage
 from ck_core.errors import InvalidProblem
-from ck_core.problem import Problem, positive
+from ck_core.problem import Problem, as_int, positive
 
 DTYPES = ("fp16", "bf16", "fp32", "fp8", "bf8", "int8")
 LAYOUTS = ("rcr", "rrr", "crr", "ccr")
@@ -53,14 +53,14 @@ class GemmProblem(Problem):
     """
 
     op: ClassVar[str] = "gemm"
-    m: int = attrs.field(validator=positive)
-    n: int = attrs.field(validator=positive)
-    k: int = attrs.field(validator=positive)
-    batch: int = attrs.field(default=1, validator=positive)
+    m: int = attrs.field(converter=as_int, validator=positive)
+    n: int = attrs.field(converter=as_int, validator=positive)
+    k: int = attrs.field(converter=as_int, validator=positive)
+    batch: int = attrs.field(default=1, converter=as_int, validator=positive)
     dtype: str = attrs.field(default="fp16", validator=_dtype)
     dtype_c: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
     layout: str = attrs.field(default="rcr", validator=_layout)
-    num_d: int = attrs.field(default=0)
+    num_d: int = attrs.field(default=0, converter=as_int)
     d_op: str = attrs.field(default="add")
     activation: str = attrs.field(default="none")
 
@@ -77,6 +77,10 @@ class GemmProblem(Problem):
         if self.activation not in ACTIVATIONS:
             raise InvalidProblem(f"GemmProblem.activation={self.activation!r}; use one of "
                                  f"{', '.join(ACTIVATIONS)}")
+
+    def input_names(self) -> tuple:
+        """The tensors this problem reads: A, B and one D per epilogue operand."""
+        return ("a", "b") + tuple(f"d{i}" for i in range(self.num_d))
 
     # -- tensor shapes (storage order) ----------------------------------------
     def _lead(self) -> tuple:

@@ -765,6 +765,24 @@ def _check_choice(value, valid, what: str):
         )
 
 
+def receipt_number(receipt) -> int:
+    """A receipt by number (``4``, ``"4"``) or by profile name (``"pytorch"``); ConfigError otherwise."""
+    valid = ", ".join(f"{k} ({v})" for k, v in F.RECEIPTS.items())
+    if isinstance(receipt, str):
+        by_name = {v: k for k, v in F.RECEIPTS.items()}
+        text = receipt.strip()
+        if text in by_name:
+            return by_name[text]
+        if not text.isdigit():
+            raise ConfigError(f"unknown FMHA receipt {receipt!r}; valid receipts: {valid}")
+        receipt = int(text)
+    if isinstance(receipt, bool) or not isinstance(receipt, int):
+        raise ConfigError(f"FMHA receipt must be a number or a name, got {receipt!r}; valid receipts: {valid}")
+    if receipt not in F.RECEIPTS:
+        raise ConfigError(f"unknown FMHA receipt {receipt}; valid receipts: {valid}")
+    return receipt
+
+
 def enumerate_kernels(
     arch: str,
     receipt: int = 0,
@@ -784,16 +802,7 @@ def enumerate_kernels(
     family or mask implementation; the message lists the valid choices.
     """
     _check_choice(arch, F.ARCHES, "arch")
-    if isinstance(receipt, bool) or not isinstance(receipt, int):
-        raise ConfigError(
-            f"FMHA receipt must be an int, got {receipt!r}; valid receipts: "
-            f"{', '.join(f'{k} ({v})' for k, v in F.RECEIPTS.items())}"
-        )
-    if receipt not in F.RECEIPTS:
-        raise ConfigError(
-            f"unknown FMHA receipt {receipt}; valid receipts: "
-            f"{', '.join(f'{k} ({v})' for k, v in F.RECEIPTS.items())}"
-        )
+    receipt = receipt_number(receipt)
     _check_choice(mask_impl, F.MASK_IMPLS, "mask implementation")
     if families is None:
         fams = list(F.FAMILIES)

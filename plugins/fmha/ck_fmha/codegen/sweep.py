@@ -25,12 +25,12 @@ Trait keys are spec field names, plus the tile engine's spellings
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Tuple, Union
 
 import attrs
 
+from ck_core.config import load_json, load_toml
 from ck_core.errors import ConfigError
 
 from . import ck_facts as F
@@ -223,34 +223,17 @@ def parse_sweep(data: Any, source: str = "<config>") -> SweepConfig:
                        traits=tuple(traits), arch=arch, receipt=receipt)
 
 
-def _load_toml(path: Path) -> Any:
-    try:
-        import tomllib  # Python >= 3.11
-    except ModuleNotFoundError:  # pragma: no cover - older Pythons
-        try:
-            import tomli as tomllib  # type: ignore[no-redef]
-        except ModuleNotFoundError:
-            raise ConfigError(f"{path}: reading TOML needs Python 3.11+ or the 'tomli' package") from None
-    try:
-        with path.open("rb") as fh:
-            return tomllib.load(fh)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
-
-
 def load_sweep(path: Union[str, Path]) -> SweepConfig:
     """Load a sweep config from a ``.json`` or ``.toml`` file."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: sweep config file not found")
     suffix = path.suffix.lower()
+    # ck_core.config reads both with the same guards (size, encoding, nesting depth)
     if suffix == ".toml":
-        data = _load_toml(path)
+        data = load_toml(path)
     elif suffix == ".json":
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path}: invalid JSON: {exc}") from None
+        data = load_json(path)
     else:
         raise ConfigError(f"{path}: unknown config format {suffix!r}; use .json or .toml")
     return parse_sweep(data, str(path))

@@ -103,6 +103,10 @@ def gemm(a, b, *, layout: str = "rcr", config=None, c=None, d_tensors=(), d_op: 
     import torch
 
     a_r, b_r, c_r = parse_layout(layout)
+    for name, t in (("A", a), ("B", b), ("c", c)) + tuple((f"D{i}", d) for i, d in enumerate(d_tensors)):
+        if not isinstance(t, torch.Tensor) and (t is not None or name != "c"):
+            raise InvalidProblem(f"gemm: {name} is a {type(t).__name__}; the Triton GEMM takes torch tensors "
+                                 f"(torch.as_tensor(x, device=...))")
     if a.dim() not in (2, 3) or b.dim() not in (2, 3):
         raise InvalidProblem(f"gemm: A and B must be 2-D or 3-D (batch first), got {a.dim()}-D and {b.dim()}-D")
     dt = _dtype_token(a.dtype)

@@ -1,0 +1,236 @@
+"""Differential fuzz of GEMM through the Dispatcher (issue 12).
+
+The reference is written here, from the math, in float64 torch: logical A (M x K)
+and B (K x N) read from their storage by the layout letters, C = A @ B, then the
+D tensors (add/mul) and the activation.  It shares no code with ck_gemm's own
+reference.  Cases come from fixed seeds: odd sizes, every layout, fp16/bf16/fp32,
+multi-D epilogues and activations, batches, split-K, and each case runs one
+kernel drawn from all that support it.  The output buffer is poisoned with NaN
+where the launcher takes one, so an element a kernel never writes shows.
+
+Backends: ``numpy``, and the Triton kernels under Triton's CPU interpreter
+(``TRITON_INTERPRET=1``, set by the root conftest); the ``gpu`` variants run the
+Triton kernels on CUDA with larger sizes (``CK_TEST_GPU=1 pytest -m gpu``).
+"""
+from __future__ import annotations
+
+import math
+
+import attrs
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from ck_core import Dispatcher, Registry  # noqa: E402
+from ck_gemm import GemmProblem  # noqa: E402
+
+TD = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+#: unit roundoff of each output type
+EPS = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8, "fp32": 2.0 ** -24}
+LAYOUTS = ("rcr", "rrr", "crr", "ccr")
+ACTS = ("none", "relu", "gelu", "silu", "sigmoid", "tanh")
+
+# (backend, device, arch, cases, largest size)
+SETUPS = {
+    "numpy": ("numpy", "cpu", "gfx942", 64, 70),
+    "triton-interp": ("triton", "cpu", "gfx942", 40, 70),
+    "triton-cuda": ("triton", "cuda", "sm90", 120, 700),
+}
+
+
+def _setup_or_skip(name):
+    backend, device, arch, n, big = SETUPS[name]
+    if backend == "triton":
+        pytest.importorskip("triton")
+        from ck_core.backends.triton_backend import interpreting
+        if device == "cpu" and not interpreting():
+            pytest.skip("the CPU variant runs the Triton kernels under TRITON_INTERPRET=1")
+        if device == "cuda" and (interpreting() or not torch.cuda.is_available()):
+            pytest.skip("needs a CUDA GPU and CK_TEST_GPU=1")
+    from ck_core.plugins import get_manager
+    if arch not in get_manager().archs():
+        pytest.skip(f"arch plugin {arch} is not installed")
+    return backend, device, arch, n, big
+
+
+# -- the reference ---------------------------------------------------------------------------
+
+def _act(x, name):
+    F = torch.nn.functional
+    return {"none": lambda t: t, "relu": F.relu, "gelu": F.gelu, "silu": F.silu,
+            "sigmoid": torch.sigmoid, "tanh": torch.tanh}[name](x)
+
+
+def _logical(t, letter):
+    """A storage tensor (batch, rows, cols) as its logical matrix: 'c' storage is the transpose."""
+    return t.transpose(-1, -2) if letter == "c" else t
+
+
+def reference(case, a, b, ds):
+    """float64 C in C's storage layout, from float64 copies of the (already rounded) inputs."""
+    lay = case["layout"]
+    acc = _logical(a, lay[0]) @ _logical(b, lay[1])
+    for d in ds:
+        d = _logical(d, lay[2])
+        acc = acc + d if case["d_op"] == "add" else acc * d
+    return _logical(_act(acc, case["activation"]), lay[2])
+
+
+# -- cases ------------------------------------------------------------------------------------
+
+def _storage_shape(rows, cols, letter, batch):
+    return (batch,) + ((rows, cols) if letter == "r" else (cols, rows))
+
+
+def make_cases(seed, n, big, dtypes, max_d, device):
+    rng = np.random.default_rng(seed)
+    cases = []
+    for i in range(n):
+        odd = lambda hi: int(rng.integers(0, hi // 2)) * 2 + 1   # noqa: E731 - odd sizes only
+        m, nn, k = odd(big), odd(big), odd(big)
+        if i % 7 == 0:
+            m, nn, k = (1 if j == i % 3 else s for j, s in enumerate((m, nn, k)))
+        num_d = int(rng.integers(0, max_d + 1)) if i % 3 else 0
+        act = ACTS[int(rng.integers(len(ACTS)))] if i % 2 else "none"
+        cases.append(dict(
+            m=m, n=nn, k=k, dtype=dtypes[i % len(dtypes)], layout=LAYOUTS[(i // len(dtypes)) % 4],
+            batch=int(rng.choice([1, 1, 2, 3])), num_d=num_d, d_op=str(rng.choice(["add", "mul"])),
+            activation=act, split_k=int(rng.choice([1, 1, 2, 3])), seed=int(rng.integers(1 << 30)),
+            device=device))
+    return cases
+
+
+_BASE: dict = {}
+
+
+def _keys(arch, backend, dtype, layout, device="cpu"):
+    """A spread of the enumerated keys for (dtype, layout): every tile size, padding and pipeline
+    (and on CUDA every variant: TMA, persistent, warp-specialised)."""
+    k = (arch, backend, dtype, layout, device)
+    if k not in _BASE:
+        reg = Registry.from_enumeration("gemm", arch, backend, dtypes=[dtype], layouts=[layout])
+        # odd sizes need kernels that pad M, N and K
+        keys = [key for key in reg if key.algorithm.pad_m and key.algorithm.pad_n and key.algorithm.pad_k
+                and (device == "cuda" or key.algorithm.variant == "tile")]
+        _BASE[k] = keys[:: max(1, len(keys) // 60)]
+    return _BASE[k]
+
+
+def _registry(case, arch, backend):
+    """Every sampled key re-declared with the case's epilogue and split-K, then one kernel drawn
+    (seeded) from those that support the case: each case runs a different kernel."""
+    epi = dict(num_d=case["num_d"], d_op=case["d_op"], activation=case["activation"])
+    keys = [attrs.evolve(k, signature=attrs.evolve(k.signature, **epi),
+                         algorithm=attrs.evolve(k.algorithm, split_k=case["split_k"]))
+            for k in _keys(arch, backend, case["dtype"], case["layout"], case["device"])]
+    reg = Registry(arch, keys, name="fuzz")
+    cands = reg.candidates(GemmProblem(**_problem_fields(case)), backend)
+    assert cands, f"no sampled kernel supports {case}"
+    pick = cands[int(np.random.default_rng(case["seed"]).integers(len(cands)))]
+    return Registry(arch, [pick], name="fuzz-one")
+
+
+def _problem_fields(case):
+    return {k: case[k] for k in ("m", "n", "k", "batch", "dtype", "layout", "num_d", "d_op", "activation")}
+
+
+def _inputs(case):
+    """float64 values already rounded to the storage type, plus the tensors the backend takes."""
+    g = torch.Generator().manual_seed(case["seed"])
+    lay, bt, td = case["layout"], case["batch"], TD[case["dtype"]]
+
+    def draw(rows, cols, letter, scale=1.0):
+        x = torch.randn(_storage_shape(rows, cols, letter, bt), generator=g, dtype=torch.float64) * scale
+        return x.to(td).to(torch.float64)
+
+    a = draw(case["m"], case["k"], lay[0])
+    b = draw(case["k"], case["n"], lay[1])
+    # mul epilogues keep |D| near 1 so products stay in range; add epilogues use the spread of C
+    ds = [draw(case["m"], case["n"], lay[2], 1.0 if case["d_op"] == "mul" else math.sqrt(case["k"]))
+          for _ in range(case["num_d"])]
+    return a, b, ds
+
+
+def _to_backend(x64, case, backend):
+    unbatched = x64[0] if case["batch"] == 1 else x64
+    if backend == "numpy":  # numpy storage: float16 / float32 (bf16 values held in float32)
+        return unbatched.to(torch.float16 if case["dtype"] == "fp16" else torch.float32).numpy()
+    return unbatched.to(TD[case["dtype"]]).to(case["device"])
+
+
+def run_case(case, arch, backend):
+    reg = _registry(case, arch, backend)
+    disp = Dispatcher(reg, backend=backend)
+    p = GemmProblem(**_problem_fields(case))
+    a, b, ds = _inputs(case)
+    named = {f"d{i}": _to_backend(d, case, backend) for i, d in enumerate(ds)}
+    if backend == "triton":  # a poisoned output buffer (used where the launcher takes one)
+        shape_c = _storage_shape(case["m"], case["n"], case["layout"][2], case["batch"])
+        named["c"] = torch.full(shape_c[1:] if case["batch"] == 1 else shape_c, float("nan"),
+                                dtype=TD[case["dtype"]], device=case["device"])
+    out = disp.run(p, _to_backend(a, case, backend), _to_backend(b, case, backend), **named)
+    got = torch.as_tensor(np.asarray(out, dtype=np.float64)) if backend == "numpy" else out.double().cpu()
+    ref = reference(case, a, b, ds)
+    got = got.reshape(ref.shape)
+    return got, ref, reg
+
+
+def mismatch(case, got, ref):
+    """None when ``got`` agrees with the float64 reference; else what is wrong."""
+    if not torch.isfinite(got).all():
+        return f"{int((~torch.isfinite(got)).sum())} non-finite elements (unwritten or overflowed)"
+    eps = EPS[case["dtype"]]
+    # rounding of C (and of each split-K partial), fp32 accumulation over K, activation in fp32
+    rtol = 4 * eps * case["split_k"]
+    scale = math.sqrt(case["k"]) * (1 + case["num_d"] * (case["d_op"] == "add"))
+    atol = 4 * eps * case["split_k"] * scale + 1e-6 * scale
+    err = (got - ref).abs()
+    bad = err > atol + rtol * ref.abs()
+    ref_norm = max(float(ref.norm()), 1e-30)
+    rel = float((got - ref).norm()) / ref_norm
+    if bad.any() or rel > rtol + atol * math.sqrt(ref.numel()) / ref_norm:
+        return (f"{int(bad.sum())}/{bad.numel()} elements off, max abs err {float(err.max()):.3g}, "
+                f"rel L2 {rel:.3g} (rtol {rtol:.2g}, atol {atol:.2g})")
+    return None
+
+
+def _fuzz(setup, dtypes, seed):
+    backend, device, arch, n, big = _setup_or_skip(setup)
+    max_d = 2 if backend == "triton" else 4
+    failures = []
+    for case in make_cases(seed, n, big, dtypes, max_d, device):
+        got, ref, reg = run_case(case, arch, backend)
+        why = mismatch(case, got, ref)
+        if why:
+            failures.append(f"{next(iter(reg)).name} {case}: {why}")
+    assert not failures, f"{len(failures)} mismatches:\n" + "\n".join(failures)
+
+
+def test_fuzz_numpy():
+    _fuzz("numpy", ("fp16", "bf16", "fp32"), seed=1201)
+
+
+def test_fuzz_triton_interpreter():
+    # bf16: Triton 3.6's interpreter computes a bf16 tl.dot wrongly (see test_gemm_triton_dispatch);
+    # the GPU variant covers it
+    _fuzz("triton-interp", ("fp16", "fp32"), seed=1202)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("device", ["cuda"])
+def test_fuzz_triton_gpu(device):
+    _fuzz("triton-cuda", ("fp16", "bf16", "fp32"), seed=1203)
+
+
+def test_more_d_tensors_than_triton_fuses_is_a_supports_reason():
+    """Four D tensors are legal for the problem; the Triton kernels fuse two: no kernel, no crash."""
+    from ck_core.errors import MissingKernel
+
+    backend, device, arch, _, _ = _setup_or_skip("triton-interp")
+    case = dict(m=9, n=7, k=5, batch=1, dtype="fp16", layout="rcr", num_d=4, d_op="add",
+                activation="none", split_k=1, seed=3, device=device)
+    keys = [attrs.evolve(k, signature=attrs.evolve(k.signature, num_d=4))
+            for k in _keys(arch, backend, "fp16", "rcr")]
+    with pytest.raises(MissingKernel, match="at most 2 D tensors"):
+        Dispatcher(Registry(arch, keys), backend=backend).select(GemmProblem(**_problem_fields(case)))
