@@ -92,8 +92,9 @@ def run_bench(op_name: str, args, extra: dict) -> int:
     op = get_manager().op(op_name)
     if op.bench is None:
         raise UnsupportedProblem(f"op {op_name} has no benchmark suite")
+    suite = getattr(args, "suite", "core") or "core"
     result = stamp(op.bench(args.vs, dict(extra, arch=args.arch, backend=args.backend,
-                                           quick=args.quick)))
+                                           quick=args.quick, suite=suite)))
     print(f"# {op_name} vs {args.vs} on {result['device']} ({result['date']})")
     print(format_table(result["rows"]))
     for name, table in result.get("extra", {}).items():
@@ -104,5 +105,6 @@ def run_bench(op_name: str, args, extra: dict) -> int:
             print(json.dumps(table, indent=1))
     gm = result["geomean"]
     print(f"\ngeomean ratio: {gm:.3f}" if gm else "\nno ratio")
-    write(result, args.json or Path("benchmarks/results") / f"{op_name}.json", args.csv)
+    name = op_name if suite == "core" else f"{op_name}_{suite}"
+    write(result, args.json or Path("benchmarks/results") / f"{name}.json", args.csv)
     return 0
