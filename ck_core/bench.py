@@ -115,8 +115,9 @@ def run_bench(op_name: str, args, extra: dict) -> int:
         raise ToolchainMissing(f"ck bench {op_name} times kernels on a GPU and none is visible here "
                                f"({why}); run it on a machine with an NVIDIA or AMD GPU, or use "
                                f"`ck run {op_name} ...` to check results on the CPU")
+    suite = getattr(args, "suite", "core") or "core"
     result = stamp(op.bench(args.vs, dict(extra, arch=args.arch, backend=args.backend,
-                                           quick=args.quick)))
+                                           quick=args.quick, suite=suite)))
     print(f"# {op_name} vs {args.vs} on {result['device']} ({result['date']})")
     print(format_table(result["rows"]))
     for name, table in result.get("extra", {}).items():
@@ -127,5 +128,6 @@ def run_bench(op_name: str, args, extra: dict) -> int:
             print(json.dumps(table, indent=1))
     gm = result["geomean"]
     print(f"\ngeomean ratio: {gm:.3f}" if gm else "\nno ratio")
-    write(result, args.json or Path("benchmarks/results") / f"{op_name}.json", args.csv)
+    name = op_name if suite == "core" else f"{op_name}_{suite}"
+    write(result, args.json or Path("benchmarks/results") / f"{name}.json", args.csv)
     return 0

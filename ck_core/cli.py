@@ -460,6 +460,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--csv")
     s.add_argument("--json")
     s.add_argument("--quick", action="store_true")
+    s.add_argument("--suite", default="core",
+                   help="core: the fixed regression cases; broad: shapes drawn from real workloads (fixed seed)")
     s.set_defaults(fn=cmd_bench)
 
     from .sweep.cli import add_parser as add_sweep_parser

@@ -332,7 +332,10 @@ def _bytes(p):
 
 
 def _bench(peer, options):
-    from .bench import bench
+    if options.get("suite", "core") == "broad":
+        from .bench_broad import bench
+    else:
+        from .bench import bench
 
     return bench(peer, options)
 

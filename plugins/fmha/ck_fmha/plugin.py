@@ -93,7 +93,10 @@ def _render(key, backend):
 
 
 def _bench(peer, options):
-    from .bench_suite import bench
+    if options.get("suite", "core") == "broad":
+        from .bench_broad import bench
+    else:
+        from .bench_suite import bench
 
     return bench(peer, options)
 

@@ -23,7 +23,10 @@ def implement(key, backend: str, arch):
 
 
 def _bench(peer, options):
-    from .bench import bench
+    if options.get("suite", "core") == "broad":
+        from .bench_broad import bench
+    else:
+        from .bench import bench
 
     return bench(peer, options)
 

@@ -1,0 +1,215 @@
+"""``ck bench gemm --suite broad``: GEMM on shapes users run, through ``Dispatcher.run``.
+
+Cases are drawn with a fixed seed: the linear layers of public LLM configs (QKV, attention
+output, MLP up/gate and down projections, the vocabulary projection) at token counts 1..16k,
+random odd sizes 1..8k per dimension, and batched GEMMs; bf16 and fp16, layouts rcr
+(``x @ W^T``, as torch.nn.Linear) and rrr.  Each case is checked against an fp32 product first,
+then ours (the Dispatcher's own choice) and torch.matmul (cuBLAS) are timed on the same tensors,
+as CUDA-graph replays and eagerly.  Whole model configs are held out from the training split
+(``split`` column): tuning may look at ``train`` rows only.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import random
+import sys
+import time
+from typing import Optional
+
+SEED = 20261125
+#: (name, hidden, intermediate, vocab, q heads, kv heads, head dim): public model configs
+MODELS = (
+    ("llama2-7b", 4096, 11008, 32000, 32, 32, 128),
+    ("llama3-8b", 4096, 14336, 128256, 32, 8, 128),
+    ("llama2-13b", 5120, 13824, 32000, 40, 40, 128),
+    ("mistral-7b", 4096, 14336, 32768, 32, 8, 128),
+    ("qwen2-7b", 3584, 18944, 152064, 28, 4, 128),
+    ("llama3-70b", 8192, 28672, 128256, 64, 8, 128),
+)
+HELD_OUT_MODELS = ("qwen2-7b", "llama2-13b")
+
+
+def _log_uniform(rng, lo, hi) -> int:
+    return int(round(math.exp(rng.uniform(math.log(lo), math.log(hi)))))
+
+
+def cases(seed: int = SEED, n_llm: int = 40, n_odd: int = 16, n_batched: int = 6) -> list[dict]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n_llm):
+        name, h, inter, vocab, nq, nkv, hd = rng.choice(MODELS)
+        tokens = _log_uniform(rng, 1, 16384)
+        layer, n, k = rng.choice((("qkv", (nq + 2 * nkv) * hd, h), ("o", h, nq * hd), ("up", 2 * inter, h),
+                                  ("down", h, inter), ("vocab", vocab, h)))
+        if layer == "vocab":
+            tokens = min(tokens, 4096)  # logits of the last tokens; full-prompt logits rarely
+        out.append(dict(kind=f"llm:{name}:{layer}", m=tokens, n=n, k=k, batch=1,
+                        dtype=rng.choice(("bf16", "fp16")), layout="rcr",
+                        split="heldout" if name in HELD_OUT_MODELS else "train"))
+    for _ in range(n_odd):
+        m, n, k = (_log_uniform(rng, 1, 8192) for _ in range(3))
+        out.append(dict(kind="odd", m=m, n=n, k=k, batch=1, dtype=rng.choice(("bf16", "fp16")),
+                        layout=rng.choice(("rcr", "rrr")), split="heldout" if rng.random() < 0.3 else "train"))
+    for _ in range(n_batched):
+        out.append(dict(kind="batched", m=_log_uniform(rng, 64, 2048), n=_log_uniform(rng, 64, 2048),
+                        k=_log_uniform(rng, 64, 2048), batch=rng.choice((4, 8, 16, 32)), dtype="bf16",
+                        layout="rcr", split="heldout" if rng.random() < 0.3 else "train"))
+    for c in out:
+        c["case"] = f"{c['kind']} {c['dtype']} {c['layout']} b{c['batch']} {c['m']}x{c['n']}x{c['k']}"
+    return out
+
+
+def _tensors(c, device):
+    import torch
+
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[c["dtype"]]
+    lead = (c["batch"],) if c["batch"] > 1 else ()
+    a = torch.randn(*lead, c["m"], c["k"], device=device, dtype=dt)
+    if c["layout"] == "rcr":
+        b = torch.randn(*lead, c["n"], c["k"], device=device, dtype=dt)
+        peer = (lambda: torch.matmul(a, b.transpose(-1, -2)))
+    else:
+        b = torch.randn(*lead, c["k"], c["n"], device=device, dtype=dt)
+        peer = (lambda: torch.matmul(a, b))
+    return a, b, peer
+
+
+def _timers(fn) -> dict:
+    import torch
+    import triton
+
+    fn()
+    torch.cuda.synchronize()
+    out = {"eager_ms": triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median")}
+    try:
+        out["graph_ms"] = triton.testing.do_bench_cudagraph(fn, rep=60, return_mode="median")
+    except Exception as exc:
+        out["graph_error"] = f"{type(exc).__name__}: {str(exc)[:160]}"
+    return out
+
+
+def run(out_path: Optional[str] = None, budget_s: float = 300.0, seed: int = SEED, arch: Optional[str] = None,
+        limit: Optional[int] = None) -> dict:
+    import torch
+
+    from ck_core import Dispatcher, Registry, get_manager
+    from ck_core.bench import device_name
+    from ck_core.errors import UnsupportedProblem
+
+    from .bench import _gpu_arch
+    from .problem import GemmProblem
+
+    if not torch.cuda.is_available():
+        raise UnsupportedProblem("the broad GEMM suite times CUDA kernels: no CUDA device is visible")
+    arch_spec = _gpu_arch(get_manager(), arch)
+    disps = {}
+    rows = []
+    skipped = []
+    t0 = time.time()
+    cs = cases(seed)[:limit] if limit else cases(seed)
+    for c in cs:
+        if time.time() - t0 > budget_s:
+            skipped.append(c["case"])
+            continue
+        row = dict(c)
+        t_case = time.time()
+        try:
+            dk = (c["dtype"], c["layout"])
+            if dk not in disps:
+                reg = Registry.from_enumeration("gemm", arch_spec.name, "triton", dtypes=[c["dtype"]],
+                                                layouts=[c["layout"]])
+                disps[dk] = Dispatcher(reg, backend="triton")
+            disp = disps[dk]
+            kw = dict(m=c["m"], n=c["n"], k=c["k"], dtype=c["dtype"], layout=c["layout"])
+            if c["batch"] > 1:
+                kw["batch"] = c["batch"]
+            p = GemmProblem(**kw)
+            a, b, peer = _tensors(c, "cuda")
+            t_first = time.time()
+            out = disp.run(p, a, b)
+            torch.cuda.synchronize()
+            row["first_call_s"] = round(time.time() - t_first, 3)
+            row["kernel"] = disp.select(p).name
+            ref = a.float() @ (b.float().transpose(-1, -2) if c["layout"] == "rcr" else b.float())
+            err = float((out.float() - ref).norm() / ref.norm().clamp_min(1e-30))
+            row["rel_err"] = err
+            row["status"] = "ok" if math.isfinite(err) and err < 2e-2 else "wrong"
+            if row["status"] == "ok":
+                fl = 2.0 * c["batch"] * c["m"] * c["n"] * c["k"]
+                ours, theirs = _timers(lambda: disp.run(p, a, b)), _timers(peer)
+                for mode in ("graph", "eager"):
+                    o, t = ours.get(f"{mode}_ms"), theirs.get(f"{mode}_ms")
+                    row[f"ours_{mode}_ms"], row[f"peer_{mode}_ms"] = o, t
+                    if o and t:
+                        row[f"ratio_{mode}"] = round(t / o, 4)
+                row["gflop"] = round(fl / 1e9, 3)
+                if ours.get("graph_ms"):
+                    row["ours"] = round(fl / ours["graph_ms"] / 1e9, 2)
+                if theirs.get("graph_ms"):
+                    row["peer"] = round(fl / theirs["graph_ms"] / 1e9, 2)
+                row.update(unit="TFLOPS (graph)", peer_name="torch.matmul (cuBLAS)", ratio=row.get("ratio_graph"))
+            del a, b, out, ref
+        except Exception as exc:
+            row.update(status="error", error=f"{type(exc).__name__}: {str(exc)[:300]}")
+        row["case_s"] = round(time.time() - t_case, 2)
+        rows.append(row)
+        print(f"{row['case']:52s} {row.get('status'):6s} graph={row.get('ratio_graph')} "
+              f"eager={row.get('ratio_eager')} {row.get('error', '')[:100]}", flush=True)
+        torch.cuda.empty_cache()
+    res = {"suite": "broad", "seed": seed, "arch": arch_spec.name, "rows": rows, "skipped_for_time": skipped,
+           "summary": summary(rows), "elapsed_s": round(time.time() - t0, 1), "device": device_name(),
+           "date": datetime.date.today().isoformat(), "command": " ".join(sys.argv)}
+    if out_path:
+        with open(out_path, "w") as f:
+            json.dump(res, f, indent=1, default=str)
+    return res
+
+
+def _gm(vals):
+    vals = [v for v in vals if v]
+    return round(math.exp(sum(map(math.log, vals)) / len(vals)), 4) if vals else None
+
+
+def summary(rows: list[dict]) -> dict:
+    out = {}
+    for split in ("all", "train", "heldout"):
+        rs = [r for r in rows if split == "all" or r.get("split") == split]
+        big = [r for r in rs if (r.get("gflop") or 0) >= 1.0]
+        out[split] = {"n": len(rs), "wrong": sum(r.get("status") == "wrong" for r in rs),
+                      "errors": sum(r.get("status") == "error" for r in rs),
+                      "graph_geomean": _gm(r.get("ratio_graph") for r in rs),
+                      "graph_min": min((r["ratio_graph"] for r in rs if r.get("ratio_graph")), default=None),
+                      "eager_geomean": _gm(r.get("ratio_eager") for r in rs),
+                      "eager_geomean_ge_1gflop": _gm(r.get("ratio_eager") for r in big)}
+    return out
+
+
+def bench(peer: str, options: dict) -> dict:
+    from ck_core.errors import UnsupportedProblem
+
+    if peer != "torch":
+        raise UnsupportedProblem(f"gemm benchmarks compare with 'torch' (cuBLAS), not {peer!r}")
+    res = run(None, float(options.get("budget") or 300.0), arch=options.get("arch"),
+              limit=8 if options.get("quick") else None)
+    ok = [r for r in res["rows"] if r.get("status") == "ok" and r.get("ratio")]
+    return {"rows": ok, "suite": "broad", "seed": res["seed"], "arch": res["arch"],
+            "extra": {"summary": [dict(split=k, **v) for k, v in res["summary"].items()],
+                      "failed": [r for r in res["rows"] if r not in ok], "skipped_for_time": res["skipped_for_time"]}}
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="benchmarks/results/gemm_broad.json")
+    ap.add_argument("--budget", type=float, default=300.0)
+    ap.add_argument("--limit", type=int, default=0)
+    ap.add_argument("--list", action="store_true")
+    a = ap.parse_args()
+    if a.list:
+        for c in cases():
+            print(c["split"], c["case"])
+    else:
+        print(json.dumps(run(a.out, a.budget, limit=a.limit or None)["summary"], indent=1))

@@ -1,0 +1,47 @@
+"""The broad GEMM benchmark suite: deterministic cases that cover what it claims."""
+import pytest
+
+from ck_gemm import bench_broad as gb
+from ck_gemm.problem import GemmProblem
+
+
+def _problem(c):
+    kw = dict(m=c["m"], n=c["n"], k=c["k"], dtype=c["dtype"], layout=c["layout"])
+    if c["batch"] > 1:
+        kw["batch"] = c["batch"]
+    return GemmProblem(**kw)
+
+
+def test_cases_deterministic_and_broad():
+    cs = gb.cases()
+    assert cs == gb.cases() and cs != gb.cases(seed=3)
+    kinds = {c["kind"].split(":")[0] for c in cs}
+    assert kinds == {"llm", "odd", "batched"}
+    layers = {c["kind"].split(":")[2] for c in cs if c["kind"].startswith("llm")}
+    assert {"qkv", "o", "up", "down", "vocab"} <= layers
+    assert min(c["m"] for c in cs) <= 4 and max(c["m"] for c in cs) >= 8192
+    assert {c["layout"] for c in cs} == {"rcr", "rrr"} and {c["dtype"] for c in cs} == {"bf16", "fp16"}
+    assert any(c["m"] % 2 and c["n"] % 2 and c["k"] % 2 for c in cs)  # odd sizes
+    held = [c for c in cs if c["split"] == "heldout"]
+    assert len(held) >= len(cs) // 5
+    # whole model configs are held out, never seen in training
+    for name in gb.HELD_OUT_MODELS:
+        assert all(c["split"] == "heldout" for c in cs if f":{name}:" in c["kind"])
+
+
+def test_every_case_is_a_valid_problem():
+    for c in gb.cases():
+        p = _problem(c)
+        assert p.flops() == 2.0 * c["batch"] * c["m"] * c["n"] * c["k"]
+
+
+@pytest.mark.slow
+def test_every_case_has_an_sm90_kernel():
+    from ck_core import Registry
+
+    regs = {}
+    for c in gb.cases():
+        key = (c["dtype"], c["layout"])
+        if key not in regs:
+            regs[key] = Registry.from_enumeration("gemm", "sm90", "triton", dtypes=[c["dtype"]], layouts=[c["layout"]])
+        assert regs[key].candidates(_problem(c), "triton"), c["case"]
