@@ -254,7 +254,8 @@ def supports(key, p) -> Optional[str]:
     if p.is_group and split:
         return "split-KV / paged decode runs in batch mode on the Triton kernels"
     if p.seqlens_k is not None and not (split or p.is_group):
-        return "per-batch logical seqlens_k is implemented by the Triton split-KV / paged kernels only"
+        return ("per-batch logical seqlens_k is implemented by the Triton split-KV / paged kernels and in group "
+                "mode (fwd, backward); batch-mode fwd/backward take one seqlen_k")
     return None
 
 

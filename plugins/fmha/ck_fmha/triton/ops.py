@@ -39,7 +39,11 @@ kernel with the Triton default config (``default_fwd_config(..., gluon=False)``)
 
 Layouts: ``'bhsd'`` [B, H, S, D]; ``'bshd'`` [B, S, H, D]; ``'thd'`` (group /
 varlen mode) [total, H, D] with ``cu_seqlens_q/k`` (int32, B+1) and the
-caller's ``max_seqlen_q`` (so no host synchronisation is needed).
+caller's ``max_seqlen_q`` (so no host synchronisation is needed); ``seqlens_k``
+([B]) gives logical key lengths shorter than the cu_seqlens_k spans.  The offsets
+are validated before the launch (:func:`_varlen_check`): on the host, with an
+InvalidProblem, when they are CPU tensors; on the GPU, without a sync, when they
+already live there (bad offsets then turn the outputs into NaN).
 
 Masks: ``causal`` is ``False``, ``True``/``'top_left'`` (torch SDPA's
 convention) or ``'bottom_right'`` (flash-attn / decode convention);
