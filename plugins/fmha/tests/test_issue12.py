@@ -77,31 +77,38 @@ def test_group_mode_seqlens_k_dropout_randval(disp):
 
 
 # 2. the backward of rows with a very negative LSE when seqlen_k is not a multiple of the key tile
-@cpu_only
+DEVICES = [pytest.param("cpu", marks=cpu_only),
+           pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(INTERP, reason="needs a CUDA GPU")])]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("deterministic", [True, False])
 @pytest.mark.parametrize("kw", [dict(), dict(causal=True), dict(softcap=30.0),
                                 dict(window=(5, 3)), dict(bias=True)])
-def test_backward_with_very_negative_lse(deterministic, kw):
+def test_backward_with_very_negative_lse(deterministic, kw, device):
     from ck_fmha.triton import ops
 
     g = torch.Generator().manual_seed(0)
-    B, H, Sq, Sk, D = 1, 2, 37, 45, 32
+    B, H, Sq, Sk, D = (1, 2, 37, 45, 32) if device == "cpu" else (2, 4, 300, 333, 128)
     w = torch.ones(D, dtype=torch.float64)
     q = (-2.0 * w + 0.05 * torch.randn(B, H, Sq, D, generator=g, dtype=torch.float64)).half()
     k = (2.0 * w + 0.05 * torch.randn(B, H, Sk, D, generator=g, dtype=torch.float64)).half()
     v = torch.randn(B, H, Sk, D, generator=g, dtype=torch.float64).half()
     do = torch.randn(B, H, Sq, D, generator=g, dtype=torch.float64).half()
     bias = torch.randn(B, H, Sq, Sk, generator=g, dtype=torch.float64).half() if kw.pop("bias", False) else None
+    q, k, v, do = (x.to(device) for x in (q, k, v, do))
+    bias = None if bias is None else bias.to(device)
     o, lse = ops.fwd(q, k, v, return_lse=True, bias=bias, **kw)
     assert lse.max() < -11   # the regime of FlashAttention's test_flash_attn_bwd_varlen_overflow
     dq, dk, dv = ops.bwd(q, k, v, o, lse, do, deterministic=deterministic, bias=bias, **kw)
     c = dict(scale=D ** -0.5, cap=kw.get("softcap", 0.0), mask="top_left" if (kw.get("causal") or "window" in kw) else "none",
              left=kw.get("window", (-1, -1))[0], right=0 if kw.get("causal") else kw.get("window", (-1, -1))[1],
              sink_tokens=0)
-    leaves = [x.double().requires_grad_(True) for x in (q, k, v)]
-    ref_o = torch.stack([attend(*(x[b] for x in leaves), c, None if bias is None else bias[b].double())[0]
+    leaves = [x.cpu().double().requires_grad_(True) for x in (q, k, v)]
+    ref_o = torch.stack([attend(*(x[b] for x in leaves), c, None if bias is None else bias[b].cpu().double())[0]
                          for b in range(B)])
-    want = torch.autograd.grad((ref_o * do.double()).sum(), leaves)
+    want = torch.autograd.grad((ref_o * do.cpu().double()).sum(), leaves)
+    dq, dk, dv = (x.cpu() for x in (dq, dk, dv))
     for name, got, ref in zip(("dq", "dk", "dv"), (dq, dk, dv), want):
         assert torch.isfinite(got).all(), f"{name} has NaN/Inf"
         err = (got.double() - ref).abs().max() / ref.abs().max()
