@@ -62,7 +62,7 @@ def test_group_mode_seqlens_k(disp, backend, kw):
     else:
         r = reference(case, t, grads=True)
         want = {n: r[n].numpy() for n in ("dq", "dk", "dv", "dbias") if n in r}
-    assert not mismatches(case, got, want)
+    assert not mismatches(case, got, want, t)
 
 
 @cpu_only
