@@ -165,7 +165,7 @@ def _bias_of(p, bias, b, sq, sk):
 
 # ------------------------------------------------------------------ random cases
 
-HDIMS = {"small": [(32, 32), (64, 64)], "large": [(64, 64), (128, 128), (96, 96), (192, 128)]}
+HDIMS = {"small": [(32, 32), (64, 64)], "medium": [(32, 32), (64, 64)], "large": [(64, 64), (128, 128), (96, 96), (192, 128)]}
 
 
 def _mask(rng, fam):
@@ -190,7 +190,7 @@ def make_case(family, seed, size, bf16=True):
     keeps to fp16 (the Triton interpreter's bf16 dot is broken with numpy)."""
     rng = np.random.default_rng(seed)
     big = size == "large"
-    sq_hi, sk_hi = (300, 600) if big else (40, 70)
+    sq_hi, sk_hi = {"small": (40, 70), "medium": (130, 260), "large": (300, 600)}[size]
     dims = HDIMS[size] if (big or family != "bwd_dq_dk_dv") else [(32, 32)]   # (the fake arch's LDS)
     hq, hv = dims[int(rng.integers(len(dims)))]
     hk = int(rng.integers(1, 3))
