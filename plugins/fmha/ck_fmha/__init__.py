@@ -21,6 +21,7 @@ def attention(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0, l
     (``torch.float8_e4m3fn``; forward only) ``q_descale``, ``k_descale``, ``v_descale``, ``out_dtype``."""
     from .triton.ops import attention as _attention
 
+    _check_keywords(_attention, features, skip=3)
     return _attention(q, k, v, causal=causal, scale=scale, window=window, softcap=softcap, layout=layout,
                       deterministic=deterministic, **features)
 
@@ -29,7 +30,21 @@ def attention_forward(q, k, v, **kw):
     """Forward only; returns o or (o, lse) with return_lse=True (ck_fmha.triton.ops.fwd)."""
     from .triton.ops import fwd
 
+    _check_keywords(fwd, kw, skip=3)
     return fwd(q, k, v, **kw)
+
+
+def _check_keywords(fn, given: dict, skip: int) -> None:
+    """An unknown keyword is an error that names the known ones (a typo must not be dropped, nor
+    surface as a bare TypeError)."""
+    import inspect
+
+    from ck_core.errors import InvalidProblem
+
+    known = [n for n in list(inspect.signature(fn).parameters)[skip:] if not n.startswith("_")]
+    bad = sorted(set(given) - set(known))
+    if bad:
+        raise InvalidProblem(f"unknown keyword(s) {bad}; known: {', '.join(known)}")
 
 
 __all__ = ["attention", "attention_forward"]

@@ -17,10 +17,7 @@ from .codegen import ARCHES as CK_ARCHES
 from .codegen.spec import FmhaKernelSpec
 from .problem import FmhaProblem
 
-INPUTS = ("q", "k", "v", "bias", "alibi_slopes", "sink", "o", "lse", "do", "k_cache", "v_cache",
-          "block_table", "kv_indptr", "kv_page_indices", "kv_last_page_lens", "knew", "vnew",
-          "rotary_cos", "rotary_sin")
-OUTPUTS = ("o", "lse", "randval", "dq", "dk", "dv", "dbias", "q_rot", "k_cache", "v_cache")
+from .stages import INPUTS, OUTPUTS  # noqa: E402  (the op's tensor vocabulary)
 
 
 def _triton_keys():
@@ -85,6 +82,7 @@ def implement(key, backend, arch):
 
 
 def _numpy_stage(problem, tensors):
+    stages.check_tensor_names(problem, tensors)
     return stages.run_stage(problem, tensors)
 
 

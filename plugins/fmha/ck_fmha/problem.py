@@ -109,14 +109,43 @@ def _is_pow2(n: int) -> bool:
     return n > 0 and (n & (n - 1)) == 0
 
 
-def _opt_tuple(x):
-    if x is None:
-        return None
-    return tuple(int(v) for v in np.asarray(x).reshape(-1).tolist())
+def _as_int(name: str, x) -> int:
+    """``x`` as an int when it is one (an int, a numpy integer, an integral float such as JSON's
+    2.0, or a string of digits); anything else (2.7, True, 'abc') is an error, never truncated."""
+    if isinstance(x, (bool, np.bool_)):
+        raise InvalidProblem(f"{name}={x!r} must be an integer, not a bool")
+    if isinstance(x, (int, np.integer)):
+        return int(x)
+    if isinstance(x, (float, np.floating)) and math.isfinite(x) and float(x).is_integer():
+        return int(x)
+    if isinstance(x, str):
+        try:
+            return int(x.strip())
+        except ValueError:
+            pass
+    raise InvalidProblem(f"{name}={x!r} must be an integer")
 
 
-def _opt_int(x):
-    return None if x is None else int(x)
+def _int(name: str):
+    return lambda x: _as_int(name, x)
+
+
+def _opt_int(name: str):
+    return lambda x: None if x is None else _as_int(name, x)
+
+
+def _opt_tuple(name: str):
+    def conv(x):
+        if x is None:
+            return None
+        if isinstance(x, (str, bytes)):
+            raise InvalidProblem(f"{name}={x!r} must be a sequence of integers")
+        try:
+            flat = np.asarray(x).reshape(-1).tolist()
+        except Exception:
+            raise InvalidProblem(f"{name}={x!r} must be a sequence of integers") from None
+        return tuple(_as_int(f"{name}[{i}]", v) for i, v in enumerate(flat))
+    return conv
 
 
 def _opt_float(x):
@@ -210,7 +239,9 @@ class FmhaProblem:
     seqlens_k               per-batch logical key lengths: KV-cache lengths (paged, appendkv: before
                             the append) or shorter-than-physical keys (CK's seqlen_k_ptr)
     scale                   softmax scale (None = 1/sqrt(hdim_q)); see softmax_scale
-    mask, window_left/right see above; sink_tokens: first keys always visible (StreamingLLM)
+    mask, window_left/right see above (with mask 'top_left'/'bottom_right'/'causal' an unset
+                            window_right is 0: a window looks ahead only when window_right says so);
+                            sink_tokens: first keys always visible (StreamingLLM)
     sink_logits             a per-head sink logit joins the softmax denominator (tensor ``sink`` [H])
     bias                    "none" | "elementwise" (tensor ``bias``) | "alibi" (``alibi_slopes``)
     logits_soft_cap         s = cap * tanh(s / cap) when > 0 (excludes bias)
@@ -231,20 +262,20 @@ class FmhaProblem:
 
     family: str = attrs.field(default="fwd")
     mode: str = attrs.field(default="batch")
-    batch: int = attrs.field(default=1, converter=int)
-    nhead_q: int = attrs.field(default=1, converter=int)
-    nhead_k: Optional[int] = attrs.field(default=None, converter=_opt_int)
-    seqlen_q: Optional[int] = attrs.field(default=None, converter=_opt_int)
-    seqlen_k: Optional[int] = attrs.field(default=None, converter=_opt_int)
-    hdim_q: int = attrs.field(default=64, converter=int)
-    hdim_v: Optional[int] = attrs.field(default=None, converter=_opt_int)
+    batch: int = attrs.field(default=1, converter=_int("batch"))
+    nhead_q: int = attrs.field(default=1, converter=_int("nhead_q"))
+    nhead_k: Optional[int] = attrs.field(default=None, converter=_opt_int("nhead_k"))
+    seqlen_q: Optional[int] = attrs.field(default=None, converter=_opt_int("seqlen_q"))
+    seqlen_k: Optional[int] = attrs.field(default=None, converter=_opt_int("seqlen_k"))
+    hdim_q: int = attrs.field(default=64, converter=_int("hdim_q"))
+    hdim_v: Optional[int] = attrs.field(default=None, converter=_opt_int("hdim_v"))
     dtype: str = attrs.field(default="fp16")
     layout: str = attrs.field(default="bhsd")
     vlayout: str = attrs.field(default="r")
     # varlen / kv-cache lengths
-    seqstart_q: Optional[tuple] = attrs.field(default=None, converter=_opt_tuple)
-    seqstart_k: Optional[tuple] = attrs.field(default=None, converter=_opt_tuple)
-    seqlens_k: Optional[tuple] = attrs.field(default=None, converter=_opt_tuple)
+    seqstart_q: Optional[tuple] = attrs.field(default=None, converter=_opt_tuple("seqstart_q"))
+    seqstart_k: Optional[tuple] = attrs.field(default=None, converter=_opt_tuple("seqstart_k"))
+    seqlens_k: Optional[tuple] = attrs.field(default=None, converter=_opt_tuple("seqlens_k"))
     # softmax / quantization scales (scale_q/k/v: fp8 descales, the real values are scale_x * x)
     scale: Optional[float] = attrs.field(default=None, converter=_opt_float)
     scale_q: float = attrs.field(default=1.0, converter=float)
@@ -252,32 +283,32 @@ class FmhaProblem:
     scale_v: float = attrs.field(default=1.0, converter=float)
     # mask
     mask: str = attrs.field(default="none", converter=_canon_mask)
-    window_left: Optional[int] = attrs.field(default=None, converter=_opt_int)
-    window_right: Optional[int] = attrs.field(default=None, converter=_opt_int)
-    sink_tokens: int = attrs.field(default=0, converter=int)
+    window_left: Optional[int] = attrs.field(default=None, converter=_opt_int("window_left"))
+    window_right: Optional[int] = attrs.field(default=None, converter=_opt_int("window_right"))
+    sink_tokens: int = attrs.field(default=0, converter=_int("sink_tokens"))
     sink_logits: bool = attrs.field(default=False, converter=bool)
     # bias / logits
     bias: str = attrs.field(default="none", converter=_canon_bias)
     logits_soft_cap: float = attrs.field(default=0.0, converter=float)
     # dropout
     p_drop: float = attrs.field(default=0.0, converter=float)
-    seed: int = attrs.field(default=0, converter=int)
-    offset: int = attrs.field(default=0, converter=int)
+    seed: int = attrs.field(default=0, converter=_int("seed"))
+    offset: int = attrs.field(default=0, converter=_int("offset"))
     store_randval: bool = attrs.field(default=False, converter=bool)
     # outputs / misc
     lse: bool = attrs.field(default=False, converter=bool)
-    skip_min_seqlen_q: int = attrs.field(default=0, converter=int)
+    skip_min_seqlen_q: int = attrs.field(default=0, converter=_int("skip_min_seqlen_q"))
     # paged KV / batch prefill
     paged_kv: bool = attrs.field(default=False, converter=bool)
-    page_size: int = attrs.field(default=0, converter=int)
+    page_size: int = attrs.field(default=0, converter=_int("page_size"))
     kv_layout: str = attrs.field(default="linear")
     kv_lookup: str = attrs.field(default="vllm")
     # append-KV
-    seqlen_knew: int = attrs.field(default=0, converter=int)
+    seqlen_knew: int = attrs.field(default=0, converter=_int("seqlen_knew"))
     rope: str = attrs.field(default="none")
-    rotary_dim: int = attrs.field(default=0, converter=int)
+    rotary_dim: int = attrs.field(default=0, converter=_int("rotary_dim"))
     # split-KV
-    num_splits: int = attrs.field(default=1, converter=int)
+    num_splits: int = attrs.field(default=1, converter=_int("num_splits"))
     # backward
     dbias: bool = attrs.field(default=False, converter=bool)
     deterministic: bool = attrs.field(default=False, converter=bool)
@@ -418,6 +449,18 @@ def numpy_storage_bytes(dtype: str) -> int:
     return ELEMENT_BYTES[dtype]
 
 
+def combine_problem(p: FmhaProblem) -> FmhaProblem:
+    """The combine stage of a split-KV plan.  It merges o_acc/lse_acc and never reads K/V, so a
+    paged cache's fields do not carry over (rule R12 refuses them on the combine family); group
+    mode keeps the logical key lengths as packed spans."""
+    if not p.paged_kv:
+        return attrs.evolve(p, family="fwd_splitkv_combine")
+    kw = dict(family="fwd_splitkv_combine", paged_kv=False, page_size=0, seqlens_k=None)
+    if p.is_group and p.seqstart_k is None:
+        kw["seqstart_k"] = tuple(int(x) for x in np.cumsum([0, *p.seqlens_k]))
+    return attrs.evolve(p, **kw)
+
+
 # ---------------------------------------------------------------- defaults
 def _set(p, name, value):
     object.__setattr__(p, name, value)
@@ -451,10 +494,11 @@ def _resolve_defaults(p: FmhaProblem) -> None:
     if p.seqlen_k is None and p.seqlen_q is not None:
         _set(p, "seqlen_k", p.seqlen_q)
     if p.mask in ("top_left", "bottom_right"):
+        # a causal mask keeps its right edge: a window that also looks ahead states window_right
         if p.window_left is None:
             _set(p, "window_left", -1)
         if p.window_right is None:
-            _set(p, "window_right", 0 if p.window_left < 0 else -1)
+            _set(p, "window_right", 0)
     elif p.mask == "none":
         if p.window_left is None:
             _set(p, "window_left", -1)
@@ -538,6 +582,14 @@ def _validate(p: FmhaProblem) -> None:
             if max(p.seqlens_k) > cap:
                 raise _err("R21-seqlens-k", f"seqlens_k max {max(p.seqlens_k)} exceeds the key capacity {cap}; "
                            f"raise seqlen_k to at least {max(p.seqlens_k) + p.seqlen_k - cap}")
+    # R18: in group mode seqlen_q / seqlen_k are the longest sequences (kernels size their grids by them)
+    if p.is_group:
+        for name, longest in (("seqlen_q", max(p.seqlens_q_list(), default=0)),
+                              ("seqlen_k", max(p.seqlens_k_list(), default=0))):
+            v = getattr(p, name)
+            if v is not None and v < longest:
+                raise _err("R18-sizes", f"{name}={v} is shorter than the longest sequence ({longest}) of this "
+                           f"group-mode problem; leave {name} unset (it is derived) or raise it")
     # R16 mask window
     if p.mask == "none":
         if p.window_left != -1 or p.window_right != -1:
@@ -772,6 +824,9 @@ def _paged_cache_shapes(p: FmhaProblem, npages) -> tuple:
     return ((npages, Hk, P, Dq), (npages, Hk, P, Dv))
 
 
+#: largest finite OCP e4m3 value; fp8 problems hold e4m3 values (the reference reads them as given)
+FP8_MAX = 448.0
+_FP8_DATA = ("q", "k", "v", "k_cache", "v_cache", "knew", "vnew")
 _INT_TENSORS = ("block_table", "kv_indptr", "kv_page_indices", "kv_last_page_lens")
 _FP32_TENSORS = ("o_acc", "lse_acc", "dq_acc", "lse", "d", "alibi_slopes", "sink")
 
@@ -821,6 +876,9 @@ def check_tensors(problem: FmhaProblem, **arrays) -> None:
             if a.dtype not in (storage, np.float64):
                 raise InvalidProblem(f"tensor {name!r} has dtype {a.dtype}; expected {storage} "
                                      f"(storage of {p.dtype}) or float64")
+            if p.dtype == "fp8" and name in _FP8_DATA and a.size and np.nanmax(np.abs(a), initial=0.0) > FP8_MAX:
+                raise InvalidProblem(f"tensor {name!r} holds values outside the fp8 e4m3 range +-{FP8_MAX:g}; "
+                                     "quantise it (scale into range, pass the factor as scale_q/k/v)")
     _check_paged_tables(p, arrays)
 
 

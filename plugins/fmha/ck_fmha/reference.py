@@ -12,7 +12,7 @@ import attrs
 
 from ck_core.errors import InvalidProblem
 
-from .problem import FmhaProblem
+from .problem import FmhaProblem, combine_problem
 from .reference_bwd import BwdResult, bwd_convert_dq, bwd_dot_do_o, bwd_dq_dk_dv, dq_splits
 from .reference_fwd import (AppendKvResult, FwdResult, SplitKvResult, batch_prefill, fwd,
                             fwd_appendkv, fwd_pagedkv, fwd_splitkv, fwd_splitkv_combine, split_ranges)
@@ -54,7 +54,7 @@ def attention_forward(problem: FmhaProblem, q, k, v, **kw) -> FwdResult:
         ps = attrs.evolve(p, family="fwd_splitkv")
         split_tile = kw.pop("split_tile", 1)
         acc = fwd_splitkv(ps, q, k, v, split_tile=split_tile, **kw)
-        return fwd_splitkv_combine(attrs.evolve(p, family="fwd_splitkv_combine"), acc.o_acc, acc.lse_acc)
+        return fwd_splitkv_combine(combine_problem(ps), acc.o_acc, acc.lse_acc)
     if fam == "fwd_pagedkv":
         return fwd_pagedkv(p, q, k, v, **kw)
     if fam == "batch_prefill":

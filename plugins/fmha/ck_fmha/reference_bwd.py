@@ -83,8 +83,10 @@ def bwd_dq_dk_dv(p: FmhaProblem, q, k, v, lse, do, d, *, bias=None, alibi_slopes
         H, sq, sk = p.nhead_q, qb.shape[1], kb.shape[1]
         lg = batch_logits(p, qb, kb, b, bias=bias, alibi_slopes=alibi_slopes)
         lse_b = lses[b]
-        ok = np.isfinite(lse_b)[..., None] & np.isfinite(lg.s)
-        P = np.where(ok, np.exp(np.where(ok, lg.s - np.where(np.isfinite(lse_b), lse_b, 0)[..., None], 0.0)), 0.0)
+        # P = 0 where the mask hides a key or the row sees none (lse = -inf); NaN logits stay NaN
+        vis = np.broadcast_to(lg.vis, lg.s.shape) & (lse_b != -np.inf)[..., None]
+        with np.errstate(invalid="ignore", over="ignore"):
+            P = np.where(vis, np.exp(np.where(vis, lg.s - np.where(lse_b == -np.inf, 0, lse_b)[..., None], 0.0)), 0.0)
         _, keep = dropout_for(p, b, sq, sk)
         zr = 1.0 if keep is None else keep / (1.0 - p.p_drop)
         kk, vv = L.expand_kv(kb, ratio), L.expand_kv(vb, ratio)

@@ -10,7 +10,8 @@ tensors in the layouts of :mod:`ck_fmha.problem`.  Logits are
     lse = log(sum_j exp(s) [+ exp(sink_h)]);  p = exp(s - lse)
     o = (p * keep / (1 - p_drop)) @ (scale_v v)
 
-Rows with no visible key (and no sink logit) give o = 0 and lse = -inf.
+Rows with no visible key (and no sink logit) give o = 0 and lse = -inf; NaN or
+Inf in q/k/v gives NaN (as torch), never that empty-row result.
 Outputs o/lse are float64; split-KV accumulators are float32 as in CK.
 
 fp8 (``dtype="fp8"``): q/k/v hold e4m3 values (numpy storage float32) and
@@ -95,14 +96,18 @@ def softmax_lse(s: np.ndarray, sink: Optional[np.ndarray] = None):
     m = np.max(s, axis=-1, initial=-np.inf)
     if sink is not None:
         m = np.maximum(m, sink[:, None])
-    m_safe = np.where(np.isfinite(m), m, 0.0)
-    e = np.exp(s - m_safe[..., None])
-    z = e.sum(-1)
-    if sink is not None:
-        z = z + np.exp(sink[:, None] - m_safe)
+    # only a row with no visible key (m = -inf) is special: o = 0, lse = -inf.  NaN / +inf logits
+    # (NaN or Inf in q/k/v) must come out as NaN, as in torch, never as that empty row
+    empty = m == -np.inf
+    m_safe = np.where(empty, 0.0, m)
+    with np.errstate(invalid="ignore", over="ignore"):
+        e = np.exp(s - m_safe[..., None])
+        z = e.sum(-1)
+        if sink is not None:
+            z = z + np.exp(sink[:, None] - m_safe)
     with np.errstate(divide="ignore", invalid="ignore"):
-        lse = np.where(z > 0, np.log(z) + m_safe, -np.inf)
-        pr = np.where(z[..., None] > 0, e / np.where(z > 0, z, 1.0)[..., None], 0.0)
+        lse = np.where(empty, -np.inf, np.log(z) + m_safe)
+        pr = np.where(empty[..., None], 0.0, e / np.where(empty, 1.0, z)[..., None])
     return pr, lse
 
 

@@ -17,7 +17,30 @@ from ck_core.errors import InvalidProblem
 
 from . import reference as R
 from .paged import pack_paged_kv
-from .problem import FmhaProblem, expected_shapes
+from .problem import FmhaProblem, combine_problem, expected_shapes
+
+#: the op's tensor vocabulary: what a user passes in, what a plan returns, and what its stages hand on
+INPUTS = ("q", "k", "v", "bias", "alibi_slopes", "sink", "o", "lse", "do", "k_cache", "v_cache",
+          "block_table", "kv_indptr", "kv_page_indices", "kv_last_page_lens", "knew", "vnew",
+          "rotary_cos", "rotary_sin")
+OUTPUTS = ("o", "lse", "randval", "dq", "dk", "dv", "dbias", "q_rot", "k_cache", "v_cache")
+_NAMES = frozenset((*INPUTS, *OUTPUTS, "o_acc", "lse_acc", "d", "dq_acc"))
+#: feature tensors and the problem field that must ask for them
+_FEATURE_OF = {"bias": ("bias", "elementwise"), "alibi_slopes": ("bias", "alibi"), "sink": ("sink_logits", True)}
+
+
+def check_tensor_names(problem: FmhaProblem, tensors) -> None:
+    """Refuse a tensor that nothing would read: an unknown name (a typo such as ``bais``), or a
+    feature tensor (bias, alibi_slopes, sink) the problem does not ask for.  Silently ignoring
+    either would compute something else than the caller meant."""
+    if not _NAMES.issuperset(tensors):
+        bad = sorted(set(tensors) - _NAMES)
+        raise InvalidProblem(f"unknown fmha tensor(s) {bad}; the inputs are {', '.join(INPUTS)}")
+    for name, (field, want) in _FEATURE_OF.items():
+        if name in tensors and tensors[name] is not None and getattr(problem, field) != want:
+            raise InvalidProblem(f"tensor {name!r} given but the problem has {field}={getattr(problem, field)!r}; "
+                                 f"set {field}={want!r} or drop {name!r}")
+
 
 #: tensors a family may read besides q/k/v (passed through when present)
 _EXTRAS = ("bias", "alibi_slopes", "sink")
@@ -29,8 +52,7 @@ def plan(problem: FmhaProblem) -> list:
     """Stages of a problem: split-KV = main + combine; backward = three stages."""
     fam = problem.family
     if fam == "fwd_splitkv":
-        return [("fwd_splitkv", problem),
-                ("fwd_splitkv_combine", attrs.evolve(problem, family="fwd_splitkv_combine"))]
+        return [("fwd_splitkv", problem), ("fwd_splitkv_combine", combine_problem(problem))]
     if fam == "bwd_dq_dk_dv":
         return [("bwd_dot_do_o", attrs.evolve(problem, family="bwd_dot_do_o")),
                 ("bwd_dq_dk_dv", problem),
@@ -111,8 +133,7 @@ def reference(problem: FmhaProblem, tensors: dict) -> dict:
         r = R.attention_forward(p, t["q"], t["k_cache"], t["v_cache"], **ex, **_pick(t, _TABLES))
     else:
         r = R.attention_forward(p, t["q"], t["k"], t["v"], **ex)
-    lse = np.where(np.isfinite(r.lse), r.lse, -np.inf)
-    return {"o": r.o, "lse": lse}
+    return {"o": r.o, "lse": r.lse}
 
 
 def _rand(rng, shape, dtype):

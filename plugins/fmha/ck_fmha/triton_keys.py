@@ -286,7 +286,8 @@ def supports(key, p) -> Optional[str]:
     if p.is_group and split:
         return "split-KV / paged decode runs in batch mode on the Triton kernels"
     if p.seqlens_k is not None and not (split or p.is_group):
-        return "per-batch logical seqlens_k is implemented by the Triton split-KV / paged kernels only"
+        return ("per-batch logical seqlens_k is implemented by the Triton split-KV / paged kernels and in group "
+                "mode (fwd, backward); batch-mode fwd/backward take one seqlen_k")
     return None
 
 
@@ -375,8 +376,7 @@ def _features(p, t, tdt) -> dict:
     """Bias / ALiBi / dropout keyword arguments of ops.fwd / ops.bwd_dq_dk_dv from the problem."""
     kw = {}
     if p.bias == "elementwise":
-        b = t["bias"]
-        kw["bias"] = b if b.dtype == tdt else b.to(tdt)
+        kw["bias"] = _as_kernel_dtype(p, "bias", t["bias"], tdt)
     elif p.bias == "alibi":
         kw["alibi_slopes"] = t["alibi_slopes"]
         kw["alibi_align"] = _alibi_align(p)
@@ -409,6 +409,7 @@ def make_launcher(key):
     """Stage launcher for one key: ``(problem, tensors) -> {name: tensor}`` on torch tensors."""
     import torch
 
+    from . import stages
     from .triton import ops
 
     fam = key.signature.family
@@ -426,13 +427,18 @@ def make_launcher(key):
             device_cache[k] = t
         return t
 
-    def cast(t, names):
-        return {n: (t[n] if t[n].dtype == tdt else t[n].to(tdt)) for n in names if n in t}
+    def lens(p, like):
+        """Group mode's logical key lengths (shorter than the seqstart_k spans), when given."""
+        return {} if p.seqlens_k is None else {"seqlens_k": dev_int32(p, "lens", p.seqlens_k, like)}
+
+    def cast(p, t, names):
+        """The named tensors in the key's dtype (see :func:`_as_kernel_dtype`)."""
+        return {n: _as_kernel_dtype(p, n, t[n], tdt) for n in names if n in t}
 
     v_trans = fp8_v_trans(_arch_spec(key.arch)) if key.signature.dtype == "fp8" else None
 
     def fwd(p, t):
-        x = cast(t, ("q", "k", "v"))
+        x = cast(p, t, ("q", "k", "v"))
         layout, kw = p.layout, {}
         v = x["v"]
         if p.vlayout == "c":   # [B, Hk, Dv, Sk] / [Hk, Dv, Tk]: the same data as a key-contiguous V view
@@ -442,7 +448,7 @@ def make_launcher(key):
             layout = "thd"
             kw = dict(cu_seqlens_q=dev_int32(p, "sq", p.seqstart_q, x["q"]),
                       cu_seqlens_k=dev_int32(p, "sk", p.seqstart_k, x["q"]),
-                      max_seqlen_q=p.seqlen_q, max_seqlen_k=p.seqlen_k)
+                      max_seqlen_q=p.seqlen_q, max_seqlen_k=p.seqlen_k, _trusted_varlen=True, **lens(p, x["q"]))
         if p.dtype == "fp8":   # per-tensor descales from the problem; o in bf16 (stages._store)
             kw.update(q_descale=p.scale_q, k_descale=p.scale_k, v_descale=p.scale_v, out_dtype=torch.bfloat16,
                       fp8_v_trans=v_trans)
@@ -454,12 +460,12 @@ def make_launcher(key):
             out["randval"] = ops.dropout_randval(
                 p.batch, p.nhead_q, p.seqlen_q, p.seqlen_k, dropout_p=p.p_drop, seed=p.seed, offset=p.offset,
                 device=o.device, cu_seqlens_q=kw.get("cu_seqlens_q"), cu_seqlens_k=kw.get("cu_seqlens_k"),
-                total_q=p.total_q)
+                total_q=p.total_q, seqlens_k=kw.get("seqlens_k"))
         return out
 
     def _kv(p, t):
         if p.paged_kv:
-            x = cast(t, ("k_cache", "v_cache"))
+            x = cast(p, t, ("k_cache", "v_cache"))
             kc, vc = x["k_cache"], x["v_cache"]
             if p.layout == "bhsd":   # [pages, Hk, P, D]
                 page_size, hk = kc.shape[2], kc.shape[1]
@@ -470,14 +476,14 @@ def make_launcher(key):
             bt = t["block_table"]
             return kc, vc, dict(page_size=page_size, block_table=bt.to(dtype=torch.int32),
                                 max_seqlen_k=int(bt.shape[1]) * page_size, kv_strides=kvs, hk=hk)
-        x = cast(t, ("k", "v"))
+        x = cast(p, t, ("k", "v"))
         k, v = ops._last_contig(x["k"]), ops._last_contig(x["v"])
         _, hk, sk, _ = ops._dims(k, p.layout)
         kvs = ops._bhs_strides(k, p.layout) + ops._bhs_strides(v, p.layout)
         return k, v, dict(page_size=0, block_table=None, max_seqlen_k=sk, kv_strides=kvs, hk=hk)
 
     def splitkv_main(p, t):
-        q = cast(t, ("q",))["q"]
+        q = cast(p, t, ("q",))["q"]
         k, v, kw = _kv(p, t)
         seqlens = dev_int32(p, "lens", p.seqlens_k, q) if p.seqlens_k else None
         oacc, lacc = ops._splitkv_main(q, k, v, seqlens_k=seqlens, scale=p.softmax_scale,
@@ -486,7 +492,7 @@ def make_launcher(key):
         return {"o_acc": oacc, "lse_acc": lacc}
 
     def combine(p, t):
-        q = cast(t, ("q",))["q"]
+        q = cast(p, t, ("q",))["q"]
         o, lse = ops.splitkv_combine(t["o_acc"], t["lse_acc"], q, layout=p.layout, return_lse=True)
         return {"o": o, "lse": lse}
 
@@ -498,20 +504,21 @@ def make_launcher(key):
         """layout and group-mode keywords (device cu_seqlens, the problem's maxima: no host sync)."""
         if not p.is_group:
             return p.layout, {}
-        kw = dict(cu_seqlens_q=dev_int32(p, "sq", p.seqstart_q, like), max_seqlen_q=p.seqlen_q)
+        # offsets from the problem, which validated them (R14, R18, R21): no check at launch
+        kw = dict(cu_seqlens_q=dev_int32(p, "sq", p.seqstart_q, like), max_seqlen_q=p.seqlen_q, _trusted_varlen=True)
         if k:
-            kw.update(cu_seqlens_k=dev_int32(p, "sk", p.seqstart_k, like), max_seqlen_k=p.seqlen_k)
+            kw.update(cu_seqlens_k=dev_int32(p, "sk", p.seqstart_k, like), max_seqlen_k=p.seqlen_k, **lens(p, like))
         return "thd", kw
 
     def dot_do_o(p, t):
-        x = cast(t, ("o", "do"))
+        x = cast(p, t, ("o", "do"))
         layout, kw = varlen(p, x["o"], k=False)
         return {"d": ops.bwd_dot_do_o(x["o"], x["do"], layout=layout, **kw)}
 
     def dq_dk_dv(p, t):
         from .triton.configs import default_bwd_configs
 
-        x = cast(t, ("q", "k", "v", "do"))
+        x = cast(p, t, ("q", "k", "v", "do"))
         layout, kw = varlen(p, x["q"])
         q_cfg = default_bwd_configs(p.hdim_q, p.hdim_v, causal=p.is_causal)[1]
         res = ops.bwd_dq_dk_dv(x["q"], x["k"], x["v"], x["do"], t["lse"], t["d"],
@@ -527,14 +534,14 @@ def make_launcher(key):
     def convert_dq(p, t):
         if t.get("dq_acc") is None:   # deterministic mode wrote dq in stage 2
             return {}
-        q = cast(t, ("q",))["q"]
+        q = cast(p, t, ("q",))["q"]
         layout, kw = varlen(p, q, k=False)
         return {"dq": ops.bwd_convert_dq(t["dq_acc"], ops._last_contig(q), layout=layout, **kw)}
 
     def appendkv(p, t):
         """Writes knew/vnew into t['k_cache'] / t['v_cache'] IN PLACE (when they already have the
         kernel's dtype; else into converted copies) and returns the caches under the same names."""
-        x = cast(t, ("q", "knew", "vnew", "k_cache", "v_cache"))
+        x = cast(p, t, ("q", "knew", "vnew", "k_cache", "v_cache"))
         rope = {}
         if p.rope != "none":
             need = max(p.seqlens_k) + max(p.seqlen_knew, p.seqlen_q)
@@ -549,7 +556,7 @@ def make_launcher(key):
         return {"q_rot": q_rot, "k_cache": kc, "v_cache": vc}
 
     def prefill(p, t):
-        x = cast(t, ("q", "k_cache", "v_cache"))
+        x = cast(p, t, ("q", "k_cache", "v_cache"))
         q = x["q"]
         if p.kv_lookup == "sglang":
             tables = dict(kv_indptr=t["kv_indptr"], kv_page_indices=t["kv_page_indices"])
@@ -558,7 +565,8 @@ def make_launcher(key):
         o, lse = ops.batch_prefill(q, x["k_cache"], x["v_cache"], dev_int32(p, "lens", p.seqlens_k, q),
                                    cu_seqlens_q=dev_int32(p, "sq", p.seqstart_q, q), max_seqlen_q=p.seqlen_q,
                                    max_seqlen_k=max(p.seqlens_k), kv_layout=p.kv_layout, scale=p.softmax_scale,
-                                   softcap=p.logits_soft_cap, return_lse=True, config=cfg, **tables,
+                                   softcap=p.logits_soft_cap, return_lse=True, config=cfg, _trusted_varlen=True,
+                                   **tables,
                                    **_mask(p), **_features(p, t, tdt), **_sinks(p, t))
         return {"o": o, "lse": lse}
 
@@ -566,7 +574,36 @@ def make_launcher(key):
              "fwd_appendkv": appendkv, "batch_prefill": prefill, "fwd_pagedkv": pagedkv,
              "bwd_dot_do_o": dot_do_o, "bwd_dq_dk_dv": dq_dk_dv,
              "bwd_convert_dq": convert_dq}
-    return table[fam]
+    run = table[fam]
+    check_names = stages.check_tensor_names
+
+    def launch(p, t):
+        check_names(p, t)
+        return run(p, t)
+
+    return launch
+
+
+def _as_kernel_dtype(p, name, x, tdt):
+    """A tensor in the kernel's dtype ``tdt``.  Another dtype is refused (a float32 q for an fp16
+    problem would be rounded silently), except float32 for bf16 / fp8 problems: that is their numpy
+    storage, as ck_core's backends hand numpy data over.  Those are converted; fp8 values outside the
+    e4m3 range are refused (torch would saturate or NaN them), which reads one flag back from the
+    device on this conversion path only (tensors already in fp8 cost nothing)."""
+    import torch
+
+    if x.dtype == tdt:
+        return x
+    if not (x.dtype == torch.float32 and p.dtype in ("bf16", "fp8")):
+        raise InvalidProblem(f"tensor {name!r} has dtype {x.dtype}; the problem's dtype {p.dtype} needs {tdt}"
+                             + (" (or float32 holding bf16 / fp8 values)" if p.dtype in ("bf16", "fp8") else "")
+                             + ": convert it, or build the problem with the tensor's dtype")
+    if p.dtype == "fp8":
+        fmax = float(torch.finfo(tdt).max)
+        if bool((x.abs() > fmax).any()):
+            raise InvalidProblem(f"tensor {name!r} holds values outside the {tdt} range +-{fmax:g}; quantise "
+                                 "(scale into range and pass the factor as scale_q/k/v) before the fp8 forward")
+    return x.to(tdt)
 
 
 # -- ahead-of-time compilation --------------------------------------------------------------

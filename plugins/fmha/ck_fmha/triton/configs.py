@@ -356,7 +356,8 @@ def constexprs_for(family: str, config: Mapping) -> Dict[str, Any]:
                     PAGE_SIZE=ps, KV_LOOKUP=lookup if ps else 0, KV_VEC=int(_get(config, "kv_vec", 0)) if ps else 0,
                     HAS_SINK=bool(_get(config, "sink_tokens", False)),
                     HAS_SINK_LOGIT=bool(_get(config, "sink_logits", False)),
-                    DESCALE_PTR=bool(_get(config, "descale_ptr", False)), V_TRANS=vt)
+                    DESCALE_PTR=bool(_get(config, "descale_ptr", False)), V_TRANS=vt,
+                    HAS_SEQLENS=bool(_get(config, "seqlens", False)) and varlen and not ps)
     if family in ("fwd_splitkv", "fwd_pagedkv"):
         ps = int(_get(config, "page_size", 16 if family == "fwd_pagedkv" else 0))
         return dict(D_Q=dq, D_V=dv, BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=max(16, bm), BLOCK_N=bn,
@@ -376,15 +377,18 @@ def constexprs_for(family: str, config: Mapping) -> Dict[str, Any]:
                     MASK_MODE=mm, BOTTOM_RIGHT=br, HAS_SOFTCAP=sc,
                     ATOMIC_DQ=bool(_get(config, "atomic_dq", BWD_ATOMIC_DQ_DEFAULT)),
                     EVEN_M=even_m, EVEN_N=even_n, IS_VARLEN=varlen, BIAS_MODE=bmode, HAS_DROPOUT=drop,
-                    STORE_DBIAS=bool(_get(config, "dbias", False)) and bmode == 1)
+                    STORE_DBIAS=bool(_get(config, "dbias", False)) and bmode == 1,
+                    HAS_SEQLENS=bool(_get(config, "seqlens", False)) and varlen)
     if family == "bwd_dq":
         return dict(D_Q=dq, D_V=dv, BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=bm, BLOCK_N=bn,
                     MASK_MODE=mm, BOTTOM_RIGHT=br, HAS_SOFTCAP=sc,
-                    EVEN_M=even_m, EVEN_N=even_n, IS_VARLEN=varlen, BIAS_MODE=bmode, HAS_DROPOUT=drop)
+                    EVEN_M=even_m, EVEN_N=even_n, IS_VARLEN=varlen, BIAS_MODE=bmode, HAS_DROPOUT=drop,
+                    HAS_SEQLENS=bool(_get(config, "seqlens", False)) and varlen)
     if family == "bwd_convert_dq":
         return dict(D_Q=dq, BLOCK_DQ=bdq, BLOCK_M=bm, IS_VARLEN=varlen)
     if family == "dropout_randval":
-        return dict(BLOCK_M=bm, BLOCK_N=bn, IS_VARLEN=varlen)
+        return dict(BLOCK_M=bm, BLOCK_N=bn, IS_VARLEN=varlen,
+                    HAS_SEQLENS=bool(_get(config, "seqlens", False)) and varlen)
     if family == "v_transpose":
         return dict(D_V=dv, BLOCK_S=bm, BLOCK_DV=bdv)
     if family == "fwd_appendkv":

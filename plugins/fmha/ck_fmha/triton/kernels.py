@@ -371,7 +371,7 @@ def fmha_fwd_kernel(
     BIAS_MODE: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     PAGE_SIZE: tl.constexpr = 0, KV_LOOKUP: tl.constexpr = 0, KV_VEC: tl.constexpr = 0,
     HAS_SINK: tl.constexpr = False, HAS_SINK_LOGIT: tl.constexpr = False,
-    DESCALE_PTR: tl.constexpr = False, V_TRANS: tl.constexpr = False,
+    DESCALE_PTR: tl.constexpr = False, V_TRANS: tl.constexpr = False, HAS_SEQLENS: tl.constexpr = False,
 ):
     """BIAS_MODE: 0 none, 1 elementwise BIAS [B|1, H|1, Sq, Sk] (strides sb?, 0 where broadcast;
     group mode: [H|1, Tq, max Sk], sbb = 0), 2 ALiBi vertical (causal), 3 ALiBi top-left,
@@ -402,7 +402,10 @@ def fmha_fwd_kernel(
     [BLOCK_DV, BLOCK_N] tiles and multiplies their transpose.  tma: a device descriptor over
     [D_V, k_start + seqlen_k] at ``V + b*svb + hk*svh`` (16-byte aligned even when k_start is not;
     keys past the sequence are TMA zero fill); tma_host: V is a descriptor over the [B*Hk*D_V, keys]
-    view with block [BLOCK_DV, BLOCK_N] and (svb, svh) its rows per batch / kv head.  Not with pages."""
+    view with block [BLOCK_DV, BLOCK_N] and (svb, svh) its rows per batch / kv head.  Not with pages.
+
+    HAS_SEQLENS (group mode, contiguous K/V): batch b reads SEQLENS_K[b] keys from CU_K[b] on (a
+    logical key length within the seqstart_k span; masks align to it)."""
     if V_TRANS:
         tl.static_assert(PAGE_SIZE == 0, "V_TRANS (key-contiguous V) is not implemented for paged K/V")
     pid_m = tl.program_id(0)
@@ -420,7 +423,10 @@ def fmha_fwd_kernel(
             seqlen_k = tl.load(SEQLENS_K + b)
         else:
             k_start = tl.load(CU_K + b)
-            seqlen_k = tl.load(CU_K + b + 1) - k_start
+            if HAS_SEQLENS:   # logical key length, shorter than the seqstart_k span (CK's seqlen_k_ptr)
+                seqlen_k = tl.load(SEQLENS_K + b)
+            else:
+                seqlen_k = tl.load(CU_K + b + 1) - k_start
     else:
         q_start = 0
         seqlen_q = SEQ_Q
@@ -579,7 +585,9 @@ def fmha_v_transpose_kernel(V, VT, svb, svh, svs, stb, sth, std, SEQ, H,
 
 @triton.jit
 def fmha_dropout_randval_kernel(RV, CU_Q, CU_K, srb, srh, srq, H, SEQ_Q, SEQ_K, seed_lo, seed_hi, off_lo,
-                                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_VARLEN: tl.constexpr):
+                                SEQLENS_K,
+                                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_VARLEN: tl.constexpr,
+                                HAS_SEQLENS: tl.constexpr = False):
     """The forward's dropout random values (store_randval) as uint8: RV [B, H, Sq, Sk]
     ([H, Tq, max Sk] in group mode, srb = 0); a separate pass so that the attention
     kernels stay free of the extra stores."""
@@ -591,7 +599,10 @@ def fmha_dropout_randval_kernel(RV, CU_Q, CU_K, srb, srh, srq, H, SEQ_Q, SEQ_K, 
     if IS_VARLEN:
         q_start = tl.load(CU_Q + b)
         seqlen_q = tl.load(CU_Q + b + 1) - q_start
-        seqlen_k = tl.load(CU_K + b + 1) - tl.load(CU_K + b)
+        if HAS_SEQLENS:
+            seqlen_k = tl.load(SEQLENS_K + b)
+        else:
+            seqlen_k = tl.load(CU_K + b + 1) - tl.load(CU_K + b)
     else:
         q_start = 0
         seqlen_q = SEQ_Q
@@ -642,7 +653,8 @@ def _bwd_dkdv_inner(dk, dv, k, v, qb, dob, lseb, deltab, dqab, sqs, sdos, sdqs,
                     D_Q: tl.constexpr, D_V: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
                     BLOCK_M: tl.constexpr, MASKED: tl.constexpr, MASK_MODE: tl.constexpr,
                     HAS_SOFTCAP: tl.constexpr, ATOMIC_DQ: tl.constexpr, EVEN_M: tl.constexpr,
-                    BIAS_MODE: tl.constexpr, HAS_DROPOUT: tl.constexpr, STORE_DBIAS: tl.constexpr):
+                    BIAS_MODE: tl.constexpr, HAS_DROPOUT: tl.constexpr, STORE_DBIAS: tl.constexpr,
+                    EVEN_N: tl.constexpr):
     offs_m = tl.arange(0, BLOCK_M)
     offs_dq = tl.arange(0, BLOCK_DQ)
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -668,13 +680,17 @@ def _bwd_dkdv_inner(dk, dv, k, v, qb, dob, lseb, deltab, dqab, sqs, sdos, sdqs,
         elif BIAS_MODE != 0:
             bT = _bias_at(rows[None, :], cols[:, None], biasb, sbq, sbk, slope, aoff, seqlen_q, seqlen_k,
                           BIAS_MODE)
-            # keys past the end: the bias there is arbitrary (ALiBi grows with j), keep them out
-            sT = tl.where(cols[:, None] < seqlen_k, qkT * scale2 + bT, float("-inf"))
-            pT = tl.math.exp2(sT - lse2[None, :])
+            pT = tl.math.exp2(qkT * scale2 + bT - lse2[None, :])
         else:
             pT = tl.math.exp2(qkT * scale2 - lse2[None, :])
+        # rows / keys past the sequence end are zeroed explicitly: exp2(0 - lse2) of their zero-filled
+        # q / k overflows for rows whose LSE is very negative, and inf * 0 would turn into NaN in dS
         if MASKED:
             pT = tl.where(_visible_t(rows, cols, off, left, right, MASK_MODE), pT, 0.0)
+        if not EVEN_M:
+            pT = tl.where(rows[None, :] < seqlen_q, pT, 0.0)
+        if not EVEN_N:
+            pT = tl.where(cols[:, None] < seqlen_k, pT, 0.0)
         if EVEN_M and BLOCK_DV == D_V:
             do = tl.load(dob + rows[:, None] * sdos + offs_dv[None, :])
         else:
@@ -715,12 +731,13 @@ def fmha_bwd_dq_dk_dv_kernel(
     HK, GROUP, SEQ_Q, SEQ_K,
     sm_scale, scale2, cap_in, cap_out, left, right,
     CU_Q, CU_K, BIAS, ALIBI, DBIAS, sbb, sbh, sbq, sbk, sab, sdbb, sdbh, sdbq, slh,
-    seed_lo, seed_hi, off_lo, drop_thresh, drop_scale,
+    seed_lo, seed_hi, off_lo, drop_thresh, drop_scale, SEQLENS_K,
     D_Q: tl.constexpr, D_V: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     MASK_MODE: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     ATOMIC_DQ: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, BIAS_MODE: tl.constexpr, HAS_DROPOUT: tl.constexpr, STORE_DBIAS: tl.constexpr,
+    HAS_SEQLENS: tl.constexpr = False,
 ):
     """dK, dV for one key block (summed over the GQA group); with ATOMIC_DQ
     also accumulates dQ (scaled, fp32) into DQA with atomics.  IS_VARLEN: group
@@ -737,7 +754,10 @@ def fmha_bwd_dq_dk_dv_kernel(
         q_start = tl.load(CU_Q + b).to(tl.int64)
         seqlen_q = (tl.load(CU_Q + b + 1) - q_start).to(tl.int32)
         k_start = tl.load(CU_K + b).to(tl.int64)
-        seqlen_k = (tl.load(CU_K + b + 1) - k_start).to(tl.int32)
+        if HAS_SEQLENS:   # logical key length within the seqstart_k span (see fmha_fwd_kernel)
+            seqlen_k = tl.load(SEQLENS_K + b).to(tl.int32)
+        else:
+            seqlen_k = (tl.load(CU_K + b + 1) - k_start).to(tl.int32)
     else:
         q_start = 0
         k_start = 0
@@ -792,7 +812,7 @@ def fmha_bwd_dq_dk_dv_kernel(
                                      seed_lo, seed_hi, off_lo, drop_thresh, drop_scale,
                                      D_Q, D_V, BLOCK_DQ, BLOCK_DV,
                                      BLOCK_M, True, MASK_MODE, HAS_SOFTCAP, ATOMIC_DQ, EVEN_M,
-                                     BIAS_MODE, HAS_DROPOUT, STORE_DBIAS)
+                                     BIAS_MODE, HAS_DROPOUT, STORE_DBIAS, EVEN_N)
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, qb, dob, lseb, deltab, dqab, sqs, sdos, sdqs,
                                  full_lo, full_hi, cols, off, left, right, seqlen_q,
                                  sm_scale, scale2, cap_in, cap_out,
@@ -800,7 +820,7 @@ def fmha_bwd_dq_dk_dv_kernel(
                                  seed_lo, seed_hi, off_lo, drop_thresh, drop_scale,
                                  D_Q, D_V, BLOCK_DQ, BLOCK_DV,
                                  BLOCK_M, False, MASK_MODE, HAS_SOFTCAP, ATOMIC_DQ, EVEN_M,
-                                 BIAS_MODE, HAS_DROPOUT, STORE_DBIAS)
+                                 BIAS_MODE, HAS_DROPOUT, STORE_DBIAS, EVEN_N)
         if MASK_MODE & 2:
             dk, dv = _bwd_dkdv_inner(dk, dv, k, v, qb, dob, lseb, deltab, dqab, sqs, sdos, sdqs,
                                      full_hi, hi, cols, off, left, right, seqlen_q,
@@ -809,7 +829,7 @@ def fmha_bwd_dq_dk_dv_kernel(
                                      seed_lo, seed_hi, off_lo, drop_thresh, drop_scale,
                                      D_Q, D_V, BLOCK_DQ, BLOCK_DV,
                                      BLOCK_M, True, MASK_MODE, HAS_SOFTCAP, ATOMIC_DQ, EVEN_M,
-                                     BIAS_MODE, HAS_DROPOUT, STORE_DBIAS)
+                                     BIAS_MODE, HAS_DROPOUT, STORE_DBIAS, EVEN_N)
     dk = dk * sm_scale
     if IS_VARLEN:
         tl.store(DK + k_start * sdks + hk * sdkh + cols[:, None] * sdks + offs_dq[None, :],
@@ -830,7 +850,7 @@ def _bwd_dq_inner(dq, q, do, lse2, di, kb, vb, sks, svs, start, end, rows, off, 
                   D_Q: tl.constexpr, D_V: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
                   BLOCK_N: tl.constexpr, MASKED: tl.constexpr, MASK_MODE: tl.constexpr,
                   HAS_SOFTCAP: tl.constexpr, EVEN_N: tl.constexpr,
-                  BIAS_MODE: tl.constexpr, HAS_DROPOUT: tl.constexpr):
+                  BIAS_MODE: tl.constexpr, HAS_DROPOUT: tl.constexpr, EVEN_M: tl.constexpr):
     offs_n = tl.arange(0, BLOCK_N)
     offs_dq = tl.arange(0, BLOCK_DQ)
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -855,12 +875,14 @@ def _bwd_dq_inner(dq, q, do, lse2, di, kb, vb, sks, svs, start, end, rows, off, 
         elif BIAS_MODE != 0:
             bt = _bias_at(rows[:, None], cols[None, :], biasb, sbq, sbk, slope, aoff, seqlen_q, seqlen_k,
                           BIAS_MODE)
-            s = tl.where(cols[None, :] < seqlen_k, qk * scale2 + bt, float("-inf"))
-            p = tl.math.exp2(s - lse2[:, None])
+            p = tl.math.exp2(qk * scale2 + bt - lse2[:, None])
         else:
             p = tl.math.exp2(qk * scale2 - lse2[:, None])
+        # explicit zeros outside the sequence (see _bwd_dkdv_inner); unmasked blocks lie inside seqlen_k
         if MASKED:
-            p = tl.where(_visible(rows, cols, off, left, right, MASK_MODE), p, 0.0)
+            p = tl.where(_visible(rows, cols, off, left, right, MASK_MODE) & (cols[None, :] < seqlen_k), p, 0.0)
+        if not EVEN_M:
+            p = tl.where(rows[:, None] < seqlen_q, p, 0.0)
         dp = tl.dot(do, tl.trans(v))
         if HAS_DROPOUT:
             keep = _dropout_keep(rows[:, None], cols[None, :], bh_id, k0, k1, off_lo, thresh)
@@ -879,12 +901,13 @@ def fmha_bwd_dq_kernel(
     H, GROUP, SEQ_Q, SEQ_K,
     sm_scale, scale2, cap_in, cap_out, left, right,
     CU_Q, CU_K, BIAS, ALIBI, sbb, sbh, sbq, sbk, sab, slh,
-    seed_lo, seed_hi, off_lo, drop_thresh, drop_scale,
+    seed_lo, seed_hi, off_lo, drop_thresh, drop_scale, SEQLENS_K,
     D_Q: tl.constexpr, D_V: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     MASK_MODE: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, BIAS_MODE: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    HAS_SEQLENS: tl.constexpr = False,
 ):
     """Deterministic dQ pass: one program per query block, loops over keys.
     With a causal (right-bounded) mask the heaviest (last) query blocks go first.
@@ -901,7 +924,10 @@ def fmha_bwd_dq_kernel(
         q_start = tl.load(CU_Q + b).to(tl.int64)
         seqlen_q = (tl.load(CU_Q + b + 1) - q_start).to(tl.int32)
         k_start = tl.load(CU_K + b).to(tl.int64)
-        seqlen_k = (tl.load(CU_K + b + 1) - k_start).to(tl.int32)
+        if HAS_SEQLENS:   # logical key length within the seqstart_k span (see fmha_fwd_kernel)
+            seqlen_k = tl.load(SEQLENS_K + b).to(tl.int32)
+        else:
+            seqlen_k = (tl.load(CU_K + b + 1) - k_start).to(tl.int32)
     else:
         q_start = 0
         k_start = 0
@@ -948,17 +974,17 @@ def fmha_bwd_dq_kernel(
                            scale2, cap_in, cap_out,
                            biasb, sbq, sbk, slope, aoff, seqlen_q, bh_id, seed_lo, seed_hi, off_lo, drop_thresh,
                            drop_scale, D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_N,
-                           True, MASK_MODE, HAS_SOFTCAP, EVEN_N, BIAS_MODE, HAS_DROPOUT)
+                           True, MASK_MODE, HAS_SOFTCAP, EVEN_N, BIAS_MODE, HAS_DROPOUT, EVEN_M)
     dq = _bwd_dq_inner(dq, q, do, lse2, di, kb, vb, sks, svs, full_lo, full_hi, rows, off, left, right, seqlen_k,
                        scale2, cap_in, cap_out,
                        biasb, sbq, sbk, slope, aoff, seqlen_q, bh_id, seed_lo, seed_hi, off_lo, drop_thresh,
                        drop_scale, D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_N,
-                       False, MASK_MODE, HAS_SOFTCAP, EVEN_N, BIAS_MODE, HAS_DROPOUT)
+                       False, MASK_MODE, HAS_SOFTCAP, EVEN_N, BIAS_MODE, HAS_DROPOUT, EVEN_M)
     dq = _bwd_dq_inner(dq, q, do, lse2, di, kb, vb, sks, svs, full_hi, hi, rows, off, left, right, seqlen_k,
                        scale2, cap_in, cap_out,
                        biasb, sbq, sbk, slope, aoff, seqlen_q, bh_id, seed_lo, seed_hi, off_lo, drop_thresh,
                        drop_scale, D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_N,
-                       True, MASK_MODE, HAS_SOFTCAP, EVEN_N, BIAS_MODE, HAS_DROPOUT)
+                       True, MASK_MODE, HAS_SOFTCAP, EVEN_N, BIAS_MODE, HAS_DROPOUT, EVEN_M)
     dq = dq * sm_scale
     if IS_VARLEN:
         tl.store(DQ + q_start * sdqs + h * sdqh + rows[:, None] * sdqs + offs_dq[None, :],

@@ -40,7 +40,11 @@ kernel with the Triton default config (``default_fwd_config(..., gluon=False)``)
 
 Layouts: ``'bhsd'`` [B, H, S, D]; ``'bshd'`` [B, S, H, D]; ``'thd'`` (group /
 varlen mode) [total, H, D] with ``cu_seqlens_q/k`` (int32, B+1) and the
-caller's ``max_seqlen_q`` (so no host synchronisation is needed).
+caller's ``max_seqlen_q`` (so no host synchronisation is needed); ``seqlens_k``
+([B]) gives logical key lengths shorter than the cu_seqlens_k spans.  The offsets
+are validated before the launch (:func:`_varlen_check`): on the host, with an
+InvalidProblem, when they are CPU tensors; on the GPU, without a sync, when they
+already live there (bad offsets then turn the outputs into NaN).
 
 Masks: ``causal`` is ``False``, ``True``/``'top_left'`` (torch SDPA's
 convention) or ``'bottom_right'`` (flash-attn / decode convention);
@@ -379,6 +383,97 @@ def _vt_tma_ok(v: torch.Tensor, layout: str) -> bool:
     return v.data_ptr() % 16 == 0 and all((x * es) % 16 == 0 for x in _key_major_strides(v, layout))
 
 
+def _lens_arg(seqlens_k, batch: int) -> torch.Tensor:
+    """seqlens_k as the kernels read it: contiguous int32 [B] (moved to q's device by _varlen_check)."""
+    if not isinstance(seqlens_k, torch.Tensor):
+        raise InvalidProblem(f"seqlens_k must be an int32 tensor [B], got {type(seqlens_k).__name__}")
+    if seqlens_k.dim() != 1 or seqlens_k.numel() != batch:
+        raise InvalidProblem(f"seqlens_k has shape {tuple(seqlens_k.shape)}; expected [{batch}] (one per batch)")
+    if seqlens_k.dtype.is_floating_point or seqlens_k.dtype.is_complex or seqlens_k.dtype == torch.bool:
+        raise InvalidProblem(f"seqlens_k has dtype {seqlens_k.dtype}; expected int32")
+    return seqlens_k.to(dtype=torch.int32).contiguous()
+
+
+def _varlen_check(q, cu_q, cu_k, max_q, max_k, total_k, seqlens_k=None, trusted=False):
+    """Validate group-mode offsets before a launch: cu_seqlens non-decreasing from >= 0 and within the
+    packed tensors, every sequence no longer than max_seqlen (the grid covers only that many rows),
+    0 <= seqlens_k <= its span.  Bad offsets would give NaN, partial or out-of-bounds results.
+
+    Offsets on the host (CPU tensors) are checked there and refused with InvalidProblem (then moved
+    to q's device).  Offsets already on the GPU are checked on the GPU, with no host sync (so the
+    launch stays asynchronous and graph-capturable): the result is a device flag with which the
+    caller fills its outputs with NaN, so bad offsets can never pass for a result; pass host
+    cu_seqlens to get the error raised instead.  ``trusted``: offsets the dispatcher built from a
+    validated problem (no check).  Returns (cu_q, cu_k, seqlens_k, bad flag or None)."""
+    if trusted:
+        return cu_q, cu_k, seqlens_k, None
+    ts = [t for t in (cu_q, cu_k, seqlens_k) if t is not None]
+    for name, t in (("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)):
+        if t is not None and (not isinstance(t, torch.Tensor) or t.dim() != 1 or t.numel() < 2
+                              or t.dtype.is_floating_point or t.dtype == torch.bool):
+            raise InvalidProblem(f"{name} must be an int32 tensor of batch+1 >= 2 offsets, got "
+                                 f"{getattr(t, 'shape', type(t).__name__)}")
+    total_q = q.shape[0]
+    if all(t.device.type == "cpu" for t in ts):
+        _varlen_host(cu_q.tolist(), None if cu_k is None else cu_k.tolist(),
+                     None if seqlens_k is None else seqlens_k.tolist(), int(max_q), max_k, total_q, total_k)
+        dev = q.device
+        mv = lambda t: None if t is None else t.to(device=dev, dtype=torch.int32)  # noqa: E731
+        return mv(cu_q), mv(cu_k), mv(seqlens_k), None
+
+    def span_bad(cu, longest, total):
+        cu = cu.to(device=q.device, dtype=torch.int64)
+        d = cu[1:] - cu[:-1]
+        bad = (cu[0] < 0) | (d < 0).any() | (cu[-1] > total)
+        return bad if longest is None else bad | (d > int(longest)).any()
+
+    bad = span_bad(cu_q, max_q, total_q)
+    if cu_k is not None:
+        bad = bad | span_bad(cu_k, max_k if seqlens_k is None else None, total_k)
+        if seqlens_k is not None:
+            lens = seqlens_k.to(device=q.device, dtype=torch.int64)
+            span = cu_k[1:].to(device=q.device, dtype=torch.int64) - cu_k[:-1].to(device=q.device, dtype=torch.int64)
+            bad = bad | (lens < 0).any() | (lens > span).any()
+            if max_k is not None:
+                bad = bad | (lens > int(max_k)).any()
+    mv = lambda t: None if t is None else t.to(device=q.device, dtype=torch.int32)  # noqa: E731
+    return mv(cu_q), mv(cu_k), mv(seqlens_k), bad
+
+
+def _varlen_host(cq, ck, lens, max_q, max_k, total_q, total_k):
+    def spans(name, cu, total, longest, longest_name):
+        if cu[0] < 0 or any(b < a for a, b in zip(cu, cu[1:])):
+            raise InvalidProblem(f"{name}={cu} must start at >= 0 and be non-decreasing "
+                                 "(cumulative sequence offsets: [0, *cumsum(lengths)])")
+        if cu[-1] > total:
+            raise InvalidProblem(f"{name} ends at {cu[-1]} but the packed tensor has {total} rows")
+        d = [b - a for a, b in zip(cu, cu[1:])]
+        if longest is not None and max(d) > longest:
+            raise InvalidProblem(f"{longest_name}={longest} is shorter than the longest sequence ({max(d)}) "
+                                 f"of {name}; pass the maximum of its differences")
+        return d
+
+    spans("cu_seqlens_q", cq, total_q, max_q, "max_seqlen_q")
+    if ck is None:
+        return
+    span = spans("cu_seqlens_k", ck, total_k, None if lens is not None else max_k, "max_seqlen_k")
+    if lens is not None:
+        bad = [i for i, (l, c) in enumerate(zip(lens, span)) if not 0 <= l <= c]
+        if bad:
+            raise InvalidProblem(f"seqlens_k={lens} must lie within 0 and the cu_seqlens_k spans {span} "
+                                 f"(batch {bad[0]})")
+        if max_k is not None and max(lens) > max_k:
+            raise InvalidProblem(f"max_seqlen_k={max_k} is shorter than the longest seqlens_k ({max(lens)})")
+
+
+def _poison(bad, *ts):
+    """Fill outputs with NaN where the device-side offset check failed (see :func:`_varlen_check`)."""
+    if bad is not None:
+        for t in ts:
+            if t is not None and t.is_floating_point():
+                t.masked_fill_(bad, float("nan"))
+
+
 def _check_gqa(hq, hk):
     if hk <= 0 or hq % hk:
         raise InvalidProblem(f"nhead_q={hq} must be a multiple of nhead_k={hk} (GQA/MQA)")
@@ -394,8 +489,13 @@ def fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, retu
         layout="bhsd", config: Optional[TritonFmhaConfig] = None, cu_seqlens_q=None, cu_seqlens_k=None,
         max_seqlen_q=None, max_seqlen_k=None, align=None, out=None, bias=None, alibi_slopes=None,
         dropout_p=0.0, seed=0, offset=0, alibi_align=None, sink=None, sink_tokens=0, q_descale=None,
-        k_descale=None, v_descale=None, out_dtype=None, fp8_v_trans=None, _paged=None):
-    """``sink``: per-head sink logits [H] (fp32, natural-log units) joining the softmax denominator;
+        k_descale=None, v_descale=None, out_dtype=None, fp8_v_trans=None, seqlens_k=None, _paged=None,
+        _trusted_varlen=False):
+    """``seqlens_k`` (group mode 'thd' only; int32 [B] on q's device): batch b attends to the first
+    seqlens_k[b] keys of its cu_seqlens_k span (a logical key length, CK's seqlen_k_ptr; masks and
+    bottom-right alignment use it); ``max_seqlen_k`` is then the largest seqlens_k.
+
+    ``sink``: per-head sink logits [H] (fp32, natural-log units) joining the softmax denominator;
     ``sink_tokens``: the first keys stay visible past a window's left edge.  ``_paged``: see
     :func:`batch_prefill`.
 
@@ -445,6 +545,16 @@ def fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, retu
             raise InvalidProblem("layout 'thd' needs cu_seqlens_q, cu_seqlens_k and max_seqlen_q")
         b = cu_seqlens_q.numel() - 1
         sq, sk = int(max_seqlen_q), int(max_seqlen_k or sk or 0)
+    if seqlens_k is not None:
+        if not varlen or _paged is not None:
+            raise InvalidProblem("seqlens_k (logical key lengths) is a group-mode ('thd') argument of fwd; "
+                                 "batch mode: splitkv_decode(..., seqlens_k=); paged: batch_prefill")
+        seqlens_k = _lens_arg(seqlens_k, b)
+    bad = None
+    if varlen:   # (batch_prefill: its page tables and seqlens_k are the caller's, only cu_seqlens_q here)
+        cu_seqlens_q, cu_seqlens_k, seqlens_k, bad = _varlen_check(
+            q, cu_seqlens_q, cu_seqlens_k if _paged is None else None, sq, max_seqlen_k,
+            k.shape[0] if _paged is None else None, seqlens_k, trusted=_trusted_varlen)
     mode, br, left, right = mask_params(causal, window, align)
     sm_scale, scale2, cap_in, cap_out = _scales(dq, scale, softcap)
     qk_descale, v_descale_f, descale_ptrs = descale
@@ -536,7 +646,7 @@ def fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, retu
         paged_cx = dict(PAGE_SIZE=int(pg["page_size"]), KV_LOOKUP=int(indptr is not None),
                         KV_VEC=int(pg.get("kv_vec", 0)))
     else:
-        paged_args = (o, o, o, 0, 0, 0, 0)
+        paged_args = (o, o, seqlens_k if seqlens_k is not None else o, 0, 0, 0, 0)
         paged_cx = dict(PAGE_SIZE=0, KV_LOOKUP=0, KV_VEC=0)
     if sink is not None:
         sink = sink.to(device=q.device, dtype=torch.float32).contiguous()
@@ -556,9 +666,10 @@ def fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, retu
         STORE_LSE=bool(return_lse), IS_VARLEN=varlen, REVERSE_M=bool(mode & 1),
         USE_TMA={"ptr": 0, "tma": 1, "tma_ws": 1, "tma_host": 2}[variant], WARP_SPEC=variant == "tma_ws",
         BIAS_MODE=bmode, HAS_DROPOUT=has_do, **paged_cx, HAS_SINK=has_sink, HAS_SINK_LOGIT=sink is not None,
-        DESCALE_PTR=descale_ptrs is not None, V_TRANS=v_trans, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        DESCALE_PTR=descale_ptrs is not None, V_TRANS=v_trans, HAS_SEQLENS=seqlens_k is not None,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
+    _poison(bad, o, lse if return_lse else None)
     return (o, lse) if return_lse else o
 
 
@@ -628,10 +739,10 @@ def _gluon_dq_reason(q, k, v, do, lse, delta, tile, *, layout, mode, right, has_
 
 
 def dropout_randval(batch, nhead, seqlen_q, seqlen_k, *, dropout_p, seed=0, offset=0, device="cpu",
-                    cu_seqlens_q=None, cu_seqlens_k=None, total_q=None):
+                    cu_seqlens_q=None, cu_seqlens_k=None, total_q=None, seqlens_k=None):
     """The uint8 dropout random values the forward used (``store_randval``): [B, H, Sq, Sk], or
-    [H, total_q, max Sk] in group mode (``cu_seqlens_q/k`` given; seqlen_q/k are the maxima).
-    Elements outside a sequence are 0."""
+    [H, total_q, max Sk] in group mode (``cu_seqlens_q/k`` given; seqlen_q/k are the maxima;
+    ``seqlens_k``: logical key lengths as in :func:`fwd`).  Elements outside a sequence are 0."""
     varlen = cu_seqlens_q is not None
     _, k0, k1, off_lo, _, _ = dropout_params(dropout_p, seed, offset)
     if varlen:
@@ -645,7 +756,8 @@ def dropout_randval(batch, nhead, seqlen_q, seqlen_k, *, dropout_p, seed=0, offs
     bm, bn = 32, 64
     K.fmha_dropout_randval_kernel[(triton.cdiv(seqlen_q, bm), triton.cdiv(seqlen_k, bn), batch * nhead)](
         rv, cu_q, cu_k, srb, srh, srq, nhead, seqlen_q, seqlen_k, k0, k1, off_lo,
-        BLOCK_M=bm, BLOCK_N=bn, IS_VARLEN=varlen, num_warps=4)
+        seqlens_k if (varlen and seqlens_k is not None) else rv,
+        BLOCK_M=bm, BLOCK_N=bn, IS_VARLEN=varlen, HAS_SEQLENS=varlen and seqlens_k is not None, num_warps=4)
     return rv
 
 
@@ -654,7 +766,7 @@ def dropout_randval(batch, nhead, seqlen_q, seqlen_k, *, dropout_p, seed=0, offs
 # ---------------------------------------------------------------------------
 
 
-def bwd_dot_do_o(o, do, *, layout="bhsd", cu_seqlens_q=None, max_seqlen_q=None):
+def bwd_dot_do_o(o, do, *, layout="bhsd", cu_seqlens_q=None, max_seqlen_q=None, _trusted_varlen=False):
     """Backward stage 1: D = rowsum(dO * O), fp32 [B, H, Sq] ([H, total_q] in group mode 'thd',
     which needs ``cu_seqlens_q`` and ``max_seqlen_q``)."""
     o, do = _last_contig(o), _last_contig(do)
@@ -664,8 +776,10 @@ def bwd_dot_do_o(o, do, *, layout="bhsd", cu_seqlens_q=None, max_seqlen_q=None):
         if cu_seqlens_q is None or max_seqlen_q is None:
             raise InvalidProblem("layout 'thd' needs cu_seqlens_q and max_seqlen_q")
         b, sq = cu_seqlens_q.numel() - 1, int(max_seqlen_q)
+        cu_seqlens_q, _, _, bad = _varlen_check(o, cu_seqlens_q, None, sq, None, None, trusted=_trusted_varlen)
         delta = torch.empty((hq, o.shape[0]), device=o.device, dtype=torch.float32)
     else:
+        bad = None
         delta = torch.empty((b, hq, sq), device=o.device, dtype=torch.float32)
     sob, soh, sos = _bhs_strides(o, layout)
     sdob, sdoh, sdos = _bhs_strides(do, layout)
@@ -674,13 +788,15 @@ def bwd_dot_do_o(o, do, *, layout="bhsd", cu_seqlens_q=None, max_seqlen_q=None):
         o, do, delta, sob, soh, sos, sdob, sdoh, sdos, hq, sq,
         cu_seqlens_q if varlen else delta, delta.stride(0) if varlen else 0,
         D_V=dv_, BLOCK_DV=padded_hdim(dv_), BLOCK_M=bm0, IS_VARLEN=varlen, num_warps=4)
+    _poison(bad, delta)
     return delta
 
 
 def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-1, -1), softcap=0.0,
                  layout="bhsd", deterministic=True, config=None, align=None, cu_seqlens_q=None,
                  cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, bias=None, alibi_slopes=None,
-                 dropout_p=0.0, seed=0, offset=0, return_dbias=False, alibi_align=None, _dq=None, _dkdv=None):
+                 dropout_p=0.0, seed=0, offset=0, return_dbias=False, alibi_align=None, seqlens_k=None,
+                 _dq=None, _dkdv=None, _trusted_varlen=False):
     """Backward stage 2: dK, dV (summed over the GQA group) and dQ.
 
     The deterministic dQ pass runs on the Gluon sm90 kernel (:mod:`.gluon_bwd`) where
@@ -703,7 +819,8 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
     (``layout='thd'``) takes ``cu_seqlens_q/k`` (device int32) and the caller's
     ``max_seqlen_q/k`` (grid size, no host sync); lse/delta are then [H, total_q].
     ``bias`` / ``alibi_slopes`` / ``dropout_p, seed, offset`` must be the forward's;
-    ``dbias`` has the bias's shape and dtype (summed over its broadcast dims).
+    ``dbias`` has the bias's shape and dtype (summed over its broadcast dims).  ``seqlens_k``: the
+    forward's logical key lengths (group mode, see :func:`fwd`); keys past them get dK = dV = 0.
     """
     q, k, v, do = (_last_contig(t) for t in (q, k, v, do))
     varlen = layout == "thd"
@@ -714,6 +831,14 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
         if cu_seqlens_q is None or cu_seqlens_k is None or max_seqlen_q is None or max_seqlen_k is None:
             raise InvalidProblem("layout 'thd' needs cu_seqlens_q, cu_seqlens_k, max_seqlen_q and max_seqlen_k")
         b, sq, sk = cu_seqlens_q.numel() - 1, int(max_seqlen_q), int(max_seqlen_k)
+    if seqlens_k is not None:
+        if not varlen:
+            raise InvalidProblem("seqlens_k (logical key lengths) is a group-mode ('thd') argument of the backward")
+        seqlens_k = _lens_arg(seqlens_k, b)
+    bad = None
+    if varlen:
+        cu_seqlens_q, cu_seqlens_k, seqlens_k, bad = _varlen_check(
+            q, cu_seqlens_q, cu_seqlens_k, sq, sk, k.shape[0], seqlens_k, trusted=_trusted_varlen)
     group = _check_gqa(hq, hk)
     lse = lse.contiguous().float()
     mode, br, left, right = mask_params(causal, window, align)
@@ -721,8 +846,10 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
     has_sc = bool(softcap and softcap > 0)
     cfg_kv, cfg_q = config or default_bwd_configs(dq_, dv_, causal=mode & 1 == 1)
     bdq, bdv = padded_hdim(dq_), padded_hdim(dv_)
-    dk = torch.empty_like(k)
-    dv = torch.empty_like(v)
+    # keys past a logical length are no program's: their gradient is 0
+    dk = torch.empty_like(k) if seqlens_k is None else torch.zeros_like(k)
+    dv = torch.empty_like(v) if seqlens_k is None else torch.zeros_like(v)
+    lens_arg = seqlens_k if seqlens_k is not None else delta
     gluon_why = "dbias" if return_dbias else _gluon_dq_reason(
         q, k, v, do, lse, delta, (64, 2, True), layout=layout, mode=mode, right=right, has_sc=has_sc, bias=bias,
         alibi_slopes=alibi_slopes, dropout_p=dropout_p, dv_=dv_)
@@ -788,12 +915,12 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
             sdkb, sdkh, sdks, sdvb, sdvh, sdvs, sab, sah, sas,
             hk, group, sq, sk, sm_scale, scale2, cap_in, cap_out, left, right,
             cu_q, cu_k, ba, aa, dbias_full, sbb, sbh, sbq, sbk, salb, sdbb, sdbh, sdbq, slh,
-            k0, k1, off_lo, thresh, dscale,
+            k0, k1, off_lo, thresh, dscale, lens_arg,
             D_Q=dq_, D_V=dv_, BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=cfg_kv.BLOCK_M, BLOCK_N=cfg_kv.BLOCK_N,
             MASK_MODE=mode, BOTTOM_RIGHT=br, HAS_SOFTCAP=has_sc, ATOMIC_DQ=atomic,
             EVEN_M=not varlen and sq % cfg_kv.BLOCK_M == 0, EVEN_N=not varlen and sk % cfg_kv.BLOCK_N == 0,
             IS_VARLEN=varlen, BIAS_MODE=bmode, HAS_DROPOUT=has_do, STORE_DBIAS=bool(return_dbias),
-            num_warps=cfg_kv.num_warps, num_stages=cfg_kv.num_stages)
+            HAS_SEQLENS=seqlens_k is not None, num_warps=cfg_kv.num_warps, num_stages=cfg_kv.num_stages)
     dbias = None
     if return_dbias:
         dbias = dbias_full
@@ -805,6 +932,7 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
             if dims:
                 dbias = dbias.sum(dims, keepdim=True)
         dbias = dbias.to(bias.dtype)
+    _poison(bad, dk, dv, dbias, dqa if atomic else None)
     if atomic:
         return (None, dqa, dk, dv, dbias) if return_dbias else (None, dqa, dk, dv)
     if _dq == "none":
@@ -826,16 +954,17 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
         sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdob, sdoh, sdos, sdqb, sdqh, sdqs,
         hq, group, sq, sk, sm_scale, scale2, cap_in, cap_out, left, right,
         cu_q, cu_k, ba, aa, sbb, sbh, sbq, sbk, salb, slh,
-        k0, k1, off_lo, thresh, dscale,
+        k0, k1, off_lo, thresh, dscale, lens_arg,
         D_Q=dq_, D_V=dv_, BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=cfg_q.BLOCK_M, BLOCK_N=cfg_q.BLOCK_N,
         MASK_MODE=mode, BOTTOM_RIGHT=br, HAS_SOFTCAP=has_sc,
         EVEN_M=not varlen and sq % cfg_q.BLOCK_M == 0, EVEN_N=not varlen and sk % cfg_q.BLOCK_N == 0,
-        IS_VARLEN=varlen, BIAS_MODE=bmode, HAS_DROPOUT=has_do,
+        IS_VARLEN=varlen, BIAS_MODE=bmode, HAS_DROPOUT=has_do, HAS_SEQLENS=seqlens_k is not None,
         num_warps=cfg_q.num_warps, num_stages=cfg_q.num_stages)
+    _poison(bad, dq)
     return (dq, None, dk, dv, dbias) if return_dbias else (dq, None, dk, dv)
 
 
-def bwd_convert_dq(dqa, q_like, *, layout="bhsd", cu_seqlens_q=None, max_seqlen_q=None):
+def bwd_convert_dq(dqa, q_like, *, layout="bhsd", cu_seqlens_q=None, max_seqlen_q=None, _trusted_varlen=False):
     """Backward stage 3: the fp32 dQ accumulator [B, H, Sq, D] ([total_q, H, D] in group
     mode) -> dQ in q's dtype and layout."""
     dq = torch.empty_like(q_like)
@@ -845,22 +974,24 @@ def bwd_convert_dq(dqa, q_like, *, layout="bhsd", cu_seqlens_q=None, max_seqlen_
             raise InvalidProblem("layout 'thd' needs cu_seqlens_q and max_seqlen_q")
         _, hq, dq_ = dqa.shape
         b, sq = cu_seqlens_q.numel() - 1, int(max_seqlen_q)
+        cu, _, _, bad = _varlen_check(dqa, cu_seqlens_q, None, sq, None, None, trusted=_trusted_varlen)
         sab, sah, sas = 0, dqa.stride(1), dqa.stride(0)
-        cu = cu_seqlens_q
     else:
+        bad = None
         b, hq, sq, dq_ = dqa.shape
         sab, sah, sas = dqa.stride(0), dqa.stride(1), dqa.stride(2)
         cu = dqa
     K.fmha_bwd_convert_dq_kernel[(triton.cdiv(sq, 64), b * hq)](
         dqa, dq, sab, sah, sas, sdqb, sdqh, sdqs, hq, sq, cu,
         D_Q=dq_, BLOCK_DQ=padded_hdim(dq_), BLOCK_M=64, IS_VARLEN=layout == "thd", num_warps=4)
+    _poison(bad, dq)
     return dq
 
 
 def bwd(q, k, v, o, lse, do, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, layout="bhsd",
         deterministic=True, config=None, align=None, cu_seqlens_q=None, cu_seqlens_k=None,
         max_seqlen_q=None, max_seqlen_k=None, bias=None, alibi_slopes=None, dropout_p=0.0, seed=0,
-        offset=0, return_dbias=False, alibi_align=None):
+        offset=0, return_dbias=False, alibi_align=None, seqlens_k=None, _trusted_varlen=False):
     """dq, dk, dv (and dbias with ``return_dbias``) of attention; ``lse`` is fwd's natural-log
     LSE [B, H, Sq] ([H, total_q] in group mode).
 
@@ -868,17 +999,28 @@ def bwd(q, k, v, o, lse, do, *, causal=False, scale=None, window=(-1, -1), softc
     ``deterministic=False``, fp32 dQ atomics) :func:`bwd_convert_dq`; the
     default runs a separate deterministic dQ pass.  ``config``: optional
     ``(dkdv_config, dq_config)``.  Bias / ALiBi / dropout arguments must be the forward's."""
-    delta = bwd_dot_do_o(o, do, layout=layout, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q)
+    bad = None
+    if layout == "thd" and cu_seqlens_q is not None and cu_seqlens_k is not None and max_seqlen_q is not None:
+        if seqlens_k is not None:
+            seqlens_k = _lens_arg(seqlens_k, cu_seqlens_q.numel() - 1)
+        cu_seqlens_q, cu_seqlens_k, seqlens_k, bad = _varlen_check(
+            q, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), None if max_seqlen_k is None else int(max_seqlen_k),
+            k.shape[0], seqlens_k, trusted=_trusted_varlen)
+        _trusted_varlen = True
+    delta = bwd_dot_do_o(o, do, layout=layout, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
+                         _trusted_varlen=_trusted_varlen)
     res = bwd_dq_dk_dv(q, k, v, do, lse, delta, causal=causal, scale=scale, window=window,
                        softcap=softcap, layout=layout, deterministic=deterministic,
                        config=config, align=align, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, bias=bias,
                        alibi_slopes=alibi_slopes, dropout_p=dropout_p, seed=seed, offset=offset,
-                       return_dbias=return_dbias, alibi_align=alibi_align)
+                       return_dbias=return_dbias, alibi_align=alibi_align, seqlens_k=seqlens_k,
+                       _trusted_varlen=_trusted_varlen)
     dq, dqa, dk, dv = res[:4]
     if dq is None:
         dq = bwd_convert_dq(dqa, _last_contig(q), layout=layout, cu_seqlens_q=cu_seqlens_q,
-                            max_seqlen_q=max_seqlen_q)
+                            max_seqlen_q=max_seqlen_q, _trusted_varlen=_trusted_varlen)
+    _poison(bad, dq, dk, dv, res[4] if return_dbias else None)
     return (dq, dk, dv, res[4]) if return_dbias else (dq, dk, dv)
 
 
