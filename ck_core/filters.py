@@ -225,4 +225,13 @@ def load_filter_file(path) -> Callable[[Mapping[str, Any]], bool]:
             raise FilterError(f"{p}:{i}: {exc}") from None
     if not preds:
         raise FilterError(f"filter file {p} holds no expression")
-    return lambda fields: all(pr(fields) for pr in preds)
+
+    def run(fields):
+        for i, pr in enumerate(preds):
+            try:
+                if not pr(fields):
+                    return False
+            except FilterError as exc:  # an evaluation error names the file it came from
+                raise FilterError(f"{p}: {exc}") from None
+        return True
+    return run

@@ -240,7 +240,10 @@ class Registry:
             raise ConfigError(f"{p} is nested too deeply to be a registry file") from None
         except ValueError as exc:  # JSONDecodeError, or bytes that are not UTF-8/16/32 text
             raise ConfigError(f"{p} is not valid JSON: {str(exc)[:200]}") from None
-        return cls.from_dict(data, manager=manager)
+        try:
+            return cls.from_dict(data, manager=manager)
+        except CkError as exc:  # name the file: the record alone does not say where it came from
+            raise type(exc)(f"{p}: {exc}") from None
 
     # -- build ---------------------------------------------------------------
     def build(self, max_workers: Optional[int] = None, progress: Optional[bool] = None,
