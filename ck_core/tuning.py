@@ -86,3 +86,4 @@ def tune(dispatcher, problem, inputs: dict, timer: Callable[[Callable], float],
 
 
 from .tuned_data import FORMAT as DATA_FORMAT, Table, clear_cache, table, tables, user_dir, write  # noqa: E402,F401
+from .winners import Winners  # noqa: E402,F401
