@@ -115,3 +115,11 @@ def test_warm_lookup_reads_no_file(user_store, monkeypatch):
     assert C.default_fwd_config(128, 128, "sm90", True, 4096).variant.startswith("gluon")
     assert C.default_bwd_configs(64, 64, "sm90")[0] == T(32, 128, 4, 3)
     assert C.gluon_dkdv_tile(64, True) == (64, 3, False)
+
+
+def test_gluon_bwd_tiles_equal_the_old_literals(user_store):
+    from ck_fmha.triton import gluon_bwd as B
+    assert B.DQ_TILES == {64: (64, 4, True), 128: (64, 4, True)}
+    assert B.DKDV_TILES == {64: (64, 3, True), 128: (64, 2, True)}
+    assert B.FUSED_TILES == {64: (64, 3, True), 128: (64, 2, True)}
+    assert C.tuned("gluon_dkdv_tiles").provenance["command"].startswith("hand-picked")

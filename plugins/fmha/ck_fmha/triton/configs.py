@@ -129,6 +129,11 @@ def gluon_fwd_configs(hdim: int):
     return out
 
 
+def tile_table(name: str, arch: str = "sm90") -> Dict[int, Tuple[int, int, bool]]:
+    """A per-head-dim table of Gluon backward tiles: head dim -> (BLOCK, STAGES, persistent)."""
+    return {k[0]: _tile(v) for k, v in tuned(name, arch).items()}
+
+
 def gluon_dq_tile(hdim: int, arch: str = "sm90"):
     """(BLOCK_N, STAGES, persistent) of the Gluon dQ pass where it beat the Triton dQ kernel, or None."""
     v = tuned("bwd_gluon_dq", arch).get(hdim)
