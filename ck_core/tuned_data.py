@@ -16,8 +16,9 @@ Two layers, read in order: the files an op plugin ships (the folder its OpSpec
 names in ``tuning_data``, or that a plugin passes as ``shipped``), then the
 user's writable store (``<CK_TUNING_DB>.d/`` beside the tuning table, by
 default ``<cache dir>/tuning.d/``), whose entries override shipped entries with
-the same key.  Loading is cached per (op, arch, folders): a warm lookup reads no
-file.  A file that is not valid tuned data is a ConfigError naming it.
+the same key.  Loading is cached per (op, arch, folders), and the store's
+location is resolved once: a warm lookup reads no file and no environment
+(:func:`clear_cache` forgets both).  A file that is not valid tuned data is a ConfigError naming it.
 """
 from __future__ import annotations
 
@@ -43,6 +44,12 @@ def user_dir() -> Path:
 
     db = default_path()
     return db.with_name(db.stem + ".d")
+
+
+@functools.lru_cache(maxsize=1)
+def _user_root() -> str:
+    # resolved once (clear_cache() forgets it): reading the environment costs more than a lookup
+    return str(user_dir())
 
 
 class Table:
@@ -195,8 +202,8 @@ def tables(op: str, arch: str, shipped=None) -> Mapping[str, Table]:
     ``shipped``: the folder of the plugin's data files (default: the op's
     ``OpSpec.tuning_data``)."""
     base = str(shipped) if shipped is not None else _shipped(op)
-    folders = tuple(f for f in (base, str(user_dir() / op)) if f)
-    return _load(op, arch, folders)
+    user = _user_root() + os.sep + op
+    return _load(op, arch, (base, user) if base else (user,))
 
 
 def table(op: str, arch: str, name: str, shipped=None) -> Table:
@@ -205,8 +212,10 @@ def table(op: str, arch: str, name: str, shipped=None) -> Table:
 
 
 def clear_cache() -> None:
-    """Forget loaded files (after writing to the store, or in tests)."""
+    """Forget loaded files and the store's location (after writing to the store, changing
+    CK_TUNING_DB / CK_CACHE_DIR, or in tests)."""
     _load.cache_clear()
+    _user_root.cache_clear()
 
 
 def write(op: str, arch: str, name: str, entries: Iterable[tuple[Any, Any]], *, command: str, device: str,

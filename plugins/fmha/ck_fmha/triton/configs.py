@@ -30,6 +30,7 @@ fp8 path is chosen by the element type, not a constexpr), and
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Dict, Mapping, Tuple
@@ -107,6 +108,19 @@ def tuned(name: str, arch: str = "sm90") -> Table:
 
 def _cfg(v) -> "TritonFmhaConfig":
     return TritonFmhaConfig(**v)
+
+
+@functools.lru_cache(maxsize=512)
+def _cfg_at(t: Table, key):
+    """The config at ``key`` of table ``t`` (None: no entry); built once per loaded table."""
+    v = t.get(key)
+    return None if v is None else _cfg(v)
+
+
+@functools.lru_cache(maxsize=512)
+def _bwd_at(t: Table, key):
+    v = t.get(key)
+    return None if v is None else (_cfg(v["dkdv"]), _cfg(v["dq"]))
 
 
 def _tile(v) -> Tuple[int, int, bool]:
@@ -193,17 +207,17 @@ def default_fwd_config(hdim_q: int, hdim_v: int, arch: str = "sm90", causal: boo
     problems the Gluon kernel cannot run); False: the Triton kernel's choice only."""
     d = padded_hdim(max(hdim_q, hdim_v))
     if fp8:
-        v = tuned("fwd_fp8", arch).get(d)
-        if v is not None:
-            return _cfg(v)
+        cfg = _cfg_at(tuned("fwd_fp8", arch), (d,))
+        if cfg is not None:
+            return cfg
     if arch == "sm90" and gluon and not fp8 and hdim_q == hdim_v and hdim_q in GLUON_HDIMS:
-        v = tuned("fwd_gluon", arch).get((d, bool(causal), _seq_bucket(seqlen)))
-        if v is not None:
-            return _cfg(v)
-    v = tuned("fwd_tuned", arch).get((min(d, 256), bool(causal), _seq_bucket(seqlen)))
-    if v is not None:
-        return _cfg(v)
-    cfg = _cfg(tuned("fwd_defaults", arch)[min(d, 256)])
+        cfg = _cfg_at(tuned("fwd_gluon", arch), (d, bool(causal), _seq_bucket(seqlen)))
+        if cfg is not None:
+            return cfg
+    cfg = _cfg_at(tuned("fwd_tuned", arch), (min(d, 256), bool(causal), _seq_bucket(seqlen)))
+    if cfg is not None:
+        return cfg
+    cfg = _cfg_at(tuned("fwd_defaults", arch), (min(d, 256),))
     if arch != "sm90" and cfg.variant != "ptr":
         cfg = cfg.with_(variant="ptr")
     return cfg
@@ -213,9 +227,9 @@ def default_bwd_configs(hdim_q: int, hdim_v: int, arch: str = "sm90", causal: bo
     """(dK/dV config, dQ config) of the backward: the measured winner, else the head dim's default."""
     d = padded_hdim(max(hdim_q, hdim_v))
     # the H100's measured winners have served every arch so far (no other arch has measured its own)
-    v = (tuned("bwd_tuned", arch).get((d, bool(causal))) or tuned("bwd_tuned", "sm90").get((d, bool(causal)))
-         or tuned("bwd_defaults", arch)[min(d, 256)])
-    return _cfg(v["dkdv"]), _cfg(v["dq"])
+    key = (d, bool(causal))
+    return (_bwd_at(tuned("bwd_tuned", arch), key) or _bwd_at(tuned("bwd_tuned", "sm90"), key)
+            or _bwd_at(tuned("bwd_defaults", arch), (min(d, 256),)))
 
 
 def default_splitkv_config(hdim_q: int, hdim_v: int, rows: int) -> TritonFmhaConfig:
