@@ -180,7 +180,7 @@ _LEGACY = {
     "FWD_GLUON_SM90": ("fwd_gluon", "sm90", _cfg, tuple),
     "FWD_FP8_TUNED_SM90": ("fwd_fp8", "sm90", _cfg, lambda k: k[0]),
     "BWD_DEFAULTS_SM90": ("bwd_defaults", "sm90", lambda v: (_cfg(v["dkdv"]), _cfg(v["dq"])), lambda k: k[0]),
-    "BWD_TUNED_SM90": ("bwd_tuned", "sm90", lambda v: (_cfg(v["dkdv"]), _cfg(v["dq"])), tuple),
+    "BWD_TUNED_SM90": ("bwd_tuned", "generic", lambda v: (_cfg(v["dkdv"]), _cfg(v["dq"])), tuple),
     "SPLITKV_DEFAULTS": ("splitkv_defaults", "sm90", _cfg, lambda k: k[0]),
     "BWD_GLUON_DQ_SM90": ("bwd_gluon_dq", "sm90", _tile, lambda k: k[0]),
     "BWD_GLUON_DKDV_SM90": ("bwd_gluon_dkdv", "sm90", _tile, tuple),
@@ -210,25 +210,20 @@ def default_fwd_config(hdim_q: int, hdim_v: int, arch: str = "sm90", causal: boo
         cfg = _cfg_at(tuned("fwd_fp8", arch), (d,))
         if cfg is not None:
             return cfg
-    if arch == "sm90" and gluon and not fp8 and hdim_q == hdim_v and hdim_q in GLUON_HDIMS:
+    if gluon and not fp8 and hdim_q == hdim_v and hdim_q in GLUON_HDIMS:  # where the arch has a Gluon table
         cfg = _cfg_at(tuned("fwd_gluon", arch), (d, bool(causal), _seq_bucket(seqlen)))
         if cfg is not None:
             return cfg
     cfg = _cfg_at(tuned("fwd_tuned", arch), (min(d, 256), bool(causal), _seq_bucket(seqlen)))
     if cfg is not None:
         return cfg
-    cfg = _cfg_at(tuned("fwd_defaults", arch), (min(d, 256),))
-    if arch != "sm90" and cfg.variant != "ptr":
-        cfg = cfg.with_(variant="ptr")
-    return cfg
+    return _cfg_at(tuned("fwd_defaults", arch), (min(d, 256),))
 
 
 def default_bwd_configs(hdim_q: int, hdim_v: int, arch: str = "sm90", causal: bool = False):
     """(dK/dV config, dQ config) of the backward: the measured winner, else the head dim's default."""
     d = padded_hdim(max(hdim_q, hdim_v))
-    # the H100's measured winners have served every arch so far (no other arch has measured its own)
-    key = (d, bool(causal))
-    return (_bwd_at(tuned("bwd_tuned", arch), key) or _bwd_at(tuned("bwd_tuned", "sm90"), key)
+    return (_bwd_at(tuned("bwd_tuned", arch), (d, bool(causal)))
             or _bwd_at(tuned("bwd_defaults", arch), (min(d, 256),)))
 
 
