@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import tempfile
 import types
 from datetime import date
@@ -36,6 +37,15 @@ from .errors import ConfigError
 FORMAT = "ck-dispatcher.tuned-data/1"
 #: what every provenance record must say
 PROVENANCE_FIELDS = ("command", "date", "device", "source")
+#: op and arch names become file and folder names
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*")
+
+
+def _check_names(op: str, arch: str) -> None:
+    for what, name in (("op", op), ("arch", arch)):
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            raise ConfigError(f"tuned data: {what} name {name!r} cannot name a data file (letters, digits, "
+                              f"'_', '.', '+', '-'; not starting with '.')")
 
 
 def user_dir() -> Path:
@@ -201,6 +211,7 @@ def tables(op: str, arch: str, shipped=None) -> Mapping[str, Table]:
 
     ``shipped``: the folder of the plugin's data files (default: the op's
     ``OpSpec.tuning_data``)."""
+    _check_names(op, arch)
     base = str(shipped) if shipped is not None else _shipped(op)
     user = _user_root() + os.sep + op
     return _load(op, arch, (base, user) if base else (user,))
@@ -225,6 +236,7 @@ def write(op: str, arch: str, name: str, entries: Iterable[tuple[Any, Any]], *, 
 
     Entries already in the file with other keys stay; the table's provenance
     becomes this write's (command, today's date, device, source)."""
+    _check_names(op, arch)
     folder = Path(folder) if folder is not None else user_dir() / op
     path = folder / f"{arch}.json"
     prov = {"command": command, "date": date.today().isoformat(), "device": device, "source": source}
@@ -241,11 +253,15 @@ def write(op: str, arch: str, name: str, entries: Iterable[tuple[Any, Any]], *, 
         k = list(_as_key(key))
         by_key[json.dumps(k)] = {"key": k, "value": value}
     t["entries"] = list(by_key.values())
-    parse(path, json.dumps(doc), op, arch)  # never write what could not be read back
+    try:
+        text = json.dumps(doc, indent=1)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"tuned data for {path}: a value is not JSON ({exc})") from None
+    parse(path, text, op, arch)  # never write what could not be read back
     folder.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tuned-")
     with os.fdopen(fd, "w") as f:
-        json.dump(doc, f, indent=1)
+        f.write(text)
     os.replace(tmp, path)
     clear_cache()
     return path

@@ -141,3 +141,17 @@ def reg_and_problem(ck_manager, fake_arch, ck_rng):
     reg = Registry.from_enumeration("gemm", fake_arch.name, dtypes=["fp16"], manager=ck_manager)
     p = GemmProblem(m=100, n=60, k=64)
     return reg, p, make_inputs(p, ck_rng)
+
+
+@pytest.mark.parametrize("op,arch", [("toy", "../x"), ("../toy", "a1"), ("toy", ".hidden"), ("toy", "a/b")])
+def test_names_cannot_leave_the_store(store, op, arch):
+    with pytest.raises(ConfigError, match="cannot name a data file"):
+        tuned_data.write(op, arch, "t", [((1,), 2)], command="c", device="d", source="s")
+    with pytest.raises(ConfigError, match="cannot name a data file"):
+        tuned_data.table(op, arch, "t")
+
+
+def test_a_value_that_is_not_json_is_a_config_error(store):
+    with pytest.raises(ConfigError, match="not JSON"):
+        tuned_data.write("toy", "a1", "t", [((1,), object())], command="c", device="d", source="s")
+    assert not (store[1] / "a1.json").exists()
