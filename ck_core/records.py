@@ -127,10 +127,10 @@ class OpSpec:
     options: Mapping[str, str] = attrs.field(factory=dict)
     api_options: Mapping[str, Any] = attrs.field(factory=dict)
     tolerance: Optional[Callable] = None
-    #: folder of the op's shipped tuned-data files (``<arch>.json``, read by ck_core.tuned_data)
-    tuning_data: Optional[str] = None
     description: str = ""
     distribution: str = ""
+    #: folder of the op's shipped tuned-data files (``<arch>.json``, read by ck_core.tuned_data)
+    tuning_data: Optional[str] = None
 
 
 @attrs.frozen(eq=False)
