@@ -302,11 +302,15 @@ def tune(args):
             del inputs
             torch.cuda.empty_cache()
     table = winners(results)
-    table.update({"device": torch.cuda.get_device_name(), "date": now(), "triton": triton_version(),
-                  "torch": torch.__version__, "command": " ".join(sys.argv)})
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "h100_tuned.json"), "w") as f:
-        json.dump(table, f, indent=1)
+    from ck_core import tuned_data
+    # the store's format: copy <out>/sm90.json to ck_gemm/tuned/ (shipped) or the user's store
+    tuned_data.write("gemm", "sm90", "winners",
+                     [((r["dtype"], r["layout"], r["M"], r["N"], r["K"]),
+                       {"config": r["config"], "tflops": r["tflops"], "peer_tflops": r["peer_tflops"]})
+                      for r in table["entries"]],
+                     command=" ".join(sys.argv), device=f"{torch.cuda.get_device_name()} (triton {triton_version()}, "
+                     f"torch {torch.__version__})", source=f"benchmarks/gemm_triton_bench.py tune, {now()}",
+                     fields=("dtype", "layout", "M", "N", "K"), folder=args.out)
     with open(os.path.join(args.out, "tune_all.json"), "w") as f:
         json.dump(results, f)
     print(f"# tune done in {time.time() - t_start:.0f}s, {len(results)} timings", flush=True)
@@ -331,7 +335,6 @@ def bench(args, table=None):
         rows = tuple((r["dtype"], r["layout"], r["M"], r["N"], r["K"],
                       __import__("ck_gemm.triton", fromlist=["GemmConfig"]).GemmConfig.from_name(r["config"]))
                      for r in table["entries"])
-        tuning.load_table.cache_clear()
         tuning.load_table = lambda arch="sm90": rows  # noqa: E731
     shapes = parse_shapes(args.shapes)
     out_rows = []

@@ -82,11 +82,12 @@ def dispatcher_for(op: str, arch, backend: str, manager: Optional[PluginManager]
 
 
 def _tuning_table():
-    """The tuning table (``ck tune``'s measured winners), read once per process."""
+    """``ck tune``'s measured winners (the tuned-data store, then the tuning table), opened once
+    per process."""
     if not _TUNING:
-        from .tuning import TuningTable
+        from .winners import Winners
 
-        _TUNING.append(TuningTable())
+        _TUNING.append(Winners())
     return _TUNING[0]
 
 
@@ -147,6 +148,9 @@ def _numpy(t):
 def clear() -> None:
     """Forget every public-API Dispatcher and the tuning table (tests; after installing a
     plugin, changing CK_BACKEND / CK_CPU_ARCH, or tuning)."""
+    from .tuned_data import clear_cache
+
     _DISPATCHERS.clear()
     _ON_DEVICE.clear()
     _TUNING.clear()
+    clear_cache()

@@ -237,8 +237,8 @@ def _run_and_report(args, op, problem, reg):
         reg = reg.filter(args.kfilter)
     tuning = None
     if args.tuned:
-        from .tuning import TuningTable
-        tuning = TuningTable()
+        from .winners import Winners
+        tuning = Winners()
     disp = Dispatcher(reg, backend=args.backend, tuning=tuning)
     with busy(f"selecting among {len(reg)} kernels"):
         plan = disp.plan(problem)
@@ -315,6 +315,7 @@ def cmd_tune(args, extra):
     from .plugins import get_manager
     from .registry import Registry
     from .tuning import TuningTable, tune
+    from .winners import Winners
 
     mgr = get_manager()
     op = mgr.op(args.op)
@@ -330,7 +331,8 @@ def cmd_tune(args, extra):
     moved = {k: bk.to_backend(v) for k, v in inputs.items()}
     timer = (lambda fn: bk.timer(fn, args.repeat)) if bk.timer else (
         lambda fn: _seconds_for_fn(fn, args.repeat))
-    table = TuningTable(args.db) if args.db else TuningTable()
+    # the user's tuned-data store, or one explicit tuning-table file
+    table = TuningTable(args.db) if args.db else Winners(command=" ".join(["ck", *sys.argv[1:]]))
     results = tune(disp, problem, moved, timer, table, top=args.top)
     table.save()
     rows = [{"rank": i + 1, "kernel": n, "ms": f"{s * 1e3:.4f}"} for i, (n, s) in enumerate(results[: args.show])]

@@ -69,7 +69,8 @@ _declare("CK_CPU_ARCH", str, "",
 _declare("CK_BUILD_WORKERS", _int, 0,
          "Default number of build worker processes; 0 means the number of CPUs.")
 _declare("CK_TUNING_DB", str, "",
-         "Path of the tuning table (JSON); default <cache dir>/tuning.json.")
+         "Path of the tuning table (JSON); default <cache dir>/tuning.json.  The tuned-data store "
+         "that `ck tune` writes is the folder beside it, <name>.d/ (docs/tuned-data.md).")
 _declare("CK_ROCM_PATH", str, "", "ROCm install prefix holding bin/hipcc (default /opt/rocm).")
 _declare("CK_TILE_INCLUDE", str, "",
          "Folder with composable_kernel's include/ (ck_tile headers) for the ck backend.")

@@ -132,6 +132,8 @@ class OpSpec:
     legal: Optional[Callable] = None
     description: str = ""
     distribution: str = ""
+    #: folder of the op's shipped tuned-data files (``<arch>.json``, read by ck_core.tuned_data)
+    tuning_data: Optional[str] = None
 
 
 @attrs.frozen(eq=False)

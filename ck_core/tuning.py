@@ -1,7 +1,9 @@
 """The tuning table: measured winners per (arch, backend, op, shape bucket).
 
 Stored as JSON (``CK_TUNING_DB`` or ``<cache dir>/tuning.json``), written
-atomically.  ``Dispatcher`` consults it before any heuristic.
+atomically.  ``Dispatcher`` consults it before any heuristic.  The op plugins'
+tuned tables (per (op, arch) data files with provenance, overlaid by the user's
+store) are read through :mod:`ck_core.tuned_data`, re-exported here.
 """
 from __future__ import annotations
 
@@ -119,3 +121,7 @@ def tune(dispatcher, problem, inputs: dict, timer: Callable[[Callable], float],
         table.record(dispatcher.arch.name, dispatcher.backend, problem, results[0][0], results[0][1],
                      [{"kernel": n, "seconds": s if math.isfinite(s) else None} for n, s in results])
     return results
+
+
+from .tuned_data import FORMAT as DATA_FORMAT, Table, clear_cache, table, tables, user_dir, write  # noqa: E402,F401
+from .winners import Winners  # noqa: E402,F401

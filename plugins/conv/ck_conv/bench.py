@@ -156,6 +156,9 @@ def main(argv=None):
     from triton.testing import do_bench_cudagraph
     from ck_conv.kernels import candidate_configs
     from ck_conv.launch import run
+    from ck_core.device import current_arch
+
+    arch = current_arch(torch.device("cuda"))  # the lists plan waves for this GPU's SMs
 
     torch.backends.cudnn.benchmark = True
     torch.backends.cudnn.allow_tf32 = False
@@ -170,7 +173,7 @@ def main(argv=None):
     for c in cases:
         ci = CASES.index(c)
         for d in dirs:
-            cl = candidate_configs(problem(c, d), args.limit)
+            cl = candidate_configs(problem(c, d), args.limit, arch=arch)
             cands[(ci, d)] = cl
             # chunks of a few launches, so that the long lists (c4/c5: 20) spread over the pool
             for i in range(0, len(cl), 6):

@@ -33,10 +33,12 @@ from __future__ import annotations
 import itertools
 import logging
 import re
+from pathlib import Path
 
 import attrs
 
 from ck_core.errors import InvalidProblem, MissingKernel
+from ck_core.tuned_data import EMPTY, table
 
 from .problem import DIRECTIONS, DTYPES, LAYOUT_FAMILIES, ConvProblem
 
@@ -67,7 +69,7 @@ SPECIALIZATIONS = ("default", "filter1x1_stride1_pad0", "filter1x1_pad0", "filte
 #: ``streamk`` (forward, bwd_data) a persistent grid of a few programs per SM, each
 #: walking an equal share of the flattened (output tile, reduction step) space, tiles
 #: cut between programs finished like ``fixup`` (fills the GPU when the output tiles
-#: do not: c5 7x7x512 has 100 tiles of 64x128 for 132 SMs)
+#: do not: c5 7x7x512 has 100 tiles of 64x128 for an H100's SMs)
 REDUCTIONS = ("atomic", "relaxed", "twostage", "fixup", "atomicfix", "streamk")
 #: Triton ``num_stages`` an explicit ``_st{n}`` may ask for
 STAGE_RANGE = range(1, 9)
@@ -490,11 +492,14 @@ def heuristic_config(p: ConvProblem, *, warp_size: int = 32, big_smem: bool = Tr
                             specialization=spec, **common)
 
 
-def candidate_configs(p: ConvProblem, limit: int | None = None, extended: bool = True) -> list[ConvKernelConfig]:
+def candidate_configs(p: ConvProblem, limit: int | None = None, extended: bool = True,
+                      arch=None) -> list[ConvKernelConfig]:
     """A short tuning list for ``p`` (the heuristic pick first), for autotuning on a GPU.
 
     ``extended`` appends :func:`extended_candidates` (workspace split reductions,
-    tap bits, deeper pipelines, merged groups) after the classic list.
+    tap bits, deeper pipelines, merged groups) after the classic list.  The
+    tiles come from the tuned data (ck_conv/tuned/); ``arch`` (an ArchSpec) picks
+    its file and gives the SM count and shared memory the rules plan for.
     """
     base = heuristic_config(p)
     out = [base]
@@ -505,29 +510,25 @@ def candidate_configs(p: ConvProblem, limit: int | None = None, extended: bool =
             out.append(c)
 
     if base.specialization == "depthwise":
-        tiles = ((8, 32, 1), (16, 32, 1), (16, 16, 1), (32, 16, 1), (8, 64, 1), (32, 32, 1)) \
-            if p.direction == "bwd_weight" else ((128, 32, 1), (256, 16, 1), (64, 64, 1), (128, 16, 1),
-                                                 (256, 32, 1), (64, 32, 1))
+        tiles = _lists("depthwise_tiles", "bwd_weight" if p.direction == "bwd_weight" else "forward", arch)
         if extended and p.direction != "bwd_weight":
             # the flat-row kernel reads the same bytes in wide rows: keep the classic
             # tiles that won on the H100 (128x16, 256x16) as the reference
-            tiles = ((128, 16, 1), (256, 16, 1))
+            tiles = _lists("depthwise_tiles", "forward_reference", arch)
         for t in tiles:
             add(t, (4, 1, 1), "mem")
         if p.direction != "bwd_weight" and not extended:
-            add((512, 16, 1), (8, 1, 1), "mem")
-            add((256, 16, 1), (8, 1, 1), "mem")
+            for t in _lists("depthwise_tiles", "forward_8warps", arch):
+                add(t, (8, 1, 1), "mem")
         if extended:
-            out += [c for c in extended_candidates(p) if c not in out]
+            out += [c for c in extended_candidates(p, arch) if c not in out]
         return out[:limit] if limit else out
     m, n, k = p.gemm_mnk
     if p.direction == "bwd_weight":
         tm = _pow2_at_least(p.k_per_group, 16, 128)
         tn = _pow2_at_least(p.c_per_group, 16, 128)
-        for (a, b, c), w, pipe in (((64, 64, 64), (2, 2, 1), "compv3"), ((128, 64, 64), (2, 4, 1), "compv3"),
-                                   ((64, 128, 64), (2, 4, 1), "compv3"), ((128, 128, 64), (2, 4, 1), "compv3"),
-                                   ((128, 128, 32), (2, 4, 1), "compv3"), ((128, 128, 64), (2, 4, 1), "mem"),
-                                   ((64, 64, 128), (2, 2, 1), "compv3"), ((tm, tn, 128), (2, 2, 1), "mem")):
+        # the tuned tiles, then one that covers the group's channels whole
+        for (a, b, c), w, pipe in _lists("bwd_weight_classic", "all", arch) + (((tm, tn, 128), (2, 2, 1), "mem"),):
             add((min(a, tm), min(b, tn), c), w if min(a, tm) * min(b, tn) >= 64 * 64 else (1, 2, 1), pipe)
     else:
         bn = _pow2_at_least(n, 16, 128)
@@ -545,7 +546,7 @@ def candidate_configs(p: ConvProblem, limit: int | None = None, extended: bool =
         for t, w, pipe in opts:
             add(t, w if t[0] * t[1] >= 64 * 64 else (2, 1, 1), pipe)
     if extended:
-        ext = extended_candidates(p)
+        ext = extended_candidates(p, arch)
         if p.direction == "forward":
             # the tap bits only take work out of a forward step (H100, session 2: every
             # 3x3 forward winner but one had them): a classic entry whose twin is in the
@@ -559,9 +560,28 @@ def candidate_configs(p: ConvProblem, limit: int | None = None, extended: bool =
     return out[:limit] if limit else out
 
 
-#: SMs the extended candidate rules plan waves for, and shared memory per block (H100 SXM)
-PLAN_SMS = 132
-PLAN_SMEM = 232448
+TUNED_DIR = str(Path(__file__).resolve().parent / "tuned")
+
+
+def _tuples(x):
+    return tuple(_tuples(v) for v in x) if isinstance(x, (list, tuple)) else x
+
+
+def _lists(name: str, which: str, arch=None) -> tuple:
+    """Candidate list ``which`` of tuned table ``name``: the arch's file's, else the generic one's."""
+    t = table("conv", arch.name, name, TUNED_DIR) if arch is not None else EMPTY
+    if which not in t:
+        t = table("conv", "generic", name, TUNED_DIR)
+    return _tuples(t[which])
+
+
+def plan_facts(arch=None) -> tuple[int, int]:
+    """(SMs / CUs, shared memory per block in bytes) that the wave and buffer rules plan for:
+    ``arch``'s (an ArchSpec), else those of the device the tuned lists were made for."""
+    if arch is not None:
+        return int(arch.compute_units), int(arch.lds_bytes)
+    t = table("conv", "generic", "plan", TUNED_DIR)
+    return int(t["compute_units"]), int(t["lds_bytes"])
 
 
 def is_extended(cfg: ConvKernelConfig) -> bool:
@@ -570,7 +590,7 @@ def is_extended(cfg: ConvKernelConfig) -> bool:
                 or cfg.rows)
 
 
-def extended_candidates(p: ConvProblem) -> list[ConvKernelConfig]:
+def extended_candidates(p: ConvProblem, arch=None) -> list[ConvKernelConfig]:
     """Candidates using the realisation knobs, for the layers the classic list serves
     worst (H100, run 6 of PERF_NOTES.md):
 
@@ -590,18 +610,20 @@ def extended_candidates(p: ConvProblem) -> list[ConvKernelConfig]:
       span per program); forward with stride 1 / dilation 1 in H and W also the
       row-reuse kernel (``_rows``: each input row loaded once per filter column for
       RH output rows).
+
+    Tiles come from the tuned data; waves and buffers are planned for ``arch``'s
+    SM count and shared memory (:func:`plan_facts`).
     """
     base = heuristic_config(p)
+    plan_sms, plan_smem = plan_facts(arch)
     out: list = []
     if base.specialization == "depthwise":
         if p.direction != "bwd_weight":  # the flat-row kernel
-            for t, nw in (((4, 1024, 1), 4), ((2, 1024, 1), 4), ((8, 512, 1), 4), ((2, 2048, 1), 8),
-                          ((8, 1024, 1), 8), ((1, 2048, 1), 4)):
+            for t, nw in _lists("depthwise_flat", "all", arch):
                 out.append(attrs.evolve(base, tile=t, waves=(nw, 1, 1), flat=True))
         if p.direction == "forward":  # the row-reuse kernel, where it applies
             # at least 8 elements per lane (16-byte fp16 vectors): BLOCK >= 256 * warps
-            for t, nw, r in (((4, 1024, 1), 4, 1), ((8, 1024, 1), 4, 1), ((4, 2048, 1), 8, 1),
-                             ((4, 1024, 1), 4, 2), ((8, 2048, 1), 8, 2)):
+            for t, nw, r in _lists("depthwise_rows", "all", arch):
                 c = attrs.evolve(base, tile=t, waves=(nw, 1, 1), rows=r)
                 if c.why_not(p) is None:
                     out.append(c)
@@ -612,10 +634,10 @@ def extended_candidates(p: ConvProblem) -> list[ConvKernelConfig]:
 
     def add_cfg(tile, waves, pipe="compv3", **kw):
         c = attrs.evolve(base, tile=tile, waves=waves, pipeline=pipe, **kw)
-        # the A/B buffers the Triton pipeline keeps must fit Hopper's 227 KB
+        # the A/B buffers the Triton pipeline keeps must fit the arch's shared memory
         smem = (c.tile[0] + c.tile[1]) * c.tile[2] * ELEMENT_BYTES[c.dtype] * c.smem_buffers \
             * (c.group_merge if c.direction == "bwd_weight" else 1)
-        if c not in out and c.why_not(p) is None and smem <= PLAN_SMEM:
+        if c not in out and c.why_not(p) is None and smem <= plan_smem:
             out.append(c)
 
     if p.direction == "bwd_weight":
@@ -625,18 +647,14 @@ def extended_candidates(p: ConvProblem) -> list[ConvKernelConfig]:
         def w(a, b):
             return (2, 4, 1) if a * b >= 128 * 64 else (2, 2, 1) if a * b >= 64 * 64 else (1, 2, 1)
 
-        for (a, b, c), st, red in (((128, 64, 64), 0, "fixup"), ((128, 128, 64), 0, "fixup"),
-                                   ((128, 128, 128), 4, "fixup"), ((64, 64, 128), 5, "fixup"),
-                                   ((128, 64, 128), 4, "fixup"), ((128, 64, 64), 0, "twostage"),
-                                   ((128, 64, 64), 0, "relaxed"), ((128, 64, 64), 0, "atomicfix"),
-                                   ((128, 128, 64), 0, "atomicfix"), ((64, 64, 128), 5, "atomicfix")):
+        for (a, b, c), st, red in _lists("bwd_weight_split", "all", arch):
             a, b = min(a, tm), min(b, tn)
             add_cfg((a, b, c), w(a, b), stages=st, reduction=red, tap_mask=tap)
         if tap:  # the tap bits alone, on the classic reduction
             add_cfg((min(128, tm), min(64, tn), 64), w(min(128, tm), min(64, tn)), tap_mask=True)
         if p.G > 1 and p.k_per_group <= 32 and p.c_per_group <= 32:
             a, b = max(16, tm), max(16, tn)
-            for gm, c in ((8, 64), (4, 128), (16, 64)):
+            for gm, c in _lists("group_merge", "bwd_weight", arch):
                 add_cfg((a, b, c), (2, 2, 1), group_merge=gm, reduction="fixup", tap_mask=tap)
         return out
 
@@ -649,18 +667,18 @@ def extended_candidates(p: ConvProblem) -> list[ConvKernelConfig]:
     bk2 = 128 if bk >= 64 else bk
     w8 = (2, 4, 1) if bn >= 128 else (2, 2, 1)
     tiles128 = _cdiv(m, 128) * _cdiv(n, 128) * p.G
-    few_tiles = tiles128 < 2 * PLAN_SMS
+    few_tiles = tiles128 < 2 * plan_sms
     steps = (1 if one_by_one else p.taps) * _cdiv(p.c_per_group if p.direction == "forward" else p.k_per_group,
                                                   bk)
     # stream-K where the output tiles end in a ragged last wave and each tile has
     # enough reduction steps to share (c3/c4/c5 3x3, c4 1x1 forward)
-    streamk = tiles128 < 4 * PLAN_SMS and steps >= 16 and (tap or one_by_one)
+    streamk = tiles128 < 4 * plan_sms and steps >= 16 and (tap or one_by_one)
     if p.G > 1 and max(p.c_per_group, p.k_per_group) <= 32 and (tap or one_by_one):
         # few channels per group (resnext g32: 16): gm groups as one block-diagonal GEMM,
         # rows of gm*16 contiguous channels, a plain 2-D wgmma (gm x the MMA work, most
         # of it on zeros: these layers are bound by loads and latency, not by MMA)
         red, oth = (p.c_per_group, p.k_per_group) if p.direction == "forward" else (p.k_per_group, p.c_per_group)
-        for gm, bm, st in ((4, 128, 0), (4, 64, 0), (8, 128, 3)):
+        for gm, bm, st in _lists("group_merge", "forward", arch):
             bkg, bng = _pow2_at_least(gm * red, 16, 128), _pow2_at_least(gm * oth, 16, 128)
             if p.G % gm == 0 and bkg % red == 0:
                 add((bm, bng, bkg), (2, 4, 1) if bm * bng >= 128 * 128 else (2, 2, 1), "compv3", stages=st,
@@ -707,7 +725,7 @@ def extended_candidates(p: ConvProblem) -> list[ConvKernelConfig]:
             add((256, bn, bk), (2, 4, 1), "compv3", tap_mask=True)
         if n >= 256:
             add((128, 256, bk), (2, 4, 1), "compv3", stages=3, tap_mask=True)
-    elif one_by_one and tiles128 < 4 * PLAN_SMS:
+    elif one_by_one and tiles128 < 4 * plan_sms:
         # short reductions (c4 1x1: 256 deep): wider tiles, fewer and deeper steps
         add((128, bn, bk2), (2, 4, 1), "compv3", stages=3)
         if n >= 256:

@@ -284,11 +284,11 @@ def streamk_programs(cfg: ConvKernelConfig, total: int, steps: int, num_sms: int
     """Programs of a stream-K launch: ``per_sm`` per SM (None: 2 when two of the
     config's A/B buffer sets fit in one SM's ``smem_bytes`` of shared memory, else 1),
     at most one per 4 reduction steps of work (and never more than the work)."""
-    from .kernels import ELEMENT_BYTES, PLAN_SMEM
+    from .kernels import ELEMENT_BYTES, plan_facts
     if not per_sm:
         m, n, k = cfg.tile
         smem = (m + n) * k * ELEMENT_BYTES[cfg.dtype] * cfg.smem_buffers
-        per_sm = 2 if 2 * smem <= (smem_bytes or PLAN_SMEM) else 1
+        per_sm = 2 if 2 * smem <= (smem_bytes or plan_facts()[1]) else 1
     return max(1, min(per_sm * num_sms, total // min(4, max(steps, 1)), total))
 
 
@@ -748,7 +748,7 @@ def kernel_for(key_or_config, problem: ConvProblem | None = None):
             R, dsz, _, _, _, _, _ = _flat_args(p, g, p.direction == "bwd_data")
             return (_cdiv(dsz[2] * p.G, meta["BLOCK_F"]) * _cdiv(R, meta["BLOCK_R"]), 1, 1)
         if cfg.reduction == "streamk":  # as run() launches it on an H100-sized GPU
-            from .kernels import PLAN_SMS
+            from .kernels import plan_facts
             gm = cfg.group_merge
             if p.direction == "forward":
                 ntiles = _cdiv(p.N * g["Do"] * g["Ho"] * g["Wo"], meta["BLOCK_M"]) \
@@ -761,7 +761,7 @@ def kernel_for(key_or_config, problem: ConvProblem | None = None):
                 steps = (max(r[0] * r[1] * r[2] for r in crow) if meta["SPEC"] != 1 else 1) \
                     * _cdiv(g["K"] * gm, meta["BLOCK_K"])
             total = ntiles * (p.G // gm) * steps
-            n = streamk_programs(cfg, total, steps, PLAN_SMS)
+            n = streamk_programs(cfg, total, steps, plan_facts()[0])
             return (_cdiv(total, _cdiv(total, n)), 1, 1)
         if dwise:
             if p.direction == "forward":

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import math
+from pathlib import Path
 
 import attrs
 import numpy as np
@@ -344,6 +345,7 @@ def conv_op() -> OpSpec:
     return OpSpec(
         name="conv",
         problem_type=ConvProblem,
+        tuning_data=str(Path(__file__).resolve().parent / "tuned"),
         enumerate=enumerate_keys,
         format_name=format_name,
         parse_name=parse_name,

@@ -8,6 +8,8 @@ Kernel spaces:
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 from ck_core.errors import UnsupportedProblem
 from ck_core.hookspecs import hookimpl
 from ck_core.records import OpSpec
@@ -106,6 +108,7 @@ def fmha_op() -> OpSpec:
         reference=stages.reference, make_inputs=stages.make_inputs, implement=implement,
         input_names=INPUTS, output_names=OUTPUTS, plan=stages.plan, render=_render, bench=_bench,
         flops=stages.flops, heuristic=heuristic, tolerance=stages.tolerance,
+        tuning_data=str(Path(__file__).resolve().parent / "tuned"),
         families=("fwd", "fwd_splitkv", "fwd_splitkv_combine", "fwd_pagedkv", "fwd_appendkv",
                   "batch_prefill", "bwd_dot_do_o", "bwd_dq_dk_dv", "bwd_convert_dq"),
         description="fused multi-head attention: nine CK families, multi-stage plans",
@@ -142,7 +145,7 @@ def ck_declare_knobs():
     return [Knob("CK_FMHA_GLUON_DKDV", str, "",
                  "FMHA backward on Hopper: '1' runs every dK/dV on the Gluon kernel, '0' none (also not "
                  "the fused dK/dV+dQ kernel of deterministic=False); unset: the tuned tables "
-                 "(ck_fmha.triton.configs.BWD_GLUON_DKDV_SM90, BWD_GLUON_FUSED_SM90).")]
+                 "(bwd_gluon_dkdv, bwd_gluon_fused of ck_fmha/tuned/sm90.json).")]
 
 
 @hookimpl

@@ -228,10 +228,14 @@ def test_prefill_and_sinks_kernels():
 
 
 def test_num_splits_heuristic():
-    assert num_splits_heuristic(132 * 4, 4096) == 1            # machine already full
-    n = num_splits_heuristic(8, 131072)
+    assert num_splits_heuristic(132 * 4, 4096, num_sms=132) == 1    # machine already full
+    n = num_splits_heuristic(8, 131072, num_sms=132)
     assert 16 <= n <= 128
-    assert num_splits_heuristic(1, 100) == 1                    # never below one chunk
+    assert num_splits_heuristic(1, 100, num_sms=132) == 1           # never below one chunk
+    # the SM count comes from the arch: a bigger machine wants more splits of the same work
+    assert num_splits_heuristic(8, 131072, num_sms=304) > num_splits_heuristic(8, 131072, num_sms=66)
+    from ck_core.device import cpu_arch
+    assert num_splits_heuristic(8, 131072) == num_splits_heuristic(8, 131072, num_sms=cpu_arch().compute_units)
 
 
 def test_kernel_for_contract():

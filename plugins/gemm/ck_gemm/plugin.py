@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from functools import partial
+from pathlib import Path
 
 from ck_core.errors import UnsupportedProblem
 from ck_core.hookspecs import hookimpl
@@ -45,6 +46,7 @@ def gemm_op() -> OpSpec:
     return OpSpec(
         name="gemm",
         problem_type=GemmProblem,
+        tuning_data=str(Path(__file__).resolve().parent / "tuned"),
         enumerate=kernel.enumerate_keys,
         format_name=kernel.format_name,
         parse_name=kernel.parse_name,

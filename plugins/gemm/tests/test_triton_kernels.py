@@ -319,7 +319,7 @@ def test_config_space_and_names():
 def test_pick_config_table():
     from ck_gemm.triton import load_table
     rows = load_table("sm90")
-    assert rows, "h100_tuned.json is missing or empty"
+    assert rows, "ck_gemm/tuned/sm90.json is missing or empty"
     for (M, N, K) in [(8192, 8192, 8192), (16, 4096, 4096), (128, 14336, 4096), (333, 777, 999)]:
         for dt in ("bf16", "fp16", "fp8"):
             assert isinstance(pick_config(M, N, K, dt, "sm90"), GemmConfig)

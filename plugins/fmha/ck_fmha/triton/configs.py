@@ -30,8 +30,12 @@ fp8 path is chosen by the element type, not a constexpr), and
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any, Dict, Mapping, Tuple
+
+from ck_core.tuned_data import Table, table
 
 from . import kernels as K
 from .gluon_fwd import GLUON_VARIANTS as _GLUON_FLAGS, HDIMS as GLUON_HDIMS, WS_WARPS
@@ -87,166 +91,145 @@ def padded_hdim(d: int) -> int:
 
 
 # ---------------------------------------------------------------------------
-# defaults (tuned on an H100 SXM, triton 3.6; see benchmarks/results/)
-# keyed by padded head dim
+# tuned choices: data files of ck_fmha/tuned/ (<arch>.json, with provenance), read
+# through ck_core.tuned_data and overlaid by the user's store; an arch without a
+# table of its own takes generic.json's
 # ---------------------------------------------------------------------------
-FWD_DEFAULTS_SM90 = {
-    16: TritonFmhaConfig(128, 64, 4, 3, "tma"),
-    32: TritonFmhaConfig(128, 64, 4, 3, "tma"),
-    64: TritonFmhaConfig(128, 128, 4, 3, "ptr"),
-    128: TritonFmhaConfig(128, 64, 4, 2, "tma_host"),
-    256: TritonFmhaConfig(128, 64, 8, 2, "tma"),
-}
-FWD_DEFAULTS_GENERIC = {
-    16: TritonFmhaConfig(64, 64, 4, 2, "ptr"),
-    32: TritonFmhaConfig(64, 64, 4, 2, "ptr"),
-    64: TritonFmhaConfig(128, 64, 4, 2, "ptr"),
-    128: TritonFmhaConfig(128, 64, 8, 2, "ptr"),
-    256: TritonFmhaConfig(64, 32, 4, 1, "ptr"),
-}
-# measured winners per (padded hdim, causal, seqlen bucket), filled from the
-# H100 sweep of benchmarks/fmha_triton_bench.py --sweep
-# (H100 SXM, triton 3.6, bf16, 2026-11-22; benchmarks/results/fmha_triton_raw.json "best_configs")
-_H = "tma_host"
-FWD_TUNED_SM90: Dict[Tuple[int, bool, int], TritonFmhaConfig] = {
-    (64, False, 512): TritonFmhaConfig(64, 64, 4, 3, _H),
-    (64, False, 1024): TritonFmhaConfig(64, 64, 4, 3, _H),
-    (64, False, 4096): TritonFmhaConfig(128, 128, 4, 3, _H),
-    (64, False, 16384): TritonFmhaConfig(128, 128, 4, 3, "ptr"),
-    (64, True, 512): TritonFmhaConfig(64, 64, 4, 3, _H),
-    (64, True, 1024): TritonFmhaConfig(128, 64, 4, 3, "tma"),
-    (64, True, 4096): TritonFmhaConfig(64, 64, 4, 3, _H),
-    (64, True, 16384): TritonFmhaConfig(128, 128, 4, 3, _H),
-    **{(128, c, b): TritonFmhaConfig(128, 64, 4, 2, _H) for c in (False, True) for b in (512, 1024, 4096, 16384)},
-}
+TUNED_DIR = str(Path(__file__).resolve().parent.parent / "tuned")
+#: seqlen buckets of the per-(hdim, causal, seqlen) tables
+SEQ_BUCKETS = (512, 1024, 4096, 16384)
 
 
-#: the Gluon forward where it beat FWD_TUNED_SM90 (benchmarks/gluon_fa_probe.py, H100, bf16, CUDA-graph
-#: TFLOPS ratio to cuDNN SDPA).  Session 4 (2026-11-22), after consumers release Q at their last Q K^T:
-#: D=128 persistent 128x128, 2 stages, no ping-pong except non-causal S=4k: non-causal 1.04 / 1.03 / 1.00 /
-#: 1.00 at S 512 / 1k / 4k / 16k, causal 0.97 / 1.02 / 1.07 / 1.06 (128x64 tiles, 4 stages, up to 1k: the
-#: diagonal key block wastes half as much; 128x128: 0.84 / 0.99).  D=64: persistent 128x128, 3 stages,
-#: ping-pong without a mask at S 512 and 16k (1.00 / 1.00 / 0.99 / 0.96), 128x64x4 stages under a causal
-#: mask to 1k (0.96 / 0.95), 128x128x3 from 4k (0.97 / 0.98).  The persistent causal walk mirrors every
-#: second pass (gluon_fwd._tile).
-_P = WS_WARPS
-FWD_GLUON_SM90: Dict[Tuple[int, bool, int], TritonFmhaConfig] = {
-    **{(128, False, b): TritonFmhaConfig(128, 128, _P, 2, "gluon_ws_pers") for b in (512, 1024, 16384)},
-    (128, False, 4096): TritonFmhaConfig(128, 128, _P, 2, "gluon_wspp_pers"),
-    **{(128, True, b): TritonFmhaConfig(128, 64, _P, 4, "gluon_ws_pers") for b in (512, 1024)},
-    **{(128, True, b): TritonFmhaConfig(128, 128, _P, 2, "gluon_ws_pers") for b in (4096, 16384)},
-    (64, False, 512): TritonFmhaConfig(128, 128, _P, 3, "gluon_wspp_pers"),
-    **{(64, False, b): TritonFmhaConfig(128, 128, _P, 3, "gluon_ws_pers") for b in (1024, 4096)},
-    (64, False, 16384): TritonFmhaConfig(128, 128, _P, 3, "gluon_wspp_pers"),
-    **{(64, True, b): TritonFmhaConfig(128, 64, _P, 4, "gluon_ws_pers") for b in (512, 1024)},
-    **{(64, True, b): TritonFmhaConfig(128, 128, _P, 3, "gluon_ws_pers") for b in (4096, 16384)},
-}
+def tuned(name: str, arch: str = "sm90") -> Table:
+    """Table ``name`` of ``arch``'s tuned data, else of the generic data (empty when neither has it)."""
+    t = table("fmha", arch, name, TUNED_DIR)
+    return t if len(t) or arch == "generic" else table("fmha", "generic", name, TUNED_DIR)
 
 
-def gluon_fwd_configs(hdim: int):
-    """The distinct Gluon configurations of :data:`FWD_GLUON_SM90` for one head dim."""
-    out = []
-    for (d, _, _), c in FWD_GLUON_SM90.items():
-        if d == hdim and c not in out:
-            out.append(c)
-    return out
+def _cfg(v) -> "TritonFmhaConfig":
+    return TritonFmhaConfig(**v)
+
+
+@functools.lru_cache(maxsize=512)
+def _cfg_at(t: Table, key):
+    """The config at ``key`` of table ``t`` (None: no entry); built once per loaded table."""
+    v = t.get(key)
+    return None if v is None else _cfg(v)
+
+
+@functools.lru_cache(maxsize=512)
+def _bwd_at(t: Table, key):
+    v = t.get(key)
+    return None if v is None else (_cfg(v["dkdv"]), _cfg(v["dq"]))
+
+
+def _tile(v) -> Tuple[int, int, bool]:
+    return (int(v["BLOCK"]), int(v["STAGES"]), bool(v["persistent"]))
 
 
 def _seq_bucket(s: int) -> int:
-    for b in (512, 1024, 4096):
+    for b in SEQ_BUCKETS[:-1]:
         if s <= b:
             return b
-    return 16384
+    return SEQ_BUCKETS[-1]
 
 
-# backward: (dkdv config, dq config)
-BWD_DEFAULTS_SM90 = {
-    16: (TritonFmhaConfig(64, 128, 8, 3), TritonFmhaConfig(128, 64, 8, 3)),
-    32: (TritonFmhaConfig(64, 128, 8, 3), TritonFmhaConfig(128, 64, 8, 3)),
-    64: (TritonFmhaConfig(32, 128, 4, 3), TritonFmhaConfig(64, 64, 4, 3)),
-    128: (TritonFmhaConfig(64, 64, 4, 3), TritonFmhaConfig(128, 64, 8, 2)),
-    256: (TritonFmhaConfig(32, 64, 4, 1), TritonFmhaConfig(64, 32, 4, 1)),
+def gluon_fwd_configs(hdim: int):
+    """The distinct Gluon configurations of the ``fwd_gluon`` table for one head dim."""
+    out = []
+    for (d, _, _), c in tuned("fwd_gluon").items():
+        if d == hdim and _cfg(c) not in out:
+            out.append(_cfg(c))
+    return out
+
+
+def tile_table(name: str, arch: str = "sm90") -> Dict[int, Tuple[int, int, bool]]:
+    """A per-head-dim table of Gluon backward tiles: head dim -> (BLOCK, STAGES, persistent)."""
+    return {k[0]: _tile(v) for k, v in tuned(name, arch).items()}
+
+
+def gluon_dq_tile(hdim: int, arch: str = "sm90"):
+    """(BLOCK_N, STAGES, persistent) of the Gluon dQ pass where it beat the Triton dQ kernel, or None."""
+    v = tuned("bwd_gluon_dq", arch).get(hdim)
+    return None if v is None else _tile(v)
+
+
+def gluon_dkdv_tile(hdim: int, causal: bool, arch: str = "sm90"):
+    """(BLOCK_MQ, STAGES, persistent) of the Gluon dK/dV kernel where it beat the Triton one, or None."""
+    v = tuned("bwd_gluon_dkdv", arch).get((hdim, bool(causal)))
+    return None if v is None else _tile(v)
+
+
+def gluon_fused_tile(hdim: int, causal: bool, arch: str = "sm90"):
+    """Tile of the Gluon dK/dV kernel with dQ fused in (``deterministic=False``) where it won, or None;
+    it applies from seqlen_k >= :func:`gluon_fused_min_seqlen`."""
+    v = tuned("bwd_gluon_fused", arch).get((hdim, bool(causal)))
+    return None if v is None else _tile(v)
+
+
+def gluon_fused_min_seqlen(arch: str = "sm90") -> int:
+    return int(tuned("bwd_gluon_fused", arch).meta.get("min_seqlen_k", 1 << 62))
+
+
+#: the old module-level tables, rebuilt from the data files on access (tests, benchmarks):
+#: name -> (table, arch, value converter, key converter)
+_LEGACY = {
+    "FWD_DEFAULTS_SM90": ("fwd_defaults", "sm90", _cfg, lambda k: k[0]),
+    "FWD_DEFAULTS_GENERIC": ("fwd_defaults", "generic", _cfg, lambda k: k[0]),
+    "FWD_TUNED_SM90": ("fwd_tuned", "sm90", _cfg, tuple),
+    "FWD_GLUON_SM90": ("fwd_gluon", "sm90", _cfg, tuple),
+    "FWD_FP8_TUNED_SM90": ("fwd_fp8", "sm90", _cfg, lambda k: k[0]),
+    "BWD_DEFAULTS_SM90": ("bwd_defaults", "sm90", lambda v: (_cfg(v["dkdv"]), _cfg(v["dq"])), lambda k: k[0]),
+    "BWD_TUNED_SM90": ("bwd_tuned", "generic", lambda v: (_cfg(v["dkdv"]), _cfg(v["dq"])), tuple),
+    "SPLITKV_DEFAULTS": ("splitkv_defaults", "sm90", _cfg, lambda k: k[0]),
+    "BWD_GLUON_DQ_SM90": ("bwd_gluon_dq", "sm90", _tile, lambda k: k[0]),
+    "BWD_GLUON_DKDV_SM90": ("bwd_gluon_dkdv", "sm90", _tile, tuple),
+    "BWD_GLUON_FUSED_SM90": ("bwd_gluon_fused", "sm90", _tile, tuple),
 }
-SPLITKV_DEFAULTS = {
-    16: TritonFmhaConfig(16, 128, 4, 3),
-    32: TritonFmhaConfig(16, 128, 4, 3),
-    64: TritonFmhaConfig(16, 128, 4, 3),
-    128: TritonFmhaConfig(16, 64, 4, 2),
-    256: TritonFmhaConfig(16, 32, 4, 2),
-}
-# measured winners (H100, bf16, S=4096) per (hdim, causal); the fp32-atomic dQ
-# variant lost to the separate dQ pass in every pairing tried
-BWD_TUNED_SM90 = {  # (dK/dV config, dQ config); benchmarks/fmha_bwd_probe.py on the H100, 2026-11-22 session 2
-    (64, False): (TritonFmhaConfig(32, 128, 4, 3), TritonFmhaConfig(64, 64, 4, 3)),
-    (64, True): (TritonFmhaConfig(128, 128, 8, 2), TritonFmhaConfig(64, 64, 4, 3)),     # +3% over (32, 64, 4, 3)
-    (128, False): (TritonFmhaConfig(64, 64, 4, 2), TritonFmhaConfig(128, 128, 8, 2)),   # +5%: dQ 128x128 w8
-    (128, True): (TritonFmhaConfig(64, 128, 8, 3), TritonFmhaConfig(128, 64, 8, 3)),    # +10%
-}
+
+
+def __getattr__(name: str):
+    if name == "BWD_GLUON_FUSED_MIN_SEQLEN":
+        return gluon_fused_min_seqlen()
+    if name in _LEGACY:
+        tname, arch, conv, key = _LEGACY[name]
+        return {key(k): conv(v) for k, v in tuned(tname, arch).items()}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 BWD_ATOMIC_DQ_DEFAULT = False
-#: head dim -> (BLOCK_N, STAGES, persistent) of the Gluon dQ pass (gluon_bwd.py) where it beat the Triton
-#: dQ kernel on the H100 (benchmarks/gluon_fa_probe.py --bwd, bf16, 2026-11-22 session 3): D=128 dQ pass
-#: 18-31% faster (S=4k: 2.30 vs 2.79 ms; S=16k: 8.87 vs 11.77 ms), i.e. dQ+dK/dV 7-14% faster.  D=64 stays on
-#: the Triton dQ kernel (Gluon -4% to +9%, mixed).
-BWD_GLUON_DQ_SM90: Dict[int, Tuple[int, int, bool]] = {128: (64, 4, True)}
-#: (head dim, causal) -> (BLOCK_MQ, STAGES, persistent) of the Gluon dK/dV kernel (gluon_bwd.py) where it beat
-#: the Triton one (benchmarks/gluon_fa_probe.py --bwd, H100, bf16, session 3; dK/dV pass alone, Triton -> Gluon):
-#: D=128 S=4k 4.08 -> 3.64 ms, causal 2.58 -> 2.03 ms (one program per tile: the persistent walk has no mirrored
-#: passes here and lost under the mask), S=16k causal 9.21 -> 7.17 ms; D=64 causal S=4k 1.51 -> 1.24 ms.  D=64
-#: without a mask stays on Triton (Gluon 0-13% slower).
-#: Session 4 (same probe, --fused, S=4k / 16k): D=64 without a mask Gluon 2.26 / 9.11 ms vs Triton 2.34 / 9.20;
-#: D=64 causal one program per tile 1.17 / 4.51 ms vs persistent 1.24 / 4.68 (Triton 1.48 / 5.26).
-BWD_GLUON_DKDV_SM90: Dict[Tuple[int, bool], Tuple[int, int, bool]] = {
-    (128, False): (64, 3, True), (128, True): (64, 2, False), (64, False): (64, 3, True), (64, True): (64, 3, False)}
-#: (head dim, causal) -> (BLOCK_MQ, STAGES, persistent) of the Gluon dK/dV kernel with dQ fused in (the
-#: non-deterministic backward, ``deterministic=False``: fp32 TMA reduce-adds into a dQ accumulator, then the
-#: convert stage), from seqlen_k >= BWD_GLUON_FUSED_MIN_SEQLEN.  H100, bf16, benchmarks/gluon_fa_probe.py
-#: --fused, session 4 (CUDA-graph ms, fused kernel vs the whole deterministic backward): D=64 S=16k 14.5 vs
-#: 16.2; D=64 S=4k 3.88 vs 3.88 (even); D=64 causal S=16k 7.66 vs 7.93 (even once the accumulator is zeroed
-#: and rounded); D=128 slower (S=16k 26.3 vs 23.4, causal 16.0 vs 12.7: the dQ product and its fp32 staging
-#: cost more than the separate pass at this head dim) -> D=64 only; a second run: D=64 S=16k 4 stages one
-#: program per tile 14.3 ms (3 stages persistent 15.1), causal 7.38 (det. backward 7.97).
-BWD_GLUON_FUSED_SM90: Dict[Tuple[int, bool], Tuple[int, int, bool]] = {(64, False): (64, 4, False),
-                                                                        (64, True): (64, 3, False)}
-BWD_GLUON_FUSED_MIN_SEQLEN = 8192
-
-
-#: fp8 forward on sm90 with key-contiguous V (benchmarks/fmha_fp8_probe.py, H100, 2026-11-22):
-#: 64x128 tiles, 4 warps, 3 stages, host descriptors: 721 TFLOPS at B=8 H=16 S=4096 D=128
-FWD_FP8_TUNED_SM90: Dict[int, TritonFmhaConfig] = {128: TritonFmhaConfig(64, 128, 4, 3, _H)}
 
 
 def default_fwd_config(hdim_q: int, hdim_v: int, arch: str = "sm90", causal: bool = False,
                        seqlen: int = 4096, fp8: bool = False, gluon: bool = True) -> TritonFmhaConfig:
     """The tuned forward configuration.  ``gluon``: on sm90, fp16/bf16 with head dims 64/64 or
-    128/128, take :data:`FWD_GLUON_SM90` first (``ops.fwd`` falls back to ``gluon=False`` for
+    128/128, take the ``fwd_gluon`` table first (``ops.fwd`` falls back to ``gluon=False`` for
     problems the Gluon kernel cannot run); False: the Triton kernel's choice only."""
     d = padded_hdim(max(hdim_q, hdim_v))
-    if arch == "sm90" and fp8 and d in FWD_FP8_TUNED_SM90:
-        return FWD_FP8_TUNED_SM90[d]
-    if arch == "sm90" and gluon and not fp8 and hdim_q == hdim_v and hdim_q in GLUON_HDIMS:
-        cfg = FWD_GLUON_SM90.get((d, bool(causal), _seq_bucket(seqlen)))
+    if fp8:
+        cfg = _cfg_at(tuned("fwd_fp8", arch), (d,))
         if cfg is not None:
             return cfg
-    if arch == "sm90":
-        cfg = FWD_TUNED_SM90.get((min(d, 256), bool(causal), _seq_bucket(seqlen)))
+    if gluon and not fp8 and hdim_q == hdim_v and hdim_q in GLUON_HDIMS:  # where the arch has a Gluon table
+        cfg = _cfg_at(tuned("fwd_gluon", arch), (d, bool(causal), _seq_bucket(seqlen)))
         if cfg is not None:
             return cfg
-    table = FWD_DEFAULTS_SM90 if arch == "sm90" else FWD_DEFAULTS_GENERIC
-    cfg = table[min(d, 256)]
-    if arch != "sm90" and cfg.variant != "ptr":
-        cfg = cfg.with_(variant="ptr")
-    return cfg
+    cfg = _cfg_at(tuned("fwd_tuned", arch), (min(d, 256), bool(causal), _seq_bucket(seqlen)))
+    if cfg is not None:
+        return cfg
+    return _cfg_at(tuned("fwd_defaults", arch), (min(d, 256),))
 
 
 def default_bwd_configs(hdim_q: int, hdim_v: int, arch: str = "sm90", causal: bool = False):
+    """(dK/dV config, dQ config) of the backward: the measured winner, else the head dim's default."""
     d = padded_hdim(max(hdim_q, hdim_v))
-    tuned = BWD_TUNED_SM90.get((d, bool(causal)))
-    return tuned if tuned is not None else BWD_DEFAULTS_SM90[min(d, 256)]
+    return (_bwd_at(tuned("bwd_tuned", arch), (d, bool(causal)))
+            or _bwd_at(tuned("bwd_defaults", arch), (min(d, 256),)))
 
 
 def default_splitkv_config(hdim_q: int, hdim_v: int, rows: int) -> TritonFmhaConfig:
     d = padded_hdim(max(hdim_q, hdim_v))
-    cfg = SPLITKV_DEFAULTS[min(d, 256)]
+    cfg = _cfg(tuned("splitkv_defaults", "generic")[min(d, 256)])
     bm = max(16, next_pow2(rows))
     if bm > 16:
         bm = min(bm, 64)
@@ -255,10 +238,14 @@ def default_splitkv_config(hdim_q: int, hdim_v: int, rows: int) -> TritonFmhaCon
 
 
 def num_splits_heuristic(batch_heads: int, seqlen_k: int, num_m_blocks: int = 1,
-                         num_sms: int = 132, block_n: int = 64, min_chunk: int = 256,
+                         num_sms: int | None = None, block_n: int = 64, min_chunk: int = 256,
                          max_splits: int = 128) -> int:
     """Split the KV sequence until about two waves of programs cover the
-    machine, keeping at least ``min_chunk`` keys per split."""
+    machine, keeping at least ``min_chunk`` keys per split.  ``num_sms``: the
+    machine's SMs / CUs (None: the ArchSpec of the current device, see
+    :func:`ck_core.device.current_arch`)."""
+    if num_sms is None:
+        num_sms = _current_compute_units()
     programs = max(1, batch_heads * num_m_blocks)
     want = max(1, -(-2 * num_sms // programs))
     cap = max(1, seqlen_k // min_chunk)
@@ -266,6 +253,15 @@ def num_splits_heuristic(batch_heads: int, seqlen_k: int, num_m_blocks: int = 1,
     chunk = -(-seqlen_k // n)
     chunk = -(-chunk // block_n) * block_n
     return max(1, -(-seqlen_k // chunk))
+
+
+def _current_compute_units() -> int:
+    import torch
+
+    from ck_core.device import current_arch
+
+    dev = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    return current_arch(dev).compute_units
 
 
 # ---------------------------------------------------------------------------

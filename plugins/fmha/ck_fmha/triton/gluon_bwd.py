@@ -191,9 +191,23 @@ if GF.HAVE_GLUON:
         ], [4, 4], [240, 24])
 
 
-#: (BLOCK_N, STAGES, persistent) per head dim: the fastest of benchmarks/gluon_fa_probe.py --bwd (H100);
-#: configs.BWD_GLUON_DQ_SM90 says where the dispatcher uses the kernel
-DQ_TILES = {64: (64, 4, True), 128: (64, 4, True)}
+#: module attribute -> table of ck_fmha/tuned/sm90.json, (tile, stages, persistent) per head dim:
+#: DQ_TILES (BLOCK_N, ...) of the dQ pass, the fastest of benchmarks/gluon_fa_probe.py --bwd (the
+#: bwd_gluon_dq table says where the dispatcher uses the kernel); DKDV_TILES / FUSED_TILES (BLOCK_MQ, ...)
+#: of the dK/dV kernel, without and with dQ fused in (first guesses)
+_TILE_TABLES = {"DQ_TILES": "gluon_dq_tiles", "DKDV_TILES": "gluon_dkdv_tiles", "FUSED_TILES": "gluon_fused_tiles"}
+
+
+def _tiles(name: str) -> dict:
+    from .configs import tile_table
+
+    return tile_table(_TILE_TABLES[name])
+
+
+def __getattr__(name: str):
+    if name in _TILE_TABLES:
+        return _tiles(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def dq_unsupported_reason(q, k, v, do, lse, delta, *, causal, layout, block_n=64) -> str:
@@ -219,7 +233,7 @@ def dq(q, k, v, do, lse, delta, *, causal=False, scale=None, layout="bhsd", tile
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     d = q.shape[-1]
-    bn, stages, persistent = tile or DQ_TILES[d]
+    bn, stages, persistent = tile or _tiles("DQ_TILES")[d]
     b, hq, sq, hk, sk, rows_q, rows_k, cols_q, cols_k = GF.geometry(q, k, layout)
     o = out if out is not None else torch.empty_like(q)
     gdt = GF._gl_dtype(q.dtype)
@@ -451,10 +465,6 @@ if GF.HAVE_GLUON:
         ], [4, 4], [240, 24])
 
 
-#: (BLOCK_MQ, STAGES, persistent) of the dK/dV kernel per head dim (first guesses), and with dQ fused in
-DKDV_TILES = {64: (64, 3, True), 128: (64, 2, True)}
-FUSED_TILES = {64: (64, 3, True), 128: (64, 2, True)}
-SMEM_LIMIT = 227 * 1024   # sm90 dynamic shared memory per block
 
 
 def dkdv_smem_bytes(d: int, block_mq: int, stages: int, fused: bool, itemsize: int = 2) -> int:
@@ -479,10 +489,13 @@ def dkdv(q, k, v, do, lse, delta, *, causal=False, scale=None, layout="bhsd", ti
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     d = q.shape[-1]
-    bmq, stages, persistent = tile or (FUSED_TILES if dq_acc is not None else DKDV_TILES)[d]
-    if dkdv_smem_bytes(d, bmq, stages, dq_acc is not None) > SMEM_LIMIT:
+    from ck_core.device import current_arch
+
+    bmq, stages, persistent = tile or _tiles("FUSED_TILES" if dq_acc is not None else "DKDV_TILES")[d]
+    smem = current_arch(q).lds_bytes
+    if dkdv_smem_bytes(d, bmq, stages, dq_acc is not None) > smem:
         raise ValueError(f"gluon dK/dV tile {(bmq, stages)} at head dim {d} needs more than "
-                         f"{SMEM_LIMIT} bytes of shared memory (fewer stages)")
+                         f"{smem} bytes of shared memory (fewer stages)")
     b, hq, sq, hk, sk, rq, rk, cq, ck = GF.geometry(q, k, layout)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     gdt = GF._gl_dtype(q.dtype)

@@ -65,7 +65,8 @@ import triton
 
 from . import gluon_bwd, gluon_fwd
 from . import kernels as K
-from .configs import (BWD_GLUON_DKDV_SM90, BWD_GLUON_DQ_SM90, BWD_GLUON_FUSED_MIN_SEQLEN, BWD_GLUON_FUSED_SM90, GLUON_VARIANTS, TritonFmhaConfig, default_bwd_configs, default_fwd_config,
+from .configs import (GLUON_VARIANTS, TritonFmhaConfig, default_bwd_configs, default_fwd_config, gluon_dkdv_tile,
+                      gluon_dq_tile, gluon_fused_min_seqlen, gluon_fused_tile,
                       default_splitkv_config, num_splits_heuristic, padded_hdim, next_pow2)
 
 try:
@@ -703,10 +704,10 @@ def _gluon_dkdv_tile(d: int, causal: bool, override):
     from ck_core import knobs
     env = knobs.get("CK_FMHA_GLUON_DKDV")
     if override == "gluon" or env == "1":
-        return BWD_GLUON_DKDV_SM90.get((d, causal)) or gluon_bwd.DKDV_TILES.get(d)
+        return gluon_dkdv_tile(d, causal) or gluon_bwd.DKDV_TILES.get(d)
     if env == "0":
         return None
-    return BWD_GLUON_DKDV_SM90.get((d, causal))
+    return gluon_dkdv_tile(d, causal)
 
 
 def _gluon_fused_tile(d: int, causal: bool, seqlen_k: int, override):
@@ -716,10 +717,10 @@ def _gluon_fused_tile(d: int, causal: bool, seqlen_k: int, override):
     from ck_core import knobs
     if knobs.get("CK_FMHA_GLUON_DKDV") == "0" and override != "gluon":
         return None
-    tile = BWD_GLUON_FUSED_SM90.get((d, causal))
+    tile = gluon_fused_tile(d, causal)
     if override == "gluon":
         return tile or gluon_bwd.FUSED_TILES.get(d)
-    return tile if tile is not None and seqlen_k >= BWD_GLUON_FUSED_MIN_SEQLEN else None
+    return tile if tile is not None and seqlen_k >= gluon_fused_min_seqlen() else None
 
 
 def _gluon_dq_reason(q, k, v, do, lse, delta, tile, *, layout, mode, right, has_sc, bias, alibi_slopes, dropout_p,
@@ -937,7 +938,7 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
         return (None, dqa, dk, dv, dbias) if return_dbias else (None, dqa, dk, dv)
     if _dq == "none":
         return (None, None, dk, dv, dbias) if return_dbias else (None, None, dk, dv)
-    gtile = BWD_GLUON_DQ_SM90.get(dq_) if _dq is None else gluon_bwd.DQ_TILES.get(dq_)
+    gtile = gluon_dq_tile(dq_) if _dq is None else gluon_bwd.DQ_TILES.get(dq_)
     if _dq != "triton" and gtile is not None:
         why = _gluon_dq_reason(q, k, v, do, lse, delta, gtile, layout=layout, mode=mode, right=right, has_sc=has_sc,
                                bias=bias, alibi_slopes=alibi_slopes, dropout_p=dropout_p, dv_=dv_)
@@ -1109,7 +1110,9 @@ def _splitkv_main(q, k, v, *, page_size, block_table, seqlens_k, max_seqlen_k, c
     bm = max(16, min(cfg.BLOCK_M, next_pow2(rows))) if config is None else max(16, cfg.BLOCK_M)
     num_m = triton.cdiv(rows, bm)
     if num_splits is None:
-        num_splits = num_splits_heuristic(b * hk, max_seqlen_k, num_m, block_n=cfg.BLOCK_N)
+        from ck_core.device import current_arch  # the SM count is an arch fact
+        num_splits = num_splits_heuristic(b * hk, max_seqlen_k, num_m, block_n=cfg.BLOCK_N,
+                                          num_sms=current_arch(q).compute_units)
     num_splits = max(1, int(num_splits))
     chunk = triton.cdiv(max_seqlen_k, num_splits)
     chunk = triton.cdiv(chunk, cfg.BLOCK_N) * cfg.BLOCK_N

@@ -1,44 +1,45 @@
 """Per-arch tuned configs and the selection function.
 
-``h100_tuned.json`` (beside this file) holds the winners of the H100 sweep
-(benchmarks/gemm_triton_bench.py --tune): one row per (dtype, layout, M, N, K)
-with the config name and its measured TFLOPS.  :func:`pick_config` returns
-the row nearest to the problem in log2(M, N, K) space (M weighted most: it
-decides between skinny and square kernels), preferring the same dtype and
-layout, else a size heuristic.
+``ck_gemm/tuned/<arch>.json`` (read through :mod:`ck_core.tuned_data`, overlaid
+by the user's store) holds the winners of the arch's sweep
+(benchmarks/gemm_triton_bench.py --tune) in its ``winners`` table: one entry per
+(dtype, layout, M, N, K) with the config name and its measured TFLOPS.
+:func:`pick_config` returns the row nearest to the problem in log2(M, N, K)
+space (M weighted most: it decides between skinny and square kernels),
+preferring the same dtype and layout, else a size heuristic.
 """
 from __future__ import annotations
 
 import functools
-import json
 import math
 from pathlib import Path
 
-from ck_core.errors import InvalidProblem
+from ck_core.errors import ConfigError, InvalidProblem
+from ck_core.tuned_data import Table, table
 
 from .configs import GemmConfig
 
-TABLES = {"sm90": "h100_tuned.json"}
+TUNED_DIR = str(Path(__file__).resolve().parent.parent / "tuned")
 #: dtypes whose tuned configs transfer to each other (same element size, same MMA path)
 _SIBLINGS = {"fp16": ("bf16",), "bf16": ("fp16",), "fp8": ("bf8",), "bf8": ("fp8",)}
 
 
-@functools.lru_cache(maxsize=None)
 def load_table(arch: str = "sm90") -> tuple:
-    name = TABLES.get(arch)
-    if name is None:
-        return ()
-    path = Path(__file__).with_name(name)
-    if not path.exists():
-        return ()
-    data = json.loads(path.read_text())
+    """``(dtype, layout, M, N, K, GemmConfig)`` rows of the arch's ``winners`` table (empty: none)."""
+    return _rows(table("gemm", arch, "winners", TUNED_DIR))
+
+
+@functools.lru_cache(maxsize=8)
+def _rows(t: Table) -> tuple:
+    # keyed by the store's Table object: parsed once per load of the data files
     rows = []
-    for r in data.get("entries", []):
+    for key, v in t.items():
         try:
-            rows.append((r["dtype"], r.get("layout", "rcr"), int(r["M"]), int(r["N"]), int(r["K"]),
-                         GemmConfig.from_name(r["config"])))
-        except (KeyError, ValueError, InvalidProblem) as e:
-            raise InvalidProblem(f"{path}: bad entry {r!r}: {e}") from None
+            dtype, layout, m, n, k = key
+            rows.append((dtype, layout, int(m), int(n), int(k), GemmConfig.from_name(v["config"])))
+        except (KeyError, TypeError, ValueError, InvalidProblem) as e:
+            raise ConfigError(f"gemm tuned data ({t.provenance.get('source', '?')}): bad winners entry "
+                              f"{list(key)} -> {v!r}: {e}") from None
     return tuple(rows)
 
 

@@ -1,0 +1,59 @@
+"""Measured kernel winners (``ck tune``'s) in the tuned-data store.
+
+Same public API as :class:`ck_core.tuning.TuningTable` (``lookup`` / ``record``
+/ ``save``), so the Dispatcher takes either.  Winners live in the ``kernels``
+table of the (op, arch) data files, keyed by (backend, problem bucket): an op
+plugin may ship some (its ``tuning_data`` folder), ``ck tune`` writes the
+user's store, which overrides them.  A winner recorded in the older single-file
+tuning table (``CK_TUNING_DB``) is still found after the store's.
+"""
+from __future__ import annotations
+
+import json
+import platform
+from collections import defaultdict
+from pathlib import Path
+from typing import Optional
+
+from . import tuned_data
+
+TABLE = "kernels"
+FIELDS = ("backend", "bucket")
+
+
+def bucket_key(problem) -> str:
+    """A problem's bucket as one JSON string (buckets are tuples, possibly nested)."""
+    return json.dumps(problem.bucket(), default=str, separators=(",", ":"))
+
+
+class Winners:
+    def __init__(self, path=None, *, command: str = "ck tune", device: Optional[str] = None):
+        from .tuning import TuningTable  # tuning re-exports this module
+
+        self.legacy = TuningTable(path)
+        self.command = command
+        self.device = device
+        self.path: Path = tuned_data.user_dir()
+        self._pending: dict = defaultdict(dict)
+
+    def lookup(self, arch: str, backend: str, problem) -> Optional[str]:
+        hit = tuned_data.table(problem.op, arch, TABLE).get((backend, bucket_key(problem)))
+        if isinstance(hit, dict) and isinstance(hit.get("kernel"), str):
+            return hit["kernel"]
+        return self.legacy.lookup(arch, backend, problem)
+
+    def record(self, arch: str, backend: str, problem, kernel: str, seconds: float,
+               results: Optional[list] = None) -> None:
+        self._pending[(problem.op, arch)][(backend, bucket_key(problem))] = {
+            "kernel": kernel, "seconds": seconds, "problem": problem.to_dict(), "results": results or []}
+
+    def save(self) -> Path:
+        """Write the recorded winners into the user's store; returns the last file written."""
+        for (op, arch), entries in self._pending.items():
+            backends = sorted({b for b, _ in entries})
+            device = self.device or f"{platform.machine() or 'this host'}, {'/'.join(backends)} backend on {arch}"
+            self.path = tuned_data.write(op, arch, TABLE, entries.items(), command=self.command, device=device,
+                                         source="measured winners, best of the ranked candidates",
+                                         fields=FIELDS)
+        self._pending.clear()
+        return self.path

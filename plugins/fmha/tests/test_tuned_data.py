@@ -1,0 +1,125 @@
+"""The FMHA tuned tables come from data files (ck_core.tuned_data), equal to the literals they replaced."""
+import json
+from pathlib import Path
+
+import pytest
+
+from ck_core import tuned_data
+from ck_core.errors import ConfigError
+from ck_fmha.triton import configs as C
+
+T = C.TritonFmhaConfig
+W = 12  # gluon_fwd.WS_WARPS when the literals were frozen: a producer and two consumer warpgroups
+
+#: a frozen copy of representative entries of the old Python literals (and each table's size)
+FROZEN = {
+    "FWD_TUNED_SM90": (16, {(64, True, 1024): T(128, 64, 4, 3, "tma"), (64, False, 16384): T(128, 128, 4, 3, "ptr"),
+                            (128, True, 512): T(128, 64, 4, 2, "tma_host")}),
+    "FWD_GLUON_SM90": (16, {(128, False, 4096): T(128, 128, W, 2, "gluon_wspp_pers"),
+                            (128, True, 1024): T(128, 64, W, 4, "gluon_ws_pers"),
+                            (64, False, 16384): T(128, 128, W, 3, "gluon_wspp_pers"),
+                            (64, True, 4096): T(128, 128, W, 3, "gluon_ws_pers")}),
+    "FWD_DEFAULTS_SM90": (5, {64: T(128, 128, 4, 3, "ptr"), 256: T(128, 64, 8, 2, "tma")}),
+    "FWD_DEFAULTS_GENERIC": (5, {128: T(128, 64, 8, 2, "ptr"), 256: T(64, 32, 4, 1, "ptr")}),
+    "BWD_TUNED_SM90": (4, {(128, False): (T(64, 64, 4, 2), T(128, 128, 8, 2)),
+                           (64, True): (T(128, 128, 8, 2), T(64, 64, 4, 3))}),
+    "BWD_DEFAULTS_SM90": (5, {256: (T(32, 64, 4, 1), T(64, 32, 4, 1)), 16: (T(64, 128, 8, 3), T(128, 64, 8, 3))}),
+    "SPLITKV_DEFAULTS": (5, {128: T(16, 64, 4, 2), 32: T(16, 128, 4, 3)}),
+    "FWD_FP8_TUNED_SM90": (1, {128: T(64, 128, 4, 3, "tma_host")}),
+    "BWD_GLUON_DQ_SM90": (1, {128: (64, 4, True)}),
+    "BWD_GLUON_DKDV_SM90": (4, {(128, False): (64, 3, True), (128, True): (64, 2, False),
+                                (64, False): (64, 3, True), (64, True): (64, 3, False)}),
+    "BWD_GLUON_FUSED_SM90": (2, {(64, False): (64, 4, False), (64, True): (64, 3, False)}),
+}
+
+
+@pytest.fixture
+def user_store(tmp_path, monkeypatch):
+    """A private user store (never the real cache), with the load cache cleared around the test."""
+    monkeypatch.setenv("CK_TUNING_DB", str(tmp_path / "tuning.json"))
+    tuned_data.clear_cache()
+    yield tmp_path / "tuning.d" / "fmha"
+    tuned_data.clear_cache()
+
+
+@pytest.mark.parametrize("name", sorted(FROZEN))
+def test_tables_equal_the_old_literals(name, user_store):
+    count, some = FROZEN[name]
+    got = getattr(C, name)
+    assert len(got) == count
+    for k, v in some.items():
+        assert got[k] == v, (name, k)
+    assert C.BWD_GLUON_FUSED_MIN_SEQLEN == 8192
+    assert C.gluon_dq_tile(128) == (64, 4, True) and C.gluon_dq_tile(64) is None
+    assert C.gluon_dkdv_tile(128, True) == (64, 2, False)
+    assert C.gluon_fused_tile(64, False) == (64, 4, False) and C.gluon_fused_tile(128, False) is None
+
+
+def test_accessors_read_the_tables(user_store):
+    assert C.default_fwd_config(128, 128, "sm90", False, 3000) == T(128, 128, W, 2, "gluon_wspp_pers")
+    assert C.default_fwd_config(128, 128, "sm90", False, 3000, gluon=False) == T(128, 64, 4, 2, "tma_host")
+    assert C.default_fwd_config(96, 96, "sm90", False, 4096) == T(128, 64, 4, 2, "tma_host")  # 96 pads to 128
+    assert C.default_fwd_config(200, 200, "gfx942") == T(64, 32, 4, 1, "ptr")
+    assert C.default_fwd_config(16, 16, "gfx942") == T(64, 64, 4, 2, "ptr")
+    assert C.default_bwd_configs(128, 128, "sm90", True) == (T(64, 128, 8, 3), T(128, 64, 8, 3))
+    assert C.default_bwd_configs(32, 32, "gfx942") == (T(64, 128, 8, 3), T(128, 64, 8, 3))
+    assert C.default_splitkv_config(128, 128, 1) == T(16, 64, 4, 2)
+
+
+def test_provenance_present(user_store):
+    for arch in ("sm90", "generic"):
+        for name, t in tuned_data.tables("fmha", arch, C.TUNED_DIR).items():
+            for f in tuned_data.PROVENANCE_FIELDS:
+                assert t.provenance[f], (arch, name, f)
+    assert "H100" in C.tuned("fwd_gluon").provenance["device"]
+    assert C.tuned("fwd_gluon").provenance["date"] == "2026-11-22"
+
+
+def test_user_overlay_overrides_a_shipped_entry(user_store):
+    before = C.default_fwd_config(64, 64, "sm90", True, 700)
+    new = T(64, 32, 4, 2, "ptr")
+    tuned_data.write("fmha", "sm90", "fwd_gluon", [((64, True, 1024), new.as_dict())],
+                     command="test", device="none", source="test_user_overlay")
+    assert C.default_fwd_config(64, 64, "sm90", True, 700) == new != before
+    assert C.tuned("fwd_gluon").provenance_of((64, True, 1024))["source"] == "test_user_overlay"
+    # the other shipped entries stay
+    assert C.default_fwd_config(128, 128, "sm90", False, 4096) == T(128, 128, W, 2, "gluon_wspp_pers")
+    assert len(C.FWD_GLUON_SM90) == 16
+
+
+@pytest.mark.parametrize("text", ["{not json", json.dumps([1, 2]),
+                                  json.dumps({"format": "ck-dispatcher.tuned-data/1", "op": "fmha", "arch": "sm90",
+                                              "tables": {}}),
+                                  json.dumps({"format": "ck-dispatcher.tuned-data/1", "op": "fmha", "arch": "sm90",
+                                              "provenance": {"command": "x", "date": "d", "device": "v",
+                                                             "source": "s"},
+                                              "tables": {"fwd_gluon": {"entries": [{"key": 64}]}}})])
+def test_garbage_file_is_a_config_error_naming_it(user_store, text):
+    user_store.mkdir(parents=True)
+    bad = user_store / "sm90.json"
+    bad.write_text(text)
+    with pytest.raises(ConfigError, match=str(bad)):
+        C.default_fwd_config(128, 128, "sm90")
+
+
+def test_warm_lookup_reads_no_file(user_store, monkeypatch):
+    C.default_fwd_config(128, 128, "sm90", True, 4096)
+    C.default_bwd_configs(64, 64, "sm90")
+
+    def no_read(*a, **k):
+        raise AssertionError("a warm lookup read a file")
+
+    monkeypatch.setattr(Path, "read_text", no_read)
+    monkeypatch.setattr(Path, "is_file", no_read)
+    monkeypatch.setattr("builtins.open", no_read)
+    assert C.default_fwd_config(128, 128, "sm90", True, 4096).variant.startswith("gluon")
+    assert C.default_bwd_configs(64, 64, "sm90")[0] == T(32, 128, 4, 3)
+    assert C.gluon_dkdv_tile(64, True) == (64, 3, False)
+
+
+def test_gluon_bwd_tiles_equal_the_old_literals(user_store):
+    from ck_fmha.triton import gluon_bwd as B
+    assert B.DQ_TILES == {64: (64, 4, True), 128: (64, 4, True)}
+    assert B.DKDV_TILES == {64: (64, 3, True), 128: (64, 2, True)}
+    assert B.FUSED_TILES == {64: (64, 3, True), 128: (64, 2, True)}
+    assert C.tuned("gluon_dkdv_tiles").provenance["command"].startswith("hand-picked")

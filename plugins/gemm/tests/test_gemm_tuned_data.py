@@ -1,0 +1,40 @@
+"""The GEMM winners come from ck_gemm/tuned/sm90.json through ck_core.tuned_data (as h100_tuned.json held them)."""
+import pytest
+
+from ck_core import tuned_data
+from ck_gemm.triton import GemmConfig, load_table, pick_config
+from ck_gemm.triton.tuning import TUNED_DIR
+
+#: a frozen copy of rows of the old h100_tuned.json (32 entries)
+FROZEN = [("bf16", "rcr", 16, 4096, 4096, "tri_plain_m16n64k256_g1_w4_s3_sk2"),
+          ("bf16", "rcr", 4096, 14336, 4096, "tri_tma_persistent_cs_m128n256k64_g8_w8_s3_sk1_e2"),
+          ("fp16", "rcr", 128, 14336, 4096, "tri_tma_cs_m64n128k64_g8_w4_s4_sk1"),
+          ("fp16", "rrr", 8192, 8192, 8192, "tri_tma_persistent_m128n256k64_g8_w8_s3_sk1")]
+
+
+@pytest.fixture
+def user_store(tmp_path, monkeypatch):
+    monkeypatch.setenv("CK_TUNING_DB", str(tmp_path / "tuning.json"))
+    tuned_data.clear_cache()
+    yield tmp_path
+    tuned_data.clear_cache()
+
+
+def test_rows_equal_the_old_table(user_store):
+    rows = load_table("sm90")
+    assert len(rows) == 32
+    for dt, lay, m, n, k, name in FROZEN:
+        assert (dt, lay, m, n, k, GemmConfig.from_name(name)) in rows
+    assert load_table("gfx942") == ()
+    t = tuned_data.table("gemm", "sm90", "winners", TUNED_DIR)
+    assert t.provenance["date"] == "2026-11-22" and "H100" in t.provenance["device"]
+    assert all(t.provenance[f] for f in tuned_data.PROVENANCE_FIELDS)
+
+
+def test_user_winner_overrides_the_shipped_one(user_store):
+    assert pick_config(16, 4096, 4096, "bf16", "sm90") == GemmConfig.from_name(FROZEN[0][5])
+    mine = "tri_plain_m32n64k128_g1_w4_s4_sk1"
+    tuned_data.write("gemm", "sm90", "winners", [(("bf16", "rcr", 16, 4096, 4096), {"config": mine})],
+                     command="test", device="none", source="test")
+    assert pick_config(16, 4096, 4096, "bf16", "sm90") == GemmConfig.from_name(mine)
+    assert len(load_table("sm90")) == 32
