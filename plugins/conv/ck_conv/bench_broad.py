@@ -210,7 +210,7 @@ def run(out_path: Optional[str] = None, budget_s: float = 300.0, seed: int = SEE
                     row[f"ours_{mode}_ms"], row[f"peer_{mode}_ms"] = o, t
                     if o and t:
                         row[f"ratio_{mode}"] = round(t / o, 4)
-                fl = p.flops() if hasattr(p, "flops") else None
+                fl = float(p.flops)
                 if fl and ours.get("graph_ms") and theirs.get("graph_ms"):
                     row["ours"] = round(fl / ours["graph_ms"] / 1e9, 2)
                     row["peer"] = round(fl / theirs["graph_ms"] / 1e9, 2)

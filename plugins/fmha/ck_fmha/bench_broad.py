@@ -159,10 +159,15 @@ def _peer(c, backend, q, k, v):
     mask = _sdpa_mask(c, q.device)
     causal = c.get("mask") == "causal"
     gqa = q.shape[1] != k.shape[1]
+    rep = q.shape[1] // k.shape[1] if gqa and backend == "efficient" else 1
 
     def f():
+        kk, vv = k, v
+        if rep > 1:  # the efficient backend's dense path takes no enable_gqa: expand K/V (inside the timing)
+            kk, vv = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         with sdpa_kernel([be]):
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=gqa)
+            return F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask, is_causal=causal,
+                                                  enable_gqa=gqa and rep == 1)
     return f
 
 

@@ -31,6 +31,16 @@ MAX_D = 2
 
 
 @triton.jit
+def _mma(a, b, acc):
+    # fp32 operands multiply in full fp32, as torch.matmul does by default; Triton's own default for an
+    # fp32 dot is TF32 (10-bit mantissa), which loses ~3 decimal digits on the GPU
+    if a.dtype == tl.float32:
+        return tl.dot(a, b, acc, out_dtype=acc.dtype, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc, out_dtype=acc.dtype)
+
+
+@triton.jit
 def _tile_ids(tile_id, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
     # grouped ordering: GROUP_M row-tiles share B columns while they sit in L2
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -225,7 +235,7 @@ def gemm_plain_kernel(
             k_left = K - kt * BLOCK_K
             a = tl.load(a_ptrs, mask=mask_m[:, None] & (offs_k[None, :] < k_left), other=0.0)
             b = tl.load(b_ptrs, mask=(offs_k[:, None] < k_left) & mask_n[None, :], other=0.0)
-        acc = tl.dot(a, b, acc, out_dtype=acc.dtype)
+        acc = _mma(a, b, acc)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
     _epilogue_store(acc, offs_m, offs_n, M, N, c_ptr, stride_cm, stride_cn,
@@ -274,7 +284,7 @@ def gemm_persistent_kernel(
             else:
                 a = tl.load(a_ptrs, mask=mask_m[:, None] & (rk[None, :] < K), other=0.0)
                 b = tl.load(b_ptrs, mask=(rk[:, None] < K) & mask_n[None, :], other=0.0)
-            acc = tl.dot(a, b, acc, out_dtype=acc.dtype)
+            acc = _mma(a, b, acc)
         tile_id_c += NUM_SMS
         pid_bc = (tile_id_c // tiles_per_batch).to(tl.int64)
         pid_mc, pid_nc = _tile_ids(tile_id_c % tiles_per_batch, M, N, BLOCK_M, BLOCK_N, GROUP_M)
@@ -345,7 +355,7 @@ def gemm_tma_kernel(
         off_k = kt * BLOCK_K
         a = _desc_load_a(a_desc, pid_b, off_m, off_k, BLOCK_M, BLOCK_K, A_KMAJOR, BATCHED)
         b = _desc_load_b(b_desc, pid_b, off_k, off_n, BLOCK_K, BLOCK_N, B_KMAJOR, BATCHED)
-        acc = tl.dot(a, b, acc, out_dtype=acc.dtype)
+        acc = _mma(a, b, acc)
     pb = pid_b.to(tl.int64)
     offs_m = off_m + tl.arange(0, BLOCK_M)
     offs_n = off_n + tl.arange(0, BLOCK_N)
@@ -386,7 +396,7 @@ def gemm_tma_persistent_kernel(
             off_k = kt * BLOCK_K
             a = _desc_load_a(a_desc, pid_b, off_m, off_k, BLOCK_M, BLOCK_K, A_KMAJOR, BATCHED)
             b = _desc_load_b(b_desc, pid_b, off_k, off_n, BLOCK_K, BLOCK_N, B_KMAJOR, BATCHED)
-            acc = tl.dot(a, b, acc, out_dtype=acc.dtype)
+            acc = _mma(a, b, acc)
         tile_id_c += NUM_SMS
         pb = (tile_id_c // tiles_per_batch).to(tl.int64)
         pid_mc, pid_nc = _tile_ids(tile_id_c % tiles_per_batch, M, N, BLOCK_M, BLOCK_N, GROUP_M)
@@ -420,7 +430,7 @@ def gemm_tma_cs_kernel(
         off_k = kt * BLOCK_K
         a = _desc_load_a(a_desc, pid_b, off_m, off_k, BLOCK_M, BLOCK_K, A_KMAJOR, BATCHED)
         b = _desc_load_b(b_desc, pid_b, off_k, off_n, BLOCK_K, BLOCK_N, B_KMAJOR, BATCHED)
-        acc = tl.dot(a, b, acc, out_dtype=acc.dtype)
+        acc = _mma(a, b, acc)
     pb = pid_b.to(tl.int64)
     _epilogue_desc_store(acc, c_desc, pid_b, off_m, off_n, M, N,
                          d0_ptr + pb * stride_d0b, stride_d0m, stride_d0n,
@@ -459,7 +469,7 @@ def gemm_tma_persistent_cs_kernel(
             off_k = kt * BLOCK_K
             a = _desc_load_a(a_desc, pid_b, off_m, off_k, BLOCK_M, BLOCK_K, A_KMAJOR, BATCHED)
             b = _desc_load_b(b_desc, pid_b, off_k, off_n, BLOCK_K, BLOCK_N, B_KMAJOR, BATCHED)
-            acc = tl.dot(a, b, acc, out_dtype=acc.dtype)
+            acc = _mma(a, b, acc)
         tile_id_c += NUM_SMS
         pid_bc = tile_id_c // tiles_per_batch
         pb = pid_bc.to(tl.int64)
