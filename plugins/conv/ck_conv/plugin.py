@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import itertools
 import math
 
 import attrs
@@ -156,14 +157,35 @@ def enumerate_keys(arch, backend: str, options: dict) -> list:
         tiles=tiles, waves=tuple(map(tuple, arch.wave_layouts)) or K.DEFAULT_WAVES, pipelines=pipes,
         specializations=opts.get("specializations") or facts.get("specializations") or K.SPECIALIZATIONS,
         culled=culled)
+    if backend == "triton":
+        cfgs = cfgs + _realisations(arch, opts, facts, dtypes)
     out = []
     for c in cfgs:
         if nvidia and c.specialization != "depthwise":
             # Triton on NVIDIA keeps num_stages buffers of A and B in shared memory
-            need = (c.tile[0] + c.tile[1]) * c.tile[2] * K.ELEMENT_BYTES[c.dtype] * c.smem_buffers
+            # (a group-merged bwd_weight one per merged group: a batched dot)
+            need = (c.tile[0] + c.tile[1]) * c.tile[2] * K.ELEMENT_BYTES[c.dtype] * c.smem_buffers \
+                * (c.group_merge if c.direction == "bwd_weight" else 1)
             if need > lds:
                 continue
         out.append(key_of(c, arch.name, backend))
+    return out
+
+
+def _realisations(arch, opts: dict, facts: dict, dtypes) -> list:
+    """The Triton realisation families (:mod:`ck_conv.space`) legal on ``arch``."""
+    from .space import realisation_configs
+
+    wt = dict(arch.warp_tiles)
+    out = []
+    for d, dt, nd, lay, spec in itertools.product(
+            opts.get("directions") or DIRECTIONS, dtypes, [int(n) for n in opts.get("ndims") or (1, 2, 3)],
+            opts.get("layouts") or ("nhwgc",),
+            opts.get("specializations") or facts.get("specializations") or K.SPECIALIZATIONS):
+        for c in realisation_configs(d, dt, nd, lay, spec):
+            if K.cull_reason(c, warp_size=arch.warp_size, lds_bytes=arch.lds_bytes,
+                             warp_tiles=wt.get(dt, ())) is None:
+                out.append(c)
     return out
 
 
