@@ -72,6 +72,7 @@ class ConvAlgorithm:
     tap_mask: bool = False
     flat: bool = False
     rows: int = 0
+    split: int = 1
 
     @property
     def num_warps(self) -> int:
@@ -86,7 +87,7 @@ def to_config(sig: ConvSignature, a: ConvAlgorithm) -> K.ConvKernelConfig:
                               specialization=a.specialization, vector=(a.vector_a, a.vector_b, a.vector_c),
                               pad=(a.pad_m, a.pad_n, a.pad_k), stages=a.stages, reduction=a.reduction,
                               group_merge=a.group_merge, tap_mask=a.tap_mask, flat=a.flat,
-                              rows=a.rows)
+                              rows=a.rows, split=a.split)
 
 
 def from_config(c: K.ConvKernelConfig) -> tuple:
@@ -95,7 +96,7 @@ def from_config(c: K.ConvKernelConfig) -> tuple:
                         specialization=c.specialization, vector_a=c.vector[0], vector_b=c.vector[1],
                         vector_c=c.vector[2], pad_m=c.pad[0], pad_n=c.pad[1], pad_k=c.pad[2],
                         stages=c.stages, reduction=c.reduction, group_merge=c.group_merge, tap_mask=c.tap_mask,
-                        flat=c.flat, rows=c.rows)
+                        flat=c.flat, rows=c.rows, split=c.split)
     return sig, alg
 
 
@@ -122,7 +123,24 @@ def from_fields(sig: dict, alg: dict):
 
 # -- the kernel space ----------------------------------------------------------
 
-OPTIONS = ("directions", "dtypes", "ndims", "layouts", "specializations", "pipelines", "tiles")
+OPTIONS = ("directions", "dtypes", "ndims", "layouts", "specializations", "pipelines", "tiles", "split_ks")
+#: reduction splits enumerated per kind of kernel (``split_ks`` overrides them all):
+#: CK-space atomic forward / bwd_data, the workspace reductions, bwd_weight's pixel split
+#: (stream-K: persistent programs per SM)
+SPLITS = {"atomic": (1, 2, 4, 8), "workspace": (1, 2, 3, 4, 6, 8), "bwd_weight": (1, 2, 4, 8, 16, 32, 64),
+          "streamk": (1, 2)}
+
+
+def _splits(c: K.ConvKernelConfig, override) -> tuple:
+    if c.reduction == "streamk":
+        return SPLITS["streamk"]
+    if c.flat or c.rows or (c.specialization == "depthwise" and c.direction != "bwd_weight"):
+        return (1,)
+    if override:
+        return override
+    if c.direction == "bwd_weight":
+        return SPLITS["bwd_weight"]
+    return SPLITS["atomic" if c.reduction == "atomic" else "workspace"]
 
 
 def enumerate_keys(arch, backend: str, options: dict) -> list:
@@ -143,6 +161,9 @@ def enumerate_keys(arch, backend: str, options: dict) -> list:
         if bad:
             raise ConfigError(f"conv option {name}: unknown value(s) {bad}; use {', '.join(allowed)}")
     facts = dict(getattr(arch, "extras", {}).get("conv", {}))
+    split_ks = tuple(int(v) for v in opts.get("split_ks") or ())
+    if any(v < 1 for v in split_ks):
+        raise ConfigError(f"conv option split_ks: splits must be >= 1, got {list(split_ks)}")
     dtypes = [d for d in (opts.get("dtypes") or DTYPES) if d in arch.dtypes]
     pipes = opts.get("pipelines") or facts.get("pipelines") or \
         [p for p in K.PIPELINES if p in (arch.pipelines or K.PIPELINES)] or list(K.PIPELINES)
@@ -168,7 +189,8 @@ def enumerate_keys(arch, backend: str, options: dict) -> list:
                 * (c.group_merge if c.direction == "bwd_weight" else 1)
             if need > lds:
                 continue
-        out.append(key_of(c, arch.name, backend))
+        for sp in _splits(c, split_ks):
+            out.append(key_of(c if sp == 1 else attrs.evolve(c, split=sp), arch.name, backend))
     return out
 
 
@@ -197,8 +219,11 @@ def supports(key, problem) -> str | None:
 
 def heuristic(problem, candidates, arch) -> list:
     """Rank candidates by closeness to :func:`ck_conv.kernels.heuristic_config`'s pick."""
+    from .heuristics import preferred_split
+
     want = K.heuristic_config(problem, warp_size=getattr(arch, "warp_size", 32),
                               big_smem=getattr(arch, "lds_bytes", 65536) > 100_000)
+    cus = max(getattr(arch, "compute_units", 0) or 1, 1)
     spec_rank = {"depthwise": 0, "filter1x1_stride1_pad0": 0, "filter1x1_pad0": 1, "filter3x3": 2, "default": 3}
 
     def score(k):
@@ -206,6 +231,8 @@ def heuristic(problem, candidates, arch) -> list:
         s = sum(abs(math.log2(a / b)) for a, b in zip(c.tile, want.tile))
         s += 0.5 * (c.pipeline != want.pipeline) + 0.25 * (c.waves != want.waves)
         s += 0.1 * spec_rank.get(c.specialization, 3) + 0.05 * (c.warp_tile != want.warp_tile)
+        # the split that fills the GPU for this tile (the launcher never sizes one)
+        s += 0.3 * abs(math.log2(c.split / preferred_split(c, problem, cus, getattr(arch, "lds_bytes", None))))
         return s
 
     good = [k for k in candidates if supports(k, problem) is None]
@@ -256,8 +283,7 @@ def _triton_impl(key, arch):
         for n in IN_NAMES[problem.direction]:
             t = tensors[n]
             ops[n] = t if t.dtype == td else t.to(td)  # numpy storage (float32 for bf16) via to_backend
-        return {OUT_NAME[problem.direction]: run(problem, ops, cfg, num_sms=arch.compute_units,
-                                                   smem_bytes=arch.lds_bytes)}
+        return {OUT_NAME[problem.direction]: run(problem, ops, cfg, num_sms=arch.compute_units)}
 
     return launch
 
@@ -354,6 +380,7 @@ def conv_op() -> OpSpec:
             "specializations": "CK's conv specialisations (default, filter1x1 ...) (default: all)",
             "pipelines": "mem, compv3, compv4 (default: the arch's)",
             "tiles": "block tiles as M,N,K triples (default: CK's table)",
+            "split_ks": "reduction splits of the split-reduction kernels, e.g. 1,2,4 (default: per kind)",
         },
         description="grouped convolution 1D/2D/3D: forward, bwd_data, bwd_weight (CK layouts NHWGC/GKYXC/NHWGK)",
     )

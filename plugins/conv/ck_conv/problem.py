@@ -106,7 +106,9 @@ class ConvProblem(Problem):
     in_layout     input layout as CK spells it ('' = NHWGC family), e.g. NHWGC, NGCHW
     wei_layout    weight layout ('' = the input's family)
     out_layout    output layout ('' = the input's family)
-    split_k       bwd_weight: split the reduction over N and pixels this many ways
+    split_k       the kernel's reduction split (forward / bwd_data: channel x tap steps;
+                  bwd_weight: N and pixels): 1 = unsplit, n = a kernel splitting n ways,
+                  0 = any split (selection chooses; what the public API asks)
     """
 
     op: ClassVar[str] = "conv"
@@ -177,11 +179,9 @@ class ConvProblem(Problem):
         if self.out_layout != dflt[2]:
             raise InvalidProblem(f"out_layout {self.out_layout!r} does not match in_layout {self.in_layout!r}; "
                                  f"use {dflt[2]!r}")
-        if not isinstance(self.split_k, int) or self.split_k < 0:
-            raise InvalidProblem(f"split_k must be an integer >= 0 (0 = let the launcher choose), got {self.split_k!r}")
-        if self.split_k != 1 and self.direction != "bwd_weight":
-            raise InvalidProblem(f"split_k={self.split_k} only applies to bwd_weight; leave it at 1 "
-                                 f"for {self.direction}")
+        if not isinstance(self.split_k, int) or isinstance(self.split_k, bool) or self.split_k < 0:
+            raise InvalidProblem(f"split_k must be an integer >= 0 (0 = any split: selection chooses), "
+                                 f"got {self.split_k!r}")
         for d in range(nd):
             eff = self.dilation[d] * (self.filter[d] - 1) + 1
             padded = self.input_spatial[d] + self.pad_left[d] + self.pad_right[d]
