@@ -199,12 +199,16 @@ def _realisations(arch, opts: dict, facts: dict, dtypes) -> list:
     from .space import realisation_configs
 
     wt = dict(arch.warp_tiles)
+    tiles = {tuple(t) for t in opts.get("tiles") or ()}
+    pipes = set(opts.get("pipelines") or ())
     out = []
     for d, dt, nd, lay, spec in itertools.product(
             opts.get("directions") or DIRECTIONS, dtypes, [int(n) for n in opts.get("ndims") or (1, 2, 3)],
             opts.get("layouts") or ("nhwgc",),
             opts.get("specializations") or facts.get("specializations") or K.SPECIALIZATIONS):
         for c in realisation_configs(d, dt, nd, lay, spec):
+            if (tiles and c.tile not in tiles) or (pipes and c.pipeline not in pipes):
+                continue   # the options narrow these families too
             if K.cull_reason(c, warp_size=arch.warp_size, lds_bytes=arch.lds_bytes,
                              warp_tiles=wt.get(dt, ())) is None:
                 out.append(c)
