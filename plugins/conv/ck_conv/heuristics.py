@@ -68,3 +68,21 @@ def preferred_split(cfg: ConvKernelConfig, p: ConvProblem, num_sms: int, smem_by
 
     tiles, steps = reduction_shape(cfg, p)
     return auto_split_mn(tiles, steps, num_sms, eager=cfg.reduction in EAGER_REDUCTIONS)
+
+
+def named_split(cfg: ConvKernelConfig, p: ConvProblem, num_sms: int, split: int | None = None) -> tuple:
+    """``(config, problem)`` to time ``cfg`` split ``split`` ways (None: :func:`preferred_split`).
+
+    For callers that hold configs rather than the Dispatcher's keys (the kernel
+    benchmarks): the config gets the split its launch really makes (a short
+    reduction has fewer parts than asked) and the problem asks for exactly that.
+    """
+    import attrs
+
+    from .launch import split_plan
+
+    p0 = attrs.evolve(p, split_k=0)
+    c = attrs.evolve(cfg, split=split or preferred_split(cfg, p0, num_sms))
+    if c.reduction != "streamk":
+        c = attrs.evolve(c, split=split_plan(c, p0)[0])
+    return c, attrs.evolve(p, split_k=c.split)
