@@ -250,13 +250,26 @@ def split_plan(cfg: ConvKernelConfig, p: ConvProblem) -> tuple:
     return max(1, _cdiv(steps, chunk)), chunk
 
 
-@functools.lru_cache(maxsize=4096)
 def reduction_shape(cfg: ConvKernelConfig, p: ConvProblem) -> tuple:
     """``(output tiles, reduction length)`` of the implicit GEMM ``cfg`` runs for ``p``.
 
     forward / bwd_data: programs' output tiles and BLOCK_K steps per tile;
     bwd_weight: output tiles and pixels.  Depthwise forward / bwd_data, flat
     and row kernels do not reduce over programs: (tiles, 1)."""
+    # the same for every split, pipeline and reduction of a tile (selection asks for thousands)
+    fam = (cfg.tile, cfg.specialization, cfg.group_merge, cfg._bwd_data_tm, cfg.direction, p)
+    got = _SHAPES.get(fam)
+    if got is None:
+        if len(_SHAPES) > 65536:
+            _SHAPES.clear()
+        got = _SHAPES[fam] = _reduction_shape(cfg, p)
+    return got
+
+
+_SHAPES: dict = {}
+
+
+def _reduction_shape(cfg: ConvKernelConfig, p: ConvProblem) -> tuple:
     g = geometry(p)
     meta = cfg.triton_meta()
     if p.direction == "bwd_weight":

@@ -9,6 +9,7 @@ gradient); outputs ``y`` (forward), ``dx`` (bwd_data), ``dw`` (bwd_weight).
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import itertools
@@ -79,6 +80,7 @@ class ConvAlgorithm:
         return self.warp_m * self.warp_n * self.warp_k
 
 
+@functools.lru_cache(maxsize=1 << 18)
 def to_config(sig: ConvSignature, a: ConvAlgorithm) -> K.ConvKernelConfig:
     return K.ConvKernelConfig(direction=sig.direction, dtype=sig.dtype, ndim=sig.ndim, layout=sig.layout,
                               pipeline=a.pipeline, scheduler=a.scheduler, tile=(a.tile_m, a.tile_n, a.tile_k),
@@ -127,7 +129,7 @@ OPTIONS = ("directions", "dtypes", "ndims", "layouts", "specializations", "pipel
 #: reduction splits enumerated per kind of kernel (``split_ks`` overrides them all):
 #: CK-space atomic forward / bwd_data, the workspace reductions, bwd_weight's pixel split
 #: (stream-K: persistent programs per SM)
-SPLITS = {"atomic": (1, 2, 4, 8), "workspace": (1, 2, 3, 4, 6, 8), "bwd_weight": (1, 2, 4, 8, 16, 32, 64),
+SPLITS = {"atomic": (1, 2, 4, 8), "workspace": (1, 2, 4, 8), "bwd_weight": (1, 2, 4, 8, 16, 32),
           "streamk": (1, 2)}
 
 
@@ -180,8 +182,11 @@ def enumerate_keys(arch, backend: str, options: dict) -> list:
         culled=culled)
     if backend == "triton":
         cfgs = cfgs + _realisations(arch, opts, facts, dtypes)
-    out = []
+    out, seen = [], set()
     for c in cfgs:
+        if c in seen:
+            continue
+        seen.add(c)
         if nvidia and c.specialization != "depthwise":
             # Triton on NVIDIA keeps num_stages buffers of A and B in shared memory
             # (a group-merged bwd_weight one per merged group: a batched dot)
@@ -196,9 +201,8 @@ def enumerate_keys(arch, backend: str, options: dict) -> list:
 
 def _realisations(arch, opts: dict, facts: dict, dtypes) -> list:
     """The Triton realisation families (:mod:`ck_conv.space`) legal on ``arch``."""
-    from .space import realisation_configs
+    from .space import classic_configs, realisation_configs
 
-    wt = dict(arch.warp_tiles)
     tiles = {tuple(t) for t in opts.get("tiles") or ()}
     pipes = set(opts.get("pipelines") or ())
     out = []
@@ -206,11 +210,12 @@ def _realisations(arch, opts: dict, facts: dict, dtypes) -> list:
             opts.get("directions") or DIRECTIONS, dtypes, [int(n) for n in opts.get("ndims") or (1, 2, 3)],
             opts.get("layouts") or ("nhwgc",),
             opts.get("specializations") or facts.get("specializations") or K.SPECIALIZATIONS):
-        for c in realisation_configs(d, dt, nd, lay, spec):
+        for c in classic_configs(d, dt, nd, lay, spec) + realisation_configs(d, dt, nd, lay, spec):
             if (tiles and c.tile not in tiles) or (pipes and c.pipeline not in pipes):
                 continue   # the options narrow these families too
-            if K.cull_reason(c, warp_size=arch.warp_size, lds_bytes=arch.lds_bytes,
-                             warp_tiles=wt.get(dt, ())) is None:
+            # Triton realises a tile with num_warps warps whatever their layout: of CK's
+            # rules only the thread count and the LDS hold (shared memory: below)
+            if c.num_warps * arch.warp_size <= 1024 and c.lds_bytes() <= arch.lds_bytes:
                 out.append(c)
     return out
 
@@ -236,11 +241,20 @@ def heuristic(problem, candidates, arch) -> list:
         s += 0.5 * (c.pipeline != want.pipeline) + 0.25 * (c.waves != want.waves)
         s += 0.1 * spec_rank.get(c.specialization, 3) + 0.05 * (c.warp_tile != want.warp_tile)
         # the split that fills the GPU for this tile (the launcher never sizes one)
-        s += 0.3 * abs(math.log2(c.split / preferred_split(c, problem, cus, getattr(arch, "lds_bytes", None))))
+        s += 0.3 * abs(math.log2(c.split / split_for(c)))
         return s
 
-    good = [k for k in candidates if supports(k, problem) is None]
-    return sorted(good, key=score) or list(candidates)
+    preferred: dict = {}
+
+    def split_for(c):
+        # what the preferred split depends on (not the split itself): one computation per family
+        fam = (c.tile, c.group_merge, c.tap_mask, c.reduction, c.stages, c.pipeline, c.flat, c.rows,
+               c.specialization)
+        if fam not in preferred:
+            preferred[fam] = preferred_split(c, problem, cus, getattr(arch, "lds_bytes", None))
+        return preferred[fam]
+
+    return sorted(candidates, key=score)   # the Dispatcher passes the keys that support the problem
 
 
 # -- references and inputs -------------------------------------------------------

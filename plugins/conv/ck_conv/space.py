@@ -22,27 +22,53 @@ from .kernels import ConvKernelConfig
 
 #: split reductions that are not CK's atomic one
 REDUCTIONS = ("relaxed", "twostage", "fixup", "atomicfix", "streamk")
-#: implicit-GEMM tiles of the realisation families (M, N, K), waves per tile
-GEMM_TILES = {
-    (64, 16, 64): (2, 1, 1), (64, 32, 64): (2, 1, 1), (64, 64, 64): (2, 2, 1), (128, 64, 64): (2, 4, 1),
-    (128, 128, 64): (2, 4, 1), (64, 128, 64): (2, 2, 1), (64, 256, 64): (2, 4, 1), (128, 256, 64): (2, 4, 1),
-    (64, 64, 32): (2, 2, 1), (128, 128, 32): (2, 4, 1),
-}
+#: implicit-GEMM tiles of the realisation families (M, N, K); waves by :func:`classic_waves`
+GEMM_TILES = tuple(itertools.product((64, 128, 256), (16, 32, 64, 128, 256), (32, 64)))
 #: BLOCK_K 128 tiles and the stage counts they were measured with
-DEEP_TILES = {(64, 64, 128): (2, 2, 1), (128, 64, 128): (2, 4, 1), (128, 128, 128): (2, 4, 1),
-              (64, 128, 128): (2, 4, 1)}
+DEEP_TILES = tuple(itertools.product((64, 128), (16, 32, 64, 128, 256), (128,)))
 DEEP_STAGES = (4, 5)
 #: merged groups per program and the tiles they run on (whole groups of <= 32 channels per block)
 GROUP_MERGES = (4, 8, 16)
-MERGE_TILES = {(128, 64, 64): (2, 4, 1), (64, 64, 64): (2, 2, 1), (128, 128, 128): (2, 4, 1),
-               (16, 16, 64): (2, 2, 1), (32, 32, 128): (2, 2, 1), (128, 128, 64): (2, 4, 1),
-               (64, 128, 128): (2, 2, 1)}
+MERGE_TILES = tuple(itertools.product((16, 32, 64, 128), (16, 32, 64, 128), (16, 32, 64, 128)))
 #: depthwise flat-row tiles (rows, flat (W, G) span) and warps
 FLAT_TILES = (((4, 1024, 1), 4), ((2, 1024, 1), 4), ((8, 512, 1), 4), ((2, 2048, 1), 8), ((8, 1024, 1), 8),
               ((1, 2048, 1), 4), ((128, 16, 1), 4), ((256, 16, 1), 4))
 #: depthwise row-reuse tiles (output rows, span), warps, weights (1 gathered, 2 host-expanded)
 ROWS_TILES = (((4, 1024, 1), 4, 1), ((8, 1024, 1), 4, 1), ((4, 2048, 1), 8, 1), ((4, 1024, 1), 4, 2),
               ((8, 2048, 1), 8, 2), ((2, 1024, 1), 4, 1), ((16, 1024, 1), 4, 1))
+
+
+#: the tile axes of ``heuristic_config`` and the classic candidate list (few channels per
+#: group: N and K down to 16), each with the waves those rules give it
+CLASSIC_M = (16, 32, 64, 128, 256)
+CLASSIC_N = (16, 32, 64, 128, 256)
+CLASSIC_K = (16, 32, 64, 128)
+#: the classic depthwise direct-kernel tiles (pixels, groups) and warps
+DW_CLASSIC = {"forward": (((128, 32, 1), 4), ((256, 16, 1), 4), ((64, 64, 1), 4), ((128, 16, 1), 4),
+                          ((256, 32, 1), 4), ((64, 32, 1), 4), ((512, 16, 1), 8), ((256, 16, 1), 8)),
+              "bwd_weight": (((8, 32, 1), 4), ((16, 32, 1), 4), ((16, 16, 1), 4), ((32, 16, 1), 4),
+                             ((8, 64, 1), 4), ((32, 32, 1), 4))}
+DW_CLASSIC["bwd_data"] = DW_CLASSIC["forward"]
+
+
+def classic_waves(tile, direction: str) -> tuple:
+    """The wave layouts the classic rules give a tile (small tiles run on 1-2 warps)."""
+    m, n, _ = tile
+    if direction == "bwd_weight":
+        return ((2, 2, 1), (2, 4, 1)) if m * n >= 64 * 64 else ((1, 2, 1), (1, 1, 1))
+    return ((2, 2, 1), (2, 4, 1)) if m * n >= 64 * 64 else ((2, 1, 1),)
+
+
+def classic_configs(direction: str, dtype: str, ndim: int, layout: str, specialization: str):
+    """CK-style tiles the classic rules use that CK's table lacks (unsplit knobs)."""
+    common = dict(direction=direction, dtype=dtype, ndim=ndim, layout=layout, specialization=specialization)
+    if specialization == "depthwise":
+        return [ConvKernelConfig(pipeline="mem", tile=t, waves=(w, 1, 1), warp_tile=(1, 1, 1), **common)
+                for t, w in DW_CLASSIC[direction]]
+    pipes = ("compv3", "mem", "compv4") if direction == "forward" else ("compv3", "mem")
+    return [ConvKernelConfig(pipeline=pipe, tile=t, waves=w, warp_tile=(16, 16, 16), **common)
+            for t in itertools.product(CLASSIC_M, CLASSIC_N, CLASSIC_K) for w in classic_waves(t, direction)
+            for pipe in pipes]
 
 
 def realisation_configs(direction: str, dtype: str, ndim: int, layout: str, specialization: str):
@@ -69,22 +95,28 @@ def realisation_configs(direction: str, dtype: str, ndim: int, layout: str, spec
             out.append(c)
 
     seen: set = set()
-    for (tile, waves), tap, red in itertools.product(GEMM_TILES.items(), taps, ("atomic",) + reductions):
+    for tile, tap, red in itertools.product(GEMM_TILES, taps, ("atomic",) + reductions):
         if red == "streamk" and direction == "bwd_data" and not tap and not one_by_one:
             continue   # bwd_data stream-K runs on the tap-bit kernel
-        for pipe, stages in (("compv3", 0), ("compv4", 0), ("compv3", 3), ("compv3", 4)):
-            if pipe == "compv4" and direction != "forward":
-                continue
-            if (tap or red != "atomic" or stages) or pipe == "compv4":
-                add(tile, waves, pipe, stages=stages, reduction=red, tap_mask=tap)
-    for (tile, waves), stages, tap, red in itertools.product(DEEP_TILES.items(), DEEP_STAGES, taps,
-                                                             ("atomic",) + reductions):
+        for waves in classic_waves(tile, direction):
+            for pipe, stages in (("compv3", 0), ("compv4", 0), ("compv3", 3), ("compv3", 4)):
+                if pipe == "compv4" and direction != "forward":
+                    continue
+                if tap or red != "atomic" or stages or pipe == "compv4":
+                    add(tile, waves, pipe, stages=stages, reduction=red, tap_mask=tap)
+    for tile, stages, tap, red in itertools.product(DEEP_TILES, DEEP_STAGES, taps, ("atomic",) + reductions):
         if red == "streamk" and direction == "bwd_data" and not tap and not one_by_one:
             continue
-        add(tile, waves, stages=stages, reduction=red, tap_mask=tap)
+        for waves in classic_waves(tile, direction):
+            add(tile, waves, stages=stages, reduction=red, tap_mask=tap)
     merge_taps = taps if direction != "bwd_data" or one_by_one else (True,)
-    merge_reds = ("atomic", "fixup") if direction == "bwd_weight" else ("atomic",)
-    for (tile, waves), gm, tap, red, stages in itertools.product(MERGE_TILES.items(), GROUP_MERGES, merge_taps,
-                                                                 merge_reds, (0, 3)):
-        add(tile, waves, stages=stages, reduction=red, group_merge=gm, tap_mask=tap)
+    # bwd_weight merges (a batched dot) reduce with fixup over 64-128 pixel blocks; forward /
+    # bwd_data merges are one block-diagonal GEMM of 64-128 rows
+    merge_reds, merge_stages = (("fixup",), (0,)) if direction == "bwd_weight" else (("atomic",), (0, 3))
+    for tile, gm, tap, red, stages in itertools.product(MERGE_TILES, GROUP_MERGES, merge_taps, merge_reds,
+                                                        merge_stages):
+        if (tile[0] < 64) if direction != "bwd_weight" else (tile[2] < 64):
+            continue
+        for waves in classic_waves(tile, direction):
+            add(tile, waves, stages=stages, reduction=red, group_merge=gm, tap_mask=tap)
     return out

@@ -114,3 +114,29 @@ def test_family_runs_through_the_dispatcher(sm90_fwd, family, problem, direction
     assert disp.select(p) == key and config_of(key).why_not(p) is None
     err = float((out.double() - ref).norm() / ref.norm())
     assert err < 3e-3, (key.name, err)
+
+
+#: benchmark-style layers whose whole candidate list (classic + extended) the registry holds
+COVERED = [
+    ("resnet c4 3x3", dict(N=8, G=1, C=256, K=256, input_spatial=(14, 14), filter=(3, 3), pad_left=(1, 1),
+                           pad_right=(1, 1)), ("forward", "bwd_data", "bwd_weight")),
+    ("resnet c5 1x1", dict(N=8, G=1, C=512, K=2048, input_spatial=(7, 7), filter=(1, 1)),
+     ("forward", "bwd_weight")),
+    ("mobilenet dw 3x3", dict(N=8, G=96, C=96, K=96, input_spatial=(56, 56), filter=(3, 3), pad_left=(1, 1),
+                              pad_right=(1, 1)), ("forward", "bwd_data", "bwd_weight")),
+    ("stem 7x7 s2", dict(N=8, G=1, C=3, K=64, input_spatial=(224, 224), filter=(7, 7), stride=(2, 2),
+                         pad_left=(3, 3), pad_right=(3, 3)), ("forward", "bwd_data", "bwd_weight")),
+]
+
+
+@pytest.mark.parametrize("name,shape,directions", COVERED, ids=[c[0] for c in COVERED])
+def test_the_registry_holds_the_benchmark_candidates(name, shape, directions):
+    from ck_conv.kernels import candidate_configs
+
+    reg = Registry.from_enumeration("conv", "sm90", "triton", dtypes=["fp16"], ndims=[2],
+                                    directions=list(directions))
+    held = {config_of(k) for k in reg}
+    for d in directions:
+        p = ConvProblem(**shape, direction=d, dtype="fp16", split_k=0)
+        missing = [c.name for c in candidate_configs(p) if c not in held]
+        assert not missing, (d, missing[:3])
