@@ -194,7 +194,7 @@ def enumerate_keys(arch, backend: str, options: dict) -> list:
                 * (c.group_merge if c.direction == "bwd_weight" else 1)
             if need > lds:
                 continue
-        for sp in _splits(c, split_ks):
+        for sp in (_splits(c, split_ks) if backend == "triton" else (1,)):   # a Triton realisation knob
             out.append(key_of(c if sp == 1 else attrs.evolve(c, split=sp), arch.name, backend))
     return out
 

@@ -107,8 +107,8 @@ class ConvProblem(Problem):
     wei_layout    weight layout ('' = the input's family)
     out_layout    output layout ('' = the input's family)
     split_k       the kernel's reduction split (forward / bwd_data: channel x tap steps;
-                  bwd_weight: N and pixels): 1 = unsplit, n = a kernel splitting n ways,
-                  0 = any split (selection chooses; what the public API asks)
+                  bwd_weight: N and pixels): 0 (default) = any split, selection chooses;
+                  1 = unsplit kernels only, n = kernels splitting n ways
     """
 
     op: ClassVar[str] = "conv"
@@ -129,7 +129,7 @@ class ConvProblem(Problem):
     wei_layout: str = attrs.field(default="")
     out_layout: str = attrs.field(default="")
     #: bwd_weight only: how many programs split the pixel reduction; 0 lets the launcher choose
-    split_k: int = attrs.field(default=1)
+    split_k: int = attrs.field(default=0)
 
     def __attrs_post_init__(self):
         nd = len(self.input_spatial)
@@ -305,7 +305,7 @@ class ConvProblem(Problem):
         """Build from CK's ConvParam convention (K and C per group)."""
         return cls(G=G, N=N, K=K * G, C=C * G, **kw)
 
-    def with_direction(self, direction: str, split_k: int = 1) -> "ConvProblem":
+    def with_direction(self, direction: str, split_k: int = 0) -> "ConvProblem":
         return attrs.evolve(self, direction=direction, split_k=split_k)
 
 

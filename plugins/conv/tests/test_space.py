@@ -129,13 +129,16 @@ COVERED = [
 ]
 
 
+@pytest.fixture(scope="module")
+def sm90_fp16_2d():
+    return {config_of(k) for k in Registry.from_enumeration("conv", "sm90", "triton", dtypes=["fp16"], ndims=[2])}
+
+
 @pytest.mark.parametrize("name,shape,directions", COVERED, ids=[c[0] for c in COVERED])
-def test_the_registry_holds_the_benchmark_candidates(name, shape, directions):
+def test_the_registry_holds_the_benchmark_candidates(sm90_fp16_2d, name, shape, directions):
     from ck_conv.kernels import candidate_configs
 
-    reg = Registry.from_enumeration("conv", "sm90", "triton", dtypes=["fp16"], ndims=[2],
-                                    directions=list(directions))
-    held = {config_of(k) for k in reg}
+    held = sm90_fp16_2d
     for d in directions:
         p = ConvProblem(**shape, direction=d, dtype="fp16", split_k=0)
         missing = [c.name for c in candidate_configs(p) if c not in held]
