@@ -161,13 +161,14 @@ def _operands(ci, d, seed):
 
 
 def _launcher(p, ops, name, split):
-    import attrs
+    import torch
 
+    from ck_conv.heuristics import named_split
+    from ck_conv.kernels import ConvKernelConfig
     from ck_conv.launch import run
-    if p.direction == "bwd_weight":
-        q = attrs.evolve(p, split_k=split or 0)
-        return lambda: run(q, ops, name)
-    return lambda: run(p, ops, name, split=split)
+    cfg, q = named_split(ConvKernelConfig.from_name(name), p, torch.cuda.get_device_properties(0).multi_processor_count,
+                         split)
+    return lambda: run(q, ops, cfg)
 
 
 def _worker(chunk_path, status_path):
@@ -284,7 +285,8 @@ def used_split(p, name, split, num_sms):
     """The reduction split run() will launch with (None: auto); for stream-K the
     program count as ``"sk<n>"``; 1 for the depthwise kernels."""
     from ck_conv.kernels import ConvKernelConfig
-    from ck_conv.launch import (_cdiv, _class_rows, auto_split_k, auto_split_mn, geometry, streamk_programs)
+    from ck_conv.heuristics import auto_split_k, auto_split_mn
+    from ck_conv.launch import _cdiv, _class_rows, geometry, streamk_fits, streamk_programs
     cfg = ConvKernelConfig.from_name(name)
     if cfg.specialization == "depthwise" and p.direction != "bwd_weight":
         return 1
@@ -306,7 +308,7 @@ def used_split(p, name, split, num_sms):
         steps = (1 if one else max(r[0] * r[1] * r[2] for r in rows)) * _cdiv(p.k_per_group, k)
     if cfg.reduction == "streamk":
         total = tiles * steps
-        nprog = streamk_programs(cfg, total, steps, num_sms, split)
+        nprog = streamk_programs(cfg, total, steps, num_sms, split or streamk_fits(cfg))
         return f"sk{_cdiv(total, _cdiv(total, nprog))}"
     s = split or auto_split_mn(tiles, steps, num_sms, eager=cfg.reduction in ("twostage", "fixup", "atomicfix"))
     return _cdiv(steps, _cdiv(steps, s))

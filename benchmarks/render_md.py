@@ -14,6 +14,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 ORDER = ["gemm", "fmha", "conv"]
+#: sections written by hand (partial runs, test counts) live in this file and are kept at the top
+HAND = ROOT / "SESSION_NOTES.md"
 INTRO = """# Benchmarks
 
 Speed is always a ratio against the peer library, timed in the same process on
@@ -67,6 +69,8 @@ def main() -> int:
     files = sorted((ROOT / "results").glob("*.json"),
                    key=lambda p: (ORDER.index(p.stem) if p.stem in ORDER else 99, p.stem))
     body = [INTRO]
+    if HAND.exists():
+        body.append(HAND.read_text())
     shown = 0
     for f in files:
         data = json.loads(f.read_text())

@@ -352,7 +352,6 @@ PROBLEM_ROWS = [
     (ConvProblem, dict(_CONV, in_layout="NDHWGC")),
     (ConvProblem, dict(_CONV, split_k=-1, direction="bwd_weight")),
     (ConvProblem, dict(_CONV, split_k=True, direction="bwd_weight")),
-    (ConvProblem, dict(_CONV, split_k=2)),
     (ConvProblem, dict(_CONV, filter=(9, 9))),
 ]
 
@@ -512,11 +511,13 @@ def test_launchers_refuse_non_tensors():
     pytest.importorskip("triton")
     from ck_conv import run as conv_run
     from ck_gemm.triton.launch import gemm
+    from ck_gemm.triton.tuning import pick_config
     torch = pytest.importorskip("torch")
     h = torch.ones(8, 8, dtype=torch.float16)
+    cfg = pick_config(8, 8, 8)
     for a, b, what in ((_h(8, 8), h, "ndarray"), (h, [[1.0] * 8] * 8, "list")):
         with _time_limit(LIMIT_S), pytest.raises(E.InvalidProblem, match=what):
-            gemm(a, b)
+            gemm(a, b, config=cfg)
     with _time_limit(LIMIT_S), pytest.raises(E.InvalidProblem, match="ndarray"):
         conv_run(PCONV, {"x": _h(*PCONV.input_shape), "w": _h(*PCONV.weight_shape)})
     with _time_limit(LIMIT_S), pytest.raises(E.InvalidProblem, match="missing w"):

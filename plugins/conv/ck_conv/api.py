@@ -57,7 +57,7 @@ def _problem(direction: str, x_shape, w_shape, stride, padding, dilation, groups
                        stride=_tuple(stride, nd, "stride"), dilation=_tuple(dilation, nd, "dilation"),
                        pad_left=pad, pad_right=pad, direction=direction, dtype=core.dtype_token(dtype),
                        in_layout=in_l, wei_layout=wei_l, out_layout=out_l,
-                       split_k=0 if direction == "bwd_weight" else 1)
+                       split_k=0)   # any split: the Dispatcher picks the kernel and its split
 
 
 def _last(nd: int) -> tuple:

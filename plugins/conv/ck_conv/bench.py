@@ -121,6 +121,8 @@ def rel_err(a, b):
 def _compile_task(task):
     """Worker: run each config once on the case's real shapes (fills Triton's disk cache)."""
     import torch
+    from ck_conv.heuristics import named_split
+    from ck_conv.kernels import ConvKernelConfig
     from ck_conv.launch import run
     ci, direction, names = task
     case = CASES[ci]
@@ -134,7 +136,9 @@ def _compile_task(task):
     for nm in names:
         t = time.time()
         try:
-            run(p, ops, nm)
+            cfg, q = named_split(ConvKernelConfig.from_name(nm), p,
+                                 torch.cuda.get_device_properties(0).multi_processor_count)
+            run(q, ops, cfg)
             torch.cuda.synchronize()
             res.append((nm, None, time.time() - t))
         except Exception as e:  # a config that fails to compile times as infinity
@@ -154,6 +158,7 @@ def main(argv=None):
     import torch
     import triton
     from triton.testing import do_bench_cudagraph
+    from ck_conv.heuristics import named_split
     from ck_conv.kernels import candidate_configs
     from ck_conv.launch import run
     from ck_core.device import current_arch
@@ -221,11 +226,8 @@ def main(argv=None):
             errs = {}
 
             def ours(cfg, split=None):
-                if d == "bwd_weight":
-                    import attrs
-                    q = attrs.evolve(p, split_k=split or 0)
-                    return lambda: run(q, ops, cfg)
-                return lambda: run(p, ops, cfg, split=split)
+                c_, q = named_split(cfg, p, torch.cuda.get_device_properties(0).multi_processor_count, split)
+                return lambda: run(q, ops, c_)
 
             for i, cfg in enumerate(cands[(ci, d)]):
                 if cfg.name in failed:
@@ -247,7 +249,7 @@ def main(argv=None):
                 if best is None or t < best[1]:
                     best = (cfg.name, t, e, None, cfg)
             if best is not None:  # tune the reduction split of the winner
-                from ck_conv.launch import auto_split_k
+                from ck_conv.heuristics import auto_split_k
                 if d == "bwd_weight":
                     a = auto_split_k(p, best[4], torch.cuda.get_device_properties(0).multi_processor_count)
                     splits = sorted({max(1, a // 2), a * 2, 1} - {a})

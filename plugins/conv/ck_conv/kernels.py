@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import re
 from pathlib import Path
 
@@ -94,7 +95,7 @@ _NAME_RE = re.compile(
     r"_(?P<spec>" + "|".join(sorted(SPECIALIZATIONS, key=len, reverse=True)) + r")"
     r"(?:_vec(?P<vec>\d+_\d+_\d+))?(?:_pad(?P<pad>[01]{3}))?"
     r"(?:_st(?P<st>\d))?(?:_(?P<red>relaxed|twostage|fixup|atomicfix|streamk))?(?:_gm(?P<gm>\d+))?"
-    r"(?P<tapmask>_tapmask)?(?P<flat>_flat)?(?P<rows>_rows(?:_wexp)?)?$")
+    r"(?P<tapmask>_tapmask)?(?P<flat>_flat)?(?P<rows>_rows(?:_wexp)?)?(?:_sp(?P<sp>\d+))?$")
 
 
 def _triple(v) -> tuple:
@@ -140,8 +141,14 @@ class ConvKernelConfig:
     #: channel in the kernel (``_rows``), 2 = from a host-expanded [taps, Wo*G]
     #: table (``_rows_wexp``)
     rows: int = attrs.field(default=0, converter=int)
+    #: programs one output tile's reduction is split over (forward / bwd_data: BLOCK_K
+    #: steps; bwd_weight: pixels), combined as ``reduction`` says; 1 = no split.
+    #: ``streamk``: persistent programs per SM
+    split: int = attrs.field(default=1, converter=int)
 
     def __attrs_post_init__(self):
+        if self.split < 1:
+            raise InvalidProblem(f"split={self.split}: use 1 (no split) or more")
         if self.rows not in (0, 1, 2):
             raise InvalidProblem(f"rows={self.rows}: use 0, 1 (_rows) or 2 (_rows_wexp)")
         if self.stages and self.stages not in STAGE_RANGE:
@@ -177,6 +184,8 @@ class ConvKernelConfig:
             s += "_flat"
         if self.rows:
             s += "_rows" if self.rows == 1 else "_rows_wexp"
+        if self.split != 1:
+            s += f"_sp{self.split}"
         return s
 
     def __str__(self) -> str:
@@ -203,7 +212,7 @@ class ConvKernelConfig:
                    pad=tuple(c == "1" for c in m["pad"]) if m["pad"] else (True, True, True),
                    stages=int(m["st"] or 0), reduction=m["red"] or "atomic", group_merge=int(m["gm"] or 1),
                    tap_mask=bool(m["tapmask"]), flat=bool(m["flat"]),
-                   rows={None: 0, "_rows": 1, "_rows_wexp": 2}[m["rows"]])
+                   rows={None: 0, "_rows": 1, "_rows_wexp": 2}[m["rows"]], split=int(m["sp"] or 1))
 
     # ---- resources --------------------------------------------------------
     @property
@@ -284,6 +293,8 @@ class ConvKernelConfig:
             return f"layout {p.layout_family} != {self.layout}"
         dw = p.c_per_group == 1 and p.k_per_group == 1
         spec = self.specialization
+        if self.split > 1 and (self.flat or self.rows or (spec == "depthwise" and self.direction != "bwd_weight")):
+            return "depthwise forward / bwd_data kernels do not split their reduction"
         if spec == "depthwise":
             if self.group_merge != 1 or self.tap_mask or self.reduction != "atomic":
                 return "depthwise kernels have no group merging, tap mask or split-reduction modes"
@@ -295,7 +306,9 @@ class ConvKernelConfig:
                 why = rows_why_not(self, p)
                 if why:
                     return why
-            return None if dw else "depthwise kernel needs C = K = G (one channel per group)"
+            if not dw:
+                return "depthwise kernel needs C = K = G (one channel per group)"
+            return self._split_why_not(p)
         if self.flat:
             return "the flat-row layout exists for depthwise kernels only"
         if self.rows:
@@ -344,6 +357,25 @@ class ConvKernelConfig:
         vec_c = p.c_per_group if p.direction != "bwd_weight" else p.k_per_group
         if self.vector[0] > 1 and vec_c % self.vector[0] and not pk:
             return f"vector size {self.vector[0]} does not divide {vec_c} channels"
+        return self._split_why_not(p)
+
+    def _split_why_not(self, p: ConvProblem) -> str | None:
+        if self.split == 1:
+            return None if p.split_k in (0, 1) else f"problem asks for split_k={p.split_k}, kernel does not split"
+        if p.split_k not in (0, self.split):
+            return f"problem asks for split_k={p.split_k}, kernel splits {self.split} ways"
+        if self.reduction == "streamk":
+            return None  # split = persistent programs per SM: any count runs
+        from .launch import split_plan  # the launch's own arithmetic: the name says what runs
+
+        result = {"forward": p.output_shape, "bwd_data": p.input_shape, "bwd_weight": p.weight_shape}[p.direction]
+        if self.reduction in ("twostage", "fixup") and self.split * math.prod(result) >= 2 ** 31:
+            return f"a {self.reduction} workspace of {self.split} x the output overflows 32-bit offsets"
+
+        nsplit, _ = split_plan(self, p)
+        if nsplit != self.split:
+            return (f"the reduction cut in {self.split} parts leaves {nsplit} non-empty ones; "
+                    f"a kernel with split {nsplit} runs it")
         return None
 
     def supports(self, p: ConvProblem) -> bool:
@@ -460,7 +492,8 @@ def _pow2_at_least(x: int, lo: int, hi: int) -> int:
 
 def heuristic_config(p: ConvProblem, *, warp_size: int = 32, big_smem: bool = True) -> ConvKernelConfig:
     """A good default kernel for ``p`` on a tensor-core GPU (tuned on an H100)."""
-    common = dict(direction=p.direction, dtype=p.dtype, ndim=p.ndim, layout=p.layout_family)
+    common = dict(direction=p.direction, dtype=p.dtype, ndim=p.ndim, layout=p.layout_family,
+                  split=p.split_k or 1)
     if p.c_per_group == 1 and p.k_per_group == 1:
         tile = (128, 32, 1) if p.direction != "bwd_weight" else (8, 32, 1)
         return ConvKernelConfig(pipeline="mem", tile=tile, waves=(4, 1, 1), warp_tile=(1, 1, 1),

@@ -17,7 +17,7 @@ import math
 
 from ck_core.errors import InvalidProblem, UnsupportedProblem
 
-from .kernels import ConvKernelConfig, heuristic_config
+from .kernels import ConvKernelConfig
 from .problem import _FLT, _IMG, ConvProblem
 
 
@@ -232,21 +232,69 @@ def pixel_tables(p: ConvProblem, device, tap_bits: bool = False):
     return _PIX[key]
 
 
-def auto_split_k(p: ConvProblem, cfg: ConvKernelConfig, num_sms: int) -> int:
-    """Split of the bwd_weight pixel reduction that fills about two waves of the GPU."""
+def split_plan(cfg: ConvKernelConfig, p: ConvProblem) -> tuple:
+    """``(splits, chunk)`` of ``cfg``'s split reduction on ``p``, as :func:`run` launches it.
+
+    forward / bwd_data: the reduction's BLOCK_K steps (channels x taps) cut in
+    ``cfg.split`` chunks of ``chunk`` steps; bwd_weight: the pixels, in chunks of
+    ``chunk`` pixels (a multiple of the pixel block).  ``splits`` can come out
+    below ``cfg.split`` when the reduction is short: ``why_not`` refuses those,
+    so a kernel's name says how it splits.
+    """
+    tiles, steps = reduction_shape(cfg, p)
+    if p.direction == "bwd_weight":
+        unit = cfg.triton_meta()["BLOCK_P" if cfg.specialization == "depthwise" else "BLOCK_K"]
+        chunk = _cdiv(_cdiv(steps, cfg.split), unit) * unit
+        return _cdiv(steps, chunk), chunk
+    chunk = _cdiv(max(steps, 1), cfg.split)
+    return max(1, _cdiv(steps, chunk)), chunk
+
+
+def reduction_shape(cfg: ConvKernelConfig, p: ConvProblem) -> tuple:
+    """``(output tiles, reduction length)`` of the implicit GEMM ``cfg`` runs for ``p``.
+
+    forward / bwd_data: programs' output tiles and BLOCK_K steps per tile;
+    bwd_weight: output tiles and pixels.  Depthwise forward / bwd_data, flat
+    and row kernels do not reduce over programs: (tiles, 1)."""
+    # the same for every split, pipeline and reduction of a tile (selection asks for thousands)
+    fam = (cfg.tile, cfg.specialization, cfg.group_merge, cfg._bwd_data_tm, cfg.direction, p)
+    got = _SHAPES.get(fam)
+    if got is None:
+        if len(_SHAPES) > 65536:
+            _SHAPES.clear()
+        got = _SHAPES[fam] = _reduction_shape(cfg, p)
+    return got
+
+
+_SHAPES: dict = {}
+
+
+def _reduction_shape(cfg: ConvKernelConfig, p: ConvProblem) -> tuple:
     g = geometry(p)
-    P = p.N * g["Do"] * g["Ho"] * g["Wo"]
+    meta = cfg.triton_meta()
+    if p.direction == "bwd_weight":
+        P = p.N * g["Do"] * g["Ho"] * g["Wo"]
+        if cfg.specialization == "depthwise":
+            return _cdiv(p.G, meta["BLOCK_G"]), P
+        return (p.taps * _cdiv(g["K"], meta["BLOCK_M"]) * _cdiv(g["C"], meta["BLOCK_N"])
+                * _cdiv(p.G, meta.get("GM", 1))), P
     if cfg.specialization == "depthwise":
-        tiles = _cdiv(p.G, cfg.tile[1])
-        min_chunk = 4 * cfg.tile[0]
-    else:
-        tiles = _cdiv(p.G, cfg.group_merge) * p.taps * _cdiv(p.k_per_group, cfg.tile[0]) \
-            * _cdiv(p.c_per_group, cfg.tile[1])
-        min_chunk = 8 * cfg.tile[2]
-    want = max(1, _cdiv(2 * num_sms, tiles))
-    if cfg.reduction == "fixup":
-        want = min(want, FIXUP_MAX_SPLIT)
-    return max(1, min(want, P // min_chunk if P >= min_chunk else 1))
+        return 1, 1
+    gm = meta.get("GM", 1)
+    if p.direction == "forward":
+        M = p.N * g["Do"] * g["Ho"] * g["Wo"]
+        tiles = _cdiv(M, meta["BLOCK_M"]) * _cdiv(g["K"] * gm, meta["BLOCK_N"]) * (p.G // gm)
+        return tiles, (p.taps if meta["SPEC"] != 1 else 1) * _cdiv(g["C"] * gm, meta["BLOCK_K"])
+    sd = g["sd"]
+    Mr = p.N * _cdiv(g["Di"], sd[0]) * _cdiv(g["Hi"], sd[1]) * _cdiv(g["Wi"], sd[2])
+    if "STREAMK" in meta:
+        crow = _class_rows(sd, g["pad"], g["dil"], g["flt"], g["Ho"], g["Wo"])
+        tmax = max(r[0] * r[1] * r[2] for r in crow)
+        tiles = _cdiv(Mr, meta["BLOCK_M"]) * _cdiv(g["C"] * gm, meta["BLOCK_N"]) * (p.G // gm) * len(crow)
+        return tiles, (tmax if meta["SPEC"] != 1 else 1) * _cdiv(g["K"] * gm, meta["BLOCK_K"])
+    rows = _residue_table(sd, g["pad"], g["dil"], g["flt"])
+    tiles = _cdiv(Mr, meta["BLOCK_M"]) * _cdiv(g["C"], meta["BLOCK_N"]) * p.G * len(rows)
+    return tiles, max(len(r) for r in rows) * _cdiv(g["K"], meta["BLOCK_K"])
 
 
 def _num_sms(device) -> int:
@@ -259,37 +307,18 @@ def _num_sms(device) -> int:
     return 4
 
 
-def auto_split_mn(tiles: int, steps: int, num_sms: int, eager: bool = False) -> int:
-    """Split-K for forward / bwd_data: only when the output tiles leave most SMs idle.
-
-    ``eager`` (the workspace reductions, which cost no atomics and no memset):
-    the split (at most 8, at least 8 steps per split) whose programs fill the
-    last wave best, one program per SM assumed, a little penalty per extra split.
-    """
-    if eager:
-        best, score = 1, None
-        for sp in range(1, min(8, steps // 8) + 1):
-            n = tiles * sp
-            sc = n / (_cdiv(n, num_sms) * num_sms) - 0.03 * (sp - 1)
-            if score is None or sc > score + 1e-9:
-                best, score = sp, sc
-        return best
-    if tiles * 2 >= num_sms or steps < 8:
-        return 1
-    return max(1, min(num_sms // tiles, steps // 4))
-
-
-def streamk_programs(cfg: ConvKernelConfig, total: int, steps: int, num_sms: int, per_sm: int | None = None,
-                     smem_bytes: int | None = None) -> int:
-    """Programs of a stream-K launch: ``per_sm`` per SM (None: 2 when two of the
-    config's A/B buffer sets fit in one SM's ``smem_bytes`` of shared memory, else 1),
-    at most one per 4 reduction steps of work (and never more than the work)."""
-    from .kernels import ELEMENT_BYTES, plan_facts
-    if not per_sm:
-        m, n, k = cfg.tile
-        smem = (m + n) * k * ELEMENT_BYTES[cfg.dtype] * cfg.smem_buffers
-        per_sm = 2 if 2 * smem <= (smem_bytes or plan_facts()[1]) else 1
+def streamk_programs(cfg: ConvKernelConfig, total: int, steps: int, num_sms: int, per_sm: int) -> int:
+    """Programs of a stream-K launch: ``per_sm`` (the key's split) per SM, at most one per 4
+    reduction steps of work (and never more than the work)."""
     return max(1, min(per_sm * num_sms, total // min(4, max(steps, 1)), total))
+
+
+def streamk_fits(cfg: ConvKernelConfig, smem_bytes: int | None = None) -> int:
+    """Programs per SM whose A/B buffer sets fit one SM's ``smem_bytes`` (2 or 1)."""
+    from .kernels import ELEMENT_BYTES, plan_facts
+    m, n, k = cfg.tile
+    smem = (m + n) * k * ELEMENT_BYTES[cfg.dtype] * cfg.smem_buffers
+    return 2 if 2 * smem <= (smem_bytes or plan_facts()[1]) else 1
 
 
 class _StreamK:
@@ -318,8 +347,6 @@ class _StreamK:
 _COUNTERS: dict = {}
 _ACCUM: dict = {}
 _REDUCE_BLOCK = 1024
-#: ``fixup``'s automatic split stops here: the last program of a tile reads every partial
-FIXUP_MAX_SPLIT = 16
 
 
 def _counters(device, n: int):
@@ -369,7 +396,11 @@ class _SplitOut:
             self.ws = 3
             self.cnt = _counters(final.device, ntiles)
             return
-        if reduction in ("atomic", "relaxed") or nsplit * numel >= 2 ** 31:
+        if reduction in ("twostage", "fixup") and nsplit * numel >= 2 ** 31:
+            # why_not refuses these: a workspace this size would overflow the kernels' 32-bit offsets
+            raise UnsupportedProblem(f"{reduction} workspace of {nsplit} x {numel} elements overflows 32-bit "
+                                     f"offsets; use an atomic split reduction")
+        if reduction in ("atomic", "relaxed"):
             self.out = torch.zeros(final.shape, dtype=torch.float32, device=final.device)
             self.atomic = 2 if reduction == "relaxed" else True
             return
@@ -454,18 +485,24 @@ def _dw_rows(x, w, wc, y, p: ConvProblem, g: dict, meta: dict, nw: int, ns: int)
     dw_fwd_rows_kernel(rh, fy, fx)[grid](x, wt, y, *_rows_args(p, g), **meta, num_warps=nw, num_stages=ns)
 
 
-def run(p: ConvProblem, tensors: dict, config: ConvKernelConfig | str | None = None, split: int | None = None,
-        num_sms: int | None = None, smem_bytes: int | None = None):
-    """Compute ``p`` on torch tensors with the Triton kernel ``config`` (heuristic when None).
+def _split_as_named(cfg: ConvKernelConfig, nsplit: int) -> int:
+    """The launch's split, which must be the kernel's (``why_not`` refuses the others)."""
+    if nsplit != cfg.split:
+        raise UnsupportedProblem(f"kernel {cfg.name} splits {cfg.split} ways but this problem's reduction "
+                                 f"leaves {nsplit} non-empty parts; pick a kernel that supports it")
+    return nsplit
 
-    ``split`` splits the reduction of forward / bwd_data kernels over several
-    programs, combined as the config's ``reduction`` says (fp32 atomics into a
-    workspace by default; see ck_conv.kernels.REDUCTIONS); None chooses from the
-    grid size.  For ``streamk`` it is the number of persistent programs per SM.
-    bwd_weight takes its split from ``p.split_k`` (0 = choose).  ``num_sms`` and
-    ``smem_bytes``: the SM/CU count and shared memory splits are sized for (the
-    Dispatcher passes the ArchSpec's ``compute_units`` and ``lds_bytes``); None reads
-    the device's SM count and takes the H100's shared memory.
+
+def run(p: ConvProblem, tensors: dict, config: ConvKernelConfig | str, num_sms: int | None = None):
+    """Compute ``p`` on torch tensors with exactly the Triton kernel ``config`` (a config or its name).
+
+    The kernel's ``split`` cuts the reduction over that many programs, combined as
+    its ``reduction`` says (see ck_conv.kernels.REDUCTIONS); ``streamk`` runs a
+    persistent grid of ``split`` programs per SM.  Nothing here chooses a kernel, a
+    split or a reduction: a config that cannot run ``p`` as named raises
+    UnsupportedProblem (the Dispatcher's ``supports()`` holds the same reasons).
+    ``num_sms``: the SM/CU count stream-K grids are sized for (the Dispatcher passes
+    the ArchSpec's ``compute_units``); None reads the device's.
     ``fixup`` / ``atomicfix`` keep per-device arrival counters (and, atomicfix,
     an fp32 accumulator) that their launches leave zeroed: do not run two such
     launches concurrently on different streams.
@@ -479,13 +516,15 @@ def run(p: ConvProblem, tensors: dict, config: ConvKernelConfig | str | None = N
         raise InvalidProblem(f"{p.direction} conv takes torch tensors {', '.join(need)}; "
                              + (f"missing {', '.join(n for n in need if n not in tensors)}" if not bad else
                                 f"got {', '.join(f'{n}: {t}' for n, t in bad.items())}"))
-    if isinstance(config, str):
-        config = ConvKernelConfig.from_name(config)
-    cfg = config or heuristic_config(p)
+    if config is None:
+        raise InvalidProblem("run: config is required (a ConvKernelConfig or its name); ck_conv.conv2d and "
+                             "the Dispatcher choose one")
+    cfg = ConvKernelConfig.from_name(config) if isinstance(config, str) else config
     why = cfg.why_not(p)
     if why:
         raise UnsupportedProblem(f"kernel {cfg.name} cannot run this problem: {why}; pick another kernel "
-                                 f"or pass config=None for the heuristic choice")
+                                 f"(the Dispatcher picks one that supports it)")
+    split = cfg.split
     nd = p.ndim
     g = geometry(p)
     meta = cfg.triton_meta()
@@ -522,15 +561,12 @@ def run(p: ConvProblem, tensors: dict, config: ConvKernelConfig | str | None = N
             steps = (p.taps if meta["SPEC"] != 1 else 1) * _cdiv(C * gm, meta["BLOCK_K"])
             if cfg.reduction == "streamk":
                 total = tiles * Gb * steps
-                so = _StreamK(y, total, steps, streamk_programs(cfg, total, steps, (num_sms or _num_sms(x.device)), split,
-                                                               smem_bytes),
+                so = _StreamK(y, total, steps, streamk_programs(cfg, total, steps, (num_sms or _num_sms(x.device)), split),
                               tiles * Gb)
                 grid, chunk = (so.nprog, 1, 1), so.chunk
             else:
-                nsplit = split or auto_split_mn(tiles * Gb, steps, (num_sms or _num_sms(x.device)),
-                                                eager=cfg.reduction in ("twostage", "fixup", "atomicfix"))
-                chunk = _cdiv(steps, nsplit)
-                nsplit = _cdiv(steps, chunk)
+                chunk = _cdiv(steps, split)
+                nsplit = _split_as_named(cfg, _cdiv(steps, chunk))
                 so = _SplitOut(y, nsplit, cfg.reduction, tiles * Gb)
                 grid = (tiles, Gb, nsplit)
             tk.conv_fwd_kernel[grid](
@@ -567,15 +603,12 @@ def run(p: ConvProblem, tensors: dict, config: ConvKernelConfig | str | None = N
             ntiles = tiles * (G // gm) * len(crow)
             if cfg.reduction == "streamk":
                 total = ntiles * steps
-                so = _StreamK(dx, total, steps, streamk_programs(cfg, total, steps, (num_sms or _num_sms(dy.device)), split,
-                                                                smem_bytes),
+                so = _StreamK(dx, total, steps, streamk_programs(cfg, total, steps, (num_sms or _num_sms(dy.device)), split),
                               ntiles)
                 grid, chunk, nsplit = (so.nprog, 1, 1), so.chunk, 1
             else:
-                nsplit = split or auto_split_mn(ntiles, steps, (num_sms or _num_sms(dy.device)),
-                                                eager=cfg.reduction in ("twostage", "fixup", "atomicfix"))
-                chunk = _cdiv(max(steps, 1), nsplit)
-                nsplit = max(1, _cdiv(steps, chunk))
+                chunk = _cdiv(max(steps, 1), split)
+                nsplit = _split_as_named(cfg, max(1, _cdiv(steps, chunk)))
                 so = _SplitOut(dx, nsplit, cfg.reduction, ntiles)
                 grid = (tiles, G // gm, len(crow) * nsplit)
             tk.conv_bwd_data_tm_kernel[grid](dyc, wc, so.out, ctab, so.fin, so.cnt, Mr, Rd, Rh, Rw,
@@ -592,10 +625,8 @@ def run(p: ConvProblem, tensors: dict, config: ConvKernelConfig | str | None = N
             Mr = p.N * Rd * Rh * Rw
             tiles = _cdiv(Mr, meta["BLOCK_M"]) * _cdiv(C, meta["BLOCK_N"])
             steps = max(len(r) for r in rows) * _cdiv(K, meta["BLOCK_K"])
-            nsplit = split or auto_split_mn(tiles * G * len(rows), steps, (num_sms or _num_sms(dy.device)),
-                                            eager=cfg.reduction in ("twostage", "fixup", "atomicfix"))
-            chunk = _cdiv(max(steps, 1), nsplit)
-            nsplit = max(1, _cdiv(steps, chunk))
+            chunk = _cdiv(max(steps, 1), split)
+            nsplit = _split_as_named(cfg, max(1, _cdiv(steps, chunk)))
             so = _SplitOut(dx, nsplit, cfg.reduction, tiles * G * len(rows))
             grid = (tiles, G, len(rows) * nsplit)
             tk.conv_bwd_data_kernel[grid](dyc, wc, so.out, tab, cnt, so.fin, so.cnt, Mr, Rd, Rh, Rw,
@@ -613,11 +644,10 @@ def run(p: ConvProblem, tensors: dict, config: ConvKernelConfig | str | None = N
     xc = to_channels_last(x, p.in_layout, "in", nd)
     dyc = to_channels_last(dy, p.out_layout, "out", nd)
     P = p.N * g["Do"] * g["Ho"] * g["Wo"]
-    split = p.split_k or auto_split_k(p, cfg, (num_sms or _num_sms(x.device)))
     if dwise:
         from .dw_codegen import dw_bwd_weight_kernel
         chunk = _cdiv(_cdiv(P, split), meta["BLOCK_P"]) * meta["BLOCK_P"]
-        split = _cdiv(P, chunk)
+        split = _split_as_named(cfg, _cdiv(P, chunk))
         ws = torch.zeros((G, p.taps), dtype=torch.float32, device=x.device)
         grid = (_cdiv(G, meta["BLOCK_G"]), split)
         dw_bwd_weight_kernel(flt)[grid](xc, dyc, ws, P, chunk, G, g["Di"], g["Hi"], g["Wi"], g["Do"], g["Ho"],
@@ -626,7 +656,7 @@ def run(p: ConvProblem, tensors: dict, config: ConvKernelConfig | str | None = N
         return from_channels_last(dwc, p.wei_layout, "wei", nd)
     bk = meta["BLOCK_K"]
     chunk = _cdiv(_cdiv(P, split), bk) * bk
-    split = _cdiv(P, chunk)
+    split = _split_as_named(cfg, _cdiv(P, chunk))
     shape = (G, K) + p.filter + (C,)
     final = torch.empty(shape, dtype=x.dtype, device=x.device)
     gm = meta.get("GM", 1)
@@ -684,8 +714,8 @@ _ARGS = {
 def kernel_for(key_or_config, problem: ConvProblem | None = None):
     """``(jit_fn, constexprs, grid)`` for a kernel config, name, or KernelKey-like object.
 
-    ``grid(problem)`` returns the launch grid for a problem (bwd_weight assumes
-    the problem's split_k, or 1).  ``constexprs`` holds the compile-time values
+    ``grid(problem)`` returns the launch grid for a problem (split as the config
+    names it).  ``constexprs`` holds the compile-time values
     plus ``num_warps`` / ``num_stages``; kernel-wide flags that depend on the
     problem (EVEN_C/EVEN_K, ATOMIC) take their general-case value unless a
     problem is given.
@@ -733,7 +763,7 @@ def kernel_for(key_or_config, problem: ConvProblem | None = None):
             meta["EVEN_K"] = bool(problem and problem.k_per_group * gm % meta["BLOCK_K"] == 0)
             meta["ATOMIC"] = False
         else:
-            split = problem is None or problem.split_k != 1
+            split = cfg.split > 1
             meta["ATOMIC"] = atomic if split and not ws else False
             ws = ws if split else 0
             meta["FAST_DIV"] = True
@@ -761,24 +791,24 @@ def kernel_for(key_or_config, problem: ConvProblem | None = None):
                 steps = (max(r[0] * r[1] * r[2] for r in crow) if meta["SPEC"] != 1 else 1) \
                     * _cdiv(g["K"] * gm, meta["BLOCK_K"])
             total = ntiles * (p.G // gm) * steps
-            n = streamk_programs(cfg, total, steps, plan_facts()[0])
+            n = streamk_programs(cfg, total, steps, plan_facts()[0], cfg.split)
             return (_cdiv(total, _cdiv(total, n)), 1, 1)
         if dwise:
             if p.direction == "forward":
                 return (_cdiv(p.N * g["Do"] * g["Ho"] * g["Wo"], meta["BLOCK_P"]), _cdiv(p.G, meta["BLOCK_G"]), 1)
             if p.direction == "bwd_data":
                 return (_cdiv(p.N * g["Di"] * g["Hi"] * g["Wi"], meta["BLOCK_P"]), _cdiv(p.G, meta["BLOCK_G"]), 1)
-            return (_cdiv(p.G, meta["BLOCK_G"]), max(1, p.split_k), 1)
+            return (_cdiv(p.G, meta["BLOCK_G"]), cfg.split, 1)
         gm = cfg.group_merge
         if p.direction == "forward":
             M = p.N * g["Do"] * g["Ho"] * g["Wo"]
-            return (_cdiv(M, meta["BLOCK_M"]) * _cdiv(g["K"] * gm, meta["BLOCK_N"]), p.G // gm, 1)  # split 1
+            return (_cdiv(M, meta["BLOCK_M"]) * _cdiv(g["K"] * gm, meta["BLOCK_N"]), p.G // gm, cfg.split)
         if p.direction == "bwd_data":
             Mr = p.N * _cdiv(g["Di"], g["sd"][0]) * _cdiv(g["Hi"], g["sd"][1]) * _cdiv(g["Wi"], g["sd"][2])
             return (_cdiv(Mr, meta["BLOCK_M"]) * _cdiv(g["C"] * gm, meta["BLOCK_N"]), p.G // gm,
-                    g["sd"][0] * g["sd"][1] * g["sd"][2])  # split 1
+                    g["sd"][0] * g["sd"][1] * g["sd"][2] * cfg.split)
         return (p.taps * _cdiv(g["K"], meta["BLOCK_M"]) * _cdiv(g["C"], meta["BLOCK_N"]),
-                _cdiv(p.G, meta.get("GM", 1)), max(1, p.split_k))
+                _cdiv(p.G, meta.get("GM", 1)), cfg.split)
 
     return fn, meta, grid
 

@@ -9,8 +9,10 @@ gradient); outputs ``y`` (forward), ``dx`` (bwd_data), ``dw`` (bwd_weight).
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
+import itertools
 import math
 from pathlib import Path
 
@@ -71,12 +73,14 @@ class ConvAlgorithm:
     tap_mask: bool = False
     flat: bool = False
     rows: int = 0
+    split: int = 1
 
     @property
     def num_warps(self) -> int:
         return self.warp_m * self.warp_n * self.warp_k
 
 
+@functools.lru_cache(maxsize=1 << 18)
 def to_config(sig: ConvSignature, a: ConvAlgorithm) -> K.ConvKernelConfig:
     return K.ConvKernelConfig(direction=sig.direction, dtype=sig.dtype, ndim=sig.ndim, layout=sig.layout,
                               pipeline=a.pipeline, scheduler=a.scheduler, tile=(a.tile_m, a.tile_n, a.tile_k),
@@ -85,7 +89,7 @@ def to_config(sig: ConvSignature, a: ConvAlgorithm) -> K.ConvKernelConfig:
                               specialization=a.specialization, vector=(a.vector_a, a.vector_b, a.vector_c),
                               pad=(a.pad_m, a.pad_n, a.pad_k), stages=a.stages, reduction=a.reduction,
                               group_merge=a.group_merge, tap_mask=a.tap_mask, flat=a.flat,
-                              rows=a.rows)
+                              rows=a.rows, split=a.split)
 
 
 def from_config(c: K.ConvKernelConfig) -> tuple:
@@ -94,7 +98,7 @@ def from_config(c: K.ConvKernelConfig) -> tuple:
                         specialization=c.specialization, vector_a=c.vector[0], vector_b=c.vector[1],
                         vector_c=c.vector[2], pad_m=c.pad[0], pad_n=c.pad[1], pad_k=c.pad[2],
                         stages=c.stages, reduction=c.reduction, group_merge=c.group_merge, tap_mask=c.tap_mask,
-                        flat=c.flat, rows=c.rows)
+                        flat=c.flat, rows=c.rows, split=c.split)
     return sig, alg
 
 
@@ -155,7 +159,24 @@ def legal(key, arch) -> str | None:
 
 # -- the kernel space ----------------------------------------------------------
 
-OPTIONS = ("directions", "dtypes", "ndims", "layouts", "specializations", "pipelines", "tiles")
+OPTIONS = ("directions", "dtypes", "ndims", "layouts", "specializations", "pipelines", "tiles", "split_ks")
+#: reduction splits enumerated per kind of kernel (``split_ks`` overrides them all):
+#: CK-space atomic forward / bwd_data, the workspace reductions, bwd_weight's pixel split
+#: (stream-K: persistent programs per SM)
+SPLITS = {"atomic": (1, 2, 4, 8), "workspace": (1, 2, 4, 8), "bwd_weight": (1, 2, 4, 8, 16, 32),
+          "streamk": (1, 2)}
+
+
+def _splits(c: K.ConvKernelConfig, override) -> tuple:
+    if c.reduction == "streamk":
+        return SPLITS["streamk"]
+    if c.flat or c.rows or (c.specialization == "depthwise" and c.direction != "bwd_weight"):
+        return (1,)
+    if override:
+        return override
+    if c.direction == "bwd_weight":
+        return SPLITS["bwd_weight"]
+    return SPLITS["atomic" if c.reduction == "atomic" else "workspace"]
 
 
 def enumerate_keys(arch, backend: str, options: dict) -> list:
@@ -177,6 +198,9 @@ def enumerate_keys(arch, backend: str, options: dict) -> list:
         if bad:
             raise ConfigError(f"conv option {name}: unknown value(s) {bad}; use {', '.join(map(str, allowed))}")
     facts = dict(getattr(arch, "extras", {}).get("conv", {}))
+    split_ks = tuple(int(v) for v in opts.get("split_ks") or ())
+    if any(v < 1 for v in split_ks):
+        raise ConfigError(f"conv option split_ks: splits must be >= 1, got {list(split_ks)}")
     dtypes = [d for d in (opts.get("dtypes") or DTYPES) if d in arch.dtypes]
     pipes = opts.get("pipelines") or facts.get("pipelines") or \
         [p for p in K.PIPELINES if p in (arch.pipelines or K.PIPELINES)] or list(K.PIPELINES)
@@ -191,14 +215,43 @@ def enumerate_keys(arch, backend: str, options: dict) -> list:
         tiles=tiles, waves=tuple(map(tuple, arch.wave_layouts)) or K.DEFAULT_WAVES, pipelines=pipes,
         specializations=opts.get("specializations") or facts.get("specializations") or K.SPECIALIZATIONS,
         culled=culled)
-    out = []
+    if backend == "triton":
+        cfgs = cfgs + _realisations(arch, opts, facts, dtypes)
+    out, seen = [], set()
     for c in cfgs:
+        if c in seen:
+            continue
+        seen.add(c)
         if nvidia and c.specialization != "depthwise":
             # Triton on NVIDIA keeps num_stages buffers of A and B in shared memory
-            need = (c.tile[0] + c.tile[1]) * c.tile[2] * K.ELEMENT_BYTES[c.dtype] * c.smem_buffers
+            # (a group-merged bwd_weight one per merged group: a batched dot)
+            need = (c.tile[0] + c.tile[1]) * c.tile[2] * K.ELEMENT_BYTES[c.dtype] * c.smem_buffers \
+                * (c.group_merge if c.direction == "bwd_weight" else 1)
             if need > lds:
                 continue
-        out.append(key_of(c, arch.name, backend))
+        for sp in (_splits(c, split_ks) if backend == "triton" else (1,)):   # a Triton realisation knob
+            out.append(key_of(c if sp == 1 else attrs.evolve(c, split=sp), arch.name, backend))
+    return out
+
+
+def _realisations(arch, opts: dict, facts: dict, dtypes) -> list:
+    """The Triton realisation families (:mod:`ck_conv.space`) legal on ``arch``."""
+    from .space import classic_configs, realisation_configs
+
+    tiles = {tuple(t) for t in opts.get("tiles") or ()}
+    pipes = set(opts.get("pipelines") or ())
+    out = []
+    for d, dt, nd, lay, spec in itertools.product(
+            opts.get("directions") or DIRECTIONS, dtypes, [int(n) for n in opts.get("ndims") or (1, 2, 3)],
+            opts.get("layouts") or ("nhwgc",),
+            opts.get("specializations") or facts.get("specializations") or K.SPECIALIZATIONS):
+        for c in classic_configs(d, dt, nd, lay, spec) + realisation_configs(d, dt, nd, lay, spec):
+            if (tiles and c.tile not in tiles) or (pipes and c.pipeline not in pipes):
+                continue   # the options narrow these families too
+            # Triton realises a tile with num_warps warps whatever their layout: of CK's
+            # rules only the thread count and the LDS hold (shared memory: below)
+            if c.num_warps * arch.warp_size <= 1024 and c.lds_bytes() <= arch.lds_bytes:
+                out.append(c)
     return out
 
 
@@ -210,8 +263,11 @@ def supports(key, problem) -> str | None:
 
 def heuristic(problem, candidates, arch) -> list:
     """Rank candidates by closeness to :func:`ck_conv.kernels.heuristic_config`'s pick."""
+    from .heuristics import preferred_split
+
     want = K.heuristic_config(problem, warp_size=getattr(arch, "warp_size", 32),
                               big_smem=getattr(arch, "lds_bytes", 65536) > 100_000)
+    cus = max(getattr(arch, "compute_units", 0) or 1, 1)
     spec_rank = {"depthwise": 0, "filter1x1_stride1_pad0": 0, "filter1x1_pad0": 1, "filter3x3": 2, "default": 3}
 
     def score(k):
@@ -219,10 +275,21 @@ def heuristic(problem, candidates, arch) -> list:
         s = sum(abs(math.log2(a / b)) for a, b in zip(c.tile, want.tile))
         s += 0.5 * (c.pipeline != want.pipeline) + 0.25 * (c.waves != want.waves)
         s += 0.1 * spec_rank.get(c.specialization, 3) + 0.05 * (c.warp_tile != want.warp_tile)
+        # the split that fills the GPU for this tile (the launcher never sizes one)
+        s += 0.3 * abs(math.log2(c.split / split_for(c)))
         return s
 
-    good = [k for k in candidates if supports(k, problem) is None]
-    return sorted(good, key=score) or list(candidates)
+    preferred: dict = {}
+
+    def split_for(c):
+        # what the preferred split depends on (not the split itself): one computation per family
+        fam = (c.tile, c.group_merge, c.tap_mask, c.reduction, c.stages, c.pipeline, c.flat, c.rows,
+               c.specialization)
+        if fam not in preferred:
+            preferred[fam] = preferred_split(c, problem, cus, getattr(arch, "lds_bytes", None))
+        return preferred[fam]
+
+    return sorted(candidates, key=score)   # the Dispatcher passes the keys that support the problem
 
 
 # -- references and inputs -------------------------------------------------------
@@ -269,8 +336,7 @@ def _triton_impl(key, arch):
         for n in IN_NAMES[problem.direction]:
             t = tensors[n]
             ops[n] = t if t.dtype == td else t.to(td)  # numpy storage (float32 for bf16) via to_backend
-        return {OUT_NAME[problem.direction]: run(problem, ops, cfg, num_sms=arch.compute_units,
-                                                   smem_bytes=arch.lds_bytes)}
+        return {OUT_NAME[problem.direction]: run(problem, ops, cfg, num_sms=arch.compute_units)}
 
     return launch
 
@@ -372,6 +438,7 @@ def conv_op() -> OpSpec:
             "specializations": "CK's conv specialisations (default, filter1x1 ...) (default: all)",
             "pipelines": "mem, compv3, compv4 (default: the arch's)",
             "tiles": "block tiles as M,N,K triples (default: CK's table)",
+            "split_ks": "reduction splits of the split-reduction kernels, e.g. 1,2,4 (default: per kind)",
         },
         description="grouped convolution 1D/2D/3D: forward, bwd_data, bwd_weight (CK layouts NHWGC/GKYXC/NHWGK)",
     )

@@ -118,7 +118,9 @@ class ConvProblem(Problem):
     in_layout     input layout as CK spells it ('' = NHWGC family), e.g. NHWGC, NGCHW
     wei_layout    weight layout ('' = the input's family)
     out_layout    output layout ('' = the input's family)
-    split_k       bwd_weight: split the reduction over N and pixels this many ways
+    split_k       the kernel's reduction split (forward / bwd_data: channel x tap steps;
+                  bwd_weight: N and pixels): 0 (default) = any split, selection chooses;
+                  1 = unsplit kernels only, n = kernels splitting n ways
     """
 
     op: ClassVar[str] = "conv"
@@ -139,7 +141,7 @@ class ConvProblem(Problem):
     wei_layout: str = attrs.field(default="")
     out_layout: str = attrs.field(default="")
     #: bwd_weight only: how many programs split the pixel reduction; 0 lets the launcher choose
-    split_k: int = attrs.field(default=1, converter=as_int)
+    split_k: int = attrs.field(default=0, converter=as_int)
 
     def __attrs_post_init__(self):
         nd = len(self.input_spatial)
@@ -190,10 +192,8 @@ class ConvProblem(Problem):
             raise InvalidProblem(f"out_layout {self.out_layout!r} does not match in_layout {self.in_layout!r}; "
                                  f"use {dflt[2]!r}")
         if not _is_int(self.split_k) or self.split_k < 0:
-            raise InvalidProblem(f"split_k must be an integer >= 0 (0 = let the launcher choose), got {self.split_k!r}")
-        if self.split_k != 1 and self.direction != "bwd_weight":
-            raise InvalidProblem(f"split_k={self.split_k} only applies to bwd_weight; leave it at 1 "
-                                 f"for {self.direction}")
+            raise InvalidProblem(f"split_k must be an integer >= 0 (0 = any split: selection chooses), "
+                                 f"got {self.split_k!r}")
         for d in range(nd):
             eff = self.dilation[d] * (self.filter[d] - 1) + 1
             padded = self.input_spatial[d] + self.pad_left[d] + self.pad_right[d]
@@ -324,7 +324,7 @@ class ConvProblem(Problem):
         """Build from CK's ConvParam convention (K and C per group)."""
         return cls(G=G, N=N, K=K * G, C=C * G, **kw)
 
-    def with_direction(self, direction: str, split_k: int = 1) -> "ConvProblem":
+    def with_direction(self, direction: str, split_k: int = 0) -> "ConvProblem":
         return attrs.evolve(self, direction=direction, split_k=split_k)
 
 

@@ -33,13 +33,13 @@ EXTENDED = [
     ("conv_bwd_data_fp16_nhwgc_gkyxc_nhwgk_2d_compv3_intrawave_64x128x64_2x4x1_16x16x16_filter3x3_fixup",
      dict(_P3, direction="bwd_data")),
     ("conv_bwd_weight_fp16_nhwgc_gkyxc_nhwgk_2d_compv3_intrawave_128x128x128_2x4x1_16x16x16_filter3x3_st4_fixup"
-     "_tapmask", dict(_P3, direction="bwd_weight", split_k=2)),
-    ("conv_bwd_weight_fp16_nhwgc_gkyxc_nhwgk_2d_compv3_intrawave_128x64x64_2x4x1_16x16x16_filter3x3_relaxed",
+     "_tapmask_sp2", dict(_P3, direction="bwd_weight", split_k=2)),
+    ("conv_bwd_weight_fp16_nhwgc_gkyxc_nhwgk_2d_compv3_intrawave_128x64x64_2x4x1_16x16x16_filter3x3_relaxed_sp2",
      dict(_P3, direction="bwd_weight", split_k=2)),
     ("conv_bwd_weight_fp16_nhwgc_gkyxc_nhwgk_2d_compv3_intrawave_64x64x128_2x2x1_16x16x16_filter3x3_st5_atomicfix"
-     "_tapmask", dict(_P3, direction="bwd_weight", split_k=2)),
+     "_tapmask_sp2", dict(_P3, direction="bwd_weight", split_k=2)),
     ("conv_bwd_weight_fp16_nhwgc_gkyxc_nhwgk_2d_compv3_intrawave_16x16x64_2x2x1_16x16x16_filter3x3_fixup_gm8"
-     "_tapmask", dict(_P3, G=16, C=256, K=256, direction="bwd_weight", split_k=2)),
+     "_tapmask_sp2", dict(_P3, G=16, C=256, K=256, direction="bwd_weight", split_k=2)),
     # session 3: bwd_data tap bits, stream-K (both directions, 3x3 and 1x1), flat-row depthwise
     ("conv_bwd_data_fp16_nhwgc_gkyxc_nhwgk_2d_compv3_intrawave_64x128x64_2x2x1_16x16x16_filter3x3_tapmask",
      dict(_P3, direction="bwd_data")),
@@ -174,8 +174,10 @@ def test_kernel_for_gives_fn_constexprs_grid():
     fn, consts, grid = kernel_for(FWD, p)
     assert consts["BLOCK_M"] == 64 and consts["EVEN_C"] and consts["num_warps"] == 4
     assert grid(p) == ((2 * 81 + 63) // 64, 1, 1)
-    fn_w, consts_w, grid_w = kernel_for(MORE[1].replace("filter1x1_pad0", "default"))
+    fn_w, consts_w, grid_w = kernel_for(MORE[1].replace("filter1x1_pad0", "default") + "_sp4")
     assert consts_w["ATOMIC"] and consts_w["TABLE"] and not consts_w["WS"]
+    # the split is the key's: an unsplit kernel stores directly
+    assert not kernel_for(MORE[1].replace("filter1x1_pad0", "default"))[1]["ATOMIC"]
     gm_name, gm_p = [e for e in EXTENDED if "_gm8" in e[0]][0]
     fx, cx, gx = kernel_for(gm_name, ConvProblem(**gm_p))
     assert fx.__name__ == "conv_bwd_weight_gm_kernel" and cx["GM"] == 8 and cx["WS"] == 2 and cx["TABLE"] == 2

@@ -101,6 +101,7 @@ def test_hopper_enumeration_keeps_shared_memory_in_bounds():
         if c.specialization != "depthwise":
             assert (c.tile[0] + c.tile[1]) * c.tile[2] * 2 * c.smem_buffers <= 232448
     assert not any(plugin.config_of(k).tile == (256, 128, 64) and k.algorithm.pipeline == "compv3"
+                   and plugin.config_of(k).smem_buffers == 5   # 3-stage realisations of it fit
                    and k.algorithm.specialization == "filter1x1_stride1_pad0" for k in keys)
 
 

@@ -65,7 +65,7 @@ def test_round_trip_and_ck_convention():
     (dict(in_layout="NDHWGC"), "for 3D"),
     (dict(in_layout="NHWGC", out_layout="NGKHW"), "does not match"),
     (dict(wei_layout="GKXC"), "for 1D"),
-    (dict(split_k=2), "only applies to bwd_weight"),
+    (dict(split_k=-1), "split_k must be an integer >= 0"),
     (dict(input_spatial=(1, 2, 3, 4), filter=(1, 1, 1, 1)), "1, 2 or 3"),
 ])
 def test_bad_input_raises_with_hint(change, hint):

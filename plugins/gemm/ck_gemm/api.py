@@ -21,13 +21,20 @@ from .problem import ACTIVATIONS, DEFAULT_C, GemmProblem
 
 
 def _operand(t: torch.Tensor) -> tuple:
-    """(layout letter, tensor in storage order) of a logical (.., rows, cols) operand."""
+    """(layout letter, tensor in storage order) of a logical (.., rows, cols) operand.
+
+    The stored tensor is contiguous with a 16-byte aligned base: what the
+    Dispatcher's ``supports()`` assumes of a problem's operands (TMA keys)."""
     rows, cols = t.shape[-2:]
     if t.stride(-1) == 1 and (rows == 1 or t.stride(-2) >= max(cols, 1)):
-        return "r", t.contiguous()
+        return "r", _aligned(t.contiguous())
     if t.stride(-2) == 1 and (cols == 1 or t.stride(-1) >= max(rows, 1)):
-        return "c", t.transpose(-1, -2).contiguous()
-    return "r", t.contiguous()
+        return "c", _aligned(t.transpose(-1, -2).contiguous())
+    return "r", _aligned(t.contiguous())
+
+
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    return t.clone() if t.data_ptr() % 16 else t
 
 
 def _out_dtype(a: torch.Tensor, out_dtype) -> torch.dtype:

@@ -49,6 +49,12 @@ ALG_BOUNDS = {**{f: _SIZE for f in ("tile_m", "tile_n", "tile_k", "warp_m", "war
                                      "warp_tile_m", "warp_tile_n", "warp_tile_k", "split_k",
                                      "group_m", "epi_subtile")},
               "stages": (0, 64)}
+#: variants that read A and B through tensor descriptors (TMA)
+DESCRIPTOR_VARIANTS = tuple(v for v in VARIANTS if v.startswith("tma"))
+#: variants that also store C through a descriptor
+C_DESCRIPTOR_VARIANTS = ("tma_cs", "tma_persistent_cs")
+#: variants that may split K (a persistent loop owns whole tiles; split-K partials go through pointers)
+SPLITK_VARIANTS = ("tile", "tma", "tma_ws")
 
 
 @attrs.frozen(cache_hash=True)
@@ -297,7 +303,7 @@ def enumerate_keys(arch, backend: str, options: dict) -> list[KernelKey]:
             alg = GemmAlgorithm(tm, tn, tk, *wave, *wt, pipeline=pipe, scheduler=sched,
                                 epilogue=epi, pad_m=pad[0], pad_n=pad[1], pad_k=pad[2],
                                 stages=st, variant=var, split_k=sk)
-            why = _tile_violation(sig_list[0], alg, arch)
+            why = _tile_violation(sig_list[0], alg, arch) or variant_violation(alg)
             if why is None and backend == "triton":
                 why = triton_smem_violation(dtype, alg, arch)
             if why:
@@ -317,6 +323,40 @@ def enumerate_keys(arch, backend: str, options: dict) -> list[KernelKey]:
                    for sig in [attrs.evolve(k.signature, dtype_c=dc, num_d=nd, d_op=op, activation=act)
                                for dc in dtypes_c for nd, op, act in epis])
     return out
+
+
+def variant_violation(a: GemmAlgorithm) -> str | None:
+    """Variant combinations no Triton template implements (culled from the enumeration)."""
+    if a.split_k > 1 and a.variant not in SPLITK_VARIANTS:
+        return f"split-K needs a variant in {SPLITK_VARIANTS}, not {a.variant}"
+    if a.epi_subtile > 1 and a.variant not in C_DESCRIPTOR_VARIANTS:
+        return f"a subtiled epilogue needs a C-descriptor variant, not {a.variant}"
+    return None
+
+
+def descriptor_violation(a: GemmAlgorithm, problem) -> str | None:
+    """Why the tensor descriptors of a TMA variant cannot describe ``problem``'s operands.
+
+    A descriptor needs every stride but the last to be a multiple of 16 bytes.
+    Operands are assumed stored contiguously with 16-byte aligned bases (as the
+    public API passes them); the launcher checks the actual tensors and raises.
+    """
+    if a.variant not in DESCRIPTOR_VARIANTS:
+        return None
+    eb = ELEMENT_BYTES[problem.dtype]
+    rows = {"A": problem.k if problem.layout[0] == "r" else problem.m,
+            "B": problem.n if problem.layout[1] == "r" else problem.k}
+    for name, n in rows.items():
+        if n * eb % 16:
+            return (f"{name}'s stored rows are {n} x {eb} B, not a multiple of 16 B: the TMA variant "
+                    f"{a.variant} needs 16-byte aligned strides (a pointer variant runs it)")
+    if a.variant in C_DESCRIPTOR_VARIANTS:
+        if problem.layout[2] != "r":
+            return f"variant {a.variant} stores C through a descriptor: C must be row-major"
+        if problem.n * ELEMENT_BYTES[problem.dtype_c] % 16:
+            return (f"C's rows are {problem.n} x {ELEMENT_BYTES[problem.dtype_c]} B, not a multiple of 16 B: "
+                    f"variant {a.variant} stores C through a descriptor")
+    return None
 
 
 def triton_smem_violation(dtype: str, alg: GemmAlgorithm, arch) -> str | None:
@@ -382,6 +422,8 @@ def supports(key: KernelKey, problem) -> str | None:
         return f"N={problem.n} is not a multiple of tile N {a.tile_n} and the kernel does not pad N"
     if problem.k % (a.tile_k * a.split_k) and not a.pad_k:
         return f"K={problem.k} is not a multiple of tile K x split-K and the kernel does not pad K"
+    if key.backend == "triton":
+        return descriptor_violation(a, problem)
     return None
 
 

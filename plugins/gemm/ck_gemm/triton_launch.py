@@ -142,11 +142,13 @@ def make_launcher(key, num_sms=None):
             a, b = a.to(t_in), b.to(t_in)
         ds = tuple(tensors[f"d{i}"] for i in range(problem.num_d))
         ds = tuple(d if d.dtype == t_out else d.to(t_out) for d in ds)
+        if problem.batch == 1:   # a leading batch of 1 is no batch (no broadcast operand for descriptors)
+            a, b = a.reshape(a.shape[-2:]), b.reshape(b.shape[-2:])
         if tuple(a.shape[-2:]) != problem.shape_a()[-2:] or tuple(b.shape[-2:]) != problem.shape_b()[-2:]:
             raise InvalidProblem(f"tensor shapes {tuple(a.shape)} / {tuple(b.shape)} do not match "
                                  f"{problem.shape_a()} / {problem.shape_b()} ({problem.layout})")
         c = gemm(a, b, layout=problem.layout, config=cfg, d_tensors=ds, d_op=problem.d_op,
-                 activation=act, out_dtype=t_out, num_sms=num_sms)
+                 activation=act, out_dtype=t_out, num_sms=num_sms, kernel_name=key.name)
         return {"c": c}
 
     return launch

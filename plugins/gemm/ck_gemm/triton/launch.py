@@ -22,14 +22,9 @@ import logging
 from ck_core.errors import InvalidProblem, UnsupportedProblem
 
 from .aot import DEFAULT_OUT, desc_block_shapes, desc_c_block_shape, kernel_for, parse_layout
-from .configs import C_DESC_TWIN, SPLITK_VARIANTS, GemmConfig, as_config
+from .configs import as_config
 
 log = logging.getLogger(__name__)
-
-#: pointer twin of each TMA variant, for operands a descriptor cannot describe
-_FALLBACK = {"tma": "plain", "tma_ws": "plain", "tma_persistent": "persistent",
-             "tma_persistent_ws": "persistent", "tma_cs": "plain", "tma_persistent_cs": "persistent"}
-
 
 def _dtype_token(t) -> str:
     import torch
@@ -65,19 +60,6 @@ def _device_info(index: int):
     return p.multi_processor_count, (p.major, p.minor), bool(getattr(torch.version, "hip", None))
 
 
-def _arch_name(t) -> str:
-    """The installed arch plugin of ``t``'s GPU (its tuned table), or "generic"."""
-    from ck_core.device import current_arch
-    from ck_core.errors import UnsupportedProblem
-
-    if not t.is_cuda:
-        return "generic"
-    try:
-        return current_arch(t).name
-    except UnsupportedProblem:
-        return "generic"
-
-
 def _tma_ok(t, layout_row_major: bool) -> bool:
     """Tensor descriptors need a unit last stride, 16-byte aligned base and other strides."""
     eb = t.element_size()
@@ -86,19 +68,37 @@ def _tma_ok(t, layout_row_major: bool) -> bool:
     return all(s > 0 and (s * eb) % 16 == 0 for s in t.stride()[:-1])
 
 
-def gemm(a, b, *, layout: str = "rcr", config=None, c=None, d_tensors=(), d_op: str = "add",
-         activation=None, split_k: int | None = None, out_dtype=None, num_sms: int | None = None,
-         arch: str | None = None):
+def _descriptor_violation(cfg, a, b, c, a_r, b_r, c_r, batched_io, no_tma) -> str | None:
+    """Why the tensor descriptors of a TMA ``cfg`` cannot describe these tensors (None: they can)."""
+    if cfg.is_tma:
+        if no_tma:
+            return "tensor descriptors need sm90+"
+        if batched_io and (a.dim() != 3 or b.dim() != 3 or a.shape[0] != b.shape[0]):
+            return "a broadcast batch operand"
+        if not (_tma_ok(a, a_r) and _tma_ok(b, b_r)):
+            return "operand strides or base not 16-byte aligned / not contiguous"
+    if cfg.c_desc:
+        if not c_r:
+            return "column-major C cannot be stored through a descriptor"
+        if not _tma_ok(c, True):
+            return "C strides or base not 16-byte aligned / not contiguous"
+    return None
+
+
+def gemm(a, b, *, layout: str = "rcr", config, c=None, d_tensors=(), d_op: str = "add",
+         activation=None, out_dtype=None, num_sms: int | None = None, kernel_name: str | None = None):
     """C = activation(A @ B  (+|*) D0 (+|*) D1), batched, on CUDA (or CPU under TRITON_INTERPRET=1).
 
-    ``config``: a GemmConfig, its dict or name, or None for :func:`pick_config`.
-    ``split_k`` overrides config.split_k (deterministic two-pass reduction).
+    ``config``: a GemmConfig, its dict or name -- exactly the kernel that runs
+    (``ck_gemm.matmul`` and the Dispatcher choose one; this function never does).
     ``out_dtype``: torch dtype of C (default: input dtype; bf16 for fp8; int32 for int8).
     Returns C in its stored layout (``c`` if given, which is written in place).
-    TMA variants fall back to their pointer twin (tma*->plain, tma_persistent*->persistent)
-    where descriptors cannot describe A or B (misaligned strides, broadcast batch, no
-    Hopper); the C-descriptor variants (tma_cs, tma_persistent_cs) fall back to tma /
-    tma_persistent when only C is the problem (column-major or misaligned C).
+    ``kernel_name``: the kernel key's name, for error messages (default: the config's).
+    A TMA variant whose tensors a descriptor cannot describe (misaligned strides,
+    a broadcast batch operand, no Hopper), or a C-descriptor variant (tma_cs,
+    tma_persistent_cs) with a column-major or misaligned C, raises
+    UnsupportedProblem: the Dispatcher's ``supports()`` keeps such problems on
+    pointer keys, so only tensors the problem does not describe get here.
     """
     import torch
 
@@ -163,40 +163,13 @@ def gemm(a, b, *, layout: str = "rcr", config=None, c=None, d_tensors=(), d_op: 
         sms, cap, is_hip = 4, (0, 0), False
     num_sms = num_sms or sms
     if config is None:
-        from .tuning import pick_config
-        cfg = pick_config(M, N, K, dt, arch=arch or _arch_name(a), layout=layout, batch=batch)
-    else:
-        cfg = as_config(config)
-    if split_k is not None:
-        variant = cfg.variant
-        if split_k > 1:
-            # split-K writes fp32 partials through pointers: no C descriptor, no persistent loop
-            variant = C_DESC_TWIN.get(variant, variant)
-            if variant not in SPLITK_VARIANTS:
-                variant = "plain"
-        cfg = cfg.evolve(split_k=split_k, variant=variant,
-                         epi_subtile=cfg.epi_subtile if variant == cfg.variant else 1)
-
-    if cfg.is_tma:
-        why = None
-        if on_gpu and (is_hip or cap[0] < 9):
-            why = "tensor descriptors need sm90+"
-        elif batched_io and (a.dim() != 3 or b.dim() != 3 or a.shape[0] != b.shape[0]):
-            why = "a broadcast batch operand"
-        elif not (_tma_ok(a, a_r) and _tma_ok(b, b_r)):
-            why = "operand strides or base not 16-byte aligned / not contiguous"
-        if why:
-            log.debug("gemm: %s -> %s (%s)", cfg.variant, _FALLBACK[cfg.variant], why)
-            cfg = cfg.evolve(variant=_FALLBACK[cfg.variant], epi_subtile=1)
-    if cfg.c_desc:
-        why = None
-        if not c_r:
-            why = "column-major C"
-        elif not _tma_ok(c, True):
-            why = "C strides or base not 16-byte aligned / not contiguous"
-        if why:
-            log.debug("gemm: %s -> %s (%s)", cfg.variant, C_DESC_TWIN[cfg.variant], why)
-            cfg = cfg.evolve(variant=C_DESC_TWIN[cfg.variant], epi_subtile=1)
+        raise InvalidProblem("gemm: config is required (a GemmConfig, its dict or name); "
+                             "ck_gemm.matmul chooses one through the Dispatcher")
+    cfg = as_config(config)
+    why = _descriptor_violation(cfg, a, b, c, a_r, b_r, c_r, batched_io, on_gpu and (is_hip or cap[0] < 9))
+    if why:
+        raise UnsupportedProblem(f"kernel {kernel_name or cfg.name} cannot run these tensors: {why}; pass contiguous "
+                                 f"16-byte aligned tensors or choose a pointer variant (plain, persistent)")
 
     even_k = K % cfg.block_k == 0
     spec = _spec(cfg, dt, layout, out_token, d_token, len(d_tensors), d_op, activation,
