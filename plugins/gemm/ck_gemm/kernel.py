@@ -423,7 +423,8 @@ def supports(key: KernelKey, problem) -> str | None:
     if problem.k % (a.tile_k * a.split_k) and not a.pad_k:
         return f"K={problem.k} is not a multiple of tile K x split-K and the kernel does not pad K"
     if key.backend == "triton":
-        return descriptor_violation(a, problem)
+        # a key built by hand or imported (not enumerated) may still pair split-K with a persistent loop
+        return variant_violation(a) or descriptor_violation(a, problem)
     return None
 
 

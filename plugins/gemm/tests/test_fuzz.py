@@ -234,3 +234,17 @@ def test_more_d_tensors_than_triton_fuses_is_a_supports_reason():
             for k in _keys(arch, backend, "fp16", "rcr")]
     with pytest.raises(MissingKernel, match="at most 2 D tensors"):
         Dispatcher(Registry(arch, keys), backend=backend).select(GemmProblem(**_problem_fields(case)))
+
+
+def test_hand_built_persistent_split_k_key_is_a_supports_reason():
+    """A key the enumeration never makes (split-K with a persistent loop) is refused by supports(), so the
+    Dispatcher never selects it and the launcher never sees it (the GPU fuzz once selected one)."""
+    from ck_core.errors import MissingKernel
+
+    backend, device, arch, _, _ = _setup_or_skip("triton-interp")
+    case = dict(m=33, n=17, k=40, batch=1, dtype="fp16", layout="rcr", num_d=0, d_op="add",
+                activation="none", split_k=1, seed=5, device=device)
+    keys = [attrs.evolve(k, algorithm=attrs.evolve(k.algorithm, split_k=2, variant="persistent"))
+            for k in _keys(arch, backend, "fp16", "rcr")]
+    with pytest.raises(MissingKernel, match="split-K needs a variant"):
+        Dispatcher(Registry(arch, keys), backend=backend).select(GemmProblem(**_problem_fields(case)))
