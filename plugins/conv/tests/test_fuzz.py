@@ -41,7 +41,7 @@ OUT = {"forward": "y", "bwd_data": "dx", "bwd_weight": "dw"}
 SETUPS = {
     "numpy": ("numpy", "cpu", "gfx942", 45, 1),
     "triton-interp": ("triton", "cpu", "gfx942", 27, 1),
-    "triton-cuda": ("triton", "cuda", "sm90", 120, 4),
+    "triton-cuda": ("triton", "cuda", "sm90", 40, 4),
 }
 
 
@@ -289,9 +289,10 @@ def test_fuzz_triton_interpreter():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("device", ["cuda"])
-def test_fuzz_triton_gpu(device):
-    _fuzz("triton-cuda", ("fp16", "bf16", "fp32"), seed=2203)
+@pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp32"])
+def test_fuzz_triton_gpu(dtype):
+    # one test per dtype (40 cases each): a run cut short by a time limit still reports the others
+    _fuzz("triton-cuda", (dtype,), seed=2203 + ["fp16", "bf16", "fp32"].index(dtype))
 
 
 def test_layout_round_trip():
