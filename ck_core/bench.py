@@ -29,6 +29,23 @@ def geomean(values: Iterable[float]) -> Optional[float]:
     return math.exp(sum(math.log(v) for v in vals) / len(vals))
 
 
+def eager_and_graph_ms(fn) -> dict:
+    """Median milliseconds of ``fn`` called eagerly (host overhead included) and replayed as a
+    CUDA graph (kernel time): ``{"eager_ms", "graph_ms"}``; a callable that cannot be captured
+    gets ``graph_error`` instead of ``graph_ms``.  Needs torch and triton on a CUDA device."""
+    import torch
+    import triton
+
+    fn()
+    torch.cuda.synchronize()
+    out = {"eager_ms": triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median")}
+    try:
+        out["graph_ms"] = triton.testing.do_bench_cudagraph(fn, rep=60, return_mode="median")
+    except Exception as exc:  # a peer that cannot be captured still has its eager time
+        out["graph_error"] = f"{type(exc).__name__}: {str(exc)[:160]}"
+    return out
+
+
 def device_name() -> str:
     try:
         import torch

@@ -20,6 +20,8 @@ import sys
 import time
 from typing import Optional
 
+from ck_core.bench import eager_and_graph_ms, geomean
+
 SEED = 20261125
 DIRECTIONS = ("forward", "bwd_data", "bwd_weight")
 HELD_OUT_NETS = ("efficientnet_b0", "vae")
@@ -133,18 +135,6 @@ def _peer(c, x, w, dy):
     return lambda: cb(dy, x, w, None, st, pd, [1] * nd, False, [0] * nd, g, mask)[idx]
 
 
-def _timers(fn) -> dict:
-    import torch
-    import triton
-
-    fn()
-    torch.cuda.synchronize()
-    out = {"eager_ms": triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median")}
-    try:
-        out["graph_ms"] = triton.testing.do_bench_cudagraph(fn, rep=60, return_mode="median")
-    except Exception as exc:
-        out["graph_error"] = f"{type(exc).__name__}: {str(exc)[:160]}"
-    return out
 
 
 def run(out_path: Optional[str] = None, budget_s: float = 300.0, seed: int = SEED, arch: Optional[str] = None,
@@ -204,7 +194,7 @@ def run(out_path: Optional[str] = None, budget_s: float = 300.0, seed: int = SEE
             row["rel_err"] = err
             row["status"] = "ok" if err < 2e-2 else "wrong"
             if row["status"] == "ok":
-                ours, theirs = _timers(lambda: disp.run(p, **ops)), _timers(peer)
+                ours, theirs = eager_and_graph_ms(lambda: disp.run(p, **ops)), eager_and_graph_ms(peer)
                 for mode in ("graph", "eager"):
                     o, t = ours.get(f"{mode}_ms"), theirs.get(f"{mode}_ms")
                     row[f"ours_{mode}_ms"], row[f"peer_{mode}_ms"] = o, t
@@ -235,9 +225,11 @@ def run(out_path: Optional[str] = None, budget_s: float = 300.0, seed: int = SEE
     return res
 
 
-def _gm(vals):
-    vals = [v for v in vals if v]
-    return round(math.exp(sum(map(math.log, vals)) / len(vals)), 4) if vals else None
+
+
+def _geomean(vals):
+    g = geomean(vals)
+    return round(g, 4) if g else None
 
 
 def summary(rows: list[dict]) -> dict:
@@ -248,9 +240,9 @@ def summary(rows: list[dict]) -> dict:
             out[f"{d}/{split}"] = {
                 "n": len(rs), "wrong": sum(r.get("status") == "wrong" for r in rs),
                 "errors": sum(r.get("status") == "error" for r in rs),
-                "graph_geomean": _gm(r.get("ratio_graph") for r in rs),
+                "graph_geomean": _geomean(r.get("ratio_graph") for r in rs),
                 "graph_min": min((r["ratio_graph"] for r in rs if r.get("ratio_graph")), default=None),
-                "eager_geomean": _gm(r.get("ratio_eager") for r in rs)}
+                "eager_geomean": _geomean(r.get("ratio_eager") for r in rs)}
     return out
 
 

@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 HDIMS = (64, 80, 96, 128, 160, 192, 256)
 GQA = (1, 4, 8, "mqa")
 MASKS = ("full", "causal", "window")
+from ck_core.bench import eager_and_graph_ms
+
 SEED = 20261125
 
 
@@ -99,19 +101,6 @@ def case_name(c: dict) -> str:
 # timing
 # ---------------------------------------------------------------------------
 
-def _timers(fn: Callable, graph: bool = True) -> dict:
-    import torch
-    import triton
-
-    fn()
-    torch.cuda.synchronize()
-    res = {"eager_ms": triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median")}
-    if graph:
-        try:
-            res["graph_ms"] = triton.testing.do_bench_cudagraph(fn, rep=60, return_mode="median")
-        except Exception as exc:  # a peer that cannot be captured still has its eager time
-            res["graph_error"] = f"{type(exc).__name__}: {str(exc)[:160]}"
-    return res
 
 
 def _flops(c: dict, direction: str) -> float:
@@ -150,7 +139,6 @@ def _sdpa_mask(c, device):
 
 def _peer(c, backend, q, k, v):
     """SDPA on [B, H, S, D] tensors with one backend; GQA through enable_gqa."""
-    import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -268,11 +256,11 @@ def _row(base: dict, direction: str, err: float, ours: Callable, peers: dict, c:
     if row["status"] != "ok":
         return row
     fl = _flops(c, direction)
-    t = _timers(ours)
+    t = eager_and_graph_ms(ours)
     row["ours_eager_ms"], row["ours_graph_ms"] = t["eager_ms"], t.get("graph_ms")
     for name, fn in peers.items():
         try:
-            pt = _timers(fn)
+            pt = eager_and_graph_ms(fn)
             row[f"{name}_eager_ms"], row[f"{name}_graph_ms"] = pt["eager_ms"], pt.get("graph_ms")
         except Exception as exc:
             row[f"{name}_error"] = f"{type(exc).__name__}: {str(exc)[:160]}"
@@ -385,7 +373,7 @@ def _decode_rows(c: dict, device, copy_gbs: float) -> list[dict]:
     if row["status"] != "ok":
         return [row]
     nbytes = 2 * b * sk * hk * d * 2 + 2 * q.numel() * 2
-    t = _timers(ours)
+    t = eager_and_graph_ms(ours)
     row.update(ours_eager_ms=t["eager_ms"], ours_graph_ms=t.get("graph_ms"), unit="GB/s",
                copy_gb_s=round(copy_gbs, 1), peer_name="device copy bandwidth (2 GiB, read+write), once per run")
     row["ours_gb_s"] = round(nbytes / row["ours_graph_ms"] / 1e6, 1) if row["ours_graph_ms"] else None

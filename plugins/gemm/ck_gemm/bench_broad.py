@@ -18,6 +18,8 @@ import sys
 import time
 from typing import Optional
 
+from ck_core.bench import eager_and_graph_ms, geomean
+
 SEED = 20261125
 #: (name, hidden, intermediate, vocab, q heads, kv heads, head dim): public model configs
 MODELS = (
@@ -76,18 +78,6 @@ def _tensors(c, device):
     return a, b, peer
 
 
-def _timers(fn) -> dict:
-    import torch
-    import triton
-
-    fn()
-    torch.cuda.synchronize()
-    out = {"eager_ms": triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median")}
-    try:
-        out["graph_ms"] = triton.testing.do_bench_cudagraph(fn, rep=60, return_mode="median")
-    except Exception as exc:
-        out["graph_error"] = f"{type(exc).__name__}: {str(exc)[:160]}"
-    return out
 
 
 def run(out_path: Optional[str] = None, budget_s: float = 300.0, seed: int = SEED, arch: Optional[str] = None,
@@ -138,7 +128,7 @@ def run(out_path: Optional[str] = None, budget_s: float = 300.0, seed: int = SEE
             row["status"] = "ok" if math.isfinite(err) and err < 2e-2 else "wrong"
             if row["status"] == "ok":
                 fl = 2.0 * c["batch"] * c["m"] * c["n"] * c["k"]
-                ours, theirs = _timers(lambda: disp.run(p, a, b)), _timers(peer)
+                ours, theirs = eager_and_graph_ms(lambda: disp.run(p, a, b)), eager_and_graph_ms(peer)
                 for mode in ("graph", "eager"):
                     o, t = ours.get(f"{mode}_ms"), theirs.get(f"{mode}_ms")
                     row[f"ours_{mode}_ms"], row[f"peer_{mode}_ms"] = o, t
@@ -167,9 +157,11 @@ def run(out_path: Optional[str] = None, budget_s: float = 300.0, seed: int = SEE
     return res
 
 
-def _gm(vals):
-    vals = [v for v in vals if v]
-    return round(math.exp(sum(map(math.log, vals)) / len(vals)), 4) if vals else None
+
+
+def _geomean(vals):
+    g = geomean(vals)
+    return round(g, 4) if g else None
 
 
 def summary(rows: list[dict]) -> dict:
@@ -179,10 +171,10 @@ def summary(rows: list[dict]) -> dict:
         big = [r for r in rs if (r.get("gflop") or 0) >= 1.0]
         out[split] = {"n": len(rs), "wrong": sum(r.get("status") == "wrong" for r in rs),
                       "errors": sum(r.get("status") == "error" for r in rs),
-                      "graph_geomean": _gm(r.get("ratio_graph") for r in rs),
+                      "graph_geomean": _geomean(r.get("ratio_graph") for r in rs),
                       "graph_min": min((r["ratio_graph"] for r in rs if r.get("ratio_graph")), default=None),
-                      "eager_geomean": _gm(r.get("ratio_eager") for r in rs),
-                      "eager_geomean_ge_1gflop": _gm(r.get("ratio_eager") for r in big)}
+                      "eager_geomean": _geomean(r.get("ratio_eager") for r in rs),
+                      "eager_geomean_ge_1gflop": _geomean(r.get("ratio_eager") for r in big)}
     return out
 
 
