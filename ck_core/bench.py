@@ -46,6 +46,18 @@ def eager_and_graph_ms(fn) -> dict:
     return out
 
 
+def broad_result(res: dict) -> dict:
+    """A broad suite's run (``rows``, ``summary``, ``seed``, ``skipped_for_time``) as ``ck bench``'s result:
+    the rows that ran and were right form the table and the geomeans; the others (wrong, error,
+    no peer) go under ``extra.failed``, never into a ratio."""
+    ok = [r for r in res["rows"] if r.get("status") == "ok" and r.get("ratio")]
+    return {"rows": ok, "suite": "broad", "seed": res["seed"],
+            **({"arch": res["arch"]} if "arch" in res else {}),
+            "extra": {"summary": [dict(group=k, **v) for k, v in res["summary"].items()],
+                      "failed": [r for r in res["rows"] if r not in ok],
+                      "skipped_for_time": res["skipped_for_time"]}}
+
+
 def device_name() -> str:
     try:
         import torch

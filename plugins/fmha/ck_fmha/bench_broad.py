@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 HDIMS = (64, 80, 96, 128, 160, 192, 256)
 GQA = (1, 4, 8, "mqa")
 MASKS = ("full", "causal", "window")
-from ck_core.bench import eager_and_graph_ms
+from ck_core.bench import broad_result, eager_and_graph_ms
 
 SEED = 20261125
 
@@ -489,11 +489,7 @@ def bench(peer: str, options: dict) -> dict:
     if peer not in ("sdpa", "torch", "cudnn"):
         raise UnsupportedProblem(f"fmha benchmarks compare with 'sdpa' (torch SDPA cuDNN/flash), not {peer!r}")
     res = run(None, float(options.get("budget") or 420.0), limit=8 if options.get("quick") else None)
-    ok = [r for r in res["rows"] if r.get("status") == "ok" and r.get("ratio")]
-    failed = [r for r in res["rows"] if r not in ok]
-    return {"rows": ok, "suite": "broad", "seed": res["seed"],
-            "extra": {"summary": [dict(group=k, **v) for k, v in res["summary"].items()], "failed": failed,
-                      "skipped_for_time": res["skipped_for_time"]}}
+    return broad_result(res)
 
 
 if __name__ == "__main__":

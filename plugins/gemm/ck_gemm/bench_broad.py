@@ -18,7 +18,7 @@ import sys
 import time
 from typing import Optional
 
-from ck_core.bench import eager_and_graph_ms, geomean
+from ck_core.bench import broad_result, eager_and_graph_ms, geomean
 
 SEED = 20261125
 #: (name, hidden, intermediate, vocab, q heads, kv heads, head dim): public model configs
@@ -185,10 +185,7 @@ def bench(peer: str, options: dict) -> dict:
         raise UnsupportedProblem(f"gemm benchmarks compare with 'torch' (cuBLAS), not {peer!r}")
     res = run(None, float(options.get("budget") or 300.0), arch=options.get("arch"),
               limit=8 if options.get("quick") else None)
-    ok = [r for r in res["rows"] if r.get("status") == "ok" and r.get("ratio")]
-    return {"rows": ok, "suite": "broad", "seed": res["seed"], "arch": res["arch"],
-            "extra": {"summary": [dict(split=k, **v) for k, v in res["summary"].items()],
-                      "failed": [r for r in res["rows"] if r not in ok], "skipped_for_time": res["skipped_for_time"]}}
+    return broad_result(res)
 
 
 if __name__ == "__main__":

@@ -45,3 +45,16 @@ def test_every_case_has_an_sm90_kernel():
         if key not in regs:
             regs[key] = Registry.from_enumeration("gemm", "sm90", "triton", dtypes=[c["dtype"]], layouts=[c["layout"]])
         assert regs[key].candidates(_problem(c), "triton"), c["case"]
+
+
+def test_broad_result_keeps_wrong_rows_out_of_the_ratios():
+    from ck_core.bench import broad_result, stamp
+
+    rows = [dict(case="a", status="ok", ratio=0.9, ours=1.0, peer=1.1, peer_name="p", unit="u"),
+            dict(case="b", status="wrong", ratio=None, rel_err=0.5),
+            dict(case="c", status="ok", ratio=None),  # ran, but its peer failed: no ratio
+            dict(case="d", status="error", error="boom")]
+    res = broad_result({"rows": rows, "summary": {"all": {"n": 4}}, "seed": 1, "skipped_for_time": ["e"]})
+    assert [r["case"] for r in res["rows"]] == ["a"]
+    assert [r["case"] for r in res["extra"]["failed"]] == ["b", "c", "d"]
+    assert stamp(res)["geomean"] == pytest.approx(0.9)
