@@ -303,8 +303,16 @@ def cmd_cache(args, extra):
 
     cache = KernelCache()
     if args.action == "clear":
+        from .backends.ck_backend import source_dir
+        from .cache import remove_path
+
         n = cache.clear()
-        print(f"removed {n} cached kernels from {cache.root}")
+        src = source_dir()  # the ck backend's generated CK Tile sources live beside the kernels
+        had_src = src.exists()
+        if had_src:
+            remove_path(src)
+        print(f"removed {n} cached kernels from {cache.root}"
+              + (f" and the generated CK sources in {src}" if had_src else ""))
     else:
         print(json.dumps(cache.stats(), indent=1))
     return 0

@@ -56,7 +56,7 @@ def arch_plugin(*archs: ArchSpec):
     return mod
 
 
-_SESSION_ENV = ("CK_CACHE_DIR", "CK_TUNING_DB", "XDG_CACHE_HOME")
+_SESSION_ENV = ("CK_CACHE_DIR", "CK_TUNING_DB", "XDG_CACHE_HOME", "TRITON_CACHE_DIR")
 
 
 def pytest_configure(config):
@@ -67,6 +67,8 @@ def pytest_configure(config):
     os.environ["CK_CACHE_DIR"] = os.path.join(tmp, "ck-cache")
     os.environ["CK_TUNING_DB"] = os.path.join(tmp, "tuning.json")
     os.environ["XDG_CACHE_HOME"] = os.path.join(tmp, "xdg-cache")
+    # Triton's own compile cache (~/.triton by default) is a user cache too
+    os.environ["TRITON_CACHE_DIR"] = os.path.join(tmp, "triton-cache")
 
 
 def pytest_unconfigure(config):

@@ -401,3 +401,22 @@ def test_tuning_db_round_trip(tmp_path):
     t.record("gfx942", "triton", P(), "gemm_k", 1e-3, [{"kernel": "gemm_k", "seconds": 1e-3}])
     t.save()
     assert TuningTable(tmp_path / "t.json").lookup("gfx942", "triton", P()) == "gemm_k"
+
+
+def test_cache_clear_removes_the_ck_sources_too(tmp_path, monkeypatch, capsys):
+    from ck_core.backends.ck_backend import source_dir
+    from ck_core.cli import main
+
+    monkeypatch.setenv("CK_CACHE_DIR", str(tmp_path / "cache"))
+    src = source_dir()
+    (src / "ab").mkdir(parents=True)
+    (src / "ab" / "k.cpp").write_text("// generated")
+    assert main(["cache", "clear"]) == 0
+    assert not src.exists()
+    assert "generated CK sources" in capsys.readouterr().out
+
+
+def test_test_sessions_redirect_the_triton_cache():
+    import os
+
+    assert os.environ["TRITON_CACHE_DIR"].startswith(os.path.dirname(os.environ["CK_CACHE_DIR"]))
