@@ -14,6 +14,17 @@ import pytest
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 SCRIPTS = sorted(p for p in EXAMPLES.glob("*/[0-9][0-9]_*.py"))
 
+#: the CK dispatcher's 32 Python FMHA examples (dispatcher/examples/fmha/python/) of the seed change
+SEED_FMHA = (
+    "01_basic_fmha", "02_multi_shape", "03_benchmark", "04_validation", "05_numpy_integration",
+    "06_json_export", "07_stress_test", "08_heuristics", "09_multi_registry", "10_advanced_benchmark",
+    "11_bf16_fmha", "12_masks_fmha", "13_bias_fmha", "14_dropout_fmha", "15_gqa_fmha", "16_splitkv_fmha",
+    "17_appendkv_fmha", "18_backward_fmha", "19_padding_fmha", "20_fp8_fmha", "21_logits_soft_cap_fmha",
+    "22_sink_tokens_fmha", "23_batch_prefill_fmha", "24_vlayout_col_fmha", "25_permutation_fmha",
+    "26_hdim_variety_fmha", "27_backward_dropout_fmha", "28_backward_dbias_fmha", "29_sweep_seqlen",
+    "30_sweep_batch", "31_sweep_nhead", "32_sweep_hdim",
+)
+
 
 def _run(script: Path, backend: str, tmp_path, timeout: int) -> subprocess.CompletedProcess:
     env = dict(os.environ, CK_CACHE_DIR=str(tmp_path / "cache"), PYTHONDONTWRITEBYTECODE="1")
@@ -26,10 +37,15 @@ def test_every_seed_example_is_here():
     names = {p.parent.name: 0 for p in SCRIPTS}
     for p in SCRIPTS:
         names[p.parent.name] += 1
-    assert names.get("gemm") == 11 and names.get("conv") == 6 and names.get("fmha", 0) >= 14
+    assert names.get("gemm") == 11 and names.get("conv") == 6 and names.get("fmha", 0) >= 32
     readme = (EXAMPLES / "README.md").read_text()
     missing = [p.name for p in SCRIPTS if p.name not in readme]
     assert not missing, f"examples/README.md does not index {missing}"
+    # every seed FMHA example is named in the index's "seed example" column of some row
+    fmha = readme[readme.index("## FMHA"):]
+    rows = [ln for ln in fmha.splitlines() if ln.startswith("| `")]
+    unmatched = [s for s in SEED_FMHA if not any(f"`{s}.py`" in ln.split("|")[3] for ln in rows)]
+    assert not unmatched, f"no counterpart indexed for seed example(s) {unmatched}"
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: f"{p.parent.name}/{p.stem}")
