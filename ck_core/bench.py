@@ -2,13 +2,15 @@
 
 Op plugins provide ``OpSpec.bench(peer, options) -> dict`` with ``rows`` (each
 ``case, ours, peer, peer_name, unit, ratio`` plus free columns) and optional
-``extra`` tables.  This module stamps device, date and command, computes the
+``extra`` tables; ``options["progress"]`` makes a :class:`ck_core.progress.Progress`
+(``progress(total, desc)``) for the suite to count its cases on.  This module stamps device, date and command, computes the
 geometric mean of the ratios, prints a table and writes JSON / CSV.
 """
 from __future__ import annotations
 
 import csv
 import datetime as _dt
+import functools
 import glob
 import json
 import math
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 from .errors import PluginError, ToolchainMissing, UnsupportedProblem
+from .progress import Progress
 
 ROW_KEYS = ("case", "ours", "peer", "peer_name", "unit", "ratio")
 
@@ -145,8 +148,10 @@ def run_bench(op_name: str, args, extra: dict) -> int:
                                f"({why}); run it on a machine with an NVIDIA or AMD GPU, or use "
                                f"`ck run {op_name} ...` to check results on the CPU")
     suite = getattr(args, "suite", "core") or "core"
+    # the suites count their cases through this (a bar on a terminal, a line every 30 s in a log)
+    progress = functools.partial(Progress, quiet=bool(getattr(args, "quiet", False)))
     result = stamp(op.bench(args.vs, dict(extra, arch=args.arch, backend=args.backend,
-                                           quick=args.quick, suite=suite)))
+                                           quick=args.quick, suite=suite, progress=progress)))
     print(f"# {op_name} vs {args.vs} on {result['device']} ({result['date']})")
     print(format_table(result["rows"]))
     for name, table in result.get("extra", {}).items():

@@ -472,6 +472,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--quick", action="store_true")
     s.add_argument("--suite", default="core",
                    help="core: the fixed regression cases; broad: shapes drawn from real workloads (fixed seed)")
+    s.add_argument("-q", "--quiet", action="store_true",
+                   help="no progress on stderr (default: a bar on a terminal, a line every 30 s elsewhere)")
     s.set_defaults(fn=cmd_bench)
 
     from .sweep.cli import add_parser as add_sweep_parser

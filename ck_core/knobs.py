@@ -75,7 +75,7 @@ _declare("CK_ROCM_PATH", str, "", "ROCm install prefix holding bin/hipcc (defaul
 _declare("CK_TILE_INCLUDE", str, "",
          "Folder with composable_kernel's include/ (ck_tile headers) for the ck backend.")
 _declare("CK_PROGRESS", _bool, True,
-         "Show progress bars on stderr when it is a terminal.")
+         "Show progress on stderr: bars on a terminal, a line every 30 s elsewhere (0: none).")
 
 
 def _plugin_knobs() -> dict:

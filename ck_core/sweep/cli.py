@@ -45,7 +45,8 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
     o.add_argument("--json", help="JSON file ('-' for stdout) with metadata and results")
     o.add_argument("--plot", nargs="?", const="", default=None,
                    help="PNG files (matplotlib): PREFIX_best.png, PREFIX_heatmap.png")
-    o.add_argument("--no-progress", action="store_true")
+    o.add_argument("-q", "--quiet", "--no-progress", dest="no_progress", action="store_true",
+                   help="no progress on stderr (default: bars on a terminal, a line every 30 s elsewhere)")
 
 
 def options_from_args(args, extra: dict):

@@ -141,15 +141,14 @@ def plan_work(mgr, spec: SweepSpec, registry, shapes: list, opts: Options, sink:
 
 
 def _bars(work: Work, enabled: bool):
-    if not enabled:
-        return None, None
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return None, None
-    cbar = tqdm(total=len(work.compiles), desc="compile", unit="kernel", file=sys.stderr, position=0)
+    """Compile and bench counters (:class:`ck_core.progress.Progress`): bars on a terminal, a line
+    every 30 s elsewhere, nothing when disabled."""
+    from ..progress import Progress
+
+    cbar = Progress(len(work.compiles), "ck sweep: compile", unit="kernel", quiet=not enabled, position=0)
     n = sum(len(t) for t in work.tasks.values())
-    bbar = None if work.compile_only else tqdm(total=n, desc="bench", unit="row", file=sys.stderr, position=1)
+    bbar = None if work.compile_only else Progress(n, "ck sweep: bench", unit="row", quiet=not enabled,
+                                                   position=1)
     return cbar, bbar
 
 
@@ -194,10 +193,7 @@ def run_sweep(opts: Options, out=None) -> dict:
     resumed = len(sink.rows)
     t0 = time.perf_counter()
     work = plan_work(mgr, spec, reg, shapes, opts, sink, sink.add)
-    progress = opts.progress
-    if progress is None:
-        progress = bool(knobs.get("CK_PROGRESS") and sys.stderr.isatty() and opts.json != "-")
-    cbar, bbar = _bars(work, progress)
+    cbar, bbar = _bars(work, opts.progress is not False)
 
     def emit(row):
         sink.add(row)

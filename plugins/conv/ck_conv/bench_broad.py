@@ -21,6 +21,7 @@ import time
 from typing import Optional
 
 from ck_core.bench import broad_result, eager_and_graph_ms, geomean
+from ck_core.progress import Progress
 
 SEED = 20261125
 DIRECTIONS = ("forward", "bwd_data", "bwd_weight")
@@ -138,7 +139,7 @@ def _peer(c, x, w, dy):
 
 
 def run(out_path: Optional[str] = None, budget_s: float = 300.0, seed: int = SEED, arch: Optional[str] = None,
-        limit: Optional[int] = None) -> dict:
+        limit: Optional[int] = None, progress=None) -> dict:
     import torch
 
     from ck_core import Dispatcher, Registry, get_manager
@@ -160,7 +161,9 @@ def run(out_path: Optional[str] = None, budget_s: float = 300.0, seed: int = SEE
     rows, skipped = [], []
     t0 = time.time()
     cs = cases(seed)[:limit] if limit else cases(seed)
-    for c in cs:
+    # a bar on a terminal, a line every 30 s in a log (ck bench passes its own, -q silences it)
+    counter = (progress or Progress)(len(cs), "ck bench conv --suite broad")
+    for c in counter.each(cs, lambda c: c["case"]):
         if time.time() - t0 > budget_s:
             skipped.append(c["case"])
             continue
@@ -252,7 +255,7 @@ def bench(peer: str, options: dict) -> dict:
     if peer not in ("torch", "cudnn"):
         raise UnsupportedProblem(f"conv benchmarks compare with 'torch' (cuDNN), not {peer!r}")
     res = run(None, float(options.get("budget") or 300.0), arch=options.get("arch"),
-              limit=8 if options.get("quick") else None)
+              limit=8 if options.get("quick") else None, progress=options.get("progress"))
     return broad_result(res)
 
 

@@ -26,6 +26,8 @@ import time
 import zlib
 from typing import Callable, Optional
 
+from ck_core.progress import Progress
+
 log = logging.getLogger(__name__)
 
 HDIMS = (64, 80, 96, 128, 160, 192, 256)
@@ -421,7 +423,7 @@ def _summary(rows: list[dict]) -> dict:
 
 
 def run(out_path: Optional[str] = None, budget_s: float = 420.0, seed: int = SEED, kinds=None,
-        limit: Optional[int] = None) -> dict:
+        limit: Optional[int] = None, progress=None) -> dict:
     """Run the suite on the current CUDA device within ``budget_s``; returns the result dict."""
     import torch
 
@@ -439,7 +441,9 @@ def run(out_path: Optional[str] = None, budget_s: float = 420.0, seed: int = SEE
     copy_gbs = _copy_bw(device) if any(c["kind"] == "decode" for c in cs) else None
     rows: list[dict] = []
     skipped = []
-    for i, c in enumerate(cs):
+    # a bar on a terminal, a line every 30 s in a log (ck bench passes its own, -q silences it)
+    counter = (progress or Progress)(len(cs), "ck bench fmha --suite broad")
+    for i, c in enumerate(counter.each(cs, lambda c: c["case"])):
         if time.time() - t0 > budget_s:
             skipped.append(c["case"])
             continue
@@ -488,7 +492,8 @@ def bench(peer: str, options: dict) -> dict:
 
     if peer not in ("sdpa", "torch", "cudnn"):
         raise UnsupportedProblem(f"fmha benchmarks compare with 'sdpa' (torch SDPA cuDNN/flash), not {peer!r}")
-    res = run(None, float(options.get("budget") or 420.0), limit=8 if options.get("quick") else None)
+    res = run(None, float(options.get("budget") or 420.0), limit=8 if options.get("quick") else None,
+              progress=options.get("progress"))
     return broad_result(res)
 
 
