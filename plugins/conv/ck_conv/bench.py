@@ -25,6 +25,8 @@ import os
 import sys
 import time
 
+from ck_core.progress import Progress
+
 DIRECTIONS = ("forward", "bwd_data", "bwd_weight")
 
 # name, N, G, C, K, spatial, filter, stride, pad
@@ -146,7 +148,7 @@ def _compile_task(task):
     return ci, direction, res
 
 
-def main(argv=None):
+def main(argv=None, progress=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", default=None)
     ap.add_argument("--workers", type=int, default=12)
@@ -195,9 +197,9 @@ def main(argv=None):
                         print(f"compile/run failed {nm}: {err}", file=sys.stderr)
     print(f"# compiled {sum(len(t[2]) for t in tasks)} candidates in {time.time() - t0:.1f}s", file=sys.stderr)
 
-    # 2. check and time
+    # 2. check and time (a bar on a terminal, a line every 30 s in a log; ck bench -q silences it)
     rows = []
-    for c in cases:
+    for c in (progress or Progress)(len(cases), "ck bench conv").each(cases, lambda c: c[0]):
         ci = CASES.index(c)
         g = c[2]
         x, w, dy = torch_operands(c, seed=ci + 1)
@@ -328,7 +330,7 @@ def bench(peer: str, options: dict) -> dict:
         argv += ["--cases", str(options["cases"])]
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "conv.json")
-        main(argv + ["--json", path])
+        main(argv + ["--json", path], progress=options.get("progress"))
         with open(path) as f:
             raw = json.load(f)
     rows = []

@@ -28,6 +28,8 @@ import traceback
 
 import torch
 
+from ck_core.progress import Progress
+
 # ---------------------------------------------------------------------------
 # cases
 # ---------------------------------------------------------------------------
@@ -369,7 +371,7 @@ def geomean(xs):
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
 
 
-def main(argv=None):
+def main(argv=None, progress=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="fmha_triton_raw.json")
     ap.add_argument("--sweep", action="store_true")
@@ -423,7 +425,8 @@ def main(argv=None):
     rows = []
     copy_cache = {}
     _save(args, t_start, best, rows, log)
-    for i, t in enumerate(tasks):
+    # a bar on a terminal, a line every 30 s in a log (ck bench -q silences it)
+    for i, t in enumerate((progress or Progress)(len(tasks), "ck bench fmha").each(tasks, _name)):
         if i % 8 == 0:
             _save(args, t_start, best, rows, log)
         g = t["group"]
@@ -515,7 +518,7 @@ def bench(peer: str, options: dict) -> dict:
             argv.append("--quick")
         if options.get("groups"):
             argv += ["--groups", str(options["groups"])]
-        main(argv)
+        main(argv, progress=options.get("progress"))
         with open(out) as f:
             raw = json.load(f)
     keep = ("group", "case", "ours", "peer", "peer_name", "unit", "ratio", "ratio_vs_flash", "flash")

@@ -14,6 +14,7 @@ import tempfile
 import time
 
 from ck_core.errors import UnsupportedProblem
+from ck_core.progress import Progress
 
 SHAPES = [(8192, 8192, 8192), (4096, 4096, 4096), (2048, 2048, 2048), (1024, 1024, 1024),
           (16, 4096, 4096), (128, 14336, 4096), (4096, 14336, 4096), (8192, 4096, 14336)]
@@ -48,6 +49,7 @@ def bench(peer: str, options: dict) -> dict:
     dtypes = [dtypes] if isinstance(dtypes, str) else dtypes
     rows = []
     regs = {}
+    counter = (options.get("progress") or Progress)(len(dtypes) * len(shapes), "ck bench gemm")
     for dtype in dtypes:
         regs[dtype] = reg = Registry.from_enumeration("gemm", arch.name, "triton", dtypes=[dtype],
                                                       layouts=["rcr"])
@@ -70,6 +72,8 @@ def bench(peer: str, options: dict) -> dict:
                          "unit": "TFLOPS", "ratio": round(t_ours / t_peer, 3),
                          "ok": err < 2e-2, "rel_err": err, "kernel": key.name})
             del a, b, c, ref
+            counter.update(label=rows[-1]["case"])
+    counter.close()
     extra = {"host overhead": _overhead(regs[dtypes[0]], dtypes[0])}
     if not options.get("quick"):
         extra["build"] = _build_speed(arch, dtypes[0], int(options.get("workers") or os.cpu_count() or 2))
