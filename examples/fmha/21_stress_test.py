@@ -15,6 +15,7 @@ import itertools  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+from ck_core.errors import CkError  # noqa: E402
 from ck_fmha.problem import FmhaProblem  # noqa: E402
 
 args, disp = _fmha.setup(__doc__, lambda p: p.add_argument("--kernels", type=int, default=24))
@@ -29,7 +30,7 @@ for i, (dtype, hdim, mask, bias, lse, p_drop) in enumerate(grid):
     p = FmhaProblem(dtype=dtype, hdim_q=hdim, mask=mask, bias=bias, lse=lse, p_drop=p_drop, seed=i, **S)
     try:
         fresh = [k for k in disp.rank(p) if k.name not in used]
-    except Exception as e:  # a feature this arch/backend has no kernel for: skip the point, say so
+    except CkError as e:  # a feature this arch/backend has no kernel for: skip the point, say so
         print(f"skip {dtype} d{hdim} mask={mask} bias={bias}: {type(e).__name__}")
         continue
     if not fresh:
