@@ -336,7 +336,8 @@ def _triton_impl(key, arch):
         for n in IN_NAMES[problem.direction]:
             t = tensors[n]
             ops[n] = t if t.dtype == td else t.to(td)  # numpy storage (float32 for bf16) via to_backend
-        return {OUT_NAME[problem.direction]: run(problem, ops, cfg, num_sms=arch.compute_units)}
+        return {OUT_NAME[problem.direction]: run(problem, ops, cfg, num_sms=arch.compute_units,
+                                                  kernel_name=key.name)}
 
     return launch
 
