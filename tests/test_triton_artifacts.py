@@ -126,3 +126,35 @@ def test_tampered_artifact_is_rejected_and_rebuilt(tmp_path):
     flip_built, flip_ok, forged_built, forged_ok = _run("tamper", tmp_path)["results"]
     assert (flip_built, forged_built) == (1, 1), "a damaged or foreign entry must be rebuilt, not loaded"
     assert flip_ok and forged_ok
+
+
+def test_public_apis_launch_under_their_key_names(ck_dispatch_log, monkeypatch):
+    """The cache entry a launch looks for is named after the key the Dispatcher chose
+    (what ``ck build`` names its entries), for GEMM and conv; a second kernel of a key
+    (conv: ``<key>/<function>``) adds a suffix."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("ck_gemm")
+    pytest.importorskip("ck_conv")
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("CPU tensors run triton kernels only in the interpreter")
+    from ck_conv import conv2d
+    from ck_gemm import matmul
+
+    from ck_core.backends import triton_artifacts as ta
+
+    monkeypatch.setenv("CK_BACKEND", "triton")
+    names, real = [], ta.launch
+
+    def spy(name, fn, grid, args, kwargs, **kw):
+        names.append(name)
+        return real(name, fn, grid, args, kwargs, **kw)
+
+    monkeypatch.setattr(ta, "launch", spy)
+    a, b = torch.randn(9, 5), torch.randn(5, 7)
+    x, w = torch.randn(1, 3, 6, 5), torch.randn(4, 3, 3, 3)
+    assert float((matmul(a, b) - a @ b).abs().max()) < 1e-4
+    want = torch.nn.functional.conv2d(x, w, padding=1)
+    assert float((conv2d(x, w, padding=1) - want).abs().max()) < 1e-4
+    (gemm_key,), (conv_key,) = (r[2] for r in ck_dispatch_log.take())
+    assert names[0] == gemm_key
+    assert names[1:] and all(n.startswith(conv_key + "/conv_") for n in names[1:]), names

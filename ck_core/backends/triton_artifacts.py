@@ -193,6 +193,22 @@ def _get_or_build(name, src, options, material, target, cache_root):
     return unpack(blob, src, meta.get("triton_name")), "loaded" if hit else "compiled"
 
 
+_OPTIONS: dict = {}
+
+
+def compile_options(key) -> dict:
+    """The extra compile options plugins ask for ``key`` (hook ``ck_compile_options``), as
+    ``ck build`` passes them: part of the cache key, so a launcher must pass them too."""
+    got = _OPTIONS.get(key.name)
+    if got is None:
+        from ..plugins import get_manager
+
+        mgr = get_manager()
+        got = _OPTIONS[key.name] = dict(
+            mgr.hook.ck_compile_options(key=key, arch=mgr.arch(key.arch), backend="triton") or {})
+    return got
+
+
 def kernel_for_call(name: str, fn, args, kwargs: dict, *, cache_root=None, extra: Optional[dict] = None):
     """``(CompiledKernel, bound argument values)`` of a call on this device (memoised per specialisation)."""
     target = current_target()
@@ -213,18 +229,19 @@ def kernel_for_call(name: str, fn, args, kwargs: dict, *, cache_root=None, extra
     return ck, list(bound.values())
 
 
-def launch(name: str, fn, grid, args, kwargs: dict, *, cache_root=None):
+def launch(name: str, fn, grid, args, kwargs: dict, *, cache_root=None, extra: Optional[dict] = None):
     """``fn[grid](*args, **kwargs)`` with the kernel from the cache; returns the CompiledKernel.
 
     ``name``: the kernel key's name (a second kernel of one key adds a suffix,
-    e.g. ``name + "/reduce"``).  Under TRITON_INTERPRET=1 this is the plain launch.
+    e.g. ``name + "/reduce"``); ``extra``: :func:`compile_options` of the key.
+    Under TRITON_INTERPRET=1 this is the plain launch.
     """
     if interpreting() or not hasattr(fn, "params"):
         return fn[grid](*args, **kwargs)
     from triton import knobs
     from triton.runtime import driver
 
-    ck, values = kernel_for_call(name, fn, args, kwargs, cache_root=cache_root)
+    ck, values = kernel_for_call(name, fn, args, kwargs, cache_root=cache_root, extra=extra)
     if callable(grid):
         grid = grid(dict(zip(fn.arg_names, values)))
     g = tuple(grid) + (1,) * (3 - len(grid))
@@ -236,6 +253,13 @@ def launch(name: str, fn, grid, args, kwargs: dict, *, cache_root=None):
     return ck
 
 
+def bind(name: str, fn, grid, extra: Optional[dict] = None):
+    """``fn[grid]`` through the kernel cache: ``bind(name, fn, grid)(*args, **kwargs)``
+    is :func:`launch`; the one-line change a launcher written as ``fn[grid](...)`` needs."""
+    return lambda *args, **kwargs: launch(name, fn, grid, args, kwargs, extra=extra)
+
+
 def forget() -> None:
-    """Drop this process's loaded kernels (tests; a changed cache folder)."""
+    """Drop this process's loaded kernels and option lookups (tests; a changed cache folder)."""
     _LOADED.clear()
+    _OPTIONS.clear()

@@ -147,12 +147,13 @@ def _with_base(template, base):
     return d
 
 
-def record(fn, grid, args: Sequence, kwargs: dict, name: Optional[str] = None) -> Optional[Replay]:
+def record(fn, grid, args: Sequence, kwargs: dict, name: Optional[str] = None,
+           extra: Optional[dict] = None) -> Optional[Replay]:
     """Launch ``fn[grid](*args, **kwargs)`` once; return a :class:`Replay` of it, or None.
 
     ``name``: the kernel key's name; the launch then takes its kernel from the kernel
     cache (:func:`ck_core.backends.triton_artifacts.launch`), so what is replayed is
-    the artifact ``ck build`` wrote.  None means "keep calling ``fn[grid]``":
+    the artifact ``ck build`` wrote (``extra``: the key's compile options).  None means "keep calling ``fn[grid]``":
     interpreter functions, or a Triton whose internals differ from the ones this was
     written against.
     """
@@ -161,7 +162,7 @@ def record(fn, grid, args: Sequence, kwargs: dict, name: Optional[str] = None) -
     else:
         from . import triton_artifacts
 
-        kernel = triton_artifacts.launch(name, fn, grid, args, kwargs)
+        kernel = triton_artifacts.launch(name, fn, grid, args, kwargs, extra=extra)
     try:
         return _replay_of(fn, kernel, grid, args, kwargs)
     except Exception as e:  # noqa: BLE001 - any surprise means: no replay, plain launches

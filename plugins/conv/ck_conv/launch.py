@@ -494,7 +494,8 @@ def _split_as_named(cfg: ConvKernelConfig, nsplit: int) -> int:
     return nsplit
 
 
-_KERNEL = contextvars.ContextVar("ck_conv_kernel", default="conv")
+#: (kernel key name, its compile options) of the running launch
+_KERNEL = contextvars.ContextVar("ck_conv_kernel", default=("conv", None))
 
 
 def _k(fn, grid):
@@ -502,12 +503,12 @@ def _k(fn, grid):
     (``<key name>/<function>``; :mod:`ck_core.backends.triton_artifacts`)."""
     from ck_core.backends import triton_artifacts
 
-    name = f"{_KERNEL.get()}/{getattr(fn, '__name__', 'kernel')}"
-    return lambda *args, **kwargs: triton_artifacts.launch(name, fn, grid, args, kwargs)
+    name, extra = _KERNEL.get()
+    return triton_artifacts.bind(f"{name}/{getattr(fn, '__name__', 'kernel')}", fn, grid, extra)
 
 
 def run(p: ConvProblem, tensors: dict, config: ConvKernelConfig | str, num_sms: int | None = None,
-        kernel_name: str | None = None):
+        kernel_name: str | None = None, compile_options: dict | None = None):
     """Compute ``p`` on torch tensors with exactly the Triton kernel ``config`` (a config or its name).
 
     The kernel's ``split`` cuts the reduction over that many programs, combined as
@@ -521,10 +522,11 @@ def run(p: ConvProblem, tensors: dict, config: ConvKernelConfig | str, num_sms: 
     an fp32 accumulator) that their launches leave zeroed: do not run two such
     launches concurrently on different streams.
     ``kernel_name``: the kernel key's name, under which its kernels are cached
-    (default: the config's name).
+    (default: the config's name); ``compile_options``: the key's extra compile options
+    (``ck_core.backends.triton_artifacts.compile_options``), part of the cache entry.
     """
     name = kernel_name or (config if isinstance(config, str) else getattr(config, "name", "conv"))
-    token = _KERNEL.set(name)
+    token = _KERNEL.set((name, compile_options or None))
     try:
         return _run(p, tensors, config, num_sms)
     finally:

@@ -166,9 +166,16 @@ def make_launcher(key, num_sms=None):
 
     ``num_sms``: the programs of a persistent grid (the arch's compute units);
     None reads the device's."""
+    from ck_core.backends import triton_artifacts
+
+    from .triton import launch as L
     from .triton.launch import gemm
 
     cfg = config_of(key)
+    extra = triton_artifacts.compile_options(key)
+    # the key's compile options are part of its cache entry (as ck build writes it)
+    via = (lambda spec, vals, M, N, batch, name: L._launch(spec, vals, M, N, batch, name, extra)) \
+        if extra else None
     sig = key.signature
     t_in, t_out = torch_dtype(sig.dtype), torch_dtype(sig.dtype_c)
     act = None if sig.activation == "none" else sig.activation
@@ -185,7 +192,7 @@ def make_launcher(key, num_sms=None):
             raise InvalidProblem(f"tensor shapes {tuple(a.shape)} / {tuple(b.shape)} do not match "
                                  f"{problem.shape_a()} / {problem.shape_b()} ({problem.layout})")
         c = gemm(a, b, layout=problem.layout, config=cfg, d_tensors=ds, d_op=problem.d_op,
-                 activation=act, out_dtype=t_out, num_sms=num_sms, kernel_name=key.name)
+                 activation=act, out_dtype=t_out, num_sms=num_sms, kernel_name=key.name, launch=via)
         return {"c": c}
 
     return launch
@@ -207,7 +214,7 @@ class _Recorded:
     __slots__ = ("launch", "args", "a_slots", "b_slots", "c_slots", "descs", "replay")
 
 
-def _record(cfg, problem, a, b, c, t_out, act, num_sms=None, name=None):
+def _record(cfg, problem, a, b, c, t_out, act, num_sms=None, name=None, extra=None):
     """Run the full launcher once, capturing the kernel launch it makes.
 
     The kernel comes from the kernel cache under ``name`` (the key's name: what
@@ -225,11 +232,11 @@ def _record(cfg, problem, a, b, c, t_out, act, num_sms=None, name=None):
     def capture(spec, vals, M, N, batch, kname):
         fn, args, opts = L.call_of(spec, vals)
         grid = spec.grid(M, N, batch)
-        replay = triton_replay.record(fn, grid, args, opts, name=kname) if a.is_cuda else None
+        replay = triton_replay.record(fn, grid, args, opts, name=kname, extra=extra) if a.is_cuda else None
         if replay is None and a.is_cuda:
             log.debug("gemm %s: no replay, recorded launches through the cache", kname)
         elif replay is None:
-            L._launch(spec, vals, M, N, batch, kname)
+            L._launch(spec, vals, M, N, batch, kname, extra)
         captured.append((spec, grid, kname, fn, args, opts, replay))
 
     L.gemm(a, b, layout=problem.layout, config=cfg, c=c, out_dtype=t_out, activation=act,
@@ -244,7 +251,7 @@ def _record(cfg, problem, a, b, c, t_out, act, num_sms=None, name=None):
         rec.args = list(replay.args)
         slot = {n: i for i, n in enumerate(replay.names)}
     else:
-        rec.launch = lambda args_: triton_artifacts.launch(kname, fn, grid, args_, opts)
+        rec.launch = lambda args_: triton_artifacts.launch(kname, fn, grid, args_, opts, extra=extra)
         rec.args = list(args)
         slot = {n: i for i, n in enumerate(n for n in fn.arg_names if n not in L._constexpr_names(fn))}
     # Pointer arguments only pass their data pointer (a transposed view has the
@@ -294,7 +301,10 @@ def bare_launch(key, problem, a, b, replay: bool = False):
     cfg = config_of(key)
     t_out = torch_dtype(key.signature.dtype_c)
     c = torch.empty(problem.shape_c(), device=a.device, dtype=t_out)
-    rec = _record(cfg, problem, a, b, c, t_out, None, name=key.name)
+    from ck_core.backends import triton_artifacts
+
+    rec = _record(cfg, problem, a, b, c, t_out, None, name=key.name,
+                  extra=triton_artifacts.compile_options(key))
     if replay:
         if rec is None or rec.replay is None:
             return None
@@ -315,6 +325,8 @@ def bare_launch(key, problem, a, b, replay: bool = False):
 def make_fast_launcher(key, num_sms=None):
     """Like :func:`make_launcher`, with the recorded fast path for plain GEMMs."""
     import torch
+
+    from ck_core.backends import triton_artifacts
 
     general = make_launcher(key, num_sms)
     cfg = config_of(key)
@@ -339,7 +351,8 @@ def make_fast_launcher(key, num_sms=None):
                                      f"match {problem.shape_a()} / {problem.shape_b()}")
             if tuple(c.shape) != problem.shape_c() or c.dtype != t_out:
                 raise InvalidProblem(f"c is {tuple(c.shape)} {c.dtype}; expected {problem.shape_c()} {t_out}")
-            rec = _record(cfg, problem, a, b, c, t_out, None, num_sms, name=key.name)
+            rec = _record(cfg, problem, a, b, c, t_out, None, num_sms, name=key.name,
+                          extra=triton_artifacts.compile_options(key))
             if rec is None:
                 recorded[sig_] = False
                 return {"c": c}

@@ -243,8 +243,8 @@ def call_of(spec, vals) -> tuple:
     return fn, args, dict(cx, **spec.options)
 
 
-def _launch(spec, vals, M, N, batch, name):
+def _launch(spec, vals, M, N, batch, name, extra=None):
     from ck_core.backends import triton_artifacts
 
     fn, args, kwargs = call_of(spec, vals)
-    triton_artifacts.launch(name, fn, spec.grid(M, N, batch), args, kwargs)
+    triton_artifacts.launch(name, fn, spec.grid(M, N, batch), args, kwargs, extra=extra)
