@@ -1,10 +1,12 @@
 """The triton backend: JIT on a GPU, ahead-of-time for any arch's target.
 
-* compile: the op plugin renders a key (``OpSpec.render(key, "triton")``) into
-  an object with ``compile(target)`` (a ``triton.compile`` of an ``ASTSource``)
-  and ``source_hash``; the code object (hsaco for gfx targets, cubin for
-  NVIDIA targets) and the compiler's metadata (shared memory, registers, spills) are
-  kept in the content-addressed :class:`ck_core.cache.KernelCache`.
+* compile: the op plugin renders a key (``OpSpec.render(key, "triton")``).  A
+  rendering with ``jit_calls()`` (a representative launch of the key's kernels)
+  is compiled through :mod:`.triton_artifacts` into the very entries the
+  launchers load (built is what runs); otherwise ``compile(target)`` (a
+  ``triton.compile`` of an ``ASTSource``) and ``source_hash`` give a code object
+  (hsaco / cubin) and its metadata in the :class:`ck_core.cache.KernelCache`,
+  which no launcher reads yet (conv, fmha).
 * execute: kernels run where torch sees a matching GPU, or anywhere under
   ``TRITON_INTERPRET=1`` (Triton's CPU interpreter, for tests).
 
