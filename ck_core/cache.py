@@ -170,9 +170,19 @@ class KernelCache:
         return blob, meta
 
     def get_or_build(self, kernel_name: str, material: dict,
-                     build: Callable[[], tuple[bytes, dict]]) -> tuple[bytes, dict, bool]:
-        """Return ``(binary, metadata, was_hit)``; builds at most once across processes."""
-        hit = self.load(kernel_name, material)
+                     build: Callable[[], tuple[bytes, dict]],
+                     validate: Optional[Callable[[bytes, dict], bool]] = None) -> tuple[bytes, dict, bool]:
+        """Return ``(binary, metadata, was_hit)``; builds at most once across processes.
+
+        ``validate(binary, metadata)``: False rejects an intact-looking entry whose
+        content the caller cannot use (it is rebuilt, like a corrupted one)."""
+        def load():
+            got = self.load(kernel_name, material)
+            if got and validate is not None and not validate(*got):
+                return None
+            return got
+
+        hit = load()
         if hit:
             return hit[0], hit[1], True
         bin_path, meta_path = self.entry(kernel_name, material)
@@ -195,7 +205,7 @@ class KernelCache:
                 warn_unwritable(self.root, exc)
                 blob, meta = fresh()
                 return blob, meta, False
-            hit = self.load(kernel_name, material)  # another process may have built it
+            hit = load()  # another process may have built it
             if hit:
                 return hit[0], hit[1], True
             blob, meta = fresh()

@@ -1,10 +1,12 @@
 """The triton backend: JIT on a GPU, ahead-of-time for any arch's target.
 
-* compile: the op plugin renders a key (``OpSpec.render(key, "triton")``) into
-  an object with ``compile(target)`` (a ``triton.compile`` of an ``ASTSource``)
-  and ``source_hash``; the code object (hsaco for gfx targets, cubin for
-  NVIDIA targets) and the compiler's metadata (shared memory, registers, spills) are
-  kept in the content-addressed :class:`ck_core.cache.KernelCache`.
+* compile: the op plugin renders a key (``OpSpec.render(key, "triton")``).  A
+  rendering with ``jit_calls()`` (a representative launch of the key's kernels)
+  is compiled through :mod:`.triton_artifacts` into the very entries the
+  launchers load (built is what runs); otherwise ``compile(target)`` (a
+  ``triton.compile`` of an ``ASTSource``) and ``source_hash`` give a code object
+  (hsaco / cubin) and its metadata in the :class:`ck_core.cache.KernelCache`,
+  which no launcher reads yet (conv, fmha).
 * execute: kernels run where torch sees a matching GPU, or anywhere under
   ``TRITON_INTERPRET=1`` (Triton's CPU interpreter, for tests).
 
@@ -162,11 +164,39 @@ def compile_key(key, op, arch, opts: dict) -> dict:
                 "compile_seconds": round(time.perf_counter() - t0, 3)}
         return ck.asm[kind], meta
 
+    calls = getattr(rendered, "jit_calls", None)
+    if calls is not None and not opts.get("force"):
+        return _compile_calls(key, calls(), target, extra, opts.get("cache_root"))
     if opts.get("force"):
         blob_meta = build()
         return dict(blob_meta[1], cache_hit=False, bytes=len(blob_meta[0]))
     blob, meta, hit = cache.get_or_build(key.name, material, build)
     return dict(meta, cache_hit=hit, bytes=len(blob))
+
+
+def _compile_calls(key, calls, target, extra, cache_root) -> dict:
+    """Build a key's kernels as its launcher calls them (``rendered.jit_calls()``: a
+    representative launch of each, ``(suffix, fn, args, kwargs)``) into the entries the
+    launcher loads (:mod:`ck_core.backends.triton_artifacts`)."""
+    from . import triton_artifacts as ta
+
+    t0 = time.perf_counter()
+    hows, kernels = [], {}
+    for suffix, fn, args, kwargs in calls:
+        if not hasattr(fn, "params"):
+            raise CompileError(f"{key.name}: the kernel is not a JITFunction (TRITON_INTERPRET=1?); "
+                               "compile ahead of time in a process without TRITON_INTERPRET")
+        ck, how = ta.get_or_build(key.name + suffix, fn, args, kwargs, target=target,
+                                  cache_root=cache_root, extra=extra)
+        hows.append(how)
+        md = ck.metadata
+        kernels[key.name + suffix] = {"shared": int(getattr(md, "shared", 0)),
+                                      "num_warps": int(getattr(md, "num_warps", 0))}
+    first = next(iter(kernels.values()))
+    return {"target": f"{target.backend}:{target.arch}", "binary": ta._backend(target).binary_ext,
+            "shared": first["shared"], "num_warps": first["num_warps"], "kernels": kernels,
+            "cache_hit": all(h == "loaded" for h in hows),
+            "compile_seconds": round(time.perf_counter() - t0, 3)}
 
 
 @hookimpl

@@ -147,13 +147,22 @@ def _with_base(template, base):
     return d
 
 
-def record(fn, grid, args: Sequence, kwargs: dict) -> Optional[Replay]:
+def record(fn, grid, args: Sequence, kwargs: dict, name: Optional[str] = None,
+           extra: Optional[dict] = None) -> Optional[Replay]:
     """Launch ``fn[grid](*args, **kwargs)`` once; return a :class:`Replay` of it, or None.
 
-    None means "keep calling ``fn[grid]``": interpreter functions, or a Triton whose
-    internals differ from the ones this was written against.
+    ``name``: the kernel key's name; the launch then takes its kernel from the kernel
+    cache (:func:`ck_core.backends.triton_artifacts.launch`), so what is replayed is
+    the artifact ``ck build`` wrote (``extra``: the key's compile options).  None means "keep calling ``fn[grid]``":
+    interpreter functions, or a Triton whose internals differ from the ones this was
+    written against.
     """
-    kernel = fn[grid](*args, **kwargs)
+    if name is None:
+        kernel = fn[grid](*args, **kwargs)
+    else:
+        from . import triton_artifacts
+
+        kernel = triton_artifacts.launch(name, fn, grid, args, kwargs, extra=extra)
     try:
         return _replay_of(fn, kernel, grid, args, kwargs)
     except Exception as e:  # noqa: BLE001 - any surprise means: no replay, plain launches

@@ -12,6 +12,7 @@ types, which is what ``triton.compile(ASTSource(...))`` needs.
 """
 from __future__ import annotations
 
+import contextvars
 import functools
 import math
 
@@ -419,7 +420,7 @@ class _SplitOut:
             return self.out if self.out.dtype == self.final.dtype else self.out.to(self.final.dtype)
         from . import triton_kernels as tk
         numel = self.final.numel()
-        tk.splitk_reduce_kernel[(_cdiv(numel, _REDUCE_BLOCK),)](self.out, self.final, numel, self.nsplit,
+        _k(tk.splitk_reduce_kernel, (_cdiv(numel, _REDUCE_BLOCK),))(self.out, self.final, numel, self.nsplit,
                                                                 BLOCK=_REDUCE_BLOCK, num_warps=4)
         return self.final
 
@@ -443,7 +444,7 @@ def _dw_flat(src, w, dst, p: ConvProblem, g: dict, meta: dict, nw: int, ns: int,
     R, dsz, ssz, a, b, c, s = _flat_args(p, g, bwd)
     G = p.G
     grid = (_cdiv(dsz[2] * G, meta["BLOCK_F"]) * _cdiv(R, meta["BLOCK_R"]),)
-    tk.dw_flat_kernel[grid](src, w, dst, R, G, *dsz, *ssz, src.numel(), *a, *b, *c, *s, *g["flt"], **meta,
+    _k(tk.dw_flat_kernel, grid)(src, w, dst, R, G, *dsz, *ssz, src.numel(), *a, *b, *c, *s, *g["flt"], **meta,
                             UNIT_W=a[2] == 1 and s[2] == 1, BWD=bwd, num_warps=nw, num_stages=ns)
 
 
@@ -482,7 +483,7 @@ def _dw_rows(x, w, wc, y, p: ConvProblem, g: dict, meta: dict, nw: int, ns: int)
     rh, fy, fx = meta.pop("RH"), g["flt"][1], g["flt"][2]
     wt = _wexp_table(w, wc, fy * fx, p.G, g["Wo"]) if meta["WEXP"] else wc
     grid = _rows_grid(p, g, meta["BLOCK"], rh)
-    dw_fwd_rows_kernel(rh, fy, fx)[grid](x, wt, y, *_rows_args(p, g), **meta, num_warps=nw, num_stages=ns)
+    _k(dw_fwd_rows_kernel(rh, fy, fx), grid)(x, wt, y, *_rows_args(p, g), **meta, num_warps=nw, num_stages=ns)
 
 
 def _split_as_named(cfg: ConvKernelConfig, nsplit: int) -> int:
@@ -493,7 +494,21 @@ def _split_as_named(cfg: ConvKernelConfig, nsplit: int) -> int:
     return nsplit
 
 
-def run(p: ConvProblem, tensors: dict, config: ConvKernelConfig | str, num_sms: int | None = None):
+#: (kernel key name, its compile options) of the running launch
+_KERNEL = contextvars.ContextVar("ck_conv_kernel", default=("conv", None))
+
+
+def _k(fn, grid):
+    """``fn[grid]`` with the kernel from the kernel cache, under the running key's name
+    (``<key name>/<function>``; :mod:`ck_core.backends.triton_artifacts`)."""
+    from ck_core.backends import triton_artifacts
+
+    name, extra = _KERNEL.get()
+    return triton_artifacts.bind(f"{name}/{getattr(fn, '__name__', 'kernel')}", fn, grid, extra)
+
+
+def run(p: ConvProblem, tensors: dict, config: ConvKernelConfig | str, num_sms: int | None = None,
+        kernel_name: str | None = None, compile_options: dict | None = None):
     """Compute ``p`` on torch tensors with exactly the Triton kernel ``config`` (a config or its name).
 
     The kernel's ``split`` cuts the reduction over that many programs, combined as
@@ -506,7 +521,19 @@ def run(p: ConvProblem, tensors: dict, config: ConvKernelConfig | str, num_sms: 
     ``fixup`` / ``atomicfix`` keep per-device arrival counters (and, atomicfix,
     an fp32 accumulator) that their launches leave zeroed: do not run two such
     launches concurrently on different streams.
+    ``kernel_name``: the kernel key's name, under which its kernels are cached
+    (default: the config's name); ``compile_options``: the key's extra compile options
+    (``ck_core.backends.triton_artifacts.compile_options``), part of the cache entry.
     """
+    name = kernel_name or (config if isinstance(config, str) else getattr(config, "name", "conv"))
+    token = _KERNEL.set((name, compile_options or None))
+    try:
+        return _run(p, tensors, config, num_sms)
+    finally:
+        _KERNEL.reset(token)
+
+
+def _run(p: ConvProblem, tensors: dict, config, num_sms):
     import torch
     from . import triton_kernels as tk
 
@@ -552,7 +579,7 @@ def run(p: ConvProblem, tensors: dict, config: ConvKernelConfig | str, num_sms: 
             _dw_flat(xc, wc, y, p, g, meta, nw, ns, bwd=False)
         elif dwise:
             grid = (_cdiv(M, meta["BLOCK_P"]), _cdiv(G, meta["BLOCK_G"]))
-            tk.dw_fwd_kernel[grid](xc, wc, y, M, G, g["Di"], g["Hi"], g["Wi"], g["Do"], g["Ho"], g["Wo"],
+            _k(tk.dw_fwd_kernel, grid)(xc, wc, y, M, G, g["Di"], g["Hi"], g["Wi"], g["Do"], g["Ho"], g["Wo"],
                                    *sd, *pad, *dil, *flt, **meta, num_warps=nw, num_stages=ns)
         else:
             gm = meta["GM"]  # groups merged into one block-diagonal GEMM
@@ -569,7 +596,7 @@ def run(p: ConvProblem, tensors: dict, config: ConvKernelConfig | str, num_sms: 
                 nsplit = _split_as_named(cfg, _cdiv(steps, chunk))
                 so = _SplitOut(y, nsplit, cfg.reduction, tiles * Gb)
                 grid = (tiles, Gb, nsplit)
-            tk.conv_fwd_kernel[grid](
+            _k(tk.conv_fwd_kernel, grid)(
                 xc, wc, so.out, so.fin, so.cnt, M, g["Di"], g["Hi"], g["Wi"], g["Do"], g["Ho"], g["Wo"],
                 C, K, G * C, G * K, *sd, *pad, *dil, *flt, chunk, so.stride, **meta,
                 EVEN_C=C * gm % meta["BLOCK_K"] == 0, IEEE=ieee, ATOMIC=so.atomic, WS=so.ws, num_warps=nw,
@@ -589,7 +616,7 @@ def run(p: ConvProblem, tensors: dict, config: ConvKernelConfig | str, num_sms: 
         elif dwise:
             Mi = p.N * g["Di"] * g["Hi"] * g["Wi"]
             grid = (_cdiv(Mi, meta["BLOCK_P"]), _cdiv(G, meta["BLOCK_G"]))
-            tk.dw_bwd_data_kernel[grid](dyc, wc, dx, Mi, G, g["Di"], g["Hi"], g["Wi"], g["Do"], g["Ho"], g["Wo"],
+            _k(tk.dw_bwd_data_kernel, grid)(dyc, wc, dx, Mi, G, g["Di"], g["Hi"], g["Wi"], g["Do"], g["Ho"], g["Wo"],
                                         *sd, *pad, *dil, *flt, **meta, num_warps=nw, num_stages=ns)
         elif "STREAMK" in meta:  # the counter-driven kernel: tap bits and/or stream-K
             crow = _class_rows(sd, pad, dil, flt, g["Ho"], g["Wo"])
@@ -611,7 +638,7 @@ def run(p: ConvProblem, tensors: dict, config: ConvKernelConfig | str, num_sms: 
                 nsplit = _split_as_named(cfg, max(1, _cdiv(steps, chunk)))
                 so = _SplitOut(dx, nsplit, cfg.reduction, ntiles)
                 grid = (tiles, G // gm, len(crow) * nsplit)
-            tk.conv_bwd_data_tm_kernel[grid](dyc, wc, so.out, ctab, so.fin, so.cnt, Mr, Rd, Rh, Rw,
+            _k(tk.conv_bwd_data_tm_kernel, grid)(dyc, wc, so.out, ctab, so.fin, so.cnt, Mr, Rd, Rh, Rw,
                                              g["Di"], g["Hi"], g["Wi"], g["Do"], g["Ho"], g["Wo"], C, K, G * C,
                                              G * K, p.taps, tmax, *sd, chunk, nsplit, so.stride, **meta,
                                              EVEN_K=K * gm % meta["BLOCK_K"] == 0, IEEE=ieee, ATOMIC=so.atomic,
@@ -629,7 +656,7 @@ def run(p: ConvProblem, tensors: dict, config: ConvKernelConfig | str, num_sms: 
             nsplit = _split_as_named(cfg, max(1, _cdiv(steps, chunk)))
             so = _SplitOut(dx, nsplit, cfg.reduction, tiles * G * len(rows))
             grid = (tiles, G, len(rows) * nsplit)
-            tk.conv_bwd_data_kernel[grid](dyc, wc, so.out, tab, cnt, so.fin, so.cnt, Mr, Rd, Rh, Rw,
+            _k(tk.conv_bwd_data_kernel, grid)(dyc, wc, so.out, tab, cnt, so.fin, so.cnt, Mr, Rd, Rh, Rw,
                                           g["Di"], g["Hi"], g["Wi"], g["Do"], g["Ho"], g["Wo"], C, K, G * C, G * K,
                                           T, T, *sd, chunk, nsplit, so.stride, **meta,
                                           EVEN_K=K % meta["BLOCK_K"] == 0, IEEE=ieee, ATOMIC=so.atomic, WS=so.ws,
@@ -650,7 +677,7 @@ def run(p: ConvProblem, tensors: dict, config: ConvKernelConfig | str, num_sms: 
         split = _split_as_named(cfg, _cdiv(P, chunk))
         ws = torch.zeros((G, p.taps), dtype=torch.float32, device=x.device)
         grid = (_cdiv(G, meta["BLOCK_G"]), split)
-        dw_bwd_weight_kernel(flt)[grid](xc, dyc, ws, P, chunk, G, g["Di"], g["Hi"], g["Wi"], g["Do"], g["Ho"],
+        _k(dw_bwd_weight_kernel(flt), grid)(xc, dyc, ws, P, chunk, G, g["Di"], g["Hi"], g["Wi"], g["Do"], g["Ho"],
                                         g["Wo"], *sd, *pad, *dil, **meta, num_warps=nw, num_stages=ns)
         dwc = ws.to(x.dtype).reshape((G, 1) + p.filter + (1,))
         return from_channels_last(dwc, p.wei_layout, "wei", nd)
@@ -671,10 +698,10 @@ def run(p: ConvProblem, tensors: dict, config: ConvKernelConfig | str, num_sms: 
                  TABLE=0 if tabs is None else 2 if bits else 1,
                  num_warps=nw, num_stages=ns)
     if gm > 1:
-        tk.conv_bwd_weight_gm_kernel[grid](xc, dyc, so.out, pb, pc, so.fin, so.cnt, P, chunk, G, *geo, **meta,
+        _k(tk.conv_bwd_weight_gm_kernel, grid)(xc, dyc, so.out, pb, pc, so.fin, so.cnt, P, chunk, G, *geo, **meta,
                                            **flags)
     else:
-        tk.conv_bwd_weight_kernel[grid](xc, dyc, so.out, pb, pc, so.fin, so.cnt, P, chunk, *geo, **meta, **flags)
+        _k(tk.conv_bwd_weight_kernel, grid)(xc, dyc, so.out, pb, pc, so.fin, so.cnt, P, chunk, *geo, **meta, **flags)
     out = so.finish()
     return from_channels_last(out, p.wei_layout, "wei", nd)
 

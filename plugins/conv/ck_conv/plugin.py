@@ -326,9 +326,11 @@ def _numpy_impl(key, problem, tensors):
 
 def _triton_impl(key, arch):
     import torch
+    from ck_core.backends.triton_artifacts import compile_options
     from .launch import run
 
     cfg = config_of(key)
+    extra = compile_options(key)
     td = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[cfg.dtype]
 
     def launch(problem, tensors):
@@ -336,7 +338,8 @@ def _triton_impl(key, arch):
         for n in IN_NAMES[problem.direction]:
             t = tensors[n]
             ops[n] = t if t.dtype == td else t.to(td)  # numpy storage (float32 for bf16) via to_backend
-        return {OUT_NAME[problem.direction]: run(problem, ops, cfg, num_sms=arch.compute_units)}
+        return {OUT_NAME[problem.direction]: run(problem, ops, cfg, num_sms=arch.compute_units,
+                                                  kernel_name=key.name, compile_options=extra)}
 
     return launch
 

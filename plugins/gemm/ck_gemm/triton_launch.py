@@ -82,6 +82,12 @@ class TritonRendered:
     spec: object
     source_hash: str
     options: dict
+    key: object = attrs.field(default=None, eq=False)
+
+    def jit_calls(self) -> list:
+        """A representative launch of the key's kernels, ``[(suffix, fn, args, kwargs)]``:
+        what ``ck build`` compiles into the entries the launcher loads."""
+        return jit_calls(self.key)
 
     def compile(self, target, extra_options=None):
         spec = self.spec
@@ -106,12 +112,43 @@ def render(key, backend: str):
         spec = _spec(key)
         h = hashlib.sha256((_template_hash() + repr(sorted(spec.constexprs.items()))
                             + repr(spec.signature) + repr(spec.options)).encode()).hexdigest()
-        return TritonRendered(spec, h, dict(spec.options))
+        return TritonRendered(spec, h, dict(spec.options), key)
     if backend == "ck":
         from .ck_template import render_ck
 
         return render_ck(key)
     raise UnsupportedProblem(f"gemm has no {backend} templates")
+
+
+def jit_calls(key) -> list:
+    """The launches of ``key`` on a problem with every size and stride a multiple of 16,
+    16-byte aligned operands, K a multiple of the K tile and no batch: the common case,
+    whose specialisation (Triton's: alignment, divisibility, unit sizes) every such
+    problem shares.  Tensors are on torch's meta device (nothing runs)."""
+    import torch
+
+    from ck_core.plugins import get_manager
+
+    from .triton import launch as L
+    from .triton.aot import parse_layout
+
+    cfg, s = config_of(key), key.signature
+    a_r, b_r, c_r = parse_layout(s.layout)
+    m = n = k = 2 * max(cfg.block_m, cfg.block_n, cfg.block_k, 16)
+    t_in, t_out = torch_dtype(s.dtype), torch_dtype(s.dtype_c)
+    a = torch.empty((m, k) if a_r else (k, m), dtype=t_in, device="meta")
+    b = torch.empty((k, n) if b_r else (n, k), dtype=t_in, device="meta")
+    ds = tuple(torch.empty((m, n) if c_r else (n, m), dtype=t_out, device="meta") for _ in range(s.num_d))
+    calls = []
+
+    def capture(spec, vals, M, N, batch, name):
+        fn, args, kwargs = L.call_of(spec, vals)
+        calls.append((name[len(key.name):], fn, args, kwargs))
+
+    L.gemm(a, b, layout=s.layout, config=cfg, d_tensors=ds, d_op=s.d_op,
+           activation=None if s.activation == "none" else s.activation, out_dtype=t_out,
+           num_sms=get_manager().arch(key.arch).compute_units, kernel_name=key.name, launch=capture)
+    return calls
 
 
 _TORCH_DT = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32", "fp8": "float8_e4m3fn",
@@ -129,9 +166,16 @@ def make_launcher(key, num_sms=None):
 
     ``num_sms``: the programs of a persistent grid (the arch's compute units);
     None reads the device's."""
+    from ck_core.backends import triton_artifacts
+
+    from .triton import launch as L
     from .triton.launch import gemm
 
     cfg = config_of(key)
+    extra = triton_artifacts.compile_options(key)
+    # the key's compile options are part of its cache entry (as ck build writes it)
+    via = (lambda spec, vals, M, N, batch, name: L._launch(spec, vals, M, N, batch, name, extra)) \
+        if extra else None
     sig = key.signature
     t_in, t_out = torch_dtype(sig.dtype), torch_dtype(sig.dtype_c)
     act = None if sig.activation == "none" else sig.activation
@@ -148,7 +192,7 @@ def make_launcher(key, num_sms=None):
             raise InvalidProblem(f"tensor shapes {tuple(a.shape)} / {tuple(b.shape)} do not match "
                                  f"{problem.shape_a()} / {problem.shape_b()} ({problem.layout})")
         c = gemm(a, b, layout=problem.layout, config=cfg, d_tensors=ds, d_op=problem.d_op,
-                 activation=act, out_dtype=t_out, num_sms=num_sms, kernel_name=key.name)
+                 activation=act, out_dtype=t_out, num_sms=num_sms, kernel_name=key.name, launch=via)
         return {"c": c}
 
     return launch
@@ -170,43 +214,36 @@ class _Recorded:
     __slots__ = ("launch", "args", "a_slots", "b_slots", "c_slots", "descs", "replay")
 
 
-def _record(cfg, problem, a, b, c, t_out, act, num_sms=None):
+def _record(cfg, problem, a, b, c, t_out, act, num_sms=None, name=None, extra=None):
     """Run the full launcher once, capturing the kernel launch it makes.
 
-    Where the compiled kernel can be replayed (``ck_core.backends.triton_replay``:
-    CUDA, no profiler hooks) later calls skip Triton's per-call argument binding and
-    reuse the tensor-map of each operand address; elsewhere they go through
-    ``kernel[grid](...)`` with the recorded arguments.
+    The kernel comes from the kernel cache under ``name`` (the key's name: what
+    ``ck build`` compiled).  Where the compiled kernel can be replayed
+    (``ck_core.backends.triton_replay``: CUDA, no profiler hooks) later calls skip
+    Triton's per-call argument binding and reuse the tensor-map of each operand
+    address; elsewhere they go through the cache's launch with the recorded arguments.
     """
-    from ck_core.backends import triton_replay
+    from ck_core.backends import triton_artifacts, triton_replay
 
     from .triton import launch as L
 
     captured = []
-    real = L._launch
 
-    def capture(spec, vals, M, N, batch):
-        cxn = L._constexpr_names(spec.fn)
-        names = [n for n in spec.fn.arg_names if n not in cxn]
-        opts = dict({k: v for k, v in spec.constexprs.items() if k in cxn}, **spec.options)
+    def capture(spec, vals, M, N, batch, kname):
+        fn, args, opts = L.call_of(spec, vals)
         grid = spec.grid(M, N, batch)
-        args = [vals[n] for n in names]
-        replay = triton_replay.record(spec.fn, grid, args, opts) if a.is_cuda else None
+        replay = triton_replay.record(fn, grid, args, opts, name=kname, extra=extra) if a.is_cuda else None
         if replay is None and a.is_cuda:
-            log.debug("gemm %s: no replay, recorded kernel[grid] launches", spec.name)
+            log.debug("gemm %s: no replay, recorded launches through the cache", kname)
         elif replay is None:
-            real(spec, vals, M, N, batch)
-        captured.append((spec, grid, names, args, opts, replay))
+            L._launch(spec, vals, M, N, batch, kname, extra)
+        captured.append((spec, grid, kname, fn, args, opts, replay))
 
-    L._launch = capture
-    try:
-        L.gemm(a, b, layout=problem.layout, config=cfg, c=c, out_dtype=t_out, activation=act,
-               num_sms=num_sms)
-    finally:
-        L._launch = real
+    L.gemm(a, b, layout=problem.layout, config=cfg, c=c, out_dtype=t_out, activation=act,
+           num_sms=num_sms, kernel_name=name, launch=capture)
     if len(captured) != 1:
         return None  # split-K (two launches): keep the general path
-    spec, grid, names, args, opts, replay = captured[0]
+    spec, grid, kname, fn, args, opts, replay = captured[0]
     rec = _Recorded()
     rec.replay = replay
     if replay is not None:
@@ -214,10 +251,9 @@ def _record(cfg, problem, a, b, c, t_out, act, num_sms=None):
         rec.args = list(replay.args)
         slot = {n: i for i, n in enumerate(replay.names)}
     else:
-        bound = spec.fn[grid]
-        rec.launch = lambda args_: bound(*args_, **opts)
+        rec.launch = lambda args_: triton_artifacts.launch(kname, fn, grid, args_, opts, extra=extra)
         rec.args = list(args)
-        slot = {n: i for i, n in enumerate(names)}
+        slot = {n: i for i, n in enumerate(n for n in fn.arg_names if n not in L._constexpr_names(fn))}
     # Pointer arguments only pass their data pointer (a transposed view has the
     # same one), so the new tensors go in as they are.
     rec.a_slots = tuple(slot[n] for n in ("a_ptr",) if n in slot)
@@ -265,9 +301,12 @@ def bare_launch(key, problem, a, b, replay: bool = False):
     cfg = config_of(key)
     t_out = torch_dtype(key.signature.dtype_c)
     c = torch.empty(problem.shape_c(), device=a.device, dtype=t_out)
-    rec = _record(cfg, problem, a, b, c, t_out, None)
+    from ck_core.backends import triton_artifacts
+
+    rec = _record(cfg, problem, a, b, c, t_out, None, name=key.name,
+                  extra=triton_artifacts.compile_options(key))
     if replay:
-        if rec.replay is None:
+        if rec is None or rec.replay is None:
             return None
         args = list(rec.args)
         launch = rec.launch
@@ -275,23 +314,19 @@ def bare_launch(key, problem, a, b, replay: bool = False):
     from .triton import launch as L
 
     captured = []
-    real = L._launch
-    L._launch = lambda spec, vals, M, N, batch: captured.append((spec, vals, M, N, batch))
-    try:
-        L.gemm(a, b, layout=problem.layout, config=cfg, c=c, out_dtype=t_out)
-    finally:
-        L._launch = real
+    L.gemm(a, b, layout=problem.layout, config=cfg, c=c, out_dtype=t_out,
+           launch=lambda spec, vals, M, N, batch, name: captured.append((spec, vals, M, N, batch)))
     spec, vals, M, N, batch = captured[0]
-    cxn = L._constexpr_names(spec.fn)
-    args = [vals[n] for n in spec.fn.arg_names if n not in cxn]
-    opts = dict({k: v for k, v in spec.constexprs.items() if k in cxn}, **spec.options)
-    bound = spec.fn[spec.grid(M, N, batch)]
+    fn, args, opts = L.call_of(spec, vals)
+    bound = fn[spec.grid(M, N, batch)]
     return lambda: bound(*args, **opts)
 
 
 def make_fast_launcher(key, num_sms=None):
     """Like :func:`make_launcher`, with the recorded fast path for plain GEMMs."""
     import torch
+
+    from ck_core.backends import triton_artifacts
 
     general = make_launcher(key, num_sms)
     cfg = config_of(key)
@@ -316,7 +351,8 @@ def make_fast_launcher(key, num_sms=None):
                                      f"match {problem.shape_a()} / {problem.shape_b()}")
             if tuple(c.shape) != problem.shape_c() or c.dtype != t_out:
                 raise InvalidProblem(f"c is {tuple(c.shape)} {c.dtype}; expected {problem.shape_c()} {t_out}")
-            rec = _record(cfg, problem, a, b, c, t_out, None, num_sms)
+            rec = _record(cfg, problem, a, b, c, t_out, None, num_sms, name=key.name,
+                          extra=triton_artifacts.compile_options(key))
             if rec is None:
                 recorded[sig_] = False
                 return {"c": c}

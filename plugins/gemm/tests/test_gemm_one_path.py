@@ -35,10 +35,10 @@ def ran(monkeypatch):
     cfgs = []
     real = L._launch
 
-    def spy(spec, vals, M, N, batch):
+    def spy(spec, vals, M, N, batch, name):
         if "config" in spec.meta:
             cfgs.append(spec.meta["config"])
-        real(spec, vals, M, N, batch)
+        real(spec, vals, M, N, batch, name)
 
     monkeypatch.setattr(L, "_launch", spy)
     return cfgs

@@ -136,9 +136,9 @@ def _ran(monkeypatch):
     names = []
     real = _launch_mod._launch
 
-    def spy(spec, vals, M, N, batch):
+    def spy(spec, vals, M, N, batch, name):
         names.append(spec.name)
-        real(spec, vals, M, N, batch)
+        real(spec, vals, M, N, batch, name)
     monkeypatch.setattr(_launch_mod, "_launch", spy)
     return names
 

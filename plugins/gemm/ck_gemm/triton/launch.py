@@ -86,14 +86,18 @@ def _descriptor_violation(cfg, a, b, c, a_r, b_r, c_r, batched_io, no_tma) -> st
 
 
 def gemm(a, b, *, layout: str = "rcr", config, c=None, d_tensors=(), d_op: str = "add",
-         activation=None, out_dtype=None, num_sms: int | None = None, kernel_name: str | None = None):
+         activation=None, out_dtype=None, num_sms: int | None = None, kernel_name: str | None = None,
+         launch=None):
     """C = activation(A @ B  (+|*) D0 (+|*) D1), batched, on CUDA (or CPU under TRITON_INTERPRET=1).
 
     ``config``: a GemmConfig, its dict or name -- exactly the kernel that runs
     (``ck_gemm.matmul`` and the Dispatcher choose one; this function never does).
     ``out_dtype``: torch dtype of C (default: input dtype; bf16 for fp8; int32 for int8).
     Returns C in its stored layout (``c`` if given, which is written in place).
-    ``kernel_name``: the kernel key's name, for error messages (default: the config's).
+    ``kernel_name``: the kernel key's name: the cache entry its kernels are loaded from
+    (``ck build`` writes it) and the name in error messages (default: the config's).
+    ``launch``: called as ``launch(spec, vals, M, N, batch, name)`` for each kernel
+    launch instead of launching (recording a launch, or ``ck build``'s representative call).
     A TMA variant whose tensors a descriptor cannot describe (misaligned strides,
     a broadcast batch operand, no Hopper), or a C-descriptor variant (tma_cs,
     tma_persistent_cs) with a column-major or misaligned C, raises
@@ -206,7 +210,9 @@ def gemm(a, b, *, layout: str = "rcr", config, c=None, d_tensors=(), d_op: str =
     else:
         vals.update({"c_ptr": cl, "stride_ck": 0, "stride_cb": bstride(cl),
                      "stride_cm": cl.stride(-2), "stride_cn": cl.stride(-1)})
-    _launch(spec, vals, M, N, batch)
+    launch = launch or _launch
+    name = kernel_name or spec.name
+    launch(spec, vals, M, N, batch, name)
     if spec.split_k > 1:
         r = spec.reduce
         rv = {"ws_ptr": ws, "c_ptr": cl, "d0_ptr": d0, "d1_ptr": d1, "M": M, "N": N,
@@ -215,7 +221,7 @@ def gemm(a, b, *, layout: str = "rcr", config, c=None, d_tensors=(), d_op: str =
         for key in ("d0", "d1"):
             for ax in ("b", "m", "n"):
                 rv[f"stride_{key}{ax}"] = vals[f"stride_{key}{ax}"]
-        _launch(r, rv, M, N, batch)
+        launch(r, rv, M, N, batch, name + "/reduce")
     return c
 
 
@@ -226,10 +232,19 @@ def _constexpr_names(fn) -> frozenset:
     return frozenset(n for n, p in inspect.signature(f).parameters.items() if "constexpr" in str(p.annotation))
 
 
-def _launch(spec, vals, M, N, batch):
+def call_of(spec, vals) -> tuple:
+    """``(fn, args, kwargs)`` of one launch: runtime arguments by position, the
+    kernel's declared constexprs and the compile options by keyword (unit strides are
+    left to the specialisation, as the JIT does)."""
     fn = spec.fn
-    # JIT specialises unit strides itself: only the declared constexprs go by keyword
     cxn = _constexpr_names(fn)
     args = [vals[n] for n in fn.arg_names if n not in cxn]
     cx = {k: v for k, v in spec.constexprs.items() if k in cxn}
-    fn[spec.grid(M, N, batch)](*args, **cx, **spec.options)
+    return fn, args, dict(cx, **spec.options)
+
+
+def _launch(spec, vals, M, N, batch, name, extra=None):
+    from ck_core.backends import triton_artifacts
+
+    fn, args, kwargs = call_of(spec, vals)
+    triton_artifacts.launch(name, fn, spec.grid(M, N, batch), args, kwargs, extra=extra)

@@ -1,0 +1,238 @@
+"""Host overhead of the public APIs, and the first call of a new problem (issue #13, "Measure").
+
+(a) warm eager calls: ``ck_gemm.matmul``, ``ck_conv.conv2d``, ``ck_fmha.attention`` (fwd, and
+    fwd+bwd) against the bare launch of the same Triton kernels (recorded from one API call:
+    ``replay`` = the compiled kernel's own launcher, ``jit`` = ``fn[grid](*args)``).  Per call:
+    ``host_us`` = Python time to issue it (no sync inside the loop), ``wall_us`` = with the final
+    sync; median of 5 rounds of ``--calls`` calls.  Small problems, so the host is the bottleneck.
+(b) first call of a new problem in a fresh process (import and tensor set-up excluded):
+    ``cold`` = empty kernel cache and empty Triton cache; ``built`` = a kernel cache that
+    ``ck build`` (``build_registry`` of the keys the cold call launched) filled in another
+    process, with an empty Triton cache.  Reports ms and how many kernels Triton compiled.
+
+    python benchmarks/overhead.py --out overhead.json
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+FIRST = {"gemm": "ck_gemm.matmul(torch.randn(1536, 1024, device='cuda', dtype=torch.float16), "
+                 "torch.randn(1024, 2048, device='cuda', dtype=torch.float16))",
+         "conv": "ck_conv.conv2d(torch.randn(4, 64, 28, 28, device='cuda', dtype=torch.float16), "
+                 "torch.randn(64, 64, 3, 3, device='cuda', dtype=torch.float16), padding=1)"}
+
+
+def _timed(fn, calls):
+    import torch
+
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    host, wall = [], []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        host.append((t1 - t0) / calls * 1e6)
+        wall.append((t2 - t0) / calls * 1e6)
+    return {"host_us": round(statistics.median(host), 2), "wall_us": round(statistics.median(wall), 2)}
+
+
+def _record_launches(call):
+    """The Triton launches one ``call()`` makes: [(name or None, fn, grid, args, kwargs)]."""
+    from triton.runtime.jit import JITFunction
+
+    from ck_core.backends import triton_artifacts as ta
+    from ck_core.backends.triton_replay import Replay
+
+    got, real_launch, real_run, real_replay = [], ta.launch, JITFunction.run, Replay.__call__
+
+    def replay(self, args):   # a launcher's recorded fast path
+        got.append(("replay", self, None, tuple(args), None))
+        return real_replay(self, args)
+
+    def launch(name, fn, grid, args, kwargs, **kw):
+        got.append((name, fn, grid, tuple(args), dict(kwargs)))
+        return real_launch(name, fn, grid, args, kwargs, **kw)
+
+    def run(self, *args, grid, warmup, **kwargs):
+        if not warmup:
+            got.append((None, self, grid, args, dict(kwargs)))
+        return real_run(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    ta.launch, JITFunction.run, Replay.__call__ = launch, run, replay
+    try:
+        call()
+    finally:
+        ta.launch, JITFunction.run, Replay.__call__ = real_launch, real_run, real_replay
+    return got
+
+
+def _bare(launches):
+    from ck_core.backends import triton_replay
+
+    replays = []
+    for name, fn, grid, args, kwargs in launches:
+        if name == "replay":
+            replays.append((fn, list(args)))
+            continue
+        r = triton_replay.record(fn, grid, list(args), kwargs, name=name)
+        if r is None:
+            replays = None
+            break
+        replays.append((r, list(r.args)))
+    # a launcher's own replay has no plain-JIT twin here: it stands for itself
+    jits = [(fn, (list(args),), {}) if n == "replay" else (fn[grid], args, kwargs)
+            for n, fn, grid, args, kwargs in launches]
+
+    def jit():
+        for b, a, k in jits:
+            b(*a, **k)
+    rep = None
+    if replays is not None:
+        def rep():
+            for r, a in replays:
+                r(a)
+    return rep, jit
+
+
+def overhead(calls: int) -> dict:
+    import torch
+
+    import ck_conv
+    import ck_fmha
+    import ck_gemm
+
+    dev, h = "cuda", torch.float16
+    a, b = torch.randn(256, 256, device=dev, dtype=h), torch.randn(256, 256, device=dev, dtype=h)
+    x, w = torch.randn(2, 32, 16, 16, device=dev, dtype=h), torch.randn(32, 32, 3, 3, device=dev, dtype=h)
+    q, k, v = (torch.randn(1, 8, 128, 64, device=dev, dtype=h) for _ in range(3))
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+    do = torch.randn_like(q)
+
+    def fwd_bwd():
+        o = ck_fmha.attention(qg, kg, vg)
+        o.backward(do)
+
+    cases = {"gemm.matmul 256^3 fp16": lambda: ck_gemm.matmul(a, b),
+             "conv.conv2d 2x32x16x16 k3 fp16": lambda: ck_conv.conv2d(x, w, padding=1),
+             "fmha.attention fwd 1x8x128x64 fp16": lambda: ck_fmha.attention(q, k, v),
+             "fmha.attention fwd+bwd 1x8x128x64 fp16": fwd_bwd}
+    rows = {}
+    for name, call in cases.items():
+        row = {}
+        try:
+            for _ in range(3):
+                call()
+            launches = _record_launches(call)
+            row["launches"] = [getattr(f, "names", None) and "replay" or n or getattr(f, "__name__", "?")
+                               for n, f, *_ in launches]
+            row["api"] = _timed(call, calls)
+            rep, jit = _bare(launches)
+            row["bare_jit"] = _timed(jit, calls)
+            row["bare_replay"] = _timed(rep, calls) if rep else None
+            floor = row["bare_replay"] or row["bare_jit"]
+            row["overhead_host_us"] = round(row["api"]["host_us"] - floor["host_us"], 2)
+        except Exception as e:  # noqa: BLE001 - one case failing must not lose the others
+            row["error"] = f"{type(e).__name__}: {e}"[:500]
+        rows[name] = row
+        print(name, json.dumps(row), flush=True)
+    return rows
+
+
+CHILD = r'''
+import json, sys, time
+import torch, triton
+from triton import knobs
+import ck_gemm, ck_conv
+from ck_core.plugins import get_manager
+from ck_core.testing import DispatchLog
+from ck_core.backends import triton_artifacts as ta
+compiles = []
+knobs.compilation.listener = lambda **kw: None if kw.get("cache_hit") else compiles.append(1)
+log = DispatchLog()
+get_manager().pm.register(log)
+torch.randn(8, device="cuda"); torch.cuda.synchronize()
+t0 = time.perf_counter()
+out = EXPR
+torch.cuda.synchronize()
+ms = (time.perf_counter() - t0) * 1e3
+print("RESULT" + json.dumps({"ms": round(ms, 1), "triton_compiles": len(compiles), "artifacts": dict(ta.STATS),
+                             "launched": sorted({n for r in log.runs for n in r[2]})}))
+'''
+
+BUILD = r'''
+import json, sys
+from ck_core import Registry
+from ck_core.build import build_registry
+from ck_core.key import KernelKey
+keys = [KernelKey.from_name(n) for n in json.loads(sys.argv[1])]
+rep = build_registry(Registry(keys[0].arch, keys), progress=False)
+print("RESULT" + json.dumps({"built": len(rep.built), "failed": rep.failed, "seconds": round(rep.seconds, 1)}))
+'''
+
+
+def _child(code, env, *args):
+    r = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, timeout=400)
+    lines = [x for x in r.stdout.splitlines() if x.startswith("RESULT")]
+    if not lines:
+        return {"error": r.stderr[-1500:]}
+    return json.loads(lines[-1][6:])
+
+
+def first_call() -> dict:
+    out = {}
+    for op, expr in FIRST.items():
+        with tempfile.TemporaryDirectory() as tmp:
+            def env(tag):
+                e = dict(os.environ, CK_CACHE_DIR=os.path.join(tmp, "ck_" + tag),
+                         TRITON_CACHE_DIR=os.path.join(tmp, "triton_" + tag + str(time.time_ns())))
+                e.pop("TRITON_INTERPRET", None)
+                return e
+            code = CHILD.replace("EXPR", expr)
+            cold = _child(code, env("cold"))
+            row = {"problem": expr, "cold": cold}
+            if "launched" in cold:
+                benv = env("built")
+                row["ck_build"] = _child(BUILD, benv, json.dumps(cold["launched"]))
+                benv["TRITON_CACHE_DIR"] = os.path.join(tmp, "triton_fresh")
+                row["built"] = _child(code, benv)
+                row["built_again"] = _child(code, benv)   # a warm process, the cache as the first left it
+            out[op] = row
+            print(op, json.dumps(row), flush=True)
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--calls", type=int, default=1000)
+    ap.add_argument("--part", choices=["all", "overhead", "first"], default="all")
+    ns = ap.parse_args(argv)
+    import torch
+    import triton
+
+    res = {"device": torch.cuda.get_device_name(0), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+           "command": "python benchmarks/overhead.py " + " ".join(argv or sys.argv[1:]),
+           "versions": {"torch": torch.__version__, "triton": triton.__version__}, "unit": "us/call, ms"}
+    if ns.part in ("all", "first"):
+        res["first_call"] = first_call()
+    if ns.part in ("all", "overhead"):
+        res["overhead"] = overhead(ns.calls)
+    with open(ns.out, "w") as f:
+        json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
