@@ -197,7 +197,8 @@ def tolerance(case, a, b, ds):
     LAMBDA * U_ACC * sqrt(sum_i s_i**2) <= LAMBDA * U_ACC * sqrt(k' * (sum_l a_l**2 b_l**2 + c**2)).
     The epilogue (D add/mul, activation, all in fp32) adds its own roundings and carries the
     bound through (activations are 1.2-Lipschitz at most); C's rounding to the output type
-    adds u_out |C| (counted twice: Triton's interpreter truncates to bf16, up to one ulp).  TF32 (10-bit mantissa) dots would be ~2**13/(LAMBDA sqrt(2k)) times over it.
+    adds u_out |C| (counted twice: Triton's interpreter truncates to bf16, up to one ulp).
+    TF32 (10-bit mantissa) dots would be ~2**13/(LAMBDA sqrt(2k)) times over it.
     """
     lay = case["layout"]
     A, B = _logical(a, lay[0]), _logical(b, lay[1])
