@@ -8,8 +8,8 @@ multi-D epilogues and activations, batches, split-K, and each case runs one
 kernel drawn from all that support it.  Each element is checked against its own error bound
 (:func:`tolerance`: fp32 accumulation, epilogue and output rounding), tight enough that a TF32
 dot fails it.  Every case prints a line (kernel, problem, error / bound); the GPU tests stop
-drawing cases when their time budget is spent and report every mismatch at the end.  The output buffer is poisoned with NaN
-where the launcher takes one, so an element a kernel never writes shows.
+drawing cases when their time budget is spent and report every mismatch at the end.  The output
+buffer is poisoned with NaN where the launcher takes one, so an element a kernel never writes shows.
 
 Backends: ``numpy``, and the Triton kernels under Triton's CPU interpreter
 (``TRITON_INTERPRET=1``, set by the root conftest); the ``gpu`` variants run the
