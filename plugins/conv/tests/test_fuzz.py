@@ -108,7 +108,7 @@ def _conv(case, x, w):
 
 def reference(case, ops):
     """float64 result in torch layout from float64 torch-layout operands."""
-    nd, d = len(case["input_spatial"]), case["direction"]
+    d = case["direction"]
     if d == "forward":
         return _conv(case, ops["x"], ops["w"])
     if d == "bwd_data":

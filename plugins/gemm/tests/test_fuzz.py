@@ -303,3 +303,26 @@ def test_hand_built_persistent_split_k_key_is_a_supports_reason():
             for k in _keys(arch, backend, "fp16", "rcr")]
     with pytest.raises(MissingKernel, match="split-K needs a variant"):
         Dispatcher(Registry(arch, keys), backend=backend).select(GemmProblem(**_problem_fields(case)))
+
+
+def test_fp32_bound_passes_fp32_accumulation_and_fails_tf32():
+    """The fp32 error bound is honest both ways: a K-long sequential fp32 accumulation (the worst
+    order, one rounding per step) stays inside it, a TF32 dot (operands cut to a 10-bit mantissa)
+    does not."""
+    case = dict(m=48, n=40, k=699, batch=1, dtype="fp32", layout="rrr", num_d=0, d_op="add",
+                activation="none", split_k=1, seed=11, device="cpu")
+    a, b, ds = _inputs(case)
+    ref = reference(case, a, b, ds)
+    tol = tolerance(case, a, b, ds).reshape(ref.shape)
+    a32, b32 = a.float(), b.float()
+    acc = torch.zeros(ref.shape, dtype=torch.float32)
+    for i in range(case["k"]):
+        acc = acc + a32[:, :, i:i + 1] * b32[:, i:i + 1, :]
+    why, stats = mismatch(case, acc.double(), ref, tol)
+    assert why is None, stats
+
+    def tf32(x):
+        return (x.float().view(torch.int32) & ~0x1FFF).view(torch.float32).double()
+
+    why, _ = mismatch(case, tf32(a) @ tf32(b), ref, tol)
+    assert why is not None and "over the bound" in why
