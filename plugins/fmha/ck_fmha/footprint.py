@@ -32,9 +32,9 @@ def _tensor_names(p: FmhaProblem) -> list:
     names = ["q"]
     if p.bias == "elementwise":
         names += ["bias", "dbias"] if (fam in BWD and p.dbias) else ["bias"]
-    if fam == "fwd_appendkv":
-        names += ["knew", "vnew", "k_cache", "v_cache", "q"]   # q_rot: a second q
-    elif p.paged_kv or fam in ("fwd_pagedkv", "batch_prefill"):
+    if fam == "fwd_appendkv":   # a copy kernel: caches updated in place, q_rot a second q
+        return names + ["knew", "vnew", "k_cache", "v_cache", "q"]
+    if p.paged_kv or fam in ("fwd_pagedkv", "batch_prefill"):
         names += ["k_cache", "v_cache"]
     else:
         names += ["k", "v"]
@@ -50,7 +50,8 @@ def _tensor_names(p: FmhaProblem) -> list:
 
 def _pages(p: FmhaProblem) -> int:
     lens = p.seqlens_k_list() if (p.seqlens_k is not None or p.is_group) else [p.seqlen_k or 0] * p.batch
-    return sum(-(-int(n) // p.page_size) for n in lens) if p.page_size else 0
+    grow = p.seqlen_knew if p.family == "fwd_appendkv" else 0   # the append lands in the cache's pages
+    return sum(-(-(int(n) + grow) // p.page_size) for n in lens) if p.page_size else 0
 
 
 def _shapes(p: FmhaProblem) -> dict:
@@ -101,9 +102,9 @@ def working_bytes(p: FmhaProblem, backend: str) -> float:
         return 0.0
     sh = _shapes(p)
     copies = 8.0 * sum(_numel(sh[n]) for n in _tensor_names(p))
-    if p.family in ("fwd_splitkv_combine", "bwd_dot_do_o", "bwd_convert_dq"):
-        return copies
+    if p.family in ("fwd_splitkv_combine", "bwd_dot_do_o", "bwd_convert_dq", "fwd_appendkv"):
+        return copies   # no score matrix: a merge, a row dot, a conversion, a copy
     sq = max(p.seqlens_q_list(), default=0) if p.is_group else (p.seqlen_q or 0)
-    sk = (p.seqlen_k or 0) + (p.seqlen_knew if p.family == "fwd_appendkv" else 0)
+    sk = p.seqlen_k or 0
     per_seq = _SCORE_COPIES["bwd" if p.family in BWD else "fwd"] * 8.0 * p.nhead_q * sq * sk
     return copies + per_seq

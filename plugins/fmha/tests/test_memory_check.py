@@ -69,14 +69,18 @@ def test_numpy_check_counts_float64_working_copies(disp, host_gib):
     dict(family="fwd_splitkv", batch=2, nhead_q=2, seqlen_q=3, seqlen_k=9, num_splits=3),
     dict(family="bwd_dq_dk_dv", batch=1, nhead_q=2, seqlen_q=6, seqlen_k=5, hdim_q=16),
     dict(family="fwd", mode="group", batch=2, nhead_q=2, seqstart_q=(0, 3, 8), seqstart_k=(0, 4, 6)),
+    dict(family="fwd_appendkv", batch=2, nhead_q=2, seqlen_knew=3, seqlens_k=(4, 6), seqlen_k=12,
+         rope="interleaved", rotary_dim=16),
 ])
 def test_bytes_moved_counts_the_plan_tensors(kw):
     """Independently: the bytes of the inputs make_inputs draws plus the outputs every stage of the
-    plan writes (dtype sizes of the kernels' storage: fp16 data, fp32 statistics)."""
+    plan writes (dtype sizes of the kernels' storage: fp16 data, fp32 statistics; an append-KV's
+    caches are updated in place, its q_rot is new; its small rotary tables are left out)."""
     p = FmhaProblem(**kw)
     t = make_inputs(p, np.random.default_rng(0))
     bytes_of = {"q": 2, "k": 2, "v": 2, "o": 2, "do": 2, "bias": 2, "lse": 4, "o_acc": 4, "lse_acc": 4,
-                "d": 4, "dq_acc": 4, "dq": 2, "dk": 2, "dv": 2, "randval": 1}
+                "d": 4, "dq_acc": 4, "dq": 2, "dk": 2, "dv": 2, "randval": 1, "q_rot": 2, "knew": 2,
+                "vnew": 2, "k_cache": 2, "v_cache": 2}
     from ck_fmha.stages import plan
     for _, sub in plan(p):
         t.update(run_stage(sub, t))
