@@ -93,7 +93,8 @@ class Dispatcher:
             pass
         op = self.mgr.op(problem.op)
         if op.bytes_moved is not None:
-            check_fits(problem, op.bytes_moved(problem), self.sample(), self.backend)
+            working = op.working_bytes(problem, self.backend) if op.working_bytes is not None else 0.0
+            check_fits(problem, op.bytes_moved(problem), self.sample(), self.backend, working=working)
         steps = op.plan(problem) if op.plan else [(op.name, problem)]
         plan = Plan(problem, [Stage(name, sub, self.select(sub)) for name, sub in steps])
         self._plans[problem] = plan

@@ -51,13 +51,16 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.1f} GiB"
 
 
-def check_fits(problem, nbytes: Optional[float], sample, backend: str) -> None:
-    """Raise UnsupportedProblem when ``nbytes`` of tensors exceed the memory ``sample`` lives in."""
+def check_fits(problem, nbytes: Optional[float], sample, backend: str, working: float = 0.0) -> None:
+    """Raise UnsupportedProblem when ``nbytes`` of tensors, plus ``working`` bytes the backend
+    needs on top (e.g. the numpy backend's float64 copies), exceed the memory ``sample`` lives in."""
     if not nbytes:
         return
+    total = nbytes + (working or 0.0)
     limit, what = limit_for(sample)
-    if limit is not None and nbytes > limit:
+    if limit is not None and total > limit:
+        need = (f"{_gib(total)} ({_gib(nbytes)} for its tensors, {_gib(working)} of {backend} working copies)"
+                if working else f"{_gib(nbytes)} for its tensors alone")
         raise UnsupportedProblem(
-            f"{problem} needs {_gib(nbytes)} for its tensors alone, more than {what} "
-            f"({_gib(limit)}) that backend {backend!r} would use; make the problem smaller "
-            f"(fewer batches or shorter sizes) or split it")
+            f"{problem} needs {need}, more than {what} ({_gib(limit)}) that backend {backend!r} "
+            f"would use; make the problem smaller (fewer batches or shorter sizes) or split it")

@@ -93,7 +93,11 @@ class OpSpec:
     * ``implement(key, backend: str, arch: ArchSpec) -> callable(problem, tensors) -> dict``:
       ``arch`` is the Dispatcher's arch, whose facts (compute units, shared memory) a
       launcher reads instead of constants;
-    * ``flops(problem) -> float`` and ``bytes_moved(problem) -> float``;
+    * ``flops(problem) -> float`` and ``bytes_moved(problem) -> float`` (the bytes of the
+      problem's tensors: the Dispatcher refuses a problem they cannot fit before allocating);
+    * ``working_bytes(problem, backend: str) -> float`` (optional): memory the op's
+      implementation on ``backend`` needs beyond the tensors (the numpy backend's float64
+      copies and intermediates), checked with them;
     * ``heuristic(problem, candidates, arch) -> list`` (optional first-pick ranking);
     * ``render(key, backend) -> rendered`` (optional): an object with ``compile(target)``
       and ``source_hash`` that compiling backends (triton, ck) build ahead of time;
@@ -124,6 +128,7 @@ class OpSpec:
     bench: Optional[Callable] = None
     flops: Optional[Callable] = None
     bytes_moved: Optional[Callable] = None
+    working_bytes: Optional[Callable] = None
     heuristic: Optional[Callable] = None
     families: tuple = attrs.field(converter=_tuple, default=())
     options: Mapping[str, str] = attrs.field(factory=dict)

@@ -125,6 +125,10 @@ CLI_ROWS = [
     (["run", "conv", *CONV, "--N", "100000", "--C", "1024", "--K", "1024", "--input_spatial", "1024,1024",
       "--filter", "3,3"], CK, "GiB"),
     (["tune", "gemm", *GEMM, "--m", "10000000", "--n", "10000000", "--k", "10000000"], CK, "GiB"),
+    (["run", "fmha", "--arch", ARCH, "--batch", "4096", "--nhead_q", "64", "--seqlen_q", "1000000",
+      "--hdim_q", "128"], CK, "GiB"),
+    (["run", "fmha", "--arch", ARCH, "--family", "bwd_dq_dk_dv", "--batch", "64", "--nhead_q", "32",
+      "--seqlen_q", "200000", "--hdim_q", "128"], CK, "GiB"),
     # conv problems
     (["run", "conv", *CONV, "--N", "1", "--C", "4", "--K", "4", "--input_spatial", "2.7,5", "--filter", "3,3"],
      CK, "input_spatial"),

@@ -401,6 +401,16 @@ def _bytes(p):
     return float(n * ELEMENT_BYTES[p.dtype])
 
 
+def _working_bytes(p, backend):
+    """The numpy backend's float64 working set beyond the tensors: the padded input, the weight,
+    the output or gradient, the einsum temporary and the copy back into the problem's layout."""
+    if backend != "numpy":
+        return 0.0
+    padded = p.N * p.C * math.prod(i + lo + hi for i, lo, hi in zip(p.input_spatial, p.pad_left, p.pad_right))
+    result = {"forward": p.output_shape, "bwd_data": p.input_shape, "bwd_weight": p.weight_shape}[p.direction]
+    return 8.0 * (padded + math.prod(p.weight_shape) + math.prod(p.output_shape) + 2 * math.prod(result))
+
+
 def _bench(peer, options):
     if options.get("suite", "core") == "broad":
         from .bench_broad import bench
@@ -428,6 +438,7 @@ def conv_op() -> OpSpec:
         output_names=("y", "dx", "dw"),
         flops=_flops,
         bytes_moved=_bytes,
+        working_bytes=_working_bytes,
         heuristic=heuristic,
         render=render,
         bench=_bench,

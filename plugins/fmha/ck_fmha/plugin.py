@@ -14,7 +14,7 @@ from ck_core.errors import UnsupportedProblem
 from ck_core.hookspecs import hookimpl
 from ck_core.records import OpSpec
 
-from . import keys, stages
+from . import footprint, keys, stages
 from .codegen import ARCHES as CK_ARCHES
 from .codegen.spec import FmhaKernelSpec
 from .problem import FmhaProblem
@@ -108,6 +108,7 @@ def fmha_op() -> OpSpec:
         reference=stages.reference, make_inputs=stages.make_inputs, implement=implement,
         input_names=INPUTS, output_names=OUTPUTS, plan=stages.plan, render=_render, bench=_bench,
         flops=stages.flops, heuristic=heuristic, tolerance=stages.tolerance,
+        bytes_moved=footprint.bytes_moved, working_bytes=footprint.working_bytes,
         tuning_data=str(Path(__file__).resolve().parent / "tuned"),
         families=("fwd", "fwd_splitkv", "fwd_splitkv_combine", "fwd_pagedkv", "fwd_appendkv",
                   "batch_prefill", "bwd_dot_do_o", "bwd_dq_dk_dv", "bwd_convert_dq"),

@@ -60,6 +60,7 @@ def gemm_op() -> OpSpec:
         output_names=("c",),
         flops=lambda p: p.flops(),
         bytes_moved=lambda p: p.bytes_moved(),
+        working_bytes=reference.working_bytes,
         heuristic=kernel.heuristic,
         render=_render,
         tolerance=reference.tolerance,

@@ -94,3 +94,12 @@ def tolerance(problem) -> dict:
     r = max(RTOL[problem.dtype_c], 1e-5)
     scale = math.sqrt(problem.k) / 3.0 + 1.0   # std of a sum of K products of U(-1,1)
     return {"c": (r, r * scale)}
+
+
+def working_bytes(problem, backend: str) -> float:
+    """Memory the numpy backend needs beyond the tensors: 8-byte copies of A and B (float64 in
+    the reference, int64 for int8), the accumulator, a D copy each and the epilogue's temporaries."""
+    if backend != "numpy":
+        return 0.0
+    p = problem
+    return 8.0 * p.batch * (p.m * p.k + p.k * p.n + (3 + p.num_d) * p.m * p.n)

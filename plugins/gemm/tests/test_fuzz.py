@@ -5,8 +5,11 @@ and B (K x N) read from their storage by the layout letters, C = A @ B, then the
 D tensors (add/mul) and the activation.  It shares no code with ck_gemm's own
 reference.  Cases come from fixed seeds: odd sizes, every layout, fp16/bf16/fp32,
 multi-D epilogues and activations, batches, split-K, and each case runs one
-kernel drawn from all that support it.  The output buffer is poisoned with NaN
-where the launcher takes one, so an element a kernel never writes shows.
+kernel drawn from all that support it.  Each element is checked against its own error bound
+(:func:`tolerance`: fp32 accumulation, epilogue and output rounding), tight enough that a TF32
+dot fails it.  Every case prints a line (kernel, problem, error / bound); the GPU tests stop
+drawing cases when their time budget is spent and report every mismatch at the end.  The output
+buffer is poisoned with NaN where the launcher takes one, so an element a kernel never writes shows.
 
 Backends: ``numpy``, and the Triton kernels under Triton's CPU interpreter
 (``TRITON_INTERPRET=1``, set by the root conftest); the ``gpu`` variants run the
@@ -159,8 +162,10 @@ def _to_backend(x64, case, backend):
     return unbatched.to(TD[case["dtype"]]).to(case["device"])
 
 
-def run_case(case, arch, backend):
+def run_case(case, arch, backend, info=None):
     reg = _registry(case, arch, backend)
+    if info is not None:
+        info["key"] = next(iter(reg)).name
     disp = Dispatcher(reg, backend=backend)
     p = GemmProblem(**_problem_fields(case))
     a, b, ds = _inputs(case)
@@ -173,38 +178,87 @@ def run_case(case, arch, backend):
     got = torch.as_tensor(np.asarray(out, dtype=np.float64)) if backend == "numpy" else out.double().cpu()
     ref = reference(case, a, b, ds)
     got = got.reshape(ref.shape)
-    return got, ref, reg
+    return got, ref, reg, tolerance(case, a, b, ds).reshape(ref.shape)
 
 
-def mismatch(case, got, ref):
-    """None when ``got`` agrees with the float64 reference; else what is wrong."""
+#: one fp32 ulp per accumulation step: rounding to nearest costs half of it; the other half
+#: allows an accumulator that truncates (tensor cores may)
+U_ACC = 2.0 ** -23
+#: standard deviations of the accumulated rounding a case may reach (rounding errors are
+#: independent; the probability of passing 8 sigma at one of ~1e8 elements is negligible)
+LAMBDA = 8.0
+
+
+def tolerance(case, a, b, ds):
+    """Per-element error bound of C, in C's storage layout, from the float64 inputs.
+
+    Accumulation: each of the ~k fp32 additions (plus one per split-K partial) rounds the
+    running sum s_i by at most U_ACC |s_i|; summed as independent errors that is
+    LAMBDA * U_ACC * sqrt(sum_i s_i**2) <= LAMBDA * U_ACC * sqrt(k' * (sum_l a_l**2 b_l**2 + c**2)).
+    The epilogue (D add/mul, activation, all in fp32) adds its own roundings and carries the
+    bound through (activations are 1.2-Lipschitz at most); C's rounding to the output type
+    adds u_out |C| (counted twice: Triton's interpreter truncates to bf16, up to one ulp).
+    TF32 (10-bit mantissa) dots would be ~2**13/(LAMBDA sqrt(2k)) times over it.
+    """
+    lay = case["layout"]
+    A, B = _logical(a, lay[0]), _logical(b, lay[1])
+    x = A @ B
+    k_eff = case["k"] + case["split_k"]
+    t = LAMBDA * U_ACC * torch.sqrt(k_eff * ((A * A) @ (B * B) + x * x))
+    for d in ds:
+        d = _logical(d, lay[2])
+        if case["d_op"] == "add":
+            x = x + d
+        else:
+            t = t * d.abs()
+            x = x * d
+        t = t + U_ACC * x.abs()
+    if case["activation"] != "none":
+        t = 1.2 * t + 8 * U_ACC * (1 + x.abs())
+    u_out = EPS[case["dtype"]]
+    y = _act(x, case["activation"])
+    return _logical(t * (1 + 2 * u_out) + 2 * u_out * y.abs() + TINY[case["dtype"]], lay[2])
+
+
+#: half the smallest subnormal spacing of each output type (rounding near 0 is absolute)
+TINY = {"fp16": 2.0 ** -25, "bf16": 2.0 ** -134, "fp32": 2.0 ** -150}
+
+
+def mismatch(case, got, ref, tol):
+    """(None when ``got`` agrees with the float64 reference, else what is wrong; the log figures)."""
     if not torch.isfinite(got).all():
-        return f"{int((~torch.isfinite(got)).sum())} non-finite elements (unwritten or overflowed)"
-    eps = EPS[case["dtype"]]
-    # rounding of C (and of each split-K partial), fp32 accumulation over K, activation in fp32
-    rtol = 4 * eps * case["split_k"]
-    scale = math.sqrt(case["k"]) * (1 + case["num_d"] * (case["d_op"] == "add"))
-    atol = 4 * eps * case["split_k"] * scale + 1e-6 * scale
+        return f"{int((~torch.isfinite(got)).sum())} non-finite elements (unwritten or overflowed)", ""
     err = (got - ref).abs()
-    bad = err > atol + rtol * ref.abs()
-    ref_norm = max(float(ref.norm()), 1e-30)
-    rel = float((got - ref).norm()) / ref_norm
-    if bad.any() or rel > rtol + atol * math.sqrt(ref.numel()) / ref_norm:
-        return (f"{int(bad.sum())}/{bad.numel()} elements off, max abs err {float(err.max()):.3g}, "
-                f"rel L2 {rel:.3g} (rtol {rtol:.2g}, atol {atol:.2g})")
-    return None
+    ratio = err / tol
+    worst = float(ratio.max())
+    rel = float((got - ref).norm()) / max(float(ref.norm()), 1e-300)
+    stats = f"rel_l2={rel:.3g} max_err/tol={worst:.3g}"
+    if worst > 1:
+        at = int(ratio.argmax())
+        return (f"{int((ratio > 1).sum())}/{ratio.numel()} elements over the bound, worst at flat index {at}: "
+                f"got {float(got.flatten()[at]):.9g}, ref {float(ref.flatten()[at]):.9g}, "
+                f"tol {float(tol.flatten()[at]):.3g} ({stats})"), stats
+    return None, stats
 
 
-def _fuzz(setup, dtypes, seed):
+def _describe(case):
+    return ("{dtype} {layout} m={m} n={n} k={k} batch={batch} split_k={split_k} d={num_d}x{d_op} "
+            "act={activation} seed={seed}").format(**case)
+
+
+def _fuzz(setup, dtypes, seed, budget=None):
+    from ck_core.fuzzrun import budget_s, run_cases
+
     backend, device, arch, n, big = _setup_or_skip(setup)
     max_d = 2 if backend == "triton" else 4
-    failures = []
-    for case in make_cases(seed, n, big, dtypes, max_d, device):
-        got, ref, reg = run_case(case, arch, backend)
-        why = mismatch(case, got, ref)
-        if why:
-            failures.append(f"{next(iter(reg)).name} {case}: {why}")
-    assert not failures, f"{len(failures)} mismatches:\n" + "\n".join(failures)
+
+    def one(case, info):
+        got, ref, reg, tol = run_case(case, arch, backend, info)
+        why, info["stats"] = mismatch(case, got, ref, tol)
+        return why
+
+    run_cases(f"gemm {setup} {'/'.join(dtypes)}", make_cases(seed, n, big, dtypes, max_d, device), one,
+              seed=seed, budget=budget_s(budget), describe=_describe)
 
 
 def test_fuzz_numpy():
@@ -220,8 +274,8 @@ def test_fuzz_triton_interpreter():
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp32"])
 def test_fuzz_triton_gpu(dtype):
-    # one test per dtype (40 cases each): a run cut short by a time limit still reports the others
-    _fuzz("triton-cuda", (dtype,), seed=1203 + ["fp16", "bf16", "fp32"].index(dtype))
+    # one test per dtype, each with its own time budget: a slow one cannot starve the others
+    _fuzz("triton-cuda", (dtype,), seed=1203 + ["fp16", "bf16", "fp32"].index(dtype), budget=90)
 
 
 def test_more_d_tensors_than_triton_fuses_is_a_supports_reason():
@@ -249,3 +303,26 @@ def test_hand_built_persistent_split_k_key_is_a_supports_reason():
             for k in _keys(arch, backend, "fp16", "rcr")]
     with pytest.raises(MissingKernel, match="split-K needs a variant"):
         Dispatcher(Registry(arch, keys), backend=backend).select(GemmProblem(**_problem_fields(case)))
+
+
+def test_fp32_bound_passes_fp32_accumulation_and_fails_tf32():
+    """The fp32 error bound is honest both ways: a K-long sequential fp32 accumulation (the worst
+    order, one rounding per step) stays inside it, a TF32 dot (operands cut to a 10-bit mantissa)
+    does not."""
+    case = dict(m=48, n=40, k=699, batch=1, dtype="fp32", layout="rrr", num_d=0, d_op="add",
+                activation="none", split_k=1, seed=11, device="cpu")
+    a, b, ds = _inputs(case)
+    ref = reference(case, a, b, ds)
+    tol = tolerance(case, a, b, ds).reshape(ref.shape)
+    a32, b32 = a.float(), b.float()
+    acc = torch.zeros(ref.shape, dtype=torch.float32)
+    for i in range(case["k"]):
+        acc = acc + a32[:, :, i:i + 1] * b32[:, i:i + 1, :]
+    why, stats = mismatch(case, acc.double(), ref, tol)
+    assert why is None, stats
+
+    def tf32(x):
+        return (x.float().view(torch.int32) & ~0x1FFF).view(torch.float32).double()
+
+    why, _ = mismatch(case, tf32(a) @ tf32(b), ref, tol)
+    assert why is not None and "over the bound" in why
