@@ -155,3 +155,14 @@ def ck_sweep_spec(op):
 
         return sweep_spec()
     return None
+
+
+@hookimpl
+def ck_api_registry(op, arch, backend, options):
+    """The public torch API's registry: the Triton key space on every arch and backend (the numpy
+    backend runs the reference for whichever key; the CK-rule space is for CK Tile builds)."""
+    if op != "fmha":
+        return None
+    from ck_core.registry import Registry
+
+    return Registry(arch.name, _triton_keys().enumerate_keys(arch, backend, dict(options)))
