@@ -98,8 +98,10 @@ def _problem(q, k, v, bias, alibi, cu_q, cu_k, causal, scale, window, softcap, l
     return p
 
 
-def _dispatcher(q, token: str):
-    return core.dispatcher_on("fmha", q, families=_FAMILIES, dtypes=(token,))
+def _dispatcher(q, p):
+    """The Dispatcher of q's device for this dtype and head-dim family (each family's registry is
+    enumerated once, on its first call)."""
+    return core.dispatcher_on("fmha", q, families=_FAMILIES, dtypes=(p.dtype,), hdims=((p.hdim_q, p.hdim_v),))
 
 
 def _to_backend(disp, tensors: dict) -> dict:
@@ -129,7 +131,7 @@ def _fwd(q, k, v, bias, alibi, cu_q, cu_k, causal, scale, window, softcap, layou
          descales, out_dtype):
     p = _problem(q, k, v, bias, alibi, cu_q, cu_k, causal, scale, window, softcap, layout, dropout_p, seed, offset,
                  align, descales)
-    disp = _dispatcher(q, p.dtype)
+    disp = _dispatcher(q, p)
     o, lse = disp.run(p, **_to_backend(disp, _inputs(q, k, v, bias, alibi)))
     if disp.backend == "numpy":
         return _from_backend(o, q, _out_dtype(q, out_dtype)), _from_backend(lse, q, torch.float32)
@@ -191,7 +193,7 @@ def attention_bwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch
     fp = _problem(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, c, scale, w, softcap, layout, dropout_p,
                   seed, offset, a, None)
     p = attrs.evolve(fp, family="bwd_dq_dk_dv", lse=False, deterministic=deterministic, dbias=want_dbias)
-    disp = _dispatcher(q, p.dtype)
+    disp = _dispatcher(q, p)
     t = _inputs(q, k, v, bias, alibi_slopes)
     t.update(o=o, lse=lse, do=do if do.is_contiguous() else do.contiguous())
     out = disp.run(p, **_to_backend(disp, t))

@@ -56,7 +56,7 @@ CUDA_ONLY = ("tma", "tma_host", "tma_ws") + GLUON_VARIANTS + GLUON_BWD_VARIANTS
 GLUON_BLOCK_M = 128
 GLUON_WARPS = 12
 GLUON_HDIMS = ((64, 64), (128, 128))
-OPTIONS = ("family", "families", "receipt", "dtypes")
+OPTIONS = ("family", "families", "receipt", "dtypes", "hdims")
 #: families with fp8 kernels (the forward; split-KV / paged / prefill / backward stay fp16/bf16)
 FP8_FAMILIES = ("fwd",)
 _NAME = re.compile(r"^fmha_triton_(?P<family>[a-z_]+?)_(?P<dtype>fp16|bf16|fp8)_d(?P<hq>\d+)x(?P<hv>\d+)"
@@ -127,8 +127,9 @@ def legal(key, arch) -> Optional[str]:
     s, a = key.signature, key.algorithm
     if s.dtype not in arch.dtypes or (s.dtype == "fp8" and s.family not in FP8_FAMILIES):
         return f"no Triton {s.family} kernel in {s.dtype} on {arch.name}"
-    if (s.hdim_q, s.hdim_v) not in HDIMS:
-        return f"head dims {s.hdim_q}/{s.hdim_v} are not among the Triton kernels' {HDIMS}"
+    if (s.hdim_q, s.hdim_v) not in HDIMS and not _any_hdims_ok(s.hdim_q, s.hdim_v):
+        return (f"head dims {s.hdim_q}/{s.hdim_v} are not among the Triton kernels' {HDIMS} (nor multiples "
+                "of 8 up to 256, which the public API enumerates per problem)")
     if a.variant in CUDA_ONLY and not _hopper(arch):
         return f"variant {a.variant} runs on Hopper only"
     if a.variant in GLUON_VARIANTS and ((s.hdim_q, s.hdim_v) not in GLUON_HDIMS or s.dtype == "fp8"):
@@ -149,6 +150,11 @@ def legal(key, arch) -> Optional[str]:
     if need > arch.lds_bytes and a not in _tabled(s.family, s.hdim_q, s.hdim_v, arch.name, s.dtype == "fp8"):
         return f"needs {need} B of shared memory/LDS, {arch.name} has {arch.lds_bytes} B"
     return None
+
+
+def _any_hdims_ok(hq: int, hv: int) -> bool:
+    """Head dims the kernels take (specialised per value, tiles padded to a power of two)."""
+    return all(isinstance(d, int) and 8 <= d <= 256 and d % 8 == 0 for d in (hq, hv))
 
 
 def _hopper(arch) -> bool:
@@ -208,6 +214,8 @@ def _smem(family, hq, hv, a: TritonFmhaAlg, elem_bytes: int = 2) -> int:
     from .triton.configs import padded_hdim
 
     dq, dv = padded_hdim(hq), padded_hdim(hv)
+    if family in ("bwd_dot_do_o", "bwd_convert_dq", "fwd_splitkv_combine", "fwd_appendkv"):
+        return 0   # elementwise / copy kernels: no K/V tiles in shared memory
     if a.variant in GLUON_BWD_VARIANTS:
         from .triton.gluon_bwd import dkdv_smem_bytes
 
@@ -312,7 +320,7 @@ def enumerate_keys(arch, backend: str, options: dict) -> list:
             if (dt not in arch.dtypes or dt not in ("fp16", "bf16", "fp8")
                     or (dt == "fp8" and fam not in FP8_FAMILIES)):
                 continue
-            for hq, hv in HDIMS:
+            for hq, hv in options.get("hdims") or HDIMS:
                 for a in _configs(fam, hq, hv, arch, 1 if dt == "fp8" else 2):
                     keys.append(KernelKey("fmha", TritonFmhaSig(fam, dt, hq, hv), a, arch.name, backend))
     return keys
