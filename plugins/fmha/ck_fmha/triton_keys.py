@@ -348,12 +348,10 @@ def supports(key, p) -> Optional[str]:
             return f"TRITON_INTERPRET=1: the interpreter runs pointer-load Triton kernels, not {a.variant}"
     if a.variant in GLUON_VARIANTS:
         return _gluon_unsupported(a, p)
-    if p.family == "bwd_dq_dk_dv":
-        return _bwd_unsupported(a, p)
-    if a.variant in ("tma", "tma_ws", "tma_host"):
-        why = _tma_unsupported(a.variant, p)
-        if why:
-            return why
+    why = (_bwd_unsupported(a, p) if p.family == "bwd_dq_dk_dv" else
+           _tma_unsupported(a.variant, p) if a.variant in ("tma", "tma_ws", "tma_host") else None)
+    if why:
+        return why
     if p.family == "fwd_appendkv":
         return None   # contiguous or paged caches, both RoPE forms; no attention features apply
     if p.family == "batch_prefill":

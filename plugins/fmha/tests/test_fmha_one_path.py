@@ -276,11 +276,11 @@ def test_torch_compile_fullgraph_with_attention(ck_dispatch_log, ck_rng):
             super().__init__()
             self.ours = ours
             self.w = torch.nn.Parameter(torch.randn(4, 2, 3, 3) * .3)
-            self.lw = torch.nn.Parameter(torch.randn(3 * 32, 16) * .2)
+            self.lw = torch.nn.Parameter(torch.randn(3 * 32, 4) * .3)
 
         def forward(self, x):
             conv = conv2d if self.ours else F.conv2d
-            y = torch.relu(conv(x, self.w, padding=1)).flatten(2).transpose(1, 2)   # [B, 16 tokens, 16]
+            y = torch.relu(conv(x, self.w, padding=1)).flatten(2).transpose(1, 2)   # [B, 16 tokens, 4]
             lin = linear if self.ours else F.linear
             qkv = lin(y, self.lw).reshape(y.shape[0], 16, 3, 1, 32).to(torch.float16 if self.ours else x.dtype)
             q, k, v = qkv.unbind(2)
