@@ -343,9 +343,6 @@ def supports(key, p) -> Optional[str]:
     if (s.hdim_q, s.hdim_v) != (p.hdim_q, p.hdim_v):
         return f"kernel head dims {s.hdim_q}/{s.hdim_v}, problem {p.hdim_q}/{p.hdim_v}"
     a = key.algorithm
-    if a.variant in CUDA_ONLY or a.dq.startswith("gluon"):
-        if interpreting():
-            return f"TRITON_INTERPRET=1: the interpreter runs pointer-load Triton kernels, not {a.variant}"
     if a.variant in GLUON_VARIANTS:
         return _gluon_unsupported(a, p)
     why = (_bwd_unsupported(a, p) if p.family == "bwd_dq_dk_dv" else

@@ -58,8 +58,6 @@ def parse_dq(dq: str):
 
 def gluon_bwd_reason(p, block_n: int = 64) -> Optional[str]:
     """Why the Gluon backward kernels (dQ pass, dK/dV) cannot run ``p`` (None when they can)."""
-    if interpreting():
-        return "TRITON_INTERPRET=1 runs the Triton kernels"
     if p.is_group:
         return "group mode"
     if p.dtype not in ("fp16", "bf16"):
