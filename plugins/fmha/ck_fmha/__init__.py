@@ -41,14 +41,25 @@ def attention_forward(q, k, v, **kw):
 def _check_keywords(fn, given: dict, skip: int) -> None:
     """An unknown keyword is an error that names the known ones (a typo must not be dropped, nor
     surface as a bare TypeError)."""
-    import inspect
-
+    if not given or given.keys() <= _known(fn, skip):   # the warm path: one set comparison
+        return
     from ck_core.errors import InvalidProblem
 
-    known = [n for n in list(inspect.signature(fn).parameters)[skip:] if not n.startswith("_")]
-    bad = sorted(set(given) - set(known))
-    if bad:
-        raise InvalidProblem(f"unknown keyword(s) {bad}; known: {', '.join(known)}")
+    known = _known(fn, skip)
+    bad = sorted(set(given) - known)
+    raise InvalidProblem(f"unknown keyword(s) {bad}; known: {', '.join(sorted(known))}")
+
+
+_KNOWN: dict = {}
+
+
+def _known(fn, skip: int) -> frozenset:
+    k = _KNOWN.get(fn)
+    if k is None:
+        import inspect
+
+        k = _KNOWN[fn] = frozenset(n for n in list(inspect.signature(fn).parameters)[skip:] if not n.startswith("_"))
+    return k
 
 
 __all__ = ["attention", "attention_forward"]

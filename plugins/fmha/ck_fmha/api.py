@@ -22,7 +22,16 @@ from .problem import FmhaProblem
 
 _FAMILIES = ("fwd", "bwd_dot_do_o", "bwd_dq_dk_dv", "bwd_convert_dq")
 _FP8 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e4m3fnuz") if hasattr(torch, n))
-_PROBLEMS: dict = {}
+_PROBLEMS: dict = {}   # call signature -> (forward problem, Dispatcher)
+_BWD: dict = {}        # (forward problem, deterministic, dbias) -> backward problem
+
+
+def _clear() -> None:
+    _PROBLEMS.clear()
+    _BWD.clear()
+
+
+core.on_clear(_clear)
 
 
 def _dims(t: torch.Tensor, layout: str) -> tuple:
@@ -60,13 +69,15 @@ def _offsets(t) -> Optional[tuple]:
 
 def _problem(q, k, v, bias, alibi, cu_q, cu_k, causal, scale, window, softcap, layout, dropout_p, seed, offset,
              align, descales) -> FmhaProblem:
-    """The forward problem of a call (cached per signature; group mode: per offsets)."""
+    """(forward problem, Dispatcher) of a call, cached per signature (group mode: per offsets)."""
     sig = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, causal, scale, window, softcap,
            layout, dropout_p, seed, offset, align, descales, None if bias is None else bias.shape,
-           None if alibi is None else alibi.shape, _offsets(cu_q), _offsets(cu_k))
-    p = _PROBLEMS.get(sig)
-    if p is not None:
-        return p
+           None if alibi is None else alibi.shape)
+    if cu_q is not None:
+        sig += (_offsets(cu_q), _offsets(cu_k))
+    hit = _PROBLEMS.get(sig)
+    if hit is not None:
+        return hit
     b, hq, sq, dq = _dims(q, layout)
     _, hk, sk, dk = _dims(k, layout)
     _, hv, _, dv = _dims(v, layout)
@@ -94,8 +105,9 @@ def _problem(q, k, v, bias, alibi, cu_q, cu_k, causal, scale, window, softcap, l
         kw["bias"] = "alibi"
     if descales is not None:
         kw.update(scale_q=descales[0], scale_k=descales[1], scale_v=descales[2])
-    p = _PROBLEMS[sig] = FmhaProblem(**kw)
-    return p
+    p = FmhaProblem(**kw)
+    hit = _PROBLEMS[sig] = (p, _dispatcher(q, p))
+    return hit
 
 
 def _dispatcher(q, p):
@@ -129,9 +141,8 @@ def _inputs(q, k, v, bias, alibi) -> dict:
 
 def _fwd(q, k, v, bias, alibi, cu_q, cu_k, causal, scale, window, softcap, layout, dropout_p, seed, offset, align,
          descales, out_dtype):
-    p = _problem(q, k, v, bias, alibi, cu_q, cu_k, causal, scale, window, softcap, layout, dropout_p, seed, offset,
-                 align, descales)
-    disp = _dispatcher(q, p)
+    p, disp = _problem(q, k, v, bias, alibi, cu_q, cu_k, causal, scale, window, softcap, layout, dropout_p, seed,
+                       offset, align, descales)
     o, lse = disp.run(p, **_to_backend(disp, _inputs(q, k, v, bias, alibi)))
     if disp.backend == "numpy":
         return _from_backend(o, q, _out_dtype(q, out_dtype)), _from_backend(lse, q, torch.float32)
@@ -190,10 +201,12 @@ def attention_bwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch
                      want_dbias: bool) -> list[torch.Tensor]:
     """[dq, dk, dv] (+ dbias) of attention: the backward plan through the Dispatcher."""
     c, w, a, _ = _unargs(causal, window, align, [])
-    fp = _problem(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, c, scale, w, softcap, layout, dropout_p,
-                  seed, offset, a, None)
-    p = attrs.evolve(fp, family="bwd_dq_dk_dv", lse=False, deterministic=deterministic, dbias=want_dbias)
-    disp = _dispatcher(q, p)
+    fp, disp = _problem(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, c, scale, w, softcap, layout,
+                        dropout_p, seed, offset, a, None)
+    p = _BWD.get((fp, deterministic, want_dbias))
+    if p is None:
+        p = _BWD[fp, deterministic, want_dbias] = attrs.evolve(fp, family="bwd_dq_dk_dv", lse=False,
+                                                                deterministic=deterministic, dbias=want_dbias)
     t = _inputs(q, k, v, bias, alibi_slopes)
     t.update(o=o, lse=lse, do=do if do.is_contiguous() else do.contiguous())
     out = disp.run(p, **_to_backend(disp, t))
@@ -254,19 +267,22 @@ def attention(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0, l
     elif q_descale is not None or k_descale is not None or v_descale is not None or out_dtype is not None:
         raise InvalidProblem("q_descale/k_descale/v_descale/out_dtype belong to the fp8 forward; "
                              f"q is {q.dtype} (pass float8_e4m3fn q/k/v, or drop them)")
-    _check_alibi_align(alibi_slopes, alibi_align, causal, window, align)
+    if alibi_align is not None:
+        _check_alibi_align(alibi_slopes, alibi_align, causal, window, align)
     if layout != "thd":
         cu_seqlens_q = cu_seqlens_k = None
-    c, w, a, ds = _args(causal, window, align, descales)
-    args = (q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, c, None if scale is None else float(scale), w,
-            float(softcap or 0.0), layout, bool(deterministic), float(dropout_p or 0.0), int(seed), int(offset), a,
-            ds, out_dtype)
-    grad = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, k, v, bias))
-    if not torch.compiler.is_compiling() and not grad:   # no autograd record to keep: skip the op wrapper
-        o, lse = _fwd(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, causal, args[8], tuple(window),
-                      args[10], layout, args[13], args[14], args[15], align, descales, out_dtype)
+    scale = None if scale is None else float(scale)
+    softcap, dropout_p = float(softcap or 0.0), float(dropout_p or 0.0)
+    window = window if type(window) is tuple else tuple(window)
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
+                                        or (bias is not None and bias.requires_grad))
+    if not grad and not torch.compiler.is_compiling():   # no autograd record to keep: skip the op wrapper
+        o, lse = _fwd(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, causal, scale, window, softcap,
+                      layout, dropout_p, seed, offset, align, descales, out_dtype)
     else:
-        o, lse = attention_op(*args)
+        c, w, a, ds = _args(causal, window, align, descales)
+        o, lse = attention_op(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, c, scale, w, softcap, layout,
+                              bool(deterministic), dropout_p, int(seed), int(offset), a, ds, out_dtype)
     return (o, lse) if return_lse else o
 
 

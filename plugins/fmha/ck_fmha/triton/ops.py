@@ -22,9 +22,8 @@ Public API (all tensors on one device; CPU tensors work under TRITON_INTERPRET=1
   block_table | kv_indptr + kv_page_indices, kv_layout, ...)``: group-mode queries over a paged cache
 * ``fwd`` / ``splitkv_decode`` / ``paged_decode`` / ``batch_prefill`` take ``sink`` (per-head sink
   logits [H]) and ``sink_tokens`` (first keys visible past a window's left edge)
-* ``attention(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0,
-  layout='bhsd', ..., return_lse=False)``: autograd wrapper (``AttentionFunction``); group mode,
-  ``align`` and ``return_lse`` as ``fwd``.
+* autograd attention is ``ck_fmha.attention`` (:mod:`ck_fmha.api`): through the Dispatcher, whose
+  launchers call ``fwd`` / ``bwd_*`` here with the plan's exact choice.
 * fp8: ``fwd`` / ``attention`` take ``torch.float8_e4m3fn`` q/k/v (``float8_e4m3fnuz`` on CDNA3)
   with per-tensor ``q_descale``, ``k_descale``, ``v_descale`` (floats or 1-element fp32 device
   tensors) and write o in ``out_dtype`` (bf16 default); forward only, no bias/dropout/paging.
@@ -32,11 +31,12 @@ Public API (all tensors on one device; CPU tensors work under TRITON_INTERPRET=1
   ``fwd`` makes one transposed copy of a channel-contiguous V per call; :func:`v_key_major` makes it
   ahead of time (pass its result as v and no copy is made).
 
-sm90: a config whose variant is a Gluon one (``configs.GLUON_VARIANTS``; the default config where
-``configs.FWD_GLUON_SM90`` names one) runs ``fwd`` on the warp-specialised kernel of :mod:`.gluon_fwd`
-when that kernel takes the problem (batch mode, fp16/bf16, head dim 64/128, plain or causal attention
-on whole 128-row tiles, see ``gluon_fwd.unsupported_reason``); any other problem runs on the Triton
-kernel with the Triton default config (``default_fwd_config(..., gluon=False)``).
+A given ``config`` (the Dispatcher's key) is what runs: a Gluon variant (``configs.GLUON_VARIANTS``,
+sm90: the warp-specialised kernel of :mod:`.gluon_fwd`) or a TMA form that cannot run the problem raises
+UnsupportedProblem (``triton_keys.supports`` keeps such keys out of a plan); inputs are made dense and
+16-byte aligned where a TMA or Gluon form needs it.  Without a config (kernel-direct calls)
+:func:`default_fwd_choice` / :func:`default_bwd_choice` pick from the tuned tables as the Dispatcher's
+heuristic does (``ck_fmha.triton_rank``).
 
 Layouts: ``'bhsd'`` [B, H, S, D]; ``'bshd'`` [B, S, H, D]; ``'thd'`` (group /
 varlen mode) [total, H, D] with ``cu_seqlens_q/k`` (int32, B+1) and the
@@ -1094,63 +1094,6 @@ def bwd(q, k, v, o, lse, do, *, causal=False, scale=None, window=(-1, -1), softc
                             max_seqlen_q=max_seqlen_q, _trusted_varlen=_trusted_varlen)
     _poison(bad, dq, dk, dv, res[4] if return_dbias else None)
     return (dq, dk, dv, res[4]) if return_dbias else (dq, dk, dv)
-
-
-class AttentionFunction(torch.autograd.Function):
-    """Autograd over :func:`fwd` / :func:`bwd`; returns ``(o, lse)`` (lse not differentiable).
-    ``varlen`` = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) or None."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0, layout="bhsd",
-                deterministic=True, bias=None, alibi_slopes=None, dropout_p=0.0, seed=0, offset=0,
-                align=None, alibi_align=None, varlen=None):
-        cu_q, cu_k, max_q, max_k = varlen or (None, None, None, None)
-        mask = dict(causal=causal, scale=scale, window=window, softcap=softcap, layout=layout, align=align,
-                    alibi_align=alibi_align, dropout_p=dropout_p, seed=seed, offset=offset,
-                    cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k)
-        o, lse = fwd(q, k, v, return_lse=True, bias=bias, alibi_slopes=alibi_slopes, **mask)
-        ctx.save_for_backward(q, k, v, o, lse, bias, alibi_slopes, cu_q, cu_k)
-        ctx.args = (mask, deterministic)
-        ctx.mark_non_differentiable(lse)
-        return o, lse
-
-    @staticmethod
-    def backward(ctx, do, _dlse):
-        q, k, v, o, lse, bias, alibi_slopes, cu_q, cu_k = ctx.saved_tensors
-        mask, deterministic = ctx.args
-        mask = dict(mask, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
-        want_db = bias is not None and ctx.needs_input_grad[9]
-        res = bwd(q, k, v, o, lse, do, deterministic=deterministic, bias=bias, alibi_slopes=alibi_slopes,
-                  return_dbias=want_db, **mask)
-        dbias = res[3] if want_db else None
-        return (res[0], res[1], res[2]) + (None,) * 6 + (dbias,) + (None,) * 7
-
-
-def attention(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0, layout="bhsd",
-              deterministic=True, bias=None, alibi_slopes=None, dropout_p=0.0, seed=0, offset=0,
-              q_descale=None, k_descale=None, v_descale=None, out_dtype=None, return_lse=False, align=None,
-              alibi_align=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):
-    """Autograd attention.  ``bias`` [B|1, H|1, Sq, Sk] gets a gradient when it
-    requires one; dropout is reproducible from (seed, offset) (Philox, :mod:`ck_fmha.philox`).
-    ``return_lse=True`` returns ``(o, lse)``; group mode is ``layout='thd'`` with ``cu_seqlens_q/k``
-    and ``max_seqlen_q/k`` as :func:`fwd`; ``align`` / ``alibi_align`` as :func:`fwd`.
-
-    fp8 q/k/v (``torch.float8_e4m3fn``, or ``float8_e4m3fnuz`` on CDNA3) run the forward only (no
-    autograd: there is no fp8 backward) with per-tensor ``q_descale``/``k_descale``/``v_descale``
-    (floats or 1-element fp32 tensors) and return o in ``out_dtype`` (bf16 default); see :func:`fwd`."""
-    varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) if layout == "thd" else None
-    if q.dtype in FP8_DTYPES:
-        return fwd(q, k, v, causal=causal, scale=scale, window=window, softcap=softcap, layout=layout,
-                   bias=bias, alibi_slopes=alibi_slopes, dropout_p=dropout_p, seed=seed, offset=offset,
-                   q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, out_dtype=out_dtype,
-                   return_lse=return_lse, align=align, alibi_align=alibi_align, cu_seqlens_q=cu_seqlens_q,
-                   cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
-    if q_descale is not None or k_descale is not None or v_descale is not None or out_dtype is not None:
-        raise InvalidProblem("q_descale/k_descale/v_descale/out_dtype belong to the fp8 forward; "
-                             f"q is {q.dtype} (pass float8_e4m3fn q/k/v, or drop them)")
-    o, lse = AttentionFunction.apply(q, k, v, causal, scale, tuple(window), softcap, layout, deterministic,
-                                     bias, alibi_slopes, dropout_p, seed, offset, align, alibi_align, varlen)
-    return (o, lse) if return_lse else o
 
 
 # ---------------------------------------------------------------------------
