@@ -690,6 +690,9 @@ def make_launcher(key):
     return launch
 
 
+_E4M3 = ()
+
+
 def _as_kernel_dtype(p, name, x, tdt):
     """A tensor in the kernel's dtype ``tdt``.  Another dtype is refused (a float32 q for an fp16
     problem would be rounded silently), except float32 for bf16 / fp8 problems: that is their numpy
@@ -698,8 +701,13 @@ def _as_kernel_dtype(p, name, x, tdt):
     device on this conversion path only (tensors already in fp8 cost nothing)."""
     import torch
 
+    global _E4M3
+    if not _E4M3:
+        _E4M3 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e4m3fnuz") if hasattr(torch, n))
     if x.dtype == tdt:
         return x
+    if p.dtype == "fp8" and x.device.type == "cpu" and x.dtype in _E4M3:
+        return x   # the interpreter computes either e4m3 flavour (a GPU multiplies its arch's, fp8_format)
     if not (x.dtype == torch.float32 and p.dtype in ("bf16", "fp8")):
         raise InvalidProblem(f"tensor {name!r} has dtype {x.dtype}; the problem's dtype {p.dtype} needs {tdt}"
                              + (" (or float32 holding bf16 / fp8 values)" if p.dtype in ("bf16", "fp8") else "")
