@@ -192,6 +192,24 @@ def _(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, causal, scale, wi
     return o, lse
 
 
+def _bwd(q, k, v, o, lse, do, bias, alibi, cu_q, cu_k, causal, scale, window, softcap, layout, deterministic,
+         dropout_p, seed, offset, align, want_dbias) -> list:
+    """[dq, dk, dv] (+ dbias): the backward plan through the Dispatcher."""
+    fp, disp = _problem(q, k, v, bias, alibi, cu_q, cu_k, causal, scale, window, softcap, layout, dropout_p, seed,
+                        offset, align, None)
+    p = _BWD.get((fp, deterministic, want_dbias))
+    if p is None:
+        p = _BWD[fp, deterministic, want_dbias] = attrs.evolve(fp, family="bwd_dq_dk_dv", lse=False,
+                                                                deterministic=deterministic, dbias=want_dbias)
+    t = _inputs(q, k, v, bias, alibi)
+    t.update(o=o, lse=lse, do=do if do.is_contiguous() else do.contiguous())
+    out = disp.run(p, **_to_backend(disp, t))
+    grads = list(out[2:])   # (o, lse, dq, dk, dv[, dbias]): o and lse were passed in
+    if disp.backend == "numpy":
+        grads = [_from_backend(g, x, x.dtype) for g, x in zip(grads, (q, k, v, bias))]
+    return grads
+
+
 @torch.library.custom_op("ck::attention_bwd", mutates_args=())
 def attention_bwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
                      do: torch.Tensor, bias: Optional[torch.Tensor], alibi_slopes: Optional[torch.Tensor],
@@ -199,22 +217,10 @@ def attention_bwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch
                      scale: Optional[float], window: list[int], softcap: float, layout: str, deterministic: bool,
                      dropout_p: float, seed: int, offset: int, align: str,
                      want_dbias: bool) -> list[torch.Tensor]:
-    """[dq, dk, dv] (+ dbias) of attention: the backward plan through the Dispatcher."""
+    """[dq, dk, dv] (+ dbias) of attention (the custom op ``ck::attention_bwd``)."""
     c, w, a, _ = _unargs(causal, window, align, [])
-    fp, disp = _problem(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, c, scale, w, softcap, layout,
-                        dropout_p, seed, offset, a, None)
-    p = _BWD.get((fp, deterministic, want_dbias))
-    if p is None:
-        p = _BWD[fp, deterministic, want_dbias] = attrs.evolve(fp, family="bwd_dq_dk_dv", lse=False,
-                                                                deterministic=deterministic, dbias=want_dbias)
-    t = _inputs(q, k, v, bias, alibi_slopes)
-    t.update(o=o, lse=lse, do=do if do.is_contiguous() else do.contiguous())
-    out = disp.run(p, **_to_backend(disp, t))
-    grads = list(out[2:])   # (o, lse, dq, dk, dv[, dbias]): o and lse were passed in
-    if disp.backend == "numpy":
-        like = (q, k, v, bias)
-        grads = [_from_backend(g, x, x.dtype) for g, x in zip(grads, like)]
-    return grads
+    return _bwd(q, k, v, o, lse, do, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, c, scale, w, softcap, layout,
+                deterministic, dropout_p, seed, offset, a, want_dbias)
 
 
 @attention_bwd_op.register_fake
@@ -248,6 +254,28 @@ def _backward(ctx, do, _dlse):
 attention_op.register_autograd(_backward, setup_context=_setup)
 
 
+class _Eager(torch.autograd.Function):
+    """The same forward and backward plans as the custom ops, for eager autograd: a custom op's
+    dispatch costs hundreds of microseconds of host time per call, an autograd.Function a few."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, bias, alibi, cu_q, cu_k, opts):
+        (causal, scale, window, softcap, layout, deterministic, dropout_p, seed, offset, align) = opts
+        o, lse = _fwd(q, k, v, bias, alibi, cu_q, cu_k, causal, scale, window, softcap, layout, dropout_p, seed,
+                      offset, align, None, None)
+        ctx.save_for_backward(q, k, v, o, lse, bias, alibi, cu_q, cu_k)
+        ctx.opts = opts
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, _dlse):
+        q, k, v, o, lse, bias, alibi, cu_q, cu_k = ctx.saved_tensors
+        want_db = bias is not None and ctx.needs_input_grad[3]
+        grads = _bwd(q, k, v, o, lse, do, bias, alibi, cu_q, cu_k, *ctx.opts, want_db)
+        return grads[0], grads[1], grads[2], (grads[3] if want_db else None), None, None, None, None
+
+
 def attention(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0, layout="bhsd", deterministic=True,
               bias=None, alibi_slopes=None, dropout_p=0.0, seed=0, offset=0, q_descale=None, k_descale=None,
               v_descale=None, out_dtype=None, return_lse=False, align=None, alibi_align=None, cu_seqlens_q=None,
@@ -279,6 +307,10 @@ def attention(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0, l
     if not grad and not torch.compiler.is_compiling():   # no autograd record to keep: skip the op wrapper
         o, lse = _fwd(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, causal, scale, window, softcap,
                       layout, dropout_p, seed, offset, align, descales, out_dtype)
+    elif not torch.compiler.is_compiling() and not fp8:
+        o, lse = _Eager.apply(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
+                              (causal, scale, window, softcap, layout, bool(deterministic), dropout_p, int(seed),
+                               int(offset), align))
     else:
         c, w, a, ds = _args(causal, window, align, descales)
         o, lse = attention_op(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, c, scale, w, softcap, layout,
