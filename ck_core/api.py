@@ -145,6 +145,15 @@ def _numpy(t):
     return t.numpy()
 
 
+_ON_CLEAR: list = []
+
+
+def on_clear(fn) -> None:
+    """Call ``fn()`` from :func:`clear`: for an op plugin's own caches of Dispatchers or problems."""
+    if fn not in _ON_CLEAR:
+        _ON_CLEAR.append(fn)
+
+
 def clear() -> None:
     """Forget every public-API Dispatcher and the tuning table (tests; after installing a
     plugin, changing CK_BACKEND / CK_CPU_ARCH, or tuning)."""
@@ -154,3 +163,5 @@ def clear() -> None:
     _ON_DEVICE.clear()
     _TUNING.clear()
     clear_cache()
+    for fn in _ON_CLEAR:
+        fn()

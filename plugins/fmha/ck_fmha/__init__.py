@@ -14,12 +14,12 @@ three stages)::
 
 def attention(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0, layout="bhsd",
               deterministic=True, **features):
-    """Attention on torch tensors with autograd (see ck_fmha.triton.ops.attention); ``features``:
+    """Attention on torch tensors with autograd, through the Dispatcher (:mod:`ck_fmha.api`); ``features``:
     ``bias``, ``alibi_slopes``, ``dropout_p``, ``seed``, ``offset``; ``return_lse=True`` -> ``(o, lse)``;
     ``align='bottom_right'`` (FlashAttention's mask alignment); group mode: ``layout='thd'`` with
     ``cu_seqlens_q``, ``cu_seqlens_k``, ``max_seqlen_q``, ``max_seqlen_k``; for fp8 q/k/v
     (``torch.float8_e4m3fn``; forward only) ``q_descale``, ``k_descale``, ``v_descale``, ``out_dtype``."""
-    from .triton.ops import attention as _attention
+    from .api import attention as _attention
 
     _check_keywords(_attention, features, skip=3)
     return _attention(q, k, v, causal=causal, scale=scale, window=window, softcap=softcap, layout=layout,
@@ -27,24 +27,39 @@ def attention(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0, l
 
 
 def attention_forward(q, k, v, **kw):
-    """Forward only; returns o or (o, lse) with return_lse=True (ck_fmha.triton.ops.fwd)."""
-    from .triton.ops import fwd
+    """Forward only (no autograd record), through the Dispatcher; returns o or (o, lse) with
+    return_lse=True; keywords as :func:`attention`."""
+    import torch
 
-    _check_keywords(fwd, kw, skip=3)
-    return fwd(q, k, v, **kw)
+    from .api import attention as _attention
+
+    _check_keywords(_attention, kw, skip=3)
+    with torch.no_grad():
+        return _attention(q, k, v, **kw)
 
 
 def _check_keywords(fn, given: dict, skip: int) -> None:
     """An unknown keyword is an error that names the known ones (a typo must not be dropped, nor
     surface as a bare TypeError)."""
-    import inspect
-
+    if not given or given.keys() <= _known(fn, skip):   # the warm path: one set comparison
+        return
     from ck_core.errors import InvalidProblem
 
-    known = [n for n in list(inspect.signature(fn).parameters)[skip:] if not n.startswith("_")]
-    bad = sorted(set(given) - set(known))
-    if bad:
-        raise InvalidProblem(f"unknown keyword(s) {bad}; known: {', '.join(known)}")
+    known = _known(fn, skip)
+    bad = sorted(set(given) - known)
+    raise InvalidProblem(f"unknown keyword(s) {bad}; known: {', '.join(sorted(known))}")
+
+
+_KNOWN: dict = {}
+
+
+def _known(fn, skip: int) -> frozenset:
+    k = _KNOWN.get(fn)
+    if k is None:
+        import inspect
+
+        k = _KNOWN[fn] = frozenset(n for n in list(inspect.signature(fn).parameters)[skip:] if not n.startswith("_"))
+    return k
 
 
 __all__ = ["attention", "attention_forward"]

@@ -156,3 +156,20 @@ def ck_sweep_spec(op):
 
         return sweep_spec()
     return None
+
+
+@hookimpl
+def ck_api_registry(op, arch, backend, options):
+    """The public torch API's registry: the Triton key space on every arch and backend (the numpy
+    backend runs the reference for whichever key; the CK-rule space is for CK Tile builds); under
+    TRITON_INTERPRET=1 without the Hopper-only forms (TMA, Gluon), which the interpreter cannot run.
+    The Dispatchers are built once per process: ``ck_core.api.clear()`` after changing it."""
+    if op != "fmha":
+        return None
+    from ck_core.registry import Registry
+
+    tk = _triton_keys()
+    keys = tk.enumerate_keys(arch, backend, dict(options))
+    if backend == "triton" and tk.interpreting():   # the interpreter runs pointer-load Triton kernels only
+        keys = [k for k in keys if k.algorithm.variant not in tk.CUDA_ONLY and not k.algorithm.dq.startswith("gluon")]
+    return Registry(arch.name, keys)

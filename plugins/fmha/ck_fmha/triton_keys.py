@@ -32,24 +32,35 @@ import attrs
 from ck_core.errors import ConfigError, InvalidProblem, MissingKernel
 from ck_core.key import KernelKey, RecordSchema
 
+from .triton_rank import (DQ_ATOMIC, dq_gluon, dq_triton, gluon_bwd_reason, gluon_dkdv_reason,  # noqa: F401
+                          interpreting, parse_dq)
+
 FAMILIES = ("fwd", "fwd_splitkv", "fwd_splitkv_combine", "fwd_pagedkv", "fwd_appendkv", "batch_prefill",
             "bwd_dot_do_o", "bwd_dq_dk_dv", "bwd_convert_dq")
 HDIMS = ((32, 32), (64, 64), (96, 96), (128, 128), (192, 128), (256, 256))
 #: the Gluon sm90 forward's variants: the names of ``ck_fmha.triton.gluon_fwd.GLUON_VARIANTS``, spelled out
 #: here because that import brings in torch (tests/test_gluon_fwd.py keeps the two in step)
 GLUON_VARIANTS = ("gluon_ws", "gluon_wspp", "gluon_ws_pers", "gluon_wspp_pers")
-VARIANTS = ("ptr", "tma", "tma_host", "tma_ws") + GLUON_VARIANTS
-CUDA_ONLY = ("tma", "tma_host", "tma_ws") + GLUON_VARIANTS
+#: the backward's dK/dV kernel on Hopper (ck_fmha.triton.gluon_bwd.dkdv): BLOCK_MQ = block_m, STAGES =
+#: num_stages, 128 keys per program, 4 warps; "_pers": the persistent grid
+GLUON_BWD_VARIANTS = ("gluon_dkdv", "gluon_dkdv_pers")
+GLUON_BWD_BLOCK_N, GLUON_BWD_WARPS = 128, 4
+VARIANTS = ("ptr", "tma", "tma_host", "tma_ws") + GLUON_VARIANTS + GLUON_BWD_VARIANTS
+CUDA_ONLY = ("tma", "tma_host", "tma_ws") + GLUON_VARIANTS + GLUON_BWD_VARIANTS
+#: a backward key's dQ field: ``atomic`` (dQ accumulated in fp32 by the dK/dV kernel: not deterministic;
+#: bwd_convert_dq rounds it), ``m<BM>n<BN>w<W>s<S>`` (the Triton dQ pass), ``gluon<BN>s<S>[p]`` (the Gluon
+#: dQ pass, p: persistent); empty for every other family
+
 #: what a Gluon key runs: 128 query rows per program (two consumer warpgroups of 64 and a producer
 #: warpgroup: 12 warps), head dims q = v
 GLUON_BLOCK_M = 128
 GLUON_WARPS = 12
 GLUON_HDIMS = ((64, 64), (128, 128))
-OPTIONS = ("family", "families", "receipt", "dtypes")
+OPTIONS = ("family", "families", "receipt", "dtypes", "hdims")
 #: families with fp8 kernels (the forward; split-KV / paged / prefill / backward stay fp16/bf16)
 FP8_FAMILIES = ("fwd",)
 _NAME = re.compile(r"^fmha_triton_(?P<family>[a-z_]+?)_(?P<dtype>fp16|bf16|fp8)_d(?P<hq>\d+)x(?P<hv>\d+)"
-                   r"_m(?P<bm>\d+)n(?P<bn>\d+)_w(?P<w>\d+)_s(?P<s>\d+)_(?P<variant>[a-z_]+)$")
+                   r"_m(?P<bm>\d+)n(?P<bn>\d+)_w(?P<w>\d+)_s(?P<s>\d+)_(?P<variant>[a-z_]+?)(?:_dq(?P<dq>[a-z0-9]+))?$")
 
 
 @attrs.frozen(cache_hash=True)
@@ -70,6 +81,7 @@ class TritonFmhaAlg:
     num_warps: int
     num_stages: int
     variant: str = "ptr"
+    dq: str = ""
 
     def config(self):
         from .triton.configs import TritonFmhaConfig
@@ -79,7 +91,7 @@ class TritonFmhaAlg:
 
 def format_name(sig: TritonFmhaSig, a: TritonFmhaAlg) -> str:
     return (f"fmha_triton_{sig.family}_{sig.dtype}_d{sig.hdim_q}x{sig.hdim_v}_m{a.block_m}n{a.block_n}"
-            f"_w{a.num_warps}_s{a.num_stages}_{a.variant}")
+            f"_w{a.num_warps}_s{a.num_stages}_{a.variant}" + (f"_dq{a.dq}" if a.dq else ""))
 
 
 def parse_name(body: str):
@@ -90,7 +102,7 @@ def parse_name(body: str):
     try:
         return from_fields(dict(family=m["family"], dtype=m["dtype"], hdim_q=int(m["hq"]), hdim_v=int(m["hv"])),
                            dict(block_m=int(m["bm"]), block_n=int(m["bn"]), num_warps=int(m["w"]),
-                                num_stages=int(m["s"]), variant=m["variant"]))
+                                num_stages=int(m["s"]), variant=m["variant"], dq=m["dq"] or ""))
     except ConfigError as exc:
         raise MissingKernel(f"{body!r}: {exc}") from None
 
@@ -115,16 +127,34 @@ def legal(key, arch) -> Optional[str]:
     s, a = key.signature, key.algorithm
     if s.dtype not in arch.dtypes or (s.dtype == "fp8" and s.family not in FP8_FAMILIES):
         return f"no Triton {s.family} kernel in {s.dtype} on {arch.name}"
-    if (s.hdim_q, s.hdim_v) not in HDIMS:
-        return f"head dims {s.hdim_q}/{s.hdim_v} are not among the Triton kernels' {HDIMS}"
+    if (s.hdim_q, s.hdim_v) not in HDIMS and not _any_hdims_ok(s.hdim_q, s.hdim_v):
+        return (f"head dims {s.hdim_q}/{s.hdim_v} are not among the Triton kernels' {HDIMS} (nor multiples "
+                "of 8 up to 256, which the public API enumerates per problem)")
     if a.variant in CUDA_ONLY and not _hopper(arch):
         return f"variant {a.variant} runs on Hopper only"
     if a.variant in GLUON_VARIANTS and ((s.hdim_q, s.hdim_v) not in GLUON_HDIMS or s.dtype == "fp8"):
         return f"the Gluon kernel covers fp16/bf16 head dims {GLUON_HDIMS} only"
+    if (a.variant in GLUON_BWD_VARIANTS) != (s.family == "bwd_dq_dk_dv" and a.variant != "ptr"):
+        return f"variant {a.variant} is not a {s.family} kernel"
+    if (s.family == "bwd_dq_dk_dv") != bool(a.dq):
+        return "the dq field belongs to bwd_dq_dk_dv keys (and they need one)"
+    if a.dq:
+        try:
+            dq = parse_dq(a.dq)
+        except ValueError as exc:
+            return str(exc)
+        if (dq[0] == "gluon" or a.variant in GLUON_BWD_VARIANTS) and (
+                (s.hdim_q, s.hdim_v) not in GLUON_HDIMS or s.dtype == "fp8" or not _hopper(arch)):
+            return f"the Gluon backward kernels cover fp16/bf16 head dims {GLUON_HDIMS} on Hopper only"
     need = _smem(s.family, s.hdim_q, s.hdim_v, a, 1 if s.dtype == "fp8" else 2)
-    if need > arch.lds_bytes:
+    if need > arch.lds_bytes and a not in _tabled(s.family, s.hdim_q, s.hdim_v, arch.name, s.dtype == "fp8"):
         return f"needs {need} B of shared memory/LDS, {arch.name} has {arch.lds_bytes} B"
     return None
+
+
+def _any_hdims_ok(hq: int, hv: int) -> bool:
+    """Head dims the kernels take (specialised per value, tiles padded to a power of two)."""
+    return all(isinstance(d, int) and 8 <= d <= 256 and d % 8 == 0 for d in (hq, hv))
 
 
 def _hopper(arch) -> bool:
@@ -184,20 +214,34 @@ def _smem(family, hq, hv, a: TritonFmhaAlg, elem_bytes: int = 2) -> int:
     from .triton.configs import padded_hdim
 
     dq, dv = padded_hdim(hq), padded_hdim(hv)
+    if family in ("bwd_dot_do_o", "bwd_convert_dq", "fwd_splitkv_combine", "fwd_appendkv"):
+        return 0   # elementwise / copy kernels: no K/V tiles in shared memory
+    if a.variant in GLUON_BWD_VARIANTS:
+        from .triton.gluon_bwd import dkdv_smem_bytes
+
+        return dkdv_smem_bytes(hq, a.block_m, a.num_stages, a.dq == DQ_ATOMIC, elem_bytes)
     extra = elem_bytes * a.block_m * dv + 1024 if a.variant in GLUON_VARIANTS else 0
     return elem_bytes * (a.block_m * dq + a.num_stages * a.block_n * (dq + dv)) + extra
 
 
-def _configs(family, hq, hv, arch, elem_bytes: int = 2) -> list:
+def _configs(family, hq, hv, arch, elem_bytes: int = 2, prune: bool = True) -> list:
     from .triton import configs as C
 
     tag = "sm90" if _hopper(arch) else "generic"
+    extras = ()
+    if family == "bwd_dq_dk_dv":
+        return _bwd_algs(hq, hv, arch, tag, elem_bytes, prune)
     if family == "fwd":
-        cands = [C.default_fwd_config(hq, hv, tag, gluon=False),
-                 C.default_fwd_config(hq, hv, tag, causal=True, gluon=False),
-                 C.TritonFmhaConfig(128, 64, 4, 3, "ptr"), C.TritonFmhaConfig(64, 64, 4, 2, "ptr")]
+        # every tile the tables name (per causal-ness and length bucket), each with its lesser TMA
+        # forms: what the heuristic can pick for any problem the better form cannot address
+        cands = [C.default_fwd_config(hq, hv, tag, causal=c, seqlen=n, gluon=False)
+                 for c in (False, True) for n in C.SEQ_BUCKETS]
+        extras = (C.TritonFmhaConfig(128, 64, 4, 3, "ptr"), C.TritonFmhaConfig(64, 64, 4, 2, "ptr"))
+        cands += [c for c in extras if c not in cands]
         if elem_bytes == 1:
             cands.insert(0, C.default_fwd_config(hq, hv, tag, fp8=True))
+        lesser = {"tma_host": ("tma", "ptr"), "tma": ("ptr",), "tma_ws": ("ptr",)}
+        cands = [x for c in cands for x in (c, *(c.with_(variant=v) for v in lesser.get(c.variant, ())))]
         if _hopper(arch) and elem_bytes == 2 and (hq, hv) in GLUON_HDIMS:
             cands += C.gluon_fwd_configs(hq)   # the Gluon kernel's tuned tiles
     elif family == "batch_prefill":  # the fwd kernel with a page gather: pointer loads only
@@ -205,8 +249,6 @@ def _configs(family, hq, hv, arch, elem_bytes: int = 2) -> list:
                  C.TritonFmhaConfig(64, 64, 4, 2, "ptr")]
     elif family in ("fwd_splitkv", "fwd_pagedkv"):
         cands = [C.default_splitkv_config(hq, hv, 1), C.default_splitkv_config(hq, hv, 64)]
-    elif family == "bwd_dq_dk_dv":
-        cands = [C.default_bwd_configs(hq, hv, tag)[0], C.default_bwd_configs(hq, hv, tag, causal=True)[0]]
     elif family == "fwd_appendkv":  # a copy kernel: BLOCK_M rows per program, BLOCK_N unused
         cands = [C.TritonFmhaConfig(32, 16, 4, 1, "ptr")]
     else:  # combine, dot_do_o, convert_dq: one small elementwise kernel each
@@ -217,9 +259,47 @@ def _configs(family, hq, hv, arch, elem_bytes: int = 2) -> list:
             continue   # a Hopper kernel: no pointer form to fall back to
         v = c.variant if (_hopper(arch) or c.variant not in CUDA_ONLY) else "ptr"
         a = TritonFmhaAlg(c.BLOCK_M, c.BLOCK_N, c.num_warps, c.num_stages, v)
-        if a not in out and _smem(family, hq, hv, a, elem_bytes) <= arch.lds_bytes:
+        tabled = family in ("fwd", "bwd_dq_dk_dv") and c not in extras   # see _tabled
+        if a not in out and (tabled or not prune or _smem(family, hq, hv, a, elem_bytes) <= arch.lds_bytes):
             out.append(a)
     return out
+
+
+def _bwd_algs(hq, hv, arch, tag, elem_bytes, prune=True) -> list:
+    """Backward keys: each tuned dK/dV tile (Triton; on Hopper also the Gluon tiles) with each dQ
+    choice (atomic, the tuned Triton dQ tiles, on Hopper the Gluon dQ tiles)."""
+    from .triton import configs as C
+    from .triton import gluon_bwd
+
+    pairs = [C.default_bwd_configs(hq, hv, tag, causal=c) for c in (False, True)]
+    kv = [(c.BLOCK_M, c.BLOCK_N, c.num_warps, c.num_stages, "ptr") for c, _ in pairs]
+    dqs = [DQ_ATOMIC] + [dq_triton(q) for _, q in pairs]
+    if _hopper(arch) and elem_bytes == 2 and (hq, hv) in GLUON_HDIMS:
+        d = hq
+        tiles = [C.gluon_dkdv_tile(d, c) for c in (False, True)] + [C.gluon_fused_tile(d, c) for c in (False, True)]
+        tiles += [gluon_bwd.DKDV_TILES.get(d), gluon_bwd.FUSED_TILES.get(d)]
+        kv += [(t[0], GLUON_BWD_BLOCK_N, GLUON_BWD_WARPS, t[1], "gluon_dkdv_pers" if t[2] else "gluon_dkdv")
+               for t in tiles if t is not None]
+        dqs += [dq_gluon(t) for t in (C.gluon_dq_tile(d), gluon_bwd.DQ_TILES.get(d)) if t is not None]
+    out = []
+    for k in kv:
+        for dq in dqs:
+            a = TritonFmhaAlg(*k, dq=dq)
+            # the tables' Triton tiles run on every arch (they did before the estimate existed)
+            fits = k[4] == "ptr" or not prune or _smem("bwd_dq_dk_dv", hq, hv, a, elem_bytes) <= arch.lds_bytes
+            if a not in out and fits:
+                out.append(a)
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _tabled(family, hq, hv, arch_name, fp8) -> frozenset:
+    """The algorithms the arch's tuned tables name: the launchers ran them before the shared-memory
+    estimate (an upper bound) existed, so the estimate prunes only the generic extras."""
+    arch = _arch_spec(arch_name)
+    if arch is None or family not in ("fwd", "bwd_dq_dk_dv"):
+        return frozenset()
+    return frozenset(_configs(family, hq, hv, arch, 1 if fp8 else 2, prune=False))
 
 
 def enumerate_keys(arch, backend: str, options: dict) -> list:
@@ -240,7 +320,7 @@ def enumerate_keys(arch, backend: str, options: dict) -> list:
             if (dt not in arch.dtypes or dt not in ("fp16", "bf16", "fp8")
                     or (dt == "fp8" and fam not in FP8_FAMILIES)):
                 continue
-            for hq, hv in HDIMS:
+            for hq, hv in options.get("hdims") or HDIMS:
                 for a in _configs(fam, hq, hv, arch, 1 if dt == "fp8" else 2):
                     keys.append(KernelKey("fmha", TritonFmhaSig(fam, dt, hq, hv), a, arch.name, backend))
     return keys
@@ -262,8 +342,13 @@ def supports(key, p) -> Optional[str]:
         return "the Triton fp8 forward has no bias or dropout"
     if (s.hdim_q, s.hdim_v) != (p.hdim_q, p.hdim_v):
         return f"kernel head dims {s.hdim_q}/{s.hdim_v}, problem {p.hdim_q}/{p.hdim_v}"
-    if key.algorithm.variant in GLUON_VARIANTS:
-        return _gluon_unsupported(key.algorithm, p)
+    a = key.algorithm
+    if a.variant in GLUON_VARIANTS:
+        return _gluon_unsupported(a, p)
+    why = (_bwd_unsupported(a, p) if p.family == "bwd_dq_dk_dv" else
+           _tma_unsupported(a.variant, p) if a.variant in ("tma", "tma_ws", "tma_host") else None)
+    if why:
+        return why
     if p.family == "fwd_appendkv":
         return None   # contiguous or paged caches, both RoPE forms; no attention features apply
     if p.family == "batch_prefill":
@@ -288,6 +373,47 @@ def supports(key, p) -> Optional[str]:
     if p.seqlens_k is not None and not (split or p.is_group):
         return ("per-batch logical seqlens_k is implemented by the Triton split-KV / paged kernels and in group "
                 "mode (fwd, backward); batch-mode fwd/backward take one seqlen_k")
+    return None
+
+
+def _tma_unsupported(variant: str, p) -> Optional[str]:
+    """Why a TMA form cannot address ``p``'s tensors (contiguous and 16-byte aligned, as the public
+    API and the launcher hand them over)."""
+    es = 1 if p.dtype == "fp8" else 2
+    if any(d * es % 16 or d * es < 16 for d in (p.hdim_q, p.hdim_v)):
+        return f"{variant}: rows of head dims {p.hdim_q}/{p.hdim_v} are not whole 16-byte units (use ptr)"
+    if p.family != "fwd":
+        return f"{variant} is a forward form"
+    v_trans = p.dtype == "fp8"
+    if v_trans and p.is_group:
+        # group mode + key-contiguous V through device descriptors raised "illegal instruction" on the
+        # H100 (benchmarks/fp8_layout_debug.py, 2026-11-22); pointer loads of that layout are correct
+        return f"{variant}: the fp8 group-mode forward reads V by pointer"
+    if v_trans and p.vlayout == "c" and (p.seqlen_k or 0) * es % 16:
+        return f"{variant}: a column-major V of {p.seqlen_k} keys has rows that are not 16-byte units"
+    if variant == "tma_host":
+        if p.is_group:
+            return "tma_host (descriptors over the flattened batch) runs batch mode only"
+        if any(d & (d - 1) or d < 16 for d in (p.hdim_q, p.hdim_v)):
+            return f"tma_host needs power-of-two head dims, got {p.hdim_q}/{p.hdim_v}"
+    return None
+
+
+def _bwd_unsupported(a: TritonFmhaAlg, p) -> Optional[str]:
+    """Why a backward key (dK/dV kernel + dQ choice) cannot run ``p``."""
+    if not a.dq:
+        return "a bwd_dq_dk_dv key needs a dq field"
+    dq = parse_dq(a.dq)
+    if dq[0] == DQ_ATOMIC and p.deterministic:
+        return "dQ by fp32 atomics is not deterministic (deterministic=True needs a separate dQ pass)"
+    if dq[0] == "gluon":
+        why = gluon_bwd_reason(p, dq[1][0])
+        if why:
+            return f"the Gluon dQ pass: {why}"
+    if a.variant in GLUON_BWD_VARIANTS:
+        why = gluon_dkdv_reason(p, a.block_m, dq[0] == DQ_ATOMIC)
+        if why:
+            return f"the Gluon dK/dV kernel: {why}"
     return None
 
 
@@ -329,31 +455,10 @@ def _gluon_unsupported(a: TritonFmhaAlg, p) -> Optional[str]:
 
 
 def rank(problem, candidates: list, arch) -> list:
-    """The tuned default first (per head dim, causal-ness and length; on Hopper the Gluon key where
-    the Gluon table names it, then the Triton kernel's tuned tile), then by tile size."""
-    from .triton import configs as C
+    """The tuned tables' choice first (:func:`ck_fmha.triton_rank.rank`), then by tile size."""
+    from .triton_rank import rank as _rank
 
-    tag = "sm90" if _hopper(arch) else "generic"
-    fam = problem.family
-    want = []
-    if fam == "fwd":   # the Gluon kernel where tuned (and supported), else the Triton kernel's tuned tile
-        kw = dict(causal=problem.is_causal, seqlen=problem.seqlen_q or 4096,
-                  fp8=problem.dtype == "fp8" and fp8_v_trans(arch))
-        want = [C.default_fwd_config(problem.hdim_q, problem.hdim_v, tag, **kw),
-                C.default_fwd_config(problem.hdim_q, problem.hdim_v, tag, gluon=False, **kw)]
-    elif fam == "bwd_dq_dk_dv":
-        want = [C.default_bwd_configs(problem.hdim_q, problem.hdim_v, tag, causal=problem.is_causal)[0]]
-    # Gluon tiles match with their variant (several share a tile); Triton tiles by the tile alone
-    want = [(c.BLOCK_M, c.BLOCK_N, c.num_warps, c.num_stages, c.variant if c.variant in GLUON_VARIANTS else None)
-            for c in want]
-
-    def cost(k):
-        a = k.algorithm
-        t = (a.block_m, a.block_n, a.num_warps, a.num_stages)
-        hit = [i for i, w in enumerate(want) if w[:4] == t and w[4] in (None, a.variant)]
-        return (hit[0] if hit else len(want), -a.block_m * a.block_n)
-
-    return sorted(candidates, key=cost)
+    return _rank(problem, candidates, arch)
 
 
 # -- launchers ----------------------------------------------------------------------------
@@ -515,15 +620,16 @@ def make_launcher(key):
         layout, kw = varlen(p, x["o"], k=False)
         return {"d": ops.bwd_dot_do_o(x["o"], x["do"], layout=layout, **kw)}
 
-    def dq_dk_dv(p, t):
-        from .triton.configs import default_bwd_configs
+    dq_choice = parse_dq(alg.dq) if fam == "bwd_dq_dk_dv" else None
+    kv_choice = (("gluon", (alg.block_m, alg.num_stages, alg.variant.endswith("_pers")))
+                 if alg.variant in GLUON_BWD_VARIANTS else ("triton", cfg))
 
+    def dq_dk_dv(p, t):
         x = cast(p, t, ("q", "k", "v", "do"))
         layout, kw = varlen(p, x["q"])
-        q_cfg = default_bwd_configs(p.hdim_q, p.hdim_v, causal=p.is_causal)[1]
         res = ops.bwd_dq_dk_dv(x["q"], x["k"], x["v"], x["do"], t["lse"], t["d"],
                                scale=p.softmax_scale, softcap=p.logits_soft_cap, layout=layout,
-                               deterministic=p.deterministic, config=(cfg, q_cfg), return_dbias=p.dbias,
+                               choice=(kv_choice, dq_choice), return_dbias=p.dbias,
                                **_mask(p), **kw, **_features(p, t, tdt))
         dq, dqa, dk, dv = res[:4]
         out = {"dq": dq, "dk": dk, "dv": dv} if dq is not None else {"dq_acc": dqa, "dk": dk, "dv": dv}
@@ -584,6 +690,9 @@ def make_launcher(key):
     return launch
 
 
+_E4M3 = ()
+
+
 def _as_kernel_dtype(p, name, x, tdt):
     """A tensor in the kernel's dtype ``tdt``.  Another dtype is refused (a float32 q for an fp16
     problem would be rounded silently), except float32 for bf16 / fp8 problems: that is their numpy
@@ -592,8 +701,13 @@ def _as_kernel_dtype(p, name, x, tdt):
     device on this conversion path only (tensors already in fp8 cost nothing)."""
     import torch
 
+    global _E4M3
+    if not _E4M3:
+        _E4M3 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e4m3fnuz") if hasattr(torch, n))
     if x.dtype == tdt:
         return x
+    if p.dtype == "fp8" and x.device.type == "cpu" and x.dtype in _E4M3:
+        return x   # the interpreter computes either e4m3 flavour (a GPU multiplies its arch's, fp8_format)
     if not (x.dtype == torch.float32 and p.dtype in ("bf16", "fp8")):
         raise InvalidProblem(f"tensor {name!r} has dtype {x.dtype}; the problem's dtype {p.dtype} needs {tdt}"
                              + (" (or float32 holding bf16 / fp8 values)" if p.dtype in ("bf16", "fp8") else "")

@@ -1,6 +1,7 @@
 """The Gluon sm90 forward as a dispatchable fwd variant, without a GPU: the key space per arch, the
 support rules, the tuned defaults, ahead-of-time compilation to an sm90 cubin (through the
-registry build too), and ``ops.fwd``'s fallback to the Triton kernel in the interpreter.
+registry build too), and ``ops.fwd`` in the interpreter: an explicit Gluon config is refused (never
+swapped for another kernel), the default choice runs the Triton kernel.
 The GPU runs are tests/test_gluon_gpu.py."""
 from __future__ import annotations
 
@@ -92,8 +93,10 @@ def test_sm90_enumerates_gluon_keys_amd_archs_do_not(mgr):
         assert not [k for k in keys if k.algorithm.variant in TK.GLUON_VARIANTS or k.algorithm.num_warps == 12], arch
 
 
-def test_rank_puts_the_tuned_gluon_key_first(mgr):
+def test_rank_puts_the_tuned_gluon_key_first(mgr, monkeypatch):
     from ck_core import Dispatcher, Registry
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")   # rank as on the GPU (the interpreter has no Gluon)
 
     reg = Registry.from_enumeration("fmha", "sm90", "triton", manager=mgr, families="fwd", dtypes="bf16")
     disp = Dispatcher(reg, backend="triton", check_backend=False)
@@ -182,7 +185,7 @@ def _rel(a, b):
     dict(layout="bhsd", nhead_q=2, nhead_k=1, seqlen_q=20, seqlen_k=52, hdim_q=32, mask="top_left",
          window_left=7, window_right=3),
 ], ids=["plain-gqa", "bshd-causal-br", "window-d32"])
-def test_ops_fwd_falls_back_to_triton(variant, kw, ck_rng, monkeypatch):
+def test_ops_fwd_runs_what_it_is_given(variant, kw, ck_rng, monkeypatch):
     from ck_fmha import reference_fwd as R
 
     calls = []
@@ -194,8 +197,11 @@ def test_ops_fwd_falls_back_to_triton(variant, kw, ck_rng, monkeypatch):
     out = torch.full_like(q, float("nan"))
     causal = p.mask if p.is_causal else False
     window = (p.window_left, p.window_right) if p.has_window and not p.is_causal else (-1, -1)
-    o, lse = ops.fwd(q, k, v, causal=causal, window=window, align=p.mask if p.has_window else None,
-                     return_lse=True, layout=p.layout, out=out, config=GCFG.with_(variant=variant))
+    args = dict(causal=causal, window=window, align=p.mask if p.has_window else None, return_lse=True,
+                layout=p.layout, out=out)
+    with pytest.raises(UnsupportedProblem, match="Hopper"):
+        ops.fwd(q, k, v, config=GCFG.with_(variant=variant), **args)
+    o, lse = ops.fwd(q, k, v, **args)    # the default choice: the Triton kernel here
     assert not calls and o.data_ptr() == out.data_ptr()
     ref = R.fwd(p, q.double().numpy(), k.double().numpy(), v.double().numpy())
     assert torch.isfinite(o).all()
@@ -348,16 +354,30 @@ print("OK")
     assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-3000:]
 
 
+def _bwd_pick(d, causal, seqlen, deterministic):
+    """(dK/dV algorithm tuple, dq field) the heuristic picks on sm90 (as on the GPU)."""
+    from ck_core.plugins import get_manager
+    from ck_fmha.triton_rank import bwd_want
+
+    p = FmhaProblem(family="bwd_dq_dk_dv", batch=1, nhead_q=2, dtype="bf16", hdim_q=d, seqlen_q=seqlen,
+                    seqlen_k=seqlen, mask="top_left" if causal else "none", deterministic=deterministic)
+    return bwd_want(p, get_manager().arch("sm90"))
+
+
+def _gluon_kv(tile):
+    return (tile[0], TK.GLUON_BWD_BLOCK_N, TK.GLUON_BWD_WARPS, tile[1],
+            "gluon_dkdv_pers" if tile[2] else "gluon_dkdv")
+
+
 def test_dkdv_choice_follows_table_and_knob(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
     monkeypatch.delenv("CK_FMHA_GLUON_DKDV", raising=False)
     for (d, causal), tile in C.BWD_GLUON_DKDV_SM90.items():
-        assert ops._gluon_dkdv_tile(d, causal, None) == tile
-        assert ops._gluon_dkdv_tile(d, causal, "triton") is None
+        assert _bwd_pick(d, causal, 1024, True)[0] == _gluon_kv(tile)
     monkeypatch.setenv("CK_FMHA_GLUON_DKDV", "1")
-    assert ops._gluon_dkdv_tile(64, False, None) is not None
+    assert _bwd_pick(64, False, 1024, True)[0][4].startswith("gluon_dkdv")
     monkeypatch.setenv("CK_FMHA_GLUON_DKDV", "0")
-    assert ops._gluon_dkdv_tile(128, True, None) is None
-    assert ops._gluon_dkdv_tile(128, True, "gluon") is not None
+    assert _bwd_pick(128, True, 1024, True)[0][4] == "ptr"
 
 
 @pytest.mark.parametrize("layout", ["bhsd", "bshd"])
@@ -373,20 +393,21 @@ def test_geometry_gives_the_flattened_views(layout):
     assert gluon_fwd.grid_for(1000, False, torch.device("cpu")) == (1000, )
 
 
-def test_fused_dq_tables_and_shared_memory():
+def test_fused_dq_tables_and_shared_memory(monkeypatch):
     """The fused dK/dV+dQ choice follows its table, seqlen threshold and the knob; every tile in the
     tables fits the sm90 shared memory (the fused kernel adds dS^T and two fp32 dQ staging tiles)."""
     from ck_core.plugins import get_manager
     from ck_fmha.triton import gluon_bwd as B
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.delenv("CK_FMHA_GLUON_DKDV", raising=False)
     smem = get_manager().arch("sm90").lds_bytes
     for (d, causal), tile in C.BWD_GLUON_FUSED_SM90.items():
-        assert ops._gluon_fused_tile(d, causal, C.BWD_GLUON_FUSED_MIN_SEQLEN, None) == tile
-        assert ops._gluon_fused_tile(d, causal, C.BWD_GLUON_FUSED_MIN_SEQLEN - 128, None) is None
-        assert ops._gluon_fused_tile(d, causal, 1 << 20, "triton") is None
+        n = C.BWD_GLUON_FUSED_MIN_SEQLEN
+        assert _bwd_pick(d, causal, n, False) == (_gluon_kv(tile), "atomic")
+        assert _bwd_pick(d, causal, n - 128, False)[1] != "atomic"   # below the threshold: the dQ pass
         assert B.dkdv_smem_bytes(d, tile[0], tile[1], True) <= smem
     for d, tile in B.FUSED_TILES.items():
         assert B.dkdv_smem_bytes(d, tile[0], tile[1], True) <= smem
-        assert ops._gluon_fused_tile(d, True, 128, "gluon") is not None
     for (d, _), tile in C.BWD_GLUON_DKDV_SM90.items():
         assert B.dkdv_smem_bytes(d, tile[0], tile[1], False) <= smem
     assert B.dkdv_smem_bytes(128, 64, 3, True) > smem     # 3 stages do not fit with dQ fused at D=128

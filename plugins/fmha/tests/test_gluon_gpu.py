@@ -1,6 +1,6 @@
 """The Gluon sm90 forward on an H100 (CK_TEST_GPU=1 pytest -m gpu): ``ops.fwd`` with every Gluon
 variant against a float64 torch reference (o and lse), the dispatcher picking a Gluon key from an
-sm90 registry, and the fallback to the Triton kernel for a problem the Gluon kernel cannot run."""
+sm90 registry, and the refusal of a Gluon config for a problem the Gluon kernel cannot run."""
 import math
 import os
 
@@ -115,11 +115,15 @@ def test_default_config_runs_gluon_and_scale(ck_rng, gluon_calls):
 
 
 @pytest.mark.parametrize("sq, sk, causal", [(200, 200, False), (256, 384, True)], ids=["seqlen200", "causal-sq<sk"])
-def test_gluon_config_falls_back_to_triton(sq, sk, causal, ck_rng, gluon_calls):
+def test_gluon_config_is_refused_where_it_cannot_run(sq, sk, causal, ck_rng, gluon_calls):
+    """A Gluon config is what runs or an error, never swapped; the default choice takes the Triton kernel."""
+    from ck_core.errors import UnsupportedProblem
+
     q, k, v = _inputs(ck_rng, 3, 5, 5, sq, sk, 128, "bhsd", "bf16")
     out = torch.full_like(q, float("nan"))
-    o, lse = ops.fwd(q, k, v, causal=causal, return_lse=True, out=out,
-                     config=TritonFmhaConfig(128, 128, 12, 2, "gluon_wspp"))
+    with pytest.raises(UnsupportedProblem, match="Gluon"):
+        ops.fwd(q, k, v, causal=causal, return_lse=True, out=out, config=TritonFmhaConfig(128, 128, 12, 2, "gluon_wspp"))
+    o, lse = ops.fwd(q, k, v, causal=causal, return_lse=True, out=out)
     assert not gluon_calls and o.data_ptr() == out.data_ptr()
     ro, rl = _reference(q, k, v, causal, "bhsd")   # (top-left causal, as ops.fwd's causal=True)
     assert torch.isfinite(o).all()

@@ -555,10 +555,10 @@ JIT_CASES = {
     "ptr-key": dict(dtype="fp8", v_trans=True, cfg=[128, 64, 4, 2, "ptr"]),
     "tma_host-row": dict(dtype="fp8", v_trans=False, cfg=[128, 64, 4, 2, "tma_host"]),
     "tma_host-key": dict(dtype="fp8", v_trans=True, cfg=[128, 64, 4, 2, "tma_host"]),
-    # group mode asks for "tma" but runs pointer loads with key-contiguous V (device descriptors over
-    # that layout faulted on the H100): V still lands K-major, but varlen row starts are not known
-    # 16-aligned, so Q and V are staged through registers instead of cp.async
-    "tma-group-key": dict(dtype="fp8", v_trans=True, varlen=True, causal=True, cfg=[128, 64, 4, 2, "tma"]),
+    # group mode with key-contiguous V reads by pointer (device descriptors over that layout faulted on
+    # the H100; a "tma" key is a supports() refusal there): V still lands K-major, but varlen row starts
+    # are not known 16-aligned, so Q and V are staged through registers instead of cp.async
+    "ptr-group-key": dict(dtype="fp8", v_trans=True, varlen=True, causal=True, cfg=[128, 64, 4, 2, "ptr"]),
     "tma_host-bf16": dict(dtype="bf16", cfg=[128, 64, 4, 2, "tma_host"]),
 }
 
@@ -585,5 +585,5 @@ def test_sm90_fp8_v_is_read_k_major_without_a_shared_memory_transpose():
     # host TMA: what is left in shared memory is the same as bf16's (the epilogue's output tile)
     assert res["tma_host-key"]["st_shared"] == res["tma_host-bf16"]["st_shared"]
     assert res["tma_host-key"]["ld_shared"] == 0
-    g = res["tma-group-key"]
+    g = res["ptr-group-key"]
     assert g["local_load"] == 0 and g["reg_to_smem"] <= 3, g   # no shared-memory reload of V

@@ -22,9 +22,8 @@ Public API (all tensors on one device; CPU tensors work under TRITON_INTERPRET=1
   block_table | kv_indptr + kv_page_indices, kv_layout, ...)``: group-mode queries over a paged cache
 * ``fwd`` / ``splitkv_decode`` / ``paged_decode`` / ``batch_prefill`` take ``sink`` (per-head sink
   logits [H]) and ``sink_tokens`` (first keys visible past a window's left edge)
-* ``attention(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0,
-  layout='bhsd', ..., return_lse=False)``: autograd wrapper (``AttentionFunction``); group mode,
-  ``align`` and ``return_lse`` as ``fwd``.
+* autograd attention is ``ck_fmha.attention`` (:mod:`ck_fmha.api`): through the Dispatcher, whose
+  launchers call ``fwd`` / ``bwd_*`` here with the plan's exact choice.
 * fp8: ``fwd`` / ``attention`` take ``torch.float8_e4m3fn`` q/k/v (``float8_e4m3fnuz`` on CDNA3)
   with per-tensor ``q_descale``, ``k_descale``, ``v_descale`` (floats or 1-element fp32 device
   tensors) and write o in ``out_dtype`` (bf16 default); forward only, no bias/dropout/paging.
@@ -32,11 +31,12 @@ Public API (all tensors on one device; CPU tensors work under TRITON_INTERPRET=1
   ``fwd`` makes one transposed copy of a channel-contiguous V per call; :func:`v_key_major` makes it
   ahead of time (pass its result as v and no copy is made).
 
-sm90: a config whose variant is a Gluon one (``configs.GLUON_VARIANTS``; the default config where
-``configs.FWD_GLUON_SM90`` names one) runs ``fwd`` on the warp-specialised kernel of :mod:`.gluon_fwd`
-when that kernel takes the problem (batch mode, fp16/bf16, head dim 64/128, plain or causal attention
-on whole 128-row tiles, see ``gluon_fwd.unsupported_reason``); any other problem runs on the Triton
-kernel with the Triton default config (``default_fwd_config(..., gluon=False)``).
+A given ``config`` (the Dispatcher's key) is what runs: a Gluon variant (``configs.GLUON_VARIANTS``,
+sm90: the warp-specialised kernel of :mod:`.gluon_fwd`) or a TMA form that cannot run the problem raises
+UnsupportedProblem (``triton_keys.supports`` keeps such keys out of a plan); inputs are made dense and
+16-byte aligned where a TMA or Gluon form needs it.  Without a config (kernel-direct calls)
+:func:`default_fwd_choice` / :func:`default_bwd_choice` pick from the tuned tables as the Dispatcher's
+heuristic does (``ck_fmha.triton_rank``).
 
 Layouts: ``'bhsd'`` [B, H, S, D]; ``'bshd'`` [B, S, H, D]; ``'thd'`` (group /
 varlen mode) [total, H, D] with ``cu_seqlens_q/k`` (int32, B+1) and the
@@ -560,42 +560,48 @@ def fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, retu
     sm_scale, scale2, cap_in, cap_out = _scales(dq, scale, softcap)
     qk_descale, v_descale_f, descale_ptrs = descale
     scale2, cap_in = scale2 * qk_descale, cap_in * qk_descale
-    arch = _arch_of(q)
-    tag = "sm90" if arch == "sm90" else "generic"
-    cfg = config or default_fwd_config(dq, dv, tag, causal=mode & 1 == 1, seqlen=sq, fp8=v_trans)
-    if cfg.variant in GLUON_VARIANTS:
-        why = _gluon_reason(q, k, v, cfg, layout=layout, mode=mode, left=left, right=right, softcap=softcap,
-                            bias=bias, alibi_slopes=alibi_slopes, dropout_p=dropout_p, sink=sink,
-                            sink_tokens=sink_tokens, out=out, fp8=fp8, out_dtype=out_dtype, paged=_paged)
-        if not why:
-            return gluon_fwd.fwd(q, k, v, causal=mode == 1 and right == 0, scale=scale, return_lse=return_lse,
-                                 layout=layout, tile=(cfg.BLOCK_M, cfg.BLOCK_N, cfg.num_warps, cfg.num_stages),
-                                 out=out, _checked=True, **gluon_fwd.GLUON_VARIANTS[cfg.variant])
-        log.debug("fwd: %s not taken (%s); the Triton kernel runs this problem", cfg.variant, why)
-        cfg = default_fwd_config(dq, dv, tag, causal=mode & 1 == 1, seqlen=sq, fp8=v_trans, gluon=False)
-    variant = cfg.variant if (arch == "sm90" and _paged is None) else "ptr"
-    if varlen and v_trans and variant != "ptr":
-        # group mode + key-contiguous V through device tensor descriptors raised "illegal
-        # instruction" on the H100 (benchmarks/fp8_layout_debug.py, 2026-11-22); pointer
-        # loads of the same layout are correct there
-        variant = "ptr"
+    gluon_args = dict(layout=layout, mode=mode, left=left, right=right, softcap=softcap, bias=bias,
+                      alibi_slopes=alibi_slopes, dropout_p=dropout_p, sink=sink, sink_tokens=sink_tokens, out=out,
+                      fp8=fp8, out_dtype=out_dtype, paged=_paged)
+    if config is None:
+        config = default_fwd_choice(q, k, v, dq, dv, sq, v_trans=v_trans, varlen=varlen, **gluon_args)
+    cfg, variant = config, config.variant
+    if variant != "ptr" and _arch_of(q) != "sm90":
+        raise UnsupportedProblem(f"config {cfg}: variant {variant!r} runs on Hopper GPUs (not in the interpreter); "
+                                 "pass variant 'ptr'")
+    if variant in GLUON_VARIANTS:
+        q, k, v = _dense(q), _dense(k), _dense(v)
+        why = _gluon_reason(q, k, v, cfg, **gluon_args)
+        if why:
+            raise UnsupportedProblem(f"config {cfg}: the Gluon forward cannot run this problem ({why}); "
+                                     "pass a Triton config")
+        return gluon_fwd.fwd(q, k, v, causal=mode == 1 and right == 0, scale=scale, return_lse=return_lse,
+                             layout=layout, tile=(cfg.BLOCK_M, cfg.BLOCK_N, cfg.num_warps, cfg.num_stages),
+                             out=out, _checked=True, **gluon_fwd.GLUON_VARIANTS[variant])
+    if variant != "ptr":
+        if _paged is not None or (varlen and v_trans):
+            raise UnsupportedProblem(f"config {cfg}: paged K/V and the fp8 group-mode forward read by pointer "
+                                     "(variant 'ptr')")
+        if variant == "tma_host" and (varlen or dq != padded_hdim(dq) or dv != padded_hdim(dv)):
+            raise UnsupportedProblem(f"config {cfg}: tma_host runs batch mode with power-of-two head dims; "
+                                     "pass variant 'tma' or 'ptr'")
+        q, k = _dense(q), _dense(k)
+        if not v_trans:
+            v = _dense(v)
+        elif not (_vt_host_tma_ok(v, layout, hk, dv) if variant == "tma_host" else _vt_tma_ok(v, layout)):
+            v = v_key_major(v, layout)
+        if not _tma_ok(q, k, *(() if v_trans else (v,))):
+            raise UnsupportedProblem(f"config {cfg}: head dims {dq}/{dv} give rows that TMA cannot address; "
+                                     "pass variant 'ptr'")
     if varlen:
         o = out if out is not None else torch.empty(q.shape[:-1] + (dv,), device=q.device, dtype=o_dtype)
     else:
         shape = (b, hq, sq, dv) if layout == "bhsd" else (b, sq, hq, dv)
         o = out if out is not None else torch.empty(shape, device=q.device, dtype=o_dtype)
-    if v_trans:
-        v_host_ok = _vt_host_tma_ok(v, layout, hk, dv)
-        v_dev_ok = _vt_tma_ok(v, layout)
+    if variant != "ptr" and not _tma_ok(o):
+        o_user, o = o, torch.empty(o.shape, device=o.device, dtype=o.dtype)
     else:
-        v_host_ok = v.is_contiguous() and _tma_ok(v)
-        v_dev_ok = _tma_ok(v)
-    if variant == "tma_host" and not (not varlen and dq == padded_hdim(dq) and dv == padded_hdim(dv)
-                                      and q.is_contiguous() and k.is_contiguous() and v_host_ok
-                                      and _tma_ok(q, k)):
-        variant = "tma"
-    if variant in ("tma", "tma_ws") and not (_tma_ok(q, k, o) and v_dev_ok):
-        variant = "ptr"
+        o_user = None
     if variant in ("tma", "tma_ws"):
         _ensure_allocator()
     if return_lse:
@@ -671,7 +677,40 @@ def fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, retu
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     _poison(bad, o, lse if return_lse else None)
+    if o_user is not None:
+        o = o_user.copy_(o)
     return (o, lse) if return_lse else o
+
+
+def default_fwd_choice(q, k, v, dq, dv, sq, *, v_trans, varlen, **gluon_args) -> TritonFmhaConfig:
+    """The config of a kernel-direct forward call (no ``config``): the tables' choice that
+    ``ck_fmha.triton_rank.fwd_want`` makes for the Dispatcher: the Gluon kernel where tuned and in its
+    scope, else the Triton kernel's tuned tile in the best form of (tma_host, tma, ptr) these tensors
+    allow."""
+    arch = _arch_of(q)
+    tag = "sm90" if arch == "sm90" else "generic"
+    causal = gluon_args["mode"] & 1 == 1
+    cfg = default_fwd_config(dq, dv, tag, causal=causal, seqlen=sq, fp8=v_trans)
+    if cfg.variant in GLUON_VARIANTS:
+        if not _gluon_reason(q, k, v, cfg, **gluon_args):
+            return cfg
+        cfg = default_fwd_config(dq, dv, tag, causal=causal, seqlen=sq, fp8=v_trans, gluon=False)
+    variant = cfg.variant if (arch == "sm90" and gluon_args["paged"] is None) else "ptr"
+    if varlen and v_trans:
+        variant = "ptr"
+    layout = gluon_args["layout"]
+    hk = _dims(k, layout)[1] if gluon_args["paged"] is None else 0
+    if v_trans:
+        v_host_ok, v_dev_ok = (_vt_host_tma_ok(v, layout, hk, dv) or not is_key_major(v, layout),
+                               _vt_tma_ok(v, layout) or not is_key_major(v, layout))
+    else:
+        v_host_ok, v_dev_ok = v.is_contiguous() and _tma_ok(v), _tma_ok(v)
+    if variant == "tma_host" and not (not varlen and dq == padded_hdim(dq) and dv == padded_hdim(dv)
+                                      and q.is_contiguous() and k.is_contiguous() and v_host_ok and _tma_ok(q, k)):
+        variant = "tma"
+    if variant in ("tma", "tma_ws") and not (_tma_ok(q, k) and v_dev_ok):
+        variant = "ptr"
+    return cfg.with_(variant=variant)
 
 
 def _gluon_reason(q, k, v, cfg, *, layout, mode, left, right, softcap, bias, alibi_slopes, dropout_p, sink,
@@ -698,29 +737,61 @@ def _gluon_reason(q, k, v, cfg, *, layout, mode, left, right, softcap, bias, ali
         dropout_p=dropout_p, sink=sink, sink_tokens=sink_tokens, out=out)
 
 
-def _gluon_dkdv_tile(d: int, causal: bool, override):
-    if override == "triton":
-        return None
+def _dense(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a contiguous, 16-byte aligned tensor (a copy only when it is not one): what TMA
+    descriptors and the Gluon kernels address.  Preparing the data never changes the kernel."""
+    t = t if t.is_contiguous() else t.contiguous()
+    return t.clone() if t.data_ptr() % 16 else t
+
+
+def default_bwd_choice(q, k, v, do, lse, delta, *, layout, mode, right, has_sc, bias, alibi_slopes, dropout_p,
+                       return_dbias, deterministic, config, _dq, _dkdv, sq, sk):
+    """The (dK/dV, dQ) choice of a kernel-direct backward call (no ``choice``): the one
+    ``ck_fmha.triton_rank.bwd_want`` makes for the Dispatcher, from the same tables; ``config`` =
+    (dK/dV, dQ) Triton configs; ``_dq`` / ``_dkdv`` ("triton" | "gluon" | "none") force a kernel
+    (benchmarks)."""
     from ck_core import knobs
+
+    d = q.shape[-1]
+    cfg_kv, cfg_q = config or default_bwd_configs(d, v.shape[-1], "sm90" if _arch_of(q) == "sm90" else "generic",
+                                                  causal=mode & 1 == 1)
+    gluon_why = "dbias" if return_dbias else _gluon_dq_reason(
+        q, k, v, do, lse, delta, (64, 2, True), layout=layout, mode=mode, right=right, has_sc=has_sc, bias=bias,
+        alibi_slopes=alibi_slopes, dropout_p=dropout_p, dv_=v.shape[-1])
     env = knobs.get("CK_FMHA_GLUON_DKDV")
-    if override == "gluon" or env == "1":
-        return gluon_dkdv_tile(d, causal) or gluon_bwd.DKDV_TILES.get(d)
-    if env == "0":
-        return None
-    return gluon_dkdv_tile(d, causal)
-
-
-def _gluon_fused_tile(d: int, causal: bool, seqlen_k: int, override):
-    """Tile of the Gluon dK/dV kernel with dQ fused in (the non-deterministic backward), or None."""
-    if override == "triton":
-        return None
-    from ck_core import knobs
-    if knobs.get("CK_FMHA_GLUON_DKDV") == "0" and override != "gluon":
-        return None
-    tile = gluon_fused_tile(d, causal)
-    if override == "gluon":
-        return tile or gluon_bwd.FUSED_TILES.get(d)
-    return tile if tile is not None and seqlen_k >= gluon_fused_min_seqlen() else None
+    gk = None
+    if not deterministic and not gluon_why and _dkdv != "triton":
+        if env != "0" or _dkdv == "gluon":
+            gk = gluon_fused_tile(d, mode == 1)
+            if _dkdv == "gluon":
+                gk = gk or gluon_bwd.FUSED_TILES.get(d)
+            elif gk is not None and sk < gluon_fused_min_seqlen():
+                gk = None
+        if gk is None:
+            deterministic = True   # on sm90 the separate dQ pass beats the Triton fp32-atomic kernel
+    if deterministic and not return_dbias and _dkdv != "triton" and (env != "0" or _dkdv == "gluon"):
+        gk = gluon_dkdv_tile(d, mode == 1)
+        if _dkdv == "gluon" or env == "1":
+            gk = gk or gluon_bwd.DKDV_TILES.get(d)
+    why = "not configured" if gk is None else gluon_why
+    if not why and (sk % 128 or sq % gk[0]):
+        why = f"seqlen_k % 128 or seqlen_q % {gk[0]}"
+    if why and _dkdv == "gluon":
+        raise UnsupportedProblem(f"gluon dK/dV: {why}")
+    kv = ("triton", cfg_kv) if why else ("gluon", gk)
+    if not deterministic:
+        return kv, ("atomic",)
+    if _dq == "none":
+        return kv, ("none",)
+    gtile = gluon_dq_tile(d) if _dq is None else gluon_bwd.DQ_TILES.get(d)
+    if _dq != "triton" and gtile is not None:
+        why = _gluon_dq_reason(q, k, v, do, lse, delta, gtile, layout=layout, mode=mode, right=right, has_sc=has_sc,
+                               bias=bias, alibi_slopes=alibi_slopes, dropout_p=dropout_p, dv_=v.shape[-1])
+        if not why:
+            return kv, ("gluon", gtile)
+        if _dq == "gluon":
+            raise UnsupportedProblem(f"gluon dQ pass: {why}")
+    return kv, ("triton", cfg_q)
 
 
 def _gluon_dq_reason(q, k, v, do, lse, delta, tile, *, layout, mode, right, has_sc, bias, alibi_slopes, dropout_p,
@@ -797,7 +868,7 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
                  layout="bhsd", deterministic=True, config=None, align=None, cu_seqlens_q=None,
                  cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, bias=None, alibi_slopes=None,
                  dropout_p=0.0, seed=0, offset=0, return_dbias=False, alibi_align=None, seqlens_k=None,
-                 _dq=None, _dkdv=None, _trusted_varlen=False):
+                 choice=None, _dq=None, _dkdv=None, _trusted_varlen=False):
     """Backward stage 2: dK, dV (summed over the GQA group) and dQ.
 
     The deterministic dQ pass runs on the Gluon sm90 kernel (:mod:`.gluon_bwd`) where
@@ -812,6 +883,13 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
     Gluon dK/dV kernel (TMA reduce-adds into the fp32 accumulator) where ``configs.BWD_GLUON_FUSED_SM90``
     names a tile and seqlen_k >= ``BWD_GLUON_FUSED_MIN_SEQLEN``; elsewhere there it takes the deterministic
     path, which measured faster than the Triton fp32-atomic kernel (``_dkdv="triton"`` keeps that kernel).
+
+    ``choice`` = (dK/dV, dQ): what runs, exactly (the Dispatcher's key: ``triton_keys`` dq field and
+    variant): dK/dV ``("triton", TritonFmhaConfig)`` | ``("gluon", (BLOCK_MQ, STAGES, persistent))``;
+    dQ ``("atomic",)`` (fp32 atomics in the dK/dV kernel, not deterministic) | ``("triton", config)`` |
+    ``("gluon", (BLOCK_N, STAGES, persistent))``.  A choice that cannot run the problem raises
+    UnsupportedProblem.  Without it (kernel-direct calls) :func:`default_bwd_choice` picks from
+    ``deterministic``, ``config``, ``_dq`` and ``_dkdv`` as the heuristic does.
 
     Returns ``(dq, dq_acc, dk, dv)`` (``(dq, dq_acc, dk, dv, dbias)`` with
     ``return_dbias``): deterministic mode computes dQ in its own pass (``dq``
@@ -845,22 +923,20 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
     mode, br, left, right = mask_params(causal, window, align)
     sm_scale, scale2, cap_in, cap_out = _scales(dq_, scale, softcap)
     has_sc = bool(softcap and softcap > 0)
-    cfg_kv, cfg_q = config or default_bwd_configs(dq_, dv_, causal=mode & 1 == 1)
     bdq, bdv = padded_hdim(dq_), padded_hdim(dv_)
+    if choice is None:
+        choice = default_bwd_choice(q, k, v, do, lse, delta, layout=layout, mode=mode, right=right, has_sc=has_sc,
+                                    bias=bias, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
+                                    return_dbias=return_dbias, deterministic=deterministic, config=config,
+                                    _dq=_dq, _dkdv=_dkdv, sq=sq, sk=sk)
+    (kv_kind, kv), dq_choice = choice
+    atomic = dq_choice[0] == "atomic"
+    if kv_kind == "gluon" or dq_choice[0] == "gluon":   # the Gluon kernels read dense 16-byte aligned tensors
+        q, k, v, do = (_dense(t) for t in (q, k, v, do))
     # keys past a logical length are no program's: their gradient is 0
     dk = torch.empty_like(k) if seqlens_k is None else torch.zeros_like(k)
     dv = torch.empty_like(v) if seqlens_k is None else torch.zeros_like(v)
     lens_arg = seqlens_k if seqlens_k is not None else delta
-    gluon_why = "dbias" if return_dbias else _gluon_dq_reason(
-        q, k, v, do, lse, delta, (64, 2, True), layout=layout, mode=mode, right=right, has_sc=has_sc, bias=bias,
-        alibi_slopes=alibi_slopes, dropout_p=dropout_p, dv_=dv_)
-    fused = None
-    if not deterministic and not gluon_why:
-        fused = _gluon_fused_tile(dq_, mode == 1, sk, _dkdv)
-        if fused is None and _dkdv != "triton":
-            # no fused tile here: on sm90 the separate dQ pass beats the Triton fp32-atomic kernel
-            deterministic = True
-    atomic = not deterministic
     if atomic:
         if varlen:
             dqa = torch.zeros((q.shape[0], hq, dq_), device=q.device, dtype=torch.float32)
@@ -895,21 +971,18 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
     sdob, sdoh, sdos = _bhs_strides(do, layout)
     sdkb, sdkh, sdks = _bhs_strides(dk, layout)
     sdvb, sdvh, sdvs = _bhs_strides(dv, layout)
-    if return_dbias:
-        gk = None
-    elif deterministic:
-        gk = _gluon_dkdv_tile(dq_, mode == 1, _dkdv)
-    else:
-        gk = fused
-    why = "not configured" if gk is None else gluon_why
-    if not why and (sk % 128 or sq % gk[0]):
-        why = f"seqlen_k % 128 or seqlen_q % {gk[0]}"
-    if not why:
-        dk, dv = gluon_bwd.dkdv(q, k, v, do, lse, delta, causal=mode == 1, scale=scale, layout=layout, tile=gk,
+    if kv_kind == "gluon":
+        why = "dbias" if return_dbias else _gluon_dq_reason(
+            q, k, v, do, lse, delta, (64, 2, True), layout=layout, mode=mode, right=right, has_sc=has_sc, bias=bias,
+            alibi_slopes=alibi_slopes, dropout_p=dropout_p, dv_=dv_)
+        if not why and (sk % 128 or sq % kv[0]):
+            why = f"seqlen_k % 128 or seqlen_q % {kv[0]}"
+        if why:
+            raise UnsupportedProblem(f"the Gluon dK/dV kernel {kv} cannot run this backward: {why}")
+        dk, dv = gluon_bwd.dkdv(q, k, v, do, lse, delta, causal=mode == 1, scale=scale, layout=layout, tile=kv,
                                 dq_acc=dqa if atomic else None)
     else:
-        if _dkdv == "gluon":
-            raise UnsupportedProblem(f"gluon dK/dV: {why}")
+        cfg_kv = kv
         K.fmha_bwd_dq_dk_dv_kernel[(triton.cdiv(sk, cfg_kv.BLOCK_N), b * hk)](
             q, k, v, do, lse, delta, dk, dv, dqa,
             sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdob, sdoh, sdos,
@@ -936,18 +1009,16 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
     _poison(bad, dk, dv, dbias, dqa if atomic else None)
     if atomic:
         return (None, dqa, dk, dv, dbias) if return_dbias else (None, dqa, dk, dv)
-    if _dq == "none":
+    if dq_choice[0] == "none":
         return (None, None, dk, dv, dbias) if return_dbias else (None, None, dk, dv)
-    gtile = gluon_dq_tile(dq_) if _dq is None else gluon_bwd.DQ_TILES.get(dq_)
-    if _dq != "triton" and gtile is not None:
-        why = _gluon_dq_reason(q, k, v, do, lse, delta, gtile, layout=layout, mode=mode, right=right, has_sc=has_sc,
-                               bias=bias, alibi_slopes=alibi_slopes, dropout_p=dropout_p, dv_=dv_)
-        if not why:
-            dq = gluon_bwd.dq(q, k, v, do, lse, delta, causal=mode == 1, scale=scale, layout=layout, tile=gtile)
-            return (dq, None, dk, dv, dbias) if return_dbias else (dq, None, dk, dv)
-        if _dq == "gluon":
-            raise UnsupportedProblem(f"gluon dQ pass: {why}")
-        log.debug("bwd: Gluon dQ not taken (%s); the Triton dQ kernel runs", why)
+    if dq_choice[0] == "gluon":
+        why = _gluon_dq_reason(q, k, v, do, lse, delta, dq_choice[1], layout=layout, mode=mode, right=right,
+                               has_sc=has_sc, bias=bias, alibi_slopes=alibi_slopes, dropout_p=dropout_p, dv_=dv_)
+        if why:
+            raise UnsupportedProblem(f"the Gluon dQ pass {dq_choice[1]} cannot run this backward: {why}")
+        dq = gluon_bwd.dq(q, k, v, do, lse, delta, causal=mode == 1, scale=scale, layout=layout, tile=dq_choice[1])
+        return (dq, None, dk, dv, dbias) if return_dbias else (dq, None, dk, dv)
+    cfg_q = dq_choice[1]
     dq = torch.empty_like(q)
     sdqb, sdqh, sdqs = _bhs_strides(dq, layout)
     K.fmha_bwd_dq_kernel[(triton.cdiv(sq, cfg_q.BLOCK_M), b * hq)](
@@ -1023,63 +1094,6 @@ def bwd(q, k, v, o, lse, do, *, causal=False, scale=None, window=(-1, -1), softc
                             max_seqlen_q=max_seqlen_q, _trusted_varlen=_trusted_varlen)
     _poison(bad, dq, dk, dv, res[4] if return_dbias else None)
     return (dq, dk, dv, res[4]) if return_dbias else (dq, dk, dv)
-
-
-class AttentionFunction(torch.autograd.Function):
-    """Autograd over :func:`fwd` / :func:`bwd`; returns ``(o, lse)`` (lse not differentiable).
-    ``varlen`` = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) or None."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0, layout="bhsd",
-                deterministic=True, bias=None, alibi_slopes=None, dropout_p=0.0, seed=0, offset=0,
-                align=None, alibi_align=None, varlen=None):
-        cu_q, cu_k, max_q, max_k = varlen or (None, None, None, None)
-        mask = dict(causal=causal, scale=scale, window=window, softcap=softcap, layout=layout, align=align,
-                    alibi_align=alibi_align, dropout_p=dropout_p, seed=seed, offset=offset,
-                    cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k)
-        o, lse = fwd(q, k, v, return_lse=True, bias=bias, alibi_slopes=alibi_slopes, **mask)
-        ctx.save_for_backward(q, k, v, o, lse, bias, alibi_slopes, cu_q, cu_k)
-        ctx.args = (mask, deterministic)
-        ctx.mark_non_differentiable(lse)
-        return o, lse
-
-    @staticmethod
-    def backward(ctx, do, _dlse):
-        q, k, v, o, lse, bias, alibi_slopes, cu_q, cu_k = ctx.saved_tensors
-        mask, deterministic = ctx.args
-        mask = dict(mask, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
-        want_db = bias is not None and ctx.needs_input_grad[9]
-        res = bwd(q, k, v, o, lse, do, deterministic=deterministic, bias=bias, alibi_slopes=alibi_slopes,
-                  return_dbias=want_db, **mask)
-        dbias = res[3] if want_db else None
-        return (res[0], res[1], res[2]) + (None,) * 6 + (dbias,) + (None,) * 7
-
-
-def attention(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0, layout="bhsd",
-              deterministic=True, bias=None, alibi_slopes=None, dropout_p=0.0, seed=0, offset=0,
-              q_descale=None, k_descale=None, v_descale=None, out_dtype=None, return_lse=False, align=None,
-              alibi_align=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):
-    """Autograd attention.  ``bias`` [B|1, H|1, Sq, Sk] gets a gradient when it
-    requires one; dropout is reproducible from (seed, offset) (Philox, :mod:`ck_fmha.philox`).
-    ``return_lse=True`` returns ``(o, lse)``; group mode is ``layout='thd'`` with ``cu_seqlens_q/k``
-    and ``max_seqlen_q/k`` as :func:`fwd`; ``align`` / ``alibi_align`` as :func:`fwd`.
-
-    fp8 q/k/v (``torch.float8_e4m3fn``, or ``float8_e4m3fnuz`` on CDNA3) run the forward only (no
-    autograd: there is no fp8 backward) with per-tensor ``q_descale``/``k_descale``/``v_descale``
-    (floats or 1-element fp32 tensors) and return o in ``out_dtype`` (bf16 default); see :func:`fwd`."""
-    varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) if layout == "thd" else None
-    if q.dtype in FP8_DTYPES:
-        return fwd(q, k, v, causal=causal, scale=scale, window=window, softcap=softcap, layout=layout,
-                   bias=bias, alibi_slopes=alibi_slopes, dropout_p=dropout_p, seed=seed, offset=offset,
-                   q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, out_dtype=out_dtype,
-                   return_lse=return_lse, align=align, alibi_align=alibi_align, cu_seqlens_q=cu_seqlens_q,
-                   cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
-    if q_descale is not None or k_descale is not None or v_descale is not None or out_dtype is not None:
-        raise InvalidProblem("q_descale/k_descale/v_descale/out_dtype belong to the fp8 forward; "
-                             f"q is {q.dtype} (pass float8_e4m3fn q/k/v, or drop them)")
-    o, lse = AttentionFunction.apply(q, k, v, causal, scale, tuple(window), softcap, layout, deterministic,
-                                     bias, alibi_slopes, dropout_p, seed, offset, align, alibi_align, varlen)
-    return (o, lse) if return_lse else o
 
 
 # ---------------------------------------------------------------------------

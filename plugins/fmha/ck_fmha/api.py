@@ -1,0 +1,334 @@
+"""Torch entry point of attention, through the Dispatcher: ``attention`` (forward and autograd).
+
+A call builds an :class:`FmhaProblem` from the tensors and options and runs it
+through the Dispatcher of q's device (:func:`ck_core.api.dispatcher_on`): the
+forward plan, and under autograd the backward plan (dot_do_o -> dq_dk_dv ->
+convert_dq).  What runs is exactly the plan's keys.  Forward and backward are the
+torch custom ops ``ck::attention`` and ``ck::attention_bwd`` (fake
+implementations for ``torch.compile``).  Problems are cached per call signature,
+so a warm call is a few dict lookups and the launches.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import attrs
+import torch
+
+from ck_core import api as core
+from ck_core.errors import InvalidProblem
+
+from .problem import FmhaProblem
+
+_FAMILIES = ("fwd", "bwd_dot_do_o", "bwd_dq_dk_dv", "bwd_convert_dq")
+_FP8 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e4m3fnuz") if hasattr(torch, n))
+_PROBLEMS: dict = {}   # call signature -> (forward problem, Dispatcher)
+_BWD: dict = {}        # (forward problem, deterministic, dbias) -> backward problem
+
+
+def _clear() -> None:
+    _PROBLEMS.clear()
+    _BWD.clear()
+
+
+core.on_clear(_clear)
+
+
+def _dims(t: torch.Tensor, layout: str) -> tuple:
+    """(batch, heads, seqlen, hdim) of a q/k/v tensor; batch and seqlen None in 'thd'."""
+    if t.dim() != (3 if layout == "thd" else 4):
+        raise InvalidProblem(f"layout {layout!r} takes {'[T, H, D]' if layout == 'thd' else '4-D'} tensors, "
+                             f"got shape {tuple(t.shape)}")
+    if layout == "bhsd":
+        return tuple(t.shape)
+    if layout == "bshd":
+        b, s, h, d = t.shape
+        return b, h, s, d
+    if layout == "thd":
+        return None, t.shape[1], None, t.shape[2]
+    raise InvalidProblem(f"layout {layout!r} is not one of 'bhsd', 'bshd', 'thd'")
+
+
+def _mask_fields(causal, window, align) -> dict:
+    from .triton.ops import mask_params
+
+    mode, br, left, right = mask_params(causal, window, align)
+    if mode == 0:
+        return {"mask": "none"}
+    return {"mask": "bottom_right" if br else "top_left", "window_left": left if mode & 2 else -1,
+            "window_right": right if mode & 1 else -1}
+
+
+def _token(dtype) -> str:
+    return "fp8" if dtype in _FP8 else core.dtype_token(dtype)
+
+
+def _offsets(t) -> Optional[tuple]:
+    return None if t is None else tuple(int(x) for x in t.tolist())
+
+
+def _problem(q, k, v, bias, alibi, cu_q, cu_k, causal, scale, window, softcap, layout, dropout_p, seed, offset,
+             align, descales) -> FmhaProblem:
+    """(forward problem, Dispatcher) of a call, cached per signature (group mode: per offsets)."""
+    sig = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, causal, scale, window, softcap,
+           layout, dropout_p, seed, offset, align, descales, None if bias is None else bias.shape,
+           None if alibi is None else alibi.shape)
+    if cu_q is not None:
+        sig += (_offsets(cu_q), _offsets(cu_k))
+    hit = _PROBLEMS.get(sig)
+    if hit is not None:
+        return hit
+    b, hq, sq, dq = _dims(q, layout)
+    _, hk, sk, dk = _dims(k, layout)
+    _, hv, _, dv = _dims(v, layout)
+    if dk != dq or hv != hk:
+        raise InvalidProblem(f"k has head dim {dk} (q: {dq}) or v has {hv} heads (k: {hk})")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise InvalidProblem(f"q/k/v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if k.device != q.device or v.device != q.device:
+        raise InvalidProblem(f"q is on {q.device}, k on {k.device}, v on {v.device}; put them on one device")
+    kw = dict(family="fwd", nhead_q=hq, nhead_k=hk, hdim_q=dq, hdim_v=dv, dtype=_token(q.dtype), scale=scale,
+              logits_soft_cap=softcap, p_drop=dropout_p, seed=seed, offset=offset, lse=True,
+              **_mask_fields(causal, window, align))
+    if layout == "thd":
+        if cu_q is None or cu_k is None:
+            raise InvalidProblem("layout 'thd' (group mode) needs cu_seqlens_q and cu_seqlens_k")
+        sq_, sk_ = _offsets(cu_q), _offsets(cu_k)
+        if sq_[-1] > q.shape[0] or sk_[-1] > k.shape[0]:
+            raise InvalidProblem(f"cu_seqlens end at {sq_[-1]}/{sk_[-1]} but q/k have {q.shape[0]}/{k.shape[0]} rows")
+        kw.update(mode="group", batch=len(sq_) - 1, seqstart_q=sq_, seqstart_k=sk_)
+    else:
+        kw.update(batch=b, seqlen_q=sq, seqlen_k=sk, layout=layout)
+    if bias is not None:
+        kw["bias"] = "elementwise"
+    elif alibi is not None:
+        kw["bias"] = "alibi"
+    if descales is not None:
+        kw.update(scale_q=descales[0], scale_k=descales[1], scale_v=descales[2])
+    p = FmhaProblem(**kw)
+    hit = _PROBLEMS[sig] = (p, _dispatcher(q, p))
+    return hit
+
+
+def _dispatcher(q, p):
+    """The Dispatcher of q's device for this dtype and head-dim family (each family's registry is
+    enumerated once, on its first call)."""
+    return core.dispatcher_on("fmha", q, families=_FAMILIES, dtypes=(p.dtype,), hdims=((p.hdim_q, p.hdim_v),))
+
+
+def _to_backend(disp, tensors: dict) -> dict:
+    if disp.backend != "numpy":
+        return tensors
+    return {n: core._numpy(t) for n, t in tensors.items()}
+
+
+def _from_backend(x, like: torch.Tensor, dtype) -> torch.Tensor:
+    import numpy as np
+
+    if not isinstance(x, torch.Tensor):
+        x = torch.from_numpy(np.ascontiguousarray(x))
+    return x.to(device=like.device, dtype=dtype)
+
+
+def _inputs(q, k, v, bias, alibi) -> dict:
+    t = {"q": q, "k": k, "v": v}
+    if bias is not None:
+        t["bias"] = bias
+    if alibi is not None:
+        t["alibi_slopes"] = alibi
+    return t
+
+
+def _fwd(q, k, v, bias, alibi, cu_q, cu_k, causal, scale, window, softcap, layout, dropout_p, seed, offset, align,
+         descales, out_dtype):
+    p, disp = _problem(q, k, v, bias, alibi, cu_q, cu_k, causal, scale, window, softcap, layout, dropout_p, seed,
+                       offset, align, descales)
+    o, lse = disp.run(p, **_to_backend(disp, _inputs(q, k, v, bias, alibi)))
+    if disp.backend == "numpy":
+        return _from_backend(o, q, _out_dtype(q, out_dtype)), _from_backend(lse, q, torch.float32)
+    return o, lse
+
+
+def _out_dtype(q, out_dtype):
+    if q.dtype in _FP8:
+        return out_dtype or torch.bfloat16
+    return q.dtype
+
+
+def _args(causal, window, align, descales):
+    """Custom-op argument forms (str / list) of the mask and descale options."""
+    return (str(causal), list(window), "" if align is None else str(align),
+            [] if descales is None else [float(x) for x in descales])
+
+
+def _unargs(causal, window, align, descales):
+    c = {"True": True, "False": False}.get(causal, causal)
+    return c, tuple(window), (align or None), (tuple(descales) or None)
+
+
+@torch.library.custom_op("ck::attention", mutates_args=())
+def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Optional[torch.Tensor],
+                 alibi_slopes: Optional[torch.Tensor], cu_seqlens_q: Optional[torch.Tensor],
+                 cu_seqlens_k: Optional[torch.Tensor], causal: str, scale: Optional[float], window: list[int],
+                 softcap: float, layout: str, deterministic: bool, dropout_p: float, seed: int, offset: int,
+                 align: str, descales: list[float], out_dtype: Optional[torch.dtype]) -> tuple[torch.Tensor,
+                                                                                               torch.Tensor]:
+    """(o, lse) of attention through the Dispatcher (the custom op ``ck::attention``)."""
+    c, w, a, ds = _unargs(causal, window, align, descales)
+    return _fwd(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, c, scale, w, softcap, layout, dropout_p,
+                seed, offset, a, ds, out_dtype)
+
+
+@attention_op.register_fake
+def _(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, causal, scale, window, softcap, layout,
+      deterministic, dropout_p, seed, offset, align, descales, out_dtype):
+    dv = v.shape[-1]
+    o = q.new_empty(q.shape[:-1] + (dv,), dtype=_out_dtype(q, out_dtype))
+    if layout == "thd":
+        lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+    else:
+        b, h, s, _ = _dims(q, layout)
+        lse = q.new_empty((b, h, s), dtype=torch.float32)
+    return o, lse
+
+
+def _bwd(q, k, v, o, lse, do, bias, alibi, cu_q, cu_k, causal, scale, window, softcap, layout, deterministic,
+         dropout_p, seed, offset, align, want_dbias) -> list:
+    """[dq, dk, dv] (+ dbias): the backward plan through the Dispatcher."""
+    fp, disp = _problem(q, k, v, bias, alibi, cu_q, cu_k, causal, scale, window, softcap, layout, dropout_p, seed,
+                        offset, align, None)
+    p = _BWD.get((fp, deterministic, want_dbias))
+    if p is None:
+        p = _BWD[fp, deterministic, want_dbias] = attrs.evolve(fp, family="bwd_dq_dk_dv", lse=False,
+                                                                deterministic=deterministic, dbias=want_dbias)
+    t = _inputs(q, k, v, bias, alibi)
+    t.update(o=o, lse=lse, do=do if do.is_contiguous() else do.contiguous())
+    out = disp.run(p, **_to_backend(disp, t))
+    grads = list(out[2:])   # (o, lse, dq, dk, dv[, dbias]): o and lse were passed in
+    if disp.backend == "numpy":
+        grads = [_from_backend(g, x, x.dtype) for g, x in zip(grads, (q, k, v, bias))]
+    return grads
+
+
+@torch.library.custom_op("ck::attention_bwd", mutates_args=())
+def attention_bwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+                     do: torch.Tensor, bias: Optional[torch.Tensor], alibi_slopes: Optional[torch.Tensor],
+                     cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_k: Optional[torch.Tensor], causal: str,
+                     scale: Optional[float], window: list[int], softcap: float, layout: str, deterministic: bool,
+                     dropout_p: float, seed: int, offset: int, align: str,
+                     want_dbias: bool) -> list[torch.Tensor]:
+    """[dq, dk, dv] (+ dbias) of attention (the custom op ``ck::attention_bwd``)."""
+    c, w, a, _ = _unargs(causal, window, align, [])
+    return _bwd(q, k, v, o, lse, do, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, c, scale, w, softcap, layout,
+                deterministic, dropout_p, seed, offset, a, want_dbias)
+
+
+@attention_bwd_op.register_fake
+def _(q, k, v, o, lse, do, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, causal, scale, window, softcap, layout,
+      deterministic, dropout_p, seed, offset, align, want_dbias):
+    out = [torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)]
+    return out + ([torch.empty_like(bias)] if want_dbias else [])
+
+
+_OPTS = ("causal", "scale", "window", "softcap", "layout", "deterministic", "dropout_p", "seed", "offset", "align")
+
+
+def _setup(ctx, inputs, output):
+    q, k, v, bias, alibi, cu_q, cu_k = inputs[:7]
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse, bias, alibi, cu_q, cu_k)
+    ctx.opts = inputs[7:17]   # causal .. offset, align (positions of _OPTS)
+    ctx.fp8 = q.dtype in _FP8
+
+
+def _backward(ctx, do, _dlse):
+    if ctx.fp8:
+        raise InvalidProblem("the fp8 forward has no backward; dequantise to fp16/bf16 to train")
+    q, k, v, o, lse, bias, alibi, cu_q, cu_k = ctx.saved_tensors
+    want_db = bias is not None and ctx.needs_input_grad[3]
+    grads = attention_bwd_op(q, k, v, o, lse, do, bias, alibi, cu_q, cu_k, *ctx.opts, want_db)
+    dbias = grads[3] if want_db else None
+    return (grads[0], grads[1], grads[2], dbias) + (None,) * 15
+
+
+attention_op.register_autograd(_backward, setup_context=_setup)
+
+
+class _Eager(torch.autograd.Function):
+    """The same forward and backward plans as the custom ops, for eager autograd: a custom op's
+    dispatch costs hundreds of microseconds of host time per call, an autograd.Function a few."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, bias, alibi, cu_q, cu_k, opts):
+        (causal, scale, window, softcap, layout, deterministic, dropout_p, seed, offset, align) = opts
+        o, lse = _fwd(q, k, v, bias, alibi, cu_q, cu_k, causal, scale, window, softcap, layout, dropout_p, seed,
+                      offset, align, None, None)
+        ctx.save_for_backward(q, k, v, o, lse, bias, alibi, cu_q, cu_k)
+        ctx.opts = opts
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, _dlse):
+        q, k, v, o, lse, bias, alibi, cu_q, cu_k = ctx.saved_tensors
+        want_db = bias is not None and ctx.needs_input_grad[3]
+        grads = _bwd(q, k, v, o, lse, do, bias, alibi, cu_q, cu_k, *ctx.opts, want_db)
+        return grads[0], grads[1], grads[2], (grads[3] if want_db else None), None, None, None, None
+
+
+def attention(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0, layout="bhsd", deterministic=True,
+              bias=None, alibi_slopes=None, dropout_p=0.0, seed=0, offset=0, q_descale=None, k_descale=None,
+              v_descale=None, out_dtype=None, return_lse=False, align=None, alibi_align=None, cu_seqlens_q=None,
+              cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):
+    """Attention with autograd through the Dispatcher; arguments as ``ck_fmha.attention``.
+
+    ``deterministic`` is a problem field: True plans a separate dQ pass, False lets the heuristic
+    pick a kernel that accumulates dQ with fp32 atomics where that measured faster.  ``alibi_align``
+    must agree with the mask (the problem derives the ALiBi form from it); ``max_seqlen_q/k`` are
+    taken from the offsets."""
+    fp8 = q.dtype in _FP8
+    descales = None
+    if fp8:
+        descales = tuple(1.0 if x is None else float(x) for x in (q_descale, k_descale, v_descale))
+        if out_dtype not in (None, torch.bfloat16):
+            raise InvalidProblem(f"the fp8 forward writes o in bf16 here, not {out_dtype}")
+    elif q_descale is not None or k_descale is not None or v_descale is not None or out_dtype is not None:
+        raise InvalidProblem("q_descale/k_descale/v_descale/out_dtype belong to the fp8 forward; "
+                             f"q is {q.dtype} (pass float8_e4m3fn q/k/v, or drop them)")
+    if alibi_align is not None:
+        _check_alibi_align(alibi_slopes, alibi_align, causal, window, align)
+    if layout != "thd":
+        cu_seqlens_q = cu_seqlens_k = None
+    scale = None if scale is None else float(scale)
+    softcap, dropout_p = float(softcap or 0.0), float(dropout_p or 0.0)
+    window = window if type(window) is tuple else tuple(window)
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
+                                        or (bias is not None and bias.requires_grad))
+    if not grad and not torch.compiler.is_compiling():   # no autograd record to keep: skip the op wrapper
+        o, lse = _fwd(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, causal, scale, window, softcap,
+                      layout, dropout_p, seed, offset, align, descales, out_dtype)
+    elif not torch.compiler.is_compiling() and not fp8:
+        o, lse = _Eager.apply(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
+                              (causal, scale, window, softcap, layout, bool(deterministic), dropout_p, int(seed),
+                               int(offset), align))
+    else:
+        c, w, a, ds = _args(causal, window, align, descales)
+        o, lse = attention_op(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, c, scale, w, softcap, layout,
+                              bool(deterministic), dropout_p, int(seed), int(offset), a, ds, out_dtype)
+    return (o, lse) if return_lse else o
+
+
+def _check_alibi_align(alibi, alibi_align, causal, window, align) -> None:
+    """An explicit ALiBi form must be the one the mask implies (see ``triton_keys._alibi_align``)."""
+    if alibi is None or alibi_align is None:
+        return
+    m = _mask_fields(causal, window, align)
+    if m["mask"] == "none":
+        implied = "bottom_right"
+    elif m["mask"] != "none" and m["window_left"] < 0 and m["window_right"] == 0:
+        implied = "vertical"
+    else:
+        implied = m["mask"]
+    # under a causal mask the three forms differ by a per-row constant, which softmax cancels
+    if alibi_align != implied and implied != "vertical":
+        raise InvalidProblem(f"alibi_align={alibi_align!r} does not match the mask, which implies {implied!r}")
