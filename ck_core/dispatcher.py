@@ -79,10 +79,15 @@ class Dispatcher:
         return short + cands
 
     def _shortlist(self, problem, op) -> list:
-        """The op's first picks for ``problem`` that the registry holds and that support it."""
+        """The op's first picks for ``problem`` that the registry holds and that support it:
+        those of the first of the op's tiers that has any."""
         if op.shortlist is None:
             return []
-        return self.registry.shortlist(problem, op.shortlist(problem, self.arch, self.backend), self.backend)
+        for tier in op.shortlist(problem, self.arch, self.backend):
+            short = self.registry.shortlist(problem, tier, self.backend)
+            if short:
+                return short
+        return []
 
     def _quick(self, problem):
         """The pick, when the tuning table or the op's shortlist gives it without listing every

@@ -108,10 +108,11 @@ class OpSpec:
     * ``key_space(arch: ArchSpec, backend: str, options: dict) -> KeySpace`` (optional): the
       enumeration as a :class:`ck_core.keyspace.KeySpace` that the Registry keeps unexpanded
       (for spaces too large to list per call); ``enumerate`` must list the same keys;
-    * ``shortlist(problem, arch: ArchSpec, backend: str) -> iterable of KernelKey`` (optional):
-      the keys the op's heuristic considers first for ``problem``; the Dispatcher ranks those
-      the registry holds and that support the problem, and ranks every candidate only when
-      none does (a new problem then costs a few ``supports()`` calls, not one per key).
+    * ``shortlist(problem, arch: ArchSpec, backend: str) -> iterable of tiers`` (optional), a
+      tier being an iterable of KernelKeys: the keys the op's heuristic considers first for
+      ``problem``, best tier first; the Dispatcher ranks the keys of the first tier that the
+      registry holds and that support the problem, and ranks every candidate only when no
+      tier has one (a new problem then costs a few ``supports()`` calls, not one per key).
 
     ``options`` maps each enumeration option ``enumerate`` accepts to a one-line
     help (``ck list <op> --help`` prints them; unknown flags are checked against them).

@@ -69,7 +69,6 @@ class ConvSpace(KeySpace):
         self._only_tiles = {tuple(t) for t in opts.get("tiles") or ()}
         self._only_pipes = set(opts.get("pipelines") or ())
         self._algs: dict = {}
-        self._sets: dict = {}
 
     # -- the algorithm lists ------------------------------------------------------
     def _lists(self, d: str, dt: str, spec: str) -> tuple:
@@ -107,10 +106,11 @@ class ConvSpace(KeySpace):
                 out.append(c)
         return out
 
-    def _algorithms(self, cfgs, seen: set) -> list:
+    def _algorithms(self, cfgs, seen: set) -> dict:
+        """{unsplit algorithm: its splits} of the configs that fit the arch, in order."""
         arch = self.archspec
         nvidia, lds = getattr(arch, "vendor", "") == "nvidia", arch.lds_bytes
-        out = []
+        out = {}
         for c in cfgs:
             if c in seen:
                 continue
@@ -122,16 +122,16 @@ class ConvSpace(KeySpace):
                     * (c.group_merge if c.direction == "bwd_weight" else 1)
                 if need > lds:
                     continue
-            alg = from_config(c)[1]
             # the split is a Triton realisation knob
-            for sp in (_splits(c, self.split_ks) if self.backend == "triton" else (1,)):
-                out.append(alg if sp == 1 else attrs.evolve(alg, split=sp))
+            out[from_config(c)[1]] = _splits(c, self.split_ks) if self.backend == "triton" else (1,)
         return out
 
     def _signature_algs(self, d: str, dt: str):
-        ck = [self._lists(d, dt, s)[0] for s in self.specs]
-        extra = [self._lists(d, dt, s)[1] for s in self.specs]
-        return itertools.chain(*ck, *extra)
+        for part in (0, 1):   # CK's tile space first, then the realisations (the order ranking ties keep)
+            for s in self.specs:
+                for alg, splits in self._lists(d, dt, s)[part].items():
+                    for sp in splits:
+                        yield alg if sp == 1 else attrs.evolve(alg, split=sp)
 
     # -- KeySpace ------------------------------------------------------------------
     def __iter__(self):
@@ -141,8 +141,8 @@ class ConvSpace(KeySpace):
                 yield KernelKey("conv", sig, alg, self.arch, self.backend)
 
     def count(self) -> int:
-        per = sum(len(ck) + len(extra) for d, dt, s in itertools.product(self.directions, self.dtypes, self.specs)
-                  for ck, extra in (self._lists(d, dt, s),))
+        per = sum(len(splits) for d, dt, s in itertools.product(self.directions, self.dtypes, self.specs)
+                  for part in self._lists(d, dt, s) for splits in part.values())
         return per * len(self.ndims) * len(self.layouts)
 
     def __contains__(self, key) -> bool:
@@ -153,11 +153,10 @@ class ConvSpace(KeySpace):
         if sig.direction not in self.directions or sig.dtype not in self.dtypes or sig.ndim not in self.ndims \
                 or sig.layout not in self.layouts or alg.specialization not in self.specs:
             return False
-        which = (sig.direction, sig.dtype, alg.specialization)
-        members = self._sets.get(which)
-        if members is None:
-            members = self._sets[which] = frozenset(itertools.chain(*self._lists(*which)))
-        return alg in members
+        ck, extra = self._lists(sig.direction, sig.dtype, alg.specialization)
+        base = alg if alg.split == 1 else attrs.evolve(alg, split=1)
+        splits = ck.get(base) or extra.get(base)
+        return splits is not None and alg.split in splits
 
     def candidates(self, problem, supports) -> list:
         sig = ConvSignature(problem.direction, problem.dtype, problem.ndim, problem.layout_family)

@@ -191,17 +191,24 @@ def enumerate_keys(arch, backend: str, options: dict) -> list:
 
 
 def shortlist(problem, arch, backend: str):
-    """The tuning list of ``problem`` (:func:`ck_conv.kernels.candidate_configs`: the heuristic
-    pick first, then the classic and realisation variants that won on the H100) as keys, each
+    """Two tiers of keys for ``problem``: its tuning list
+    (:func:`ck_conv.kernels.candidate_configs`: the heuristic pick first, then the classic
+    and realisation variants that won on the H100), then the heuristic pick's kernel on
+    each tile of CK's table (what a registry of CK's space alone holds).  Each config comes
     with the split that fills ``arch`` (as the launch makes it) and unsplit."""
+    if not isinstance(problem, ConvProblem):
+        return
+    yield _with_splits(K.candidate_configs(problem, arch=arch), problem, arch, backend)
+    yield _with_splits(_ck_table_variants(problem, arch), problem, arch, backend)   # only when the first misses
+
+
+def _with_splits(cfgs, problem, arch, backend: str) -> list:
     from .heuristics import preferred_split
     from .launch import split_plan
 
-    if not isinstance(problem, ConvProblem):
-        return []
     cus, smem = max(int(arch.compute_units or 1), 1), arch.lds_bytes
     out = []
-    for c in K.candidate_configs(problem, arch=arch):
+    for c in cfgs:
         c1 = attrs.evolve(c, split=1)
         if problem.split_k:
             picks = (attrs.evolve(c, split=problem.split_k),)
@@ -212,6 +219,15 @@ def shortlist(problem, arch, backend: str):
             picks = (c2, c1) if c2.split != 1 else (c1,)
         out.extend(key_of(x, arch.name, backend) for x in picks)
     return out
+
+
+def _ck_table_variants(problem, arch) -> list:
+    want = K.heuristic_config(problem, warp_size=arch.warp_size, big_smem=arch.lds_bytes > 100_000)
+    if want.specialization == "depthwise":
+        return [attrs.evolve(want, tile=t) for t in K.DEPTHWISE_TILES]
+    tiles = dict(getattr(arch, "extras", {}).get("conv", {})).get("tiles") or K.DEFAULT_TILES
+    waves = dict.fromkeys((want.waves, (2, 2, 1), (4, 1, 1), (2, 4, 1)))
+    return [attrs.evolve(want, tile=tuple(t), waves=w) for t in tiles for w in waves]
 
 
 def supports(key, problem) -> str | None:
