@@ -101,7 +101,7 @@ class Dispatcher:
                 except MissingKernel:
                     key = None
                 if key is not None and key.backend == self.backend and op.supports(key, problem) is None:
-                    self._rule = "tuning table"
+                    self._rule, self._considered = "tuning table", "the tuned candidate"
                     return key
                 # a tuned name that is no candidate here is passed over, as rank() does
         if op.shortlist is None or self.mgr.hook.ck_rank_candidates.get_hookimpls():
@@ -109,7 +109,7 @@ class Dispatcher:
         short = self._shortlist(problem, op)
         if not short:
             return None
-        self._rule = f"{op.name} heuristic (shortlist of {len(short)})"
+        self._rule, self._considered = f"{op.name} heuristic", f"{len(short)} shortlisted candidates"
         return op.heuristic(problem, short, self.arch)[0] if op.heuristic is not None else short[0]
 
     def select(self, problem):
@@ -121,9 +121,11 @@ class Dispatcher:
         if key is None:
             ranked = self.rank(problem)
             key = ranked[0]
+            self._considered = f"{len(ranked)} candidates"
             log.debug("for %s; runners-up: %s", problem, ", ".join(k.name for k in ranked[1:4]) or "none")
         self._selected[problem] = key
-        log.info("selected %s by %s (registry %s)", key.name, getattr(self, "_rule", "?"), self.registry.name)
+        log.info("selected %s by %s from %s (registry %s)", key.name, getattr(self, "_rule", "?"),
+                 getattr(self, "_considered", "?"), self.registry.name)
         return key
 
     def plan(self, problem) -> Plan:
