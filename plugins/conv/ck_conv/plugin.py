@@ -40,7 +40,7 @@ class ConvSignature:
     layout: str = "nhwgc"
 
     def name_body(self, alg: "ConvAlgorithm") -> str:
-        return to_config(self, alg).name
+        return _name_head(self) + _name_tail(alg)
 
 
 @attrs.frozen(cache_hash=True)
@@ -101,6 +101,9 @@ def from_config(c: K.ConvKernelConfig) -> tuple:
     return sig, alg
 
 
+_DEFAULT_ALG = ConvAlgorithm(128, 128, 32, 2, 2, 1, 32, 32, 16)
+
+
 def config_of(key) -> K.ConvKernelConfig:
     return to_config(key.signature, key.algorithm)
 
@@ -111,7 +114,25 @@ def key_of(cfg: K.ConvKernelConfig, arch: str, backend: str = "numpy") -> Kernel
 
 
 def format_name(sig, alg) -> str:
-    return to_config(sig, alg).name
+    return sig.name_body(alg)
+
+
+#: any signature: the name's algorithm part does not depend on it
+_CANON = ConvSignature("forward", "fp16", 2, "nhwgc")
+
+
+@functools.lru_cache(maxsize=256)
+def _name_head(sig: ConvSignature) -> str:
+    """``conv_<dir>_<dtype>_<layouts>_<n>d_``: the part of a name the signature spells."""
+    c = to_config(sig, _DEFAULT_ALG)
+    return c.name[:c.name.index(f"_{sig.ndim}d_") + 4]
+
+
+@functools.lru_cache(maxsize=1 << 18)
+def _name_tail(alg: "ConvAlgorithm") -> str:
+    """The rest of a name (pipeline, tiles, specialisation, knobs), one per algorithm: listing a
+    space names every algorithm once per signature without building a config each time."""
+    return to_config(_CANON, alg).name[len(_name_head(_CANON)):]
 
 
 def parse_name(body: str):
