@@ -69,6 +69,7 @@ class ConvSpace(KeySpace):
         self._only_tiles = {tuple(t) for t in opts.get("tiles") or ()}
         self._only_pipes = set(opts.get("pipelines") or ())
         self._algs: dict = {}
+        self._split_algs: dict = {}
 
     # -- the algorithm lists ------------------------------------------------------
     def _lists(self, d: str, dt: str, spec: str) -> tuple:
@@ -107,7 +108,7 @@ class ConvSpace(KeySpace):
         return out
 
     def _algorithms(self, cfgs, seen: set) -> dict:
-        """{unsplit algorithm: its split variants} of the configs that fit the arch, in order."""
+        """{unsplit algorithm: its splits} of the configs that fit the arch, in order."""
         arch = self.archspec
         nvidia, lds = getattr(arch, "vendor", "") == "nvidia", arch.lds_bytes
         out = {}
@@ -123,16 +124,23 @@ class ConvSpace(KeySpace):
                 if need > lds:
                     continue
             # the split is a Triton realisation knob
-            alg = from_config(c)[1]
-            out[alg] = tuple(alg if sp == 1 else attrs.evolve(alg, split=sp)
-                             for sp in (_splits(c, self.split_ks) if self.backend == "triton" else (1,)))
+            out[from_config(c)[1]] = _splits(c, self.split_ks) if self.backend == "triton" else (1,)
         return out
 
     def _signature_algs(self, d: str, dt: str):
         for part in (0, 1):   # CK's tile space first, then the realisations (the order ranking ties keep)
             for s in self.specs:
-                for variants in self._lists(d, dt, s)[part].values():
-                    yield from variants
+                yield from self._variants(d, dt, s, part)
+
+    def _variants(self, d: str, dt: str, spec: str, part: int) -> list:
+        """The algorithms of one list with every split (built when first listed, then kept)."""
+        key = (d, dt, spec, part)
+        got = self._split_algs.get(key)
+        if got is None:
+            got = self._split_algs[key] = [alg if sp == 1 else attrs.evolve(alg, split=sp)
+                                           for alg, splits in self._lists(d, dt, spec)[part].items()
+                                           for sp in splits]
+        return got
 
     # -- KeySpace ------------------------------------------------------------------
     def __iter__(self):
@@ -142,8 +150,8 @@ class ConvSpace(KeySpace):
                 yield KernelKey("conv", sig, alg, self.arch, self.backend)
 
     def count(self) -> int:
-        per = sum(len(variants) for d, dt, s in itertools.product(self.directions, self.dtypes, self.specs)
-                  for part in self._lists(d, dt, s) for variants in part.values())
+        per = sum(len(splits) for d, dt, s in itertools.product(self.directions, self.dtypes, self.specs)
+                  for part in self._lists(d, dt, s) for splits in part.values())
         return per * len(self.ndims) * len(self.layouts)
 
     def __contains__(self, key) -> bool:
@@ -156,8 +164,8 @@ class ConvSpace(KeySpace):
             return False
         ck, extra = self._lists(sig.direction, sig.dtype, alg.specialization)
         base = alg if alg.split == 1 else attrs.evolve(alg, split=1)
-        variants = ck.get(base) or extra.get(base)
-        return variants is not None and alg in variants
+        splits = ck.get(base) or extra.get(base)
+        return splits is not None and alg.split in splits
 
     def candidates(self, problem, supports) -> list:
         sig = ConvSignature(problem.direction, problem.dtype, problem.ndim, problem.layout_family)
