@@ -230,14 +230,14 @@ def _with_splits(cfgs, problem, arch, backend: str) -> list:
     cus, smem = max(int(arch.compute_units or 1), 1), arch.lds_bytes
     out = []
     for c in cfgs:
-        c1 = attrs.evolve(c, split=1)
         if problem.split_k:
-            picks = (attrs.evolve(c, split=problem.split_k),)
+            picks = (c if c.split == problem.split_k else attrs.evolve(c, split=problem.split_k),)
         else:
-            c2 = attrs.evolve(c1, split=preferred_split(c1, problem, cus, smem))
-            if c2.reduction != "streamk" and c2.split > 1:
-                c2 = attrs.evolve(c2, split=split_plan(c2, problem)[0])
-            picks = (c2, c1) if c2.split != 1 else (c1,)
+            c1 = c if c.split == 1 else attrs.evolve(c, split=1)
+            sp = preferred_split(c1, problem, cus, smem)
+            if sp > 1 and c1.reduction != "streamk":
+                sp = split_plan(attrs.evolve(c1, split=sp), problem)[0]   # the parts the launch makes
+            picks = (attrs.evolve(c1, split=sp), c1) if sp != 1 else (c1,)
         out.extend(key_of(x, arch.name, backend) for x in picks)
     return out
 
