@@ -127,9 +127,9 @@ class ConvSpace(KeySpace):
             out[from_config(c)[1]] = _splits(c, self.split_ks) if self.backend == "triton" else (1,)
         return out
 
-    def _signature_algs(self, d: str, dt: str):
+    def _signature_algs(self, d: str, dt: str, specs=None):
         for part in (0, 1):   # CK's tile space first, then the realisations (the order ranking ties keep)
-            for s in self.specs:
+            for s in specs or self.specs:
                 yield from self._variants(d, dt, s, part)
 
     def _variants(self, d: str, dt: str, spec: str, part: int) -> list:
@@ -172,9 +172,24 @@ class ConvSpace(KeySpace):
         if sig.direction not in self.directions or sig.dtype not in self.dtypes or sig.ndim not in self.ndims \
                 or sig.layout not in self.layouts:
             return []
+        specs = [s for s in self.specs if _may_run(s, problem)]
         out = []
-        for alg in self._signature_algs(sig.direction, sig.dtype):
+        for alg in self._signature_algs(sig.direction, sig.dtype, specs) if specs else ():
             k = KernelKey("conv", sig, alg, self.arch, self.backend)
             if supports(k, problem) is None:
                 out.append(k)
         return out
+
+
+def _may_run(spec: str, p) -> bool:
+    """Whether kernels of specialisation ``spec`` can run ``p`` at all (``why_not`` refuses every
+    other kernel of that specialisation, whatever its knobs)."""
+    if spec == "depthwise":
+        return p.c_per_group == 1 and p.k_per_group == 1
+    if spec == "filter1x1_stride1_pad0":
+        return p.specialization == spec
+    if spec == "filter1x1_pad0":
+        return p.specialization in ("filter1x1_pad0", "filter1x1_stride1_pad0")
+    if spec == "filter3x3":
+        return p.specialization == spec
+    return True
