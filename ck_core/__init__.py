@@ -11,6 +11,7 @@ from .errors import (CkError, CompileError, ConfigError, FilterError, InvalidPro
                      ValidationFailed)
 from .hookspecs import hookimpl
 from .key import KernelKey
+from .keyspace import KeySpace
 from .plugins import PluginManager, get_manager, reset_manager
 from .problem import Problem
 from .records import ArchSpec, BackendSpec, DemoCase, OpSpec, Plan, Stage
@@ -21,7 +22,7 @@ from .validate import Verdict, compare
 __all__ = [
     "__version__", "CkError", "CompileError", "ConfigError", "FilterError", "InvalidProblem",
     "MissingKernel", "PluginError", "ToolchainMissing", "UnsupportedProblem", "ValidationFailed",
-    "hookimpl", "KernelKey", "PluginManager", "get_manager", "reset_manager", "Problem",
+    "hookimpl", "KernelKey", "KeySpace", "PluginManager", "get_manager", "reset_manager", "Problem",
     "ArchSpec", "BackendSpec", "DemoCase", "OpSpec", "Plan", "Stage", "Registry", "enumerate_keys",
     "Dispatcher", "Verdict", "compare",
 ]

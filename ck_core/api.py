@@ -76,7 +76,7 @@ def dispatcher_for(op: str, arch, backend: str, manager: Optional[PluginManager]
         reg = mgr.hook.ck_api_registry(op=op, arch=spec, backend=backend, options=opts)
         if reg is None:
             reg = Registry.from_enumeration(op, name, backend, manager=mgr, **opts)
-        log.debug("public %s API on %s/%s %s: %d kernels", op, name, backend, opts, len(reg))
+        log.debug("public %s API on %s/%s %s: registry %r", op, name, backend, opts, reg.name)
         disp = _DISPATCHERS[key] = Dispatcher(reg, backend=backend, tuning=_tuning_table())
     return disp
 

@@ -7,6 +7,7 @@ no CLI code.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import sys
@@ -286,7 +287,7 @@ def cmd_build(args, extra):
     reg = _registry_from_args(args, extra)
     if args.limit:
         from .registry import Registry
-        reg = Registry(reg.arch, list(reg)[: args.limit], name=reg.name)
+        reg = Registry(reg.arch, itertools.islice(reg, args.limit), name=reg.name)   # lists no further
     report = reg.build(max_workers=args.workers)
     print(report.summary())
     for name, err in sorted(report.failed.items()):

@@ -45,7 +45,8 @@ class Dispatcher:
 
     # -- selection -----------------------------------------------------------
     def rank(self, problem) -> list:
-        """Candidates for ``problem``, best first."""
+        """Candidates for ``problem``, best first (every candidate: for tools; :meth:`select`
+        usually needs only the op's shortlist)."""
         cands = self.registry.candidates(problem, backend=self.backend)
         if not cands:
             why = self.registry.why_not(problem)
@@ -67,23 +68,64 @@ class Dispatcher:
             self._rule = "ck_rank_candidates hook"
             return list(ranked)
         op = self.mgr.op(problem.op)
+        short = self._shortlist(problem, op)
+        if short:   # the shortlist first, so that rank(p)[0] is what select(p) picks
+            first = set(short)
+            cands = [c for c in cands if c not in first]
         if op.heuristic is not None:
             self._rule = f"{op.name} heuristic"
-            return list(op.heuristic(problem, list(cands), self.arch))
+            return [k for part in (short, cands) if part for k in op.heuristic(problem, part, self.arch)]
         self._rule = "first fit"
-        return cands
+        return short + cands
+
+    def _shortlist(self, problem, op) -> list:
+        """The op's first picks for ``problem`` that the registry holds and that support it:
+        those of the first of the op's tiers that has any."""
+        if op.shortlist is None:
+            return []
+        for tier in op.shortlist(problem, self.arch, self.backend):
+            short = self.registry.shortlist(problem, tier, self.backend)
+            if short:
+                return short
+        return []
+
+    def _quick(self, problem):
+        """The pick, when the tuning table or the op's shortlist gives it without listing every
+        candidate (the cost of a new problem); None sends selection to :meth:`rank`."""
+        op = self.mgr.op(problem.op)
+        if self.tuning is not None:
+            best = self.tuning.lookup(self.arch.name, self.backend, problem)
+            if best:
+                try:
+                    key = self.registry.get(best)
+                except MissingKernel:
+                    key = None
+                if key is not None and key.backend == self.backend and op.supports(key, problem) is None:
+                    self._rule, self._considered = "tuning table", "the tuned candidate"
+                    return key
+                # a tuned name that is no candidate here is passed over, as rank() does
+        if op.shortlist is None or self.mgr.hook.ck_rank_candidates.get_hookimpls():
+            return None
+        short = self._shortlist(problem, op)
+        if not short:
+            return None
+        self._rule, self._considered = f"{op.name} heuristic", f"{len(short)} shortlisted candidates"
+        return op.heuristic(problem, short, self.arch)[0] if op.heuristic is not None else short[0]
 
     def select(self, problem):
         try:
             return self._selected[problem]
         except KeyError:
             pass
-        ranked = self.rank(problem)
-        key = ranked[0]
+        key = self._quick(problem)
+        if key is None:
+            ranked = self.rank(problem)
+            key = ranked[0]
+            self._considered = f"{len(ranked)} candidates"
+            log.debug("for %s; runners-up: %s", problem, ", ".join(k.name for k in ranked[1:4]) or "none")
         self._selected[problem] = key
-        log.info("selected %s by %s from %d candidates (registry %s, %d kernels)", key.name,
-                 getattr(self, "_rule", "?"), len(ranked), self.registry.name, len(self.registry))
-        log.debug("for %s; runners-up: %s", problem, ", ".join(k.name for k in ranked[1:4]) or "none")
+        log.info("selected %s by %s from %s (registry %s)", key.name, getattr(self, "_rule", "?"),
+                 getattr(self, "_considered", "?"), self.registry.name)
         return key
 
     def plan(self, problem) -> Plan:

@@ -58,11 +58,16 @@ class ArchSpec:
 
     def reject(self, key) -> Optional[str]:
         """Why ``key`` is illegal on this arch, or None when it is legal."""
-        for rule in self.rules:
+        for rule in self.rules_for(key.op):
             reason = rule(key)
             if reason:
                 return reason
         return None
+
+    def rules_for(self, op: str) -> tuple:
+        """The rules that may reject keys of ``op``: a rule with an ``ops`` attribute (a tuple
+        of op names) reads only those ops' keys, so an op without rules skips the check."""
+        return tuple(r for r in self.rules if op in getattr(r, "ops", (op,)))
 
     def summary(self) -> dict:
         return {
@@ -103,7 +108,15 @@ class OpSpec:
       and ``source_hash`` that compiling backends (triton, ck) build ahead of time;
     * ``bench(peer, options) -> {"rows": [...], "extra": {...}}`` (optional): ``ck bench``;
     * ``legal(key, arch: ArchSpec) -> str | None`` (optional): why the op's enumeration
-      rules would reject ``key`` on ``arch`` (keys imported from JSON are checked with it).
+      rules would reject ``key`` on ``arch`` (keys imported from JSON are checked with it);
+    * ``key_space(arch: ArchSpec, backend: str, options: dict) -> KeySpace`` (optional): the
+      enumeration as a :class:`ck_core.keyspace.KeySpace` that the Registry keeps unexpanded
+      (for spaces too large to list per call); ``enumerate`` must list the same keys;
+    * ``shortlist(problem, arch: ArchSpec, backend: str) -> iterable of tiers`` (optional), a
+      tier being an iterable of KernelKeys: the keys the op's heuristic considers first for
+      ``problem``, best tier first; the Dispatcher ranks the keys of the first tier that the
+      registry holds and that support the problem, and ranks every candidate only when no
+      tier has one (a new problem then costs a few ``supports()`` calls, not one per key).
 
     ``options`` maps each enumeration option ``enumerate`` accepts to a one-line
     help (``ck list <op> --help`` prints them; unknown flags are checked against them).
@@ -135,6 +148,8 @@ class OpSpec:
     api_options: Mapping[str, Any] = attrs.field(factory=dict)
     tolerance: Optional[Callable] = None
     legal: Optional[Callable] = None
+    key_space: Optional[Callable] = None
+    shortlist: Optional[Callable] = None
     description: str = ""
     distribution: str = ""
     #: folder of the op's shipped tuned-data files (``<arch>.json``, read by ck_core.tuned_data)

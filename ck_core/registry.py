@@ -13,6 +13,7 @@ from typing import Callable, Iterable, Iterator, Optional, Union
 from .errors import CkError, ConfigError, MissingKernel, PluginError
 from .filters import compile_filter
 from .key import KernelKey, check_name
+from .keyspace import FilteredSpace, KeySpace
 from .plugins import PluginManager, get_manager
 
 log = logging.getLogger(__name__)
@@ -70,14 +71,26 @@ def enumerate_keys(op: str, arch: str, backend: str = "numpy", manager: Optional
 
 
 class Registry:
+    """Kernel keys of one arch: KeySpaces (compact, expanded on demand) plus single keys.
+
+    An enumeration with an ``OpSpec.key_space`` stays a space: ``len``, membership and
+    a problem's candidates cost what the space needs for them, not a full expansion.
+    Iteration, JSON export and builds expand it.
+    """
+
     def __init__(self, arch: str, keys: Iterable[KernelKey] = (), name: str = "",
-                 manager: Optional[PluginManager] = None):
+                 manager: Optional[PluginManager] = None, spaces: Iterable[KeySpace] = ()):
         self.arch = arch
         self.name = name or f"registry-{arch}"
         self.manager = manager
         self._keys: dict[KernelKey, None] = {}
+        self._spaces: list[KeySpace] = []
+        #: keys of the spaces taken out with :meth:`remove`
+        self._removed: set = set()
         self._by_name: Optional[dict[str, KernelKey]] = None
         self.build_info: dict[str, dict] = {}
+        for s in spaces:
+            self.add_space(s)
         for k in keys:
             self.add(k)
 
@@ -88,17 +101,42 @@ class Registry:
     @classmethod
     def from_enumeration(cls, op: str, arch: str, backend: str = "numpy", filter=None,
                          manager: Optional[PluginManager] = None, **options) -> "Registry":
-        reg = cls(arch, enumerate_keys(op, arch, backend, manager=manager, **options),
-                  name=f"{op}-{arch}-{backend}", manager=manager)
+        mgr = manager or get_manager()
+        opspec, archspec = mgr.op(op), mgr.arch(arch)
+        name = f"{op}-{arch}-{backend}"
+        if opspec.key_space is None:
+            reg = cls(arch, enumerate_keys(op, arch, backend, manager=mgr, **options), name=name,
+                      manager=manager)
+        else:
+            space = opspec.key_space(archspec, backend, dict(options))
+            if archspec.rules_for(op) or mgr.hook.ck_reject_kernel.get_hookimpls():
+                space = FilteredSpace(space, lambda k: rejection(k, archspec, mgr, op_rules=False) is None)
+            reg = cls(arch, name=name, manager=manager, spaces=[space])
+            extra = [k for ks in mgr.hook.ck_extra_kernels(op=opspec, arch=archspec, backend=backend,
+                                                           options=options) for k in (ks or ())]
+            reg.extend(k for k in extra if rejection(k, archspec, mgr, op_rules=False) is None)
         return reg.filter(filter) if filter else reg
 
     # -- set operations ---------------------------------------------------
+    def add_space(self, space: KeySpace) -> None:
+        if space.arch != self.arch:
+            raise ConfigError(f"a key space of arch {space.arch} cannot join registry {self.name!r} "
+                              f"of arch {self.arch}; use one registry per arch")
+        self._spaces.append(space)
+        self._by_name = None
+
+    def _in_spaces(self, key) -> bool:
+        return any(key in s for s in self._spaces)
+
     def add(self, key: KernelKey) -> None:
         if not isinstance(key, KernelKey):
             raise TypeError(f"Registry.add takes a KernelKey, got {type(key).__name__}")
         if key.arch != self.arch:
             raise ConfigError(f"kernel {key.name} is for arch {key.arch}, but registry "
                               f"{self.name!r} holds arch {self.arch}; use one registry per arch")
+        if self._spaces and self._in_spaces(key):
+            self._removed.discard(key)
+            return
         self._keys[key] = None
         self._by_name = None
 
@@ -108,50 +146,94 @@ class Registry:
 
     def remove(self, key: KernelKey) -> None:
         self._keys.pop(key, None)
+        if self._spaces and self._in_spaces(key):
+            self._removed.add(key)
         self._by_name = None
 
     def __len__(self) -> int:
-        return len(self._keys)
+        if len(self._spaces) > 1:   # spaces may overlap: count what iteration yields
+            return sum(1 for _ in self)
+        removed = sum(1 for k in self._removed if self._in_spaces(k))
+        return sum(s.count() for s in self._spaces) - removed + len(self._keys)
 
     def __iter__(self) -> Iterator[KernelKey]:
-        return iter(list(self._keys))
+        if not self._spaces:
+            return iter(list(self._keys))
+        return self._iter()
+
+    def _iter(self):
+        removed, seen = self._removed, set()
+        for s in self._spaces:
+            for k in s:
+                if k not in removed and k not in seen:
+                    if len(self._spaces) > 1:
+                        seen.add(k)
+                    yield k
+        yield from list(self._keys)
 
     def __contains__(self, key) -> bool:
         if isinstance(key, str):
-            return key in self._names()
-        return key in self._keys
+            return self._lookup(key) is not None
+        return key in self._keys or (key not in self._removed and self._in_spaces(key))
 
     def keys(self) -> list[KernelKey]:
-        return list(self._keys)
+        return list(self)
 
     def _names(self) -> dict[str, KernelKey]:
         if self._by_name is None:
             self._by_name = {k.name: k for k in self._keys}
         return self._by_name
 
+    def _lookup(self, name: str) -> Optional[KernelKey]:
+        key = self._names().get(name)
+        if key is None and self._spaces:
+            try:
+                key = KernelKey.from_name(name, manager=self.mgr)
+            except CkError:
+                return None
+            if key.arch != self.arch or key in self._removed or not self._in_spaces(key):
+                return None
+        return key
+
     def get(self, name: str) -> KernelKey:
-        try:
-            return self._names()[name]
-        except KeyError:
+        key = self._lookup(name)
+        if key is None:
             raise MissingKernel(f"registry {self.name!r} has no kernel {name!r}; "
-                                f"`ck list` shows what exists") from None
+                                f"`ck list` shows what exists")
+        return key
 
     def filter(self, expr: Union[str, Callable[[dict], bool]]) -> "Registry":
         pred = compile_filter(expr) if isinstance(expr, str) else expr
-        return Registry(self.arch, (k for k in self._keys if pred(k.fields)),
-                        name=self.name, manager=self.manager)
+        reg = Registry(self.arch, (k for k in self._keys if pred(k.fields)), name=self.name,
+                       manager=self.manager,
+                       spaces=[FilteredSpace(s, lambda k: pred(k.fields)) for s in self._spaces])
+        reg._removed = set(self._removed)
+        return reg
 
     def merge(self, other: "Registry") -> "Registry":
         if other.arch != self.arch:
             raise ConfigError(f"cannot merge registries of arch {self.arch} and {other.arch}")
-        merged = Registry(self.arch, self._keys, name=self.name, manager=self.manager)
-        merged.extend(other)
+        merged = Registry(self.arch, self._keys, name=self.name, manager=self.manager,
+                          spaces=self._spaces + [FilteredSpace(s, lambda k, r=other._removed: k not in r)
+                                                 for s in other._spaces])
+        merged._removed = set(self._removed)
+        merged.extend(other._keys)
         return merged
 
     def candidates(self, problem, backend: Optional[str] = None) -> list[KernelKey]:
         """Keys (in registry order) whose kernels compute ``problem``."""
         out = []
         ops = self.mgr.ops()
+        if self._spaces:
+            op = ops.get(problem.op)
+            seen: set = set()
+            for s in self._spaces:
+                if op is None or s.op != problem.op or (backend and s.backend != backend):
+                    continue
+                for k in s.candidates(problem, op.supports):
+                    if k not in self._removed and k not in seen:
+                        seen.add(k)
+                        out.append(k)
         for key in self._keys:
             if key.op != problem.op or (backend and key.backend != backend):
                 continue
@@ -159,11 +241,24 @@ class Registry:
                 out.append(key)
         return out
 
+    def shortlist(self, problem, keys: Iterable[KernelKey], backend: Optional[str] = None) -> list[KernelKey]:
+        """Those of ``keys`` (an op's first picks) that this registry holds and that compute
+        ``problem``, in the given order: selection without listing every candidate."""
+        supports = self.mgr.op(problem.op).supports
+        out, seen = [], set()
+        for k in keys:
+            if k in seen or (backend and k.backend != backend) or k.arch != self.arch:
+                continue
+            seen.add(k)
+            if k in self and supports(k, problem) is None:
+                out.append(k)
+        return out
+
     def why_not(self, problem, limit: int = 5) -> list[str]:
         """Reasons the first few keys do not support ``problem`` (for error messages)."""
         ops = self.mgr.ops()
         reasons = []
-        for key in self._keys:
+        for key in self:
             if key.op != problem.op:
                 continue
             reason = ops[key.op].supports(key, problem)
@@ -176,7 +271,7 @@ class Registry:
     # -- JSON --------------------------------------------------------------
     def to_dict(self) -> dict:
         return {"format": FORMAT, "name": self.name, "arch": self.arch,
-                "kernels": [k.to_dict() for k in self._keys]}
+                "kernels": [k.to_dict() for k in self]}
 
     def export_json(self, path) -> Path:
         p = Path(path)

@@ -95,4 +95,6 @@ def wgmma_shape(key):
     return None
 
 
+# both read GEMM keys only: other ops' enumerations skip them (ArchSpec.rules_for)
+accumulator_registers.ops = wgmma_shape.ops = ("gemm",)
 RULES = (accumulator_registers, wgmma_shape)

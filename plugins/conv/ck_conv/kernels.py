@@ -99,6 +99,9 @@ _NAME_RE = re.compile(
 
 
 def _triple(v) -> tuple:
+    if type(v) is tuple and len(v) == 3 and type(v[0]) is type(v[1]) is type(v[2]) is int \
+            and v[0] > 0 and v[1] > 0 and v[2] > 0:
+        return v   # the enumeration's own tuples: nothing to convert
     t = tuple(int(x) for x in v)
     if len(t) != 3 or any(x <= 0 for x in t):
         raise InvalidProblem(f"expected three positive integers, got {v!r}")

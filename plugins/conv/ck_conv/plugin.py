@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import inspect
-import itertools
 import math
 from pathlib import Path
 
@@ -41,7 +40,7 @@ class ConvSignature:
     layout: str = "nhwgc"
 
     def name_body(self, alg: "ConvAlgorithm") -> str:
-        return to_config(self, alg).name
+        return _name_head(self) + _name_tail(alg)
 
 
 @attrs.frozen(cache_hash=True)
@@ -102,6 +101,9 @@ def from_config(c: K.ConvKernelConfig) -> tuple:
     return sig, alg
 
 
+_DEFAULT_ALG = ConvAlgorithm(128, 128, 32, 2, 2, 1, 32, 32, 16)
+
+
 def config_of(key) -> K.ConvKernelConfig:
     return to_config(key.signature, key.algorithm)
 
@@ -112,7 +114,25 @@ def key_of(cfg: K.ConvKernelConfig, arch: str, backend: str = "numpy") -> Kernel
 
 
 def format_name(sig, alg) -> str:
-    return to_config(sig, alg).name
+    return sig.name_body(alg)
+
+
+#: any signature: the name's algorithm part does not depend on it
+_CANON = ConvSignature("forward", "fp16", 2, "nhwgc")
+
+
+@functools.lru_cache(maxsize=256)
+def _name_head(sig: ConvSignature) -> str:
+    """``conv_<dir>_<dtype>_<layouts>_<n>d_``: the part of a name the signature spells."""
+    c = to_config(sig, _DEFAULT_ALG)
+    return c.name[:c.name.index(f"_{sig.ndim}d_") + 4]
+
+
+@functools.lru_cache(maxsize=1 << 18)
+def _name_tail(alg: "ConvAlgorithm") -> str:
+    """The rest of a name (pipeline, tiles, specialisation, knobs), one per algorithm: listing a
+    space names every algorithm once per signature without building a config each time."""
+    return to_config(_CANON, alg).name[len(_name_head(_CANON)):]
 
 
 def parse_name(body: str):
@@ -179,80 +199,56 @@ def _splits(c: K.ConvKernelConfig, override) -> tuple:
     return SPLITS["atomic" if c.reduction == "atomic" else "workspace"]
 
 
+def key_space(arch, backend: str, options: dict):
+    """The conv kernel space on ``arch`` as a KeySpace (:class:`ck_conv.keyspace.ConvSpace`)."""
+    from .keyspace import ConvSpace
+
+    return ConvSpace(arch, backend, options)
+
+
 def enumerate_keys(arch, backend: str, options: dict) -> list:
-    """CK's grouped-conv kernel space on ``arch`` (its warp tiles, wave layouts, LDS).
-
-    Arch facts for conv may sit in ``arch.extras["conv"]`` (``tiles``,
-    ``pipelines``, ``specializations``); the defaults are CK's tables.  Archs
-    whose pipelines are not CK's (sm90's ``multistage``) take CK's three, which
-    our Triton kernels realise as 2/3/4-stage software pipelines.
-    """
-    unknown = sorted(set(options) - set(OPTIONS))
-    if unknown:
-        raise ConfigError(f"unknown conv enumeration option(s) {', '.join(unknown)}; known: {', '.join(OPTIONS)}")
-    opts = {k: ([v] if isinstance(v, (str, int)) else list(v)) for k, v in options.items()}
-    for name, allowed in (("directions", DIRECTIONS), ("dtypes", DTYPES), ("layouts", tuple(LAYOUT_FAMILIES)),
-                          ("ndims", (1, 2, 3)),
-                          ("specializations", K.SPECIALIZATIONS), ("pipelines", K.PIPELINES)):
-        bad = [v for v in opts.get(name, ()) if v not in allowed]
-        if bad:
-            raise ConfigError(f"conv option {name}: unknown value(s) {bad}; use {', '.join(map(str, allowed))}")
-    facts = dict(getattr(arch, "extras", {}).get("conv", {}))
-    split_ks = tuple(int(v) for v in opts.get("split_ks") or ())
-    if any(v < 1 for v in split_ks):
-        raise ConfigError(f"conv option split_ks: splits must be >= 1, got {list(split_ks)}")
-    dtypes = [d for d in (opts.get("dtypes") or DTYPES) if d in arch.dtypes]
-    pipes = opts.get("pipelines") or facts.get("pipelines") or \
-        [p for p in K.PIPELINES if p in (arch.pipelines or K.PIPELINES)] or list(K.PIPELINES)
-    tiles = [tuple(t) for t in (opts.get("tiles") or facts.get("tiles") or K.DEFAULT_TILES)]
-    nvidia = getattr(arch, "vendor", "") == "nvidia"
-    lds = arch.lds_bytes
-    culled: list = []
-    cfgs = K.enumerate_configs(
-        warp_size=arch.warp_size, lds_bytes=lds, warp_tiles=dict(arch.warp_tiles),
-        directions=opts.get("directions") or DIRECTIONS, dtypes=dtypes,
-        ndims=[int(n) for n in opts.get("ndims") or (1, 2, 3)], layouts=opts.get("layouts") or ("nhwgc",),
-        tiles=tiles, waves=tuple(map(tuple, arch.wave_layouts)) or K.DEFAULT_WAVES, pipelines=pipes,
-        specializations=opts.get("specializations") or facts.get("specializations") or K.SPECIALIZATIONS,
-        culled=culled)
-    if backend == "triton":
-        cfgs = cfgs + _realisations(arch, opts, facts, dtypes)
-    out, seen = [], set()
-    for c in cfgs:
-        if c in seen:
-            continue
-        seen.add(c)
-        if nvidia and c.specialization != "depthwise":
-            # Triton on NVIDIA keeps num_stages buffers of A and B in shared memory
-            # (a group-merged bwd_weight one per merged group: a batched dot)
-            need = (c.tile[0] + c.tile[1]) * c.tile[2] * K.ELEMENT_BYTES[c.dtype] * c.smem_buffers \
-                * (c.group_merge if c.direction == "bwd_weight" else 1)
-            if need > lds:
-                continue
-        for sp in (_splits(c, split_ks) if backend == "triton" else (1,)):   # a Triton realisation knob
-            out.append(key_of(c if sp == 1 else attrs.evolve(c, split=sp), arch.name, backend))
-    return out
+    """Every key of :func:`key_space`, listed."""
+    return list(key_space(arch, backend, options))
 
 
-def _realisations(arch, opts: dict, facts: dict, dtypes) -> list:
-    """The Triton realisation families (:mod:`ck_conv.space`) legal on ``arch``."""
-    from .space import classic_configs, realisation_configs
+def shortlist(problem, arch, backend: str):
+    """Two tiers of keys for ``problem``: its tuning list
+    (:func:`ck_conv.kernels.candidate_configs`: the heuristic pick first, then the classic
+    and realisation variants that won on the H100), then the heuristic pick's kernel on
+    each tile of CK's table (what a registry of CK's space alone holds).  Each config comes
+    with the split that fills ``arch`` (as the launch makes it) and unsplit."""
+    if not isinstance(problem, ConvProblem):
+        return
+    yield _with_splits(K.candidate_configs(problem, arch=arch), problem, arch, backend)
+    yield _with_splits(_ck_table_variants(problem, arch), problem, arch, backend)   # only when the first misses
 
-    tiles = {tuple(t) for t in opts.get("tiles") or ()}
-    pipes = set(opts.get("pipelines") or ())
+
+def _with_splits(cfgs, problem, arch, backend: str) -> list:
+    from .heuristics import preferred_split
+    from .launch import split_plan
+
+    cus, smem = max(int(arch.compute_units or 1), 1), arch.lds_bytes
     out = []
-    for d, dt, nd, lay, spec in itertools.product(
-            opts.get("directions") or DIRECTIONS, dtypes, [int(n) for n in opts.get("ndims") or (1, 2, 3)],
-            opts.get("layouts") or ("nhwgc",),
-            opts.get("specializations") or facts.get("specializations") or K.SPECIALIZATIONS):
-        for c in classic_configs(d, dt, nd, lay, spec) + realisation_configs(d, dt, nd, lay, spec):
-            if (tiles and c.tile not in tiles) or (pipes and c.pipeline not in pipes):
-                continue   # the options narrow these families too
-            # Triton realises a tile with num_warps warps whatever their layout: of CK's
-            # rules only the thread count and the LDS hold (shared memory: below)
-            if c.num_warps * arch.warp_size <= 1024 and c.lds_bytes() <= arch.lds_bytes:
-                out.append(c)
+    for c in cfgs:
+        if problem.split_k:
+            picks = (c if c.split == problem.split_k else attrs.evolve(c, split=problem.split_k),)
+        else:
+            c1 = c if c.split == 1 else attrs.evolve(c, split=1)
+            sp = preferred_split(c1, problem, cus, smem)
+            if sp > 1 and c1.reduction != "streamk":
+                sp = split_plan(attrs.evolve(c1, split=sp), problem)[0]   # the parts the launch makes
+            picks = (attrs.evolve(c1, split=sp), c1) if sp != 1 else (c1,)
+        out.extend(key_of(x, arch.name, backend) for x in picks)
     return out
+
+
+def _ck_table_variants(problem, arch) -> list:
+    want = K.heuristic_config(problem, warp_size=arch.warp_size, big_smem=arch.lds_bytes > 100_000)
+    if want.specialization == "depthwise":
+        return [attrs.evolve(want, tile=t) for t in K.DEPTHWISE_TILES]
+    tiles = dict(getattr(arch, "extras", {}).get("conv", {})).get("tiles") or K.DEFAULT_TILES
+    waves = dict.fromkeys((want.waves, (2, 2, 1), (4, 1, 1), (2, 4, 1)))
+    return [attrs.evolve(want, tile=tuple(t), waves=w) for t in tiles for w in waves]
 
 
 def supports(key, problem) -> str | None:
@@ -426,6 +422,8 @@ def conv_op() -> OpSpec:
         problem_type=ConvProblem,
         tuning_data=str(Path(__file__).resolve().parent / "tuned"),
         enumerate=enumerate_keys,
+        key_space=key_space,
+        shortlist=shortlist,
         format_name=format_name,
         parse_name=parse_name,
         from_fields=from_fields,
