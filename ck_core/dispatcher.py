@@ -1,7 +1,9 @@
 """Dispatcher: pick a kernel per problem, plan the stages, launch them.
 
-Selection order: the tuning table (measured winners) > the
-``ck_rank_candidates`` hook > the op's own heuristic > first fit.  Plans and
+Selection order: the tuning store (measured winners) > the
+``ck_rank_candidates`` hook (a plugin that answers overrides) > the learned
+ranker of (op, arch, backend) (:mod:`ck_core.ranker`) > the op's own heuristic
+> first fit.  Plans and
 launchers are cached per problem, so a warm ``run`` costs a dict lookup plus
 the kernel launch.
 """
@@ -11,7 +13,7 @@ import logging
 import time
 from typing import Any, Optional
 
-from . import knobs
+from . import knobs, ranker
 from .errors import InvalidProblem, MissingKernel, UnsupportedProblem
 from .memory import check_fits
 from .problem import Problem
@@ -34,6 +36,7 @@ class Dispatcher:
         self._hot: dict[Any, tuple] = {}
         self._impls: dict[Any, Any] = {}
         self._selected: dict[Any, Any] = {}
+        self._rankers: dict[str, Any] = {}
         self._observed = bool(self.mgr.hook.ck_after_run.get_hookimpls())
         self._sample = None  # one tiny tensor of the backend: where its tensors live, their type
         if check_backend:
@@ -67,11 +70,23 @@ class Dispatcher:
             self._rule = "ck_rank_candidates hook"
             return list(ranked)
         op = self.mgr.op(problem.op)
+        model = self.ranker(op)
+        if model is not None:
+            self._rule = f"{op.name} learned ranker ({model.kind})"
+            return ranker.rank(model, op, problem, list(cands), self.arch)
         if op.heuristic is not None:
             self._rule = f"{op.name} heuristic"
             return list(op.heuristic(problem, list(cands), self.arch))
         self._rule = "first fit"
         return cands
+
+    def ranker(self, op):
+        """The learned ranker for ``op`` (an OpSpec) on this arch and backend, or None; looked up once."""
+        try:
+            return self._rankers[op.name]
+        except KeyError:
+            model = self._rankers[op.name] = ranker.model_for(op, self.arch.name, self.backend)
+            return model
 
     def select(self, problem):
         try:

@@ -95,6 +95,8 @@ class OpSpec:
       launcher reads instead of constants;
     * ``flops(problem) -> float`` and ``bytes_moved(problem) -> float``;
     * ``heuristic(problem, candidates, arch) -> list`` (optional first-pick ranking);
+    * ``features(problem, candidates, arch) -> {name: array}`` (optional): one value per
+      candidate and feature, what a learned ranker (:mod:`ck_core.ranker`) reads;
     * ``render(key, backend) -> rendered`` (optional): an object with ``compile(target)``
       and ``source_hash`` that compiling backends (triton, ck) build ahead of time;
     * ``bench(peer, options) -> {"rows": [...], "extra": {...}}`` (optional): ``ck bench``;
@@ -125,6 +127,7 @@ class OpSpec:
     flops: Optional[Callable] = None
     bytes_moved: Optional[Callable] = None
     heuristic: Optional[Callable] = None
+    features: Optional[Callable] = None
     families: tuple = attrs.field(converter=_tuple, default=())
     options: Mapping[str, str] = attrs.field(factory=dict)
     api_options: Mapping[str, Any] = attrs.field(factory=dict)

@@ -8,7 +8,7 @@ from ck_core.errors import UnsupportedProblem
 from ck_core.hookspecs import hookimpl
 from ck_core.records import OpSpec
 
-from . import kernel, reference
+from . import features, kernel, reference
 from .problem import GemmProblem
 
 
@@ -61,6 +61,7 @@ def gemm_op() -> OpSpec:
         flops=lambda p: p.flops(),
         bytes_moved=lambda p: p.bytes_moved(),
         heuristic=kernel.heuristic,
+        features=features.features,
         render=_render,
         tolerance=reference.tolerance,
         bench=_bench,
