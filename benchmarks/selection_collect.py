@@ -113,11 +113,67 @@ def gemm_cuda_inputs(p, seed: int):
     return {"a": a, "b": b}, {"c": af @ bf}
 
 
-OPS = {"gemm": (gemm_cases, gemm_problem, gemm_options, gemm_cuda_inputs)}
+#: attention model families: (name, q heads, kv heads, head dim)
+ATTN_MODELS = (("llama3-8b", 32, 8, 128), ("llama2-7b", 32, 32, 128), ("mistral-7b", 32, 8, 128),
+               ("gemma2-9b", 16, 8, 256), ("phi3-mini", 32, 32, 96), ("bert-base", 12, 12, 64),
+               ("qwen2-7b", 28, 4, 128), ("sd-unet", 8, 8, 64), ("gpt-j", 16, 16, 256), ("whisper", 20, 20, 64))
+HELD_OUT_ATTN = ("qwen2-7b", "phi3-mini", "gpt-j")
+
+
+def fmha_cases(n: int, seed: int = SEED, max_dim: int = 16384) -> list[dict]:
+    """``n`` forward attention shapes (batch mode): model head configs x lengths x masks."""
+    rng = random.Random(seed)
+    out = []
+    while len(out) < n:
+        name, hq, hk, d = rng.choice(ATTN_MODELS)
+        sq = min(_log_uniform(rng, 16, 16384), max_dim)
+        sk = sq if rng.random() < 0.7 else min(_log_uniform(rng, 16, 16384), max_dim)
+        b = max(1, min(_log_uniform(rng, 1, 32), (1 << 16) // max(sq, sk)))
+        c = dict(family=f"attn:{name}", batch=b, hq=hq, hk=hk, sq=sq, sk=sk, d=d,
+                 mask=rng.choice(("none", "top_left")) if sq <= sk else "none",
+                 dtype=rng.choice(("bf16", "fp16")))
+        c["split"] = "heldout" if name in HELD_OUT_ATTN or rng.random() < 0.25 else "train"
+        out.append(c)
+    return out
+
+
+def fmha_problem(c: dict):
+    from ck_fmha.problem import FmhaProblem
+
+    return FmhaProblem(family="fwd", batch=c["batch"], nhead_q=c["hq"], nhead_k=c["hk"], seqlen_q=c["sq"],
+                       seqlen_k=c["sk"], hdim_q=c["d"], hdim_v=c["d"], dtype=c["dtype"], mask=c["mask"])
+
+
+def fmha_options(p) -> dict:
+    return {}
+
+
+def fmha_cuda_inputs(p, seed: int):
+    """q, k, v on the GPU and an fp32 SDPA reference (top-left causal where masked)."""
+    import torch
+
+    from ck_core.api import torch_dtype
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    dt = torch_dtype(p.dtype)
+    q = torch.randn(p.batch, p.nhead_q, p.seqlen_q, p.hdim_q, device="cuda", generator=g).to(dt)
+    k = torch.randn(p.batch, p.nhead_k, p.seqlen_k, p.hdim_q, device="cuda", generator=g).to(dt)
+    v = torch.randn(p.batch, p.nhead_k, p.seqlen_k, p.hdim_v, device="cuda", generator=g).to(dt)
+    rep = p.nhead_q // p.nhead_k
+    kf, vf = k.float().repeat_interleave(rep, 1), v.float().repeat_interleave(rep, 1)
+    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), kf, vf, is_causal=p.mask == "top_left")
+    return {"q": q, "k": k, "v": v}, {"o": ref}
+
+
+OPS = {"gemm": (gemm_cases, gemm_problem, gemm_options, gemm_cuda_inputs),
+       "fmha": (fmha_cases, fmha_problem, fmha_options, fmha_cuda_inputs)}
 
 
 def spec_class(p) -> tuple:
     """What Triton specialises a launch on (ints equal to 1 or divisible by 16), plus the signature."""
+    if p.op == "fmha":
+        return (p.dtype, p.hdim_q, p.mask, p.nhead_q == p.nhead_k) + tuple(
+            (x == 1, x % 16 == 0) for x in (p.seqlen_q, p.seqlen_k))
     dims = tuple((x == 1, x % 16 == 0) for x in (p.m, p.n, p.k))
     return (p.dtype, p.layout, p.batch > 1) + dims
 
@@ -325,13 +381,15 @@ def collect(op_name: str, arch: str, backend: str, cases: list, out: Path, budge
             written += 1
             if i % 25 == 0:
                 ok = [t for _, t in times if t is not None]
-                print(f"{op_name} {i}/{len(cases)} {c['family']} {p.m if hasattr(p, 'm') else ''} "
+                print(f"{op_name} {i}/{len(cases)} {c['family']} "
                       f"{len(times)} kernels, best {min(ok) if ok else None} ms, {time.time() - t0:.0f}s",
                       flush=True)
     return written
 
 
 def op_tolerance(p) -> float:
+    if p.op == "fmha":
+        return 3e-2
     return 2e-2 if p.dtype in ("fp16", "bf16") else 1e-3
 
 
