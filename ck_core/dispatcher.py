@@ -13,7 +13,7 @@ import logging
 import time
 from typing import Any, Optional
 
-from . import knobs, ranker
+from . import autotune, knobs, ranker
 from .errors import InvalidProblem, MissingKernel, UnsupportedProblem
 from .memory import check_fits
 from .problem import Problem
@@ -94,6 +94,9 @@ class Dispatcher:
         except KeyError:
             pass
         ranked = self.rank(problem)
+        if self._rule != "tuning table" and knobs.get("CK_AUTOTUNE"):
+            ranked = autotune.first_call(self, problem, ranked)
+            self._rule += ", then autotuned"
         key = ranked[0]
         self._selected[problem] = key
         log.info("selected %s by %s from %d candidates (registry %s, %d kernels)", key.name,
