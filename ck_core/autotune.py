@@ -40,6 +40,11 @@ def _seconds(disp, fn) -> float:
     return float(np.median(times))
 
 
+def _time(disp, key, problem, inputs) -> float:
+    fn = disp.impl(key)
+    return _seconds(disp, lambda: fn(problem, dict(inputs)))
+
+
 def first_call(disp, problem, ranked: list) -> list:
     """``ranked`` with the measured winner of its top candidates first (recorded in the store)."""
     top = ranked[:max(1, knobs.get("CK_AUTOTUNE_TOP"))]
@@ -55,8 +60,7 @@ def first_call(disp, problem, ranked: list) -> list:
     results = []
     for key in top:
         try:
-            fn = disp.impl(key)
-            secs = _seconds(disp, lambda: fn(problem, dict(inputs)))
+            secs = _time(disp, key, problem, inputs)
         except Exception as exc:  # one failing kernel never sinks the tuning
             log.warning("autotune: %s failed (%s); timed as infinity", key.name, exc)
             secs = math.inf

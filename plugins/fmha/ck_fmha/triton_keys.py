@@ -32,6 +32,8 @@ import attrs
 from ck_core.errors import ConfigError, InvalidProblem, MissingKernel
 from ck_core.key import KernelKey, RecordSchema
 
+from . import seqtune
+
 FAMILIES = ("fwd", "fwd_splitkv", "fwd_splitkv_combine", "fwd_pagedkv", "fwd_appendkv", "batch_prefill",
             "bwd_dot_do_o", "bwd_dq_dk_dv", "bwd_convert_dq")
 HDIMS = ((32, 32), (64, 64), (96, 96), (128, 128), (192, 128), (256, 256))
@@ -351,7 +353,8 @@ def rank(problem, candidates: list, arch) -> list:
         a = k.algorithm
         t = (a.block_m, a.block_n, a.num_warps, a.num_stages)
         hit = [i for i, w in enumerate(want) if w[:4] == t and w[4] in (None, a.variant)]
-        return (hit[0] if hit else len(want), -a.block_m * a.block_n)
+        # untuned: the tile that pads the actual lengths least, then the largest
+        return (hit[0] if hit else len(want), seqtune.triton_cost(problem, a), -a.block_m * a.block_n)
 
     return sorted(candidates, key=cost)
 
