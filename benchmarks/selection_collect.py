@@ -66,8 +66,9 @@ def gemm_cases(n: int, seed: int = SEED, max_dim: int = 16384) -> list[dict]:
             c = dict(family=f"llm:{name}:{layer}", m=tokens, n=nn, k=k, batch=1, layout="rcr",
                      split="heldout" if name in HELD_OUT_MODELS else None)
         elif r < 0.75:
+            # hidden sizes of real models are multiples of 256
             c = dict(family="skinny", m=rng.choice((1, 2, 4, 8, 16, 24, 32, 48, 64)),
-                     n=_log_uniform(rng, 512, 32768), k=_log_uniform(rng, 512, 16384), batch=1,
+                     n=_log_uniform(rng, 2, 128) * 256, k=_log_uniform(rng, 2, 64) * 256, batch=1,
                      layout=rng.choice(("rcr", "rcr", "rrr")))
         elif r < 0.9:
             c = dict(family="odd", m=_log_uniform(rng, 1, 8192), n=_log_uniform(rng, 16, 8192),
@@ -175,7 +176,9 @@ def spec_class(p) -> tuple:
         return (p.dtype, p.hdim_q, p.mask, p.nhead_q == p.nhead_k) + tuple(
             (x == 1, x % 16 == 0) for x in (p.seqlen_q, p.seqlen_k))
     dims = tuple((x == 1, x % 16 == 0) for x in (p.m, p.n, p.k))
-    return (p.dtype, p.layout, p.batch > 1) + dims
+    # the launcher's EVEN_K constexpr (K a multiple of the kernel's block K)
+    even_k = tuple(p.k % bk == 0 for bk in (64, 128, 256))
+    return (p.dtype, p.layout, p.batch > 1) + dims + even_k
 
 
 # -- inputs and timing -------------------------------------------------------------------------
@@ -242,7 +245,8 @@ def _timer(cuda: bool, reps: int):
         est = time.perf_counter() - t
         n = max(2, min(reps, int(3e-3 / max(est, 1e-6))))
         # hold the stream while the host queues the launches: the events see kernel time only
-        torch.cuda._sleep(int(1.8e9 * 40e-6 * (n + 2)))
+        # (150 us a launch covers the general launch path's host time, e.g. batched GEMMs)
+        torch.cuda._sleep(int(1.8e9 * 150e-6 * (n + 2)))
         s.record()
         for _ in range(n):
             fn()
@@ -404,6 +408,8 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-s", type=float, default=240.0, help="stop timing new shapes after this")
     ap.add_argument("--warm-workers", type=int, default=0, help="processes that JIT-compile first (GPU)")
     ap.add_argument("--warm-budget-s", type=float, default=120.0)
+    ap.add_argument("--only-warm", action="store_true",
+                    help="time only the shapes whose kernels the warm-up compiled (JIT costs seconds a shape)")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--cap", type=int, default=0, help="most candidates timed per shape (0: all)")
     ap.add_argument("--out", default="benchmarks/results/selection")
@@ -425,6 +431,8 @@ def main(argv=None) -> int:
         # shapes whose kernels are compiled go first; the rest compile as they are met
         problem_of = OPS[args.op][1]
         cases.sort(key=lambda c: spec_class(problem_of(c)) not in warmed)
+        if args.only_warm:
+            cases = [c for c in cases if spec_class(problem_of(c)) in warmed]
     n = collect(args.op, args.arch, args.backend, cases, out, args.budget_s, args.reps, args.cap)
     print(f"{args.op}: {n} shapes written to {out}", flush=True)
     return 0
