@@ -9,7 +9,9 @@ the log of the kernel's time relative to the best candidate.  Two kinds:
 ``gbdt``
     gradient-boosted regression trees, flattened into node arrays
     (``feature``, ``threshold``, ``left``, ``right``, ``value``; a leaf has
-    feature -1 and points at itself), summed over trees plus ``base``;
+    feature -1 and points at itself; ``depth``: the most splits on a path; a row
+    goes left where its feature is <= the threshold, as in LightGBM), summed over
+    trees plus ``base``;
 ``linear``
     ``X @ coef + intercept`` over the same features (the analytic cost model
     with fitted coefficients).
@@ -72,11 +74,13 @@ class Model:
                     raise bad("tree node arrays differ in length")
                 idx = np.concatenate([self.left, self.right, self.roots])
                 if n == 0 or idx.min() < 0 or idx.max() >= n or self.feature.max() >= nf \
-                        or not 0 < self.depth <= 64:
+                        or not 0 <= self.depth <= 64:
                     raise bad("tree node indices, feature indices or depth out of range")
                 # a leaf points at itself, so extra steps past its depth stay put
                 self._leaf = self.feature < 0
                 self._feat = np.where(self._leaf, 0, self.feature)
+                # children interleaved: node 2i + 1 - (x <= threshold) picks left or right in one gather
+                self._children = np.column_stack([self.left, self.right]).ravel()
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, ConfigError):
                 raise
@@ -86,13 +90,17 @@ class Model:
         X = np.asarray(X, dtype=np.float64)
         if self.kind == "linear":
             return X @ self.coef + self.intercept
-        n = X.shape[0]
-        node = np.broadcast_to(self.roots[:, None], (len(self.roots), n)).copy()
-        rows = np.arange(n)[None, :]
-        for _ in range(self.depth):
-            go_left = X[rows, self._feat[node]] <= self.threshold[node]
-            node = np.where(go_left, self.left[node], self.right[node])
-        return self.value[node].sum(axis=0) + self.base
+        n, nf = X.shape
+        # every (tree, row) pair walks at once: one flat gather per level
+        flat = np.ascontiguousarray(X).ravel()
+        node = np.repeat(self.roots, n)
+        offset = np.tile(np.arange(n) * nf, len(self.roots))
+        for level in range(self.depth):
+            go_right = flat[offset + self._feat[node]] > self.threshold[node]
+            node = self._children[2 * node + go_right]
+            if level % 4 == 3 and self._leaf[node].all():
+                break
+        return self.value[node].reshape(len(self.roots), n).sum(axis=0) + self.base
 
 
 def matrix(columns: dict, names: Sequence[str], where: str) -> np.ndarray:

@@ -44,16 +44,17 @@ def load_model(op, arch: str, backend: str, folder: Optional[str] = None):
     return ranker.Model(spec, f"ranker in {folder}")
 
 
-def selectors(op, arch, model) -> dict:
+def selectors(op, arch, model, probe) -> dict:
+    """The selectors to compare; ``probe``: one oracle shape (which features the op has)."""
     out = {}
     if model is not None:
         out["ranker"] = select_data.ranker_selector(model, op, arch)
     if op.heuristic is not None:
         out["heuristic"] = select_data.heuristic_selector(op, arch)
-    if op.features is not None:
+    if op.features is not None and "log_roofline" in op.features(probe.problem, list(probe.keys), arch):
         def roofline(problem, keys):
             cols = op.features(problem, keys, arch)
-            return keys[int(np.argmin(cols["log_roofline"]))] if "log_roofline" in cols else keys[0]
+            return keys[int(np.argmin(cols["log_roofline"]))]
         out["roofline"] = roofline
     out["random"] = select_data.random_selector(0)
     return out
@@ -82,7 +83,7 @@ def report(op_name: str, data=None, split: str = "heldout", ranker_folder: Optio
     if not shapes:
         raise ConfigError(f"the oracle has no {split!r} shapes")
     model = load_model(op, h["arch"], h.get("backend", "triton"), ranker_folder)
-    sels = selectors(op, arch, model)
+    sels = selectors(op, arch, model, shapes[0])
     picks = {name: [fn(s.problem, list(s.keys)) for s in shapes] for name, fn in sels.items()}
     scores = {name: [select_data.score(s, k) for s, k in zip(shapes, ks)] for name, ks in picks.items()}
     out = {"op": op_name, "arch": h["arch"], "backend": h.get("backend"), "split": split, "shapes": len(shapes),

@@ -31,9 +31,17 @@ def _kernel_row(key) -> tuple:
             v in C_DESCRIPTOR_VARIANTS, a.pad_m, a.pad_n, a.pad_k)
 
 
+@functools.lru_cache(maxsize=256)
+def _kernel_matrix(keys: tuple) -> np.ndarray:
+    # one registry's candidate lists repeat from problem to problem
+    m = np.array([_kernel_row(k) for k in keys], dtype=np.float64)
+    m.flags.writeable = False
+    return m
+
+
 def features(problem, candidates: list, arch) -> dict:
     """``{feature name: array over candidates}``."""
-    K = np.array([_kernel_row(k) for k in candidates], dtype=np.float64)
+    K = _kernel_matrix(tuple(candidates))
     col = {n: K[:, i] for i, n in enumerate(_KERNEL)}
     m, n, k, batch = float(problem.m), float(problem.n), float(problem.k), float(problem.batch)
     eb = float(ELEMENT_BYTES[problem.dtype])
