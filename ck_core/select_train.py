@@ -1,7 +1,7 @@
 """Fit a learned ranker on a recorded oracle's training shapes and export it as tuned data.
 
-    python -m ck_core.select_train gemm benchmarks/results/selection/gemm_sm90.jsonl.gz \\
-        --write plugins/gemm/ck_gemm/tuned
+    python -m ck_core.select_train <op> benchmarks/results/selection/<op>_sm90.jsonl.gz \\
+        --write <the op plugin>/tuned
 
 Needs the ``train`` extra (lightgbm, scikit-learn); the exported model is evaluated with numpy
 alone (:mod:`ck_core.ranker`).  Two model kinds are fitted on the training split -- gradient-boosted
