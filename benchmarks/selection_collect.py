@@ -349,12 +349,14 @@ def collect(op_name: str, arch: str, backend: str, cases: list, out: Path, budge
                 if not cands:
                     continue
                 heur = op.heuristic(p, list(cands), disp.arch)[0] if op.heuristic else cands[0]
-                chosen = disp.rank(p)[0]  # the Dispatcher's own pick (store > ranker > heuristic)
-                order = [heur, chosen] + [k for k in cands if k is not heur and k is not chosen]
+                ranked = disp.rank(p)  # the Dispatcher's own order (store > ranker > heuristic)
+                chosen = ranked[0]
+                first = list(dict.fromkeys([heur, *ranked[:3]]))   # always timed, even under --cap
+                order = first + [k for k in cands if k not in first]
                 if cap and len(order) > cap:
-                    rest = order[2:]
+                    rest = order[len(first):]
                     random.Random(i).shuffle(rest)
-                    order = order[:2] + rest[:cap - 2]
+                    order = first + rest[:max(0, cap - len(first))]
                 dev, ref = cuda_inputs(p, i) if cuda else _inputs(disp, p, i)
             except Exception as exc:
                 print(f"{op_name}: shape {c} skipped ({type(exc).__name__}: {str(exc)[:160]})", flush=True)
