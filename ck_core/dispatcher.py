@@ -72,8 +72,10 @@ class Dispatcher:
         op = self.mgr.op(problem.op)
         model = self.ranker(op)
         if model is not None:
-            self._rule = f"{op.name} learned ranker ({model.kind})"
-            return ranker.rank(model, op, problem, list(cands), self.arch)
+            ranked = ranker.rank(model, op, problem, list(cands), self.arch)
+            if ranked is not None:   # None: outside the ranker's training domain
+                self._rule = f"{op.name} learned ranker ({model.kind})"
+                return ranked
         if op.heuristic is not None:
             self._rule = f"{op.name} heuristic"
             return list(op.heuristic(problem, list(cands), self.arch))

@@ -16,6 +16,10 @@ the log of the kernel's time relative to the best candidate.  Two kinds:
     ``X @ coef + intercept`` over the same features (the analytic cost model
     with fitted coefficients).
 
+A model may name its ``domain``: ``{feature: [lo, hi]}`` over the problem-level
+features of its training shapes.  A problem outside it is not ranked (the
+Dispatcher falls back to the op's heuristic): a ranker does not extrapolate.
+
 Training lives in :mod:`ck_core.select_train` (an optional extra); inference
 here imports nothing but numpy.
 """
@@ -53,6 +57,10 @@ class Model:
         self.features = tuple(names)
         self.meta = {k: v for k, v in spec.items() if k not in ("trees", "coef")}
         nf = len(names)
+        dom = spec.get("domain") or {}
+        if not isinstance(dom, dict) or not all(isinstance(v, list) and len(v) == 2 for v in dom.values()):
+            raise bad("'domain' must map feature names to [low, high]")
+        self.domain = {k: (float(lo), float(hi)) for k, (lo, hi) in dom.items()}
         try:
             if self.kind == "linear":
                 self.coef = np.asarray(spec["coef"], dtype=np.float64)
@@ -138,9 +146,24 @@ def predict(model: Model, op, problem, candidates: list, arch) -> np.ndarray:
     return model.predict(matrix(cols, model.features, f"the {op.name} ranker"))
 
 
-def rank(model: Model, op, problem, candidates: list, arch) -> list:
-    """``candidates`` ordered by predicted time; ties keep registry order."""
+def covers(model: Model, cols: dict) -> bool:
+    """Whether the problem (its feature columns) lies inside the model's training domain."""
+    for name, (lo, hi) in model.domain.items():
+        v = cols.get(name)
+        if v is None or len(v) == 0:
+            return False
+        if not lo - 1e-9 <= float(v[0]) <= hi + 1e-9:
+            return False
+    return True
+
+
+def rank(model: Model, op, problem, candidates: list, arch) -> Optional[list]:
+    """``candidates`` ordered by predicted time (ties keep registry order); None when the
+    problem lies outside the model's training domain."""
     if len(candidates) < 2:
         return list(candidates)
-    pred = predict(model, op, problem, candidates, arch)
+    cols = op.features(problem, candidates, arch)
+    if not covers(model, cols):
+        return None
+    pred = model.predict(matrix(cols, model.features, f"the {op.name} ranker"))
     return [candidates[i] for i in np.argsort(pred, kind="stable")]

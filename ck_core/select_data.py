@@ -139,9 +139,16 @@ def heuristic_selector(op, arch):
 
 
 def ranker_selector(model, op, arch):
+    """The Dispatcher's new default without a store entry: the ranker, or the op's heuristic
+    where the problem lies outside the ranker's training domain."""
     from . import ranker
 
-    return lambda problem, keys: ranker.rank(model, op, problem, keys, arch)[0]
+    def pick(problem, keys):
+        ranked = ranker.rank(model, op, problem, keys, arch)
+        if ranked is None:
+            ranked = op.heuristic(problem, keys, arch) if op.heuristic else keys
+        return ranked[0]
+    return pick
 
 
 def random_selector(seed: int = 0):

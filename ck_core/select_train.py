@@ -14,9 +14,11 @@ as ``FAILED`` (e^3 = 20x slower), so the ranker learns to avoid it.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import math
 import sys
+from datetime import date
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +41,28 @@ def design(op, arch, shapes, names=None):
         ys.append(np.where(np.isfinite(y), np.minimum(y, FAILED), FAILED))
         groups.append(len(s.keys))
     return np.vstack(Xs), np.concatenate(ys), groups, names
+
+
+#: how far (in log2 units) past the training sizes a ranker still answers
+MARGIN = 0.5
+
+
+def domain(op, arch, shapes) -> dict:
+    """``{feature: [lo, hi]}`` over the problem sizes of ``shapes``: the problem-level (one value
+    per shape) features named ``log_*``, widened by ``MARGIN``.  Categorical features (a GQA
+    ratio, a head dim) are not bounded: held-out model configs differ in exactly those."""
+    seen: dict = {}
+    varies = set()
+    for s in shapes:
+        cols = op.features(s.problem, list(s.keys), arch)
+        for name, v in cols.items():
+            v = np.asarray(v, dtype=np.float64)
+            if len(v) and np.all(v == v[0]):
+                seen.setdefault(name, []).append(float(v[0]))
+            else:
+                varies.add(name)
+    return {n: [min(v) - MARGIN, max(v) + MARGIN] for n, v in sorted(seen.items())
+            if n.startswith("log_") and n not in varies and len(v) == len(shapes)}
 
 
 def fit_linear(X, y, names, ridge: float = 1e-3) -> dict:
@@ -123,9 +147,42 @@ def train(op, arch, oracle, kinds=("gbdt", "linear"), seed: int = 0, validation:
     best = max(report, key=lambda k: (report[k]["geomean"], report[k]["p10"]))
     X, y, _, names = design(op, arch, shapes)
     spec = fit_gbdt(X, y, names, seed=seed) if best == "gbdt" else fit_linear(X, y, names)
+    spec["domain"] = domain(op, arch, shapes)
     spec["validation"] = {k: {m: round(v, 4) for m, v in r.items()} for k, r in report.items()}
     spec["train_shapes"] = len(shapes)
     return spec
+
+
+def splice(path: Path, op: str, arch: str, entry, provenance: dict):
+    """Put the ranker table last in an existing data file, leaving the other tables' text as it
+    is (shipped files are hand-formatted); None when the file is absent or not of that shape."""
+    from . import tuned_data
+
+    if not path.is_file():
+        return None
+    text = path.read_text()
+    doc = json.loads(text)
+    tail = "\n }\n}"
+    marker = f',\n  "{ranker.TABLE}": {{'
+    cut = text.find(marker)
+    if cut < 0:
+        cut = text.rstrip().rfind(tail)
+    if cut < 0 or not text[:cut].rstrip().endswith("}"):
+        return None
+    old = doc["tables"].get(ranker.TABLE, {})
+    entries = {json.dumps(e["key"]): e for e in old.get("entries", [])}
+    entries[json.dumps(list(entry[0]))] = {"key": list(entry[0]), "value": entry[1]}
+    table = {"key": list(ranker.FIELDS), "provenance": provenance, "entries": list(entries.values())}
+    block = tuned_data._dumps({ranker.TABLE: table})[1:-1].rstrip()
+    block = "\n".join(" " + line if line else line for line in block.split("\n"))
+    out = text[:cut] + "," + block + tail + "\n"
+    tuned_data.parse(path, out, op, arch)
+    want = dict(doc["tables"], **{ranker.TABLE: table})
+    if json.loads(out)["tables"] != want:
+        return None
+    path.write_text(out)
+    tuned_data.clear_cache()
+    return path
 
 
 def main(argv=None) -> int:
@@ -154,10 +211,17 @@ def main(argv=None) -> int:
     source = (f"{spec['kind']} ranker ({lib}) fitted on the {spec['train_shapes']} training shapes of "
               f"{', '.join(Path(d).name for d in args.data)} (collected {h.get('date')} by {h.get('command')}); "
               f"validation {spec['validation']}")
-    path = tuned_data.write(args.op, h["arch"], ranker.TABLE, [((h.get("backend", "triton"),), spec)],
-                            command=" ".join(["python -m ck_core.select_train", *(argv or sys.argv[1:])]),
-                            device=h.get("device", "?"), source=source, fields=ranker.FIELDS,
-                            folder=Path(args.write) if args.write else None)
+    command = " ".join(["python -m ck_core.select_train", *(argv or sys.argv[1:])])
+    entry = ((h.get("backend", "triton"),), spec)
+    path = None
+    if args.write:
+        path = splice(Path(args.write) / f"{h['arch']}.json", args.op, h["arch"], entry,
+                      dict(command=command, date=date.today().isoformat(), device=h.get("device", "?"),
+                           source=source))
+    if path is None:
+        path = tuned_data.write(args.op, h["arch"], ranker.TABLE, [entry], command=command,
+                                device=h.get("device", "?"), source=source, fields=ranker.FIELDS,
+                                folder=Path(args.write) if args.write else None)
     print(f"{spec['kind']} ranker written to {path}; validation {spec['validation']}")
     return 0
 

@@ -168,3 +168,17 @@ def test_autotune_with_every_candidate_failing_keeps_the_ranked_order(gemm_reg, 
     monkeypatch.setattr(d, "impl", broken)
     assert d.select(p) == want
     assert not (user_store / "gemm").exists()
+
+
+def test_a_problem_outside_the_rankers_domain_gets_the_heuristic(gemm_reg, user_store, fake_arch):
+    spec = dict(_linear(tile_m=1.0, tile_n=1.0), domain={"log_m": [0.0, 6.0]})
+    _write_ranker(fake_arch.name, spec)
+    inside, outside = GemmProblem(m=40, n=1000, k=256), GemmProblem(m=1000, n=1000, k=256)
+    d = Dispatcher(gemm_reg)
+    d.select(inside)
+    assert "learned ranker" in d._rule
+    d.select(outside)
+    assert "heuristic" in d._rule
+    _write_ranker(fake_arch.name, dict(spec, domain={"log_m": [0.0, 6.0], "log_n": "wide"}))
+    with pytest.raises(ConfigError, match="domain"):
+        Dispatcher(gemm_reg).select(inside)

@@ -105,3 +105,21 @@ def test_report_without_data_says_what_to_pass(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert main(["select", "report", "gemm"]) == 2
     assert "--data" in capsys.readouterr().err
+
+
+def test_the_shipped_store_answers_the_tuned_gemm_shapes_before_the_ranker():
+    pytest.importorskip("ck_gemm")
+    from ck_core.api import dispatcher_for
+    from ck_gemm.problem import GemmProblem
+
+    tuned_data.clear_cache()
+    store = tuned_data.table("gemm", "sm90", "kernels")
+    d = dispatcher_for("gemm", "sm90", "triton", dtypes=("bf16",), layouts=("rcr",), dtypes_c=("bf16",),
+                       num_ds=(0,), d_ops=("add",), activations=("none",))
+    for m, n, k in ((4096, 4096, 4096), (16, 4096, 4096)):
+        p = GemmProblem(m, n, k, dtype="bf16")
+        want = next(v["kernel"] for key, v in store.items() if key[1].endswith(f",{m},{n},{k}]") and "bf16" in key[1]
+                    and '"rcr"' in key[1])
+        assert d.rank(p)[0].name == want and d._rule == "tuning table"
+    d.rank(GemmProblem(1, 4096, 11008, dtype="bf16"))   # no measured bucket: the ranker
+    assert "learned ranker" in d._rule
