@@ -181,6 +181,23 @@ def spec_class(p) -> tuple:
     return (p.dtype, p.layout, p.batch > 1) + dims + even_k
 
 
+def class_blocks(cases: list, problem_of, block: int) -> list:
+    """``cases`` in runs of up to ``block`` shapes of one specialisation class, classes taken in
+    turn: a process loads each (kernel, class) from Triton's cache once (tens of ms a kernel),
+    so consecutive shapes of a class share that cost, and a run cut by its budget still holds
+    every class."""
+    if block <= 0:
+        return cases
+    by_class: dict = {}
+    for c in cases:
+        by_class.setdefault(spec_class(problem_of(c)), []).append(c)
+    out = []
+    for start in range(0, max(len(v) for v in by_class.values()), block):
+        for v in by_class.values():
+            out.extend(v[start:start + block])
+    return out
+
+
 # -- inputs and timing -------------------------------------------------------------------------
 
 def _inputs(disp, problem, seed: int):
@@ -412,6 +429,8 @@ def main(argv=None) -> int:
     ap.add_argument("--warm-budget-s", type=float, default=120.0)
     ap.add_argument("--only-warm", action="store_true",
                     help="time only the shapes whose kernels the warm-up compiled (JIT costs seconds a shape)")
+    ap.add_argument("--class-block", type=int, default=20,
+                    help="time shapes in runs of this many of one specialisation class (0: shuffled order)")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--cap", type=int, default=0, help="most candidates timed per shape (0: all)")
     ap.add_argument("--out", default="benchmarks/results/selection")
@@ -435,6 +454,7 @@ def main(argv=None) -> int:
         cases.sort(key=lambda c: spec_class(problem_of(c)) not in warmed)
         if args.only_warm:
             cases = [c for c in cases if spec_class(problem_of(c)) in warmed]
+    cases = class_blocks(cases, OPS[args.op][1], args.class_block)
     n = collect(args.op, args.arch, args.backend, cases, out, args.budget_s, args.reps, args.cap)
     print(f"{args.op}: {n} shapes written to {out}", flush=True)
     return 0

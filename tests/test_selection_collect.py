@@ -54,3 +54,13 @@ def test_collect_on_the_cpu_then_load_score_and_fit(collect, tmp_path):
     assert np.allclose(model.predict(X), X @ model.coef + model.intercept)
     picks = select_data.evaluate(oracle.shapes, select_data.ranker_selector(model, op, arch))
     assert all(0 < x <= 1 for x in picks)
+
+
+def test_class_blocks_keep_every_shape_and_group_each_class(collect):
+    cases = collect.gemm_cases(300)
+    out = collect.class_blocks(cases, collect.gemm_problem, 20)
+    assert sorted(map(id, out)) == sorted(map(id, cases))
+    classes = [collect.spec_class(collect.gemm_problem(c)) for c in out]
+    switches = sum(a != b for a, b in zip(classes, classes[1:]))
+    assert switches < len(set(classes)) + len(cases) // 20
+    assert collect.class_blocks(cases, collect.gemm_problem, 0) == cases
