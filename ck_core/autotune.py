@@ -20,12 +20,6 @@ from . import knobs
 
 log = logging.getLogger(__name__)
 
-knobs._declare("CK_AUTOTUNE", knobs.parse_bool, False,
-               "Time the ranker's top candidates on the first call of each new problem bucket and record "
-               "the winner in the user's tuned-data store (never in package data).")
-knobs._declare("CK_AUTOTUNE_TOP", knobs.parse_int, 4,
-               "How many of the ranked candidates CK_AUTOTUNE times per new bucket.")
-
 
 def _seconds(disp, fn) -> float:
     bk = disp.backend_spec
