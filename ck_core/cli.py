@@ -479,6 +479,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .sweep.cli import add_parser as add_sweep_parser
     add_sweep_parser(sub)
+    from .select_report import add_parser as add_select_parser
+    add_select_parser(sub)
 
     s = sub.add_parser("knobs", allow_abbrev=False, help="the CK_* environment variables")
     s.set_defaults(fn=cmd_knobs)

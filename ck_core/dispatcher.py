@@ -1,7 +1,9 @@
 """Dispatcher: pick a kernel per problem, plan the stages, launch them.
 
-Selection order: the tuning table (measured winners) > the
-``ck_rank_candidates`` hook > the op's own heuristic > first fit.  Plans and
+Selection order: the tuning store (measured winners) > the
+``ck_rank_candidates`` hook (a plugin that answers overrides) > the learned
+ranker of (op, arch, backend) (:mod:`ck_core.ranker`) > the op's own heuristic
+> first fit.  Plans and
 launchers are cached per problem, so a warm ``run`` costs a dict lookup plus
 the kernel launch.
 """
@@ -11,7 +13,7 @@ import logging
 import time
 from typing import Any, Optional
 
-from . import knobs
+from . import autotune, knobs, ranker
 from .errors import InvalidProblem, MissingKernel, UnsupportedProblem
 from .memory import check_fits
 from .problem import Problem
@@ -34,6 +36,7 @@ class Dispatcher:
         self._hot: dict[Any, tuple] = {}
         self._impls: dict[Any, Any] = {}
         self._selected: dict[Any, Any] = {}
+        self._rankers: dict[str, Any] = {}
         self._observed = bool(self.mgr.hook.ck_after_run.get_hookimpls())
         self._sample = None  # one tiny tensor of the backend: where its tensors live, their type
         if check_backend:
@@ -68,6 +71,12 @@ class Dispatcher:
             self._rule = "ck_rank_candidates hook"
             return list(ranked)
         op = self.mgr.op(problem.op)
+        model = self.ranker(op)
+        if model is not None:
+            ranked = ranker.rank(model, op, problem, list(cands), self.arch)
+            if ranked is not None:   # None: outside the ranker's training domain
+                self._rule = f"{op.name} learned ranker ({model.kind})"
+                return ranked
         short = self._shortlist(problem, op)
         if short:   # the shortlist first, so that rank(p)[0] is what select(p) picks
             first = set(short)
@@ -104,13 +113,22 @@ class Dispatcher:
                     self._rule, self._considered = "tuning table", "the tuned candidate"
                     return key
                 # a tuned name that is no candidate here is passed over, as rank() does
-        if op.shortlist is None or self.mgr.hook.ck_rank_candidates.get_hookimpls():
-            return None
+        if (op.shortlist is None or self.mgr.hook.ck_rank_candidates.get_hookimpls()
+                or self.ranker(op) is not None or knobs.get("CK_AUTOTUNE")):
+            return None   # the hook, a learned ranker and autotuning rank every candidate
         short = self._shortlist(problem, op)
         if not short:
             return None
         self._rule, self._considered = f"{op.name} heuristic", f"{len(short)} shortlisted candidates"
         return op.heuristic(problem, short, self.arch)[0] if op.heuristic is not None else short[0]
+
+    def ranker(self, op):
+        """The learned ranker for ``op`` (an OpSpec) on this arch and backend, or None; looked up once."""
+        try:
+            return self._rankers[op.name]
+        except KeyError:
+            model = self._rankers[op.name] = ranker.model_for(op, self.arch.name, self.backend)
+            return model
 
     def select(self, problem):
         try:
@@ -120,8 +138,11 @@ class Dispatcher:
         key = self._quick(problem)
         if key is None:
             ranked = self.rank(problem)
-            key = ranked[0]
             self._considered = f"{len(ranked)} candidates"
+            if self._rule != "tuning table" and knobs.get("CK_AUTOTUNE"):
+                ranked = autotune.first_call(self, problem, ranked)
+                self._rule += ", then autotuned"
+            key = ranked[0]
             log.debug("for %s; runners-up: %s", problem, ", ".join(k.name for k in ranked[1:4]) or "none")
         self._selected[problem] = key
         log.info("selected %s by %s from %s (registry %s)", key.name, getattr(self, "_rule", "?"),

@@ -74,6 +74,11 @@ _declare("CK_TUNING_DB", str, "",
 _declare("CK_ROCM_PATH", str, "", "ROCm install prefix holding bin/hipcc (default /opt/rocm).")
 _declare("CK_TILE_INCLUDE", str, "",
          "Folder with composable_kernel's include/ (ck_tile headers) for the ck backend.")
+_declare("CK_AUTOTUNE", _bool, False,
+         "Time the ranker's top candidates on the first call of each new problem bucket and record "
+         "the winner in the user's tuned-data store (never in package data).")
+_declare("CK_AUTOTUNE_TOP", _int, 4,
+         "How many of the ranked candidates CK_AUTOTUNE times per new bucket.")
 _declare("CK_PROGRESS", _bool, True,
          "Show progress on stderr: bars on a terminal, a line every 30 s elsewhere (0: none).")
 

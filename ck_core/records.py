@@ -104,6 +104,8 @@ class OpSpec:
       implementation on ``backend`` needs beyond the tensors (the numpy backend's float64
       copies and intermediates), checked with them;
     * ``heuristic(problem, candidates, arch) -> list`` (optional first-pick ranking);
+    * ``features(problem, candidates, arch) -> {name: array}`` (optional): one value per
+      candidate and feature, what a learned ranker (:mod:`ck_core.ranker`) reads;
     * ``render(key, backend) -> rendered`` (optional): an object with ``compile(target)``
       and ``source_hash`` that compiling backends (triton, ck) build ahead of time;
     * ``bench(peer, options) -> {"rows": [...], "extra": {...}}`` (optional): ``ck bench``;
@@ -143,6 +145,7 @@ class OpSpec:
     bytes_moved: Optional[Callable] = None
     working_bytes: Optional[Callable] = None
     heuristic: Optional[Callable] = None
+    features: Optional[Callable] = None
     families: tuple = attrs.field(converter=_tuple, default=())
     options: Mapping[str, str] = attrs.field(factory=dict)
     api_options: Mapping[str, Any] = attrs.field(factory=dict)

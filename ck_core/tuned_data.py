@@ -229,6 +229,15 @@ def clear_cache() -> None:
     _user_root.cache_clear()
 
 
+_NUMBERS = re.compile(r"\[\s+([-+0-9.eE,\s]+?)\s+\]")
+
+
+def _dumps(doc) -> str:
+    """Indented JSON with each list of plain numbers on one line (a ranker's node arrays)."""
+    return _NUMBERS.sub(lambda m: "[" + ",".join(x.strip() for x in m.group(1).split(",")) + "]",
+                        json.dumps(doc, indent=1))
+
+
 def write(op: str, arch: str, name: str, entries: Iterable[tuple[Any, Any]], *, command: str, device: str,
           source: str, fields: Iterable[str] = (), meta: Optional[dict] = None,
           folder: Optional[Path] = None) -> Path:
@@ -254,7 +263,7 @@ def write(op: str, arch: str, name: str, entries: Iterable[tuple[Any, Any]], *, 
         by_key[json.dumps(k)] = {"key": k, "value": value}
     t["entries"] = list(by_key.values())
     try:
-        text = json.dumps(doc, indent=1)
+        text = _dumps(doc)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"tuned data for {path}: a value is not JSON ({exc})") from None
     parse(path, text, op, arch)  # never write what could not be read back

@@ -16,6 +16,7 @@ import attrs
 from ck_core.errors import ConfigError
 from ck_core.key import KernelKey, RecordSchema
 
+from . import seqtune
 from .codegen import ck_facts as F
 from .codegen import enumerate_kernels, parse_name
 from .codegen.spec import FmhaKernelSpec
@@ -104,15 +105,19 @@ def ck_supports(s: FmhaKernelSpec, p) -> Optional[str]:
             return "key length needs a padded (skpad) kernel"
     if p.dtype == "fp8" and fam == "fwd" and s.qscale not in ("pertensor",):
         return "fp8 needs a per-tensor qscale kernel"
-    return None
+    return seqtune.max_seq_q_reason(s.max_seq_q, p)
 
 
 def ck_rank(problem, keys: list) -> list:
-    """Exact head dims first, then fewest padding switches, then the largest tile."""
+    """Exact head dims first, then short-query specialisations that fit and the tiles that pad
+    the actual lengths least (:mod:`ck_fmha.seqtune`), then fewest padding switches, then the
+    largest tile."""
     def cost(k):
         s = k.signature
         pads = int(s.spad) + int(s.skpad) + int(bool(s.dpad)) + int(bool(s.dvpad))
-        return (s.hdim_q - problem.hdim_q + s.hdim_v - problem.hdim_v, pads, -(s.tile[0] if s.tile else 0))
+        fits, maxq, padded = seqtune.ck_cost(problem, s)
+        return (s.hdim_q - problem.hdim_q + s.hdim_v - problem.hdim_v, fits, maxq, padded, pads,
+                -(s.tile[0] if s.tile else 0))
     return sorted(keys, key=cost)
 
 

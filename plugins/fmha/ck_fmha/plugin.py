@@ -14,7 +14,7 @@ from ck_core.errors import UnsupportedProblem
 from ck_core.hookspecs import hookimpl
 from ck_core.records import OpSpec
 
-from . import footprint, keys, stages
+from . import features, footprint, keys, stages
 from .codegen import ARCHES as CK_ARCHES
 from .codegen.spec import FmhaKernelSpec
 from .problem import FmhaProblem
@@ -107,7 +107,7 @@ def fmha_op() -> OpSpec:
         parse_name=parse_name, from_fields=from_fields, legal=legal, supports=supports,
         reference=stages.reference, make_inputs=stages.make_inputs, implement=implement,
         input_names=INPUTS, output_names=OUTPUTS, plan=stages.plan, render=_render, bench=_bench,
-        flops=stages.flops, heuristic=heuristic, tolerance=stages.tolerance,
+        flops=stages.flops, heuristic=heuristic, features=features.features, tolerance=stages.tolerance,
         bytes_moved=footprint.bytes_moved, working_bytes=footprint.working_bytes,
         tuning_data=str(Path(__file__).resolve().parent / "tuned"),
         families=("fwd", "fwd_splitkv", "fwd_splitkv_combine", "fwd_pagedkv", "fwd_appendkv",

@@ -13,6 +13,7 @@ import os
 from typing import Optional
 
 from ck_core import knobs
+from . import seqtune
 
 DQ_ATOMIC = "atomic"
 
@@ -177,6 +178,8 @@ def rank(problem, candidates: list, arch) -> list:
     def cost(k):
         a = k.algorithm
         t = ((a.block_m, a.block_n, a.num_warps, a.num_stages, a.variant), a.dq)
-        return (want.index(t) if t in want else len(want), -a.block_m * a.block_n)
+        # untuned: the tile that pads the actual lengths least, then the largest
+        return (want.index(t) if t in want else len(want), seqtune.triton_cost(problem, a),
+                -a.block_m * a.block_n)
 
     return sorted(candidates, key=cost)

@@ -8,7 +8,7 @@ from ck_core.errors import UnsupportedProblem
 from ck_core.hookspecs import hookimpl
 from ck_core.records import OpSpec
 
-from . import kernel, reference
+from . import features, kernel, reference
 from .problem import GemmProblem
 
 
@@ -62,6 +62,7 @@ def gemm_op() -> OpSpec:
         bytes_moved=lambda p: p.bytes_moved(),
         working_bytes=reference.working_bytes,
         heuristic=kernel.heuristic,
+        features=features.features,
         render=_render,
         tolerance=reference.tolerance,
         bench=_bench,

@@ -244,15 +244,11 @@ def num_splits_heuristic(batch_heads: int, seqlen_k: int, num_m_blocks: int = 1,
     machine, keeping at least ``min_chunk`` keys per split.  ``num_sms``: the
     machine's SMs / CUs (None: the ArchSpec of the current device, see
     :func:`ck_core.device.current_arch`)."""
+    from ..seqtune import split_count
+
     if num_sms is None:
         num_sms = _current_compute_units()
-    programs = max(1, batch_heads * num_m_blocks)
-    want = max(1, -(-2 * num_sms // programs))
-    cap = max(1, seqlen_k // min_chunk)
-    n = max(1, min(want, cap, max_splits))
-    chunk = -(-seqlen_k // n)
-    chunk = -(-chunk // block_n) * block_n
-    return max(1, -(-seqlen_k // chunk))
+    return split_count(batch_heads * num_m_blocks, seqlen_k, num_sms, block_n, min_chunk, max_splits)
 
 
 def _current_compute_units() -> int:

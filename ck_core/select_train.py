@@ -1,0 +1,230 @@
+"""Fit a learned ranker on a recorded oracle's training shapes and export it as tuned data.
+
+    python -m ck_core.select_train <op> benchmarks/results/selection/<op>_sm90.jsonl.gz \\
+        --write <the op plugin>/tuned
+
+Needs the ``train`` extra (lightgbm, scikit-learn); the exported model is evaluated with numpy
+alone (:mod:`ck_core.ranker`).  Two model kinds are fitted on the training split -- gradient-boosted
+trees and a linear model over the same features (the analytic cost model with fitted
+coefficients) -- and the one with the better geomean on a validation part of the training
+shapes is exported (the held-out split is never looked at here; ``ck select report`` scores it).
+The target is each candidate's log time over the shape's best; a failed or wrong kernel counts
+as ``FAILED`` (e^3 = 20x slower), so the ranker learns to avoid it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import sys
+from datetime import date
+from pathlib import Path
+
+import numpy as np
+
+from . import ranker, select_data
+
+log = logging.getLogger(__name__)
+
+FAILED = 3.0
+
+
+def design(op, arch, shapes, names=None):
+    """``(X, y, group sizes, feature names)`` over every measured candidate of ``shapes``."""
+    Xs, ys, groups = [], [], []
+    for s in shapes:
+        cols = op.features(s.problem, list(s.keys), arch)
+        names = names or sorted(cols)
+        Xs.append(ranker.matrix(cols, names, f"{op.name} features"))
+        y = np.log(s.ms / s.best)
+        ys.append(np.where(np.isfinite(y), np.minimum(y, FAILED), FAILED))
+        groups.append(len(s.keys))
+    return np.vstack(Xs), np.concatenate(ys), groups, names
+
+
+#: how far (in log2 units) past the training sizes a ranker still answers
+MARGIN = 0.5
+
+
+def domain(op, arch, shapes) -> dict:
+    """``{feature: [lo, hi]}`` over the problem sizes of ``shapes``: the problem-level (one value
+    per shape) features named ``log_*``, widened by ``MARGIN``.  Categorical features (a GQA
+    ratio, a head dim) are not bounded: held-out model configs differ in exactly those."""
+    seen: dict = {}
+    varies = set()
+    for s in shapes:
+        cols = op.features(s.problem, list(s.keys), arch)
+        for name, v in cols.items():
+            v = np.asarray(v, dtype=np.float64)
+            if len(v) and np.all(v == v[0]):
+                seen.setdefault(name, []).append(float(v[0]))
+            else:
+                varies.add(name)
+    return {n: [min(v) - MARGIN, max(v) + MARGIN] for n, v in sorted(seen.items())
+            if n.startswith("log_") and n not in varies and len(v) == len(shapes)}
+
+
+def fit_linear(X, y, names, ridge: float = 1e-3) -> dict:
+    mu, sd = X.mean(0), X.std(0) + 1e-9
+    Z = (X - mu) / sd
+    A = Z.T @ Z + ridge * len(Z) * np.eye(Z.shape[1])
+    w = np.linalg.solve(A, Z.T @ (y - y.mean()))
+    coef = w / sd
+    return {"kind": "linear", "features": list(names), "coef": [float(c) for c in coef],
+            "intercept": float(y.mean() - (mu / sd) @ w)}
+
+
+def fit_gbdt(X, y, names, trees: int = 60, leaves: int = 16, seed: int = 0) -> dict:
+    import lightgbm as lgb
+
+    # shallow trees: inference walks every level for every candidate (selection <= 1 ms)
+    model = lgb.LGBMRegressor(n_estimators=trees, num_leaves=leaves, max_depth=5, learning_rate=0.12,
+                              min_child_samples=10,
+                              subsample=0.8, subsample_freq=1, colsample_bytree=0.9, random_state=seed,
+                              verbose=-1)
+    model.fit(X, y)
+    return export_lightgbm(model.booster_, names)
+
+
+def export_lightgbm(booster, names) -> dict:
+    """A LightGBM booster as flat node arrays (see :class:`ck_core.ranker.Model`)."""
+    feature, threshold, left, right, value, roots = [], [], [], [], [], []
+    depth = 1
+
+    def add(node, d):
+        nonlocal depth
+        depth = max(depth, d)
+        i = len(feature)
+        feature.append(-1), threshold.append(0.0), left.append(i), right.append(i), value.append(0.0)
+        if "leaf_value" in node:
+            value[i] = float(node["leaf_value"])
+            return i
+        if node.get("decision_type", "<=") != "<=":
+            raise ValueError(f"unsupported split {node.get('decision_type')}")
+        feature[i] = int(node["split_feature"])
+        threshold[i] = float(node["threshold"])
+        left[i] = add(node["left_child"], d + 1)
+        right[i] = add(node["right_child"], d + 1)
+        return i
+
+    dump = booster.dump_model()
+    for t in dump["tree_info"]:
+        roots.append(add(t["tree_structure"], 1))
+    return {"kind": "gbdt", "features": list(names), "base": 0.0,
+            "trees": {"feature": feature, "threshold": threshold, "left": left, "right": right,
+                      "value": [round(v, 7) for v in value], "roots": roots, "depth": depth - 1}}
+
+
+def quality(spec: dict, op, arch, shapes) -> dict:
+    model = ranker.Model(spec)
+    return select_data.summary(select_data.evaluate(shapes, select_data.ranker_selector(model, op, arch)))
+
+
+def train(op, arch, oracle, kinds=("gbdt", "linear"), seed: int = 0, validation: float = 0.2):
+    """Fit each kind on part of the training split, keep the best on the rest, refit it on all."""
+    shapes = oracle.split("train")
+    if len(shapes) < 10:
+        from .errors import ConfigError
+
+        raise ConfigError(f"only {len(shapes)} training shapes in the oracle; collect more first")
+    rng = np.random.default_rng(seed)
+    # validation by family where families repeat, so the choice rewards generalising
+    fams = sorted({s.family for s in shapes})
+    held = set(rng.choice(fams, size=max(1, int(len(fams) * validation)), replace=False))
+    val = [s for s in shapes if s.family in held]
+    fit = [s for s in shapes if s.family not in held]
+    if len(val) < 5 or len(fit) < 5:
+        idx = rng.permutation(len(shapes))
+        cut = int(len(shapes) * (1 - validation))
+        fit, val = [shapes[i] for i in idx[:cut]], [shapes[i] for i in idx[cut:]]
+    X, y, _, names = design(op, arch, fit)
+    report = {}
+    for kind in kinds:
+        spec = fit_gbdt(X, y, names, seed=seed) if kind == "gbdt" else fit_linear(X, y, names)
+        report[kind] = quality(spec, op, arch, val)
+        log.info("%s: validation %s", kind, report[kind])
+    best = max(report, key=lambda k: (report[k]["geomean"], report[k]["p10"]))
+    X, y, _, names = design(op, arch, shapes)
+    spec = fit_gbdt(X, y, names, seed=seed) if best == "gbdt" else fit_linear(X, y, names)
+    spec["domain"] = domain(op, arch, shapes)
+    spec["validation"] = {k: {m: round(v, 4) for m, v in r.items()} for k, r in report.items()}
+    spec["train_shapes"] = len(shapes)
+    return spec
+
+
+def splice(path: Path, op: str, arch: str, entry, provenance: dict):
+    """Put the ranker table last in an existing data file, leaving the other tables' text as it
+    is (shipped files are hand-formatted); None when the file is absent or not of that shape."""
+    from . import tuned_data
+
+    if not path.is_file():
+        return None
+    text = path.read_text()
+    doc = json.loads(text)
+    tail = "\n }\n}"
+    marker = f',\n  "{ranker.TABLE}": {{'
+    cut = text.find(marker)
+    if cut < 0:
+        cut = text.rstrip().rfind(tail)
+    if cut < 0 or not text[:cut].rstrip().endswith("}"):
+        return None
+    old = doc["tables"].get(ranker.TABLE, {})
+    entries = {json.dumps(e["key"]): e for e in old.get("entries", [])}
+    entries[json.dumps(list(entry[0]))] = {"key": list(entry[0]), "value": entry[1]}
+    table = {"key": list(ranker.FIELDS), "provenance": provenance, "entries": list(entries.values())}
+    block = tuned_data._dumps({ranker.TABLE: table})[1:-1].rstrip()
+    block = "\n".join(" " + line if line else line for line in block.split("\n"))
+    out = text[:cut] + "," + block + tail + "\n"
+    tuned_data.parse(path, out, op, arch)
+    want = dict(doc["tables"], **{ranker.TABLE: table})
+    if json.loads(out)["tables"] != want:
+        return None
+    path.write_text(out)
+    tuned_data.clear_cache()
+    return path
+
+
+def main(argv=None) -> int:
+    from . import tuned_data
+    from .plugins import get_manager
+
+    ap = argparse.ArgumentParser(prog="python -m ck_core.select_train", description=__doc__.split("\n")[0])
+    ap.add_argument("op")
+    ap.add_argument("data", nargs="+", help="oracle files (benchmarks/selection_collect.py)")
+    ap.add_argument("--kinds", default="gbdt,linear")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--write", metavar="FOLDER", help="tuned-data folder to write (default: the user's store)")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    mgr = get_manager()
+    op = mgr.op(args.op)
+    oracle = select_data.load(args.data, mgr)
+    h = oracle.header
+    arch = mgr.arch(h["arch"])
+    spec = train(op, arch, oracle, tuple(args.kinds.split(",")), args.seed)
+    try:
+        import lightgbm
+        lib = f"lightgbm {lightgbm.__version__}"
+    except ImportError:
+        lib = "numpy"
+    source = (f"{spec['kind']} ranker ({lib}) fitted on the {spec['train_shapes']} training shapes of "
+              f"{', '.join(Path(d).name for d in args.data)} (collected {h.get('date')} by {h.get('command')}); "
+              f"validation {spec['validation']}")
+    command = " ".join(["python -m ck_core.select_train", *(argv or sys.argv[1:])])
+    entry = ((h.get("backend", "triton"),), spec)
+    path = None
+    if args.write:
+        path = splice(Path(args.write) / f"{h['arch']}.json", args.op, h["arch"], entry,
+                      dict(command=command, date=date.today().isoformat(), device=h.get("device", "?"),
+                           source=source))
+    if path is None:
+        path = tuned_data.write(args.op, h["arch"], ranker.TABLE, [entry], command=command,
+                                device=h.get("device", "?"), source=source, fields=ranker.FIELDS,
+                                folder=Path(args.write) if args.write else None)
+    print(f"{spec['kind']} ranker written to {path}; validation {spec['validation']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

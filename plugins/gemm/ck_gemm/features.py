@@ -1,0 +1,84 @@
+"""GEMM features of (problem, kernel) pairs for the learned ranker (:mod:`ck_core.ranker`).
+
+Kernel columns are computed once per key and cached; the per-problem part is
+a few numpy operations over all candidates at once, so ranking a new problem
+costs well under a millisecond.  The analytic columns (waves, padded work, a
+roofline estimate from the ArchSpec's peaks) carry most of the signal; the
+trees learn the corrections the roofline misses.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+from ck_core.dtypes import ELEMENT_BYTES
+
+from .kernel import C_DESCRIPTOR_VARIANTS, DESCRIPTOR_VARIANTS
+
+#: kernel columns, in the order of :func:`_kernel_row`
+_KERNEL = ("tile_m", "tile_n", "tile_k", "warps", "stages", "split_k", "group_m", "epi_subtile",
+           "v_tma", "v_persistent", "v_ws", "v_cs", "pad_m", "pad_n", "pad_k")
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _kernel_row(key) -> tuple:
+    a = key.algorithm
+    v = a.variant
+    return (a.tile_m, a.tile_n, a.tile_k, a.warp_m * a.warp_n * a.warp_k, a.stages, a.split_k, a.group_m,
+            a.epi_subtile, v in DESCRIPTOR_VARIANTS, "persistent" in v, v.endswith("_ws"),
+            v in C_DESCRIPTOR_VARIANTS, a.pad_m, a.pad_n, a.pad_k)
+
+
+@functools.lru_cache(maxsize=256)
+def _kernel_matrix(keys: tuple) -> np.ndarray:
+    # one registry's candidate lists repeat from problem to problem
+    m = np.array([_kernel_row(k) for k in keys], dtype=np.float64)
+    m.flags.writeable = False
+    return m
+
+
+def features(problem, candidates: list, arch) -> dict:
+    """``{feature name: array over candidates}``."""
+    K = _kernel_matrix(tuple(candidates))
+    col = {n: K[:, i] for i, n in enumerate(_KERNEL)}
+    m, n, k, batch = float(problem.m), float(problem.n), float(problem.k), float(problem.batch)
+    eb = float(ELEMENT_BYTES[problem.dtype])
+    ebc = float(ELEMENT_BYTES[problem.dtype_c])
+    cus = float(max(arch.compute_units, 1))
+    tm, tn, tk, sk = col["tile_m"], col["tile_n"], col["tile_k"], col["split_k"]
+    tiles_m, tiles_n = np.ceil(m / tm), np.ceil(n / tn)
+    k_iters = np.ceil(k / (tk * sk))
+    tiles = tiles_m * tiles_n * batch * sk
+    waves = np.ceil(tiles / cus)
+    # one SM's share of the padded work, at the arch's peak; memory at the arch's bandwidth
+    peak = arch.peak.get(f"{problem.dtype}_tflops") or arch.peak.get("fp16_tflops") or 100.0
+    bw = arch.peak.get("mem_gbs") or 1000.0
+    t_compute = waves * 2.0 * tm * tn * k_iters * tk / (peak * 1e12 / cus)
+    reads = batch * eb * (m * k * tiles_n + k * n * tiles_m)     # A once per N tile, B once per M tile
+    t_l2 = reads / (bw * 1e9 * 4.0)                              # re-reads mostly hit L2 (~4x HBM)
+    t_mem = (batch * (eb * (m * k + k * n) + ebc * m * n) + (sk > 1) * sk * m * n * 4.0 * batch) / (bw * 1e9)
+    roof = np.maximum(np.maximum(t_compute, t_mem), t_l2) + 2e-6 * (1.0 + (sk > 1))
+    out = {
+        "log_m": np.full(len(candidates), math.log2(m)), "log_n": np.full(len(candidates), math.log2(n)),
+        "log_k": np.full(len(candidates), math.log2(k)), "log_batch": np.full(len(candidates), math.log2(batch)),
+        "elem_bytes": np.full(len(candidates), eb),
+        "a_row": np.full(len(candidates), float(problem.layout[0] == "r")),
+        "b_row": np.full(len(candidates), float(problem.layout[1] == "r")),
+        "m_mod_tile": (m % tm) / tm, "n_mod_tile": (n % tn) / tn,
+        "k_aligned": ((k % (tk * sk)) == 0).astype(np.float64),
+        "m_aligned16": np.full(len(candidates), float(m % 16 == 0)),
+        "n_aligned16": np.full(len(candidates), float(n % 16 == 0)),
+        "k_aligned16": np.full(len(candidates), float(k % 16 == 0)),
+        "log_tiles": np.log2(tiles), "log_waves": np.log2(waves), "occupancy": tiles / (waves * cus),
+        "waste_mn": tiles_m * tm * tiles_n * tn / (m * n), "waste_k": k_iters * tk * sk / k,
+        "log_k_iters": np.log2(k_iters),
+        "log_t_compute": np.log(t_compute), "log_t_mem": np.log(t_mem), "log_t_l2": np.log(t_l2),
+        "log_roofline": np.log(roof),
+    }
+    for name in _KERNEL:
+        out[name] = col[name]
+    for name in ("tile_m", "tile_n", "tile_k"):
+        out[name] = np.log2(col[name])
+    return out
