@@ -231,6 +231,7 @@ class Dispatcher:
             hook(problem=problem, plan=plan, seconds=time.perf_counter() - t0, launched=launched)
             return out
 
+        observed.__dict__.update(getattr(f, "__dict__", {}))   # what the launcher says of its closure
         return observed
 
     def run_dict(self, problem, tensors: dict) -> dict:

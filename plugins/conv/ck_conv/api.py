@@ -127,16 +127,20 @@ def _forward(x, w, stride, padding, dilation, groups: int, sig=None) -> torch.Te
                               layouts=(p.layout_family,))
     y = _nc_out(core.run(disp, p, tensors, device=x.device, dtype=x.dtype), _out_shape(p), cl)
     if sig is not None:
-        warm.put(sig, _warm_closure(disp, p, tensors, x.device, groups, cl))
+        warm.put(sig, _warm_closure(disp, p, tensors, x, w, groups, cl))
     return y
 
 
-def _warm_closure(disp, p: ConvProblem, tensors: dict, dev, groups: int, cl: bool):
+def _warm_closure(disp, p: ConvProblem, tensors: dict, x, w, groups: int, cl: bool):
     """``f(x, w) -> y`` repeating a forward with this signature: the launcher's recorded
     replay where it has one, else the cached Problem on the cached Dispatcher."""
-    out_shape = _out_shape(p)
+    out_shape, dev = _out_shape(p), x.device
     fast = disp.warm(p, tensors)
     if fast is not None:
+        if getattr(fast, "pointers_only", False) and tensors["x"].data_ptr() == x.data_ptr() \
+                and tensors["w"].data_ptr() == w.data_ptr():
+            # the problem's operands are views of x and w (the signature pins their strides)
+            return lambda x, w: _nc_out(fast(x, w), out_shape, cl)
         return lambda x, w: _nc_out(fast(_image_in(x, groups, cl), _weight_in(w, groups, cl)), out_shape, cl)
 
     def again(x, w):

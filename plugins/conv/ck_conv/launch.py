@@ -586,6 +586,7 @@ class Capture:
                         return None
                     slots.append((i, role))
                     args[i] = None   # the recorded tensors are not kept alive
+            r.args = args
             plan.append((r, args, tuple(slots)))
         fresh = tuple((role, tuple(roles[role].shape), roles[role].dtype, torch.zeros if zero else torch.empty)
                       for role, zero in self.fresh.items())
@@ -611,6 +612,8 @@ class Capture:
             y = vals["y"] if conv is None else vals[conv[0]].to(conv[1])
             return y if po is None else y.permute(po).contiguous()
 
+        # only the operands' data pointers are read: any tensor with the same memory will do
+        replay.pointers_only = px is None and pw is None
         return replay
 
 
