@@ -173,12 +173,21 @@ def test_conv2d_each_signature_field_makes_a_new_plan(route, ck_dispatch_log, ck
         assert any(r.calls for r in replays)
 
 
-def test_grad_calls_skip_the_cache(route, ck_rng):
+def test_eager_autograd_uses_the_cache_and_gets_the_gradients(route, ck_dispatch_log, ck_rng):
     g = _gen(ck_rng)
-    a, b = _rand(g, 5, 7).requires_grad_(), _rand(g, 7, 3)
     before = warm.size()
-    matmul(a, b).sum().backward()
-    assert warm.size() == before and a.grad is not None
+    for call in range(2):
+        a, b, d = _rand(g, 5, 7).requires_grad_(), _rand(g, 7, 3), _rand(g, 3).requires_grad_()
+        y = matmul(a, b, d=(d,), activation="relu")
+        w = torch.rand(y.shape, generator=g, dtype=torch.float64)
+        (y.double() * w).sum().backward()
+        refs = [t.detach().double().requires_grad_() for t in (a, b, d)]
+        ref = torch.relu(refs[0] @ refs[1] + refs[2])
+        (ref * w).sum().backward()
+        assert _rel(y, ref.detach()) < 1e-5 and b.grad is None
+        assert _rel(a.grad, refs[0].grad) < 1e-5 and _rel(d.grad, refs[2].grad) < 1e-5, call
+        assert len(ck_dispatch_log.take()) == 3   # forward; backward: pre-activation, dA
+    assert warm.size() >= before + 1
 
 
 @pytest.mark.slow
