@@ -212,6 +212,21 @@ def _backward(ctx, dy):
 conv_op.register_autograd(_backward, setup_context=_setup)
 
 
+class _Eager(torch.autograd.Function):
+    """The forward with autograd in eager mode, without the custom-op layer: the forward is
+    the no-grad path (warm-call cache), the backward the custom op's.  ``torch.compile``
+    traces the custom op instead."""
+
+    @staticmethod
+    def forward(ctx, x, w, stride, padding, dilation, groups):
+        _setup(ctx, (x, w, stride, padding, dilation, groups), None)
+        return _conv(x.dim() - 2, x, w, None, stride, padding, dilation, groups)   # grad mode is off here
+
+    @staticmethod
+    def backward(ctx, dy):
+        return _backward(ctx, dy)
+
+
 # -- the public functions -------------------------------------------------------------
 
 #: the first field of the forward's warm-call signatures
@@ -244,6 +259,8 @@ def _conv(nd: int, x, w, bias, stride, padding, dilation, groups):
             [*_tuple(dilation, nd, "dilation")], int(groups))
     if not torch.compiler.is_compiling() and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)):
         y = _forward(x, w, *args, sig=sig)   # no autograd record to keep: skip the op wrapper
+    elif not torch.compiler.is_compiling():
+        y = _Eager.apply(x, w, *args)
     else:
         y = conv_op(x, w, *args)
     if bias is not None:
