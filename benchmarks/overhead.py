@@ -10,7 +10,12 @@
     ``ck build`` (``build_registry`` of the keys the cold call launched) filled in another
     process, with an empty Triton cache.  Reports ms and how many kernels Triton compiled.
 
+(c) ``--part cpu``: a dry run without a GPU: the same warm API calls on CPU tensors, every
+    Triton launch stubbed out (launches recorded as if on a GPU, replays that do nothing),
+    so the time is the host path above the launch (the launch itself excluded).
+
     python benchmarks/overhead.py --out overhead.json
+    python benchmarks/overhead.py --part cpu --out overhead_cpu.json    # no GPU needed
 """
 from __future__ import annotations
 
@@ -125,8 +130,12 @@ def overhead(calls: int) -> dict:
         o = ck_fmha.attention(qg, kg, vg)
         o.backward(do)
 
+    cl = torch.channels_last
+    xl, wl = x.to(memory_format=cl), w.to(memory_format=cl)
     cases = {"gemm.matmul 256^3 fp16": lambda: ck_gemm.matmul(a, b),
+             "gemm.matmul 256^3 fp16, B transposed view": lambda: ck_gemm.matmul(a, b.t()),
              "conv.conv2d 2x32x16x16 k3 fp16": lambda: ck_conv.conv2d(x, w, padding=1),
+             "conv.conv2d 2x32x16x16 k3 fp16 channels_last": lambda: ck_conv.conv2d(xl, wl, padding=1),
              "fmha.attention fwd 1x8x128x64 fp16": lambda: ck_fmha.attention(q, k, v),
              "fmha.attention fwd+bwd 1x8x128x64 fp16": fwd_bwd}
     rows = {}
@@ -148,6 +157,67 @@ def overhead(calls: int) -> dict:
             row["error"] = f"{type(e).__name__}: {e}"[:500]
         rows[name] = row
         print(name, json.dumps(row), flush=True)
+    return rows
+
+
+class _StubReplay:
+    """A recorded launch that launches nothing (``--part cpu``)."""
+
+    def __init__(self, fn, args, kwargs):
+        names = list(fn.arg_names)
+        self.names, self.args = tuple(names), list(args) + [kwargs.get(n) for n in names[len(args):]]
+
+    def __call__(self, args):
+        pass
+
+    def slot(self, name):
+        return self.names.index(name)
+
+
+def _stub_launches():
+    """Route CPU tensors as GPU ones would go (recorded replays) and launch nothing."""
+    from ck_core.backends import triton_artifacts as ta
+    from ck_core.backends import triton_replay
+
+    ta.launch = lambda name, fn, grid, args, kwargs, **kw: None
+    triton_replay.replayable = lambda t: True
+    triton_replay.record = lambda fn, grid, args, kwargs, name=None, extra=None: _StubReplay(fn, args, kwargs)
+
+
+def cpu_dry_run(calls: int) -> dict:
+    """Warm host us/call of the public APIs on CPU tensors with every launch stubbed."""
+    os.environ.setdefault("CK_BACKEND", "triton")
+    import torch
+
+    import ck_conv
+    import ck_gemm
+
+    _stub_launches()
+    h = torch.float16
+    a, b = torch.randn(256, 256, dtype=h), torch.randn(256, 256, dtype=h)
+    x, w = torch.randn(2, 32, 16, 16, dtype=h), torch.randn(32, 32, 3, 3, dtype=h)
+    xl, wl = x.to(memory_format=torch.channels_last), w.to(memory_format=torch.channels_last)
+    # on the CPU the layout copies and conversions the API makes do their work in the call
+    # (on a GPU they are asynchronous launches); the channels_last case has none
+    cases = {"gemm.matmul 256^3 fp16": lambda: ck_gemm.matmul(a, b),
+             "gemm.matmul 256^3 fp16, B transposed view": lambda: ck_gemm.matmul(a, b.t()),
+             "conv.conv2d 2x32x16x16 k3 fp16": lambda: ck_conv.conv2d(x, w, padding=1),
+             "conv.conv2d 2x32x16x16 k3 fp16 channels_last": lambda: ck_conv.conv2d(xl, wl, padding=1)}
+    rows = {}
+    for name, call in cases.items():
+        try:
+            for _ in range(3):
+                call()
+            best = []
+            for _ in range(5):
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    call()
+                best.append((time.perf_counter() - t0) / calls * 1e6)
+            rows[name] = {"host_us": round(statistics.median(best), 2)}
+        except Exception as e:  # noqa: BLE001 - one case failing must not lose the others
+            rows[name] = {"error": f"{type(e).__name__}: {e}"[:500]}
+        print(name, json.dumps(rows[name]), flush=True)
     return rows
 
 
@@ -218,10 +288,21 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--calls", type=int, default=1000)
-    ap.add_argument("--part", choices=["all", "overhead", "first"], default="all")
+    ap.add_argument("--part", choices=["all", "overhead", "first", "cpu"], default="all")
     ns = ap.parse_args(argv)
+    if ns.part == "cpu":   # the interpreter's functions carry the argument names the stubs need
+        os.environ["TRITON_INTERPRET"] = "1"
     import torch
     import triton
+
+    if ns.part == "cpu":
+        res = {"device": "cpu (launches stubbed)", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+               "command": "python benchmarks/overhead.py " + " ".join(argv or sys.argv[1:]),
+               "versions": {"torch": torch.__version__, "triton": triton.__version__}, "unit": "us/call",
+               "overhead": cpu_dry_run(ns.calls)}
+        with open(ns.out, "w") as f:
+            json.dump(res, f, indent=1)
+        return
 
     res = {"device": torch.cuda.get_device_name(0), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
            "command": "python benchmarks/overhead.py " + " ".join(argv or sys.argv[1:]),

@@ -155,10 +155,12 @@ def on_clear(fn) -> None:
 
 
 def clear() -> None:
-    """Forget every public-API Dispatcher and the tuning table (tests; after installing a
-    plugin, changing CK_BACKEND / CK_CPU_ARCH, or tuning)."""
+    """Forget every public-API Dispatcher, warm-call closure and the tuning table (tests;
+    after installing a plugin, changing CK_BACKEND / CK_CPU_ARCH, or tuning)."""
+    from . import warm
     from .tuned_data import clear_cache
 
+    warm.clear()
     _DISPATCHERS.clear()
     _ON_DEVICE.clear()
     _TUNING.clear()

@@ -211,6 +211,12 @@ def _replay_of(fn, kernel, grid, args, kwargs):
     return Replay(kernel, names, values, grid, device, descs, raw)
 
 
+def replayable(t) -> bool:
+    """Whether launches on ``t``'s device can be recorded and replayed: CUDA tensors (the
+    seam a CPU benchmark with stubbed launches replaces)."""
+    return t.is_cuda
+
+
 def is_replayable_env() -> bool:
     """False under TRITON_INTERPRET=1 or without CUDA (replay needs compiled kernels)."""
     import os

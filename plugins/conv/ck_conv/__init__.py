@@ -17,7 +17,8 @@ def __getattr__(name):
     if name in ("conv1d", "conv2d", "conv3d"):
         from . import api
 
-        return getattr(api, name)
+        fn = globals()[name] = getattr(api, name)   # later lookups skip this function
+        return fn
     raise AttributeError(f"module 'ck_conv' has no attribute {name!r}")
 
 

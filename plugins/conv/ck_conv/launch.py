@@ -337,6 +337,7 @@ class _StreamK:
             raise UnsupportedProblem(f"stream-K partials of {parts} x {numel} elements overflow 32-bit offsets; "
                                      f"use a fixup or atomic split reduction for this problem")
         self.out = torch.empty((parts,) + tuple(final.shape), dtype=torch.float32, device=final.device)
+        _note("scratch", self.out, False)
         self.fin, self.stride = final, numel
         self.cnt = _counters(final.device, ntiles)
         self.atomic, self.ws = False, 2
@@ -367,6 +368,7 @@ def _persistent(cache: dict, dtype: str, device, n: int):
                                      "launch; run the kernel once before capturing it in a CUDA graph")
         c = torch.zeros(max(n, 1 << 16), dtype=getattr(torch, dtype), device=device)
         cache[str(device)] = c
+    _note("keep", c)
     return c
 
 
@@ -403,9 +405,11 @@ class _SplitOut:
                                      f"offsets; use an atomic split reduction")
         if reduction in ("atomic", "relaxed"):
             self.out = torch.zeros(final.shape, dtype=torch.float32, device=final.device)
+            _note("scratch", self.out, True)
             self.atomic = 2 if reduction == "relaxed" else True
             return
         self.out = torch.empty((nsplit,) + tuple(final.shape), dtype=torch.float32, device=final.device)
+        _note("scratch", self.out, False)
         self.stride = numel
         if reduction == "fixup":
             self.ws = 2
@@ -417,6 +421,7 @@ class _SplitOut:
         if self.nsplit == 1 or self.ws in (2, 3):
             return self.final
         if self.atomic:
+            _note("converted", self.out, self.final.dtype)
             return self.out if self.out.dtype == self.final.dtype else self.out.to(self.final.dtype)
         from . import triton_kernels as tk
         numel = self.final.numel()
@@ -504,7 +509,142 @@ def _k(fn, grid):
     from ck_core.backends import triton_artifacts
 
     name, extra = _KERNEL.get()
-    return triton_artifacts.bind(f"{name}/{getattr(fn, '__name__', 'kernel')}", fn, grid, extra)
+    name = f"{name}/{getattr(fn, '__name__', 'kernel')}"
+    cap = _CAPTURE.get()
+    if cap is not None:
+        return lambda *args, **kwargs: cap.launch(name, fn, grid, args, kwargs, extra)
+    return triton_artifacts.bind(name, fn, grid, extra)
+
+
+#: the :class:`Capture` of the running launch, if one is being recorded
+_CAPTURE = contextvars.ContextVar("ck_conv_capture", default=None)
+
+
+class Capture:
+    """The launches of one :func:`run` as replays, and the tensors they took in their roles.
+
+    :func:`run` under :meth:`recording` launches through :func:`ck_core.backends.triton_replay.record`
+    and names its operands (``x``/``w``/``y`` of a forward: channels-last input, weights,
+    output buffer).  :meth:`replayer` turns that into a closure for later calls of the
+    same problem on tensors with the same shapes, strides, dtype, device and alignment.
+    """
+
+    def __init__(self):
+        self.launches, self.roles, self.ok = [], {}, True
+        self.fresh, self.kept, self.convert = {}, {}, None
+
+    def scratch(self, t, zero: bool):
+        """``t`` is a buffer each launch needs anew (zeroed when ``zero``)."""
+        role = f"s{len(self.fresh)}"
+        self.roles[role], self.fresh[role] = t, zero
+
+    def keep(self, t):
+        """``t`` is a persistent buffer (counters, accumulators) every launch shares."""
+        self.kept[t.data_ptr()] = t
+
+    def converted(self, src, dtype):
+        """The result is ``src`` (a scratch buffer) converted to ``dtype``."""
+        self.convert = (src.data_ptr(), dtype)
+
+    def launch(self, name, fn, grid, args, kwargs, extra):
+        from ck_core.backends import triton_replay
+
+        r = triton_replay.record(fn, grid, list(args), kwargs, name=name, extra=extra)
+        if r is None:
+            self.ok = False   # launched, but nothing to replay
+        else:
+            self.launches.append(r)
+
+    def recording(self):
+        return _Recording(self)
+
+    def replayer(self, p: ConvProblem, out):
+        """``f(x, w) -> out`` (operands and result in the problem's layouts), or None where a
+        launch took a tensor that is not one of the roles (workspaces, tables, copies the
+        replay would not redo)."""
+        import torch
+        roles = self.roles
+        if not self.ok or not self.launches or not {"x", "w", "y"} <= set(roles) or p.direction != "forward":
+            return None
+        where = {t.data_ptr(): role for role, t in roles.items()}
+        if len(where) != len(roles) or set(where) & set(self.kept):
+            return None
+        conv = None
+        if self.convert is not None:
+            conv = (where.get(self.convert[0]), self.convert[1])
+            if conv[0] not in self.fresh:
+                return None
+        elif out.data_ptr() != roles["y"].data_ptr() and not _is_layout_copy(out, roles["y"], p):
+            return None
+        plan = []
+        for r in self.launches:
+            args, slots = list(r.args), []
+            for i, v in enumerate(args):
+                if isinstance(v, torch.Tensor) and v.data_ptr() not in self.kept:
+                    role = where.get(v.data_ptr())
+                    if role is None:
+                        return None
+                    slots.append((i, role))
+                    args[i] = None   # the recorded tensors are not kept alive
+            r.args = args
+            plan.append((r, args, tuple(slots)))
+        fresh = tuple((role, tuple(roles[role].shape), roles[role].dtype, torch.zeros if zero else torch.empty)
+                      for role, zero in self.fresh.items())
+        nd = p.ndim
+        px = _perm(p.in_layout, "in", nd)
+        pw = _perm(p.wei_layout, "wei", nd)
+        order = _cl_order("out", nd)
+        po = None if p.out_layout == order else [order.index(ch) for ch in p.out_layout]
+        y = roles["y"]
+        shape, dtype, dev, empty = tuple(y.shape), y.dtype, y.device, torch.empty
+
+        def replay(x, w):
+            vals = {"x": x if px is None else x.permute(px).contiguous(),
+                    "w": w if pw is None else w.permute(pw).contiguous(),
+                    "y": empty(shape, dtype=dtype, device=dev)}
+            for role, sh, dt, new in fresh:
+                vals[role] = new(sh, dtype=dt, device=dev)
+            for r, args, slots in plan:
+                a = args.copy()
+                for i, role in slots:
+                    a[i] = vals[role]
+                r(a)
+            y = vals["y"] if conv is None else vals[conv[0]].to(conv[1])
+            return y if po is None else y.permute(po).contiguous()
+
+        # only the operands' data pointers are read: any tensor with the same memory will do
+        replay.pointers_only = px is None and pw is None
+        return replay
+
+
+class _Recording:
+    def __init__(self, cap):
+        self.cap = cap
+
+    def __enter__(self):
+        self.token = _CAPTURE.set(self.cap)
+        return self.cap
+
+    def __exit__(self, *exc):
+        _CAPTURE.reset(self.token)
+
+
+def _note(what: str, *args) -> None:
+    """Tell the running :class:`Capture`, if any, what a buffer is (``Capture.<what>(*args)``)."""
+    cap = _CAPTURE.get()
+    if cap is not None:
+        getattr(cap, what)(*args)
+
+
+def _perm(layout: str, kind: str, nd: int):
+    """The permutation :func:`to_channels_last` applies to ``layout`` (None: none, no copy)."""
+    order = _cl_order(kind, nd)
+    return None if layout == order else [layout.index(ch) for ch in order]
+
+
+def _is_layout_copy(out, y, p: ConvProblem) -> bool:
+    """Whether ``out`` is what :func:`from_channels_last` made of ``y`` (not a workspace's reduction)."""
+    return p.out_layout != _cl_order("out", p.ndim) and out.numel() == y.numel() and out.dtype == y.dtype
 
 
 def run(p: ConvProblem, tensors: dict, config: ConvKernelConfig | str, num_sms: int | None = None,
@@ -573,6 +713,9 @@ def _run(p: ConvProblem, tensors: dict, config, num_sms):
         wc = to_channels_last(w, p.wei_layout, "wei", nd)
         M = p.N * g["Do"] * g["Ho"] * g["Wo"]
         y = torch.empty((p.N,) + p.output_spatial + (G, K), dtype=x.dtype, device=x.device)
+        cap = _CAPTURE.get()
+        if cap is not None:
+            cap.roles.update(x=xc, w=wc, y=y)
         if dwise and cfg.rows:
             _dw_rows(xc, w, wc, y, p, g, dict(meta, RH=cfg.tile[0]), nw, ns)
         elif dwise and cfg.flat:

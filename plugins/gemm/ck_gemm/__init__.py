@@ -16,5 +16,6 @@ def __getattr__(name):
     if name in ("matmul", "linear"):
         from . import api
 
-        return getattr(api, name)
+        fn = globals()[name] = getattr(api, name)   # later lookups skip this function
+        return fn
     raise AttributeError(f"module 'ck_gemm' has no attribute {name!r}")

@@ -10,12 +10,16 @@ traces it without graph breaks; its backward is two more ``ck::gemm`` calls.
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 from typing import Optional, Sequence
 
 import torch
 
 from ck_core import api as core
+from ck_core import warm
 from ck_core.errors import InvalidProblem
+from ck_core.plugins import get_manager
+from ck_core.warm import tensor_sig
 
 from .problem import ACTIVATIONS, DEFAULT_C, GemmProblem
 
@@ -56,13 +60,29 @@ def _shapes(a: torch.Tensor, b: torch.Tensor) -> tuple:
     return max(batch), a.shape[-2], b.shape[-1], a.shape[-1]
 
 
-def _gemm(a, b, d, activation: str, out_dtype) -> torch.Tensor:
+def _gemm(a, b, d, activation: str, out_dtype, sig=None) -> torch.Tensor:
+    """The cold path: check, build the Problem, dispatch, run; with ``sig`` (a warm-call
+    signature of these arguments) also store the closure that repeats this call."""
     batch, m, n, k = _shapes(a, b)
     token = core.dtype_token(a.dtype)
     if core.dtype_token(b.dtype) != token:
         raise InvalidProblem(f"matmul: A is {a.dtype} but B is {b.dtype}; cast one of them")
     t_out = _out_dtype(a, out_dtype)
     out_shape = (batch, m, n) if a.dim() == 3 or b.dim() == 3 else (m, n)
+    la, sa, lb, sb, tensors = _operands(a, b, d, batch, m, n, k, t_out, out_shape)
+    problem = GemmProblem(m=m, n=n, k=k, batch=batch, dtype=token, dtype_c=core.dtype_token(t_out),
+                          layout=la + lb + "r", num_d=len(d), activation=activation)
+    disp = core.dispatcher_on("gemm", a, dtypes=(token,), layouts=(problem.layout,),
+                              dtypes_c=(problem.dtype_c,), num_ds=(len(d),), d_ops=("add",),
+                              activations=(activation,))
+    c = core.run(disp, problem, tensors, device=a.device, dtype=t_out).reshape(out_shape)
+    if sig is not None:
+        warm.put(sig, _warm_closure(disp, problem, tensors, a, b, sa, sb, (batch, m, n, k), t_out, out_shape))
+    return c
+
+
+def _operands(a, b, d, batch, m, n, k, t_out, out_shape) -> tuple:
+    """(layout of A, A's storage, layout of B, B's storage, the Dispatcher's tensors)."""
     if batch > 1:   # a broadcast operand is repeated: the kernels take one batch stride per operand
         a, b = a.expand(batch, m, k), b.expand(batch, k, n)
     else:
@@ -77,13 +97,27 @@ def _gemm(a, b, d, activation: str, out_dtype) -> torch.Tensor:
         except RuntimeError:
             raise InvalidProblem(f"matmul: d[{i}] of shape {tuple(di.shape)} does not broadcast to the "
                                  f"output shape {out_shape}") from None
-    problem = GemmProblem(m=m, n=n, k=k, batch=batch, dtype=token, dtype_c=core.dtype_token(t_out),
-                          layout=la + lb + "r", num_d=len(d), activation=activation)
-    disp = core.dispatcher_on("gemm", a, dtypes=(token,), layouts=(problem.layout,),
-                              dtypes_c=(problem.dtype_c,), num_ds=(len(d),), d_ops=("add",),
-                              activations=(activation,))
-    c = core.run(disp, problem, tensors, device=a.device, dtype=t_out)
-    return c.reshape(out_shape)
+    return la, sa, lb, sb, tensors
+
+
+def _warm_closure(disp, problem, tensors, a, b, sa, sb, sizes, t_out, out_shape):
+    """``f(a, b, d) -> C`` repeating a call with this signature.
+
+    Where the Dispatcher's tensors are A and B themselves (views: same data pointer;
+    the signature pins their strides) the launcher's recorded replay takes them as they
+    are; otherwise (copies, D tensors, the numpy backend) the operands are prepared again
+    and the cached Problem runs on the cached Dispatcher."""
+    if len(tensors) == 2 and sa.data_ptr() == a.data_ptr() and sb.data_ptr() == b.data_ptr():
+        fast = disp.warm(problem, tensors, out_shape=out_shape)
+        if fast is not None:
+            return lambda a, b, d: fast(a, b)
+    dev = a.device
+
+    def again(a, b, d):
+        ts = _operands(a, b, d, *sizes, t_out, out_shape)[4]
+        return core.run(disp, problem, ts, device=dev, dtype=t_out).reshape(out_shape)
+
+    return again
 
 
 @torch.library.custom_op("ck::gemm", mutates_args=())
@@ -153,6 +187,30 @@ def _backward(ctx, grad):
 gemm_op.register_autograd(_backward, setup_context=_setup)
 
 
+class _Eager(torch.autograd.Function):
+    """matmul with autograd in eager mode, without the custom-op layer (~60 us of host time
+    per call): the forward is matmul's no-grad path (warm-call cache), the backward the
+    custom op's.  ``torch.compile`` traces the custom op instead."""
+
+    @staticmethod
+    def forward(ctx, a, b, activation, out_dtype, *d):
+        ctx.save_for_backward(a, b, *d)
+        ctx.activation = activation
+        return matmul(a, b, d=d, activation=activation, out_dtype=out_dtype)   # grad mode is off here
+
+    @staticmethod
+    def backward(ctx, grad):
+        need = ctx.needs_input_grad
+        view = SimpleNamespace(saved_tensors=ctx.saved_tensors, activation=ctx.activation,
+                               needs_input_grad=(need[0], need[1], any(need[4:])))
+        ga, gb, gd, _, _ = _backward(view, grad)
+        return (ga, gb, None, None, *gd)
+
+
+#: the first field of matmul's warm-call signatures
+_MATMUL = "ck_gemm.matmul"
+
+
 def _activation(activation) -> str:
     act = "none" if activation is None else activation
     if act not in ACTIVATIONS:
@@ -170,12 +228,20 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, d: Sequence[torch.Tensor] = (), 
     broadcast to the output, added before ``activation`` (relu, gelu, silu,
     sigmoid, tanh); ``out_dtype``: C's dtype (default: CK's for the input dtype).
     """
-    d = list(d)
-    act = _activation(activation)
+    if d:
+        d = list(d)
     if not torch.compiler.is_compiling() and not (torch.is_grad_enabled() and (
             a.requires_grad or b.requires_grad or any(x.requires_grad for x in d))):
-        return _gemm(a, b, d, act, out_dtype)   # no autograd record to keep: skip the op wrapper
-    return gemm_op(a, b, d, act, out_dtype)
+        # no autograd record to keep: skip the op wrapper; a known signature skips the rest
+        sig = (_MATMUL, get_manager(), tensor_sig(a), tensor_sig(b), activation, out_dtype,
+               *[tensor_sig(x) for x in d])
+        f = warm.get(sig)
+        if f is not None:
+            return f(a, b, d)
+        return _gemm(a, b, list(d), _activation(activation), out_dtype, sig)
+    if not torch.compiler.is_compiling():
+        return _Eager.apply(a, b, _activation(activation), out_dtype, *d)
+    return gemm_op(a, b, list(d), _activation(activation), out_dtype)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -232,8 +232,9 @@ def _record(cfg, problem, a, b, c, t_out, act, num_sms=None, name=None, extra=No
     def capture(spec, vals, M, N, batch, kname):
         fn, args, opts = L.call_of(spec, vals)
         grid = spec.grid(M, N, batch)
-        replay = triton_replay.record(fn, grid, args, opts, name=kname, extra=extra) if a.is_cuda else None
-        if replay is None and a.is_cuda:
+        gpu = triton_replay.replayable(a)
+        replay = triton_replay.record(fn, grid, args, opts, name=kname, extra=extra) if gpu else None
+        if replay is None and gpu:
             log.debug("gemm %s: no replay, recorded launches through the cache", kname)
         elif replay is None:
             L._launch(spec, vals, M, N, batch, kname, extra)
@@ -326,7 +327,7 @@ def make_fast_launcher(key, num_sms=None):
     """Like :func:`make_launcher`, with the recorded fast path for plain GEMMs."""
     import torch
 
-    from ck_core.backends import triton_artifacts
+    from ck_core.backends import triton_artifacts, triton_replay
 
     general = make_launcher(key, num_sms)
     cfg = config_of(key)
@@ -337,12 +338,10 @@ def make_fast_launcher(key, num_sms=None):
     def launch(problem, tensors):
         a, b = tensors["a"], tensors["b"]
         if problem.num_d or problem.activation != "none" or problem.batch != 1 or a.dtype != t_in \
-                or b.dtype != t_in or not a.is_cuda:
+                or b.dtype != t_in or not triton_replay.replayable(a):
             return general(problem, tensors)
         c = tensors.get("c")
-        sig_ = (problem, a.shape, b.shape, a.stride(), b.stride(), a.data_ptr() % 16, b.data_ptr() % 16, a.device.index,
-                None if c is None else (c.shape, c.stride(), c.data_ptr() % 16, c.dtype))
-        rec = recorded.get(sig_)
+        rec = recorded.get(_sig(problem, a, b, c))
         if c is None:
             c = torch.empty(problem.shape_c(), device=a.device, dtype=t_out)
         if rec is None:
@@ -353,13 +352,35 @@ def make_fast_launcher(key, num_sms=None):
                 raise InvalidProblem(f"c is {tuple(c.shape)} {c.dtype}; expected {problem.shape_c()} {t_out}")
             rec = _record(cfg, problem, a, b, c, t_out, None, num_sms, name=key.name,
                           extra=triton_artifacts.compile_options(key))
-            if rec is None:
-                recorded[sig_] = False
-                return {"c": c}
-            recorded[sig_] = rec
+            recorded[_sig(problem, a, b, tensors.get("c"))] = False if rec is None else rec
             return {"c": c}
         if rec is False:
             return general(problem, tensors)
         return {"c": _fast_call(rec, a, b, c)}
 
+    def warm(problem, tensors, out_shape=None):
+        """``f(a, b) -> C`` for later calls like the recorded one (same problem, shapes,
+        strides, alignment, device: the caller's signature pins them), or None.  C is
+        allocated as ``out_shape`` (the caller's view of C's storage; default the problem's)."""
+        a, b = tensors["a"], tensors["b"]
+        if "c" in tensors or len(tensors) != 2:
+            return None
+        rec = recorded.get(_sig(problem, a, b, None))
+        if not rec:
+            return None
+        shape, dev, empty = tuple(out_shape or problem.shape_c()), a.device, torch.empty
+
+        def fast(a, b):
+            return _fast_call(rec, a, b, empty(shape, device=dev, dtype=t_out))
+
+        return fast
+
+    launch.warm = warm
     return launch
+
+
+def _sig(problem, a, b, c) -> tuple:
+    """What a recording depends on beyond the problem: the operands' storage (the kernel
+    reads only their data pointers; its integer arguments and specialisation come from these)."""
+    return (problem, a.shape, b.shape, a.stride(), b.stride(), a.data_ptr() % 16, b.data_ptr() % 16,
+            a.device.index, None if c is None else (c.shape, c.stride(), c.data_ptr() % 16, c.dtype))

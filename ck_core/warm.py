@@ -1,0 +1,45 @@
+"""Warm calls of the public APIs: one signature -> one ready closure.
+
+A public call's cold path builds its Problem, validates it, asks the Dispatcher
+for a plan and launches it; then it stores a closure under a *signature* of its
+arguments.  The next call with the same signature computes that signature and
+calls the closure: no Problem, no validation, no Dispatcher lookup.
+
+The signature must hold everything the cold path read from the arguments (a wrong
+hit is a silently wrong result): for each tensor :func:`tensor_sig` (shape,
+strides, dtype, device, data pointer modulo 16: what selection, the Triton
+specialisation and the launch arguments depend on), plus the op's flags and the
+plugin manager.  Data pointers themselves are not in it: the closures take new
+tensors and pass only their data pointers to recorded launches.
+
+The cache is process-wide and bounded; :func:`ck_core.api.clear` empties it with
+the Dispatchers (after changing CK_BACKEND, plugins or tuning data).
+"""
+from __future__ import annotations
+
+#: signature -> closure; cleared whole when it grows past LIMIT (signatures are few in real models)
+_CACHE: dict = {}
+LIMIT = 4096
+
+get = _CACHE.get
+
+
+def tensor_sig(t) -> tuple:
+    """What a launch may read from a tensor other than its data: shape, strides, dtype,
+    device, and the base address's alignment (Triton specialises pointers on 16 bytes)."""
+    return (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16)
+
+
+def put(sig, fn) -> None:
+    if len(_CACHE) >= LIMIT:
+        _CACHE.clear()
+    _CACHE[sig] = fn
+
+
+def clear() -> None:
+    _CACHE.clear()
+
+
+def size() -> int:
+    """How many signatures have a closure (tests: a new signature must add one)."""
+    return len(_CACHE)
