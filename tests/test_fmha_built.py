@@ -97,3 +97,39 @@ def test_fmha_launcher_loads_what_ck_build_compiled(tmp_path, family, kernels):
     assert warm["stats"] == {"compiled": 0, "loaded": len(names), "memory": 0}
     cold = _run("cold", family, tmp_path)["stats"]   # an unaligned problem is not the built kernel
     assert cold["compiled"] >= 1
+
+
+def test_attention_launches_under_its_key_names(ck_dispatch_log, ck_rng, monkeypatch):
+    """Each kernel of the public attention's forward and backward is looked up in the cache
+    as ``<key the Dispatcher chose>/<kernel name>``, the entries ``ck build`` writes."""
+    torch = pytest.importorskip("torch")
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("CPU tensors run triton kernels only in the interpreter")
+    import ck_fmha
+
+    from ck_core import api
+    from ck_core.backends import triton_artifacts as ta
+
+    monkeypatch.setenv("CK_BACKEND", "triton")
+    api.clear()
+    names, real = [], ta.launch
+
+    def spy(name, fn, grid, args, kwargs, **kw):
+        names.append(name)
+        return real(name, fn, grid, args, kwargs, **kw)
+
+    monkeypatch.setattr(ta, "launch", spy)
+    g = torch.Generator().manual_seed(int(ck_rng.integers(1 << 30)))
+    q, k, v = (torch.randn(1, 2, 19, 32, generator=g, dtype=torch.float16, requires_grad=True) for _ in range(3))
+    o = ck_fmha.attention(q, k, v, causal=True)
+    o.backward(torch.randn(o.shape, generator=g, dtype=o.dtype))
+    runs = ck_dispatch_log.take()
+    api.clear()
+    keys = [name for r in runs for name in r[2]]
+    assert [r[0].family for r in runs] == ["fwd", "bwd_dq_dk_dv"]
+    assert names[0] == keys[0] + "/fmha_fwd_kernel"
+    assert names[1] == keys[1] + "/fmha_bwd_dot_do_o_kernel"
+    assert names[2] == keys[2] + "/fmha_bwd_dq_dk_dv_kernel"
+    assert all(any(n.startswith(kn + "/fmha_") for kn in keys) for n in names), (names, keys)
+    ref = torch.nn.functional.scaled_dot_product_attention(*(x.detach().double() for x in (q, k, v)), is_causal=True)
+    assert float((o.detach().double() - ref).norm() / ref.norm()) < 1e-2
