@@ -21,9 +21,9 @@ def ran(monkeypatch):
     real_run, real_split, real_sk = L.run, L._SplitOut.__init__, L._StreamK.__init__
     state = {}
 
-    def run(p, tensors, config, num_sms=None):
+    def run(p, tensors, config, num_sms=None, **kw):
         state["splits"] = 1
-        y = real_run(p, tensors, config, num_sms)
+        y = real_run(p, tensors, config, num_sms, **kw)
         out.append((config.name, state["splits"]))
         return y
 
