@@ -777,9 +777,10 @@ _JIT_BATCH, _JIT_HEADS, _JIT_SEQ = 2, 16, 512
 
 
 def _built_here(key) -> bool:
-    """Whether the launcher of ``key`` loads all its kernels from the cache.  Not yet: the Gluon
-    kernels, and the TMA forward variants (ops refuses them on tensors that are not on an sm90
-    GPU, so :func:`jit_calls` cannot trace them on this host)."""
+    """Whether ``ck build`` of ``key`` compiles the entries its launcher loads.  Not yet: the
+    Gluon kernels (launched as before, JIT), and the TMA forward variants (their launches go
+    through the cache, JIT-compiled into it on first use; ops refuses them on tensors that are
+    not on an sm90 GPU, so :func:`jit_calls` cannot trace them without one)."""
     a = key.algorithm
     return (key.signature.family in _BUILT_FAMILIES and a.variant == "ptr"
             and not (key.signature.family == "bwd_dq_dk_dv" and parse_dq(a.dq)[0] == "gluon"))
