@@ -133,3 +133,32 @@ def test_attention_launches_under_its_key_names(ck_dispatch_log, ck_rng, monkeyp
     assert all(any(n.startswith(kn + "/fmha_") for kn in keys) for n in names), (names, keys)
     ref = torch.nn.functional.scaled_dot_product_attention(*(x.detach().double() for x in (q, k, v)), is_causal=True)
     assert float((o.detach().double() - ref).norm() / ref.norm()) < 1e-2
+
+
+@pytest.mark.parametrize("arch", ["sm90", "gfx942"])
+def test_every_built_fmha_key_traces_its_launches(arch):
+    """``ck build`` traces each key's launcher on meta tensors: every key whose rendering offers
+    ``jit_calls`` yields launches of its own family's kernels (none is silently empty), and
+    the unmasked and causal problems both appear where the kernel takes a mask."""
+    pytest.importorskip("torch")
+    from ck_core import Registry
+    from ck_fmha import triton_keys as T
+
+    kernel = {"fwd": {"/fmha_fwd_kernel"}, "bwd_dot_do_o": {"/fmha_bwd_dot_do_o_kernel"},
+              "bwd_dq_dk_dv": {"/fmha_bwd_dq_dk_dv_kernel", "/fmha_bwd_dq_kernel"},
+              "bwd_convert_dq": {"/fmha_bwd_convert_dq_kernel"}}
+    seen = set()
+    for key in Registry.from_enumeration("fmha", arch, "triton"):
+        r = T.render(key, "triton")
+        if r.jit_calls is None:
+            gluon_dq = getattr(key.algorithm, "dq", "").startswith("gluon")   # a Gluon dQ pass: JIT
+            assert key.algorithm.variant != "ptr" or key.signature.family not in kernel or gluon_dq, key.name
+            continue
+        fam = key.signature.family
+        calls = r.jit_calls()
+        assert calls and {c[0] for c in calls} <= kernel[fam], (key.name, [c[0] for c in calls])
+        masks = {c[3].get("MASK_MODE") for c in calls}
+        if fam in ("fwd", "bwd_dq_dk_dv"):
+            assert masks == {0, 1}, (key.name, masks)
+        seen.add((fam, key.signature.dtype))
+    assert {f for f, _ in seen} == set(kernel)
