@@ -84,3 +84,26 @@ def test_conv_launcher_loads_what_ck_build_compiled(tmp_path):
     assert warm["stats"] == {"compiled": 0, "loaded": len(names), "memory": 0}
     cold = _run("cold", tmp_path)["stats"]
     assert cold["compiled"] >= 1, "an unaligned problem must not run the aligned kernel"
+
+
+@pytest.mark.parametrize("direction", ["forward", "bwd_data", "bwd_weight"])
+def test_conv_keys_trace_their_launches(direction):
+    """A sample of sm90 conv keys: where the rendering offers ``jit_calls`` (a representative problem
+    the key runs as named), tracing it yields the key's conv kernels, under no other names."""
+    pytest.importorskip("torch")
+    from ck_conv import plugin as P
+
+    from ck_core.plugins import get_manager
+
+    keys = P.enumerate_keys(get_manager().arch("sm90"), "triton", {"ndims": [2], "directions": [direction],
+                                                                    "dtypes": ["fp16"]})
+    traced = 0
+    for key in keys[::max(1, len(keys) // 60)]:
+        r = P.render(key, "triton")
+        if r.jit_calls is None:
+            continue
+        calls = r.jit_calls()
+        names = {c[0] for c in calls}
+        assert calls and all(n.startswith(("/conv_", "/dw_", "/splitk_reduce", "/kernel")) for n in names), names
+        traced += 1
+    assert traced >= 30, traced

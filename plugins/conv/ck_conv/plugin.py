@@ -411,9 +411,12 @@ def _representative(cfg) -> ConvProblem | None:
     """The first representative problem ``cfg`` runs as it is, or None."""
     i_l, w_l, o_l = cfg.layouts
     for g, c, k, f, pad in _REPRESENTATIVE:
-        p = ConvProblem(N=_REP_N, G=g, C=c, K=k, input_spatial=(_REP_SPATIAL,) * cfg.ndim, filter=(f,) * cfg.ndim,
-                        pad_left=(pad,) * cfg.ndim, pad_right=(pad,) * cfg.ndim, direction=cfg.direction,
-                        dtype=cfg.dtype, in_layout=i_l, wei_layout=w_l, out_layout=o_l)
+        try:
+            p = ConvProblem(N=_REP_N, G=g, C=c, K=k, input_spatial=(_REP_SPATIAL,) * cfg.ndim,
+                            filter=(f,) * cfg.ndim, pad_left=(pad,) * cfg.ndim, pad_right=(pad,) * cfg.ndim,
+                            direction=cfg.direction, dtype=cfg.dtype, in_layout=i_l, wei_layout=w_l, out_layout=o_l)
+        except InvalidProblem:   # (a layout family without this problem): try the next
+            continue
         if cfg.why_not(p) is None:
             return p
     return None
