@@ -6,7 +6,7 @@
   launchers load (built is what runs); otherwise ``compile(target)`` (a
   ``triton.compile`` of an ``ASTSource``) and ``source_hash`` give a code object
   (hsaco / cubin) and its metadata in the :class:`ck_core.cache.KernelCache`,
-  which no launcher reads yet (conv, fmha).
+  which no launcher reads (keys whose rendering offers no ``jit_calls``).
 * execute: kernels run where torch sees a matching GPU, or anywhere under
   ``TRITON_INTERPRET=1`` (Triton's CPU interpreter, for tests).
 

@@ -499,8 +499,8 @@ def _split_as_named(cfg: ConvKernelConfig, nsplit: int) -> int:
     return nsplit
 
 
-#: (kernel key name, its compile options) of the running launch
-_KERNEL = contextvars.ContextVar("ck_conv_kernel", default=("conv", None))
+#: (kernel key name, its compile options, a capture list or None) of the running launch
+_KERNEL = contextvars.ContextVar("ck_conv_kernel", default=("conv", None, None))
 
 
 def _k(fn, grid):
@@ -508,8 +508,11 @@ def _k(fn, grid):
     (``<key name>/<function>``; :mod:`ck_core.backends.triton_artifacts`)."""
     from ck_core.backends import triton_artifacts
 
-    name, extra = _KERNEL.get()
-    name = f"{name}/{getattr(fn, '__name__', 'kernel')}"
+    name, extra, jit_capture = _KERNEL.get()
+    suffix = f"/{getattr(fn, '__name__', 'kernel')}"
+    if jit_capture is not None:   # ck build's jit_calls: record the launch, run nothing
+        return lambda *args, **kwargs: jit_capture.append((suffix, fn, args, kwargs))
+    name = name + suffix
     cap = _CAPTURE.get()
     if cap is not None:
         return lambda *args, **kwargs: cap.launch(name, fn, grid, args, kwargs, extra)
@@ -648,7 +651,7 @@ def _is_layout_copy(out, y, p: ConvProblem) -> bool:
 
 
 def run(p: ConvProblem, tensors: dict, config: ConvKernelConfig | str, num_sms: int | None = None,
-        kernel_name: str | None = None, compile_options: dict | None = None):
+        kernel_name: str | None = None, compile_options: dict | None = None, capture: list | None = None):
     """Compute ``p`` on torch tensors with exactly the Triton kernel ``config`` (a config or its name).
 
     The kernel's ``split`` cuts the reduction over that many programs, combined as
@@ -663,10 +666,12 @@ def run(p: ConvProblem, tensors: dict, config: ConvKernelConfig | str, num_sms: 
     launches concurrently on different streams.
     ``kernel_name``: the kernel key's name, under which its kernels are cached
     (default: the config's name); ``compile_options``: the key's extra compile options
-    (``ck_core.backends.triton_artifacts.compile_options``), part of the cache entry.
+    (``ck_core.backends.triton_artifacts.compile_options``), part of the cache entry;
+    ``capture``: append each launch to it as ``(suffix, fn, args, kwargs)`` instead of running it
+    (``ck build``'s representative calls, :func:`ck_conv.plugin.jit_calls`).
     """
     name = kernel_name or (config if isinstance(config, str) else getattr(config, "name", "conv"))
-    token = _KERNEL.set((name, compile_options or None))
+    token = _KERNEL.set((name, compile_options or None, capture))
     try:
         return _run(p, tensors, config, num_sms)
     finally:

@@ -392,6 +392,9 @@ class ConvRendered:
     attrs_: dict
     options: dict
     source_hash: str
+    #: the key's launches on a representative problem (:func:`jit_calls`), which ``ck build``
+    #: compiles into the entries the launcher loads; None: no such problem was found
+    jit_calls: object = None
 
     def compile(self, target, extra_options=None):
         import triton
@@ -416,7 +419,52 @@ def render(key, backend: str):
         src = getattr(fn, "src", repr(fn))
     h = hashlib.sha256((src + repr(sorted(consts.items())) + repr(sig) + repr(sorted(opts.items())))
                        .encode()).hexdigest()
-    return ConvRendered(fn, sig, consts, attrs_, opts, h)
+    rep = _representative(config_of(key))
+    return ConvRendered(fn, sig, consts, attrs_, opts, h,
+                        None if rep is None else functools.partial(jit_calls, key, rep))
+
+
+#: representative problems, tried in order: (G, C, K, filter, pad); the wide ones for kernels
+#: whose split needs a long reduction to run as named.  Channels multiples of 16
+#: (Triton specialises integers divisible by 16), N = 4 and spatial size 28, as common
+#: CNN layers have (56, 28, 14, 7: not multiples of 16, nor 1)
+_REPRESENTATIVE = ((1, 64, 64, 3, 1), (1, 64, 64, 1, 0), (64, 64, 64, 3, 1), (8, 128, 128, 3, 1),
+                   (8, 128, 128, 1, 0), (4, 256, 256, 3, 1), (4, 256, 256, 1, 0), (64, 64, 64, 5, 2),
+                   (64, 64, 64, 7, 3), (1, 512, 512, 3, 1), (1, 512, 512, 1, 0), (1, 4096, 4096, 3, 1),
+                   (1, 4096, 4096, 1, 0))
+_REP_N, _REP_SPATIAL = 4, 28
+
+
+def _representative(cfg) -> ConvProblem | None:
+    """The first representative problem ``cfg`` runs as it is, or None."""
+    i_l, w_l, o_l = cfg.layouts
+    for g, c, k, f, pad in _REPRESENTATIVE:
+        try:
+            p = ConvProblem(N=_REP_N, G=g, C=c, K=k, input_spatial=(_REP_SPATIAL,) * cfg.ndim,
+                            filter=(f,) * cfg.ndim, pad_left=(pad,) * cfg.ndim, pad_right=(pad,) * cfg.ndim,
+                            direction=cfg.direction, dtype=cfg.dtype, in_layout=i_l, wei_layout=w_l, out_layout=o_l)
+        except InvalidProblem:   # (a layout family without this problem): try the next
+            continue
+        if cfg.why_not(p) is None:
+            return p
+    return None
+
+
+def jit_calls(key, problem: ConvProblem) -> list:
+    """The launches of ``key``'s launcher on ``problem`` (:func:`_representative`),
+    ``[(suffix, fn, args, kwargs)]``; tensors on torch's meta device (nothing runs)."""
+    import torch
+    from ck_core.plugins import get_manager
+
+    from .launch import run
+
+    td = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[problem.dtype]
+    shapes = {"x": problem.input_shape, "w": problem.weight_shape, "dy": problem.output_shape}
+    tensors = {n: torch.empty(shapes[n], dtype=td, device="meta") for n in IN_NAMES[problem.direction]}
+    calls: list = []
+    run(problem, tensors, config_of(key), num_sms=get_manager().arch(key.arch).compute_units,
+        kernel_name=key.name, capture=calls)
+    return calls
 
 
 def _flops(p):

@@ -510,13 +510,31 @@ def _torch_dtype(token, arch_name: Optional[str] = None):
     return {"fp16": torch.float16, "bf16": torch.bfloat16}[token]
 
 
-def make_launcher(key):
-    """Stage launcher for one key: ``(problem, tensors) -> {name: tensor}`` on torch tensors."""
+def kernel_via(key, capture: Optional[list] = None):
+    """How the launcher of ``key`` launches a Triton kernel (``ops``' ``_via``): through
+    :mod:`ck_core.backends.triton_artifacts` as cache entry ``<key name>/<kernel name>``, the
+    entry ``ck build`` writes; with ``capture``, the launch is appended to it as
+    ``(suffix, fn, args, kwargs)`` instead (:func:`jit_calls`)."""
+    from ck_core.backends import triton_artifacts
+
+    def via(fn, grid):
+        suffix = "/" + getattr(fn, "__name__", type(fn).__name__)   # (tests wrap kernels in spies)
+        if capture is not None:
+            return lambda *args, **kwargs: capture.append((suffix, fn, args, kwargs))
+        return triton_artifacts.bind(key.name + suffix, fn, grid, triton_artifacts.compile_options(key))
+
+    return via
+
+
+def make_launcher(key, capture: Optional[list] = None):
+    """Stage launcher for one key: ``(problem, tensors) -> {name: tensor}`` on torch tensors.
+    ``capture``: see :func:`kernel_via`."""
     import torch
 
     from . import stages
     from .triton import ops
 
+    via = kernel_via(key, capture)
     fam = key.signature.family
     alg = key.algorithm
     cfg = alg.config()
@@ -559,7 +577,7 @@ def make_launcher(key):
                       fp8_v_trans=v_trans)
         o, lse = ops.fwd(x["q"], x["k"], v, scale=p.softmax_scale, softcap=p.logits_soft_cap,
                          return_lse=True, layout=layout, config=cfg, **_mask(p), **kw, **_features(p, t, tdt),
-                         **_sinks(p, t))
+                         **_sinks(p, t), _via=via)
         out = {"o": o, "lse": lse}
         if p.store_randval:
             out["randval"] = ops.dropout_randval(
@@ -618,7 +636,7 @@ def make_launcher(key):
     def dot_do_o(p, t):
         x = cast(p, t, ("o", "do"))
         layout, kw = varlen(p, x["o"], k=False)
-        return {"d": ops.bwd_dot_do_o(x["o"], x["do"], layout=layout, **kw)}
+        return {"d": ops.bwd_dot_do_o(x["o"], x["do"], layout=layout, **kw, _via=via)}
 
     dq_choice = parse_dq(alg.dq) if fam == "bwd_dq_dk_dv" else None
     kv_choice = (("gluon", (alg.block_m, alg.num_stages, alg.variant.endswith("_pers")))
@@ -630,7 +648,7 @@ def make_launcher(key):
         res = ops.bwd_dq_dk_dv(x["q"], x["k"], x["v"], x["do"], t["lse"], t["d"],
                                scale=p.softmax_scale, softcap=p.logits_soft_cap, layout=layout,
                                choice=(kv_choice, dq_choice), return_dbias=p.dbias,
-                               **_mask(p), **kw, **_features(p, t, tdt))
+                               **_mask(p), **kw, **_features(p, t, tdt), _via=via)
         dq, dqa, dk, dv = res[:4]
         out = {"dq": dq, "dk": dk, "dv": dv} if dq is not None else {"dq_acc": dqa, "dk": dk, "dv": dv}
         if p.dbias:
@@ -642,7 +660,7 @@ def make_launcher(key):
             return {}
         q = cast(p, t, ("q",))["q"]
         layout, kw = varlen(p, q, k=False)
-        return {"dq": ops.bwd_convert_dq(t["dq_acc"], ops._last_contig(q), layout=layout, **kw)}
+        return {"dq": ops.bwd_convert_dq(t["dq_acc"], ops._last_contig(q), layout=layout, **kw, _via=via)}
 
     def appendkv(p, t):
         """Writes knew/vnew into t['k_cache'] / t['v_cache'] IN PLACE (when they already have the
@@ -741,11 +759,69 @@ class TritonFmhaRendered:
     config: dict
     source_hash: str
     options: dict
+    #: the key's launches on a representative problem (:func:`jit_calls`), which ``ck build``
+    #: compiles into the entries the launcher loads; None where the launcher does not load them
+    jit_calls: Optional[object] = None
 
     def compile(self, target, extra_options=None):
         from .triton.configs import aot_compile
 
         return aot_compile(self.family, self.dtype, self.config, target)
+
+
+#: families whose launcher loads its kernels from the cache (ops' ``_via``)
+_BUILT_FAMILIES = ("fwd", "bwd_dot_do_o", "bwd_dq_dk_dv", "bwd_convert_dq")
+#: the representative problem: sizes that are multiples of every tile and of 16 (Triton
+#: specialises integers divisible by 16), MHA (the GQA group size 1 is specialised too)
+_JIT_BATCH, _JIT_HEADS, _JIT_SEQ = 2, 16, 512
+
+
+def _built_here(key) -> bool:
+    """Whether ``ck build`` of ``key`` compiles the entries its launcher loads.  Not yet: the
+    Gluon kernels (launched as before, JIT), and the TMA forward variants (their launches go
+    through the cache, JIT-compiled into it on first use; ops refuses them on tensors that are
+    not on an sm90 GPU, so :func:`jit_calls` cannot trace them without one)."""
+    a = key.algorithm
+    return (key.signature.family in _BUILT_FAMILIES and a.variant == "ptr"
+            and not (key.signature.family == "bwd_dq_dk_dv" and parse_dq(a.dq)[0] == "gluon"))
+
+
+def jit_calls(key) -> list:
+    """The launches of ``key``'s launcher (:func:`make_launcher`) on a batch-mode 'bhsd'
+    problem of the key's head dims, sequence lengths a multiple of every tile, no bias,
+    dropout or softcap, unmasked and causal: ``[(suffix, fn, args, kwargs)]``.  Tensors
+    are on torch's meta device (nothing runs)."""
+    import torch
+
+    from .problem import FmhaProblem
+
+    s, fam = key.signature, key.signature.family
+    tdt = _torch_dtype(s.dtype, key.arch)
+    b, h, n = _JIT_BATCH, _JIT_HEADS, _JIT_SEQ
+
+    def meta(d, dtype=tdt):
+        return torch.empty((b, h, n) + ((d,) if d else ()), dtype=dtype, device="meta")
+
+    def v_fwd():   # fp8 on an arch that reads V key-contiguous: as ops.v_key_major lays it out
+        if s.dtype == "fp8" and fp8_v_trans(_arch_spec(key.arch)):
+            return torch.empty((b, h, s.hdim_v, n), dtype=tdt, device="meta").transpose(2, 3)
+        return meta(s.hdim_v)
+
+    tensors = {"fwd": lambda: dict(q=meta(s.hdim_q), k=meta(s.hdim_q), v=v_fwd()),
+               "bwd_dot_do_o": lambda: dict(o=meta(s.hdim_v), do=meta(s.hdim_v)),
+               "bwd_dq_dk_dv": lambda: dict(q=meta(s.hdim_q), k=meta(s.hdim_q), v=meta(s.hdim_v),
+                                            do=meta(s.hdim_v), lse=meta(0, torch.float32),
+                                            d=meta(0, torch.float32)),
+               "bwd_convert_dq": lambda: dict(q=meta(s.hdim_q), dq_acc=meta(s.hdim_q, torch.float32))}[fam]
+    calls: list = []
+    launch = make_launcher(key, capture=calls)
+    for mask in ("none", "top_left"):
+        if mask != "none" and fam in ("bwd_dot_do_o", "bwd_convert_dq"):
+            continue   # no mask in these kernels
+        p = FmhaProblem(family=fam, batch=b, nhead_q=h, seqlen_q=n, seqlen_k=n, hdim_q=s.hdim_q,
+                        hdim_v=s.hdim_v, dtype=s.dtype, mask=mask, lse=fam == "fwd")
+        launch(p, tensors())
+    return calls
 
 
 def render(key, backend: str):
@@ -764,4 +840,5 @@ def render(key, backend: str):
             cfg["v_trans"] = True
     src = _source_hash(a.variant in GLUON_VARIANTS)   # (a Gluon key builds its bhsd, non-causal, LSE instance)
     h = hashlib.sha256((src + repr(sorted(cfg.items())) + s.family + dtype).encode()).hexdigest()
-    return TritonFmhaRendered(s.family, dtype, cfg, h, {"num_warps": a.num_warps, "num_stages": a.num_stages})
+    return TritonFmhaRendered(s.family, dtype, cfg, h, {"num_warps": a.num_warps, "num_stages": a.num_stages},
+                              functools.partial(jit_calls, key) if _built_here(key) else None)

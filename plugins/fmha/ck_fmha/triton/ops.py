@@ -467,6 +467,12 @@ def _varlen_host(cq, ck, lens, max_q, max_k, total_q, total_k):
             raise InvalidProblem(f"max_seqlen_k={max_k} is shorter than the longest seqlens_k ({max(lens)})")
 
 
+def _kernel(via, kernel, grid):
+    """``kernel[grid]``, or, when a Dispatcher launcher passes ``via`` (``triton_keys.kernel_via``),
+    the key's kernel from the cache that ``ck build`` fills (entry ``<key>/<kernel name>``)."""
+    return kernel[grid] if via is None else via(kernel, grid)
+
+
 def _poison(bad, *ts):
     """Fill outputs with NaN where the device-side offset check failed (see :func:`_varlen_check`)."""
     if bad is not None:
@@ -491,7 +497,7 @@ def fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, retu
         max_seqlen_q=None, max_seqlen_k=None, align=None, out=None, bias=None, alibi_slopes=None,
         dropout_p=0.0, seed=0, offset=0, alibi_align=None, sink=None, sink_tokens=0, q_descale=None,
         k_descale=None, v_descale=None, out_dtype=None, fp8_v_trans=None, seqlens_k=None, _paged=None,
-        _trusted_varlen=False):
+        _trusted_varlen=False, _via=None):
     """``seqlens_k`` (group mode 'thd' only; int32 [B] on q's device): batch b attends to the first
     seqlens_k[b] keys of its cu_seqlens_k span (a logical key length, CK's seqlen_k_ptr; masks and
     bottom-right alignment use it); ``max_seqlen_k`` is then the largest seqlens_k.
@@ -660,7 +666,7 @@ def fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, retu
     sink_args = (sink if sink is not None else o, int(sink_tokens or 0))
     has_sink = bool(sink_tokens) and (mode & 2) != 0
     grid = (triton.cdiv(sq, cfg.BLOCK_M), b * hq)
-    K.fmha_fwd_kernel[grid](
+    _kernel(_via, K.fmha_fwd_kernel, grid)(
         qa, ka, va, o, lse, cu_q, cu_k,
         sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sob, soh, sos, slb, slh,
         hq, group, sq, sk if not varlen else 0,
@@ -838,7 +844,8 @@ def dropout_randval(batch, nhead, seqlen_q, seqlen_k, *, dropout_p, seed=0, offs
 # ---------------------------------------------------------------------------
 
 
-def bwd_dot_do_o(o, do, *, layout="bhsd", cu_seqlens_q=None, max_seqlen_q=None, _trusted_varlen=False):
+def bwd_dot_do_o(o, do, *, layout="bhsd", cu_seqlens_q=None, max_seqlen_q=None, _trusted_varlen=False,
+                 _via=None):
     """Backward stage 1: D = rowsum(dO * O), fp32 [B, H, Sq] ([H, total_q] in group mode 'thd',
     which needs ``cu_seqlens_q`` and ``max_seqlen_q``)."""
     o, do = _last_contig(o), _last_contig(do)
@@ -856,7 +863,7 @@ def bwd_dot_do_o(o, do, *, layout="bhsd", cu_seqlens_q=None, max_seqlen_q=None, 
     sob, soh, sos = _bhs_strides(o, layout)
     sdob, sdoh, sdos = _bhs_strides(do, layout)
     bm0 = 64
-    K.fmha_bwd_dot_do_o_kernel[(triton.cdiv(sq, bm0), b * hq)](
+    _kernel(_via, K.fmha_bwd_dot_do_o_kernel, (triton.cdiv(sq, bm0), b * hq))(
         o, do, delta, sob, soh, sos, sdob, sdoh, sdos, hq, sq,
         cu_seqlens_q if varlen else delta, delta.stride(0) if varlen else 0,
         D_V=dv_, BLOCK_DV=padded_hdim(dv_), BLOCK_M=bm0, IS_VARLEN=varlen, num_warps=4)
@@ -868,7 +875,7 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
                  layout="bhsd", deterministic=True, config=None, align=None, cu_seqlens_q=None,
                  cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, bias=None, alibi_slopes=None,
                  dropout_p=0.0, seed=0, offset=0, return_dbias=False, alibi_align=None, seqlens_k=None,
-                 choice=None, _dq=None, _dkdv=None, _trusted_varlen=False):
+                 choice=None, _dq=None, _dkdv=None, _trusted_varlen=False, _via=None):
     """Backward stage 2: dK, dV (summed over the GQA group) and dQ.
 
     The deterministic dQ pass runs on the Gluon sm90 kernel (:mod:`.gluon_bwd`) where
@@ -983,7 +990,7 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
                                 dq_acc=dqa if atomic else None)
     else:
         cfg_kv = kv
-        K.fmha_bwd_dq_dk_dv_kernel[(triton.cdiv(sk, cfg_kv.BLOCK_N), b * hk)](
+        _kernel(_via, K.fmha_bwd_dq_dk_dv_kernel, (triton.cdiv(sk, cfg_kv.BLOCK_N), b * hk))(
             q, k, v, do, lse, delta, dk, dv, dqa,
             sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdob, sdoh, sdos,
             sdkb, sdkh, sdks, sdvb, sdvh, sdvs, sab, sah, sas,
@@ -1021,7 +1028,7 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
     cfg_q = dq_choice[1]
     dq = torch.empty_like(q)
     sdqb, sdqh, sdqs = _bhs_strides(dq, layout)
-    K.fmha_bwd_dq_kernel[(triton.cdiv(sq, cfg_q.BLOCK_M), b * hq)](
+    _kernel(_via, K.fmha_bwd_dq_kernel, (triton.cdiv(sq, cfg_q.BLOCK_M), b * hq))(
         q, k, v, do, lse, delta, dq,
         sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdob, sdoh, sdos, sdqb, sdqh, sdqs,
         hq, group, sq, sk, sm_scale, scale2, cap_in, cap_out, left, right,
@@ -1036,7 +1043,8 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
     return (dq, None, dk, dv, dbias) if return_dbias else (dq, None, dk, dv)
 
 
-def bwd_convert_dq(dqa, q_like, *, layout="bhsd", cu_seqlens_q=None, max_seqlen_q=None, _trusted_varlen=False):
+def bwd_convert_dq(dqa, q_like, *, layout="bhsd", cu_seqlens_q=None, max_seqlen_q=None, _trusted_varlen=False,
+                   _via=None):
     """Backward stage 3: the fp32 dQ accumulator [B, H, Sq, D] ([total_q, H, D] in group
     mode) -> dQ in q's dtype and layout."""
     dq = torch.empty_like(q_like)
@@ -1053,7 +1061,7 @@ def bwd_convert_dq(dqa, q_like, *, layout="bhsd", cu_seqlens_q=None, max_seqlen_
         b, hq, sq, dq_ = dqa.shape
         sab, sah, sas = dqa.stride(0), dqa.stride(1), dqa.stride(2)
         cu = dqa
-    K.fmha_bwd_convert_dq_kernel[(triton.cdiv(sq, 64), b * hq)](
+    _kernel(_via, K.fmha_bwd_convert_dq_kernel, (triton.cdiv(sq, 64), b * hq))(
         dqa, dq, sab, sah, sas, sdqb, sdqh, sdqs, hq, sq, cu,
         D_Q=dq_, BLOCK_DQ=padded_hdim(dq_), BLOCK_M=64, IS_VARLEN=layout == "thd", num_warps=4)
     _poison(bad, dq)
