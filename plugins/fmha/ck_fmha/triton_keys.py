@@ -580,7 +580,8 @@ def make_launcher(key):
                 kvs = (kc.stride(0), kc.stride(2), kc.stride(1), vc.stride(0), vc.stride(2), vc.stride(1))
             bt = t["block_table"]
             return kc, vc, dict(page_size=page_size, block_table=bt.to(dtype=torch.int32),
-                                max_seqlen_k=int(bt.shape[1]) * page_size, kv_strides=kvs, hk=hk)
+                                max_seqlen_k=p.seqlen_k if p.runtime_seqlens_k else max(p.seqlens_k),
+                                kv_strides=kvs, hk=hk)
         x = cast(p, t, ("k", "v"))
         k, v = ops._last_contig(x["k"]), ops._last_contig(x["v"])
         _, hk, sk, _ = ops._dims(k, p.layout)
@@ -590,7 +591,10 @@ def make_launcher(key):
     def splitkv_main(p, t):
         q = cast(p, t, ("q",))["q"]
         k, v, kw = _kv(p, t)
-        seqlens = dev_int32(p, "lens", p.seqlens_k, q) if p.seqlens_k else None
+        if p.runtime_seqlens_k:   # this step's lengths, on the device: read by the kernel, never by the host
+            seqlens = t["seqlens_k"]
+        else:
+            seqlens = dev_int32(p, "lens", p.seqlens_k, q) if p.seqlens_k else None
         oacc, lacc = ops._splitkv_main(q, k, v, seqlens_k=seqlens, scale=p.softmax_scale,
                                        softcap=p.logits_soft_cap, num_splits=p.num_splits, layout=p.layout,
                                        config=cfg, **_mask(p), **kw, **_sinks(p, t))
