@@ -1,4 +1,4 @@
-"""Decode entry points through the Dispatcher: ``splitkv_decode`` and ``paged_decode``.
+"""Decode entry points through the Dispatcher: ``splitkv_decode``, ``paged_decode``, ``appendkv``.
 
 A decode step's key lengths change at every step, so they are not part of the problem: the
 problem carries the key capacity (``seqlen_k``: the cache length, or ``max_seqlen_k``) and
@@ -64,7 +64,7 @@ def _lens(seqlens_k, q, batch: int, capacity: int):
         lo, hi = int(seqlens_k.min()), int(seqlens_k.max())
         if lo < 0 or hi > capacity:
             raise InvalidProblem(f"seqlens_k spans [{lo}, {hi}]; each length must be in [0, {capacity}] "
-                                 "(the key capacity: the cache length, or max_seqlen_k)")
+                                 "(the key capacity: the cache length, or max_seqlen_k, less the tokens appended)")
     if seqlens_k.dtype != torch.int32 or seqlens_k.device != q.device:
         seqlens_k = seqlens_k.to(device=q.device, dtype=torch.int32)
     return seqlens_k
@@ -175,3 +175,52 @@ def _direct(q, k, v, block_table, seqlens_k, config, opts):
                                    num_splits=ns, layout=layout, config=config, kv_strides=kv, hk=hk,
                                    align=opts["align"], sink=opts["sink"], sink_tokens=opts["sink_tokens"], **page)
     return ops.splitkv_combine(oacc, lacc, q, layout=layout, return_lse=opts["return_lse"])
+
+
+def appendkv(q, knew, vnew, k_cache, v_cache, seqlens_k, *, rotary_cos=None, rotary_sin=None, rope="none",
+             rotary_dim=0, block_table=None, layout="bhsd"):
+    """fwd_appendkv through the Dispatcher: ``knew``/``vnew`` written into the caches IN PLACE at
+    positions ``seqlens_k[b] ..`` (run-time lengths, read on the device), RoPE on knew and q.
+    Returns ``(q_rot, k_cache, v_cache)``; arguments as :func:`ck_fmha.triton.ops.appendkv_launch`."""
+    if rope != "none" and (rotary_cos is None or rotary_sin is None):
+        raise InvalidProblem(f"rope={rope!r} needs rotary_cos and rotary_sin [max_pos, rotary_dim/2]")
+    for name, x in (("knew", knew), ("vnew", vnew), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if x.dtype != q.dtype or x.device != q.device:
+            raise InvalidProblem(f"{name} is {x.dtype} on {x.device}; q is {q.dtype} on {q.device}: the caches "
+                                 "are written in place, so every tensor must have q's dtype and device")
+    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        raise InvalidProblem("the caches are written in place: their last dimension must be contiguous")
+    b, hq, sq, dq = _dims(q, layout)
+    if layout == "thd":
+        raise InvalidProblem("appendkv takes batch-mode tensors ('bhsd' or 'bshd')")
+    _, hk, sn, _ = _dims(knew, layout)
+    if block_table is not None:
+        if block_table.dim() != 2 or k_cache.dim() != 4:
+            raise InvalidProblem("paged appendkv takes block_table [batch, max_pages] and page pools "
+                                 "[pages, Hk, P, D] ('bhsd') / [pages, P, Hk, D] ('bshd')")
+        page_size = k_cache.shape[2] if layout == "bhsd" else k_cache.shape[1]
+        capacity = block_table.shape[1] * page_size
+    else:
+        page_size, capacity = 0, _dims(k_cache, layout)[2]
+    sig = ("appendkv", q.shape, knew.shape, vnew.shape, k_cache.shape, v_cache.shape, q.dtype, q.device, rope,
+           int(rotary_dim), layout, None if block_table is None else block_table.shape)
+    hit = _PROBLEMS.get(sig)
+    if hit is None:
+        kw = dict(paged_kv=True, page_size=page_size) if page_size else {}
+        p = FmhaProblem(family="fwd_appendkv", batch=b, nhead_q=hq, nhead_k=hk, seqlen_q=sq, seqlen_knew=sn,
+                        seqlen_k=capacity, hdim_q=dq, hdim_v=vnew.shape[-1], dtype=_token(q.dtype), layout=layout,
+                        rope=rope, rotary_dim=int(rotary_dim), runtime_seqlens_k=True, **kw)
+        hit = _PROBLEMS[sig] = (p, core.dispatcher_on("fmha", q, families=("fwd_appendkv",), dtypes=(p.dtype,),
+                                                      hdims=((p.hdim_q, p.hdim_v),)))
+    p, disp = hit
+    t = {"q": q, "knew": knew, "vnew": vnew, "k_cache": k_cache, "v_cache": v_cache,
+         "seqlens_k": _lens(seqlens_k, q, b, capacity - sn)}
+    if rope != "none":
+        t.update(rotary_cos=rotary_cos, rotary_sin=rotary_sin)
+    if block_table is not None:
+        t["block_table"] = block_table if block_table.dtype == torch.int32 else block_table.to(torch.int32)
+    q_rot, kc, vc = disp.run(p, **_to_backend(disp, t))
+    for mine, got in ((k_cache, kc), (v_cache, vc)):
+        if got is not mine:   # the numpy backend (or a converted copy) returns new caches: write them back
+            mine.copy_(_from_backend(got, mine, mine.dtype))
+    return _from_backend(q_rot, q, q.dtype) if disp.backend == "numpy" else q_rot, k_cache, v_cache

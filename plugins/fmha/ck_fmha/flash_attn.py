@@ -189,22 +189,42 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         seqlens = torch.full((b,), cache_seqlens, dtype=torch.int32, device=q.device)
     else:
         seqlens = cache_seqlens.to(torch.int32)
-    # one lookup for every kernel: a paged cache's block_table, or a contiguous cache seen as one
-    # page per batch row (so that cache_batch_idx is a one-column block table)
+    # one lookup for every kernel: a paged cache's block_table, or a contiguous cache seen as pages
+    # (so that cache_batch_idx is a block table)
+    kl, vl = k_cache, v_cache
     if block_table is not None:
         table = block_table.to(torch.int32)
     elif cache_batch_idx is not None:
-        table = cache_batch_idx.to(torch.int32).reshape(b, 1)
+        table, kl, vl = _rows_as_pages(cache_batch_idx.to(torch.int32).reshape(b), k_cache, v_cache)
     else:
         table = None
     mask = _mask(causal, window_size)
     if k is not None:
         local = mask["window"] != (-1, -1)
-        q, seqlens = _append(q, k, v, k_cache, v_cache, seqlens, table, rotary_cos, rotary_sin,
+        q, seqlens = _append(q, k, v, kl, vl, seqlens, table, rotary_cos, rotary_sin,
                              rotary_interleaved, q_at_own_positions=bool(causal) or local)
+    if cache_leftpad is None:   # the left-padded path indexes the caches' rows itself
+        k_cache, v_cache = kl, vl
     out, lse = _attend(q, k_cache, v_cache, seqlens, table, page, cache_leftpad, cache_batch_idx, mask,
                        softmax_scale, float(softcap or 0.0), alibi_slopes, num_splits)
     return (out, lse) if return_softmax_lse else out
+
+
+def _rows_as_pages(batch_idx, k_cache, v_cache):
+    """A contiguous cache [B_cache, S, Hk, D] as a page pool (views of the same memory, so writes land
+    in the caller's cache) and the block table that maps row b to cache row ``batch_idx[b]``.  The
+    page size is the largest power of two dividing S (pages are powers of two: problem rule R08)."""
+    s = k_cache.shape[1]
+    ps = s & -s
+    n = s // ps
+    pools = []
+    for c in (k_cache, v_cache):
+        if c.stride(0) != s * c.stride(1):
+            raise FlashAttnNotImplemented("cache_batch_idx with a cache whose rows are not dense [S, Hk, D] "
+                                          "blocks (make the cache contiguous)")
+        pools.append(c.unflatten(1, (n, ps)).flatten(0, 1))
+    table = batch_idx[:, None] * n + torch.arange(n, dtype=torch.int32, device=batch_idx.device)[None, :]
+    return table, pools[0], pools[1]
 
 
 def _append(q, k, v, k_cache, v_cache, seqlens, table, cos, sin, interleaved, q_at_own_positions):

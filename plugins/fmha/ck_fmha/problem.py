@@ -46,7 +46,7 @@ FAMILIES = (
 )
 FWD_FAMILIES = FAMILIES[:6]
 #: families whose key lengths may come at run time (``runtime_seqlens_k``)
-RUNTIME_SEQLENS_FAMILIES = ("fwd_splitkv", "fwd_splitkv_combine", "fwd_pagedkv")
+RUNTIME_SEQLENS_FAMILIES = ("fwd_splitkv", "fwd_splitkv_combine", "fwd_pagedkv", "fwd_appendkv")
 BWD_FAMILIES = FAMILIES[6:]
 MODES = ("batch", "group")
 LAYOUTS = ("bhsd", "bshd")
@@ -707,9 +707,9 @@ def _validate(p: FmhaProblem) -> None:
             raise _err("R10-appendkv-batch", "fwd_appendkv runs in batch mode; set mode='batch'")
         if p.seqlen_knew < 1:
             raise _err("R18-sizes", "fwd_appendkv needs seqlen_knew >= 1 (new tokens per batch)")
-        if p.seqlens_k is None:
+        if p.seqlens_k is None and not p.runtime_seqlens_k:
             raise _err("R21-seqlens-k", "fwd_appendkv needs seqlens_k (cache lengths before the append)")
-        if not p.paged_kv and max(p.seqlens_k) + p.seqlen_knew > p.seqlen_k:
+        if p.seqlens_k is not None and not p.paged_kv and max(p.seqlens_k) + p.seqlen_knew > p.seqlen_k:
             raise _err("R21-seqlens-k", f"appending {p.seqlen_knew} tokens to cache length {max(p.seqlens_k)} "
                        f"overflows the cache capacity seqlen_k={p.seqlen_k}; raise seqlen_k")
     elif p.seqlen_knew:

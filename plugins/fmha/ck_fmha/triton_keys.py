@@ -654,15 +654,15 @@ def make_launcher(key):
         x = cast(p, t, ("q", "knew", "vnew", "k_cache", "v_cache"))
         rope = {}
         if p.rope != "none":
-            need = max(p.seqlens_k) + max(p.seqlen_knew, p.seqlen_q)
+            need = _longest_before_append(p, t) + max(p.seqlen_knew, p.seqlen_q)
             if t["rotary_cos"].shape[0] < need:   # the kernel does not bound-check table rows
                 raise InvalidProblem(f"rotary tables have {t['rotary_cos'].shape[0]} positions; need at least {need}")
             rope = dict(rotary_cos=t["rotary_cos"], rotary_sin=t["rotary_sin"], rope=p.rope,
                         rotary_dim=p.rotary_dim)
         bt = t["block_table"] if p.paged_kv else None
-        q_rot, kc, vc = ops.appendkv(x["q"], x["knew"], x["vnew"], x["k_cache"], x["v_cache"],
-                                     dev_int32(p, "lens", p.seqlens_k, x["q"]), block_table=bt,
-                                     layout=p.layout, block_m=alg.block_m, **rope)
+        lens = t["seqlens_k"] if p.runtime_seqlens_k else dev_int32(p, "lens", p.seqlens_k, x["q"])
+        q_rot, kc, vc = ops.appendkv_launch(x["q"], x["knew"], x["vnew"], x["k_cache"], x["v_cache"], lens,
+                                            block_table=bt, layout=p.layout, block_m=alg.block_m, **rope)
         return {"q_rot": q_rot, "k_cache": kc, "v_cache": vc}
 
     def prefill(p, t):
@@ -692,6 +692,17 @@ def make_launcher(key):
         return run(p, t)
 
     return launch
+
+
+def _longest_before_append(p, t) -> int:
+    """The longest cache length before an append: the problem's, host run-time lengths read here (no
+    sync), or for device run-time lengths the bound the capacity sets (seqlen_k >= length + seqlen_knew)."""
+    if not p.runtime_seqlens_k:
+        return max(p.seqlens_k)
+    lens = t["seqlens_k"]
+    if lens.device.type == "cpu" and lens.numel():
+        return int(lens.max())
+    return p.seqlen_k - p.seqlen_knew
 
 
 _E4M3 = ()

@@ -396,6 +396,40 @@ def test_decode_explicit_splits_and_bad_lengths(ck_dispatch_log, split_grids, mo
     api.clear()
 
 
+@pytest.mark.parametrize("backend", ["triton", "numpy"])
+def test_appendkv_steps_launch_the_plan(ck_dispatch_log, backend, monkeypatch):
+    """appendkv writes the caches in place at run-time lengths; the steps share one plan, and the
+    names ck_after_run reports are its key; both backends write the same caches."""
+    from ck_fmha import decode
+    from ck_fmha.triton import ops
+
+    monkeypatch.setenv("CK_BACKEND", backend)
+    api.clear()
+    g = torch.Generator().manual_seed(11)
+    b, hq, hk, sn, cap, d = 2, 4, 2, 3, 20, 32
+    kc = torch.randn(b, hk, cap, d, generator=g, dtype=torch.float16)
+    vc = torch.randn(b, hk, cap, d, generator=g, dtype=torch.float16)
+    want_k, want_v = kc.clone(), vc.clone()
+    for lens in ([0, 5], [17, 2]):
+        q = torch.randn(b, hq, sn, d, generator=g, dtype=torch.float16)
+        kn = torch.randn(b, hk, sn, d, generator=g, dtype=torch.float16)
+        vn = torch.randn(b, hk, sn, d, generator=g, dtype=torch.float16)
+        q_rot, k2, v2 = ops.appendkv(q, kn, vn, kc, vc, torch.tensor(lens, dtype=torch.int32))
+        assert k2 is kc and v2 is vc and torch.equal(q_rot, q)   # rope='none': q_rot is a copy of q
+        for bi, n in enumerate(lens):
+            want_k[bi, :, n:n + sn], want_v[bi, :, n:n + sn] = kn[bi], vn[bi]
+    assert torch.equal(kc, want_k) and torch.equal(vc, want_v)
+    runs = ck_dispatch_log.take()
+    assert len(runs) == 2 and runs[0][0] == runs[1][0] and runs[0][0].runtime_seqlens_k
+    assert len(decode._PROBLEMS) == 1
+    plan = tuple(s.key.name for s in decode._PROBLEMS[next(iter(decode._PROBLEMS))][1].plan(runs[0][0]).stages)
+    assert all(names == p == plan for _, p, names in runs)
+    from ck_core.errors import InvalidProblem
+    with pytest.raises(InvalidProblem, match="capacity"):   # 18 + 3 new tokens overflow 20 slots
+        ops.appendkv(q, kn, vn, kc, vc, torch.tensor([18, 0], dtype=torch.int32))
+    api.clear()
+
+
 # -- torch.compile of a model using the three ops -----------------------------------------------------
 
 

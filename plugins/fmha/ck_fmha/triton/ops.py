@@ -1202,8 +1202,18 @@ from .configs import ROPE_MODES  # noqa: E402
 
 
 def appendkv(q, knew, vnew, k_cache, v_cache, seqlens_k, *, rotary_cos=None, rotary_sin=None, rope="none",
-             rotary_dim=0, block_table=None, layout="bhsd", block_m=32):
-    """CK's fwd_appendkv: write ``knew``/``vnew`` ([B, Hk, Sn, D] in ``layout``) into the caches at
+             rotary_dim=0, block_table=None, layout="bhsd"):
+    """CK's fwd_appendkv through the Dispatcher (:func:`ck_fmha.decode.appendkv`; arguments and results
+    as :func:`appendkv_launch`); ``seqlens_k`` is read on the device only, so a decode step reuses its plan."""
+    from ..decode import appendkv as _run
+
+    return _run(q, knew, vnew, k_cache, v_cache, seqlens_k, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
+                rope=rope, rotary_dim=rotary_dim, block_table=block_table, layout=layout)
+
+
+def appendkv_launch(q, knew, vnew, k_cache, v_cache, seqlens_k, *, rotary_cos=None, rotary_sin=None, rope="none",
+                    rotary_dim=0, block_table=None, layout="bhsd", block_m=32):
+    """The fwd_appendkv kernel (the launcher of a plan's key; ``block_m``: the key's BLOCK_M): write ``knew``/``vnew`` ([B, Hk, Sn, D] in ``layout``) into the caches at
     positions ``seqlens_k[b] ..`` (int32 [B], the lengths before the append), rotating knew and q (whose
     rows sit at the same positions) by RoPE (``rope``: 'none' | 'interleaved' | 'half_rotated' over the
     first ``rotary_dim`` channels; ``rotary_cos``/``rotary_sin`` [max_pos, rotary_dim/2]).
