@@ -264,7 +264,28 @@ def _attend(q, k_cache, v_cache, seqlens, table, page, leftpad, batch_idx, mask,
                                  max_seqlen_q=sq, max_seqlen_k=page, block_table=table, return_lse=True,
                                  alibi_slopes=alibi_slopes,
                                  alibi_align="bottom_right" if alibi_slopes is not None else None, **common)
-    return out.reshape(b, sq, hq, -1), lse.reshape(hq, b, sq).permute(1, 0, 2).contiguous()
+    lse = lse.reshape(hq, b, sq)
+    if alibi_slopes is not None and _causal_problem(mask):
+        lse = lse - _alibi_row_shift(alibi_slopes, seqlens, sq)
+    return out.reshape(b, sq, hq, -1), lse.permute(1, 0, 2).contiguous()
+
+
+def _causal_problem(mask) -> bool:
+    from .api import _mask_fields
+
+    m = _mask_fields(mask["causal"], mask["window"], mask["align"])
+    return m["mask"] != "none" and m["window_left"] < 0 and m["window_right"] == 0
+
+
+def _alibi_row_shift(slopes, seqlens, sq):
+    """[H, B, Sq]: what a causal problem's ALiBi (the vertical form slope * j, which the problem
+    derives from a causal mask) adds to each row's LSE over FlashAttention's bottom-right form
+    -slope * (i + seqlen_k - seqlen_q - j): slope * (i + seqlen_k - seqlen_q).  Softmax cancels it
+    (o agrees); the LSE does not."""
+    pos = (torch.arange(sq, device=seqlens.device)[None, :] + seqlens[:, None].long() - sq).to(torch.float32)
+    s = slopes.to(device=pos.device, dtype=torch.float32)
+    s = s[:, None, None] if s.dim() == 1 else s.t()[:, :, None]
+    return s * pos[None]
 
 
 def _attend_leftpad(q, k_cache, v_cache, seqlens, leftpad, batch_idx, common, alibi_slopes):

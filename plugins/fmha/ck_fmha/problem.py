@@ -46,7 +46,7 @@ FAMILIES = (
 )
 FWD_FAMILIES = FAMILIES[:6]
 #: families whose key lengths may come at run time (``runtime_seqlens_k``)
-RUNTIME_SEQLENS_FAMILIES = ("fwd_splitkv", "fwd_splitkv_combine", "fwd_pagedkv", "fwd_appendkv")
+RUNTIME_SEQLENS_FAMILIES = ("fwd_splitkv", "fwd_splitkv_combine", "fwd_pagedkv", "fwd_appendkv", "batch_prefill")
 BWD_FAMILIES = FAMILIES[6:]
 MODES = ("batch", "group")
 LAYOUTS = ("bhsd", "bshd")
@@ -576,9 +576,10 @@ def _validate(p: FmhaProblem) -> None:
         if p.seqlens_k is not None:
             raise _err("R21-seqlens-k", "runtime_seqlens_k=True takes the lengths as the tensor seqlens_k at run "
                        "time; drop the problem's seqlens_k (or set runtime_seqlens_k=False)")
-        if p.family not in RUNTIME_SEQLENS_FAMILIES or p.is_group:
-            raise _err("R21-seqlens-k", f"run-time seqlens_k is a batch-mode {'/'.join(RUNTIME_SEQLENS_FAMILIES)} "
-                       f"feature, not {p.mode}-mode {p.family}; give seqlens_k on the problem")
+        if p.family not in RUNTIME_SEQLENS_FAMILIES or p.is_group != (p.family == "batch_prefill"):
+            raise _err("R21-seqlens-k", f"run-time seqlens_k is a feature of {'/'.join(RUNTIME_SEQLENS_FAMILIES)} "
+                       f"(batch_prefill in group mode, the others in batch mode), not {p.mode}-mode {p.family}; "
+                       "give seqlens_k on the problem")
     if p.seqlens_k is not None:
         if len(p.seqlens_k) != p.batch:
             raise _err("R21-seqlens-k", f"seqlens_k has {len(p.seqlens_k)} entries; give one per batch ({p.batch})")

@@ -672,9 +672,13 @@ def make_launcher(key):
             tables = dict(kv_indptr=t["kv_indptr"], kv_page_indices=t["kv_page_indices"])
         else:
             tables = dict(block_table=t["block_table"])
-        o, lse = ops.batch_prefill(q, x["k_cache"], x["v_cache"], dev_int32(p, "lens", p.seqlens_k, q),
+        if p.runtime_seqlens_k:   # read on the device; seqlen_k is their bound
+            lens, longest = t["seqlens_k"], p.seqlen_k
+        else:
+            lens, longest = dev_int32(p, "lens", p.seqlens_k, q), max(p.seqlens_k)
+        o, lse = ops.batch_prefill_launch(q, x["k_cache"], x["v_cache"], lens,
                                    cu_seqlens_q=dev_int32(p, "sq", p.seqstart_q, q), max_seqlen_q=p.seqlen_q,
-                                   max_seqlen_k=max(p.seqlens_k), kv_layout=p.kv_layout, scale=p.softmax_scale,
+                                   max_seqlen_k=longest, kv_layout=p.kv_layout, scale=p.softmax_scale,
                                    softcap=p.logits_soft_cap, return_lse=True, config=cfg, _trusted_varlen=True,
                                    **tables,
                                    **_mask(p), **_features(p, t, tdt), **_sinks(p, t))

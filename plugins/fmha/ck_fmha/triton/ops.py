@@ -1280,7 +1280,19 @@ def appendkv_launch(q, knew, vnew, k_cache, v_cache, seqlens_k, *, rotary_cos=No
 
 def batch_prefill(q, k_cache, v_cache, seqlens_k, *, cu_seqlens_q, max_seqlen_q, max_seqlen_k,
                   block_table=None, kv_indptr=None, kv_page_indices=None, kv_layout="linear", **kw):
-    """Group-mode queries (``q`` [total_q, H, D], ``cu_seqlens_q``) over a paged KV cache with per-batch
+    """batch_prefill through the Dispatcher (:func:`ck_fmha.prefill.batch_prefill`; arguments and
+    results as :func:`batch_prefill_launch`): ``seqlens_k`` is read on the device only, bounded by
+    ``max_seqlen_k``; the plan is cached per shapes and query offsets."""
+    from ..prefill import batch_prefill as _run
+
+    return _run(q, k_cache, v_cache, seqlens_k, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
+                max_seqlen_k=max_seqlen_k, block_table=block_table, kv_indptr=kv_indptr,
+                kv_page_indices=kv_page_indices, kv_layout=kv_layout, **kw)
+
+
+def batch_prefill_launch(q, k_cache, v_cache, seqlens_k, *, cu_seqlens_q, max_seqlen_q, max_seqlen_k,
+                         block_table=None, kv_indptr=None, kv_page_indices=None, kv_layout="linear", **kw):
+    """The batch_prefill kernel (the launcher of a plan's key): group-mode queries (``q`` [total_q, H, D], ``cu_seqlens_q``) over a paged KV cache with per-batch
     key lengths ``seqlens_k`` (int32 [B]).  Pages: ``kv_layout='linear'`` K/V [pages, P, Hk, D];
     ``'vectorized'`` (CK's layout, vec = 16 bytes / element) K [pages, Hk, D/vec, P, vec],
     V [pages, Hk, P/vec, Dv, vec].  Lookup: ``block_table`` [B, max_pages] (vLLM) or
