@@ -430,6 +430,40 @@ def test_appendkv_steps_launch_the_plan(ck_dispatch_log, backend, monkeypatch):
     api.clear()
 
 
+@pytest.mark.parametrize("lookup", ["vllm", "sglang"])
+def test_batch_prefill_launches_the_plan(ck_dispatch_log, lookup, monkeypatch):
+    """batch_prefill: calls with other key lengths reuse one problem (the lengths are a device
+    tensor); ck_after_run names the plan's key; the output matches a float64 reference."""
+    from ck_fmha import prefill
+    from ck_fmha.triton import ops
+
+    monkeypatch.setenv("CK_BACKEND", "triton")
+    api.clear()
+    g = torch.Generator().manual_seed(23)
+    hq, hk, d, ps, cap = 2, 1, 32, 8, 40
+    cu = torch.tensor([0, 5, 12], dtype=torch.int32)
+    q = torch.randn(12, hq, d, generator=g, dtype=torch.float16)
+    k = torch.randn(2, hk, cap, d, generator=g, dtype=torch.float16)
+    v = torch.randn(2, hk, cap, d, generator=g, dtype=torch.float16)
+    kc, vc, table = _pages(k, v, ps, g)
+    npg = table.shape[1]
+    tabs = (dict(block_table=table) if lookup == "vllm" else
+            dict(kv_indptr=torch.arange(0, 3 * npg, npg, dtype=torch.int32), kv_page_indices=table.reshape(-1)))
+    for lens in ([40, 9], [7, 33]):
+        o = ops.batch_prefill(q, kc, vc, torch.tensor(lens, dtype=torch.int32), cu_seqlens_q=cu, max_seqlen_q=7,
+                              max_seqlen_k=cap, causal="bottom_right", **tabs)
+        for bi, (a, z) in enumerate(((0, 5), (5, 12))):
+            qb = q[a:z].transpose(0, 1)[None]
+            ref = _ref_decode(qb, k[bi:bi + 1], v[bi:bi + 1], [lens[bi]], "bhsd")[0].transpose(0, 1)
+            assert float((o[a:z].double() - ref).norm() / ref.norm()) < 1e-2
+    runs = ck_dispatch_log.take()
+    assert len(runs) == 2 and runs[0][0] == runs[1][0] and runs[0][0].runtime_seqlens_k
+    (p, disp), = prefill._PROBLEMS.values()
+    plan = tuple(s.key.name for s in disp.plan(p).stages)
+    assert all(names == pl == plan for _, pl, names in runs)
+    api.clear()
+
+
 # -- torch.compile of a model using the three ops -----------------------------------------------------
 
 
