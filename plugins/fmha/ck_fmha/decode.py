@@ -6,8 +6,9 @@ problem carries the key capacity (``seqlen_k``: the cache length, or ``max_seqle
 kernel on the device.  The problem -- and so the plan: split-KV main + combine -- is cached per
 (shapes, dtypes, device, options), so a warm step is a dict lookup and the launches, with no host
 synchronisation.  The split count is chosen here from :func:`ck_fmha.heuristics.split_count`
-with the Dispatcher's ArchSpec (its compute units) and becomes the problem's ``num_splits``,
-which the launcher runs exactly.
+with the Dispatcher's ArchSpec (its compute units) and becomes the problem's ``num_splits``; the
+Dispatcher then selects a fwd_splitkv key of that count (its name says ``_k<S>``), which the
+launcher runs exactly.
 """
 from __future__ import annotations
 
@@ -49,8 +50,9 @@ def _problem(sig, q, hk, dv, capacity, *, causal, scale, window, softcap, num_sp
     disp = _dispatcher(q, p)
     if num_splits is None:   # the heuristic layer, with the arch facts of the Dispatcher's ArchSpec
         num_splits = split_count(b * hk, capacity, disp.arch.compute_units, query_rows=(hq // max(hk, 1)) * sq)
-    elif int(num_splits) < 1:
-        raise InvalidProblem(f"num_splits={num_splits}: give a count >= 1, or None to let the Dispatcher choose")
+    elif not 1 <= int(num_splits) <= 128:
+        raise InvalidProblem(f"num_splits={num_splits}: give a count in [1, 128] (the split-KV keys' range), "
+                             "or None to let the Dispatcher choose")
     hit = _PROBLEMS[sig] = (attrs.evolve(p, num_splits=int(num_splits)), disp)
     return hit
 

@@ -60,7 +60,11 @@ OPTIONS = ("family", "families", "receipt", "dtypes", "hdims")
 #: families with fp8 kernels (the forward; split-KV / paged / prefill / backward stay fp16/bf16)
 FP8_FAMILIES = ("fwd",)
 _NAME = re.compile(r"^fmha_triton_(?P<family>[a-z_]+?)_(?P<dtype>fp16|bf16|fp8)_d(?P<hq>\d+)x(?P<hv>\d+)"
-                   r"_m(?P<bm>\d+)n(?P<bn>\d+)_w(?P<w>\d+)_s(?P<s>\d+)_(?P<variant>[a-z_]+?)(?:_dq(?P<dq>[a-z0-9]+))?$")
+                   r"_m(?P<bm>\d+)n(?P<bn>\d+)_w(?P<w>\d+)_s(?P<s>\d+)_(?P<variant>[a-z_]+?)"
+                   r"(?:_k(?P<k>\d+))?(?:_dq(?P<dq>[a-z0-9]+))?$")
+#: a fwd_splitkv key's ``splits`` field: how many key splits it launches (name part ``_k<S>``); the
+#: problem's num_splits selects it (the split count the Dispatcher path chose, or the caller's)
+SPLITS = tuple(range(1, 129))
 
 
 @attrs.frozen(cache_hash=True)
@@ -82,6 +86,7 @@ class TritonFmhaAlg:
     num_stages: int
     variant: str = "ptr"
     dq: str = ""
+    splits: int = 0
 
     def config(self):
         from .triton.configs import TritonFmhaConfig
@@ -91,7 +96,8 @@ class TritonFmhaAlg:
 
 def format_name(sig: TritonFmhaSig, a: TritonFmhaAlg) -> str:
     return (f"fmha_triton_{sig.family}_{sig.dtype}_d{sig.hdim_q}x{sig.hdim_v}_m{a.block_m}n{a.block_n}"
-            f"_w{a.num_warps}_s{a.num_stages}_{a.variant}" + (f"_dq{a.dq}" if a.dq else ""))
+            f"_w{a.num_warps}_s{a.num_stages}_{a.variant}" + (f"_k{a.splits}" if a.splits else "")
+            + (f"_dq{a.dq}" if a.dq else ""))
 
 
 def parse_name(body: str):
@@ -102,7 +108,8 @@ def parse_name(body: str):
     try:
         return from_fields(dict(family=m["family"], dtype=m["dtype"], hdim_q=int(m["hq"]), hdim_v=int(m["hv"])),
                            dict(block_m=int(m["bm"]), block_n=int(m["bn"]), num_warps=int(m["w"]),
-                                num_stages=int(m["s"]), variant=m["variant"], dq=m["dq"] or ""))
+                                num_stages=int(m["s"]), variant=m["variant"], dq=m["dq"] or "",
+                                splits=int(m["k"] or 0)))
     except ConfigError as exc:
         raise MissingKernel(f"{body!r}: {exc}") from None
 
@@ -114,7 +121,7 @@ _SIG = RecordSchema(TritonFmhaSig, what="Triton FMHA signature", choices={"famil
                     bounds={"hdim_q": (1, 1024), "hdim_v": (1, 1024)})
 _ALG = RecordSchema(TritonFmhaAlg, what="Triton FMHA algorithm", choices={"variant": VARIANTS},
                     bounds={"block_m": (1, 1024), "block_n": (1, 1024), "num_warps": (1, 64),
-                            "num_stages": (1, 16)})
+                            "num_stages": (1, 16), "splits": (0, SPLITS[-1])})
 
 
 def from_fields(sig: dict, alg: dict):
@@ -138,6 +145,8 @@ def legal(key, arch) -> Optional[str]:
         return f"variant {a.variant} is not a {s.family} kernel"
     if (s.family == "bwd_dq_dk_dv") != bool(a.dq):
         return "the dq field belongs to bwd_dq_dk_dv keys (and they need one)"
+    if (s.family == "fwd_splitkv") != bool(a.splits):
+        return "the splits field belongs to fwd_splitkv keys (and they need one)"
     if a.dq:
         try:
             dq = parse_dq(a.dq)
@@ -262,6 +271,8 @@ def _configs(family, hq, hv, arch, elem_bytes: int = 2, prune: bool = True) -> l
         tabled = family in ("fwd", "bwd_dq_dk_dv") and c not in extras   # see _tabled
         if a not in out and (tabled or not prune or _smem(family, hq, hv, a, elem_bytes) <= arch.lds_bytes):
             out.append(a)
+    if family == "fwd_splitkv":   # one key per split count: the count is in the kernel's name
+        return [attrs.evolve(a, splits=n) for a in out for n in SPLITS]
     return out
 
 
@@ -343,6 +354,8 @@ def supports(key, p) -> Optional[str]:
     if (s.hdim_q, s.hdim_v) != (p.hdim_q, p.hdim_v):
         return f"kernel head dims {s.hdim_q}/{s.hdim_v}, problem {p.hdim_q}/{p.hdim_v}"
     a = key.algorithm
+    if a.splits and a.splits != p.num_splits:
+        return f"the key runs {a.splits} key splits, the problem asks for {p.num_splits}"
     if a.variant in GLUON_VARIANTS:
         return _gluon_unsupported(a, p)
     why = (_bwd_unsupported(a, p) if p.family == "bwd_dq_dk_dv" else
@@ -596,7 +609,7 @@ def make_launcher(key):
         else:
             seqlens = dev_int32(p, "lens", p.seqlens_k, q) if p.seqlens_k else None
         oacc, lacc = ops._splitkv_main(q, k, v, seqlens_k=seqlens, scale=p.softmax_scale,
-                                       softcap=p.logits_soft_cap, num_splits=p.num_splits, layout=p.layout,
+                                       softcap=p.logits_soft_cap, num_splits=alg.splits or 1, layout=p.layout,
                                        config=cfg, **_mask(p), **kw, **_sinks(p, t))
         return {"o_acc": oacc, "lse_acc": lacc}
 

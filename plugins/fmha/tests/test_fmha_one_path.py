@@ -3,6 +3,8 @@ tile, the Gluon kernels, the TMA form, the dQ pass), the launchers run exactly t
 ``ck_fmha.attention`` is a custom op that torch.compile traces."""
 import itertools
 
+import attrs
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -147,6 +149,17 @@ def test_deterministic_is_a_key_field(monkeypatch):
     fast = disp.plan(FmhaProblem(**base, deterministic=False)).stages[1].key
     assert det.algorithm.dq != "atomic" and fast.algorithm.dq == "atomic" and det.name != fast.name
     assert "not deterministic" in T.supports(fast, FmhaProblem(**base, deterministic=True))
+
+
+def test_names_round_trip_with_the_splits_field():
+    k = next(k for k in T.enumerate_keys(get_manager().arch("sm90"), "triton",
+                                         {"family": "fwd_splitkv", "dtypes": "fp16", "hdims": [(64, 64)]})
+             if k.algorithm.splits == 5)
+    body = T.format_name(k.signature, k.algorithm)
+    assert body.endswith("_k5") and T.parse_name(body) == (k.signature, k.algorithm)
+    p = FmhaProblem(family="fwd_splitkv", batch=1, nhead_q=2, seqlen_q=1, seqlen_k=300, hdim_q=64, num_splits=3)
+    assert "3" in T.supports(k, p) and T.supports(attrs.evolve(k, algorithm=attrs.evolve(k.algorithm, splits=3)),
+                                                  p) is None
 
 
 def test_names_round_trip_with_the_dq_field():
@@ -359,6 +372,7 @@ def test_decode_steps_launch_the_plan(ck_dispatch_log, split_grids, ck_rng, page
     from ck_fmha.heuristics import split_count
     assert p.num_splits == split_count(b * hk, p.seqlen_k, disp.arch.compute_units, query_rows=hq // hk * sq)
     main = stages[0].key.algorithm
+    assert main.splits == p.num_splits and f"_k{p.num_splits}" in stages[0].key.name   # the count is a key field
     for name, grid, meta in split_grids:
         if name == "main":
             assert grid[0] == p.num_splits and grid[1] == b * hk
@@ -385,8 +399,8 @@ def test_decode_explicit_splits_and_bad_lengths(ck_dispatch_log, split_grids, mo
     q = torch.randn(1, 2, 1, 32, generator=g, dtype=torch.float16)
     k = torch.randn(1, 2, 100, 32, generator=g, dtype=torch.float16)
     o = ops.splitkv_decode(q, k, k, num_splits=7)
-    (p, _, _), = ck_dispatch_log.take()
-    assert p.num_splits == 7 and not p.runtime_seqlens_k
+    (p, names, _), = ck_dispatch_log.take()
+    assert p.num_splits == 7 and not p.runtime_seqlens_k and "_k7." in names[0]
     assert [grid[0] for n, grid, _ in split_grids if n == "main"] == [7]
     assert float((o.double() - _ref_decode(q, k, k, [100], "bhsd")).abs().max()) < 1e-2
     with pytest.raises(InvalidProblem, match="capacity"):

@@ -24,6 +24,11 @@ Public API (all tensors on one device; CPU tensors work under TRITON_INTERPRET=1
   logits [H]) and ``sink_tokens`` (first keys visible past a window's left edge)
 * autograd attention is ``ck_fmha.attention`` (:mod:`ck_fmha.api`): through the Dispatcher, whose
   launchers call ``fwd`` / ``bwd_*`` here with the plan's exact choice.
+* ``splitkv_decode`` / ``paged_decode`` / ``appendkv`` (:mod:`ck_fmha.decode`) and ``batch_prefill``
+  (:mod:`ck_fmha.prefill`) also go through the Dispatcher: their key lengths are run-time tensors
+  (``runtime_seqlens_k`` problems, cached per shapes), the split count is the problem's, chosen by
+  :func:`ck_fmha.heuristics.split_count`; the plan's launchers call ``_splitkv_main`` /
+  ``splitkv_combine`` / ``appendkv_launch`` / ``batch_prefill_launch`` here.
 * fp8: ``fwd`` / ``attention`` take ``torch.float8_e4m3fn`` q/k/v (``float8_e4m3fnuz`` on CDNA3)
   with per-tensor ``q_descale``, ``k_descale``, ``v_descale`` (floats or 1-element fp32 device
   tensors) and write o in ``out_dtype`` (bf16 default); forward only, no bias/dropout/paging.
