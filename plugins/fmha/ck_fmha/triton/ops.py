@@ -1218,7 +1218,8 @@ def appendkv(q, knew, vnew, k_cache, v_cache, seqlens_k, *, rotary_cos=None, rot
 
 def appendkv_launch(q, knew, vnew, k_cache, v_cache, seqlens_k, *, rotary_cos=None, rotary_sin=None, rope="none",
                     rotary_dim=0, block_table=None, layout="bhsd", block_m=32):
-    """The fwd_appendkv kernel (the launcher of a plan's key; ``block_m``: the key's BLOCK_M): write ``knew``/``vnew`` ([B, Hk, Sn, D] in ``layout``) into the caches at
+    """The fwd_appendkv kernel (the launcher of a plan's key; ``block_m``: the key's BLOCK_M): write
+    ``knew``/``vnew`` ([B, Hk, Sn, D] in ``layout``) into the caches at
     positions ``seqlens_k[b] ..`` (int32 [B], the lengths before the append), rotating knew and q (whose
     rows sit at the same positions) by RoPE (``rope``: 'none' | 'interleaved' | 'half_rotated' over the
     first ``rotary_dim`` channels; ``rotary_cos``/``rotary_sin`` [max_pos, rotary_dim/2]).
@@ -1297,7 +1298,8 @@ def batch_prefill(q, k_cache, v_cache, seqlens_k, *, cu_seqlens_q, max_seqlen_q,
 
 def batch_prefill_launch(q, k_cache, v_cache, seqlens_k, *, cu_seqlens_q, max_seqlen_q, max_seqlen_k,
                          block_table=None, kv_indptr=None, kv_page_indices=None, kv_layout="linear", **kw):
-    """The batch_prefill kernel (the launcher of a plan's key): group-mode queries (``q`` [total_q, H, D], ``cu_seqlens_q``) over a paged KV cache with per-batch
+    """The batch_prefill kernel (the launcher of a plan's key): group-mode queries (``q`` [total_q, H, D],
+    ``cu_seqlens_q``) over a paged KV cache with per-batch
     key lengths ``seqlens_k`` (int32 [B]).  Pages: ``kv_layout='linear'`` K/V [pages, P, Hk, D];
     ``'vectorized'`` (CK's layout, vec = 16 bytes / element) K [pages, Hk, D/vec, P, vec],
     V [pages, Hk, P/vec, Dv, vec].  Lookup: ``block_table`` [B, max_pages] (vLLM) or
