@@ -130,6 +130,8 @@ class _PagedForward(torch.autograd.Function):
     def forward(ctx, q, k_pages, v_pages, kw):
         seqlens_k = kw.pop("seqlens_k")
         out, lse = ops.batch_prefill(q, k_pages, v_pages, seqlens_k, return_lse=True, **kw)
+        if kw["alibi_slopes"] is not None and _causal_problem(kw):
+            lse = lse - _alibi_varlen_shift(kw["alibi_slopes"], seqlens_k, kw["cu_seqlens_q"], q.shape[0])
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -189,22 +191,42 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         seqlens = torch.full((b,), cache_seqlens, dtype=torch.int32, device=q.device)
     else:
         seqlens = cache_seqlens.to(torch.int32)
-    # one lookup for every kernel: a paged cache's block_table, or a contiguous cache seen as one
-    # page per batch row (so that cache_batch_idx is a one-column block table)
+    # one lookup for every kernel: a paged cache's block_table, or a contiguous cache seen as pages
+    # (so that cache_batch_idx is a block table)
+    kl, vl = k_cache, v_cache
     if block_table is not None:
         table = block_table.to(torch.int32)
     elif cache_batch_idx is not None:
-        table = cache_batch_idx.to(torch.int32).reshape(b, 1)
+        table, kl, vl = _rows_as_pages(cache_batch_idx.to(torch.int32).reshape(b), k_cache, v_cache)
     else:
         table = None
     mask = _mask(causal, window_size)
     if k is not None:
         local = mask["window"] != (-1, -1)
-        q, seqlens = _append(q, k, v, k_cache, v_cache, seqlens, table, rotary_cos, rotary_sin,
+        q, seqlens = _append(q, k, v, kl, vl, seqlens, table, rotary_cos, rotary_sin,
                              rotary_interleaved, q_at_own_positions=bool(causal) or local)
+    if cache_leftpad is None:   # the left-padded path indexes the caches' rows itself
+        k_cache, v_cache = kl, vl
     out, lse = _attend(q, k_cache, v_cache, seqlens, table, page, cache_leftpad, cache_batch_idx, mask,
                        softmax_scale, float(softcap or 0.0), alibi_slopes, num_splits)
     return (out, lse) if return_softmax_lse else out
+
+
+def _rows_as_pages(batch_idx, k_cache, v_cache):
+    """A contiguous cache [B_cache, S, Hk, D] as a page pool (views of the same memory, so writes land
+    in the caller's cache) and the block table that maps row b to cache row ``batch_idx[b]``.  The
+    page size is the largest power of two dividing S (pages are powers of two: problem rule R08)."""
+    s = k_cache.shape[1]
+    ps = s & -s
+    n = s // ps
+    pools = []
+    for c in (k_cache, v_cache):
+        if c.stride(0) != s * c.stride(1):
+            raise FlashAttnNotImplemented("cache_batch_idx with a cache whose rows are not dense [S, Hk, D] "
+                                          "blocks (make the cache contiguous)")
+        pools.append(c.unflatten(1, (n, ps)).flatten(0, 1))
+    table = batch_idx[:, None] * n + torch.arange(n, dtype=torch.int32, device=batch_idx.device)[None, :]
+    return table, pools[0], pools[1]
 
 
 def _append(q, k, v, k_cache, v_cache, seqlens, table, cos, sin, interleaved, q_at_own_positions):
@@ -244,7 +266,38 @@ def _attend(q, k_cache, v_cache, seqlens, table, page, leftpad, batch_idx, mask,
                                  max_seqlen_q=sq, max_seqlen_k=page, block_table=table, return_lse=True,
                                  alibi_slopes=alibi_slopes,
                                  alibi_align="bottom_right" if alibi_slopes is not None else None, **common)
-    return out.reshape(b, sq, hq, -1), lse.reshape(hq, b, sq).permute(1, 0, 2).contiguous()
+    lse = lse.reshape(hq, b, sq)
+    if alibi_slopes is not None and _causal_problem(mask):
+        lse = lse - _alibi_row_shift(alibi_slopes, seqlens, sq)
+    return out.reshape(b, sq, hq, -1), lse.permute(1, 0, 2).contiguous()
+
+
+def _causal_problem(mask) -> bool:
+    from .api import _mask_fields
+
+    m = _mask_fields(mask["causal"], mask["window"], mask["align"])
+    return m["mask"] != "none" and m["window_left"] < 0 and m["window_right"] == 0
+
+
+def _alibi_row_shift(slopes, seqlens, sq):
+    """[H, B, Sq]: what a causal problem's ALiBi (the vertical form slope * j, which the problem
+    derives from a causal mask) adds to each row's LSE over FlashAttention's bottom-right form
+    -slope * (i + seqlen_k - seqlen_q - j): slope * (i + seqlen_k - seqlen_q).  Softmax cancels it
+    (o agrees); the LSE does not."""
+    pos = (torch.arange(sq, device=seqlens.device)[None, :] + seqlens[:, None].long() - sq).to(torch.float32)
+    s = slopes.to(device=pos.device, dtype=torch.float32)
+    s = s[:, None, None] if s.dim() == 1 else s.t()[:, :, None]
+    return s * pos[None]
+
+
+def _alibi_varlen_shift(slopes, seqlens, cu_q, total_q):
+    """[H, total_q]: :func:`_alibi_row_shift` for packed queries; token t of batch b sits at bottom-right
+    position i + seqlen_k - seqlen_q = t - cu_q[b+1] + seqlens[b] (device ops only: no host sync)."""
+    t = torch.arange(total_q, device=cu_q.device)
+    b = torch.searchsorted(cu_q[1:].long(), t, right=True).clamp_(max=seqlens.shape[0] - 1)
+    pos = (t - cu_q[1:].long()[b] + seqlens.long()[b]).to(torch.float32)
+    s = slopes.to(device=pos.device, dtype=torch.float32)
+    return s[:, None] * pos[None] if s.dim() == 1 else s[b].t() * pos[None]
 
 
 def _attend_leftpad(q, k_cache, v_cache, seqlens, leftpad, batch_idx, common, alibi_slopes):

@@ -45,6 +45,8 @@ FAMILIES = (
     "batch_prefill", "bwd_dot_do_o", "bwd_dq_dk_dv", "bwd_convert_dq",
 )
 FWD_FAMILIES = FAMILIES[:6]
+#: families whose key lengths may come at run time (``runtime_seqlens_k``)
+RUNTIME_SEQLENS_FAMILIES = ("fwd_splitkv", "fwd_splitkv_combine", "fwd_pagedkv", "fwd_appendkv", "batch_prefill")
 BWD_FAMILIES = FAMILIES[6:]
 MODES = ("batch", "group")
 LAYOUTS = ("bhsd", "bshd")
@@ -238,6 +240,9 @@ class FmhaProblem:
     seqstart_q, seqstart_k  group mode: batch+1 cumulative offsets into the packed tensors
     seqlens_k               per-batch logical key lengths: KV-cache lengths (paged, appendkv: before
                             the append) or shorter-than-physical keys (CK's seqlen_k_ptr)
+    runtime_seqlens_k       the key lengths come at run time as the int32 tensor ``seqlens_k`` [batch]
+                            (a decode step's lengths change every step: no host copy, no new plan);
+                            seqlen_k is then the key capacity (the longest length a step may have)
     scale                   softmax scale (None = 1/sqrt(hdim_q)); see softmax_scale
     mask, window_left/right see above (with mask 'top_left'/'bottom_right'/'causal' an unset
                             window_right is 0: a window looks ahead only when window_right says so);
@@ -276,6 +281,7 @@ class FmhaProblem:
     seqstart_q: Optional[tuple] = attrs.field(default=None, converter=_opt_tuple("seqstart_q"))
     seqstart_k: Optional[tuple] = attrs.field(default=None, converter=_opt_tuple("seqstart_k"))
     seqlens_k: Optional[tuple] = attrs.field(default=None, converter=_opt_tuple("seqlens_k"))
+    runtime_seqlens_k: bool = attrs.field(default=False, converter=bool)
     # softmax / quantization scales (scale_q/k/v: fp8 descales, the real values are scale_x * x)
     scale: Optional[float] = attrs.field(default=None, converter=_opt_float)
     scale_q: float = attrs.field(default=1.0, converter=float)
@@ -454,8 +460,8 @@ def combine_problem(p: FmhaProblem) -> FmhaProblem:
     paged cache's fields do not carry over (rule R12 refuses them on the combine family); group
     mode keeps the logical key lengths as packed spans."""
     if not p.paged_kv:
-        return attrs.evolve(p, family="fwd_splitkv_combine")
-    kw = dict(family="fwd_splitkv_combine", paged_kv=False, page_size=0, seqlens_k=None)
+        return attrs.evolve(p, family="fwd_splitkv_combine", runtime_seqlens_k=False)
+    kw = dict(family="fwd_splitkv_combine", paged_kv=False, page_size=0, seqlens_k=None, runtime_seqlens_k=False)
     if p.is_group and p.seqstart_k is None:
         kw["seqstart_k"] = tuple(int(x) for x in np.cumsum([0, *p.seqlens_k]))
     return attrs.evolve(p, **kw)
@@ -566,6 +572,14 @@ def _validate(p: FmhaProblem) -> None:
         if p.seqlen_k is None or p.seqlen_k < 1:
             raise _err("R18-sizes", f"batch mode needs seqlen_k >= 1 (got {p.seqlen_k})")
     # R21 seqlens_k
+    if p.runtime_seqlens_k:
+        if p.seqlens_k is not None:
+            raise _err("R21-seqlens-k", "runtime_seqlens_k=True takes the lengths as the tensor seqlens_k at run "
+                       "time; drop the problem's seqlens_k (or set runtime_seqlens_k=False)")
+        if p.family not in RUNTIME_SEQLENS_FAMILIES or p.is_group != (p.family == "batch_prefill"):
+            raise _err("R21-seqlens-k", f"run-time seqlens_k is a feature of {'/'.join(RUNTIME_SEQLENS_FAMILIES)} "
+                       f"(batch_prefill in group mode, the others in batch mode), not {p.mode}-mode {p.family}; "
+                       "give seqlens_k on the problem")
     if p.seqlens_k is not None:
         if len(p.seqlens_k) != p.batch:
             raise _err("R21-seqlens-k", f"seqlens_k has {len(p.seqlens_k)} entries; give one per batch ({p.batch})")
@@ -670,7 +684,7 @@ def _validate(p: FmhaProblem) -> None:
             lo = 1 << max(0, p.page_size.bit_length() - 1)
             raise _err("R08-page-pow2", f"page_size={p.page_size} is not a positive power of two; "
                        f"use {lo} or {lo * 2}")
-        if p.seqlens_k is None:
+        if p.seqlens_k is None and not p.runtime_seqlens_k:
             raise _err("R21-seqlens-k", "a paged KV cache needs seqlens_k (the per-batch cache lengths)")
     elif p.page_size:
         raise _err("R08-page-pow2", "page_size is set but paged_kv=False; set paged_kv=True or page_size=0")
@@ -694,9 +708,9 @@ def _validate(p: FmhaProblem) -> None:
             raise _err("R10-appendkv-batch", "fwd_appendkv runs in batch mode; set mode='batch'")
         if p.seqlen_knew < 1:
             raise _err("R18-sizes", "fwd_appendkv needs seqlen_knew >= 1 (new tokens per batch)")
-        if p.seqlens_k is None:
+        if p.seqlens_k is None and not p.runtime_seqlens_k:
             raise _err("R21-seqlens-k", "fwd_appendkv needs seqlens_k (cache lengths before the append)")
-        if not p.paged_kv and max(p.seqlens_k) + p.seqlen_knew > p.seqlen_k:
+        if p.seqlens_k is not None and not p.paged_kv and max(p.seqlens_k) + p.seqlen_knew > p.seqlen_k:
             raise _err("R21-seqlens-k", f"appending {p.seqlen_knew} tokens to cache length {max(p.seqlens_k)} "
                        f"overflows the cache capacity seqlen_k={p.seqlen_k}; raise seqlen_k")
     elif p.seqlen_knew:

@@ -22,7 +22,7 @@ from .problem import FmhaProblem, combine_problem, expected_shapes
 #: the op's tensor vocabulary: what a user passes in, what a plan returns, and what its stages hand on
 INPUTS = ("q", "k", "v", "bias", "alibi_slopes", "sink", "o", "lse", "do", "k_cache", "v_cache",
           "block_table", "kv_indptr", "kv_page_indices", "kv_last_page_lens", "knew", "vnew",
-          "rotary_cos", "rotary_sin")
+          "rotary_cos", "rotary_sin", "seqlens_k")
 OUTPUTS = ("o", "lse", "randval", "dq", "dk", "dv", "dbias", "q_rot", "k_cache", "v_cache")
 _NAMES = frozenset((*INPUTS, *OUTPUTS, "o_acc", "lse_acc", "d", "dq_acc"))
 #: feature tensors and the problem field that must ask for them
@@ -70,9 +70,18 @@ def _store(p: FmhaProblem, x):
     return quantize(np.asarray(x), dt)
 
 
+def host_lengths(p: FmhaProblem, tensors: dict) -> FmhaProblem:
+    """``p`` with run-time key lengths (tensor ``seqlens_k``) made a problem field: the references
+    and the numpy backend read host data anyway, and this validates the lengths (rule R21)."""
+    if not p.runtime_seqlens_k:
+        return p
+    return attrs.evolve(p, runtime_seqlens_k=False,
+                        seqlens_k=tuple(int(x) for x in np.asarray(tensors["seqlens_k"]).reshape(-1)))
+
+
 def run_stage(problem: FmhaProblem, tensors: dict) -> dict:
     """One stage on the numpy backend: the reference, outputs rounded like a kernel's."""
-    p, t, fam = problem, tensors, problem.family
+    p, t, fam = host_lengths(problem, tensors), tensors, problem.family
     ex = _pick(t, _EXTRAS)
     if fam == "fwd":
         r = R.fwd(p, t["q"], t["k"], t["v"], **ex)
@@ -114,7 +123,7 @@ def _fwd_out(p, r) -> dict:
 
 def reference(problem: FmhaProblem, tensors: dict) -> dict:
     """Float64 one-shot results: what the whole plan must compute."""
-    p, t = problem, tensors
+    p, t = host_lengths(problem, tensors), tensors
     ex = _pick(t, _EXTRAS)
     if p.family in BWD:
         d = R.bwd_dot_do_o(p, t["o"], t["do"])

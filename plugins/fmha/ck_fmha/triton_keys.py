@@ -60,7 +60,11 @@ OPTIONS = ("family", "families", "receipt", "dtypes", "hdims")
 #: families with fp8 kernels (the forward; split-KV / paged / prefill / backward stay fp16/bf16)
 FP8_FAMILIES = ("fwd",)
 _NAME = re.compile(r"^fmha_triton_(?P<family>[a-z_]+?)_(?P<dtype>fp16|bf16|fp8)_d(?P<hq>\d+)x(?P<hv>\d+)"
-                   r"_m(?P<bm>\d+)n(?P<bn>\d+)_w(?P<w>\d+)_s(?P<s>\d+)_(?P<variant>[a-z_]+?)(?:_dq(?P<dq>[a-z0-9]+))?$")
+                   r"_m(?P<bm>\d+)n(?P<bn>\d+)_w(?P<w>\d+)_s(?P<s>\d+)_(?P<variant>[a-z_]+?)"
+                   r"(?:_k(?P<k>\d+))?(?:_dq(?P<dq>[a-z0-9]+))?$")
+#: a fwd_splitkv key's ``splits`` field: how many key splits it launches (name part ``_k<S>``); the
+#: problem's num_splits selects it (the split count the Dispatcher path chose, or the caller's)
+SPLITS = tuple(range(1, 129))
 
 
 @attrs.frozen(cache_hash=True)
@@ -82,6 +86,7 @@ class TritonFmhaAlg:
     num_stages: int
     variant: str = "ptr"
     dq: str = ""
+    splits: int = 0
 
     def config(self):
         from .triton.configs import TritonFmhaConfig
@@ -91,7 +96,8 @@ class TritonFmhaAlg:
 
 def format_name(sig: TritonFmhaSig, a: TritonFmhaAlg) -> str:
     return (f"fmha_triton_{sig.family}_{sig.dtype}_d{sig.hdim_q}x{sig.hdim_v}_m{a.block_m}n{a.block_n}"
-            f"_w{a.num_warps}_s{a.num_stages}_{a.variant}" + (f"_dq{a.dq}" if a.dq else ""))
+            f"_w{a.num_warps}_s{a.num_stages}_{a.variant}" + (f"_k{a.splits}" if a.splits else "")
+            + (f"_dq{a.dq}" if a.dq else ""))
 
 
 def parse_name(body: str):
@@ -102,7 +108,8 @@ def parse_name(body: str):
     try:
         return from_fields(dict(family=m["family"], dtype=m["dtype"], hdim_q=int(m["hq"]), hdim_v=int(m["hv"])),
                            dict(block_m=int(m["bm"]), block_n=int(m["bn"]), num_warps=int(m["w"]),
-                                num_stages=int(m["s"]), variant=m["variant"], dq=m["dq"] or ""))
+                                num_stages=int(m["s"]), variant=m["variant"], dq=m["dq"] or "",
+                                splits=int(m["k"] or 0)))
     except ConfigError as exc:
         raise MissingKernel(f"{body!r}: {exc}") from None
 
@@ -114,7 +121,7 @@ _SIG = RecordSchema(TritonFmhaSig, what="Triton FMHA signature", choices={"famil
                     bounds={"hdim_q": (1, 1024), "hdim_v": (1, 1024)})
 _ALG = RecordSchema(TritonFmhaAlg, what="Triton FMHA algorithm", choices={"variant": VARIANTS},
                     bounds={"block_m": (1, 1024), "block_n": (1, 1024), "num_warps": (1, 64),
-                            "num_stages": (1, 16)})
+                            "num_stages": (1, 16), "splits": (0, SPLITS[-1])})
 
 
 def from_fields(sig: dict, alg: dict):
@@ -138,6 +145,8 @@ def legal(key, arch) -> Optional[str]:
         return f"variant {a.variant} is not a {s.family} kernel"
     if (s.family == "bwd_dq_dk_dv") != bool(a.dq):
         return "the dq field belongs to bwd_dq_dk_dv keys (and they need one)"
+    if (s.family == "fwd_splitkv") != bool(a.splits):
+        return "the splits field belongs to fwd_splitkv keys (and they need one)"
     if a.dq:
         try:
             dq = parse_dq(a.dq)
@@ -262,6 +271,8 @@ def _configs(family, hq, hv, arch, elem_bytes: int = 2, prune: bool = True) -> l
         tabled = family in ("fwd", "bwd_dq_dk_dv") and c not in extras   # see _tabled
         if a not in out and (tabled or not prune or _smem(family, hq, hv, a, elem_bytes) <= arch.lds_bytes):
             out.append(a)
+    if family == "fwd_splitkv":   # one key per split count: the count is in the kernel's name
+        return [attrs.evolve(a, splits=n) for a in out for n in SPLITS]
     return out
 
 
@@ -343,6 +354,8 @@ def supports(key, p) -> Optional[str]:
     if (s.hdim_q, s.hdim_v) != (p.hdim_q, p.hdim_v):
         return f"kernel head dims {s.hdim_q}/{s.hdim_v}, problem {p.hdim_q}/{p.hdim_v}"
     a = key.algorithm
+    if a.splits and a.splits != p.num_splits:
+        return f"the key runs {a.splits} key splits, the problem asks for {p.num_splits}"
     if a.variant in GLUON_VARIANTS:
         return _gluon_unsupported(a, p)
     why = (_bwd_unsupported(a, p) if p.family == "bwd_dq_dk_dv" else
@@ -598,7 +611,8 @@ def make_launcher(key, capture: Optional[list] = None):
                 kvs = (kc.stride(0), kc.stride(2), kc.stride(1), vc.stride(0), vc.stride(2), vc.stride(1))
             bt = t["block_table"]
             return kc, vc, dict(page_size=page_size, block_table=bt.to(dtype=torch.int32),
-                                max_seqlen_k=int(bt.shape[1]) * page_size, kv_strides=kvs, hk=hk)
+                                max_seqlen_k=p.seqlen_k if p.runtime_seqlens_k else max(p.seqlens_k),
+                                kv_strides=kvs, hk=hk)
         x = cast(p, t, ("k", "v"))
         k, v = ops._last_contig(x["k"]), ops._last_contig(x["v"])
         _, hk, sk, _ = ops._dims(k, p.layout)
@@ -608,9 +622,12 @@ def make_launcher(key, capture: Optional[list] = None):
     def splitkv_main(p, t):
         q = cast(p, t, ("q",))["q"]
         k, v, kw = _kv(p, t)
-        seqlens = dev_int32(p, "lens", p.seqlens_k, q) if p.seqlens_k else None
+        if p.runtime_seqlens_k:   # this step's lengths, on the device: read by the kernel, never by the host
+            seqlens = t["seqlens_k"]
+        else:
+            seqlens = dev_int32(p, "lens", p.seqlens_k, q) if p.seqlens_k else None
         oacc, lacc = ops._splitkv_main(q, k, v, seqlens_k=seqlens, scale=p.softmax_scale,
-                                       softcap=p.logits_soft_cap, num_splits=p.num_splits, layout=p.layout,
+                                       softcap=p.logits_soft_cap, num_splits=alg.splits or 1, layout=p.layout,
                                        config=cfg, **_mask(p), **kw, **_sinks(p, t))
         return {"o_acc": oacc, "lse_acc": lacc}
 
@@ -668,15 +685,15 @@ def make_launcher(key, capture: Optional[list] = None):
         x = cast(p, t, ("q", "knew", "vnew", "k_cache", "v_cache"))
         rope = {}
         if p.rope != "none":
-            need = max(p.seqlens_k) + max(p.seqlen_knew, p.seqlen_q)
+            need = _longest_before_append(p, t) + max(p.seqlen_knew, p.seqlen_q)
             if t["rotary_cos"].shape[0] < need:   # the kernel does not bound-check table rows
                 raise InvalidProblem(f"rotary tables have {t['rotary_cos'].shape[0]} positions; need at least {need}")
             rope = dict(rotary_cos=t["rotary_cos"], rotary_sin=t["rotary_sin"], rope=p.rope,
                         rotary_dim=p.rotary_dim)
         bt = t["block_table"] if p.paged_kv else None
-        q_rot, kc, vc = ops.appendkv(x["q"], x["knew"], x["vnew"], x["k_cache"], x["v_cache"],
-                                     dev_int32(p, "lens", p.seqlens_k, x["q"]), block_table=bt,
-                                     layout=p.layout, block_m=alg.block_m, **rope)
+        lens = t["seqlens_k"] if p.runtime_seqlens_k else dev_int32(p, "lens", p.seqlens_k, x["q"])
+        q_rot, kc, vc = ops.appendkv_launch(x["q"], x["knew"], x["vnew"], x["k_cache"], x["v_cache"], lens,
+                                            block_table=bt, layout=p.layout, block_m=alg.block_m, **rope)
         return {"q_rot": q_rot, "k_cache": kc, "v_cache": vc}
 
     def prefill(p, t):
@@ -686,9 +703,13 @@ def make_launcher(key, capture: Optional[list] = None):
             tables = dict(kv_indptr=t["kv_indptr"], kv_page_indices=t["kv_page_indices"])
         else:
             tables = dict(block_table=t["block_table"])
-        o, lse = ops.batch_prefill(q, x["k_cache"], x["v_cache"], dev_int32(p, "lens", p.seqlens_k, q),
+        if p.runtime_seqlens_k:   # read on the device; seqlen_k is their bound
+            lens, longest = t["seqlens_k"], p.seqlen_k
+        else:
+            lens, longest = dev_int32(p, "lens", p.seqlens_k, q), max(p.seqlens_k)
+        o, lse = ops.batch_prefill_launch(q, x["k_cache"], x["v_cache"], lens,
                                    cu_seqlens_q=dev_int32(p, "sq", p.seqstart_q, q), max_seqlen_q=p.seqlen_q,
-                                   max_seqlen_k=max(p.seqlens_k), kv_layout=p.kv_layout, scale=p.softmax_scale,
+                                   max_seqlen_k=longest, kv_layout=p.kv_layout, scale=p.softmax_scale,
                                    softcap=p.logits_soft_cap, return_lse=True, config=cfg, _trusted_varlen=True,
                                    **tables,
                                    **_mask(p), **_features(p, t, tdt), **_sinks(p, t))
@@ -706,6 +727,17 @@ def make_launcher(key, capture: Optional[list] = None):
         return run(p, t)
 
     return launch
+
+
+def _longest_before_append(p, t) -> int:
+    """The longest cache length before an append: the problem's, host run-time lengths read here (no
+    sync), or for device run-time lengths the bound the capacity sets (seqlen_k >= length + seqlen_knew)."""
+    if not p.runtime_seqlens_k:
+        return max(p.seqlens_k)
+    lens = t["seqlens_k"]
+    if lens.device.type == "cpu" and lens.numel():
+        return int(lens.max())
+    return p.seqlen_k - p.seqlen_knew
 
 
 _E4M3 = ()

@@ -172,6 +172,25 @@ def test_varlen_qkvpacked():
     assert rel(out, ro) < TOL
 
 
+def test_varlen_paged_alibi_causal_lse():
+    """The paged varlen forward with ALiBi under a causal mask: o and the LSE in FlashAttention's
+    bottom-right ALiBi form (the problem's vertical form differs by a per-row constant)."""
+    lq, lk, h, hk, d, page = [2, 5], [11, 6], 2, 1, 16, 4
+    pool_k, pool_v = rnd(9, page, hk, d, seed=21), rnd(9, page, hk, d, seed=22)
+    table = torch.tensor([[3, 0, 7], [8, 2, 5]], dtype=torch.int32)
+    q = rnd(sum(lq), h, d, seed=23)
+    slopes = torch.tensor([0.5, 0.125])
+    out, lse, _ = fa.flash_attn_varlen_func(q, pool_k, pool_v, _cu(lq), _cu(lk), max(lq), max(lk), causal=True,
+                                            alibi_slopes=slopes, block_table=table, return_attn_probs=True)
+    cu_q = _cu(lq)
+    for i in range(2):
+        kk = pool_k[table[i].long()].reshape(-1, hk, d)[:lk[i]]
+        vv = pool_v[table[i].long()].reshape(-1, hk, d)[:lk[i]]
+        ro, rl = ref_seq(q[cu_q[i]:cu_q[i + 1]], kk, vv, causal=True, slopes=slopes)
+        assert rel(out[cu_q[i]:cu_q[i + 1]], ro) < TOL
+        assert torch.allclose(lse[:, cu_q[i]:cu_q[i + 1]].double(), rl, atol=1e-3, rtol=1e-3)
+
+
 def test_varlen_paged_block_table():
     lq, lk, h, hk, d, page = [3, 7], [20, 9], 2, 1, 16, 8
     nblocks = 3

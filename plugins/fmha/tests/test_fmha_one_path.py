@@ -3,6 +3,8 @@ tile, the Gluon kernels, the TMA form, the dQ pass), the launchers run exactly t
 ``ck_fmha.attention`` is a custom op that torch.compile traces."""
 import itertools
 
+import attrs
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -149,6 +151,17 @@ def test_deterministic_is_a_key_field(monkeypatch):
     assert "not deterministic" in T.supports(fast, FmhaProblem(**base, deterministic=True))
 
 
+def test_names_round_trip_with_the_splits_field():
+    k = next(k for k in T.enumerate_keys(get_manager().arch("sm90"), "triton",
+                                         {"family": "fwd_splitkv", "dtypes": "fp16", "hdims": [(64, 64)]})
+             if k.algorithm.splits == 5)
+    body = T.format_name(k.signature, k.algorithm)
+    assert body.endswith("_k5") and T.parse_name(body) == (k.signature, k.algorithm)
+    p = FmhaProblem(family="fwd_splitkv", batch=1, nhead_q=2, seqlen_q=1, seqlen_k=300, hdim_q=64, num_splits=3)
+    assert "3" in T.supports(k, p) and T.supports(attrs.evolve(k, algorithm=attrs.evolve(k.algorithm, splits=3)),
+                                                  p) is None
+
+
 def test_names_round_trip_with_the_dq_field():
     arch = get_manager().arch("sm90")
     keys = T.enumerate_keys(arch, "triton", {"families": ["bwd_dq_dk_dv", "fwd"], "dtypes": ["fp16"]})
@@ -257,6 +270,211 @@ def test_group_mode_attention_launches_the_plan(ck_dispatch_log, launched, ck_rn
     assert [r[0].mode for r in runs] == ["group", "group"]
     _check(runs, launched)
     assert torch.isfinite(q.grad).all()
+    api.clear()
+
+
+# -- decode: run-time key lengths, one plan per shape, the Dispatcher's split count -------------------
+
+
+@pytest.fixture
+def split_grids(monkeypatch):
+    """(kernel, grid, meta-parameters) of every split-KV main / combine launch."""
+    from ck_fmha.triton import kernels as K
+
+    out = []
+
+    class Spy:
+        def __init__(self, name, fn):
+            self.name, self.fn = name, fn
+
+        def __getitem__(self, grid):
+            def call(*a, **kw):
+                out.append((self.name, tuple(grid), {k: kw.get(k) for k in ("BLOCK_M", "BLOCK_N", "num_warps",
+                                                                           "num_stages")}))
+                return self.fn[grid](*a, **kw)
+            return call
+
+    for attr, name in (("fmha_fwd_splitkv_kernel", "main"), ("fmha_fwd_splitkv_combine_kernel", "combine")):
+        monkeypatch.setattr(K, attr, Spy(name, getattr(K, attr)))
+    return out
+
+
+def _ref_decode(q, k, v, lens, layout):
+    """float64 bottom-right causal attention of q over each batch's first lens[b] keys ('bhsd' or 'bshd')."""
+    if layout == "bshd":
+        q, k, v = (x.transpose(1, 2) for x in (q, k, v))
+    q, k, v = (x.double() for x in (q, k, v))
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    out = torch.empty(q.shape[:3] + (v.shape[-1],), dtype=torch.float64)
+    sq = q.shape[2]
+    for b, n in enumerate(lens):
+        s = q[b] @ k[b, :, :n].transpose(-1, -2) / q.shape[-1] ** 0.5
+        i, j = torch.arange(sq)[:, None], torch.arange(n)[None, :]
+        s = s.masked_fill(j > i + n - sq, float("-inf"))
+        out[b] = torch.softmax(s, -1) @ v[b, :, :n]
+    return out.transpose(1, 2) if layout == "bshd" else out
+
+
+def _pages(k, v, ps, g):
+    """k/v [B, Hk, S, D] scattered into a page pool [pages, ps, Hk, D] through a random block table."""
+    b, hk, sk, d = k.shape
+    npg = -(-sk // ps)
+    table = torch.randperm(b * npg + 2, generator=g)[:b * npg].view(b, npg).to(torch.int32)
+    kc = torch.full((b * npg + 2, ps, hk, d), float("nan"), dtype=k.dtype)
+    vc = kc.clone()
+    pad = lambda x: torch.nn.functional.pad(x, (0, 0, 0, npg * ps - sk))   # noqa: E731
+    kp, vp = pad(k), pad(v)
+    for bi in range(b):
+        for pi in range(npg):
+            kc[table[bi, pi]] = kp[bi, :, pi * ps:(pi + 1) * ps].transpose(0, 1)
+            vc[table[bi, pi]] = vp[bi, :, pi * ps:(pi + 1) * ps].transpose(0, 1)
+    return kc, vc, table
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_decode_steps_launch_the_plan(ck_dispatch_log, split_grids, ck_rng, paged, monkeypatch):
+    """Decode steps with changing key lengths reuse one problem and plan (the lengths are a device
+    tensor, not a problem field); the names ck_after_run reports are the plan's keys; the launches
+    are those keys' tiles with the plan's split count; the output matches a float64 reference."""
+    from ck_fmha import decode
+    from ck_fmha.triton import ops
+
+    monkeypatch.setenv("CK_BACKEND", "triton")
+    api.clear()
+    g = torch.Generator().manual_seed(int(ck_rng.integers(1 << 30)))
+    b, hq, hk, sq, sk, d = 2, 4, 2, 1, 600, 32
+    layout = "bshd" if paged else "bhsd"
+    q = torch.randn(b, hq, sq, d, generator=g, dtype=torch.float16)
+    k = torch.randn(b, hk, sk, d, generator=g, dtype=torch.float16)
+    v = torch.randn(b, hk, sk, d, generator=g, dtype=torch.float16)
+    qx = q.transpose(1, 2) if paged else q
+    if paged:
+        kc, vc, table = _pages(k, v, 16, g)
+    outs, steps = [], [[600, 257], [3, 599], [1, 1]]
+    for lens in steps:
+        sl = torch.tensor(lens, dtype=torch.int32)
+        if paged:
+            outs.append(ops.paged_decode(qx, kc, vc, table, sl, causal=True, layout=layout))
+        else:
+            outs.append(ops.splitkv_decode(qx, k, v, seqlens_k=sl, causal=True, layout=layout))
+    assert len(decode._PROBLEMS) == 1   # one signature: the steps differ only in the lengths tensor
+    runs = ck_dispatch_log.take()
+    assert len(runs) == len(steps) and len({r[0] for r in runs}) == 1
+    p = runs[0][0]
+    assert p.runtime_seqlens_k and p.seqlens_k is None and p.paged_kv == paged and p.seqlen_k >= sk
+    disp = decode._dispatcher(q, p)
+    stages = disp.plan(p).stages
+    assert [s.name for s in stages] == ["fwd_splitkv", "fwd_splitkv_combine"]
+    for _, plan, names in runs:
+        assert names == plan == tuple(s.key.name for s in stages)
+    # the count the heuristic layer chose, from the ArchSpec's compute units, is what launched
+    from ck_fmha.heuristics import split_count
+    assert p.num_splits == split_count(b * hk, p.seqlen_k, disp.arch.compute_units, query_rows=hq // hk * sq)
+    main = stages[0].key.algorithm
+    assert main.splits == p.num_splits and f"_k{p.num_splits}" in stages[0].key.name   # the count is a key field
+    for name, grid, meta in split_grids:
+        if name == "main":
+            assert grid[0] == p.num_splits and grid[1] == b * hk
+            assert meta == dict(_tile(main), BLOCK_M=max(16, main.block_m))
+    assert [n for n, _, _ in split_grids] == ["main", "combine"] * len(steps)
+    for lens, o in zip(steps, outs):
+        ref = _ref_decode(q, k, v, lens, "bhsd")
+        got = o.transpose(1, 2) if paged else o
+        assert torch.isfinite(got).all()
+        assert float((got.double() - ref).norm() / ref.norm()) < 1e-2
+    api.clear()
+
+
+def test_decode_explicit_splits_and_bad_lengths(ck_dispatch_log, split_grids, monkeypatch):
+    """An explicit num_splits is the plan's count exactly (no rounding to key blocks); host
+    lengths past the capacity are refused before a launch."""
+    from ck_core.errors import InvalidProblem
+
+    from ck_fmha.triton import ops
+
+    monkeypatch.setenv("CK_BACKEND", "triton")
+    api.clear()
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(1, 2, 1, 32, generator=g, dtype=torch.float16)
+    k = torch.randn(1, 2, 100, 32, generator=g, dtype=torch.float16)
+    o = ops.splitkv_decode(q, k, k, num_splits=7)
+    (p, names, _), = ck_dispatch_log.take()
+    assert p.num_splits == 7 and not p.runtime_seqlens_k and "_k7." in names[0]
+    assert [grid[0] for n, grid, _ in split_grids if n == "main"] == [7]
+    assert float((o.double() - _ref_decode(q, k, k, [100], "bhsd")).abs().max()) < 1e-2
+    with pytest.raises(InvalidProblem, match="capacity"):
+        ops.splitkv_decode(q, k, k, seqlens_k=torch.tensor([101], dtype=torch.int32))
+    with pytest.raises(InvalidProblem, match="num_splits"):
+        ops.splitkv_decode(q, k, k, num_splits=0)
+    api.clear()
+
+
+@pytest.mark.parametrize("backend", ["triton", "numpy"])
+def test_appendkv_steps_launch_the_plan(ck_dispatch_log, backend, monkeypatch):
+    """appendkv writes the caches in place at run-time lengths; the steps share one plan, and the
+    names ck_after_run reports are its key; both backends write the same caches."""
+    from ck_fmha import decode
+    from ck_fmha.triton import ops
+
+    monkeypatch.setenv("CK_BACKEND", backend)
+    api.clear()
+    g = torch.Generator().manual_seed(11)
+    b, hq, hk, sn, cap, d = 2, 4, 2, 3, 20, 32
+    kc = torch.randn(b, hk, cap, d, generator=g, dtype=torch.float16)
+    vc = torch.randn(b, hk, cap, d, generator=g, dtype=torch.float16)
+    want_k, want_v = kc.clone(), vc.clone()
+    for lens in ([0, 5], [17, 2]):
+        q = torch.randn(b, hq, sn, d, generator=g, dtype=torch.float16)
+        kn = torch.randn(b, hk, sn, d, generator=g, dtype=torch.float16)
+        vn = torch.randn(b, hk, sn, d, generator=g, dtype=torch.float16)
+        q_rot, k2, v2 = ops.appendkv(q, kn, vn, kc, vc, torch.tensor(lens, dtype=torch.int32))
+        assert k2 is kc and v2 is vc and torch.equal(q_rot, q)   # rope='none': q_rot is a copy of q
+        for bi, n in enumerate(lens):
+            want_k[bi, :, n:n + sn], want_v[bi, :, n:n + sn] = kn[bi], vn[bi]
+    assert torch.equal(kc, want_k) and torch.equal(vc, want_v)
+    runs = ck_dispatch_log.take()
+    assert len(runs) == 2 and runs[0][0] == runs[1][0] and runs[0][0].runtime_seqlens_k
+    assert len(decode._PROBLEMS) == 1
+    plan = tuple(s.key.name for s in decode._PROBLEMS[next(iter(decode._PROBLEMS))][1].plan(runs[0][0]).stages)
+    assert all(names == p == plan for _, p, names in runs)
+    from ck_core.errors import InvalidProblem
+    with pytest.raises(InvalidProblem, match="capacity"):   # 18 + 3 new tokens overflow 20 slots
+        ops.appendkv(q, kn, vn, kc, vc, torch.tensor([18, 0], dtype=torch.int32))
+    api.clear()
+
+
+@pytest.mark.parametrize("lookup", ["vllm", "sglang"])
+def test_batch_prefill_launches_the_plan(ck_dispatch_log, lookup, monkeypatch):
+    """batch_prefill: calls with other key lengths reuse one problem (the lengths are a device
+    tensor); ck_after_run names the plan's key; the output matches a float64 reference."""
+    from ck_fmha import prefill
+    from ck_fmha.triton import ops
+
+    monkeypatch.setenv("CK_BACKEND", "triton")
+    api.clear()
+    g = torch.Generator().manual_seed(23)
+    hq, hk, d, ps, cap = 2, 1, 32, 8, 40
+    cu = torch.tensor([0, 5, 12], dtype=torch.int32)
+    q = torch.randn(12, hq, d, generator=g, dtype=torch.float16)
+    k = torch.randn(2, hk, cap, d, generator=g, dtype=torch.float16)
+    v = torch.randn(2, hk, cap, d, generator=g, dtype=torch.float16)
+    kc, vc, table = _pages(k, v, ps, g)
+    npg = table.shape[1]
+    tabs = (dict(block_table=table) if lookup == "vllm" else
+            dict(kv_indptr=torch.arange(0, 3 * npg, npg, dtype=torch.int32), kv_page_indices=table.reshape(-1)))
+    for lens in ([40, 9], [7, 33]):
+        o = ops.batch_prefill(q, kc, vc, torch.tensor(lens, dtype=torch.int32), cu_seqlens_q=cu, max_seqlen_q=7,
+                              max_seqlen_k=cap, causal="bottom_right", **tabs)
+        for bi, (a, z) in enumerate(((0, 5), (5, 12))):
+            qb = q[a:z].transpose(0, 1)[None]
+            ref = _ref_decode(qb, k[bi:bi + 1], v[bi:bi + 1], [lens[bi]], "bhsd")[0].transpose(0, 1)
+            assert float((o[a:z].double() - ref).norm() / ref.norm()) < 1e-2
+    runs = ck_dispatch_log.take()
+    assert len(runs) == 2 and runs[0][0] == runs[1][0] and runs[0][0].runtime_seqlens_k
+    (p, disp), = prefill._PROBLEMS.values()
+    plan = tuple(s.key.name for s in disp.plan(p).stages)
+    assert all(names == pl == plan for _, pl, names in runs)
     api.clear()
 
 

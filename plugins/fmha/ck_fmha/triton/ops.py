@@ -24,6 +24,11 @@ Public API (all tensors on one device; CPU tensors work under TRITON_INTERPRET=1
   logits [H]) and ``sink_tokens`` (first keys visible past a window's left edge)
 * autograd attention is ``ck_fmha.attention`` (:mod:`ck_fmha.api`): through the Dispatcher, whose
   launchers call ``fwd`` / ``bwd_*`` here with the plan's exact choice.
+* ``splitkv_decode`` / ``paged_decode`` / ``appendkv`` (:mod:`ck_fmha.decode`) and ``batch_prefill``
+  (:mod:`ck_fmha.prefill`) also go through the Dispatcher: their key lengths are run-time tensors
+  (``runtime_seqlens_k`` problems, cached per shapes), the split count is the problem's, chosen by
+  :func:`ck_fmha.heuristics.split_count`; the plan's launchers call ``_splitkv_main`` /
+  ``splitkv_combine`` / ``appendkv_launch`` / ``batch_prefill_launch`` here.
 * fp8: ``fwd`` / ``attention`` take ``torch.float8_e4m3fn`` q/k/v (``float8_e4m3fnuz`` on CDNA3)
   with per-tensor ``q_descale``, ``k_descale``, ``v_descale`` (floats or 1-element fp32 device
   tensors) and write o in ``out_dtype`` (bf16 default); forward only, no bias/dropout/paging.
@@ -67,7 +72,7 @@ from . import gluon_bwd, gluon_fwd
 from . import kernels as K
 from .configs import (GLUON_VARIANTS, TritonFmhaConfig, default_bwd_configs, default_fwd_config, gluon_dkdv_tile,
                       gluon_dq_tile, gluon_fused_min_seqlen, gluon_fused_tile,
-                      default_splitkv_config, num_splits_heuristic, padded_hdim, next_pow2)
+                      padded_hdim, next_pow2)
 
 try:
     from ck_core.errors import InvalidProblem, UnsupportedProblem
@@ -1109,15 +1114,11 @@ def bwd(q, k, v, o, lse, do, *, causal=False, scale=None, window=(-1, -1), softc
 # ---------------------------------------------------------------------------
 
 
-def _splitkv(q, k, v, *, return_lse, layout, **kw):
-    oacc, lacc = _splitkv_main(q, k, v, layout=layout, **kw)
-    return splitkv_combine(oacc, lacc, q, layout=layout, return_lse=return_lse)
-
-
 def _splitkv_main(q, k, v, *, page_size, block_table, seqlens_k, max_seqlen_k, causal, scale, window, softcap,
                   num_splits, layout, config, kv_strides, hk, align, sink=None, sink_tokens=0):
-    """Split-KV main stage: per-split partial outputs ``o_acc`` [B, H, Sq, S, Dv] and LSEs ``lse_acc``
-    [B, H, Sq, S] (fp32); the number of splits follows the heuristic unless given."""
+    """Split-KV main stage: ``num_splits`` partial outputs ``o_acc`` [B, H, Sq, S, Dv] and LSEs ``lse_acc``
+    [B, H, Sq, S] (fp32).  The count is the problem's (the Dispatcher's choice): every split covers the
+    same whole number of key blocks, and splits past a batch's keys are empty (the combine skips them)."""
     q = _last_contig(q)
     if q.dtype in FP8_DTYPES:
         raise UnsupportedProblem("the Triton split-KV / paged decode has no fp8 path; the fp8 forward is fwd "
@@ -1127,18 +1128,12 @@ def _splitkv_main(q, k, v, *, page_size, block_table, seqlens_k, max_seqlen_k, c
     group = _check_gqa(hq, hk)
     mode, br, left, right = mask_params(causal, window, align if align is not None else "bottom_right")
     sm_scale, scale2, cap_in, cap_out = _scales(dq, scale, softcap)
-    rows = group * sq
-    cfg = config or default_splitkv_config(dq, dv, rows)
-    bm = max(16, min(cfg.BLOCK_M, next_pow2(rows))) if config is None else max(16, cfg.BLOCK_M)
-    num_m = triton.cdiv(rows, bm)
-    if num_splits is None:
-        from ck_core.device import current_arch  # the SM count is an arch fact
-        num_splits = num_splits_heuristic(b * hk, max_seqlen_k, num_m, block_n=cfg.BLOCK_N,
-                                          num_sms=current_arch(q).compute_units)
-    num_splits = max(1, int(num_splits))
-    chunk = triton.cdiv(max_seqlen_k, num_splits)
-    chunk = triton.cdiv(chunk, cfg.BLOCK_N) * cfg.BLOCK_N
-    num_splits = max(1, triton.cdiv(max_seqlen_k, chunk))
+    cfg, bm = config, max(16, config.BLOCK_M)
+    num_m = triton.cdiv(group * sq, bm)
+    num_splits = int(num_splits)
+    if num_splits < 1:
+        raise InvalidProblem(f"num_splits={num_splits}: a split-KV launch needs at least one split")
+    chunk = triton.cdiv(triton.cdiv(max_seqlen_k, num_splits), cfg.BLOCK_N) * cfg.BLOCK_N
     if sink is not None:
         sink = sink.to(device=q.device, dtype=torch.float32).contiguous()
     oacc = torch.empty((b, hq, sq, num_splits, dv), device=q.device, dtype=torch.float32)
@@ -1185,37 +1180,31 @@ def splitkv_combine(oacc, lacc, q, *, layout="bhsd", return_lse=True):
 def splitkv_decode(q, k, v, *, seqlens_k=None, causal=False, scale=None, window=(-1, -1), softcap=0.0,
                    num_splits=None, return_lse=False, layout="bhsd", config=None, align=None, sink=None,
                    sink_tokens=0):
-    """Split-KV forward for short queries over a long contiguous KV
-    (k, v in ``layout``), then an LSE combine.  ``seqlens_k`` (int32 [B])
-    optionally gives each batch's valid KV length.  Causal masks default to
-    bottom-right alignment here (the query is the sequence's tail)."""
-    k, v = _last_contig(k), _last_contig(v)
-    _, hk, sk, _ = _dims(k, layout)
-    kv = _bhs_strides(k, layout) + _bhs_strides(v, layout)
-    return _splitkv(q, k, v, page_size=0, block_table=None, seqlens_k=seqlens_k, max_seqlen_k=sk,
-                    causal=causal, scale=scale, window=window, softcap=softcap, num_splits=num_splits,
-                    return_lse=return_lse, layout=layout, config=config, kv_strides=kv, hk=hk, align=align,
-                    sink=sink, sink_tokens=sink_tokens)
+    """Split-KV forward for short queries over a long contiguous KV (k, v in ``layout``), then an
+    LSE combine, through the Dispatcher (:func:`ck_fmha.decode.splitkv_decode`).  ``seqlens_k``
+    (int32 [B], any device) optionally gives each batch's valid KV length; it is read on the device
+    only, so a decode step reuses its plan.  Causal masks default to bottom-right alignment here
+    (the query is the sequence's tail).  ``num_splits``: None lets the Dispatcher choose.
+    ``config`` (a TritonFmhaConfig) runs that tile instead of the plan's (kernel-direct)."""
+    from ..decode import splitkv_decode as _run
+
+    return _run(q, k, v, seqlens_k=seqlens_k, causal=causal, scale=scale, window=window, softcap=softcap,
+                num_splits=num_splits, return_lse=return_lse, layout=layout, config=config, align=align,
+                sink=sink, sink_tokens=sink_tokens)
 
 
 def paged_decode(q, k_cache, v_cache, block_table, seqlens_k, *, max_seqlen_k=None, causal=False, scale=None,
                  window=(-1, -1), softcap=0.0, num_splits=None, return_lse=False, layout="bhsd", config=None,
                  align=None, sink=None, sink_tokens=0):
-    """Decode over a paged KV cache: ``k_cache``/``v_cache`` are
-    [num_pages, page_size, H_k, D]; ``block_table`` int32 [B, max_pages];
-    ``seqlens_k`` int32 [B].  ``max_seqlen_k`` defaults to
-    ``max_pages * page_size`` (no host sync)."""
-    k_cache, v_cache = _last_contig(k_cache), _last_contig(v_cache)
-    _, page_size, hk, _ = k_cache.shape
-    if max_seqlen_k is None:
-        max_seqlen_k = block_table.shape[1] * page_size
-    kv = (k_cache.stride(0), k_cache.stride(2), k_cache.stride(1),
-          v_cache.stride(0), v_cache.stride(2), v_cache.stride(1))
-    return _splitkv(q, k_cache, v_cache, page_size=page_size, block_table=block_table.to(torch.int32),
-                    seqlens_k=seqlens_k.to(torch.int32), max_seqlen_k=int(max_seqlen_k), causal=causal,
-                    scale=scale, window=window, softcap=softcap, num_splits=num_splits, return_lse=return_lse,
-                    layout=layout, config=config, kv_strides=kv, hk=hk, align=align, sink=sink,
-                    sink_tokens=sink_tokens)
+    """Decode over a paged KV cache through the Dispatcher (:func:`ck_fmha.decode.paged_decode`):
+    ``k_cache``/``v_cache`` are [num_pages, page_size, H_k, D]; ``block_table`` int32 [B, max_pages];
+    ``seqlens_k`` int32 [B] (read on the device only).  ``max_seqlen_k`` (the longest length a step
+    may have) defaults to ``max_pages * page_size`` (no host sync)."""
+    from ..decode import paged_decode as _run
+
+    return _run(q, k_cache, v_cache, block_table, seqlens_k, max_seqlen_k=max_seqlen_k, causal=causal,
+                scale=scale, window=window, softcap=softcap, num_splits=num_splits, return_lse=return_lse,
+                layout=layout, config=config, align=align, sink=sink, sink_tokens=sink_tokens)
 
 
 # ---------------------------------------------------------------------------
@@ -1226,8 +1215,19 @@ from .configs import ROPE_MODES  # noqa: E402
 
 
 def appendkv(q, knew, vnew, k_cache, v_cache, seqlens_k, *, rotary_cos=None, rotary_sin=None, rope="none",
-             rotary_dim=0, block_table=None, layout="bhsd", block_m=32):
-    """CK's fwd_appendkv: write ``knew``/``vnew`` ([B, Hk, Sn, D] in ``layout``) into the caches at
+             rotary_dim=0, block_table=None, layout="bhsd"):
+    """CK's fwd_appendkv through the Dispatcher (:func:`ck_fmha.decode.appendkv`; arguments and results
+    as :func:`appendkv_launch`); ``seqlens_k`` is read on the device only, so a decode step reuses its plan."""
+    from ..decode import appendkv as _run
+
+    return _run(q, knew, vnew, k_cache, v_cache, seqlens_k, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
+                rope=rope, rotary_dim=rotary_dim, block_table=block_table, layout=layout)
+
+
+def appendkv_launch(q, knew, vnew, k_cache, v_cache, seqlens_k, *, rotary_cos=None, rotary_sin=None, rope="none",
+                    rotary_dim=0, block_table=None, layout="bhsd", block_m=32):
+    """The fwd_appendkv kernel (the launcher of a plan's key; ``block_m``: the key's BLOCK_M): write
+    ``knew``/``vnew`` ([B, Hk, Sn, D] in ``layout``) into the caches at
     positions ``seqlens_k[b] ..`` (int32 [B], the lengths before the append), rotating knew and q (whose
     rows sit at the same positions) by RoPE (``rope``: 'none' | 'interleaved' | 'half_rotated' over the
     first ``rotary_dim`` channels; ``rotary_cos``/``rotary_sin`` [max_pos, rotary_dim/2]).
@@ -1294,7 +1294,20 @@ def appendkv(q, knew, vnew, k_cache, v_cache, seqlens_k, *, rotary_cos=None, rot
 
 def batch_prefill(q, k_cache, v_cache, seqlens_k, *, cu_seqlens_q, max_seqlen_q, max_seqlen_k,
                   block_table=None, kv_indptr=None, kv_page_indices=None, kv_layout="linear", **kw):
-    """Group-mode queries (``q`` [total_q, H, D], ``cu_seqlens_q``) over a paged KV cache with per-batch
+    """batch_prefill through the Dispatcher (:func:`ck_fmha.prefill.batch_prefill`; arguments and
+    results as :func:`batch_prefill_launch`): ``seqlens_k`` is read on the device only, bounded by
+    ``max_seqlen_k``; the plan is cached per shapes and query offsets."""
+    from ..prefill import batch_prefill as _run
+
+    return _run(q, k_cache, v_cache, seqlens_k, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
+                max_seqlen_k=max_seqlen_k, block_table=block_table, kv_indptr=kv_indptr,
+                kv_page_indices=kv_page_indices, kv_layout=kv_layout, **kw)
+
+
+def batch_prefill_launch(q, k_cache, v_cache, seqlens_k, *, cu_seqlens_q, max_seqlen_q, max_seqlen_k,
+                         block_table=None, kv_indptr=None, kv_page_indices=None, kv_layout="linear", **kw):
+    """The batch_prefill kernel (the launcher of a plan's key): group-mode queries (``q`` [total_q, H, D],
+    ``cu_seqlens_q``) over a paged KV cache with per-batch
     key lengths ``seqlens_k`` (int32 [B]).  Pages: ``kv_layout='linear'`` K/V [pages, P, Hk, D];
     ``'vectorized'`` (CK's layout, vec = 16 bytes / element) K [pages, Hk, D/vec, P, vec],
     V [pages, Hk, P/vec, Dv, vec].  Lookup: ``block_table`` [B, max_pages] (vLLM) or

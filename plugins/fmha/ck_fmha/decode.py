@@ -1,0 +1,228 @@
+"""Decode entry points through the Dispatcher: ``splitkv_decode``, ``paged_decode``, ``appendkv``.
+
+A decode step's key lengths change at every step, so they are not part of the problem: the
+problem carries the key capacity (``seqlen_k``: the cache length, or ``max_seqlen_k``) and
+``runtime_seqlens_k=True``, and the lengths travel as the int32 tensor ``seqlens_k``, read by the
+kernel on the device.  The problem -- and so the plan: split-KV main + combine -- is cached per
+(shapes, dtypes, device, options), so a warm step is a dict lookup and the launches, with no host
+synchronisation.  The split count is chosen here from :func:`ck_fmha.heuristics.split_count`
+with the Dispatcher's ArchSpec (its compute units) and becomes the problem's ``num_splits``; the
+Dispatcher then selects a fwd_splitkv key of that count (its name says ``_k<S>``), which the
+launcher runs exactly.
+"""
+from __future__ import annotations
+
+import attrs
+import torch
+
+from ck_core import api as core
+from ck_core.errors import InvalidProblem
+
+from .api import _dims, _from_backend, _mask_fields, _to_backend, _token
+from .heuristics import split_count
+from .problem import FmhaProblem
+
+_FAMILIES = ("fwd_splitkv", "fwd_splitkv_combine")
+_PROBLEMS: dict = {}   # call signature -> (problem, Dispatcher)
+
+core.on_clear(_PROBLEMS.clear)
+
+
+def _dispatcher(q, p):
+    return core.dispatcher_on("fmha", q, families=_FAMILIES, dtypes=(p.dtype,), hdims=((p.hdim_q, p.hdim_v),))
+
+
+def _problem(sig, q, hk, dv, capacity, *, causal, scale, window, softcap, num_splits, layout, align, sink,
+             sink_tokens, runtime_lens, page_size=0):
+    hit = _PROBLEMS.get(sig)
+    if hit is not None:
+        return hit
+    b, hq, sq, dq = _dims(q, layout)
+    if layout == "thd":
+        raise InvalidProblem("decode takes batch-mode q ('bhsd' or 'bshd'); for packed queries use batch_prefill")
+    kw = dict(family="fwd_splitkv", batch=b, nhead_q=hq, nhead_k=hk, seqlen_q=sq, seqlen_k=capacity, hdim_q=dq,
+              hdim_v=dv, dtype=_token(q.dtype), layout=layout, scale=scale, logits_soft_cap=softcap,
+              sink_tokens=int(sink_tokens or 0), sink_logits=sink is not None, lse=True,
+              runtime_seqlens_k=runtime_lens, **_mask_fields(causal, window, align or "bottom_right"))
+    if page_size:
+        kw.update(paged_kv=True, page_size=page_size)
+    p = FmhaProblem(**kw, num_splits=1)
+    disp = _dispatcher(q, p)
+    if num_splits is None:   # the heuristic layer, with the arch facts of the Dispatcher's ArchSpec
+        num_splits = split_count(b * hk, capacity, disp.arch.compute_units, query_rows=(hq // max(hk, 1)) * sq)
+    elif not 1 <= int(num_splits) <= 128:
+        raise InvalidProblem(f"num_splits={num_splits}: give a count in [1, 128] (the split-KV keys' range), "
+                             "or None to let the Dispatcher choose")
+    hit = _PROBLEMS[sig] = (attrs.evolve(p, num_splits=int(num_splits)), disp)
+    return hit
+
+
+def _lens(seqlens_k, q, batch: int, capacity: int):
+    """The run-time key lengths as int32 on q's device.  Host (CPU) lengths are checked here, where
+    that costs no synchronisation; device lengths are read by the kernel only."""
+    if seqlens_k.dim() != 1 or seqlens_k.shape[0] != batch:
+        raise InvalidProblem(f"seqlens_k must be [batch={batch}], got shape {tuple(seqlens_k.shape)}")
+    if seqlens_k.device.type == "cpu" and batch:
+        lo, hi = int(seqlens_k.min()), int(seqlens_k.max())
+        if lo < 0 or hi > capacity:
+            raise InvalidProblem(f"seqlens_k spans [{lo}, {hi}]; each length must be in [0, {capacity}] "
+                                 "(the key capacity: the cache length, or max_seqlen_k, less the tokens appended)")
+    if seqlens_k.dtype != torch.int32 or seqlens_k.device != q.device:
+        seqlens_k = seqlens_k.to(device=q.device, dtype=torch.int32)
+    return seqlens_k
+
+
+def _run(p, disp, q, tensors, return_lse):
+    o, lse = disp.run(p, **_to_backend(disp, tensors))[:2]   # (o, lse[, the caches passed in])
+    if disp.backend == "numpy":
+        o, lse = _from_backend(o, q, q.dtype), _from_backend(lse, q, torch.float32)
+    return (o, lse) if return_lse else o
+
+
+def _check_kv(q, k, v, layout):
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise InvalidProblem(f"q/k/v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if k.device != q.device or v.device != q.device:
+        raise InvalidProblem(f"q is on {q.device}, k on {k.device}, v on {v.device}; put them on one device")
+
+
+def splitkv_decode(q, k, v, *, seqlens_k=None, causal=False, scale=None, window=(-1, -1), softcap=0.0,
+                   num_splits=None, return_lse=False, layout="bhsd", config=None, align=None, sink=None,
+                   sink_tokens=0):
+    """Split-KV attention of short queries over a contiguous KV cache (arguments as
+    :func:`ck_fmha.triton.splitkv_decode`)."""
+    if config is not None:
+        return _direct(q, k, v, None, seqlens_k, config, dict(causal=causal, scale=scale, window=window,
+                       softcap=softcap, num_splits=num_splits, return_lse=return_lse, layout=layout, align=align,
+                       sink=sink, sink_tokens=sink_tokens))
+    _check_kv(q, k, v, layout)
+    _, hk, sk, _ = _dims(k, layout)
+    _, hv, skv, dv = _dims(v, layout)
+    if hv != hk or skv != sk:
+        raise InvalidProblem(f"k has {hk} heads / {sk} keys, v has {hv} / {skv}; they must agree")
+    window = tuple(window)
+    sig = ("splitkv", q.shape, k.shape, v.shape, q.dtype, q.device, causal, scale, window, softcap, num_splits,
+           layout, align, sink is None, sink_tokens, seqlens_k is None)
+    p, disp = _problem(sig, q, hk, dv, sk, causal=causal, scale=scale, window=window, softcap=float(softcap or 0.0),
+                       num_splits=num_splits, layout=layout, align=align, sink=sink, sink_tokens=sink_tokens,
+                       runtime_lens=seqlens_k is not None)
+    t = {"q": q, "k": k, "v": v}
+    if seqlens_k is not None:
+        t["seqlens_k"] = _lens(seqlens_k, q, p.batch, sk)
+    if sink is not None:
+        t["sink"] = sink
+    return _run(p, disp, q, t, return_lse)
+
+
+def paged_decode(q, k_cache, v_cache, block_table, seqlens_k, *, max_seqlen_k=None, causal=False, scale=None,
+                 window=(-1, -1), softcap=0.0, num_splits=None, return_lse=False, layout="bhsd", config=None,
+                 align=None, sink=None, sink_tokens=0):
+    """Split-KV attention of short queries over a paged KV cache [pages, page_size, H_k, D]
+    (arguments as :func:`ck_fmha.triton.paged_decode`)."""
+    if k_cache.dim() != 4 or v_cache.dim() != 4:
+        raise InvalidProblem(f"paged caches are [num_pages, page_size, H_k, D], got {tuple(k_cache.shape)} "
+                             f"and {tuple(v_cache.shape)}")
+    _check_kv(q, k_cache, v_cache, layout)
+    _, page_size, hk, _ = k_cache.shape
+    if block_table.dim() != 2:
+        raise InvalidProblem(f"block_table must be [batch, max_pages], got shape {tuple(block_table.shape)}")
+    capacity = int(max_seqlen_k) if max_seqlen_k is not None else block_table.shape[1] * page_size
+    if config is not None:
+        return _direct(q, k_cache, v_cache, block_table, seqlens_k, config, dict(
+            causal=causal, scale=scale, window=window, softcap=softcap, num_splits=num_splits,
+            return_lse=return_lse, layout=layout, align=align, sink=sink, sink_tokens=sink_tokens,
+            max_seqlen_k=capacity))
+    window = tuple(window)
+    sig = ("paged", q.shape, k_cache.shape, v_cache.shape, block_table.shape, q.dtype, q.device, capacity, causal,
+           scale, window, softcap, num_splits, layout, align, sink is None, sink_tokens)
+    p, disp = _problem(sig, q, hk, v_cache.shape[-1], capacity, causal=causal, scale=scale, window=window,
+                       softcap=float(softcap or 0.0), num_splits=num_splits, layout=layout, align=align, sink=sink,
+                       sink_tokens=sink_tokens, runtime_lens=True, page_size=page_size)
+    if layout == "bhsd":   # the problem's 'bhsd' pages are [pages, Hk, P, D]: the same data, viewed
+        k_cache, v_cache = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
+    bt = block_table if block_table.dtype == torch.int32 else block_table.to(torch.int32)
+    t = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "block_table": bt,
+         "seqlens_k": _lens(seqlens_k, q, p.batch, capacity)}
+    if sink is not None:
+        t["sink"] = sink
+    return _run(p, disp, q, t, return_lse)
+
+
+def _direct(q, k, v, block_table, seqlens_k, config, opts):
+    """An explicit ``config``: that tile runs (kernel-direct, as benchmarks of one tile need), with the
+    split count of the same heuristic the Dispatcher path uses."""
+    from .triton import ops
+
+    layout = opts["layout"]
+    b, hq, sq, _ = ops._dims(q, layout)
+    if block_table is None:
+        k, v = ops._last_contig(k), ops._last_contig(v)
+        _, hk, cap, _ = ops._dims(k, layout)
+        kv = ops._bhs_strides(k, layout) + ops._bhs_strides(v, layout)
+        page = dict(page_size=0, block_table=None)
+    else:
+        k, v = ops._last_contig(k), ops._last_contig(v)
+        _, ps, hk, _ = k.shape
+        cap = opts["max_seqlen_k"]
+        kv = (k.stride(0), k.stride(2), k.stride(1), v.stride(0), v.stride(2), v.stride(1))
+        page = dict(page_size=ps, block_table=block_table.to(torch.int32))
+    ns = opts["num_splits"]
+    if ns is None:
+        from ck_core.device import current_arch
+
+        ns = split_count(b * hk, cap, current_arch(q).compute_units, query_rows=(hq // max(hk, 1)) * sq)
+    lens = None if seqlens_k is None else seqlens_k.to(device=q.device, dtype=torch.int32)
+    oacc, lacc = ops._splitkv_main(q, k, v, seqlens_k=lens, max_seqlen_k=cap, causal=opts["causal"],
+                                   scale=opts["scale"], window=opts["window"], softcap=opts["softcap"],
+                                   num_splits=ns, layout=layout, config=config, kv_strides=kv, hk=hk,
+                                   align=opts["align"], sink=opts["sink"], sink_tokens=opts["sink_tokens"], **page)
+    return ops.splitkv_combine(oacc, lacc, q, layout=layout, return_lse=opts["return_lse"])
+
+
+def appendkv(q, knew, vnew, k_cache, v_cache, seqlens_k, *, rotary_cos=None, rotary_sin=None, rope="none",
+             rotary_dim=0, block_table=None, layout="bhsd"):
+    """fwd_appendkv through the Dispatcher: ``knew``/``vnew`` written into the caches IN PLACE at
+    positions ``seqlens_k[b] ..`` (run-time lengths, read on the device), RoPE on knew and q.
+    Returns ``(q_rot, k_cache, v_cache)``; arguments as :func:`ck_fmha.triton.ops.appendkv_launch`."""
+    if rope != "none" and (rotary_cos is None or rotary_sin is None):
+        raise InvalidProblem(f"rope={rope!r} needs rotary_cos and rotary_sin [max_pos, rotary_dim/2]")
+    for name, x in (("knew", knew), ("vnew", vnew), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if x.dtype != q.dtype or x.device != q.device:
+            raise InvalidProblem(f"{name} is {x.dtype} on {x.device}; q is {q.dtype} on {q.device}: the caches "
+                                 "are written in place, so every tensor must have q's dtype and device")
+    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        raise InvalidProblem("the caches are written in place: their last dimension must be contiguous")
+    b, hq, sq, dq = _dims(q, layout)
+    if layout == "thd":
+        raise InvalidProblem("appendkv takes batch-mode tensors ('bhsd' or 'bshd')")
+    _, hk, sn, _ = _dims(knew, layout)
+    if block_table is not None:
+        if block_table.dim() != 2 or k_cache.dim() != 4:
+            raise InvalidProblem("paged appendkv takes block_table [batch, max_pages] and page pools "
+                                 "[pages, Hk, P, D] ('bhsd') / [pages, P, Hk, D] ('bshd')")
+        page_size = k_cache.shape[2] if layout == "bhsd" else k_cache.shape[1]
+        capacity = block_table.shape[1] * page_size
+    else:
+        page_size, capacity = 0, _dims(k_cache, layout)[2]
+    sig = ("appendkv", q.shape, knew.shape, vnew.shape, k_cache.shape, v_cache.shape, q.dtype, q.device, rope,
+           int(rotary_dim), layout, None if block_table is None else block_table.shape)
+    hit = _PROBLEMS.get(sig)
+    if hit is None:
+        kw = dict(paged_kv=True, page_size=page_size) if page_size else {}
+        p = FmhaProblem(family="fwd_appendkv", batch=b, nhead_q=hq, nhead_k=hk, seqlen_q=sq, seqlen_knew=sn,
+                        seqlen_k=capacity, hdim_q=dq, hdim_v=vnew.shape[-1], dtype=_token(q.dtype), layout=layout,
+                        rope=rope, rotary_dim=int(rotary_dim), runtime_seqlens_k=True, **kw)
+        hit = _PROBLEMS[sig] = (p, core.dispatcher_on("fmha", q, families=("fwd_appendkv",), dtypes=(p.dtype,),
+                                                      hdims=((p.hdim_q, p.hdim_v),)))
+    p, disp = hit
+    t = {"q": q, "knew": knew, "vnew": vnew, "k_cache": k_cache, "v_cache": v_cache,
+         "seqlens_k": _lens(seqlens_k, q, b, capacity - sn)}
+    if rope != "none":
+        t.update(rotary_cos=rotary_cos, rotary_sin=rotary_sin)
+    if block_table is not None:
+        t["block_table"] = block_table if block_table.dtype == torch.int32 else block_table.to(torch.int32)
+    q_rot, kc, vc = disp.run(p, **_to_backend(disp, t))
+    for mine, got in ((k_cache, kc), (v_cache, vc)):
+        if got is not mine:   # the numpy backend (or a converted copy) returns new caches: write them back
+            mine.copy_(_from_backend(got, mine, mine.dtype))
+    return _from_backend(q_rot, q, q.dtype) if disp.backend == "numpy" else q_rot, k_cache, v_cache

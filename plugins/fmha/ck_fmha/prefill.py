@@ -1,0 +1,109 @@
+"""``batch_prefill`` through the Dispatcher: group-mode queries over a paged KV cache.
+
+The key lengths come at run time (``runtime_seqlens_k``: the int32 tensor ``seqlens_k``, read by
+the kernel; the problem carries ``max_seqlen_k`` as their bound), so they need no host copy.  The
+query offsets are problem data (group mode's ``seqstart_q``), as in ``ck_fmha.attention``'s group
+mode: the problem and its plan are cached per (shapes, offsets, options).
+"""
+from __future__ import annotations
+
+import torch
+
+from ck_core import api as core
+from ck_core.errors import InvalidProblem
+
+from .api import _check_alibi_align, _from_backend, _mask_fields, _offsets, _to_backend, _token
+from .decode import _lens
+from .problem import FmhaProblem
+
+_PROBLEMS: dict = {}
+
+core.on_clear(_PROBLEMS.clear)
+
+_OPTIONS = ("causal", "scale", "window", "softcap", "align", "bias", "alibi_slopes", "alibi_align", "dropout_p",
+            "seed", "offset", "sink", "sink_tokens", "return_lse", "config", "_trusted_varlen")
+
+
+def _pages(k_cache, v_cache, kv_layout):
+    """(page_size, nhead_k, hdim_q, hdim_v) of the page pools."""
+    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        raise InvalidProblem("the KV page pools need a contiguous last dimension")
+    if kv_layout == "linear":
+        if k_cache.dim() != 4:
+            raise InvalidProblem(f"linear pages are [pages, P, Hk, D], got {tuple(k_cache.shape)}")
+        _, ps, hk, dq = k_cache.shape
+        return ps, hk, dq, v_cache.shape[-1]
+    if kv_layout == "vectorized":
+        if k_cache.dim() != 5 or v_cache.dim() != 5:
+            raise InvalidProblem(f"vectorized pages are K [pages, Hk, D/vec, P, vec], V [pages, Hk, P/vec, Dv, vec]; "
+                                 f"got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+        _, hk, dchunks, ps, vec = k_cache.shape
+        return ps, hk, dchunks * vec, v_cache.shape[3]
+    raise InvalidProblem(f"kv_layout={kv_layout!r} is not 'linear' or 'vectorized'")
+
+
+def batch_prefill(q, k_cache, v_cache, seqlens_k, *, cu_seqlens_q, max_seqlen_q, max_seqlen_k, block_table=None,
+                  kv_indptr=None, kv_page_indices=None, kv_layout="linear", **kw):
+    """Arguments and results as :func:`ck_fmha.triton.ops.batch_prefill_launch`; an explicit
+    ``config`` runs that tile (kernel-direct)."""
+    from .triton import ops
+
+    unknown = sorted(set(kw) - set(_OPTIONS))
+    if unknown:
+        raise InvalidProblem(f"batch_prefill got unknown keyword(s) {unknown}; it takes {', '.join(_OPTIONS[:-1])}")
+    if kw.get("config") is not None:
+        return ops.batch_prefill_launch(q, k_cache, v_cache, seqlens_k, cu_seqlens_q=cu_seqlens_q,
+                                        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                                        block_table=block_table, kv_indptr=kv_indptr,
+                                        kv_page_indices=kv_page_indices, kv_layout=kv_layout, **kw)
+    if (kv_indptr is None) == (block_table is None):
+        raise InvalidProblem("pass block_table (vLLM) or kv_indptr + kv_page_indices (SGLang), not both")
+    if kv_indptr is not None and kv_page_indices is None:
+        raise InvalidProblem("kv_indptr needs kv_page_indices")
+    if q.dim() != 3:
+        raise InvalidProblem(f"batch_prefill takes packed queries [total_q, H, D], got shape {tuple(q.shape)}")
+    for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if x.dtype != q.dtype or x.device != q.device:
+            raise InvalidProblem(f"{name} is {x.dtype} on {x.device}; q is {q.dtype} on {q.device}")
+    causal, window, align = kw.get("causal", False), tuple(kw.get("window", (-1, -1))), kw.get("align")
+    bias, alibi, sink = kw.get("bias"), kw.get("alibi_slopes"), kw.get("sink")
+    scale = kw.get("scale")
+    scale = None if scale is None else float(scale)
+    softcap, p_drop = float(kw.get("softcap") or 0.0), float(kw.get("dropout_p") or 0.0)
+    seed, offset, sink_tokens = int(kw.get("seed", 0)), int(kw.get("offset", 0)), int(kw.get("sink_tokens") or 0)
+    if kw.get("alibi_align") is not None:
+        _check_alibi_align(alibi, kw["alibi_align"], causal, window, align)
+    table = block_table if block_table is not None else kv_page_indices
+    starts = _offsets(cu_seqlens_q)   # group mode's query offsets are problem data (as in attention)
+    sig = (q.shape, k_cache.shape, v_cache.shape, table.shape, q.dtype, q.device, starts, int(max_seqlen_k),
+           kv_layout, block_table is None, causal, scale, window, softcap, align, None if bias is None else bias.shape,
+           None if alibi is None else alibi.shape, p_drop, seed, offset, sink is None, sink_tokens)
+    hit = _PROBLEMS.get(sig)
+    if hit is None:
+        ps, hk, dq, dv = _pages(k_cache, v_cache, kv_layout)
+        if dq != q.shape[-1]:
+            raise InvalidProblem(f"q has head dim {q.shape[-1]}, the K pages {dq}")
+        extra = {"bias": "elementwise"} if bias is not None else ({"bias": "alibi"} if alibi is not None else {})
+        p = FmhaProblem(family="batch_prefill", mode="group", batch=len(starts) - 1, nhead_q=q.shape[1], nhead_k=hk,
+                        hdim_q=dq, hdim_v=dv, dtype=_token(q.dtype), seqstart_q=starts, seqlen_q=int(max_seqlen_q),
+                        seqlen_k=int(max_seqlen_k), runtime_seqlens_k=True, paged_kv=True, page_size=ps,
+                        kv_layout=kv_layout, kv_lookup="vllm" if block_table is not None else "sglang", scale=scale,
+                        logits_soft_cap=softcap, p_drop=p_drop, seed=seed, offset=offset, sink_tokens=sink_tokens,
+                        sink_logits=sink is not None, lse=True, **extra, **_mask_fields(causal, window, align))
+        disp = core.dispatcher_on("fmha", q, families=("batch_prefill",), dtypes=(p.dtype,),
+                                  hdims=((p.hdim_q, p.hdim_v),))
+        hit = _PROBLEMS[sig] = (p, disp)
+    p, disp = hit
+    t = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "seqlens_k": _lens(seqlens_k, q, p.batch, p.seqlen_k)}
+    i32 = lambda x: x if x.dtype == torch.int32 else x.to(torch.int32)   # noqa: E731
+    if block_table is not None:
+        t["block_table"] = i32(block_table)
+    else:
+        t.update(kv_indptr=i32(kv_indptr), kv_page_indices=i32(kv_page_indices))
+    for name, x in (("bias", bias), ("alibi_slopes", alibi), ("sink", sink)):
+        if x is not None:
+            t[name] = x
+    o, lse = disp.run(p, **_to_backend(disp, t))[:2]
+    if disp.backend == "numpy":
+        o, lse = _from_backend(o, q, q.dtype), _from_backend(lse, q, torch.float32)
+    return (o, lse) if kw.get("return_lse") else o
