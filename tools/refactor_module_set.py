@@ -93,7 +93,8 @@ KEEP = {
              "space", "sweep"},
     "fmha": {"bench_broad", "codegen/__init__", "codegen/ck_facts", "codegen/enumerate", "codegen/spec",
              "codegen/sweep", "demo", "flash_attn", "footprint", "integrations/__init__", "integrations/transformers", "keys",
-             "masks", "paged", "philox", "plugin", "problem", "sweep"},
+             "masks", "paged", "philox", "plugin", "problem", "sweep", "heuristics", "features", "seqtune",
+             "decode", "prefill"},
 }
 KEEP["gemm"] |= {"__init__", "features"}
 

@@ -3,8 +3,25 @@
 :func:`split_count`: how many key splits a split-KV / paged decode problem gets.  The
 count is a problem field, so it is part of the cached plan and of what ``ck_after_run``
 reports; the launcher runs exactly that many splits.
+
+The Triton keys' ranking (what was ck_fmha.triton_rank):
+Which Triton FMHA key the heuristic puts first: the tuned tables' choice, expressed as a key.
+
+The tables (``ck_fmha/tuned/<arch>.json``, read through ``ck_fmha.triton.configs``) name a tile per
+head dim, right-bounded mask and sequence-length bucket; on Hopper also a Gluon forward, Gluon
+backward tiles and the dQ pass.  The heuristic turns them into a preference list of keys; the
+candidates are already filtered by ``supports()``, so a key that cannot run the problem (a Gluon
+kernel out of its scope, a TMA form the problem's strides cannot address) is simply not there and
+the next preference wins.  The launcher then runs exactly the first key.
 """
 from __future__ import annotations
+
+import os
+from typing import Optional
+
+from ck_core import knobs
+
+from . import seqtune
 
 
 def split_count(batch_heads: int, max_seqlen_k: int, compute_units: int, *, query_rows: int = 1,
@@ -18,3 +35,173 @@ def split_count(batch_heads: int, max_seqlen_k: int, compute_units: int, *, quer
     want = -(-2 * max(1, int(compute_units)) // programs)
     cap = max(1, int(max_seqlen_k) // min_chunk)
     return max(1, min(want, cap, max_splits))
+
+
+DQ_ATOMIC = "atomic"
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def right_bounded(p) -> bool:
+    """The tables' "causal" column: a mask with a right edge (the kernels' MASK_MODE bit 0)."""
+    return p.mask != "none" and p.window_right is not None and p.window_right >= 0
+
+
+# -- the dQ field of a backward key --------------------------------------------------------
+
+def dq_triton(cfg) -> str:
+    return f"m{cfg.BLOCK_M}n{cfg.BLOCK_N}w{cfg.num_warps}s{cfg.num_stages}"
+
+
+def dq_gluon(tile) -> str:
+    bn, stages, persistent = tile
+    return f"gluon{bn}s{stages}" + ("p" if persistent else "")
+
+
+def parse_dq(dq: str):
+    """-> ("atomic",) | ("triton", TritonFmhaConfig) | ("gluon", (BLOCK_N, STAGES, persistent))."""
+    import re
+
+    from .triton.configs import TritonFmhaConfig
+
+    if dq == DQ_ATOMIC:
+        return (DQ_ATOMIC,)
+    m = re.match(r"^m(\d+)n(\d+)w(\d+)s(\d+)$", dq)
+    if m:
+        return ("triton", TritonFmhaConfig(*(int(x) for x in m.groups()), "ptr"))
+    m = re.match(r"^gluon(\d+)s(\d+)(p?)$", dq)
+    if m:
+        return ("gluon", (int(m[1]), int(m[2]), m[3] == "p"))
+    raise ValueError(f"dq field {dq!r} is not 'atomic', 'm<BM>n<BN>w<W>s<S>' or 'gluon<BN>s<S>[p]'")
+
+
+# -- scope of the Gluon backward kernels (problem-level; the API hands them contiguous tensors) ----
+
+def gluon_bwd_reason(p, block_n: int = 64) -> Optional[str]:
+    """Why the Gluon backward kernels (dQ pass, dK/dV) cannot run ``p`` (None when they can)."""
+    if p.is_group:
+        return "group mode"
+    if p.dtype not in ("fp16", "bf16"):
+        return f"dtype {p.dtype}"
+    if p.hdim_q != p.hdim_v or p.hdim_q not in (64, 128):
+        return f"head dims {p.hdim_q}/{p.hdim_v} (64 or 128, q = v)"
+    if (p.mask != "none" and not p.is_causal) or p.logits_soft_cap > 0 or p.bias != "none" or p.p_drop > 0:
+        return "window/softcap/bias/ALiBi/dropout"
+    if p.seqlens_k is not None or p.vlayout != "r":
+        return "per-batch seqlens_k / column-major V"
+    sq, sk = p.seqlen_q or 0, p.seqlen_k or 0
+    if sq == 0 or sq % 128 or sk % block_n:
+        return f"seqlen_q {sq} % 128 or seqlen_k {sk} % {block_n} (no-padding kernel)"
+    if p.is_causal and sq != sk:
+        return "causal with seqlen_q != seqlen_k"
+    return None
+
+
+def gluon_dkdv_reason(p, block_mq: int, fused: bool) -> Optional[str]:
+    why = gluon_bwd_reason(p)
+    if why:
+        return why
+    if p.dbias:
+        return "dbias"
+    if (p.seqlen_k or 0) % 128 or (p.seqlen_q or 0) % block_mq:
+        return f"seqlen_k % 128 or seqlen_q % {block_mq}"
+    if fused and p.deterministic:
+        return "dQ fused into dK/dV by atomics is not deterministic"
+    return None
+
+
+def _tile_of_alg(a) -> tuple:
+    return (a.block_m, a.num_stages, a.variant.endswith("_pers"))
+
+
+# -- the preferences ------------------------------------------------------------------------
+
+def _bwd_tiles(hdim: int, causal: bool, seqlen_k: int, deterministic: bool, gluon_ok: bool):
+    """(deterministic, Gluon dK/dV tile or None): the tables' backward choice on Hopper."""
+    from .triton import configs as C
+    from .triton import gluon_bwd
+
+    env = knobs.get("CK_FMHA_GLUON_DKDV")
+    if not deterministic and gluon_ok:
+        fused = None
+        if env != "0":
+            fused = C.gluon_fused_tile(hdim, causal)
+            if fused is not None and seqlen_k < C.gluon_fused_min_seqlen():
+                fused = None
+        if fused is not None:
+            return False, fused
+        deterministic = True   # no fused tile: the separate dQ pass measured faster than fp32 atomics
+    if not deterministic:
+        return False, None
+    if env == "0":
+        return True, None
+    if env == "1":
+        return True, C.gluon_dkdv_tile(hdim, causal) or gluon_bwd.DKDV_TILES.get(hdim)
+    return True, C.gluon_dkdv_tile(hdim, causal)
+
+
+def bwd_want(p, arch) -> tuple:
+    """(dK/dV (block_m, block_n, warps, stages, variant), dq field) the tables pick for ``p``."""
+    from .triton import configs as C
+    from .triton_keys import GLUON_BWD_BLOCK_N, GLUON_BWD_WARPS, _hopper
+
+    rb = right_bounded(p)
+    cfg_kv, cfg_q = C.default_bwd_configs(p.hdim_q, p.hdim_v, "sm90" if _hopper(arch) else "generic", causal=rb)
+    triton_kv = (cfg_kv.BLOCK_M, cfg_kv.BLOCK_N, cfg_kv.num_warps, cfg_kv.num_stages, "ptr")
+    if not _hopper(arch) or interpreting():
+        return triton_kv, (dq_triton(cfg_q) if p.deterministic else DQ_ATOMIC)
+    scope = gluon_bwd_reason(p) or ("dbias" if p.dbias else None)
+    det, gk = _bwd_tiles(p.hdim_q, p.is_causal, p.seqlen_k or 0, p.deterministic, scope is None)
+    kv = triton_kv
+    if gk is not None and scope is None and gluon_dkdv_reason(p, gk[0], not det) is None:
+        kv = (gk[0], GLUON_BWD_BLOCK_N, GLUON_BWD_WARPS, gk[1], "gluon_dkdv_pers" if gk[2] else "gluon_dkdv")
+    if not det:
+        return kv, DQ_ATOMIC
+    gt = C.gluon_dq_tile(p.hdim_q)
+    if gt is not None and gluon_bwd_reason(p, gt[0]) is None:
+        return kv, dq_gluon(gt)
+    return kv, dq_triton(cfg_q)
+
+
+def fwd_want(p, arch) -> list:
+    """Preferred forward (block_m, block_n, warps, stages, variant) tuples, best first: the Gluon
+    kernel where tuned, then the Triton kernel's tuned tile with its TMA form, then that tile's
+    lesser forms (device descriptors, then pointers) for problems the better form cannot address."""
+    from .triton import configs as C
+    from .triton_keys import _hopper, fp8_v_trans
+
+    tag = "sm90" if _hopper(arch) else "generic"
+    kw = dict(causal=right_bounded(p), seqlen=p.seqlen_q if p.seqlen_q is not None else 4096,
+              fp8=p.dtype == "fp8" and fp8_v_trans(arch))
+    out = []
+    first = C.default_fwd_config(p.hdim_q, p.hdim_v, tag, **kw)
+    triton = C.default_fwd_config(p.hdim_q, p.hdim_v, tag, gluon=False, **kw)
+    if first != triton:
+        out.append(first)
+    chain = {"tma_host": ("tma_host", "tma", "ptr"), "tma": ("tma", "ptr"), "tma_ws": ("tma_ws", "ptr")}
+    for v in chain.get(triton.variant, (triton.variant,)):
+        out.append(triton.with_(variant=v))
+    return [(c.BLOCK_M, c.BLOCK_N, c.num_warps, c.num_stages, c.variant) for c in out]
+
+
+def rank(problem, candidates: list, arch) -> list:
+    """The tables' choice first (see :func:`fwd_want`, :func:`bwd_want`), then by tile size."""
+    fam = problem.family
+    if fam == "fwd":
+        want = [(w, "") for w in fwd_want(problem, arch)]
+    elif fam == "bwd_dq_dk_dv":
+        kv, dq = bwd_want(problem, arch)
+        want = [(kv, dq)]
+    else:
+        want = []
+
+    def cost(k):
+        a = k.algorithm
+        t = ((a.block_m, a.block_n, a.num_warps, a.num_stages, a.variant), a.dq)
+        # untuned: the tile that pads the actual lengths least, then the largest
+        return (want.index(t) if t in want else len(want), seqtune.triton_cost(problem, a),
+                -a.block_m * a.block_n)
+
+    return sorted(candidates, key=cost)

@@ -32,7 +32,7 @@ import attrs
 from ck_core.errors import ConfigError, InvalidProblem, MissingKernel
 from ck_core.key import KernelKey, RecordSchema
 
-from .triton_rank import (DQ_ATOMIC, dq_gluon, dq_triton, gluon_bwd_reason, gluon_dkdv_reason,  # noqa: F401
+from .heuristics import (DQ_ATOMIC, dq_gluon, dq_triton, gluon_bwd_reason, gluon_dkdv_reason,  # noqa: F401
                           interpreting, parse_dq)
 
 FAMILIES = ("fwd", "fwd_splitkv", "fwd_splitkv_combine", "fwd_pagedkv", "fwd_appendkv", "batch_prefill",
@@ -468,8 +468,8 @@ def _gluon_unsupported(a: TritonFmhaAlg, p) -> Optional[str]:
 
 
 def rank(problem, candidates: list, arch) -> list:
-    """The tuned tables' choice first (:func:`ck_fmha.triton_rank.rank`), then by tile size."""
-    from .triton_rank import rank as _rank
+    """The tuned tables' choice first (:func:`ck_fmha.heuristics.rank`), then by tile size."""
+    from .heuristics import rank as _rank
 
     return _rank(problem, candidates, arch)
 

@@ -357,7 +357,7 @@ print("OK")
 def _bwd_pick(d, causal, seqlen, deterministic):
     """(dK/dV algorithm tuple, dq field) the heuristic picks on sm90 (as on the GPU)."""
     from ck_core.plugins import get_manager
-    from ck_fmha.triton_rank import bwd_want
+    from ck_fmha.heuristics import bwd_want
 
     p = FmhaProblem(family="bwd_dq_dk_dv", batch=1, nhead_q=2, dtype="bf16", hdim_q=d, seqlen_q=seqlen,
                     seqlen_k=seqlen, mask="top_left" if causal else "none", deterministic=deterministic)

@@ -41,7 +41,7 @@ sm90: the warp-specialised kernel of :mod:`.gluon_fwd`) or a TMA form that canno
 UnsupportedProblem (``triton_keys.supports`` keeps such keys out of a plan); inputs are made dense and
 16-byte aligned where a TMA or Gluon form needs it.  Without a config (kernel-direct calls)
 :func:`default_fwd_choice` / :func:`default_bwd_choice` pick from the tuned tables as the Dispatcher's
-heuristic does (``ck_fmha.triton_rank``).
+heuristic does (``ck_fmha.heuristics``).
 
 Layouts: ``'bhsd'`` [B, H, S, D]; ``'bshd'`` [B, S, H, D]; ``'thd'`` (group /
 varlen mode) [total, H, D] with ``cu_seqlens_q/k`` (int32, B+1) and the
@@ -695,7 +695,7 @@ def fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, retu
 
 def default_fwd_choice(q, k, v, dq, dv, sq, *, v_trans, varlen, **gluon_args) -> TritonFmhaConfig:
     """The config of a kernel-direct forward call (no ``config``): the tables' choice that
-    ``ck_fmha.triton_rank.fwd_want`` makes for the Dispatcher: the Gluon kernel where tuned and in its
+    ``ck_fmha.heuristics.fwd_want`` makes for the Dispatcher: the Gluon kernel where tuned and in its
     scope, else the Triton kernel's tuned tile in the best form of (tma_host, tma, ptr) these tensors
     allow."""
     arch = _arch_of(q)
@@ -758,7 +758,7 @@ def _dense(t: torch.Tensor) -> torch.Tensor:
 def default_bwd_choice(q, k, v, do, lse, delta, *, layout, mode, right, has_sc, bias, alibi_slopes, dropout_p,
                        return_dbias, deterministic, config, _dq, _dkdv, sq, sk):
     """The (dK/dV, dQ) choice of a kernel-direct backward call (no ``choice``): the one
-    ``ck_fmha.triton_rank.bwd_want`` makes for the Dispatcher, from the same tables; ``config`` =
+    ``ck_fmha.heuristics.bwd_want`` makes for the Dispatcher, from the same tables; ``config`` =
     (dK/dV, dQ) Triton configs; ``_dq`` / ``_dkdv`` ("triton" | "gluon" | "none") force a kernel
     (benchmarks)."""
     from ck_core import knobs
