@@ -16,7 +16,7 @@ import torch
 import ck_fmha
 from ck_core import api
 from ck_fmha.api import _problem
-from ck_fmha.triton import ops
+from ck_fmha.backends.triton import launch as ops
 
 SHAPES = [  # (batch, heads, seqlen, hdim, causal)
     (4, 16, 1024, 128, False), (4, 16, 1024, 128, True), (2, 16, 4096, 64, True), (8, 16, 512, 64, False),

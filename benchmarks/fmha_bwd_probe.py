@@ -25,8 +25,8 @@ def main():
     args = ap.parse_args()
     import torch
 
-    from ck_fmha import bench_suite as S
-    from ck_fmha.triton import configs as C
+    from ck_fmha import bench as S
+    from ck_fmha.backends.triton import configs as C
 
     t0 = time.time()
     rows = []

@@ -6,7 +6,7 @@ Shapes (D=128, Hq=Hk=16): B=8 S=4096 and B=16 S=1024, causal (top-left) and not.
 
 * ``row/...``  the previous fp8 path: V channel-contiguous as given (``fp8_v_trans=False``; Hopper's
   fp8 wgmma needs V K-major, so the kernel transposes every V tile through shared memory)
-* ``key/...``  V key-contiguous, made once ahead of time (``ck_fmha.triton.v_key_major``) and passed
+* ``key/...``  V key-contiguous, made once ahead of time (``ck_fmha.backends.triton.v_key_major``) and passed
   in: the kernel alone, for a few BLOCK_M/BLOCK_N/warps/stages tiles, ``ptr`` and ``tma_host``
 * ``key+copy/...`` the default call on a channel-contiguous V: ``fwd`` makes the transposed copy
   itself (end to end, for the launcher's default config)
@@ -50,7 +50,7 @@ DEFAULT = (128, 64, 4, 2, "tma_host")
 
 
 def _cfg(c):
-    from ck_fmha.triton import TritonFmhaConfig
+    from ck_fmha.backends.triton import TritonFmhaConfig
     return TritonFmhaConfig(*c)
 
 
@@ -91,7 +91,7 @@ def inputs(shape, seed=0):
         g = torch.Generator(device=DEVICE).manual_seed(seed)
         f8 = torch.float8_e4m3fn
         q, k, v = (torch.randn(b, h, s, d, device=DEVICE, generator=g).to(f8) for _ in range(3))
-        from ck_fmha.triton import v_key_major
+        from ck_fmha.backends.triton import v_key_major
         _INPUTS[shape] = dict(q=q, k=k, v=v, vk=v_key_major(v, "bhsd"),
                               bf=tuple(x.to(torch.bfloat16) for x in (q, k, v)))
     return _INPUTS[shape]
@@ -99,7 +99,7 @@ def inputs(shape, seed=0):
 
 def callable_for(row):
     """A zero-argument callable running the row's op (allocations inside, as a caller would)."""
-    from ck_fmha.triton import fwd, v_key_major
+    from ck_fmha.backends.triton import fwd, v_key_major
     x = inputs(row["shape"])
     causal, kind, cfg = row["causal"], row["kind"], row["cfg"]
     if kind.startswith("sdpa"):
@@ -201,8 +201,8 @@ def rel_err(o, shape, causal, nq=256, nh=2):
 
 def launched_kernel(fn):
     """(variant, V_TRANS) the fmha_fwd_kernel launch of ``fn`` really used (launchers may fall back)."""
-    from ck_fmha.triton import kernels as K
-    from ck_fmha.triton import ops
+    from ck_fmha.backends.triton import kernels as K
+    from ck_fmha.backends.triton import launch as ops
     real = K.fmha_fwd_kernel
     seen = {}
 

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 CASE = r'''
 import sys, torch
-from ck_fmha.triton import TritonFmhaConfig, fwd, v_key_major
+from ck_fmha.backends.triton import TritonFmhaConfig, fwd, v_key_major
 layout, variant, vt = sys.argv[1], sys.argv[2], sys.argv[3]
 f8 = torch.float8_e4m3fn
 g = torch.Generator(device="cuda").manual_seed(3)

@@ -65,8 +65,8 @@ def main():
     import torch
     from triton.testing import do_bench_cudagraph
 
-    from ck_gemm.triton import GemmConfig, gemm
-    from ck_gemm.triton import launch as L
+    from ck_gemm.backends.triton import GemmConfig, gemm
+    from ck_gemm.backends.triton import launch as L
 
     # which kernel a config really ran (a fallback would show here, not in the config name)
     launched = []

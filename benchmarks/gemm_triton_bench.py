@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Triton GEMM (ck_gemm.triton) vs torch.matmul (cuBLAS), and the tuning sweep.
+"""Triton GEMM (ck_gemm.backends.triton) vs torch.matmul (cuBLAS), and the tuning sweep.
 
 Run on a CUDA machine from the repo root::
 
@@ -99,7 +99,7 @@ def rel_err(out, ref):
 BIG = [("tma_persistent", 128, 256, 64, 8, 3, 1), ("tma_persistent", 128, 256, 64, 8, 4, 1),
        ("tma_persistent", 256, 128, 64, 8, 3, 1), ("tma_persistent", 128, 128, 64, 4, 4, 1),
        ("tma_persistent", 128, 128, 128, 8, 3, 1),
-       # 128x256 warp-specialised: suspected to hang on the H100 (see ck_gemm/triton/NOTES.md);
+       # 128x256 warp-specialised: suspected to hang on the H100 (see ck_gemm/backends/triton/NOTES.md);
        # kept as probes, the per-job timeout of the pre-compile pass contains a hang
        ("tma_persistent_ws", 128, 256, 64, 4, 3, 1),
        ("tma_persistent_ws", 128, 128, 64, 4, 4, 1), ("tma_persistent_ws", 128, 128, 128, 4, 3, 1),
@@ -116,7 +116,7 @@ SMALL = [("plain", 16, 64, 128, 4, 4, 1), ("plain", 16, 64, 256, 4, 3, 1), ("pla
 
 
 def _cfgs(rows):
-    from ck_gemm.triton import GemmConfig
+    from ck_gemm.backends.triton import GemmConfig
     if not os.environ.get("CK_BENCH_WS"):  # warp-specialised configs hung on the H100; opt in
         rows = [r for r in rows if not r[0].endswith("_ws")]
     return [GemmConfig(bm, bn, bk, 8 if bm >= 64 else 1, w, s, v, sk) for (v, bm, bn, bk, w, s, sk) in rows]
@@ -143,7 +143,7 @@ def _compile_worker(job):
     """Run each config once on a small problem with the same JIT specialisation (fills the cache)."""
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     import torch
-    from ck_gemm.triton import GemmConfig, gemm
+    from ck_gemm.backends.triton import GemmConfig, gemm
     name, dtype, layout = job
     cfg = GemmConfig.from_name(name)
     dt = getattr(torch, dtype)
@@ -224,7 +224,7 @@ def precompile(jobs, workers, worker=None, timeout_s=150.0):
 
 # ---------------------------------------------------------------- modes
 def time_ours(shape, dtype, layout, cfg, inputs):
-    from ck_gemm.triton import gemm
+    from ck_gemm.backends.triton import gemm
     M, N, K = shape
     est = 2 * M * N * K / 600e12 + 4e-6
     calls = [(lambda a=a, b=b: gemm(a, b, layout=layout, config=cfg)) for a, b in inputs]
@@ -240,7 +240,7 @@ def time_peer(shape, layout, inputs):
 
 def tune(args):
     import torch
-    from ck_gemm.triton import GemmConfig
+    from ck_gemm.backends.triton import GemmConfig
     t_start = time.time()
     shapes = parse_shapes(args.shapes)
     results = []   # rows: dtype, layout, M, N, K, config, tflops
@@ -328,12 +328,12 @@ def winners(results):
 
 def bench(args, table=None):
     import torch
-    import ck_gemm.triton.tuning as tuning
-    from ck_gemm.triton import gemm, pick_config
+    import ck_gemm.backends.triton.tuning as tuning
+    from ck_gemm.backends.triton import gemm, pick_config
     if table is not None:
         # use the table just tuned in this process
         rows = tuple((r["dtype"], r["layout"], r["M"], r["N"], r["K"],
-                      __import__("ck_gemm.triton", fromlist=["GemmConfig"]).GemmConfig.from_name(r["config"]))
+                      __import__("ck_gemm.backends.triton", fromlist=["GemmConfig"]).GemmConfig.from_name(r["config"]))
                      for r in table["entries"])
         tuning.load_table = lambda arch="sm90": rows  # noqa: E731
     shapes = parse_shapes(args.shapes)
@@ -360,7 +360,7 @@ def bench(args, table=None):
 
 def _bench_case(M, N, K, dt, tdt, lay, cfg):
     import torch
-    from ck_gemm.triton import gemm
+    from ck_gemm.backends.triton import gemm
     shape = (M, N, K)
     inputs = make_inputs(M, N, K, tdt, lay, n_sets(M, N, K), seed=1)
     a, b = inputs[0]
@@ -408,7 +408,7 @@ def _write_bench(args, out_rows, final=False):
 def smoke(args):
     """Every variant, several layouts: correct, and a timing on two shapes."""
     import torch
-    from ck_gemm.triton import VARIANTS, GemmConfig, gemm
+    from ck_gemm.backends.triton import VARIANTS, GemmConfig, gemm
     for v in VARIANTS:
         for lay in ("rcr", "rrr", "crr", "ccr"):
             cfg = GemmConfig(128, 128, 64, 8, 4, 3, v, 1)

@@ -1,4 +1,4 @@
-"""Probe the Gluon sm90 attention forward (ck_fmha.triton.gluon_fwd) on the H100.
+"""Probe the Gluon sm90 attention forward (ck_fmha.backends.triton.gluon_fwd) on the H100.
 
     python benchmarks/gluon_fa_probe.py --out $OUT/gluon_probe.json [--quick]
 
@@ -96,8 +96,8 @@ def main():
     args = ap.parse_args()
     import torch
     import triton
-    from ck_fmha.triton import gluon_fwd as G
-    from ck_fmha.triton import ops
+    from ck_fmha.backends.triton import gluon_fwd as G
+    from ck_fmha.backends.triton import launch as ops
     res = dict(device=torch.cuda.get_device_name(), date=time.strftime("%Y-%m-%d"), check=[], speed=[])
 
     def dump():
@@ -187,8 +187,8 @@ def probe_bwd(args, res, dump):
     the Gluon one and none (dK/dV alone), and the Gluon dQ kernel alone per tile."""
     import torch
     import triton
-    from ck_fmha.triton import gluon_bwd as GB
-    from ck_fmha.triton import ops
+    from ck_fmha.backends.triton import gluon_bwd as GB
+    from ck_fmha.backends.triton import launch as ops
 
     inputs = _bwd_inputs
     for (b, h, hk, s, d, layout, causal, dt) in ([] if args.no_check else _bwd_checks()[:4]):
@@ -252,9 +252,9 @@ def probe_fused(args, res, dump):
     SDPA backward (autograd.grad, eager do_bench) and ours eager for the ratio."""
     import torch
     import triton
-    from ck_fmha.bench_suite import peer_callable
-    from ck_fmha.triton import gluon_bwd as GB
-    from ck_fmha.triton import ops
+    from ck_fmha.bench import peer_callable
+    from ck_fmha.backends.triton import gluon_bwd as GB
+    from ck_fmha.backends.triton import launch as ops
 
     inputs = _bwd_inputs
     for (b, h, hk, s, d, layout, causal, dt) in ([] if args.no_check else _bwd_checks()):

@@ -514,8 +514,8 @@ def test_launchers_refuse_non_tensors():
     """The plugins' direct Triton entry points (outside the Dispatcher) name the wrong operand."""
     pytest.importorskip("triton")
     from ck_conv import run as conv_run
-    from ck_gemm.triton.launch import gemm
-    from ck_gemm.triton.tuning import pick_config
+    from ck_gemm.backends.triton.launch import gemm
+    from ck_gemm.backends.triton.tuning import pick_config
     torch = pytest.importorskip("torch")
     h = torch.ones(8, 8, dtype=torch.float16)
     cfg = pick_config(8, 8, 8)

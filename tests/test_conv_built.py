@@ -24,8 +24,8 @@ SCRIPT = textwrap.dedent('''
     from ck_core.backends import triton_artifacts as ta
     from ck_core.build import build_registry
     from ck_conv import plugin as P
-    from ck_conv.kernels import ConvKernelConfig
-    from ck_conv.launch import run
+    from ck_conv.keys import ConvKernelConfig
+    from ck_conv.backends.triton.launch import run
     from ck_conv.problem import ConvProblem
 
     mode, cache, out = sys.argv[1], sys.argv[2], {}

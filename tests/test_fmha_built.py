@@ -23,7 +23,7 @@ SCRIPT = textwrap.dedent('''
     from ck_core import Registry
     from ck_core.backends import triton_artifacts as ta
     from ck_core.build import build_registry
-    from ck_fmha import triton_keys as T
+    from ck_fmha.backends.triton import keys as T
     from ck_fmha.problem import FmhaProblem
 
     mode, family, cache, out = sys.argv[1], sys.argv[2], sys.argv[3], {}
@@ -142,7 +142,7 @@ def test_every_built_fmha_key_traces_its_launches(arch):
     the unmasked and causal problems both appear where the kernel takes a mask."""
     pytest.importorskip("torch")
     from ck_core import Registry
-    from ck_fmha import triton_keys as T
+    from ck_fmha.backends.triton import keys as T
 
     kernel = {"fwd": {"/fmha_fwd_kernel"}, "bwd_dot_do_o": {"/fmha_bwd_dot_do_o_kernel"},
               "bwd_dq_dk_dv": {"/fmha_bwd_dq_dk_dv_kernel", "/fmha_bwd_dq_kernel"},

@@ -1,7 +1,7 @@
 """Built is what runs: the launchers' kernels come from the entries ``ck build`` writes.
 
 Compiles for sm90 on this CPU-only machine (triton.compile needs no GPU); the
-launcher's arguments are real (``ck_gemm.triton.gemm`` on meta tensors), only the
+launcher's arguments are real (``ck_gemm.backends.triton.gemm`` on meta tensors), only the
 final launch is left out.  Runs in subprocesses: the test session uses Triton's
 interpreter, and "a fresh process finds a warm cache" needs fresh processes.
 """
@@ -23,8 +23,8 @@ SCRIPT = textwrap.dedent('''
     from ck_core.backends import triton_artifacts as ta
     from ck_core.build import build_registry
     from ck_core.cache import KernelCache
-    from ck_gemm.triton import launch as L
-    from ck_gemm.triton_launch import config_of
+    from ck_gemm.backends.triton import launch as L
+    from ck_gemm.backends.triton.keys import config_of
 
     mode, cache, out = sys.argv[1], sys.argv[2], {}
     ta.current_target = lambda: GPUTarget("cuda", 90, 32)   # the GPU this box does not have

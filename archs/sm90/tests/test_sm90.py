@@ -23,7 +23,7 @@ def spec():
 
 @pytest.fixture(scope="module")
 def gemm():
-    return pytest.importorskip("ck_gemm.kernel")
+    return pytest.importorskip("ck_gemm.keys")
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ Torch entry points (through the Dispatcher, with autograd): ``conv1d``, ``conv2d
 """
 from __future__ import annotations
 
-from .kernels import ConvKernelConfig, enumerate_configs, heuristic_config
+from .keys import ConvKernelConfig, enumerate_configs, heuristic_config
 from .problem import ConvProblem
 
 __all__ = ["ConvProblem", "ConvKernelConfig", "enumerate_configs", "heuristic_config", "run", "kernel_for",
@@ -23,14 +23,14 @@ def __getattr__(name):
 
 
 def run(problem, tensors, config=None):
-    """Run ``problem`` on torch tensors with a Triton kernel (see :func:`ck_conv.launch.run`)."""
-    from .launch import run as _run
+    """Run ``problem`` on torch tensors with a Triton kernel (see :func:`ck_conv.backends.triton.launch.run`)."""
+    from .backends.triton.launch import run as _run
     return _run(problem, tensors, config)
 
 
 def kernel_for(key_or_config, problem=None):
-    """``(jit_fn, constexprs, grid)`` of a kernel (see :func:`ck_conv.launch.kernel_for`)."""
-    from .launch import kernel_for as _kf
+    """``(jit_fn, constexprs, grid)`` of a kernel (see :func:`ck_conv.backends.triton.launch.kernel_for`)."""
+    from .backends.triton.launch import kernel_for as _kf
     return _kf(key_or_config, problem)
 
 

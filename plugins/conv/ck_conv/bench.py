@@ -8,7 +8,7 @@ out of both numbers.  cuDNN runs with ``torch.backends.cudnn.benchmark = True``
 on channels_last tensors; backward goes through ``torch.nn.grad.conv{2,3}d_input``
 and ``conv{2,3}d_weight`` (aten's convolution_backward).
 
-Ours = the fastest of ck_conv.kernels.candidate_configs (a short tuning list,
+Ours = the fastest of ck_conv.keys.candidate_configs (a short tuning list,
 heuristic pick first); the heuristic pick's own number is in the JSON too.
 Kernels are compiled first in a pool of worker processes so that the timing
 loop only loads them from Triton's disk cache.
@@ -124,8 +124,8 @@ def _compile_task(task):
     """Worker: run each config once on the case's real shapes (fills Triton's disk cache)."""
     import torch
     from ck_conv.heuristics import named_split
-    from ck_conv.kernels import ConvKernelConfig
-    from ck_conv.launch import run
+    from ck_conv.keys import ConvKernelConfig
+    from ck_conv.backends.triton.launch import run
     ci, direction, names = task
     case = CASES[ci]
     p = problem(case, direction)
@@ -161,8 +161,8 @@ def main(argv=None, progress=None):
     import triton
     from triton.testing import do_bench_cudagraph
     from ck_conv.heuristics import named_split
-    from ck_conv.kernels import candidate_configs
-    from ck_conv.launch import run
+    from ck_conv.keys import candidate_configs
+    from ck_conv.backends.triton.launch import run
     from ck_core.device import current_arch
 
     arch = current_arch(torch.device("cuda"))  # the lists plan waves for this GPU's SMs

@@ -6,7 +6,7 @@ registry's keys by how close their split is to the one that fills the GPU
 """
 from __future__ import annotations
 
-from .kernels import ConvKernelConfig
+from .keys import ConvKernelConfig
 from .problem import ConvProblem
 
 #: ``fixup``'s preferred split stops here: the last program of a tile reads every partial
@@ -21,7 +21,7 @@ def _cdiv(a: int, b: int) -> int:
 
 def auto_split_k(p: ConvProblem, cfg: ConvKernelConfig, num_sms: int) -> int:
     """Split of the bwd_weight pixel reduction that fills about two waves of the GPU."""
-    from .launch import reduction_shape
+    from .backends.triton.launch import reduction_shape
 
     tiles, P = reduction_shape(cfg, p)
     min_chunk = 4 * cfg.tile[0] if cfg.specialization == "depthwise" else 8 * cfg.tile[2]
@@ -57,14 +57,14 @@ def preferred_split(cfg: ConvKernelConfig, p: ConvProblem, num_sms: int, smem_by
     if p.split_k:
         return p.split_k
     if cfg.reduction == "streamk":
-        from .launch import streamk_fits
+        from .backends.triton.launch import streamk_fits
 
         return streamk_fits(cfg, smem_bytes)
     if cfg.flat or cfg.rows or (cfg.specialization == "depthwise" and p.direction != "bwd_weight"):
         return 1
     if p.direction == "bwd_weight":
         return auto_split_k(p, cfg, num_sms)
-    from .launch import reduction_shape
+    from .backends.triton.launch import reduction_shape
 
     tiles, steps = reduction_shape(cfg, p)
     return auto_split_mn(tiles, steps, num_sms, eager=cfg.reduction in EAGER_REDUCTIONS)
@@ -79,7 +79,7 @@ def named_split(cfg: ConvKernelConfig, p: ConvProblem, num_sms: int, split: int 
     """
     import attrs
 
-    from .launch import split_plan
+    from .backends.triton.launch import split_plan
 
     p0 = attrs.evolve(p, split_k=0)
     c = attrs.evolve(cfg, split=split or preferred_split(cfg, p0, num_sms))

@@ -18,7 +18,7 @@ from ck_core.errors import ConfigError
 from ck_core.key import KernelKey
 from ck_core.keyspace import KeySpace
 
-from . import kernels as K
+from . import keys as K
 from .plugin import OPTIONS, ConvSignature, _splits, from_config
 from .problem import DIRECTIONS, DTYPES, LAYOUT_FAMILIES
 

@@ -1,7 +1,7 @@
 """Hook implementations of the grouped-conv op plugin (entry point group ``ck_core.ops``).
 
 A conv KernelKey is ``KernelKey("conv", ConvSignature, ConvAlgorithm, arch, backend)``;
-its body is :attr:`ck_conv.kernels.ConvKernelConfig.name`, e.g.
+its body is :attr:`ck_conv.keys.ConvKernelConfig.name`, e.g.
 ``conv_fwd_fp16_nhwgc_gkyxc_nhwgk_2d_compv3_intrawave_128x128x32_2x2x1_32x32x16_default``.
 
 Tensors by name: inputs ``x`` (input), ``w`` (weight), ``dy`` (output
@@ -24,7 +24,7 @@ from ck_core.hookspecs import hookimpl
 from ck_core.key import KernelKey, RecordSchema
 from ck_core.records import OpSpec
 
-from . import kernels as K
+from . import keys as K
 from .problem import DIRECTIONS, DTYPES, IN_NAMES, LAYOUT_FAMILIES, ConvProblem
 
 OUT_NAME = {"forward": "y", "bwd_data": "dx", "bwd_weight": "dw"}
@@ -65,7 +65,7 @@ class ConvAlgorithm:
     pad_m: bool = True
     pad_n: bool = True
     pad_k: bool = True
-    #: Triton realisation knobs (ck_conv.kernels.ConvKernelConfig); defaults leave names unchanged
+    #: Triton realisation knobs (ck_conv.keys.ConvKernelConfig); defaults leave names unchanged
     stages: int = 0
     reduction: str = "atomic"
     group_merge: int = 1
@@ -213,7 +213,7 @@ def enumerate_keys(arch, backend: str, options: dict) -> list:
 
 def shortlist(problem, arch, backend: str):
     """Two tiers of keys for ``problem``: its tuning list
-    (:func:`ck_conv.kernels.candidate_configs`: the heuristic pick first, then the classic
+    (:func:`ck_conv.keys.candidate_configs`: the heuristic pick first, then the classic
     and realisation variants that won on the H100), then the heuristic pick's kernel on
     each tile of CK's table (what a registry of CK's space alone holds).  Each config comes
     with the split that fills ``arch`` (as the launch makes it) and unsplit."""
@@ -225,7 +225,7 @@ def shortlist(problem, arch, backend: str):
 
 def _with_splits(cfgs, problem, arch, backend: str) -> list:
     from .heuristics import preferred_split
-    from .launch import split_plan
+    from .backends.triton.launch import split_plan
 
     cus, smem = max(int(arch.compute_units or 1), 1), arch.lds_bytes
     out = []
@@ -258,7 +258,7 @@ def supports(key, problem) -> str | None:
 
 
 def heuristic(problem, candidates, arch) -> list:
-    """Rank candidates by closeness to :func:`ck_conv.kernels.heuristic_config`'s pick."""
+    """Rank candidates by closeness to :func:`ck_conv.keys.heuristic_config`'s pick."""
     from .heuristics import preferred_split
 
     want = K.heuristic_config(problem, warp_size=getattr(arch, "warp_size", 32),
@@ -323,7 +323,7 @@ def _numpy_impl(key, problem, tensors):
 def _triton_impl(key, arch):
     import torch
     from ck_core.backends.triton_artifacts import compile_options
-    from .launch import run
+    from .backends.triton.launch import run
 
     cfg = config_of(key)
     extra = compile_options(key)
@@ -331,7 +331,7 @@ def _triton_impl(key, arch):
 
     from ck_core.backends import triton_replay
     from ck_core.warm import tensor_sig
-    from .launch import Capture
+    from .backends.triton.launch import Capture
 
     # replays recorded per (problem, operand signature); False: recorded, not replayable
     recorded: dict = {}
@@ -408,8 +408,8 @@ class ConvRendered:
 def render(key, backend: str):
     if backend != "triton":
         raise UnsupportedProblem(f"conv has no {backend} templates; use backend triton")
-    from . import triton_kernels
-    from .launch import aot_source_args
+    from .backends.triton import kernels as triton_kernels
+    from .backends.triton.launch import aot_source_args
 
     fn, sig, consts, opts = aot_source_args(config_of(key))
     attrs_ = opts.pop("attrs")
@@ -456,7 +456,7 @@ def jit_calls(key, problem: ConvProblem) -> list:
     import torch
     from ck_core.plugins import get_manager
 
-    from .launch import run
+    from .backends.triton.launch import run
 
     td = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[problem.dtype]
     shapes = {"x": problem.input_shape, "w": problem.weight_shape, "dy": problem.output_shape}

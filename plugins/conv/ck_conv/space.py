@@ -1,6 +1,6 @@
 """The Triton realisation families of the conv kernel space.
 
-CK's tile space (:func:`ck_conv.kernels.enumerate_configs`) holds one
+CK's tile space (:func:`ck_conv.keys.enumerate_configs`) holds one
 realisation per tile: acq_rel atomic split reductions, the pipeline's default
 depth, one group per program, the gather kernels.  The Triton kernels implement
 more, and those won the H100 benchmarks: workspace / counter split reductions
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import itertools
 
-from .kernels import ConvKernelConfig
+from .keys import ConvKernelConfig
 
 #: split reductions that are not CK's atomic one
 REDUCTIONS = ("relaxed", "twostage", "fixup", "atomicfix", "streamk")

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("triton")
-from ck_conv import dw_codegen  # noqa: E402
+from ck_conv.backends.triton import dw_codegen  # noqa: E402
 
 
 def test_planted_generated_module_is_never_run(tmp_path, monkeypatch):

@@ -5,8 +5,8 @@ import attrs
 import pytest
 
 from ck_core.errors import MissingKernel
-from ck_conv.kernels import (ConvKernelConfig, candidate_configs, cull_reason, enumerate_configs,
-                             heuristic_config)
+from ck_conv.keys import (ConvKernelConfig, candidate_configs, cull_reason, enumerate_configs,
+                          heuristic_config)
 from ck_conv.problem import ConvProblem
 
 GFX942_FP16 = ((32, 32, 8), (16, 16, 16), (32, 32, 16), (16, 16, 32), (4, 64, 16), (64, 4, 16))
@@ -107,7 +107,7 @@ def test_hopper_enumeration_keeps_shared_memory_in_bounds():
 
 def test_realisation_knobs_round_trip_and_validate():
     from ck_core.errors import InvalidProblem
-    from ck_conv.kernels import extended_candidates, is_extended
+    from ck_conv.keys import extended_candidates, is_extended
     n = ("conv_bwd_weight_fp16_nhwgc_gkyxc_nhwgk_2d_compv3_intrawave_16x16x64_2x2x1_16x16x16_filter3x3"
          "_st4_fixup_gm8_tapmask")
     c = ConvKernelConfig.from_name(n)
@@ -158,7 +158,7 @@ def test_realisation_knobs_survive_kernel_keys():
 
 def test_session3_knobs_round_trip_and_validate():
     from ck_conv import plugin
-    from ck_conv.kernels import is_extended
+    from ck_conv.keys import is_extended
     bd = ConvProblem(N=2, C=64, K=64, input_spatial=(9, 9), filter=(3, 3), pad_left=1, pad_right=1,
                      direction="bwd_data")
     for n in ("conv_bwd_data_fp16_nhwgc_gkyxc_nhwgk_2d_compv3_intrawave_64x128x128_2x4x1_16x16x16_filter3x3_st4"

@@ -6,7 +6,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from ck_conv import launch as L  # noqa: E402
+from ck_conv.backends.triton import launch as L  # noqa: E402
 from ck_conv.api import conv2d  # noqa: E402
 from ck_conv.plugin import config_of, supports  # noqa: E402
 from ck_conv.problem import ConvProblem  # noqa: E402

@@ -5,13 +5,13 @@ import attrs
 import numpy as np
 import pytest
 
-from ck_conv.kernels import ConvKernelConfig, candidate_configs, heuristic_config
+from ck_conv.keys import ConvKernelConfig, candidate_configs, heuristic_config
 from ck_conv.problem import LAYOUT_FAMILIES, ConvProblem
 from ck_conv.reference import random_operands, reference, rel_error
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
-from ck_conv.launch import run, split_plan  # noqa: E402
+from ck_conv.backends.triton.launch import run, split_plan  # noqa: E402
 
 TD = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 TOL = {"fp16": 2e-3, "bf16": 1.5e-2, "fp32": 1e-5}
@@ -124,7 +124,7 @@ SPLIT_SHAPE = dict(N=1, G=2, C=40, K=36, input_spatial=(5, 7), filter=(3, 3), st
 
 def _counters_zero():
     """Counters and the atomicfix accumulator are left zeroed for the next launch."""
-    from ck_conv import launch
+    from ck_conv.backends.triton import launch
     return all(float(c.abs().sum()) == 0 for c in (*launch._COUNTERS.values(), *launch._ACCUM.values()))
 
 
@@ -186,7 +186,7 @@ def test_merged_groups_other_dtypes_and_1x1():
 
 
 def test_extended_candidates_compute_the_same():
-    from ck_conv.kernels import extended_candidates
+    from ck_conv.keys import extended_candidates
     for d in ("forward", "bwd_weight"):
         p = ConvProblem(N=1, G=2, C=32, K=32, input_spatial=(5, 6), filter=(3, 3), pad_left=1, pad_right=1,
                         direction=d, split_k=0)
@@ -212,7 +212,7 @@ BWD_TM_SHAPES = {
 @pytest.fixture
 def odd_sms(monkeypatch):
     """A 5-SM "GPU", so stream-K chunks cut output tiles unevenly."""
-    from ck_conv import launch
+    from ck_conv.backends.triton import launch
     monkeypatch.setattr(launch, "_num_sms", lambda device: 5)
 
 
@@ -220,7 +220,7 @@ def test_class_rows_match_the_residue_table():
     """The arithmetic runs of _class_rows enumerate exactly the classic table's (tap, offsets)."""
     import itertools
 
-    from ck_conv.launch import _class_rows, _residue_table
+    from ck_conv.backends.triton.launch import _class_rows, _residue_table
     for sd, pad, dil, flt in itertools.product([(1, 1, 1), (1, 2, 3), (2, 3, 1)], [(0, 1, 2), (2, 0, 1)],
                                                [(1, 1, 1), (2, 3, 1), (1, 2, 2)], [(1, 3, 3), (3, 2, 1)]):
         Ho, Wo = 9, 11
@@ -308,7 +308,7 @@ def test_depthwise_flat_other_dtypes():
 
 
 def test_new_extended_candidates_compute_the_same(odd_sms):
-    from ck_conv.kernels import extended_candidates
+    from ck_conv.keys import extended_candidates
     # c5-like: few output tiles, 18 reduction steps: tap bits, fixup and stream-K candidates
     p = ConvProblem(N=1, G=1, C=128, K=128, input_spatial=(3, 4), filter=(3, 3), pad_left=1, pad_right=1,
                     direction="bwd_data")

@@ -50,7 +50,7 @@ def _dims(t: torch.Tensor, layout: str) -> tuple:
 
 
 def _mask_fields(causal, window, align) -> dict:
-    from .triton.ops import mask_params
+    from .backends.triton.launch import mask_params
 
     mode, br, left, right = mask_params(causal, window, align)
     if mode == 0:

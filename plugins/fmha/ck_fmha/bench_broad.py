@@ -1,10 +1,10 @@
 """``ck bench fmha --suite broad``: attention on shapes users run, through the public API.
 
-The core suite (:mod:`ck_fmha.bench_suite`) times the kernels on 32 fixed cases.  This one
+The core suite (:mod:`ck_fmha.bench`) times the kernels on 32 fixed cases.  This one
 draws its cases with a fixed seed from distributions of real workloads and calls what users
 call: ``ck_fmha.attention`` (forward for inference, forward with ``requires_grad`` inputs for
 training, and the backward through autograd), ``ck_fmha.attention_forward`` in group mode for
-ragged batches, and ``ck_fmha.triton.ops.paged_decode`` for decode.  Peers run in the same
+ragged batches, and ``ck_fmha.backends.triton.launch.paged_decode`` for decode.  Peers run in the same
 process on the same tensors: torch SDPA with the cuDNN and with the flash backend (group mode:
 cuDNN on the padded equivalent; decode: a device-to-device copy of a 2 GiB buffer, measured
 once per run).  Every row is checked against an fp32 SDPA reference before it is timed; a
@@ -345,7 +345,7 @@ def _copy_bw(device) -> float:
 def _decode_rows(c: dict, device, copy_gbs: float) -> list[dict]:
     import torch
 
-    from ck_fmha.triton import ops
+    from ck_fmha.backends.triton import launch as ops
 
     b, hq, hk, sk, d, page = c["b"], c["hq"], c["hk"], c["sk"], c["d"], c["page"]
     pages_per = -(-sk // page)

@@ -90,7 +90,7 @@ def splitkv_decode(q, k, v, *, seqlens_k=None, causal=False, scale=None, window=
                    num_splits=None, return_lse=False, layout="bhsd", config=None, align=None, sink=None,
                    sink_tokens=0):
     """Split-KV attention of short queries over a contiguous KV cache (arguments as
-    :func:`ck_fmha.triton.splitkv_decode`)."""
+    :func:`ck_fmha.backends.triton.splitkv_decode`)."""
     if config is not None:
         return _direct(q, k, v, None, seqlens_k, config, dict(causal=causal, scale=scale, window=window,
                        softcap=softcap, num_splits=num_splits, return_lse=return_lse, layout=layout, align=align,
@@ -118,7 +118,7 @@ def paged_decode(q, k_cache, v_cache, block_table, seqlens_k, *, max_seqlen_k=No
                  window=(-1, -1), softcap=0.0, num_splits=None, return_lse=False, layout="bhsd", config=None,
                  align=None, sink=None, sink_tokens=0):
     """Split-KV attention of short queries over a paged KV cache [pages, page_size, H_k, D]
-    (arguments as :func:`ck_fmha.triton.paged_decode`)."""
+    (arguments as :func:`ck_fmha.backends.triton.paged_decode`)."""
     if k_cache.dim() != 4 or v_cache.dim() != 4:
         raise InvalidProblem(f"paged caches are [num_pages, page_size, H_k, D], got {tuple(k_cache.shape)} "
                              f"and {tuple(v_cache.shape)}")
@@ -151,7 +151,7 @@ def paged_decode(q, k_cache, v_cache, block_table, seqlens_k, *, max_seqlen_k=No
 def _direct(q, k, v, block_table, seqlens_k, config, opts):
     """An explicit ``config``: that tile runs (kernel-direct, as benchmarks of one tile need), with the
     split count of the same heuristic the Dispatcher path uses."""
-    from .triton import ops
+    from .backends.triton import launch as ops
 
     layout = opts["layout"]
     b, hq, sq, _ = ops._dims(q, layout)
@@ -183,7 +183,7 @@ def appendkv(q, knew, vnew, k_cache, v_cache, seqlens_k, *, rotary_cos=None, rot
              rotary_dim=0, block_table=None, layout="bhsd"):
     """fwd_appendkv through the Dispatcher: ``knew``/``vnew`` written into the caches IN PLACE at
     positions ``seqlens_k[b] ..`` (run-time lengths, read on the device), RoPE on knew and q.
-    Returns ``(q_rot, k_cache, v_cache)``; arguments as :func:`ck_fmha.triton.ops.appendkv_launch`."""
+    Returns ``(q_rot, k_cache, v_cache)``; arguments as :func:`ck_fmha.backends.triton.launch.appendkv_launch`."""
     if rope != "none" and (rotary_cos is None or rotary_sin is None):
         raise InvalidProblem(f"rope={rope!r} needs rotary_cos and rotary_sin [max_pos, rotary_dim/2]")
     for name, x in (("knew", knew), ("vnew", vnew), ("k_cache", k_cache), ("v_cache", v_cache)):

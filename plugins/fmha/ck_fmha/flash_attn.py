@@ -22,7 +22,7 @@ import torch
 from ck_core.errors import InvalidProblem, UnsupportedProblem
 
 from . import attention as _attention
-from .triton import ops
+from .backends.triton import launch as ops
 
 __all__ = ["flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func", "flash_attn_varlen_func",
            "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func", "flash_attn_with_kvcache",

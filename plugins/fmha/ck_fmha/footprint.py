@@ -65,7 +65,7 @@ def _shapes(p: FmhaProblem) -> dict:
         sh["k_cache"] = (n,) + tuple(sh["k_cache"][1:])
         sh["v_cache"] = (n,) + tuple(sh["v_cache"][1:])
     if p.family in BWD and p.deterministic:
-        from .reference_bwd import dq_splits
+        from .reference.backward import dq_splits
 
         sh["dq_acc"] = (dq_splits(p),) + tuple(sh["dq"])
     else:

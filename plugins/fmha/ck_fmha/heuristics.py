@@ -4,10 +4,10 @@
 count is a problem field, so it is part of the cached plan and of what ``ck_after_run``
 reports; the launcher runs exactly that many splits.
 
-The Triton keys' ranking (what was ck_fmha.triton_rank):
+The Triton keys' ranking (what was ck_fmha.heuristics):
 Which Triton FMHA key the heuristic puts first: the tuned tables' choice, expressed as a key.
 
-The tables (``ck_fmha/tuned/<arch>.json``, read through ``ck_fmha.triton.configs``) name a tile per
+The tables (``ck_fmha/tuned/<arch>.json``, read through ``ck_fmha.backends.triton.configs``) name a tile per
 head dim, right-bounded mask and sequence-length bucket; on Hopper also a Gluon forward, Gluon
 backward tiles and the dQ pass.  The heuristic turns them into a preference list of keys; the
 candidates are already filtered by ``supports()``, so a key that cannot run the problem (a Gluon
@@ -64,7 +64,7 @@ def parse_dq(dq: str):
     """-> ("atomic",) | ("triton", TritonFmhaConfig) | ("gluon", (BLOCK_N, STAGES, persistent))."""
     import re
 
-    from .triton.configs import TritonFmhaConfig
+    from .backends.triton.configs import TritonFmhaConfig
 
     if dq == DQ_ATOMIC:
         return (DQ_ATOMIC,)
@@ -120,8 +120,8 @@ def _tile_of_alg(a) -> tuple:
 
 def _bwd_tiles(hdim: int, causal: bool, seqlen_k: int, deterministic: bool, gluon_ok: bool):
     """(deterministic, Gluon dK/dV tile or None): the tables' backward choice on Hopper."""
-    from .triton import configs as C
-    from .triton import gluon_bwd
+    from .backends.triton import configs as C
+    from .backends.triton import gluon_bwd
 
     env = knobs.get("CK_FMHA_GLUON_DKDV")
     if not deterministic and gluon_ok:
@@ -144,8 +144,8 @@ def _bwd_tiles(hdim: int, causal: bool, seqlen_k: int, deterministic: bool, gluo
 
 def bwd_want(p, arch) -> tuple:
     """(dK/dV (block_m, block_n, warps, stages, variant), dq field) the tables pick for ``p``."""
-    from .triton import configs as C
-    from .triton_keys import GLUON_BWD_BLOCK_N, GLUON_BWD_WARPS, _hopper
+    from .backends.triton import configs as C
+    from .backends.triton.keys import GLUON_BWD_BLOCK_N, GLUON_BWD_WARPS, _hopper
 
     rb = right_bounded(p)
     cfg_kv, cfg_q = C.default_bwd_configs(p.hdim_q, p.hdim_v, "sm90" if _hopper(arch) else "generic", causal=rb)
@@ -169,8 +169,8 @@ def fwd_want(p, arch) -> list:
     """Preferred forward (block_m, block_n, warps, stages, variant) tuples, best first: the Gluon
     kernel where tuned, then the Triton kernel's tuned tile with its TMA form, then that tile's
     lesser forms (device descriptors, then pointers) for problems the better form cannot address."""
-    from .triton import configs as C
-    from .triton_keys import _hopper, fp8_v_trans
+    from .backends.triton import configs as C
+    from .backends.triton.keys import _hopper, fp8_v_trans
 
     tag = "sm90" if _hopper(arch) else "generic"
     kw = dict(causal=right_bounded(p), seqlen=p.seqlen_q if p.seqlen_q is not None else 4096,

@@ -4,7 +4,7 @@ Kernel spaces:
 * archs with CK FMHA tables (gfx90a, gfx942, gfx950, gfx1100, gfx1201): CK's
   01_fmha codegen rules (:mod:`ck_fmha.codegen`), per receipt;
 * the triton backend, on any arch with a Triton target: the Triton templates'
-  configurations (:mod:`ck_fmha.triton_keys`).
+  configurations (:mod:`ck_fmha.backends.triton.keys`).
 """
 from __future__ import annotations
 
@@ -14,16 +14,16 @@ from ck_core.errors import UnsupportedProblem
 from ck_core.hookspecs import hookimpl
 from ck_core.records import OpSpec
 
-from . import features, footprint, keys, stages
+from . import features, footprint, keys, plan as stages
 from .codegen import ARCHES as CK_ARCHES
 from .codegen.spec import FmhaKernelSpec
 from .problem import FmhaProblem
 
-from .stages import INPUTS, OUTPUTS  # noqa: E402  (the op's tensor vocabulary)
+from .plan import INPUTS, OUTPUTS  # noqa: E402  (the op's tensor vocabulary)
 
 
 def _triton_keys():
-    from . import triton_keys
+    from .backends.triton import keys as triton_keys
 
     return triton_keys
 
@@ -96,7 +96,7 @@ def _bench(peer, options):
     if options.get("suite", "core") == "broad":
         from .bench_broad import bench
     else:
-        from .bench_suite import bench
+        from .bench import bench
 
     return bench(peer, options)
 

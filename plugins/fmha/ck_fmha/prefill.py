@@ -44,9 +44,9 @@ def _pages(k_cache, v_cache, kv_layout):
 
 def batch_prefill(q, k_cache, v_cache, seqlens_k, *, cu_seqlens_q, max_seqlen_q, max_seqlen_k, block_table=None,
                   kv_indptr=None, kv_page_indices=None, kv_layout="linear", **kw):
-    """Arguments and results as :func:`ck_fmha.triton.ops.batch_prefill_launch`; an explicit
+    """Arguments and results as :func:`ck_fmha.backends.triton.launch.batch_prefill_launch`; an explicit
     ``config`` runs that tile (kernel-direct)."""
-    from .triton import ops
+    from .backends.triton import launch as ops
 
     unknown = sorted(set(kw) - set(_OPTIONS))
     if unknown:

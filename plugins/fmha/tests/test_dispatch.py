@@ -76,7 +76,7 @@ def test_appendkv_rope(disp, ck_rng):
 
 def test_wrong_output_fails_validation(disp, ck_rng):
     from ck_core.validate import compare_all
-    from ck_fmha.stages import reference, tolerance
+    from ck_fmha.plan import reference, tolerance
 
     p = FmhaProblem(**{**BASE, "family": "fwd"})
     t = get_manager().op("fmha").make_inputs(p, ck_rng)

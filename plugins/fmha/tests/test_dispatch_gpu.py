@@ -172,9 +172,9 @@ def _ref_fp8(q, k, v, ds, causal):
 
 @pytest.mark.parametrize("variant", ["ptr", "tma", "tma_host"])
 def test_fp8_ops_device_descales_in_a_cuda_graph(variant):
-    """ck_fmha.triton.fwd on fp8 tensors with device descale tensors: every variant, captured in a
+    """ck_fmha.backends.triton.fwd on fp8 tensors with device descale tensors: every variant, captured in a
     CUDA graph and replayed after the descales and q changed on the device (no host sync)."""
-    from ck_fmha.triton import TritonFmhaConfig, fwd
+    from ck_fmha.backends.triton import TritonFmhaConfig, fwd
 
     if torch.version.hip and variant != "ptr":
         pytest.skip("the TMA variants are CUDA-only")
@@ -211,7 +211,7 @@ def test_fp8_v_layouts_on_gpu(variant, layout):
     """fp8 forward with V channel-contiguous (fp8_v_trans=False), copied by fwd (True) and made
     key-contiguous ahead of time (v_key_major, no copy): the same attention; the last two are the
     same kernel on the same data, so bit-identical."""
-    from ck_fmha.triton import TritonFmhaConfig, fwd, is_key_major, v_key_major
+    from ck_fmha.backends.triton import TritonFmhaConfig, fwd, is_key_major, v_key_major
 
     if torch.version.hip and variant != "ptr":
         pytest.skip("the TMA variants are CUDA-only")

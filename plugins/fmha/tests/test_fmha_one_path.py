@@ -15,10 +15,10 @@ from ck_core.plugins import get_manager  # noqa: E402
 from ck_core.registry import Registry  # noqa: E402
 
 import ck_fmha  # noqa: E402
-from ck_fmha import triton_keys as T  # noqa: E402
+from ck_fmha.backends.triton import keys as T  # noqa: E402
 from ck_fmha.problem import FmhaProblem  # noqa: E402
-from ck_fmha.triton import configs as C  # noqa: E402
-from ck_fmha.triton import gluon_bwd  # noqa: E402
+from ck_fmha.backends.triton import configs as C  # noqa: E402
+from ck_fmha.backends.triton import gluon_bwd  # noqa: E402
 
 # -- the launcher's policy before the change, written out from ops.fwd / ops.bwd_dq_dk_dv ---------
 
@@ -181,8 +181,8 @@ _KERNELS = {"fmha_fwd_kernel": "fwd", "fmha_bwd_dq_dk_dv_kernel": "dkdv", "fmha_
 @pytest.fixture
 def launched(monkeypatch):
     """(kernel, meta-parameters) of every Triton FMHA kernel launch."""
-    from ck_fmha.triton import kernels as K
-    from ck_fmha.triton import ops
+    from ck_fmha.backends.triton import kernels as K
+    from ck_fmha.backends.triton import launch as ops
 
     out = []
 
@@ -279,7 +279,7 @@ def test_group_mode_attention_launches_the_plan(ck_dispatch_log, launched, ck_rn
 @pytest.fixture
 def split_grids(monkeypatch):
     """(kernel, grid, meta-parameters) of every split-KV main / combine launch."""
-    from ck_fmha.triton import kernels as K
+    from ck_fmha.backends.triton import kernels as K
 
     out = []
 
@@ -338,7 +338,7 @@ def test_decode_steps_launch_the_plan(ck_dispatch_log, split_grids, ck_rng, page
     tensor, not a problem field); the names ck_after_run reports are the plan's keys; the launches
     are those keys' tiles with the plan's split count; the output matches a float64 reference."""
     from ck_fmha import decode
-    from ck_fmha.triton import ops
+    from ck_fmha.backends.triton import launch as ops
 
     monkeypatch.setenv("CK_BACKEND", "triton")
     api.clear()
@@ -391,7 +391,7 @@ def test_decode_explicit_splits_and_bad_lengths(ck_dispatch_log, split_grids, mo
     lengths past the capacity are refused before a launch."""
     from ck_core.errors import InvalidProblem
 
-    from ck_fmha.triton import ops
+    from ck_fmha.backends.triton import launch as ops
 
     monkeypatch.setenv("CK_BACKEND", "triton")
     api.clear()
@@ -415,7 +415,7 @@ def test_appendkv_steps_launch_the_plan(ck_dispatch_log, backend, monkeypatch):
     """appendkv writes the caches in place at run-time lengths; the steps share one plan, and the
     names ck_after_run reports are its key; both backends write the same caches."""
     from ck_fmha import decode
-    from ck_fmha.triton import ops
+    from ck_fmha.backends.triton import launch as ops
 
     monkeypatch.setenv("CK_BACKEND", backend)
     api.clear()
@@ -449,7 +449,7 @@ def test_batch_prefill_launches_the_plan(ck_dispatch_log, lookup, monkeypatch):
     """batch_prefill: calls with other key lengths reuse one problem (the lengths are a device
     tensor); ck_after_run names the plan's key; the output matches a float64 reference."""
     from ck_fmha import prefill
-    from ck_fmha.triton import ops
+    from ck_fmha.backends.triton import launch as ops
 
     monkeypatch.setenv("CK_BACKEND", "triton")
     api.clear()

@@ -18,11 +18,11 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 from ck_core.errors import UnsupportedProblem  # noqa: E402
-from ck_fmha import triton_keys as TK  # noqa: E402
+from ck_fmha.backends.triton import keys as TK  # noqa: E402
 from ck_fmha.problem import FmhaProblem  # noqa: E402
-from ck_fmha.triton import configs as C  # noqa: E402
-from ck_fmha.triton import gluon_fwd, ops  # noqa: E402
-from ck_fmha.triton.configs import TritonFmhaConfig  # noqa: E402
+from ck_fmha.backends.triton import configs as C  # noqa: E402
+from ck_fmha.backends.triton import gluon_fwd, launch as ops  # noqa: E402
+from ck_fmha.backends.triton.configs import TritonFmhaConfig  # noqa: E402
 
 needs_gluon = pytest.mark.skipif(not gluon_fwd.HAVE_GLUON, reason="triton.experimental.gluon is not importable")
 AMD = ("gfx942", "gfx90a", "gfx950", "gfx1100", "gfx1201")
@@ -186,7 +186,7 @@ def _rel(a, b):
          window_left=7, window_right=3),
 ], ids=["plain-gqa", "bshd-causal-br", "window-d32"])
 def test_ops_fwd_runs_what_it_is_given(variant, kw, ck_rng, monkeypatch):
-    from ck_fmha import reference_fwd as R
+    from ck_fmha.reference import forward as R
 
     calls = []
     monkeypatch.setattr(gluon_fwd, "fwd", lambda *a, **k: calls.append(1))
@@ -217,8 +217,8 @@ from triton.backends.compiler import GPUTarget
 from ck_core import Registry
 from ck_core.build import build_registry
 from ck_core.errors import UnsupportedProblem
-from ck_fmha import triton_keys as TK
-from ck_fmha.triton import aot_compile
+from ck_fmha.backends.triton import keys as TK
+from ck_fmha.backends.triton import aot_compile
 
 def facts(ck):
     ptx = ck.asm["ptx"]
@@ -299,7 +299,7 @@ def test_aot_compile_refuses_what_the_gluon_kernel_lacks(family, dtype, kw, matc
 
 
 def test_gluon_backward_tables_name_known_tiles():
-    from ck_fmha.triton import gluon_bwd
+    from ck_fmha.backends.triton import gluon_bwd
     for d, t in C.BWD_GLUON_DQ_SM90.items():
         assert d in gluon_fwd.HDIMS and len(t) == 3 and t[0] in (64, 128)
     for (d, causal), t in C.BWD_GLUON_DKDV_SM90.items():
@@ -319,7 +319,7 @@ from triton.runtime.jit import mangle_type
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.experimental.gluon._runtime import GluonASTSource
-from ck_fmha.triton import gluon_bwd as B
+from ck_fmha.backends.triton import gluon_bwd as B
 
 def desc(rows, d, dt=torch.bfloat16, gdt=gl.bfloat16):
     x = torch.empty(256, d, dtype=dt)
@@ -397,7 +397,7 @@ def test_fused_dq_tables_and_shared_memory(monkeypatch):
     """The fused dK/dV+dQ choice follows its table, seqlen threshold and the knob; every tile in the
     tables fits the sm90 shared memory (the fused kernel adds dS^T and two fp32 dQ staging tiles)."""
     from ck_core.plugins import get_manager
-    from ck_fmha.triton import gluon_bwd as B
+    from ck_fmha.backends.triton import gluon_bwd as B
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     monkeypatch.delenv("CK_FMHA_GLUON_DKDV", raising=False)
     smem = get_manager().arch("sm90").lds_bytes

@@ -13,9 +13,9 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 from ck_fmha.problem import FmhaProblem  # noqa: E402
-from ck_fmha.triton import gluon_fwd, ops  # noqa: E402
-from ck_fmha.triton import configs as C  # noqa: E402
-from ck_fmha.triton.configs import GLUON_VARIANTS, TritonFmhaConfig  # noqa: E402
+from ck_fmha.backends.triton import gluon_fwd, launch as ops  # noqa: E402
+from ck_fmha.backends.triton import configs as C  # noqa: E402
+from ck_fmha.backends.triton.configs import GLUON_VARIANTS, TritonFmhaConfig  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -173,7 +173,7 @@ def test_gluon_fwd_block_n_64(variant, ck_rng, gluon_calls):
 def test_replayed_launches_take_new_tensors(variant, ck_rng):
     """Calls after the first replay the recorded launch: fresh tensors (new addresses), a reused
     output buffer and an LSE-less call of the same geometry must all be right."""
-    from ck_fmha.triton import gluon_fwd
+    from ck_fmha.backends.triton import gluon_fwd
 
     cfg = TritonFmhaConfig(128, 128, 12, 2, variant)
     out = None
@@ -194,9 +194,9 @@ def test_replayed_launches_take_new_tensors(variant, ck_rng):
 def test_backward_with_the_gluon_dq_pass(layout, causal, dtype, hk, ck_rng):
     """ops.bwd at D=128 takes the Gluon dK/dV kernel and dQ pass (configs.BWD_GLUON_DKDV_SM90 /
     BWD_GLUON_DQ_SM90); dq/dk/dv against float64 autograd, and dq against the Triton dQ kernel's."""
-    from ck_fmha.triton import gluon_bwd
+    from ck_fmha.backends.triton import gluon_bwd
 
-    assert 128 in __import__("ck_fmha.triton.configs", fromlist=["x"]).BWD_GLUON_DQ_SM90
+    assert 128 in __import__("ck_fmha.backends.triton.configs", fromlist=["x"]).BWD_GLUON_DQ_SM90
     q, k, v = _inputs(ck_rng, 3, 5, hk, 384, 384, 128, layout, dtype)
     do = _inputs(ck_rng, 3, 5, 5, 384, 384, 128, layout, dtype)[0]
     o, lse = ops.fwd(q, k, v, causal=causal, return_lse=True, layout=layout)
@@ -226,7 +226,7 @@ def test_backward_with_dq_fused_into_dkdv(d, layout, causal, dtype, hk, s, ck_rn
     """deterministic=False on the Gluon dK/dV kernel with dQ fused in (TMA reduce-adds into the fp32
     accumulator, then the convert stage): dq/dk/dv against float64 autograd; the accumulator is
     poisoned-free (zeroed by ops) and a NaN-filled one is never read."""
-    from ck_fmha.triton import gluon_bwd
+    from ck_fmha.backends.triton import gluon_bwd
 
     q, k, v = _inputs(ck_rng, 3, 5, hk, s, s, d, layout, dtype)
     do = _inputs(ck_rng, 3, 5, 5, s, s, d, layout, dtype)[0]

@@ -86,7 +86,7 @@ DEVICES = [pytest.param("cpu", marks=cpu_only),
 @pytest.mark.parametrize("kw", [dict(), dict(causal=True), dict(softcap=30.0),
                                 dict(window=(5, 3)), dict(bias=True)])
 def test_backward_with_very_negative_lse(deterministic, kw, device):
-    from ck_fmha.triton import ops
+    from ck_fmha.backends.triton import launch as ops
 
     g = torch.Generator().manual_seed(0)
     B, H, Sq, Sk, D = (1, 2, 37, 45, 32) if device == "cpu" else (2, 4, 300, 333, 128)
@@ -207,7 +207,7 @@ def test_float32_tensors_for_an_fp16_problem_are_refused(disp):
 
 
 def test_fp8_inputs_outside_the_e4m3_range_are_refused():
-    from ck_fmha.triton_keys import _as_kernel_dtype
+    from ck_fmha.backends.triton.keys import _as_kernel_dtype
 
     p = FmhaProblem(family="fwd", seqlen_q=4, hdim_q=32, dtype="fp8")
     q = np.full((1, 1, 4, 32), 0.5, np.float32)
@@ -224,7 +224,7 @@ def test_fp8_inputs_outside_the_e4m3_range_are_refused():
 @cpu_only
 @pytest.mark.parametrize("bad", ["decreasing", "max_seqlen_q", "past_the_end", "seqlens_k"])
 def test_bad_cu_seqlens_are_refused_on_the_host(bad):
-    from ck_fmha.triton import ops
+    from ck_fmha.backends.triton import launch as ops
 
     q = torch.randn(20, 2, 32).half()
     cu_q, cu_k = torch.tensor([0, 12, 20], dtype=torch.int32), torch.tensor([0, 9, 20], dtype=torch.int32)
@@ -253,7 +253,7 @@ def test_group_problem_maxima_cover_every_sequence():
 @pytest.mark.skipif(INTERP or not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_bad_device_cu_seqlens_give_nan_not_a_result():
     """Offsets already on the GPU are checked there without a host sync: outputs become NaN."""
-    from ck_fmha.triton import ops
+    from ck_fmha.backends.triton import launch as ops
 
     q = torch.randn(20, 2, 64, device="cuda").half()
     cu_k = torch.tensor([0, 9, 20], dtype=torch.int32, device="cuda")

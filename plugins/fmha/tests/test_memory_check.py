@@ -12,7 +12,7 @@ from ck_core.errors import UnsupportedProblem
 from ck_core.testing import arch_plugin, make_fake_arch
 from ck_fmha import footprint
 from ck_fmha.problem import FmhaProblem
-from ck_fmha.stages import make_inputs, run_stage
+from ck_fmha.plan import make_inputs, run_stage
 
 GIB = 1 << 30
 
@@ -81,7 +81,7 @@ def test_bytes_moved_counts_the_plan_tensors(kw):
     bytes_of = {"q": 2, "k": 2, "v": 2, "o": 2, "do": 2, "bias": 2, "lse": 4, "o_acc": 4, "lse_acc": 4,
                 "d": 4, "dq_acc": 4, "dq": 2, "dk": 2, "dv": 2, "randval": 1, "q_rot": 2, "knew": 2,
                 "vnew": 2, "k_cache": 2, "v_cache": 2}
-    from ck_fmha.stages import plan
+    from ck_fmha.plan import plan
     for _, sub in plan(p):
         t.update(run_stage(sub, t))
     want = sum(np.asarray(x).size * bytes_of[n] for n, x in t.items() if n in bytes_of)

@@ -6,10 +6,10 @@ import pytest
 import torch_ref
 from helpers import rand, relerr, seqstart
 from ck_fmha import reference as R
-from ck_fmha import _layout as L
+from ck_fmha.reference import layout as L
 from ck_fmha.paged import gather_paged_kv, pack_paged_kv
 from ck_fmha.problem import FmhaProblem
-from ck_fmha.rope import make_rotary_tables
+from ck_fmha.reference.rope import make_rotary_tables
 
 TOL = 1e-12
 

@@ -73,7 +73,7 @@ def test_decode_splits_follow_the_archspec_and_the_kv_length():
 
 
 def test_the_triton_heuristic_keeps_using_the_archspec_sm_count():
-    from ck_fmha.triton.configs import num_splits_heuristic
+    from ck_fmha.backends.triton.configs import num_splits_heuristic
 
     assert num_splits_heuristic(8, 65536, num_sms=32) == seqtune.split_count(8, 65536, 32)
     assert num_splits_heuristic(8, 65536, num_sms=132) > num_splits_heuristic(8, 65536, num_sms=16)

@@ -22,8 +22,8 @@ from triton_ref import ref_attention, rel_err  # noqa: E402
 if os.environ.get("TRITON_INTERPRET") != "1":  # pragma: no cover
     pytest.skip("these tests run the kernels in the Triton interpreter", allow_module_level=True)
 
-from ck_fmha.triton import (TritonFmhaConfig, attention, bwd, fwd, kernel_for, num_splits_heuristic,  # noqa: E402
-                            paged_decode, signature_for, splitkv_decode)
+from ck_fmha.backends.triton import (TritonFmhaConfig, attention, bwd, fwd, kernel_for, num_splits_heuristic,  # noqa: E402
+                                     paged_decode, signature_for, splitkv_decode)
 
 # the interpreter's numpy log2(0) for rows that see no key is expected (LSE = -inf)
 # and its numpy scalar-conversion deprecation on scalar loads (cu_seqlens, page table) are expected
@@ -174,9 +174,9 @@ def test_appendkv_writes_caches_in_place(layout, paged, rope, rdim):
 
     from ck_fmha import reference as R
     from ck_fmha.problem import FmhaProblem
-    from ck_fmha.stages import make_inputs
+    from ck_fmha.plan import make_inputs
 
-    from ck_fmha.triton import appendkv
+    from ck_fmha.backends.triton import appendkv
 
     p = FmhaProblem(family="fwd_appendkv", batch=2, nhead_q=4, nhead_k=2, hdim_q=32, dtype="fp16",
                     seqlen_knew=4, seqlen_q=6, seqlens_k=(3, 16), layout=layout, rope=rope, rotary_dim=rdim,
@@ -200,8 +200,8 @@ def test_prefill_and_sinks_kernels():
 
     from ck_fmha import reference as R
     from ck_fmha.problem import FmhaProblem
-    from ck_fmha.stages import make_inputs
-    from ck_fmha.triton import batch_prefill
+    from ck_fmha.plan import make_inputs
+    from ck_fmha.backends.triton import batch_prefill
 
     for lookup, ps in (("vllm", 2), ("sglang", 16)):
         p = FmhaProblem(family="batch_prefill", mode="group", batch=2, nhead_q=2, nhead_k=1, hdim_q=32,
@@ -270,7 +270,7 @@ def test_kernel_for_contract():
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from ck_fmha.triton import kernels as _K  # noqa: E402
+from ck_fmha.backends.triton import kernels as _K  # noqa: E402
 
 
 @triton.jit
@@ -289,7 +289,7 @@ def test_philox_matches_numpy():
     import numpy as np
 
     from ck_fmha.philox import dropout_randval as np_randval, philox4x32_10
-    from ck_fmha.triton.ops import dropout_params
+    from ck_fmha.backends.triton.launch import dropout_params
 
     rng = np.random.default_rng(7)
     ctr = rng.integers(0, 2 ** 32, (16, 4), dtype=np.uint64).astype(np.uint32)
@@ -311,7 +311,7 @@ def test_philox_matches_numpy():
 
 
 def ops_randval(b, h, sq, sk, seed, offset):
-    from ck_fmha.triton import dropout_randval
+    from ck_fmha.backends.triton import dropout_randval
 
     return dropout_randval(b, h, sq, sk, dropout_p=0.5, seed=seed, offset=offset)
 
@@ -384,7 +384,7 @@ FEATURE_CASES = [
 def test_fwd_bias_alibi_dropout(case):
     import numpy as np
 
-    from ck_fmha import reference_fwd as R
+    from ck_fmha.reference import forward as R
 
     case = dict(case)
     bias_shape, slopes_2d = case.pop("bias_shape", None), case.pop("slopes_2d", False)
@@ -416,8 +416,8 @@ def test_bwd_bias_alibi_dropout_group(case):
     import attrs
     import numpy as np
 
-    from ck_fmha import reference_bwd as RB
-    from ck_fmha import reference_fwd as R
+    from ck_fmha.reference import backward as RB
+    from ck_fmha.reference import forward as R
 
     case = dict(case)
     bias_shape, slopes_2d = case.pop("bias_shape", None), case.pop("slopes_2d", False)
@@ -475,7 +475,7 @@ def test_features_default_off_in_kernel_for():
 _AOT_SCRIPT = r"""
 import json, sys
 from triton.backends.compiler import GPUTarget
-from ck_fmha.triton import aot_compile
+from ck_fmha.backends.triton import aot_compile
 targets = {"sm90": GPUTarget("cuda", 90, 32), "gfx942": GPUTarget("hip", "gfx942", 64),
            "gfx90a": GPUTarget("hip", "gfx90a", 64), "gfx950": GPUTarget("hip", "gfx950", 64),
            "gfx1100": GPUTarget("hip", "gfx1100", 32), "gfx1201": GPUTarget("hip", "gfx1201", 32)}

@@ -27,9 +27,9 @@ from triton_ref import ref_attention, rel_err  # noqa: E402
 
 from ck_core.errors import InvalidProblem, UnsupportedProblem  # noqa: E402
 from ck_fmha.problem import FmhaProblem  # noqa: E402
-from ck_fmha.triton import (TritonFmhaConfig, attention, fwd, is_key_major, signature_for,  # noqa: E402
-                            splitkv_decode, v_key_major)
-from ck_fmha.triton import ops as OPS  # noqa: E402
+from ck_fmha.backends.triton import (TritonFmhaConfig, attention, fwd, is_key_major, signature_for,  # noqa: E402
+                                     splitkv_decode, v_key_major)
+from ck_fmha.backends.triton import launch as OPS  # noqa: E402
 
 INTERP = os.environ.get("TRITON_INTERPRET") == "1"
 needs_interp = pytest.mark.skipif(not INTERP, reason="runs the kernels in the Triton interpreter")
@@ -290,7 +290,7 @@ def test_fp8_key_space_follows_the_arch_specs(monkeypatch):
     import attrs
 
     from ck_core import PluginManager, Registry, plugins
-    from ck_fmha import triton_keys as TK
+    from ck_fmha.backends.triton import keys as TK
 
     mgr = PluginManager()
     monkeypatch.setattr(plugins, "_MANAGER", mgr)
@@ -370,7 +370,7 @@ def test_fp8_dispatch_matches_reference(disp8, kw, ck_rng, monkeypatch):
 def test_fp8_dispatch_rejections(disp8):
     from ck_core import MissingKernel
 
-    from ck_fmha import triton_keys as TK
+    from ck_fmha.backends.triton import keys as TK
 
     col = dict(seqlen_q=8, seqlen_k=8, vlayout="c")
     p16 = FmhaProblem(**{**FP8, **col, "dtype": "fp16", "scale_q": 1.0, "scale_k": 1.0, "scale_v": 1.0})
@@ -394,7 +394,7 @@ def test_fp8_dispatch_rejections(disp8):
 _AOT_FP8_SCRIPT = r"""
 import json, re, sys
 from triton.backends.compiler import GPUTarget
-from ck_fmha.triton import aot_compile
+from ck_fmha.backends.triton import aot_compile
 targets = {"sm90": GPUTarget("cuda", 90, 32), "gfx942": GPUTarget("hip", "gfx942", 64),
            "gfx950": GPUTarget("hip", "gfx950", 64), "gfx1201": GPUTarget("hip", "gfx1201", 32)}
 cases = json.loads(sys.argv[1])
@@ -481,8 +481,8 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, make_backend
 from triton._C.libtriton import native_specialize_impl
 from triton.tools.tensor_descriptor import TensorDescriptor
-from ck_fmha.triton import ops, kernels as K
-from ck_fmha.triton.configs import TritonFmhaConfig
+from ck_fmha.backends.triton import launch as ops, kernels as K
+from ck_fmha.backends.triton.configs import TritonFmhaConfig
 
 target = GPUTarget("cuda", 90, 32)
 backend = type(make_backend(target))

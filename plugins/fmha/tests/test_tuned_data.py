@@ -6,7 +6,7 @@ import pytest
 
 from ck_core import tuned_data
 from ck_core.errors import ConfigError
-from ck_fmha.triton import configs as C
+from ck_fmha.backends.triton import configs as C
 
 T = C.TritonFmhaConfig
 W = 12  # gluon_fwd.WS_WARPS when the literals were frozen: a producer and two consumer warpgroups
@@ -118,7 +118,7 @@ def test_warm_lookup_reads_no_file(user_store, monkeypatch):
 
 
 def test_gluon_bwd_tiles_equal_the_old_literals(user_store):
-    from ck_fmha.triton import gluon_bwd as B
+    from ck_fmha.backends.triton import gluon_bwd as B
     assert B.DQ_TILES == {64: (64, 4, True), 128: (64, 4, True)}
     assert B.DKDV_TILES == {64: (64, 3, True), 128: (64, 2, True)}
     assert B.FUSED_TILES == {64: (64, 3, True), 128: (64, 2, True)}

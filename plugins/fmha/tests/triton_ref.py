@@ -1,4 +1,4 @@
-"""float64 torch reference for the Triton FMHA tests (mask semantics of ck_fmha.triton.ops)."""
+"""float64 torch reference for the Triton FMHA tests (mask semantics of ck_fmha.backends.triton.launch)."""
 import torch
 
 
@@ -9,7 +9,7 @@ def to_bhsd(t, layout):
 def ref_attention(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, scale=None, layout="bhsd",
                   align=None, seqlens_k=None):
     """Returns (o [B,H,Sq,Dv] float64 in bhsd, lse [B,H,Sq] float64)."""
-    from ck_fmha.triton.ops import mask_params
+    from ck_fmha.backends.triton.launch import mask_params
 
     q, k, v = (to_bhsd(t, layout).double() for t in (q, k, v))
     b, hq, sq, d = q.shape

@@ -6,7 +6,7 @@ Torch entry points (through the Dispatcher; torch loads on first use)::
     c = matmul(a, b, d=(bias,), activation="gelu")
     y = linear(x, weight, bias)
 """
-from .kernel import GemmAlgorithm, GemmSignature
+from .keys import GemmAlgorithm, GemmSignature
 from .problem import GemmProblem
 
 __all__ = ["GemmProblem", "GemmSignature", "GemmAlgorithm", "matmul", "linear"]

@@ -93,7 +93,7 @@ def _overhead(reg, dtype):
     from ck_core import Dispatcher, Registry
 
     from .problem import GemmProblem
-    from .triton_launch import bare_launch
+    from .backends.triton.keys import bare_launch
 
     p = GemmProblem(m=256, n=256, k=256, dtype=dtype, layout="rcr")
     tdt = getattr(torch, {"bf16": "bfloat16", "fp16": "float16"}[dtype])

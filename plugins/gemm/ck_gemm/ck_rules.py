@@ -3,7 +3,7 @@
 Ported from composable_kernel ``tile_engine/ops/gemm/gemm_validation_utils.py``
 (``validate_whole_wg_cover_configuration``, ``validate_cshuffle_epilogue_distribution``,
 ``TRAIT_UNSUPPORTED_COMBINATIONS``) and ``dispatcher/codegen/arch_specs.json``
-(``unsupported_trait_combos``).  :func:`ck_gemm.kernel.rules_violation` checks
+(``unsupported_trait_combos``).  :func:`ck_gemm.keys.rules_violation` checks
 dtypes, warp tiles, wave layouts, tile divisibility and LDS from the arch's
 facts; on AMD archs it adds these, the checks it cannot make without the warp
 size or CK's load/store tile distributions.

@@ -15,7 +15,7 @@ import numpy as np
 
 from ck_core.dtypes import ELEMENT_BYTES
 
-from .kernel import C_DESCRIPTOR_VARIANTS, DESCRIPTOR_VARIANTS
+from .keys import C_DESCRIPTOR_VARIANTS, DESCRIPTOR_VARIANTS
 
 #: kernel columns, in the order of :func:`_kernel_row`
 _KERNEL = ("tile_m", "tile_n", "tile_k", "warps", "stages", "split_k", "group_m", "epi_subtile",

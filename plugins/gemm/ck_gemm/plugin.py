@@ -8,7 +8,7 @@ from ck_core.errors import UnsupportedProblem
 from ck_core.hookspecs import hookimpl
 from ck_core.records import OpSpec
 
-from . import features, kernel, reference
+from . import features, keys as kernel, reference
 from .problem import GemmProblem
 
 
@@ -16,7 +16,7 @@ def implement(key, backend: str, arch):
     if backend == "numpy":
         return partial(_numpy_impl, key)
     if backend == "triton":
-        from .triton_launch import make_fast_launcher
+        from .backends.triton.keys import make_fast_launcher
 
         return make_fast_launcher(key, num_sms=arch.compute_units)
     raise UnsupportedProblem(f"the gemm plugin has no {backend!r} implementation; "
@@ -33,7 +33,7 @@ def _bench(peer, options):
 
 
 def _render(key, backend):
-    from .triton_launch import render
+    from .backends.triton.keys import render
 
     return render(key, backend)
 

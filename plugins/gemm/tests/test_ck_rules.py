@@ -6,7 +6,7 @@ import pytest
 
 from ck_core import get_manager
 from ck_core.testing import make_fake_arch
-from ck_gemm import ck_rules, kernel as gemm
+from ck_gemm import ck_rules, keys as gemm
 
 AMD_ARCHS = sorted(n for n, a in get_manager().archs().items() if a.vendor == "amd")
 #: a 4-wave (wave64) / 8-wave (wave32) layout, for the rule examples

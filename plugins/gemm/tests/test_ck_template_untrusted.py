@@ -4,7 +4,7 @@ import pytest
 
 from ck_core import ConfigError, KernelKey, Registry, get_manager
 from ck_core.errors import CkError
-from ck_gemm.ck_template import render_ck
+from ck_gemm.backends.ck.template import render_ck
 
 
 @pytest.fixture

@@ -22,8 +22,8 @@ SCRIPT = textwrap.dedent('''
     import json, os, sys
     from ck_core import Registry, get_manager
     from ck_core.build import build_registry
-    from ck_gemm.triton.configs import smem_bytes
-    from ck_gemm.triton_launch import config_of
+    from ck_gemm.backends.triton.configs import smem_bytes
+    from ck_gemm.backends.triton.keys import config_of
     cache = sys.argv[1]
     out = {}
     for arch in sorted(get_manager().archs()):

@@ -3,7 +3,7 @@ import pytest
 
 from ck_core import KernelKey, MissingKernel, get_manager
 from ck_core.registry import enumerate_keys
-from ck_gemm.kernel import format_name, parse_name
+from ck_gemm.keys import format_name, parse_name
 
 ARCHS = sorted(a for a, s in get_manager().archs().items())
 

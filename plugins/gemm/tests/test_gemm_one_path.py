@@ -11,9 +11,9 @@ pytest.importorskip("triton")
 from ck_core import Dispatcher, PluginManager, Registry, api, plugins  # noqa: E402
 from ck_core.testing import DispatchLog  # noqa: E402
 from ck_gemm import GemmProblem, matmul  # noqa: E402
-from ck_gemm.kernel import DESCRIPTOR_VARIANTS, enumerate_keys, supports, variant_violation  # noqa: E402
-from ck_gemm.triton import launch as L  # noqa: E402
-from ck_gemm.triton_launch import config_of  # noqa: E402
+from ck_gemm.keys import DESCRIPTOR_VARIANTS, enumerate_keys, supports, variant_violation  # noqa: E402
+from ck_gemm.backends.triton import launch as L  # noqa: E402
+from ck_gemm.backends.triton.keys import config_of  # noqa: E402
 
 
 @pytest.fixture

@@ -23,9 +23,9 @@ if not _GPU:
 pytest.importorskip("triton")
 
 from ck_core.errors import InvalidProblem, UnsupportedProblem  # noqa: E402
-from ck_gemm.triton import (CONFIG_SPACE, TMA_VARIANTS, VARIANTS, GemmConfig, gemm, iter_configs,  # noqa: E402
-                            kernel_for, pick_config, smem_bytes)
-from ck_gemm.triton import launch as _launch_mod  # noqa: E402
+from ck_gemm.backends.triton import (CONFIG_SPACE, TMA_VARIANTS, VARIANTS, GemmConfig, gemm, iter_configs,  # noqa: E402
+                                     kernel_for, pick_config, smem_bytes)
+from ck_gemm.backends.triton import launch as _launch_mod  # noqa: E402
 
 DEV = "cuda" if _GPU else "cpu"
 GEMM_ROOT = Path(__file__).resolve().parents[1]
@@ -314,7 +314,7 @@ def test_config_space_and_names():
 
 
 def test_pick_config_table():
-    from ck_gemm.triton import load_table
+    from ck_gemm.backends.triton import load_table
     rows = load_table("sm90")
     assert rows, "ck_gemm/tuned/sm90.json is missing or empty"
     for (M, N, K) in [(8192, 8192, 8192), (16, 4096, 4096), (128, 14336, 4096), (333, 777, 999)]:
@@ -327,7 +327,7 @@ def test_pick_config_table():
 _AOT_SCRIPT = textwrap.dedent("""
     import json, sys
     from triton.backends.compiler import GPUTarget
-    from ck_gemm.triton import GemmConfig, kernel_for, smem_bytes, VARIANTS, TMA_VARIANTS
+    from ck_gemm.backends.triton import GemmConfig, kernel_for, smem_bytes, VARIANTS, TMA_VARIANTS
     targets = json.loads(sys.argv[1]); dtype = sys.argv[2]; out = []
     for v in VARIANTS:
         cfg = GemmConfig(64, 64, 32, 8, 4, 3, v, 2 if v in ("plain", "tma") else 1)
@@ -444,7 +444,7 @@ def test_gpu_batched_and_fp8(variant):
 @pytest.mark.gpu
 @pytest.mark.skipif(not _GPU, reason="needs a CUDA GPU")
 def test_gpu_tuned_table_configs():
-    from ck_gemm.triton import load_table
+    from ck_gemm.backends.triton import load_table
     gen = torch.Generator(device="cuda").manual_seed(2)
     for cfg in sorted({r[5] for r in load_table("sm90")}, key=lambda c: c.name):
         for (M, N, K) in ((16, 4096, 4096), (1000, 1032, 1024)):

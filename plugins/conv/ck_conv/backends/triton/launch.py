@@ -18,8 +18,8 @@ import math
 
 from ck_core.errors import InvalidProblem, UnsupportedProblem
 
-from .kernels import ConvKernelConfig
-from .problem import _FLT, _IMG, ConvProblem
+from ...keys import ConvKernelConfig
+from ...problem import _FLT, _IMG, ConvProblem
 
 
 def _cdiv(a, b):
@@ -316,7 +316,7 @@ def streamk_programs(cfg: ConvKernelConfig, total: int, steps: int, num_sms: int
 
 def streamk_fits(cfg: ConvKernelConfig, smem_bytes: int | None = None) -> int:
     """Programs per SM whose A/B buffer sets fit one SM's ``smem_bytes`` (2 or 1)."""
-    from .kernels import ELEMENT_BYTES, plan_facts
+    from ...keys import ELEMENT_BYTES, plan_facts
     m, n, k = cfg.tile
     smem = (m + n) * k * ELEMENT_BYTES[cfg.dtype] * cfg.smem_buffers
     return 2 if 2 * smem <= (smem_bytes or plan_facts()[1]) else 1
@@ -423,7 +423,7 @@ class _SplitOut:
         if self.atomic:
             _note("converted", self.out, self.final.dtype)
             return self.out if self.out.dtype == self.final.dtype else self.out.to(self.final.dtype)
-        from . import triton_kernels as tk
+        from . import kernels as tk
         numel = self.final.numel()
         _k(tk.splitk_reduce_kernel, (_cdiv(numel, _REDUCE_BLOCK),))(self.out, self.final, numel, self.nsplit,
                                                                 BLOCK=_REDUCE_BLOCK, num_warps=4)
@@ -445,7 +445,7 @@ def _flat_args(p: ConvProblem, g: dict, bwd: bool):
 
 def _dw_flat(src, w, dst, p: ConvProblem, g: dict, meta: dict, nw: int, ns: int, bwd: bool):
     """Launch ``dw_flat_kernel``: dst (channels-last) from src and the weights."""
-    from . import triton_kernels as tk
+    from . import kernels as tk
     R, dsz, ssz, a, b, c, s = _flat_args(p, g, bwd)
     G = p.G
     grid = (_cdiv(dsz[2] * G, meta["BLOCK_F"]) * _cdiv(R, meta["BLOCK_R"]),)
@@ -483,7 +483,7 @@ def _wexp_table(w, wc, T: int, G: int, Wo: int):
 
 
 def _dw_rows(x, w, wc, y, p: ConvProblem, g: dict, meta: dict, nw: int, ns: int):
-    """Launch the row-reuse depthwise forward kernel (ck_conv.dw_codegen.render_rows)."""
+    """Launch the row-reuse depthwise forward kernel (ck_conv.backends.triton.dw_codegen.render_rows)."""
     from .dw_codegen import dw_fwd_rows_kernel
     rh, fy, fx = meta.pop("RH"), g["flt"][1], g["flt"][2]
     wt = _wexp_table(w, wc, fy * fx, p.G, g["Wo"]) if meta["WEXP"] else wc
@@ -655,7 +655,7 @@ def run(p: ConvProblem, tensors: dict, config: ConvKernelConfig | str, num_sms: 
     """Compute ``p`` on torch tensors with exactly the Triton kernel ``config`` (a config or its name).
 
     The kernel's ``split`` cuts the reduction over that many programs, combined as
-    its ``reduction`` says (see ck_conv.kernels.REDUCTIONS); ``streamk`` runs a
+    its ``reduction`` says (see ck_conv.keys.REDUCTIONS); ``streamk`` runs a
     persistent grid of ``split`` programs per SM.  Nothing here chooses a kernel, a
     split or a reduction: a config that cannot run ``p`` as named raises
     UnsupportedProblem (the Dispatcher's ``supports()`` holds the same reasons).
@@ -680,7 +680,7 @@ def run(p: ConvProblem, tensors: dict, config: ConvKernelConfig | str, num_sms: 
 
 def _run(p: ConvProblem, tensors: dict, config, num_sms):
     import torch
-    from . import triton_kernels as tk
+    from . import kernels as tk
 
     need = p.input_names()
     if any(n not in tensors or not isinstance(tensors[n], torch.Tensor) for n in need):
@@ -895,7 +895,7 @@ def kernel_for(key_or_config, problem: ConvProblem | None = None):
     problem (EVEN_C/EVEN_K, ATOMIC) take their general-case value unless a
     problem is given.
     """
-    from . import triton_kernels as tk
+    from . import kernels as tk
 
     cfg = _as_config(key_or_config)
     meta = cfg.triton_meta()
@@ -953,7 +953,7 @@ def kernel_for(key_or_config, problem: ConvProblem | None = None):
             R, dsz, _, _, _, _, _ = _flat_args(p, g, p.direction == "bwd_data")
             return (_cdiv(dsz[2] * p.G, meta["BLOCK_F"]) * _cdiv(R, meta["BLOCK_R"]), 1, 1)
         if cfg.reduction == "streamk":  # as run() launches it on an H100-sized GPU
-            from .kernels import plan_facts
+            from ...keys import plan_facts
             gm = cfg.group_merge
             if p.direction == "forward":
                 ntiles = _cdiv(p.N * g["Do"] * g["Ho"] * g["Wo"], meta["BLOCK_M"]) \
@@ -1058,8 +1058,8 @@ def aot_source_args(key_or_config, problem: ConvProblem | None = None):
 
 def reduce_aot_source_args(dtype: str):
     """``(fn, signature, constexprs, options)`` of the second stage of ``twostage``
-    reductions (:func:`ck_conv.triton_kernels.splitk_reduce_kernel`) for ``dtype``."""
-    from . import triton_kernels as tk
+    reductions (:func:`ck_conv.backends.triton.kernels.splitk_reduce_kernel`) for ``dtype``."""
+    from . import kernels as tk
     fn = tk.splitk_reduce_kernel
     sig = {"ws_ptr": "*fp32", "out_ptr": "*" + dtype, "NUMEL": "i32", "NSPL": "i32", "BLOCK": "constexpr"}
     attrs = {(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]]}

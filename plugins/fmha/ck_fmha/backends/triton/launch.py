@@ -1122,7 +1122,7 @@ def _splitkv_main(q, k, v, *, page_size, block_table, seqlens_k, max_seqlen_k, c
     q = _last_contig(q)
     if q.dtype in FP8_DTYPES:
         raise UnsupportedProblem("the Triton split-KV / paged decode has no fp8 path; the fp8 forward is fwd "
-                                 "(batch or group mode): ck_fmha.triton.fwd(..., q_descale=, k_descale=, v_descale=)")
+                                 "(batch or group mode): ck_fmha.backends.triton.fwd(..., q_descale=, k_descale=, v_descale=)")
     b, hq, sq, dq = _dims(q, layout)
     dv = v.shape[-1]
     group = _check_gqa(hq, hk)
@@ -1186,7 +1186,7 @@ def splitkv_decode(q, k, v, *, seqlens_k=None, causal=False, scale=None, window=
     only, so a decode step reuses its plan.  Causal masks default to bottom-right alignment here
     (the query is the sequence's tail).  ``num_splits``: None lets the Dispatcher choose.
     ``config`` (a TritonFmhaConfig) runs that tile instead of the plan's (kernel-direct)."""
-    from ..decode import splitkv_decode as _run
+    from ...decode import splitkv_decode as _run
 
     return _run(q, k, v, seqlens_k=seqlens_k, causal=causal, scale=scale, window=window, softcap=softcap,
                 num_splits=num_splits, return_lse=return_lse, layout=layout, config=config, align=align,
@@ -1200,7 +1200,7 @@ def paged_decode(q, k_cache, v_cache, block_table, seqlens_k, *, max_seqlen_k=No
     ``k_cache``/``v_cache`` are [num_pages, page_size, H_k, D]; ``block_table`` int32 [B, max_pages];
     ``seqlens_k`` int32 [B] (read on the device only).  ``max_seqlen_k`` (the longest length a step
     may have) defaults to ``max_pages * page_size`` (no host sync)."""
-    from ..decode import paged_decode as _run
+    from ...decode import paged_decode as _run
 
     return _run(q, k_cache, v_cache, block_table, seqlens_k, max_seqlen_k=max_seqlen_k, causal=causal,
                 scale=scale, window=window, softcap=softcap, num_splits=num_splits, return_lse=return_lse,
@@ -1218,7 +1218,7 @@ def appendkv(q, knew, vnew, k_cache, v_cache, seqlens_k, *, rotary_cos=None, rot
              rotary_dim=0, block_table=None, layout="bhsd"):
     """CK's fwd_appendkv through the Dispatcher (:func:`ck_fmha.decode.appendkv`; arguments and results
     as :func:`appendkv_launch`); ``seqlens_k`` is read on the device only, so a decode step reuses its plan."""
-    from ..decode import appendkv as _run
+    from ...decode import appendkv as _run
 
     return _run(q, knew, vnew, k_cache, v_cache, seqlens_k, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
                 rope=rope, rotary_dim=rotary_dim, block_table=block_table, layout=layout)
@@ -1297,7 +1297,7 @@ def batch_prefill(q, k_cache, v_cache, seqlens_k, *, cu_seqlens_q, max_seqlen_q,
     """batch_prefill through the Dispatcher (:func:`ck_fmha.prefill.batch_prefill`; arguments and
     results as :func:`batch_prefill_launch`): ``seqlens_k`` is read on the device only, bounded by
     ``max_seqlen_k``; the plan is cached per shapes and query offsets."""
-    from ..prefill import batch_prefill as _run
+    from ...prefill import batch_prefill as _run
 
     return _run(q, k_cache, v_cache, seqlens_k, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
                 max_seqlen_k=max_seqlen_k, block_table=block_table, kv_indptr=kv_indptr,

@@ -14,9 +14,9 @@ dtype of the fwd family (batch and group mode) on archs whose spec lists fp8; th
 (OCP e4m3fn or CDNA3's e4m3fnuz) comes from :func:`fp8_format`; on NVIDIA the fp8 forward reads V
 key-contiguous (:func:`fp8_v_trans`: one transposed copy per call, none for vlayout="c" problems).
 On Hopper the fwd family also has Gluon keys (variants :data:`GLUON_VARIANTS`, the warp-specialised
-kernel of :mod:`ck_fmha.triton.gluon_fwd`) for fp16/bf16 no-padding problems with head dims 64/64 or
+kernel of :mod:`ck_fmha.backends.triton.gluon_fwd`) for fp16/bf16 no-padding problems with head dims 64/64 or
 128/128; they run through ``ops.fwd`` like the Triton keys and build from ``gluon_fwd.aot_source``.
-Stages follow the plans of :mod:`ck_fmha.stages`: split-KV main + combine,
+Stages follow the plans of :mod:`ck_fmha.plan`: split-KV main + combine,
 backward dot_do_o -> dq_dk_dv -> convert_dq, with tensors passed by name.
 """
 from __future__ import annotations
@@ -32,16 +32,16 @@ import attrs
 from ck_core.errors import ConfigError, InvalidProblem, MissingKernel
 from ck_core.key import KernelKey, RecordSchema
 
-from .heuristics import (DQ_ATOMIC, dq_gluon, dq_triton, gluon_bwd_reason, gluon_dkdv_reason,  # noqa: F401
+from ...heuristics import (DQ_ATOMIC, dq_gluon, dq_triton, gluon_bwd_reason, gluon_dkdv_reason,  # noqa: F401
                           interpreting, parse_dq)
 
 FAMILIES = ("fwd", "fwd_splitkv", "fwd_splitkv_combine", "fwd_pagedkv", "fwd_appendkv", "batch_prefill",
             "bwd_dot_do_o", "bwd_dq_dk_dv", "bwd_convert_dq")
 HDIMS = ((32, 32), (64, 64), (96, 96), (128, 128), (192, 128), (256, 256))
-#: the Gluon sm90 forward's variants: the names of ``ck_fmha.triton.gluon_fwd.GLUON_VARIANTS``, spelled out
+#: the Gluon sm90 forward's variants: the names of ``ck_fmha.backends.triton.gluon_fwd.GLUON_VARIANTS``, spelled out
 #: here because that import brings in torch (tests/test_gluon_fwd.py keeps the two in step)
 GLUON_VARIANTS = ("gluon_ws", "gluon_wspp", "gluon_ws_pers", "gluon_wspp_pers")
-#: the backward's dK/dV kernel on Hopper (ck_fmha.triton.gluon_bwd.dkdv): BLOCK_MQ = block_m, STAGES =
+#: the backward's dK/dV kernel on Hopper (ck_fmha.backends.triton.gluon_bwd.dkdv): BLOCK_MQ = block_m, STAGES =
 #: num_stages, 128 keys per program, 4 warps; "_pers": the persistent grid
 GLUON_BWD_VARIANTS = ("gluon_dkdv", "gluon_dkdv_pers")
 GLUON_BWD_BLOCK_N, GLUON_BWD_WARPS = 128, 4
@@ -89,7 +89,7 @@ class TritonFmhaAlg:
     splits: int = 0
 
     def config(self):
-        from .triton.configs import TritonFmhaConfig
+        from .configs import TritonFmhaConfig
 
         return TritonFmhaConfig(self.block_m, self.block_n, self.num_warps, self.num_stages, self.variant)
 
@@ -220,13 +220,13 @@ def _arch_spec(name: str):
 def _smem(family, hq, hv, a: TritonFmhaAlg, elem_bytes: int = 2) -> int:
     """Upper estimate of shared memory: the Q tile plus num_stages K/V tiles (Gluon keys: also the
     output staging tile and 1 KiB for the mbarriers)."""
-    from .triton.configs import padded_hdim
+    from .configs import padded_hdim
 
     dq, dv = padded_hdim(hq), padded_hdim(hv)
     if family in ("bwd_dot_do_o", "bwd_convert_dq", "fwd_splitkv_combine", "fwd_appendkv"):
         return 0   # elementwise / copy kernels: no K/V tiles in shared memory
     if a.variant in GLUON_BWD_VARIANTS:
-        from .triton.gluon_bwd import dkdv_smem_bytes
+        from .gluon_bwd import dkdv_smem_bytes
 
         return dkdv_smem_bytes(hq, a.block_m, a.num_stages, a.dq == DQ_ATOMIC, elem_bytes)
     extra = elem_bytes * a.block_m * dv + 1024 if a.variant in GLUON_VARIANTS else 0
@@ -234,7 +234,7 @@ def _smem(family, hq, hv, a: TritonFmhaAlg, elem_bytes: int = 2) -> int:
 
 
 def _configs(family, hq, hv, arch, elem_bytes: int = 2, prune: bool = True) -> list:
-    from .triton import configs as C
+    from . import configs as C
 
     tag = "sm90" if _hopper(arch) else "generic"
     extras = ()
@@ -279,8 +279,8 @@ def _configs(family, hq, hv, arch, elem_bytes: int = 2, prune: bool = True) -> l
 def _bwd_algs(hq, hv, arch, tag, elem_bytes, prune=True) -> list:
     """Backward keys: each tuned dK/dV tile (Triton; on Hopper also the Gluon tiles) with each dQ
     choice (atomic, the tuned Triton dQ tiles, on Hopper the Gluon dQ tiles)."""
-    from .triton import configs as C
-    from .triton import gluon_bwd
+    from . import configs as C
+    from . import gluon_bwd
 
     pairs = [C.default_bwd_configs(hq, hv, tag, causal=c) for c in (False, True)]
     kv = [(c.BLOCK_M, c.BLOCK_N, c.num_warps, c.num_stages, "ptr") for c, _ in pairs]
@@ -469,7 +469,7 @@ def _gluon_unsupported(a: TritonFmhaAlg, p) -> Optional[str]:
 
 def rank(problem, candidates: list, arch) -> list:
     """The tuned tables' choice first (:func:`ck_fmha.heuristics.rank`), then by tile size."""
-    from .heuristics import rank as _rank
+    from ...heuristics import rank as _rank
 
     return _rank(problem, candidates, arch)
 
@@ -544,8 +544,8 @@ def make_launcher(key, capture: Optional[list] = None):
     ``capture``: see :func:`kernel_via`."""
     import torch
 
-    from . import stages
-    from .triton import ops
+    from ... import plan as stages
+    from . import launch as ops
 
     via = kernel_via(key, capture)
     fam = key.signature.family
@@ -778,7 +778,7 @@ _AOT_FAMILY = {"fwd_pagedkv": "fwd_pagedkv", "fwd_splitkv": "fwd_splitkv", "bwd_
 @functools.lru_cache(maxsize=None)
 def _source_hash(gluon: bool = False) -> str:
     """Hash of the kernel sources a key compiles from (Gluon keys: gluon_fwd.py, not kernels.py)."""
-    from .triton import configs, gluon_fwd, kernels
+    from . import configs, gluon_fwd, kernels
 
     src = inspect.getsource(gluon_fwd if gluon else kernels) + inspect.getsource(configs)
     return hashlib.sha256(src.encode()).hexdigest()
@@ -796,7 +796,7 @@ class TritonFmhaRendered:
     jit_calls: Optional[object] = None
 
     def compile(self, target, extra_options=None):
-        from .triton.configs import aot_compile
+        from .configs import aot_compile
 
         return aot_compile(self.family, self.dtype, self.config, target)
 
@@ -825,7 +825,7 @@ def jit_calls(key) -> list:
     are on torch's meta device (nothing runs)."""
     import torch
 
-    from .problem import FmhaProblem
+    from ...problem import FmhaProblem
 
     s, fam = key.signature, key.signature.family
     tdt = _torch_dtype(s.dtype, key.arch)
@@ -863,7 +863,7 @@ def render(key, backend: str):
     cfg = dict(a.config().as_dict(), hdim_q=s.hdim_q, hdim_v=s.hdim_v)
     dtype = s.dtype
     if dtype == "fp8":   # the arch's e4m3 flavour as a Triton type; o in bf16
-        from .triton.configs import FP8_TRITON
+        from .configs import FP8_TRITON
 
         spec = _arch_spec(key.arch)
         dtype = FP8_TRITON[fp8_format(spec)]

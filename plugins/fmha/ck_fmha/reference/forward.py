@@ -20,7 +20,7 @@ and everything above is computed exactly on them.  The reference does not model
 the kernels' own roundings: they quantise the probabilities to fp8 for the P V
 product (``P * fp8_max``, 448 for OCP e4m3fn, 240 for e4m3fnuz, then
 ``o * scale_v / fp8_max``; ~2**-4 relative per element) and write o in bf16;
-:func:`ck_fmha.stages.tolerance` allows for that (fp8: 0.25 rtol/atol).
+:func:`ck_fmha.plan.tolerance` allows for that (fp8: 0.25 rtol/atol).
 """
 from __future__ import annotations
 
@@ -30,11 +30,11 @@ import numpy as np
 
 from ck_core.errors import InvalidProblem
 
-from . import _layout as L
-from .masks import alibi_bias, visible
-from .paged import gather_paged_kv
-from .philox import dropout_keep, dropout_randval
-from .problem import FmhaProblem, check_tensors
+from . import layout as L
+from ..masks import alibi_bias, visible
+from ..paged import gather_paged_kv
+from ..philox import dropout_keep, dropout_randval
+from ..problem import FmhaProblem, check_tensors
 from .rope import apply_rope
 
 

@@ -1,4 +1,4 @@
-"""Bridge between GEMM kernel keys and the Triton templates in ``ck_gemm.triton``.
+"""Bridge between GEMM kernel keys and the Triton templates in ``ck_gemm.backends.triton``.
 
 * :func:`config_of` maps a key's algorithm onto a Triton ``GemmConfig``;
 * :func:`render` gives the triton backend something to AOT-compile;
@@ -18,7 +18,7 @@ import logging
 
 from ck_core.errors import InvalidProblem, UnsupportedProblem
 
-from .kernel import GemmAlgorithm
+from ...keys import GemmAlgorithm
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ def config_of(key):
 
 @functools.lru_cache(maxsize=None)
 def config_of_algorithm(a: GemmAlgorithm):
-    from .triton.configs import GemmConfig
+    from .configs import GemmConfig
 
     return GemmConfig(block_m=a.tile_m, block_n=a.tile_n, block_k=a.tile_k, group_m=a.group_m,
                       num_warps=a.num_warps, num_stages=a.stages or DEFAULT_STAGES.get(a.pipeline, 3),
@@ -48,7 +48,7 @@ def algorithm_for_config(cfg, arch, dtype: str, pipeline: str, layout: str = "rc
     """
     from ck_core.key import KernelKey
 
-    from .kernel import GemmSignature, rules_violation
+    from ...keys import GemmSignature, rules_violation
 
     sig = GemmSignature(dtype, layout)
     for wave in arch.wave_layouts:
@@ -71,7 +71,7 @@ def algorithm_for_config(cfg, arch, dtype: str, pipeline: str, layout: str = "rc
 
 @functools.lru_cache(maxsize=None)
 def _template_hash() -> str:
-    from .triton import aot, kernels
+    from . import aot, kernels
 
     src = inspect.getsource(kernels) + inspect.getsource(aot)
     return hashlib.sha256(src.encode()).hexdigest()
@@ -99,7 +99,7 @@ class TritonRendered:
 def _spec(key):
     from ck_core.plugins import get_manager
 
-    from .triton.aot import kernel_for
+    from .aot import kernel_for
 
     s = key.signature
     return kernel_for(config_of(key), dtype=s.dtype, layout=s.layout, out_dtype=s.dtype_c,
@@ -114,7 +114,7 @@ def render(key, backend: str):
                             + repr(spec.signature) + repr(spec.options)).encode()).hexdigest()
         return TritonRendered(spec, h, dict(spec.options), key)
     if backend == "ck":
-        from .ck_template import render_ck
+        from ..ck.template import render_ck
 
         return render_ck(key)
     raise UnsupportedProblem(f"gemm has no {backend} templates")
@@ -129,8 +129,8 @@ def jit_calls(key) -> list:
 
     from ck_core.plugins import get_manager
 
-    from .triton import launch as L
-    from .triton.aot import parse_layout
+    from . import launch as L
+    from .aot import parse_layout
 
     cfg, s = config_of(key), key.signature
     a_r, b_r, c_r = parse_layout(s.layout)
@@ -168,8 +168,8 @@ def make_launcher(key, num_sms=None):
     None reads the device's."""
     from ck_core.backends import triton_artifacts
 
-    from .triton import launch as L
-    from .triton.launch import gemm
+    from . import launch as L
+    from .launch import gemm
 
     cfg = config_of(key)
     extra = triton_artifacts.compile_options(key)
@@ -200,7 +200,7 @@ def make_launcher(key, num_sms=None):
 
 # -- the fast path ----------------------------------------------------------------------
 #
-# ``ck_gemm.triton.gemm`` checks and derives everything on each call (tens of
+# ``ck_gemm.backends.triton.gemm`` checks and derives everything on each call (tens of
 # microseconds of Python).  A dispatcher launcher is bound to one key and sees the
 # same problem again and again, so it records the launch of the first call per
 # problem signature (kernel, grid, arguments) and afterwards only swaps in the new
@@ -225,7 +225,7 @@ def _record(cfg, problem, a, b, c, t_out, act, num_sms=None, name=None, extra=No
     """
     from ck_core.backends import triton_artifacts, triton_replay
 
-    from .triton import launch as L
+    from . import launch as L
 
     captured = []
 
@@ -312,7 +312,7 @@ def bare_launch(key, problem, a, b, replay: bool = False):
         args = list(rec.args)
         launch = rec.launch
         return lambda: launch(args)
-    from .triton import launch as L
+    from . import launch as L
 
     captured = []
     L.gemm(a, b, layout=problem.layout, config=cfg, c=c, out_dtype=t_out,

@@ -58,7 +58,7 @@ DEC_CANDS = [(64, 2), (64, 3), (128, 3)]  # (BLOCK_N, num_stages)
 
 
 def _cfg(t, variant="ptr"):
-    from ck_fmha.triton import TritonFmhaConfig
+    from ck_fmha.backends.triton import TritonFmhaConfig
     if len(t) == 5:
         variant = t[4]
     return TritonFmhaConfig(t[0], t[1], t[2], t[3], variant)
@@ -78,7 +78,7 @@ def fwd_tasks(cfg_for):
     # fp8 e4m3 forward (descales 1, bf16 o) vs SDPA in bf16 on the same shape
     for causal in (False, True):
         for (b, h, s) in ((8, 16, 4096), (2, 16, 16384)):
-            from ck_fmha.triton import configs as C
+            from ck_fmha.backends.triton import configs as C
             tasks.append(dict(group="fwd_fp8", dtype="fp8", d=128, causal=causal, b=b, hq=h, hk=h, s=s,
                               cfg=C.default_fwd_config(128, 128, "sm90", causal, s, fp8=True)))
     return tasks
@@ -87,7 +87,7 @@ def fwd_tasks(cfg_for):
 def _bwd_det(d, causal, s):
     """Deterministic backward unless the fused dK/dV+dQ Gluon kernel is configured for the case (it is
     then the faster one; ``deterministic=False`` elsewhere resolves to the deterministic path on sm90)."""
-    from ck_fmha.triton import configs as C
+    from ck_fmha.backends.triton import configs as C
     return (d, causal) not in C.BWD_GLUON_FUSED_SM90 or s < C.BWD_GLUON_FUSED_MIN_SEQLEN
 
 
@@ -139,7 +139,7 @@ def make_inputs(t, seed=0):
 
 
 def ours_callable(t, inputs=None):
-    from ck_fmha.triton import bwd, fwd, num_splits_heuristic, paged_decode, splitkv_decode
+    from ck_fmha.backends.triton import bwd, fwd, num_splits_heuristic, paged_decode, splitkv_decode
     q, k, v = inputs or make_inputs(t)
     g = t["group"]
     if t["dtype"] == "fp8":
@@ -379,7 +379,7 @@ def main(argv=None, progress=None):
     ap.add_argument("--workers", type=int, default=12)
     ap.add_argument("--quick", action="store_true", help="one shape per group")
     args = ap.parse_args(argv)
-    from ck_fmha.triton import configs as C
+    from ck_fmha.backends.triton import configs as C
 
     t_start = time.time()
     log = []

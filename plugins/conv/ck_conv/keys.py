@@ -15,12 +15,12 @@ software-pipeline depth), ``_relaxed`` / ``_twostage`` / ``_fixup`` / ``_atomicf
 (how a split reduction is summed, or ``_streamk``), ``_gm{n}`` (groups merged per program) and ``_tapmask``
 (forward, bwd_data, bwd_weight: per-row tap-validity bits, so a step's row mask
 is a shift and an and) and ``_flat`` (depthwise forward / bwd_data: rows x a flat
-(W, G) span per program, see :func:`ck_conv.triton_kernels.dw_flat_kernel`) and
+(W, G) span per program, see :func:`ck_conv.backends.triton.kernels.dw_flat_kernel`) and
 ``_rows`` / ``_rows_wexp`` (depthwise forward, stride 1, dilation 1 along H and W:
 RH output rows x a flat (W, G) span per program, each input row loaded once per
 filter column and reused for every output row it feeds; ``_wexp`` reads the
 weights from a host-expanded [taps, Wo*G] table instead of gathering them by
-channel, see :mod:`ck_conv.dw_codegen`).
+channel, see :mod:`ck_conv.backends.triton.dw_codegen`).
 
 Tile facts follow CK's grouped-conv dispatcher tables (``grouped_config_rules``):
 block tiles, wave layouts (1x4x1, 2x2x1, 4x1x1, 8x2x1, 4x4x1), and the rule
@@ -369,7 +369,7 @@ class ConvKernelConfig:
             return f"problem asks for split_k={p.split_k}, kernel splits {self.split} ways"
         if self.reduction == "streamk":
             return None  # split = persistent programs per SM: any count runs
-        from .launch import split_plan  # the launch's own arithmetic: the name says what runs
+        from .backends.triton.launch import split_plan  # the launch's own arithmetic: the name says what runs
 
         result = {"forward": p.output_shape, "bwd_data": p.input_shape, "bwd_weight": p.weight_shape}[p.direction]
         if self.reduction in ("twostage", "fixup") and self.split * math.prod(result) >= 2 ** 31:

@@ -95,7 +95,7 @@ def padded_hdim(d: int) -> int:
 # through ck_core.tuned_data and overlaid by the user's store; an arch without a
 # table of its own takes generic.json's
 # ---------------------------------------------------------------------------
-TUNED_DIR = str(Path(__file__).resolve().parent.parent / "tuned")
+TUNED_DIR = str(Path(__file__).resolve().parent.parent.parent / "tuned")
 #: seqlen buckets of the per-(hdim, causal, seqlen) tables
 SEQ_BUCKETS = (512, 1024, 4096, 16384)
 
@@ -244,7 +244,7 @@ def num_splits_heuristic(batch_heads: int, seqlen_k: int, num_m_blocks: int = 1,
     machine, keeping at least ``min_chunk`` keys per split.  ``num_sms``: the
     machine's SMs / CUs (None: the ArchSpec of the current device, see
     :func:`ck_core.device.current_arch`)."""
-    from ..seqtune import split_count
+    from ...seqtune import split_count
 
     if num_sms is None:
         num_sms = _current_compute_units()
@@ -312,7 +312,7 @@ def constexprs_for(family: str, config: Mapping) -> Dict[str, Any]:
         from ck_core.errors import UnsupportedProblem  # noqa: WPS433
 
         raise UnsupportedProblem(
-            f"variant {config['variant']!r} is the Gluon sm90 forward (ck_fmha.triton.gluon_fwd), not a Triton "
+            f"variant {config['variant']!r} is the Gluon sm90 forward (ck_fmha.backends.triton.gluon_fwd), not a Triton "
             "FMHA kernel: it has no kernel_for/signature_for form; compile it with aot_compile(), which "
             "builds it from gluon_fwd.aot_source")
     dq = int(_get(config, "hdim_q", 128))
@@ -466,7 +466,7 @@ def fp8_triton_type(target) -> str:
     """Triton's e4m3 element type for a ``GPUTarget`` when only "fp8" is known: ``fp8e4b8``
     (e4m3fnuz) on CDNA3 (gfx94x), whose MFMA reads that format (Triton 3.6 would upcast fp8e4nv to
     fp16 there), else ``fp8e4nv`` (OCP e4m3fn: sm89+, gfx950, gfx12).  The dispatcher decides from
-    the arch spec instead (``ck_fmha.triton_keys.fp8_format``)."""
+    the arch spec instead (``ck_fmha.backends.triton.keys.fp8_format``)."""
     if getattr(target, "backend", "") == "hip" and str(getattr(target, "arch", "")).startswith("gfx94"):
         return "fp8e4b8"
     return "fp8e4nv"

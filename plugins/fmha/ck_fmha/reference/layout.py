@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .problem import FmhaProblem
+from ..problem import FmhaProblem
 
 
 def f64(x) -> np.ndarray:

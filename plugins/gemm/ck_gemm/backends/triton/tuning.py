@@ -19,7 +19,7 @@ from ck_core.tuned_data import Table, table
 
 from .configs import GemmConfig
 
-TUNED_DIR = str(Path(__file__).resolve().parent.parent / "tuned")
+TUNED_DIR = str(Path(__file__).resolve().parent.parent.parent / "tuned")
 #: dtypes whose tuned configs transfer to each other (same element size, same MMA path)
 _SIBLINGS = {"fp16": ("bf16",), "bf16": ("fp16",), "fp8": ("bf8",), "bf8": ("fp8",)}
 

@@ -2,12 +2,12 @@
 from .configs import (CUDA_ONLY_VARIANTS, FAMILIES, VARIANTS, TritonFmhaConfig, aot_compile,  # noqa: F401
                       constexprs_for, default_bwd_configs, default_fwd_config, default_splitkv_config,
                       kernel_for, num_splits_heuristic, signature_for)
-from .ops import (appendkv, batch_prefill, bwd, dropout_randval, fp8_v_trans_default, fwd,  # noqa: F401
-                  is_key_major, mask_params, paged_decode, splitkv_decode, v_key_major)
+from .launch import (appendkv, batch_prefill, bwd, dropout_randval, fp8_v_trans_default, fwd,  # noqa: F401
+                     is_key_major, mask_params, paged_decode, splitkv_decode, v_key_major)
 
 
 def attention(*args, **kw):
     """``ck_fmha.attention`` (through the Dispatcher; kept here for older imports)."""
-    from ..api import attention as _attention
+    from ...api import attention as _attention
 
     return _attention(*args, **kw)

@@ -29,9 +29,9 @@ import numpy as np
 from ck_core.dtypes import quantize
 from ck_core.errors import InvalidProblem
 
-from . import _layout as L
-from .problem import FmhaProblem, check_tensors
-from .reference_fwd import batch_logits, dropout_for
+from . import layout as L
+from ..problem import FmhaProblem, check_tensors
+from .forward import batch_logits, dropout_for
 
 
 class BwdResult(NamedTuple):

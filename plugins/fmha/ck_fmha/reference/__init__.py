@@ -12,10 +12,10 @@ import attrs
 
 from ck_core.errors import InvalidProblem
 
-from .problem import FmhaProblem, combine_problem
-from .reference_bwd import BwdResult, bwd_convert_dq, bwd_dot_do_o, bwd_dq_dk_dv, dq_splits
-from .reference_fwd import (AppendKvResult, FwdResult, SplitKvResult, batch_prefill, fwd,
-                            fwd_appendkv, fwd_pagedkv, fwd_splitkv, fwd_splitkv_combine, split_ranges)
+from ..problem import FmhaProblem, combine_problem
+from .backward import BwdResult, bwd_convert_dq, bwd_dot_do_o, bwd_dq_dk_dv, dq_splits
+from .forward import (AppendKvResult, FwdResult, SplitKvResult, batch_prefill, fwd,
+                      fwd_appendkv, fwd_pagedkv, fwd_splitkv, fwd_splitkv_combine, split_ranges)
 
 __all__ = [
     "REFERENCES", "attention_forward", "attention_backward", "fwd", "fwd_splitkv",

@@ -380,8 +380,8 @@ def _triton_smem_model():
     """Triton's shared-memory model, imported once: a failed import is not cached by Python,
     and retrying it per key made a triton-less enumeration take minutes."""
     try:
-        from .triton.configs import smem_bytes
-        from .triton_launch import config_of_algorithm
+        from .backends.triton.configs import smem_bytes
+        from .backends.triton.keys import config_of_algorithm
     except ImportError:
         return None
     return smem_bytes, config_of_algorithm
@@ -390,8 +390,8 @@ def _triton_smem_model():
 def _tuned_keys(arch, backend, dtypes, layouts) -> list:
     """The measured winners of the arch's tuning table (so the registry holds them)."""
     try:
-        from .triton.tuning import load_table
-        from .triton_launch import algorithm_for_config
+        from .backends.triton.tuning import load_table
+        from .backends.triton.keys import algorithm_for_config
     except ImportError:  # triton not installed: nothing tuned to add
         return []
     out = []
@@ -437,8 +437,8 @@ def heuristic(problem, candidates: list, arch) -> list:
     preferred = None
     if candidates and candidates[0].backend == "triton":
         try:
-            from .triton.tuning import pick_config
-            from .triton_launch import config_of
+            from .backends.triton.tuning import pick_config
+            from .backends.triton.keys import config_of
             want = pick_config(problem.m, problem.n, problem.k, problem.dtype, arch.name,
                                layout=problem.layout, batch=problem.batch)
             preferred = [k for k in candidates if config_of(k) == want]

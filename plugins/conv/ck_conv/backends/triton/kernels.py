@@ -43,7 +43,7 @@ never out of bounds).  3x3 filters use the default path.
 
 Depthwise problems (C = K = 1 per group) are not GEMMs; ``dw_*`` kernels do
 them directly, vectorised across groups (bwd_weight's is generated per filter
-size by :mod:`ck_conv.dw_codegen`); ``dw_flat_kernel`` tiles rows x a flat
+size by :mod:`ck_conv.backends.triton.dw_codegen`); ``dw_flat_kernel`` tiles rows x a flat
 (W, G) span instead, for contiguous 16-byte loads whatever G is.
 """
 from __future__ import annotations

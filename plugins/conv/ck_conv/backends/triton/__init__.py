@@ -1,0 +1,1 @@
+"""The triton backend of grouped convolution: kernels and their launchers."""

@@ -1,0 +1,1 @@
+"""Backends of the GEMM op: one subpackage per backend that has kernels of its own."""

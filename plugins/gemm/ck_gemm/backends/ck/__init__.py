@@ -1,0 +1,1 @@
+"""The ck backend of GEMM: CK Tile C++ rendering of GEMM kernel keys."""
