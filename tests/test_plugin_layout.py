@@ -30,7 +30,7 @@ OWN = {
     "fmha": {"codegen", "codegen.ck_facts", "codegen.enumerate", "codegen.spec", "codegen.sweep", "demo",
              "flash_attn", "integrations", "integrations.transformers", "masks", "paged", "philox",
              "reference.forward", "reference.backward", "reference.layout", "reference.rope",
-             "backends.triton.gluon_fwd", "backends.triton.gluon_bwd"},
+             "backends.triton.gluon_fwd", "backends.triton.gluon_bwd", "decode", "prefill", "seqtune"},
 }
 
 

@@ -125,7 +125,9 @@ SPLIT_SHAPE = dict(N=1, G=2, C=40, K=36, input_spatial=(5, 7), filter=(3, 3), st
 def _counters_zero():
     """Counters and the atomicfix accumulator are left zeroed for the next launch."""
     from ck_conv.backends.triton import launch
-    return all(float(c.abs().sum()) == 0 for c in (*launch._COUNTERS.values(), *launch._ACCUM.values()))
+    # meta-device buffers come from `ck build`'s traced launches (jit_calls): they hold no values
+    return all(float(c.abs().sum()) == 0 for c in (*launch._COUNTERS.values(), *launch._ACCUM.values())
+               if c.device.type != "meta")
 
 
 @pytest.mark.parametrize("reduction", ["relaxed", "twostage", "fixup", "atomicfix"])

@@ -16,7 +16,7 @@ import attrs
 import torch
 
 from ck_core import api as core
-from ck_core.errors import InvalidProblem
+from ck_core.errors import InvalidProblem, UnsupportedProblem
 
 from .api import _dims, _from_backend, _mask_fields, _to_backend, _token
 from .heuristics import split_count
@@ -80,6 +80,9 @@ def _run(p, disp, q, tensors, return_lse):
 
 
 def _check_kv(q, k, v, layout):
+    if q.dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz):
+        raise UnsupportedProblem("the split-KV / paged decode has no fp8 path; the fp8 forward is "
+                                 "ck_fmha.attention(..., q_descale=, k_descale=, v_descale=) in batch or group mode")
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise InvalidProblem(f"q/k/v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if k.device != q.device or v.device != q.device:
