@@ -14,6 +14,7 @@ from ck_core.errors import InvalidProblem
 
 from .api import _check_alibi_align, _from_backend, _mask_fields, _offsets, _to_backend, _token
 from .decode import _lens
+from .device_errors import raise_pending
 from .problem import FmhaProblem
 
 _PROBLEMS: dict = {}
@@ -45,7 +46,10 @@ def _pages(k_cache, v_cache, kv_layout):
 def batch_prefill(q, k_cache, v_cache, seqlens_k, *, cu_seqlens_q, max_seqlen_q, max_seqlen_k, block_table=None,
                   kv_indptr=None, kv_page_indices=None, kv_layout="linear", **kw):
     """Arguments and results as :func:`ck_fmha.backends.triton.launch.batch_prefill_launch`; an explicit
-    ``config`` runs that tile (kernel-direct)."""
+    ``config`` runs that tile (kernel-direct).  A device ``seqlens_k`` entry outside [0, capacity]
+    (``max_seqlen_k``, bounded by the batch's pages) gives NaN rows and the flag of
+    :mod:`ck_fmha.device_errors`."""
+    raise_pending()
     from .backends.triton import launch as ops
 
     unknown = sorted(set(kw) - set(_OPTIONS))
