@@ -102,3 +102,27 @@ def test_group_mode_and_flash_attn():
     for bi in range(2):
         ro, rl = _ref(qb[bi].transpose(0, 1), kb[bi].transpose(0, 1), vb[bi].transpose(0, 1), slopes[bi], 3, 3)
         assert _close(ob[bi].transpose(0, 1), ro, 2e-3) and _close(lb[bi], rl, 1e-5)
+
+
+def test_batch_prefill_lse_form_and_refusal():
+    """batch_prefill through the Dispatcher: the LSE in the asked form (device key lengths), and a
+    form that is a row shift only for some lengths is refused."""
+    from ck_fmha.prefill import batch_prefill
+
+    h, d, ps = 2, 16, 4
+    cu_q = torch.tensor([0, 3, 9], dtype=torch.int32)
+    lens = torch.tensor([10, 4], dtype=torch.int32)   # sq < sk and sq > sk
+    q, pool = _rand(9, h, d, seed=11), _rand(7, ps, h, d, seed=12)
+    table = torch.tensor([[1, 2, 3], [4, 5, 6]], dtype=torch.int32)
+    slopes = torch.tensor([0.25, 0.6])
+    kw = dict(cu_seqlens_q=cu_q, max_seqlen_q=6, max_seqlen_k=12, block_table=table, alibi_slopes=slopes)
+    o, lse = batch_prefill(q, pool, pool, lens, causal=True, align="bottom_right", alibi_align="bottom_right",
+                           return_lse=True, **kw)
+    for bi in range(2):
+        qs = slice(int(cu_q[bi]), int(cu_q[bi + 1]))
+        kv = pool[table[bi]].reshape(3 * ps, h, d)[:int(lens[bi])].transpose(0, 1)
+        off = int(lens[bi]) - (qs.stop - qs.start)
+        ro, rl = _ref(q[qs].transpose(0, 1), kv, kv, slopes, off, off)
+        assert _close(o[qs].transpose(0, 1), ro, 2e-3) and _close(lse[:, qs], rl, 1e-5)
+    with pytest.raises(InvalidProblem, match="alibi_align"):
+        batch_prefill(q, pool, pool, lens, causal=True, align="bottom_right", alibi_align="top_left", **kw)
