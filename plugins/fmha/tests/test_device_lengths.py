@@ -137,3 +137,21 @@ def test_batch_prefill_bad_length(lookup, bad, word):
     ro, rl = ref_attention(q[5:].transpose(0, 1)[None], kv, kv)
     assert rel_err(o[5:], ro[0].transpose(0, 1)) < TOL and rel_err(lse[:, 5:], rl[0]) < 1e-5
     _expect_error(word)
+
+
+def test_batch_prefill_sglang_length_past_its_pages():
+    """Within max_seqlen_k but past the batch's own pages (kv_indptr): the next batch's pages are
+    not read as this batch's keys."""
+    ps, h, d = 4, 1, 16
+    cu_q = torch.tensor([0, 3, 6], dtype=torch.int32)
+    q, pool = _rand(6, h, d, seed=11), _rand(7, ps, h, d, seed=12)
+    indptr = torch.tensor([0, 2, 6], dtype=torch.int32)   # batch 0 owns 2 pages (8 keys), batch 1 owns 4
+    pages = torch.tensor([1, 2, 3, 4, 5, 6], dtype=torch.int32)
+    lens = torch.tensor([9, 13], dtype=torch.int32)
+    o = batch_prefill_launch(q, pool, pool, lens, cu_seqlens_q=cu_q, max_seqlen_q=3, max_seqlen_k=16,
+                             kv_indptr=indptr, kv_page_indices=pages, config=SMALL)
+    assert torch.isnan(o[:3]).all()
+    kv = pool[pages[2:]].reshape(16, h, d)[:13].transpose(0, 1)[None]
+    ro, _ = ref_attention(q[3:].transpose(0, 1)[None], kv, kv)
+    assert rel_err(o[3:], ro[0].transpose(0, 1)) < TOL
+    _expect_error("past the key capacity")
