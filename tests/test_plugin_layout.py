@@ -28,6 +28,7 @@ OWN = {
     "gemm": {"ck_rules"},
     "conv": {"backends.triton.dw_codegen"},
     "fmha": {"codegen", "codegen.ck_facts", "codegen.enumerate", "codegen.spec", "codegen.sweep", "demo",
+             "device_errors",
              "flash_attn", "integrations", "integrations.transformers", "masks", "paged", "philox",
              "reference.forward", "reference.backward", "reference.layout", "reference.rope",
              "backends.triton.gluon_fwd", "backends.triton.gluon_bwd", "decode", "prefill", "seqtune"},

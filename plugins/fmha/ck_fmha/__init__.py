@@ -62,4 +62,12 @@ def _known(fn, skip: int) -> frozenset:
     return k
 
 
-__all__ = ["attention", "attention_forward"]
+def check_errors():
+    """Raise ``DeviceLengthError`` if a decode/appendkv/prefill kernel found a run-time ``seqlens_k``
+    outside its capacity since the last check (one host synchronisation; see :mod:`ck_fmha.device_errors`)."""
+    from .device_errors import check_errors as _check
+
+    _check()
+
+
+__all__ = ["attention", "attention_forward", "check_errors"]

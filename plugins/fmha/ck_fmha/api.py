@@ -284,7 +284,9 @@ def attention(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0, l
 
     ``deterministic`` is a problem field: True plans a separate dQ pass, False lets the heuristic
     pick a kernel that accumulates dQ with fp32 atomics where that measured faster.  ``alibi_align``
-    must agree with the mask (the problem derives the ALiBi form from it); ``max_seqlen_q/k`` are
+    must agree with the mask (the problem derives the ALiBi form from it; under a causal mask, where
+    the problem runs the vertical form, the returned LSE is that of the form asked for: see
+    :func:`_alibi_lse_shift`); ``max_seqlen_q/k`` are
     taken from the offsets."""
     fp8 = q.dtype in _FP8
     descales = None
@@ -295,8 +297,12 @@ def attention(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0, l
     elif q_descale is not None or k_descale is not None or v_descale is not None or out_dtype is not None:
         raise InvalidProblem("q_descale/k_descale/v_descale/out_dtype belong to the fp8 forward; "
                              f"q is {q.dtype} (pass float8_e4m3fn q/k/v, or drop them)")
+    shift = None
     if alibi_align is not None:
         _check_alibi_align(alibi_slopes, alibi_align, causal, window, align)
+        if alibi_slopes is not None and alibi_align != "vertical":
+            shift = _alibi_lse_shift(alibi_slopes, alibi_align, causal, window, align, q, k, layout, cu_seqlens_q,
+                                     cu_seqlens_k, return_lse)
     if layout != "thd":
         cu_seqlens_q = cu_seqlens_k = None
     scale = None if scale is None else float(scale)
@@ -315,7 +321,53 @@ def attention(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0, l
         c, w, a, ds = _args(causal, window, align, descales)
         o, lse = attention_op(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, c, scale, w, softcap, layout,
                               bool(deterministic), dropout_p, int(seed), int(offset), a, ds, out_dtype)
+    if shift is not None:
+        lse = lse - shift
     return (o, lse) if return_lse else o
+
+
+def _alibi_lse_shift(slopes, alibi_align, causal, window, align, q, k, layout, cu_q, cu_k, want=True):
+    """What the returned LSE must lose to be the LSE of the ALiBi form ``alibi_align`` asks for
+    (FlashAttention's is 'bottom_right'), or None where the run already used that form.
+
+    Under a causal mask the problem runs ALiBi in the vertical form ``slope * j`` (CK's choice).
+    The form ``-slope * |i + a - j|`` (a = sk - sq bottom-right, 0 top-left) is that less the row
+    constant ``slope * (i + a)`` on every key the mask leaves visible (j <= i + m, m the mask's
+    offset) exactly when a >= m: softmax cancels the constant, so o agrees, and the LSE is
+    ``lse - slope * (i + a)``.  Where a < m the forms differ inside the row and the call is refused.
+    Device ops only once the lengths are known (group mode's offsets are problem data)."""
+    m = _mask_fields(causal, window, align)
+    if not (m["mask"] != "none" and m["window_left"] < 0 and m["window_right"] == 0):
+        return None   # not causal: the problem already runs the form the mask implies
+    if layout == "thd":
+        qs, ks = _offsets(cu_q), _offsets(cu_k)
+        sq = [b - a for a, b in zip(qs, qs[1:])]
+        sk = [b - a for a, b in zip(ks, ks[1:])]
+    else:
+        sq, sk = [_dims(q, layout)[2]], [_dims(k, layout)[2]]
+    a = [y - x if alibi_align == "bottom_right" else 0 for x, y in zip(sq, sk)]
+    mo = [y - x if m["mask"] == "bottom_right" else 0 for x, y in zip(sq, sk)]
+    bad = [i for i, (x, y) in enumerate(zip(a, mo)) if x < y]
+    if bad:
+        i = bad[0]
+        raise InvalidProblem(f"alibi_align={alibi_align!r} under a {m['mask']} causal mask with seqlen_q={sq[i]}, "
+                             f"seqlen_k={sk[i]} (batch {i}) is not the vertical form plus a row constant, which is "
+                             f"what a causal ALiBi problem runs; pass alibi_align={m['mask']!r} or None")
+    if not want:
+        return None
+    s = slopes.to(device=q.device, dtype=torch.float32)
+    if layout != "thd":
+        pos = torch.arange(sq[0], device=q.device, dtype=torch.float32) + a[0]
+        return (s[None, :, None] if s.dim() == 1 else s[:, :, None]) * pos   # [B|1, H, Sq]
+    rows = [i + a[b] for b in range(len(sq)) for i in range(sq[b])]
+    owner = [b for b in range(len(sq)) for _ in range(sq[b])]
+    pos = torch.tensor(rows, dtype=torch.float32).to(q.device)
+    pad = q.shape[0] - len(rows)   # packed rows past the last sequence: no shift
+    pos = torch.nn.functional.pad(pos, (0, pad))
+    if s.dim() == 1:
+        return s[:, None] * pos[None]                                       # [H, total_q]
+    idx = torch.nn.functional.pad(torch.tensor(owner, dtype=torch.long), (0, pad)).to(q.device)
+    return s[idx].t() * pos[None]
 
 
 def _check_alibi_align(alibi, alibi_align, causal, window, align) -> None:

@@ -3,7 +3,9 @@
 A decode step's key lengths change at every step, so they are not part of the problem: the
 problem carries the key capacity (``seqlen_k``: the cache length, or ``max_seqlen_k``) and
 ``runtime_seqlens_k=True``, and the lengths travel as the int32 tensor ``seqlens_k``, read by the
-kernel on the device.  The problem -- and so the plan: split-KV main + combine -- is cached per
+kernel on the device.  Host lengths are checked here; device lengths by the kernels, which clamp a
+bad one, poison its batch's outputs with NaN and set the flag of :mod:`ck_fmha.device_errors`
+(raised by the next call where that costs no sync, else by ``ck_fmha.check_errors()``).  The problem -- and so the plan: split-KV main + combine -- is cached per
 (shapes, dtypes, device, options), so a warm step is a dict lookup and the launches, with no host
 synchronisation.  The split count is chosen here from :func:`ck_fmha.heuristics.split_count`
 with the Dispatcher's ArchSpec (its compute units) and becomes the problem's ``num_splits``; the
@@ -19,6 +21,7 @@ from ck_core import api as core
 from ck_core.errors import InvalidProblem, UnsupportedProblem
 
 from .api import _dims, _from_backend, _mask_fields, _to_backend, _token
+from .device_errors import raise_pending
 from .heuristics import split_count
 from .problem import FmhaProblem
 
@@ -94,6 +97,7 @@ def splitkv_decode(q, k, v, *, seqlens_k=None, causal=False, scale=None, window=
                    sink_tokens=0):
     """Split-KV attention of short queries over a contiguous KV cache (arguments as
     :func:`ck_fmha.backends.triton.splitkv_decode`)."""
+    raise_pending()
     if config is not None:
         return _direct(q, k, v, None, seqlens_k, config, dict(causal=causal, scale=scale, window=window,
                        softcap=softcap, num_splits=num_splits, return_lse=return_lse, layout=layout, align=align,
@@ -122,6 +126,7 @@ def paged_decode(q, k_cache, v_cache, block_table, seqlens_k, *, max_seqlen_k=No
                  align=None, sink=None, sink_tokens=0):
     """Split-KV attention of short queries over a paged KV cache [pages, page_size, H_k, D]
     (arguments as :func:`ck_fmha.backends.triton.paged_decode`)."""
+    raise_pending()
     if k_cache.dim() != 4 or v_cache.dim() != 4:
         raise InvalidProblem(f"paged caches are [num_pages, page_size, H_k, D], got {tuple(k_cache.shape)} "
                              f"and {tuple(v_cache.shape)}")
@@ -186,7 +191,9 @@ def appendkv(q, knew, vnew, k_cache, v_cache, seqlens_k, *, rotary_cos=None, rot
              rotary_dim=0, block_table=None, layout="bhsd"):
     """fwd_appendkv through the Dispatcher: ``knew``/``vnew`` written into the caches IN PLACE at
     positions ``seqlens_k[b] ..`` (run-time lengths, read on the device), RoPE on knew and q.
-    Returns ``(q_rot, k_cache, v_cache)``; arguments as :func:`ck_fmha.backends.triton.launch.appendkv_launch`."""
+    Returns ``(q_rot, k_cache, v_cache)``; arguments as :func:`ck_fmha.backends.triton.launch.appendkv_launch`.
+    A device ``seqlens_k`` entry outside [0, capacity - appended] writes nothing (see :mod:`ck_fmha.device_errors`)."""
+    raise_pending()
     if rope != "none" and (rotary_cos is None or rotary_sin is None):
         raise InvalidProblem(f"rope={rope!r} needs rotary_cos and rotary_sin [max_pos, rotary_dim/2]")
     for name, x in (("knew", knew), ("vnew", vnew), ("k_cache", k_cache), ("v_cache", v_cache)):

@@ -130,8 +130,6 @@ class _PagedForward(torch.autograd.Function):
     def forward(ctx, q, k_pages, v_pages, kw):
         seqlens_k = kw.pop("seqlens_k")
         out, lse = ops.batch_prefill(q, k_pages, v_pages, seqlens_k, return_lse=True, **kw)
-        if kw["alibi_slopes"] is not None and _causal_problem(kw):
-            lse = lse - _alibi_varlen_shift(kw["alibi_slopes"], seqlens_k, kw["cu_seqlens_q"], q.shape[0])
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -267,37 +265,7 @@ def _attend(q, k_cache, v_cache, seqlens, table, page, leftpad, batch_idx, mask,
                                  alibi_slopes=alibi_slopes,
                                  alibi_align="bottom_right" if alibi_slopes is not None else None, **common)
     lse = lse.reshape(hq, b, sq)
-    if alibi_slopes is not None and _causal_problem(mask):
-        lse = lse - _alibi_row_shift(alibi_slopes, seqlens, sq)
     return out.reshape(b, sq, hq, -1), lse.permute(1, 0, 2).contiguous()
-
-
-def _causal_problem(mask) -> bool:
-    from .api import _mask_fields
-
-    m = _mask_fields(mask["causal"], mask["window"], mask["align"])
-    return m["mask"] != "none" and m["window_left"] < 0 and m["window_right"] == 0
-
-
-def _alibi_row_shift(slopes, seqlens, sq):
-    """[H, B, Sq]: what a causal problem's ALiBi (the vertical form slope * j, which the problem
-    derives from a causal mask) adds to each row's LSE over FlashAttention's bottom-right form
-    -slope * (i + seqlen_k - seqlen_q - j): slope * (i + seqlen_k - seqlen_q).  Softmax cancels it
-    (o agrees); the LSE does not."""
-    pos = (torch.arange(sq, device=seqlens.device)[None, :] + seqlens[:, None].long() - sq).to(torch.float32)
-    s = slopes.to(device=pos.device, dtype=torch.float32)
-    s = s[:, None, None] if s.dim() == 1 else s.t()[:, :, None]
-    return s * pos[None]
-
-
-def _alibi_varlen_shift(slopes, seqlens, cu_q, total_q):
-    """[H, total_q]: :func:`_alibi_row_shift` for packed queries; token t of batch b sits at bottom-right
-    position i + seqlen_k - seqlen_q = t - cu_q[b+1] + seqlens[b] (device ops only: no host sync)."""
-    t = torch.arange(total_q, device=cu_q.device)
-    b = torch.searchsorted(cu_q[1:].long(), t, right=True).clamp_(max=seqlens.shape[0] - 1)
-    pos = (t - cu_q[1:].long()[b] + seqlens.long()[b]).to(torch.float32)
-    s = slopes.to(device=pos.device, dtype=torch.float32)
-    return s[:, None] * pos[None] if s.dim() == 1 else s[b].t() * pos[None]
 
 
 def _attend_leftpad(q, k_cache, v_cache, seqlens, leftpad, batch_idx, common, alibi_slopes):

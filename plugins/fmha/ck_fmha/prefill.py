@@ -14,6 +14,7 @@ from ck_core.errors import InvalidProblem
 
 from .api import _check_alibi_align, _from_backend, _mask_fields, _offsets, _to_backend, _token
 from .decode import _lens
+from .device_errors import raise_pending
 from .problem import FmhaProblem
 
 _PROBLEMS: dict = {}
@@ -45,7 +46,10 @@ def _pages(k_cache, v_cache, kv_layout):
 def batch_prefill(q, k_cache, v_cache, seqlens_k, *, cu_seqlens_q, max_seqlen_q, max_seqlen_k, block_table=None,
                   kv_indptr=None, kv_page_indices=None, kv_layout="linear", **kw):
     """Arguments and results as :func:`ck_fmha.backends.triton.launch.batch_prefill_launch`; an explicit
-    ``config`` runs that tile (kernel-direct)."""
+    ``config`` runs that tile (kernel-direct).  A device ``seqlens_k`` entry outside [0, capacity]
+    (``max_seqlen_k``, bounded by the batch's pages) gives NaN rows and the flag of
+    :mod:`ck_fmha.device_errors`."""
+    raise_pending()
     from .backends.triton import launch as ops
 
     unknown = sorted(set(kw) - set(_OPTIONS))
@@ -71,8 +75,17 @@ def batch_prefill(q, k_cache, v_cache, seqlens_k, *, cu_seqlens_q, max_seqlen_q,
     scale = None if scale is None else float(scale)
     softcap, p_drop = float(kw.get("softcap") or 0.0), float(kw.get("dropout_p") or 0.0)
     seed, offset, sink_tokens = int(kw.get("seed", 0)), int(kw.get("offset", 0)), int(kw.get("sink_tokens") or 0)
+    shift_form = None   # the ALiBi form whose LSE the caller asked for, where the kernel runs another
     if kw.get("alibi_align") is not None:
         _check_alibi_align(alibi, kw["alibi_align"], causal, window, align)
+        m = _mask_fields(causal, window, align)
+        if alibi is not None and kw["alibi_align"] != "vertical" and m["mask"] != "none" \
+                and m["window_left"] < 0 and m["window_right"] == 0:
+            if kw["alibi_align"] != m["mask"]:
+                raise InvalidProblem(f"under a {m['mask']} causal mask batch_prefill takes alibi_align="
+                                     f"{m['mask']!r} (or None): another form is a per-row shift of the one the "
+                                     "kernel runs only for some key lengths, and those are on the device")
+            shift_form = m["mask"]
     table = block_table if block_table is not None else kv_page_indices
     starts = _offsets(cu_seqlens_q)   # group mode's query offsets are problem data (as in attention)
     sig = (q.shape, k_cache.shape, v_cache.shape, table.shape, q.dtype, q.device, starts, int(max_seqlen_k),
@@ -106,4 +119,22 @@ def batch_prefill(q, k_cache, v_cache, seqlens_k, *, cu_seqlens_q, max_seqlen_q,
     o, lse = disp.run(p, **_to_backend(disp, t))[:2]
     if disp.backend == "numpy":
         o, lse = _from_backend(o, q, q.dtype), _from_backend(lse, q, torch.float32)
+    if shift_form is not None and kw.get("return_lse"):
+        lse = lse - _alibi_lse_shift(alibi, shift_form, t["seqlens_k"], cu_seqlens_q, q.shape[0])
     return (o, lse) if kw.get("return_lse") else o
+
+
+def _alibi_lse_shift(slopes, form, seqlens_k, cu_q, total_q):
+    """[H, total_q]: what a causal problem's ALiBi (the vertical form slope * j, which the problem
+    derives from a causal mask) adds to each row's LSE over the form -slope * |i + a - j| of the
+    mask's alignment (a = seqlen_k - seqlen_q bottom-right, 0 top-left): slope * (i + a), a row
+    constant on every visible key, so o agrees and the LSE does not.  Device ops only (the key
+    lengths stay on the device)."""
+    cu = cu_q.to(device=seqlens_k.device, dtype=torch.long)
+    t = torch.arange(total_q, device=cu.device)
+    b = torch.searchsorted(cu[1:], t, right=True).clamp_(max=seqlens_k.shape[0] - 1)
+    pos = t - cu[b]
+    if form == "bottom_right":
+        pos = pos + seqlens_k.long()[b] - (cu[b + 1] - cu[b])
+    s = slopes.to(device=cu.device, dtype=torch.float32)
+    return s[:, None] * pos.to(torch.float32)[None] if s.dim() == 1 else s[b].t() * pos.to(torch.float32)[None]

@@ -88,6 +88,7 @@ BATCH_CASES = [
     (1, 19, 11, 4, 1, 16, True, (-1, -1), False, 0.0),      # MQA, sq > sk: top rows see nothing
     (2, 17, 17, 2, 2, 16, False, (4, 2), True, 0.0),        # sliding window + ALiBi
     (2, 9, 21, 2, 1, 16, True, (5, -1), False, 30.0),       # causal + left window + softcap
+    (2, 7, 12, 2, 2, 16, True, (-1, -1), True, 0.0),        # causal ALiBi: lse in FlashAttention's form
 ]
 
 

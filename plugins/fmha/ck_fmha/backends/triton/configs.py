@@ -413,7 +413,7 @@ _PTR_ARGS = {  # argument name -> element type key ('x' = the data dtype)
     "LSE": "fp32", "DELTA": "fp32", "DQA": "fp32", "OACC": "fp32", "LACC": "fp32",
     "CU_Q": "i32", "CU_K": "i32", "BLOCK_TABLE": "i32", "SEQLENS_K": "i32",
     "BIAS": "x", "ALIBI": "fp32", "DBIAS": "fp32", "RV": "u8",
-    "PT": "i32", "KV_INDPTR": "i32", "SINK": "fp32", "QDS": "fp32", "KDS": "fp32", "VDS": "fp32",
+    "PT": "i32", "KV_INDPTR": "i32", "SINK": "fp32", "QDS": "fp32", "KDS": "fp32", "VDS": "fp32", "ERR": "i32",
     "KNEW": "x", "VNEW": "x", "QR": "x", "KC": "x", "VC": "x", "COS": "fp32", "SIN": "fp32", "VT": "x",
 }
 _FLOAT_ARGS = {"scale2", "cap_in", "cap_out", "sm_scale", "drop_scale", "v_descale"}

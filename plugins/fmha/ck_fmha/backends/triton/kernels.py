@@ -210,6 +210,17 @@ def _visible_sink(rows, cols, off, left, right, n_sink, MASK_MODE: tl.constexpr)
 
 
 @triton.jit
+def _checked_len(raw, cap, ERR):
+    """A run-time key length clamped into [0, cap] (so that no access leaves the cache or the block
+    table) and whether it was out of range; a bad one ORs its code into ERR (ck_fmha.device_errors:
+    1 past the capacity, 2 negative)."""
+    bad = (raw < 0) | (raw > cap)
+    if bad:
+        tl.atomic_or(ERR, tl.where(raw < 0, 2, 1))
+    return tl.maximum(tl.minimum(raw, cap), 0), bad
+
+
+@triton.jit
 def _paged_kv_ptrs(kb, vb, pt, start_n, cols, seqlen_k, skp, svp, sks, svs, skd, offs_n, offs_dq, offs_dv,
                    PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, KV_VEC: tl.constexpr):
     """K/V tile pointers of keys ``cols`` in a paged cache: ``pt`` is the batch's row of page ids,
@@ -362,7 +373,7 @@ def fmha_fwd_kernel(
     scale2, cap_in, cap_out, left, right,
     BIAS, ALIBI, sbb, sbh, sbq, sbk, sab, seed_lo, seed_hi, off_lo, drop_thresh, drop_scale,
     PT, KV_INDPTR, SEQLENS_K, sbt, skp, svp, skd, SINK, n_sink,
-    QDS, KDS, VDS, v_descale,
+    QDS, KDS, VDS, v_descale, ERR,
     D_Q: tl.constexpr, D_V: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     MASK_MODE: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
@@ -382,7 +393,9 @@ def fmha_fwd_kernel(
     PAGE_SIZE > 0 (batch_prefill): K/V are page pools (heads at skh/svh, pages at skp/svp, slots at
     sks/svs; KV_VEC > 0: CK's vectorized pages, see _paged_kv_ptrs), the key length of batch b is
     SEQLENS_K[b] and its page ids are PT[b * sbt + i] (KV_LOOKUP 0, vLLM block table) or
-    PT[KV_INDPTR[b] + i] (KV_LOOKUP 1, SGLang kv_indptr / kv_page_indices).  HAS_SINK: the first
+    PT[KV_INDPTR[b] + i] (KV_LOOKUP 1, SGLang kv_indptr / kv_page_indices).  A length outside
+    [0, SEQ_K] (SEQ_K: the capacity, max_seqlen_k bounded by the block table; SGLang: also the
+    batch's pages) is clamped, sets ERR and makes the batch's O and LSE rows NaN (_checked_len).  HAS_SINK: the first
     n_sink keys stay visible past the window's left edge.  HAS_SINK_LOGIT: SINK [H] (fp32, natural-log
     units) joins the softmax denominator as a key with a zero value.
 
@@ -420,7 +433,10 @@ def fmha_fwd_kernel(
         seqlen_q = tl.load(CU_Q + b + 1) - q_start
         if PAGE_SIZE > 0:
             k_start = 0
-            seqlen_k = tl.load(SEQLENS_K + b)
+            cap_b = SEQ_K
+            if KV_LOOKUP == 1:
+                cap_b = tl.minimum(cap_b, (tl.load(KV_INDPTR + b + 1) - tl.load(KV_INDPTR + b)) * PAGE_SIZE)
+            seqlen_k, len_bad = _checked_len(tl.load(SEQLENS_K + b), cap_b, ERR)
         else:
             k_start = tl.load(CU_K + b)
             if HAS_SEQLENS:   # logical key length, shorter than the seqstart_k span (CK's seqlen_k_ptr)
@@ -431,10 +447,8 @@ def fmha_fwd_kernel(
         q_start = 0
         seqlen_q = SEQ_Q
         k_start = 0
-        if PAGE_SIZE > 0:
-            seqlen_k = tl.load(SEQLENS_K + b)
-        else:
-            seqlen_k = SEQ_K
+        tl.static_assert(PAGE_SIZE == 0, "paged K/V is group mode (batch_prefill)")
+        seqlen_k = SEQ_K
     m0 = pid_m * BLOCK_M
     if m0 >= seqlen_q:
         return
@@ -555,6 +569,10 @@ def fmha_fwd_kernel(
         acc = acc * drop_scale
     if q.dtype.is_fp8():
         acc = acc * (o_scale / _fp8_max(q.dtype))
+    if PAGE_SIZE > 0:
+        if len_bad:   # a wrong length must not pass for a result
+            acc = acc + float("nan")
+            m_i = m_i + float("nan")
     out = acc.to(O.dtype.element_ty)
     tl.store(ob + rows[:, None] * sos + offs_dv[None, :], out,
              mask=(rows[:, None] < seqlen_q) & (offs_dv[None, :] < D_V))
@@ -1027,7 +1045,7 @@ def fmha_fwd_splitkv_kernel(
     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs,
     sob, soh, sos, sosp, slb, slh, sls, sbt,
     HKV, GROUP, SEQ_Q, SEQ_K, CHUNK,
-    scale2, cap_in, cap_out, left, right, SINK, n_sink,
+    scale2, cap_in, cap_out, left, right, SINK, n_sink, ERR, CAP,
     D_Q: tl.constexpr, D_V: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
     MASK_MODE: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
@@ -1040,7 +1058,9 @@ def fmha_fwd_splitkv_kernel(
     slot stride) addressed through BLOCK_TABLE[b, page].  Writes the chunk's
     normalised partial output (fp32) and its log2-domain LSE.  HAS_SINK: the first n_sink
     keys stay visible past the window's left edge; HAS_SINK_LOGIT: SINK [H] joins split 0's
-    softmax denominator (once, so the combine counts it once)."""
+    softmax denominator (once, so the combine counts it once).  HAS_SEQLENS: SEQLENS_K[b] outside
+    [0, CAP] (CAP: the keys the cache or the block table holds) is clamped, sets ERR and makes the
+    batch's partial outputs NaN (see _checked_len)."""
     split = tl.program_id(0)
     bhk = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -1048,9 +1068,10 @@ def fmha_fwd_splitkv_kernel(
     hk = bhk % HKV
     b64 = b.to(tl.int64)
     if HAS_SEQLENS:
-        seqlen_k = tl.load(SEQLENS_K + b)
+        seqlen_k, len_bad = _checked_len(tl.load(SEQLENS_K + b), CAP, ERR)
     else:
         seqlen_k = SEQ_K
+        len_bad = False
     if BOTTOM_RIGHT:
         off = seqlen_k - SEQ_Q
     else:
@@ -1118,6 +1139,9 @@ def fmha_fwd_splitkv_kernel(
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     acc = acc / l_safe[:, None]
     lse2 = m_i + tl.math.log2(l_i)
+    if len_bad:   # a wrong length must not pass for a result
+        acc = acc + float("nan")
+        lse2 = lse2 + float("nan")
     hq = h.to(tl.int64)
     tl.store(OACC + b64 * sob + hq[:, None] * soh + qi[:, None] * sos + split * sosp + offs_dv[None, :],
              acc, mask=rvalid[:, None] & (offs_dv[None, :] < D_V))
@@ -1190,19 +1214,21 @@ def fmha_fwd_appendkv_kernel(
     Q, KNEW, VNEW, QR, KC, VC, COS, SIN, SEQLENS_K, BLOCK_TABLE,
     sqb, sqh, sqs, sknb, sknh, skns, svnb, svnh, svns, sqrb, sqrh, sqrs,
     skcb, skch, skcs, svcb, svch, svcs, sbt, scs,
-    H, HK, SEQ_Q, SEQ_KNEW, rotary_dim,
+    H, HK, SEQ_Q, SEQ_KNEW, rotary_dim, ERR, CAP,
     D_Q: tl.constexpr, D_V: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, PAGE_SIZE: tl.constexpr, ROPE: tl.constexpr,
 ):
     """CK's append-KV: program (m, b, h) with h < H rotates query rows [m*BLOCK_M, ..) of head h into
     QR (rows sit at positions seqlens_k[b] + i); h >= H writes knew/vnew rows of kv head h - H into
     the caches at positions seqlens_k[b] + i (knew rotated).  With PAGE_SIZE > 0 the caches are the
-    page pools (skcb/svcb: page stride, sk?s: slot stride) addressed through BLOCK_TABLE[b, pos // P]."""
+    page pools (skcb/svcb: page stride, sk?s: slot stride) addressed through BLOCK_TABLE[b, pos // P].
+    seqlens_k[b] outside [0, CAP - SEQ_KNEW] (CAP: the positions the cache or block table holds) sets
+    ERR, writes nothing to the caches and NaN to the batch's QR rows (see _checked_len)."""
     pid_m = tl.program_id(0)
     b = tl.program_id(1)
     h = tl.program_id(2)
     b64 = b.to(tl.int64)
-    base = tl.load(SEQLENS_K + b)
+    base, len_bad = _checked_len(tl.load(SEQLENS_K + b), CAP - SEQ_KNEW, ERR)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     dq = tl.arange(0, BLOCK_DQ)
     dv = tl.arange(0, BLOCK_DV)
@@ -1212,11 +1238,13 @@ def fmha_fwd_appendkv_kernel(
         h64 = h.to(tl.int64)
         x = _rope_rows(Q + b64 * sqb + h64 * sqh + rows[:, None].to(tl.int64) * sqs, pos, COS, SIN, scs,
                        rotary_dim, dq < D_Q, rmask, BLOCK_DQ, ROPE)
+        if len_bad:
+            x = x + float("nan")
         tl.store(QR + b64 * sqrb + h64 * sqrh + rows[:, None].to(tl.int64) * sqrs + dq[None, :],
                  x.to(QR.dtype.element_ty), mask=rmask[:, None] & (dq[None, :] < D_Q))
     else:
         hk = (h - H).to(tl.int64)
-        rmask = rows < SEQ_KNEW
+        rmask = rows < tl.where(len_bad, 0, SEQ_KNEW)
         r64 = rows[:, None].to(tl.int64)
         k = _rope_rows(KNEW + b64 * sknb + hk * sknh + r64 * skns, pos, COS, SIN, scs,
                        rotary_dim, dq < D_Q, rmask, BLOCK_DQ, ROPE)

@@ -70,6 +70,7 @@ import triton
 
 from . import gluon_bwd, gluon_fwd
 from . import kernels as K
+from ... import device_errors
 from .configs import (GLUON_VARIANTS, TritonFmhaConfig, default_bwd_configs, default_fwd_config, gluon_dkdv_tile,
                       gluon_dq_tile, gluon_fused_min_seqlen, gluon_fused_tile,
                       padded_hdim, next_pow2)
@@ -674,10 +675,10 @@ def fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, retu
     _kernel(_via, K.fmha_fwd_kernel, grid)(
         qa, ka, va, o, lse, cu_q, cu_k,
         sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sob, soh, sos, slb, slh,
-        hq, group, sq, sk if not varlen else 0,
+        hq, group, sq, sk if not varlen else (_paged["capacity"] if _paged is not None else 0),
         scale2, cap_in, cap_out, left, right,
         ba, aa, sbb, sbh, sbq, sbk, sab, k0, k1, off_lo, thresh, dscale, *paged_args, *sink_args,
-        *(descale_ptrs or (o, o, o)), v_descale_f,
+        *(descale_ptrs or (o, o, o)), v_descale_f, device_errors.flag(q.device),
         D_Q=dq, D_V=dv, BLOCK_DQ=padded_hdim(dq), BLOCK_DV=padded_hdim(dv),
         BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
         MASK_MODE=mode, BOTTOM_RIGHT=br, HAS_SOFTCAP=bool(softcap and softcap > 0),
@@ -1143,6 +1144,8 @@ def _splitkv_main(q, k, v, *, page_size, block_table, seqlens_k, max_seqlen_k, c
     bt = block_table if block_table is not None else oacc
     sbt = block_table.stride(0) if block_table is not None else 0
     sl = seqlens_k if seqlens_k is not None else oacc
+    # the keys a length may reach: the capacity, and no further than the block table's pages
+    cap = int(max_seqlen_k) if block_table is None else min(int(max_seqlen_k), block_table.shape[1] * int(page_size))
     K.fmha_fwd_splitkv_kernel[(num_splits, b * hk, num_m)](
         q, k, v, oacc, lacc, bt, sl,
         sqb, sqh, sqs, skb, skh, sks, svb, svh, svs,
@@ -1150,6 +1153,7 @@ def _splitkv_main(q, k, v, *, page_size, block_table, seqlens_k, max_seqlen_k, c
         lacc.stride(0), lacc.stride(1), lacc.stride(2), sbt,
         hk, group, sq, max_seqlen_k, chunk,
         scale2, cap_in, cap_out, left, right, sink if sink is not None else oacc, int(sink_tokens or 0),
+        device_errors.flag(q.device), cap,
         D_Q=dq, D_V=dv, BLOCK_DQ=padded_hdim(dq), BLOCK_DV=padded_hdim(dv),
         BLOCK_M=bm, BLOCK_N=cfg.BLOCK_N, PAGE_SIZE=int(page_size or 0),
         MASK_MODE=mode, BOTTOM_RIGHT=br, HAS_SOFTCAP=bool(softcap and softcap > 0),
@@ -1277,11 +1281,13 @@ def appendkv_launch(q, knew, vnew, k_cache, v_cache, seqlens_k, *, rotary_cos=No
         scs = 0
     bm = max(16, min(int(block_m), next_pow2(max(sq, sn))))
     grid = (triton.cdiv(max(sq, sn), bm), b, hq + hk)
+    # positions a cache holds: its length, or the block table's pages
+    cap = bt.shape[1] * ps if block_table is not None else _dims(k_cache, layout)[2]
     K.fmha_fwd_appendkv_kernel[grid](
         q, knew, vnew, q_rot, k_cache, v_cache, cos, sin, sl, bt,
         *_bhs_strides(q, layout), *_bhs_strides(knew, layout), *_bhs_strides(vnew, layout),
         *_bhs_strides(q_rot, layout), *kcs, *vcs, sbt, scs,
-        hq, hk, sq, sn, int(rotary_dim),
+        hq, hk, sq, sn, int(rotary_dim), device_errors.flag(q.device), cap,
         D_Q=dq, D_V=dv, BLOCK_DQ=padded_hdim(dq), BLOCK_DV=padded_hdim(dv), BLOCK_M=bm,
         PAGE_SIZE=int(ps), ROPE=mode, num_warps=4)
     return q_rot, k_cache, v_cache
@@ -1339,10 +1345,13 @@ def batch_prefill_launch(q, k_cache, v_cache, seqlens_k, *, cu_seqlens_q, max_se
         if kv_page_indices is None:
             raise InvalidProblem("kv_indptr needs kv_page_indices")
         pg = dict(page_table=kv_page_indices.to(torch.int32), kv_indptr=kv_indptr.to(torch.int32))
+        cap = int(max_seqlen_k)   # (the kernel also bounds each length by its batch's pages)
     else:
         bt = block_table.to(torch.int32)
         pg = dict(page_table=bt, sbt=bt.stride(0))
-    pg.update(extra, hk=hk, dq=dq, dv=dv, max_seqlen_k=int(max_seqlen_k), kv_strides=strides,
+        cap = min(int(max_seqlen_k), bt.shape[1] * ps)
+    # capacity: the bound of a run-time length that the kernel checks (ck_fmha.device_errors)
+    pg.update(extra, hk=hk, dq=dq, dv=dv, max_seqlen_k=int(max_seqlen_k), capacity=cap, kv_strides=strides,
               page_size=ps, seqlens_k=seqlens_k.to(torch.int32))
     return fwd(q, kc, vc, layout="thd", cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
                max_seqlen_k=max_seqlen_k, _paged=pg, **kw)

@@ -1,0 +1,73 @@
+"""Errors that kernels find on the device: run-time key lengths outside the key capacity.
+
+The decode, appendkv and batch_prefill kernels read ``seqlens_k`` on the device, where the host
+cannot check it without a synchronisation on the hot path.  So the kernels check it themselves:
+a length < 0 or past the capacity (the cache length or ``max_seqlen_k``, bounded by the block
+table; appendkv: the capacity less the appended tokens) is clamped into range so that no access
+leaves the cache or the block table, the batch's outputs become NaN (decode/prefill: ``o`` and
+``lse`` rows; appendkv: the rotated q rows, and nothing is written to the caches), and the kernel
+ORs a code into a per-device int32 flag (:func:`flag`).
+
+The flag is read without a host synchronisation where reading is free (tensors on the CPU, e.g.
+the Triton interpreter): the next decode/appendkv/prefill call raises.  On a GPU it is read when
+the caller asks, :func:`check_errors` (one synchronisation, e.g. once per scheduler step); the
+NaN outputs make the bad batch visible meanwhile.  Reading the flag resets it.
+"""
+from __future__ import annotations
+
+import torch
+
+from ck_core.errors import InvalidProblem
+
+#: codes the kernels OR into the flag
+TOO_LONG = 1     # a length past the capacity
+NEGATIVE = 2     # a negative length
+
+_FLAGS: dict = {}   # torch.device -> int32 [1]
+
+
+class DeviceLengthError(InvalidProblem):
+    """A kernel found a run-time ``seqlens_k`` entry outside [0, capacity]."""
+
+
+def flag(device) -> torch.Tensor:
+    """The int32 [1] error flag of ``device`` (zero until a kernel finds a bad length)."""
+    device = torch.device(device)
+    t = _FLAGS.get(device)
+    if t is None:
+        t = _FLAGS[device] = torch.zeros(1, dtype=torch.int32, device=device)
+    return t
+
+
+def _message(code: int, where: str) -> str:
+    what = []
+    if code & TOO_LONG:
+        what.append("past the key capacity (the cache length or max_seqlen_k, bounded by the block table's "
+                    "pages; for appendkv less the tokens appended)")
+    if code & NEGATIVE:
+        what.append("negative")
+    return (f"a run-time seqlens_k entry was {' and '.join(what)} in an earlier FMHA call on {where}: those "
+            "batches' outputs were set to NaN and nothing outside the cache was read or written; fix "
+            "seqlens_k (each entry in [0, capacity])")
+
+
+def _take(device, t: torch.Tensor) -> None:
+    code = int(t.item())
+    if code:
+        t.zero_()
+        raise DeviceLengthError(_message(code, str(device)))
+
+
+def raise_pending() -> None:
+    """The lazy check at the start of a call: raise for flags that can be read without a sync."""
+    for device, t in _FLAGS.items():
+        if device.type == "cpu":
+            _take(device, t)
+
+
+def check_errors() -> None:
+    """Read every device's flag (a host synchronisation) and raise :class:`DeviceLengthError` if a
+    kernel found a bad ``seqlens_k`` since the last check; the flags are reset."""
+    for device, t in _FLAGS.items():
+        if device.type != "meta":   # (shape-only runs launch nothing)
+            _take(device, t)
