@@ -94,7 +94,7 @@ KEEP = {
     "fmha": {"bench_broad", "codegen/__init__", "codegen/ck_facts", "codegen/enumerate", "codegen/spec",
              "codegen/sweep", "demo", "flash_attn", "footprint", "integrations/__init__", "integrations/transformers", "keys",
              "masks", "paged", "philox", "plugin", "problem", "sweep", "heuristics", "features", "seqtune",
-             "decode", "prefill"},
+             "decode", "prefill", "device_errors"},
 }
 KEEP["gemm"] |= {"__init__", "features"}
 
