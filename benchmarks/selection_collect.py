@@ -29,15 +29,12 @@ import sys
 import time
 from pathlib import Path
 
+from ck_gemm.bench_broad import MODELS as BROAD_MODELS
+
 SEED = 20261125
-#: (name, hidden, intermediate, vocab, q heads, kv heads, head dim): public model configs
-MODELS = (
-    ("llama2-7b", 4096, 11008, 32000, 32, 32, 128),
-    ("llama3-8b", 4096, 14336, 128256, 32, 8, 128),
-    ("llama2-13b", 5120, 13824, 32000, 40, 40, 128),
-    ("mistral-7b", 4096, 14336, 32768, 32, 8, 128),
-    ("qwen2-7b", 3584, 18944, 152064, 28, 4, 128),
-    ("llama3-70b", 8192, 28672, 128256, 64, 8, 128),
+#: (name, hidden, intermediate, vocab, q heads, kv heads, head dim): the broad GEMM suite's public
+#: model configs and a few more
+MODELS = BROAD_MODELS + (
     ("phi3-mini", 3072, 8192, 32064, 32, 32, 96),
     ("gemma2-9b", 3584, 14336, 256000, 16, 8, 256),
     ("bert-base", 768, 3072, 30522, 12, 12, 64),
