@@ -80,3 +80,25 @@ def run_cases(label: str, cases: Iterable[dict], run_one: Callable[[dict, dict],
     assert ran > 0, f"{label}: no case ran (budget {budget} s): not a pass"
     assert not failures, summary + "\n" + "\n".join(failures)
     return ran
+
+
+def bound_mismatch(got, ref, tol):
+    """``(why, stats)`` for torch tensors ``got`` vs a float64 ``ref`` under per-element bounds
+    ``tol``: ``why`` is None when every element is within its bound (and finite), else what is
+    wrong, with the worst element; ``stats`` are the relative L2 error and the worst err/bound."""
+    import torch
+
+    if tuple(got.shape) != tuple(ref.shape):
+        return f"shape {tuple(got.shape)}, expected {tuple(ref.shape)}", ""
+    if not torch.isfinite(got).all():
+        return f"{int((~torch.isfinite(got)).sum())} non-finite elements (unwritten or overflowed)", ""
+    ratio = (got - ref).abs() / tol
+    worst = float(ratio.max())
+    rel = float((got - ref).norm()) / max(float(ref.norm()), 1e-300)
+    stats = f"rel_l2={rel:.3g} max_err/tol={worst:.3g}"
+    if worst > 1:
+        at = int(ratio.argmax())
+        return (f"{int((ratio > 1).sum())}/{ratio.numel()} elements over the bound, worst at flat index {at}: "
+                f"got {float(got.flatten()[at]):.9g}, ref {float(ref.flatten()[at]):.9g}, "
+                f"tol {float(tol.flatten()[at]):.3g} ({stats})"), stats
+    return None, stats

@@ -30,6 +30,7 @@ torch = pytest.importorskip("torch")
 
 from ck_conv import ConvProblem  # noqa: E402
 from ck_core import Dispatcher, Registry  # noqa: E402
+from ck_core.fuzzrun import bound_mismatch  # noqa: E402
 
 TD = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 EPS = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8, "fp32": 2.0 ** -24}
@@ -278,22 +279,7 @@ def tolerance(case, ops, ref):
 
 def mismatch(case, got, ref, ops):
     """(None when ``got`` agrees with the float64 reference, else what is wrong; the log figures)."""
-    if tuple(got.shape) != tuple(ref.shape):
-        return f"shape {tuple(got.shape)}, expected {tuple(ref.shape)}", ""
-    if not torch.isfinite(got).all():
-        return f"{int((~torch.isfinite(got)).sum())} non-finite elements (unwritten or overflowed)", ""
-    tol = tolerance(case, ops, ref)
-    err = (got - ref).abs()
-    ratio = err / tol
-    worst = float(ratio.max())
-    rel = float((got - ref).norm()) / max(float(ref.norm()), 1e-300)
-    stats = f"rel_l2={rel:.3g} max_err/tol={worst:.3g}"
-    if worst > 1:
-        at = int(ratio.argmax())
-        return (f"{int((ratio > 1).sum())}/{ratio.numel()} elements over the bound, worst at flat index {at}: "
-                f"got {float(got.flatten()[at]):.9g}, ref {float(ref.flatten()[at]):.9g}, "
-                f"tol {float(tol.flatten()[at]):.3g} ({stats})"), stats
-    return None, stats
+    return bound_mismatch(got, ref, tolerance(case, ops, ref))
 
 
 def _describe(case):

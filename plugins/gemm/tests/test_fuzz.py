@@ -26,6 +26,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from ck_core import Dispatcher, Registry  # noqa: E402
+from ck_core.fuzzrun import bound_mismatch  # noqa: E402
 from ck_gemm import GemmProblem  # noqa: E402
 
 TD = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -226,19 +227,7 @@ TINY = {"fp16": 2.0 ** -25, "bf16": 2.0 ** -134, "fp32": 2.0 ** -150}
 
 def mismatch(case, got, ref, tol):
     """(None when ``got`` agrees with the float64 reference, else what is wrong; the log figures)."""
-    if not torch.isfinite(got).all():
-        return f"{int((~torch.isfinite(got)).sum())} non-finite elements (unwritten or overflowed)", ""
-    err = (got - ref).abs()
-    ratio = err / tol
-    worst = float(ratio.max())
-    rel = float((got - ref).norm()) / max(float(ref.norm()), 1e-300)
-    stats = f"rel_l2={rel:.3g} max_err/tol={worst:.3g}"
-    if worst > 1:
-        at = int(ratio.argmax())
-        return (f"{int((ratio > 1).sum())}/{ratio.numel()} elements over the bound, worst at flat index {at}: "
-                f"got {float(got.flatten()[at]):.9g}, ref {float(ref.flatten()[at]):.9g}, "
-                f"tol {float(tol.flatten()[at]):.3g} ({stats})"), stats
-    return None, stats
+    return bound_mismatch(got, ref, tol)
 
 
 def _describe(case):
