@@ -16,6 +16,12 @@ a header line with the kernel names, then one line per shape with ``times`` as
 ``[[kernel index, ms], ...]`` (``null`` ms: failed) and the heuristic's pick over the full set.
 On the CPU (``--backend numpy`` or the Triton interpreter) the same code runs with wall-clock
 timing, for tests.
+
+Conv (``--op conv --workers N``): a conv signature's key space holds ~50k keys, so a shape's
+candidates are the keys the Dispatcher ranks for it -- the op's first shortlist tier (the
+tuning list with its splits) -- and cuDNN on the same channels-last tensors is timed with them
+(``peer_ms``).  ``N`` processes check the kernels of different shapes at once (Triton compiles
+overlap), then take turns on the GPU to time them, ``--rounds`` times each (the minimum counts).
 """
 from __future__ import annotations
 
@@ -163,8 +169,91 @@ def fmha_cuda_inputs(p, seed: int):
     return {"q": q, "k": k, "v": v}, {"o": ref}
 
 
+def conv_cases(n: int, seed: int = SEED, max_dim: int = 0) -> list[dict]:
+    """``n`` conv problems: the broad conv suite's network layers (``ck_conv.bench_broad.LAYERS``)
+    x direction x dtype x batch 1/8/32, drawn without replacement; its held-out networks
+    (EfficientNet-B0, the VAE) are held out whole, and about 25% of the other problems."""
+    from ck_conv.bench_broad import HELD_OUT_NETS, LAYERS
+
+    rng = random.Random(seed)
+    combos = [(i, d, dt, b) for i in range(len(LAYERS)) for d in ("forward", "bwd_data", "bwd_weight")
+              for dt in ("fp16", "bf16") for b in (1, 8, 32)]
+    rng.shuffle(combos)
+    out = []
+    for i, d, dt, b in combos[:n]:
+        net, C, K, G, sp, flt, st, pd = LAYERS[i]
+        nd = len(sp)
+        if max_dim:   # tests: the same layers shrunk (groups, channels per group, spatial)
+            g2 = min(G, max_dim)
+            C, K, G = g2 * min(C // G, max_dim), g2 * min(K // G, max_dim), g2
+            sp = tuple(max(min(x, max_dim), f) for x, f in zip(sp, flt))
+        # one tensor under ~1.5 GiB, as the broad suite keeps it (3D video, the 1D encoder)
+        while b > 1 and b * max(C, K) * math.prod(sp) * 2 > 1.5 * (1 << 30):
+            b //= 2
+        out.append(dict(family=f"{net}:{d}", net=net, N=b, C=C, K=K, G=G, spatial=list(sp), filter=list(flt),
+                        stride=list(st) if isinstance(st, tuple) else [st] * nd,
+                        pad=list(pd) if isinstance(pd, tuple) else [pd] * nd, direction=d, dtype=dt,
+                        split="heldout" if net in HELD_OUT_NETS or rng.random() < 0.25 else "train"))
+    return out
+
+
+def conv_problem(c: dict):
+    from ck_conv.problem import ConvProblem
+
+    # split_k 0: the kernel's split is the key's (what a user's call gets)
+    return ConvProblem(N=c["N"], G=c["G"], C=c["C"], K=c["K"], input_spatial=tuple(c["spatial"]),
+                       filter=tuple(c["filter"]), stride=tuple(c["stride"]), pad_left=tuple(c["pad"]),
+                       pad_right=tuple(c["pad"]), direction=c["direction"], dtype=c["dtype"], split_k=0)
+
+
+def conv_options(p) -> dict:
+    """The registry options ``ck_conv.conv2d`` dispatches through (see ck_conv.api)."""
+    return dict(directions=(p.direction,), dtypes=(p.dtype,), ndims=(p.ndim,), layouts=(p.layout_family,))
+
+
+def conv_torch_tensors(p, seed: int, device: str):
+    """Torch-shaped channels-last x, w, dy (what cuDNN is timed on) and our layouts' views of them."""
+    import torch
+
+    from ck_conv.bench import to_ours
+    from ck_conv.bench_broad import _channels_last
+    from ck_core.api import torch_dtype
+
+    torch.manual_seed(seed)
+    dt = torch_dtype(p.dtype)
+    x = _channels_last((p.N, p.C) + tuple(p.input_spatial), dt, device)
+    w = _channels_last((p.K, p.C // p.G) + tuple(p.filter), dt, device, 1 / math.sqrt(p.c_per_group * p.taps))
+    dy = _channels_last((p.N, p.K) + tuple(p.output_spatial), dt, device)
+    ops = {"x": to_ours(x, p.G, "x"), "w": to_ours(w, p.G, "w"), "dy": to_ours(dy, p.G, "x")}
+    return (x, w, dy), {n: ops[n] for n in ("x", "w", "dy") if n in p.input_names()}
+
+
+def conv_peer(p, x, w, dy):
+    """cuDNN through torch on the channels-last tensors (bench_broad's peer)."""
+    from ck_conv.bench_broad import _peer
+
+    c = dict(spatial=p.input_spatial, stride=p.stride, pad=p.pad_left, G=p.G, direction=p.direction)
+    return _peer(c, x, w, dy)
+
+
+def conv_case(p, seed: int, device: str = "cuda"):
+    """``(our operands, {output: fp32 result in our layout}, cuDNN callable)`` on ``device``."""
+    from ck_conv.bench import to_ours
+
+    (x, w, dy), ops = conv_torch_tensors(p, seed, device)
+    ref = conv_peer(p, x.float(), w.float(), dy.float())()
+    kind = "w" if p.direction == "bwd_weight" else "x"
+    out = {"forward": "y", "bwd_data": "dx", "bwd_weight": "dw"}[p.direction]
+    return ops, {out: to_ours(ref, p.G, kind).contiguous()}, conv_peer(p, x, w, dy)
+
+
+def conv_cuda_inputs(p, seed: int, device: str = "cuda"):
+    return conv_case(p, seed, device)[:2]
+
+
 OPS = {"gemm": (gemm_cases, gemm_problem, gemm_options, gemm_cuda_inputs),
-       "fmha": (fmha_cases, fmha_problem, fmha_options, fmha_cuda_inputs)}
+       "fmha": (fmha_cases, fmha_problem, fmha_options, fmha_cuda_inputs),
+       "conv": (conv_cases, conv_problem, conv_options, conv_cuda_inputs)}
 
 
 def spec_class(p) -> tuple:
@@ -237,7 +326,10 @@ def _rel_err(out: dict, ref: dict) -> float:
 
 
 def _timer(cuda: bool, reps: int):
-    """``time(fn) -> ms`` of one call: back-to-back kernel time on CUDA, wall clock elsewhere."""
+    """``time(fn) -> ms`` of one call: back-to-back kernel time on CUDA, wall clock elsewhere.
+
+    The stream is held for at least 150 us a launch, longer where one call takes longer
+    (a launch path whose host work exceeds the hold would be timed, not its kernels)."""
     if not cuda:
         def wall(fn):
             best = math.inf
@@ -260,7 +352,7 @@ def _timer(cuda: bool, reps: int):
         n = max(2, min(reps, int(3e-3 / max(est, 1e-6))))
         # hold the stream while the host queues the launches: the events see kernel time only
         # (150 us a launch covers the general launch path's host time, e.g. batched GEMMs)
-        torch.cuda._sleep(int(1.8e9 * 150e-6 * (n + 2)))
+        torch.cuda._sleep(int(1.8e9 * max(150e-6, 1.3 * est) * (n + 2)))
         s.record()
         for _ in range(n):
             fn()
@@ -407,10 +499,161 @@ def collect(op_name: str, arch: str, backend: str, cases: list, out: Path, budge
     return written
 
 
+# -- the shortlist collection (conv): compile in parallel, time one shape at a time ------------
+
+def shortlist_of(disp, op, p) -> list:
+    """The keys the Dispatcher ranks for ``p`` without listing its whole key space: those of the
+    op's first shortlist tier that the registry holds and that support ``p``."""
+    for tier in op.shortlist(p, disp.arch, disp.backend):
+        keys = disp.registry.shortlist(p, tier, disp.backend)
+        if keys:
+            return list(keys)
+    return []
+
+
+_W: dict = {}
+
+
+def _shape_worker_init(lock, deadline, op_name, arch, backend, reps, rounds):
+    _W.update(lock=lock, deadline=deadline, op=op_name, arch=arch, backend=backend, reps=reps, rounds=rounds)
+
+
+def _shape_worker(job):
+    """One shape: check every shortlisted kernel (compiling it: in parallel with the other
+    workers), then, holding the GPU lock, time them and the peer ``rounds`` times each (the
+    minimum: a round another process's launch disturbed counts only if no other round was
+    quicker)."""
+    i, c = job
+    if time.time() > _W["deadline"]:
+        return None
+    from ck_core.api import dispatcher_for
+
+    op_name, backend = _W["op"], _W["backend"]
+    _, problem_of, options_of, _ = OPS[op_name]
+    cuda = backend == "triton" and not os.environ.get("TRITON_INTERPRET")
+    if cuda:
+        import torch
+        cuda = torch.cuda.is_available()
+        torch.backends.cudnn.benchmark = True
+        torch.backends.cudnn.allow_tf32 = False
+    t0 = time.time()
+    try:
+        p = problem_of(c)
+        disp = dispatcher_for(op_name, _W["arch"], backend, **options_of(p))
+        op = disp.mgr.op(op_name)
+        keys = shortlist_of(disp, op, p)
+        if not keys:
+            return {"case": c, "skipped": "no shortlisted kernel supports it"}
+        heur = op.heuristic(p, keys, disp.arch)[0] if op.heuristic else keys[0]
+        chosen = disp.select(p)
+        keys = list(dict.fromkeys([*keys, chosen]))
+        if cuda:
+            dev, ref, peer = conv_case(p, i)
+        else:
+            (dev, ref), peer = _inputs(disp, p, i), None
+    except Exception as exc:
+        return {"case": c, "skipped": f"{type(exc).__name__}: {str(exc)[:160]}"}
+    fns, errors = {}, {}
+    for k in keys:
+        try:
+            # the op's launcher, not the Dispatcher's cached one: nothing outlives the shape
+            fn = op.implement(k, disp.backend, disp.arch)
+            err = _rel_err(fn(p, dict(dev)), ref)
+            if not err < op_tolerance(p):
+                raise ValueError(f"wrong result, relative error {err:.3g}")
+            fns[k] = fn
+        except Exception as exc:  # one failing kernel never sinks the sweep
+            errors[k.name] = f"{type(exc).__name__}: {str(exc)[:100]}"
+    t_check = time.time() - t0
+    timer = _timer(cuda, _W["reps"])
+    ms = {k.name: math.inf for k in keys}
+    peer_ms = math.inf
+    if peer is not None:
+        peer()   # cuDNN's own autotuning (benchmark mode) before the timed rounds
+    with _W["lock"]:
+        for _ in range(_W["rounds"]):
+            for k, fn in fns.items():
+                try:
+                    ms[k.name] = min(ms[k.name], timer(lambda: fn(p, dev)))
+                except Exception as exc:
+                    errors[k.name] = f"{type(exc).__name__}: {str(exc)[:100]}"
+            if peer is not None:
+                peer_ms = min(peer_ms, timer(peer))
+    for name in errors:
+        ms[name] = math.inf
+    if cuda:
+        del dev, ref, peer, fns
+        torch.cuda.empty_cache()
+    return {"case": c, "problem": p.to_dict(), "kernels": [k.name for k in keys],
+            "ms": [None if not math.isfinite(ms[k.name]) else round(ms[k.name], 5) for k in keys],
+            "heuristic": heur.name, "dispatcher": chosen.name, "errors": errors,
+            "peer_ms": round(peer_ms, 5) if math.isfinite(peer_ms) else None,
+            "check_s": round(t_check, 2), "shape_s": round(time.time() - t0, 2)}
+
+
+def collect_shortlists(op_name: str, arch: str, backend: str, cases: list, out: Path, budget_s: float,
+                       reps: int, workers: int, rounds: int = 3, grace_s: float = 30.0) -> int:
+    """Time the shortlist of each shape in ``workers`` processes (compiles overlap; timings take
+    turns on the GPU), appending rows as shapes finish; stops starting shapes after ``budget_s``
+    and waits ``grace_s`` more for those under way."""
+    ctx = mp.get_context("spawn")
+    lock = ctx.Lock()
+    t0 = time.time()
+    deadline = t0 + budget_s
+    names: dict = {}
+    written = 0
+    path = out / f"{op_name}_{arch}.jsonl"
+    with open(path, "a") as f, ctx.Pool(workers, initializer=_shape_worker_init,
+                                         initargs=(lock, deadline, op_name, arch, backend, reps, rounds)) as pool:
+        it = pool.imap_unordered(_shape_worker, list(enumerate(cases)))
+        while True:
+            try:
+                r = it.next(timeout=max(1.0, deadline + grace_s - time.time()))
+            except StopIteration:
+                break
+            except mp.TimeoutError:
+                print(f"{op_name}: budget reached; {written} shapes written", flush=True)
+                pool.terminate()
+                break
+            if r is None:
+                continue
+            c = r["case"]
+            if "skipped" in r:
+                print(f"{op_name}: shape {c} skipped ({r['skipped']})", flush=True)
+                continue
+            times, errors = [], {}
+            for name, ms in zip(r["kernels"], r["ms"]):
+                idx = names.get(name)
+                if idx is None:
+                    idx = names[name] = len(names)
+                    f.write(json.dumps({"kernel": idx, "name": name}) + "\n")
+                times.append([idx, ms])
+                if name in r["errors"]:
+                    errors[idx] = r["errors"][name]
+            row = {"family": c["family"], "split": c["split"], "problem": r["problem"], "times": times,
+                   "heuristic": names[r["heuristic"]], "dispatcher": names[r["dispatcher"]],
+                   "peer_ms": r["peer_ms"], "check_s": r["check_s"], "shape_s": r["shape_s"]}
+            if errors:
+                row["errors"] = errors
+            f.write(json.dumps(row, separators=(",", ":")) + "\n")
+            f.flush()
+            written += 1
+            ok = [t for t in r["ms"] if t is not None]
+            print(f"{op_name} {written} {c['family']} {c['direction'] if 'direction' in c else ''} "
+                  f"{len(times)} kernels ({len(errors)} failed), best {min(ok) if ok else None} ms, "
+                  f"peer {r['peer_ms']} ms, {r['shape_s']}s, {time.time() - t0:.0f}s", flush=True)
+    return written
+
+
 def op_tolerance(p) -> float:
     if p.op == "fmha":
         return 3e-2
     return 2e-2 if p.dtype in ("fp16", "bf16") else 1e-3
+
+
+#: ops whose oracle is each shape's shortlist (key spaces of ~50k keys a signature), timed with a peer
+SHORTLIST_OPS = ("conv",)
+SHORTLIST_HEADER = {"candidates": "shortlist", "peer": "cuDNN via torch (channels_last)"}
 
 
 def main(argv=None) -> int:
@@ -430,6 +673,10 @@ def main(argv=None) -> int:
                     help="time shapes in runs of this many of one specialisation class (0: shuffled order)")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--cap", type=int, default=0, help="most candidates timed per shape (0: all)")
+    ap.add_argument("--workers", type=int, default=1,
+                    help="conv: processes that check and time shapes (compiles overlap, timings take turns)")
+    ap.add_argument("--rounds", type=int, default=3, help="conv: timing rounds per kernel (the minimum counts)")
+    ap.add_argument("--grace-s", type=float, default=30.0, help="conv: wait this long for shapes under way at the budget")
     ap.add_argument("--out", default="benchmarks/results/selection")
     args = ap.parse_args(argv)
     out = Path(args.out)
@@ -443,7 +690,13 @@ def main(argv=None) -> int:
         f.write(json.dumps({"op": args.op, "arch": args.arch, "backend": args.backend, "device": device_name(),
                             "date": time.strftime("%Y-%m-%d"), "command": " ".join(["benchmarks/selection_collect.py",
                                                                                     *sys.argv[1:]]),
-                            "seed": args.seed, "shapes": len(cases)}) + "\n")
+                            "seed": args.seed, "shapes": len(cases),
+                            **(SHORTLIST_HEADER if args.op in SHORTLIST_OPS else {})}) + "\n")
+    if args.op in SHORTLIST_OPS:
+        n = collect_shortlists(args.op, args.arch, args.backend, cases, out, args.budget_s, args.reps,
+                               max(1, args.workers), args.rounds, args.grace_s)
+        print(f"{args.op}: {n} shapes written to {out}", flush=True)
+        return 0
     if args.warm_workers:
         warmed = warm(args.op, args.arch, args.backend, cases, args.warm_workers, args.warm_budget_s)
         # shapes whose kernels are compiled go first; the rest compile as they are met

@@ -72,7 +72,7 @@ class Dispatcher:
             return list(ranked)
         op = self.mgr.op(problem.op)
         model = self.ranker(op)
-        if model is not None:
+        if model is not None and model.scope == "all":
             ranked = ranker.rank(model, op, problem, list(cands), self.arch)
             if ranked is not None:   # None: outside the ranker's training domain
                 self._rule = f"{op.name} learned ranker ({model.kind})"
@@ -81,6 +81,9 @@ class Dispatcher:
         if short:   # the shortlist first, so that rank(p)[0] is what select(p) picks
             first = set(short)
             cands = [c for c in cands if c not in first]
+            ranked = self._rank_shortlist(problem, op, short)
+            if ranked is not None:
+                return ranked + (op.heuristic(problem, cands, self.arch) if op.heuristic and cands else cands)
         if op.heuristic is not None:
             self._rule = f"{op.name} heuristic"
             return [k for part in (short, cands) if part for k in op.heuristic(problem, part, self.arch)]
@@ -98,6 +101,17 @@ class Dispatcher:
                 return short
         return []
 
+    def _rank_shortlist(self, problem, op, short: list):
+        """``short`` ordered by a ranker that ranks shortlists (None: no such ranker, or the
+        problem lies outside its training domain)."""
+        model = self.ranker(op)
+        if model is None or model.scope != "shortlist":
+            return None
+        ranked = ranker.rank(model, op, problem, short, self.arch)
+        if ranked is not None:
+            self._rule = f"{op.name} learned ranker ({model.kind}, shortlist)"
+        return ranked
+
     def _quick(self, problem):
         """The pick, when the tuning table or the op's shortlist gives it without listing every
         candidate (the cost of a new problem); None sends selection to :meth:`rank`."""
@@ -113,12 +127,17 @@ class Dispatcher:
                     self._rule, self._considered = "tuning table", "the tuned candidate"
                     return key
                 # a tuned name that is no candidate here is passed over, as rank() does
+        model = self.ranker(op)
         if (op.shortlist is None or self.mgr.hook.ck_rank_candidates.get_hookimpls()
-                or self.ranker(op) is not None or knobs.get("CK_AUTOTUNE")):
-            return None   # the hook, a learned ranker and autotuning rank every candidate
+                or (model is not None and model.scope == "all") or knobs.get("CK_AUTOTUNE")):
+            return None   # the hook, a learned ranker of every candidate and autotuning rank them all
         short = self._shortlist(problem, op)
         if not short:
             return None
+        ranked = self._rank_shortlist(problem, op, short)
+        if ranked is not None:
+            self._considered = f"{len(short)} shortlisted candidates"
+            return ranked[0]
         self._rule, self._considered = f"{op.name} heuristic", f"{len(short)} shortlisted candidates"
         return op.heuristic(problem, short, self.arch)[0] if op.heuristic is not None else short[0]
 

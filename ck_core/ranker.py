@@ -16,6 +16,11 @@ the log of the kernel's time relative to the best candidate.  Two kinds:
     ``X @ coef + intercept`` over the same features (the analytic cost model
     with fitted coefficients).
 
+A model ranks either every candidate of a problem (``candidates: "all"``, the
+default) or the op's shortlist (``"shortlist"``: the keys of the op's first
+shortlist tier, for ops whose key space is too large to rank per problem); the
+Dispatcher asks it about that set only, the one its oracle measured.
+
 A model may name its ``domain``: ``{feature: [lo, hi]}`` over the problem-level
 features of its training shapes.  A problem outside it is not ranked (the
 Dispatcher falls back to the op's heuristic): a ranker does not extrapolate.
@@ -38,6 +43,7 @@ log = logging.getLogger(__name__)
 TABLE = "ranker"
 FIELDS = ("backend",)
 KINDS = ("gbdt", "linear")
+SCOPES = ("all", "shortlist")
 
 
 class Model:
@@ -54,6 +60,9 @@ class Model:
         if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
             raise bad("'features' must be a non-empty list of feature names")
         self.kind = spec["kind"]
+        self.scope = spec.get("candidates", "all")
+        if self.scope not in SCOPES:
+            raise bad(f"'candidates' {self.scope!r:.40} is not one of {SCOPES}")
         self.features = tuple(names)
         self.meta = {k: v for k, v in spec.items() if k not in ("trees", "coef")}
         nf = len(names)

@@ -203,6 +203,8 @@ def main(argv=None) -> int:
     h = oracle.header
     arch = mgr.arch(h["arch"])
     spec = train(op, arch, oracle, tuple(args.kinds.split(",")), args.seed)
+    if h.get("candidates", "all") != "all":   # the oracle measured the op's shortlist: rank that
+        spec["candidates"] = h["candidates"]
     try:
         import lightgbm
         lib = f"lightgbm {lightgbm.__version__}"

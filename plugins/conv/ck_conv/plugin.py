@@ -487,6 +487,12 @@ def _working_bytes(p, backend):
     return 8.0 * (padded + math.prod(p.weight_shape) + math.prod(p.output_shape) + 2 * math.prod(result))
 
 
+def _features(problem, candidates, arch):
+    from .features import features
+
+    return features(problem, candidates, arch)
+
+
 def _bench(peer, options):
     if options.get("suite", "core") == "broad":
         from .bench_broad import bench
@@ -518,6 +524,7 @@ def conv_op() -> OpSpec:
         bytes_moved=_bytes,
         working_bytes=_working_bytes,
         heuristic=heuristic,
+        features=_features,
         render=render,
         bench=_bench,
         tolerance=tolerance,
