@@ -2,6 +2,7 @@
 numpy-only parts of training on what it wrote."""
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,8 @@ def collect():
     spec = importlib.util.spec_from_file_location("selection_collect", SCRIPT)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    # worker processes (conv) find the script's functions under its module name
+    sys.modules.setdefault("selection_collect", mod)
     return mod
 
 
@@ -64,3 +67,54 @@ def test_class_blocks_keep_every_shape_and_group_each_class(collect):
     switches = sum(a != b for a, b in zip(classes, classes[1:]))
     assert switches < len(set(classes)) + len(cases) // 20
     assert collect.class_blocks(cases, collect.gemm_problem, 0) == cases
+
+
+def test_conv_cases_hold_out_whole_networks_and_cover_the_families(collect):
+    from ck_conv.bench_broad import HELD_OUT_NETS
+
+    cases = collect.conv_cases(600)
+    assert collect.conv_cases(40) == cases[:40]   # a fixed seed, drawn without replacement
+    held = [c for c in cases if c["split"] == "heldout"]
+    assert len(held) >= 0.25 * len(cases)
+    assert all(c["split"] == "heldout" for c in cases if c["net"] in HELD_OUT_NETS)
+    assert {c["net"] for c in cases} >= {"resnet50", "resnext50", "mobilenet_v2", "unet", "audio1d", "video3d"}
+    assert {c["direction"] for c in cases} == {"forward", "bwd_data", "bwd_weight"}
+    assert {c["N"] for c in cases} >= {1, 8, 32} and {c["dtype"] for c in cases} == {"fp16", "bf16"}
+
+
+def test_conv_reference_and_operands_agree_with_the_ops_float64_reference(collect):
+    """The collector's operands (views of cuDNN's channels-last tensors in our layouts) and its
+    fp32 torch result, checked on the CPU against the op's own float64 reference."""
+    pytest.importorskip("torch")
+    op = get_manager().op("conv")
+    seen = set()
+    for c in collect.conv_cases(60, max_dim=5):
+        p = collect.conv_problem(c)
+        if (p.direction, p.ndim, p.G > 1) in seen:
+            continue
+        seen.add((p.direction, p.ndim, p.G > 1))
+        ops, ref, peer = collect.conv_case(p, 7, "cpu")
+        mine = op.reference(p, {k: v.float().numpy().astype(np.float64) for k, v in ops.items()})
+        (name, r), = ref.items()
+        err = np.linalg.norm(mine[name] - r.double().numpy()) / np.linalg.norm(mine[name])
+        assert err < 1e-5, (c["family"], err)
+    assert len(seen) >= 6
+
+
+def test_conv_shortlists_collect_on_the_cpu_then_train(collect, tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))   # the worker processes import the script by name
+    assert collect.main(["--op", "conv", "--backend", "numpy", "--shapes", "10", "--max-dim", "5", "--reps", "1",
+                         "--rounds", "1", "--workers", "2", "--out", str(tmp_path)]) == 0
+    path = tmp_path / "conv_sm90.jsonl"
+    header = json.loads(path.read_text().splitlines()[0])
+    assert header["op"] == "conv" and header["candidates"] == "shortlist"
+    mgr = get_manager()
+    oracle = select_data.load(path, mgr)
+    assert len(oracle.shapes) == 10
+    op, arch = mgr.op("conv"), mgr.arch("sm90")
+    for s in oracle.shapes:
+        assert len(s.keys) >= 2 and np.isfinite(s.ms).all() and s.heuristic in [k.name for k in s.keys]
+    X, y, groups, names = select_train.design(op, arch, oracle.shapes)
+    model = ranker.Model(select_train.fit_linear(X, y, names))
+    picks = select_data.evaluate(oracle.shapes, select_data.ranker_selector(model, op, arch))
+    assert all(0 < x <= 1 for x in picks)
