@@ -239,7 +239,7 @@ def _with_splits(cfgs, problem, arch, backend: str) -> list:
             c1 = c if c.split == 1 else attrs.evolve(c, split=1)
             sp = preferred_split(c1, problem, cus, smem)
             if sp > 1 and c1.reduction != "streamk":
-                sp = split_plan(attrs.evolve(c1, split=sp), problem)[0]   # the parts the launch makes
+                sp = split_plan(c1, problem, sp)[0]   # the parts the launch makes
                 sp = _enumerated_split(c1, sp, problem)
             picks = (attrs.evolve(c1, split=sp), c1) if sp != 1 else (c1,)
         out.extend(key_of(x, arch.name, backend) for x in picks)
@@ -254,7 +254,7 @@ def _enumerated_split(c1: K.ConvKernelConfig, want: int, problem) -> int:
     from .backends.triton.launch import split_plan
 
     for s in sorted(_splits(c1, ()), key=lambda s: (abs(math.log2(s / want)), s)):
-        if s == 1 or split_plan(attrs.evolve(c1, split=s), problem)[0] == s:
+        if s == 1 or split_plan(c1, problem, s)[0] == s:
             return s
     return 1
 
