@@ -177,3 +177,31 @@ def test_busy_line_only_for_slow_steps(capsys):
         time.sleep(0.5)
     err = capsys.readouterr().err
     assert "slow step" in err and "quick step" not in err
+
+
+def test_run_and_tune_name_every_slow_step(capsys, monkeypatch, tmp_path):
+    """`ck run` and `ck tune` wrap each step that can take seconds (enumeration, selection, the first
+    call's compile, the float64 reference, timing) in a busy line."""
+    import contextlib
+
+    from ck_core import cli
+
+    seen = []
+
+    @contextlib.contextmanager
+    def spy(desc, **kw):
+        seen.append(desc)
+        yield
+
+    monkeypatch.setattr(cli, "busy", spy)
+    rc, _, _ = _main(capsys, "run", "gemm", "--arch", "gfx942", "--m", "40", "--n", "24", "--k", "16",
+                     "--dtype", "fp16", "--layout", "rcr", "--repeat", "1")
+    assert rc == 0
+    for word in ("enumerating", "selecting", "running", "reference", "timing"):
+        assert any(d.startswith(word) or word in d for d in seen), (word, seen)
+    seen.clear()
+    rc, _, _ = _main(capsys, "tune", "gemm", "--arch", "gfx942", "--m", "40", "--n", "24", "--k", "16",
+                     "--dtype", "fp16", "--layout", "rcr", "--top", "2", "--repeat", "1",
+                     "--db", str(tmp_path / "tune.json"))
+    assert rc == 0
+    assert [d.split()[0] for d in seen] == ["enumerating", "selecting", "timing"], seen
