@@ -108,6 +108,19 @@ def test_verbose_logs_selection_and_plan(capsys, caplog):
     assert any(m.startswith("plan: 2 stage(s)") for m in msgs), msgs
 
 
+def test_vv_turns_on_debug_logging():
+    """-v logs at INFO, -vv at DEBUG (a fresh process: pytest's own log handlers would swallow it)."""
+    argv = ["run", "gemm", "--arch", "gfx942", "--m", "16", "--n", "16", "--k", "16", "--repeat", "1"]
+    levels = []
+    for flag in ("-v", "-vv"):
+        r = subprocess.run([sys.executable, "-m", "ck_core", flag, *argv], capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        levels.append({ln.split()[0] for ln in r.stderr.splitlines() if ln[:1].isupper() and " " in ln})
+    assert "INFO" in levels[0] and "DEBUG" not in levels[0], levels
+    assert "DEBUG" in levels[1], levels
+
+
 def test_run_csv_one_row_per_stage(capsys):
     rc, out, _ = _main(capsys, "run", "fmha", "--arch", "gfx942", "--family", "bwd_dq_dk_dv", "--batch", "1",
                        "--nhead_q", "2", "--seqlen_q", "17", "--seqlen_k", "17", "--csv")
