@@ -121,10 +121,11 @@ def _registry_from_args(args, extra):
     _check_names(args)
     with busy(f"enumerating {args.op} kernels for {args.arch}/{args.backend}"):
         reg = Registry.from_enumeration(args.op, args.arch, args.backend, **extra)
-    if args.filter:
-        reg = reg.filter(compile_filter(args.filter))
-    if args.filter_file:
-        reg = reg.filter(load_filter_file(args.filter_file))
+    with busy(f"filtering {len(reg)} kernels"):
+        if args.filter:
+            reg = reg.filter(compile_filter(args.filter))
+        if args.filter_file:
+            reg = reg.filter(load_filter_file(args.filter_file))
     return reg
 
 
@@ -161,7 +162,8 @@ def _check_output(path) -> None:
 def cmd_export(args, extra):
     _check_output(args.output)
     reg = _registry_from_args(args, extra)
-    path = reg.export_json(args.output)
+    with busy(f"writing {len(reg)} kernels"):
+        path = reg.export_json(args.output)
     print(f"wrote {len(reg)} kernels to {path}")
     return 0
 
@@ -169,7 +171,8 @@ def cmd_export(args, extra):
 def cmd_import(args, extra):
     from .registry import Registry
 
-    reg = Registry.import_json(args.file)
+    with busy(f"reading and checking {args.file}"):
+        reg = Registry.import_json(args.file)
     ops: dict[str, int] = {}
     for k in reg:
         ops[k.op] = ops.get(k.op, 0) + 1

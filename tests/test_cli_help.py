@@ -218,3 +218,9 @@ def test_run_and_tune_name_every_slow_step(capsys, monkeypatch, tmp_path):
                      "--db", str(tmp_path / "tune.json"))
     assert rc == 0
     assert [d.split()[0] for d in seen] == ["enumerating", "selecting", "timing"], seen
+    seen.clear()
+    out = str(tmp_path / "reg.json")
+    assert _main(capsys, "export", "gemm", "--arch", "gfx942", "--dtypes", "fp16", "--layouts", "rcr",
+                 "--filter", "c.tile_m == 64", "-o", out)[0] == 0
+    assert _main(capsys, "import", out)[0] == 0
+    assert [d.split()[0] for d in seen] == ["enumerating", "filtering", "writing", "reading"], seen
