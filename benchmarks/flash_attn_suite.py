@@ -15,7 +15,7 @@ module imports, and every other submodule (``bert_padding``, ``layers.rotary``) 
 file.  Pytest runs in this process with a sampling plugin: of each test function's parametrizations it
 keeps those whose hash of (seed, node id) ranks lowest, ``max(min_per_test, ceil(fraction * n))`` of them
 (pruned as pytest generates them, so the ~400k parametrizations never become items; with ``-k``, from the
-items that ``-k`` leaves), and runs the functions round-robin so that a ``--budget-s`` cut leaves every function sampled; tests
+items that ``-k`` leaves; node ids with parameters, ``file::function[id]``, run as named), and runs the functions round-robin so that a ``--budget-s`` cut leaves every function sampled; tests
 past the budget are reported as ``not_run``.  The JSON gives per test function: collected, selected,
 passed, failed, skipped (by the test itself), not_run, and the failures' first error lines.
 """
@@ -95,6 +95,7 @@ class Sampler:
         self.outcomes = {}          # short node id -> outcome (and seconds), in run order
         self.on_progress = None     # called after each test: the report survives a hard timeout
         self.t0 = None
+        self.explicit = False       # the run names parametrized node ids: pytest must see them all
 
     def _sample(self, nodeids):
         """Indices of the nodes kept: the ``max(min_per_test, ceil(fraction * n))`` lowest ranks."""
@@ -107,7 +108,8 @@ class Sampler:
         # making them all takes minutes.  With -k the sample is taken after -k, from the items.
         yield
         calls = getattr(metafunc, "_calls", None)
-        if metafunc.config.option.keyword or not calls or not all(hasattr(c, "id") for c in calls):
+        if (metafunc.config.option.keyword or self.explicit or not calls
+                or not all(hasattr(c, "id") for c in calls)):
             return
         fn = metafunc.function.__name__
         ids = [f"{metafunc.definition.nodeid}[{c.id}]" for c in calls]
@@ -207,7 +209,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--fa", required=True, help="path of a Dao-AILab/flash-attention snapshot")
     ap.add_argument("--tests", action="append", default=None,
-                    help="test file inside the snapshot, or file::function (repeatable; default "
+                    help="test file inside the snapshot, file::function or file::function[id] "
+                         "(repeatable; default "
                          "tests/test_flash_attn_ck.py)")
     ap.add_argument("--fraction", type=float, default=0.001, help="fraction of each function's parametrizations")
     ap.add_argument("--min-per-test", type=int, default=4, help="at least this many per test function")
@@ -238,6 +241,7 @@ def main(argv=None) -> int:
     with open(ini, "w") as f:
         f.write("[pytest]\n")
     sampler = Sampler(args.fraction, args.min_per_test, args.seed, args.budget_s)
+    sampler.explicit = any("[" in t for t in args.tests)
     pytest_args = [*targets, "-q", "-c", ini, "--rootdir", tests_dir, "--confcutdir", tests_dir,
                    "--import-mode=prepend", "-p", "no:cacheprovider", "-o", "console_output_style=classic",
                    "--tb=short", "-W", "ignore::DeprecationWarning"]

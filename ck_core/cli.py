@@ -121,10 +121,11 @@ def _registry_from_args(args, extra):
     _check_names(args)
     with busy(f"enumerating {args.op} kernels for {args.arch}/{args.backend}"):
         reg = Registry.from_enumeration(args.op, args.arch, args.backend, **extra)
-    if args.filter:
-        reg = reg.filter(compile_filter(args.filter))
-    if args.filter_file:
-        reg = reg.filter(load_filter_file(args.filter_file))
+    with busy(f"filtering {len(reg)} kernels"):
+        if args.filter:
+            reg = reg.filter(compile_filter(args.filter))
+        if args.filter_file:
+            reg = reg.filter(load_filter_file(args.filter_file))
     return reg
 
 
@@ -161,7 +162,8 @@ def _check_output(path) -> None:
 def cmd_export(args, extra):
     _check_output(args.output)
     reg = _registry_from_args(args, extra)
-    path = reg.export_json(args.output)
+    with busy(f"writing {len(reg)} kernels"):
+        path = reg.export_json(args.output)
     print(f"wrote {len(reg)} kernels to {path}")
     return 0
 
@@ -169,7 +171,8 @@ def cmd_export(args, extra):
 def cmd_import(args, extra):
     from .registry import Registry
 
-    reg = Registry.import_json(args.file)
+    with busy(f"reading and checking {args.file}"):
+        reg = Registry.import_json(args.file)
     ops: dict[str, int] = {}
     for k in reg:
         ops[k.op] = ops.get(k.op, 0) + 1
@@ -247,17 +250,20 @@ def _run_and_report(args, op, problem, reg):
     inputs = op.make_inputs(problem, rng)
     bk = disp.backend_spec
     moved = {k: bk.to_backend(v) for k, v in inputs.items()}
-    outs = disp.run_dict(problem, moved)
+    with busy(f"running {len(plan.stages)} stage(s) (a first call compiles)"):
+        outs = disp.run_dict(problem, moved)
     result = {"problem": problem.to_dict(), "arch": args.arch, "backend": args.backend,
               "plan": plan.describe(), "candidates": len(reg.candidates(problem, args.backend))}
     if not args.no_validate:
-        ref = op.reference(problem, inputs)
+        with busy("computing the float64 reference"):
+            ref = op.reference(problem, inputs)
         tol = op.tolerance(problem) if op.tolerance else {}
         dtypes = {k: getattr(problem, "dtype_c", getattr(problem, "dtype", "fp32")) for k in ref}
         report = compare_all({k: bk.to_numpy(outs[k]) for k in ref}, ref, dtypes, tol)
         result["validation"] = [attrs.asdict(v) for v in report.verdicts]
         result["passed"] = report.passed
-    secs = _seconds_for(disp, problem, moved, args.repeat)
+    with busy(f"timing {args.repeat} runs"):
+        secs = _seconds_for(disp, problem, moved, args.repeat)
     result["seconds"] = secs
     if op.flops:
         result["tflops"] = op.flops(problem) / secs / 1e12
@@ -330,11 +336,13 @@ def cmd_tune(args, extra):
     op = mgr.op(args.op)
     problem, options = _problem(op, extra)
     _check_names(args)
-    reg = Registry.from_enumeration(args.op, args.arch, args.backend, **options)
+    with busy(f"enumerating {args.op} kernels for {args.arch}/{args.backend}"):
+        reg = Registry.from_enumeration(args.op, args.arch, args.backend, **options)
     if args.kfilter:
         reg = reg.filter(args.kfilter)
     disp = Dispatcher(reg, backend=args.backend)
-    disp.plan(problem)  # refuses a problem that cannot run (or fit) before its inputs are drawn
+    with busy(f"selecting among {len(reg)} kernels"):
+        disp.plan(problem)  # refuses a problem that cannot run (or fit) before its inputs are drawn
     inputs = op.make_inputs(problem, np.random.default_rng(0))
     bk = disp.backend_spec
     moved = {k: bk.to_backend(v) for k, v in inputs.items()}
@@ -342,7 +350,8 @@ def cmd_tune(args, extra):
         lambda fn: _seconds_for_fn(fn, args.repeat))
     # the user's tuned-data store, or one explicit tuning-table file
     table = TuningTable(args.db) if args.db else Winners(command=" ".join(["ck", *sys.argv[1:]]))
-    results = tune(disp, problem, moved, timer, table, top=args.top)
+    with busy(f"timing the candidates of {len(reg)} kernels" + (f" (top {args.top})" if args.top else "")):
+        results = tune(disp, problem, moved, timer, table, top=args.top)
     table.save()
     rows = [{"rank": i + 1, "kernel": n, "ms": f"{s * 1e3:.4f}"} for i, (n, s) in enumerate(results[: args.show])]
     _print_table(rows, ("rank", "ms", "kernel"))

@@ -154,7 +154,10 @@ def format_table(res: dict) -> str:
 
 
 def cmd_select(args, extra) -> int:
-    res = report(args.op, args.data, args.split, args.ranker, args.csv, args.png)
+    from .progress import busy
+
+    with busy(f"scoring the {args.op} ranker on the {args.split} shapes"):
+        res = report(args.op, args.data, args.split, args.ranker, args.csv, args.png)
     if args.json:
         print(json.dumps(res, indent=1))
     else:

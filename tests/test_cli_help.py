@@ -108,6 +108,19 @@ def test_verbose_logs_selection_and_plan(capsys, caplog):
     assert any(m.startswith("plan: 2 stage(s)") for m in msgs), msgs
 
 
+def test_vv_turns_on_debug_logging():
+    """-v logs at INFO, -vv at DEBUG (a fresh process: pytest's own log handlers would swallow it)."""
+    argv = ["run", "gemm", "--arch", "gfx942", "--m", "16", "--n", "16", "--k", "16", "--repeat", "1"]
+    levels = []
+    for flag in ("-v", "-vv"):
+        r = subprocess.run([sys.executable, "-m", "ck_core", flag, *argv], capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        levels.append({ln.split()[0] for ln in r.stderr.splitlines() if ln[:1].isupper() and " " in ln})
+    assert "INFO" in levels[0] and "DEBUG" not in levels[0], levels
+    assert "DEBUG" in levels[1], levels
+
+
 def test_run_csv_one_row_per_stage(capsys):
     rc, out, _ = _main(capsys, "run", "fmha", "--arch", "gfx942", "--family", "bwd_dq_dk_dv", "--batch", "1",
                        "--nhead_q", "2", "--seqlen_q", "17", "--seqlen_k", "17", "--csv")
@@ -177,3 +190,37 @@ def test_busy_line_only_for_slow_steps(capsys):
         time.sleep(0.5)
     err = capsys.readouterr().err
     assert "slow step" in err and "quick step" not in err
+
+
+def test_run_and_tune_name_every_slow_step(capsys, monkeypatch, tmp_path):
+    """`ck run` and `ck tune` wrap each step that can take seconds (enumeration, selection, the first
+    call's compile, the float64 reference, timing) in a busy line."""
+    import contextlib
+
+    from ck_core import cli
+
+    seen = []
+
+    @contextlib.contextmanager
+    def spy(desc, **kw):
+        seen.append(desc)
+        yield
+
+    monkeypatch.setattr(cli, "busy", spy)
+    rc, _, _ = _main(capsys, "run", "gemm", "--arch", "gfx942", "--m", "40", "--n", "24", "--k", "16",
+                     "--dtype", "fp16", "--layout", "rcr", "--repeat", "1")
+    assert rc == 0
+    for word in ("enumerating", "selecting", "running", "reference", "timing"):
+        assert any(d.startswith(word) or word in d for d in seen), (word, seen)
+    seen.clear()
+    rc, _, _ = _main(capsys, "tune", "gemm", "--arch", "gfx942", "--m", "40", "--n", "24", "--k", "16",
+                     "--dtype", "fp16", "--layout", "rcr", "--top", "2", "--repeat", "1",
+                     "--db", str(tmp_path / "tune.json"))
+    assert rc == 0
+    assert [d.split()[0] for d in seen] == ["enumerating", "selecting", "timing"], seen
+    seen.clear()
+    out = str(tmp_path / "reg.json")
+    assert _main(capsys, "export", "gemm", "--arch", "gfx942", "--dtypes", "fp16", "--layouts", "rcr",
+                 "--filter", "c.tile_m == 64", "-o", out)[0] == 0
+    assert _main(capsys, "import", out)[0] == 0
+    assert [d.split()[0] for d in seen] == ["enumerating", "filtering", "writing", "reading"], seen

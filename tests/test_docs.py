@@ -53,3 +53,17 @@ def test_plugins_md_toml_names_the_entry_point_group():
         assert data["project"]["entry-points"]["ck_core.archs"]["mygpu"] == "ck_arch_mygpu.plugin"
     else:
         assert '[project.entry-points."ck_core.archs"]' in toml
+
+
+def test_every_plugin_has_a_readme_named_for_its_package():
+    """Each op and arch plugin (a folder with a pyproject.toml under plugins/ or archs/) documents itself:
+    a README.md whose title is the distribution's name."""
+    folders = sorted(p.parent for pattern in ("plugins/*/pyproject.toml", "archs/*/pyproject.toml")
+                     for p in ROOT.glob(pattern))
+    assert len(folders) >= 9, folders
+    for folder in folders:
+        name = re.search(r'^name\s*=\s*"([^"]+)"', (folder / "pyproject.toml").read_text(), re.M).group(1)
+        readme = folder / "README.md"
+        assert readme.is_file(), f"{folder.relative_to(ROOT)} has no README.md"
+        title = readme.read_text().splitlines()[0]
+        assert title.startswith("# ") and name in title, (folder.name, title)

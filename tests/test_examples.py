@@ -1,6 +1,8 @@
 """Every script under examples/ runs to a PASS line, as a user would start it.
 
-CPU: the numpy backend (small shapes).  GPU (``-m gpu``, CK_TEST_GPU=1): the triton backend.
+CPU: the numpy backend (small shapes).  GPU (``-m gpu``, CK_TEST_GPU=1): the triton backend, real
+sizes; the FMHA ones spend most of their time in the float64 NumPy reference, so run them side by side:
+``CK_TEST_GPU=1 python3 -m pytest -m gpu -n 14 tests/test_examples.py`` (pytest-xdist; 16 cores).
 """
 from __future__ import annotations
 
@@ -29,6 +31,11 @@ SEED_FMHA = (
 def _run(script: Path, backend: str, tmp_path, timeout: int) -> subprocess.CompletedProcess:
     env = dict(os.environ, CK_CACHE_DIR=str(tmp_path / "cache"), PYTHONDONTWRITEBYTECODE="1")
     env.pop("TRITON_INTERPRET", None)  # the examples pick their backend themselves
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:  # N example processes share the cores: BLAS threads per process, not per core
+        threads = str(max(1, (os.cpu_count() or 1) // workers))
+        for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            env.setdefault(var, threads)
     return subprocess.run([sys.executable, str(script), "--backend", backend, "--seed", "7"],
                           capture_output=True, text=True, timeout=timeout, env=env, cwd=tmp_path)
 

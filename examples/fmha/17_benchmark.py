@@ -18,7 +18,7 @@ from ck_fmha.problem import FmhaProblem  # noqa: E402
 args, disp = _fmha.setup(__doc__, lambda p: (p.add_argument("--warmup", type=int, default=2),
                                              p.add_argument("--iters", type=int, default=5)))
 B = _fmha.sizes(args, dict(batch=2, nhead_q=4, seqlen_q=48, seqlen_k=48),
-                dict(batch=4, nhead_q=32, seqlen_q=2048, seqlen_k=2048))
+                dict(batch=2, nhead_q=16, seqlen_q=2048, seqlen_k=2048))
 op, ok = disp.mgr.op("fmha"), True
 for hdim, mask in ((64, "none"), (128, "none"), (128, "b")):
     p = FmhaProblem(hdim_q=hdim, mask=mask, dtype="fp16", **B)

@@ -14,7 +14,7 @@ import _fmha  # noqa: E402
 from ck_fmha.problem import FmhaProblem  # noqa: E402
 
 args, disp = _fmha.setup(__doc__)
-heads, S = ((8, 16, 32, 64), dict(batch=4, seqlen_q=1024, seqlen_k=1024)) if args.gpu else \
+heads, S = ((8, 16, 32, 64), dict(batch=1, seqlen_q=1024, seqlen_k=1024)) if args.gpu else \
     ((4, 8), dict(batch=1, seqlen_q=32, seqlen_k=32))
 points = {}
 for h in heads:

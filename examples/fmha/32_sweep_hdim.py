@@ -14,6 +14,6 @@ from ck_fmha.problem import FmhaProblem  # noqa: E402
 
 args, disp = _fmha.setup(__doc__)
 S = _fmha.sizes(args, dict(batch=1, nhead_q=2, seqlen_q=40, seqlen_k=40),
-                dict(batch=4, nhead_q=16, seqlen_q=2048, seqlen_k=2048))
+                dict(batch=2, nhead_q=16, seqlen_q=1024, seqlen_k=1024))
 ex.finish(_fmha.sweep(disp, args, {f"hdim={d} mask={m}": FmhaProblem(hdim_q=d, mask=m, dtype="fp16", **S)
                                    for d in (32, 64, 96, 128, 256) for m in ("none", "b")}))

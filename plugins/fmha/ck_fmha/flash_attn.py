@@ -8,6 +8,9 @@ the uint8 dropout random values (CK's ``store_randval``): [B, H, Sq, Sk], or [H,
 in varlen mode; an element is kept iff ``S_dmask <= floor(255 * (1 - dropout_p))``.  Without dropout
 it is an empty tensor.
 
+Head dims that are not a multiple of 8 are zero-padded to one (and the output sliced back), as
+FlashAttention does; with ``flash_attn_with_kvcache`` that means padded copies of the caches.
+
 Masks are FlashAttention's: causal and ``window_size`` aligned to the bottom-right corner of each
 sequence's score matrix; ALiBi adds ``-slope * |i + seqlen_k - seqlen_q - j|``.  Dropout draws its
 Philox seed from torch's default generator, so ``torch.manual_seed`` makes it repeatable.
@@ -48,9 +51,22 @@ def _seed(dropout_p: float) -> int:
     return int(torch.empty((), dtype=torch.int64).random_()) if dropout_p > 0 else 0
 
 
+def _pad8(*tensors):
+    """The tensors with their last (head) dim zero-padded to a multiple of 8, as FlashAttention does
+    before its kernels (CK's rule R04): zero channels change no logit and give zero output columns."""
+    extra = -next(t for t in tensors if t is not None).shape[-1] % 8
+    return tuple(None if t is None else torch.nn.functional.pad(t, (0, extra)) for t in tensors)
+
+
 def _attn(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
           return_attn_probs, varlen=None):
     """Batch ('bshd') or group mode ('thd', ``varlen`` = (cu_q, cu_k, max_q, max_k))."""
+    d = q.shape[-1]
+    if d % 8:   # padded through autograd, so the gradients come back at the caller's head dim
+        scale = d ** -0.5 if softmax_scale is None else softmax_scale
+        res = _attn(*_pad8(q, k, v), dropout_p, scale, causal, window_size, softcap, alibi_slopes,
+                    deterministic, return_attn_probs, varlen)
+        return (res[0][..., :d], *res[1:]) if return_attn_probs else res[..., :d]
     dropout_p = float(dropout_p or 0.0)
     seed = _seed(dropout_p)
     group = {}
@@ -112,6 +128,14 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                      return_attn_probs, varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
     if dropout_p:
         raise FlashAttnNotImplemented("dropout_p > 0 with block_table: the paged forward is for inference")
+    d = q.shape[-1]
+    if d % 8:   # padded copies of the page pools (this forward does not write them)
+        res = flash_attn_varlen_func(*_pad8(q, k, v), cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                     softmax_scale=d ** -0.5 if softmax_scale is None else softmax_scale,
+                                     causal=causal, window_size=window_size, softcap=softcap,
+                                     alibi_slopes=alibi_slopes, deterministic=deterministic,
+                                     return_attn_probs=return_attn_probs, block_table=block_table)
+        return (res[0][..., :d], *res[1:]) if return_attn_probs else res[..., :d]
     cu_k = cu_seqlens_k.to(torch.int32)
     out, lse = _PagedForward.apply(q, k, v, dict(
         seqlens_k=cu_k[1:] - cu_k[:-1], cu_seqlens_q=cu_seqlens_q.to(torch.int32), max_seqlen_q=int(max_seqlen_q),
@@ -168,6 +192,19 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     b, sq, hq, d = q.shape
     if (k is None) != (v is None):
         raise InvalidProblem("pass both k and v (the new keys and values) or neither")
+    if d % 8:
+        # as FlashAttention's CK backend: padded copies of q and the caches, the appended rows copied back
+        kcp, vcp = _pad8(k_cache, v_cache)
+        res = flash_attn_with_kvcache(
+            *_pad8(q), kcp, vcp, *_pad8(k, v), rotary_cos=rotary_cos, rotary_sin=rotary_sin,
+            cache_seqlens=cache_seqlens, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
+            block_table=block_table, softmax_scale=d ** -0.5 if softmax_scale is None else softmax_scale,
+            causal=causal, window_size=window_size, softcap=softcap, rotary_interleaved=rotary_interleaved,
+            alibi_slopes=alibi_slopes, num_splits=num_splits, return_softmax_lse=return_softmax_lse)
+        if k is not None:
+            k_cache.copy_(kcp[..., :d])
+            v_cache.copy_(vcp[..., :d])
+        return (res[0][..., :d], res[1]) if return_softmax_lse else res[..., :d]
     if (rotary_cos is None) != (rotary_sin is None):
         raise InvalidProblem("pass both rotary_cos and rotary_sin or neither")
     if rotary_cos is not None and k is None:

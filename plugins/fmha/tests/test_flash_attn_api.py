@@ -89,6 +89,7 @@ BATCH_CASES = [
     (2, 17, 17, 2, 2, 16, False, (4, 2), True, 0.0),        # sliding window + ALiBi
     (2, 9, 21, 2, 1, 16, True, (5, -1), False, 30.0),       # causal + left window + softcap
     (2, 7, 12, 2, 2, 16, True, (-1, -1), True, 0.0),        # causal ALiBi: lse in FlashAttention's form
+    (2, 9, 14, 2, 1, 20, True, (-1, -1), False, 0.0),       # head dim not a multiple of 8: padded to 24
 ]
 
 
@@ -329,6 +330,55 @@ def test_kvcache_vs_reference(case):
         assert rel(out[i], ro) < TOL, i
         live = torch.isfinite(rl)
         assert torch.allclose(lse[i][live].double(), rl[live], atol=1e-3, rtol=1e-3)
+
+
+def test_head_dim_not_a_multiple_of_8():
+    """FlashAttention pads such head dims to a multiple of 8 (CK's kernels need it): varlen with its
+    gradients, the paged varlen forward, and the KV cache (new rows appended with RoPE, written back
+    into the caller's caches at the caller's head dim)."""
+    d, h, hk = 12, 2, 1
+    lq, lk = [4, 7], [9, 5]
+    cu_q, cu_k = _cu(lq), _cu(lk)
+    q = rnd(sum(lq), h, d, seed=60, grad=True)
+    k, v = rnd(sum(lk), hk, d, seed=61, grad=True), rnd(sum(lk), hk, d, seed=62, grad=True)
+    out = fa.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lq), max(lk), causal=True)
+    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ro = torch.cat([ref_seq(qd[cu_q[i]:cu_q[i + 1]], kd[cu_k[i]:cu_k[i + 1]], vd[cu_k[i]:cu_k[i + 1]],
+                            causal=True)[0] for i in range(2)])
+    assert out.shape == q.shape and rel(out, ro) < TOL
+    check_grads(out, ro, [(q, qd), (k, kd), (v, vd)])
+
+    page = 4
+    pool_k, pool_v = rnd(6, page, hk, d, seed=63), rnd(6, page, hk, d, seed=64)
+    table = torch.tensor([[3, 0, 5], [1, 4, 2]], dtype=torch.int32)
+    out = fa.flash_attn_varlen_func(q.detach(), pool_k, pool_v, cu_q, cu_k, max(lq), max(lk), causal=True,
+                                    block_table=table)
+    for i in range(2):
+        kk = pool_k[table[i].long()].reshape(-1, hk, d)[:lk[i]]
+        vv = pool_v[table[i].long()].reshape(-1, hk, d)[:lk[i]]
+        assert rel(out[cu_q[i]:cu_q[i + 1]], ref_seq(q[cu_q[i]:cu_q[i + 1]].detach(), kk, vv, causal=True)[0]) < TOL
+
+    b, sq, cap, new = 2, 3, 16, 2
+    qc, kc, vc = rnd(b, sq, h, d, seed=65), rnd(b, cap, hk, d, seed=66), rnd(b, cap, hk, d, seed=67)
+    k_new, v_new = rnd(b, new, hk, d, seed=68), rnd(b, new, hk, d, seed=69)
+    ang = torch.rand(cap, 2, generator=torch.Generator().manual_seed(70)) * 2 * math.pi
+    cos, sin = ang.cos().half(), ang.sin().half()
+    seqlens = torch.tensor([5, 11], dtype=torch.int32)
+    k_before, v_before = kc.clone(), vc.clone()
+    out, lse = fa.flash_attn_with_kvcache(qc, kc, vc, k_new, v_new, rotary_cos=cos, rotary_sin=sin,
+                                          cache_seqlens=seqlens, causal=True, return_softmax_lse=True)
+    assert out.shape == qc.shape and kc.shape == (b, cap, hk, d)
+    for i in range(b):
+        n0 = int(seqlens[i])
+        kk, vv = k_before[i].double(), v_before[i].double()
+        kk[n0:n0 + new] = rope_ref(k_new[i], cos, sin, torch.arange(n0, n0 + new), True)
+        vv[n0:n0 + new] = v_new[i].double()
+        assert rel(kc[i][:n0 + new], kk[:n0 + new]) < 1e-3 and torch.equal(kc[i][n0 + new:], k_before[i][n0 + new:])
+        assert torch.equal(vc[i][:n0 + new].double(), vv[:n0 + new])
+        qq = rope_ref(qc[i], cos, sin, torch.arange(n0, n0 + sq), True)
+        ro, rl = ref_seq(qq, kk[:n0 + new], vv[:n0 + new], causal=True)
+        assert rel(out[i], ro) < TOL
+        assert torch.allclose(lse[i].double(), rl, atol=1e-3, rtol=1e-3)
 
 
 def test_kvcache_leftpad():

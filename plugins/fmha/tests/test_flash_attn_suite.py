@@ -110,6 +110,11 @@ def test_budget_leaves_tests_not_run(snapshot, tmp_path):
     # file::function picks functions without collecting the others
     _, rep = _run(snapshot, tmp_path, "--tests", "tests/test_flash_attn_ck.py::test_fails", "--min-per-test", "3")
     assert list(rep["per_test"]) == ["test_fails"] and rep["per_test"]["test_fails"]["failed"] == 1
+    # file::function[id] runs exactly the named parametrizations, whatever the sample would have kept
+    _, rep = _run(snapshot, tmp_path, "--tests", "tests/test_flash_attn_ck.py::test_many[37]",
+                  "--tests", "tests/test_flash_attn_ck.py::test_fails[1]", "--fraction", "0", "--min-per-test", "1")
+    assert list(rep["tests"]) == ["test_many[37]", "test_fails[1]"]
+    assert rep["per_test"]["test_many"]["passed"] == 1 and rep["per_test"]["test_fails"]["failed"] == 1
 
 
 def test_sample_is_deterministic_and_seeded():

@@ -20,7 +20,7 @@ import logging
 
 import torch
 
-from ck_core.errors import InvalidProblem
+from ck_core.errors import InvalidProblem, PluginError
 
 from ..flash_attn import FlashAttnNotImplemented, flash_attn_func, flash_attn_varlen_func
 
@@ -31,8 +31,12 @@ NAME = "ck_fmha"
 
 def register(name: str = NAME) -> str:
     """Make ``attn_implementation=name`` select ck-fmha in transformers; returns the name."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+    except ImportError as e:
+        raise PluginError(f"ck_fmha.integrations.transformers needs transformers 5 ({e}): "
+                          "pip install 'ck-fmha[transformers]'") from None
 
     AttentionInterface.register(name, attention_forward)
     # the 2D padding mask (or None): group mode needs the sequence lengths, not a dense 4D mask

@@ -74,7 +74,7 @@ def batch_logits(p: FmhaProblem, q, k, b: int, *, bias=None, alibi_slopes=None,
     """Logits of batch ``b``: q [H, sq, Dq], k [Hk, sk, Dq] (float64, already descaled)."""
     H, sq, sk = q.shape[0], q.shape[1], k.shape[1]
     kk = L.expand_kv(k, p.nhead_ratio)
-    s = p.softmax_scale * np.einsum("hid,hjd->hij", q, kk)
+    s = p.softmax_scale * (q @ kk.swapaxes(-1, -2))
     th = None
     if p.logits_soft_cap > 0:
         th = np.tanh(s / p.logits_soft_cap)
@@ -143,7 +143,7 @@ def _attend_all(p: FmhaProblem, qs, ks, vs, *, bias=None, alibi_slopes=None, sin
         if keep is not None:
             pr = pr * keep / (1.0 - p.p_drop)
             rvs.append(rv)
-        os_.append(np.einsum("hij,hjd->hid", pr, L.expand_kv(v, p.nhead_ratio)))
+        os_.append(pr @ L.expand_kv(v, p.nhead_ratio))
         lses.append(lse)
     o = L.merge_q(p, os_, p.hdim_v)
     lse = L.merge_rows(p, lses, fill=-np.inf)
@@ -202,7 +202,7 @@ def fwd_splitkv(p: FmhaProblem, q, k, v, *, bias=None, alibi_slopes=None, sink=N
         for si, rng_ in enumerate(ranges):
             lg = batch_logits(p, qb, kb, b, bias=bias, alibi_slopes=alibi_slopes, col_range=rng_)
             pr, lse = softmax_lse(lg.s, sink64 if si == 0 else None)
-            o_parts[si].append(np.einsum("hij,hjd->hid", pr, vv))
+            o_parts[si].append(pr @ vv)
             l_parts[si].append(lse)
     o_acc = np.stack([L.merge_q(attrs_batch_layout(p), o_parts[s], p.hdim_v) for s in range(S)])
     lse_acc = np.stack([L.merge_rows(p, l_parts[s], fill=-np.inf) for s in range(S)])

@@ -40,6 +40,11 @@ LN2 = 0.6931471805599453
 # ----------------------------------------------------------------------------
 # helpers
 # ----------------------------------------------------------------------------
+#: the dropout seed and offset words and threshold are data, not shapes: Triton would make a value of 1
+#: a compile-time constant (that ``.to(bitcast=True)`` cannot take) and compile again per value class
+_PHILOX_ARGS = ("seed_lo", "seed_hi", "off_lo", "drop_thresh")
+
+
 @triton.jit
 def _tanh(x):
     # portable tanh (no libdevice, so that the same source compiles for HIP)
@@ -365,7 +370,7 @@ def _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, v
     return acc, l_i, m_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_PHILOX_ARGS)
 def fmha_fwd_kernel(
     Q, K, V, O, LSE, CU_Q, CU_K,
     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sob, soh, sos, slb, slh,
@@ -601,7 +606,7 @@ def fmha_v_transpose_kernel(V, VT, svb, svh, svs, stb, sth, std, SEQ, H,
              mask=(d[:, None] < D_V) & (s[None, :] < SEQ))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_PHILOX_ARGS)
 def fmha_dropout_randval_kernel(RV, CU_Q, CU_K, srb, srh, srq, H, SEQ_Q, SEQ_K, seed_lo, seed_hi, off_lo,
                                 SEQLENS_K,
                                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_VARLEN: tl.constexpr,
@@ -741,7 +746,7 @@ def _bwd_dkdv_inner(dk, dv, k, v, qb, dob, lseb, deltab, dqab, sqs, sdos, sdqs,
     return dk, dv
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_PHILOX_ARGS)
 def fmha_bwd_dq_dk_dv_kernel(
     Q, K, V, DO, LSE, DELTA, DK, DV, DQA,
     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdob, sdoh, sdos,
@@ -912,7 +917,7 @@ def _bwd_dq_inner(dq, q, do, lse2, di, kb, vb, sks, svs, start, end, rows, off, 
     return dq
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_PHILOX_ARGS)
 def fmha_bwd_dq_kernel(
     Q, K, V, DO, LSE, DELTA, DQ,
     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdob, sdoh, sdos, sdqb, sdqh, sdqs,
