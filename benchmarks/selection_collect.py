@@ -1,26 +1,30 @@
 """Collect the selection oracle: per shape, the time of every candidate kernel supports() admits.
 
-    python benchmarks/selection_collect.py --op gemm --shapes 1200 --budget-s 240 --out $OUT
+    python benchmarks/selection_collect.py --op gemm --shapes 1500 --workers 14 --budget-s 280 --out $OUT
 
 Shapes come from a fixed seed (LLM linear layers of public model configs, skinny M, random odd
 sizes, batched; fp16 and bf16) with a train / held-out split: whole model configs are held out,
 and about 30% of the other shapes.  For each shape every candidate of the registry the public
 API uses (``ck_core.api.dispatcher_for`` with the API's options) is run once against an fp32
-product (a wrong result is a failure, timed as infinity) and then timed: a GPU sleep kernel
-holds the stream while the launches are queued, so the events measure back-to-back kernel time,
-not host overhead, with no CUDA graph to capture.  Before timing, a pool of processes JIT-compiles
-each (kernel, specialisation class) once, so the main process finds Triton's cache warm.
+product (a wrong result is a failure, timed as infinity; one read-back for all candidates),
+then timed with CUDA events: all candidates queued behind one GPU sleep kernel (so the events
+see back-to-back kernel time, not host time), one launch each, then several launches for those
+within 2x of the fastest; torch.matmul (cuBLAS) is timed the same way on the same tensors.
+
+Shapes are grouped by Triton specialisation class (:func:`spec_class`: shapes of one class run
+the same compiled kernels).  ``--workers`` processes compile each class's candidates into the
+kernel cache (meta tensors, no GPU; most frequent class first) while the main process times the
+shapes of the classes already compiled, in runs of ``--class-block`` shapes a class.
 
 Rows are appended to ``<out>/<op>_<arch>.jsonl`` as they are measured (a killed run keeps them):
-a header line with the kernel names, then one line per shape with ``times`` as
-``[[kernel index, ms], ...]`` (``null`` ms: failed) and the heuristic's pick over the full set.
-On the CPU (``--backend numpy`` or the Triton interpreter) the same code runs with wall-clock
-timing, for tests.
+a header line, ``{"kernel": i, "name": ...}`` lines, then one line per shape with ``times`` as
+``[[kernel index, ms], ...]`` (``null`` ms: failed), ``peer_ms`` and the heuristic's pick over
+the full set.  On the CPU (``--backend numpy`` or the Triton interpreter) the same code runs with
+wall-clock timing and no peer, for tests.
 """
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import math
 import multiprocessing as mp
@@ -227,34 +231,20 @@ def class_blocks(cases: list, problem_of, block: int) -> list:
 # -- the compile pool (GPU) ---------------------------------------------------------------------
 
 def _compile_worker(args):
-    """Compile one class's kernels into the kernel cache without touching the GPU (meta tensors,
-    the arch's target), and build Triton's launcher stubs, so the timing process only loads."""
+    """Compile one class's kernels into the kernel cache without touching the GPU, so the
+    timing process only loads them (``ck_core.backends.triton_backend.build_for_problem``)."""
     op_name, arch_name, backend, cls, case, names = args
-    from ck_core.backends import triton_artifacts as ta
+    from ck_core.backends.triton_backend import build_for_problem
     from ck_core.key import KernelKey
     from ck_core.plugins import get_manager
 
     mgr = get_manager()
-    op = mgr.op(op_name)
-    target = mgr.arch(arch_name).gpu_target()
+    op, arch = mgr.op(op_name), mgr.arch(arch_name)
     p = OPS[op_name][1](case)
     failed = []
     for name in names:
         try:
-            key = KernelKey.from_name(name, mgr)
-            rendered = op.render(key, backend)
-            if "problem" not in inspect.signature(getattr(rendered, "jit_calls", lambda: None)).parameters:
-                continue   # no launch to trace on a problem: the timing process compiles it
-            calls = rendered.jit_calls(p)
-            for suffix, fn, cargs, kwargs in calls:
-                ck, _ = ta.get_or_build(key.name + suffix, fn, cargs, kwargs, target=target,
-                                        extra=ta.compile_options(key))
-                try:   # the launcher stub is a C build per argument signature (cached by Triton)
-                    from triton.runtime import driver
-
-                    driver.active.launcher_cls(ck.src, ck.metadata)
-                except Exception:  # noqa: BLE001 - no driver here: the timing process builds it
-                    pass
+            build_for_problem(KernelKey.from_name(name, mgr), op, arch, p)
         except Exception as exc:  # noqa: BLE001 - one failing kernel is that kernel's failure
             failed.append((name, f"{type(exc).__name__}: {str(exc)[:160]}"))
     return cls, len(names), failed
@@ -393,16 +383,23 @@ def measure_cuda(op, p, keys, backend, arch, dev, ref, peer, reps: int, stats: d
     t1 = time.perf_counter()
     first, host = _queued(kept, [1] * len(kept), 40e-6 * len(kept) + 1e-4)
     per_launch = host / len(kept)
-    n = [max(1, min(reps, math.ceil(TARGET_MS / max(t or TARGET_MS, 1e-3)))) for t in first]
+    # the second, longer run only for the contenders (within 2x of the fastest single run) and
+    # the peer: a kernel 2x slower is never picked, its single run says so well enough
+    fastest = min((t for t in first[:-1] if t is not None), default=None)
+    again = [i for i, t in enumerate(first) if t is not None and (
+        i == len(first) - 1 or fastest is None or t <= 2.0 * fastest)]
+    n = [max(1, min(reps, math.ceil(TARGET_MS / max(first[i], 1e-3)))) for i in again]
     sleep = 1.5 * per_launch * sum(n) + 1e-4
-    ms, host2 = _queued(kept, n, sleep)
+    ms, host2 = _queued([kept[i] for i in again], n, sleep)
+    ms = dict(zip(again, ms))
     stats["check_s"] += t1 - t0
     stats["time_s"] += time.perf_counter() - t1
     stats["host_bound"] += host2 > sleep
+    stats["timed_twice"] += len(again)
     times = {}
-    for (name, _), t in zip(kept, ms):
-        times[name] = t
-        if t is None:
+    for i, ((name, _), t) in enumerate(zip(kept, first)):
+        times[name] = ms.get(i, t)
+        if times[name] is None:
             errors[name] = "failed while timed"
     return times, errors, times.pop("__peer__")
 
@@ -464,7 +461,7 @@ def collect(op_name: str, arch: str, backend: str, cases: list, out: Path, budge
         pool = CompilePool(op_name, arch, backend, plan, workers)
     path = out / f"{op_name}_{arch}.jsonl"
     names: dict = {}
-    stats = {"check_s": 0.0, "time_s": 0.0, "setup_s": 0.0, "wait_s": 0.0, "host_bound": 0}
+    stats = {"check_s": 0.0, "time_s": 0.0, "setup_s": 0.0, "wait_s": 0.0, "host_bound": 0, "timed_twice": 0}
     written = 0
     todo = [(spec_class(problem_of(c)), c) for c in cases]
     try:
