@@ -268,19 +268,19 @@ class CompilePool:
         self.t0 = time.time()
         self._pool = mp.get_context("spawn").Pool(workers)
         self._it = self._pool.imap(_compile_worker, tasks)   # in order: the first classes finish first
-        self._n = len(tasks)
+        self._tasks = tasks
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._drain, daemon=True)
         self._thread.start()
         print(f"compile: {len(plan)} classes, {len(tasks)} tasks over {workers} processes", flush=True)
 
     def _drain(self):
-        for _ in range(self._n):
+        for task in self._tasks:   # imap answers in task order
             try:
                 cls, n, failed = self._it.next()
-            except Exception as exc:  # noqa: BLE001 - a dead worker: its classes stay pending
-                print(f"compile: a task failed ({type(exc).__name__}: {exc})", flush=True)
-                continue
+            except Exception as exc:  # noqa: BLE001 - a lost task: the timing process compiles its kernels
+                print(f"compile: a task failed ({type(exc).__name__}: {str(exc)[:200]})", flush=True)
+                cls, n, failed = task[3], 0, []
             with self._lock:
                 self.pending[cls] -= 1
                 self.compiled += n
