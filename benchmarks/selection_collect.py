@@ -205,9 +205,9 @@ def spec_class(p) -> tuple:
             (x == 1, x % 16 == 0) for x in (p.seqlen_q, p.seqlen_k))
     dims = tuple((x == 1, x % 16 == 0) for x in (p.m, p.n, p.k))
     even_k = tuple(p.k % bk == 0 for bk in (64, 128, 256))
-    # products: split-K workspace strides (M*N) and batch strides (M*K, N*K)
-    prods = tuple(x % 16 == 0 for x in (p.m * p.n, p.m * p.k, p.n * p.k, p.batch)) if p.batch > 1 \
-        else ((p.m * p.n) % 16 == 0,)
+    # products: split-K workspace strides (M*N, batch*M*N) and batch strides (M*K, N*K)
+    prods = tuple(x % 16 == 0 for x in (p.m * p.n, p.m * p.k, p.n * p.k, p.batch, p.batch * p.m * p.n)) \
+        if p.batch > 1 else ((p.m * p.n) % 16 == 0,)
     return (p.dtype, p.layout, p.batch > 1) + dims + even_k + prods
 
 
@@ -296,12 +296,18 @@ class CompilePool:
 
 # -- measuring one shape ------------------------------------------------------------------------
 
-def _inputs(op, disp, problem, seed: int):
+def _inputs(disp, problem, seed: int):
     import numpy as np
 
+    op = disp.mgr.op(problem.op)
     host = op.make_inputs(problem, np.random.default_rng(seed))
     ref = op.reference(problem, dict(host))
     dev = {k: disp.backend_spec.to_backend(v) for k, v in host.items() if k in op.input_names}
+    if hasattr(next(iter(dev.values())), "is_cuda") and getattr(problem, "dtype", "") in ("fp16", "bf16"):
+        # numpy stores bf16 as float32: cast once here, not inside every timed launch
+        from ck_core.api import torch_dtype
+
+        dev = {k: v.to(torch_dtype(problem.dtype)) if v.is_floating_point() else v for k, v in dev.items()}
     return dev, {k: np.asarray(v, dtype=np.float64) for k, v in ref.items()}
 
 
@@ -322,6 +328,40 @@ def _rel_err(out: dict, ref: dict):
                        dtype=np.float64).reshape(r.shape)
         worst = max(worst, float(np.linalg.norm(o - r) / max(np.linalg.norm(r), 1e-30)))
     return worst
+
+
+def _timer(cuda: bool, reps: int):
+    """``time(fn) -> ms`` of one call: back-to-back kernel time on CUDA, wall clock elsewhere."""
+    if not cuda:
+        def wall(fn):
+            best = math.inf
+            for _ in range(max(1, reps // 2)):
+                t = time.perf_counter()
+                fn()
+                best = min(best, time.perf_counter() - t)
+            return best * 1e3
+        return wall
+    import torch
+
+    def gpu(fn):
+        fn()  # warm (first launch may record the replay)
+        torch.cuda.synchronize()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        est = time.perf_counter() - t
+        n = max(2, min(reps, int(3e-3 / max(est, 1e-6))))
+        # hold the stream while the host queues the launches: the events see kernel time only
+        # (150 us a launch covers the general launch path's host time, e.g. batched GEMMs)
+        torch.cuda._sleep(int(1.8e9 * 150e-6 * (n + 2)))
+        s.record()
+        for _ in range(n):
+            fn()
+        e.record()
+        torch.cuda.synchronize()
+        return s.elapsed_time(e) / n
+    return gpu
 
 
 #: GPU time each kernel's timed run aims at (more launches for short kernels, up to --reps)
@@ -493,7 +533,7 @@ def collect(op_name: str, arch: str, backend: str, cases: list, out: Path, budge
                         order = order[:2] + rest[:max(0, cap - 2)]
                     skip = pool.failed.get(cls, {}) if pool else {}
                     seed = zlib.crc32(json.dumps(c, sort_keys=True).encode())
-                    dev, ref = cuda_inputs(p, seed) if cuda else _inputs(op, disp, p, seed)
+                    dev, ref = cuda_inputs(p, seed) if cuda else _inputs(disp, p, seed)
                 except Exception as exc:  # noqa: BLE001
                     print(f"{op_name}: shape {c} skipped ({type(exc).__name__}: {str(exc)[:160]})", flush=True)
                     continue
