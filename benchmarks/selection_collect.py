@@ -1,21 +1,26 @@
 """Collect the selection oracle: per shape, the time of every candidate kernel supports() admits.
 
-    python benchmarks/selection_collect.py --op gemm --shapes 1200 --budget-s 240 --out $OUT
+    python benchmarks/selection_collect.py --op gemm --shapes 1500 --workers 14 --budget-s 280 --out $OUT
 
 Shapes come from a fixed seed (LLM linear layers of public model configs, skinny M, random odd
 sizes, batched; fp16 and bf16) with a train / held-out split: whole model configs are held out,
 and about 30% of the other shapes.  For each shape every candidate of the registry the public
 API uses (``ck_core.api.dispatcher_for`` with the API's options) is run once against an fp32
-product (a wrong result is a failure, timed as infinity) and then timed: a GPU sleep kernel
-holds the stream while the launches are queued, so the events measure back-to-back kernel time,
-not host overhead, with no CUDA graph to capture.  Before timing, a pool of processes JIT-compiles
-each (kernel, specialisation class) once, so the main process finds Triton's cache warm.
+product (a wrong result is a failure, timed as infinity; one read-back for all candidates),
+then timed with CUDA events: all candidates queued behind one GPU sleep kernel (so the events
+see back-to-back kernel time, not host time), one launch each, then several launches for those
+within 2x of the fastest; torch.matmul (cuBLAS) is timed the same way on the same tensors.
+
+Shapes are grouped by Triton specialisation class (:func:`spec_class`: shapes of one class run
+the same compiled kernels).  ``--workers`` processes compile each class's candidates into the
+kernel cache (meta tensors, no GPU; most frequent class first) while the main process times the
+shapes of the classes already compiled, in runs of ``--class-block`` shapes a class.
 
 Rows are appended to ``<out>/<op>_<arch>.jsonl`` as they are measured (a killed run keeps them):
-a header line with the kernel names, then one line per shape with ``times`` as
-``[[kernel index, ms], ...]`` (``null`` ms: failed) and the heuristic's pick over the full set.
-On the CPU (``--backend numpy`` or the Triton interpreter) the same code runs with wall-clock
-timing, for tests.
+a header line, ``{"kernel": i, "name": ...}`` lines, then one line per shape with ``times`` as
+``[[kernel index, ms], ...]`` (``null`` ms: failed), ``peer_ms`` and the heuristic's pick over
+the full set.  On the CPU (``--backend numpy`` or the Triton interpreter) the same code runs with
+wall-clock timing and no peer, for tests.
 
 Conv (``--op conv --workers N``): a conv signature's key space holds ~50k keys, so a shape's
 candidates are the keys the Dispatcher ranks for it -- the op's first shortlist tier (the
@@ -33,6 +38,7 @@ import os
 import random
 import sys
 import time
+import zlib
 from pathlib import Path
 
 from ck_gemm.bench_broad import MODELS as BROAD_MODELS
@@ -256,35 +262,128 @@ OPS = {"gemm": (gemm_cases, gemm_problem, gemm_options, gemm_cuda_inputs),
        "conv": (conv_cases, conv_problem, conv_options, conv_cuda_inputs)}
 
 
+def gemm_peer(p, dev):
+    """torch.matmul (cuBLAS) on the same stored operands (transposed views, no copies)."""
+    import torch
+
+    a, b = dev["a"], dev["b"]
+    al = a if p.layout[0] == "r" else a.transpose(-1, -2)
+    bl = b if p.layout[1] == "r" else b.transpose(-1, -2)
+    return lambda: torch.matmul(al, bl)
+
+
+def fmha_peer(p, dev):
+    import torch
+
+    q, k, v = dev["q"], dev["k"], dev["v"]
+    gqa = p.nhead_q != p.nhead_k
+    return lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=p.mask == "top_left",
+                                                                    enable_gqa=gqa)
+
+
+PEERS = {"gemm": ("torch.matmul (cuBLAS)", gemm_peer), "fmha": ("torch SDPA", fmha_peer)}
+
+
+# -- specialisation classes -------------------------------------------------------------------
+
 def spec_class(p) -> tuple:
-    """What Triton specialises a launch on (ints equal to 1 or divisible by 16), plus the signature."""
+    """What Triton specialises a launch on (ints equal to 1 or divisible by 16, the launcher's
+    EVEN_K constexpr), plus the signature: shapes of one class run the same compiled kernels."""
     if p.op == "fmha":
         return (p.dtype, p.hdim_q, p.mask, p.nhead_q == p.nhead_k) + tuple(
             (x == 1, x % 16 == 0) for x in (p.seqlen_q, p.seqlen_k))
     dims = tuple((x == 1, x % 16 == 0) for x in (p.m, p.n, p.k))
-    # the launcher's EVEN_K constexpr (K a multiple of the kernel's block K)
     even_k = tuple(p.k % bk == 0 for bk in (64, 128, 256))
-    return (p.dtype, p.layout, p.batch > 1) + dims + even_k
+    # products: split-K workspace strides (M*N, batch*M*N) and batch strides (M*K, N*K)
+    prods = tuple(x % 16 == 0 for x in (p.m * p.n, p.m * p.k, p.n * p.k, p.batch, p.batch * p.m * p.n)) \
+        if p.batch > 1 else ((p.m * p.n) % 16 == 0,)
+    return (p.dtype, p.layout, p.batch > 1) + dims + even_k + prods
 
 
 def class_blocks(cases: list, problem_of, block: int) -> list:
-    """``cases`` in runs of up to ``block`` shapes of one specialisation class, classes taken in
-    turn: a process loads each (kernel, class) from Triton's cache once (tens of ms a kernel),
-    so consecutive shapes of a class share that cost, and a run cut by its budget still holds
-    every class."""
+    """``cases`` in runs of up to ``block`` shapes of one specialisation class, the most
+    frequent class first, classes taken in turn: consecutive shapes of a class share its
+    compiled kernels, and a run cut by its budget still holds every class it reached."""
     if block <= 0:
         return cases
     by_class: dict = {}
     for c in cases:
         by_class.setdefault(spec_class(problem_of(c)), []).append(c)
+    groups = sorted(by_class.values(), key=len, reverse=True)
     out = []
-    for start in range(0, max(len(v) for v in by_class.values()), block):
-        for v in by_class.values():
+    for start in range(0, max(len(v) for v in groups), block):
+        for v in groups:
             out.extend(v[start:start + block])
     return out
 
 
-# -- inputs and timing -------------------------------------------------------------------------
+# -- the compile pool (GPU) ---------------------------------------------------------------------
+
+def _compile_worker(args):
+    """Compile one class's kernels into the kernel cache without touching the GPU, so the
+    timing process only loads them (``ck_core.backends.triton_backend.build_for_problem``)."""
+    op_name, arch_name, backend, cls, case, names = args
+    from ck_core.backends.triton_backend import build_for_problem
+    from ck_core.key import KernelKey
+    from ck_core.plugins import get_manager
+
+    mgr = get_manager()
+    op, arch = mgr.op(op_name), mgr.arch(arch_name)
+    p = OPS[op_name][1](case)
+    failed = []
+    for name in names:
+        try:
+            build_for_problem(KernelKey.from_name(name, mgr), op, arch, p)
+        except Exception as exc:  # noqa: BLE001 - one failing kernel is that kernel's failure
+            failed.append((name, f"{type(exc).__name__}: {str(exc)[:160]}"))
+    return cls, len(names), failed
+
+
+class CompilePool:
+    """Compiles the classes' kernels in worker processes, most frequent class first, while the
+    main process times the classes already compiled."""
+
+    def __init__(self, op_name, arch, backend, plan, workers: int):
+        import threading
+
+        self.pending = {cls: 0 for cls, _, _ in plan}
+        self.failed: dict = {cls: {} for cls, _, _ in plan}
+        self.compiled = 0
+        tasks = []
+        for cls, case, names in plan:
+            for i in range(0, len(names), 4):
+                tasks.append((op_name, arch, backend, cls, case, names[i:i + 4]))
+                self.pending[cls] += 1
+        self.t0 = time.time()
+        self._pool = mp.get_context("spawn").Pool(workers)
+        self._it = self._pool.imap(_compile_worker, tasks)   # in order: the first classes finish first
+        self._tasks = tasks
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._drain, daemon=True)
+        self._thread.start()
+        print(f"compile: {len(plan)} classes, {len(tasks)} tasks over {workers} processes", flush=True)
+
+    def _drain(self):
+        for task in self._tasks:   # imap answers in task order
+            try:
+                cls, n, failed = self._it.next()
+            except Exception as exc:  # noqa: BLE001 - a lost task: the timing process compiles its kernels
+                print(f"compile: a task failed ({type(exc).__name__}: {str(exc)[:200]})", flush=True)
+                cls, n, failed = task[3], 0, []
+            with self._lock:
+                self.pending[cls] -= 1
+                self.compiled += n
+                self.failed[cls].update(failed)
+
+    def ready(self, cls) -> bool:
+        with self._lock:
+            return self.pending.get(cls, 0) <= 0
+
+    def close(self):
+        self._pool.terminate()
+
+
+# -- measuring one shape ------------------------------------------------------------------------
 
 def _inputs(disp, problem, seed: int):
     import numpy as np
@@ -301,15 +400,8 @@ def _inputs(disp, problem, seed: int):
     return dev, {k: np.asarray(v, dtype=np.float64) for k, v in ref.items()}
 
 
-def _to_numpy(x):
-    import numpy as np
-
-    if hasattr(x, "detach"):
-        return x.detach().float().cpu().numpy()
-    return np.asarray(x, dtype=np.float64)
-
-
-def _rel_err(out: dict, ref: dict) -> float:
+def _rel_err(out: dict, ref: dict):
+    """Relative error of the outputs (a 0-d GPU tensor on CUDA: read back once for all kernels)."""
     import numpy as np
 
     worst = 0.0
@@ -318,9 +410,11 @@ def _rel_err(out: dict, ref: dict) -> float:
             continue
         if hasattr(r, "is_cuda"):
             o = out[k].float().reshape(r.shape)
-            worst = max(worst, float((o - r).norm() / r.norm().clamp_min(1e-30)))
+            e = (o - r).norm() / r.norm().clamp_min(1e-30)
+            worst = e if isinstance(worst, float) else worst.maximum(e)
             continue
-        o = _to_numpy(out[k]).astype(np.float64).reshape(r.shape)
+        o = np.asarray(out[k].detach().float().cpu().numpy() if hasattr(out[k], "detach") else out[k],
+                       dtype=np.float64).reshape(r.shape)
         worst = max(worst, float(np.linalg.norm(o - r) / max(np.linalg.norm(r), 1e-30)))
     return worst
 
@@ -362,74 +456,120 @@ def _timer(cuda: bool, reps: int):
     return gpu
 
 
-# -- warm-up pool -----------------------------------------------------------------------------
+#: GPU time each kernel's timed run aims at (more launches for short kernels, up to --reps)
+TARGET_MS = 0.15
+#: H100 SM clock (cycles a second) for torch.cuda._sleep
+SLEEP_HZ = 1.75e9
 
-def _warm_worker(args):
-    op_name, arch, backend, cls, tasks = args
-    from ck_core.api import dispatcher_for
 
-    _, problem_of, options_of, cuda_inputs = OPS[op_name]
-    done = 0
-    for case, name in tasks:
+def _queued(runs, reps, sleep_s):
+    """Time ``runs`` (name, fn) with ``reps`` launches each, all queued behind one GPU sleep
+    kernel so the events see back-to-back kernel time, not host time; one sync.  Returns
+    (ms per launch or None, host seconds spent queueing)."""
+    import torch
+
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in runs]
+    bad = set()
+    torch.cuda._sleep(int(min(sleep_s, 0.25) * SLEEP_HZ))
+    t = time.perf_counter()
+    for i, ((_, fn), n, (s, e)) in enumerate(zip(runs, reps, ev)):
+        s.record()
         try:
-            p = problem_of(case)
-            disp = dispatcher_for(op_name, arch, backend, **options_of(p))
-            dev = cuda_inputs(p, 0)[0] if backend == "triton" and not os.environ.get("TRITON_INTERPRET") \
-                else _inputs(disp, p, 0)[0]
-            key = next(k for k in disp.registry.candidates(p, backend=backend) if k.name == name)
-            disp.impl(key)(p, dict(dev))
-            done += 1
-        except Exception:  # the timing pass records the failure
-            pass
-    return cls, done
+            for _ in range(n):
+                fn()
+        except Exception:  # noqa: BLE001 - a kernel that ran in the check but not here
+            bad.add(i)
+        e.record()
+    host = time.perf_counter() - t
+    torch.cuda.synchronize()
+    return [None if i in bad else s.elapsed_time(e) / n for i, ((s, e), n) in enumerate(zip(ev, reps))], host
 
 
-def warm(op_name, arch, backend, cases, workers: int, budget_s: float) -> set:
-    """Compile every candidate once per specialisation class, most frequent class first, in
-    ``workers`` processes; returns the classes whose compiles all finished in ``budget_s``."""
-    from collections import Counter
+def measure_cuda(op, p, keys, backend, arch, dev, ref, peer, reps: int, stats: dict):
+    """``({name: ms or None}, {name: error}, peer ms)``: every key checked against the fp32
+    reference (one read-back for all), then timed twice in queued batches (one launch each,
+    then enough launches for ~TARGET_MS each)."""
+    import torch
 
-    from ck_core.api import dispatcher_for
-
-    _, problem_of, options_of, _ = OPS[op_name]
-    freq = Counter(spec_class(problem_of(c)) for c in cases)
-    rep = {}
-    for c in cases:
-        rep.setdefault(spec_class(problem_of(c)), c)
-    chunks, pending = [], Counter()
-    for cls, _ in freq.most_common():
-        c = rep[cls]
-        p = problem_of(c)
-        disp = dispatcher_for(op_name, arch, backend, **options_of(p))
-        names = [k.name for k in disp.registry.candidates(p, backend=backend)]
-        for i in range(0, len(names), 4):
-            chunks.append((op_name, arch, backend, cls, [(c, n) for n in names[i:i + 4]]))
-            pending[cls] += 1
-    print(f"warm: {len(freq)} specialisation classes, {len(chunks)} chunks over {workers} processes",
-          flush=True)
-    ctx = mp.get_context("spawn")
-    t0 = time.time()
-    done = 0
-    with ctx.Pool(workers) as pool:
-        it = pool.imap_unordered(_warm_worker, chunks)
+    t0 = time.perf_counter()
+    tol = op_tolerance(p)
+    runs, errs, errors = [], [], {}
+    for k in keys:
         try:
-            for _ in chunks:
-                cls, n = it.next(timeout=max(1.0, budget_s - (time.time() - t0)))
-                done += n
-                pending[cls] -= 1
-        except mp.TimeoutError:
-            print(f"warm: budget reached after {done} compiles", flush=True)
-            pool.terminate()
-    warmed = {cls for cls in freq if pending[cls] == 0}
-    print(f"warm: {done} compiles in {time.time() - t0:.0f}s; {len(warmed)} of {len(freq)} classes "
-          f"({sum(freq[c] for c in warmed)} of {len(cases)} shapes) warm", flush=True)
-    return warmed
+            fn = op.implement(k, backend, arch)   # fresh: a recorded launch holds its tensors
+            errs.append(_rel_err(fn(p, dict(dev)), ref))
+            runs.append((k.name, (lambda fn=fn: fn(p, dev))))
+        except Exception as exc:  # noqa: BLE001 - one failing kernel never sinks the sweep
+            errors[k.name] = f"{type(exc).__name__}: {str(exc)[:100]}"
+    # one read-back for every check (the errors are 0-d tensors on the device)
+    where = next((e.device for e in errs if torch.is_tensor(e)), "cpu")
+    checked = torch.stack([torch.as_tensor(e, dtype=torch.float32, device=where) for e in errs]).tolist() \
+        if errs else []
+    kept = []
+    for (name, fn), e in zip(runs, checked):
+        if e < tol:
+            kept.append((name, fn))
+        else:
+            errors[name] = f"wrong result, relative error {e:.3g}"
+    kept.append(("__peer__", peer))
+    t1 = time.perf_counter()
+    first, host = _queued(kept, [1] * len(kept), 40e-6 * len(kept) + 1e-4)
+    per_launch = host / len(kept)
+    # the second, longer run only for the contenders (within 2x of the fastest single run) and
+    # the peer: a kernel 2x slower is never picked, its single run says so well enough
+    fastest = min((t for t in first[:-1] if t is not None), default=None)
+    again = [i for i, t in enumerate(first) if t is not None and (
+        i == len(first) - 1 or fastest is None or t <= 2.0 * fastest)]
+    n = [max(1, min(reps, math.ceil(TARGET_MS / max(first[i], 1e-3)))) for i in again]
+    sleep = 1.5 * per_launch * sum(n) + 1e-4
+    ms, host2 = _queued([kept[i] for i in again], n, sleep)
+    ms = dict(zip(again, ms))
+    stats["check_s"] += t1 - t0
+    stats["time_s"] += time.perf_counter() - t1
+    stats["host_bound"] += host2 > sleep
+    stats["timed_twice"] += len(again)
+    times = {}
+    for i, ((name, _), t) in enumerate(zip(kept, first)):
+        times[name] = ms.get(i, t)
+        if times[name] is None:
+            errors[name] = "failed while timed"
+    return times, errors, times.pop("__peer__")
+
+
+def measure_wall(op, p, keys, backend, arch, dev, ref, peer, reps: int, stats: dict):
+    """The CPU twin of :func:`measure_cuda` (numpy backend, interpreter): wall clock, no peer."""
+    t0 = time.perf_counter()
+    tol = op_tolerance(p)
+    times, errors = {}, {}
+    for k in keys:
+        try:
+            fn = op.implement(k, backend, arch)
+            err = _rel_err(fn(p, dict(dev)), ref)
+            if not err < tol:
+                raise ValueError(f"wrong result, relative error {err:.3g}")
+            best = math.inf
+            for _ in range(max(1, reps // 2)):
+                t = time.perf_counter()
+                fn(p, dev)
+                best = min(best, time.perf_counter() - t)
+            times[k.name] = best * 1e3
+        except Exception as exc:  # noqa: BLE001 - one failing kernel never sinks the sweep
+            times[k.name] = None
+            errors[k.name] = f"{type(exc).__name__}: {str(exc)[:100]}"
+    stats["time_s"] += time.perf_counter() - t0
+    return times, errors, None
+
+
+def op_tolerance(p) -> float:
+    if p.op == "fmha":
+        return 3e-2
+    return 2e-2 if p.dtype in ("fp16", "bf16") else 1e-3
 
 
 # -- the collection ---------------------------------------------------------------------------
 
 def collect(op_name: str, arch: str, backend: str, cases: list, out: Path, budget_s: float, reps: int,
-            cap: int = 0) -> int:
+            cap: int = 0, workers: int = 0, block: int = 40) -> int:
     from ck_core.api import dispatcher_for
 
     _, problem_of, options_of, cuda_inputs = OPS[op_name]
@@ -437,65 +577,99 @@ def collect(op_name: str, arch: str, backend: str, cases: list, out: Path, budge
     if cuda:
         import torch
         cuda = torch.cuda.is_available()
-    timer = _timer(cuda, reps)
+    t0 = time.time()
+    cases = class_blocks(cases, problem_of, block)
+    first_of: dict = {}
+    for c in cases:
+        first_of.setdefault(spec_class(problem_of(c)), c)
+
+    def candidates(p):
+        disp = dispatcher_for(op_name, arch, backend, **options_of(p))
+        return disp, list(disp.registry.candidates(p, backend=backend))
+
+    pool = None
+    if cuda and workers:
+        plan = [(cls, c, [k.name for k in candidates(problem_of(c))[1]]) for cls, c in first_of.items()]
+        pool = CompilePool(op_name, arch, backend, plan, workers)
     path = out / f"{op_name}_{arch}.jsonl"
     names: dict = {}
+    stats = {"check_s": 0.0, "time_s": 0.0, "setup_s": 0.0, "wait_s": 0.0, "host_bound": 0, "timed_twice": 0}
     written = 0
-    t0 = time.time()
-    with open(path, "a") as f:
-        for i, c in enumerate(cases):
-            if time.time() - t0 > budget_s:
-                print(f"{op_name}: budget reached after {i} of {len(cases)} shapes", flush=True)
-                break
-            try:
-                p = problem_of(c)
-                disp = dispatcher_for(op_name, arch, backend, **options_of(p))
-                op = disp.mgr.op(op_name)
-                cands = disp.registry.candidates(p, backend=backend)
-                if not cands:
+    todo = [(spec_class(problem_of(c)), c) for c in cases]
+    try:
+        with open(path, "a") as f:
+            while todo:
+                if time.time() - t0 > budget_s:
+                    print(f"{op_name}: budget reached with {len(todo)} of {len(cases)} shapes left", flush=True)
+                    break
+                # the next shape whose class is compiled (shapes of other classes wait their turn)
+                i = next((j for j, (cls, _) in enumerate(todo) if pool is None or pool.ready(cls)), None)
+                if i is None:
+                    time.sleep(0.2)
+                    stats["wait_s"] += 0.2
                     continue
-                heur = op.heuristic(p, list(cands), disp.arch)[0] if op.heuristic else cands[0]
-                ranked = disp.rank(p)  # the Dispatcher's own order (store > ranker > heuristic)
-                chosen = ranked[0]
-                first = list(dict.fromkeys([heur, *ranked[:3]]))   # always timed, even under --cap
-                order = first + [k for k in cands if k not in first]
-                if cap and len(order) > cap:
-                    rest = order[len(first):]
-                    random.Random(i).shuffle(rest)
-                    order = first + rest[:max(0, cap - len(first))]
-                dev, ref = cuda_inputs(p, i) if cuda else _inputs(disp, p, i)
-            except Exception as exc:
-                print(f"{op_name}: shape {c} skipped ({type(exc).__name__}: {str(exc)[:160]})", flush=True)
-                continue
-            times = []
-            errors = {}
-            for k in dict.fromkeys(order):
-                idx = names.get(k.name)
-                if idx is None:
-                    idx = names[k.name] = len(names)
-                    f.write(json.dumps({"kernel": idx, "name": k.name}) + "\n")
+                cls, c = todo.pop(i)
+                ts = time.perf_counter()
                 try:
-                    fn = disp.impl(k)
-                    err = _rel_err(fn(p, dict(dev)), ref)
-                    if not err < op_tolerance(p):
-                        raise ValueError(f"wrong result, relative error {err:.3g}")
-                    ms = timer(lambda: fn(p, dev))
-                    times.append([idx, round(ms, 5)])
-                except Exception as exc:  # one failing kernel never sinks the sweep
-                    times.append([idx, None])
-                    errors[idx] = f"{type(exc).__name__}: {str(exc)[:100]}"
-            row = {"family": c["family"], "split": c["split"], "problem": p.to_dict(), "times": times,
-                   "heuristic": names[heur.name], "dispatcher": names[chosen.name]}
-            if errors:
-                row["errors"] = errors
-            f.write(json.dumps(row, separators=(",", ":")) + "\n")
-            f.flush()
-            written += 1
-            if i % 25 == 0:
-                ok = [t for _, t in times if t is not None]
-                print(f"{op_name} {i}/{len(cases)} {c['family']} "
-                      f"{len(times)} kernels, best {min(ok) if ok else None} ms, {time.time() - t0:.0f}s",
-                      flush=True)
+                    p = problem_of(c)
+                    disp, cands = candidates(p)
+                    if not cands:
+                        continue
+                    op = disp.mgr.op(op_name)
+                    heur = op.heuristic(p, list(cands), disp.arch)[0] if op.heuristic else cands[0]
+                    chosen = disp.rank(p)[0]   # the Dispatcher's own order (store > ranker > heuristic)
+                    order = list(dict.fromkeys([heur, chosen, *cands]))
+                    if cap and len(order) > cap:
+                        rest = order[2:]
+                        random.Random(len(todo)).shuffle(rest)
+                        order = order[:2] + rest[:max(0, cap - 2)]
+                    skip = pool.failed.get(cls, {}) if pool else {}
+                    seed = zlib.crc32(json.dumps(c, sort_keys=True).encode())
+                    dev, ref = cuda_inputs(p, seed) if cuda else _inputs(disp, p, seed)
+                except Exception as exc:  # noqa: BLE001
+                    print(f"{op_name}: shape {c} skipped ({type(exc).__name__}: {str(exc)[:160]})", flush=True)
+                    continue
+                stats["setup_s"] += time.perf_counter() - ts
+                measure = measure_cuda if cuda else measure_wall
+                peer = PEERS[op_name][1](p, dev) if cuda else None
+                times, errors, peer_ms = measure(op, p, [k for k in order if k.name not in skip], backend,
+                                                 disp.arch, dev, ref, peer, reps, stats)
+                errors.update({n: f"compile failed: {skip[n]}" for n in skip})
+                rows = []
+                for k in order:
+                    idx = names.get(k.name)
+                    if idx is None:
+                        idx = names[k.name] = len(names)
+                        f.write(json.dumps({"kernel": idx, "name": k.name}) + "\n")
+                    t = times.get(k.name)
+                    rows.append([idx, None if t is None else round(t, 5)])
+                row = {"family": c["family"], "split": c["split"], "problem": p.to_dict(), "times": rows,
+                       "heuristic": names[heur.name], "dispatcher": names[chosen.name]}
+                if peer_ms is not None:
+                    row["peer_ms"] = round(peer_ms, 5)
+                if errors:
+                    row["errors"] = {names[n]: e for n, e in errors.items() if n in names}
+                f.write(json.dumps(row, separators=(",", ":")) + "\n")
+                f.flush()
+                del dev, ref, peer
+                written += 1
+                if written % 25 == 1:
+                    ok = [t for _, t in rows if t is not None]
+                    from ck_core.backends import triton_artifacts
+
+                    print(f"{op_name} {written} shapes, {len(todo)} left; {c['family']} {len(rows)} kernels, "
+                          f"best {min(ok) if ok else None} ms, peer {peer_ms} ms; {time.time() - t0:.0f}s; "
+                          + " ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in stats.items())
+                          + f"; main process {triton_artifacts.STATS}"
+                          + (f"; pool {pool.compiled} compiled" if pool else ""), flush=True)
+    finally:
+        if pool:
+            done = sum(1 for cls in pool.pending if pool.ready(cls))
+            print(f"compile: {pool.compiled} kernels compiled in {time.time() - pool.t0:.0f}s, {done} of "
+                  f"{len(pool.pending)} classes complete, {sum(map(len, pool.failed.values()))} failures", flush=True)
+            pool.close()
+    print(f"{op_name}: phases " + ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}"
+                                            for k, v in stats.items()), flush=True)
     return written
 
 
@@ -665,24 +839,20 @@ def main(argv=None) -> int:
     ap.add_argument("--max-dim", type=int, default=16384)
     ap.add_argument("--seed", type=int, default=SEED)
     ap.add_argument("--budget-s", type=float, default=240.0, help="stop timing new shapes after this")
-    ap.add_argument("--warm-workers", type=int, default=0, help="processes that JIT-compile first (GPU)")
-    ap.add_argument("--warm-budget-s", type=float, default=120.0)
-    ap.add_argument("--only-warm", action="store_true",
-                    help="time only the shapes whose kernels the warm-up compiled (JIT costs seconds a shape)")
-    ap.add_argument("--class-block", type=int, default=20,
+    ap.add_argument("--workers", type=int, default=0,
+                    help="GEMM/FMHA: processes that compile each class's kernels while the main process times "
+                         "(GPU); conv: processes that check and time shapes (at least 1)")
+    ap.add_argument("--class-block", type=int, default=40,
                     help="time shapes in runs of this many of one specialisation class (0: shuffled order)")
-    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--reps", type=int, default=8)
     ap.add_argument("--cap", type=int, default=0, help="most candidates timed per shape (0: all)")
-    ap.add_argument("--workers", type=int, default=1,
-                    help="conv: processes that check and time shapes (compiles overlap, timings take turns)")
     ap.add_argument("--rounds", type=int, default=3, help="conv: timing rounds per kernel (the minimum counts)")
     ap.add_argument("--grace-s", type=float, default=30.0, help="conv: wait this long for shapes under way at the budget")
     ap.add_argument("--out", default="benchmarks/results/selection")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    cases_of = OPS[args.op][0]
-    cases = cases_of(args.shapes, args.seed, args.max_dim)
+    cases = OPS[args.op][0](args.shapes, args.seed, args.max_dim)
     random.Random(args.seed).shuffle(cases)  # a run cut by its budget still samples every family
     from ck_core.bench import device_name
 
@@ -691,21 +861,15 @@ def main(argv=None) -> int:
                             "date": time.strftime("%Y-%m-%d"), "command": " ".join(["benchmarks/selection_collect.py",
                                                                                     *sys.argv[1:]]),
                             "seed": args.seed, "shapes": len(cases),
+                            **({"peer": PEERS[args.op][0]} if args.op in PEERS else {}),
                             **(SHORTLIST_HEADER if args.op in SHORTLIST_OPS else {})}) + "\n")
     if args.op in SHORTLIST_OPS:
         n = collect_shortlists(args.op, args.arch, args.backend, cases, out, args.budget_s, args.reps,
                                max(1, args.workers), args.rounds, args.grace_s)
         print(f"{args.op}: {n} shapes written to {out}", flush=True)
         return 0
-    if args.warm_workers:
-        warmed = warm(args.op, args.arch, args.backend, cases, args.warm_workers, args.warm_budget_s)
-        # shapes whose kernels are compiled go first; the rest compile as they are met
-        problem_of = OPS[args.op][1]
-        cases.sort(key=lambda c: spec_class(problem_of(c)) not in warmed)
-        if args.only_warm:
-            cases = [c for c in cases if spec_class(problem_of(c)) in warmed]
-    cases = class_blocks(cases, OPS[args.op][1], args.class_block)
-    n = collect(args.op, args.arch, args.backend, cases, out, args.budget_s, args.reps, args.cap)
+    n = collect(args.op, args.arch, args.backend, cases, out, args.budget_s, args.reps, args.cap,
+                args.workers, args.class_block)
     print(f"{args.op}: {n} shapes written to {out}", flush=True)
     return 0
 

@@ -30,15 +30,17 @@ log = logging.getLogger(__name__)
 FAILED = 3.0
 
 
-def design(op, arch, shapes, names=None):
-    """``(X, y, group sizes, feature names)`` over every measured candidate of ``shapes``."""
+def design(op, arch, shapes, names=None, clip: float = FAILED):
+    """``(X, y, group sizes, feature names)`` over every measured candidate of ``shapes``; ``y``
+    is capped at ``clip`` (a kernel that much slower than the best is as good as failed: the
+    fit spends its splits on the contenders)."""
     Xs, ys, groups = [], [], []
     for s in shapes:
         cols = op.features(s.problem, list(s.keys), arch)
         names = names or sorted(cols)
         Xs.append(ranker.matrix(cols, names, f"{op.name} features"))
         y = np.log(s.ms / s.best)
-        ys.append(np.where(np.isfinite(y), np.minimum(y, FAILED), FAILED))
+        ys.append(np.where(np.isfinite(y), np.minimum(y, clip), clip))
         groups.append(len(s.keys))
     return np.vstack(Xs), np.concatenate(ys), groups, names
 
@@ -75,11 +77,11 @@ def fit_linear(X, y, names, ridge: float = 1e-3) -> dict:
             "intercept": float(y.mean() - (mu / sd) @ w)}
 
 
-def fit_gbdt(X, y, names, trees: int = 60, leaves: int = 16, seed: int = 0) -> dict:
+def fit_gbdt(X, y, names, trees: int = 60, leaves: int = 16, seed: int = 0, depth: int = 5) -> dict:
     import lightgbm as lgb
 
     # shallow trees: inference walks every level for every candidate (selection <= 1 ms)
-    model = lgb.LGBMRegressor(n_estimators=trees, num_leaves=leaves, max_depth=5, learning_rate=0.12,
+    model = lgb.LGBMRegressor(n_estimators=trees, num_leaves=leaves, max_depth=depth, learning_rate=0.12,
                               min_child_samples=10,
                               subsample=0.8, subsample_freq=1, colsample_bytree=0.9, random_state=seed,
                               verbose=-1)
@@ -121,8 +123,10 @@ def quality(spec: dict, op, arch, shapes) -> dict:
     return select_data.summary(select_data.evaluate(shapes, select_data.ranker_selector(model, op, arch)))
 
 
-def train(op, arch, oracle, kinds=("gbdt", "linear"), seed: int = 0, validation: float = 0.2):
-    """Fit each kind on part of the training split, keep the best on the rest, refit it on all."""
+def train(op, arch, oracle, kinds=("gbdt", "linear"), seed: int = 0, validation: float = 0.2,
+          clip: float = FAILED, **gbdt):
+    """Fit each kind on part of the training split, keep the best on the rest, refit it on all.
+    ``gbdt``: :func:`fit_gbdt`'s tree options (trees, leaves, depth)."""
     shapes = oracle.split("train")
     if len(shapes) < 10:
         from .errors import ConfigError
@@ -138,15 +142,15 @@ def train(op, arch, oracle, kinds=("gbdt", "linear"), seed: int = 0, validation:
         idx = rng.permutation(len(shapes))
         cut = int(len(shapes) * (1 - validation))
         fit, val = [shapes[i] for i in idx[:cut]], [shapes[i] for i in idx[cut:]]
-    X, y, _, names = design(op, arch, fit)
+    X, y, _, names = design(op, arch, fit, clip=clip)
     report = {}
     for kind in kinds:
-        spec = fit_gbdt(X, y, names, seed=seed) if kind == "gbdt" else fit_linear(X, y, names)
+        spec = fit_gbdt(X, y, names, seed=seed, **gbdt) if kind == "gbdt" else fit_linear(X, y, names)
         report[kind] = quality(spec, op, arch, val)
         log.info("%s: validation %s", kind, report[kind])
     best = max(report, key=lambda k: (report[k]["geomean"], report[k]["p10"]))
-    X, y, _, names = design(op, arch, shapes)
-    spec = fit_gbdt(X, y, names, seed=seed) if best == "gbdt" else fit_linear(X, y, names)
+    X, y, _, names = design(op, arch, shapes, clip=clip)
+    spec = fit_gbdt(X, y, names, seed=seed, **gbdt) if best == "gbdt" else fit_linear(X, y, names)
     spec["domain"] = domain(op, arch, shapes)
     spec["validation"] = {k: {m: round(v, 4) for m, v in r.items()} for k, r in report.items()}
     spec["train_shapes"] = len(shapes)
@@ -195,6 +199,11 @@ def main(argv=None) -> int:
     ap.add_argument("--kinds", default="gbdt,linear")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--write", metavar="FOLDER", help="tuned-data folder to write (default: the user's store)")
+    ap.add_argument("--trees", type=int, default=60)
+    ap.add_argument("--leaves", type=int, default=16)
+    ap.add_argument("--depth", type=int, default=5, help="most splits on a tree path (inference walks them all)")
+    ap.add_argument("--clip", type=float, default=FAILED,
+                    help="cap of the target log(time / best): slower kernels count as equally bad")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     mgr = get_manager()
@@ -202,7 +211,8 @@ def main(argv=None) -> int:
     oracle = select_data.load(args.data, mgr)
     h = oracle.header
     arch = mgr.arch(h["arch"])
-    spec = train(op, arch, oracle, tuple(args.kinds.split(",")), args.seed)
+    spec = train(op, arch, oracle, tuple(args.kinds.split(",")), args.seed, clip=args.clip, trees=args.trees,
+                 leaves=args.leaves, depth=args.depth)
     if h.get("candidates", "all") != "all":   # the oracle measured the op's shortlist: rank that
         spec["candidates"] = h["candidates"]
     try:

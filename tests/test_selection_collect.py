@@ -118,3 +118,63 @@ def test_conv_shortlists_collect_on_the_cpu_then_train(collect, tmp_path, monkey
     model = ranker.Model(select_train.fit_linear(X, y, names))
     picks = select_data.evaluate(oracle.shapes, select_data.ranker_selector(model, op, arch))
     assert all(0 < x <= 1 for x in picks)
+
+
+_CLASS_CHECK = r'''
+import json, random, sys
+sys.path.insert(0, sys.argv[1])
+import selection_collect as sc
+from ck_core import Registry
+from ck_core.backends import triton_artifacts as ta
+from ck_core.backends.triton_backend import build_for_problem
+from ck_core.plugins import get_manager
+
+mgr = get_manager(); op = mgr.op("gemm"); arch = mgr.arch("sm90"); tgt = arch.gpu_target()
+rng = random.Random(int(sys.argv[2]))
+by = {}
+for c in sc.gemm_cases(600, seed=int(sys.argv[2])):
+    by.setdefault(sc.spec_class(sc.gemm_problem(c)), []).append(c)
+regs = {}
+checked = 0
+def material(k, p):
+    return [json.dumps(ta.specialise(f, a, kw, tgt)[3], sort_keys=True, default=str)
+            for _, f, a, kw in op.render(k, "triton").jit_calls(p)]
+for cls, cs in by.items():
+    pa, others = sc.gemm_problem(cs[0]), [sc.gemm_problem(c) for c in cs[1:12]]
+    if not others:
+        continue
+    reg = regs.setdefault((pa.dtype, pa.layout), list(Registry.from_enumeration(
+        "gemm", "sm90", "triton", dtypes=[pa.dtype], layouts=[pa.layout])))
+    keys = [k for k in reg if all(op.supports(k, p) is None for p in [pa] + others)]
+    split = [k for k in keys if k.algorithm.split_k > 1]
+    for k in rng.sample(keys, min(2, len(keys))) + split[:1]:
+        want = material(k, pa)
+        for p in others:
+            assert material(k, p) == want, (k.name, pa, p)
+            checked += 1
+    if split:
+        pair = (split[0], pa, others[-1])
+# the compile pool's unit of work: a key built for one problem's specialisation, then loaded
+k, pa, pb = pair
+assert build_for_problem(k, op, arch, pa)
+assert ta.STATS["compiled"] == 2, ta.STATS          # the split-K kernel and its reduction
+assert build_for_problem(k, op, arch, pb) and ta.STATS["loaded"] == 2, ta.STATS
+print("checked", checked)
+'''
+
+
+def test_shapes_of_one_class_share_every_kernels_specialisation(tmp_path, ck_rng):
+    """The collector compiles each (kernel, class) once, for the class's first shape: Triton's
+    own binder must give every shape of the class the same specialisation (on the CPU: the sm90
+    target, meta tensors, no interpreter)."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["CK_CACHE_DIR"] = str(tmp_path)
+    out = subprocess.run([sys.executable, "-c", _CLASS_CHECK, str(SCRIPT.parent), str(int(ck_rng.integers(1 << 20)))],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert int(out.stdout.split()[-1]) >= 30

@@ -199,6 +199,32 @@ def _compile_calls(key, calls, target, extra, cache_root) -> dict:
             "compile_seconds": round(time.perf_counter() - t0, 3)}
 
 
+def build_for_problem(key, op, arch, problem) -> bool:
+    """Compile ``key``'s kernels as its launcher calls them on ``problem`` (that problem's
+    specialisation: alignment, divisibility, unit sizes) into the kernel cache, without a GPU,
+    and build Triton's launcher stubs where a driver is present: a later first call on a
+    problem of that specialisation only loads.  False when the op's rendering cannot trace a
+    launch on a problem (``jit_calls(problem)``); the first call compiles then."""
+    import inspect
+
+    from . import triton_artifacts as ta
+
+    rendered = op.render(key, "triton")
+    calls = getattr(rendered, "jit_calls", None)
+    if calls is None or "problem" not in inspect.signature(calls).parameters:
+        return False
+    extra = ta.compile_options(key)
+    for suffix, fn, args, kwargs in calls(problem):
+        ck, _ = ta.get_or_build(key.name + suffix, fn, args, kwargs, target=arch.gpu_target(), extra=extra)
+        try:   # the launcher stub is a C build per argument signature (Triton caches it)
+            from triton.runtime import driver
+
+            driver.active.launcher_cls(ck.src, ck.metadata)
+        except Exception as exc:  # noqa: BLE001 - no CUDA driver here: the first call builds it
+            log.debug("no launcher stub for %s: %s", key.name, exc)
+    return True
+
+
 @hookimpl
 def ck_register_backends():
     return [BackendSpec(

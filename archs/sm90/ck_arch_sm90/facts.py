@@ -68,6 +68,9 @@ FACTS = {
             "schedulers": ("intrawave",),
             "epilogues": ("cshuffle",),
             "pads": ((True, True, True),),  # Triton masks every edge
+            # split-K keys: for skinny/mid M with long K (too few C tiles to fill 132 SMs); on
+            # the small wgmma tiles, whose extra CTAs a large K loop can feed
+            "split_k": {"factors": (2, 4), "variants": ("tile", "tma"), "max_tile_mn": 64 * 128},
         },
         "nvidia": {
             "sm": 90,

@@ -100,7 +100,7 @@ def test_gemm_enumeration_is_legal_and_small(spec, gemm, keys):
     seen = {}
     for k in keys:
         a = k.algorithm
-        ident = (k.signature, a.tile_m, a.tile_n, a.tile_k, a.num_warps, a.stages, a.variant)
+        ident = (k.signature, a.tile_m, a.tile_n, a.tile_k, a.num_warps, a.stages, a.variant, a.split_k)
         assert ident not in seen, (k.name, seen.get(ident))
         seen[ident] = k.name
 

@@ -77,6 +77,10 @@ def features(problem, candidates: list, arch) -> dict:
         "log_t_compute": np.log(t_compute), "log_t_mem": np.log(t_mem), "log_t_l2": np.log(t_l2),
         "log_roofline": np.log(roof),
     }
+    # relative to the shape's best estimate: the target is each kernel's time over the shape's best
+    for name in ("log_roofline", "log_t_compute", "log_t_l2", "log_waves"):
+        out["rel_" + name[4:]] = out[name] - out[name].min()
+    out["log_flops"] = np.full(len(candidates), math.log2(2.0 * m * n * k * batch))
     for name in _KERNEL:
         out[name] = col[name]
     for name in ("tile_m", "tile_n", "tile_k"):

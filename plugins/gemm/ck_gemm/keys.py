@@ -285,6 +285,11 @@ def enumerate_keys(arch, backend: str, options: dict) -> list[KernelKey]:
     split_ks = [int(v) for v in options.get("split_ks") or (1,)]
     if any(v < 1 for v in split_ks):
         raise ConfigError(f"gemm option split_ks: factors must be >= 1, got {split_ks}")
+    # the arch's own split-K keys (unless the caller names factors): for problems with too few
+    # output tiles to fill the machine, so only on the variants and C tile sizes it lists
+    arch_split = facts.get("split_k") if not options.get("split_ks") else None
+    if arch_split:
+        split_ks = sorted({1, *(int(v) for v in arch_split.get("factors", ()))})
     # fused epilogues (multi-D, activation): one signature per combination; D ops only matter with Ds
     dtypes_c = options.get("dtypes_c") or [""]  # "" = CK's C dtype for the input dtype
     epis = [(nd, op, act) for nd in options.get("num_ds") or (0,)
@@ -303,7 +308,8 @@ def enumerate_keys(arch, backend: str, options: dict) -> list[KernelKey]:
             alg = GemmAlgorithm(tm, tn, tk, *wave, *wt, pipeline=pipe, scheduler=sched,
                                 epilogue=epi, pad_m=pad[0], pad_n=pad[1], pad_k=pad[2],
                                 stages=st, variant=var, split_k=sk)
-            why = _tile_violation(sig_list[0], alg, arch) or variant_violation(alg)
+            why = _tile_violation(sig_list[0], alg, arch) or variant_violation(alg) \
+                or (arch_split and split_violation(alg, arch_split))
             if why is None and backend == "triton":
                 why = triton_smem_violation(dtype, alg, arch)
             if why:
@@ -331,6 +337,17 @@ def variant_violation(a: GemmAlgorithm) -> str | None:
         return f"split-K needs a variant in {SPLITK_VARIANTS}, not {a.variant}"
     if a.epi_subtile > 1 and a.variant not in C_DESCRIPTOR_VARIANTS:
         return f"a subtiled epilogue needs a C-descriptor variant, not {a.variant}"
+    return None
+
+
+def split_violation(a: GemmAlgorithm, facts: dict) -> str | None:
+    """Split-K keys outside the arch's ``split_k`` facts (variants, most C tile elements)."""
+    if a.split_k == 1:
+        return None
+    if a.variant not in facts.get("variants", SPLITK_VARIANTS):
+        return f"the arch splits K only on variants {facts.get('variants')}"
+    if a.tile_m * a.tile_n > facts.get("max_tile_mn", a.tile_m * a.tile_n):
+        return f"the arch splits K only on C tiles of at most {facts['max_tile_mn']} elements"
     return None
 
 

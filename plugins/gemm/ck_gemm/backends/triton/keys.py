@@ -84,10 +84,11 @@ class TritonRendered:
     options: dict
     key: object = attrs.field(default=None, eq=False)
 
-    def jit_calls(self) -> list:
-        """A representative launch of the key's kernels, ``[(suffix, fn, args, kwargs)]``:
-        what ``ck build`` compiles into the entries the launcher loads."""
-        return jit_calls(self.key)
+    def jit_calls(self, problem=None) -> list:
+        """A representative launch of the key's kernels (or their launch on ``problem``),
+        ``[(suffix, fn, args, kwargs)]``: what ``ck build`` compiles into the entries the
+        launcher loads."""
+        return jit_calls(self.key, problem)
 
     def compile(self, target, extra_options=None):
         spec = self.spec
@@ -120,11 +121,12 @@ def render(key, backend: str):
     raise UnsupportedProblem(f"gemm has no {backend} templates")
 
 
-def jit_calls(key) -> list:
-    """The launches of ``key`` on a problem with every size and stride a multiple of 16,
-    16-byte aligned operands, K a multiple of the K tile and no batch: the common case,
-    whose specialisation (Triton's: alignment, divisibility, unit sizes) every such
-    problem shares.  Tensors are on torch's meta device (nothing runs)."""
+def jit_calls(key, problem=None) -> list:
+    """The launches of ``key`` on ``problem``'s operands (contiguous, 16-byte aligned, as the
+    public API passes them), or by default on a problem with every size and stride a multiple
+    of 16, K a multiple of the K tile and no batch: the common case, whose specialisation
+    (Triton's: alignment, divisibility, unit sizes) every such problem shares.  Tensors are on
+    torch's meta device (nothing runs), so this compiles on a machine without a GPU."""
     import torch
 
     from ck_core.plugins import get_manager
@@ -134,10 +136,15 @@ def jit_calls(key) -> list:
 
     cfg, s = config_of(key), key.signature
     a_r, b_r, c_r = parse_layout(s.layout)
-    m = n = k = 2 * max(cfg.block_m, cfg.block_n, cfg.block_k, 16)
+    if problem is None:
+        m = n = k = 2 * max(cfg.block_m, cfg.block_n, cfg.block_k, 16)
+        lead = ()
+    else:
+        m, n, k = problem.m, problem.n, problem.k
+        lead = (problem.batch,) if problem.batch > 1 else ()
     t_in, t_out = torch_dtype(s.dtype), torch_dtype(s.dtype_c)
-    a = torch.empty((m, k) if a_r else (k, m), dtype=t_in, device="meta")
-    b = torch.empty((k, n) if b_r else (n, k), dtype=t_in, device="meta")
+    a = torch.empty(lead + ((m, k) if a_r else (k, m)), dtype=t_in, device="meta")
+    b = torch.empty(lead + ((k, n) if b_r else (n, k)), dtype=t_in, device="meta")
     ds = tuple(torch.empty((m, n) if c_r else (n, m), dtype=t_out, device="meta") for _ in range(s.num_d))
     calls = []
 
