@@ -156,3 +156,15 @@ def test_every_module_imports_first():
     r = subprocess.run([sys.executable, "-c", _IMPORT_EACH_FIRST, *names], capture_output=True, text=True,
                        timeout=600, env={**os.environ, "TRITON_INTERPRET": "1"})
     assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+
+
+def test_key_spaces_are_chosen_by_arch_and_backend_not_by_type():
+    """Issue #13 item 8: a key's space (and launcher) follows ``key.backend``/``key.arch``; no
+    ``isinstance`` of a key, signature or algorithm picks it in the plugins' hook modules or the core."""
+    files = [PACKAGES[op] / "plugin.py" for op in PACKAGES] + [ROOT / "ck_core/dispatcher.py"]
+    for f in files:
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance" and node.args:
+                kind = ast.unparse(node.args[1])
+                assert not any(w in kind for w in ("Key", "Spec", "Sig", "Alg", "Instance")), \
+                    f"{f.relative_to(ROOT)}:{node.lineno}: isinstance(..., {kind}) chooses a key space by type"

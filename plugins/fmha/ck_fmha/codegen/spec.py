@@ -122,6 +122,11 @@ class FmhaKernelSpec:
         """Our stable name; ``parse_name(spec.name) == spec``."""
         return _our_name(self)
 
+    def name_body(self, alg) -> str:
+        """The body of a key's name (``<body>.<arch>.<backend>``): :attr:`name` (the algorithm,
+        CK's tiles, lives in the spec)."""
+        return _our_name(self)
+
     # -- dict round trip -----------------------------------------------------
 
     def to_dict(self) -> Dict[str, Any]:
