@@ -91,7 +91,7 @@ KEEP = {
     "gemm": {"api", "bench", "bench_broad", "ck_rules", "heuristics", "plugin", "problem", "reference", "space",
              "sweep"},
     "conv": {"__init__", "api", "bench", "bench_broad", "heuristics", "keyspace", "plugin", "problem", "reference",
-             "space", "sweep"},
+             "space", "sweep", "backends/triton/keys"},
     "fmha": {"bench_broad", "codegen/__init__", "codegen/ck_facts", "codegen/enumerate", "codegen/spec",
              "codegen/sweep", "demo", "flash_attn", "footprint", "integrations/__init__", "integrations/transformers", "keys",
              "masks", "paged", "philox", "plugin", "problem", "sweep", "heuristics", "features", "seqtune",
