@@ -59,13 +59,11 @@ def format_name(sig, alg):
     return sig.name_body(alg)
 
 
-def parse_name(body):
-    if body.startswith(_TRITON_PREFIX):
-        return _triton_keys().parse_name(body)
-    return keys.parse_ck(body)
-
-
-_TRITON_PREFIX = "fmha_triton_"
+def parse_name(body, arch, backend):
+    """(signature, algorithm) of a key's name body: the space of the name's arch and backend parses
+    it (a CK-rule body takes its arch from there)."""
+    space = _space(arch, backend)
+    return keys.parse_ck(body, arch) if space is _CkSpace else space.parse_name(body)
 
 
 def from_fields(sig: dict, alg: dict):
@@ -78,7 +76,7 @@ def from_fields(sig: dict, alg: dict):
 def legal(key, arch):
     """Why the enumeration rules would not produce ``key`` on ``arch`` (or None)."""
     space = _space(key.arch, key.backend)
-    if key.body.startswith(_TRITON_PREFIX) != (space is not _CkSpace):
+    if (space is _CkSpace) != hasattr(key.signature, "ck_name"):   # a key built by hand in the other space
         want = "CK-rule" if space is _CkSpace else "Triton"
         return f"{key.name}: {key.arch}/{key.backend} keys are {want} keys"
     return space.legal(key, arch)

@@ -59,7 +59,10 @@ GLUON_HDIMS = ((64, 64), (128, 128))
 OPTIONS = ("family", "families", "receipt", "dtypes", "hdims")
 #: families with fp8 kernels (the forward; split-KV / paged / prefill / backward stay fp16/bf16)
 FP8_FAMILIES = ("fwd",)
-_NAME = re.compile(r"^fmha_triton_(?P<family>[a-z_]+?)_(?P<dtype>fp16|bf16|fp8)_d(?P<hq>\d+)x(?P<hv>\d+)"
+#: ``fmha_<family>_<dtype>_d<Q>x<V>_m<BM>n<BN>_w<W>_s<S>_<variant>[_k<S>][_dq<...>]`` (docs/plugins.md's
+#: grammar); ``fmha_triton_...``, the spelling before the name stopped naming a backend, still parses
+#: (recorded selection data holds it)
+_NAME = re.compile(r"^fmha_(?:triton_)?(?P<family>[a-z_]+?)_(?P<dtype>fp16|bf16|fp8)_d(?P<hq>\d+)x(?P<hv>\d+)"
                    r"_m(?P<bm>\d+)n(?P<bn>\d+)_w(?P<w>\d+)_s(?P<s>\d+)_(?P<variant>[a-z_]+?)"
                    r"(?:_k(?P<k>\d+))?(?:_dq(?P<dq>[a-z0-9]+))?$")
 #: a fwd_splitkv key's ``splits`` field: how many key splits it launches (name part ``_k<S>``); the
@@ -95,7 +98,7 @@ class TritonFmhaAlg:
 
 
 def format_name(sig: TritonFmhaSig, a: TritonFmhaAlg) -> str:
-    return (f"fmha_triton_{sig.family}_{sig.dtype}_d{sig.hdim_q}x{sig.hdim_v}_m{a.block_m}n{a.block_n}"
+    return (f"fmha_{sig.family}_{sig.dtype}_d{sig.hdim_q}x{sig.hdim_v}_m{a.block_m}n{a.block_n}"
             f"_w{a.num_warps}_s{a.num_stages}_{a.variant}" + (f"_k{a.splits}" if a.splits else "")
             + (f"_dq{a.dq}" if a.dq else ""))
 
@@ -104,7 +107,7 @@ def parse_name(body: str):
     m = _NAME.match(body)
     if not m or m["family"] not in FAMILIES or m["variant"] not in VARIANTS:
         raise MissingKernel(f"{body!r} is not a Triton FMHA kernel name "
-                            f"(fmha_triton_<family>_<dtype>_d<Q>x<V>_m<BM>n<BN>_w<W>_s<S>_<variant>)")
+                            f"(fmha_<family>_<dtype>_d<Q>x<V>_m<BM>n<BN>_w<W>_s<S>_<variant>)")
     try:
         return from_fields(dict(family=m["family"], dtype=m["dtype"], hdim_q=int(m["hq"]), hdim_v=int(m["hv"])),
                            dict(block_m=int(m["bm"]), block_n=int(m["bn"]), num_warps=int(m["w"]),
