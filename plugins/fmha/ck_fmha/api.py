@@ -75,7 +75,8 @@ def _problem(q, k, v, bias, alibi, cu_q, cu_k, lens, causal, scale, window, soft
            layout, dropout_p, seed, offset, align, descales, None if bias is None else bias.shape,
            None if alibi is None else alibi.shape, lens)
     if cu_q is not None:
-        sig += (cu_q.shape, None if cu_k is None else cu_k.shape)
+        sig += (getattr(cu_q, "shape", cu_q), getattr(cu_q, "dtype", None), getattr(cu_k, "shape", cu_k),
+                getattr(cu_k, "dtype", None))
     hit = _PROBLEMS.get(sig)
     if hit is not None:
         return hit

@@ -187,3 +187,12 @@ def test_warm_batch_prefill_reads_no_offsets_on_the_host(triton_backend):
     kk = torch.cat(keys)
     want = _ref(q, kk, kk, [0, 7, 12], [0, 13, 24])
     assert np.linalg.norm(o.double().numpy() - want) / np.linalg.norm(want) < 5e-3
+
+
+def test_float_offsets_are_refused_warm_or_cold(triton_backend):
+    q = torch.zeros(8, 2, 32, dtype=torch.float16)
+    cu = _cu([3, 5])
+    ck_fmha.attention(q, q, q, layout="thd", cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=5, max_seqlen_k=5)
+    with pytest.raises(InvalidProblem, match="cu_seqlens_q"):
+        ck_fmha.attention(q, q, q, layout="thd", cu_seqlens_q=cu.float(), cu_seqlens_k=cu, max_seqlen_q=5,
+                          max_seqlen_k=5)
