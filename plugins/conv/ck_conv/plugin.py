@@ -23,8 +23,10 @@ from ck_core.records import OpSpec
 
 from .heuristics import heuristic
 from .keys import format_name, from_fields, legal, parse_name, supports
+from .keys import config_of  # noqa: F401  (modules and tests written before the move import it from here)
 from .problem import IN_NAMES, OUT_NAME, ConvProblem
 from .space import enumerate_keys, key_space, shortlist
+from .space import SPLITS, _splits  # noqa: F401  (as config_of)
 
 
 # -- references and inputs -------------------------------------------------------

@@ -17,6 +17,7 @@ full cross product of tiles x knobs would be millions of keys per signature.
 from __future__ import annotations
 
 import itertools
+import math
 
 import attrs
 
@@ -133,7 +134,10 @@ OPTIONS = ("directions", "dtypes", "ndims", "layouts", "specializations", "pipel
 #: CK-space atomic forward / bwd_data, the workspace reductions, bwd_weight's pixel split
 #: (stream-K: persistent programs per SM)
 SPLITS = {"atomic": (1, 2, 4, 8), "workspace": (1, 2, 4, 8), "bwd_weight": (1, 2, 4, 8, 16, 32),
-          "streamk": (1, 2)}
+          "streamk": (1, 2),
+          # a depthwise bwd_weight launch has one program per 16-64 groups: a MobileNet layer
+          # (G 32-384) fills an H100 only when its pixels are cut in a hundred parts or more
+          "depthwise_bwd_weight": (1, 2, 4, 8, 16, 32, 64, 128, 256)}
 
 
 def _splits(c: ConvKernelConfig, override) -> tuple:
@@ -144,7 +148,7 @@ def _splits(c: ConvKernelConfig, override) -> tuple:
     if override:
         return override
     if c.direction == "bwd_weight":
-        return SPLITS["bwd_weight"]
+        return SPLITS["depthwise_bwd_weight" if c.specialization == "depthwise" else "bwd_weight"]
     return SPLITS["atomic" if c.reduction == "atomic" else "workspace"]
 
 
@@ -185,10 +189,24 @@ def _with_splits(cfgs, problem, arch, backend: str) -> list:
             c1 = c if c.split == 1 else attrs.evolve(c, split=1)
             sp = preferred_split(c1, problem, cus, smem)
             if sp > 1 and c1.reduction != "streamk":
-                sp = split_plan(attrs.evolve(c1, split=sp), problem)[0]   # the parts the launch makes
+                sp = split_plan(c1, problem, sp)[0]   # the parts the launch makes
+                sp = _enumerated_split(c1, sp, problem)
             picks = (attrs.evolve(c1, split=sp), c1) if sp != 1 else (c1,)
         out.extend(key_of(x, arch.name, backend) for x in picks)
     return out
+
+
+def _enumerated_split(c1: ConvKernelConfig, want: int, problem) -> int:
+    """The split nearest ``want`` (log scale; the smaller on a tie) among those the enumeration
+    gives ``c1`` (:func:`_splits`) that its launch makes as named on ``problem``; 1 if none.
+    The preferred split is any integer (263 parts of a MobileNet layer's pixels), the key space
+    holds powers of two: a shortlist naming a split outside it would name no key at all."""
+    from .backends.triton.launch import split_plan
+
+    for s in sorted(_splits(c1, ()), key=lambda s: (abs(math.log2(s / want)), s)):
+        if s == 1 or split_plan(c1, problem, s)[0] == s:
+            return s
+    return 1
 
 
 def _ck_table_variants(problem, arch) -> list:

@@ -233,8 +233,9 @@ def pixel_tables(p: ConvProblem, device, tap_bits: bool = False):
     return _PIX[key]
 
 
-def split_plan(cfg: ConvKernelConfig, p: ConvProblem) -> tuple:
-    """``(splits, chunk)`` of ``cfg``'s split reduction on ``p``, as :func:`run` launches it.
+def split_plan(cfg: ConvKernelConfig, p: ConvProblem, split: int | None = None) -> tuple:
+    """``(splits, chunk)`` of ``cfg``'s split reduction on ``p``, as :func:`run` launches it
+    (``split``: as if ``cfg`` split that many ways; selection asks about many splits of one config).
 
     forward / bwd_data: the reduction's BLOCK_K steps (channels x taps) cut in
     ``cfg.split`` chunks of ``chunk`` steps; bwd_weight: the pixels, in chunks of
@@ -243,11 +244,12 @@ def split_plan(cfg: ConvKernelConfig, p: ConvProblem) -> tuple:
     so a kernel's name says how it splits.
     """
     tiles, steps = reduction_shape(cfg, p)
+    split = split or cfg.split
     if p.direction == "bwd_weight":
         unit = cfg.triton_meta()["BLOCK_P" if cfg.specialization == "depthwise" else "BLOCK_K"]
-        chunk = _cdiv(_cdiv(steps, cfg.split), unit) * unit
+        chunk = _cdiv(_cdiv(steps, split), unit) * unit
         return _cdiv(steps, chunk), chunk
-    chunk = _cdiv(max(steps, 1), cfg.split)
+    chunk = _cdiv(max(steps, 1), split)
     return max(1, _cdiv(steps, chunk)), chunk
 
 
