@@ -57,7 +57,8 @@ def main():
     for b, h, s, d, causal in SHAPES:
         q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
         do = torch.randn_like(q)
-        p, disp = _problem(q, k, v, None, None, None, None, causal, None, (-1, -1), 0.0, "bhsd", 0.0, 0, 0, None, None)
+        p, disp = _problem(q, k, v, None, None, None, None, None, causal, None, (-1, -1), 0.0, "bhsd", 0.0, 0, 0,
+                           None, None)
         plan = disp.plan(p)
         key = plan.stages[0].key
         with torch.no_grad():

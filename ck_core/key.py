@@ -11,6 +11,8 @@ hashes all the same (:mod:`ck_core.cache`), never names.
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import re
 from typing import Any, Mapping, Optional
 
@@ -29,6 +31,16 @@ _TOKEN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 #: default bounds of integer key fields (tile sizes, warps, stages...)
 INT_BOUNDS = (0, 1 << 20)
 _RECORD_FIELDS = frozenset({"name", "op", "arch", "backend", "signature", "algorithm"})
+
+
+@functools.lru_cache(maxsize=64)
+def _takes_tail(parse_name) -> bool:
+    """Whether an op's ``parse_name`` takes the name's ``arch`` and ``backend`` keywords."""
+    try:
+        params = inspect.signature(parse_name).parameters
+    except (TypeError, ValueError):
+        return False
+    return "arch" in params and "backend" in params
 
 
 def check_name(name: str, what: str = "kernel name") -> str:
@@ -221,7 +233,10 @@ class KernelKey:
             op = mgr.op_for_name(m["body"])
         except PluginError as exc:
             raise MissingKernel(str(exc)) from None
-        sig, alg = op.parse_name(m["body"])
+        if _takes_tail(op.parse_name):   # the body does not repeat them: an op may need them to parse it
+            sig, alg = op.parse_name(m["body"], arch=m["arch"], backend=m["backend"])
+        else:
+            sig, alg = op.parse_name(m["body"])
         key = cls(op.name, sig, alg, m["arch"], m["backend"])
         try:
             check_name(key.name)

@@ -88,7 +88,9 @@ class OpSpec:
 
     * ``enumerate(arch: ArchSpec, backend: str, options: dict) -> iterable of KernelKey``
     * ``format_name(signature, algorithm) -> str`` and ``parse_name(body) -> (signature, algorithm)``
-      -- the name body always starts with ``f"{name}_"``;
+      -- the name body always starts with ``f"{name}_"`` and never repeats the key's arch or
+      backend (the name's tail ``.<arch>.<backend>``); a ``parse_name`` that takes the keywords
+      ``arch`` and ``backend`` receives them (an op whose key spaces differ per arch/backend);
     * ``from_fields(signature: dict, algorithm: dict) -> (signature, algorithm)`` for JSON;
     * ``supports(key, problem) -> str | None``: None when the kernel computes the problem,
       else the reason it cannot;

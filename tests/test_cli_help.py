@@ -127,7 +127,7 @@ def test_run_csv_one_row_per_stage(capsys):
     assert rc == 0
     rows = list(csv.DictReader(io.StringIO(out)))
     assert [r["stage"] for r in rows] == ["bwd_dot_do_o", "bwd_dq_dk_dv", "bwd_convert_dq"]
-    assert all(r["passed"] == "True" and r["kernel"].startswith("fmha.") for r in rows)
+    assert all(r["passed"] == "True" and r["kernel"].startswith("fmha_bwd_") for r in rows)
     assert rows[0]["seqlen_q"] == "17"
 
 

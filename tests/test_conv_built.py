@@ -1,5 +1,5 @@
 """Built is what runs, for conv: ``ck build`` of a conv Triton key compiles the launches of a
-representative problem (``ck_conv.plugin.jit_calls``), so the launcher loads them for
+representative problem (``ck_conv.backends.triton.keys.jit_calls``), so the launcher loads them for
 problems of the same specialisation (channels multiples of 16, spatial sizes that are not).
 
 As tests/test_triton_artifacts.py: compiles for sm90 on this CPU-only machine, in
@@ -23,7 +23,7 @@ SCRIPT = textwrap.dedent('''
     from ck_core import Registry
     from ck_core.backends import triton_artifacts as ta
     from ck_core.build import build_registry
-    from ck_conv import plugin as P
+    from ck_conv import keys as P
     from ck_conv.keys import ConvKernelConfig
     from ck_conv.backends.triton.launch import run
     from ck_conv.problem import ConvProblem

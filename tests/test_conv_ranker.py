@@ -58,7 +58,7 @@ def test_conv_features_are_finite_one_per_candidate_and_describe_the_kernel(conv
     cols = op.features(p, keys, arch)
     for name, v in cols.items():
         assert v.shape == (len(keys),) and np.isfinite(v).all(), name
-    from ck_conv.plugin import config_of
+    from ck_conv.keys import config_of
 
     cfgs = [config_of(k) for k in keys]
     assert np.array_equal(cols["tile_m"], [math.log2(c.tile[0]) for c in cfgs])
@@ -80,7 +80,7 @@ def test_a_shortlist_ranker_orders_the_shortlist_and_select_agrees_with_rank(con
     p = _problem("forward", C=64, K=128, sp=(14, 14), stride=(1, 1))
     short = _shortlist(Dispatcher(conv_reg, backend="numpy"), p)
     old = Dispatcher(conv_reg, backend="numpy").select(p)
-    from ck_conv.plugin import config_of
+    from ck_conv.keys import config_of
 
     # prefer the widest M tile, then the widest N tile (the heuristic prefers 64-row tiles here)
     _write({"kind": "linear", "features": ["tile_m", "tile_n"], "coef": [-1.0, -0.01], "intercept": 0.0,

@@ -7,6 +7,9 @@ has to be placed deliberately (and the doc updated) rather than appear anywhere.
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -123,3 +126,45 @@ def test_no_import_cycles(op):
     for m in sorted(graph):
         if m not in state:
             visit(m, [m])
+
+
+_IMPORT_EACH_FIRST = r"""
+import importlib, os, sys
+import numpy, torch, triton, attrs, ck_core  # third-party and core preloaded: only the plugin's order matters
+failed = []
+for name in sys.argv[1:]:
+    pid = os.fork()
+    if pid == 0:   # a child that has loaded none of the plugin's modules: `name` is imported first
+        try:
+            importlib.import_module(name)
+        except BaseException as e:
+            print(f"{name}: {type(e).__name__}: {e}", flush=True)
+            os._exit(1)
+        os._exit(0)
+    if os.waitpid(pid, 0)[1]:
+        failed.append(name)
+sys.exit(1 if failed else 0)
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_every_module_imports_first():
+    """Each plugin module imported first into an interpreter that has none of the plugin loaded:
+    a cycle that the static graph misses (an import inside an ``if`` or at a function's first call
+    at import time) fails here as a partially initialised module."""
+    names = [f"ck_{op}.{m}" if m else f"ck_{op}" for op in sorted(PACKAGES) for m in sorted(modules(PACKAGES[op]))]
+    r = subprocess.run([sys.executable, "-c", _IMPORT_EACH_FIRST, *names], capture_output=True, text=True,
+                       timeout=600, env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+
+
+def test_key_spaces_are_chosen_by_arch_and_backend_not_by_type():
+    """Issue #13 item 8: a key's space (and launcher) follows ``key.backend``/``key.arch``; no
+    ``isinstance`` of a key, signature or algorithm picks it in the plugins' hook modules or the core."""
+    files = [PACKAGES[op] / "plugin.py" for op in PACKAGES] + [ROOT / "ck_core/dispatcher.py"]
+    for f in files:
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance" and node.args:
+                kind = ast.unparse(node.args[1])
+                assert not any(w in kind for w in ("Key", "Spec", "Sig", "Alg", "Instance")), \
+                    f"{f.relative_to(ROOT)}:{node.lineno}: isinstance(..., {kind}) chooses a key space by type"

@@ -88,9 +88,10 @@ PENDING_MOVES = {
 # Modules that stay where they are (relative to the plugin package, without .py); an entry need
 # not exist (conv keyspace, fmha footprint, gemm features come with branches still open).
 KEEP = {
-    "gemm": {"api", "bench", "bench_broad", "ck_rules", "plugin", "problem", "reference", "sweep"},
+    "gemm": {"api", "bench", "bench_broad", "ck_rules", "heuristics", "plugin", "problem", "reference", "space",
+             "sweep"},
     "conv": {"__init__", "api", "bench", "bench_broad", "heuristics", "keyspace", "plugin", "problem", "reference",
-             "space", "sweep"},
+             "space", "sweep", "backends/triton/keys"},
     "fmha": {"bench_broad", "codegen/__init__", "codegen/ck_facts", "codegen/enumerate", "codegen/spec",
              "codegen/sweep", "demo", "flash_attn", "footprint", "integrations/__init__", "integrations/transformers", "keys",
              "masks", "paged", "philox", "plugin", "problem", "sweep", "heuristics", "features", "seqtune",

@@ -57,7 +57,7 @@ FACTS = {
     "peak": {"fp16_tflops": 989.4, "bf16_tflops": 989.4, "tf32_tflops": 494.7, "fp8_tflops": 1978.9,
              "int8_tops": 1978.9, "fp64_tflops": 66.9, "mem_gbs": 3350.0},
     "extras": {
-        # the GEMM kernel space on Hopper (what ck_gemm.keys.enumerate_keys reads)
+        # the GEMM kernel space on Hopper (what ck_gemm.space.enumerate_keys reads)
         "gemm": {
             "pipelines": ("multistage",),
             "stages": (3, 4),

@@ -34,7 +34,7 @@ _KERNEL = ("tile_m", "tile_n", "tile_k", "warps", "stages", "split", "group_merg
 
 @functools.lru_cache(maxsize=1 << 16)
 def _kernel_row(key) -> tuple:
-    from .plugin import config_of
+    from .keys import config_of
 
     c = config_of(key)
     return (*c.tile, c.num_warps, c.num_stages, c.split, c.group_merge, c.tap_mask, c.flat, c.rows,
@@ -53,7 +53,7 @@ def _kernel_matrix(keys: tuple) -> np.ndarray:
 def _launch_columns(keys: tuple, problem, cus: int) -> np.ndarray:
     """Per key: (output tiles, reduction length, programs) of its launch on ``problem``."""
     from .backends.triton.launch import reduction_shape
-    from .plugin import config_of
+    from .keys import config_of
 
     out = np.empty((len(keys), 3))
     m, n, _ = problem.gemm_mnk
@@ -70,7 +70,7 @@ def _launch_columns(keys: tuple, problem, cus: int) -> np.ndarray:
 
 
 def _heuristic_rank(keys: tuple, problem, arch) -> np.ndarray:
-    from .plugin import heuristic
+    from .heuristics import heuristic
 
     pos = {k: i for i, k in enumerate(heuristic(problem, list(keys), arch))}
     return np.array([pos[k] for k in keys], dtype=np.float64)

@@ -6,7 +6,10 @@ registry's keys by how close their split is to the one that fills the GPU
 """
 from __future__ import annotations
 
-from .keys import ConvKernelConfig
+import math
+
+from . import keys as K
+from .keys import ConvKernelConfig, config_of
 from .problem import ConvProblem
 
 #: ``fixup``'s preferred split stops here: the last program of a tile reads every partial
@@ -86,3 +89,32 @@ def named_split(cfg: ConvKernelConfig, p: ConvProblem, num_sms: int, split: int 
     if c.reduction != "streamk":
         c = attrs.evolve(c, split=split_plan(c, p0)[0])
     return c, attrs.evolve(p, split_k=c.split)
+
+
+def heuristic(problem, candidates, arch) -> list:
+    """Rank candidates by closeness to :func:`ck_conv.keys.heuristic_config`'s pick."""
+    want = K.heuristic_config(problem, warp_size=getattr(arch, "warp_size", 32),
+                              big_smem=getattr(arch, "lds_bytes", 65536) > 100_000)
+    cus = max(getattr(arch, "compute_units", 0) or 1, 1)
+    spec_rank = {"depthwise": 0, "filter1x1_stride1_pad0": 0, "filter1x1_pad0": 1, "filter3x3": 2, "default": 3}
+
+    def score(k):
+        c = config_of(k)
+        s = sum(abs(math.log2(a / b)) for a, b in zip(c.tile, want.tile))
+        s += 0.5 * (c.pipeline != want.pipeline) + 0.25 * (c.waves != want.waves)
+        s += 0.1 * spec_rank.get(c.specialization, 3) + 0.05 * (c.warp_tile != want.warp_tile)
+        # the split that fills the GPU for this tile (the launcher never sizes one)
+        s += 0.3 * abs(math.log2(c.split / split_for(c)))
+        return s
+
+    preferred: dict = {}
+
+    def split_for(c):
+        # what the preferred split depends on (not the split itself): one computation per family
+        fam = (c.tile, c.group_merge, c.tap_mask, c.reduction, c.stages, c.pipeline, c.flat, c.rows,
+               c.specialization)
+        if fam not in preferred:
+            preferred[fam] = preferred_split(c, problem, cus, getattr(arch, "lds_bytes", None))
+        return preferred[fam]
+
+    return sorted(candidates, key=score)   # the Dispatcher passes the keys that support the problem

@@ -36,9 +36,12 @@ import math
 import re
 from pathlib import Path
 
+import functools
+
 import attrs
 
-from ck_core.errors import InvalidProblem, MissingKernel
+from ck_core.errors import ConfigError, InvalidProblem, MissingKernel
+from ck_core.key import KernelKey, RecordSchema
 from ck_core.tuned_data import EMPTY, table
 
 from .problem import DIRECTIONS, DTYPES, LAYOUT_FAMILIES, ConvProblem
@@ -784,3 +787,159 @@ def extended_candidates(p: ConvProblem, arch=None) -> list[ConvKernelConfig]:
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+# -- the kernel keys: KernelKey("conv", ConvSignature, ConvAlgorithm, arch, backend) -------------
+# A key's body is its config's name (ConvKernelConfig.name).
+
+@attrs.frozen(cache_hash=True)
+class ConvSignature:
+    """What a conv kernel computes."""
+
+    direction: str
+    dtype: str
+    ndim: int
+    layout: str = "nhwgc"
+
+    def name_body(self, alg: "ConvAlgorithm") -> str:
+        return _name_head(self) + _name_tail(alg)
+
+
+@attrs.frozen(cache_hash=True)
+class ConvAlgorithm:
+    """How: CK's implicit-GEMM tile, waves, warp tile, pipeline, specialisation."""
+
+    tile_m: int
+    tile_n: int
+    tile_k: int
+    warp_m: int
+    warp_n: int
+    warp_k: int
+    warp_tile_m: int
+    warp_tile_n: int
+    warp_tile_k: int
+    pipeline: str = "compv3"
+    scheduler: str = "intrawave"
+    specialization: str = "default"
+    vector_a: int = 4
+    vector_b: int = 8
+    vector_c: int = 8
+    pad_m: bool = True
+    pad_n: bool = True
+    pad_k: bool = True
+    #: Triton realisation knobs (ck_conv.keys.ConvKernelConfig); defaults leave names unchanged
+    stages: int = 0
+    reduction: str = "atomic"
+    group_merge: int = 1
+    tap_mask: bool = False
+    flat: bool = False
+    rows: int = 0
+    split: int = 1
+
+    @property
+    def num_warps(self) -> int:
+        return self.warp_m * self.warp_n * self.warp_k
+
+
+@functools.lru_cache(maxsize=1 << 18)
+def to_config(sig: ConvSignature, a: ConvAlgorithm) -> ConvKernelConfig:
+    return ConvKernelConfig(direction=sig.direction, dtype=sig.dtype, ndim=sig.ndim, layout=sig.layout,
+                              pipeline=a.pipeline, scheduler=a.scheduler, tile=(a.tile_m, a.tile_n, a.tile_k),
+                              waves=(a.warp_m, a.warp_n, a.warp_k),
+                              warp_tile=(a.warp_tile_m, a.warp_tile_n, a.warp_tile_k),
+                              specialization=a.specialization, vector=(a.vector_a, a.vector_b, a.vector_c),
+                              pad=(a.pad_m, a.pad_n, a.pad_k), stages=a.stages, reduction=a.reduction,
+                              group_merge=a.group_merge, tap_mask=a.tap_mask, flat=a.flat,
+                              rows=a.rows, split=a.split)
+
+
+def from_config(c: ConvKernelConfig) -> tuple:
+    sig = ConvSignature(c.direction, c.dtype, c.ndim, c.layout)
+    alg = ConvAlgorithm(*c.tile, *c.waves, *c.warp_tile, pipeline=c.pipeline, scheduler=c.scheduler,
+                        specialization=c.specialization, vector_a=c.vector[0], vector_b=c.vector[1],
+                        vector_c=c.vector[2], pad_m=c.pad[0], pad_n=c.pad[1], pad_k=c.pad[2],
+                        stages=c.stages, reduction=c.reduction, group_merge=c.group_merge, tap_mask=c.tap_mask,
+                        flat=c.flat, rows=c.rows, split=c.split)
+    return sig, alg
+
+
+_DEFAULT_ALG = ConvAlgorithm(128, 128, 32, 2, 2, 1, 32, 32, 16)
+
+
+def config_of(key) -> ConvKernelConfig:
+    return to_config(key.signature, key.algorithm)
+
+
+def key_of(cfg: ConvKernelConfig, arch: str, backend: str = "numpy") -> KernelKey:
+    sig, alg = from_config(cfg)
+    return KernelKey("conv", sig, alg, arch, backend)
+
+
+def format_name(sig, alg) -> str:
+    return sig.name_body(alg)
+
+
+#: any signature: the name's algorithm part does not depend on it
+_CANON = ConvSignature("forward", "fp16", 2, "nhwgc")
+
+
+@functools.lru_cache(maxsize=256)
+def _name_head(sig: ConvSignature) -> str:
+    """``conv_<dir>_<dtype>_<layouts>_<n>d_``: the part of a name the signature spells."""
+    c = to_config(sig, _DEFAULT_ALG)
+    return c.name[:c.name.index(f"_{sig.ndim}d_") + 4]
+
+
+@functools.lru_cache(maxsize=1 << 18)
+def _name_tail(alg: "ConvAlgorithm") -> str:
+    """The rest of a name (pipeline, tiles, specialisation, knobs), one per algorithm: listing a
+    space names every algorithm once per signature without building a config each time."""
+    return to_config(_CANON, alg).name[len(_name_head(_CANON)):]
+
+
+def parse_name(body: str):
+    return from_config(ConvKernelConfig.from_name(body))
+
+
+SIG_CHOICES = {"direction": DIRECTIONS, "dtype": DTYPES, "layout": tuple(LAYOUT_FAMILIES)}
+ALG_CHOICES = {"pipeline": PIPELINES, "scheduler": SCHEDULERS, "specialization": SPECIALIZATIONS,
+               "reduction": REDUCTIONS}
+_SIZE = (1, 1 << 16)
+ALG_BOUNDS = {**{f: _SIZE for f in ("tile_m", "tile_n", "tile_k", "warp_m", "warp_n", "warp_k", "warp_tile_m",
+                                     "warp_tile_n", "warp_tile_k", "vector_a", "vector_b", "vector_c",
+                                     "group_merge")},
+              "stages": (0, max(STAGE_RANGE)), "rows": (0, 2)}
+
+
+_SIG = RecordSchema(ConvSignature, what="conv signature", choices=SIG_CHOICES, bounds={"ndim": (1, 3)})
+_ALG = RecordSchema(ConvAlgorithm, what="conv algorithm", choices=ALG_CHOICES, bounds=ALG_BOUNDS)
+
+
+def from_fields(sig: dict, alg: dict):
+    """Signature and algorithm of untrusted field dicts (JSON), every field checked."""
+    s, a = _SIG(sig), _ALG(alg)
+    try:
+        to_config(s, a)   # the config's own rules (power-of-two group merge, ...)
+    except InvalidProblem as exc:
+        raise ConfigError(f"conv kernel fields: {exc}") from None
+    return s, a
+
+
+def legal(key, arch) -> str | None:
+    """Why the enumeration rules would not produce ``key`` on ``arch`` (or None)."""
+    c = config_of(key)
+    why = cull_reason(c, warp_size=arch.warp_size, lds_bytes=arch.lds_bytes,
+                        warp_tiles=dict(arch.warp_tiles).get(c.dtype, ()))
+    if why is None and c.dtype not in arch.dtypes:
+        why = f"{arch.name} has no {c.dtype} matrix instructions"
+    if why is None and getattr(arch, "vendor", "") == "nvidia" and c.specialization != "depthwise":
+        need = (c.tile[0] + c.tile[1]) * c.tile[2] * ELEMENT_BYTES[c.dtype] * c.smem_buffers
+        if need > arch.lds_bytes:
+            why = f"needs {need} B of shared memory, {arch.name} has {arch.lds_bytes} B"
+    return why
+
+
+def supports(key, problem) -> str | None:
+    if not isinstance(problem, ConvProblem):
+        return f"not a conv problem ({type(problem).__name__})"
+    return config_of(key).why_not(problem)

@@ -19,7 +19,8 @@ from ck_core.key import KernelKey
 from ck_core.keyspace import KeySpace
 
 from . import keys as K
-from .plugin import OPTIONS, ConvSignature, _splits, from_config
+from .keys import ConvSignature, from_config
+from .space import OPTIONS, _splits
 from .problem import DIRECTIONS, DTYPES, LAYOUT_FAMILIES
 
 

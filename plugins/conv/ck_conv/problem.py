@@ -27,6 +27,7 @@ from ck_core.problem import Problem, as_int
 DIRECTIONS = ("forward", "bwd_data", "bwd_weight")
 #: the tensors each direction reads (by name: x input, w weight, dy output gradient)
 IN_NAMES = {"forward": ("x", "w"), "bwd_data": ("dy", "w"), "bwd_weight": ("x", "dy")}
+OUT_NAME = {"forward": "y", "bwd_data": "dx", "bwd_weight": "dw"}
 DTYPES = ("fp16", "bf16", "fp32")
 
 # letters of the spatial dimensions of image tensors and of filters, per ndim

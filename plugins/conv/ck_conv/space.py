@@ -17,8 +17,13 @@ full cross product of tiles x knobs would be millions of keys per signature.
 from __future__ import annotations
 
 import itertools
+import math
 
-from .keys import ConvKernelConfig
+import attrs
+
+from . import keys as K
+from .keys import ConvKernelConfig, key_of
+from .problem import ConvProblem
 
 #: split reductions that are not CK's atomic one
 REDUCTIONS = ("relaxed", "twostage", "fixup", "atomicfix", "streamk")
@@ -120,3 +125,94 @@ def realisation_configs(direction: str, dtype: str, ndim: int, layout: str, spec
         for waves in classic_waves(tile, direction):
             add(tile, waves, stages=stages, reduction=red, group_merge=gm, tap_mask=tap)
     return out
+
+
+# -- the key space: KernelKeys of the configs above and of CK's tile table ----------------------
+
+OPTIONS = ("directions", "dtypes", "ndims", "layouts", "specializations", "pipelines", "tiles", "split_ks")
+#: reduction splits enumerated per kind of kernel (``split_ks`` overrides them all):
+#: CK-space atomic forward / bwd_data, the workspace reductions, bwd_weight's pixel split
+#: (stream-K: persistent programs per SM)
+SPLITS = {"atomic": (1, 2, 4, 8), "workspace": (1, 2, 4, 8), "bwd_weight": (1, 2, 4, 8, 16, 32),
+          "streamk": (1, 2),
+          # a depthwise bwd_weight launch has one program per 16-64 groups: a MobileNet layer
+          # (G 32-384) fills an H100 only when its pixels are cut in a hundred parts or more
+          "depthwise_bwd_weight": (1, 2, 4, 8, 16, 32, 64, 128, 256)}
+
+
+def _splits(c: ConvKernelConfig, override) -> tuple:
+    if c.reduction == "streamk":
+        return SPLITS["streamk"]
+    if c.flat or c.rows or (c.specialization == "depthwise" and c.direction != "bwd_weight"):
+        return (1,)
+    if override:
+        return override
+    if c.direction == "bwd_weight":
+        return SPLITS["depthwise_bwd_weight" if c.specialization == "depthwise" else "bwd_weight"]
+    return SPLITS["atomic" if c.reduction == "atomic" else "workspace"]
+
+
+def key_space(arch, backend: str, options: dict):
+    """The conv kernel space on ``arch`` as a KeySpace (:class:`ck_conv.keyspace.ConvSpace`)."""
+    from .keyspace import ConvSpace
+
+    return ConvSpace(arch, backend, options)
+
+
+def enumerate_keys(arch, backend: str, options: dict) -> list:
+    """Every key of :func:`key_space`, listed."""
+    return list(key_space(arch, backend, options))
+
+
+def shortlist(problem, arch, backend: str):
+    """Two tiers of keys for ``problem``: its tuning list
+    (:func:`ck_conv.keys.candidate_configs`: the heuristic pick first, then the classic
+    and realisation variants that won on the H100), then the heuristic pick's kernel on
+    each tile of CK's table (what a registry of CK's space alone holds).  Each config comes
+    with the split that fills ``arch`` (as the launch makes it) and unsplit."""
+    if not isinstance(problem, ConvProblem):
+        return
+    yield _with_splits(K.candidate_configs(problem, arch=arch), problem, arch, backend)
+    yield _with_splits(_ck_table_variants(problem, arch), problem, arch, backend)   # only when the first misses
+
+
+def _with_splits(cfgs, problem, arch, backend: str) -> list:
+    from .heuristics import preferred_split
+    from .backends.triton.launch import split_plan
+
+    cus, smem = max(int(arch.compute_units or 1), 1), arch.lds_bytes
+    out = []
+    for c in cfgs:
+        if problem.split_k:
+            picks = (c if c.split == problem.split_k else attrs.evolve(c, split=problem.split_k),)
+        else:
+            c1 = c if c.split == 1 else attrs.evolve(c, split=1)
+            sp = preferred_split(c1, problem, cus, smem)
+            if sp > 1 and c1.reduction != "streamk":
+                sp = split_plan(c1, problem, sp)[0]   # the parts the launch makes
+                sp = _enumerated_split(c1, sp, problem)
+            picks = (attrs.evolve(c1, split=sp), c1) if sp != 1 else (c1,)
+        out.extend(key_of(x, arch.name, backend) for x in picks)
+    return out
+
+
+def _enumerated_split(c1: ConvKernelConfig, want: int, problem) -> int:
+    """The split nearest ``want`` (log scale; the smaller on a tie) among those the enumeration
+    gives ``c1`` (:func:`_splits`) that its launch makes as named on ``problem``; 1 if none.
+    The preferred split is any integer (263 parts of a MobileNet layer's pixels), the key space
+    holds powers of two: a shortlist naming a split outside it would name no key at all."""
+    from .backends.triton.launch import split_plan
+
+    for s in sorted(_splits(c1, ()), key=lambda s: (abs(math.log2(s / want)), s)):
+        if s == 1 or split_plan(c1, problem, s)[0] == s:
+            return s
+    return 1
+
+
+def _ck_table_variants(problem, arch) -> list:
+    want = K.heuristic_config(problem, warp_size=arch.warp_size, big_smem=arch.lds_bytes > 100_000)
+    if want.specialization == "depthwise":
+        return [attrs.evolve(want, tile=t) for t in K.DEPTHWISE_TILES]
+    tiles = dict(getattr(arch, "extras", {}).get("conv", {})).get("tiles") or K.DEFAULT_TILES
+    waves = dict.fromkeys((want.waves, (2, 2, 1), (4, 1, 1), (2, 4, 1)))
+    return [attrs.evolve(want, tile=tuple(t), waves=w) for t in tiles for w in waves]

@@ -89,12 +89,12 @@ def test_specialisation_and_direction_mismatch_reasons():
 
 def test_hopper_enumeration_keeps_shared_memory_in_bounds():
     """On an NVIDIA arch every A/B buffer the Triton pipeline keeps must fit (227 KB on sm90)."""
-    from ck_conv import plugin
+    from ck_conv import keys as plugin, space
     from ck_core.records import ArchSpec
     sm90 = ArchSpec(name="sm90x", vendor="nvidia", family="hopper", warp_size=32, lds_bytes=232448,
                     compute_units=132, dtypes=("fp16",), warp_tiles={"fp16": ((16, 64, 16), (16, 128, 16))},
                     wave_layouts=((2, 2, 1), (2, 4, 1)), pipelines=("multistage",))
-    keys = plugin.enumerate_keys(sm90, "triton", {"ndims": [2], "directions": ["bwd_data"]})
+    keys = space.enumerate_keys(sm90, "triton", {"ndims": [2], "directions": ["bwd_data"]})
     assert keys
     for k in keys:
         c = plugin.config_of(k)
@@ -147,7 +147,7 @@ def test_realisation_knobs_round_trip_and_validate():
 
 
 def test_realisation_knobs_survive_kernel_keys():
-    from ck_conv import plugin
+    from ck_conv import keys as plugin
     c = ConvKernelConfig.from_name("conv_fwd_fp16_nhwgc_gkyxc_nhwgk_2d_compv4_intrawave_128x128x64_2x4x1_16x16x16"
                                    "_filter3x3_st3_fixup_tapmask")
     key = plugin.key_of(c, "sm90")
@@ -157,7 +157,7 @@ def test_realisation_knobs_survive_kernel_keys():
 
 
 def test_session3_knobs_round_trip_and_validate():
-    from ck_conv import plugin
+    from ck_conv import keys as plugin
     from ck_conv.keys import is_extended
     bd = ConvProblem(N=2, C=64, K=64, input_spatial=(9, 9), filter=(3, 3), pad_left=1, pad_right=1,
                      direction="bwd_data")

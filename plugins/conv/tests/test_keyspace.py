@@ -9,7 +9,8 @@ import pytest
 
 from ck_core import Dispatcher, Registry
 from ck_core.plugins import get_manager
-from ck_conv.plugin import config_of, key_space, supports
+from ck_conv.keys import config_of, supports
+from ck_conv.space import key_space
 from ck_conv.problem import ConvProblem
 
 #: small sub-spaces (a few tiles and pipelines: every family and split, quick to list)

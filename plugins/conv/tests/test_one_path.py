@@ -8,7 +8,7 @@ pytest.importorskip("triton")
 
 from ck_conv.backends.triton import launch as L  # noqa: E402
 from ck_conv.api import conv2d  # noqa: E402
-from ck_conv.plugin import config_of, supports  # noqa: E402
+from ck_conv.keys import config_of, supports  # noqa: E402
 from ck_conv.problem import ConvProblem  # noqa: E402
 from ck_core import Dispatcher, Registry, api  # noqa: E402
 from ck_core.errors import UnsupportedProblem  # noqa: E402

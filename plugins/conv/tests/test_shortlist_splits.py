@@ -7,7 +7,8 @@ from __future__ import annotations
 import attrs
 import pytest
 
-from ck_conv.plugin import SPLITS, _splits, config_of, key_space, shortlist, supports
+from ck_conv.keys import config_of, supports
+from ck_conv.space import SPLITS, _splits, key_space, shortlist
 from ck_conv.problem import ConvProblem
 from ck_core.plugins import get_manager
 

@@ -4,7 +4,7 @@ import attrs
 import pytest
 
 from ck_core import Dispatcher, Registry
-from ck_conv.plugin import config_of, supports
+from ck_conv.keys import config_of, supports
 from ck_conv.problem import ConvProblem
 
 FAMILIES = {

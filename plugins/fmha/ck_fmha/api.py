@@ -6,7 +6,10 @@ forward plan, and under autograd the backward plan (dot_do_o -> dq_dk_dv ->
 convert_dq).  What runs is exactly the plan's keys.  Forward and backward are the
 torch custom ops ``ck::attention`` and ``ck::attention_bwd`` (fake
 implementations for ``torch.compile``).  Problems are cached per call signature,
-so a warm call is a few dict lookups and the launches.
+so a warm call is a few dict lookups and the launches.  Group mode (``layout='thd'``)
+builds its problem from the shapes and ``max_seqlen_q/k`` alone: the offsets
+``cu_seqlens_q/k`` stay on the device (no host synchronisation, one plan per shape;
+see :func:`ck_fmha.device_errors.guard_offsets`).
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import torch
 from ck_core import api as core
 from ck_core.errors import InvalidProblem
 
+from .device_errors import raise_pending
 from .problem import FmhaProblem
 
 _FAMILIES = ("fwd", "bwd_dot_do_o", "bwd_dq_dk_dv", "bwd_convert_dq")
@@ -63,18 +67,16 @@ def _token(dtype) -> str:
     return "fp8" if dtype in _FP8 else core.dtype_token(dtype)
 
 
-def _offsets(t) -> Optional[tuple]:
-    return None if t is None else tuple(int(x) for x in t.tolist())
-
-
-def _problem(q, k, v, bias, alibi, cu_q, cu_k, causal, scale, window, softcap, layout, dropout_p, seed, offset,
-             align, descales) -> FmhaProblem:
-    """(forward problem, Dispatcher) of a call, cached per signature (group mode: per offsets)."""
+def _problem(q, k, v, bias, alibi, cu_q, cu_k, lens, causal, scale, window, softcap, layout, dropout_p, seed,
+             offset, align, descales) -> FmhaProblem:
+    """(forward problem, Dispatcher) of a call, cached per signature: shapes and options (group
+    mode: also ``lens`` = (max_seqlen_q, max_seqlen_k), never the offsets' values)."""
     sig = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, causal, scale, window, softcap,
            layout, dropout_p, seed, offset, align, descales, None if bias is None else bias.shape,
-           None if alibi is None else alibi.shape)
+           None if alibi is None else alibi.shape, lens)
     if cu_q is not None:
-        sig += (_offsets(cu_q), _offsets(cu_k))
+        sig += (getattr(cu_q, "shape", cu_q), getattr(cu_q, "dtype", None), getattr(cu_k, "shape", cu_k),
+                getattr(cu_k, "dtype", None))
     hit = _PROBLEMS.get(sig)
     if hit is not None:
         return hit
@@ -91,12 +93,7 @@ def _problem(q, k, v, bias, alibi, cu_q, cu_k, causal, scale, window, softcap, l
               logits_soft_cap=softcap, p_drop=dropout_p, seed=seed, offset=offset, lse=True,
               **_mask_fields(causal, window, align))
     if layout == "thd":
-        if cu_q is None or cu_k is None:
-            raise InvalidProblem("layout 'thd' (group mode) needs cu_seqlens_q and cu_seqlens_k")
-        sq_, sk_ = _offsets(cu_q), _offsets(cu_k)
-        if sq_[-1] > q.shape[0] or sk_[-1] > k.shape[0]:
-            raise InvalidProblem(f"cu_seqlens end at {sq_[-1]}/{sk_[-1]} but q/k have {q.shape[0]}/{k.shape[0]} rows")
-        kw.update(mode="group", batch=len(sq_) - 1, seqstart_q=sq_, seqstart_k=sk_)
+        kw.update(_group_fields(q, k, cu_q, cu_k, lens))
     else:
         kw.update(batch=b, seqlen_q=sq, seqlen_k=sk, layout=layout)
     if bias is not None:
@@ -108,6 +105,24 @@ def _problem(q, k, v, bias, alibi, cu_q, cu_k, causal, scale, window, softcap, l
     p = FmhaProblem(**kw)
     hit = _PROBLEMS[sig] = (p, _dispatcher(q, p))
     return hit
+
+
+def _group_fields(q, k, cu_q, cu_k, lens) -> dict:
+    """Group mode's problem fields from the shapes and the caller's maxima (the offsets' values stay
+    on the device: the launchers clamp them into these bounds and flag a difference)."""
+    for name, t in (("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.numel() < 2 or t.dtype.is_floating_point \
+                or t.dtype == torch.bool:
+            raise InvalidProblem(f"layout 'thd' (group mode) needs {name}: an int32 tensor of batch+1 >= 2 offsets, "
+                                 f"got {getattr(t, 'shape', type(t).__name__)}")
+    if cu_q.numel() != cu_k.numel():
+        raise InvalidProblem(f"cu_seqlens_q has {cu_q.numel()} offsets and cu_seqlens_k {cu_k.numel()}; "
+                             "give batch+1 of each")
+    if lens is None or None in lens:
+        raise InvalidProblem("layout 'thd' (group mode) needs max_seqlen_q and max_seqlen_k (the longest query "
+                             "and key sequence, as in FlashAttention's varlen API): the offsets stay on the device")
+    return dict(mode="group", batch=cu_q.numel() - 1, seqlen_q=lens[0], seqlen_k=lens[1], runtime_seqstarts=True,
+                packed_q=q.shape[0], packed_k=k.shape[0])
 
 
 def _dispatcher(q, p):
@@ -130,8 +145,10 @@ def _from_backend(x, like: torch.Tensor, dtype) -> torch.Tensor:
     return x.to(device=like.device, dtype=dtype)
 
 
-def _inputs(q, k, v, bias, alibi) -> dict:
+def _inputs(q, k, v, bias, alibi, cu_q=None, cu_k=None) -> dict:
     t = {"q": q, "k": k, "v": v}
+    if cu_q is not None:
+        t.update(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
     if bias is not None:
         t["bias"] = bias
     if alibi is not None:
@@ -139,11 +156,11 @@ def _inputs(q, k, v, bias, alibi) -> dict:
     return t
 
 
-def _fwd(q, k, v, bias, alibi, cu_q, cu_k, causal, scale, window, softcap, layout, dropout_p, seed, offset, align,
-         descales, out_dtype):
-    p, disp = _problem(q, k, v, bias, alibi, cu_q, cu_k, causal, scale, window, softcap, layout, dropout_p, seed,
-                       offset, align, descales)
-    o, lse = disp.run(p, **_to_backend(disp, _inputs(q, k, v, bias, alibi)))
+def _fwd(q, k, v, bias, alibi, cu_q, cu_k, lens, causal, scale, window, softcap, layout, dropout_p, seed, offset,
+         align, descales, out_dtype):
+    p, disp = _problem(q, k, v, bias, alibi, cu_q, cu_k, lens, causal, scale, window, softcap, layout, dropout_p,
+                       seed, offset, align, descales)
+    o, lse = disp.run(p, **_to_backend(disp, _inputs(q, k, v, bias, alibi, cu_q, cu_k)))
     if disp.backend == "numpy":
         return _from_backend(o, q, _out_dtype(q, out_dtype)), _from_backend(lse, q, torch.float32)
     return o, lse
@@ -161,6 +178,11 @@ def _args(causal, window, align, descales):
             [] if descales is None else [float(x) for x in descales])
 
 
+def _unlens(max_seqlen_q: int, max_seqlen_k: int):
+    """The custom ops' -1 (batch mode: no maxima) back to None."""
+    return None if max_seqlen_q < 0 else (max_seqlen_q, max_seqlen_k)
+
+
 def _unargs(causal, window, align, descales):
     c = {"True": True, "False": False}.get(causal, causal)
     return c, tuple(window), (align or None), (tuple(descales) or None)
@@ -169,19 +191,19 @@ def _unargs(causal, window, align, descales):
 @torch.library.custom_op("ck::attention", mutates_args=())
 def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Optional[torch.Tensor],
                  alibi_slopes: Optional[torch.Tensor], cu_seqlens_q: Optional[torch.Tensor],
-                 cu_seqlens_k: Optional[torch.Tensor], causal: str, scale: Optional[float], window: list[int],
-                 softcap: float, layout: str, deterministic: bool, dropout_p: float, seed: int, offset: int,
-                 align: str, descales: list[float], out_dtype: Optional[torch.dtype]) -> tuple[torch.Tensor,
-                                                                                               torch.Tensor]:
+                 cu_seqlens_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int, causal: str,
+                 scale: Optional[float], window: list[int], softcap: float, layout: str, deterministic: bool,
+                 dropout_p: float, seed: int, offset: int, align: str, descales: list[float],
+                 out_dtype: Optional[torch.dtype]) -> tuple[torch.Tensor, torch.Tensor]:
     """(o, lse) of attention through the Dispatcher (the custom op ``ck::attention``)."""
     c, w, a, ds = _unargs(causal, window, align, descales)
-    return _fwd(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, c, scale, w, softcap, layout, dropout_p,
-                seed, offset, a, ds, out_dtype)
+    return _fwd(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, _unlens(max_seqlen_q, max_seqlen_k), c,
+                scale, w, softcap, layout, dropout_p, seed, offset, a, ds, out_dtype)
 
 
 @attention_op.register_fake
-def _(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, causal, scale, window, softcap, layout,
-      deterministic, dropout_p, seed, offset, align, descales, out_dtype):
+def _(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, window,
+      softcap, layout, deterministic, dropout_p, seed, offset, align, descales, out_dtype):
     dv = v.shape[-1]
     o = q.new_empty(q.shape[:-1] + (dv,), dtype=_out_dtype(q, out_dtype))
     if layout == "thd":
@@ -192,16 +214,16 @@ def _(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, causal, scale, wi
     return o, lse
 
 
-def _bwd(q, k, v, o, lse, do, bias, alibi, cu_q, cu_k, causal, scale, window, softcap, layout, deterministic,
+def _bwd(q, k, v, o, lse, do, bias, alibi, cu_q, cu_k, lens, causal, scale, window, softcap, layout, deterministic,
          dropout_p, seed, offset, align, want_dbias) -> list:
     """[dq, dk, dv] (+ dbias): the backward plan through the Dispatcher."""
-    fp, disp = _problem(q, k, v, bias, alibi, cu_q, cu_k, causal, scale, window, softcap, layout, dropout_p, seed,
-                        offset, align, None)
+    fp, disp = _problem(q, k, v, bias, alibi, cu_q, cu_k, lens, causal, scale, window, softcap, layout, dropout_p,
+                        seed, offset, align, None)
     p = _BWD.get((fp, deterministic, want_dbias))
     if p is None:
         p = _BWD[fp, deterministic, want_dbias] = attrs.evolve(fp, family="bwd_dq_dk_dv", lse=False,
                                                                 deterministic=deterministic, dbias=want_dbias)
-    t = _inputs(q, k, v, bias, alibi)
+    t = _inputs(q, k, v, bias, alibi, cu_q, cu_k)
     t.update(o=o, lse=lse, do=do if do.is_contiguous() else do.contiguous())
     out = disp.run(p, **_to_backend(disp, t))
     grads = list(out[2:])   # (o, lse, dq, dk, dv[, dbias]): o and lse were passed in
@@ -213,19 +235,20 @@ def _bwd(q, k, v, o, lse, do, bias, alibi, cu_q, cu_k, causal, scale, window, so
 @torch.library.custom_op("ck::attention_bwd", mutates_args=())
 def attention_bwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
                      do: torch.Tensor, bias: Optional[torch.Tensor], alibi_slopes: Optional[torch.Tensor],
-                     cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_k: Optional[torch.Tensor], causal: str,
-                     scale: Optional[float], window: list[int], softcap: float, layout: str, deterministic: bool,
-                     dropout_p: float, seed: int, offset: int, align: str,
-                     want_dbias: bool) -> list[torch.Tensor]:
+                     cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_k: Optional[torch.Tensor],
+                     max_seqlen_q: int, max_seqlen_k: int, causal: str, scale: Optional[float], window: list[int],
+                     softcap: float, layout: str, deterministic: bool, dropout_p: float, seed: int, offset: int,
+                     align: str, want_dbias: bool) -> list[torch.Tensor]:
     """[dq, dk, dv] (+ dbias) of attention (the custom op ``ck::attention_bwd``)."""
     c, w, a, _ = _unargs(causal, window, align, [])
-    return _bwd(q, k, v, o, lse, do, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, c, scale, w, softcap, layout,
-                deterministic, dropout_p, seed, offset, a, want_dbias)
+    return _bwd(q, k, v, o, lse, do, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
+                _unlens(max_seqlen_q, max_seqlen_k), c, scale, w, softcap, layout, deterministic, dropout_p, seed,
+                offset, a, want_dbias)
 
 
 @attention_bwd_op.register_fake
-def _(q, k, v, o, lse, do, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, causal, scale, window, softcap, layout,
-      deterministic, dropout_p, seed, offset, align, want_dbias):
+def _(q, k, v, o, lse, do, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
+      window, softcap, layout, deterministic, dropout_p, seed, offset, align, want_dbias):
     out = [torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)]
     return out + ([torch.empty_like(bias)] if want_dbias else [])
 
@@ -237,7 +260,7 @@ def _setup(ctx, inputs, output):
     q, k, v, bias, alibi, cu_q, cu_k = inputs[:7]
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse, bias, alibi, cu_q, cu_k)
-    ctx.opts = inputs[7:17]   # causal .. offset, align (positions of _OPTS)
+    ctx.opts = inputs[7:19]   # max_seqlen_q, max_seqlen_k, then causal .. offset, align (positions of _OPTS)
     ctx.fp8 = q.dtype in _FP8
 
 
@@ -248,7 +271,7 @@ def _backward(ctx, do, _dlse):
     want_db = bias is not None and ctx.needs_input_grad[3]
     grads = attention_bwd_op(q, k, v, o, lse, do, bias, alibi, cu_q, cu_k, *ctx.opts, want_db)
     dbias = grads[3] if want_db else None
-    return (grads[0], grads[1], grads[2], dbias) + (None,) * 15
+    return (grads[0], grads[1], grads[2], dbias) + (None,) * 17
 
 
 attention_op.register_autograd(_backward, setup_context=_setup)
@@ -259,12 +282,12 @@ class _Eager(torch.autograd.Function):
     dispatch costs hundreds of microseconds of host time per call, an autograd.Function a few."""
 
     @staticmethod
-    def forward(ctx, q, k, v, bias, alibi, cu_q, cu_k, opts):
+    def forward(ctx, q, k, v, bias, alibi, cu_q, cu_k, lens, opts):
         (causal, scale, window, softcap, layout, deterministic, dropout_p, seed, offset, align) = opts
-        o, lse = _fwd(q, k, v, bias, alibi, cu_q, cu_k, causal, scale, window, softcap, layout, dropout_p, seed,
-                      offset, align, None, None)
+        o, lse = _fwd(q, k, v, bias, alibi, cu_q, cu_k, lens, causal, scale, window, softcap, layout, dropout_p,
+                      seed, offset, align, None, None)
         ctx.save_for_backward(q, k, v, o, lse, bias, alibi, cu_q, cu_k)
-        ctx.opts = opts
+        ctx.opts = (lens,) + opts
         ctx.mark_non_differentiable(lse)
         return o, lse
 
@@ -273,7 +296,7 @@ class _Eager(torch.autograd.Function):
         q, k, v, o, lse, bias, alibi, cu_q, cu_k = ctx.saved_tensors
         want_db = bias is not None and ctx.needs_input_grad[3]
         grads = _bwd(q, k, v, o, lse, do, bias, alibi, cu_q, cu_k, *ctx.opts, want_db)
-        return grads[0], grads[1], grads[2], (grads[3] if want_db else None), None, None, None, None
+        return grads[0], grads[1], grads[2], (grads[3] if want_db else None), None, None, None, None, None
 
 
 def attention(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0, layout="bhsd", deterministic=True,
@@ -286,8 +309,11 @@ def attention(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0, l
     pick a kernel that accumulates dQ with fp32 atomics where that measured faster.  ``alibi_align``
     must agree with the mask (the problem derives the ALiBi form from it; under a causal mask, where
     the problem runs the vertical form, the returned LSE is that of the form asked for: see
-    :func:`_alibi_lse_shift`); ``max_seqlen_q/k`` are
-    taken from the offsets."""
+    :func:`_alibi_lse_shift`).  Group mode (``layout='thd'``) takes ``cu_seqlens_q/k`` (int32
+    [batch+1], on q's device) and ``max_seqlen_q/k`` (the longest sequences) as FlashAttention's
+    varlen API does; the offsets are read on the device only.  Offsets that do not fit the packed
+    tensors and the maxima give NaN outputs and the flag of :mod:`ck_fmha.device_errors`
+    (``ck_fmha.check_errors()``)."""
     fp8 = q.dtype in _FP8
     descales = None
     if fp8:
@@ -303,24 +329,32 @@ def attention(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0, l
         if alibi_slopes is not None and alibi_align != "vertical":
             shift = _alibi_lse_shift(alibi_slopes, alibi_align, causal, window, align, q, k, layout, cu_seqlens_q,
                                      cu_seqlens_k, return_lse)
+    lens = None
     if layout != "thd":
         cu_seqlens_q = cu_seqlens_k = None
+    else:
+        raise_pending()
+        if max_seqlen_q is not None and max_seqlen_k is not None:
+            lens = (int(max_seqlen_q), int(max_seqlen_k))
     scale = None if scale is None else float(scale)
     softcap, dropout_p = float(softcap or 0.0), float(dropout_p or 0.0)
     window = window if type(window) is tuple else tuple(window)
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
                                         or (bias is not None and bias.requires_grad))
     if not grad and not torch.compiler.is_compiling():   # no autograd record to keep: skip the op wrapper
-        o, lse = _fwd(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, causal, scale, window, softcap,
+        o, lse = _fwd(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, lens, causal, scale, window, softcap,
                       layout, dropout_p, seed, offset, align, descales, out_dtype)
     elif not torch.compiler.is_compiling() and not fp8:
-        o, lse = _Eager.apply(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
+        o, lse = _Eager.apply(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, lens,
                               (causal, scale, window, softcap, layout, bool(deterministic), dropout_p, int(seed),
                                int(offset), align))
     else:
         c, w, a, ds = _args(causal, window, align, descales)
-        o, lse = attention_op(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, c, scale, w, softcap, layout,
-                              bool(deterministic), dropout_p, int(seed), int(offset), a, ds, out_dtype)
+        ml = (-1, -1) if lens is None else lens
+        o, lse = attention_op(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, *ml, c, scale, w, softcap,
+                              layout, bool(deterministic), dropout_p, int(seed), int(offset), a, ds, out_dtype)
+    if lens is not None and q.device.type == "cpu":
+        raise_pending()   # the offsets' flag is free to read on the CPU: report bad ones at once
     if shift is not None:
         lse = lse - shift
     return (o, lse) if return_lse else o
@@ -335,16 +369,21 @@ def _alibi_lse_shift(slopes, alibi_align, causal, window, align, q, k, layout, c
     constant ``slope * (i + a)`` on every key the mask leaves visible (j <= i + m, m the mask's
     offset) exactly when a >= m: softmax cancels the constant, so o agrees, and the LSE is
     ``lse - slope * (i + a)``.  Where a < m the forms differ inside the row and the call is refused.
-    Device ops only once the lengths are known (group mode's offsets are problem data)."""
+    Device ops only; in group mode the lengths are on the device, so there ``alibi_align`` must be
+    the mask's own alignment (another form is a row constant only for some lengths)."""
     m = _mask_fields(causal, window, align)
     if not (m["mask"] != "none" and m["window_left"] < 0 and m["window_right"] == 0):
         return None   # not causal: the problem already runs the form the mask implies
     if layout == "thd":
-        qs, ks = _offsets(cu_q), _offsets(cu_k)
-        sq = [b - a for a, b in zip(qs, qs[1:])]
-        sk = [b - a for a, b in zip(ks, ks[1:])]
-    else:
-        sq, sk = [_dims(q, layout)[2]], [_dims(k, layout)[2]]
+        if alibi_align != m["mask"]:
+            raise InvalidProblem(f"under a {m['mask']} causal mask group-mode attention takes alibi_align="
+                                 f"{m['mask']!r} (or None): another form is a per-row shift of the one the kernel "
+                                 "runs only for some sequence lengths, and those are on the device")
+        if not want:
+            return None
+        cu_k = cu_k.to(device=q.device, dtype=torch.long)
+        return group_alibi_shift(slopes, alibi_align, cu_k[1:] - cu_k[:-1], cu_q, q.shape[0])
+    sq, sk = [_dims(q, layout)[2]], [_dims(k, layout)[2]]
     a = [y - x if alibi_align == "bottom_right" else 0 for x, y in zip(sq, sk)]
     mo = [y - x if m["mask"] == "bottom_right" else 0 for x, y in zip(sq, sk)]
     bad = [i for i, (x, y) in enumerate(zip(a, mo)) if x < y]
@@ -356,18 +395,24 @@ def _alibi_lse_shift(slopes, alibi_align, causal, window, align, q, k, layout, c
     if not want:
         return None
     s = slopes.to(device=q.device, dtype=torch.float32)
-    if layout != "thd":
-        pos = torch.arange(sq[0], device=q.device, dtype=torch.float32) + a[0]
-        return (s[None, :, None] if s.dim() == 1 else s[:, :, None]) * pos   # [B|1, H, Sq]
-    rows = [i + a[b] for b in range(len(sq)) for i in range(sq[b])]
-    owner = [b for b in range(len(sq)) for _ in range(sq[b])]
-    pos = torch.tensor(rows, dtype=torch.float32).to(q.device)
-    pad = q.shape[0] - len(rows)   # packed rows past the last sequence: no shift
-    pos = torch.nn.functional.pad(pos, (0, pad))
-    if s.dim() == 1:
-        return s[:, None] * pos[None]                                       # [H, total_q]
-    idx = torch.nn.functional.pad(torch.tensor(owner, dtype=torch.long), (0, pad)).to(q.device)
-    return s[idx].t() * pos[None]
+    pos = torch.arange(sq[0], device=q.device, dtype=torch.float32) + a[0]
+    return (s[None, :, None] if s.dim() == 1 else s[:, :, None]) * pos   # [B|1, H, Sq]
+
+
+def group_alibi_shift(slopes, form, seqlens_k, cu_q, total_q):
+    """[H, total_q]: what a causal group-mode problem's ALiBi (the vertical form slope * j, which the
+    problem derives from a causal mask) adds to each row's LSE over the form -slope * |i + a - j| of
+    the mask's alignment (a = seqlen_k - seqlen_q bottom-right, 0 top-left): slope * (i + a), a row
+    constant on every visible key, so o agrees and the LSE does not.  Device ops only (the lengths
+    stay on the device)."""
+    cu = cu_q.to(device=seqlens_k.device, dtype=torch.long)
+    t = torch.arange(total_q, device=cu.device)
+    b = torch.searchsorted(cu[1:], t, right=True).clamp_(max=seqlens_k.shape[0] - 1)
+    pos = t - cu[b]
+    if form == "bottom_right":
+        pos = pos + seqlens_k.long()[b] - (cu[b + 1] - cu[b])
+    s = slopes.to(device=cu.device, dtype=torch.float32)
+    return s[:, None] * pos.to(torch.float32)[None] if s.dim() == 1 else s[b].t() * pos.to(torch.float32)[None]
 
 
 def _check_alibi_align(alibi, alibi_align, causal, window, align) -> None:

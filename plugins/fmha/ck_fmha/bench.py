@@ -139,7 +139,9 @@ def make_inputs(t, seed=0):
 
 
 def ours_callable(t, inputs=None):
-    from ck_fmha.backends.triton import bwd, fwd, num_splits_heuristic, paged_decode, splitkv_decode
+    from ck_core.device import current_arch
+    from ck_fmha.backends.triton import bwd, fwd, paged_decode, splitkv_decode
+    from ck_fmha.heuristics import split_count
     q, k, v = inputs or make_inputs(t)
     g = t["group"]
     if t["dtype"] == "fp8":
@@ -155,7 +157,9 @@ def ours_callable(t, inputs=None):
     # decode
     ns = None
     if t.get("splits_mult", 1) != 1:
-        ns = num_splits_heuristic(t["b"] * t["hk"], t["sk"], 1, block_n=t["cfg"].BLOCK_N) * t["splits_mult"]
+        # the Dispatcher's count (ck_fmha.decode) scaled, to time the neighbours of its choice
+        ns = split_count(t["b"] * t["hk"], t["sk"], current_arch(q).compute_units,
+                         query_rows=(t["hq"] // t["hk"]) * t["sq"]) * t["splits_mult"]
     sl = torch.full((t["b"],), t["sk"], dtype=torch.int32, device="cuda")
     if t["page"] == 0:
         return lambda: splitkv_decode(q, k, v, seqlens_k=sl, config=t["cfg"], num_splits=ns)

@@ -1,4 +1,4 @@
-"""Errors that kernels find on the device: run-time key lengths outside the key capacity.
+"""Errors found on the device: run-time key lengths outside the key capacity, bad group-mode offsets.
 
 The decode, appendkv and batch_prefill kernels read ``seqlens_k`` on the device, where the host
 cannot check it without a synchronisation on the hot path.  So the kernels check it themselves:
@@ -7,6 +7,12 @@ table; appendkv: the capacity less the appended tokens) is clamped into range so
 leaves the cache or the block table, the batch's outputs become NaN (decode/prefill: ``o`` and
 ``lse`` rows; appendkv: the rotated q rows, and nothing is written to the caches), and the kernel
 ORs a code into a per-device int32 flag (:func:`flag`).
+
+Group mode's offsets (``cu_seqlens_q``/``cu_seqlens_k``) stay on the device too: the Triton
+launchers pass them through :func:`guard_offsets`, which clamps them into the packed tensors and
+the caller's ``max_seqlen`` (so that no kernel reads or writes outside them), ORs ``BAD_OFFSETS``
+into the flag when it had to change anything, and hands back a device boolean with which the
+launcher fills that call's outputs with NaN.
 
 The flag is read without a host synchronisation where reading is free (tensors on the CPU, e.g.
 the Triton interpreter): the next decode/appendkv/prefill call raises.  On a GPU it is read when
@@ -22,12 +28,14 @@ from ck_core.errors import InvalidProblem
 #: codes the kernels OR into the flag
 TOO_LONG = 1     # a length past the capacity
 NEGATIVE = 2     # a negative length
+BAD_OFFSETS = 4  # group-mode offsets below 0, decreasing, past the packed rows, or longer than max_seqlen
 
 _FLAGS: dict = {}   # torch.device -> int32 [1]
 
 
 class DeviceLengthError(InvalidProblem):
-    """A kernel found a run-time ``seqlens_k`` entry outside [0, capacity]."""
+    """A kernel found a run-time ``seqlens_k`` entry outside [0, capacity], or group-mode offsets
+    that do not fit the packed tensors and ``max_seqlen_q/k``."""
 
 
 def flag(device) -> torch.Tensor:
@@ -40,6 +48,12 @@ def flag(device) -> torch.Tensor:
 
 
 def _message(code: int, where: str) -> str:
+    if code & BAD_OFFSETS:
+        msg = (f"group-mode offsets (cu_seqlens_q/cu_seqlens_k) in an earlier FMHA call on {where} started "
+               "below 0, decreased, ran past the packed q/k rows, or had a sequence longer than max_seqlen_q/"
+               "max_seqlen_k: that call's outputs were set to NaN and nothing outside the tensors was read or "
+               "written; pass cu_seqlens = [0, *cumsum(lengths)] and max_seqlen = max(lengths)")
+        return msg if code == BAD_OFFSETS else msg + "; also " + _message(code & ~BAD_OFFSETS, where)
     what = []
     if code & TOO_LONG:
         what.append("past the key capacity (the cache length or max_seqlen_k, bounded by the block table's "
@@ -49,6 +63,21 @@ def _message(code: int, where: str) -> str:
     return (f"a run-time seqlens_k entry was {' and '.join(what)} in an earlier FMHA call on {where}: those "
             "batches' outputs were set to NaN and nothing outside the cache was read or written; fix "
             "seqlens_k (each entry in [0, capacity])")
+
+
+def guard_offsets(cu: torch.Tensor, rows: int, longest: int):
+    """(offsets safe to launch with, device bool: they differ from ``cu``) for group-mode offsets
+    ``cu`` [batch+1] into a packed tensor of ``rows`` rows whose sequences are at most ``longest``
+    long.  Device ops only (no host synchronisation); a difference sets ``BAD_OFFSETS`` in the flag
+    of ``cu``'s device."""
+    c = cu.to(torch.int64)
+    spans = (c[1:] - c[:-1]).clamp_(0, max(0, int(longest)))
+    start = c[:1].clamp(0, rows)
+    safe = torch.cat((start, start + spans.cumsum(0))).clamp_(max=rows)
+    bad = (safe != c).any()
+    f = flag(cu.device)
+    f.bitwise_or_(bad.to(torch.int32) * BAD_OFFSETS)
+    return safe.to(torch.int32), bad
 
 
 def _take(device, t: torch.Tensor) -> None:

@@ -18,7 +18,8 @@ from ck_core.key import KernelKey, RecordSchema
 
 from . import seqtune
 from .codegen import ck_facts as F
-from .codegen import enumerate_kernels, parse_name
+from .codegen import enumerate_kernels
+from .codegen.spec import parse_key_body
 from .codegen.spec import FmhaKernelSpec
 
 
@@ -121,12 +122,9 @@ def ck_rank(problem, keys: list) -> list:
     return sorted(keys, key=cost)
 
 
-def format_ck(sig, alg) -> str:
-    return sig.name
-
-
-def parse_ck(body: str):
-    return check_spec(parse_name(body)), CK_INSTANCE
+def parse_ck(body: str, arch: str):
+    """(spec, instance) of a CK-rule key's name body on ``arch`` (the name's tail)."""
+    return check_spec(parse_key_body(body, arch)), CK_INSTANCE
 
 
 #: the vocabulary of CK FMHA spec fields; string fields not listed are one token

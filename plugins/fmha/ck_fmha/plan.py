@@ -22,7 +22,7 @@ from .problem import FmhaProblem, combine_problem, expected_shapes
 #: the op's tensor vocabulary: what a user passes in, what a plan returns, and what its stages hand on
 INPUTS = ("q", "k", "v", "bias", "alibi_slopes", "sink", "o", "lse", "do", "k_cache", "v_cache",
           "block_table", "kv_indptr", "kv_page_indices", "kv_last_page_lens", "knew", "vnew",
-          "rotary_cos", "rotary_sin", "seqlens_k")
+          "rotary_cos", "rotary_sin", "seqlens_k", "cu_seqlens_q", "cu_seqlens_k")
 OUTPUTS = ("o", "lse", "randval", "dq", "dk", "dv", "dbias", "q_rot", "k_cache", "v_cache")
 _NAMES = frozenset((*INPUTS, *OUTPUTS, "o_acc", "lse_acc", "d", "dq_acc"))
 #: feature tensors and the problem field that must ask for them
@@ -71,12 +71,19 @@ def _store(p: FmhaProblem, x):
 
 
 def host_lengths(p: FmhaProblem, tensors: dict) -> FmhaProblem:
-    """``p`` with run-time key lengths (tensor ``seqlens_k``) made a problem field: the references
-    and the numpy backend read host data anyway, and this validates the lengths (rule R21)."""
-    if not p.runtime_seqlens_k:
-        return p
-    return attrs.evolve(p, runtime_seqlens_k=False,
-                        seqlens_k=tuple(int(x) for x in np.asarray(tensors["seqlens_k"]).reshape(-1)))
+    """``p`` with run-time key lengths (tensor ``seqlens_k``) and group-mode offsets (tensors
+    ``cu_seqlens_q``/``cu_seqlens_k``) made problem fields: the references and the numpy backend
+    read host data anyway, and this validates them (rules R14, R18, R21)."""
+    host = lambda name: tuple(int(x) for x in np.asarray(tensors[name]).reshape(-1))   # noqa: E731
+    if p.runtime_seqlens_k:
+        p = attrs.evolve(p, runtime_seqlens_k=False, seqlens_k=host("seqlens_k"))
+    if p.runtime_seqstarts:
+        for name in ("cu_seqlens_q",) + (() if p.paged_kv else ("cu_seqlens_k",)):
+            if tensors.get(name) is None:
+                raise InvalidProblem(f"a group-mode problem with run-time offsets needs the tensor {name!r}")
+        k = {} if p.paged_kv else {"seqstart_k": host("cu_seqlens_k")}
+        p = attrs.evolve(p, runtime_seqstarts=False, packed_q=0, packed_k=0, seqstart_q=host("cu_seqlens_q"), **k)
+    return p
 
 
 def run_stage(problem: FmhaProblem, tensors: dict) -> dict:

@@ -1,10 +1,11 @@
 """Hook implementations of the FMHA op plugin (entry point group ``ck_core.ops``).
 
-Kernel spaces:
-* archs with CK FMHA tables (gfx90a, gfx942, gfx950, gfx1100, gfx1201): CK's
-  01_fmha codegen rules (:mod:`ck_fmha.codegen`), per receipt;
-* the triton backend, on any arch with a Triton target: the Triton templates'
-  configurations (:mod:`ck_fmha.backends.triton.keys`).
+Kernel spaces, one per (arch, backend) -- a key's ``arch`` and ``backend`` say which
+(:func:`_space`), never the type of its signature:
+* archs with CK FMHA tables (gfx90a, gfx942, gfx950, gfx1100, gfx1201), every backend but
+  triton: CK's 01_fmha codegen rules (:mod:`ck_fmha.codegen`), per receipt;
+* the triton backend, and archs without CK tables: the Triton templates' configurations
+  (:mod:`ck_fmha.backends.triton.keys`).
 """
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ from ck_core.records import OpSpec
 
 from . import features, footprint, keys, plan as stages
 from .codegen import ARCHES as CK_ARCHES
-from .codegen.spec import FmhaKernelSpec
 from .problem import FmhaProblem
 
 from .plan import INPUTS, OUTPUTS  # noqa: E402  (the op's tensor vocabulary)
@@ -28,25 +28,42 @@ def _triton_keys():
     return triton_keys
 
 
+class _CkSpace:
+    """CK's codegen rules as a key space (the functions of :mod:`ck_fmha.keys`)."""
+    enumerate_keys = staticmethod(keys.ck_keys)
+
+    @staticmethod
+    def legal(key, arch):
+        return keys.ck_legal(key.signature, arch)
+
+    @staticmethod
+    def supports(key, problem):
+        return keys.ck_supports(key.signature, problem)
+
+    @staticmethod
+    def rank(problem, candidates, arch):
+        return keys.ck_rank(problem, candidates)
+
+
+def _space(arch_name: str, backend: str):
+    """The key space of (arch, backend): CK's rules where the arch has CK tables and the backend
+    is not triton, the Triton templates' otherwise."""
+    return _CkSpace if backend != "triton" and arch_name in CK_ARCHES else _triton_keys()
+
+
 def enumerate_keys(arch, backend, options):
-    if backend == "triton" or arch.name not in CK_ARCHES:
-        return _triton_keys().enumerate_keys(arch, backend, options)
-    return keys.ck_keys(arch, backend, options)
+    return _space(arch.name, backend).enumerate_keys(arch, backend, options)
 
 
 def format_name(sig, alg):
-    if isinstance(sig, FmhaKernelSpec):
-        return sig.name
-    return _triton_keys().format_name(sig, alg)
+    return sig.name_body(alg)
 
 
-def parse_name(body):
-    if body.startswith(_TRITON_PREFIX):
-        return _triton_keys().parse_name(body)
-    return keys.parse_ck(body)
-
-
-_TRITON_PREFIX = "fmha_triton_"
+def parse_name(body, arch, backend):
+    """(signature, algorithm) of a key's name body: the space of the name's arch and backend parses
+    it (a CK-rule body takes its arch from there)."""
+    space = _space(arch, backend)
+    return keys.parse_ck(body, arch) if space is _CkSpace else space.parse_name(body)
 
 
 def from_fields(sig: dict, alg: dict):
@@ -58,21 +75,21 @@ def from_fields(sig: dict, alg: dict):
 
 def legal(key, arch):
     """Why the enumeration rules would not produce ``key`` on ``arch`` (or None)."""
-    if isinstance(key.signature, FmhaKernelSpec):
-        return keys.ck_legal(key.signature, arch)
-    return _triton_keys().legal(key, arch)
+    space = _space(key.arch, key.backend)
+    if (space is _CkSpace) != hasattr(key.signature, "ck_name"):   # a key built by hand in the other space
+        want = "CK-rule" if space is _CkSpace else "Triton"
+        return f"{key.name}: {key.arch}/{key.backend} keys are {want} keys"
+    return space.legal(key, arch)
 
 
 def supports(key, problem):
-    if isinstance(key.signature, FmhaKernelSpec):
-        return keys.ck_supports(key.signature, problem)
-    return _triton_keys().supports(key, problem)
+    return _space(key.arch, key.backend).supports(key, problem)
 
 
 def heuristic(problem, candidates, arch):
-    if candidates and isinstance(candidates[0].signature, FmhaKernelSpec):
-        return keys.ck_rank(problem, candidates)
-    return _triton_keys().rank(problem, candidates, arch)
+    if not candidates:
+        return []
+    return _space(candidates[0].arch, candidates[0].backend).rank(problem, candidates, arch)
 
 
 def implement(key, backend, arch):

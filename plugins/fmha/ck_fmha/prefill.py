@@ -1,9 +1,10 @@
 """``batch_prefill`` through the Dispatcher: group-mode queries over a paged KV cache.
 
-The key lengths come at run time (``runtime_seqlens_k``: the int32 tensor ``seqlens_k``, read by
-the kernel; the problem carries ``max_seqlen_k`` as their bound), so they need no host copy.  The
-query offsets are problem data (group mode's ``seqstart_q``), as in ``ck_fmha.attention``'s group
-mode: the problem and its plan are cached per (shapes, offsets, options).
+The key lengths and the query offsets come at run time (``runtime_seqlens_k``: the int32 tensor
+``seqlens_k``, read by the kernel; ``runtime_seqstarts``: the tensor ``cu_seqlens_q``, clamped on
+the device by :func:`ck_fmha.device_errors.guard_offsets`); the problem carries ``max_seqlen_q``
+and ``max_seqlen_k`` as their bounds, so no value goes to the host and the problem and its plan
+are cached per (shapes, maxima, options).
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 from ck_core import api as core
 from ck_core.errors import InvalidProblem
 
-from .api import _check_alibi_align, _from_backend, _mask_fields, _offsets, _to_backend, _token
+from .api import _check_alibi_align, _from_backend, _mask_fields, _to_backend, _token, group_alibi_shift
 from .decode import _lens
 from .device_errors import raise_pending
 from .problem import FmhaProblem
@@ -87,8 +88,11 @@ def batch_prefill(q, k_cache, v_cache, seqlens_k, *, cu_seqlens_q, max_seqlen_q,
                                      "kernel runs only for some key lengths, and those are on the device")
             shift_form = m["mask"]
     table = block_table if block_table is not None else kv_page_indices
-    starts = _offsets(cu_seqlens_q)   # group mode's query offsets are problem data (as in attention)
-    sig = (q.shape, k_cache.shape, v_cache.shape, table.shape, q.dtype, q.device, starts, int(max_seqlen_k),
+    if not isinstance(cu_seqlens_q, torch.Tensor) or cu_seqlens_q.dim() != 1 or cu_seqlens_q.numel() < 2:
+        raise InvalidProblem(f"cu_seqlens_q must be an int32 tensor of batch+1 >= 2 offsets, got "
+                             f"{getattr(cu_seqlens_q, 'shape', type(cu_seqlens_q).__name__)}")
+    sig = (q.shape, k_cache.shape, v_cache.shape, table.shape, q.dtype, q.device, cu_seqlens_q.shape,
+           int(max_seqlen_q), int(max_seqlen_k),
            kv_layout, block_table is None, causal, scale, window, softcap, align, None if bias is None else bias.shape,
            None if alibi is None else alibi.shape, p_drop, seed, offset, sink is None, sink_tokens)
     hit = _PROBLEMS.get(sig)
@@ -97,8 +101,9 @@ def batch_prefill(q, k_cache, v_cache, seqlens_k, *, cu_seqlens_q, max_seqlen_q,
         if dq != q.shape[-1]:
             raise InvalidProblem(f"q has head dim {q.shape[-1]}, the K pages {dq}")
         extra = {"bias": "elementwise"} if bias is not None else ({"bias": "alibi"} if alibi is not None else {})
-        p = FmhaProblem(family="batch_prefill", mode="group", batch=len(starts) - 1, nhead_q=q.shape[1], nhead_k=hk,
-                        hdim_q=dq, hdim_v=dv, dtype=_token(q.dtype), seqstart_q=starts, seqlen_q=int(max_seqlen_q),
+        p = FmhaProblem(family="batch_prefill", mode="group", batch=cu_seqlens_q.numel() - 1, nhead_q=q.shape[1],
+                        nhead_k=hk, hdim_q=dq, hdim_v=dv, dtype=_token(q.dtype), runtime_seqstarts=True,
+                        packed_q=q.shape[0], seqlen_q=int(max_seqlen_q),
                         seqlen_k=int(max_seqlen_k), runtime_seqlens_k=True, paged_kv=True, page_size=ps,
                         kv_layout=kv_layout, kv_lookup="vllm" if block_table is not None else "sglang", scale=scale,
                         logits_soft_cap=softcap, p_drop=p_drop, seed=seed, offset=offset, sink_tokens=sink_tokens,
@@ -107,7 +112,8 @@ def batch_prefill(q, k_cache, v_cache, seqlens_k, *, cu_seqlens_q, max_seqlen_q,
                                   hdims=((p.hdim_q, p.hdim_v),))
         hit = _PROBLEMS[sig] = (p, disp)
     p, disp = hit
-    t = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "seqlens_k": _lens(seqlens_k, q, p.batch, p.seqlen_k)}
+    t = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "seqlens_k": _lens(seqlens_k, q, p.batch, p.seqlen_k),
+         "cu_seqlens_q": cu_seqlens_q}
     i32 = lambda x: x if x.dtype == torch.int32 else x.to(torch.int32)   # noqa: E731
     if block_table is not None:
         t["block_table"] = i32(block_table)
@@ -120,21 +126,6 @@ def batch_prefill(q, k_cache, v_cache, seqlens_k, *, cu_seqlens_q, max_seqlen_q,
     if disp.backend == "numpy":
         o, lse = _from_backend(o, q, q.dtype), _from_backend(lse, q, torch.float32)
     if shift_form is not None and kw.get("return_lse"):
-        lse = lse - _alibi_lse_shift(alibi, shift_form, t["seqlens_k"], cu_seqlens_q, q.shape[0])
+        lse = lse - group_alibi_shift(alibi, shift_form, t["seqlens_k"], cu_seqlens_q, q.shape[0])
     return (o, lse) if kw.get("return_lse") else o
 
-
-def _alibi_lse_shift(slopes, form, seqlens_k, cu_q, total_q):
-    """[H, total_q]: what a causal problem's ALiBi (the vertical form slope * j, which the problem
-    derives from a causal mask) adds to each row's LSE over the form -slope * |i + a - j| of the
-    mask's alignment (a = seqlen_k - seqlen_q bottom-right, 0 top-left): slope * (i + a), a row
-    constant on every visible key, so o agrees and the LSE does not.  Device ops only (the key
-    lengths stay on the device)."""
-    cu = cu_q.to(device=seqlens_k.device, dtype=torch.long)
-    t = torch.arange(total_q, device=cu.device)
-    b = torch.searchsorted(cu[1:], t, right=True).clamp_(max=seqlens_k.shape[0] - 1)
-    pos = t - cu[b]
-    if form == "bottom_right":
-        pos = pos + seqlens_k.long()[b] - (cu[b + 1] - cu[b])
-    s = slopes.to(device=cu.device, dtype=torch.float32)
-    return s[:, None] * pos.to(torch.float32)[None] if s.dim() == 1 else s[b].t() * pos.to(torch.float32)[None]

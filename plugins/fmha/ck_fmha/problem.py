@@ -238,6 +238,10 @@ class FmhaProblem:
                             scale_q/k/v, o written in bf16; forward only, no bias/dropout)
     layout, vlayout         batch-mode q/k/v/o layout "bhsd" | "bshd"; V row- ("r") or column-major ("c")
     seqstart_q, seqstart_k  group mode: batch+1 cumulative offsets into the packed tensors
+    runtime_seqstarts,      group mode: the offsets come at run time as the int32 tensors ``cu_seqlens_q``
+    packed_q, packed_k      / ``cu_seqlens_k`` [batch+1] (read on the device, never by the host: one plan
+                            per shape); seqlen_q/seqlen_k are then their bounds (max_seqlen_q/k) and
+                            packed_q/packed_k the rows of the packed q and k tensors
     seqlens_k               per-batch logical key lengths: KV-cache lengths (paged, appendkv: before
                             the append) or shorter-than-physical keys (CK's seqlen_k_ptr)
     runtime_seqlens_k       the key lengths come at run time as the int32 tensor ``seqlens_k`` [batch]
@@ -282,6 +286,9 @@ class FmhaProblem:
     seqstart_k: Optional[tuple] = attrs.field(default=None, converter=_opt_tuple("seqstart_k"))
     seqlens_k: Optional[tuple] = attrs.field(default=None, converter=_opt_tuple("seqlens_k"))
     runtime_seqlens_k: bool = attrs.field(default=False, converter=bool)
+    runtime_seqstarts: bool = attrs.field(default=False, converter=bool)
+    packed_q: int = attrs.field(default=0, converter=_int("packed_q"))
+    packed_k: int = attrs.field(default=0, converter=_int("packed_k"))
     # softmax / quantization scales (scale_q/k/v: fp8 descales, the real values are scale_x * x)
     scale: Optional[float] = attrs.field(default=None, converter=_opt_float)
     scale_q: float = attrs.field(default=1.0, converter=float)
@@ -369,21 +376,25 @@ class FmhaProblem:
 
     @property
     def total_q(self) -> int:
+        if self.runtime_seqstarts:
+            return self.packed_q
         return self.seqstart_q[-1] if self.is_group else self.batch * self.seqlen_q
 
     @property
     def total_k(self) -> int:
+        if self.runtime_seqstarts:
+            return self.packed_k
         return self.seqstart_k[-1] if (self.is_group and self.seqstart_k is not None) else self.batch * self.seqlen_k
 
     def seqlens_q_list(self) -> list:
-        """Per-batch query lengths."""
-        if self.is_group:
+        """Per-batch query lengths (with run-time offsets: their bound, seqlen_q)."""
+        if self.is_group and not self.runtime_seqstarts:
             s = self.seqstart_q
             return [s[i + 1] - s[i] for i in range(self.batch)]
         return [self.seqlen_q] * self.batch
 
     def seqlens_k_list(self) -> list:
-        """Per-batch logical key lengths (what masks align to)."""
+        """Per-batch logical key lengths (what masks align to; with run-time offsets: their bound)."""
         if self.seqlens_k is not None:
             return list(self.seqlens_k)
         if self.is_group and self.seqstart_k is not None:
@@ -549,7 +560,12 @@ def _validate(p: FmhaProblem) -> None:
             raise _err("R04-hdim-div8", f"{name}={h} is not a multiple of 8; pad the head dim to "
                        f"{(h + 7) // 8 * 8} (zero-pad q/k, or v and slice o)")
     # R14 group mode
-    if p.is_group:
+    if p.runtime_seqstarts:
+        _check_runtime_seqstarts(p)
+    elif p.packed_q or p.packed_k:
+        raise _err("R14-group-seqstart", "packed_q/packed_k are the packed rows of a problem whose offsets come "
+                   "at run time; set runtime_seqstarts=True or drop them")
+    if p.is_group and not p.runtime_seqstarts:
         if p.seqstart_q is None:
             raise _err("R14-group-seqstart", "group mode needs seqstart_q (batch+1 cumulative query "
                        "offsets starting at 0), e.g. seqstart_q=[0, 5, 12]")
@@ -563,7 +579,7 @@ def _validate(p: FmhaProblem) -> None:
                        "offsets starting at 0), e.g. seqstart_k=[0, 7, 20]")
         if p.seqstart_k is not None:
             _check_seqstart("seqstart_k", p.seqstart_k, p.batch)
-    else:
+    elif not p.is_group:
         for name in ("seqstart_q", "seqstart_k"):
             if getattr(p, name) is not None:
                 raise _err("R14-group-seqstart", f"{name} is a group-mode field; set mode='group' or drop it")
@@ -741,6 +757,25 @@ def _validate(p: FmhaProblem) -> None:
             raise _err("R26-dbias", f"dbias is a backward output; {p.family} cannot produce it")
 
 
+def _check_runtime_seqstarts(p: FmhaProblem) -> None:
+    """Group mode with the offsets on the device: the bounds the kernels size their grids by (the
+    offsets themselves are checked on the device, see ck_fmha.device_errors)."""
+    if not p.is_group:
+        raise _err("R14-group-seqstart", "runtime_seqstarts is a group-mode field; set mode='group' or drop it")
+    if p.seqstart_q is not None or p.seqstart_k is not None:
+        raise _err("R14-group-seqstart", "runtime_seqstarts=True takes the offsets as the tensors cu_seqlens_q/"
+                   "cu_seqlens_k at run time; drop seqstart_q/seqstart_k (or set runtime_seqstarts=False)")
+    if p.seqlens_k is not None:
+        raise _err("R14-group-seqstart", "runtime_seqstarts=True takes no seqlens_k on the problem")
+    for name, bound in (("seqlen_q", "max_seqlen_q"), ("seqlen_k", "max_seqlen_k")):
+        v = getattr(p, name)
+        if v is None or v < 1:
+            raise _err("R18-sizes", f"group mode with run-time offsets needs {name} >= 1 (the caller's {bound}: "
+                       f"the longest sequence), got {v}")
+    if p.packed_q < 0 or p.packed_k < 0:
+        raise _err("R18-sizes", f"packed_q={p.packed_q}, packed_k={p.packed_k} must be >= 0")
+
+
 def _check_seqstart(name: str, s: tuple, batch: int) -> None:
     if len(s) != batch + 1:
         raise _err("R14-group-seqstart", f"{name} has {len(s)} entries; group mode with batch={batch} needs "
@@ -776,6 +811,11 @@ def expected_shapes(p: FmhaProblem, **given) -> dict:
     sh: dict = {}
     if p.is_group:
         Tq, Tk = p.total_q, (p.seqstart_k[-1] if p.seqstart_k is not None else None)
+        if p.runtime_seqstarts:
+            Tk = None if p.paged_kv else p.packed_k
+            sh["cu_seqlens_q"] = (p.batch + 1,)
+            if not p.paged_kv:
+                sh["cu_seqlens_k"] = (p.batch + 1,)
         sh["q"] = (Tq, H, Dq)
         sh["o"] = sh["do"] = (Tq, H, Dv)
         sh["dq"] = (Tq, H, Dq)
@@ -841,7 +881,7 @@ def _paged_cache_shapes(p: FmhaProblem, npages) -> tuple:
 #: largest finite OCP e4m3 value; fp8 problems hold e4m3 values (the reference reads them as given)
 FP8_MAX = 448.0
 _FP8_DATA = ("q", "k", "v", "k_cache", "v_cache", "knew", "vnew")
-_INT_TENSORS = ("block_table", "kv_indptr", "kv_page_indices", "kv_last_page_lens")
+_INT_TENSORS = ("block_table", "kv_indptr", "kv_page_indices", "kv_last_page_lens", "cu_seqlens_q", "cu_seqlens_k")
 _FP32_TENSORS = ("o_acc", "lse_acc", "dq_acc", "lse", "d", "alibi_slopes", "sink")
 
 

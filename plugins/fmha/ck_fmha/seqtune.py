@@ -2,19 +2,13 @@
 
 A tile's rows past the end of the query (or a KV block past the end of a split's
 chunk) are work thrown away; a ``max_seq_q`` kernel is a specialisation for
-short queries and computes nothing longer.  Split-KV decode wants enough
-programs to fill the machine: batch x KV heads against the arch's SM / CU count
-(from the ArchSpec, never a constant), without chunks shorter than a few blocks.
+short queries and computes nothing longer.  (The split-KV count itself is
+:func:`ck_fmha.heuristics.split_count`, the one the Dispatcher uses.)
 """
 from __future__ import annotations
 
 import math
 from typing import Optional
-
-#: fewest keys per split chunk (shorter chunks spend more on the combine than they save)
-MIN_CHUNK = 256
-MAX_SPLITS = 128
-
 
 def waste(length: Optional[int], tile: int) -> float:
     """Padded over useful length of ``length`` cut into ``tile``-sized blocks (1.0 = none), in
@@ -30,27 +24,6 @@ def max_seq_q_reason(max_seq_q: int, problem) -> Optional[str]:
         what = "group mode" if problem.is_group else f"seqlen_q {problem.seqlen_q}"
         return f"kernel is specialised for seqlen_q <= {max_seq_q} (batch mode); problem has {what}"
     return None
-
-
-def split_count(programs: int, seqlen_k: int, sms: int, block_n: int = 64, min_chunk: int = MIN_CHUNK,
-                max_splits: int = MAX_SPLITS) -> int:
-    """Split the KV sequence until about two waves of ``programs`` x splits cover ``sms``
-    compute units, keeping at least ``min_chunk`` keys per split (chunks rounded to ``block_n``)."""
-    programs = max(1, programs)
-    want = max(1, -(-2 * max(1, sms) // programs))
-    n = max(1, min(want, max(1, seqlen_k // min_chunk), max_splits))
-    chunk = -(-seqlen_k // n)
-    chunk = -(-chunk // block_n) * block_n
-    return max(1, -(-seqlen_k // chunk))
-
-
-def decode_splits(problem, arch, block_n: int = 64) -> int:
-    """Split-KV count for a decode ``problem`` on ``arch``: its programs (batch x KV heads x
-    64-row blocks of the query rows each KV head serves) against the ArchSpec's compute units,
-    and its KV length."""
-    m_blocks = -(-(problem.seqlen_q or 1) * (problem.nhead_q // max(1, problem.nhead_k)) // 64)
-    return split_count(problem.batch * problem.nhead_k * m_blocks, problem.seqlen_k or 1,
-                       int(arch.compute_units), block_n)
 
 
 def kv_chunk(problem) -> Optional[int]:

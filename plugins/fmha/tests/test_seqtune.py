@@ -54,26 +54,26 @@ def test_waste_counts_padded_rows():
     assert seqtune.waste(None, 64) == 1.0
 
 
-def _decode(batch, hk, sk, hq=None):
-    return FmhaProblem(family="fwd_splitkv", batch=batch, nhead_q=hq or hk, nhead_k=hk, seqlen_q=1, seqlen_k=sk,
-                       hdim_q=128, hdim_v=128, dtype="bf16", num_splits=1)
+def test_split_count_follows_the_archspec_and_the_kv_length():
+    """The Dispatcher's split count (the only one: seqtune and the Triton configs have none of their own)."""
+    from ck_fmha.heuristics import split_count
+
+    small, big = make_fake_arch("cu32"), make_fake_arch("cu256")
+    small, big = attrs.evolve(small, compute_units=32), attrs.evolve(big, compute_units=256)
+    s_small, s_big = (split_count(8, 65536, a.compute_units) for a in (small, big))
+    assert 1 < s_small < s_big                                           # more SMs: more splits
+    assert split_count(64 * 8, 65536, big.compute_units) < s_big        # more programs: fewer splits
+    assert split_count(8, 65536, big.compute_units, query_rows=4 * 64) < s_big   # query rows add programs
+    assert split_count(8, 200, big.compute_units) == 1                  # too short to split
+    assert split_count(132 * 4, 4096, 132) == 1                          # machine already full
+    for sk in (4096, 5000, 131072):                                      # every split keeps >= 256 keys
+        assert sk / split_count(1, sk, 304) >= 256
+    assert split_count(1, 1 << 30, 1 << 20) == 128                       # capped
 
 
-def test_decode_splits_follow_the_archspec_and_the_kv_length():
-    small, big = make_fake_arch("cu32"), attrs.evolve(make_fake_arch("cu256"), compute_units=256)
-    small = attrs.evolve(small, compute_units=32)
-    p = _decode(1, 8, 65536)
-    s_small, s_big = seqtune.decode_splits(p, small), seqtune.decode_splits(p, big)
-    assert 1 < s_small < s_big                                   # more SMs: more splits
-    assert seqtune.decode_splits(_decode(64, 8, 65536), big) < s_big    # more programs: fewer splits
-    assert seqtune.decode_splits(_decode(1, 8, 200), big) == 1          # too short to split
-    # each split still covers at least MIN_CHUNK keys
-    n = seqtune.decode_splits(_decode(1, 1, 4096), big)
-    assert 4096 / n >= seqtune.MIN_CHUNK
+def test_one_split_count():
+    import ck_fmha.backends.triton as triton_backend
+    import ck_fmha.backends.triton.configs as configs
 
-
-def test_the_triton_heuristic_keeps_using_the_archspec_sm_count():
-    from ck_fmha.backends.triton.configs import num_splits_heuristic
-
-    assert num_splits_heuristic(8, 65536, num_sms=32) == seqtune.split_count(8, 65536, 32)
-    assert num_splits_heuristic(8, 65536, num_sms=132) > num_splits_heuristic(8, 65536, num_sms=16)
+    assert not hasattr(seqtune, "split_count") and not hasattr(seqtune, "decode_splits")
+    assert not hasattr(configs, "num_splits_heuristic") and not hasattr(triton_backend, "num_splits_heuristic")

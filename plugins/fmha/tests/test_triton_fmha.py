@@ -22,7 +22,7 @@ from triton_ref import ref_attention, rel_err  # noqa: E402
 if os.environ.get("TRITON_INTERPRET") != "1":  # pragma: no cover
     pytest.skip("these tests run the kernels in the Triton interpreter", allow_module_level=True)
 
-from ck_fmha.backends.triton import (TritonFmhaConfig, attention, bwd, fwd, kernel_for, num_splits_heuristic,  # noqa: E402
+from ck_fmha.backends.triton import (TritonFmhaConfig, attention, bwd, fwd, kernel_for,  # noqa: E402
                                      paged_decode, signature_for, splitkv_decode)
 
 # the interpreter's numpy log2(0) for rows that see no key is expected (LSE = -inf)
@@ -225,17 +225,6 @@ def test_prefill_and_sinks_kernels():
     x = {k: torch.from_numpy(v) for k, v in t.items()}
     o, lse = fwd(x["q"], x["k"], x["v"], causal=True, window=(3, 0), sink_tokens=20, return_lse=True, config=SMALL)
     assert rel_err(o, torch.from_numpy(want.o)) < TOL and rel_err(lse, torch.from_numpy(want.lse)) < 1e-5
-
-
-def test_num_splits_heuristic():
-    assert num_splits_heuristic(132 * 4, 4096, num_sms=132) == 1    # machine already full
-    n = num_splits_heuristic(8, 131072, num_sms=132)
-    assert 16 <= n <= 128
-    assert num_splits_heuristic(1, 100, num_sms=132) == 1           # never below one chunk
-    # the SM count comes from the arch: a bigger machine wants more splits of the same work
-    assert num_splits_heuristic(8, 131072, num_sms=304) > num_splits_heuristic(8, 131072, num_sms=66)
-    from ck_core.device import cpu_arch
-    assert num_splits_heuristic(8, 131072) == num_splits_heuristic(8, 131072, num_sms=cpu_arch().compute_units)
 
 
 def test_kernel_for_contract():

@@ -1,4 +1,4 @@
-"""GEMM kernel keys: signature, algorithm, CK-style names, the kernel space.
+"""GEMM kernel keys: signature, algorithm, CK-style names, the rules that make a key legal.
 
 Name grammar (tokens joined by ``_``)::
 
@@ -11,8 +11,7 @@ Name grammar (tokens joined by ``_``)::
 from __future__ import annotations
 
 import functools
-import itertools
-import logging
+
 import attrs
 
 from ck_core.dtypes import ELEMENT_BYTES
@@ -22,7 +21,6 @@ from ck_core.key import KernelKey, RecordSchema
 from . import ck_rules
 from .problem import ACTIVATIONS, D_OPS, DEFAULT_C, DTYPES, LAYOUTS
 
-log = logging.getLogger(__name__)
 
 AMD_PIPELINES = ("mem", "compv3", "compv4")
 #: LDS buffers a pipeline keeps per stage (CK: compv4 double-buffers LDS)
@@ -197,12 +195,15 @@ def legal(key: KernelKey, arch) -> str | None:
     if why is None and key.backend == "triton":
         why = triton_smem_violation(sig.dtype, key.algorithm, arch)
         # the arch's measured winners join the space whatever the shared-memory model says
-        if why and key in _tuned_keys(arch, key.backend, [sig.dtype], [sig.layout]):
-            why = None
+        if why:
+            from .space import tuned_keys   # (the space imports these records: deferred, no cycle)
+
+            if key in tuned_keys(arch, key.backend, [sig.dtype], [sig.layout]):
+                why = None
     return why
 
 
-# -- the kernel space ------------------------------------------------------------
+# -- the rules of the kernel space (enumerated in ck_gemm.space) ------------------------------
 
 def lds_bytes(sig: GemmSignature, a: GemmAlgorithm, nvidia: bool = False) -> int:
     """Shared memory the A and B tiles take (what the arch's LDS limit prunes)."""
@@ -213,7 +214,7 @@ def lds_bytes(sig: GemmSignature, a: GemmAlgorithm, nvidia: bool = False) -> int
     return per_stage * LDS_BUFFERS.get(a.pipeline, 1)
 
 
-def _warp_tiles_for(arch, dtype):
+def warp_tiles_for(arch, dtype):
     return tuple(tuple(t) for t in arch.warp_tiles.get(dtype, ()))
 
 
@@ -235,7 +236,7 @@ def _tile_violation(sig: GemmSignature, a: GemmAlgorithm, arch) -> str | None:
     if sig.dtype not in arch.dtypes:
         return f"{arch.name} has no {sig.dtype} matrix instructions"
     wt = (a.warp_tile_m, a.warp_tile_n, a.warp_tile_k)
-    legal = _warp_tiles_for(arch, sig.dtype)
+    legal = warp_tiles_for(arch, sig.dtype)
     if legal and wt not in legal:
         return f"warp tile {wt} is not a {sig.dtype} instruction tile of {arch.name}"
     if arch.wave_layouts and (a.warp_m, a.warp_n, a.warp_k) not in tuple(map(tuple, arch.wave_layouts)):
@@ -253,82 +254,6 @@ def _tile_violation(sig: GemmSignature, a: GemmAlgorithm, arch) -> str | None:
     if need > limit:
         return f"needs {need} B of LDS/shared memory, {arch.name} allows {limit} B for {a.pipeline}"
     return None
-
-
-OPTIONS = ("dtypes", "layouts", "tiles_mn", "pipelines", "epilogues", "pads", "num_ds", "d_ops",
-           "activations", "split_ks", "dtypes_c")
-
-
-def enumerate_keys(arch, backend: str, options: dict) -> list[KernelKey]:
-    """CK-style kernel space on ``arch`` (tile table from ``arch.extras['gemm']``)."""
-    facts = dict(arch.extras.get("gemm", {}))
-    unknown = sorted(set(options) - set(OPTIONS))
-    if unknown:
-        raise ConfigError(f"unknown gemm enumeration option(s) {', '.join(unknown)}; "
-                          f"known: {', '.join(OPTIONS)}")
-    options = {k: ([v] if isinstance(v, (str, int)) else list(v)) for k, v in options.items()}
-    for name, allowed in (("dtypes", DTYPES), ("layouts", LAYOUTS), ("num_ds", (0, 1, 2, 3, 4)),
-                          ("d_ops", D_OPS), ("activations", ACTIVATIONS)):
-        bad = [v for v in options.get(name, ()) if v not in allowed]
-        if bad:
-            raise ConfigError(f"gemm option {name}: unknown value(s) {bad}; use {', '.join(allowed)}")
-    dtypes = options.get("dtypes") or [d for d in DTYPES if d in arch.dtypes]
-    layouts = options.get("layouts") or LAYOUTS
-    tiles_mn = options.get("tiles_mn") or facts.get("tiles_mn") or (64, 128, 256)
-    tile_k_bytes = facts.get("tile_k_bytes", (64, 128))
-    pipelines = options.get("pipelines") or facts.get("pipelines") or arch.pipelines
-    schedulers = facts.get("schedulers", SCHEDULERS)
-    epilogues = options.get("epilogues") or facts.get("epilogues", EPILOGUES)
-    pads = options.get("pads") or facts.get("pads", ((False, False, False), (True, True, True)))
-    stages_opts = facts.get("stages", (0,))
-    variants = facts.get("variants", ("tile",))
-    split_ks = [int(v) for v in options.get("split_ks") or (1,)]
-    if any(v < 1 for v in split_ks):
-        raise ConfigError(f"gemm option split_ks: factors must be >= 1, got {split_ks}")
-    # the arch's own split-K keys (unless the caller names factors): for problems with too few
-    # output tiles to fill the machine, so only on the variants and C tile sizes it lists
-    arch_split = facts.get("split_k") if not options.get("split_ks") else None
-    if arch_split:
-        split_ks = sorted({1, *(int(v) for v in arch_split.get("factors", ()))})
-    # fused epilogues (multi-D, activation): one signature per combination; D ops only matter with Ds
-    dtypes_c = options.get("dtypes_c") or [""]  # "" = CK's C dtype for the input dtype
-    epis = [(nd, op, act) for nd in options.get("num_ds") or (0,)
-            for op in ((options.get("d_ops") or ("add",)) if nd else ("add",))
-            for act in options.get("activations") or ("none",)]
-    ck = arch.vendor == "amd"
-    out = []
-    for dtype in dtypes:
-        eb = ELEMENT_BYTES[dtype]
-        sig_list = [GemmSignature(dtype, lay, dc, num_d=nd, d_op=op, activation=act)
-                    for lay in layouts for dc in dtypes_c for nd, op, act in epis]
-        tks = sorted({tb // eb for tb in tile_k_bytes})
-        for tm, tn, tk, wave, wt, pipe, sched, epi, pad, st, var, sk in itertools.product(
-                tiles_mn, tiles_mn, tks, arch.wave_layouts, _warp_tiles_for(arch, dtype),
-                pipelines, schedulers, epilogues, pads, stages_opts, variants, split_ks):
-            alg = GemmAlgorithm(tm, tn, tk, *wave, *wt, pipeline=pipe, scheduler=sched,
-                                epilogue=epi, pad_m=pad[0], pad_n=pad[1], pad_k=pad[2],
-                                stages=st, variant=var, split_k=sk)
-            why = _tile_violation(sig_list[0], alg, arch) or variant_violation(alg) \
-                or (arch_split and split_violation(alg, arch_split))
-            if why is None and backend == "triton":
-                why = triton_smem_violation(dtype, alg, arch)
-            if why:
-                if log.isEnabledFor(logging.DEBUG):
-                    log.debug("culled gemm %s %s: %s", dtype, alg, why)
-                continue
-            for sig in sig_list:
-                # CK's load-cover rule depends on the layout: check every signature
-                why = ck and ck_rules.violation(sig, alg, arch.name, arch.warp_size)
-                if why:
-                    if log.isEnabledFor(logging.DEBUG):
-                        log.debug("culled gemm %s %s %s: %s", dtype, sig.layout, alg, why)
-                    continue
-                out.append(KernelKey("gemm", sig, alg, arch.name, backend))
-    if backend == "triton":
-        out.extend(attrs.evolve(k, signature=sig) for k in _tuned_keys(arch, backend, dtypes, layouts)
-                   for sig in [attrs.evolve(k.signature, dtype_c=dc, num_d=nd, d_op=op, activation=act)
-                               for dc in dtypes_c for nd, op, act in epis])
-    return out
 
 
 def variant_violation(a: GemmAlgorithm) -> str | None:
@@ -404,24 +329,6 @@ def _triton_smem_model():
     return smem_bytes, config_of_algorithm
 
 
-def _tuned_keys(arch, backend, dtypes, layouts) -> list:
-    """The measured winners of the arch's tuning table (so the registry holds them)."""
-    try:
-        from .backends.triton.tuning import load_table
-        from .backends.triton.keys import algorithm_for_config
-    except ImportError:  # triton not installed: nothing tuned to add
-        return []
-    out = []
-    pipeline = (arch.pipelines or ("compv3",))[0]
-    for dt, _lay, _m, _n, _k, cfg in load_table(arch.name):
-        for dtype in (d for d in dtypes if d == dt or {d, dt} <= {"fp16", "bf16"}):
-            for lay in layouts:
-                alg = algorithm_for_config(cfg, arch, dtype, pipeline, lay)
-                if alg is not None:
-                    out.append(KernelKey("gemm", GemmSignature(dtype, lay), alg, arch.name, backend))
-    return out
-
-
 def supports(key: KernelKey, problem) -> str | None:
     s, a = key.signature, key.algorithm
     if s.dtype != problem.dtype or s.dtype_c != problem.dtype_c:
@@ -443,39 +350,3 @@ def supports(key: KernelKey, problem) -> str | None:
         # a key built by hand or imported (not enumerated) may still pair split-K with a persistent loop
         return variant_violation(a) or descriptor_violation(a, problem)
     return None
-
-
-def heuristic(problem, candidates: list, arch) -> list:
-    """First pick: least padded work, then enough tiles to fill the machine, then bigger tiles.
-
-    On the triton backend the arch's tuning table (nearest measured shape) goes first.
-    """
-    cus = max(arch.compute_units, 1)
-    preferred = None
-    if candidates and candidates[0].backend == "triton":
-        try:
-            from .backends.triton.tuning import pick_config
-            from .backends.triton.keys import config_of
-            want = pick_config(problem.m, problem.n, problem.k, problem.dtype, arch.name,
-                               layout=problem.layout, batch=problem.batch)
-            preferred = [k for k in candidates if config_of(k) == want]
-        except ImportError:
-            preferred = None
-
-    def cost(key):
-        a = key.algorithm
-        tiles_m = -(-problem.m // a.tile_m)
-        tiles_n = -(-problem.n // a.tile_n)
-        tiles = tiles_m * tiles_n * problem.batch * a.split_k
-        waste = (tiles_m * a.tile_m * tiles_n * a.tile_n) / (problem.m * problem.n)
-        waves = -(-tiles // cus)
-        occupancy = tiles / (waves * cus)
-        pad_penalty = 0.01 * (a.pad_m + a.pad_n + a.pad_k)
-        # tenths: a few percent of tail effect must not beat a 16x larger (more intense) tile
-        return (round(waste / occupancy, 1) + pad_penalty, -a.tile_m * a.tile_n, a.tile_k)
-
-    ranked = sorted(candidates, key=cost)
-    if preferred:
-        ranked = preferred[:1] + [k for k in ranked if k is not preferred[0]]
-    return ranked
-

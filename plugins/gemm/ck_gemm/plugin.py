@@ -8,7 +8,7 @@ from ck_core.errors import UnsupportedProblem
 from ck_core.hookspecs import hookimpl
 from ck_core.records import OpSpec
 
-from . import features, keys as kernel, reference
+from . import features, heuristics, keys as kernel, reference, space
 from .problem import GemmProblem
 
 
@@ -47,7 +47,7 @@ def gemm_op() -> OpSpec:
         name="gemm",
         problem_type=GemmProblem,
         tuning_data=str(Path(__file__).resolve().parent / "tuned"),
-        enumerate=kernel.enumerate_keys,
+        enumerate=space.enumerate_keys,
         format_name=kernel.format_name,
         parse_name=kernel.parse_name,
         from_fields=kernel.from_fields,
@@ -61,7 +61,7 @@ def gemm_op() -> OpSpec:
         flops=lambda p: p.flops(),
         bytes_moved=lambda p: p.bytes_moved(),
         working_bytes=reference.working_bytes,
-        heuristic=kernel.heuristic,
+        heuristic=heuristics.heuristic,
         features=features.features,
         render=_render,
         tolerance=reference.tolerance,

@@ -6,7 +6,7 @@ import pytest
 
 from ck_core import get_manager
 from ck_core.testing import make_fake_arch
-from ck_gemm import ck_rules, keys as gemm
+from ck_gemm import ck_rules, keys as gemm, space
 
 AMD_ARCHS = sorted(n for n, a in get_manager().archs().items() if a.vendor == "amd")
 #: a 4-wave (wave64) / 8-wave (wave32) layout, for the rule examples
@@ -70,8 +70,8 @@ def test_enumeration_applies_the_rules_per_layout(spec):
     """An enumerated algorithm comes in exactly the layouts that CK's rules allow for it."""
     # small and 192-wide tiles: the default tile table breaks no CK rule
     options = {"dtypes": ["int8"], "tiles_mn": [16, 32, 64, 192]}
-    keys = gemm.enumerate_keys(spec, "numpy", options)
-    unruled = gemm.enumerate_keys(attrs.evolve(spec, vendor="other"), "numpy", options)
+    keys = space.enumerate_keys(spec, "numpy", options)
+    unruled = space.enumerate_keys(attrs.evolve(spec, vendor="other"), "numpy", options)
     assert 0 < len(keys) < len(unruled)
     layouts = {}
     for k in keys:

@@ -11,7 +11,8 @@ pytest.importorskip("triton")
 from ck_core import Dispatcher, PluginManager, Registry, api, plugins  # noqa: E402
 from ck_core.testing import DispatchLog  # noqa: E402
 from ck_gemm import GemmProblem, matmul  # noqa: E402
-from ck_gemm.keys import DESCRIPTOR_VARIANTS, enumerate_keys, supports, variant_violation  # noqa: E402
+from ck_gemm.keys import DESCRIPTOR_VARIANTS, supports, variant_violation  # noqa: E402
+from ck_gemm.space import enumerate_keys  # noqa: E402
 from ck_gemm.backends.triton import launch as L  # noqa: E402
 from ck_gemm.backends.triton.keys import config_of  # noqa: E402
 

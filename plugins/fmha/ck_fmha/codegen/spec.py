@@ -9,9 +9,15 @@ Two names per spec:
   ``field-value`` tokens for every field that differs from its default.  It
   parses back with :func:`parse_name`, and within one arch it maps one-to-one
   onto ``ck_name``.
+
+A KernelKey's name body (:meth:`FmhaKernelSpec.name_body`, the project's one grammar, see
+docs/plugins.md) is ``fmha_<family>_`` followed by the same ``field-value`` tokens joined by
+``_`` (field names without their underscores); it leaves the arch to the key's name tail
+(``.<arch>.<backend>``), from which :func:`parse_key_body` takes it back.
 """
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from typing import Any, Dict, Tuple
 
@@ -122,6 +128,11 @@ class FmhaKernelSpec:
         """Our stable name; ``parse_name(spec.name) == spec``."""
         return _our_name(self)
 
+    def name_body(self, alg) -> str:
+        """The body of a key's name (``<body>.<arch>.<backend>``; the algorithm, CK's tiles,
+        lives in the spec): see :func:`parse_key_body`."""
+        return _key_body(self)
+
     # -- dict round trip -----------------------------------------------------
 
     def to_dict(self) -> Dict[str, Any]:
@@ -196,6 +207,46 @@ def _our_name(spec: FmhaKernelSpec) -> str:
         if required or value != default:
             parts.append(f"{key}-{_encode(value)}")
     return ".".join(parts)
+
+
+#: a key body's field token: the field's name without underscores (``hdimq-128``)
+_ALIAS = {f.name: f.name.replace("_", "") for f in _NAME_FIELDS}
+_UNALIAS = {a: n for n, a in _ALIAS.items()}
+assert len(_UNALIAS) == len(_ALIAS), "two FmhaKernelSpec fields share a key-body alias"
+_BODY_HEAD = re.compile(r"^fmha_(?P<family>[a-z_]+?)_(?=dtype-)")
+_BODY_SPLIT = re.compile("_(?=(?:" + "|".join(sorted(_UNALIAS, key=len, reverse=True)) + ")-)")
+
+
+@lru_cache(maxsize=1 << 17)
+def _key_body(spec: FmhaKernelSpec) -> str:
+    parts = ["fmha", spec.family]
+    for key, default, required in _NAME_KEYS:
+        value = getattr(spec, key)
+        if required or value != default:
+            parts.append(f"{_ALIAS[key]}-{_encode(value)}")
+    return "_".join(parts)
+
+
+def parse_key_body(body: str, arch: str) -> FmhaKernelSpec:
+    """The spec of a key's name body (:meth:`FmhaKernelSpec.name_body`) on ``arch``."""
+    m = _BODY_HEAD.match(body)
+    if not m:
+        raise ConfigError(f"{body!r} is not an FMHA kernel name body; expected "
+                          "'fmha_<family>_dtype-<dtype>_hdimq-<n>_hdimv-<n>[_<field>-<value>...]'")
+    kwargs: Dict[str, Any] = {"family": m["family"], "arch": arch}
+    for token in _BODY_SPLIT.split(body[m.end():]):
+        alias, sep, text = token.partition("-")
+        if not sep or alias not in _UNALIAS:
+            raise ConfigError(f"bad token {token!r} in FMHA kernel name body {body!r}; tokens are "
+                              f"'<field>-<value>' with field in {sorted(_UNALIAS)}")
+        key = _UNALIAS[alias]
+        if key in kwargs:
+            raise ConfigError(f"field {alias!r} appears twice in FMHA kernel name body {body!r}")
+        kwargs[key] = _decode(_FIELD_BY_NAME[key], text)
+    missing = _REQUIRED - set(kwargs)
+    if missing:
+        raise ConfigError(f"FMHA kernel name body {body!r} lacks field(s) {sorted(missing)}")
+    return FmhaKernelSpec(**kwargs)
 
 
 def _encode(value) -> str:

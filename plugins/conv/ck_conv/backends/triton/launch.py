@@ -670,7 +670,7 @@ def run(p: ConvProblem, tensors: dict, config: ConvKernelConfig | str, num_sms: 
     (default: the config's name); ``compile_options``: the key's extra compile options
     (``ck_core.backends.triton_artifacts.compile_options``), part of the cache entry;
     ``capture``: append each launch to it as ``(suffix, fn, args, kwargs)`` instead of running it
-    (``ck build``'s representative calls, :func:`ck_conv.plugin.jit_calls`).
+    (``ck build``'s representative calls, :func:`ck_conv.backends.triton.keys.jit_calls`).
     """
     name = kernel_name or (config if isinstance(config, str) else getattr(config, "name", "conv"))
     token = _KERNEL.set((name, compile_options or None, capture))

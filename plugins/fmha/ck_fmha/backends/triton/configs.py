@@ -237,29 +237,6 @@ def default_splitkv_config(hdim_q: int, hdim_v: int, rows: int) -> TritonFmhaCon
     return cfg
 
 
-def num_splits_heuristic(batch_heads: int, seqlen_k: int, num_m_blocks: int = 1,
-                         num_sms: int | None = None, block_n: int = 64, min_chunk: int = 256,
-                         max_splits: int = 128) -> int:
-    """Split the KV sequence until about two waves of programs cover the
-    machine, keeping at least ``min_chunk`` keys per split.  ``num_sms``: the
-    machine's SMs / CUs (None: the ArchSpec of the current device, see
-    :func:`ck_core.device.current_arch`)."""
-    from ...seqtune import split_count
-
-    if num_sms is None:
-        num_sms = _current_compute_units()
-    return split_count(batch_heads * num_m_blocks, seqlen_k, num_sms, block_n, min_chunk, max_splits)
-
-
-def _current_compute_units() -> int:
-    import torch
-
-    from ck_core.device import current_arch
-
-    dev = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-    return current_arch(dev).compute_units
-
-
 # ---------------------------------------------------------------------------
 # kernel_for / signatures / AOT
 # ---------------------------------------------------------------------------

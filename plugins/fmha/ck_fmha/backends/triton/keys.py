@@ -59,7 +59,10 @@ GLUON_HDIMS = ((64, 64), (128, 128))
 OPTIONS = ("family", "families", "receipt", "dtypes", "hdims")
 #: families with fp8 kernels (the forward; split-KV / paged / prefill / backward stay fp16/bf16)
 FP8_FAMILIES = ("fwd",)
-_NAME = re.compile(r"^fmha_triton_(?P<family>[a-z_]+?)_(?P<dtype>fp16|bf16|fp8)_d(?P<hq>\d+)x(?P<hv>\d+)"
+#: ``fmha_<family>_<dtype>_d<Q>x<V>_m<BM>n<BN>_w<W>_s<S>_<variant>[_k<S>][_dq<...>]`` (docs/plugins.md's
+#: grammar); ``fmha_triton_...``, the spelling before the name stopped naming a backend, still parses
+#: (recorded selection data holds it)
+_NAME = re.compile(r"^fmha_(?:triton_)?(?P<family>[a-z_]+?)_(?P<dtype>fp16|bf16|fp8)_d(?P<hq>\d+)x(?P<hv>\d+)"
                    r"_m(?P<bm>\d+)n(?P<bn>\d+)_w(?P<w>\d+)_s(?P<s>\d+)_(?P<variant>[a-z_]+?)"
                    r"(?:_k(?P<k>\d+))?(?:_dq(?P<dq>[a-z0-9]+))?$")
 #: a fwd_splitkv key's ``splits`` field: how many key splits it launches (name part ``_k<S>``); the
@@ -95,7 +98,7 @@ class TritonFmhaAlg:
 
 
 def format_name(sig: TritonFmhaSig, a: TritonFmhaAlg) -> str:
-    return (f"fmha_triton_{sig.family}_{sig.dtype}_d{sig.hdim_q}x{sig.hdim_v}_m{a.block_m}n{a.block_n}"
+    return (f"fmha_{sig.family}_{sig.dtype}_d{sig.hdim_q}x{sig.hdim_v}_m{a.block_m}n{a.block_n}"
             f"_w{a.num_warps}_s{a.num_stages}_{a.variant}" + (f"_k{a.splits}" if a.splits else "")
             + (f"_dq{a.dq}" if a.dq else ""))
 
@@ -104,7 +107,7 @@ def parse_name(body: str):
     m = _NAME.match(body)
     if not m or m["family"] not in FAMILIES or m["variant"] not in VARIANTS:
         raise MissingKernel(f"{body!r} is not a Triton FMHA kernel name "
-                            f"(fmha_triton_<family>_<dtype>_d<Q>x<V>_m<BM>n<BN>_w<W>_s<S>_<variant>)")
+                            f"(fmha_<family>_<dtype>_d<Q>x<V>_m<BM>n<BN>_w<W>_s<S>_<variant>)")
     try:
         return from_fields(dict(family=m["family"], dtype=m["dtype"], hdim_q=int(m["hq"]), hdim_v=int(m["hv"])),
                            dict(block_m=int(m["bm"]), block_n=int(m["bn"]), num_warps=int(m["w"]),
@@ -545,6 +548,7 @@ def make_launcher(key, capture: Optional[list] = None):
     import torch
 
     from ... import plan as stages
+    from ...device_errors import guard_offsets
     from . import launch as ops
 
     via = kernel_via(key, capture)
@@ -580,17 +584,14 @@ def make_launcher(key, capture: Optional[list] = None):
         if p.vlayout == "c":   # [B, Hk, Dv, Sk] / [Hk, Dv, Tk]: the same data as a key-contiguous V view
             v = v.permute(2, 0, 1) if p.is_group else (v.transpose(2, 3) if p.layout == "bhsd"
                                                         else v.permute(0, 3, 1, 2))
-        if p.is_group:
-            layout = "thd"
-            kw = dict(cu_seqlens_q=dev_int32(p, "sq", p.seqstart_q, x["q"]),
-                      cu_seqlens_k=dev_int32(p, "sk", p.seqstart_k, x["q"]),
-                      max_seqlen_q=p.seqlen_q, max_seqlen_k=p.seqlen_k, _trusted_varlen=True, **lens(p, x["q"]))
+        layout, kw, bad = varlen(p, t, x["q"])
         if p.dtype == "fp8":   # per-tensor descales from the problem; o in bf16 (stages._store)
             kw.update(q_descale=p.scale_q, k_descale=p.scale_k, v_descale=p.scale_v, out_dtype=torch.bfloat16,
                       fp8_v_trans=v_trans)
         o, lse = ops.fwd(x["q"], x["k"], v, scale=p.softmax_scale, softcap=p.logits_soft_cap,
                          return_lse=True, layout=layout, config=cfg, **_mask(p), **kw, **_features(p, t, tdt),
                          **_sinks(p, t), _via=via)
+        ops._poison(bad, o, lse)
         out = {"o": o, "lse": lse}
         if p.store_randval:
             out["randval"] = ops.dropout_randval(
@@ -640,20 +641,37 @@ def make_launcher(key, capture: Optional[list] = None):
         out = splitkv_main(p, t)
         return combine(p, dict(t, **out))
 
-    def varlen(p, like, k=True):
-        """layout and group-mode keywords (device cu_seqlens, the problem's maxima: no host sync)."""
+    def offsets(p, t, name, like):
+        """Group-mode offsets on the device: the problem's (validated by it: R14, R18, R21), or the
+        caller's run-time tensor clamped by :func:`~ck_fmha.device_errors.guard_offsets` (with the
+        device flag of its changes).  No host synchronisation either way."""
+        if not p.runtime_seqstarts:
+            return dev_int32(p, name, p.seqstart_q if name == "sq" else p.seqstart_k, like), None
+        cu = t["cu_seqlens_q" if name == "sq" else "cu_seqlens_k"]
+        if cu.dim() != 1 or cu.numel() != p.batch + 1:
+            raise InvalidProblem(f"{'cu_seqlens_' + name[1]} has shape {tuple(cu.shape)}; expected [{p.batch + 1}]")
+        rows, longest = (p.packed_q, p.seqlen_q) if name == "sq" else (p.packed_k, p.seqlen_k)
+        return guard_offsets(cu.to(device=like.device), rows, longest)
+
+    def varlen(p, t, like, k=True):
+        """(layout, group-mode keywords, device flag of bad run-time offsets or None): device
+        cu_seqlens and the problem's maxima, no host sync."""
         if not p.is_group:
-            return p.layout, {}
-        # offsets from the problem, which validated them (R14, R18, R21): no check at launch
-        kw = dict(cu_seqlens_q=dev_int32(p, "sq", p.seqstart_q, like), max_seqlen_q=p.seqlen_q, _trusted_varlen=True)
+            return p.layout, {}, None
+        cu_q, bad = offsets(p, t, "sq", like)
+        kw = dict(cu_seqlens_q=cu_q, max_seqlen_q=p.seqlen_q, _trusted_varlen=True)
         if k:
-            kw.update(cu_seqlens_k=dev_int32(p, "sk", p.seqstart_k, like), max_seqlen_k=p.seqlen_k, **lens(p, like))
-        return "thd", kw
+            cu_k, bad_k = offsets(p, t, "sk", like)
+            bad = bad_k if bad is None else (bad if bad_k is None else bad | bad_k)
+            kw.update(cu_seqlens_k=cu_k, max_seqlen_k=p.seqlen_k, **lens(p, like))
+        return "thd", kw, bad
 
     def dot_do_o(p, t):
         x = cast(p, t, ("o", "do"))
-        layout, kw = varlen(p, x["o"], k=False)
-        return {"d": ops.bwd_dot_do_o(x["o"], x["do"], layout=layout, **kw, _via=via)}
+        layout, kw, bad = varlen(p, t, x["o"], k=False)
+        d = ops.bwd_dot_do_o(x["o"], x["do"], layout=layout, **kw, _via=via)
+        ops._poison(bad, d)
+        return {"d": d}
 
     dq_choice = parse_dq(alg.dq) if fam == "bwd_dq_dk_dv" else None
     kv_choice = (("gluon", (alg.block_m, alg.num_stages, alg.variant.endswith("_pers")))
@@ -661,12 +679,13 @@ def make_launcher(key, capture: Optional[list] = None):
 
     def dq_dk_dv(p, t):
         x = cast(p, t, ("q", "k", "v", "do"))
-        layout, kw = varlen(p, x["q"])
+        layout, kw, bad = varlen(p, t, x["q"])
         res = ops.bwd_dq_dk_dv(x["q"], x["k"], x["v"], x["do"], t["lse"], t["d"],
                                scale=p.softmax_scale, softcap=p.logits_soft_cap, layout=layout,
                                choice=(kv_choice, dq_choice), return_dbias=p.dbias,
                                **_mask(p), **kw, **_features(p, t, tdt), _via=via)
         dq, dqa, dk, dv = res[:4]
+        ops._poison(bad, dq, dqa, dk, dv, *res[4:5])
         out = {"dq": dq, "dk": dk, "dv": dv} if dq is not None else {"dq_acc": dqa, "dk": dk, "dv": dv}
         if p.dbias:
             out["dbias"] = res[4]
@@ -676,8 +695,10 @@ def make_launcher(key, capture: Optional[list] = None):
         if t.get("dq_acc") is None:   # deterministic mode wrote dq in stage 2
             return {}
         q = cast(p, t, ("q",))["q"]
-        layout, kw = varlen(p, q, k=False)
-        return {"dq": ops.bwd_convert_dq(t["dq_acc"], ops._last_contig(q), layout=layout, **kw, _via=via)}
+        layout, kw, bad = varlen(p, t, q, k=False)
+        dq = ops.bwd_convert_dq(t["dq_acc"], ops._last_contig(q), layout=layout, **kw, _via=via)
+        ops._poison(bad, dq)
+        return {"dq": dq}
 
     def appendkv(p, t):
         """Writes knew/vnew into t['k_cache'] / t['v_cache'] IN PLACE (when they already have the
@@ -707,12 +728,14 @@ def make_launcher(key, capture: Optional[list] = None):
             lens, longest = t["seqlens_k"], p.seqlen_k
         else:
             lens, longest = dev_int32(p, "lens", p.seqlens_k, q), max(p.seqlens_k)
+        cu_q, bad = offsets(p, t, "sq", q)
         o, lse = ops.batch_prefill_launch(q, x["k_cache"], x["v_cache"], lens,
-                                   cu_seqlens_q=dev_int32(p, "sq", p.seqstart_q, q), max_seqlen_q=p.seqlen_q,
+                                   cu_seqlens_q=cu_q, max_seqlen_q=p.seqlen_q,
                                    max_seqlen_k=longest, kv_layout=p.kv_layout, scale=p.softmax_scale,
                                    softcap=p.logits_soft_cap, return_lse=True, config=cfg, _trusted_varlen=True,
                                    **tables,
                                    **_mask(p), **_features(p, t, tdt), **_sinks(p, t))
+        ops._poison(bad, o, lse)
         return {"o": o, "lse": lse}
 
     table = {"fwd": fwd, "fwd_splitkv": splitkv_main, "fwd_splitkv_combine": combine,

@@ -1,0 +1,116 @@
+"""The GEMM kernel space: which keys exist for an arch and backend.
+
+The CK-style product of the arch's tile table (``arch.extras['gemm']``), culled by the rules
+of :mod:`ck_gemm.keys` (tile facts, CK Tile's warp-size rules, the Triton template's shared
+memory on the triton backend), plus the arch's measured winners on the triton backend.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+
+import attrs
+
+from ck_core.dtypes import ELEMENT_BYTES
+from ck_core.errors import ConfigError
+from ck_core.key import KernelKey
+
+from . import ck_rules
+from .keys import (EPILOGUES, SCHEDULERS, GemmAlgorithm, GemmSignature, _tile_violation, triton_smem_violation,
+                   split_violation, variant_violation, warp_tiles_for)
+from .problem import ACTIVATIONS, D_OPS, DTYPES, LAYOUTS
+
+log = logging.getLogger(__name__)
+
+OPTIONS = ("dtypes", "layouts", "tiles_mn", "pipelines", "epilogues", "pads", "num_ds", "d_ops",
+           "activations", "split_ks", "dtypes_c")
+
+
+def enumerate_keys(arch, backend: str, options: dict) -> list[KernelKey]:
+    """CK-style kernel space on ``arch`` (tile table from ``arch.extras['gemm']``)."""
+    facts = dict(arch.extras.get("gemm", {}))
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise ConfigError(f"unknown gemm enumeration option(s) {', '.join(unknown)}; "
+                          f"known: {', '.join(OPTIONS)}")
+    options = {k: ([v] if isinstance(v, (str, int)) else list(v)) for k, v in options.items()}
+    for name, allowed in (("dtypes", DTYPES), ("layouts", LAYOUTS), ("num_ds", (0, 1, 2, 3, 4)),
+                          ("d_ops", D_OPS), ("activations", ACTIVATIONS)):
+        bad = [v for v in options.get(name, ()) if v not in allowed]
+        if bad:
+            raise ConfigError(f"gemm option {name}: unknown value(s) {bad}; use {', '.join(allowed)}")
+    dtypes = options.get("dtypes") or [d for d in DTYPES if d in arch.dtypes]
+    layouts = options.get("layouts") or LAYOUTS
+    tiles_mn = options.get("tiles_mn") or facts.get("tiles_mn") or (64, 128, 256)
+    tile_k_bytes = facts.get("tile_k_bytes", (64, 128))
+    pipelines = options.get("pipelines") or facts.get("pipelines") or arch.pipelines
+    schedulers = facts.get("schedulers", SCHEDULERS)
+    epilogues = options.get("epilogues") or facts.get("epilogues", EPILOGUES)
+    pads = options.get("pads") or facts.get("pads", ((False, False, False), (True, True, True)))
+    stages_opts = facts.get("stages", (0,))
+    variants = facts.get("variants", ("tile",))
+    split_ks = [int(v) for v in options.get("split_ks") or (1,)]
+    if any(v < 1 for v in split_ks):
+        raise ConfigError(f"gemm option split_ks: factors must be >= 1, got {split_ks}")
+    # the arch's own split-K keys (unless the caller names factors): for problems with too few
+    # output tiles to fill the machine, so only on the variants and C tile sizes it lists
+    arch_split = facts.get("split_k") if not options.get("split_ks") else None
+    if arch_split:
+        split_ks = sorted({1, *(int(v) for v in arch_split.get("factors", ()))})
+    # fused epilogues (multi-D, activation): one signature per combination; D ops only matter with Ds
+    dtypes_c = options.get("dtypes_c") or [""]  # "" = CK's C dtype for the input dtype
+    epis = [(nd, op, act) for nd in options.get("num_ds") or (0,)
+            for op in ((options.get("d_ops") or ("add",)) if nd else ("add",))
+            for act in options.get("activations") or ("none",)]
+    ck = arch.vendor == "amd"
+    out = []
+    for dtype in dtypes:
+        eb = ELEMENT_BYTES[dtype]
+        sig_list = [GemmSignature(dtype, lay, dc, num_d=nd, d_op=op, activation=act)
+                    for lay in layouts for dc in dtypes_c for nd, op, act in epis]
+        tks = sorted({tb // eb for tb in tile_k_bytes})
+        for tm, tn, tk, wave, wt, pipe, sched, epi, pad, st, var, sk in itertools.product(
+                tiles_mn, tiles_mn, tks, arch.wave_layouts, warp_tiles_for(arch, dtype),
+                pipelines, schedulers, epilogues, pads, stages_opts, variants, split_ks):
+            alg = GemmAlgorithm(tm, tn, tk, *wave, *wt, pipeline=pipe, scheduler=sched,
+                                epilogue=epi, pad_m=pad[0], pad_n=pad[1], pad_k=pad[2],
+                                stages=st, variant=var, split_k=sk)
+            why = _tile_violation(sig_list[0], alg, arch) or variant_violation(alg) \
+                or (arch_split and split_violation(alg, arch_split))
+            if why is None and backend == "triton":
+                why = triton_smem_violation(dtype, alg, arch)
+            if why:
+                if log.isEnabledFor(logging.DEBUG):
+                    log.debug("culled gemm %s %s: %s", dtype, alg, why)
+                continue
+            for sig in sig_list:
+                # CK's load-cover rule depends on the layout: check every signature
+                why = ck and ck_rules.violation(sig, alg, arch.name, arch.warp_size)
+                if why:
+                    if log.isEnabledFor(logging.DEBUG):
+                        log.debug("culled gemm %s %s %s: %s", dtype, sig.layout, alg, why)
+                    continue
+                out.append(KernelKey("gemm", sig, alg, arch.name, backend))
+    if backend == "triton":
+        out.extend(attrs.evolve(k, signature=sig) for k in tuned_keys(arch, backend, dtypes, layouts)
+                   for sig in [attrs.evolve(k.signature, dtype_c=dc, num_d=nd, d_op=op, activation=act)
+                               for dc in dtypes_c for nd, op, act in epis])
+    return out
+
+
+def tuned_keys(arch, backend, dtypes, layouts) -> list:
+    """The measured winners of the arch's tuning table (so the registry holds them)."""
+    try:
+        from .backends.triton.tuning import load_table
+        from .backends.triton.keys import algorithm_for_config
+    except ImportError:  # triton not installed: nothing tuned to add
+        return []
+    out = []
+    pipeline = (arch.pipelines or ("compv3",))[0]
+    for dt, _lay, _m, _n, _k, cfg in load_table(arch.name):
+        for dtype in (d for d in dtypes if d == dt or {d, dt} <= {"fp16", "bf16"}):
+            for lay in layouts:
+                alg = algorithm_for_config(cfg, arch, dtype, pipeline, lay)
+                if alg is not None:
+                    out.append(KernelKey("gemm", GemmSignature(dtype, lay), alg, arch.name, backend))
+    return out
