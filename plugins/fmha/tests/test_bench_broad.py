@@ -55,3 +55,17 @@ def test_flops_count_causal_and_window():
     assert bb._flops(dict(c, mask="causal"), "fwd") == full / 2
     assert bb._flops(dict(c, mask="window", window=99), "fwd") == pytest.approx(full * 100 / 1000)
     assert bb._flops(c, "bwd") == 3.5 * full
+
+
+def test_pick_selects_cases_by_index_or_name_in_order():
+    cs = bb.cases()
+    got = bb.pick(cs, "3, d256 full,3")
+    assert got[0] is cs[3]
+    assert all("d256 full" in c["case"] for c in got[1:]) and len(got) > 2
+    assert len({c["case"] for c in got}) == len(got)   # a case named twice runs once
+    from ck_core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--list"):
+        bb.pick(cs, "d999")
+    with pytest.raises(ConfigError):
+        bb.pick(cs, str(len(cs)))
