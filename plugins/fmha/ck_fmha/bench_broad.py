@@ -203,10 +203,18 @@ def _reference(c: dict, q, k, v, do=None, bidx=None, max_bytes: int = 1 << 31):
     return outs, grads
 
 
+def _kernels(fn) -> object:
+    """The kernel names of a call's plans (``ck_fmha.api.plan_keys``), or why they could not be read."""
+    try:
+        return {d: [st["kernel"] for st in stages] for d, stages in fn().items()}
+    except Exception as exc:  # a diagnostic column: never sinks the row
+        return f"{type(exc).__name__}: {str(exc)[:120]}"
+
+
 def _attn_rows(c: dict, device) -> list[dict]:
     import torch
 
-    import ck_fmha
+    import ck_fmha.api
 
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[c["dtype"]]
     g = torch.Generator(device=device).manual_seed(zlib.crc32(c["case"].encode()) & 0xFFFF)
@@ -250,6 +258,9 @@ def _attn_rows(c: dict, device) -> list[dict]:
     rows.append(_row(dict(c, group="fwd_bwd"), "bwd", berr, step(ours_train),
                      {p: step(f) for p, f in peers_train.items()}, c, note="a training step's attention: "
                      "forward (requires_grad) + backward, flops 3.5x the forward's"))
+    kernels = _kernels(lambda: ck_fmha.api.plan_keys(q, k, v, causal=causal, window=win))
+    for r in rows:
+        r["kernels"] = kernels
     return rows
 
 
@@ -295,7 +306,7 @@ def _varlen_rows(c: dict, device) -> list[dict]:
     import torch
     import torch.nn.functional as F
 
-    import ck_fmha
+    import ck_fmha.api
 
     lens = c["lens"]
     total, smax, n = sum(lens), max(lens), len(lens)
@@ -329,8 +340,11 @@ def _varlen_rows(c: dict, device) -> list[dict]:
     cpeer = dict(c, kind="attn", b=n, s=smax)
     peers = {"cudnn": _peer(cpeer, "cudnn", qp, kp, vp)}
     del keymask
-    return [_row(dict(c, group="varlen"), "fwd", err, ours, peers, c,
-                 note="peer: cuDNN on the zero-padded batch (flops counted on the ragged lengths)")]
+    row = _row(dict(c, group="varlen"), "fwd", err, ours, peers, c,
+               note="peer: cuDNN on the zero-padded batch (flops counted on the ragged lengths)")
+    row["kernels"] = _kernels(lambda: ck_fmha.api.plan_keys(q, k, v, causal=causal, layout="thd", cu_seqlens_q=cu,
+                                                            cu_seqlens_k=cu))
+    return [row]
 
 
 def _copy_bw(device) -> float:
@@ -392,7 +406,7 @@ def _decode_rows(c: dict, device, copy_gbs: float) -> list[dict]:
 def _fp8_rows(c: dict, device) -> list[dict]:
     import torch
 
-    import ck_fmha
+    import ck_fmha.api
 
     f8 = torch.float8_e4m3fn
     q, k, v = (torch.randn(c["b"], h, c["s"], c["d"], device=device).to(f8) for h in (c["hq"], c["hk"], c["hk"]))
@@ -405,8 +419,10 @@ def _fp8_rows(c: dict, device) -> list[dict]:
     o = ours()
     refs, _ = _reference(c, qb, kb, vb, bidx=[0])
     err = _rel(o[0], refs[0])
-    return [_row(dict(c, group="fp8"), "fwd", err, ours, {"cudnn": _peer(c, "cudnn", qb, kb, vb)}, c,
-                 note="cross-precision: ours fp8 e4m3, peer cuDNN bf16 on the same values")]
+    row = _row(dict(c, group="fp8"), "fwd", err, ours, {"cudnn": _peer(c, "cudnn", qb, kb, vb)}, c,
+               note="cross-precision: ours fp8 e4m3, peer cuDNN bf16 on the same values")
+    row["kernels"] = _kernels(lambda: ck_fmha.api.plan_keys(q, k, v, causal=causal))
+    return [row]
 
 
 def _summary(rows: list[dict]) -> dict:
