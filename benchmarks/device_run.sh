@@ -34,6 +34,10 @@ print(json.dumps(_overhead(reg, 'bf16'), indent=1))" ;;
         gemmbench) timeout 400 ck bench gemm --vs torch --json "$OUT/gemm.json" ;;
         fmhabench) timeout 500 ck bench fmha --vs sdpa --json "$OUT/fmha.json" ;;
         convbench) timeout 400 ck bench conv --vs torch --json "$OUT/conv.json" ;;
+        bigdprobe) timeout 150 python3 benchmarks/fmha_bigd_probe.py --out "$OUT/bigd_probe.json" ;;
+        # the head-dim >128 and GQA backward cases first (issue 16's losses), then every category
+        fmhabroad) timeout 540 python3 -m ck_fmha.bench_broad --budget 480 \
+                       --cases 2,3,16,33,39,40,41,10,12,48,56,66,0,4 --out "$OUT/fmha_broad.json" ;;
         *) echo "unknown step $step" ;;
     esac 2>&1 | tee -a "$OUT/log.txt" | tail -n 25
 done

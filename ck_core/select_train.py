@@ -51,8 +51,10 @@ MARGIN = 0.5
 
 def domain(op, arch, shapes) -> dict:
     """``{feature: [lo, hi]}`` over the problem sizes of ``shapes``: the problem-level (one value
-    per shape) features named ``log_*``, widened by ``MARGIN``.  Categorical features (a GQA
-    ratio, a head dim) are not bounded: held-out model configs differ in exactly those."""
+    per shape) features named ``log_*``, widened by ``MARGIN``, and the problem-class indicators
+    named ``is_*`` (e.g. a kernel family), exactly: a ranker fitted on one class of problems does
+    not answer for another.  Other categorical features (a GQA ratio, a head dim) are not
+    bounded: held-out model configs differ in exactly those."""
     seen: dict = {}
     varies = set()
     for s in shapes:
@@ -63,8 +65,15 @@ def domain(op, arch, shapes) -> dict:
                 seen.setdefault(name, []).append(float(v[0]))
             else:
                 varies.add(name)
-    return {n: [min(v) - MARGIN, max(v) + MARGIN] for n, v in sorted(seen.items())
-            if n.startswith("log_") and n not in varies and len(v) == len(shapes)}
+    out = {}
+    for n, v in sorted(seen.items()):
+        if n in varies or len(v) != len(shapes):
+            continue
+        if n.startswith("log_"):
+            out[n] = [min(v) - MARGIN, max(v) + MARGIN]
+        elif n.startswith("is_"):
+            out[n] = [min(v), max(v)]
+    return out
 
 
 def fit_linear(X, y, names, ridge: float = 1e-3) -> dict:

@@ -360,6 +360,24 @@ def attention(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0, l
     return (o, lse) if return_lse else o
 
 
+def plan_keys(q, k, v, causal=False, window=(-1, -1), layout="bhsd", deterministic=True, align=None,
+              cu_seqlens_q=None, cu_seqlens_k=None) -> dict:
+    """Which kernels :func:`attention` runs for these tensors (no bias, ALiBi, dropout or soft cap):
+    ``{"fwd": [{"stage", "kernel"}, ...], "bwd": [...]}`` from the Dispatcher's plans (the backward's
+    only for fp16/bf16).  Nothing is launched; the problems are the ones the call caches."""
+    window = window if type(window) is tuple else tuple(window)
+    if layout != "thd":
+        cu_seqlens_q = cu_seqlens_k = None
+    fp8 = q.dtype in _FP8
+    fp, disp = _problem(q, k, v, None, None, cu_seqlens_q, cu_seqlens_k, causal, None, window, 0.0, layout, 0.0, 0,
+                        0, align, (1.0, 1.0, 1.0) if fp8 else None)
+    out = {"fwd": disp.plan(fp).describe()}
+    if not fp8:
+        bp = attrs.evolve(fp, family="bwd_dq_dk_dv", lse=False, deterministic=bool(deterministic), dbias=False)
+        out["bwd"] = disp.plan(bp).describe()
+    return out
+
+
 def _alibi_lse_shift(slopes, alibi_align, causal, window, align, q, k, layout, cu_q, cu_k, want=True):
     """What the returned LSE must lose to be the LSE of the ALiBi form ``alibi_align`` asks for
     (FlashAttention's is 'bottom_right'), or None where the run already used that form.

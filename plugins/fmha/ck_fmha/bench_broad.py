@@ -23,6 +23,7 @@ import math
 import random
 import sys
 import time
+import warnings
 import zlib
 from typing import Callable, Optional
 
@@ -202,10 +203,18 @@ def _reference(c: dict, q, k, v, do=None, bidx=None, max_bytes: int = 1 << 31):
     return outs, grads
 
 
+def _kernels(fn) -> object:
+    """The kernel names of a call's plans (``ck_fmha.api.plan_keys``), or why they could not be read."""
+    try:
+        return {d: [st["kernel"] for st in stages] for d, stages in fn().items()}
+    except Exception as exc:  # a diagnostic column: never sinks the row
+        return f"{type(exc).__name__}: {str(exc)[:120]}"
+
+
 def _attn_rows(c: dict, device) -> list[dict]:
     import torch
 
-    import ck_fmha
+    import ck_fmha.api
 
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[c["dtype"]]
     g = torch.Generator(device=device).manual_seed(zlib.crc32(c["case"].encode()) & 0xFFFF)
@@ -224,8 +233,9 @@ def _attn_rows(c: dict, device) -> list[dict]:
     o = ours_fwd()
     refs, _ = _reference(c, q, k, v, bidx=bidx)
     err = max(_rel(o[b], r) for b, r in zip(bidx, refs))
-    # torch's cuDNN and flash backends take no window: the peer there is the efficient backend + a mask
-    names = ("cudnn", "flash") if c["mask"] != "window" else ("efficient",)
+    # torch's flash backend takes no window: window cases try cuDNN and the efficient backend with a
+    # boolean mask (whichever runs is the peer; the other's refusal is recorded)
+    names = ("cudnn", "flash") if c["mask"] != "window" else ("cudnn", "efficient")
     rows.append(_row(dict(c, group="fwd"), "fwd", err, ours_fwd, {p: _peer(c, p, q, k, v) for p in names}, c))
 
     # training: inputs that require grad (the forward writes LSE), then the backward
@@ -248,6 +258,9 @@ def _attn_rows(c: dict, device) -> list[dict]:
     rows.append(_row(dict(c, group="fwd_bwd"), "bwd", berr, step(ours_train),
                      {p: step(f) for p, f in peers_train.items()}, c, note="a training step's attention: "
                      "forward (requires_grad) + backward, flops 3.5x the forward's"))
+    kernels = _kernels(lambda: ck_fmha.api.plan_keys(q, k, v, causal=causal, window=win))
+    for r in rows:
+        r["kernels"] = kernels
     return rows
 
 
@@ -261,11 +274,14 @@ def _row(base: dict, direction: str, err: float, ours: Callable, peers: dict, c:
     t = eager_and_graph_ms(ours)
     row["ours_eager_ms"], row["ours_graph_ms"] = t["eager_ms"], t.get("graph_ms")
     for name, fn in peers.items():
-        try:
-            pt = eager_and_graph_ms(fn)
-            row[f"{name}_eager_ms"], row[f"{name}_graph_ms"] = pt["eager_ms"], pt.get("graph_ms")
-        except Exception as exc:
-            row[f"{name}_error"] = f"{type(exc).__name__}: {str(exc)[:160]}"
+        with warnings.catch_warnings(record=True) as said:   # SDPA says why a backend refused
+            warnings.simplefilter("always")
+            try:
+                pt = eager_and_graph_ms(fn)
+                row[f"{name}_eager_ms"], row[f"{name}_graph_ms"] = pt["eager_ms"], pt.get("graph_ms")
+            except Exception as exc:
+                why = "; ".join(str(w.message)[:120] for w in said)
+                row[f"{name}_error"] = f"{type(exc).__name__}: {str(exc)[:160]}" + (f" ({why})" if why else "")
     for mode in ("graph", "eager"):
         ours_ms = row.get(f"ours_{mode}_ms")
         for name in peers:
@@ -290,7 +306,7 @@ def _varlen_rows(c: dict, device) -> list[dict]:
     import torch
     import torch.nn.functional as F
 
-    import ck_fmha
+    import ck_fmha.api
 
     lens = c["lens"]
     total, smax, n = sum(lens), max(lens), len(lens)
@@ -324,8 +340,11 @@ def _varlen_rows(c: dict, device) -> list[dict]:
     cpeer = dict(c, kind="attn", b=n, s=smax)
     peers = {"cudnn": _peer(cpeer, "cudnn", qp, kp, vp)}
     del keymask
-    return [_row(dict(c, group="varlen"), "fwd", err, ours, peers, c,
-                 note="peer: cuDNN on the zero-padded batch (flops counted on the ragged lengths)")]
+    row = _row(dict(c, group="varlen"), "fwd", err, ours, peers, c,
+               note="peer: cuDNN on the zero-padded batch (flops counted on the ragged lengths)")
+    row["kernels"] = _kernels(lambda: ck_fmha.api.plan_keys(q, k, v, causal=causal, layout="thd", cu_seqlens_q=cu,
+                                                            cu_seqlens_k=cu))
+    return [row]
 
 
 def _copy_bw(device) -> float:
@@ -387,7 +406,7 @@ def _decode_rows(c: dict, device, copy_gbs: float) -> list[dict]:
 def _fp8_rows(c: dict, device) -> list[dict]:
     import torch
 
-    import ck_fmha
+    import ck_fmha.api
 
     f8 = torch.float8_e4m3fn
     q, k, v = (torch.randn(c["b"], h, c["s"], c["d"], device=device).to(f8) for h in (c["hq"], c["hk"], c["hk"]))
@@ -400,8 +419,10 @@ def _fp8_rows(c: dict, device) -> list[dict]:
     o = ours()
     refs, _ = _reference(c, qb, kb, vb, bidx=[0])
     err = _rel(o[0], refs[0])
-    return [_row(dict(c, group="fp8"), "fwd", err, ours, {"cudnn": _peer(c, "cudnn", qb, kb, vb)}, c,
-                 note="cross-precision: ours fp8 e4m3, peer cuDNN bf16 on the same values")]
+    row = _row(dict(c, group="fp8"), "fwd", err, ours, {"cudnn": _peer(c, "cudnn", qb, kb, vb)}, c,
+               note="cross-precision: ours fp8 e4m3, peer cuDNN bf16 on the same values")
+    row["kernels"] = _kernels(lambda: ck_fmha.api.plan_keys(q, k, v, causal=causal))
+    return [row]
 
 
 def _summary(rows: list[dict]) -> dict:
@@ -422,9 +443,28 @@ def _summary(rows: list[dict]) -> dict:
     return out
 
 
+def pick(cs: list[dict], which: str) -> list[dict]:
+    """The cases ``which`` names, in its order: comma-separated indices into :func:`cases`' list
+    (``--list`` prints them) or substrings of case names."""
+    out = []
+    for w in (x.strip() for x in which.split(",") if x.strip()):
+        if w.isdigit():   # an index (a bare number is never a name part)
+            hits = [cs[int(w)]] if int(w) < len(cs) else []
+        else:
+            hits = [c for c in cs if w in c["case"]]
+        if not hits:
+            from ck_core.errors import ConfigError
+
+            raise ConfigError(f"no broad FMHA case is {w!r}: give an index below {len(cs)} or part of a name "
+                              "(python -m ck_fmha.bench_broad --list)")
+        out += [c for c in hits if c not in out]
+    return out
+
+
 def run(out_path: Optional[str] = None, budget_s: float = 420.0, seed: int = SEED, kinds=None,
-        limit: Optional[int] = None, progress=None) -> dict:
-    """Run the suite on the current CUDA device within ``budget_s``; returns the result dict."""
+        limit: Optional[int] = None, progress=None, which: str = "") -> dict:
+    """Run the suite on the current CUDA device within ``budget_s``; returns the result dict.
+    ``which``: only these cases (see :func:`pick`), in that order."""
     import torch
 
     from ck_core.errors import UnsupportedProblem
@@ -433,6 +473,8 @@ def run(out_path: Optional[str] = None, budget_s: float = 420.0, seed: int = SEE
         raise UnsupportedProblem("the broad FMHA suite times CUDA kernels: no CUDA device is visible")
     device = "cuda"
     cs = cases(seed)
+    if which:
+        cs = pick(cs, which)
     if kinds:
         cs = [c for c in cs if c["kind"] in kinds]
     if limit:
@@ -505,11 +547,13 @@ if __name__ == "__main__":
     ap.add_argument("--budget", type=float, default=420.0)
     ap.add_argument("--kinds", default="")
     ap.add_argument("--limit", type=int, default=0)
+    ap.add_argument("--cases", default="", help="comma-separated case indices (--list) or name parts")
     ap.add_argument("--list", action="store_true")
     a = ap.parse_args()
     if a.list:
-        for c in cases():
-            print(c["split"], c["case"])
+        for i, c in enumerate(cases()):
+            print(i, c["split"], c["case"])
     else:
-        res = run(a.out, a.budget, kinds=a.kinds.split(",") if a.kinds else None, limit=a.limit or None)
+        res = run(a.out, a.budget, kinds=a.kinds.split(",") if a.kinds else None, limit=a.limit or None,
+                  which=a.cases)
         print(json.dumps(res["summary"], indent=1))

@@ -56,6 +56,9 @@ def features(problem, candidates: list, arch) -> dict:
         "log_sq": full(math.log2(sq)), "log_sk": full(math.log2(chunk)), "hdim": full(problem.hdim_q),
         "log_heads": full(math.log2(heads)), "gqa": full(problem.nhead_q / max(1, problem.nhead_k)),
         "causal": full(causal), "elem_bytes": full(ELEMENT_BYTES[problem.dtype]),
+        # the kernel family as a problem class: a ranker fitted on forward timings must not rank the
+        # backward's or split-KV's keys (select_train bounds ``is_*`` features in its domain)
+        "is_fwd": full(float(problem.family == "fwd")),
         "block_m": bm, "block_n": bn, "warps": warps, "stages": stages,
         "waste_q": np.ceil(sq / bm) * bm / sq, "waste_k": np.ceil(chunk / bn) * bn / chunk,
         "log_programs": np.log2(programs), "log_waves": np.log2(waves), "occupancy": programs / (waves * cus),

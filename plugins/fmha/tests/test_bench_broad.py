@@ -55,3 +55,37 @@ def test_flops_count_causal_and_window():
     assert bb._flops(dict(c, mask="causal"), "fwd") == full / 2
     assert bb._flops(dict(c, mask="window", window=99), "fwd") == pytest.approx(full * 100 / 1000)
     assert bb._flops(c, "bwd") == 3.5 * full
+
+
+def test_pick_selects_cases_by_index_or_name_in_order():
+    cs = bb.cases()
+    got = bb.pick(cs, "3, d256 full,3")
+    assert got[0] is cs[3]
+    assert all("d256 full" in c["case"] for c in got[1:]) and len(got) > 2
+    assert len({c["case"] for c in got}) == len(got)   # a case named twice runs once
+    from ck_core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--list"):
+        bb.pick(cs, "d999")
+    with pytest.raises(ConfigError):
+        bb.pick(cs, str(len(cs)))
+
+
+def test_plan_keys_name_the_kernels_the_call_runs():
+    import os
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("runs the kernels in the Triton interpreter")
+    import ck_fmha.api as api
+
+    g = torch.Generator().manual_seed(11)
+    q = torch.randn(1, 4, 21, 32, generator=g).half()
+    k, v = (torch.randn(1, 2, 21, 32, generator=g).half() for _ in range(2))
+    got = bb._kernels(lambda: api.plan_keys(q, k, v, causal=True))
+    assert len(got["fwd"]) == 1 and "fwd" in got["fwd"][0]
+    assert any("bwd_dq_dk_dv" in n for n in got["bwd"])
+    # the plan the call itself caches is the one reported
+    fp, disp = api._problem(q, k, v, None, None, None, None, True, None, (-1, -1), 0.0, "bhsd", 0.0, 0, 0, None,
+                            None)
+    assert got["fwd"] == [s.key.name for s in disp.plan(fp).stages]
+    assert bb._kernels(lambda: 1 / 0).startswith("ZeroDivisionError")
