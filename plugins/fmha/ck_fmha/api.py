@@ -361,16 +361,19 @@ def attention(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0, l
 
 
 def plan_keys(q, k, v, causal=False, window=(-1, -1), layout="bhsd", deterministic=True, align=None,
-              cu_seqlens_q=None, cu_seqlens_k=None) -> dict:
+              cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None) -> dict:
     """Which kernels :func:`attention` runs for these tensors (no bias, ALiBi, dropout or soft cap):
     ``{"fwd": [{"stage", "kernel"}, ...], "bwd": [...]}`` from the Dispatcher's plans (the backward's
     only for fp16/bf16).  Nothing is launched; the problems are the ones the call caches."""
     window = window if type(window) is tuple else tuple(window)
+    lens = None
     if layout != "thd":
         cu_seqlens_q = cu_seqlens_k = None
+    elif max_seqlen_q is not None and max_seqlen_k is not None:
+        lens = (int(max_seqlen_q), int(max_seqlen_k))
     fp8 = q.dtype in _FP8
-    fp, disp = _problem(q, k, v, None, None, cu_seqlens_q, cu_seqlens_k, causal, None, window, 0.0, layout, 0.0, 0,
-                        0, align, (1.0, 1.0, 1.0) if fp8 else None)
+    fp, disp = _problem(q, k, v, None, None, cu_seqlens_q, cu_seqlens_k, lens, causal, None, window, 0.0, layout, 0.0,
+                        0, 0, align, (1.0, 1.0, 1.0) if fp8 else None)
     out = {"fwd": disp.plan(fp).describe()}
     if not fp8:
         bp = attrs.evolve(fp, family="bwd_dq_dk_dv", lse=False, deterministic=bool(deterministic), dbias=False)

@@ -343,7 +343,8 @@ def _varlen_rows(c: dict, device) -> list[dict]:
     row = _row(dict(c, group="varlen"), "fwd", err, ours, peers, c,
                note="peer: cuDNN on the zero-padded batch (flops counted on the ragged lengths)")
     row["kernels"] = _kernels(lambda: ck_fmha.api.plan_keys(q, k, v, causal=causal, layout="thd", cu_seqlens_q=cu,
-                                                            cu_seqlens_k=cu))
+                                                            cu_seqlens_k=cu, max_seqlen_q=smax,
+                                                            max_seqlen_k=smax))
     return [row]
 
 

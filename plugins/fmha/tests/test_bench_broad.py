@@ -85,7 +85,7 @@ def test_plan_keys_name_the_kernels_the_call_runs():
     assert len(got["fwd"]) == 1 and "fwd" in got["fwd"][0]
     assert any("bwd_dq_dk_dv" in n for n in got["bwd"])
     # the plan the call itself caches is the one reported
-    fp, disp = api._problem(q, k, v, None, None, None, None, True, None, (-1, -1), 0.0, "bhsd", 0.0, 0, 0, None,
-                            None)
+    fp, disp = api._problem(q, k, v, None, None, None, None, None, True, None, (-1, -1), 0.0, "bhsd", 0.0, 0, 0,
+                            None, None)
     assert got["fwd"] == [s.key.name for s in disp.plan(fp).stages]
     assert bb._kernels(lambda: 1 / 0).startswith("ZeroDivisionError")
