@@ -29,10 +29,22 @@ import sys
 import tempfile
 import time
 
-FIRST = {"gemm": "ck_gemm.matmul(torch.randn(1536, 1024, device='cuda', dtype=torch.float16), "
-                 "torch.randn(1024, 2048, device='cuda', dtype=torch.float16))",
-         "conv": "ck_conv.conv2d(torch.randn(4, 64, 28, 28, device='cuda', dtype=torch.float16), "
-                 "torch.randn(64, 64, 3, 3, device='cuda', dtype=torch.float16), padding=1)"}
+def _t(shape, grad=False):
+    return f"torch.randn({shape}, device='cuda', dtype=torch.float16{', requires_grad=True' if grad else ''})"
+
+
+#: first call of a new problem: one expression each, run in a fresh process
+FIRST = {"gemm": f"ck_gemm.matmul({_t('1536, 1024')}, {_t('1024, 2048')})",
+         # channels multiples of 16: the specialisation of ck build's representative conv problem
+         "conv": f"ck_conv.conv2d({_t('4, 64, 28, 28')}, {_t('64, 64, 3, 3')}, padding=1)",
+         # channels 24 -> 40: another specialisation than ck build's (JIT-compiled into the cache)
+         "conv unaligned": f"ck_conv.conv2d({_t('3, 24, 17, 17')}, {_t('40, 24, 3, 3')}, padding=1)",
+         "fmha fwd": f"ck_fmha.attention_forward({_t('2, 16, 1024, 128')}, {_t('2, 16, 1024, 128')}, "
+                     f"{_t('2, 16, 1024, 128')}, causal=True)",
+         "fmha fwd+bwd": f"ck_fmha.attention(*[{_t('2, 16, 512, 64', True)} for _ in range(3)])"
+                         ".sum().backward()",
+         "fmha splitkv decode": f"ck_fmha.decode.splitkv_decode({_t('4, 32, 1, 128')}, {_t('4, 8, 4096, 128')}, "
+                                f"{_t('4, 8, 4096, 128')})"}
 
 
 def _timed(fn, calls):
@@ -112,7 +124,24 @@ def _bare(launches):
     return rep, jit
 
 
-def overhead(calls: int) -> dict:
+def _profile(call, calls: int, path: str) -> None:
+    """cProfile of ``calls`` warm calls, the functions sorted by own time, into ``path``."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        call()
+    prof.disable()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(40)
+    with open(path, "w") as f:
+        f.write(buf.getvalue())
+
+
+def overhead(calls: int, profile_dir=None) -> dict:
     import torch
 
     import ck_conv
@@ -153,6 +182,9 @@ def overhead(calls: int) -> dict:
             row["bare_replay"] = _timed(rep, calls) if rep else None
             floor = row["bare_replay"] or row["bare_jit"]
             row["overhead_host_us"] = round(row["api"]["host_us"] - floor["host_us"], 2)
+            if profile_dir:
+                os.makedirs(profile_dir, exist_ok=True)
+                _profile(call, 2000, os.path.join(profile_dir, name.replace(" ", "_").replace("/", "") + ".txt"))
         except Exception as e:  # noqa: BLE001 - one case failing must not lose the others
             row["error"] = f"{type(e).__name__}: {e}"[:500]
         rows[name] = row
@@ -225,7 +257,7 @@ CHILD = r'''
 import json, sys, time
 import torch, triton
 from triton import knobs
-import ck_gemm, ck_conv
+import ck_gemm, ck_conv, ck_fmha, ck_fmha.decode
 from ck_core.plugins import get_manager
 from ck_core.testing import DispatchLog
 from ck_core.backends import triton_artifacts as ta
@@ -261,26 +293,29 @@ def _child(code, env, *args):
     return json.loads(lines[-1][6:])
 
 
-def first_call() -> dict:
+def first_call(cases=None) -> dict:
+    """Each case cold in a fresh process; then one ``ck build`` of every key the cold calls
+    launched, into one kernel cache; then each case again in a fresh process on that cache
+    (each process with its own empty Triton cache)."""
     out = {}
-    for op, expr in FIRST.items():
-        with tempfile.TemporaryDirectory() as tmp:
-            def env(tag):
-                e = dict(os.environ, CK_CACHE_DIR=os.path.join(tmp, "ck_" + tag),
-                         TRITON_CACHE_DIR=os.path.join(tmp, "triton_" + tag + str(time.time_ns())))
-                e.pop("TRITON_INTERPRET", None)
-                return e
-            code = CHILD.replace("EXPR", expr)
-            cold = _child(code, env("cold"))
-            row = {"problem": expr, "cold": cold}
-            if "launched" in cold:
-                benv = env("built")
-                row["ck_build"] = _child(BUILD, benv, json.dumps(cold["launched"]))
-                benv["TRITON_CACHE_DIR"] = os.path.join(tmp, "triton_fresh")
-                row["built"] = _child(code, benv)
-                row["built_again"] = _child(code, benv)   # a warm process, the cache as the first left it
-            out[op] = row
-            print(op, json.dumps(row), flush=True)
+    cases = {n: e for n, e in FIRST.items() if cases is None or n in cases}
+    with tempfile.TemporaryDirectory() as tmp:
+        def env(tag, ck="cold"):
+            e = dict(os.environ, CK_CACHE_DIR=os.path.join(tmp, "ck_" + ck),
+                     TRITON_CACHE_DIR=os.path.join(tmp, f"triton_{tag}_{time.time_ns()}"))
+            e.pop("TRITON_INTERPRET", None)
+            return e
+        launched = set()
+        for i, (op, expr) in enumerate(cases.items()):
+            cold = _child(CHILD.replace("EXPR", expr), env(f"cold{i}", f"cold{i}"))
+            out[op] = {"problem": expr, "cold": cold}
+            launched |= set(cold.get("launched", ()))
+            print(op, "cold", json.dumps(cold), flush=True)
+        out["ck_build"] = _child(BUILD, env("build", "built"), json.dumps(sorted(launched)))
+        print("ck build", json.dumps(out["ck_build"]), flush=True)
+        for i, (op, expr) in enumerate(cases.items()):
+            out[op]["built"] = _child(CHILD.replace("EXPR", expr), env(f"built{i}", "built"))
+            print(op, "built", json.dumps(out[op]["built"]), flush=True)
     return out
 
 
@@ -289,6 +324,8 @@ def main(argv=None):
     ap.add_argument("--out", required=True)
     ap.add_argument("--calls", type=int, default=1000)
     ap.add_argument("--part", choices=["all", "overhead", "first", "cpu"], default="all")
+    ap.add_argument("--profile", metavar="DIR", help="cProfile each warm API call into DIR (after timing it)")
+    ap.add_argument("--first", nargs="*", metavar="CASE", help=f"first-call cases (default all: {', '.join(FIRST)})")
     ns = ap.parse_args(argv)
     if ns.part == "cpu":   # the interpreter's functions carry the argument names the stubs need
         os.environ["TRITON_INTERPRET"] = "1"
@@ -308,9 +345,9 @@ def main(argv=None):
            "command": "python benchmarks/overhead.py " + " ".join(argv or sys.argv[1:]),
            "versions": {"torch": torch.__version__, "triton": triton.__version__}, "unit": "us/call, ms"}
     if ns.part in ("all", "first"):
-        res["first_call"] = first_call()
+        res["first_call"] = first_call(ns.first)
     if ns.part in ("all", "overhead"):
-        res["overhead"] = overhead(ns.calls)
+        res["overhead"] = overhead(ns.calls, ns.profile)
     with open(ns.out, "w") as f:
         json.dump(res, f, indent=1)
 

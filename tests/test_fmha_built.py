@@ -146,19 +146,24 @@ def test_every_built_fmha_key_traces_its_launches(arch):
 
     kernel = {"fwd": {"/fmha_fwd_kernel"}, "bwd_dot_do_o": {"/fmha_bwd_dot_do_o_kernel"},
               "bwd_dq_dk_dv": {"/fmha_bwd_dq_dk_dv_kernel", "/fmha_bwd_dq_kernel"},
-              "bwd_convert_dq": {"/fmha_bwd_convert_dq_kernel"}}
+              "bwd_convert_dq": {"/fmha_bwd_convert_dq_kernel"},
+              "fwd_splitkv": {"/fmha_fwd_splitkv_kernel"}, "fwd_splitkv_combine": {"/fmha_fwd_splitkv_combine_kernel"},
+              "fwd_pagedkv": {"/fmha_fwd_splitkv_kernel", "/fmha_fwd_splitkv_combine_kernel"},
+              "fwd_appendkv": {"/fmha_fwd_appendkv_kernel"}, "batch_prefill": {"/fmha_fwd_kernel"}}
     seen = set()
     for key in Registry.from_enumeration("fmha", arch, "triton"):
         r = T.render(key, "triton")
         if r.jit_calls is None:
             gluon_dq = getattr(key.algorithm, "dq", "").startswith("gluon")   # a Gluon dQ pass: JIT
-            assert key.algorithm.variant != "ptr" or key.signature.family not in kernel or gluon_dq, key.name
+            gluon = key.algorithm.variant.startswith("gluon")
+            no_rep = key.algorithm.variant == "tma_host" and key.signature.hdim_q == 96   # power-of-two hdims only
+            assert gluon or gluon_dq or no_rep, key.name
             continue
         fam = key.signature.family
         calls = r.jit_calls()
         assert calls and {c[0] for c in calls} <= kernel[fam], (key.name, [c[0] for c in calls])
         masks = {c[3].get("MASK_MODE") for c in calls}
-        if fam in ("fwd", "bwd_dq_dk_dv"):
+        if fam in ("fwd", "bwd_dq_dk_dv", "batch_prefill"):
             assert masks == {0, 1}, (key.name, masks)
         seen.add((fam, key.signature.dtype))
     assert {f for f, _ in seen} == set(kernel)

@@ -578,7 +578,8 @@ def fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, retu
     if config is None:
         config = default_fwd_choice(q, k, v, dq, dv, sq, v_trans=v_trans, varlen=varlen, **gluon_args)
     cfg, variant = config, config.variant
-    if variant != "ptr" and _arch_of(q) != "sm90":
+    # meta tensors: ``ck build`` tracing this launch for an sm90 target (nothing runs)
+    if variant != "ptr" and q.device.type != "meta" and _arch_of(q) != "sm90":
         raise UnsupportedProblem(f"config {cfg}: variant {variant!r} runs on Hopper GPUs (not in the interpreter); "
                                  "pass variant 'ptr'")
     if variant in GLUON_VARIANTS:
@@ -1116,7 +1117,7 @@ def bwd(q, k, v, o, lse, do, *, causal=False, scale=None, window=(-1, -1), softc
 
 
 def _splitkv_main(q, k, v, *, page_size, block_table, seqlens_k, max_seqlen_k, causal, scale, window, softcap,
-                  num_splits, layout, config, kv_strides, hk, align, sink=None, sink_tokens=0):
+                  num_splits, layout, config, kv_strides, hk, align, sink=None, sink_tokens=0, _via=None):
     """Split-KV main stage: ``num_splits`` partial outputs ``o_acc`` [B, H, Sq, S, Dv] and LSEs ``lse_acc``
     [B, H, Sq, S] (fp32).  The count is the problem's (the Dispatcher's choice): every split covers the
     same whole number of key blocks, and splits past a batch's keys are empty (the combine skips them)."""
@@ -1146,7 +1147,7 @@ def _splitkv_main(q, k, v, *, page_size, block_table, seqlens_k, max_seqlen_k, c
     sl = seqlens_k if seqlens_k is not None else oacc
     # the keys a length may reach: the capacity, and no further than the block table's pages
     cap = int(max_seqlen_k) if block_table is None else min(int(max_seqlen_k), block_table.shape[1] * int(page_size))
-    K.fmha_fwd_splitkv_kernel[(num_splits, b * hk, num_m)](
+    _kernel(_via, K.fmha_fwd_splitkv_kernel, (num_splits, b * hk, num_m))(
         q, k, v, oacc, lacc, bt, sl,
         sqb, sqh, sqs, skb, skh, sks, svb, svh, svs,
         oacc.stride(0), oacc.stride(1), oacc.stride(2), oacc.stride(3),
@@ -1163,14 +1164,14 @@ def _splitkv_main(q, k, v, *, page_size, block_table, seqlens_k, max_seqlen_k, c
     return oacc, lacc
 
 
-def splitkv_combine(oacc, lacc, q, *, layout="bhsd", return_lse=True):
+def splitkv_combine(oacc, lacc, q, *, layout="bhsd", return_lse=True, _via=None):
     """Split-KV combine stage: merge the partials through their LSEs into o (q's dtype) and lse."""
     b, hq, sq, num_splits, dv = oacc.shape
     shape = (b, hq, sq, dv) if layout == "bhsd" else (b, sq, hq, dv)
     o = torch.empty(shape, device=q.device, dtype=q.dtype)
     sob, soh, sos = _bhs_strides(o, layout)
     lse = torch.empty((b, hq, sq), device=q.device, dtype=torch.float32) if return_lse else lacc
-    K.fmha_fwd_splitkv_combine_kernel[(b * hq * sq,)](
+    _kernel(_via, K.fmha_fwd_splitkv_combine_kernel, (b * hq * sq,))(
         oacc, lacc, o, lse,
         oacc.stride(0), oacc.stride(1), oacc.stride(2), oacc.stride(3),
         lacc.stride(0), lacc.stride(1), lacc.stride(2),
@@ -1229,7 +1230,7 @@ def appendkv(q, knew, vnew, k_cache, v_cache, seqlens_k, *, rotary_cos=None, rot
 
 
 def appendkv_launch(q, knew, vnew, k_cache, v_cache, seqlens_k, *, rotary_cos=None, rotary_sin=None, rope="none",
-                    rotary_dim=0, block_table=None, layout="bhsd", block_m=32):
+                    rotary_dim=0, block_table=None, layout="bhsd", block_m=32, _via=None):
     """The fwd_appendkv kernel (the launcher of a plan's key; ``block_m``: the key's BLOCK_M): write
     ``knew``/``vnew`` ([B, Hk, Sn, D] in ``layout``) into the caches at
     positions ``seqlens_k[b] ..`` (int32 [B], the lengths before the append), rotating knew and q (whose
@@ -1283,7 +1284,7 @@ def appendkv_launch(q, knew, vnew, k_cache, v_cache, seqlens_k, *, rotary_cos=No
     grid = (triton.cdiv(max(sq, sn), bm), b, hq + hk)
     # positions a cache holds: its length, or the block table's pages
     cap = bt.shape[1] * ps if block_table is not None else _dims(k_cache, layout)[2]
-    K.fmha_fwd_appendkv_kernel[grid](
+    _kernel(_via, K.fmha_fwd_appendkv_kernel, grid)(
         q, knew, vnew, q_rot, k_cache, v_cache, cos, sin, sl, bt,
         *_bhs_strides(q, layout), *_bhs_strides(knew, layout), *_bhs_strides(vnew, layout),
         *_bhs_strides(q_rot, layout), *kcs, *vcs, sbt, scs,
