@@ -167,10 +167,25 @@ def overhead(calls: int, profile_dir=None) -> dict:
              "conv.conv2d 2x32x16x16 k3 fp16 channels_last": lambda: ck_conv.conv2d(xl, wl, padding=1),
              "fmha.attention fwd 1x8x128x64 fp16": lambda: ck_fmha.attention(q, k, v),
              "fmha.attention fwd+bwd 1x8x128x64 fp16": fwd_bwd}
+    F = torch.nn.functional
+    d = lambda t: t.double()   # noqa: E731
+    refs = {"gemm.matmul 256^3 fp16": (lambda: ck_gemm.matmul(a, b), lambda: d(a) @ d(b)),
+            "gemm.matmul 256^3 fp16, B transposed view": (lambda: ck_gemm.matmul(a, b.t()), lambda: d(a) @ d(b).t()),
+            "conv.conv2d 2x32x16x16 k3 fp16": (lambda: ck_conv.conv2d(x, w, padding=1),
+                                               lambda: F.conv2d(d(x), d(w), padding=1)),
+            "conv.conv2d 2x32x16x16 k3 fp16 channels_last": (lambda: ck_conv.conv2d(xl, wl, padding=1),
+                                                             lambda: F.conv2d(d(x), d(w), padding=1)),
+            "fmha.attention fwd 1x8x128x64 fp16": (lambda: ck_fmha.attention(q, k, v),
+                                                   lambda: F.scaled_dot_product_attention(d(q), d(k), d(v)))}
     rows = {}
     for name, call in cases.items():
         row = {}
         try:
+            if name in refs:   # correct before fast: relative error against float64, on fresh outputs
+                got, ref = refs[name][0]().double(), refs[name][1]()
+                row["rel_err"] = float((got - ref).norm() / ref.norm())
+                if not row["rel_err"] < 1e-2:
+                    raise AssertionError(f"relative error {row['rel_err']:.3g} against float64")
             for _ in range(3):
                 call()
             launches = _record_launches(call)
@@ -184,7 +199,7 @@ def overhead(calls: int, profile_dir=None) -> dict:
             row["overhead_host_us"] = round(row["api"]["host_us"] - floor["host_us"], 2)
             if profile_dir:
                 os.makedirs(profile_dir, exist_ok=True)
-                _profile(call, 2000, os.path.join(profile_dir, name.replace(" ", "_").replace("/", "") + ".txt"))
+                _profile(call, 1000, os.path.join(profile_dir, name.replace(" ", "_").replace("/", "") + ".txt"))
         except Exception as e:  # noqa: BLE001 - one case failing must not lose the others
             row["error"] = f"{type(e).__name__}: {e}"[:500]
         rows[name] = row
