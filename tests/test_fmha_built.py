@@ -30,7 +30,7 @@ SCRIPT = textwrap.dedent('''
     ta.current_target = lambda: GPUTarget("cuda", 90, 32)   # the GPU this box does not have
     full = Registry.from_enumeration("fmha", "sm90", "triton")
     key = min((k for k in full if k.signature.family == family and k.signature.dtype == "fp16"
-               and T._built_here(k)),
+               and T.render(k, "triton").jit_calls),
               key=lambda k: (k.signature.hdim_q, k.algorithm.block_m * k.algorithm.block_n, k.name))
     got = []
 

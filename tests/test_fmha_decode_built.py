@@ -6,7 +6,7 @@ specialisation, without compiling.
 
 As tests/test_fmha_built.py: sm90 compiles on this CPU-only machine, in subprocesses; the
 launcher runs on meta tensors and only the final launch is left out.  The Gluon kernels are
-not covered: they launch through ``kernel[grid]`` (see ``keys._built_here``).
+not covered: they launch through ``kernel[grid]`` (see ``keys._representatives``).
 """
 import json
 import os
@@ -78,11 +78,16 @@ def _run(mode, family, variant, cache):
     ("fwd_appendkv", "ptr", {"fmha_fwd_appendkv_kernel"}),
     ("batch_prefill", "ptr", {"fmha_fwd_kernel"}),
     ("fwd", "tma", {"fmha_fwd_kernel"}),
+    ("fwd", "gluon_ws_pers", {"fmha_fwd_gluon_ws_sm90"}),
+    ("bwd_dq_dk_dv", "gluon_dkdv", None),   # the key's dQ choice: Triton, Gluon or atomics
 ])
 def test_launcher_loads_what_ck_build_compiled(tmp_path, family, variant, kernels):
     built = _run("build", family, variant, tmp_path)
     assert built["failed"] == {}
     key = built["key"]
+    if kernels is None:
+        kernels = {n[len(key) + 1:] for n in built["entries"]}
+        assert "fmha_bwd_dkdv_gluon_ws_sm90" in kernels, kernels
     assert {n[len(key) + 1:] for n in built["entries"]} == kernels, built["entries"]
     warm = _run("warm", family, variant, tmp_path)   # a fresh process; triton.compile raises in it
     names = warm["launched"]

@@ -815,16 +815,6 @@ _DEC_BATCH, _DEC_HQ, _DEC_HK, _DEC_SK, _DEC_PAGE, _PREFILL_SQ = 2, 32, 8, 4096, 
 _COMBINE_SPLITS = (1, 2, 3, 5, 9, 16, 17, 32, 33, 48, 65, 80)
 
 
-def _built_here(key) -> bool:
-    """Whether ``ck build`` of ``key`` compiles the entries its launcher loads: every Triton
-    launch of a non-Gluon key.  Not the Gluon kernels (forward, dK/dV, dQ): they launch through
-    ``kernel[grid]`` and JIT-compile into Triton's own cache on first use."""
-    a = key.algorithm
-    if a.variant in GLUON_VARIANTS or a.variant in GLUON_BWD_VARIANTS:
-        return False
-    return not (key.signature.family == "bwd_dq_dk_dv" and parse_dq(a.dq)[0] == "gluon")
-
-
 def _representatives(key, batch: Optional[int] = None):
     """``[(problem, tensors)]`` that :func:`jit_calls` runs the launcher on, those the key supports
     (``tensors()``: meta tensors, nothing runs, laid out as the public entry points hand them over).
@@ -937,5 +927,4 @@ def render(key, backend: str):
     src = _source_hash(a.variant in GLUON_VARIANTS)   # (a Gluon key builds its bhsd, non-causal, LSE instance)
     h = hashlib.sha256((src + repr(sorted(cfg.items())) + s.family + dtype).encode()).hexdigest()
     return TritonFmhaRendered(s.family, dtype, cfg, h, {"num_warps": a.num_warps, "num_stages": a.num_stages},
-                              functools.partial(jit_calls, key) if _built_here(key) and _representatives(key)
-                              else None)
+                              functools.partial(jit_calls, key) if _representatives(key) else None)

@@ -590,7 +590,7 @@ def fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, retu
                                      "pass a Triton config")
         return gluon_fwd.fwd(q, k, v, causal=mode == 1 and right == 0, scale=scale, return_lse=return_lse,
                              layout=layout, tile=(cfg.BLOCK_M, cfg.BLOCK_N, cfg.num_warps, cfg.num_stages),
-                             out=out, _checked=True, **gluon_fwd.GLUON_VARIANTS[variant])
+                             out=out, _checked=True, **gluon_fwd.GLUON_VARIANTS[variant], _via=_via)
     if variant != "ptr":
         if _paged is not None or (varlen and v_trans):
             raise UnsupportedProblem(f"config {cfg}: paged K/V and the fp8 group-mode forward read by pointer "
@@ -994,7 +994,7 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
         if why:
             raise UnsupportedProblem(f"the Gluon dK/dV kernel {kv} cannot run this backward: {why}")
         dk, dv = gluon_bwd.dkdv(q, k, v, do, lse, delta, causal=mode == 1, scale=scale, layout=layout, tile=kv,
-                                dq_acc=dqa if atomic else None)
+                                dq_acc=dqa if atomic else None, _via=_via)
     else:
         cfg_kv = kv
         _kernel(_via, K.fmha_bwd_dq_dk_dv_kernel, (triton.cdiv(sk, cfg_kv.BLOCK_N), b * hk))(
@@ -1030,7 +1030,8 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
                                has_sc=has_sc, bias=bias, alibi_slopes=alibi_slopes, dropout_p=dropout_p, dv_=dv_)
         if why:
             raise UnsupportedProblem(f"the Gluon dQ pass {dq_choice[1]} cannot run this backward: {why}")
-        dq = gluon_bwd.dq(q, k, v, do, lse, delta, causal=mode == 1, scale=scale, layout=layout, tile=dq_choice[1])
+        dq = gluon_bwd.dq(q, k, v, do, lse, delta, causal=mode == 1, scale=scale, layout=layout, tile=dq_choice[1],
+                          _via=_via)
         return (dq, None, dk, dv, dbias) if return_dbias else (dq, None, dk, dv)
     cfg_q = dq_choice[1]
     dq = torch.empty_like(q)
