@@ -228,7 +228,7 @@ def _stub_launches():
 
     ta.launch = lambda name, fn, grid, args, kwargs, **kw: None
     triton_replay.replayable = lambda t: True
-    triton_replay.record = lambda fn, grid, args, kwargs, name=None, extra=None: _StubReplay(fn, args, kwargs)
+    triton_replay.record = lambda fn, grid, args, kwargs, **kw: _StubReplay(fn, args, kwargs)
 
 
 def cpu_dry_run(calls: int) -> dict:
@@ -237,6 +237,7 @@ def cpu_dry_run(calls: int) -> dict:
     import torch
 
     import ck_conv
+    import ck_fmha
     import ck_gemm
 
     _stub_launches()
@@ -244,12 +245,16 @@ def cpu_dry_run(calls: int) -> dict:
     a, b = torch.randn(256, 256, dtype=h), torch.randn(256, 256, dtype=h)
     x, w = torch.randn(2, 32, 16, 16, dtype=h), torch.randn(32, 32, 3, 3, dtype=h)
     xl, wl = x.to(memory_format=torch.channels_last), w.to(memory_format=torch.channels_last)
+    q, k, v = (torch.randn(1, 8, 128, 64, dtype=h) for _ in range(3))
+    qg = q.clone().requires_grad_()
     # on the CPU the layout copies and conversions the API makes do their work in the call
     # (on a GPU they are asynchronous launches); the channels_last case has none
     cases = {"gemm.matmul 256^3 fp16": lambda: ck_gemm.matmul(a, b),
              "gemm.matmul 256^3 fp16, B transposed view": lambda: ck_gemm.matmul(a, b.t()),
              "conv.conv2d 2x32x16x16 k3 fp16": lambda: ck_conv.conv2d(x, w, padding=1),
-             "conv.conv2d 2x32x16x16 k3 fp16 channels_last": lambda: ck_conv.conv2d(xl, wl, padding=1)}
+             "conv.conv2d 2x32x16x16 k3 fp16 channels_last": lambda: ck_conv.conv2d(xl, wl, padding=1),
+             "fmha.attention fwd 1x8x128x64 fp16": lambda: ck_fmha.attention(q, k, v),
+             "fmha.attention fwd 1x8x128x64 fp16, requires_grad (forward only)": lambda: ck_fmha.attention(qg, k, v)}
     rows = {}
     for name, call in cases.items():
         try:

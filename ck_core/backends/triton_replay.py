@@ -80,6 +80,11 @@ class Replay:
             self.args[i] = descs[i].base
 
     @property
+    def kernel(self):
+        """The CompiledKernel this replays."""
+        return self._kernel
+
+    @property
     def desc_slots(self) -> tuple:
         return tuple(sorted(self._descs))
 

@@ -16,7 +16,10 @@ import attrs
 import torch
 
 from ck_core import api as core
+from ck_core import warm
 from ck_core.errors import InvalidProblem
+from ck_core.plugins import get_manager
+from ck_core.warm import tensor_sig
 
 from .problem import FmhaProblem
 
@@ -139,14 +142,41 @@ def _inputs(q, k, v, bias, alibi) -> dict:
     return t
 
 
+#: the first field of attention's warm-call signatures (ck_core.warm)
+_ATTENTION = "ck_fmha.attention"
+
+
 def _fwd(q, k, v, bias, alibi, cu_q, cu_k, causal, scale, window, softcap, layout, dropout_p, seed, offset, align,
          descales, out_dtype):
+    # q, k, v alone (batch mode, no bias/ALiBi, not fp8): a known signature replays the recorded launch
+    sig = None
+    if bias is None and alibi is None and cu_q is None and descales is None:
+        sig = (_ATTENTION, get_manager(), tensor_sig(q), tensor_sig(k), tensor_sig(v), causal, scale, window,
+               softcap, layout, dropout_p, seed, offset, align)
+        f = warm.get(sig)
+        if f is not None:
+            return f(q, k, v)
     p, disp = _problem(q, k, v, bias, alibi, cu_q, cu_k, causal, scale, window, softcap, layout, dropout_p, seed,
                        offset, align, descales)
-    o, lse = disp.run(p, **_to_backend(disp, _inputs(q, k, v, bias, alibi)))
+    tensors = _inputs(q, k, v, bias, alibi)
+    o, lse = disp.run(p, **_to_backend(disp, tensors))
     if disp.backend == "numpy":
         return _from_backend(o, q, _out_dtype(q, out_dtype)), _from_backend(lse, q, torch.float32)
+    if sig is not None:
+        warm.put(sig, _warm_closure(disp, p, tensors))
     return o, lse
+
+
+def _warm_closure(disp, p, tensors):
+    """``f(q, k, v) -> (o, lse)`` repeating a call with this signature: the launcher's recorded
+    launch (:meth:`Dispatcher.warm`), else the cached Problem on the cached Dispatcher."""
+    fast = disp.warm(p, tensors)
+    if fast is not None:
+        def replay(q, k, v):
+            out = fast(q, k, v)
+            return out["o"], out["lse"]
+        return replay
+    return lambda q, k, v: disp.run(p, q=q, k=k, v=v)
 
 
 def _out_dtype(q, out_dtype):

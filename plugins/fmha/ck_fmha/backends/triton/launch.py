@@ -730,7 +730,7 @@ def _gluon_reason(q, k, v, cfg, *, layout, mode, left, right, softcap, bias, ali
                   sink_tokens, out, fp8, out_dtype, paged) -> str:
     """Why ``fwd`` cannot hand this problem to the Gluon kernel of ``cfg`` ('' when it can); ``mode``,
     ``left``, ``right`` as from :func:`mask_params`."""
-    if _interpret():
+    if _interpret() and q.device.type != "meta":   # (meta: ck build tracing, nothing runs)
         return "TRITON_INTERPRET=1 runs the Triton kernel"
     if layout == "thd" or paged is not None:
         return "group mode / paged K/V"
@@ -810,7 +810,7 @@ def default_bwd_choice(q, k, v, do, lse, delta, *, layout, mode, right, has_sc, 
 def _gluon_dq_reason(q, k, v, do, lse, delta, tile, *, layout, mode, right, has_sc, bias, alibi_slopes, dropout_p,
                      dv_) -> str:
     """Why the Gluon dQ pass cannot take this backward ('' when it can)."""
-    if _interpret():
+    if _interpret() and q.device.type != "meta":   # (meta: ck build tracing, nothing runs)
         return "TRITON_INTERPRET=1 runs the Triton kernel"
     if layout == "thd":
         return "group mode"
