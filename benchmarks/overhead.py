@@ -141,7 +141,73 @@ def _profile(call, calls: int, path: str) -> None:
         f.write(buf.getvalue())
 
 
-def overhead(calls: int, profile_dir=None) -> dict:
+def _slug(name: str) -> str:
+    """A file name of a case name (letters, digits, '.', '_', '-' only)."""
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
+
+
+def autograd_parts(calls: int, profile_dir=None, dev: str = "cuda") -> dict:
+    """Where an eager attention fwd+bwd spends its host time (``--part autograd``): the forward
+    with requires_grad, the backward alone (``torch.autograd.grad`` on a retained graph), the
+    backward plan called directly (``ck_fmha.api._bwd``, no autograd engine), each per call
+    without and with a sync after every call; a torch.profiler table of the whole step."""
+    import torch
+
+    import ck_fmha
+    from ck_fmha import api as fa
+
+    h = torch.float16
+    q, k, v = (torch.randn(1, 8, 128, 64, device=dev, dtype=h, requires_grad=True) for _ in range(3))
+    do = torch.randn(1, 8, 128, 64, device=dev, dtype=h)
+    o = ck_fmha.attention(q, k, v)
+    o2, lse = ck_fmha.attention(q, k, v, return_lse=True)
+    opts = (False, None, (-1, -1), 0.0, "bhsd", True, 0.0, 0, 0, None)
+    qd, kd, vd = (t.detach() for t in (q, k, v))
+    parts = {"fwd, requires_grad": lambda: ck_fmha.attention(q, k, v),
+             "bwd alone (autograd.grad, retained graph)": lambda: torch.autograd.grad(o, (q, k, v), do,
+                                                                                     retain_graph=True),
+             "bwd plan direct (api._bwd)": lambda: fa._bwd(qd, kd, vd, o2.detach(), lse, do, None, None, None,
+                                                          None, *opts, False),
+             "fwd+bwd step": lambda: ck_fmha.attention(q, k, v).backward(do)}
+    rows = {}
+    for name, call in parts.items():
+        try:
+            row = {"pipelined": _timed(call, calls)}
+            for _ in range(5):
+                call()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(calls // 5):
+                call()
+                torch.cuda.synchronize()
+            row["synced_us"] = round((time.perf_counter() - t0) / (calls // 5) * 1e6, 2)
+            if profile_dir:
+                os.makedirs(profile_dir, exist_ok=True)
+                _profile(call, 300, os.path.join(profile_dir, "autograd_" + _slug(name) + ".txt"))
+        except Exception as e:  # noqa: BLE001 - one part failing must not lose the others
+            row = {"error": f"{type(e).__name__}: {e}"[:500]}
+        rows[name] = row
+        print(name, json.dumps(row), flush=True)
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        step = parts["fwd+bwd step"]
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(20):
+                step()
+            torch.cuda.synchronize()
+        table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
+        table += "\n" + prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=12)
+        if profile_dir:
+            with open(os.path.join(profile_dir, "autograd_torch_profiler.txt"), "w") as f:
+                f.write(table)
+        print(table[:6000], flush=True)
+    except Exception as e:  # noqa: BLE001
+        print("torch.profiler failed:", type(e).__name__, e, flush=True)
+    return rows
+
+
+def overhead(calls: int, profile_dir=None, only=None) -> dict:
     import torch
 
     import ck_conv
@@ -179,6 +245,8 @@ def overhead(calls: int, profile_dir=None) -> dict:
                                                    lambda: F.scaled_dot_product_attention(d(q), d(k), d(v)))}
     rows = {}
     for name, call in cases.items():
+        if only and not any(s in name for s in only):
+            continue
         row = {}
         try:
             if name in refs:   # correct before fast: relative error against float64, on fresh outputs
@@ -199,7 +267,7 @@ def overhead(calls: int, profile_dir=None) -> dict:
             row["overhead_host_us"] = round(row["api"]["host_us"] - floor["host_us"], 2)
             if profile_dir:
                 os.makedirs(profile_dir, exist_ok=True)
-                _profile(call, 1000, os.path.join(profile_dir, name.replace(" ", "_").replace("/", "") + ".txt"))
+                _profile(call, 1000, os.path.join(profile_dir, _slug(name) + ".txt"))
         except Exception as e:  # noqa: BLE001 - one case failing must not lose the others
             row["error"] = f"{type(e).__name__}: {e}"[:500]
         rows[name] = row
@@ -343,16 +411,17 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--calls", type=int, default=1000)
-    ap.add_argument("--part", choices=["all", "overhead", "first", "cpu"], default="all")
+    ap.add_argument("--part", nargs="+", choices=["all", "overhead", "first", "cpu", "autograd"], default=["all"])
+    ap.add_argument("--only", nargs="*", metavar="TEXT", help="overhead cases whose name contains one of these")
     ap.add_argument("--profile", metavar="DIR", help="cProfile each warm API call into DIR (after timing it)")
     ap.add_argument("--first", nargs="*", metavar="CASE", help=f"first-call cases (default all: {', '.join(FIRST)})")
     ns = ap.parse_args(argv)
-    if ns.part == "cpu":   # the interpreter's functions carry the argument names the stubs need
+    if "cpu" in ns.part:   # the interpreter's functions carry the argument names the stubs need
         os.environ["TRITON_INTERPRET"] = "1"
     import torch
     import triton
 
-    if ns.part == "cpu":
+    if "cpu" in ns.part:
         res = {"device": "cpu (launches stubbed)", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
                "command": "python benchmarks/overhead.py " + " ".join(argv or sys.argv[1:]),
                "versions": {"torch": torch.__version__, "triton": triton.__version__}, "unit": "us/call",
@@ -364,10 +433,12 @@ def main(argv=None):
     res = {"device": torch.cuda.get_device_name(0), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
            "command": "python benchmarks/overhead.py " + " ".join(argv or sys.argv[1:]),
            "versions": {"torch": torch.__version__, "triton": triton.__version__}, "unit": "us/call, ms"}
-    if ns.part in ("all", "first"):
+    if {"all", "first"} & set(ns.part):
         res["first_call"] = first_call(ns.first)
-    if ns.part in ("all", "overhead"):
-        res["overhead"] = overhead(ns.calls, ns.profile)
+    if {"all", "overhead"} & set(ns.part):
+        res["overhead"] = overhead(ns.calls, ns.profile, ns.only)
+    if "autograd" in ns.part:
+        res["autograd"] = autograd_parts(ns.calls, ns.profile)
     with open(ns.out, "w") as f:
         json.dump(res, f, indent=1)
 
