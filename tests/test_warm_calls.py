@@ -215,6 +215,33 @@ def test_attention_each_signature_field_makes_a_new_plan(route, ck_dispatch_log,
         assert any(r.calls for r in replays) and all(r.fn.__name__ == "fmha_fwd_kernel" for r in replays)
 
 
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_attention_backward_warm_calls(route, ck_dispatch_log, ck_rng, deterministic):
+    """Eager attention forward + backward: the backward's warm calls (its recorded launches, with
+    the delta and dQ accumulator allocated again, on the GPU route) give float64 gradients on
+    fresh data, call after call, for two signatures in turn."""
+    from ck_fmha import attention
+
+    g = _gen(ck_rng)
+    s = int(ck_rng.integers(9, 20))
+    kind, replays = route
+    for shape, causal in [((1, 2, s, 32), False), ((2, 1, s + 4, 32), True), ((1, 2, s, 32), False)]:
+        for call in range(3):
+            q, k, v = (_rand(g, *shape, dtype=torch.float16).requires_grad_() for _ in range(3))
+            do = _rand(g, *shape, dtype=torch.float16)
+            o = attention(q, k, v, causal=causal, deterministic=deterministic)
+            o.backward(do)
+            x = [t.detach().double().requires_grad_() for t in (q, k, v)]
+            ref = F.scaled_dot_product_attention(*x, is_causal=causal)
+            ref.backward(do.double())
+            assert _rel(o, ref.detach()) < 3e-3, (shape, call)
+            for t, r, name in zip((q, k, v), x, "qkv"):
+                assert _rel(t.grad, r.grad) < 1e-2, (shape, call, name)
+    if kind == "replay":   # warm backward calls replayed the recording (its check on the cold call: 1)
+        bwd = [r for r in replays if r.fn.__name__.startswith("fmha_bwd")]
+        assert bwd and max(r.calls for r in bwd) >= 3, [r.calls for r in bwd]
+
+
 def test_eager_autograd_uses_the_cache_and_gets_the_gradients(route, ck_dispatch_log, ck_rng):
     g = _gen(ck_rng)
     before = warm.size()

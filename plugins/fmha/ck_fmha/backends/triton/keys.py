@@ -530,11 +530,14 @@ def kernel_via(key, capture: Optional[list] = None):
     ``(suffix, fn, args, kwargs)`` instead (:func:`jit_calls`)."""
     from ck_core.backends import triton_artifacts
 
+    from . import warm
+
     def via(fn, grid):
         suffix = "/" + getattr(fn, "__name__", type(fn).__name__)   # (tests wrap kernels in spies)
         if capture is not None:
             return lambda *args, **kwargs: capture.append((suffix, fn, args, kwargs))
-        return triton_artifacts.bind(key.name + suffix, fn, grid, triton_artifacts.compile_options(key))
+        launch = triton_artifacts.bind(key.name + suffix, fn, grid, triton_artifacts.compile_options(key))
+        return warm.wrap(fn, grid, launch)   # (recorded inside warm.recording())
 
     return via
 
@@ -573,7 +576,7 @@ def make_launcher(key, capture: Optional[list] = None):
 
     v_trans = fp8_v_trans(_arch_spec(key.arch)) if key.signature.dtype == "fp8" else None
 
-    def fwd(p, t, launch_via=None):
+    def fwd(p, t):
         x = cast(p, t, ("q", "k", "v"))
         layout, kw = p.layout, {}
         v = x["v"]
@@ -590,7 +593,7 @@ def make_launcher(key, capture: Optional[list] = None):
                       fp8_v_trans=v_trans)
         o, lse = ops.fwd(x["q"], x["k"], v, scale=p.softmax_scale, softcap=p.logits_soft_cap,
                          return_lse=True, layout=layout, config=cfg, **_mask(p), **kw, **_features(p, t, tdt),
-                         **_sinks(p, t), _via=launch_via or via)
+                         **_sinks(p, t), _via=via)
         out = {"o": o, "lse": lse}
         if p.store_randval:
             out["randval"] = ops.dropout_randval(
@@ -718,29 +721,19 @@ def make_launcher(key, capture: Optional[list] = None):
 
     def warm_fwd(p, t):
         """``f(q, k, v) -> {"o", "lse"}`` repeating :func:`fwd` on tensors like ``t`` without its
-        argument processing (the public API's warm-call cache; its signature pins shapes, strides,
-        dtypes, device and 16-byte alignment), or None.  The launch is recorded once more here
-        (:mod:`ck_core.backends.triton_replay`); each tensor argument of it must be q, k, v, o or
-        lse, or the device error flag: a per-call temporary (a copy that made a tensor dense, say)
-        leaves the call on the general path."""
+        argument processing (the public API's warm-call cache, whose signature pins shapes,
+        strides, dtypes, device and 16-byte alignment), or None: the launch, recorded once more
+        here (:mod:`.warm`), must read only q, k, v, o, lse and the device error flag."""
         from ck_core.backends import triton_replay
 
-        from ...device_errors import flag
+        from . import warm
 
         if set(t) != {"q", "k", "v"} or p.is_group or p.store_randval or p.dtype == "fp8" \
                 or any(t[n].dtype != tdt or not triton_replay.replayable(t[n]) for n in t):
             return None
-        recs: list = []
-
-        def rec_via(fn, grid):
-            def go(*args, **kwargs):
-                r = triton_replay.record(fn, grid, args, kwargs, via=via)
-                recs.append(r)
-                return getattr(r, "kernel", None)
-            return go
-
-        out = fwd(p, dict(t), rec_via)
-        return _replayer(dict(t, o=out["o"], lse=out["lse"]), recs, flag(t["q"].device))
+        with warm.recording() as recs:
+            out = fwd(p, dict(t))
+        return warm.replayer(t, out, recs)
 
     table = {"fwd": fwd, "fwd_splitkv": splitkv_main, "fwd_splitkv_combine": combine,
              "fwd_appendkv": appendkv, "batch_prefill": prefill, "fwd_pagedkv": pagedkv,
@@ -756,50 +749,6 @@ def make_launcher(key, capture: Optional[list] = None):
     if fam == "fwd":
         launch.warm = warm_fwd
     return launch
-
-
-def _replayer(named: dict, recs: list, flag):
-    """``f(q, k, v) -> {"o", "lse"}`` replaying the recorded launches ``recs`` with new inputs and
-    fresh outputs, or None.  Each tensor argument is matched to ``named`` by data pointer (which
-    must be distinct) or is ``flag`` (the device error flag, one per device for the process)."""
-    import torch
-
-    if not recs or any(r is None for r in recs):
-        return None
-    order = ("q", "k", "v", "o", "lse")
-    ptrs = {named[n].data_ptr(): i for i, n in enumerate(order)}
-    if len(ptrs) != len(order):
-        return None   # q/k/v/o/lse share memory: a later call need not
-    plan = []
-    for r in recs:
-        slots, template = [], list(r.args)
-        for i, a in enumerate(template):
-            if not isinstance(a, torch.Tensor):
-                continue
-            which = ptrs.get(a.data_ptr())
-            if which is None:
-                if a.data_ptr() != flag.data_ptr():
-                    return None
-                continue
-            slots.append((i, which))
-            template[i] = None   # (no reference to the recorded tensors)
-        plan.append((r, template, tuple(slots)))
-    o, lse = named["o"], named["lse"]
-    o_shape, o_stride, o_dtype, dev = tuple(o.shape), o.stride(), o.dtype, o.device
-    l_shape, l_stride = tuple(lse.shape), lse.stride()
-    empty = torch.empty_strided
-
-    def replay(q, k, v):
-        out = (q, k, v, empty(o_shape, o_stride, dtype=o_dtype, device=dev),
-               empty(l_shape, l_stride, dtype=torch.float32, device=dev))
-        for r, template, slots in plan:
-            args = template.copy()
-            for i, which in slots:
-                args[i] = out[which]
-            r(args)
-        return {"o": out[3], "lse": out[4]}
-
-    return replay
 
 
 def _longest_before_append(p, t) -> int:
