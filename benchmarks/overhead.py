@@ -10,11 +10,16 @@
     ``ck build`` (``build_registry`` of the keys the cold call launched) filled in another
     process, with an empty Triton cache.  Reports ms and how many kernels Triton compiled.
 
-(c) ``--part cpu``: a dry run without a GPU: the same warm API calls on CPU tensors, every
+(c) ``--part autograd``: where an eager attention fwd+bwd step spends its host time (forward with
+    requires_grad, backward alone, the backward plan called directly; a torch.profiler table).
+    ``--profile DIR`` writes a cProfile of each warm call; ``--only TEXT`` picks overhead cases.
+
+(d) ``--part cpu``: a dry run without a GPU: the same warm API calls on CPU tensors, every
     Triton launch stubbed out (launches recorded as if on a GPU, replays that do nothing),
     so the time is the host path above the launch (the launch itself excluded).
 
     python benchmarks/overhead.py --out overhead.json
+    python benchmarks/overhead.py --part overhead autograd --only fmha --profile prof --out o.json
     python benchmarks/overhead.py --part cpu --out overhead_cpu.json    # no GPU needed
 """
 from __future__ import annotations

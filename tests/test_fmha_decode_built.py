@@ -1,12 +1,12 @@
-"""Built is what runs, for the decode-side FMHA families and the TMA forward forms: ``ck build``
-of a split-KV, paged, combine, append-KV, batch-prefill or TMA key compiles the launches of its
-representative problems (``ck_fmha.backends.triton.keys.jit_calls``), and the Dispatcher's
-launcher of that key loads them in a fresh process, for another problem of the same
-specialisation, without compiling.
+"""Built is what runs, for the decode-side FMHA families, the TMA forward forms and the Gluon
+kernels: ``ck build`` of a split-KV, paged, combine, append-KV, batch-prefill, TMA or Gluon key
+compiles the launches of its representative problems (``ck_fmha.backends.triton.keys.jit_calls``),
+and the Dispatcher's launcher of that key loads them in a fresh process, for another problem of the
+same specialisation, without compiling.
 
-As tests/test_fmha_built.py: sm90 compiles on this CPU-only machine, in subprocesses; the
-launcher runs on meta tensors and only the final launch is left out.  The Gluon kernels are
-not covered: they launch through ``kernel[grid]`` (see ``keys._representatives``).
+As tests/test_fmha_built.py: sm90 compiles on this CPU-only machine (Gluon's included: Triton
+compiles them for a target without the GPU), in subprocesses; the launcher runs on meta tensors
+and only the final launch is left out.
 """
 import json
 import os
