@@ -93,7 +93,7 @@ def replayer(inputs: dict, outputs: dict, recs: list, scratch: bool = False):
                     return None
                 which = hit[0]
             slots.append((i, which))
-            template[i] = None   # (no reference to the recorded tensors)
+            template[i] = r.args[i] = None   # (no reference to the recorded tensors)
         plan.append((r, template, tuple(slots)))
     n_in, names = len(inputs), list(outputs)
     fresh = [(tuple(t.shape), t.stride(), t.dtype, False) for t in outputs.values()] + specs
