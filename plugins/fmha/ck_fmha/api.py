@@ -264,7 +264,8 @@ def _bwd_closure(disp, p, t, grads):
     def again(q, k, v, o, lse, do):
         return list(disp.run(p, q=q, k=k, v=v, o=o, lse=lse, do=do)[2:])
 
-    if not triton_replay.replayable(t["q"]) or list(t) != ["q", "k", "v", "o", "lse", "do"]:
+    if not triton_replay.replayable(t["q"]) or list(t) != ["q", "k", "v", "o", "lse", "do"] \
+            or t["q"].is_cuda and torch.cuda.is_current_stream_capturing():   # (the check below syncs)
         return again
     with recorded.recording() as recs:
         out = disp.run(p, **t)
