@@ -1,4 +1,5 @@
-"""Warm calls of ck_gemm.matmul and ck_conv.conv2d (ck_core.warm): one signature, one closure.
+"""Warm calls of ck_gemm.matmul, ck_conv.conv2d and ck_fmha.attention (ck_core.warm): one
+signature, one closure.
 
 A wrong cache hit is a silently wrong result, so each test varies one field of the
 signature (shape, strides, dtype, alignment, flags, device) and checks that a new
@@ -51,8 +52,8 @@ def route(request, monkeypatch, ck_dispatch_log):
     core.clear()
     replays = []
     if request.param == "replay":
-        def record(fn, grid, args, kwargs, name=None, extra=None):
-            fn[grid](*args, **kwargs)
+        def record(fn, grid, args, kwargs, name=None, extra=None, via=None):
+            (fn[grid] if via is None else via(fn, grid))(*args, **kwargs)
             r = _InterpReplay(fn, grid, args, kwargs)
             replays.append(r)
             return r
@@ -173,6 +174,74 @@ def test_conv2d_each_signature_field_makes_a_new_plan(route, ck_dispatch_log, ck
         assert any(r.calls for r in replays)
 
 
+def test_attention_each_signature_field_makes_a_new_plan(route, ck_dispatch_log, ck_rng):
+    """ck_fmha.attention without autograd: every warm call (the replayed launch on the GPU route)
+    matches float64 attention on fresh q, k, v; each signature field gets its own closure."""
+    from ck_fmha import attention
+
+    g = _gen(ck_rng)
+    b, h, s, d = 1, 2, int(ck_rng.integers(9, 20)), 32
+    f16 = torch.float16
+    qkv = lambda *shape: tuple(_rand(g, *shape, dtype=f16) for _ in range(3))  # noqa: E731
+    variants = {
+        "base": (lambda: qkv(b, h, s, d), {}),
+        "shape": (lambda: qkv(b, h, s + 3, d), {}),
+        "stride": (lambda: tuple(t.transpose(1, 2) for t in qkv(b, s, h, d)), {}),
+        "layout": (lambda: qkv(b, s, h, d), {"layout": "bshd"}),
+        "alignment": (lambda: (_misaligned(g, b, h, s, d, dtype=f16),) + qkv(b, h, s, d)[1:], {}),
+        "causal": (lambda: qkv(b, h, s, d), {"causal": True}),
+        "scale": (lambda: qkv(b, h, s, d), {"scale": 0.3}),
+        "softcap": (lambda: qkv(b, h, s, d), {"softcap": 2.0}),
+    }
+    for name, (make, kw) in variants.items():
+        before = warm.size()
+        for call in range(3):
+            q, k, v = make()
+            got = attention(q, k, v, **kw)
+            x = [t.double() if kw.get("layout") != "bshd" else t.double().transpose(1, 2) for t in (q, k, v)]
+            logits = (x[0] @ x[1].transpose(-1, -2)) * kw.get("scale", d ** -0.5)
+            if "softcap" in kw:
+                logits = kw["softcap"] * torch.tanh(logits / kw["softcap"])
+            if kw.get("causal"):
+                logits = logits.masked_fill(torch.ones(s, s, dtype=torch.bool).triu(1), float("-inf"))
+            want = torch.softmax(logits, -1) @ x[2]
+            if kw.get("layout") == "bshd":
+                want = want.transpose(1, 2)
+            assert got.shape == want.shape and _rel(got, want) < 3e-3, (name, call)
+            assert warm.size() == before + 1, (name, call)
+        assert len(ck_dispatch_log.take()) == 3, name
+    kind, replays = route
+    if kind == "replay":   # warm calls replayed the recorded forward launch
+        assert any(r.calls for r in replays) and all(r.fn.__name__ == "fmha_fwd_kernel" for r in replays)
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_attention_backward_warm_calls(route, ck_dispatch_log, ck_rng, deterministic):
+    """Eager attention forward + backward: the backward's warm calls (its recorded launches, with
+    the delta and dQ accumulator allocated again, on the GPU route) give float64 gradients on
+    fresh data, call after call, for two signatures in turn."""
+    from ck_fmha import attention
+
+    g = _gen(ck_rng)
+    s = int(ck_rng.integers(9, 20))
+    kind, replays = route
+    for shape, causal in [((1, 2, s, 32), False), ((2, 1, s + 4, 32), True), ((1, 2, s, 32), False)]:
+        for call in range(3):
+            q, k, v = (_rand(g, *shape, dtype=torch.float16).requires_grad_() for _ in range(3))
+            do = _rand(g, *shape, dtype=torch.float16)
+            o = attention(q, k, v, causal=causal, deterministic=deterministic)
+            o.backward(do)
+            x = [t.detach().double().requires_grad_() for t in (q, k, v)]
+            ref = F.scaled_dot_product_attention(*x, is_causal=causal)
+            ref.backward(do.double())
+            assert _rel(o, ref.detach()) < 3e-3, (shape, call)
+            for t, r, name in zip((q, k, v), x, "qkv"):
+                assert _rel(t.grad, r.grad) < 1e-2, (shape, call, name)
+    if kind == "replay":   # warm backward calls replayed the recording (its check on the cold call: 1)
+        bwd = [r for r in replays if r.fn.__name__.startswith("fmha_bwd")]
+        assert bwd and max(r.calls for r in bwd) >= 3, [r.calls for r in bwd]
+
+
 def test_eager_autograd_uses_the_cache_and_gets_the_gradients(route, ck_dispatch_log, ck_rng):
     g = _gen(ck_rng)
     before = warm.size()
@@ -201,7 +270,7 @@ def test_warm_call_host_time(monkeypatch, ck_manager, fake_arch):
     monkeypatch.setenv("CK_CPU_ARCH", fake_arch.name)   # unobserved: the call users make
     core.clear()
     for mod, attr, stub in [(triton_replay, "replayable", lambda t: True),
-                            (triton_replay, "record", lambda fn, grid, args, kwargs, name=None, extra=None:
+                            (triton_replay, "record", lambda fn, grid, args, kwargs, **kw:
                              overhead._StubReplay(fn, args, kwargs))]:
         monkeypatch.setattr(mod, attr, stub)
     from ck_core.backends import triton_artifacts

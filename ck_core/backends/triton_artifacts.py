@@ -134,14 +134,21 @@ def unpack(blob: bytes, src, name_hint: Optional[str] = None):
     return ck
 
 
+def _ast_source(fn, signature, constexprs, attrs):
+    """The source object the JIT would compile: Gluon kernels have their own (GluonASTSource)."""
+    if fn.is_gluon():
+        from triton.experimental.gluon._runtime import GluonASTSource as cls
+    else:
+        from triton.compiler import ASTSource as cls
+    return cls(fn, signature, constexprs, attrs)
+
+
 def specialise(fn, args, kwargs: dict, target, extra: Optional[dict] = None):
     """``(bound arguments, ASTSource, options, material)`` of one call, as the JIT would compile it."""
-    from triton.compiler import ASTSource
-
     kw = _jit_kwargs(fn, kwargs, extra)
     bound, spec, opts = _binder(fn, target)(*args, **kw)
     options, signature, constexprs, attrs = fn._pack_args(_backend(target), kw, bound, spec, opts)
-    src = ASTSource(fn, signature, constexprs, attrs)
+    src = _ast_source(fn, signature, constexprs, attrs)
     return bound, src, options, _material(fn, target, options, signature, constexprs, attrs)
 
 
@@ -218,9 +225,7 @@ def kernel_for_call(name: str, fn, args, kwargs: dict, *, cache_root=None, extra
     ck = _LOADED.get(memo)
     if ck is None:
         options, signature, constexprs, attrs = fn._pack_args(_backend(target), kw, bound, spec, opts)
-        from triton.compiler import ASTSource
-
-        src = ASTSource(fn, signature, constexprs, attrs)
+        src = _ast_source(fn, signature, constexprs, attrs)
         ck, _ = _get_or_build(name, src, options,
                               _material(fn, target, options, signature, constexprs, attrs), target, cache_root)
         _LOADED[memo] = ck

@@ -80,6 +80,11 @@ class Replay:
             self.args[i] = descs[i].base
 
     @property
+    def kernel(self):
+        """The CompiledKernel this replays."""
+        return self._kernel
+
+    @property
     def desc_slots(self) -> tuple:
         return tuple(sorted(self._descs))
 
@@ -148,16 +153,20 @@ def _with_base(template, base):
 
 
 def record(fn, grid, args: Sequence, kwargs: dict, name: Optional[str] = None,
-           extra: Optional[dict] = None) -> Optional[Replay]:
+           extra: Optional[dict] = None, via=None) -> Optional[Replay]:
     """Launch ``fn[grid](*args, **kwargs)`` once; return a :class:`Replay` of it, or None.
 
     ``name``: the kernel key's name; the launch then takes its kernel from the kernel
     cache (:func:`ck_core.backends.triton_artifacts.launch`), so what is replayed is
-    the artifact ``ck build`` wrote (``extra``: the key's compile options).  None means "keep calling ``fn[grid]``":
+    the artifact ``ck build`` wrote (``extra``: the key's compile options).  ``via``: instead of
+    ``name``, a launcher's ``via(fn, grid)`` (a bound launch that returns the CompiledKernel; one
+    that records the call for ``ck build`` returns None, and so does this).  None means "keep calling ``fn[grid]``":
     interpreter functions, or a Triton whose internals differ from the ones this was
     written against.
     """
-    if name is None:
+    if via is not None:
+        kernel = via(fn, grid)(*args, **kwargs)
+    elif name is None:
         kernel = fn[grid](*args, **kwargs)
     else:
         from . import triton_artifacts

@@ -224,9 +224,14 @@ def dq_unsupported_reason(q, k, v, do, lse, delta, *, causal, layout, block_n=64
     return ""
 
 
-def dq(q, k, v, do, lse, delta, *, causal=False, scale=None, layout="bhsd", tile=None, out=None):
+def _launch(fn, grid, via):
+    """``fn[grid]``, or a Dispatcher launcher's kernel-cache launch (``keys.kernel_via``)."""
+    return fn[grid] if via is None else via(fn, grid)
+
+
+def dq(q, k, v, do, lse, delta, *, causal=False, scale=None, layout="bhsd", tile=None, out=None, _via=None):
     """dQ of the deterministic backward on the Gluon kernel (checks done by the caller, see
-    :func:`dq_unsupported_reason`); ``tile`` = (BLOCK_N, STAGES, persistent)."""
+    :func:`dq_unsupported_reason`); ``tile`` = (BLOCK_N, STAGES, persistent); ``_via``: see :func:`_launch`."""
     import math
 
     import torch
@@ -244,7 +249,7 @@ def dq(q, k, v, do, lse, delta, *, causal=False, scale=None, layout="bhsd", tile
     descs.append(TensorDescriptor.from_tensor(o.view(rows_q, cols_q), [64, d], q_l))
     sm_scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     grid = GF.grid_for((sq // 128) * b * hq, persistent, q.device)
-    fmha_bwd_dq_gluon_ws_sm90[grid](
+    _launch(fmha_bwd_dq_gluon_ws_sm90, grid, _via)(
         *descs, lse, delta, hq, hk, hq // hk, sq, sk, b * hq, sm_scale * GF.LOG2E, sm_scale,
         BSHD=layout == "bshd", CAUSAL=bool(causal), BLOCK_N=bn, HEAD_D=d, STAGES=stages,
         PERSISTENT=bool(persistent), num_warps=4)
@@ -476,7 +481,7 @@ def dkdv_smem_bytes(d: int, block_mq: int, stages: int, fused: bool, itemsize: i
     return n
 
 
-def dkdv(q, k, v, do, lse, delta, *, causal=False, scale=None, layout="bhsd", tile=None, dq_acc=None):
+def dkdv(q, k, v, do, lse, delta, *, causal=False, scale=None, layout="bhsd", tile=None, dq_acc=None, _via=None):
     """dK, dV (GQA: summed over each group) on the Gluon kernel; scope as :func:`dq` with
     seqlen_k % 128 == 0 and seqlen_q % BLOCK_MQ == 0 (checked by the caller).
 
@@ -492,8 +497,9 @@ def dkdv(q, k, v, do, lse, delta, *, causal=False, scale=None, layout="bhsd", ti
     from ck_core.device import current_arch
 
     bmq, stages, persistent = tile or _tiles("FUSED_TILES" if dq_acc is not None else "DKDV_TILES")[d]
-    smem = current_arch(q).lds_bytes
-    if dkdv_smem_bytes(d, bmq, stages, dq_acc is not None) > smem:
+    # (meta tensors: ck build tracing the launch of a key, whose tile the enumeration sized for sm90)
+    smem = current_arch(q).lds_bytes if q.device.type != "meta" else None
+    if smem is not None and dkdv_smem_bytes(d, bmq, stages, dq_acc is not None) > smem:
         raise ValueError(f"gluon dK/dV tile {(bmq, stages)} at head dim {d} needs more than "
                          f"{smem} bytes of shared memory (fewer stages)")
     b, hq, sq, hk, sk, rq, rk, cq, ck = GF.geometry(q, k, layout)
@@ -511,7 +517,7 @@ def dkdv(q, k, v, do, lse, delta, *, causal=False, scale=None, layout="bhsd", ti
         descs.append(descs[-1])   # not read
     sm_scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     grid = GF.grid_for((sk // 128) * b * hk, persistent, q.device)
-    fmha_bwd_dkdv_gluon_ws_sm90[grid](
+    _launch(fmha_bwd_dkdv_gluon_ws_sm90, grid, _via)(
         *descs, lse, delta, hq, hk, hq // hk, sq, sk, b * hk, sm_scale * GF.LOG2E, sm_scale,
         BSHD=layout == "bshd", CAUSAL=bool(causal), BLOCK_MQ=bmq, HEAD_D=d, STAGES=stages,
         PERSISTENT=bool(persistent), FUSED_DQ=dq_acc is not None, num_warps=4)

@@ -383,7 +383,9 @@ def unsupported_reason(q, k, v, *, causal=False, layout="bhsd", tile=None, windo
     import torch
     if not HAVE_GLUON:
         return "triton.experimental.gluon is not importable"
-    if not q.is_cuda or not _is_sm90(q.device.index if q.device.index is not None else torch.cuda.current_device()):
+    # meta tensors: ck build tracing a launch for an sm90 target (nothing runs)
+    if q.device.type != "meta" and (
+            not q.is_cuda or not _is_sm90(q.device.index if q.device.index is not None else torch.cuda.current_device())):
         return "needs an sm90 (Hopper) GPU"
     if layout not in ("bhsd", "bshd"):
         return f"layout {layout!r} (batch mode bhsd/bshd only)"
@@ -429,8 +431,9 @@ def geometry(q, k, layout: str) -> tuple:
 
 
 def grid_for(tiles: int, persistent: bool, device) -> tuple:
-    """One program per tile, or (``persistent``) one per SM at most."""
-    return (min(tiles, _num_sms(device.index or 0)) if persistent else tiles, )
+    """One program per tile, or (``persistent``) one per SM at most (a meta device, ck build tracing
+    the launch, has no SMs: the grid is not compiled into the kernel)."""
+    return (min(tiles, _num_sms(device.index or 0)) if persistent and device.type != "meta" else tiles, )
 
 
 @functools.lru_cache(maxsize=None)
@@ -456,14 +459,15 @@ class _Launch:
 
 
 def fwd(q, k, v, *, causal=False, scale=None, return_lse=False, layout="bhsd", tile=None, out=None,
-        pingpong=False, persistent=False, _checked=False):
+        pingpong=False, persistent=False, _checked=False, _via=None):
     """Gluon forward (``tile`` = (128, BLOCK_N, 12, STAGES)); raises ``UnsupportedProblem`` naming
     what it lacks (see :func:`unsupported_reason`; ``_checked``: the caller already asked it).
 
     The first call per geometry (shapes, strides, dtype, device, flags, scale) launches through
     ``kernel[grid]`` and records the launch; later ones replay the compiled launcher with the new
     tensors (CUtensorMaps cached per base address), falling back to ``kernel[grid]`` where no
-    replay can be recorded."""
+    replay can be recorded.  ``_via``: a Dispatcher launcher's kernel-cache launch
+    (``ck_fmha.backends.triton.keys.kernel_via``) in place of ``kernel[grid]``."""
     global _LAUNCHES
     import torch
 
@@ -480,7 +484,7 @@ def fwd(q, k, v, *, causal=False, scale=None, return_lse=False, layout="bhsd", t
     o = out if out is not None else torch.empty_like(q)
     lse = torch.empty((b, hq, sq), device=q.device, dtype=torch.float32) if return_lse else None
     key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), o.stride(), q.dtype, q.device.index,
-           layout, bool(causal), bool(return_lse), bm, bn, stages, bool(pingpong), bool(persistent), scale)
+           layout, bool(causal), bool(return_lse), bm, bn, stages, bool(pingpong), bool(persistent), scale, _via)
     if _LAUNCHES is None:
         from collections import OrderedDict
         _LAUNCHES = OrderedDict()
@@ -492,7 +496,7 @@ def fwd(q, k, v, *, causal=False, scale=None, return_lse=False, layout="bhsd", t
         args[sl_] = lse if return_lse else rec.dummy_lse
         rec.replay(args)
         return (o, lse) if return_lse else o
-    rec = _record(q, k, v, o, lse, causal, scale, layout, bm, bn, stages, pingpong, persistent)
+    rec = _record(q, k, v, o, lse, causal, scale, layout, bm, bn, stages, pingpong, persistent, _via)
     if rec is not None:
         _LAUNCHES[key] = rec
         if len(_LAUNCHES) > LAUNCH_CACHE_SIZE:
@@ -500,8 +504,8 @@ def fwd(q, k, v, *, causal=False, scale=None, return_lse=False, layout="bhsd", t
     return (o, lse) if return_lse else o
 
 
-def _record(q, k, v, o, lse, causal, scale, layout, bm, bn, stages, pingpong, persistent):
-    """Launch once through ``kernel[grid]``; return the recorded launch, or None (no replay)."""
+def _record(q, k, v, o, lse, causal, scale, layout, bm, bn, stages, pingpong, persistent, via=None):
+    """Launch once through ``kernel[grid]`` (or ``via``); return the recorded launch, or None (no replay)."""
     import math
 
     import torch
@@ -526,7 +530,7 @@ def _record(q, k, v, o, lse, causal, scale, layout, bm, bn, stages, pingpong, pe
     kwargs = dict(BSHD=layout == "bshd", CAUSAL=bool(causal), STORE_LSE=lse is not None,
                   BLOCK_N=bn, HEAD_D=d, STAGES=stages, PRODUCER_REGS=24, CONSUMER_REGS=240,
                   PINGPONG=bool(pingpong), PERSISTENT=bool(persistent), num_warps=4)
-    replay = triton_replay.record(fmha_fwd_gluon_ws_sm90, grid, args, kwargs)
+    replay = triton_replay.record(fmha_fwd_gluon_ws_sm90, grid, args, kwargs, via=via)
     if replay is None:
         log.debug("gluon fwd: no replay recorded; this geometry keeps launching through kernel[grid]")
         return None

@@ -533,11 +533,14 @@ def kernel_via(key, capture: Optional[list] = None):
     ``(suffix, fn, args, kwargs)`` instead (:func:`jit_calls`)."""
     from ck_core.backends import triton_artifacts
 
+    from . import warm
+
     def via(fn, grid):
         suffix = "/" + getattr(fn, "__name__", type(fn).__name__)   # (tests wrap kernels in spies)
         if capture is not None:
             return lambda *args, **kwargs: capture.append((suffix, fn, args, kwargs))
-        return triton_artifacts.bind(key.name + suffix, fn, grid, triton_artifacts.compile_options(key))
+        launch = triton_artifacts.bind(key.name + suffix, fn, grid, triton_artifacts.compile_options(key))
+        return warm.wrap(fn, grid, launch)   # (recorded inside warm.recording())
 
     return via
 
@@ -629,12 +632,12 @@ def make_launcher(key, capture: Optional[list] = None):
             seqlens = dev_int32(p, "lens", p.seqlens_k, q) if p.seqlens_k else None
         oacc, lacc = ops._splitkv_main(q, k, v, seqlens_k=seqlens, scale=p.softmax_scale,
                                        softcap=p.logits_soft_cap, num_splits=alg.splits or 1, layout=p.layout,
-                                       config=cfg, **_mask(p), **kw, **_sinks(p, t))
+                                       config=cfg, **_mask(p), **kw, **_sinks(p, t), _via=via)
         return {"o_acc": oacc, "lse_acc": lacc}
 
     def combine(p, t):
         q = cast(p, t, ("q",))["q"]
-        o, lse = ops.splitkv_combine(t["o_acc"], t["lse_acc"], q, layout=p.layout, return_lse=True)
+        o, lse = ops.splitkv_combine(t["o_acc"], t["lse_acc"], q, layout=p.layout, return_lse=True, _via=via)
         return {"o": o, "lse": lse}
 
     def pagedkv(p, t):
@@ -714,7 +717,8 @@ def make_launcher(key, capture: Optional[list] = None):
         bt = t["block_table"] if p.paged_kv else None
         lens = t["seqlens_k"] if p.runtime_seqlens_k else dev_int32(p, "lens", p.seqlens_k, x["q"])
         q_rot, kc, vc = ops.appendkv_launch(x["q"], x["knew"], x["vnew"], x["k_cache"], x["v_cache"], lens,
-                                            block_table=bt, layout=p.layout, block_m=alg.block_m, **rope)
+                                            block_table=bt, layout=p.layout, block_m=alg.block_m, **rope,
+                                            _via=via)
         return {"q_rot": q_rot, "k_cache": kc, "v_cache": vc}
 
     def prefill(p, t):
@@ -734,9 +738,25 @@ def make_launcher(key, capture: Optional[list] = None):
                                    max_seqlen_k=longest, kv_layout=p.kv_layout, scale=p.softmax_scale,
                                    softcap=p.logits_soft_cap, return_lse=True, config=cfg, _trusted_varlen=True,
                                    **tables,
-                                   **_mask(p), **_features(p, t, tdt), **_sinks(p, t))
+                                   **_mask(p), **_features(p, t, tdt), **_sinks(p, t), _via=via)
         ops._poison(bad, o, lse)
         return {"o": o, "lse": lse}
+
+    def warm_fwd(p, t):
+        """``f(q, k, v) -> {"o", "lse"}`` repeating :func:`fwd` on tensors like ``t`` without its
+        argument processing (the public API's warm-call cache, whose signature pins shapes,
+        strides, dtypes, device and 16-byte alignment), or None: the launch, recorded once more
+        here (:mod:`.warm`), must read only q, k, v, o, lse and the device error flag."""
+        from ck_core.backends import triton_replay
+
+        from . import warm
+
+        if set(t) != {"q", "k", "v"} or p.is_group or p.store_randval or p.dtype == "fp8" \
+                or any(t[n].dtype != tdt or not triton_replay.replayable(t[n]) for n in t):
+            return None
+        with warm.recording() as recs:
+            out = fwd(p, dict(t))
+        return warm.replayer(t, out, recs)
 
     table = {"fwd": fwd, "fwd_splitkv": splitkv_main, "fwd_splitkv_combine": combine,
              "fwd_appendkv": appendkv, "batch_prefill": prefill, "fwd_pagedkv": pagedkv,
@@ -749,6 +769,8 @@ def make_launcher(key, capture: Optional[list] = None):
         check_names(p, t)
         return run(p, t)
 
+    if fam == "fwd":
+        launch.warm = warm_fwd
     return launch
 
 
@@ -824,57 +846,110 @@ class TritonFmhaRendered:
         return aot_compile(self.family, self.dtype, self.config, target)
 
 
-#: families whose launcher loads its kernels from the cache (ops' ``_via``)
-_BUILT_FAMILIES = ("fwd", "bwd_dot_do_o", "bwd_dq_dk_dv", "bwd_convert_dq")
-#: the representative problem: sizes that are multiples of every tile and of 16 (Triton
-#: specialises integers divisible by 16), MHA (the GQA group size 1 is specialised too)
+#: the representative batch-mode problem of fwd and the backward: sizes that are multiples of
+#: every tile and of 16 (Triton specialises integers divisible by 16), MHA (the GQA group size 1
+#: is specialised too)
 _JIT_BATCH, _JIT_HEADS, _JIT_SEQ = 2, 16, 512
+#: the decode-step representative of the split-KV / paged / append-KV families: Llama-style GQA
+#: (32 query heads over 8 key heads), one query row, a 4096-key cache, vLLM's 16-token pages;
+#: batch_prefill: two sequences of 512 queries over the same pages
+_DEC_BATCH, _DEC_HQ, _DEC_HK, _DEC_SK, _DEC_PAGE, _PREFILL_SQ = 2, 32, 8, 4096, 16, 512
+#: the split counts a combine key is built for (the key has none; the count is the problem's): each
+#: BLOCK_S (the next power of two) with the counts Triton specialises apart (1; multiples of 16 or not)
+_COMBINE_SPLITS = (1, 2, 3, 5, 9, 16, 17, 32, 33, 48, 65, 80)
 
 
-def _built_here(key) -> bool:
-    """Whether ``ck build`` of ``key`` compiles the entries its launcher loads.  Not yet: the
-    Gluon kernels (launched as before, JIT), and the TMA forward variants (their launches go
-    through the cache, JIT-compiled into it on first use; ops refuses them on tensors that are
-    not on an sm90 GPU, so :func:`jit_calls` cannot trace them without one)."""
-    a = key.algorithm
-    return (key.signature.family in _BUILT_FAMILIES and a.variant == "ptr"
-            and not (key.signature.family == "bwd_dq_dk_dv" and parse_dq(a.dq)[0] == "gluon"))
+def _representatives(key, batch: Optional[int] = None):
+    """``[(problem, tensors)]`` that :func:`jit_calls` runs the launcher on, those the key supports
+    (``tensors()``: meta tensors, nothing runs, laid out as the public entry points hand them over).
+    ``batch``: another batch size, the same specialisation (tests: a problem other than the built one)."""
+    return [(p, t) for p, t in _candidates(key, batch) if supports(key, p) is None]
 
 
-def jit_calls(key) -> list:
-    """The launches of ``key``'s launcher (:func:`make_launcher`) on a batch-mode 'bhsd'
-    problem of the key's head dims, sequence lengths a multiple of every tile, no bias,
-    dropout or softcap, unmasked and causal: ``[(suffix, fn, args, kwargs)]``.  Tensors
-    are on torch's meta device (nothing runs)."""
+def _candidates(key, batch):
     import torch
 
     from ...problem import FmhaProblem
 
     s, fam = key.signature, key.signature.family
     tdt = _torch_dtype(s.dtype, key.arch)
-    b, h, n = _JIT_BATCH, _JIT_HEADS, _JIT_SEQ
+    f32, i32 = torch.float32, torch.int32
 
-    def meta(d, dtype=tdt):
-        return torch.empty((b, h, n) + ((d,) if d else ()), dtype=dtype, device="meta")
+    def meta(*shape, dt=tdt):
+        return torch.empty(shape, dtype=dt, device="meta")
 
-    def v_fwd():   # fp8 on an arch that reads V key-contiguous: as ops.v_key_major lays it out
-        if s.dtype == "fp8" and fp8_v_trans(_arch_spec(key.arch)):
-            return torch.empty((b, h, s.hdim_v, n), dtype=tdt, device="meta").transpose(2, 3)
-        return meta(s.hdim_v)
+    dims = dict(hdim_q=s.hdim_q, hdim_v=s.hdim_v, dtype=s.dtype)
+    causal_br = dict(mask="bottom_right", window_left=-1, window_right=0)   # decode's causal mask
+    if fam in ("fwd", "bwd_dot_do_o", "bwd_dq_dk_dv", "bwd_convert_dq"):
+        b, h, n = batch or _JIT_BATCH, _JIT_HEADS, _JIT_SEQ
 
-    tensors = {"fwd": lambda: dict(q=meta(s.hdim_q), k=meta(s.hdim_q), v=v_fwd()),
-               "bwd_dot_do_o": lambda: dict(o=meta(s.hdim_v), do=meta(s.hdim_v)),
-               "bwd_dq_dk_dv": lambda: dict(q=meta(s.hdim_q), k=meta(s.hdim_q), v=meta(s.hdim_v),
-                                            do=meta(s.hdim_v), lse=meta(0, torch.float32),
-                                            d=meta(0, torch.float32)),
-               "bwd_convert_dq": lambda: dict(q=meta(s.hdim_q), dq_acc=meta(s.hdim_q, torch.float32))}[fam]
+        def v_fwd():   # fp8 on an arch that reads V key-contiguous: as ops.v_key_major lays it out
+            if s.dtype == "fp8" and fp8_v_trans(_arch_spec(key.arch)):
+                return meta(b, h, s.hdim_v, n).transpose(2, 3)
+            return meta(b, h, n, s.hdim_v)
+
+        tensors = {"fwd": lambda: dict(q=meta(b, h, n, s.hdim_q), k=meta(b, h, n, s.hdim_q), v=v_fwd()),
+                   "bwd_dot_do_o": lambda: dict(o=meta(b, h, n, s.hdim_v), do=meta(b, h, n, s.hdim_v)),
+                   "bwd_dq_dk_dv": lambda: dict(q=meta(b, h, n, s.hdim_q), k=meta(b, h, n, s.hdim_q),
+                                                v=meta(b, h, n, s.hdim_v), do=meta(b, h, n, s.hdim_v),
+                                                lse=meta(b, h, n, dt=f32), d=meta(b, h, n, dt=f32)),
+                   "bwd_convert_dq": lambda: dict(q=meta(b, h, n, s.hdim_q),
+                                                  dq_acc=meta(b, h, n, s.hdim_q, dt=f32))}[fam]
+        masks = ("none",) if fam in ("bwd_dot_do_o", "bwd_convert_dq") else ("none", "top_left")   # no mask there
+        return [(FmhaProblem(family=fam, batch=b, nhead_q=h, seqlen_q=n, seqlen_k=n, mask=m, lse=fam == "fwd",
+                             **dims), tensors) for m in masks]
+    b, hq, hk, sk, ps = batch or _DEC_BATCH, _DEC_HQ, _DEC_HK, _DEC_SK, _DEC_PAGE
+    dec = dict(batch=b, nhead_q=hq, nhead_k=hk, seqlen_q=1, seqlen_k=sk, **dims)
+    pages = b * (sk // ps)
+
+    def paged_kv(d):   # paged_decode's bhsd view of [pages, P, Hk, D] pools
+        return meta(pages, ps, hk, d).transpose(1, 2)
+
+    table = lambda: meta(b, sk // ps, dt=i32)   # noqa: E731
+    if fam in ("fwd_splitkv", "fwd_pagedkv"):
+        n = key.algorithm.splits or 1
+        q = lambda: meta(b, hq, 1, s.hdim_q)   # noqa: E731
+        kw = dict(dec, family=fam, num_splits=n, lse=True)
+        paged = FmhaProblem(**kw, runtime_seqlens_k=True, paged_kv=True, page_size=ps, **causal_br)
+        out = [(paged, lambda: dict(q=q(), k_cache=paged_kv(s.hdim_q), v_cache=paged_kv(s.hdim_v),
+                                    block_table=table(), seqlens_k=meta(b, dt=i32)))]
+        if fam == "fwd_splitkv":   # splitkv_decode: contiguous caches, with and without run-time lengths
+            kv = lambda: dict(q=q(), k=meta(b, hk, sk, s.hdim_q), v=meta(b, hk, sk, s.hdim_v))   # noqa: E731
+            out = [(FmhaProblem(**kw), kv),
+                   (FmhaProblem(**kw, runtime_seqlens_k=True, **causal_br), lambda: dict(kv(), seqlens_k=meta(b, dt=i32)))
+                   ] + out
+        return out
+    if fam == "fwd_splitkv_combine":
+        p = FmhaProblem(family=fam, lse=True, **dec)
+        return [(attrs.evolve(p, num_splits=n),
+                 functools.partial(lambda n: dict(q=meta(b, hq, 1, s.hdim_q), o_acc=meta(b, hq, 1, n, s.hdim_v, dt=f32),
+                                                  lse_acc=meta(b, hq, 1, n, dt=f32)), n))
+                for n in _COMBINE_SPLITS]
+    if fam == "fwd_appendkv":   # one new token per step, into contiguous and paged caches
+        new = lambda: dict(q=meta(b, hq, 1, s.hdim_q), knew=meta(b, hk, 1, s.hdim_q),   # noqa: E731
+                           vnew=meta(b, hk, 1, s.hdim_v), seqlens_k=meta(b, dt=i32))
+        kw = dict(dec, family=fam, seqlen_knew=1, runtime_seqlens_k=True)
+        return [(FmhaProblem(**kw),
+                 lambda: dict(new(), k_cache=meta(b, hk, sk, s.hdim_q), v_cache=meta(b, hk, sk, s.hdim_v))),
+                (FmhaProblem(**kw, paged_kv=True, page_size=ps),
+                 lambda: dict(new(), k_cache=paged_kv(s.hdim_q), v_cache=paged_kv(s.hdim_v), block_table=table()))]
+    if fam == "batch_prefill":   # vLLM block tables over linear pages, causal and not
+        sq = _PREFILL_SQ
+        kw = dict(dec, family=fam, mode="group", seqstart_q=tuple(range(0, (b + 1) * sq, sq)), seqlen_q=sq,
+                  runtime_seqlens_k=True, paged_kv=True, page_size=ps, kv_layout="linear", kv_lookup="vllm", lse=True)
+        t = lambda: dict(q=meta(b * sq, hq, s.hdim_q), k_cache=meta(pages, ps, hk, s.hdim_q),   # noqa: E731
+                         v_cache=meta(pages, ps, hk, s.hdim_v), block_table=table(), seqlens_k=meta(b, dt=i32))
+        return [(FmhaProblem(**kw), t), (FmhaProblem(**kw, **causal_br), t)]
+    return []
+
+
+def jit_calls(key) -> list:
+    """The launches of ``key``'s launcher (:func:`make_launcher`) on its representative problems
+    (:func:`_representatives`), ``[(suffix, fn, args, kwargs)]``: what ``ck build`` compiles.
+    A representative the key cannot run (:func:`supports`) is skipped."""
     calls: list = []
     launch = make_launcher(key, capture=calls)
-    for mask in ("none", "top_left"):
-        if mask != "none" and fam in ("bwd_dot_do_o", "bwd_convert_dq"):
-            continue   # no mask in these kernels
-        p = FmhaProblem(family=fam, batch=b, nhead_q=h, seqlen_q=n, seqlen_k=n, hdim_q=s.hdim_q,
-                        hdim_v=s.hdim_v, dtype=s.dtype, mask=mask, lse=fam == "fwd")
+    for p, tensors in _representatives(key):
         launch(p, tensors())
     return calls
 
@@ -896,4 +971,4 @@ def render(key, backend: str):
     src = _source_hash(a.variant in GLUON_VARIANTS)   # (a Gluon key builds its bhsd, non-causal, LSE instance)
     h = hashlib.sha256((src + repr(sorted(cfg.items())) + s.family + dtype).encode()).hexdigest()
     return TritonFmhaRendered(s.family, dtype, cfg, h, {"num_warps": a.num_warps, "num_stages": a.num_stages},
-                              functools.partial(jit_calls, key) if _built_here(key) else None)
+                              functools.partial(jit_calls, key) if _representatives(key) else None)

@@ -578,7 +578,8 @@ def fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, retu
     if config is None:
         config = default_fwd_choice(q, k, v, dq, dv, sq, v_trans=v_trans, varlen=varlen, **gluon_args)
     cfg, variant = config, config.variant
-    if variant != "ptr" and _arch_of(q) != "sm90":
+    # meta tensors: ``ck build`` tracing this launch for an sm90 target (nothing runs)
+    if variant != "ptr" and q.device.type != "meta" and _arch_of(q) != "sm90":
         raise UnsupportedProblem(f"config {cfg}: variant {variant!r} runs on Hopper GPUs (not in the interpreter); "
                                  "pass variant 'ptr'")
     if variant in GLUON_VARIANTS:
@@ -589,7 +590,7 @@ def fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, retu
                                      "pass a Triton config")
         return gluon_fwd.fwd(q, k, v, causal=mode == 1 and right == 0, scale=scale, return_lse=return_lse,
                              layout=layout, tile=(cfg.BLOCK_M, cfg.BLOCK_N, cfg.num_warps, cfg.num_stages),
-                             out=out, _checked=True, **gluon_fwd.GLUON_VARIANTS[variant])
+                             out=out, _checked=True, **gluon_fwd.GLUON_VARIANTS[variant], _via=_via)
     if variant != "ptr":
         if _paged is not None or (varlen and v_trans):
             raise UnsupportedProblem(f"config {cfg}: paged K/V and the fp8 group-mode forward read by pointer "
@@ -729,7 +730,7 @@ def _gluon_reason(q, k, v, cfg, *, layout, mode, left, right, softcap, bias, ali
                   sink_tokens, out, fp8, out_dtype, paged) -> str:
     """Why ``fwd`` cannot hand this problem to the Gluon kernel of ``cfg`` ('' when it can); ``mode``,
     ``left``, ``right`` as from :func:`mask_params`."""
-    if _interpret():
+    if _interpret() and q.device.type != "meta":   # (meta: ck build tracing, nothing runs)
         return "TRITON_INTERPRET=1 runs the Triton kernel"
     if layout == "thd" or paged is not None:
         return "group mode / paged K/V"
@@ -809,7 +810,7 @@ def default_bwd_choice(q, k, v, do, lse, delta, *, layout, mode, right, has_sc, 
 def _gluon_dq_reason(q, k, v, do, lse, delta, tile, *, layout, mode, right, has_sc, bias, alibi_slopes, dropout_p,
                      dv_) -> str:
     """Why the Gluon dQ pass cannot take this backward ('' when it can)."""
-    if _interpret():
+    if _interpret() and q.device.type != "meta":   # (meta: ck build tracing, nothing runs)
         return "TRITON_INTERPRET=1 runs the Triton kernel"
     if layout == "thd":
         return "group mode"
@@ -993,7 +994,7 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
         if why:
             raise UnsupportedProblem(f"the Gluon dK/dV kernel {kv} cannot run this backward: {why}")
         dk, dv = gluon_bwd.dkdv(q, k, v, do, lse, delta, causal=mode == 1, scale=scale, layout=layout, tile=kv,
-                                dq_acc=dqa if atomic else None)
+                                dq_acc=dqa if atomic else None, _via=_via)
     else:
         cfg_kv = kv
         _kernel(_via, K.fmha_bwd_dq_dk_dv_kernel, (triton.cdiv(sk, cfg_kv.BLOCK_N), b * hk))(
@@ -1029,7 +1030,8 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
                                has_sc=has_sc, bias=bias, alibi_slopes=alibi_slopes, dropout_p=dropout_p, dv_=dv_)
         if why:
             raise UnsupportedProblem(f"the Gluon dQ pass {dq_choice[1]} cannot run this backward: {why}")
-        dq = gluon_bwd.dq(q, k, v, do, lse, delta, causal=mode == 1, scale=scale, layout=layout, tile=dq_choice[1])
+        dq = gluon_bwd.dq(q, k, v, do, lse, delta, causal=mode == 1, scale=scale, layout=layout, tile=dq_choice[1],
+                          _via=_via)
         return (dq, None, dk, dv, dbias) if return_dbias else (dq, None, dk, dv)
     cfg_q = dq_choice[1]
     dq = torch.empty_like(q)
@@ -1116,7 +1118,7 @@ def bwd(q, k, v, o, lse, do, *, causal=False, scale=None, window=(-1, -1), softc
 
 
 def _splitkv_main(q, k, v, *, page_size, block_table, seqlens_k, max_seqlen_k, causal, scale, window, softcap,
-                  num_splits, layout, config, kv_strides, hk, align, sink=None, sink_tokens=0):
+                  num_splits, layout, config, kv_strides, hk, align, sink=None, sink_tokens=0, _via=None):
     """Split-KV main stage: ``num_splits`` partial outputs ``o_acc`` [B, H, Sq, S, Dv] and LSEs ``lse_acc``
     [B, H, Sq, S] (fp32).  The count is the problem's (the Dispatcher's choice): every split covers the
     same whole number of key blocks, and splits past a batch's keys are empty (the combine skips them)."""
@@ -1146,7 +1148,7 @@ def _splitkv_main(q, k, v, *, page_size, block_table, seqlens_k, max_seqlen_k, c
     sl = seqlens_k if seqlens_k is not None else oacc
     # the keys a length may reach: the capacity, and no further than the block table's pages
     cap = int(max_seqlen_k) if block_table is None else min(int(max_seqlen_k), block_table.shape[1] * int(page_size))
-    K.fmha_fwd_splitkv_kernel[(num_splits, b * hk, num_m)](
+    _kernel(_via, K.fmha_fwd_splitkv_kernel, (num_splits, b * hk, num_m))(
         q, k, v, oacc, lacc, bt, sl,
         sqb, sqh, sqs, skb, skh, sks, svb, svh, svs,
         oacc.stride(0), oacc.stride(1), oacc.stride(2), oacc.stride(3),
@@ -1163,14 +1165,14 @@ def _splitkv_main(q, k, v, *, page_size, block_table, seqlens_k, max_seqlen_k, c
     return oacc, lacc
 
 
-def splitkv_combine(oacc, lacc, q, *, layout="bhsd", return_lse=True):
+def splitkv_combine(oacc, lacc, q, *, layout="bhsd", return_lse=True, _via=None):
     """Split-KV combine stage: merge the partials through their LSEs into o (q's dtype) and lse."""
     b, hq, sq, num_splits, dv = oacc.shape
     shape = (b, hq, sq, dv) if layout == "bhsd" else (b, sq, hq, dv)
     o = torch.empty(shape, device=q.device, dtype=q.dtype)
     sob, soh, sos = _bhs_strides(o, layout)
     lse = torch.empty((b, hq, sq), device=q.device, dtype=torch.float32) if return_lse else lacc
-    K.fmha_fwd_splitkv_combine_kernel[(b * hq * sq,)](
+    _kernel(_via, K.fmha_fwd_splitkv_combine_kernel, (b * hq * sq,))(
         oacc, lacc, o, lse,
         oacc.stride(0), oacc.stride(1), oacc.stride(2), oacc.stride(3),
         lacc.stride(0), lacc.stride(1), lacc.stride(2),
@@ -1229,7 +1231,7 @@ def appendkv(q, knew, vnew, k_cache, v_cache, seqlens_k, *, rotary_cos=None, rot
 
 
 def appendkv_launch(q, knew, vnew, k_cache, v_cache, seqlens_k, *, rotary_cos=None, rotary_sin=None, rope="none",
-                    rotary_dim=0, block_table=None, layout="bhsd", block_m=32):
+                    rotary_dim=0, block_table=None, layout="bhsd", block_m=32, _via=None):
     """The fwd_appendkv kernel (the launcher of a plan's key; ``block_m``: the key's BLOCK_M): write
     ``knew``/``vnew`` ([B, Hk, Sn, D] in ``layout``) into the caches at
     positions ``seqlens_k[b] ..`` (int32 [B], the lengths before the append), rotating knew and q (whose
@@ -1283,7 +1285,7 @@ def appendkv_launch(q, knew, vnew, k_cache, v_cache, seqlens_k, *, rotary_cos=No
     grid = (triton.cdiv(max(sq, sn), bm), b, hq + hk)
     # positions a cache holds: its length, or the block table's pages
     cap = bt.shape[1] * ps if block_table is not None else _dims(k_cache, layout)[2]
-    K.fmha_fwd_appendkv_kernel[grid](
+    _kernel(_via, K.fmha_fwd_appendkv_kernel, grid)(
         q, knew, vnew, q_rot, k_cache, v_cache, cos, sin, sl, bt,
         *_bhs_strides(q, layout), *_bhs_strides(knew, layout), *_bhs_strides(vnew, layout),
         *_bhs_strides(q_rot, layout), *kcs, *vcs, sbt, scs,
