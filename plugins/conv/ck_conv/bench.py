@@ -8,7 +8,7 @@ out of both numbers.  cuDNN runs with ``torch.backends.cudnn.benchmark = True``
 on channels_last tensors; backward goes through ``torch.nn.grad.conv{2,3}d_input``
 and ``conv{2,3}d_weight`` (aten's convolution_backward).
 
-Ours = the fastest of ck_conv.keys.candidate_configs (a short tuning list,
+Ours = the fastest of ck_conv.heuristics.candidate_configs (a short tuning list,
 heuristic pick first); the heuristic pick's own number is in the JSON too.
 Kernels are compiled first in a pool of worker processes so that the timing
 loop only loads them from Triton's disk cache.
@@ -161,7 +161,7 @@ def main(argv=None, progress=None):
     import triton
     from triton.testing import do_bench_cudagraph
     from ck_conv.heuristics import named_split
-    from ck_conv.keys import candidate_configs
+    from ck_conv.heuristics import candidate_configs
     from ck_conv.backends.triton.launch import run
     from ck_core.device import current_arch
 

@@ -10,7 +10,7 @@ old heuristic's order is a column too (its rank among the candidates): the trees
 learn where to trust it.
 
 The conv ranker ranks the op's shortlist (the tuning list of
-:func:`ck_conv.keys.candidate_configs` with its splits), not the whole key space:
+:func:`ck_conv.heuristics.candidate_configs` with its splits), not the whole key space:
 a few dozen keys a problem, so a new problem costs well under a millisecond.
 """
 from __future__ import annotations

@@ -64,7 +64,7 @@ pytest.importorskip("triton")
 @pytest.mark.parametrize("split", [64, 128])
 def test_depthwise_bwd_weight_with_many_splits_matches_the_reference(split):
     from ck_conv.backends.triton.launch import run, split_plan
-    from ck_conv.keys import heuristic_config
+    from ck_conv.heuristics import heuristic_config
     from ck_conv.reference import random_operands, reference, rel_error
 
     # 4 x 16 x 16 = 1024 output pixels: 64 and 128 parts of whole 8-pixel blocks; G = 6 (not a power

@@ -318,7 +318,8 @@ def streamk_programs(cfg: ConvKernelConfig, total: int, steps: int, num_sms: int
 
 def streamk_fits(cfg: ConvKernelConfig, smem_bytes: int | None = None) -> int:
     """Programs per SM whose A/B buffer sets fit one SM's ``smem_bytes`` (2 or 1)."""
-    from ...keys import ELEMENT_BYTES, plan_facts
+    from ...heuristics import plan_facts
+    from ...keys import ELEMENT_BYTES
     m, n, k = cfg.tile
     smem = (m + n) * k * ELEMENT_BYTES[cfg.dtype] * cfg.smem_buffers
     return 2 if 2 * smem <= (smem_bytes or plan_facts()[1]) else 1
@@ -955,7 +956,7 @@ def kernel_for(key_or_config, problem: ConvProblem | None = None):
             R, dsz, _, _, _, _, _ = _flat_args(p, g, p.direction == "bwd_data")
             return (_cdiv(dsz[2] * p.G, meta["BLOCK_F"]) * _cdiv(R, meta["BLOCK_R"]), 1, 1)
         if cfg.reduction == "streamk":  # as run() launches it on an H100-sized GPU
-            from ...keys import plan_facts
+            from ...heuristics import plan_facts
             gm = cfg.group_merge
             if p.direction == "forward":
                 ntiles = _cdiv(p.N * g["Do"] * g["Ho"] * g["Wo"], meta["BLOCK_M"]) \
