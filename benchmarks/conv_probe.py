@@ -167,8 +167,9 @@ def _launcher(p, ops, name, split):
     from ck_conv.heuristics import named_split
     from ck_conv.keys import ConvKernelConfig
     from ck_conv.backends.triton.launch import run
-    cfg, q = named_split(ConvKernelConfig.from_name(name), p, torch.cuda.get_device_properties(0).multi_processor_count,
-                         split)
+    from ck_core.device import current_arch
+
+    cfg, q = named_split(ConvKernelConfig.from_name(name), p, current_arch(torch.device("cuda")), split)
     return lambda: run(q, ops, cfg)
 
 

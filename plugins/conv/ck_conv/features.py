@@ -82,7 +82,7 @@ def features(problem, candidates: list, arch) -> dict:
     n_c = len(keys)
     Km = _kernel_matrix(keys)
     col = {name: Km[:, i] for i, name in enumerate(_KERNEL)}
-    cus = max(int(getattr(arch, "compute_units", 0) or 1), 1)
+    cus = max(int(arch.compute_units or 1), 1)
     tiles, red, progs = _launch_columns(keys, problem, cus).T
     p = problem
     m, n, k = (float(x) for x in p.gemm_mnk)

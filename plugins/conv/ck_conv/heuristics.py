@@ -83,8 +83,9 @@ def preferred_split(cfg: ConvKernelConfig, p: ConvProblem, num_sms: int, smem_by
     return auto_split_mn(tiles, steps, num_sms, eager=cfg.reduction in EAGER_REDUCTIONS)
 
 
-def named_split(cfg: ConvKernelConfig, p: ConvProblem, num_sms: int, split: int | None = None) -> tuple:
-    """``(config, problem)`` to time ``cfg`` split ``split`` ways (None: :func:`preferred_split`).
+def named_split(cfg: ConvKernelConfig, p: ConvProblem, arch, split: int | None = None) -> tuple:
+    """``(config, problem)`` to time ``cfg`` split ``split`` ways (None: :func:`preferred_split` for
+    ``arch``'s compute units and shared memory, an ArchSpec).
 
     For callers that hold configs rather than the Dispatcher's keys (the kernel
     benchmarks): the config gets the split its launch really makes (a short
@@ -93,7 +94,7 @@ def named_split(cfg: ConvKernelConfig, p: ConvProblem, num_sms: int, split: int 
     from .backends.triton.launch import split_plan
 
     p0 = attrs.evolve(p, split_k=0)
-    c = attrs.evolve(cfg, split=split or preferred_split(cfg, p0, num_sms))
+    c = attrs.evolve(cfg, split=split or preferred_split(cfg, p0, arch.compute_units, arch.lds_bytes))
     if c.reduction != "streamk":
         c = attrs.evolve(c, split=split_plan(c, p0)[0])
     return c, attrs.evolve(p, split_k=c.split)

@@ -32,11 +32,11 @@ class ConvSpace(KeySpace):
     """CK's grouped-conv tile space on ``arch`` and, for the triton backend, the Triton
     realisation families (:mod:`ck_conv.space`), each with its reduction splits.
 
-    Arch facts for conv may sit in ``arch.extras["conv"]`` (``tiles``, ``depthwise_tiles``,
-    ``waves`` where the arch lists no ``wave_layouts``, ``max_block_threads``, ``pipelines``,
-    ``specializations``); the defaults are CK's tables (:func:`ck_conv.space.conv_facts`).  Archs whose pipelines are not
-    CK's (sm90's ``multistage``) take CK's three, which the Triton kernels realise as
-    2/3/4-stage software pipelines.
+    Arch facts for conv may sit in ``arch.extras["conv"]``: ``tiles``, ``depthwise_tiles``,
+    ``waves`` (used where the arch lists no ``wave_layouts``) and ``max_block_threads``
+    (:func:`ck_conv.space.conv_facts`; the defaults are CK's tables), ``pipelines`` and
+    ``specializations``.  Archs whose pipelines are not CK's (sm90's ``multistage``) take
+    CK's three, which the Triton kernels realise as 2/3/4-stage software pipelines.
     """
 
     op = "conv"

@@ -65,3 +65,30 @@ def test_space_equals_the_record(current, arch):
 if __name__ == "__main__":
     json.dump(record(), sys.stdout, indent=1, sort_keys=True)
     sys.stdout.write("\n")
+
+
+def test_an_arch_replaces_the_generic_tables_field_by_field():
+    import attrs
+
+    from ck_core.testing import make_fake_arch
+    from ck_conv.keys import config_of, legal
+    from ck_conv.space import conv_facts, key_space
+
+    base = make_fake_arch("fake_conv")
+    generic = conv_facts()
+    assert conv_facts(base) is generic   # nothing declared: the data file's tables
+    def declaring(**conv):
+        return attrs.evolve(base, extras={**base.extras, "conv": conv})
+
+    own = declaring(tiles=[[64, 64, 32]], depthwise_tiles=[[32, 64, 1]], max_block_threads=256)
+    facts = conv_facts(own)
+    assert facts["tiles"] == ((64, 64, 32),) and facts["depthwise_tiles"] == ((32, 64, 1),)
+    assert facts["max_block_threads"] == 256 and facts["waves"] == generic["waves"]
+    opts = {"directions": ["forward"], "dtypes": ["fp16"], "ndims": [2]}
+    assert {config_of(k).tile for k in key_space(own, "numpy", opts)} == {(64, 64, 32), (32, 64, 1)}
+    # 128 threads: two waves of 64 lanes, and every wave layout of the fake arch has four; legal()
+    # gives the same reason for a key of the generic space
+    small = declaring(max_block_threads=128)
+    assert {config_of(k).specialization for k in key_space(small, "numpy", opts)} == {"depthwise"}
+    four = next(k for k in key_space(base, "numpy", opts) if config_of(k).specialization != "depthwise")
+    assert legal(four, base) is None and "exceed 128 threads" in legal(four, small)
