@@ -14,7 +14,7 @@ heuristic pick ("old"), and the new variants ("new"): the bwd_data tap-bit kerne
 stream-K (``_streamk``, a persistent grid; its split = programs per SM), BLOCK_K 128
 with 4 stages, the fixup split with a split sweep, the flat-row depthwise kernel
 (``_flat``), block-diagonal merged groups (``_gm``, resnext) --
-``ck_conv.keys.extended_candidates`` plus the winner with the tap bits.  All
+``ck_conv.heuristics.extended_candidates`` plus the winner with the tap bits.  All
 (config, split) launches are compiled first in a pool of worker processes; a
 candidate that fails to compile, run or verify is reported and skipped.
 One JSON line per (case, candidate, split) on stdout, one summary line per case,
@@ -80,7 +80,8 @@ def plan(case_names=None, directions=("forward", "bwd_data"), rows_only=False):
     import attrs
 
     from ck_conv.bench import CASES, problem
-    from ck_conv.keys import ConvKernelConfig, candidate_configs, extended_candidates, heuristic_config
+    from ck_conv.heuristics import candidate_configs, extended_candidates, heuristic_config
+    from ck_conv.keys import ConvKernelConfig
 
     old = _old_winners()
     names = [c[0] for c in CASES]
@@ -166,8 +167,9 @@ def _launcher(p, ops, name, split):
     from ck_conv.heuristics import named_split
     from ck_conv.keys import ConvKernelConfig
     from ck_conv.backends.triton.launch import run
-    cfg, q = named_split(ConvKernelConfig.from_name(name), p, torch.cuda.get_device_properties(0).multi_processor_count,
-                         split)
+    from ck_core.device import current_arch
+
+    cfg, q = named_split(ConvKernelConfig.from_name(name), p, current_arch(torch.device("cuda")), split)
     return lambda: run(q, ops, cfg)
 
 

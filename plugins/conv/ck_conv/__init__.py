@@ -6,19 +6,24 @@ Torch entry points (through the Dispatcher, with autograd): ``conv1d``, ``conv2d
 """
 from __future__ import annotations
 
-from .keys import ConvKernelConfig, enumerate_configs, heuristic_config
+from .keys import ConvKernelConfig
 from .problem import ConvProblem
 
 __all__ = ["ConvProblem", "ConvKernelConfig", "enumerate_configs", "heuristic_config", "run", "kernel_for",
            "reference", "conv1d", "conv2d", "conv3d"]
 
 
-def __getattr__(name):
-    if name in ("conv1d", "conv2d", "conv3d"):
-        from . import api
+#: public names and the module that holds each, imported on first use
+_LAZY = {"conv1d": "api", "conv2d": "api", "conv3d": "api", "enumerate_configs": "space",
+         "heuristic_config": "heuristics"}
 
-        fn = globals()[name] = getattr(api, name)   # later lookups skip this function
-        return fn
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        fn = globals()[name] = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        return fn   # later lookups skip this function
     raise AttributeError(f"module 'ck_conv' has no attribute {name!r}")
 
 

@@ -8,7 +8,7 @@ out of both numbers.  cuDNN runs with ``torch.backends.cudnn.benchmark = True``
 on channels_last tensors; backward goes through ``torch.nn.grad.conv{2,3}d_input``
 and ``conv{2,3}d_weight`` (aten's convolution_backward).
 
-Ours = the fastest of ck_conv.keys.candidate_configs (a short tuning list,
+Ours = the fastest of ck_conv.heuristics.candidate_configs (a short tuning list,
 heuristic pick first); the heuristic pick's own number is in the JSON too.
 Kernels are compiled first in a pool of worker processes so that the timing
 loop only loads them from Triton's disk cache.
@@ -126,6 +126,9 @@ def _compile_task(task):
     from ck_conv.heuristics import named_split
     from ck_conv.keys import ConvKernelConfig
     from ck_conv.backends.triton.launch import run
+    from ck_core.device import current_arch
+
+    arch = current_arch(torch.device("cuda"))
     ci, direction, names = task
     case = CASES[ci]
     p = problem(case, direction)
@@ -138,8 +141,7 @@ def _compile_task(task):
     for nm in names:
         t = time.time()
         try:
-            cfg, q = named_split(ConvKernelConfig.from_name(nm), p,
-                                 torch.cuda.get_device_properties(0).multi_processor_count)
+            cfg, q = named_split(ConvKernelConfig.from_name(nm), p, arch)
             run(q, ops, cfg)
             torch.cuda.synchronize()
             res.append((nm, None, time.time() - t))
@@ -160,8 +162,7 @@ def main(argv=None, progress=None):
     import torch
     import triton
     from triton.testing import do_bench_cudagraph
-    from ck_conv.heuristics import named_split
-    from ck_conv.keys import candidate_configs
+    from ck_conv.heuristics import candidate_configs, named_split
     from ck_conv.backends.triton.launch import run
     from ck_core.device import current_arch
 
@@ -228,7 +229,7 @@ def main(argv=None, progress=None):
             errs = {}
 
             def ours(cfg, split=None):
-                c_, q = named_split(cfg, p, torch.cuda.get_device_properties(0).multi_processor_count, split)
+                c_, q = named_split(cfg, p, arch, split)
                 return lambda: run(q, ops, c_)
 
             for i, cfg in enumerate(cands[(ci, d)]):

@@ -10,7 +10,7 @@ old heuristic's order is a column too (its rank among the candidates): the trees
 learn where to trust it.
 
 The conv ranker ranks the op's shortlist (the tuning list of
-:func:`ck_conv.keys.candidate_configs` with its splits), not the whole key space:
+:func:`ck_conv.heuristics.candidate_configs` with its splits), not the whole key space:
 a few dozen keys a problem, so a new problem costs well under a millisecond.
 """
 from __future__ import annotations
@@ -82,7 +82,7 @@ def features(problem, candidates: list, arch) -> dict:
     n_c = len(keys)
     Km = _kernel_matrix(keys)
     col = {name: Km[:, i] for i, name in enumerate(_KERNEL)}
-    cus = max(int(getattr(arch, "compute_units", 0) or 1), 1)
+    cus = max(int(arch.compute_units or 1), 1)
     tiles, red, progs = _launch_columns(keys, problem, cus).T
     p = problem
     m, n, k = (float(x) for x in p.gemm_mnk)

@@ -1,15 +1,25 @@
-"""Selection rules of the conv op: how far to split a kernel's reduction.
+"""Selection rules of the conv op: the heuristic pick, the tuning lists, the split sizing, the ranking.
 
-The split is a key field (``ConvKernelConfig.split``); these rules rank the
-registry's keys by how close their split is to the one that fills the GPU
+:func:`heuristic_config` is the kernel a problem gets with no tuning data;
+:func:`candidate_configs` its short tuning list (the classic tiles, then the
+Triton realisation variants of :func:`extended_candidates`), whose tiles are
+tuned data (``tuned/<arch>.json``, else ``tuned/generic.json``) and whose wave
+and buffer rules plan for the ArchSpec's SM count and shared memory.  The split
+is a key field (``ConvKernelConfig.split``); :func:`heuristic` ranks the
+registry's keys by closeness to the pick and to the split that fills the GPU
 (the arch's compute units), so the launcher never sizes a split itself.
 """
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
-from . import keys as K
-from .keys import ConvKernelConfig, config_of
+import attrs
+
+from ck_core.tuned_data import EMPTY, table
+
+from .keys import ELEMENT_BYTES, ConvKernelConfig, config_of
+from .space import as_tuples
 from .problem import ConvProblem
 
 #: ``fixup``'s preferred split stops here: the last program of a tile reads every partial
@@ -73,29 +83,27 @@ def preferred_split(cfg: ConvKernelConfig, p: ConvProblem, num_sms: int, smem_by
     return auto_split_mn(tiles, steps, num_sms, eager=cfg.reduction in EAGER_REDUCTIONS)
 
 
-def named_split(cfg: ConvKernelConfig, p: ConvProblem, num_sms: int, split: int | None = None) -> tuple:
-    """``(config, problem)`` to time ``cfg`` split ``split`` ways (None: :func:`preferred_split`).
+def named_split(cfg: ConvKernelConfig, p: ConvProblem, arch, split: int | None = None) -> tuple:
+    """``(config, problem)`` to time ``cfg`` split ``split`` ways (None: :func:`preferred_split` for
+    ``arch``'s compute units and shared memory, an ArchSpec).
 
     For callers that hold configs rather than the Dispatcher's keys (the kernel
     benchmarks): the config gets the split its launch really makes (a short
     reduction has fewer parts than asked) and the problem asks for exactly that.
     """
-    import attrs
-
     from .backends.triton.launch import split_plan
 
     p0 = attrs.evolve(p, split_k=0)
-    c = attrs.evolve(cfg, split=split or preferred_split(cfg, p0, num_sms))
+    c = attrs.evolve(cfg, split=split or preferred_split(cfg, p0, arch.compute_units, arch.lds_bytes))
     if c.reduction != "streamk":
         c = attrs.evolve(c, split=split_plan(c, p0)[0])
     return c, attrs.evolve(p, split_k=c.split)
 
 
 def heuristic(problem, candidates, arch) -> list:
-    """Rank candidates by closeness to :func:`ck_conv.keys.heuristic_config`'s pick."""
-    want = K.heuristic_config(problem, warp_size=getattr(arch, "warp_size", 32),
-                              big_smem=getattr(arch, "lds_bytes", 65536) > 100_000)
-    cus = max(getattr(arch, "compute_units", 0) or 1, 1)
+    """Rank candidates by closeness to :func:`heuristic_config`'s pick."""
+    want = heuristic_config(problem)
+    cus = max(int(arch.compute_units or 1), 1)
     spec_rank = {"depthwise": 0, "filter1x1_stride1_pad0": 0, "filter1x1_pad0": 1, "filter3x3": 2, "default": 3}
 
     def score(k):
@@ -114,7 +122,296 @@ def heuristic(problem, candidates, arch) -> list:
         fam = (c.tile, c.group_merge, c.tap_mask, c.reduction, c.stages, c.pipeline, c.flat, c.rows,
                c.specialization)
         if fam not in preferred:
-            preferred[fam] = preferred_split(c, problem, cus, getattr(arch, "lds_bytes", None))
+            preferred[fam] = preferred_split(c, problem, cus, arch.lds_bytes)
         return preferred[fam]
 
     return sorted(candidates, key=score)   # the Dispatcher passes the keys that support the problem
+
+
+# -- the heuristic pick and the tuning lists ---------------------------------------------------
+
+def _pow2_at_least(x: int, lo: int, hi: int) -> int:
+    v = lo
+    while v < x and v < hi:
+        v *= 2
+    return v
+
+
+def heuristic_config(p: ConvProblem) -> ConvKernelConfig:
+    """A good default kernel for ``p`` on a tensor-core GPU (tuned on an H100): the pick the ranking
+    of :func:`heuristic` measures every key against, and the first of :func:`candidate_configs`."""
+    common = dict(direction=p.direction, dtype=p.dtype, ndim=p.ndim, layout=p.layout_family,
+                  split=p.split_k or 1)
+    if p.c_per_group == 1 and p.k_per_group == 1:
+        tile = (128, 32, 1) if p.direction != "bwd_weight" else (8, 32, 1)
+        return ConvKernelConfig(pipeline="mem", tile=tile, waves=(4, 1, 1), warp_tile=(1, 1, 1),
+                                specialization="depthwise", **common)
+    spec = p.specialization
+    m, n, k = p.gemm_mnk
+    red_chan = p.c_per_group if p.direction != "bwd_data" else p.k_per_group
+    if p.direction == "bwd_weight":
+        # M = K, N = C (per tap), reduction over pixels
+        tm = _pow2_at_least(p.k_per_group, 16, 128)
+        tn = _pow2_at_least(p.c_per_group, 16, 128)
+        tk = 64 if p.dtype != "fp32" else 32
+        waves = (2, 2, 1) if tm * tn >= 64 * 64 else (1, 2, 1) if tm * tn >= 32 * 32 else (1, 1, 1)
+        if tm * tn >= 128 * 64:
+            waves = (2, 4, 1)
+        pipe = "compv3"
+    else:
+        tn = _pow2_at_least(n, 16, 128)
+        tk = min(64 if p.dtype != "fp32" else 32, _pow2_at_least(red_chan, 16, 64))
+        tm = 128 if m >= 8192 else 64
+        if tn <= 32:
+            tm = 128
+        waves = (2, 4, 1) if tm * tn >= 128 * 64 else (2, 2, 1) if tm * tn >= 64 * 64 else (2, 1, 1)
+        if m < 16384 and tn >= 64:
+            tm = 64  # small pixel counts: more tiles to fill the SMs
+            waves = (2, 2, 1) if tn <= 64 else (2, 4, 1)
+        pipe = "compv3"
+    return ConvKernelConfig(pipeline=pipe, tile=(tm, tn, tk), waves=waves, warp_tile=(16, 16, 16),
+                            specialization=spec, **common)
+
+
+def candidate_configs(p: ConvProblem, limit: int | None = None, extended: bool = True,
+                      arch=None) -> list[ConvKernelConfig]:
+    """A short tuning list for ``p`` (the heuristic pick first), for autotuning on a GPU.
+
+    ``extended`` appends :func:`extended_candidates` (workspace split reductions,
+    tap bits, deeper pipelines, merged groups) after the classic list.  The
+    tiles come from the tuned data (ck_conv/tuned/); ``arch`` (an ArchSpec) picks
+    its file and gives the SM count and shared memory the rules plan for.
+    """
+    base = heuristic_config(p)
+    out = [base]
+
+    def add(tile, waves, pipe="compv3"):
+        c = attrs.evolve(base, tile=tile, waves=waves, pipeline=pipe)
+        if c not in out and c.why_not(p) is None:
+            out.append(c)
+
+    if base.specialization == "depthwise":
+        tiles = _lists("depthwise_tiles", "bwd_weight" if p.direction == "bwd_weight" else "forward", arch)
+        if extended and p.direction != "bwd_weight":
+            # the flat-row kernel reads the same bytes in wide rows: keep the classic
+            # tiles that won on the H100 (128x16, 256x16) as the reference
+            tiles = _lists("depthwise_tiles", "forward_reference", arch)
+        for t in tiles:
+            add(t, (4, 1, 1), "mem")
+        if p.direction != "bwd_weight" and not extended:
+            for t in _lists("depthwise_tiles", "forward_8warps", arch):
+                add(t, (8, 1, 1), "mem")
+        if extended:
+            out += [c for c in extended_candidates(p, arch) if c not in out]
+        return out[:limit] if limit else out
+    m, n, k = p.gemm_mnk
+    if p.direction == "bwd_weight":
+        tm = _pow2_at_least(p.k_per_group, 16, 128)
+        tn = _pow2_at_least(p.c_per_group, 16, 128)
+        # the tuned tiles, then one that covers the group's channels whole
+        for (a, b, c), w, pipe in _lists("bwd_weight_classic", "all", arch) + (((tm, tn, 128), (2, 2, 1), "mem"),):
+            add((min(a, tm), min(b, tn), c), w if min(a, tm) * min(b, tn) >= 64 * 64 else (1, 2, 1), pipe)
+    else:
+        bn = _pow2_at_least(n, 16, 128)
+        bk = base.tile[2]
+        fwd = p.direction == "forward"
+        opts = [((128, bn, bk), (2, 2, 1), "compv3"), ((128, bn, bk), (2, 4, 1), "compv3"),
+                ((64, bn, bk), (2, 2, 1), "compv3"), ((128, bn, bk), (2, 2, 1), "mem")]
+        if fwd:
+            opts += [((128, bn, bk), (2, 4, 1), "compv4"), ((128, bn, 32), (2, 4, 1), "compv4")]
+        if bn >= 64:
+            opts += [((256, bn, bk), (2, 4, 1), "compv3"), ((64, bn, bk), (2, 2, 1), "mem")]
+        if n >= 256:
+            opts += [((128, 256, bk), (2, 4, 1), "compv4" if fwd else "compv3"),
+                     ((64, 256, bk), (2, 4, 1), "compv3")]
+        for t, w, pipe in opts:
+            add(t, w if t[0] * t[1] >= 64 * 64 else (2, 1, 1), pipe)
+    if extended:
+        ext = extended_candidates(p, arch)
+        if p.direction == "forward":
+            # the tap bits only take work out of a forward step (H100, session 2: every
+            # 3x3 forward winner but one had them): a classic entry whose twin is in the
+            # extended list goes, the heuristic pick stays first
+            twins = {attrs.evolve(c, tap_mask=False) for c in ext if c.tap_mask and c.reduction == "atomic"
+                     and not c.stages}
+            out = out[:1] + [c for c in out[1:] if c not in twins]
+        for c in ext:
+            if c not in out:
+                out.append(c)
+    return out[:limit] if limit else out
+
+
+TUNED_DIR = str(Path(__file__).resolve().parent / "tuned")
+
+
+def _lists(name: str, which: str, arch=None) -> tuple:
+    """Candidate list ``which`` of tuned table ``name``: the arch's file's, else the generic one's."""
+    t = table("conv", arch.name, name, TUNED_DIR) if arch is not None else EMPTY
+    if which not in t:
+        t = table("conv", "generic", name, TUNED_DIR)
+    return as_tuples(t[which])
+
+
+def plan_facts(arch=None) -> tuple[int, int]:
+    """(SMs / CUs, shared memory per block in bytes) that the wave and buffer rules plan for:
+    ``arch``'s (an ArchSpec), else those of the device the tuned lists were made for."""
+    if arch is not None:
+        return int(arch.compute_units), int(arch.lds_bytes)
+    t = table("conv", "generic", "plan", TUNED_DIR)
+    return int(t["compute_units"]), int(t["lds_bytes"])
+
+
+def extended_candidates(p: ConvProblem, arch=None) -> list[ConvKernelConfig]:
+    """Candidates using the realisation knobs, for the layers the classic list serves
+    worst (H100, run 6 of PERF_NOTES.md):
+
+    * bwd_weight: ``fixup`` / ``atomicfix`` / ``twostage`` / ``relaxed`` split
+      reductions instead of acq_rel atomics + memset + cast; tap bits; BLOCK_K 128 with 4-5 stages;
+      merged groups (batched dot) when a group has at most 32 channels.
+    * forward 3x3 (at most 31 taps): tap bits on the classic tiles, BLOCK_K 128
+      with 4 stages; where the output tiles fill less than two waves (c4
+      14x14x256: 98 tiles of 128x128, c5 7x7x512: 100 of 64x128), ``fixup``
+      split-K with 64/128/256-wide tiles and 8 warps; below four waves with at
+      least 16 reduction steps per tile, ``streamk`` persistent programs.
+    * bwd_data: the same on the tap-bit kernel (a stride-1 bwd_data is a forward
+      conv of dy with the flipped filter); wider and deeper tiles for 1x1.
+    * forward / bwd_data with at most 32 channels per group (resnext g32: 16): gm
+      groups per program as one block-diagonal GEMM (``_gm4`` / ``_gm8``).
+    * depthwise forward / bwd_data: the flat-row kernel (rows x a contiguous (W, G)
+      span per program); forward with stride 1 / dilation 1 in H and W also the
+      row-reuse kernel (``_rows``: each input row loaded once per filter column for
+      RH output rows).
+
+    Tiles come from the tuned data; waves and buffers are planned for ``arch``'s
+    SM count and shared memory (:func:`plan_facts`).
+    """
+    base = heuristic_config(p)
+    plan_sms, plan_smem = plan_facts(arch)
+    out: list = []
+    if base.specialization == "depthwise":
+        if p.direction != "bwd_weight":  # the flat-row kernel
+            for t, nw in _lists("depthwise_flat", "all", arch):
+                out.append(attrs.evolve(base, tile=t, waves=(nw, 1, 1), flat=True))
+        if p.direction == "forward":  # the row-reuse kernel, where it applies
+            # at least 8 elements per lane (16-byte fp16 vectors): BLOCK >= 256 * warps
+            for t, nw, r in _lists("depthwise_rows", "all", arch):
+                c = attrs.evolve(base, tile=t, waves=(nw, 1, 1), rows=r)
+                if c.why_not(p) is None:
+                    out.append(c)
+        return out
+    m, n, k = p.gemm_mnk
+    one_by_one = p.specialization.startswith("filter1x1")
+    tap = p.taps <= 31 and not one_by_one
+
+    def add_cfg(tile, waves, pipe="compv3", **kw):
+        c = attrs.evolve(base, tile=tile, waves=waves, pipeline=pipe, **kw)
+        # the A/B buffers the Triton pipeline keeps must fit the arch's shared memory
+        smem = (c.tile[0] + c.tile[1]) * c.tile[2] * ELEMENT_BYTES[c.dtype] * c.smem_buffers \
+            * (c.group_merge if c.direction == "bwd_weight" else 1)
+        if c not in out and c.why_not(p) is None and smem <= plan_smem:
+            out.append(c)
+
+    if p.direction == "bwd_weight":
+        tm = _pow2_at_least(p.k_per_group, 16, 128)
+        tn = _pow2_at_least(p.c_per_group, 16, 128)
+
+        def w(a, b):
+            return (2, 4, 1) if a * b >= 128 * 64 else (2, 2, 1) if a * b >= 64 * 64 else (1, 2, 1)
+
+        for (a, b, c), st, red in _lists("bwd_weight_split", "all", arch):
+            a, b = min(a, tm), min(b, tn)
+            add_cfg((a, b, c), w(a, b), stages=st, reduction=red, tap_mask=tap)
+        if tap:  # the tap bits alone, on the classic reduction
+            add_cfg((min(128, tm), min(64, tn), 64), w(min(128, tm), min(64, tn)), tap_mask=True)
+        if p.G > 1 and p.k_per_group <= 32 and p.c_per_group <= 32:
+            a, b = max(16, tm), max(16, tn)
+            for gm, c in _lists("group_merge", "bwd_weight", arch):
+                add_cfg((a, b, c), (2, 2, 1), group_merge=gm, reduction="fixup", tap_mask=tap)
+        return out
+
+    def add(tile, waves, pipe="compv3", **kw):
+        # the classic list's rule: tiles under 64x64 run on 2 warps
+        add_cfg(tile, waves if tile[0] * tile[1] >= 64 * 64 else (2, 1, 1), pipe, **kw)
+
+    bn = _pow2_at_least(n, 16, 128)
+    bk = base.tile[2]
+    bk2 = 128 if bk >= 64 else bk
+    w8 = (2, 4, 1) if bn >= 128 else (2, 2, 1)
+    tiles128 = _cdiv(m, 128) * _cdiv(n, 128) * p.G
+    few_tiles = tiles128 < 2 * plan_sms
+    steps = (1 if one_by_one else p.taps) * _cdiv(p.c_per_group if p.direction == "forward" else p.k_per_group,
+                                                  bk)
+    # stream-K where the output tiles end in a ragged last wave and each tile has
+    # enough reduction steps to share (c3/c4/c5 3x3, c4 1x1 forward)
+    streamk = tiles128 < 4 * plan_sms and steps >= 16 and (tap or one_by_one)
+    if p.G > 1 and max(p.c_per_group, p.k_per_group) <= 32 and (tap or one_by_one):
+        # few channels per group (resnext g32: 16): gm groups as one block-diagonal GEMM,
+        # rows of gm*16 contiguous channels, a plain 2-D wgmma (gm x the MMA work, most
+        # of it on zeros: these layers are bound by loads and latency, not by MMA)
+        red, oth = (p.c_per_group, p.k_per_group) if p.direction == "forward" else (p.k_per_group, p.c_per_group)
+        for gm, bm, st in _lists("group_merge", "forward", arch):
+            bkg, bng = _pow2_at_least(gm * red, 16, 128), _pow2_at_least(gm * oth, 16, 128)
+            if p.G % gm == 0 and bkg % red == 0:
+                add((bm, bng, bkg), (2, 4, 1) if bm * bng >= 128 * 128 else (2, 2, 1), "compv3", stages=st,
+                    group_merge=gm, tap_mask=tap)
+    if p.direction == "forward":
+        if tap:
+            add(base.tile, base.waves, base.pipeline, tap_mask=True)
+            add((128, bn, bk), (2, 4, 1), "compv4", tap_mask=True)
+            if not few_tiles:
+                add((256, bn, bk), (2, 4, 1), "compv3", tap_mask=True)
+            # the classic list's other tiles with the tap bits
+            add((64, bn, bk), (2, 2, 1), "compv3", tap_mask=True)
+            add((128, bn, bk), (2, 2, 1), "compv3", tap_mask=True)
+            add((64, bn, bk2), w8, "compv3", stages=4, tap_mask=True)
+            if n >= 256:
+                add((128, 256, bk), (2, 4, 1), "compv3", stages=3, tap_mask=True)
+                if not few_tiles:
+                    add((256, 128, bk), (2, 4, 1), "compv4", tap_mask=True)
+        if few_tiles:
+            add((128, bn, bk), (2, 4, 1), "compv4", reduction="fixup", tap_mask=tap)
+            add((64, bn, bk2), w8, "compv3", stages=4, reduction="fixup", tap_mask=tap)
+        if few_tiles and not streamk:  # stream-K balances these better
+            add((64, bn, bk), w8, "compv3", reduction="fixup", tap_mask=tap)
+            if n >= 256:
+                add((64, 256, bk), (2, 4, 1), "compv3", reduction="fixup", tap_mask=tap)
+                add((128, 256, bk), (2, 4, 1), "compv3", stages=3, reduction="fixup", tap_mask=tap)
+        if streamk:
+            add((128, bn, bk), (2, 4, 1), "compv4", reduction="streamk", tap_mask=tap)
+            add((64, bn, bk), w8, "compv3", reduction="streamk", tap_mask=tap)
+            add((64, bn, bk2), w8, "compv3", stages=4, reduction="streamk", tap_mask=tap)
+            if n >= 256:
+                add((128, 256, bk), (2, 4, 1), "compv3", stages=3, reduction="streamk", tap_mask=tap)
+        return out
+    # bwd_data: the tap-bit kernel (no per-step table loads; the forward's pipeline depths)
+    if tap:
+        add(base.tile, base.waves, base.pipeline, tap_mask=True)
+        add((128, bn, bk), (2, 4, 1), "compv3", tap_mask=True)
+        add((64, bn, bk), (2, 2, 1), "compv3", tap_mask=True)
+        if bn <= 64:  # the session-2 winner's tile on the 64-channel layers (c2 3x3, c3d)
+            add((128, bn, bk), (2, 2, 1), "compv3", tap_mask=True)
+        add((128, bn, bk), (2, 4, 1), "compv3", stages=4, tap_mask=True)
+        add((64, bn, bk2), w8, "compv3", stages=4, tap_mask=True)
+        if bn >= 64 and not few_tiles:
+            add((256, bn, bk), (2, 4, 1), "compv3", tap_mask=True)
+        if n >= 256:
+            add((128, 256, bk), (2, 4, 1), "compv3", stages=3, tap_mask=True)
+    elif one_by_one and tiles128 < 4 * plan_sms:
+        # short reductions (c4 1x1: 256 deep): wider tiles, fewer and deeper steps
+        add((128, bn, bk2), (2, 4, 1), "compv3", stages=3)
+        if n >= 256:
+            add((128, 256, bk), (2, 4, 1), "mem")
+            add((256, 128, bk), (2, 4, 1), "compv3", stages=3)
+    if few_tiles and (tap or one_by_one):
+        if tap:
+            add((64, bn, bk2), w8, "compv3", stages=4, reduction="fixup", tap_mask=True)
+        if not streamk:
+            add((128, bn, bk), (2, 4, 1), "compv3", reduction="fixup", tap_mask=tap)
+            add((64, bn, bk), w8, "compv3", reduction="fixup", tap_mask=tap)
+    if streamk:
+        add((128, bn, bk), (2, 4, 1), "compv3", stages=4, reduction="streamk", tap_mask=tap)
+        add((64, bn, bk), w8, "compv3", reduction="streamk", tap_mask=tap)
+        add((64, bn, bk2), w8, "compv3", stages=4, reduction="streamk", tap_mask=tap)
+        if n >= 256:
+            add((128, 256, bk), (2, 4, 1), "compv3", stages=3, reduction="streamk", tap_mask=tap)
+    return out

@@ -1,4 +1,4 @@
-"""CK-style kernel space for grouped convolution: configs, names, enumeration.
+"""The kernel keys of grouped convolution: configs, names, legality.
 
 A :class:`ConvKernelConfig` is one kernel: what it computes (direction, dtype,
 layouts, spatial rank, specialisation) and how (implicit-GEMM block tile, waves,
@@ -22,31 +22,25 @@ filter column and reused for every output row it feeds; ``_wexp`` reads the
 weights from a host-expanded [taps, Wo*G] table instead of gathering them by
 channel, see :mod:`ck_conv.backends.triton.dw_codegen`).
 
-Tile facts follow CK's grouped-conv dispatcher tables (``grouped_config_rules``):
-block tiles, wave layouts (1x4x1, 2x2x1, 4x1x1, 8x2x1, 4x4x1), and the rule
-that backward kernels use only the compv3 and mem pipelines.  Which warp tiles
-and how much LDS exist is the arch's business: enumeration takes them as
-arguments (or from an ArchSpec).
+Legality follows CK's grouped-conv dispatcher rules (``grouped_config_rules``):
+block tile = waves x warp tile, whole vectors per lane, the block's thread limit,
+and backward kernels on the compv3 and mem pipelines only.  Which tiles, waves,
+warp tiles and how much LDS exist is data: the ArchSpec's, else the generic
+tables that :func:`ck_conv.space.conv_facts` reads (the space is enumerated in
+:mod:`ck_conv.space`, ranked in :mod:`ck_conv.heuristics`).
 """
 from __future__ import annotations
 
-import itertools
-import logging
+import functools
 import math
 import re
-from pathlib import Path
-
-import functools
 
 import attrs
 
 from ck_core.errors import ConfigError, InvalidProblem, MissingKernel
 from ck_core.key import KernelKey, RecordSchema
-from ck_core.tuned_data import EMPTY, table
 
 from .problem import DIRECTIONS, DTYPES, LAYOUT_FAMILIES, ConvProblem
-
-log = logging.getLogger(__name__)
 
 DIR_TOKEN = {"forward": "fwd", "bwd_data": "bwd_data", "bwd_weight": "bwd_weight"}
 TOKEN_DIR = {v: k for k, v in DIR_TOKEN.items()}
@@ -78,17 +72,6 @@ REDUCTIONS = ("atomic", "relaxed", "twostage", "fixup", "atomicfix", "streamk")
 #: Triton ``num_stages`` an explicit ``_st{n}`` may ask for
 STAGE_RANGE = range(1, 9)
 ELEMENT_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
-
-#: CK's grouped-conv block tiles (M, N, K) plus larger ones for 4-warp-group archs
-DEFAULT_TILES = (
-    (16, 64, 64), (32, 64, 64), (64, 64, 64), (32, 128, 64), (64, 128, 64), (128, 128, 64),
-    (16, 64, 128), (32, 64, 128), (64, 64, 128), (128, 64, 128),
-    (128, 64, 64), (128, 128, 32), (256, 128, 64), (128, 256, 64), (64, 32, 64), (128, 32, 64),
-)
-#: CK's approved wave (warp) layouts
-DEFAULT_WAVES = ((1, 4, 1), (2, 2, 1), (4, 1, 1), (8, 2, 1), (4, 4, 1), (2, 1, 1), (1, 2, 1), (2, 4, 1))
-#: tiles of the depthwise direct kernels: (pixels, groups, 1)
-DEPTHWISE_TILES = ((64, 64, 1), (128, 64, 1), (32, 128, 1), (256, 32, 1))
 
 _TRIPLE = r"(\d+)x(\d+)x(\d+)"
 _NAME_RE = re.compile(
@@ -388,8 +371,10 @@ class ConvKernelConfig:
         return self.why_not(p) is None
 
 
-#: output rows per program of the row-reuse depthwise kernel
-ROWS_RH = (1, 2, 4, 8, 16)
+def is_extended(cfg: ConvKernelConfig) -> bool:
+    """Whether ``cfg`` uses a knob of the Triton realisation beyond CK's tile space."""
+    return bool(cfg.stages or cfg.reduction != "atomic" or cfg.group_merge != 1 or cfg.tap_mask or cfg.flat
+                or cfg.rows)
 
 
 def rows_why_not(cfg: ConvKernelConfig, p: ConvProblem) -> str | None:
@@ -398,9 +383,12 @@ def rows_why_not(cfg: ConvKernelConfig, p: ConvProblem) -> str | None:
         return "the row-reuse depthwise kernel exists for forward only"
     if cfg.flat:
         return "_rows and _flat are different kernels; pick one"
+    from .space import conv_facts   # the rows the kernel is written for (a cycle at import)
+
     rh, blk, _ = cfg.tile
-    if rh not in ROWS_RH or blk & (blk - 1) or blk < 16:
-        return f"row-reuse tile {cfg.tile[:2]}: rows in {ROWS_RH}, span a power of two >= 16"
+    rows = conv_facts()["rows_rh"]
+    if rh not in rows or blk & (blk - 1) or blk < 16:
+        return f"row-reuse tile {cfg.tile[:2]}: rows in {rows}, span a power of two >= 16"
     sp = (1,) * (3 - p.ndim)
     st, dil = sp + tuple(p.stride), sp + tuple(p.dilation)
     flt, pad = sp + tuple(p.filter), (0,) * (3 - p.ndim) + tuple(p.pad_left)
@@ -413,11 +401,10 @@ def rows_why_not(cfg: ConvKernelConfig, p: ConvProblem) -> str | None:
     return None
 
 
-# ---------------------------------------------------------------------------
-# enumeration
-# ---------------------------------------------------------------------------
+# -- legality on an arch ---------------------------------------------------------------
 
-def cull_reason(cfg: ConvKernelConfig, *, warp_size: int, lds_bytes: int, warp_tiles) -> str | None:
+def cull_reason(cfg: ConvKernelConfig, *, warp_size: int, lds_bytes: int, warp_tiles,
+                max_threads: int) -> str | None:
     """Why ``cfg`` is illegal on an arch with these facts (None: legal)."""
     if cfg.specialization == "depthwise":
         return None
@@ -428,8 +415,8 @@ def cull_reason(cfg: ConvKernelConfig, *, warp_size: int, lds_bytes: int, warp_t
         return f"warp tile {cfg.warp_tile} not a matrix-instruction tile of this arch for {cfg.dtype}"
     if tm % (wm * xm) or tn % (wn * xn) or tk % (wk * xk):
         return f"block tile {cfg.tile} is not a multiple of waves {cfg.waves} x warp tile {cfg.warp_tile}"
-    if cfg.num_warps * warp_size > 1024:
-        return f"{cfg.num_warps} waves of {warp_size} lanes exceed 1024 threads"
+    if cfg.num_warps * warp_size > max_threads:
+        return f"{cfg.num_warps} waves of {warp_size} lanes exceed {max_threads} threads"
     if cfg.lds_bytes() > lds_bytes:
         return f"needs {cfg.lds_bytes()} B of LDS, arch has {lds_bytes}"
     if cfg.direction != "forward" and cfg.pipeline not in ("compv3", "mem"):
@@ -443,350 +430,6 @@ def cull_reason(cfg: ConvKernelConfig, *, warp_size: int, lds_bytes: int, warp_t
     if (tn * tk) % (lanes * cfg.vector[1]) and (tn * tk) >= lanes * cfg.vector[1]:
         return f"B tile {tn}x{tk} does not split into {lanes} lanes x vector {cfg.vector[1]}"
     return None
-
-
-def enumerate_configs(*, warp_size: int, lds_bytes: int, warp_tiles, directions=DIRECTIONS,
-                      dtypes=DTYPES, ndims=(1, 2, 3), layouts=("nhwgc",), tiles=DEFAULT_TILES,
-                      waves=DEFAULT_WAVES, pipelines=PIPELINES, schedulers=("intrawave",),
-                      specializations=SPECIALIZATIONS, vector=(4, 8, 8), depthwise_tiles=DEPTHWISE_TILES,
-                      culled: list | None = None) -> list[ConvKernelConfig]:
-    """Every legal kernel for an arch described by ``warp_size``, ``lds_bytes`` and
-    ``warp_tiles`` (a dict dtype -> [(m, n, k), ...] or one list for every dtype).
-
-    Culled candidates are logged at debug level with their reason and appended
-    to ``culled`` as (name, reason) when a list is given.
-    """
-    out = []
-    for d, dt, nd, lay, spec in itertools.product(directions, dtypes, ndims, layouts, specializations):
-        wt = warp_tiles.get(dt, ()) if isinstance(warp_tiles, dict) else warp_tiles
-        if spec == "depthwise":
-            for t in depthwise_tiles:
-                out.append(ConvKernelConfig(direction=d, dtype=dt, ndim=nd, layout=lay, pipeline="mem",
-                                            tile=t, waves=(4, 1, 1), warp_tile=(1, 1, 1),
-                                            specialization=spec, vector=vector))
-            continue
-        for t, wv, x, pipe, sch in itertools.product(tiles, waves, wt, pipelines, schedulers):
-            cfg = ConvKernelConfig(direction=d, dtype=dt, ndim=nd, layout=lay, pipeline=pipe, scheduler=sch,
-                                   tile=t, waves=wv, warp_tile=x, specialization=spec, vector=vector)
-            why = cull_reason(cfg, warp_size=warp_size, lds_bytes=lds_bytes, warp_tiles=wt)
-            if why is None:
-                out.append(cfg)
-            else:
-                log.debug("cull %s: %s", cfg.name, why)
-                if culled is not None:
-                    culled.append((cfg.name, why))
-    return out
-
-
-def enumerate_for_arch(arch, **kw) -> list[ConvKernelConfig]:
-    """Same as :func:`enumerate_configs`, facts taken from an ArchSpec-like object."""
-    wt = getattr(arch, "warp_tiles", None) or getattr(arch, "matrix_tiles", None) or {}
-    return enumerate_configs(warp_size=arch.warp_size, lds_bytes=getattr(arch, "lds_bytes", None)
-                             or getattr(arch, "shared_memory_bytes"), warp_tiles=wt, **kw)
-
-
-# ---------------------------------------------------------------------------
-# heuristic choice (what the dispatcher falls back to with no tuning data)
-# ---------------------------------------------------------------------------
-
-def _pow2_at_least(x: int, lo: int, hi: int) -> int:
-    v = lo
-    while v < x and v < hi:
-        v *= 2
-    return v
-
-
-def heuristic_config(p: ConvProblem, *, warp_size: int = 32, big_smem: bool = True) -> ConvKernelConfig:
-    """A good default kernel for ``p`` on a tensor-core GPU (tuned on an H100)."""
-    common = dict(direction=p.direction, dtype=p.dtype, ndim=p.ndim, layout=p.layout_family,
-                  split=p.split_k or 1)
-    if p.c_per_group == 1 and p.k_per_group == 1:
-        tile = (128, 32, 1) if p.direction != "bwd_weight" else (8, 32, 1)
-        return ConvKernelConfig(pipeline="mem", tile=tile, waves=(4, 1, 1), warp_tile=(1, 1, 1),
-                                specialization="depthwise", **common)
-    spec = p.specialization
-    m, n, k = p.gemm_mnk
-    red_chan = p.c_per_group if p.direction != "bwd_data" else p.k_per_group
-    if p.direction == "bwd_weight":
-        # M = K, N = C (per tap), reduction over pixels
-        tm = _pow2_at_least(p.k_per_group, 16, 128)
-        tn = _pow2_at_least(p.c_per_group, 16, 128)
-        tk = 64 if p.dtype != "fp32" else 32
-        waves = (2, 2, 1) if tm * tn >= 64 * 64 else (1, 2, 1) if tm * tn >= 32 * 32 else (1, 1, 1)
-        if tm * tn >= 128 * 64:
-            waves = (2, 4, 1)
-        pipe = "compv3"
-    else:
-        tn = _pow2_at_least(n, 16, 128)
-        tk = min(64 if p.dtype != "fp32" else 32, _pow2_at_least(red_chan, 16, 64))
-        tm = 128 if m >= 8192 else 64
-        if tn <= 32:
-            tm = 128
-        waves = (2, 4, 1) if tm * tn >= 128 * 64 else (2, 2, 1) if tm * tn >= 64 * 64 else (2, 1, 1)
-        if m < 16384 and tn >= 64:
-            tm = 64  # small pixel counts: more tiles to fill the SMs
-            waves = (2, 2, 1) if tn <= 64 else (2, 4, 1)
-        pipe = "compv3"
-    return ConvKernelConfig(pipeline=pipe, tile=(tm, tn, tk), waves=waves, warp_tile=(16, 16, 16),
-                            specialization=spec, **common)
-
-
-def candidate_configs(p: ConvProblem, limit: int | None = None, extended: bool = True,
-                      arch=None) -> list[ConvKernelConfig]:
-    """A short tuning list for ``p`` (the heuristic pick first), for autotuning on a GPU.
-
-    ``extended`` appends :func:`extended_candidates` (workspace split reductions,
-    tap bits, deeper pipelines, merged groups) after the classic list.  The
-    tiles come from the tuned data (ck_conv/tuned/); ``arch`` (an ArchSpec) picks
-    its file and gives the SM count and shared memory the rules plan for.
-    """
-    base = heuristic_config(p)
-    out = [base]
-
-    def add(tile, waves, pipe="compv3"):
-        c = attrs.evolve(base, tile=tile, waves=waves, pipeline=pipe)
-        if c not in out and c.why_not(p) is None:
-            out.append(c)
-
-    if base.specialization == "depthwise":
-        tiles = _lists("depthwise_tiles", "bwd_weight" if p.direction == "bwd_weight" else "forward", arch)
-        if extended and p.direction != "bwd_weight":
-            # the flat-row kernel reads the same bytes in wide rows: keep the classic
-            # tiles that won on the H100 (128x16, 256x16) as the reference
-            tiles = _lists("depthwise_tiles", "forward_reference", arch)
-        for t in tiles:
-            add(t, (4, 1, 1), "mem")
-        if p.direction != "bwd_weight" and not extended:
-            for t in _lists("depthwise_tiles", "forward_8warps", arch):
-                add(t, (8, 1, 1), "mem")
-        if extended:
-            out += [c for c in extended_candidates(p, arch) if c not in out]
-        return out[:limit] if limit else out
-    m, n, k = p.gemm_mnk
-    if p.direction == "bwd_weight":
-        tm = _pow2_at_least(p.k_per_group, 16, 128)
-        tn = _pow2_at_least(p.c_per_group, 16, 128)
-        # the tuned tiles, then one that covers the group's channels whole
-        for (a, b, c), w, pipe in _lists("bwd_weight_classic", "all", arch) + (((tm, tn, 128), (2, 2, 1), "mem"),):
-            add((min(a, tm), min(b, tn), c), w if min(a, tm) * min(b, tn) >= 64 * 64 else (1, 2, 1), pipe)
-    else:
-        bn = _pow2_at_least(n, 16, 128)
-        bk = base.tile[2]
-        fwd = p.direction == "forward"
-        opts = [((128, bn, bk), (2, 2, 1), "compv3"), ((128, bn, bk), (2, 4, 1), "compv3"),
-                ((64, bn, bk), (2, 2, 1), "compv3"), ((128, bn, bk), (2, 2, 1), "mem")]
-        if fwd:
-            opts += [((128, bn, bk), (2, 4, 1), "compv4"), ((128, bn, 32), (2, 4, 1), "compv4")]
-        if bn >= 64:
-            opts += [((256, bn, bk), (2, 4, 1), "compv3"), ((64, bn, bk), (2, 2, 1), "mem")]
-        if n >= 256:
-            opts += [((128, 256, bk), (2, 4, 1), "compv4" if fwd else "compv3"),
-                     ((64, 256, bk), (2, 4, 1), "compv3")]
-        for t, w, pipe in opts:
-            add(t, w if t[0] * t[1] >= 64 * 64 else (2, 1, 1), pipe)
-    if extended:
-        ext = extended_candidates(p, arch)
-        if p.direction == "forward":
-            # the tap bits only take work out of a forward step (H100, session 2: every
-            # 3x3 forward winner but one had them): a classic entry whose twin is in the
-            # extended list goes, the heuristic pick stays first
-            twins = {attrs.evolve(c, tap_mask=False) for c in ext if c.tap_mask and c.reduction == "atomic"
-                     and not c.stages}
-            out = out[:1] + [c for c in out[1:] if c not in twins]
-        for c in ext:
-            if c not in out:
-                out.append(c)
-    return out[:limit] if limit else out
-
-
-TUNED_DIR = str(Path(__file__).resolve().parent / "tuned")
-
-
-def _tuples(x):
-    return tuple(_tuples(v) for v in x) if isinstance(x, (list, tuple)) else x
-
-
-def _lists(name: str, which: str, arch=None) -> tuple:
-    """Candidate list ``which`` of tuned table ``name``: the arch's file's, else the generic one's."""
-    t = table("conv", arch.name, name, TUNED_DIR) if arch is not None else EMPTY
-    if which not in t:
-        t = table("conv", "generic", name, TUNED_DIR)
-    return _tuples(t[which])
-
-
-def plan_facts(arch=None) -> tuple[int, int]:
-    """(SMs / CUs, shared memory per block in bytes) that the wave and buffer rules plan for:
-    ``arch``'s (an ArchSpec), else those of the device the tuned lists were made for."""
-    if arch is not None:
-        return int(arch.compute_units), int(arch.lds_bytes)
-    t = table("conv", "generic", "plan", TUNED_DIR)
-    return int(t["compute_units"]), int(t["lds_bytes"])
-
-
-def is_extended(cfg: ConvKernelConfig) -> bool:
-    """Whether ``cfg`` uses a knob of the Triton realisation beyond CK's tile space."""
-    return bool(cfg.stages or cfg.reduction != "atomic" or cfg.group_merge != 1 or cfg.tap_mask or cfg.flat
-                or cfg.rows)
-
-
-def extended_candidates(p: ConvProblem, arch=None) -> list[ConvKernelConfig]:
-    """Candidates using the realisation knobs, for the layers the classic list serves
-    worst (H100, run 6 of PERF_NOTES.md):
-
-    * bwd_weight: ``fixup`` / ``atomicfix`` / ``twostage`` / ``relaxed`` split
-      reductions instead of acq_rel atomics + memset + cast; tap bits; BLOCK_K 128 with 4-5 stages;
-      merged groups (batched dot) when a group has at most 32 channels.
-    * forward 3x3 (at most 31 taps): tap bits on the classic tiles, BLOCK_K 128
-      with 4 stages; where the output tiles fill less than two waves (c4
-      14x14x256: 98 tiles of 128x128, c5 7x7x512: 100 of 64x128), ``fixup``
-      split-K with 64/128/256-wide tiles and 8 warps; below four waves with at
-      least 16 reduction steps per tile, ``streamk`` persistent programs.
-    * bwd_data: the same on the tap-bit kernel (a stride-1 bwd_data is a forward
-      conv of dy with the flipped filter); wider and deeper tiles for 1x1.
-    * forward / bwd_data with at most 32 channels per group (resnext g32: 16): gm
-      groups per program as one block-diagonal GEMM (``_gm4`` / ``_gm8``).
-    * depthwise forward / bwd_data: the flat-row kernel (rows x a contiguous (W, G)
-      span per program); forward with stride 1 / dilation 1 in H and W also the
-      row-reuse kernel (``_rows``: each input row loaded once per filter column for
-      RH output rows).
-
-    Tiles come from the tuned data; waves and buffers are planned for ``arch``'s
-    SM count and shared memory (:func:`plan_facts`).
-    """
-    base = heuristic_config(p)
-    plan_sms, plan_smem = plan_facts(arch)
-    out: list = []
-    if base.specialization == "depthwise":
-        if p.direction != "bwd_weight":  # the flat-row kernel
-            for t, nw in _lists("depthwise_flat", "all", arch):
-                out.append(attrs.evolve(base, tile=t, waves=(nw, 1, 1), flat=True))
-        if p.direction == "forward":  # the row-reuse kernel, where it applies
-            # at least 8 elements per lane (16-byte fp16 vectors): BLOCK >= 256 * warps
-            for t, nw, r in _lists("depthwise_rows", "all", arch):
-                c = attrs.evolve(base, tile=t, waves=(nw, 1, 1), rows=r)
-                if c.why_not(p) is None:
-                    out.append(c)
-        return out
-    m, n, k = p.gemm_mnk
-    one_by_one = p.specialization.startswith("filter1x1")
-    tap = p.taps <= 31 and not one_by_one
-
-    def add_cfg(tile, waves, pipe="compv3", **kw):
-        c = attrs.evolve(base, tile=tile, waves=waves, pipeline=pipe, **kw)
-        # the A/B buffers the Triton pipeline keeps must fit the arch's shared memory
-        smem = (c.tile[0] + c.tile[1]) * c.tile[2] * ELEMENT_BYTES[c.dtype] * c.smem_buffers \
-            * (c.group_merge if c.direction == "bwd_weight" else 1)
-        if c not in out and c.why_not(p) is None and smem <= plan_smem:
-            out.append(c)
-
-    if p.direction == "bwd_weight":
-        tm = _pow2_at_least(p.k_per_group, 16, 128)
-        tn = _pow2_at_least(p.c_per_group, 16, 128)
-
-        def w(a, b):
-            return (2, 4, 1) if a * b >= 128 * 64 else (2, 2, 1) if a * b >= 64 * 64 else (1, 2, 1)
-
-        for (a, b, c), st, red in _lists("bwd_weight_split", "all", arch):
-            a, b = min(a, tm), min(b, tn)
-            add_cfg((a, b, c), w(a, b), stages=st, reduction=red, tap_mask=tap)
-        if tap:  # the tap bits alone, on the classic reduction
-            add_cfg((min(128, tm), min(64, tn), 64), w(min(128, tm), min(64, tn)), tap_mask=True)
-        if p.G > 1 and p.k_per_group <= 32 and p.c_per_group <= 32:
-            a, b = max(16, tm), max(16, tn)
-            for gm, c in _lists("group_merge", "bwd_weight", arch):
-                add_cfg((a, b, c), (2, 2, 1), group_merge=gm, reduction="fixup", tap_mask=tap)
-        return out
-
-    def add(tile, waves, pipe="compv3", **kw):
-        # the classic list's rule: tiles under 64x64 run on 2 warps
-        add_cfg(tile, waves if tile[0] * tile[1] >= 64 * 64 else (2, 1, 1), pipe, **kw)
-
-    bn = _pow2_at_least(n, 16, 128)
-    bk = base.tile[2]
-    bk2 = 128 if bk >= 64 else bk
-    w8 = (2, 4, 1) if bn >= 128 else (2, 2, 1)
-    tiles128 = _cdiv(m, 128) * _cdiv(n, 128) * p.G
-    few_tiles = tiles128 < 2 * plan_sms
-    steps = (1 if one_by_one else p.taps) * _cdiv(p.c_per_group if p.direction == "forward" else p.k_per_group,
-                                                  bk)
-    # stream-K where the output tiles end in a ragged last wave and each tile has
-    # enough reduction steps to share (c3/c4/c5 3x3, c4 1x1 forward)
-    streamk = tiles128 < 4 * plan_sms and steps >= 16 and (tap or one_by_one)
-    if p.G > 1 and max(p.c_per_group, p.k_per_group) <= 32 and (tap or one_by_one):
-        # few channels per group (resnext g32: 16): gm groups as one block-diagonal GEMM,
-        # rows of gm*16 contiguous channels, a plain 2-D wgmma (gm x the MMA work, most
-        # of it on zeros: these layers are bound by loads and latency, not by MMA)
-        red, oth = (p.c_per_group, p.k_per_group) if p.direction == "forward" else (p.k_per_group, p.c_per_group)
-        for gm, bm, st in _lists("group_merge", "forward", arch):
-            bkg, bng = _pow2_at_least(gm * red, 16, 128), _pow2_at_least(gm * oth, 16, 128)
-            if p.G % gm == 0 and bkg % red == 0:
-                add((bm, bng, bkg), (2, 4, 1) if bm * bng >= 128 * 128 else (2, 2, 1), "compv3", stages=st,
-                    group_merge=gm, tap_mask=tap)
-    if p.direction == "forward":
-        if tap:
-            add(base.tile, base.waves, base.pipeline, tap_mask=True)
-            add((128, bn, bk), (2, 4, 1), "compv4", tap_mask=True)
-            if not few_tiles:
-                add((256, bn, bk), (2, 4, 1), "compv3", tap_mask=True)
-            # the classic list's other tiles with the tap bits
-            add((64, bn, bk), (2, 2, 1), "compv3", tap_mask=True)
-            add((128, bn, bk), (2, 2, 1), "compv3", tap_mask=True)
-            add((64, bn, bk2), w8, "compv3", stages=4, tap_mask=True)
-            if n >= 256:
-                add((128, 256, bk), (2, 4, 1), "compv3", stages=3, tap_mask=True)
-                if not few_tiles:
-                    add((256, 128, bk), (2, 4, 1), "compv4", tap_mask=True)
-        if few_tiles:
-            add((128, bn, bk), (2, 4, 1), "compv4", reduction="fixup", tap_mask=tap)
-            add((64, bn, bk2), w8, "compv3", stages=4, reduction="fixup", tap_mask=tap)
-        if few_tiles and not streamk:  # stream-K balances these better
-            add((64, bn, bk), w8, "compv3", reduction="fixup", tap_mask=tap)
-            if n >= 256:
-                add((64, 256, bk), (2, 4, 1), "compv3", reduction="fixup", tap_mask=tap)
-                add((128, 256, bk), (2, 4, 1), "compv3", stages=3, reduction="fixup", tap_mask=tap)
-        if streamk:
-            add((128, bn, bk), (2, 4, 1), "compv4", reduction="streamk", tap_mask=tap)
-            add((64, bn, bk), w8, "compv3", reduction="streamk", tap_mask=tap)
-            add((64, bn, bk2), w8, "compv3", stages=4, reduction="streamk", tap_mask=tap)
-            if n >= 256:
-                add((128, 256, bk), (2, 4, 1), "compv3", stages=3, reduction="streamk", tap_mask=tap)
-        return out
-    # bwd_data: the tap-bit kernel (no per-step table loads; the forward's pipeline depths)
-    if tap:
-        add(base.tile, base.waves, base.pipeline, tap_mask=True)
-        add((128, bn, bk), (2, 4, 1), "compv3", tap_mask=True)
-        add((64, bn, bk), (2, 2, 1), "compv3", tap_mask=True)
-        if bn <= 64:  # the session-2 winner's tile on the 64-channel layers (c2 3x3, c3d)
-            add((128, bn, bk), (2, 2, 1), "compv3", tap_mask=True)
-        add((128, bn, bk), (2, 4, 1), "compv3", stages=4, tap_mask=True)
-        add((64, bn, bk2), w8, "compv3", stages=4, tap_mask=True)
-        if bn >= 64 and not few_tiles:
-            add((256, bn, bk), (2, 4, 1), "compv3", tap_mask=True)
-        if n >= 256:
-            add((128, 256, bk), (2, 4, 1), "compv3", stages=3, tap_mask=True)
-    elif one_by_one and tiles128 < 4 * plan_sms:
-        # short reductions (c4 1x1: 256 deep): wider tiles, fewer and deeper steps
-        add((128, bn, bk2), (2, 4, 1), "compv3", stages=3)
-        if n >= 256:
-            add((128, 256, bk), (2, 4, 1), "mem")
-            add((256, 128, bk), (2, 4, 1), "compv3", stages=3)
-    if few_tiles and (tap or one_by_one):
-        if tap:
-            add((64, bn, bk2), w8, "compv3", stages=4, reduction="fixup", tap_mask=True)
-        if not streamk:
-            add((128, bn, bk), (2, 4, 1), "compv3", reduction="fixup", tap_mask=tap)
-            add((64, bn, bk), w8, "compv3", reduction="fixup", tap_mask=tap)
-    if streamk:
-        add((128, bn, bk), (2, 4, 1), "compv3", stages=4, reduction="streamk", tap_mask=tap)
-        add((64, bn, bk), w8, "compv3", reduction="streamk", tap_mask=tap)
-        add((64, bn, bk2), w8, "compv3", stages=4, reduction="streamk", tap_mask=tap)
-        if n >= 256:
-            add((128, 256, bk), (2, 4, 1), "compv3", stages=3, reduction="streamk", tap_mask=tap)
-    return out
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 # -- the kernel keys: KernelKey("conv", ConvSignature, ConvAlgorithm, arch, backend) -------------
@@ -927,9 +570,12 @@ def from_fields(sig: dict, alg: dict):
 
 def legal(key, arch) -> str | None:
     """Why the enumeration rules would not produce ``key`` on ``arch`` (or None)."""
+    from .space import conv_facts
+
     c = config_of(key)
     why = cull_reason(c, warp_size=arch.warp_size, lds_bytes=arch.lds_bytes,
-                        warp_tiles=dict(arch.warp_tiles).get(c.dtype, ()))
+                      warp_tiles=dict(arch.warp_tiles).get(c.dtype, ()),
+                      max_threads=conv_facts(arch)["max_block_threads"])
     if why is None and c.dtype not in arch.dtypes:
         why = f"{arch.name} has no {c.dtype} matrix instructions"
     if why is None and getattr(arch, "vendor", "") == "nvidia" and c.specialization != "depthwise":

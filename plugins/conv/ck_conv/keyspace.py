@@ -20,7 +20,7 @@ from ck_core.keyspace import KeySpace
 
 from . import keys as K
 from .keys import ConvSignature, from_config
-from .space import OPTIONS, _splits
+from .space import OPTIONS, _splits, conv_facts, enumerate_configs
 from .problem import DIRECTIONS, DTYPES, LAYOUT_FAMILIES
 
 
@@ -32,10 +32,11 @@ class ConvSpace(KeySpace):
     """CK's grouped-conv tile space on ``arch`` and, for the triton backend, the Triton
     realisation families (:mod:`ck_conv.space`), each with its reduction splits.
 
-    Arch facts for conv may sit in ``arch.extras["conv"]`` (``tiles``, ``pipelines``,
-    ``specializations``); the defaults are CK's tables.  Archs whose pipelines are not
-    CK's (sm90's ``multistage``) take CK's three, which the Triton kernels realise as
-    2/3/4-stage software pipelines.
+    Arch facts for conv may sit in ``arch.extras["conv"]``: ``tiles``, ``depthwise_tiles``,
+    ``waves`` (used where the arch lists no ``wave_layouts``) and ``max_block_threads``
+    (:func:`ck_conv.space.conv_facts`; the defaults are CK's tables), ``pipelines`` and
+    ``specializations``.  Archs whose pipelines are not CK's (sm90's ``multistage``) take
+    CK's three, which the Triton kernels realise as 2/3/4-stage software pipelines.
     """
 
     op = "conv"
@@ -65,7 +66,8 @@ class ConvSpace(KeySpace):
                                          or K.SPECIALIZATIONS))
         self.pipes = tuple(opts.get("pipelines") or facts.get("pipelines")
                            or [p for p in K.PIPELINES if p in (arch.pipelines or K.PIPELINES)] or K.PIPELINES)
-        self.tiles = tuple(tuple(t) for t in (opts.get("tiles") or facts.get("tiles") or K.DEFAULT_TILES))
+        self.facts = conv_facts(arch)
+        self.tiles = tuple(tuple(t) for t in (opts.get("tiles") or self.facts["tiles"]))
         #: the options narrow the realisation families too
         self._only_tiles = {tuple(t) for t in opts.get("tiles") or ()}
         self._only_pipes = set(opts.get("pipelines") or ())
@@ -85,11 +87,12 @@ class ConvSpace(KeySpace):
     def _build(self, d: str, dt: str, spec: str) -> tuple:
         arch = self.archspec
         nd, lay = self.ndims[0], self.layouts[0]   # any: the rules read neither
-        ck = K.enumerate_configs(
+        ck = enumerate_configs(
             warp_size=arch.warp_size, lds_bytes=arch.lds_bytes, warp_tiles=dict(arch.warp_tiles),
             directions=(d,), dtypes=(dt,), ndims=(nd,), layouts=(lay,), tiles=self.tiles,
-            waves=tuple(map(tuple, arch.wave_layouts)) or K.DEFAULT_WAVES, pipelines=self.pipes,
-            specializations=(spec,))
+            waves=tuple(map(tuple, arch.wave_layouts)) or self.facts["waves"], pipelines=self.pipes,
+            specializations=(spec,), depthwise_tiles=self.facts["depthwise_tiles"],
+            max_threads=self.facts["max_block_threads"])
         extra = self._realisations(d, dt, nd, lay, spec) if self.backend == "triton" else []
         seen: set = set()
         return self._algorithms(ck, seen), self._algorithms(extra, seen)
@@ -104,7 +107,7 @@ class ConvSpace(KeySpace):
                 continue
             # Triton realises a tile with num_warps warps whatever their layout: of CK's
             # rules only the thread count and the LDS hold (shared memory: below)
-            if c.num_warps * arch.warp_size <= 1024 and c.lds_bytes() <= arch.lds_bytes:
+            if c.num_warps * arch.warp_size <= self.facts["max_block_threads"] and c.lds_bytes() <= arch.lds_bytes:
                 out.append(c)
         return out
 

@@ -1,6 +1,8 @@
-"""The Triton realisation families of the conv kernel space.
+"""The conv kernel space: CK's tile space and the Triton realisation families.
 
-CK's tile space (:func:`ck_conv.keys.enumerate_configs`) holds one
+The tables both are built from are data (:func:`conv_facts`: ``space.json`` beside
+this module, each ``arch`` field replaced by the ArchSpec's ``extras["conv"]`` where
+it declares one).  CK's tile space (:func:`enumerate_configs`) holds one
 realisation per tile: acq_rel atomic split reductions, the pipeline's default
 depth, one group per program, the gather kernels.  The Triton kernels implement
 more, and those won the H100 benchmarks: workspace / counter split reductions
@@ -16,45 +18,103 @@ full cross product of tiles x knobs would be millions of keys per signature.
 """
 from __future__ import annotations
 
+import functools
 import itertools
+import json
+import logging
 import math
+from pathlib import Path
 
 import attrs
 
 from . import keys as K
-from .keys import ConvKernelConfig, key_of
-from .problem import ConvProblem
+from .keys import ConvKernelConfig, cull_reason, key_of
+from .problem import DIRECTIONS, DTYPES, ConvProblem
+
+log = logging.getLogger(__name__)
 
 #: split reductions that are not CK's atomic one
 REDUCTIONS = ("relaxed", "twostage", "fixup", "atomicfix", "streamk")
-#: implicit-GEMM tiles of the realisation families (M, N, K); waves by :func:`classic_waves`
-GEMM_TILES = tuple(itertools.product((64, 128, 256), (16, 32, 64, 128, 256), (32, 64)))
-#: BLOCK_K 128 tiles and the stage counts they were measured with
-DEEP_TILES = tuple(itertools.product((64, 128), (16, 32, 64, 128, 256), (128,)))
-DEEP_STAGES = (4, 5)
-#: merged groups per program and the tiles they run on (whole groups of <= 32 channels per block)
-GROUP_MERGES = (4, 8, 16)
-MERGE_TILES = tuple(itertools.product((16, 32, 64, 128), (16, 32, 64, 128), (16, 32, 64, 128)))
-#: depthwise flat-row tiles (rows, flat (W, G) span) and warps
-FLAT_TILES = (((4, 1024, 1), 4), ((2, 1024, 1), 4), ((8, 512, 1), 4), ((2, 2048, 1), 8), ((8, 1024, 1), 8),
-              ((1, 2048, 1), 4), ((128, 16, 1), 4), ((256, 16, 1), 4))
-#: depthwise row-reuse tiles (output rows, span), warps, weights (1 gathered, 2 host-expanded)
-ROWS_TILES = (((4, 1024, 1), 4, 1), ((8, 1024, 1), 4, 1), ((4, 2048, 1), 8, 1), ((4, 1024, 1), 4, 2),
-              ((8, 2048, 1), 8, 2), ((2, 1024, 1), 4, 1), ((16, 1024, 1), 4, 1))
+FACTS_FILE = Path(__file__).resolve().parent / "space.json"
 
 
-#: the tile axes of ``heuristic_config`` and the classic candidate list (few channels per
-#: group: N and K down to 16), each with the waves those rules give it
-CLASSIC_M = (16, 32, 64, 128, 256)
-CLASSIC_N = (16, 32, 64, 128, 256)
-CLASSIC_K = (16, 32, 64, 128)
-#: the classic depthwise direct-kernel tiles (pixels, groups) and warps
-DW_CLASSIC = {"forward": (((128, 32, 1), 4), ((256, 16, 1), 4), ((64, 64, 1), 4), ((128, 16, 1), 4),
-                          ((256, 32, 1), 4), ((64, 32, 1), 4), ((512, 16, 1), 8), ((256, 16, 1), 8)),
-              "bwd_weight": (((8, 32, 1), 4), ((16, 32, 1), 4), ((16, 16, 1), 4), ((32, 16, 1), 4),
-                             ((8, 64, 1), 4), ((32, 32, 1), 4))}
-DW_CLASSIC["bwd_data"] = DW_CLASSIC["forward"]
+def as_tuples(x):
+    if isinstance(x, dict):
+        return {k: as_tuples(v) for k, v in x.items()}
+    return tuple(as_tuples(v) for v in x) if isinstance(x, (list, tuple)) else x
 
+
+@functools.lru_cache(maxsize=1)
+def _generic() -> dict:
+    data = json.loads(FACTS_FILE.read_text())
+    return {**as_tuples(data["arch"]), **as_tuples(data["kernels"]), "triton": as_tuples(data["triton"])}
+
+
+def conv_facts(arch=None) -> dict:
+    """The conv space's tables: ``tiles``, ``waves``, ``depthwise_tiles``, ``max_block_threads``
+    (arch facts: ``arch.extras["conv"]`` where it has the field, else the generic one),
+    ``rows_rh`` (the row-reuse kernel's output rows) and ``triton`` (the realisation
+    families' axes).  Plain tuples and dicts, shared: do not change them."""
+    gen = _generic()
+    own = dict(getattr(arch, "extras", {}).get("conv", {})) if arch is not None else {}
+    if not own:
+        return gen
+    return {**gen, **{k: as_tuples(v) for k, v in own.items() if k in ("tiles", "waves", "depthwise_tiles",
+                                                                      "max_block_threads")}}
+
+
+def _axes(t: dict) -> tuple:
+    return tuple(itertools.product(t["m"], t["n"], t["k"]))
+
+
+def _triton() -> dict:
+    return _generic()["triton"]
+
+
+# -- CK's tile space ---------------------------------------------------------------------
+
+def enumerate_configs(*, warp_size: int, lds_bytes: int, warp_tiles, directions=DIRECTIONS,
+                      dtypes=DTYPES, ndims=(1, 2, 3), layouts=("nhwgc",), tiles=None,
+                      waves=None, pipelines=K.PIPELINES, schedulers=("intrawave",),
+                      specializations=K.SPECIALIZATIONS, vector=(4, 8, 8), depthwise_tiles=None,
+                      max_threads: int | None = None, culled: list | None = None) -> list[ConvKernelConfig]:
+    """Every legal kernel of CK's tile space for an arch described by ``warp_size``, ``lds_bytes``
+    and ``warp_tiles`` (a dict dtype -> [(m, n, k), ...] or one list for every dtype).
+    ``tiles``, ``waves``, ``depthwise_tiles`` and ``max_threads`` default to the generic
+    tables (:func:`conv_facts`).
+
+    Culled candidates are logged at debug level with their reason and appended
+    to ``culled`` as (name, reason) when a list is given.
+    """
+    gen = conv_facts()
+    tiles = gen["tiles"] if tiles is None else tiles
+    waves = gen["waves"] if waves is None else waves
+    depthwise_tiles = gen["depthwise_tiles"] if depthwise_tiles is None else depthwise_tiles
+    max_threads = gen["max_block_threads"] if max_threads is None else max_threads
+    out = []
+    for d, dt, nd, lay, spec in itertools.product(directions, dtypes, ndims, layouts, specializations):
+        wt = warp_tiles.get(dt, ()) if isinstance(warp_tiles, dict) else warp_tiles
+        if spec == "depthwise":
+            for t in depthwise_tiles:
+                out.append(ConvKernelConfig(direction=d, dtype=dt, ndim=nd, layout=lay, pipeline="mem",
+                                            tile=t, waves=(4, 1, 1), warp_tile=(1, 1, 1),
+                                            specialization=spec, vector=vector))
+            continue
+        for t, wv, x, pipe, sch in itertools.product(tiles, waves, wt, pipelines, schedulers):
+            cfg = ConvKernelConfig(direction=d, dtype=dt, ndim=nd, layout=lay, pipeline=pipe, scheduler=sch,
+                                   tile=t, waves=wv, warp_tile=x, specialization=spec, vector=vector)
+            why = cull_reason(cfg, warp_size=warp_size, lds_bytes=lds_bytes, warp_tiles=wt,
+                              max_threads=max_threads)
+            if why is None:
+                out.append(cfg)
+            else:
+                log.debug("cull %s: %s", cfg.name, why)
+                if culled is not None:
+                    culled.append((cfg.name, why))
+    return out
+
+
+# -- the Triton realisation families -------------------------------------------------------
 
 def classic_waves(tile, direction: str) -> tuple:
     """The wave layouts the classic rules give a tile (small tiles run on 1-2 warps)."""
@@ -65,28 +125,33 @@ def classic_waves(tile, direction: str) -> tuple:
 
 
 def classic_configs(direction: str, dtype: str, ndim: int, layout: str, specialization: str):
-    """CK-style tiles the classic rules use that CK's table lacks (unsplit knobs)."""
+    """CK-style tiles the classic rules use that CK's table lacks (unsplit knobs): the tile axes of
+    :func:`ck_conv.heuristics.heuristic_config` and the classic candidate list (few channels per
+    group: N and K down to 16), each with the waves those rules give it."""
     common = dict(direction=direction, dtype=dtype, ndim=ndim, layout=layout, specialization=specialization)
+    tt = _triton()
     if specialization == "depthwise":
+        dw = tt["dw_classic"]["bwd_weight" if direction == "bwd_weight" else "forward"]
         return [ConvKernelConfig(pipeline="mem", tile=t, waves=(w, 1, 1), warp_tile=(1, 1, 1), **common)
-                for t, w in DW_CLASSIC[direction]]
+                for t, w in dw]
     pipes = ("compv3", "mem", "compv4") if direction == "forward" else ("compv3", "mem")
     return [ConvKernelConfig(pipeline=pipe, tile=t, waves=w, warp_tile=(16, 16, 16), **common)
-            for t in itertools.product(CLASSIC_M, CLASSIC_N, CLASSIC_K) for w in classic_waves(t, direction)
+            for t in _axes(tt["classic_tiles"]) for w in classic_waves(t, direction)
             for pipe in pipes]
 
 
 def realisation_configs(direction: str, dtype: str, ndim: int, layout: str, specialization: str):
     """Every realisation-family config of one signature and specialisation (structurally legal)."""
     common = dict(direction=direction, dtype=dtype, ndim=ndim, layout=layout, specialization=specialization)
+    tt = _triton()
     if specialization == "depthwise":
         if direction == "bwd_weight":
             return []
         out = [ConvKernelConfig(pipeline="mem", tile=t, waves=(w, 1, 1), warp_tile=(1, 1, 1), flat=True, **common)
-               for t, w in FLAT_TILES]
+               for t, w in tt["flat_tiles"]]
         if direction == "forward":
             out += [ConvKernelConfig(pipeline="mem", tile=t, waves=(w, 1, 1), warp_tile=(1, 1, 1), rows=r, **common)
-                    for t, w, r in ROWS_TILES]
+                    for t, w, r in tt["rows_tiles"]]
         return out
     one_by_one = specialization.startswith("filter1x1")
     taps = (False,) if one_by_one else (False, True)
@@ -100,7 +165,7 @@ def realisation_configs(direction: str, dtype: str, ndim: int, layout: str, spec
             out.append(c)
 
     seen: set = set()
-    for tile, tap, red in itertools.product(GEMM_TILES, taps, ("atomic",) + reductions):
+    for tile, tap, red in itertools.product(_axes(tt["gemm_tiles"]), taps, ("atomic",) + reductions):
         if red == "streamk" and direction == "bwd_data" and not tap and not one_by_one:
             continue   # bwd_data stream-K runs on the tap-bit kernel
         for waves in classic_waves(tile, direction):
@@ -109,7 +174,7 @@ def realisation_configs(direction: str, dtype: str, ndim: int, layout: str, spec
                     continue
                 if tap or red != "atomic" or stages or pipe == "compv4":
                     add(tile, waves, pipe, stages=stages, reduction=red, tap_mask=tap)
-    for tile, stages, tap, red in itertools.product(DEEP_TILES, DEEP_STAGES, taps, ("atomic",) + reductions):
+    for tile, stages, tap, red in itertools.product(_axes(tt["deep_tiles"]), tt["deep_stages"], taps, ("atomic",) + reductions):
         if red == "streamk" and direction == "bwd_data" and not tap and not one_by_one:
             continue
         for waves in classic_waves(tile, direction):
@@ -118,7 +183,7 @@ def realisation_configs(direction: str, dtype: str, ndim: int, layout: str, spec
     # bwd_weight merges (a batched dot) reduce with fixup over 64-128 pixel blocks; forward /
     # bwd_data merges are one block-diagonal GEMM of 64-128 rows
     merge_reds, merge_stages = (("fixup",), (0,)) if direction == "bwd_weight" else (("atomic",), (0, 3))
-    for tile, gm, tap, red, stages in itertools.product(MERGE_TILES, GROUP_MERGES, merge_taps, merge_reds,
+    for tile, gm, tap, red, stages in itertools.product(_axes(tt["merge_tiles"]), tt["group_merges"], merge_taps, merge_reds,
                                                         merge_stages):
         if (tile[0] < 64) if direction != "bwd_weight" else (tile[2] < 64):
             continue
@@ -130,26 +195,21 @@ def realisation_configs(direction: str, dtype: str, ndim: int, layout: str, spec
 # -- the key space: KernelKeys of the configs above and of CK's tile table ----------------------
 
 OPTIONS = ("directions", "dtypes", "ndims", "layouts", "specializations", "pipelines", "tiles", "split_ks")
-#: reduction splits enumerated per kind of kernel (``split_ks`` overrides them all):
-#: CK-space atomic forward / bwd_data, the workspace reductions, bwd_weight's pixel split
-#: (stream-K: persistent programs per SM)
-SPLITS = {"atomic": (1, 2, 4, 8), "workspace": (1, 2, 4, 8), "bwd_weight": (1, 2, 4, 8, 16, 32),
-          "streamk": (1, 2),
-          # a depthwise bwd_weight launch has one program per 16-64 groups: a MobileNet layer
-          # (G 32-384) fills an H100 only when its pixels are cut in a hundred parts or more
-          "depthwise_bwd_weight": (1, 2, 4, 8, 16, 32, 64, 128, 256)}
-
-
 def _splits(c: ConvKernelConfig, override) -> tuple:
+    """Reduction splits enumerated for ``c`` (``split_ks`` overrides all but stream-K's): per kind,
+    CK-space atomic forward / bwd_data, the workspace reductions, bwd_weight's pixel split, stream-K's
+    programs per SM, and depthwise bwd_weight's (one program per 16-64 groups: a MobileNet layer,
+    G 32-384, fills an H100 only when its pixels are cut in a hundred parts or more)."""
+    splits = _triton()["splits"]
     if c.reduction == "streamk":
-        return SPLITS["streamk"]
+        return splits["streamk"]
     if c.flat or c.rows or (c.specialization == "depthwise" and c.direction != "bwd_weight"):
         return (1,)
     if override:
         return override
     if c.direction == "bwd_weight":
-        return SPLITS["depthwise_bwd_weight" if c.specialization == "depthwise" else "bwd_weight"]
-    return SPLITS["atomic" if c.reduction == "atomic" else "workspace"]
+        return splits["depthwise_bwd_weight" if c.specialization == "depthwise" else "bwd_weight"]
+    return splits["atomic" if c.reduction == "atomic" else "workspace"]
 
 
 def key_space(arch, backend: str, options: dict):
@@ -166,13 +226,15 @@ def enumerate_keys(arch, backend: str, options: dict) -> list:
 
 def shortlist(problem, arch, backend: str):
     """Two tiers of keys for ``problem``: its tuning list
-    (:func:`ck_conv.keys.candidate_configs`: the heuristic pick first, then the classic
+    (:func:`ck_conv.heuristics.candidate_configs`: the heuristic pick first, then the classic
     and realisation variants that won on the H100), then the heuristic pick's kernel on
     each tile of CK's table (what a registry of CK's space alone holds).  Each config comes
     with the split that fills ``arch`` (as the launch makes it) and unsplit."""
     if not isinstance(problem, ConvProblem):
         return
-    yield _with_splits(K.candidate_configs(problem, arch=arch), problem, arch, backend)
+    from .heuristics import candidate_configs
+
+    yield _with_splits(candidate_configs(problem, arch=arch), problem, arch, backend)
     yield _with_splits(_ck_table_variants(problem, arch), problem, arch, backend)   # only when the first misses
 
 
@@ -210,9 +272,12 @@ def _enumerated_split(c1: ConvKernelConfig, want: int, problem) -> int:
 
 
 def _ck_table_variants(problem, arch) -> list:
-    want = K.heuristic_config(problem, warp_size=arch.warp_size, big_smem=arch.lds_bytes > 100_000)
+    from .heuristics import heuristic_config
+
+    want = heuristic_config(problem)
+    facts = conv_facts(arch)
     if want.specialization == "depthwise":
-        return [attrs.evolve(want, tile=t) for t in K.DEPTHWISE_TILES]
-    tiles = dict(getattr(arch, "extras", {}).get("conv", {})).get("tiles") or K.DEFAULT_TILES
+        return [attrs.evolve(want, tile=t) for t in facts["depthwise_tiles"]]
+    tiles = facts["tiles"]
     waves = dict.fromkeys((want.waves, (2, 2, 1), (4, 1, 1), (2, 4, 1)))
     return [attrs.evolve(want, tile=tuple(t), waves=w) for t in tiles for w in waves]

@@ -6,7 +6,7 @@ import attrs
 import pytest
 
 from ck_conv.bench import CASES, problem
-from ck_conv.keys import TUNED_DIR, candidate_configs, extended_candidates, plan_facts
+from ck_conv.heuristics import TUNED_DIR, candidate_configs, extended_candidates, plan_facts
 from ck_core import tuned_data
 from ck_core.testing import make_fake_arch
 

@@ -5,8 +5,9 @@ import attrs
 import pytest
 
 from ck_core.errors import MissingKernel
-from ck_conv.keys import (ConvKernelConfig, candidate_configs, cull_reason, enumerate_configs,
-                          heuristic_config)
+from ck_conv.heuristics import candidate_configs, heuristic_config
+from ck_conv.keys import ConvKernelConfig, cull_reason
+from ck_conv.space import enumerate_configs
 from ck_conv.problem import ConvProblem
 
 GFX942_FP16 = ((32, 32, 8), (16, 16, 16), (32, 32, 16), (16, 16, 32), (4, 64, 16), (64, 4, 16))
@@ -57,9 +58,10 @@ def test_enumeration_respects_arch_facts():
     assert len(fewer) < len(cfgs)
     bad = ConvKernelConfig(direction="forward", dtype="fp16", ndim=2, tile=(16, 64, 64), waves=(2, 2, 1),
                            warp_tile=(16, 16, 16))
-    assert "multiple" in cull_reason(bad, warp_size=64, lds_bytes=65536, warp_tiles=GFX942_FP16)
+    assert "multiple" in cull_reason(bad, warp_size=64, lds_bytes=65536, warp_tiles=GFX942_FP16, max_threads=1024)
     wrong_tile = ConvKernelConfig(direction="forward", dtype="fp16", ndim=2, warp_tile=(16, 8, 16))
-    assert "warp tile" in cull_reason(wrong_tile, warp_size=64, lds_bytes=65536, warp_tiles=GFX942_FP16)
+    assert "warp tile" in cull_reason(wrong_tile, warp_size=64, lds_bytes=65536, warp_tiles=GFX942_FP16,
+                                      max_threads=1024)
 
 
 @pytest.mark.parametrize("direction", ["forward", "bwd_data", "bwd_weight"])
@@ -107,7 +109,8 @@ def test_hopper_enumeration_keeps_shared_memory_in_bounds():
 
 def test_realisation_knobs_round_trip_and_validate():
     from ck_core.errors import InvalidProblem
-    from ck_conv.keys import extended_candidates, is_extended
+    from ck_conv.heuristics import extended_candidates
+    from ck_conv.keys import is_extended
     n = ("conv_bwd_weight_fp16_nhwgc_gkyxc_nhwgk_2d_compv3_intrawave_16x16x64_2x2x1_16x16x16_filter3x3"
          "_st4_fixup_gm8_tapmask")
     c = ConvKernelConfig.from_name(n)

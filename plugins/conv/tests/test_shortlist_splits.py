@@ -8,7 +8,7 @@ import attrs
 import pytest
 
 from ck_conv.keys import config_of, supports
-from ck_conv.space import SPLITS, _splits, key_space, shortlist
+from ck_conv.space import _splits, conv_facts, key_space, shortlist
 from ck_conv.problem import ConvProblem
 from ck_core.plugins import get_manager
 
@@ -54,7 +54,7 @@ def test_depthwise_bwd_weight_enumerates_splits_that_fill_a_gpu(sm90):
     p = ConvProblem(**PROBLEMS["dw_bwd_weight"], dtype="fp16", split_k=0)
     first = next(iter(shortlist(p, sm90, "triton")))
     assert max(k.algorithm.split for k in first) >= 128
-    assert max(SPLITS["depthwise_bwd_weight"]) >= 2 * sm90.compute_units - 8
+    assert max(conv_facts(sm90)["triton"]["splits"]["depthwise_bwd_weight"]) >= 2 * sm90.compute_units - 8
 
 
 torch = pytest.importorskip("torch")
@@ -64,7 +64,7 @@ pytest.importorskip("triton")
 @pytest.mark.parametrize("split", [64, 128])
 def test_depthwise_bwd_weight_with_many_splits_matches_the_reference(split):
     from ck_conv.backends.triton.launch import run, split_plan
-    from ck_conv.keys import heuristic_config
+    from ck_conv.heuristics import heuristic_config
     from ck_conv.reference import random_operands, reference, rel_error
 
     # 4 x 16 x 16 = 1024 output pixels: 64 and 128 parts of whole 8-pixel blocks; G = 6 (not a power

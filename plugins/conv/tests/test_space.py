@@ -136,7 +136,7 @@ def sm90_fp16_2d():
 
 @pytest.mark.parametrize("name,shape,directions", COVERED, ids=[c[0] for c in COVERED])
 def test_the_registry_holds_the_benchmark_candidates(sm90_fp16_2d, name, shape, directions):
-    from ck_conv.keys import candidate_configs
+    from ck_conv.heuristics import candidate_configs
 
     held = sm90_fp16_2d
     for d in directions:

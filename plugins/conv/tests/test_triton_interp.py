@@ -5,7 +5,8 @@ import attrs
 import numpy as np
 import pytest
 
-from ck_conv.keys import ConvKernelConfig, candidate_configs, heuristic_config
+from ck_conv.heuristics import candidate_configs, heuristic_config
+from ck_conv.keys import ConvKernelConfig
 from ck_conv.problem import LAYOUT_FAMILIES, ConvProblem
 from ck_conv.reference import random_operands, reference, rel_error
 
@@ -188,7 +189,7 @@ def test_merged_groups_other_dtypes_and_1x1():
 
 
 def test_extended_candidates_compute_the_same():
-    from ck_conv.keys import extended_candidates
+    from ck_conv.heuristics import extended_candidates
     for d in ("forward", "bwd_weight"):
         p = ConvProblem(N=1, G=2, C=32, K=32, input_spatial=(5, 6), filter=(3, 3), pad_left=1, pad_right=1,
                         direction=d, split_k=0)
@@ -310,7 +311,7 @@ def test_depthwise_flat_other_dtypes():
 
 
 def test_new_extended_candidates_compute_the_same(odd_sms):
-    from ck_conv.keys import extended_candidates
+    from ck_conv.heuristics import extended_candidates
     # c5-like: few output tiles, 18 reduction steps: tap bits, fixup and stream-K candidates
     p = ConvProblem(N=1, G=1, C=128, K=128, input_spatial=(3, 4), filter=(3, 3), pad_left=1, pad_right=1,
                     direction="bwd_data")

@@ -318,7 +318,8 @@ def streamk_programs(cfg: ConvKernelConfig, total: int, steps: int, num_sms: int
 
 def streamk_fits(cfg: ConvKernelConfig, smem_bytes: int | None = None) -> int:
     """Programs per SM whose A/B buffer sets fit one SM's ``smem_bytes`` (2 or 1)."""
-    from ...keys import ELEMENT_BYTES, plan_facts
+    from ...heuristics import plan_facts
+    from ...keys import ELEMENT_BYTES
     m, n, k = cfg.tile
     smem = (m + n) * k * ELEMENT_BYTES[cfg.dtype] * cfg.smem_buffers
     return 2 if 2 * smem <= (smem_bytes or plan_facts()[1]) else 1
@@ -954,8 +955,7 @@ def kernel_for(key_or_config, problem: ConvProblem | None = None):
         if dwise and cfg.flat:
             R, dsz, _, _, _, _, _ = _flat_args(p, g, p.direction == "bwd_data")
             return (_cdiv(dsz[2] * p.G, meta["BLOCK_F"]) * _cdiv(R, meta["BLOCK_R"]), 1, 1)
-        if cfg.reduction == "streamk":  # as run() launches it on an H100-sized GPU
-            from ...keys import plan_facts
+        if cfg.reduction == "streamk":  # as run() launches it on the key's arch (a config: the plan's)
             gm = cfg.group_merge
             if p.direction == "forward":
                 ntiles = _cdiv(p.N * g["Do"] * g["Ho"] * g["Wo"], meta["BLOCK_M"]) \
@@ -968,7 +968,7 @@ def kernel_for(key_or_config, problem: ConvProblem | None = None):
                 steps = (max(r[0] * r[1] * r[2] for r in crow) if meta["SPEC"] != 1 else 1) \
                     * _cdiv(g["K"] * gm, meta["BLOCK_K"])
             total = ntiles * (p.G // gm) * steps
-            n = streamk_programs(cfg, total, steps, plan_facts()[0], cfg.split)
+            n = streamk_programs(cfg, total, steps, _planned_sms(key_or_config), cfg.split)
             return (_cdiv(total, _cdiv(total, n)), 1, 1)
         if dwise:
             if p.direction == "forward":
@@ -1066,6 +1066,19 @@ def reduce_aot_source_args(dtype: str):
     sig = {"ws_ptr": "*fp32", "out_ptr": "*" + dtype, "NUMEL": "i32", "NSPL": "i32", "BLOCK": "constexpr"}
     attrs = {(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]]}
     return fn, sig, {"BLOCK": _REDUCE_BLOCK}, {"num_warps": 4, "num_stages": 1, "attrs": attrs}
+
+
+def _planned_sms(k) -> int:
+    """SMs / CUs a stream-K grid is sized for: the ArchSpec's of a KernelKey's arch, else those the
+    tuned lists were planned for (a config or a name says no arch; so does an arch not installed)."""
+    from ...heuristics import plan_facts
+
+    arch = getattr(k, "arch", None)
+    if isinstance(arch, str):
+        from ck_core.plugins import get_manager
+
+        arch = get_manager().archs().get(arch)
+    return plan_facts(arch if arch is not None and not isinstance(arch, str) else None)[0]
 
 
 def _as_config(k) -> ConvKernelConfig:
