@@ -218,22 +218,32 @@ def signature_for(family: str, dtype: str, config: Mapping | TritonFmhaConfig) -
     return sig, cx
 
 
+def _target_arch(target):
+    """The installed arch plugin whose Triton target ``target`` (a ``GPUTarget``) is, or None."""
+    from ck_core.device import arch_for_target
+    from ck_core.errors import UnsupportedProblem
+
+    try:
+        return arch_for_target((getattr(target, "backend", None), getattr(target, "arch", None)))
+    except UnsupportedProblem:
+        return None
+
+
 def fp8_triton_type(target) -> str:
-    """Triton's e4m3 element type for a ``GPUTarget`` when only "fp8" is known: ``fp8e4b8``
-    (e4m3fnuz) on CDNA3 (gfx94x), whose MFMA reads that format (Triton 3.6 would upcast fp8e4nv to
-    fp16 there), else ``fp8e4nv`` (OCP e4m3fn: sm89+, gfx950, gfx12).  The dispatcher decides from
-    the arch spec instead (``ck_fmha.backends.triton.keys.fp8_format``)."""
-    if getattr(target, "backend", "") == "hip" and str(getattr(target, "arch", "")).startswith("gfx94"):
-        return "fp8e4b8"
-    return "fp8e4nv"
+    """Triton's e4m3 element type for a ``GPUTarget`` when only "fp8" is known: the encoding the
+    target's arch plugin reads (``keys.fp8_format``: ``fp8e4b8``, e4m3fnuz, on CDNA3, whose MFMA reads
+    that format -- Triton 3.6 would upcast fp8e4nv to fp16 there; else ``fp8e4nv``, OCP e4m3fn)."""
+    from .keys import fp8_format
+
+    return FP8_TRITON[fp8_format(_target_arch(target))]
 
 
 def aot_compile(family: str, dtype: str, config: Mapping | TritonFmhaConfig, target):
     """Compile one kernel instance for ``target`` (a ``triton.backends.compiler.GPUTarget``)
     without a GPU.  Returns the ``CompiledKernel`` (``.asm`` holds ptx/cubin or amdgcn/hsaco).
 
-    A Gluon variant compiles the warp-specialised kernel of :mod:`.gluon_fwd` (fwd family, CUDA
-    targets of arch >= 90); its compile-time layout is ``config["bshd"]`` (default False), causal
+    A Gluon variant compiles the warp-specialised kernel of :mod:`.gluon_fwd` (fwd family, the
+    target of a Hopper arch plugin); its compile-time layout is ``config["bshd"]`` (default False), causal
     is ``mask_mode`` 1, ``lse`` as for the Triton forward; other features are refused."""
     import triton
     from triton.compiler import ASTSource
@@ -261,10 +271,13 @@ def _aot_compile_gluon(family: str, dtype: str, cfgd: dict, target):
 
     from . import gluon_fwd
 
+    from .keys import _hopper
+
     v = cfgd["variant"]
-    if getattr(target, "backend", None) != "cuda" or int(getattr(target, "arch", 0) or 0) < 90:
-        raise UnsupportedProblem(f"variant {v!r} is a Hopper (sm90) Gluon kernel; target {target} is not a CUDA "
-                                 "target of arch >= 90 (AMD and older NVIDIA archs run the Triton variants)")
+    arch = _target_arch(target)
+    if arch is None or not _hopper(arch):
+        raise UnsupportedProblem(f"variant {v!r} is a Hopper (sm90) Gluon kernel; target {target} is not the "
+                                 "target of an installed Hopper arch plugin (other archs run the Triton variants)")
     if not gluon_fwd.HAVE_GLUON:
         raise ToolchainMissing(f"variant {v!r}: triton.experimental.gluon is not importable (triton==3.6.0 has it)")
     if family != "fwd":
