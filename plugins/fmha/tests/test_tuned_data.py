@@ -173,3 +173,36 @@ def test_gluon_bwd_tiles_equal_the_old_literals(user_store):
     assert B.tiles("fused", "sm90") == {64: (64, 3, True), 128: (64, 2, True)}
     assert B.tiles("dq", "gfx942") == {}
     assert C.tuned("gluon_dkdv_tiles", "sm90").provenance["command"].startswith("hand-picked")
+
+
+def test_heuristic_reads_the_tables_of_the_dispatchers_arch(user_store):
+    """The ranking reads the tables of the ArchSpec it is given: an NVIDIA arch after Hopper is not
+    taken for sm90 (it reads the generic tables, like any arch without its own)."""
+    import attrs
+
+    from ck_core.plugins import get_manager
+    from ck_fmha.heuristics import bwd_want, fwd_want
+    from ck_fmha.problem import FmhaProblem
+
+    sm90, gfx942 = get_manager().arch("sm90"), get_manager().arch("gfx942")
+    later = attrs.evolve(sm90, name="sm100", triton_target=("cuda", 100))
+    p = FmhaProblem(family="fwd", batch=1, nhead_q=2, dtype="bf16", hdim_q=128, seqlen_q=4096, seqlen_k=4096)
+    assert fwd_want(p, sm90)[0][4].startswith("gluon")
+    assert fwd_want(p, later) == fwd_want(p, gfx942)
+    assert all(w[4] == "ptr" for w in fwd_want(p, later))
+    pb = FmhaProblem(family="bwd_dq_dk_dv", batch=1, nhead_q=2, dtype="bf16", hdim_q=128, seqlen_q=256,
+                     seqlen_k=256, deterministic=True)
+    assert bwd_want(pb, later) == bwd_want(pb, gfx942)
+
+
+def test_kernel_direct_calls_on_the_cpu_read_the_generic_tables():
+    from ck_fmha.backends.triton import launch as ops
+
+    import torch
+
+    q = torch.zeros(1, 2, 128, 64, dtype=torch.float16)
+    assert ops._arch_of(q) is None and ops.fp8_v_trans_default(q)
+    cfg = ops.default_fwd_choice(q, q, q, 64, 64, 128, v_trans=False, varlen=False, layout="bhsd", mode=0,
+                                 left=-1, right=-1, softcap=0.0, bias=None, alibi_slopes=None, dropout_p=0.0,
+                                 sink=None, sink_tokens=0, out=None, fp8=False, out_dtype=None, paged=None)
+    assert cfg == C.default_fwd_config(64, 64, "generic", seqlen=128).with_(variant="ptr")
