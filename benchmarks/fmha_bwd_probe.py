@@ -25,8 +25,12 @@ def main():
     args = ap.parse_args()
     import torch
 
+    from ck_core.device import current_arch
+
     from ck_fmha import bench as S
-    from ck_fmha.backends.triton import configs as C
+    from ck_fmha.backends.triton import tuning as C
+
+    arch = current_arch(torch.device("cuda")).name
 
     t0 = time.time()
     rows = []
@@ -38,7 +42,7 @@ def main():
     for d in (128, 64):
         for causal in (False, True):
             base = dict(group="bwd", dtype="bf16", d=d, causal=causal, b=8, hq=16, hk=16, s=4096, det=True)
-            kv0, q0 = C.default_bwd_configs(d, d, "sm90", causal)
+            kv0, q0 = C.default_bwd_configs(d, d, arch, causal)
             inputs = S.make_inputs(base)
             peer, _ = S.peer_callable(base, "cudnn", inputs) if hasattr(S, "peer_callable") else (None, None)
             t_peer = S.bench_ms(peer) if peer else None

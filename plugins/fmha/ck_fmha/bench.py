@@ -64,7 +64,7 @@ def _cfg(t, variant="ptr"):
     return TritonFmhaConfig(t[0], t[1], t[2], t[3], variant)
 
 
-def fwd_tasks(cfg_for):
+def fwd_tasks(cfg_for, arch):
     tasks = []
     for dname in DTYPES:
         for d in (64, 128):
@@ -78,27 +78,28 @@ def fwd_tasks(cfg_for):
     # fp8 e4m3 forward (descales 1, bf16 o) vs SDPA in bf16 on the same shape
     for causal in (False, True):
         for (b, h, s) in ((8, 16, 4096), (2, 16, 16384)):
-            from ck_fmha.backends.triton import configs as C
+            from ck_fmha.backends.triton import tuning as T
             tasks.append(dict(group="fwd_fp8", dtype="fp8", d=128, causal=causal, b=b, hq=h, hk=h, s=s,
-                              cfg=C.default_fwd_config(128, 128, "sm90", causal, s, fp8=True)))
+                              cfg=T.default_fwd_config(128, 128, arch, causal, s, fp8=True)))
     return tasks
 
 
-def _bwd_det(d, causal, s):
-    """Deterministic backward unless the fused dK/dV+dQ Gluon kernel is configured for the case (it is
-    then the faster one; ``deterministic=False`` elsewhere resolves to the deterministic path on sm90)."""
-    from ck_fmha.backends.triton import configs as C
-    return (d, causal) not in C.BWD_GLUON_FUSED_SM90 or s < C.BWD_GLUON_FUSED_MIN_SEQLEN
+def _bwd_det(d, causal, s, arch):
+    """Deterministic backward unless ``arch``'s tables configure the fused dK/dV+dQ Gluon kernel for the
+    case (it is then the faster one; ``deterministic=False`` elsewhere resolves to the deterministic path
+    on Hopper)."""
+    from ck_fmha.backends.triton import tuning as T
+    return T.gluon_fused_tile(d, causal, arch) is None or s < T.gluon_fused_min_seqlen(arch)
 
 
-def bwd_tasks(cfg_for, det):
+def bwd_tasks(cfg_for, det, arch):
     tasks = []
     for dname in DTYPES:
         for d in (64, 128):
             for causal in (False, True):
                 for (b, h, s) in SHAPES:
                     tasks.append(dict(group="bwd", dtype=dname, d=d, causal=causal, b=b, hq=h, hk=h, s=s,
-                                      cfg=cfg_for(d, causal), det=_bwd_det(d, causal, s)))
+                                      cfg=cfg_for(d, causal), det=_bwd_det(d, causal, s, arch)))
     for causal in (False, True):
         tasks.append(dict(group="bwd_gqa", dtype="bf16", d=128, causal=causal, b=4, hq=32, hk=4, s=4096,
                           cfg=cfg_for(128, causal), det=True))
@@ -383,8 +384,11 @@ def main(argv=None, progress=None):
     ap.add_argument("--workers", type=int, default=12)
     ap.add_argument("--quick", action="store_true", help="one shape per group")
     args = ap.parse_args(argv)
-    from ck_fmha.backends.triton import configs as C
+    from ck_core.device import current_arch
 
+    from ck_fmha.backends.triton import tuning as C
+
+    arch = current_arch(torch.device("cuda")).name   # whose tuned tables the defaults come from
     t_start = time.time()
     log = []
     best = sweep(args.workers, log) if args.sweep else {}
@@ -393,25 +397,25 @@ def main(argv=None, progress=None):
 
     def fwd_cfg(d, causal, s):
         b = best.get(("fwd", d, causal, None, s))
-        return b["cfg"] if b else C.default_fwd_config(d, d, causal=causal, seqlen=s)
+        return b["cfg"] if b else C.default_fwd_config(d, d, arch, causal=causal, seqlen=s)
 
     def bwd_cfg(d, causal):
         b = best.get(("bwd", d, causal, None, 4096))
-        return b["cfg"] if b else C.default_bwd_configs(d, d)
+        return b["cfg"] if b else C.default_bwd_configs(d, d, arch)
 
     det = {64: True, 128: True}
 
     def dec_cfg(page):
         b = best.get(("decode", 128, None, 16 if page == 16 else 0, None))
-        return b["cfg"] if b else C.default_splitkv_config(128, 128, 4)
+        return b["cfg"] if b else C.default_splitkv_config(128, 128, 4, arch)
 
     mult = (best.get(("decode", 128, None, 0, None)) or {"mult": 1})["mult"] or 1
     groups = args.groups.split(",")
     tasks = []
     if "fwd" in groups:
-        tasks += fwd_tasks(fwd_cfg)
+        tasks += fwd_tasks(fwd_cfg, arch)
     if "bwd" in groups:
-        tasks += bwd_tasks(bwd_cfg, det)
+        tasks += bwd_tasks(bwd_cfg, det, arch)
     if "decode" in groups:
         tasks += dec_tasks(dec_cfg, mult)
     if args.quick:

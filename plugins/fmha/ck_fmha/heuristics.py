@@ -7,7 +7,7 @@ reports; the launcher runs exactly that many splits.
 The Triton keys' ranking (what was ck_fmha.heuristics):
 Which Triton FMHA key the heuristic puts first: the tuned tables' choice, expressed as a key.
 
-The tables (``ck_fmha/tuned/<arch>.json``, read through ``ck_fmha.backends.triton.configs``) name a tile per
+The tables (``ck_fmha/tuned/<arch>.json``, read through ``ck_fmha.backends.triton.tuning``) name a tile per
 head dim, right-bounded mask and sequence-length bucket; on Hopper also a Gluon forward, Gluon
 backward tiles and the dQ pass.  The heuristic turns them into a preference list of keys; the
 candidates are already filtered by ``supports()``, so a key that cannot run the problem (a Gluon
@@ -118,17 +118,17 @@ def _tile_of_alg(a) -> tuple:
 
 # -- the preferences ------------------------------------------------------------------------
 
-def _bwd_tiles(hdim: int, causal: bool, seqlen_k: int, deterministic: bool, gluon_ok: bool):
-    """(deterministic, Gluon dK/dV tile or None): the tables' backward choice on Hopper."""
-    from .backends.triton import configs as C
+def _bwd_tiles(hdim: int, causal: bool, seqlen_k: int, deterministic: bool, gluon_ok: bool, arch: str):
+    """(deterministic, Gluon dK/dV tile or None): ``arch``'s tables' backward choice on Hopper."""
     from .backends.triton import gluon_bwd
+    from .backends.triton import tuning as T
 
     env = knobs.get("CK_FMHA_GLUON_DKDV")
     if not deterministic and gluon_ok:
         fused = None
         if env != "0":
-            fused = C.gluon_fused_tile(hdim, causal)
-            if fused is not None and seqlen_k < C.gluon_fused_min_seqlen():
+            fused = T.gluon_fused_tile(hdim, causal, arch)
+            if fused is not None and seqlen_k < T.gluon_fused_min_seqlen(arch):
                 fused = None
         if fused is not None:
             return False, fused
@@ -138,28 +138,28 @@ def _bwd_tiles(hdim: int, causal: bool, seqlen_k: int, deterministic: bool, gluo
     if env == "0":
         return True, None
     if env == "1":
-        return True, C.gluon_dkdv_tile(hdim, causal) or gluon_bwd.DKDV_TILES.get(hdim)
-    return True, C.gluon_dkdv_tile(hdim, causal)
+        return True, T.gluon_dkdv_tile(hdim, causal, arch) or gluon_bwd.tiles("dkdv", arch).get(hdim)
+    return True, T.gluon_dkdv_tile(hdim, causal, arch)
 
 
 def bwd_want(p, arch) -> tuple:
     """(dK/dV (block_m, block_n, warps, stages, variant), dq field) the tables pick for ``p``."""
-    from .backends.triton import configs as C
+    from .backends.triton import tuning as T
     from .backends.triton.keys import GLUON_BWD_BLOCK_N, GLUON_BWD_WARPS, _hopper
 
     rb = right_bounded(p)
-    cfg_kv, cfg_q = C.default_bwd_configs(p.hdim_q, p.hdim_v, "sm90" if _hopper(arch) else "generic", causal=rb)
+    cfg_kv, cfg_q = T.default_bwd_configs(p.hdim_q, p.hdim_v, arch.name, causal=rb)
     triton_kv = (cfg_kv.BLOCK_M, cfg_kv.BLOCK_N, cfg_kv.num_warps, cfg_kv.num_stages, "ptr")
     if not _hopper(arch) or interpreting():
         return triton_kv, (dq_triton(cfg_q) if p.deterministic else DQ_ATOMIC)
     scope = gluon_bwd_reason(p) or ("dbias" if p.dbias else None)
-    det, gk = _bwd_tiles(p.hdim_q, p.is_causal, p.seqlen_k or 0, p.deterministic, scope is None)
+    det, gk = _bwd_tiles(p.hdim_q, p.is_causal, p.seqlen_k or 0, p.deterministic, scope is None, arch.name)
     kv = triton_kv
     if gk is not None and scope is None and gluon_dkdv_reason(p, gk[0], not det) is None:
         kv = (gk[0], GLUON_BWD_BLOCK_N, GLUON_BWD_WARPS, gk[1], "gluon_dkdv_pers" if gk[2] else "gluon_dkdv")
     if not det:
         return kv, DQ_ATOMIC
-    gt = C.gluon_dq_tile(p.hdim_q)
+    gt = T.gluon_dq_tile(p.hdim_q, arch.name)
     if gt is not None and gluon_bwd_reason(p, gt[0]) is None:
         return kv, dq_gluon(gt)
     return kv, dq_triton(cfg_q)
@@ -169,15 +169,15 @@ def fwd_want(p, arch) -> list:
     """Preferred forward (block_m, block_n, warps, stages, variant) tuples, best first: the Gluon
     kernel where tuned, then the Triton kernel's tuned tile with its TMA form, then that tile's
     lesser forms (device descriptors, then pointers) for problems the better form cannot address."""
-    from .backends.triton import configs as C
-    from .backends.triton.keys import _hopper, fp8_v_trans
+    from .backends.triton import tuning as T
+    from .backends.triton.keys import fp8_v_trans
 
-    tag = "sm90" if _hopper(arch) else "generic"
+    tag = arch.name   # the arch's tuned tables (the generic ones where it has none)
     kw = dict(causal=right_bounded(p), seqlen=p.seqlen_q if p.seqlen_q is not None else 4096,
               fp8=p.dtype == "fp8" and fp8_v_trans(arch))
     out = []
-    first = C.default_fwd_config(p.hdim_q, p.hdim_v, tag, **kw)
-    triton = C.default_fwd_config(p.hdim_q, p.hdim_v, tag, gluon=False, **kw)
+    first = T.default_fwd_config(p.hdim_q, p.hdim_v, tag, **kw)
+    triton = T.default_fwd_config(p.hdim_q, p.hdim_v, tag, gluon=False, **kw)
     if first != triton:
         out.append(first)
     chain = {"tma_host": ("tma_host", "tma", "ptr"), "tma": ("tma", "ptr"), "tma_ws": ("tma_ws", "ptr")}

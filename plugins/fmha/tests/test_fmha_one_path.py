@@ -18,6 +18,7 @@ import ck_fmha  # noqa: E402
 from ck_fmha.backends.triton import keys as T  # noqa: E402
 from ck_fmha.problem import FmhaProblem  # noqa: E402
 from ck_fmha.backends.triton import configs as C  # noqa: E402
+from ck_fmha.backends.triton import tuning  # noqa: E402
 from ck_fmha.backends.triton import gluon_bwd  # noqa: E402
 
 # -- the launcher's policy before the change, written out from ops.fwd / ops.bwd_dq_dk_dv ---------
@@ -39,11 +40,11 @@ def old_fwd(p, hopper):
     tag = "sm90" if hopper else "generic"
     v_trans = p.dtype == "fp8"   # NVIDIA and the interpreter
     kw = dict(causal=_rb(p), seqlen=p.seqlen_q, fp8=v_trans)
-    cfg = C.default_fwd_config(p.hdim_q, p.hdim_v, tag, **kw)
+    cfg = tuning.default_fwd_config(p.hdim_q, p.hdim_v, tag, **kw)
     if cfg.variant in C.GLUON_VARIANTS:
         if hopper and _old_gluon_fwd_ok(p, cfg):
             return cfg
-        cfg = C.default_fwd_config(p.hdim_q, p.hdim_v, tag, gluon=False, **kw)
+        cfg = tuning.default_fwd_config(p.hdim_q, p.hdim_v, tag, gluon=False, **kw)
     variant = cfg.variant if hopper else "ptr"
     if p.is_group and v_trans:
         variant = "ptr"
@@ -68,21 +69,22 @@ def old_bwd(p, hopper):
     """((dK/dV kind, tile), dQ choice) of the old ops.bwd_dq_dk_dv default path."""
     d, sq, sk = p.hdim_q, p.seqlen_q, p.seqlen_k
     # the arch's tables (launch.default_bwd_choice): sm90 has its own bwd_tuned, other archs read generic's
-    cfg_kv, cfg_q = C.default_bwd_configs(d, p.hdim_v, "sm90" if hopper else "generic", causal=_rb(p))
+    tag = "sm90" if hopper else "generic"
+    cfg_kv, cfg_q = tuning.default_bwd_configs(d, p.hdim_v, tag, causal=_rb(p))
     gluon_ok = hopper and not p.dbias and _old_gluon_bwd_ok(p)
     det, fused = p.deterministic, None
     if not det and gluon_ok:
-        fused = C.gluon_fused_tile(d, p.is_causal)
-        if fused is not None and sk < C.gluon_fused_min_seqlen():
+        fused = tuning.gluon_fused_tile(d, p.is_causal, tag)
+        if fused is not None and sk < tuning.gluon_fused_min_seqlen(tag):
             fused = None
         if fused is None:
             det = True
-    gk = None if p.dbias else (C.gluon_dkdv_tile(d, p.is_causal) if det else fused)
+    gk = None if p.dbias else (tuning.gluon_dkdv_tile(d, p.is_causal, tag) if det else fused)
     gluon_kv = gk is not None and gluon_ok and sk % 128 == 0 and sq % gk[0] == 0
     kv = ("gluon", gk) if gluon_kv else ("triton", cfg_kv)
     if not det:
         return kv, ("atomic",)
-    gt = C.gluon_dq_tile(d)
+    gt = tuning.gluon_dq_tile(d, tag)
     if hopper and gt is not None and _old_gluon_bwd_ok(p, gt[0]):
         return kv, ("gluon", gt)
     return kv, ("triton", cfg_q)
@@ -170,7 +172,7 @@ def test_names_round_trip_with_the_dq_field():
     for k in keys:
         assert T.legal(k, arch) is None
         assert T.parse_name(T.format_name(k.signature, k.algorithm))[1] == k.algorithm
-    assert gluon_bwd.DQ_TILES   # the forced tiles stay reachable through the enumeration
+    assert gluon_bwd.tiles("dq", arch.name)   # the forced tiles stay reachable through the enumeration
 
 
 # -- the launchers run exactly the plan's keys ------------------------------------------------------

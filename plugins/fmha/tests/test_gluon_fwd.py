@@ -20,12 +20,22 @@ pytest.importorskip("triton")
 from ck_core.errors import UnsupportedProblem  # noqa: E402
 from ck_fmha.backends.triton import keys as TK  # noqa: E402
 from ck_fmha.problem import FmhaProblem  # noqa: E402
+from ck_fmha.backends.triton import aot, tuning  # noqa: E402
 from ck_fmha.backends.triton import configs as C  # noqa: E402
 from ck_fmha.backends.triton import gluon_fwd, launch as ops  # noqa: E402
 from ck_fmha.backends.triton.configs import TritonFmhaConfig  # noqa: E402
 
 needs_gluon = pytest.mark.skipif(not gluon_fwd.HAVE_GLUON, reason="triton.experimental.gluon is not importable")
 AMD = ("gfx942", "gfx90a", "gfx950", "gfx1100", "gfx1201")
+
+
+def _sm90(name: str, value=lambda v: TritonFmhaConfig(**v)) -> dict:
+    """The sm90 table ``name`` as {key tuple (or the head dim): value}."""
+    return {(k[0] if len(k) == 1 else tuple(k)): value(v) for k, v in tuning.tuned(name, "sm90").items()}
+
+
+def _tile(v):
+    return (int(v["BLOCK"]), int(v["STAGES"]), bool(v["persistent"]))
 
 
 @pytest.fixture
@@ -51,30 +61,30 @@ def test_variant_names_agree():
 
 
 def test_default_fwd_config_takes_the_gluon_table_on_sm90_only():
-    for (d, causal, s), cfg in C.FWD_GLUON_SM90.items():
+    for (d, causal, s), cfg in _sm90("fwd_gluon").items():
         assert cfg.variant in C.GLUON_VARIANTS and (cfg.BLOCK_M, cfg.num_warps) == (128, gluon_fwd.WS_WARPS)
-        assert C.default_fwd_config(d, d, "sm90", causal, s) == cfg
-        assert C.default_fwd_config(d, d, "sm90", causal, s, gluon=False) == C.FWD_TUNED_SM90[(d, causal, s)]
-        assert C.default_fwd_config(d, d, "generic", causal, s).variant == "ptr"
-    assert C.default_fwd_config(128, 128, "sm90", seqlen=2000).variant == "gluon_wspp_pers"
-    assert C.default_fwd_config(128, 128, "sm90", causal=True, seqlen=512).variant == "gluon_ws_pers"
-    assert C.default_fwd_config(64, 64, "sm90", seqlen=4096).variant == "gluon_ws_pers"
-    assert C.default_fwd_config(64, 64, "sm90", seqlen=512).variant == "gluon_wspp_pers"
-    assert C.default_fwd_config(64, 64, "sm90", causal=True, seqlen=4096).variant == "gluon_ws_pers"
-    assert C.default_fwd_config(64, 64, "sm90", causal=True, seqlen=1024).BLOCK_N == 64
-    assert C.default_fwd_config(64, 64, "sm90", causal=True, seqlen=512).BLOCK_N == 64
+        assert tuning.default_fwd_config(d, d, "sm90", causal, s) == cfg
+        assert tuning.default_fwd_config(d, d, "sm90", causal, s, gluon=False) == _sm90("fwd_tuned")[(d, causal, s)]
+        assert tuning.default_fwd_config(d, d, "generic", causal, s).variant == "ptr"
+    assert tuning.default_fwd_config(128, 128, "sm90", seqlen=2000).variant == "gluon_wspp_pers"
+    assert tuning.default_fwd_config(128, 128, "sm90", causal=True, seqlen=512).variant == "gluon_ws_pers"
+    assert tuning.default_fwd_config(64, 64, "sm90", seqlen=4096).variant == "gluon_ws_pers"
+    assert tuning.default_fwd_config(64, 64, "sm90", seqlen=512).variant == "gluon_wspp_pers"
+    assert tuning.default_fwd_config(64, 64, "sm90", causal=True, seqlen=4096).variant == "gluon_ws_pers"
+    assert tuning.default_fwd_config(64, 64, "sm90", causal=True, seqlen=1024).BLOCK_N == 64
+    assert tuning.default_fwd_config(64, 64, "sm90", causal=True, seqlen=512).BLOCK_N == 64
     # the Triton configs stay for what Gluon cannot run
-    assert C.default_fwd_config(96, 96, "sm90").variant not in C.GLUON_VARIANTS
-    assert C.default_fwd_config(128, 64, "sm90").variant not in C.GLUON_VARIANTS
-    assert C.default_fwd_config(64, 64, "sm90", fp8=True).variant not in C.GLUON_VARIANTS
-    assert C.default_fwd_config(128, 128, "sm90", fp8=True) == C.FWD_FP8_TUNED_SM90[128]
+    assert tuning.default_fwd_config(96, 96, "sm90").variant not in C.GLUON_VARIANTS
+    assert tuning.default_fwd_config(128, 64, "sm90").variant not in C.GLUON_VARIANTS
+    assert tuning.default_fwd_config(64, 64, "sm90", fp8=True).variant not in C.GLUON_VARIANTS
+    assert tuning.default_fwd_config(128, 128, "sm90", fp8=True) == _sm90("fwd_fp8")[128]
 
 
 def test_sm90_enumerates_gluon_keys_amd_archs_do_not(mgr):
     keys = _fwd_keys(mgr, "sm90")
     g = [k for k in keys if k.algorithm.variant in TK.GLUON_VARIANTS]
     got = {(k.signature.dtype, k.signature.hdim_q, k.signature.hdim_v, k.algorithm.variant) for k in g}
-    assert got == {(dt, d, d, c.variant) for dt in ("fp16", "bf16") for d in (64, 128) for c in C.gluon_fwd_configs(d)}
+    assert got == {(dt, d, d, c.variant) for dt in ("fp16", "bf16") for d in (64, 128) for c in tuning.gluon_fwd_configs(d, "sm90")}
     lds = mgr.arch("sm90").lds_bytes
     for k in g:
         assert k.signature.family == "fwd"
@@ -85,7 +95,7 @@ def test_sm90_enumerates_gluon_keys_amd_archs_do_not(mgr):
               k.algorithm.num_stages, k.algorithm.variant) for k in keys}
     for d in (64, 128):
         for causal in (False, True):
-            c = C.default_fwd_config(d, d, "sm90", causal, gluon=False)
+            c = tuning.default_fwd_config(d, d, "sm90", causal, gluon=False)
             assert (d, c.BLOCK_M, c.BLOCK_N, c.num_warps, c.num_stages, c.variant) in tiles
     for arch in AMD:   # dropped there, not turned into pointer keys
         keys = _fwd_keys(mgr, arch)
@@ -111,7 +121,7 @@ def test_rank_puts_the_tuned_gluon_key_first(mgr, monkeypatch):
     assert pick(hdim_q=64, seqlen_q=512, seqlen_k=512).variant == "gluon_wspp_pers"
     # problems the Gluon key rejects get the Triton kernel's tuned tile
     a = pick(hdim_q=128, seqlen_q=200, seqlen_k=200)
-    t = C.default_fwd_config(128, 128, "sm90", seqlen=200, gluon=False)
+    t = tuning.default_fwd_config(128, 128, "sm90", seqlen=200, gluon=False)
     assert (a.block_m, a.block_n, a.num_warps, a.num_stages, a.variant) == (t.BLOCK_M, t.BLOCK_N, t.num_warps,
                                                                              t.num_stages, t.variant)
 
@@ -273,11 +283,11 @@ def test_aot_sm90_cubins():
         assert f["cubin"] > 0 and f["ins"] == ["wgmma.mma_async", "setmaxnreg", "cp.async.bulk.tensor"], (name, f)
         assert 0 < f["shared"] <= f["smem"], (name, f)   # the key space's estimate is an upper bound
     for name, msg in res["refused"].items():
-        assert "not a CUDA target of arch >= 90" in msg, (name, msg)
+        assert "not the target of an installed Hopper arch plugin" in msg, (name, msg)
 
 
 def test_kernel_for_refuses_gluon_variants():
-    for fn in (lambda c: C.kernel_for("fwd", c), lambda c: C.signature_for("fwd", "bf16", c)):
+    for fn in (lambda c: aot.kernel_for("fwd", c), lambda c: aot.signature_for("fwd", "bf16", c)):
         with pytest.raises(UnsupportedProblem, match="aot_compile"):
             fn(GCFG)
 
@@ -295,16 +305,16 @@ def test_aot_compile_refuses_what_the_gluon_kernel_lacks(family, dtype, kw, matc
 
     cfg = {**GCFG.as_dict(), "hdim_q": 128, **kw}
     with pytest.raises(UnsupportedProblem, match=match):
-        C.aot_compile(family, dtype, cfg, GPUTarget("cuda", 90, 32))
+        aot.aot_compile(family, dtype, cfg, GPUTarget("cuda", 90, 32))
 
 
 def test_gluon_backward_tables_name_known_tiles():
     from ck_fmha.backends.triton import gluon_bwd
-    for d, t in C.BWD_GLUON_DQ_SM90.items():
+    for d, t in _sm90("bwd_gluon_dq", _tile).items():
         assert d in gluon_fwd.HDIMS and len(t) == 3 and t[0] in (64, 128)
-    for (d, causal), t in C.BWD_GLUON_DKDV_SM90.items():
+    for (d, causal), t in _sm90("bwd_gluon_dkdv", _tile).items():
         assert d in gluon_fwd.HDIMS and isinstance(causal, bool) and len(t) == 3 and t[0] in (64, 128)
-    assert set(gluon_bwd.DKDV_TILES) == set(gluon_bwd.DQ_TILES) == set(gluon_fwd.HDIMS)
+    assert set(gluon_bwd.tiles("dkdv", "sm90")) == set(gluon_bwd.tiles("dq", "sm90")) == set(gluon_fwd.HDIMS)
 
 
 @needs_gluon
@@ -372,7 +382,7 @@ def _gluon_kv(tile):
 def test_dkdv_choice_follows_table_and_knob(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     monkeypatch.delenv("CK_FMHA_GLUON_DKDV", raising=False)
-    for (d, causal), tile in C.BWD_GLUON_DKDV_SM90.items():
+    for (d, causal), tile in _sm90("bwd_gluon_dkdv", _tile).items():
         assert _bwd_pick(d, causal, 1024, True)[0] == _gluon_kv(tile)
     monkeypatch.setenv("CK_FMHA_GLUON_DKDV", "1")
     assert _bwd_pick(64, False, 1024, True)[0][4].startswith("gluon_dkdv")
@@ -401,13 +411,13 @@ def test_fused_dq_tables_and_shared_memory(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     monkeypatch.delenv("CK_FMHA_GLUON_DKDV", raising=False)
     smem = get_manager().arch("sm90").lds_bytes
-    for (d, causal), tile in C.BWD_GLUON_FUSED_SM90.items():
-        n = C.BWD_GLUON_FUSED_MIN_SEQLEN
+    for (d, causal), tile in _sm90("bwd_gluon_fused", _tile).items():
+        n = tuning.gluon_fused_min_seqlen("sm90")
         assert _bwd_pick(d, causal, n, False) == (_gluon_kv(tile), "atomic")
         assert _bwd_pick(d, causal, n - 128, False)[1] != "atomic"   # below the threshold: the dQ pass
         assert B.dkdv_smem_bytes(d, tile[0], tile[1], True) <= smem
-    for d, tile in B.FUSED_TILES.items():
+    for d, tile in B.tiles("fused", "sm90").items():
         assert B.dkdv_smem_bytes(d, tile[0], tile[1], True) <= smem
-    for (d, _), tile in C.BWD_GLUON_DKDV_SM90.items():
+    for (d, _), tile in _sm90("bwd_gluon_dkdv", _tile).items():
         assert B.dkdv_smem_bytes(d, tile[0], tile[1], False) <= smem
     assert B.dkdv_smem_bytes(128, 64, 3, True) > smem     # 3 stages do not fit with dQ fused at D=128

@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.gpu,
 
 from ck_fmha.problem import FmhaProblem  # noqa: E402
 from ck_fmha.backends.triton import gluon_fwd, launch as ops  # noqa: E402
-from ck_fmha.backends.triton import configs as C  # noqa: E402
+from ck_fmha.backends.triton import tuning  # noqa: E402
 from ck_fmha.backends.triton.configs import GLUON_VARIANTS, TritonFmhaConfig  # noqa: E402
 
 
@@ -139,7 +139,7 @@ def test_dispatcher_selects_and_runs_a_gluon_key(ck_rng, gluon_calls):
     p = FmhaProblem(family="fwd", batch=3, nhead_q=6, nhead_k=2, seqlen_q=1024, seqlen_k=1024, hdim_q=128,
                     dtype="bf16", mask="bottom_right", lse=True, layout="bshd")
     key = disp.select(p)
-    assert key.algorithm.variant == C.FWD_GLUON_SM90[(128, True, 1024)].variant, key.name
+    assert key.algorithm.variant == tuning.tuned("fwd_gluon", "sm90")[(128, True, 1024)]["variant"], key.name
     rep = check_against_reference(disp, p, ck_rng)
     assert rep.passed, str(rep)
     assert len(gluon_calls) == 1
@@ -192,11 +192,11 @@ def test_replayed_launches_take_new_tensors(variant, ck_rng):
 @pytest.mark.parametrize("layout, causal, dtype, hk", [("bhsd", False, "bf16", 5), ("bshd", True, "fp16", 1),
                                                        ("bhsd", True, "bf16", 5)])
 def test_backward_with_the_gluon_dq_pass(layout, causal, dtype, hk, ck_rng):
-    """ops.bwd at D=128 takes the Gluon dK/dV kernel and dQ pass (configs.BWD_GLUON_DKDV_SM90 /
-    BWD_GLUON_DQ_SM90); dq/dk/dv against float64 autograd, and dq against the Triton dQ kernel's."""
+    """ops.bwd at D=128 takes the Gluon dK/dV kernel and dQ pass (the sm90 bwd_gluon_dkdv /
+    bwd_gluon_dq tables); dq/dk/dv against float64 autograd, and dq against the Triton dQ kernel's."""
     from ck_fmha.backends.triton import gluon_bwd
 
-    assert 128 in __import__("ck_fmha.backends.triton.configs", fromlist=["x"]).BWD_GLUON_DQ_SM90
+    assert tuning.gluon_dq_tile(128, "sm90") is not None
     q, k, v = _inputs(ck_rng, 3, 5, hk, 384, 384, 128, layout, dtype)
     do = _inputs(ck_rng, 3, 5, 5, 384, 384, 128, layout, dtype)[0]
     o, lse = ops.fwd(q, k, v, causal=causal, return_lse=True, layout=layout)
@@ -207,7 +207,7 @@ def test_backward_with_the_gluon_dq_pass(layout, causal, dtype, hk, ck_rng):
         dq, dk, dv = ops.bwd(q, k, v, o, lse, do, causal=causal, layout=layout)
     finally:
         gluon_bwd.dq, gluon_bwd.dkdv = real, real_kv
-    assert calls == ["dkdv", "dq"]   # configs.BWD_GLUON_DKDV_SM90 has D=128 with and without a mask
+    assert calls == ["dkdv", "dq"]   # the sm90 bwd_gluon_dkdv table has D=128 with and without a mask
     ts = [x.double().requires_grad_() for x in (q, k, v)]
     ro, _ = _reference(*ts, causal, layout)
     ro.backward(do.double().transpose(1, 2) if layout == "bshd" else do.double())
@@ -256,7 +256,7 @@ def test_nondeterministic_backward_prefers_the_faster_path(ck_rng):
     (faster on the H100 than the Triton fp32-atomic kernel); _dkdv='triton' keeps the atomic kernel."""
 
 
-    assert (128, False) not in C.BWD_GLUON_FUSED_SM90
+    assert tuning.gluon_fused_tile(128, False, "sm90") is None
     q, k, v = _inputs(ck_rng, 2, 4, 4, 256, 256, 128, "bhsd", "bf16")
     do = _inputs(ck_rng, 2, 4, 4, 256, 256, 128, "bhsd", "bf16")[0]
     o, lse = ops.fwd(q, k, v, return_lse=True)

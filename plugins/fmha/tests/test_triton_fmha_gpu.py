@@ -54,8 +54,9 @@ FWD = [
 def test_fwd_gpu(case, dtype):
     b, hq, hk, sq, sk, d, dv, causal, window, softcap, layout, variant = case
     q, k, v = _qkv(b, hq, hk, sq, sk, d, dv, layout, dtype, seed=sq + d)
-    from ck_fmha.backends.triton.configs import default_fwd_config
-    cfg = default_fwd_config(d, dv, gluon=False).with_(variant=variant)
+    from ck_core.device import current_arch
+    from ck_fmha.backends.triton.tuning import default_fwd_config
+    cfg = default_fwd_config(d, dv, current_arch(q).name, gluon=False).with_(variant=variant)
     shape = (b, hq, sq, dv) if layout == "bhsd" else (b, sq, hq, dv)
     out = torch.full(shape, float("nan"), device=DEV, dtype=dtype)
     try:

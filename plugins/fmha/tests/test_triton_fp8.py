@@ -486,7 +486,9 @@ from ck_fmha.backends.triton.configs import TritonFmhaConfig
 
 target = GPUTarget("cuda", 90, 32)
 backend = type(make_backend(target))
-ops._arch_of = lambda t: "sm90"
+from ck_core.plugins import get_manager
+SM90 = get_manager().arch("sm90")
+ops._arch_of = lambda t: SM90   # launch as on the H100
 TT = {torch.float8_e4m3fn: "fp8e4nv", torch.bfloat16: "bf16"}
 real = K.fmha_fwd_kernel
 

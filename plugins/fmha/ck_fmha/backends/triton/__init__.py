@@ -1,7 +1,7 @@
 """Triton FMHA kernels (forward, backward, split-KV / paged decode, append-KV, batch prefill) for ck-fmha."""
-from .configs import (CUDA_ONLY_VARIANTS, FAMILIES, VARIANTS, TritonFmhaConfig, aot_compile,  # noqa: F401
-                      constexprs_for, default_bwd_configs, default_fwd_config, default_splitkv_config,
-                      kernel_for, signature_for)
+from .aot import aot_compile, constexprs_for, kernel_for, signature_for  # noqa: F401
+from .configs import CUDA_ONLY_VARIANTS, FAMILIES, VARIANTS, TritonFmhaConfig  # noqa: F401
+from .tuning import default_bwd_configs, default_fwd_config, default_splitkv_config  # noqa: F401
 from .launch import (appendkv, batch_prefill, bwd, dropout_randval, fp8_v_trans_default, fwd,  # noqa: F401
                      is_key_major, mask_params, paged_decode, splitkv_decode, v_key_major)
 

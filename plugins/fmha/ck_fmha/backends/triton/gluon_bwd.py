@@ -191,23 +191,25 @@ if GF.HAVE_GLUON:
         ], [4, 4], [240, 24])
 
 
-#: module attribute -> table of ck_fmha/tuned/sm90.json, (tile, stages, persistent) per head dim:
-#: DQ_TILES (BLOCK_N, ...) of the dQ pass, the fastest of benchmarks/gluon_fa_probe.py --bwd (the
-#: bwd_gluon_dq table says where the dispatcher uses the kernel); DKDV_TILES / FUSED_TILES (BLOCK_MQ, ...)
-#: of the dK/dV kernel, without and with dQ fused in (first guesses)
-_TILE_TABLES = {"DQ_TILES": "gluon_dq_tiles", "DKDV_TILES": "gluon_dkdv_tiles", "FUSED_TILES": "gluon_fused_tiles"}
+#: kind -> table of the arch's tuned data (ck_fmha/tuned/<arch>.json), (tile, stages, persistent) per
+#: head dim: "dq" (BLOCK_N, ...) of the dQ pass, the fastest of benchmarks/gluon_fa_probe.py --bwd (the
+#: bwd_gluon_dq table says where the dispatcher uses the kernel); "dkdv" / "fused" (BLOCK_MQ, ...) of the
+#: dK/dV kernel, without and with dQ fused in (first guesses)
+_TILE_TABLES = {"dq": "gluon_dq_tiles", "dkdv": "gluon_dkdv_tiles", "fused": "gluon_fused_tiles"}
 
 
-def _tiles(name: str) -> dict:
-    from .configs import tile_table
+def tiles(kind: str, arch: str) -> dict:
+    """Head dim -> the hand-picked tile of ``kind`` ("dq", "dkdv", "fused") in ``arch``'s tuned data."""
+    from .tuning import tile_table
 
-    return tile_table(_TILE_TABLES[name])
+    return tile_table(_TILE_TABLES[kind], arch)
 
 
-def __getattr__(name: str):
-    if name in _TILE_TABLES:
-        return _tiles(name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+def _device_tiles(kind: str, t) -> dict:
+    """:func:`tiles` of the arch of the GPU ``t`` lives on (a call that names no tile)."""
+    from ck_core.device import current_arch
+
+    return tiles(kind, current_arch(t).name)
 
 
 def dq_unsupported_reason(q, k, v, do, lse, delta, *, causal, layout, block_n=64) -> str:
@@ -238,7 +240,7 @@ def dq(q, k, v, do, lse, delta, *, causal=False, scale=None, layout="bhsd", tile
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     d = q.shape[-1]
-    bn, stages, persistent = tile or _tiles("DQ_TILES")[d]
+    bn, stages, persistent = tile or _device_tiles("dq", q)[d]
     b, hq, sq, hk, sk, rows_q, rows_k, cols_q, cols_k = GF.geometry(q, k, layout)
     o = out if out is not None else torch.empty_like(q)
     gdt = GF._gl_dtype(q.dtype)
@@ -496,8 +498,8 @@ def dkdv(q, k, v, do, lse, delta, *, causal=False, scale=None, layout="bhsd", ti
     d = q.shape[-1]
     from ck_core.device import current_arch
 
-    bmq, stages, persistent = tile or _tiles("FUSED_TILES" if dq_acc is not None else "DKDV_TILES")[d]
-    # (meta tensors: ck build tracing the launch of a key, whose tile the enumeration sized for sm90)
+    bmq, stages, persistent = tile or _device_tiles("fused" if dq_acc is not None else "dkdv", q)[d]
+    # (meta tensors: ck build tracing the launch of a key, whose tile the enumeration sized for its arch)
     smem = current_arch(q).lds_bytes if q.device.type != "meta" else None
     if smem is not None and dkdv_smem_bytes(d, bmq, stages, dq_acc is not None) > smem:
         raise ValueError(f"gluon dK/dV tile {(bmq, stages)} at head dim {d} needs more than "

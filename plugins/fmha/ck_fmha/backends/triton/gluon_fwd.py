@@ -383,9 +383,9 @@ def unsupported_reason(q, k, v, *, causal=False, layout="bhsd", tile=None, windo
     import torch
     if not HAVE_GLUON:
         return "triton.experimental.gluon is not importable"
-    # meta tensors: ck build tracing a launch for an sm90 target (nothing runs)
+    # meta tensors: ck build tracing a launch for a Hopper target (nothing runs)
     if q.device.type != "meta" and (
-            not q.is_cuda or not _is_sm90(q.device.index if q.device.index is not None else torch.cuda.current_device())):
+            not q.is_cuda or not _on_hopper(q.device.index if q.device.index is not None else torch.cuda.current_device())):
         return "needs an sm90 (Hopper) GPU"
     if layout not in ("bhsd", "bshd"):
         return f"layout {layout!r} (batch mode bhsd/bshd only)"
@@ -443,9 +443,19 @@ def _num_sms(index: int) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def _is_sm90(index: int) -> bool:
+def _on_hopper(index: int) -> bool:
+    """Whether GPU ``index`` is the Hopper arch of an installed arch plugin (its ArchSpec's target)."""
     import torch
-    return torch.version.hip is None and torch.cuda.get_device_capability(index)[0] == 9
+
+    from ck_core.device import current_arch
+    from ck_core.errors import UnsupportedProblem
+
+    from .keys import _hopper
+
+    try:
+        return _hopper(current_arch(torch.device("cuda", index)))
+    except UnsupportedProblem:   # no arch plugin targets this GPU
+        return False
 
 
 #: recorded launches (ck_core.backends.triton_replay) per problem geometry; a hit skips the

@@ -238,29 +238,30 @@ def _smem(family, hq, hv, a: TritonFmhaAlg, elem_bytes: int = 2) -> int:
 
 def _configs(family, hq, hv, arch, elem_bytes: int = 2, prune: bool = True) -> list:
     from . import configs as C
+    from . import tuning as T
 
-    tag = "sm90" if _hopper(arch) else "generic"
+    tag = arch.name   # the arch's tuned tables (the generic ones where it has none)
     extras = ()
     if family == "bwd_dq_dk_dv":
         return _bwd_algs(hq, hv, arch, tag, elem_bytes, prune)
     if family == "fwd":
         # every tile the tables name (per causal-ness and length bucket), each with its lesser TMA
         # forms: what the heuristic can pick for any problem the better form cannot address
-        cands = [C.default_fwd_config(hq, hv, tag, causal=c, seqlen=n, gluon=False)
-                 for c in (False, True) for n in C.SEQ_BUCKETS]
+        cands = [T.default_fwd_config(hq, hv, tag, causal=c, seqlen=n, gluon=False)
+                 for c in (False, True) for n in T.SEQ_BUCKETS]
         extras = (C.TritonFmhaConfig(128, 64, 4, 3, "ptr"), C.TritonFmhaConfig(64, 64, 4, 2, "ptr"))
         cands += [c for c in extras if c not in cands]
         if elem_bytes == 1:
-            cands.insert(0, C.default_fwd_config(hq, hv, tag, fp8=True))
+            cands.insert(0, T.default_fwd_config(hq, hv, tag, fp8=True))
         lesser = {"tma_host": ("tma", "ptr"), "tma": ("ptr",), "tma_ws": ("ptr",)}
         cands = [x for c in cands for x in (c, *(c.with_(variant=v) for v in lesser.get(c.variant, ())))]
         if _hopper(arch) and elem_bytes == 2 and (hq, hv) in GLUON_HDIMS:
-            cands += C.gluon_fwd_configs(hq)   # the Gluon kernel's tuned tiles
+            cands += T.gluon_fwd_configs(hq, tag)   # the Gluon kernel's tuned tiles
     elif family == "batch_prefill":  # the fwd kernel with a page gather: pointer loads only
-        cands = [C.default_fwd_config(hq, hv, "generic").with_(variant="ptr"),
+        cands = [T.default_fwd_config(hq, hv, "generic").with_(variant="ptr"),
                  C.TritonFmhaConfig(64, 64, 4, 2, "ptr")]
     elif family in ("fwd_splitkv", "fwd_pagedkv"):
-        cands = [C.default_splitkv_config(hq, hv, 1), C.default_splitkv_config(hq, hv, 64)]
+        cands = [T.default_splitkv_config(hq, hv, 1, tag), T.default_splitkv_config(hq, hv, 64, tag)]
     elif family == "fwd_appendkv":  # a copy kernel: BLOCK_M rows per program, BLOCK_N unused
         cands = [C.TritonFmhaConfig(32, 16, 4, 1, "ptr")]
     else:  # combine, dot_do_o, convert_dq: one small elementwise kernel each
@@ -282,19 +283,20 @@ def _configs(family, hq, hv, arch, elem_bytes: int = 2, prune: bool = True) -> l
 def _bwd_algs(hq, hv, arch, tag, elem_bytes, prune=True) -> list:
     """Backward keys: each tuned dK/dV tile (Triton; on Hopper also the Gluon tiles) with each dQ
     choice (atomic, the tuned Triton dQ tiles, on Hopper the Gluon dQ tiles)."""
-    from . import configs as C
     from . import gluon_bwd
+    from . import tuning as T
 
-    pairs = [C.default_bwd_configs(hq, hv, tag, causal=c) for c in (False, True)]
+    pairs = [T.default_bwd_configs(hq, hv, tag, causal=c) for c in (False, True)]
     kv = [(c.BLOCK_M, c.BLOCK_N, c.num_warps, c.num_stages, "ptr") for c, _ in pairs]
     dqs = [DQ_ATOMIC] + [dq_triton(q) for _, q in pairs]
     if _hopper(arch) and elem_bytes == 2 and (hq, hv) in GLUON_HDIMS:
         d = hq
-        tiles = [C.gluon_dkdv_tile(d, c) for c in (False, True)] + [C.gluon_fused_tile(d, c) for c in (False, True)]
-        tiles += [gluon_bwd.DKDV_TILES.get(d), gluon_bwd.FUSED_TILES.get(d)]
+        tiles = ([T.gluon_dkdv_tile(d, c, tag) for c in (False, True)]
+                 + [T.gluon_fused_tile(d, c, tag) for c in (False, True)])
+        tiles += [gluon_bwd.tiles("dkdv", tag).get(d), gluon_bwd.tiles("fused", tag).get(d)]
         kv += [(t[0], GLUON_BWD_BLOCK_N, GLUON_BWD_WARPS, t[1], "gluon_dkdv_pers" if t[2] else "gluon_dkdv")
                for t in tiles if t is not None]
-        dqs += [dq_gluon(t) for t in (C.gluon_dq_tile(d), gluon_bwd.DQ_TILES.get(d)) if t is not None]
+        dqs += [dq_gluon(t) for t in (T.gluon_dq_tile(d, tag), gluon_bwd.tiles("dq", tag).get(d)) if t is not None]
     out = []
     for k in kv:
         for dq in dqs:
@@ -841,7 +843,7 @@ class TritonFmhaRendered:
     jit_calls: Optional[object] = None
 
     def compile(self, target, extra_options=None):
-        from .configs import aot_compile
+        from .aot import aot_compile
 
         return aot_compile(self.family, self.dtype, self.config, target)
 
@@ -961,7 +963,7 @@ def render(key, backend: str):
     cfg = dict(a.config().as_dict(), hdim_q=s.hdim_q, hdim_v=s.hdim_v)
     dtype = s.dtype
     if dtype == "fp8":   # the arch's e4m3 flavour as a Triton type; o in bf16
-        from .configs import FP8_TRITON
+        from .aot import FP8_TRITON
 
         spec = _arch_spec(key.arch)
         dtype = FP8_TRITON[fp8_format(spec)]

@@ -59,7 +59,6 @@ LSE is fp32 natural-log, [B, H, Sq] ([H, total] in group mode).
 """
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import os
@@ -71,9 +70,9 @@ import triton
 from . import gluon_bwd, gluon_fwd
 from . import kernels as K
 from ... import device_errors
-from .configs import (GLUON_VARIANTS, TritonFmhaConfig, default_bwd_configs, default_fwd_config, gluon_dkdv_tile,
-                      gluon_dq_tile, gluon_fused_min_seqlen, gluon_fused_tile,
-                      padded_hdim, next_pow2)
+from .configs import GLUON_VARIANTS, TritonFmhaConfig, padded_hdim, next_pow2
+from .tuning import (default_bwd_configs, default_fwd_config, gluon_dkdv_tile, gluon_dq_tile, gluon_fused_min_seqlen,
+                     gluon_fused_tile)
 
 try:
     from ck_core.errors import InvalidProblem, UnsupportedProblem
@@ -96,18 +95,36 @@ def _interpret() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def _arch_of(t: torch.Tensor) -> str:
-    if t.device.type == "cuda" and not _interpret():
-        return _cuda_arch(t.device.index if t.device.index is not None else torch.cuda.current_device())
-    return "cpu"
+def _arch_of(t: torch.Tensor):
+    """The ArchSpec of the GPU ``t`` lives on (``ck_core.device.current_arch``); None on the CPU, in
+    the interpreter, and on a GPU that no installed arch plugin targets (the portable forms run there)."""
+    if t.device.type != "cuda" or _interpret():
+        return None
+    from ck_core.device import current_arch
+
+    try:
+        return current_arch(t)
+    except UnsupportedProblem:
+        return None
 
 
-@functools.lru_cache(maxsize=None)
-def _cuda_arch(index: int) -> str:
-    if torch.version.hip:
-        return "hip"
-    major, _ = torch.cuda.get_device_capability(index)
-    return "sm90" if major >= 9 else "cuda"
+def _tuned_arch(arch) -> str:
+    """The arch name whose tuned tables a kernel-direct call reads (the generic tables without one)."""
+    return arch.name if arch is not None else "generic"
+
+
+def _hopper(arch) -> bool:
+    from .keys import _hopper as hopper
+
+    return arch is not None and hopper(arch)
+
+
+def _on_nvidia(t: torch.Tensor) -> bool:
+    if t.device.type != "cuda" or _interpret():
+        return False
+    from ck_core.device import device_target
+
+    return device_target(t.device)[0] == "cuda"
 
 
 _ALLOC_SET = False
@@ -265,7 +282,7 @@ def _fp8_descales(q, fp8, q_descale, k_descale, v_descale, bias, alibi_slopes, d
     if paged is not None:
         raise UnsupportedProblem("the fp8 Triton forward reads contiguous K/V (batch or group mode); "
                                  "batch_prefill over fp8 pages is not implemented")
-    if q.dtype == getattr(torch, "float8_e4m3fnuz", None) and _arch_of(q) in ("sm90", "cuda"):
+    if q.dtype == getattr(torch, "float8_e4m3fnuz", None) and _on_nvidia(q):
         raise UnsupportedProblem("float8_e4m3fnuz is CDNA3's fp8 format; on NVIDIA GPUs use float8_e4m3fn")
     if not any(isinstance(x, torch.Tensor) for x in given):
         vals = [1.0 if x is None else float(x) for x in (q_descale, k_descale, v_descale)]
@@ -305,7 +322,9 @@ def fp8_v_trans_default(t: torch.Tensor) -> bool:
     reduction index of P @ V is the key) and in the interpreter; no on AMD GPUs, where it is not
     measured (it compiles for gfx942/gfx950/gfx1201, and there the AOT instruction mix even loses the
     byte-wise LDS reads of V; pass ``fp8_v_trans=True`` to try it)."""
-    return _arch_of(t) != "hip"
+    from .keys import fp8_v_trans
+
+    return fp8_v_trans(_arch_of(t))
 
 
 _KEY_DIM = {"bhsd": 2, "bshd": 1, "thd": 0}
@@ -578,8 +597,8 @@ def fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, retu
     if config is None:
         config = default_fwd_choice(q, k, v, dq, dv, sq, v_trans=v_trans, varlen=varlen, **gluon_args)
     cfg, variant = config, config.variant
-    # meta tensors: ``ck build`` tracing this launch for an sm90 target (nothing runs)
-    if variant != "ptr" and q.device.type != "meta" and _arch_of(q) != "sm90":
+    # meta tensors: ``ck build`` tracing this launch for a Hopper target (nothing runs)
+    if variant != "ptr" and q.device.type != "meta" and not _hopper(_arch_of(q)):
         raise UnsupportedProblem(f"config {cfg}: variant {variant!r} runs on Hopper GPUs (not in the interpreter); "
                                  "pass variant 'ptr'")
     if variant in GLUON_VARIANTS:
@@ -701,14 +720,14 @@ def default_fwd_choice(q, k, v, dq, dv, sq, *, v_trans, varlen, **gluon_args) ->
     scope, else the Triton kernel's tuned tile in the best form of (tma_host, tma, ptr) these tensors
     allow."""
     arch = _arch_of(q)
-    tag = "sm90" if arch == "sm90" else "generic"
+    tag = _tuned_arch(arch)
     causal = gluon_args["mode"] & 1 == 1
     cfg = default_fwd_config(dq, dv, tag, causal=causal, seqlen=sq, fp8=v_trans)
     if cfg.variant in GLUON_VARIANTS:
         if not _gluon_reason(q, k, v, cfg, **gluon_args):
             return cfg
         cfg = default_fwd_config(dq, dv, tag, causal=causal, seqlen=sq, fp8=v_trans, gluon=False)
-    variant = cfg.variant if (arch == "sm90" and gluon_args["paged"] is None) else "ptr"
+    variant = cfg.variant if (_hopper(arch) and gluon_args["paged"] is None) else "ptr"
     if varlen and v_trans:
         variant = "ptr"
     layout = gluon_args["layout"]
@@ -766,8 +785,8 @@ def default_bwd_choice(q, k, v, do, lse, delta, *, layout, mode, right, has_sc, 
     from ck_core import knobs
 
     d = q.shape[-1]
-    cfg_kv, cfg_q = config or default_bwd_configs(d, v.shape[-1], "sm90" if _arch_of(q) == "sm90" else "generic",
-                                                  causal=mode & 1 == 1)
+    arch = _tuned_arch(_arch_of(q))
+    cfg_kv, cfg_q = config or default_bwd_configs(d, v.shape[-1], arch, causal=mode & 1 == 1)
     gluon_why = "dbias" if return_dbias else _gluon_dq_reason(
         q, k, v, do, lse, delta, (64, 2, True), layout=layout, mode=mode, right=right, has_sc=has_sc, bias=bias,
         alibi_slopes=alibi_slopes, dropout_p=dropout_p, dv_=v.shape[-1])
@@ -775,17 +794,17 @@ def default_bwd_choice(q, k, v, do, lse, delta, *, layout, mode, right, has_sc, 
     gk = None
     if not deterministic and not gluon_why and _dkdv != "triton":
         if env != "0" or _dkdv == "gluon":
-            gk = gluon_fused_tile(d, mode == 1)
+            gk = gluon_fused_tile(d, mode == 1, arch)
             if _dkdv == "gluon":
-                gk = gk or gluon_bwd.FUSED_TILES.get(d)
-            elif gk is not None and sk < gluon_fused_min_seqlen():
+                gk = gk or gluon_bwd.tiles("fused", arch).get(d)
+            elif gk is not None and sk < gluon_fused_min_seqlen(arch):
                 gk = None
         if gk is None:
             deterministic = True   # on sm90 the separate dQ pass beats the Triton fp32-atomic kernel
     if deterministic and not return_dbias and _dkdv != "triton" and (env != "0" or _dkdv == "gluon"):
-        gk = gluon_dkdv_tile(d, mode == 1)
+        gk = gluon_dkdv_tile(d, mode == 1, arch)
         if _dkdv == "gluon" or env == "1":
-            gk = gk or gluon_bwd.DKDV_TILES.get(d)
+            gk = gk or gluon_bwd.tiles("dkdv", arch).get(d)
     why = "not configured" if gk is None else gluon_why
     if not why and (sk % 128 or sq % gk[0]):
         why = f"seqlen_k % 128 or seqlen_q % {gk[0]}"
@@ -796,7 +815,7 @@ def default_bwd_choice(q, k, v, do, lse, delta, *, layout, mode, right, has_sc, 
         return kv, ("atomic",)
     if _dq == "none":
         return kv, ("none",)
-    gtile = gluon_dq_tile(d) if _dq is None else gluon_bwd.DQ_TILES.get(d)
+    gtile = gluon_dq_tile(d, arch) if _dq is None else gluon_bwd.tiles("dq", arch).get(d)
     if _dq != "triton" and gtile is not None:
         why = _gluon_dq_reason(q, k, v, do, lse, delta, gtile, layout=layout, mode=mode, right=right, has_sc=has_sc,
                                bias=bias, alibi_slopes=alibi_slopes, dropout_p=dropout_p, dv_=v.shape[-1])
@@ -886,16 +905,16 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
     """Backward stage 2: dK, dV (summed over the GQA group) and dQ.
 
     The deterministic dQ pass runs on the Gluon sm90 kernel (:mod:`.gluon_bwd`) where
-    ``configs.BWD_GLUON_DQ_SM90`` names a tile for the head dim and the problem is in its scope (plain
+    the GPU's arch has a ``bwd_gluon_dq`` tile (``tuning.gluon_dq_tile``) for the head dim and the problem is in its scope (plain
     or causal fp16/bf16 batch mode, whole 128-row tiles), else on the Triton kernel.  ``_dq``
     ("triton" | "gluon" | "none", benchmarks only) overrides that; "none" skips dQ (dq is None).
-    dK/dV likewise on :func:`gluon_bwd.dkdv` where ``configs.BWD_GLUON_DKDV_SM90`` names a tile
+    dK/dV likewise on :func:`gluon_bwd.dkdv` where its ``bwd_gluon_dkdv`` table names a tile
     (``_dkdv`` overrides; the environment variable ``CK_FMHA_GLUON_DKDV`` = 0 / 1 turns it off / on
     for every head dim the kernel has).
 
-    ``deterministic=False`` on an sm90 GPU within the Gluon kernels' scope: dQ is computed inside the
-    Gluon dK/dV kernel (TMA reduce-adds into the fp32 accumulator) where ``configs.BWD_GLUON_FUSED_SM90``
-    names a tile and seqlen_k >= ``BWD_GLUON_FUSED_MIN_SEQLEN``; elsewhere there it takes the deterministic
+    ``deterministic=False`` on a Hopper GPU within the Gluon kernels' scope: dQ is computed inside the
+    Gluon dK/dV kernel (TMA reduce-adds into the fp32 accumulator) where the arch's ``bwd_gluon_fused``
+    table names a tile and seqlen_k >= its ``min_seqlen_k``; elsewhere there it takes the deterministic
     path, which measured faster than the Triton fp32-atomic kernel (``_dkdv="triton"`` keeps that kernel).
 
     ``choice`` = (dK/dV, dQ): what runs, exactly (the Dispatcher's key: ``triton_keys`` dq field and

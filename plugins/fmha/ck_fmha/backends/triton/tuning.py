@@ -1,0 +1,127 @@
+"""The tuned Triton FMHA configurations of an arch: ``ck_fmha/tuned/<arch>.json`` (with
+provenance), read through ``ck_core.tuned_data`` and overlaid by the user's store; an arch without a
+table of its own takes generic.json's.  Every reader takes the arch name the caller got from the
+Dispatcher (or ``ck_core.device.current_arch``): no arch is assumed here.
+"""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Dict, Tuple
+
+from ck_core.tuned_data import Table, table
+
+from .configs import TritonFmhaConfig, next_pow2, padded_hdim
+from .gluon_fwd import HDIMS as GLUON_HDIMS
+
+TUNED_DIR = str(Path(__file__).resolve().parent.parent.parent / "tuned")
+#: seqlen buckets of the per-(hdim, causal, seqlen) tables
+SEQ_BUCKETS = (512, 1024, 4096, 16384)
+
+
+def tuned(name: str, arch: str) -> Table:
+    """Table ``name`` of ``arch``'s tuned data, else of the generic data (empty when neither has it)."""
+    t = table("fmha", arch, name, TUNED_DIR)
+    return t if len(t) or arch == "generic" else table("fmha", "generic", name, TUNED_DIR)
+
+
+def _cfg(v) -> "TritonFmhaConfig":
+    return TritonFmhaConfig(**v)
+
+
+@functools.lru_cache(maxsize=512)
+def _cfg_at(t: Table, key):
+    """The config at ``key`` of table ``t`` (None: no entry); built once per loaded table."""
+    v = t.get(key)
+    return None if v is None else _cfg(v)
+
+
+@functools.lru_cache(maxsize=512)
+def _bwd_at(t: Table, key):
+    v = t.get(key)
+    return None if v is None else (_cfg(v["dkdv"]), _cfg(v["dq"]))
+
+
+def _tile(v) -> Tuple[int, int, bool]:
+    return (int(v["BLOCK"]), int(v["STAGES"]), bool(v["persistent"]))
+
+
+def _seq_bucket(s: int) -> int:
+    for b in SEQ_BUCKETS[:-1]:
+        if s <= b:
+            return b
+    return SEQ_BUCKETS[-1]
+
+
+def gluon_fwd_configs(hdim: int, arch: str):
+    """The distinct Gluon configurations of ``arch``'s ``fwd_gluon`` table for one head dim."""
+    out = []
+    for (d, _, _), c in tuned("fwd_gluon", arch).items():
+        if d == hdim and _cfg(c) not in out:
+            out.append(_cfg(c))
+    return out
+
+
+def tile_table(name: str, arch: str) -> Dict[int, Tuple[int, int, bool]]:
+    """A per-head-dim table of Gluon backward tiles: head dim -> (BLOCK, STAGES, persistent)."""
+    return {k[0]: _tile(v) for k, v in tuned(name, arch).items()}
+
+
+def gluon_dq_tile(hdim: int, arch: str):
+    """(BLOCK_N, STAGES, persistent) of the Gluon dQ pass where it beat the Triton dQ kernel, or None."""
+    v = tuned("bwd_gluon_dq", arch).get(hdim)
+    return None if v is None else _tile(v)
+
+
+def gluon_dkdv_tile(hdim: int, causal: bool, arch: str):
+    """(BLOCK_MQ, STAGES, persistent) of the Gluon dK/dV kernel where it beat the Triton one, or None."""
+    v = tuned("bwd_gluon_dkdv", arch).get((hdim, bool(causal)))
+    return None if v is None else _tile(v)
+
+
+def gluon_fused_tile(hdim: int, causal: bool, arch: str):
+    """Tile of the Gluon dK/dV kernel with dQ fused in (``deterministic=False``) where it won, or None;
+    it applies from seqlen_k >= :func:`gluon_fused_min_seqlen`."""
+    v = tuned("bwd_gluon_fused", arch).get((hdim, bool(causal)))
+    return None if v is None else _tile(v)
+
+
+def gluon_fused_min_seqlen(arch: str) -> int:
+    return int(tuned("bwd_gluon_fused", arch).meta.get("min_seqlen_k", 1 << 62))
+
+
+def default_fwd_config(hdim_q: int, hdim_v: int, arch: str, causal: bool = False,
+                       seqlen: int = 4096, fp8: bool = False, gluon: bool = True) -> TritonFmhaConfig:
+    """The tuned forward configuration of ``arch``.  ``gluon``: fp16/bf16 with head dims 64/64 or
+    128/128 take the arch's ``fwd_gluon`` table first, where it has one (``ops.fwd`` falls back to
+    ``gluon=False`` for problems the Gluon kernel cannot run); False: the Triton kernel's choice only."""
+    d = padded_hdim(max(hdim_q, hdim_v))
+    if fp8:
+        cfg = _cfg_at(tuned("fwd_fp8", arch), (d,))
+        if cfg is not None:
+            return cfg
+    if gluon and not fp8 and hdim_q == hdim_v and hdim_q in GLUON_HDIMS:  # where the arch has a Gluon table
+        cfg = _cfg_at(tuned("fwd_gluon", arch), (d, bool(causal), _seq_bucket(seqlen)))
+        if cfg is not None:
+            return cfg
+    cfg = _cfg_at(tuned("fwd_tuned", arch), (min(d, 256), bool(causal), _seq_bucket(seqlen)))
+    if cfg is not None:
+        return cfg
+    return _cfg_at(tuned("fwd_defaults", arch), (min(d, 256),))
+
+
+def default_bwd_configs(hdim_q: int, hdim_v: int, arch: str, causal: bool = False):
+    """(dK/dV config, dQ config) of the backward: the measured winner, else the head dim's default."""
+    d = padded_hdim(max(hdim_q, hdim_v))
+    return (_bwd_at(tuned("bwd_tuned", arch), (d, bool(causal)))
+            or _bwd_at(tuned("bwd_defaults", arch), (min(d, 256),)))
+
+
+def default_splitkv_config(hdim_q: int, hdim_v: int, rows: int, arch: str) -> TritonFmhaConfig:
+    d = padded_hdim(max(hdim_q, hdim_v))
+    cfg = _cfg(tuned("splitkv_defaults", arch)[min(d, 256)])
+    bm = max(16, next_pow2(rows))
+    if bm > 16:
+        bm = min(bm, 64)
+        cfg = cfg.with_(BLOCK_M=bm, BLOCK_N=min(cfg.BLOCK_N, 64))
+    return cfg
