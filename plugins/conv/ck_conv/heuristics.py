@@ -69,6 +69,20 @@ def preferred_split(cfg: ConvKernelConfig, p: ConvProblem, num_sms: int, smem_by
     (stream-K: programs per SM, two where two buffer sets fit ``smem_bytes``)."""
     if p.split_k:
         return p.split_k
+    # the shortlist's splits and the ranking ask about the same (config, problem) again
+    memo = (cfg, p, num_sms, smem_bytes)
+    got = _PREFERRED.get(memo)
+    if got is None:
+        if len(_PREFERRED) > 65536:
+            _PREFERRED.clear()
+        got = _PREFERRED[memo] = _preferred_split(cfg, p, num_sms, smem_bytes)
+    return got
+
+
+_PREFERRED: dict = {}
+
+
+def _preferred_split(cfg: ConvKernelConfig, p: ConvProblem, num_sms: int, smem_bytes: int | None) -> int:
     if cfg.reduction == "streamk":
         from .backends.triton.launch import streamk_fits
 
@@ -184,11 +198,13 @@ def candidate_configs(p: ConvProblem, limit: int | None = None, extended: bool =
     """
     base = heuristic_config(p)
     out = [base]
+    held = {base}   # membership of ``out`` without a list scan per candidate
 
     def add(tile, waves, pipe="compv3"):
         c = attrs.evolve(base, tile=tile, waves=waves, pipeline=pipe)
-        if c not in out and c.why_not(p) is None:
+        if c not in held and c.why_not(p) is None:
             out.append(c)
+            held.add(c)
 
     if base.specialization == "depthwise":
         tiles = _lists("depthwise_tiles", "bwd_weight" if p.direction == "bwd_weight" else "forward", arch)
@@ -202,7 +218,7 @@ def candidate_configs(p: ConvProblem, limit: int | None = None, extended: bool =
             for t in _lists("depthwise_tiles", "forward_8warps", arch):
                 add(t, (8, 1, 1), "mem")
         if extended:
-            out += [c for c in extended_candidates(p, arch) if c not in out]
+            out += [c for c in extended_candidates(p, arch) if c not in held]
         return out[:limit] if limit else out
     m, n, k = p.gemm_mnk
     if p.direction == "bwd_weight":
@@ -235,8 +251,9 @@ def candidate_configs(p: ConvProblem, limit: int | None = None, extended: bool =
             twins = {attrs.evolve(c, tap_mask=False) for c in ext if c.tap_mask and c.reduction == "atomic"
                      and not c.stages}
             out = out[:1] + [c for c in out[1:] if c not in twins]
+        held = set(out)
         for c in ext:
-            if c not in out:
+            if c not in held:
                 out.append(c)
     return out[:limit] if limit else out
 
@@ -249,7 +266,15 @@ def _lists(name: str, which: str, arch=None) -> tuple:
     t = table("conv", arch.name, name, TUNED_DIR) if arch is not None else EMPTY
     if which not in t:
         t = table("conv", "generic", name, TUNED_DIR)
-    return as_tuples(t[which])
+    # converted once per loaded table (a reloaded store gives a new table object)
+    memo = (name, which)
+    got = _LISTS.get(memo)
+    if got is None or got[0] is not t:
+        got = _LISTS[memo] = (t, as_tuples(t[which]))
+    return got[1]
+
+
+_LISTS: dict = {}
 
 
 def plan_facts(arch=None) -> tuple[int, int]:
@@ -288,6 +313,7 @@ def extended_candidates(p: ConvProblem, arch=None) -> list[ConvKernelConfig]:
     base = heuristic_config(p)
     plan_sms, plan_smem = plan_facts(arch)
     out: list = []
+    held: set = set()
     if base.specialization == "depthwise":
         if p.direction != "bwd_weight":  # the flat-row kernel
             for t, nw in _lists("depthwise_flat", "all", arch):
@@ -308,8 +334,9 @@ def extended_candidates(p: ConvProblem, arch=None) -> list[ConvKernelConfig]:
         # the A/B buffers the Triton pipeline keeps must fit the arch's shared memory
         smem = (c.tile[0] + c.tile[1]) * c.tile[2] * ELEMENT_BYTES[c.dtype] * c.smem_buffers \
             * (c.group_merge if c.direction == "bwd_weight" else 1)
-        if c not in out and c.why_not(p) is None and smem <= plan_smem:
+        if c not in held and c.why_not(p) is None and smem <= plan_smem:
             out.append(c)
+            held.add(c)
 
     if p.direction == "bwd_weight":
         tm = _pow2_at_least(p.k_per_group, 16, 128)
