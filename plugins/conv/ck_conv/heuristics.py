@@ -18,7 +18,7 @@ import attrs
 
 from ck_core.tuned_data import EMPTY, table
 
-from .keys import ELEMENT_BYTES, ConvKernelConfig, config_of
+from .keys import ELEMENT_BYTES, ConvKernelConfig, config_of, evolved
 from .space import as_tuples
 from .problem import ConvProblem
 
@@ -201,7 +201,7 @@ def candidate_configs(p: ConvProblem, limit: int | None = None, extended: bool =
     held = {base}   # membership of ``out`` without a list scan per candidate
 
     def add(tile, waves, pipe="compv3"):
-        c = attrs.evolve(base, tile=tile, waves=waves, pipeline=pipe)
+        c = evolved(base, tile=tile, waves=waves, pipeline=pipe)
         if c not in held and c.why_not(p) is None:
             out.append(c)
             held.add(c)
@@ -248,7 +248,7 @@ def candidate_configs(p: ConvProblem, limit: int | None = None, extended: bool =
             # the tap bits only take work out of a forward step (H100, session 2: every
             # 3x3 forward winner but one had them): a classic entry whose twin is in the
             # extended list goes, the heuristic pick stays first
-            twins = {attrs.evolve(c, tap_mask=False) for c in ext if c.tap_mask and c.reduction == "atomic"
+            twins = {evolved(c, tap_mask=False) for c in ext if c.tap_mask and c.reduction == "atomic"
                      and not c.stages}
             out = out[:1] + [c for c in out[1:] if c not in twins]
         held = set(out)
@@ -317,11 +317,11 @@ def extended_candidates(p: ConvProblem, arch=None) -> list[ConvKernelConfig]:
     if base.specialization == "depthwise":
         if p.direction != "bwd_weight":  # the flat-row kernel
             for t, nw in _lists("depthwise_flat", "all", arch):
-                out.append(attrs.evolve(base, tile=t, waves=(nw, 1, 1), flat=True))
+                out.append(evolved(base, tile=t, waves=(nw, 1, 1), flat=True))
         if p.direction == "forward":  # the row-reuse kernel, where it applies
             # at least 8 elements per lane (16-byte fp16 vectors): BLOCK >= 256 * warps
             for t, nw, r in _lists("depthwise_rows", "all", arch):
-                c = attrs.evolve(base, tile=t, waves=(nw, 1, 1), rows=r)
+                c = evolved(base, tile=t, waves=(nw, 1, 1), rows=r)
                 if c.why_not(p) is None:
                     out.append(c)
         return out
@@ -330,7 +330,7 @@ def extended_candidates(p: ConvProblem, arch=None) -> list[ConvKernelConfig]:
     tap = p.taps <= 31 and not one_by_one
 
     def add_cfg(tile, waves, pipe="compv3", **kw):
-        c = attrs.evolve(base, tile=tile, waves=waves, pipeline=pipe, **kw)
+        c = evolved(base, tile=tile, waves=waves, pipeline=pipe, **kw)
         # the A/B buffers the Triton pipeline keeps must fit the arch's shared memory
         smem = (c.tile[0] + c.tile[1]) * c.tile[2] * ELEMENT_BYTES[c.dtype] * c.smem_buffers \
             * (c.group_merge if c.direction == "bwd_weight" else 1)

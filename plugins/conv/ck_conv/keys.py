@@ -527,6 +527,21 @@ def from_config(c: ConvKernelConfig) -> tuple:
 _DEFAULT_ALG = ConvAlgorithm(128, 128, 32, 2, 2, 1, 32, 32, 16)
 
 
+def evolved(cfg: ConvKernelConfig, **changes) -> ConvKernelConfig:
+    """``attrs.evolve(cfg, **changes)``, one object per distinct result: selection builds the
+    same few dozen variants of a problem's pick for every new problem, and a config built
+    once keeps its hash (so the memos keyed by it cost a lookup)."""
+    try:
+        return _evolved(cfg, tuple(changes.items()))
+    except TypeError:   # an unhashable value (a list tile): build it plainly
+        return attrs.evolve(cfg, **changes)
+
+
+@functools.lru_cache(maxsize=1 << 15)
+def _evolved(cfg: ConvKernelConfig, changes: tuple) -> ConvKernelConfig:
+    return attrs.evolve(cfg, **dict(changes))
+
+
 @functools.lru_cache(maxsize=1 << 16)
 def config_of(key) -> ConvKernelConfig:
     # one config object per key: its hash (and so every cache keyed by it) is computed once
