@@ -136,7 +136,9 @@ def heuristic(problem, candidates, arch) -> list:
         fam = (c.tile, c.group_merge, c.tap_mask, c.reduction, c.stages, c.pipeline, c.flat, c.rows,
                c.specialization)
         if fam not in preferred:
-            preferred[fam] = preferred_split(c, problem, cus, arch.lds_bytes)
+            # the unsplit twin: the shortlist asked preferred_split about that very object
+            preferred[fam] = preferred_split(c if c.split == 1 else evolved(c, split=1), problem, cus,
+                                             arch.lds_bytes)
         return preferred[fam]
 
     return sorted(candidates, key=score)   # the Dispatcher passes the keys that support the problem
