@@ -157,10 +157,11 @@ def test_memoised_selection_gives_the_same_shortlist_as_a_cold_start(conv_reg):
         return [(_shortlist(d, p), d.select(p)) for p in probs]
 
     def clear():
-        for memo in (ck_keys._WHY, heuristics._PREFERRED, heuristics._LISTS, ck_problem._OUT_SPATIAL):
+        for memo in (ck_keys._WHY, heuristics._PREFERRED, heuristics._LISTS, heuristics._PICKS,
+                     ck_problem._OUT_SPATIAL):
             memo.clear()
-        ck_keys.config_of.cache_clear()
-        ck_keys.key_of.cache_clear()
+        for fn in (ck_keys.config_of, ck_keys.key_of, ck_keys._evolved, heuristics._closeness):
+            fn.cache_clear()
 
     clear()
     cold = lists()

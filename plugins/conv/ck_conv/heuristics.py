@@ -11,6 +11,7 @@ registry's keys by closeness to the pick and to the split that fills the GPU
 """
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 
@@ -118,16 +119,10 @@ def heuristic(problem, candidates, arch) -> list:
     """Rank candidates by closeness to :func:`heuristic_config`'s pick."""
     want = heuristic_config(problem)
     cus = max(int(arch.compute_units or 1), 1)
-    spec_rank = {"depthwise": 0, "filter1x1_stride1_pad0": 0, "filter1x1_pad0": 1, "filter3x3": 2, "default": 3}
 
     def score(k):
         c = config_of(k)
-        s = sum(abs(math.log2(a / b)) for a, b in zip(c.tile, want.tile))
-        s += 0.5 * (c.pipeline != want.pipeline) + 0.25 * (c.waves != want.waves)
-        s += 0.1 * spec_rank.get(c.specialization, 3) + 0.05 * (c.warp_tile != want.warp_tile)
-        # the split that fills the GPU for this tile (the launcher never sizes one)
-        s += 0.3 * abs(math.log2(c.split / split_for(c)))
-        return s
+        return _closeness(c, want, split_for(c))
 
     preferred: dict = {}
 
@@ -144,6 +139,19 @@ def heuristic(problem, candidates, arch) -> list:
     return sorted(candidates, key=score)   # the Dispatcher passes the keys that support the problem
 
 
+_SPEC_RANK = {"depthwise": 0, "filter1x1_stride1_pad0": 0, "filter1x1_pad0": 1, "filter3x3": 2, "default": 3}
+
+
+@functools.lru_cache(maxsize=1 << 15)
+def _closeness(c: ConvKernelConfig, want: ConvKernelConfig, split: int) -> float:
+    """How far ``c`` is from the pick ``want`` when ``split`` fills the GPU for ``c``'s tile
+    (the launcher never sizes one); the same few hundred triples recur for every new problem."""
+    s = sum(abs(math.log2(a / b)) for a, b in zip(c.tile, want.tile))
+    s += 0.5 * (c.pipeline != want.pipeline) + 0.25 * (c.waves != want.waves)
+    s += 0.1 * _SPEC_RANK.get(c.specialization, 3) + 0.05 * (c.warp_tile != want.warp_tile)
+    return s + 0.3 * abs(math.log2(c.split / split))
+
+
 # -- the heuristic pick and the tuning lists ---------------------------------------------------
 
 def _pow2_at_least(x: int, lo: int, hi: int) -> int:
@@ -156,6 +164,19 @@ def _pow2_at_least(x: int, lo: int, hi: int) -> int:
 def heuristic_config(p: ConvProblem) -> ConvKernelConfig:
     """A good default kernel for ``p`` on a tensor-core GPU (tuned on an H100): the pick the ranking
     of :func:`heuristic` measures every key against, and the first of :func:`candidate_configs`."""
+    # asked three times per new problem (tuning list, its extension, the ranking)
+    got = _PICKS.get(p)
+    if got is None:
+        if len(_PICKS) > 65536:
+            _PICKS.clear()
+        got = _PICKS[p] = _heuristic_config(p)
+    return got
+
+
+_PICKS: dict = {}
+
+
+def _heuristic_config(p: ConvProblem) -> ConvKernelConfig:
     common = dict(direction=p.direction, dtype=p.dtype, ndim=p.ndim, layout=p.layout_family,
                   split=p.split_k or 1)
     if p.c_per_group == 1 and p.k_per_group == 1:
