@@ -7,7 +7,10 @@ signal: the programs the launch makes (:func:`ck_conv.backends.triton.launch.red
 times the split) against the arch's compute units, the matrix work the padded tiles
 do over the useful work, and a roofline estimate from the ArchSpec's peaks.  The
 old heuristic's order is a column too (its rank among the candidates): the trees
-learn where to trust it.
+learn where to trust it.  The ``rel_*`` columns are estimates over the candidate set's best
+(the target is each kernel's time over its shortlist's best), ``tail`` / ``m_fit`` / ``n_fit``
+how full the last wave and the edge tiles are; splits are continuous (``log_split``), so a
+split the oracle never measured (64-256) still gets a score.
 
 The conv ranker ranks the op's shortlist (the tuning list of
 :func:`ck_conv.heuristics.candidate_configs` with its splits), not the whole key space:
