@@ -107,3 +107,65 @@ def test_a_shortlist_ranker_outside_its_domain_keeps_the_heuristic(conv_reg, use
 def test_an_unknown_candidate_scope_is_a_config_error():
     with pytest.raises(ConfigError, match="candidates"):
         ranker.Model({"kind": "linear", "features": ["a"], "coef": [1.0], "candidates": "some"})
+
+
+def _dw_bwd_weight(N=8, G=32, hw=112):
+    return ConvProblem(N=N, G=G, C=G, K=G, input_spatial=(hw, hw), filter=(3, 3), stride=(1, 1), pad_left=(1, 1),
+                       pad_right=(1, 1), direction="bwd_weight", dtype="bf16")
+
+
+def test_the_shipped_ranker_scores_splits_beyond_its_training_data():
+    """The oracle saw splits up to 32; the shortlist now names up to 256 (depthwise bwd_weight):
+    the split features are continuous, so unseen splits get finite scores, and on a layer whose
+    unsplit launch makes one program per 16-32 groups (32 groups at 112x112) the wide splits win."""
+    import attrs
+    from ck_conv.keys import config_of, key_of
+    from ck_conv.space import shortlist
+
+    mgr = get_manager()
+    op, arch = mgr.op("conv"), mgr.arch("sm90")
+    tuned_data.clear_cache()
+    model = ranker.model_for(op, "sm90", "triton")
+    assert model is not None and model.scope == "shortlist"
+    for p in (_dw_bwd_weight(), _problem("bwd_weight", C=64, K=64, sp=(56, 56), stride=(1, 1), N=8)):
+        short = list(dict.fromkeys(next(iter(shortlist(p, arch, "triton")))))
+        unsplit = [k for k in short if config_of(k).split == 1]
+        wide = [key_of(attrs.evolve(config_of(k), split=s), "sm90", "triton") for k in unsplit for s in (64, 128)]
+        keys = short + wide
+        cols = op.features(p, keys, arch)
+        assert ranker.covers(model, cols)
+        pred = model.predict(ranker.matrix(cols, model.features, "conv ranker"))
+        assert pred.shape == (len(keys),) and np.isfinite(pred).all()
+        assert np.array_equal(cols["log_split"][len(short):], np.tile([6.0, 7.0], len(unsplit)))
+        if p.G > 1:
+            assert pred[len(short):].min() < pred[[keys.index(k) for k in unsplit]].min()
+
+
+def test_memoised_selection_gives_the_same_shortlist_as_a_cold_start(conv_reg):
+    """Selection caches per config, key and problem: a warm process lists the same shortlist
+    (and picks the same key) as one that starts cold, for problems differing only in batch."""
+    from ck_conv import heuristics, keys as ck_keys, problem as ck_problem
+
+    rng = np.random.default_rng()
+    probs = [_dw_bwd_weight(N=int(rng.integers(1, 40)), G=int(rng.choice([16, 32, 96])), hw=int(rng.integers(9, 60)))
+             for _ in range(3)]
+    probs += [_problem(d, C=int(rng.choice([16, 48, 64])), K=int(rng.choice([32, 80])), N=int(rng.integers(1, 9)),
+                       sp=(int(rng.integers(5, 30)), int(rng.integers(5, 30)))) for d in ("forward", "bwd_data", "bwd_weight")]
+
+    def lists():
+        d = Dispatcher(conv_reg, backend="numpy")
+        return [(_shortlist(d, p), d.select(p)) for p in probs]
+
+    def clear():
+        for memo in (ck_keys._WHY, heuristics._PREFERRED, heuristics._LISTS, heuristics._PICKS,
+                     ck_problem._OUT_SPATIAL):
+            memo.clear()
+        for fn in (ck_keys.config_of, ck_keys.key_of, ck_keys._evolved, heuristics._closeness):
+            fn.cache_clear()
+
+    clear()
+    cold = lists()
+    warm = lists()
+    clear()
+    assert cold == warm == lists()
+    assert all(len(s) >= 2 and k in s for s, k in cold)

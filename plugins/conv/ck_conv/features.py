@@ -7,7 +7,10 @@ signal: the programs the launch makes (:func:`ck_conv.backends.triton.launch.red
 times the split) against the arch's compute units, the matrix work the padded tiles
 do over the useful work, and a roofline estimate from the ArchSpec's peaks.  The
 old heuristic's order is a column too (its rank among the candidates): the trees
-learn where to trust it.
+learn where to trust it.  The ``rel_*`` columns are estimates over the candidate set's best
+(the target is each kernel's time over its shortlist's best), ``tail`` / ``m_fit`` / ``n_fit``
+how full the last wave and the edge tiles are; splits are continuous (``log_split``), so a
+split the oracle never measured (64-256) still gets a score.
 
 The conv ranker ranks the op's shortlist (the tuning list of
 :func:`ck_conv.heuristics.candidate_configs` with its splits), not the whole key space:
@@ -26,6 +29,7 @@ from . import keys as K
 
 _REDUCTIONS = K.REDUCTIONS
 _PIPES = K.PIPELINES
+_DIRS = ("forward", "bwd_data", "bwd_weight")
 #: kernel columns, in the order of :func:`_kernel_row`
 _KERNEL = ("tile_m", "tile_n", "tile_k", "warps", "stages", "split", "group_merge", "tap_mask", "flat",
            "rows", "k_depthwise", "k_1x1", "k_3x3", *(f"pipe_{p}" for p in _PIPES),
@@ -109,6 +113,7 @@ def features(problem, candidates: list, arch) -> dict:
     t_mem = (io + ws * col["split"] * result * 4.0) / (bw * 1e9)
     roof = np.maximum(t_compute, t_mem) + 3e-6 * (1.0 + ws)
     full = lambda v: np.full(n_c, float(v))   # noqa: E731
+    n_fit = float(p.c_per_group) if p.direction == "bwd_weight" else n   # a bwd_weight tile spans one tap's channels
     hr = _heuristic_rank(keys, p, arch)
     out = {
         "log_n": full(math.log2(p.N)), "log_g": full(math.log2(p.G)),
@@ -127,6 +132,18 @@ def features(problem, candidates: list, arch) -> dict:
         "log_t_compute": np.log(t_compute), "log_t_mem": np.log(np.full(n_c, 1.0) * t_mem),
         "log_roofline": np.log(roof),
         "heur_rank": hr, "heur_first": (hr == 0).astype(np.float64),
+        # problem shape against the tile: how full the last wave and the edge tiles are, and the
+        # estimates relative to the shortlist's best (the target is relative to the shortlist's best)
+        "dir_index": full(_DIRS.index(p.direction)), "grouped": full(p.G > 1 and p.c_per_group * p.k_per_group > 1),
+        "log_bytes_per_flop": full(math.log2(io / max(flops, 1.0))),
+        "tail": (progs - (waves - 1.0) * cus) / cus,
+        "m_fit": m / (np.ceil(m / tm) * tm), "n_fit": n_fit / (np.ceil(n_fit / tn) * tn),
+        "log_work_per_prog": np.log2(np.maximum(work / np.maximum(progs, 1.0), 1.0)),
+        "log_split": np.log2(col["split"]),
+        "rel_roofline": np.log(roof) - np.log(roof).min(),
+        "rel_t_compute": np.log(t_compute) - np.log(t_compute).min(),
+        "rel_t_mem": np.log(t_mem * np.ones(n_c)) - np.log(t_mem * np.ones(n_c)).min(),
+        "rel_waves": np.log2(np.maximum(waves, 1.0)) - np.log2(np.maximum(waves, 1.0)).min(),
     }
     for name in _KERNEL:
         out[name] = col[name]

@@ -11,6 +11,7 @@ registry's keys by closeness to the pick and to the split that fills the GPU
 """
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import attrs
 
 from ck_core.tuned_data import EMPTY, table
 
-from .keys import ELEMENT_BYTES, ConvKernelConfig, config_of
+from .keys import ELEMENT_BYTES, ConvKernelConfig, config_of, evolved
 from .space import as_tuples
 from .problem import ConvProblem
 
@@ -69,6 +70,20 @@ def preferred_split(cfg: ConvKernelConfig, p: ConvProblem, num_sms: int, smem_by
     (stream-K: programs per SM, two where two buffer sets fit ``smem_bytes``)."""
     if p.split_k:
         return p.split_k
+    # the shortlist's splits and the ranking ask about the same (config, problem) again
+    memo = (cfg, p, num_sms, smem_bytes)
+    got = _PREFERRED.get(memo)
+    if got is None:
+        if len(_PREFERRED) > 65536:
+            _PREFERRED.clear()
+        got = _PREFERRED[memo] = _preferred_split(cfg, p, num_sms, smem_bytes)
+    return got
+
+
+_PREFERRED: dict = {}
+
+
+def _preferred_split(cfg: ConvKernelConfig, p: ConvProblem, num_sms: int, smem_bytes: int | None) -> int:
     if cfg.reduction == "streamk":
         from .backends.triton.launch import streamk_fits
 
@@ -104,16 +119,10 @@ def heuristic(problem, candidates, arch) -> list:
     """Rank candidates by closeness to :func:`heuristic_config`'s pick."""
     want = heuristic_config(problem)
     cus = max(int(arch.compute_units or 1), 1)
-    spec_rank = {"depthwise": 0, "filter1x1_stride1_pad0": 0, "filter1x1_pad0": 1, "filter3x3": 2, "default": 3}
 
     def score(k):
         c = config_of(k)
-        s = sum(abs(math.log2(a / b)) for a, b in zip(c.tile, want.tile))
-        s += 0.5 * (c.pipeline != want.pipeline) + 0.25 * (c.waves != want.waves)
-        s += 0.1 * spec_rank.get(c.specialization, 3) + 0.05 * (c.warp_tile != want.warp_tile)
-        # the split that fills the GPU for this tile (the launcher never sizes one)
-        s += 0.3 * abs(math.log2(c.split / split_for(c)))
-        return s
+        return _closeness(c, want, split_for(c))
 
     preferred: dict = {}
 
@@ -122,10 +131,25 @@ def heuristic(problem, candidates, arch) -> list:
         fam = (c.tile, c.group_merge, c.tap_mask, c.reduction, c.stages, c.pipeline, c.flat, c.rows,
                c.specialization)
         if fam not in preferred:
-            preferred[fam] = preferred_split(c, problem, cus, arch.lds_bytes)
+            # the unsplit twin: the shortlist asked preferred_split about that very object
+            preferred[fam] = preferred_split(c if c.split == 1 else evolved(c, split=1), problem, cus,
+                                             arch.lds_bytes)
         return preferred[fam]
 
     return sorted(candidates, key=score)   # the Dispatcher passes the keys that support the problem
+
+
+_SPEC_RANK = {"depthwise": 0, "filter1x1_stride1_pad0": 0, "filter1x1_pad0": 1, "filter3x3": 2, "default": 3}
+
+
+@functools.lru_cache(maxsize=1 << 15)
+def _closeness(c: ConvKernelConfig, want: ConvKernelConfig, split: int) -> float:
+    """How far ``c`` is from the pick ``want`` when ``split`` fills the GPU for ``c``'s tile
+    (the launcher never sizes one); the same few hundred triples recur for every new problem."""
+    s = sum(abs(math.log2(a / b)) for a, b in zip(c.tile, want.tile))
+    s += 0.5 * (c.pipeline != want.pipeline) + 0.25 * (c.waves != want.waves)
+    s += 0.1 * _SPEC_RANK.get(c.specialization, 3) + 0.05 * (c.warp_tile != want.warp_tile)
+    return s + 0.3 * abs(math.log2(c.split / split))
 
 
 # -- the heuristic pick and the tuning lists ---------------------------------------------------
@@ -140,6 +164,19 @@ def _pow2_at_least(x: int, lo: int, hi: int) -> int:
 def heuristic_config(p: ConvProblem) -> ConvKernelConfig:
     """A good default kernel for ``p`` on a tensor-core GPU (tuned on an H100): the pick the ranking
     of :func:`heuristic` measures every key against, and the first of :func:`candidate_configs`."""
+    # asked three times per new problem (tuning list, its extension, the ranking)
+    got = _PICKS.get(p)
+    if got is None:
+        if len(_PICKS) > 65536:
+            _PICKS.clear()
+        got = _PICKS[p] = _heuristic_config(p)
+    return got
+
+
+_PICKS: dict = {}
+
+
+def _heuristic_config(p: ConvProblem) -> ConvKernelConfig:
     common = dict(direction=p.direction, dtype=p.dtype, ndim=p.ndim, layout=p.layout_family,
                   split=p.split_k or 1)
     if p.c_per_group == 1 and p.k_per_group == 1:
@@ -184,11 +221,13 @@ def candidate_configs(p: ConvProblem, limit: int | None = None, extended: bool =
     """
     base = heuristic_config(p)
     out = [base]
+    held = {base}   # membership of ``out`` without a list scan per candidate
 
     def add(tile, waves, pipe="compv3"):
-        c = attrs.evolve(base, tile=tile, waves=waves, pipeline=pipe)
-        if c not in out and c.why_not(p) is None:
+        c = evolved(base, tile=tile, waves=waves, pipeline=pipe)
+        if c not in held and c.why_not(p) is None:
             out.append(c)
+            held.add(c)
 
     if base.specialization == "depthwise":
         tiles = _lists("depthwise_tiles", "bwd_weight" if p.direction == "bwd_weight" else "forward", arch)
@@ -202,7 +241,7 @@ def candidate_configs(p: ConvProblem, limit: int | None = None, extended: bool =
             for t in _lists("depthwise_tiles", "forward_8warps", arch):
                 add(t, (8, 1, 1), "mem")
         if extended:
-            out += [c for c in extended_candidates(p, arch) if c not in out]
+            out += [c for c in extended_candidates(p, arch) if c not in held]
         return out[:limit] if limit else out
     m, n, k = p.gemm_mnk
     if p.direction == "bwd_weight":
@@ -232,11 +271,12 @@ def candidate_configs(p: ConvProblem, limit: int | None = None, extended: bool =
             # the tap bits only take work out of a forward step (H100, session 2: every
             # 3x3 forward winner but one had them): a classic entry whose twin is in the
             # extended list goes, the heuristic pick stays first
-            twins = {attrs.evolve(c, tap_mask=False) for c in ext if c.tap_mask and c.reduction == "atomic"
+            twins = {evolved(c, tap_mask=False) for c in ext if c.tap_mask and c.reduction == "atomic"
                      and not c.stages}
             out = out[:1] + [c for c in out[1:] if c not in twins]
+        held = set(out)
         for c in ext:
-            if c not in out:
+            if c not in held:
                 out.append(c)
     return out[:limit] if limit else out
 
@@ -249,7 +289,15 @@ def _lists(name: str, which: str, arch=None) -> tuple:
     t = table("conv", arch.name, name, TUNED_DIR) if arch is not None else EMPTY
     if which not in t:
         t = table("conv", "generic", name, TUNED_DIR)
-    return as_tuples(t[which])
+    # converted once per loaded table (a reloaded store gives a new table object)
+    memo = (name, which)
+    got = _LISTS.get(memo)
+    if got is None or got[0] is not t:
+        got = _LISTS[memo] = (t, as_tuples(t[which]))
+    return got[1]
+
+
+_LISTS: dict = {}
 
 
 def plan_facts(arch=None) -> tuple[int, int]:
@@ -288,14 +336,15 @@ def extended_candidates(p: ConvProblem, arch=None) -> list[ConvKernelConfig]:
     base = heuristic_config(p)
     plan_sms, plan_smem = plan_facts(arch)
     out: list = []
+    held: set = set()
     if base.specialization == "depthwise":
         if p.direction != "bwd_weight":  # the flat-row kernel
             for t, nw in _lists("depthwise_flat", "all", arch):
-                out.append(attrs.evolve(base, tile=t, waves=(nw, 1, 1), flat=True))
+                out.append(evolved(base, tile=t, waves=(nw, 1, 1), flat=True))
         if p.direction == "forward":  # the row-reuse kernel, where it applies
             # at least 8 elements per lane (16-byte fp16 vectors): BLOCK >= 256 * warps
             for t, nw, r in _lists("depthwise_rows", "all", arch):
-                c = attrs.evolve(base, tile=t, waves=(nw, 1, 1), rows=r)
+                c = evolved(base, tile=t, waves=(nw, 1, 1), rows=r)
                 if c.why_not(p) is None:
                     out.append(c)
         return out
@@ -304,12 +353,13 @@ def extended_candidates(p: ConvProblem, arch=None) -> list[ConvKernelConfig]:
     tap = p.taps <= 31 and not one_by_one
 
     def add_cfg(tile, waves, pipe="compv3", **kw):
-        c = attrs.evolve(base, tile=tile, waves=waves, pipeline=pipe, **kw)
+        c = evolved(base, tile=tile, waves=waves, pipeline=pipe, **kw)
         # the A/B buffers the Triton pipeline keeps must fit the arch's shared memory
         smem = (c.tile[0] + c.tile[1]) * c.tile[2] * ELEMENT_BYTES[c.dtype] * c.smem_buffers \
             * (c.group_merge if c.direction == "bwd_weight" else 1)
-        if c not in out and c.why_not(p) is None and smem <= plan_smem:
+        if c not in held and c.why_not(p) is None and smem <= plan_smem:
             out.append(c)
+            held.add(c)
 
     if p.direction == "bwd_weight":
         tm = _pow2_at_least(p.k_per_group, 16, 128)

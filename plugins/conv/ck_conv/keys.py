@@ -94,7 +94,7 @@ def _triple(v) -> tuple:
     return t
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, cache_hash=True)   # selection keys its caches by configs
 class ConvKernelConfig:
     """One grouped-conv kernel; ``name`` is its identity and parses back with ``from_name``."""
 
@@ -272,6 +272,15 @@ class ConvKernelConfig:
     # ---- applicability ------------------------------------------------------
     def why_not(self, p: ConvProblem) -> str | None:
         """None if this kernel computes ``p``; else the reason it does not."""
+        # the tuning list checks a config, the registry's shortlist the same config's key again
+        got = _WHY.get((self, p), _WHY)
+        if got is _WHY:
+            if len(_WHY) > 65536:
+                _WHY.clear()
+            got = _WHY[(self, p)] = self._why_not(p)
+        return got
+
+    def _why_not(self, p: ConvProblem) -> str | None:
         if p.direction != self.direction:
             return f"direction {p.direction} != {self.direction}"
         if p.dtype != self.dtype:
@@ -357,8 +366,7 @@ class ConvKernelConfig:
             return None  # split = persistent programs per SM: any count runs
         from .backends.triton.launch import split_plan  # the launch's own arithmetic: the name says what runs
 
-        result = {"forward": p.output_shape, "bwd_data": p.input_shape, "bwd_weight": p.weight_shape}[p.direction]
-        if self.reduction in ("twostage", "fixup") and self.split * math.prod(result) >= 2 ** 31:
+        if self.reduction in ("twostage", "fixup") and self.split * _result_size(p) >= 2 ** 31:
             return f"a {self.reduction} workspace of {self.split} x the output overflows 32-bit offsets"
 
         nsplit, _ = split_plan(self, p)
@@ -369,6 +377,16 @@ class ConvKernelConfig:
 
     def supports(self, p: ConvProblem) -> bool:
         return self.why_not(p) is None
+
+
+_WHY: dict = {}
+
+
+def _result_size(p: ConvProblem) -> int:
+    """Elements of the tensor ``p``'s direction writes."""
+    if p.direction == "bwd_weight":
+        return p.K * p.c_per_group * p.taps
+    return p.N * (p.K * math.prod(p.output_spatial) if p.direction == "forward" else p.C * math.prod(p.input_spatial))
 
 
 def is_extended(cfg: ConvKernelConfig) -> bool:
@@ -509,10 +527,28 @@ def from_config(c: ConvKernelConfig) -> tuple:
 _DEFAULT_ALG = ConvAlgorithm(128, 128, 32, 2, 2, 1, 32, 32, 16)
 
 
+def evolved(cfg: ConvKernelConfig, **changes) -> ConvKernelConfig:
+    """``attrs.evolve(cfg, **changes)``, one object per distinct result: selection builds the
+    same few dozen variants of a problem's pick for every new problem, and a config built
+    once keeps its hash (so the memos keyed by it cost a lookup)."""
+    try:
+        return _evolved(cfg, tuple(changes.items()))
+    except TypeError:   # an unhashable value (a list tile): build it plainly
+        return attrs.evolve(cfg, **changes)
+
+
+@functools.lru_cache(maxsize=1 << 15)
+def _evolved(cfg: ConvKernelConfig, changes: tuple) -> ConvKernelConfig:
+    return attrs.evolve(cfg, **dict(changes))
+
+
+@functools.lru_cache(maxsize=1 << 16)
 def config_of(key) -> ConvKernelConfig:
+    # one config object per key: its hash (and so every cache keyed by it) is computed once
     return to_config(key.signature, key.algorithm)
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def key_of(cfg: ConvKernelConfig, arch: str, backend: str = "numpy") -> KernelKey:
     sig, alg = from_config(cfg)
     return KernelKey("conv", sig, alg, arch, backend)

@@ -73,6 +73,7 @@ class ConvSpace(KeySpace):
         self._only_pipes = set(opts.get("pipelines") or ())
         self._algs: dict = {}
         self._split_algs: dict = {}
+        self._holds: dict = {}   # key -> membership (a space never changes; shortlists ask again and again)
 
     # -- the algorithm lists ------------------------------------------------------
     def _lists(self, d: str, dt: str, spec: str) -> tuple:
@@ -159,6 +160,18 @@ class ConvSpace(KeySpace):
         return per * len(self.ndims) * len(self.layouts)
 
     def __contains__(self, key) -> bool:
+        try:
+            return self._holds[key]
+        except (KeyError, TypeError):
+            pass
+        got = self._contains(key)
+        if isinstance(key, KernelKey):
+            if len(self._holds) > 65536:
+                self._holds.clear()
+            self._holds[key] = got
+        return got
+
+    def _contains(self, key) -> bool:
         if not isinstance(key, KernelKey) or key.op != "conv" or key.arch != self.arch \
                 or key.backend != self.backend:
             return False

@@ -95,7 +95,10 @@ def _one_of(name, allowed):
     return check
 
 
-@attrs.frozen(kw_only=True)
+_OUT_SPATIAL: dict = {}
+
+
+@attrs.frozen(kw_only=True, cache_hash=True)   # selection keys many caches by the problem
 class ConvProblem(Problem):
     """A grouped 1D/2D/3D convolution, forward or backward, CK-style.
 
@@ -222,6 +225,15 @@ class ConvProblem(Problem):
 
     @property
     def output_spatial(self) -> tuple:
+        # selection asks for it thousands of times per problem (the hash is cached)
+        got = _OUT_SPATIAL.get(self)
+        if got is None:
+            if len(_OUT_SPATIAL) > 65536:
+                _OUT_SPATIAL.clear()
+            got = _OUT_SPATIAL[self] = self._output_spatial()
+        return got
+
+    def _output_spatial(self) -> tuple:
         return tuple((i + pl + pr - d * (f - 1) - 1) // s + 1
                      for i, f, s, d, pl, pr in zip(self.input_spatial, self.filter, self.stride,
                                                    self.dilation, self.pad_left, self.pad_right))

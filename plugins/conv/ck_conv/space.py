@@ -28,7 +28,7 @@ from pathlib import Path
 import attrs
 
 from . import keys as K
-from .keys import ConvKernelConfig, cull_reason, key_of
+from .keys import ConvKernelConfig, cull_reason, evolved, key_of
 from .problem import DIRECTIONS, DTYPES, ConvProblem
 
 log = logging.getLogger(__name__)
@@ -246,14 +246,14 @@ def _with_splits(cfgs, problem, arch, backend: str) -> list:
     out = []
     for c in cfgs:
         if problem.split_k:
-            picks = (c if c.split == problem.split_k else attrs.evolve(c, split=problem.split_k),)
+            picks = (c if c.split == problem.split_k else evolved(c, split=problem.split_k),)
         else:
-            c1 = c if c.split == 1 else attrs.evolve(c, split=1)
+            c1 = c if c.split == 1 else evolved(c, split=1)
             sp = preferred_split(c1, problem, cus, smem)
             if sp > 1 and c1.reduction != "streamk":
                 sp = split_plan(c1, problem, sp)[0]   # the parts the launch makes
                 sp = _enumerated_split(c1, sp, problem)
-            picks = (attrs.evolve(c1, split=sp), c1) if sp != 1 else (c1,)
+            picks = (evolved(c1, split=sp), c1) if sp != 1 else (c1,)
         out.extend(key_of(x, arch.name, backend) for x in picks)
     return out
 
@@ -265,10 +265,15 @@ def _enumerated_split(c1: ConvKernelConfig, want: int, problem) -> int:
     holds powers of two: a shortlist naming a split outside it would name no key at all."""
     from .backends.triton.launch import split_plan
 
-    for s in sorted(_splits(c1, ()), key=lambda s: (abs(math.log2(s / want)), s)):
+    for s in _nearest_first(_splits(c1, ()), want):
         if s == 1 or split_plan(c1, problem, s)[0] == s:
             return s
     return 1
+
+
+@functools.lru_cache(maxsize=4096)
+def _nearest_first(splits: tuple, want: int) -> tuple:
+    return tuple(sorted(splits, key=lambda s: (abs(math.log2(s / want)), s)))
 
 
 def _ck_table_variants(problem, arch) -> list:

@@ -246,7 +246,7 @@ def split_plan(cfg: ConvKernelConfig, p: ConvProblem, split: int | None = None) 
     tiles, steps = reduction_shape(cfg, p)
     split = split or cfg.split
     if p.direction == "bwd_weight":
-        unit = cfg.triton_meta()["BLOCK_P" if cfg.specialization == "depthwise" else "BLOCK_K"]
+        unit = cfg.tile[0] if cfg.specialization == "depthwise" else cfg.tile[2]   # BLOCK_P / BLOCK_K
         chunk = _cdiv(_cdiv(steps, split), unit) * unit
         return _cdiv(steps, chunk), chunk
     chunk = _cdiv(max(steps, 1), split)
