@@ -1,18 +1,21 @@
-"""Leave-one-network-out cross-validation of a ranker inside an oracle's training split.
+"""Group k-fold cross-validation of ranker settings on an oracle's TRAINING shapes (CPU).
 
-    python benchmarks/selection_cv.py conv benchmarks/results/selection/conv_sm90.jsonl.gz --clip 0.5 --seeds 0,1,2
+    python benchmarks/selection_cv.py gemm benchmarks/results/selection/gemm_sm90.jsonl.gz \\
+        '{"trees": 100, "leaves": 63, "depth": 8}' '{"trees": 200, "lr": 0.08}' ...
 
-Each network (the part of a shape's family before ``:``) of the training split is held out in
-turn, the ranker (``ck_core.select_train``'s gradient-boosted trees or linear model, the same
-features) is fitted on the other networks and scored on it; the pooled scores give geomean and
-P10.  The held-out split is never read: this is how the shipped conv ranker's features, clip
-and model kind were chosen (see benchmarks/results/selection/README.md).  Needs the ``train``
-extra.
+Each argument after the data file is one setting (``ck_core.select_train.fit_gbdt``'s options
+plus ``clip`` and ``features``: a list of feature names, default all).  The held-out split is
+never read.  Folds hold whole groups: an LLM-style family ``kind:model:layer`` is grouped by
+model (a model's layers never straddle train and test), any other family is cut into
+``--parts`` random groups.  Prints each setting's pick/oracle geomean, P10 and worst over all
+training shapes, each scored by the fold that did not see it.  Needs the ``train`` extra.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+import time
 
 import numpy as np
 
@@ -20,50 +23,55 @@ from ck_core import ranker, select_data, select_train
 from ck_core.plugins import get_manager
 
 
-def cross_validate(op, arch, shapes, kind="gbdt", clip=select_train.FAILED, seed=0, drop=(), **gbdt) -> dict:
-    nets = sorted({s.family.split(":")[0] for s in shapes})
-    names = [n for n in select_train.design(op, arch, shapes[:1])[3] if n not in drop]
-    scores, by_dir = [], {}
-    for net in nets:
-        fit = [s for s in shapes if s.family.split(":")[0] != net]
-        val = [s for s in shapes if s.family.split(":")[0] == net]
-        X, y, _, _ = select_train.design(op, arch, fit, names=names, clip=clip)
-        spec = (select_train.fit_gbdt(X, y, names, seed=seed, **gbdt) if kind == "gbdt"
-                else select_train.fit_linear(X, y, names))
-        got = select_data.evaluate(val, select_data.ranker_selector(ranker.Model(spec), op, arch))
-        scores += got
-        for s, v in zip(val, got):
-            by_dir.setdefault(s.family.split(":")[-1], []).append(v)
-    out = select_data.summary(scores)
-    out.update({d: select_data.summary(v)["geomean"] for d, v in sorted(by_dir.items())})
-    return {k: round(v, 4) if isinstance(v, float) else v for k, v in out.items()}
+def groups_of(shapes, parts: int, seed: int) -> list:
+    rng = np.random.default_rng(seed)
+    out = []
+    for s in shapes:
+        bits = s.family.split(":")
+        out.append(bits[1] if len(bits) >= 3 else f"{s.family}#{rng.integers(parts)}")
+    return out
+
+
+def cross_validate(op, arch, shapes, setting: dict, folds: int = 5, parts: int = 5, seed: int = 1) -> dict:
+    from sklearn.model_selection import GroupKFold
+
+    setting = dict(setting)
+    clip = setting.pop("clip", select_train.FAILED)
+    names = setting.pop("features", None)
+    cols = [op.features(s.problem, list(s.keys), arch) for s in shapes]
+    names = names or sorted(cols[0])
+    Xs = [ranker.matrix(c, names, "cv") for c in cols]
+    ys = [np.log(s.ms / s.best) for s in shapes]
+    ys = [np.where(np.isfinite(y), np.minimum(y, clip), clip) for y in ys]
+    scores = np.zeros(len(shapes))
+    split = GroupKFold(folds).split(np.zeros(len(shapes)), groups=groups_of(shapes, parts, seed))
+    for fit, test in split:
+        spec = select_train.fit_gbdt(np.vstack([Xs[i] for i in fit]), np.concatenate([ys[i] for i in fit]),
+                                     names, **setting)
+        model = ranker.Model(spec)
+        for i in test:
+            scores[i] = select_data.score(shapes[i], shapes[i].keys[int(np.argmin(model.predict(Xs[i])))])
+    return select_data.summary(scores)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("op")
     ap.add_argument("data")
-    ap.add_argument("--kind", default="gbdt", choices=("gbdt", "linear"))
-    ap.add_argument("--clip", type=float, default=select_train.FAILED)
-    ap.add_argument("--seeds", default="0")
-    ap.add_argument("--trees", type=int, default=60)
-    ap.add_argument("--leaves", type=int, default=16)
-    ap.add_argument("--depth", type=int, default=5)
-    ap.add_argument("--drop", default="", help="features left out, comma-separated")
+    ap.add_argument("settings", nargs="+", help="JSON objects of fit_gbdt options (+ clip, features)")
+    ap.add_argument("--folds", type=int, default=5)
+    ap.add_argument("--parts", type=int, default=5, help="random groups a non-model family is cut into")
     args = ap.parse_args(argv)
     mgr = get_manager()
     oracle = select_data.load(args.data, mgr)
     op, arch = mgr.op(args.op), mgr.arch(oracle.header["arch"])
     shapes = oracle.split("train")
-    runs = [cross_validate(op, arch, shapes, args.kind, args.clip, int(seed), tuple(filter(None, args.drop.split(","))),
-                           trees=args.trees, leaves=args.leaves, depth=args.depth)
-            for seed in args.seeds.split(",")]
-    for r in runs:
-        print(json.dumps(r))
-    print(json.dumps({"mean_geomean": round(float(np.mean([r["geomean"] for r in runs])), 4),
-                      "mean_p10": round(float(np.mean([r["p10"] for r in runs])), 4)}))
+    for text in args.settings:
+        t = time.perf_counter()
+        got = cross_validate(op, arch, shapes, json.loads(text), args.folds, args.parts)
+        print(text, {k: round(v, 4) for k, v in got.items()}, f"{time.perf_counter() - t:.0f} s", flush=True)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())

@@ -86,11 +86,12 @@ def fit_linear(X, y, names, ridge: float = 1e-3) -> dict:
             "intercept": float(y.mean() - (mu / sd) @ w)}
 
 
-def fit_gbdt(X, y, names, trees: int = 60, leaves: int = 16, seed: int = 0, depth: int = 5) -> dict:
+def fit_gbdt(X, y, names, trees: int = 60, leaves: int = 16, seed: int = 0, depth: int = 5,
+             lr: float = 0.12) -> dict:
     import lightgbm as lgb
 
     # shallow trees: inference walks every level for every candidate (selection <= 1 ms)
-    model = lgb.LGBMRegressor(n_estimators=trees, num_leaves=leaves, max_depth=depth, learning_rate=0.12,
+    model = lgb.LGBMRegressor(n_estimators=trees, num_leaves=leaves, max_depth=depth, learning_rate=lr,
                               min_child_samples=10,
                               subsample=0.8, subsample_freq=1, colsample_bytree=0.9, random_state=seed,
                               verbose=-1)
@@ -135,7 +136,7 @@ def quality(spec: dict, op, arch, shapes) -> dict:
 def train(op, arch, oracle, kinds=("gbdt", "linear"), seed: int = 0, validation: float = 0.2,
           clip: float = FAILED, **gbdt):
     """Fit each kind on part of the training split, keep the best on the rest, refit it on all.
-    ``gbdt``: :func:`fit_gbdt`'s tree options (trees, leaves, depth)."""
+    ``gbdt``: :func:`fit_gbdt`'s tree options (trees, leaves, depth, lr)."""
     shapes = oracle.split("train")
     if len(shapes) < 10:
         from .errors import ConfigError
@@ -211,6 +212,7 @@ def main(argv=None) -> int:
     ap.add_argument("--trees", type=int, default=60)
     ap.add_argument("--leaves", type=int, default=16)
     ap.add_argument("--depth", type=int, default=5, help="most splits on a tree path (inference walks them all)")
+    ap.add_argument("--lr", type=float, default=0.12, help="the trees' learning rate")
     ap.add_argument("--clip", type=float, default=FAILED,
                     help="cap of the target log(time / best): slower kernels count as equally bad")
     args = ap.parse_args(argv)
@@ -221,7 +223,7 @@ def main(argv=None) -> int:
     h = oracle.header
     arch = mgr.arch(h["arch"])
     spec = train(op, arch, oracle, tuple(args.kinds.split(",")), args.seed, clip=args.clip, trees=args.trees,
-                 leaves=args.leaves, depth=args.depth)
+                 leaves=args.leaves, depth=args.depth, lr=args.lr)
     if h.get("candidates", "all") != "all":   # the oracle measured the op's shortlist: rank that
         spec["candidates"] = h["candidates"]
     try:

@@ -17,11 +17,12 @@ from ck_core.plugins import get_manager
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "benchmarks" / "results" / "selection"
 #: (geomean, P10) the shipped ranker must reach on held-out shapes; see benchmarks/results/selection/README.md
-FLOOR = {"gemm": (0.87, 0.68), "fmha": (0.95, 0.85), "conv": (0.91, 0.82)}
+FLOOR = {"gemm": (0.89, 0.75), "fmha": (0.95, 0.85), "conv": (0.91, 0.82)}
 #: most milliseconds ranking one new problem may take here (target: 1 ms; the GEMM ranker's 100
-#: trees of depth 8 over 143 candidates take ~1.5 ms on the shared 2-core CI machine: a known miss,
+#: trees of depth 8 over 143 candidates take ~0.75 ms on a quiet host, ~1.5 ms on the loaded shared
+#: 2-core CI machine: a known miss,
 #: see benchmarks/results/selection/README.md)
-SELECT_MS = {"gemm": 2.5, "fmha": 1.0, "conv": 1.0}
+SELECT_MS = {"gemm": 2.5, "fmha": 1.5, "conv": 1.5}   # a guard with headroom for a loaded host: the figures are in the README
 
 
 @pytest.fixture(scope="module", params=sorted(FLOOR))
@@ -68,6 +69,7 @@ def test_a_ranker_that_inverts_its_predictions_fails_the_floor(recorded):
     assert got["geomean"] < FLOOR[op_name][0]
 
 
+@pytest.mark.timing
 def test_selection_of_a_new_problem_is_fast(recorded):
     op_name, op, arch, model, oracle = recorded
     shapes = oracle.split("heldout")

@@ -81,6 +81,30 @@ def features(problem, candidates: list, arch) -> dict:
     for name in ("log_roofline", "log_t_compute", "log_t_l2", "log_waves"):
         out["rel_" + name[4:]] = out[name] - out[name].min()
     out["log_flops"] = np.full(len(candidates), math.log2(2.0 * m * n * k * batch))
+    # fit of the tile to the problem: useful share of the last M / N / K tile, the last wave's fill
+    # (tiles / SMs, fractional part), the programs that run at once, work per program
+    out["tail_m"] = m / (tiles_m * tm)
+    out["tail_n"] = n / (tiles_n * tn)
+    out["tail_k"] = k / (k_iters * tk * sk)
+    frac = tiles / cus - np.floor(tiles / cus)
+    out["wave_frac"] = np.where(frac == 0.0, 1.0, frac)
+    out["log_waves_exact"] = np.log2(tiles / cus)
+    out["sm_busy"] = np.minimum(tiles, cus) / cus
+    out["log_mnk_per_tile"] = np.log2(tm * tn * k_iters * tk)
+    # bytes moved per flop of one tile's main loop (its arithmetic intensity, inverted)
+    out["tile_bytes_per_flop"] = eb * (tm + tn) / (2.0 * tm * tn)
+    out["problem_bytes_per_flop"] = np.full(
+        len(candidates), (eb * (m * k + k * n) + ebc * m * n) / (2.0 * m * n * k))
+    # 16-byte alignment of each operand's leading dimension: what the TMA descriptors need
+    lda = k if problem.layout[0] == "r" else m
+    ldb = n if problem.layout[1] == "r" else k
+    out["tma_ok_a"] = np.full(len(candidates), float((lda * eb) % 16 == 0))
+    out["tma_ok_b"] = np.full(len(candidates), float((ldb * eb) % 16 == 0))
+    out["tma_ok_c"] = np.full(len(candidates), float((n * ebc) % 16 == 0))
+    out["sk_partial_bytes"] = np.log2(1.0 + (sk > 1) * sk * m * n * 4.0 * batch)
+    for name in ("log_waves_exact", "log_mnk_per_tile", "log_t_mem"):
+        out["rel_" + name[4:]] = out[name] - out[name].min()
+    out["rank_roofline"] = np.argsort(np.argsort(out["log_roofline"], kind="stable"), kind="stable") / len(candidates)
     for name in _KERNEL:
         out[name] = col[name]
     for name in ("tile_m", "tile_n", "tile_k"):
