@@ -49,6 +49,22 @@ def eager_and_graph_ms(fn) -> dict:
     return out
 
 
+def shard(cases: list, spec: str) -> list:
+    """The ``I/N`` shard of a suite's case list (cases I, I+N, I+2N, ...; ``""`` = all), so that N
+    processes, one per GPU, run a broad suite together (``benchmarks/broad_multi.py`` merges them)."""
+    if not spec:
+        return list(cases)
+    try:
+        i, n = (int(x) for x in spec.split("/"))
+    except ValueError:
+        i, n = -1, 0
+    if not 0 <= i < n:
+        from .errors import ConfigError
+
+        raise ConfigError(f"--shard {spec!r}: give I/N with 0 <= I < N, e.g. 0/4")
+    return list(cases)[i::n]
+
+
 def broad_result(res: dict) -> dict:
     """A broad suite's run (``rows``, ``summary``, ``seed``, ``skipped_for_time``) as ``ck bench``'s result:
     the rows that ran and were right form the table and the geomeans; the others (wrong, error,

@@ -21,6 +21,7 @@ import time
 from typing import Optional
 
 from ck_core.bench import broad_result, eager_and_graph_ms, geomean
+from ck_core.bench import shard as shard_cases
 from ck_core.progress import Progress
 
 SEED = 20261125
@@ -139,7 +140,7 @@ def _peer(c, x, w, dy):
 
 
 def run(out_path: Optional[str] = None, budget_s: float = 300.0, seed: int = SEED, arch: Optional[str] = None,
-        limit: Optional[int] = None, progress=None) -> dict:
+        limit: Optional[int] = None, progress=None, shard: str = "") -> dict:
     import torch
 
     from ck_core import Dispatcher, Registry, get_manager
@@ -160,7 +161,7 @@ def run(out_path: Optional[str] = None, budget_s: float = 300.0, seed: int = SEE
     disps = {}
     rows, skipped = [], []
     t0 = time.time()
-    cs = cases(seed)[:limit] if limit else cases(seed)
+    cs = shard_cases(cases(seed)[:limit] if limit else cases(seed), shard)
     # a bar on a terminal, a line every 30 s in a log (ck bench passes its own, -q silences it)
     counter = (progress or Progress)(len(cs), "ck bench conv --suite broad")
     for c in counter.each(cs, lambda c: c["case"]):
@@ -266,10 +267,11 @@ if __name__ == "__main__":
     ap.add_argument("--out", default="benchmarks/results/conv_broad.json")
     ap.add_argument("--budget", type=float, default=300.0)
     ap.add_argument("--limit", type=int, default=0)
+    ap.add_argument("--shard", default="", metavar="I/N", help="every N-th case from the I-th (one GPU of N)")
     ap.add_argument("--list", action="store_true")
     a = ap.parse_args()
     if a.list:
         for c in cases():
             print(c["split"], c["case"])
     else:
-        print(json.dumps(run(a.out, a.budget, limit=a.limit or None)["summary"], indent=1))
+        print(json.dumps(run(a.out, a.budget, limit=a.limit or None, shard=a.shard)["summary"], indent=1))

@@ -35,6 +35,7 @@ HDIMS = (64, 80, 96, 128, 160, 192, 256)
 GQA = (1, 4, 8, "mqa")
 MASKS = ("full", "causal", "window")
 from ck_core.bench import broad_result, eager_and_graph_ms
+from ck_core.bench import shard as shard_cases
 
 SEED = 20261125
 
@@ -463,7 +464,7 @@ def pick(cs: list[dict], which: str) -> list[dict]:
 
 
 def run(out_path: Optional[str] = None, budget_s: float = 420.0, seed: int = SEED, kinds=None,
-        limit: Optional[int] = None, progress=None, which: str = "") -> dict:
+        limit: Optional[int] = None, progress=None, which: str = "", shard: str = "") -> dict:
     """Run the suite on the current CUDA device within ``budget_s``; returns the result dict.
     ``which``: only these cases (see :func:`pick`), in that order."""
     import torch
@@ -480,6 +481,7 @@ def run(out_path: Optional[str] = None, budget_s: float = 420.0, seed: int = SEE
         cs = [c for c in cs if c["kind"] in kinds]
     if limit:
         cs = cs[:limit]
+    cs = shard_cases(cs, shard)
     t0 = time.time()
     copy_gbs = _copy_bw(device) if any(c["kind"] == "decode" for c in cs) else None
     rows: list[dict] = []
@@ -549,6 +551,7 @@ if __name__ == "__main__":
     ap.add_argument("--kinds", default="")
     ap.add_argument("--limit", type=int, default=0)
     ap.add_argument("--cases", default="", help="comma-separated case indices (--list) or name parts")
+    ap.add_argument("--shard", default="", metavar="I/N", help="every N-th case from the I-th (one GPU of N)")
     ap.add_argument("--list", action="store_true")
     a = ap.parse_args()
     if a.list:
@@ -556,5 +559,5 @@ if __name__ == "__main__":
             print(i, c["split"], c["case"])
     else:
         res = run(a.out, a.budget, kinds=a.kinds.split(",") if a.kinds else None, limit=a.limit or None,
-                  which=a.cases)
+                  which=a.cases, shard=a.shard)
         print(json.dumps(res["summary"], indent=1))

@@ -19,6 +19,7 @@ import time
 from typing import Optional
 
 from ck_core.bench import broad_result, eager_and_graph_ms, geomean
+from ck_core.bench import shard as shard_cases
 from ck_core.progress import Progress
 
 SEED = 20261125
@@ -109,7 +110,7 @@ def prebuild(picks: list, workers: int) -> int:
 
 
 def run(out_path: Optional[str] = None, budget_s: float = 300.0, seed: int = SEED, arch: Optional[str] = None,
-        limit: Optional[int] = None, progress=None, prebuild_workers: int = 0) -> dict:
+        limit: Optional[int] = None, progress=None, shard: str = "", prebuild_workers: int = 0) -> dict:
     import torch
 
     from ck_core import Dispatcher, Registry, get_manager
@@ -126,7 +127,7 @@ def run(out_path: Optional[str] = None, budget_s: float = 300.0, seed: int = SEE
     rows = []
     skipped = []
     t0 = time.time()
-    cs = cases(seed)[:limit] if limit else cases(seed)
+    cs = shard_cases(cases(seed)[:limit] if limit else cases(seed), shard)
 
     def dispatcher(c):
         dk = (c["dtype"], c["layout"])
@@ -237,6 +238,7 @@ if __name__ == "__main__":
     ap.add_argument("--out", default="benchmarks/results/gemm_broad.json")
     ap.add_argument("--budget", type=float, default=300.0)
     ap.add_argument("--limit", type=int, default=0)
+    ap.add_argument("--shard", default="", metavar="I/N", help="every N-th case from the I-th (one GPU of N)")
     ap.add_argument("--list", action="store_true")
     ap.add_argument("--prebuild", type=int, default=0, metavar="N",
                     help="compile the Dispatcher's picks in N processes first (first calls then load)")
@@ -245,5 +247,5 @@ if __name__ == "__main__":
         for c in cases():
             print(c["split"], c["case"])
     else:
-        print(json.dumps(run(a.out, a.budget, limit=a.limit or None, prebuild_workers=a.prebuild)["summary"],
+        print(json.dumps(run(a.out, a.budget, limit=a.limit or None, shard=a.shard, prebuild_workers=a.prebuild)["summary"],
                          indent=1))
