@@ -15,7 +15,10 @@ software-pipeline depth), ``_relaxed`` / ``_twostage`` / ``_fixup`` / ``_atomicf
 (how a split reduction is summed, or ``_streamk``), ``_gm{n}`` (groups merged per program) and ``_tapmask``
 (forward, bwd_data, bwd_weight: per-row tap-validity bits, so a step's row mask
 is a shift and an and) and ``_flat`` (depthwise forward / bwd_data: rows x a flat
-(W, G) span per program, see :func:`ck_conv.backends.triton.kernels.dw_flat_kernel`) and
+(W, G) span per program, see :func:`ck_conv.backends.triton.kernels.dw_flat_kernel`;
+forward / bwd_weight of the other specialisations: one im2col GEMM over the flattened
+(tap, channel) axis j = tap*C + c, for few channels per group such as RGB stems, see
+:func:`ck_conv.backends.triton.kernels.conv_bwd_weight_flat_kernel`) and
 ``_rows`` / ``_rows_wexp`` (depthwise forward, stride 1, dilation 1 along H and W:
 RH output rows x a flat (W, G) span per program, each input row loaded once per
 filter column and reused for every output row it feeds; ``_wexp`` reads the
@@ -123,7 +126,9 @@ class ConvKernelConfig:
     #: per-pixel table
     tap_mask: bool = attrs.field(default=False, converter=bool)
     #: depthwise forward / bwd_data: the flat-row kernel, tile = (output rows,
-    #: flat (W, G) elements, 1): wide contiguous 16-byte loads for any G
+    #: flat (W, G) elements, 1): wide contiguous 16-byte loads for any G;
+    #: forward / bwd_weight otherwise: the im2col GEMM over the flattened (tap, channel)
+    #: axis, tile = (BLOCK_M, BLOCK_N, BLOCK_K) of that GEMM
     flat: bool = attrs.field(default=False, converter=bool)
     #: depthwise forward, stride 1 / dilation 1 along H and W: the row-reuse kernel,
     #: tile = (output rows RH, flat (W, G) elements, 1); 1 = weights gathered by
@@ -215,7 +220,8 @@ class ConvKernelConfig:
         # backward kernels gather one operand through an index table whose loads
         # take software-pipeline stages of their own (Triton 3.6 on sm90 keeps 2
         # A/B buffers at 3-4 stages and 3 at 5): more stages, same buffers
-        if self.direction != "forward" and self.specialization != "depthwise" and not self._bwd_data_tm:
+        if self.direction != "forward" and self.specialization != "depthwise" and not self._bwd_data_tm \
+                and not self.flat:
             return PIPELINE_STAGES_BWD[self.pipeline]
         return PIPELINE_STAGES[self.pipeline]
 
@@ -235,7 +241,7 @@ class ConvKernelConfig:
         if self.stages:
             # the table-gathering backward kernels spend two stages on the table loads
             return self.stages if self.direction == "forward" or self.specialization == "depthwise" \
-                or self._bwd_data_tm else max(1, self.stages - 2)
+                or self._bwd_data_tm or self.flat else max(1, self.stages - 2)
         return PIPELINE_STAGES[self.pipeline]
 
     def lds_bytes(self) -> int:
@@ -254,7 +260,13 @@ class ConvKernelConfig:
                         "num_stages": self.num_stages}
             if self.flat:
                 return {"BLOCK_R": m, "BLOCK_F": n, "num_warps": self.num_warps, "num_stages": self.num_stages}
-            return {"BLOCK_P": m, "BLOCK_G": n, "num_warps": self.num_warps, "num_stages": self.num_stages}
+            meta = {"BLOCK_P": m, "BLOCK_G": n, "num_warps": self.num_warps, "num_stages": self.num_stages}
+            if self.direction == "bwd_weight":
+                meta["WS"] = 3 if self.reduction == "atomicfix" else 0
+            return meta
+        if self.flat:   # im2col over the flattened (tap, channel) axis: no specialisation knobs
+            return {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "num_warps": self.num_warps,
+                    "num_stages": self.num_stages}
         spec = {"filter1x1_stride1_pad0": 1, "filter1x1_pad0": 2}.get(self.specialization, 0)
         meta = {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "SPEC": spec}
         if self.direction == "forward":
@@ -291,11 +303,14 @@ class ConvKernelConfig:
             return f"layout {p.layout_family} != {self.layout}"
         dw = p.c_per_group == 1 and p.k_per_group == 1
         spec = self.specialization
-        if self.split > 1 and (self.flat or self.rows or (spec == "depthwise" and self.direction != "bwd_weight")):
-            return "depthwise forward / bwd_data kernels do not split their reduction"
+        if self.split > 1 and (self.rows or (spec == "depthwise" and self.direction != "bwd_weight")
+                               or (self.flat and self.direction != "bwd_weight")):
+            return "depthwise forward / bwd_data and flat forward kernels do not split their reduction"
         if spec == "depthwise":
-            if self.group_merge != 1 or self.tap_mask or self.reduction != "atomic":
-                return "depthwise kernels have no group merging, tap mask or split-reduction modes"
+            if self.group_merge != 1 or self.tap_mask:
+                return "depthwise kernels have no group merging or tap mask"
+            if self.reduction != "atomic" and not (self.direction == "bwd_weight" and self.reduction == "atomicfix"):
+                return "depthwise kernels reduce by atomics (bwd_weight: also atomicfix)"
             if self.flat and self.direction == "bwd_weight":
                 return "the flat-row depthwise kernel exists for forward and bwd_data"
             if self.flat and (self.tile[0] & (self.tile[0] - 1) or self.tile[1] & (self.tile[1] - 1)):
@@ -308,7 +323,7 @@ class ConvKernelConfig:
                 return "depthwise kernel needs C = K = G (one channel per group)"
             return self._split_why_not(p)
         if self.flat:
-            return "the flat-row layout exists for depthwise kernels only"
+            return self._flat_why_not(p)
         if self.rows:
             return "the row-reuse kernel exists for depthwise kernels only"
         if self.reduction == "streamk":
@@ -355,6 +370,20 @@ class ConvKernelConfig:
         vec_c = p.c_per_group if p.direction != "bwd_weight" else p.k_per_group
         if self.vector[0] > 1 and vec_c % self.vector[0] and not pk:
             return f"vector size {self.vector[0]} does not divide {vec_c} channels"
+        return self._split_why_not(p)
+
+    def _flat_why_not(self, p: ConvProblem) -> str | None:
+        """The im2col kernels over the flattened (tap, channel) axis (forward, bwd_weight)."""
+        if self.direction == "bwd_data":
+            return "the flat (tap, channel) im2col kernels exist for forward and bwd_weight"
+        if self.rows or self.tap_mask or self.group_merge != 1 or self.reduction == "streamk":
+            return "flat im2col kernels have no row reuse, tap mask, group merging or stream-K"
+        if self.specialization not in ("default", "filter3x3"):
+            return "flat im2col kernels are written for the default and 3x3 specialisations"
+        if self.specialization == "filter3x3" and p.specialization != "filter3x3":
+            return "needs a 3x3 filter"
+        if any(t < 16 or t & (t - 1) for t in self.tile):
+            return f"flat im2col tile {self.tile}: powers of two >= 16 (tensor-core dots)"
         return self._split_why_not(p)
 
     def _split_why_not(self, p: ConvProblem) -> str | None:

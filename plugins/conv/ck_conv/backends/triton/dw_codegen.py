@@ -30,9 +30,9 @@ import triton.language as tl
 
 
 @triton.jit
-def kernel(x_ptr, dy_ptr, dw_ptr, P, CHUNK, G, Di, Hi, Wi, Do, Ho, Wo,
+def kernel(x_ptr, dy_ptr, dw_ptr, fin_ptr, cnt_ptr, P, CHUNK, G, Di, Hi, Wi, Do, Ho, Wo,
            sd, sh, sw, pd, ph, pw, dd, dh, dw,
-           BLOCK_P: tl.constexpr, BLOCK_G: tl.constexpr):
+           BLOCK_P: tl.constexpr, BLOCK_G: tl.constexpr, WS: tl.constexpr):
     offs_g = tl.program_id(0) * BLOCK_G + tl.arange(0, BLOCK_G)
     s = tl.program_id(1)
     mg = offs_g < G
@@ -56,6 +56,18 @@ def kernel(x_ptr, dy_ptr, dw_ptr, P, CHUNK, G, Di, Hi, Wi, Do, Ho, Wo,
         gv = tl.load(dy_ptr + offs_p[:, None] * G + offs_g[None, :], mask=mm, other=0.0).to(tl.float32)
 {body}
 {tail}
+'''
+
+#: WS == 3 (``_atomicfix``): dw_ptr is a persistent zeroed fp32 buffer; the last program of a
+#: channel block (an arrival counter per block, axis 0) casts the sums out and zeroes the
+#: buffer and its counter again: one launch, no memset, no cast kernel
+_FIXUP = '''
+    if WS == 3:
+        tl.debug_barrier()
+        arrived = tl.atomic_add(cnt_ptr + tl.program_id(0), 1, sem="acq_rel", scope="gpu")
+        if arrived == tl.num_programs(1) - 1:
+{fin}
+            tl.atomic_xchg(cnt_ptr + tl.program_id(0), 0)
 '''
 
 _TAP = '''        d{t} = id0 + {fz} * dd
@@ -89,9 +101,14 @@ def render(flt: tuple) -> str:
     taps = [(z, y, x) for z in range(fz_) for y in range(fy_) for x in range(fx_)]
     init = "\n".join(f"    acc{t} = tl.zeros((BLOCK_P, BLOCK_G), dtype=tl.float32)" for t in range(len(taps)))
     body = "".join(_TAP.format(t=t, fz=z, fy=y, fx=x) for t, (z, y, x) in enumerate(taps))
-    tail = "\n".join(f"    tl.atomic_add(dw_ptr + offs_g * {len(taps)} + {t}, tl.sum(acc{t}, axis=0), mask=mg)"
-                     for t in range(len(taps)))
-    return _HEAD.format(init=init, body=body, tail=tail)
+    T = len(taps)
+    tail = "\n".join(f"    tl.atomic_add(dw_ptr + offs_g * {T} + {t}, tl.sum(acc{t}, axis=0), mask=mg, sem=\"relaxed\")"
+                      for t in range(T))
+    fin = "\n".join(f"            v{t} = tl.load(dw_ptr + offs_g * {T} + {t}, mask=mg, other=0.0, cache_modifier=\".cg\")\n"
+                     f"            tl.store(fin_ptr + offs_g * {T} + {t}, v{t}.to(fin_ptr.dtype.element_ty), mask=mg)\n"
+                     f"            tl.store(dw_ptr + offs_g * {T} + {t}, tl.zeros_like(v{t}), mask=mg)"
+                     for t in range(T))
+    return _HEAD.format(init=init, body=body, tail=tail + _FIXUP.format(fin=fin))
 
 
 @functools.lru_cache(maxsize=None)

@@ -920,3 +920,121 @@ def dw_flat_kernel(
         acc += xv.to(tl.float32) * wv[None, :]
     tl.store(dst_ptr + rows[:, None] * WG + offs_f[None, :], acc.to(dst_ptr.dtype.element_ty),
              mask=mr[:, None] & mf[None, :])
+
+
+# ---------------------------------------------------------------------------
+# im2col over the flattened (tap, channel) axis (``_flat`` forward / bwd_weight keys):
+# for few channels per group (RGB stems, C = 1..4) a per-tap GEMM pads C to the
+# 16-wide MMA (3 of 16 useful) and re-reads dy or x once per tap; flattening
+# j = tap*C + c (the weight layout's own order: w[g, k, j]) gives one GEMM with a
+# reduction (forward) or an output width (bwd_weight) of T*C
+# ---------------------------------------------------------------------------
+
+@triton.jit
+def _flat_cols(offs_j, C, FY, FX, dd, dh, dw, Hi, Wi, CS):
+    """Per flattened column j = tap*C + c: the tap's (z, y, x) input offsets and the
+    linear element offset of (tap, c) from a pixel's channel 0."""
+    tap = offs_j // C
+    c = offs_j - tap * C
+    fx = tap % FX
+    t2 = tap // FX
+    fy = t2 % FY
+    fz = t2 // FY
+    zd = fz * dd
+    yd = fy * dh
+    xd = fx * dw
+    return zd, yd, xd, ((zd * Hi + yd) * Wi + xd) * CS + c
+
+
+@triton.jit
+def _flat_pixels(offs_p, Di, Hi, Wi, Do, Ho, Wo, sd, sh, sw, pd, ph, pw):
+    """(first input coordinates, linear input pixel) of output pixels ``offs_p`` at tap 0."""
+    ow = offs_p % Wo
+    t = offs_p // Wo
+    oh = t % Ho
+    t = t // Ho
+    od = t % Do
+    n = t // Do
+    i0 = od * sd - pd
+    i1 = oh * sh - ph
+    i2 = ow * sw - pw
+    return i0, i1, i2, ((n * Di + i0) * Hi + i1) * Wi + i2
+
+
+@triton.jit
+def conv_bwd_weight_flat_kernel(
+    x_ptr, dy_ptr, dw_ptr, fin_ptr, cnt_ptr,
+    P, CHUNK, Di, Hi, Wi, Do, Ho, Wo, C, K, CS, KS,
+    sd, sh, sw, pd, ph, pw, dd, dh, dw, FZ, FY, FX, WS_STRIDE,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ATOMIC: tl.constexpr, IEEE: tl.constexpr, WS: tl.constexpr,
+):
+    # dw[g, k, j] = sum_p dy[p, g, k] * x[in(p, tap(j)), g, c(j)], j = tap*C + c over
+    # the T*C columns; program axis 0 walks (k tile, j tile), axis 2 the pixel split
+    pid = tl.program_id(0)
+    g = tl.program_id(1)
+    s = tl.program_id(2)
+    TC = FZ * FY * FX * C
+    num_n = tl.cdiv(TC, BLOCK_N)
+    pid_m = pid // num_n
+    pid_n = pid % num_n
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_m = offs_m < K
+    mask_n = offs_n < TC
+    zd, yd, xd, coff = _flat_cols(offs_n, C, FY, FX, dd, dh, dw, Hi, Wi, CS)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    p_start = s * CHUNK
+    p_end = tl.minimum(p_start + CHUNK, P)
+    a_base = dy_ptr + g * K + offs_m[:, None]
+    b_base = x_ptr + g * C + coff[None, :]
+    for p0 in range(p_start, p_end, BLOCK_K):
+        offs_p = p0 + offs_k
+        mp = offs_p < p_end
+        a = tl.load(a_base + offs_p[None, :] * KS, mask=mask_m[:, None] & mp[None, :], other=0.0)
+        i0, i1, i2, pix = _flat_pixels(offs_p, Di, Hi, Wi, Do, Ho, Wo, sd, sh, sw, pd, ph, pw)
+        valid = (mp[:, None] & mask_n[None, :] & _inside(i0[:, None] + zd[None, :], Di)
+                 & _inside(i1[:, None] + yd[None, :], Hi) & _inside(i2[:, None] + xd[None, :], Wi))
+        b = tl.load(b_base + pix[:, None] * CS, mask=valid, other=0.0)
+        acc = _dot_prec(a, b, acc, IEEE)
+    _epilogue(dw_ptr, fin_ptr, cnt_ptr, g * K * TC + offs_m[:, None] * TC + offs_n[None, :],
+              mask_m[:, None] & mask_n[None, :], acc, s, tl.num_programs(2), g * tl.num_programs(0) + pid,
+              WS_STRIDE, ATOMIC, WS)
+
+
+@triton.jit
+def conv_fwd_flat_kernel(
+    x_ptr, w_ptr, y_ptr,
+    M, Di, Hi, Wi, Do, Ho, Wo, C, K, CS, KS,
+    sd, sh, sw, pd, ph, pw, dd, dh, dw, FZ, FY, FX,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
+):
+    # y[p, g, k] = sum_j x[in(p, tap(j)), g, c(j)] * w[g, k, j], j = tap*C + c: the
+    # reduction runs over T*C in BLOCK_K steps (no per-tap padding of C)
+    pid = tl.program_id(0)
+    g = tl.program_id(1)
+    TC = FZ * FY * FX * C
+    num_n = tl.cdiv(K, BLOCK_N)
+    pid_m = pid // num_n
+    pid_n = pid % num_n
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_m = offs_m < M
+    mask_n = offs_n < K
+    i0, i1, i2, pix = _flat_pixels(offs_m, Di, Hi, Wi, Do, Ho, Wo, sd, sh, sw, pd, ph, pw)
+    a_base = x_ptr + (pix * CS + g * C)[:, None]
+    w_base = w_ptr + (g * K + offs_n)[None, :] * TC
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for j0 in range(0, TC, BLOCK_K):
+        offs_j = j0 + offs_k
+        mj = offs_j < TC
+        zd, yd, xd, coff = _flat_cols(offs_j, C, FY, FX, dd, dh, dw, Hi, Wi, CS)
+        valid = (mask_m[:, None] & mj[None, :] & _inside(i0[:, None] + zd[None, :], Di)
+                 & _inside(i1[:, None] + yd[None, :], Hi) & _inside(i2[:, None] + xd[None, :], Wi))
+        a = tl.load(a_base + coff[None, :], mask=valid, other=0.0)
+        b = tl.load(w_base + offs_j[:, None], mask=mj[:, None] & mask_n[None, :], other=0.0)
+        acc = _dot_prec(a, b, acc, IEEE)
+    tl.store(y_ptr + offs_m[:, None] * KS + g * K + offs_n[None, :], acc.to(y_ptr.dtype.element_ty),
+             mask=mask_m[:, None] & mask_n[None, :])

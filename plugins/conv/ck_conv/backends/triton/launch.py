@@ -279,10 +279,16 @@ def _reduction_shape(cfg: ConvKernelConfig, p: ConvProblem) -> tuple:
         P = p.N * g["Do"] * g["Ho"] * g["Wo"]
         if cfg.specialization == "depthwise":
             return _cdiv(p.G, meta["BLOCK_G"]), P
+        if cfg.flat:
+            return _cdiv(g["K"], meta["BLOCK_M"]) * _cdiv(g["C"] * p.taps, meta["BLOCK_N"]) * p.G, P
         return (p.taps * _cdiv(g["K"], meta["BLOCK_M"]) * _cdiv(g["C"], meta["BLOCK_N"])
                 * _cdiv(p.G, meta.get("GM", 1))), P
     if cfg.specialization == "depthwise":
         return 1, 1
+    if cfg.flat:   # forward im2col over (tap, channel): one program per output tile
+        M = p.N * g["Do"] * g["Ho"] * g["Wo"]
+        return _cdiv(M, meta["BLOCK_M"]) * _cdiv(g["K"], meta["BLOCK_N"]) * p.G, \
+            _cdiv(g["C"] * p.taps, meta["BLOCK_K"])
     gm = meta.get("GM", 1)
     if p.direction == "forward":
         M = p.N * g["Do"] * g["Ho"] * g["Wo"]
@@ -724,7 +730,12 @@ def _run(p: ConvProblem, tensors: dict, config, num_sms):
         cap = _CAPTURE.get()
         if cap is not None:
             cap.roles.update(x=xc, w=wc, y=y)
-        if dwise and cfg.rows:
+        if cfg.flat and not dwise:   # im2col over the flattened (tap, channel) reduction
+            grid = (_cdiv(M, meta["BLOCK_M"]) * _cdiv(K, meta["BLOCK_N"]), G)
+            _k(tk.conv_fwd_flat_kernel, grid)(xc, wc, y, M, g["Di"], g["Hi"], g["Wi"], g["Do"], g["Ho"], g["Wo"],
+                                          C, K, G * C, G * K, *sd, *pad, *dil, *flt, **meta, IEEE=ieee,
+                                          num_warps=nw, num_stages=ns)
+        elif dwise and cfg.rows:
             _dw_rows(xc, w, wc, y, p, g, dict(meta, RH=cfg.tile[0]), nw, ns)
         elif dwise and cfg.flat:
             _dw_flat(xc, wc, y, p, g, meta, nw, ns, bwd=False)
@@ -826,12 +837,30 @@ def _run(p: ConvProblem, tensors: dict, config, num_sms):
         from .dw_codegen import dw_bwd_weight_kernel
         chunk = _cdiv(_cdiv(P, split), meta["BLOCK_P"]) * meta["BLOCK_P"]
         split = _split_as_named(cfg, _cdiv(P, chunk))
-        ws = torch.zeros((G, p.taps), dtype=torch.float32, device=x.device)
         grid = (_cdiv(G, meta["BLOCK_G"]), split)
-        _k(dw_bwd_weight_kernel(flt), grid)(xc, dyc, ws, P, chunk, G, g["Di"], g["Hi"], g["Wi"], g["Do"], g["Ho"],
-                                        g["Wo"], *sd, *pad, *dil, **meta, num_warps=nw, num_stages=ns)
-        dwc = ws.to(x.dtype).reshape((G, 1) + p.filter + (1,))
+        if meta["WS"] == 3:   # atomicfix: persistent zeroed sums, the last program casts them out
+            ws = _accumulator(x.device, G * p.taps)
+            cnt = _counters(x.device, grid[0])
+            fin = torch.empty((G, p.taps), dtype=x.dtype, device=x.device)
+        else:
+            ws = torch.zeros((G, p.taps), dtype=torch.float32, device=x.device)
+            cnt = fin = ws   # unused
+        _k(dw_bwd_weight_kernel(flt), grid)(xc, dyc, ws, fin, cnt, P, chunk, G, g["Di"], g["Hi"], g["Wi"], g["Do"],
+                                        g["Ho"], g["Wo"], *sd, *pad, *dil, **meta, num_warps=nw, num_stages=ns)
+        dwc = (fin if meta["WS"] == 3 else ws.to(x.dtype)).reshape((G, 1) + p.filter + (1,))
         return from_channels_last(dwc, p.wei_layout, "wei", nd)
+    if cfg.flat:   # im2col over the flattened (tap, channel) columns
+        bk = meta["BLOCK_K"]
+        chunk = _cdiv(_cdiv(P, split), bk) * bk
+        split = _split_as_named(cfg, _cdiv(P, chunk))
+        final = torch.empty((G, K) + p.filter + (C,), dtype=x.dtype, device=x.device)
+        grid = (_cdiv(K, meta["BLOCK_M"]) * _cdiv(C * p.taps, meta["BLOCK_N"]), G, split)
+        so = _SplitOut(final, split, cfg.reduction, grid[0] * grid[1])
+        _k(tk.conv_bwd_weight_flat_kernel, grid)(
+            xc, dyc, so.out, so.fin, so.cnt, P, chunk, g["Di"], g["Hi"], g["Wi"], g["Do"], g["Ho"], g["Wo"],
+            C, K, G * C, G * K, *sd, *pad, *dil, *flt, so.stride, **meta, ATOMIC=so.atomic, IEEE=ieee, WS=so.ws,
+            num_warps=nw, num_stages=ns)
+        return from_channels_last(so.finish(), p.wei_layout, "wei", nd)
     bk = meta["BLOCK_K"]
     chunk = _cdiv(_cdiv(P, split), bk) * bk
     split = _split_as_named(cfg, _cdiv(P, chunk))
@@ -884,7 +913,10 @@ _ARGS = {
                         "sd", "sh", "sw", "pd", "ph", "pw", "dd", "dh", "dw"],
     ("bwd_data", True): ["dy_ptr", "w_ptr", "dx_ptr", "M", "G", "Di", "Hi", "Wi", "Do", "Ho", "Wo",
                          "sd", "sh", "sw", "pd", "ph", "pw", "dd", "dh", "dw"],
-    ("bwd_weight", True): ["x_ptr", "dy_ptr", "dw_ptr", "P", "CHUNK", "G", "Di", "Hi", "Wi", "Do", "Ho", "Wo",
+    ("forward_flat", False): ["x_ptr", "w_ptr", "y_ptr", "M", "Di", "Hi", "Wi", "Do", "Ho", "Wo", "C", "K", "CS",
+                              "KS", "sd", "sh", "sw", "pd", "ph", "pw", "dd", "dh", "dw", "FZ", "FY", "FX"],
+    ("bwd_weight_flat", False): ["x_ptr", "dy_ptr", "dw_ptr", "fin_ptr", "cnt_ptr", "P", "CHUNK"] + _BW_GEO,
+    ("bwd_weight", True): ["x_ptr", "dy_ptr", "dw_ptr", "fin_ptr", "cnt_ptr", "P", "CHUNK", "G", "Di", "Hi", "Wi", "Do", "Ho", "Wo",
                            "sd", "sh", "sw", "pd", "ph", "pw", "dd", "dh", "dw"],
 }
 
@@ -924,6 +956,16 @@ def kernel_for(key_or_config, problem: ConvProblem | None = None):
         else:
             fn = {"forward": tk.dw_fwd_kernel, "bwd_data": tk.dw_bwd_data_kernel}[cfg.direction]
             meta.update(FZ=flt[0], FY=flt[1], FX=flt[2])
+    elif cfg.flat:
+        meta["IEEE"] = ieee
+        if cfg.direction == "forward":
+            fn = tk.conv_fwd_flat_kernel
+        else:
+            fn = tk.conv_bwd_weight_flat_kernel
+            ws = {"atomic": 0, "relaxed": 0, "twostage": 1, "fixup": 2, "atomicfix": 3}[cfg.reduction]
+            split = cfg.split > 1
+            meta["ATOMIC"] = (2 if cfg.reduction == "relaxed" else True) if split and not ws else False
+            meta["WS"] = ws if split else 0
     else:
         fn = {"forward": tk.conv_fwd_kernel,
               "bwd_data": tk.conv_bwd_data_tm_kernel if "STREAMK" in meta else tk.conv_bwd_data_kernel,
@@ -952,6 +994,11 @@ def kernel_for(key_or_config, problem: ConvProblem | None = None):
         g = geometry(p)
         if dwise and cfg.rows:
             return _rows_grid(p, g, meta["BLOCK"], cfg.tile[0])
+        if cfg.flat and not dwise:
+            if p.direction == "forward":
+                return (_cdiv(p.N * g["Do"] * g["Ho"] * g["Wo"], meta["BLOCK_M"]) * _cdiv(g["K"], meta["BLOCK_N"]),
+                        p.G, 1)
+            return (_cdiv(g["K"], meta["BLOCK_M"]) * _cdiv(g["C"] * p.taps, meta["BLOCK_N"]), p.G, cfg.split)
         if dwise and cfg.flat:
             R, dsz, _, _, _, _, _ = _flat_args(p, g, p.direction == "bwd_data")
             return (_cdiv(dsz[2] * p.G, meta["BLOCK_F"]) * _cdiv(R, meta["BLOCK_R"]), 1, 1)
@@ -999,13 +1046,16 @@ def aot_signature(key_or_config, constexprs: dict | None = None) -> dict:
         constexprs = kernel_for(cfg)[1]
     dwise = cfg.specialization == "depthwise"
     # depthwise forward / bwd_data kernels store the output dtype (no split workspace)
-    atomic = False if dwise else constexprs.get("ATOMIC", True) or bool(constexprs.get("WS", 0))
+    atomic = False if dwise or (cfg.flat and cfg.direction == "forward") \
+        else constexprs.get("ATOMIC", True) or bool(constexprs.get("WS", 0))
     ptr = "*" + cfg.dtype
     out_ptr = {"forward": "y_ptr", "bwd_data": "dx_ptr", "bwd_weight": "dw_ptr"}[cfg.direction]
     sig = {}
     kind = "bwd_weight_gm" if cfg.group_merge > 1 and not dwise and cfg.direction == "bwd_weight" \
         else cfg.direction
-    if dwise and cfg.rows:
+    if cfg.flat and not dwise:
+        kind = cfg.direction + "_flat"
+    elif dwise and cfg.rows:
         kind = "rows"
     elif dwise and cfg.flat:
         kind = "flat"
@@ -1014,6 +1064,8 @@ def aot_signature(key_or_config, constexprs: dict | None = None) -> dict:
     for n in _ARGS[(kind, dwise)]:
         if n in ("tab_ptr", "ntap_ptr", "pb_ptr", "pc_ptr", "cnt_ptr", "ctab_ptr"):
             sig[n] = "*i32"
+        elif n == "fin_ptr" and dwise:
+            sig[n] = ptr   # depthwise atomicfix: the cast-out result
         elif n == out_ptr and (atomic or (dwise and cfg.direction == "bwd_weight")):
             sig[n] = "*fp32"  # split-K workspace
         elif n.endswith("_ptr"):

@@ -1,0 +1,174 @@
+"""The im2col-over-(tap, channel) kernels (``_flat`` forward / bwd_weight: RGB stems) and the
+depthwise bwd_weight kernel's one-launch ``_atomicfix`` reduction, under TRITON_INTERPRET=1 on
+small odd shapes, against a float64 reference written here (zero-padded strided slices and
+einsum; no code shared with the kernels or ck_conv.reference)."""
+from __future__ import annotations
+
+import itertools
+
+import attrs
+import numpy as np
+import pytest
+
+from ck_conv.keys import ConvKernelConfig
+from ck_conv.problem import ConvProblem
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+from ck_conv.backends.triton.launch import run, split_plan  # noqa: E402
+
+TD = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+TOL = {"fp16": 3e-3, "bf16": 2e-2, "fp32": 1e-5}
+
+
+def _taps_slices(p: ConvProblem, x):
+    """For each filter tap (row-major), the [N, *out, G, C] input values it multiplies (zero
+    outside the image); x is [N, *in, G, C] float64."""
+    nd = p.ndim
+    pads = [(0, 0)] + [(pl, pr + s * o) for pl, pr, s, o in zip(p.pad_left, p.pad_right, p.stride,
+                                                                  p.output_spatial)] + [(0, 0), (0, 0)]
+    xp = np.pad(x, pads)
+    for tap in itertools.product(*[range(f) for f in p.filter]):
+        sl = tuple(slice(t * d, t * d + s * o, s) for t, d, s, o in zip(tap, p.dilation, p.stride,
+                                                                       p.output_spatial))
+        yield tap, xp[(slice(None),) + sl]
+    assert nd == len(p.filter)
+
+
+def reference64(p: ConvProblem, ops: dict) -> np.ndarray:
+    f64 = {k: v.double().numpy() for k, v in ops.items()}
+    if p.direction == "forward":
+        x, w = f64["x"], f64["w"]           # [N, *in, G, C], [G, K, *flt, C]
+        y = np.zeros((p.N,) + tuple(p.output_spatial) + (p.G, p.k_per_group))
+        for tap, xs in _taps_slices(p, x):
+            y += np.einsum("...gc,gkc->...gk", xs, w[(slice(None), slice(None)) + tap])
+        return y
+    x, dy = f64["x"], f64["dy"]             # [N, *in, G, C], [N, *out, G, K]
+    dw = np.zeros((p.G, p.k_per_group) + tuple(p.filter) + (p.c_per_group,))
+    for tap, xs in _taps_slices(p, x):
+        dw[(slice(None), slice(None)) + tap] = np.einsum("pgk,pgc->gkc", dy.reshape(-1, p.G, p.k_per_group),
+                                                         xs.reshape(-1, p.G, p.c_per_group))
+    return dw
+
+
+def _operands(p: ConvProblem, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    shapes = {"x": p.input_shape, "w": p.weight_shape, "dy": p.output_shape}
+    names = ("x", "w") if p.direction == "forward" else ("x", "dy")
+    return {n: (torch.rand(shapes[n], generator=g, dtype=torch.float64) * 2 - 1).to(TD[p.dtype]) for n in names}
+
+
+def _rel(out, ref) -> float:
+    out = out.double().numpy()
+    return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+
+
+def _check(p: ConvProblem, cfg: ConvKernelConfig, seed: int = 3) -> float:
+    assert cfg.why_not(p) is None, cfg.why_not(p)
+    ops = _operands(p, seed)
+    ref = reference64(p, ops)
+    out = run(p, ops, cfg)
+    assert tuple(out.shape) == ref.shape
+    err = _rel(out, ref)
+    assert err < TOL[p.dtype], (cfg.name, err)
+    return err
+
+
+def _split(p: ConvProblem, cfg: ConvKernelConfig, split: int):
+    split = split_plan(attrs.evolve(cfg, split=split), attrs.evolve(p, split_k=0))[0]
+    return attrs.evolve(p, split_k=split), attrs.evolve(cfg, split=split)
+
+
+def _flat(p: ConvProblem, tile, warps=4, **kw) -> ConvKernelConfig:
+    return ConvKernelConfig(direction=p.direction, dtype=p.dtype, ndim=p.ndim, tile=tile, waves=(warps, 1, 1),
+                            warp_tile=(16, 16, 16), flat=True, **kw)
+
+
+STEMS = {
+    # RGB stem 7x7 stride 2 (odd image, asymmetric padding), an audio stem (C = 1, filter 10,
+    # stride 5), a 3D stem 3x5x5 and a 3x3 with dilation and C = 4 in two groups
+    "rgb7x7": dict(N=2, G=1, C=3, K=20, input_spatial=(13, 11), filter=(7, 7), stride=(2, 2), pad_left=(3, 3),
+                   pad_right=(2, 3)),
+    "audio": dict(N=3, G=1, C=1, K=24, input_spatial=(67,), filter=(10,), stride=(5,)),
+    "3d": dict(N=1, G=1, C=3, K=17, input_spatial=(4, 9, 7), filter=(3, 5, 5), stride=(1, 2, 2),
+               pad_left=(1, 2, 2), pad_right=(1, 2, 1)),
+    "grouped_dil": dict(N=2, G=2, C=8, K=10, input_spatial=(7, 9), filter=(3, 3), dilation=(2, 1), pad_left=(2, 1),
+                        pad_right=(1, 1)),
+}
+
+
+@pytest.mark.parametrize("shape", list(STEMS))
+def test_flat_forward(shape):
+    p = ConvProblem(**STEMS[shape], direction="forward", dtype="fp16")
+    _check(p, _flat(p, (32, 16, 32)))
+    _check(p, _flat(p, (16, 32, 16), warps=2))
+
+
+@pytest.mark.parametrize("shape", list(STEMS))
+def test_flat_bwd_weight_unsplit(shape):
+    p = ConvProblem(**STEMS[shape], direction="bwd_weight", dtype="fp16", split_k=1)
+    _check(p, _flat(p, (16, 32, 32)))
+
+
+@pytest.mark.parametrize("reduction", ["atomic", "relaxed", "twostage", "fixup", "atomicfix"])
+def test_flat_bwd_weight_split_reductions(reduction):
+    from ck_conv.backends.triton import launch
+
+    p0 = ConvProblem(**STEMS["rgb7x7"], direction="bwd_weight", dtype="fp16")
+    p, cfg = _split(p0, _flat(p0, (16, 64, 16), reduction=reduction), 3)
+    assert cfg.split == 3
+    _check(p, cfg)
+    # fixup / atomicfix leave their counters and accumulator zeroed for the next launch
+    assert all(float(c.abs().sum()) == 0 for c in (*launch._COUNTERS.values(), *launch._ACCUM.values())
+               if c.device.type != "meta")
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_flat_other_dtypes(dtype):
+    for d in ("forward", "bwd_weight"):
+        p = ConvProblem(**STEMS["grouped_dil"], direction=d, dtype=dtype, split_k=1)
+        _check(p, _flat(p, (16, 16, 16)))
+
+
+def test_flat_check_can_fail():
+    """A perturbed input disagrees with the reference beyond tolerance."""
+    p = ConvProblem(**STEMS["rgb7x7"], direction="bwd_weight", dtype="fp16", split_k=1)
+    ops = _operands(p, 5)
+    ref = reference64(p, ops)
+    ops["x"][0, 4, 4, 0, 1] += 4.0
+    assert _rel(run(p, ops, _flat(p, (16, 32, 32))), ref) > TOL["fp16"]
+
+
+def test_flat_applicability():
+    p = ConvProblem(**STEMS["rgb7x7"], direction="bwd_data", dtype="fp16")
+    assert "forward and bwd_weight" in _flat(p, (16, 16, 16)).why_not(p)
+    p = ConvProblem(**STEMS["rgb7x7"], direction="forward", dtype="fp16")
+    assert _flat(p, (16, 16, 8)).why_not(p)                   # no tensor-core dot below 16
+    assert "do not split" in attrs.evolve(_flat(p, (16, 16, 16)), split=2).why_not(p)
+    assert attrs.evolve(_flat(p, (16, 16, 16)), tap_mask=True).why_not(p)
+    name = _flat(p, (32, 64, 32)).name
+    assert name.endswith("_flat") and ConvKernelConfig.from_name(name) == _flat(p, (32, 64, 32))
+
+
+DW = {
+    "2d_s2": dict(N=2, G=37, C=37, K=37, input_spatial=(9, 7), filter=(3, 3), stride=(2, 2), pad_left=(1, 1),
+                  pad_right=(1, 0)),
+    "5x5": dict(N=1, G=21, C=21, K=21, input_spatial=(8, 9), filter=(5, 5), pad_left=(2, 2), pad_right=(2, 2)),
+    "3d": dict(N=2, G=5, C=5, K=5, input_spatial=(3, 5, 4), filter=(3, 1, 3), pad_left=(1, 0, 1),
+               pad_right=(0, 0, 1)),
+}
+
+
+@pytest.mark.parametrize("shape", list(DW))
+@pytest.mark.parametrize("reduction", ["atomic", "atomicfix"])
+def test_depthwise_bwd_weight_reductions(shape, reduction):
+    from ck_conv.backends.triton import launch
+
+    p0 = ConvProblem(**DW[shape], direction="bwd_weight", dtype="fp16")
+    base = ConvKernelConfig(direction="bwd_weight", dtype="fp16", ndim=p0.ndim, pipeline="mem", tile=(16, 16, 1),
+                            waves=(4, 1, 1), warp_tile=(1, 1, 1), specialization="depthwise", reduction=reduction)
+    for split in (1, 3):
+        p, cfg = _split(p0, base, split)
+        _check(p, cfg)
+    assert all(float(c.abs().sum()) == 0 for c in (*launch._COUNTERS.values(), *launch._ACCUM.values())
+               if c.device.type != "meta")
