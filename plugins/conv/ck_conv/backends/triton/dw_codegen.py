@@ -30,14 +30,17 @@ import triton.language as tl
 
 
 @triton.jit
-def kernel(x_ptr, dy_ptr, dw_ptr, fin_ptr, cnt_ptr, P, CHUNK, G, Di, Hi, Wi, Do, Ho, Wo,
+def kernel(x_ptr, dy_ptr, dw_ptr, fin_ptr, cnt_ptr, P, NBLK, G, Di, Hi, Wi, Do, Ho, Wo,
            sd, sh, sw, pd, ph, pw, dd, dh, dw,
            BLOCK_P: tl.constexpr, BLOCK_G: tl.constexpr, WS: tl.constexpr):
     offs_g = tl.program_id(0) * BLOCK_G + tl.arange(0, BLOCK_G)
-    s = tl.program_id(1)
+    s = tl.program_id(1).to(tl.int64)
+    nspl = tl.num_programs(1)
     mg = offs_g < G
-    p_start = s * CHUNK
-    p_end = tl.minimum(p_start + CHUNK, P)
+    # split s of nspl takes BLOCK_P-pixel blocks [s*NBLK//nspl, (s+1)*NBLK//nspl): any split up
+    # to NBLK has no empty part
+    p_start = ((s * NBLK) // nspl).to(tl.int32) * BLOCK_P
+    p_end = tl.minimum((((s + 1) * NBLK) // nspl).to(tl.int32) * BLOCK_P, P)
 {init}
     for p0 in range(p_start, p_end, BLOCK_P):
         offs_p = p0 + tl.arange(0, BLOCK_P)

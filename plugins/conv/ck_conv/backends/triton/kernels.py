@@ -964,7 +964,7 @@ def _flat_pixels(offs_p, Di, Hi, Wi, Do, Ho, Wo, sd, sh, sw, pd, ph, pw):
 @triton.jit
 def conv_bwd_weight_flat_kernel(
     x_ptr, dy_ptr, dw_ptr, fin_ptr, cnt_ptr,
-    P, CHUNK, Di, Hi, Wi, Do, Ho, Wo, C, K, CS, KS,
+    P, NBLK, Di, Hi, Wi, Do, Ho, Wo, C, K, CS, KS,
     sd, sh, sw, pd, ph, pw, dd, dh, dw, FZ, FY, FX, WS_STRIDE,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     ATOMIC: tl.constexpr, IEEE: tl.constexpr, WS: tl.constexpr,
@@ -985,8 +985,12 @@ def conv_bwd_weight_flat_kernel(
     mask_n = offs_n < TC
     zd, yd, xd, coff = _flat_cols(offs_n, C, FY, FX, dd, dh, dw, Hi, Wi, CS)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    p_start = s * CHUNK
-    p_end = tl.minimum(p_start + CHUNK, P)
+    # split s of nspl takes the BLOCK_K-pixel blocks [s*NBLK//nspl, (s+1)*NBLK//nspl): any split
+    # up to NBLK has no empty part
+    nspl = tl.num_programs(2)
+    s64 = s.to(tl.int64)
+    p_start = ((s64 * NBLK) // nspl).to(tl.int32) * BLOCK_K
+    p_end = tl.minimum((((s64 + 1) * NBLK) // nspl).to(tl.int32) * BLOCK_K, P)
     a_base = dy_ptr + g * K + offs_m[:, None]
     b_base = x_ptr + g * C + coff[None, :]
     for p0 in range(p_start, p_end, BLOCK_K):

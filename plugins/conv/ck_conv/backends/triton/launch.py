@@ -247,6 +247,10 @@ def split_plan(cfg: ConvKernelConfig, p: ConvProblem, split: int | None = None) 
     split = split or cfg.split
     if p.direction == "bwd_weight":
         unit = cfg.tile[0] if cfg.specialization == "depthwise" else cfg.tile[2]   # BLOCK_P / BLOCK_K
+        if cfg.specialization == "depthwise" or cfg.flat:
+            # balanced: split s takes unit blocks [s*nblk//split, (s+1)*nblk//split) (chunk: nblk)
+            nblk = _cdiv(steps, unit)
+            return min(split, nblk), nblk
         chunk = _cdiv(_cdiv(steps, split), unit) * unit
         return _cdiv(steps, chunk), chunk
     chunk = _cdiv(max(steps, 1), split)
@@ -835,8 +839,8 @@ def _run(p: ConvProblem, tensors: dict, config, num_sms):
     P = p.N * g["Do"] * g["Ho"] * g["Wo"]
     if dwise:
         from .dw_codegen import dw_bwd_weight_kernel
-        chunk = _cdiv(_cdiv(P, split), meta["BLOCK_P"]) * meta["BLOCK_P"]
-        split = _split_as_named(cfg, _cdiv(P, chunk))
+        nblk = _cdiv(P, meta["BLOCK_P"])
+        split = _split_as_named(cfg, min(split, nblk))
         grid = (_cdiv(G, meta["BLOCK_G"]), split)
         if meta["WS"] == 3:   # atomicfix: persistent zeroed sums, the last program casts them out
             ws = _accumulator(x.device, G * p.taps)
@@ -845,19 +849,18 @@ def _run(p: ConvProblem, tensors: dict, config, num_sms):
         else:
             ws = torch.zeros((G, p.taps), dtype=torch.float32, device=x.device)
             cnt = fin = ws   # unused
-        _k(dw_bwd_weight_kernel(flt), grid)(xc, dyc, ws, fin, cnt, P, chunk, G, g["Di"], g["Hi"], g["Wi"], g["Do"],
+        _k(dw_bwd_weight_kernel(flt), grid)(xc, dyc, ws, fin, cnt, P, nblk, G, g["Di"], g["Hi"], g["Wi"], g["Do"],
                                         g["Ho"], g["Wo"], *sd, *pad, *dil, **meta, num_warps=nw, num_stages=ns)
         dwc = (fin if meta["WS"] == 3 else ws.to(x.dtype)).reshape((G, 1) + p.filter + (1,))
         return from_channels_last(dwc, p.wei_layout, "wei", nd)
     if cfg.flat:   # im2col over the flattened (tap, channel) columns
-        bk = meta["BLOCK_K"]
-        chunk = _cdiv(_cdiv(P, split), bk) * bk
-        split = _split_as_named(cfg, _cdiv(P, chunk))
+        nblk = _cdiv(P, meta["BLOCK_K"])
+        split = _split_as_named(cfg, min(split, nblk))
         final = torch.empty((G, K) + p.filter + (C,), dtype=x.dtype, device=x.device)
         grid = (_cdiv(K, meta["BLOCK_M"]) * _cdiv(C * p.taps, meta["BLOCK_N"]), G, split)
         so = _SplitOut(final, split, cfg.reduction, grid[0] * grid[1])
         _k(tk.conv_bwd_weight_flat_kernel, grid)(
-            xc, dyc, so.out, so.fin, so.cnt, P, chunk, g["Di"], g["Hi"], g["Wi"], g["Do"], g["Ho"], g["Wo"],
+            xc, dyc, so.out, so.fin, so.cnt, P, nblk, g["Di"], g["Hi"], g["Wi"], g["Do"], g["Ho"], g["Wo"],
             C, K, G * C, G * K, *sd, *pad, *dil, *flt, so.stride, **meta, ATOMIC=so.atomic, IEEE=ieee, WS=so.ws,
             num_warps=nw, num_stages=ns)
         return from_channels_last(so.finish(), p.wei_layout, "wei", nd)
@@ -915,8 +918,8 @@ _ARGS = {
                          "sd", "sh", "sw", "pd", "ph", "pw", "dd", "dh", "dw"],
     ("forward_flat", False): ["x_ptr", "w_ptr", "y_ptr", "M", "Di", "Hi", "Wi", "Do", "Ho", "Wo", "C", "K", "CS",
                               "KS", "sd", "sh", "sw", "pd", "ph", "pw", "dd", "dh", "dw", "FZ", "FY", "FX"],
-    ("bwd_weight_flat", False): ["x_ptr", "dy_ptr", "dw_ptr", "fin_ptr", "cnt_ptr", "P", "CHUNK"] + _BW_GEO,
-    ("bwd_weight", True): ["x_ptr", "dy_ptr", "dw_ptr", "fin_ptr", "cnt_ptr", "P", "CHUNK", "G", "Di", "Hi", "Wi", "Do", "Ho", "Wo",
+    ("bwd_weight_flat", False): ["x_ptr", "dy_ptr", "dw_ptr", "fin_ptr", "cnt_ptr", "P", "NBLK"] + _BW_GEO,
+    ("bwd_weight", True): ["x_ptr", "dy_ptr", "dw_ptr", "fin_ptr", "cnt_ptr", "P", "NBLK", "G", "Di", "Hi", "Wi", "Do", "Ho", "Wo",
                            "sd", "sh", "sw", "pd", "ph", "pw", "dd", "dh", "dw"],
 }
 
