@@ -39,10 +39,17 @@ def auto_split_k(p: ConvProblem, cfg: ConvKernelConfig, num_sms: int) -> int:
 
     tiles, P = reduction_shape(cfg, p)
     min_chunk = 4 * cfg.tile[0] if cfg.specialization == "depthwise" else 8 * cfg.tile[2]
-    want = max(1, _cdiv(2 * num_sms, tiles))
+    kind = "depthwise" if cfg.specialization == "depthwise" else "flat" if cfg.flat else "default"
+    want = max(1, _cdiv(int(_split_target(kind)) * num_sms, tiles))
     if cfg.reduction == "fixup":
         want = min(want, FIXUP_MAX_SPLIT)
     return max(1, min(want, P // min_chunk if P >= min_chunk else 1))
+
+
+def _split_target(kind: str) -> float:
+    """Programs per SM the preferred bwd_weight split aims at (tuned data, ``split_target``)."""
+    t = table("conv", "generic", "split_target", TUNED_DIR)
+    return t[kind] if kind in t else t["default"]
 
 
 def auto_split_mn(tiles: int, steps: int, num_sms: int, eager: bool = False) -> int:
@@ -309,6 +316,30 @@ def plan_facts(arch=None) -> tuple[int, int]:
     return int(t["compute_units"]), int(t["lds_bytes"])
 
 
+def flat_candidates(p: ConvProblem, arch=None) -> list[ConvKernelConfig]:
+    """The im2col kernels over the flattened (tap, channel) axis (``_flat``) for problems with few
+    channels per group (RGB / audio stems: C = 1..4, where a per-tap GEMM pads C to 16 and
+    re-reads dy or x once per tap); forward and bwd_weight, default and 3x3 specialisations."""
+    if p.direction == "bwd_data" or p.c_per_group > int(_lists("flat", "max_channels", arch)) \
+            or p.specialization not in ("default", "filter3x3") or p.G > 1 and p.c_per_group == 1:
+        return []
+    base = heuristic_config(p)
+    out = []
+    if p.direction == "bwd_weight":
+        for t, nw, red in _lists("flat", "bwd_weight", arch):
+            c = evolved(base, tile=t, waves=(nw, 1, 1), warp_tile=(16, 16, 16), pipeline="compv3", reduction=red,
+                        flat=True, tap_mask=False, stages=0, group_merge=1)
+            if c not in out and c.why_not(p) is None:
+                out.append(c)
+    else:
+        for t, nw in _lists("flat", "forward", arch):
+            c = evolved(base, tile=t, waves=(nw, 1, 1), warp_tile=(16, 16, 16), pipeline="compv3", flat=True,
+                        tap_mask=False, stages=0, group_merge=1, reduction="atomic")
+            if c not in out and c.why_not(p) is None:
+                out.append(c)
+    return out
+
+
 def extended_candidates(p: ConvProblem, arch=None) -> list[ConvKernelConfig]:
     """Candidates using the realisation knobs, for the layers the classic list serves
     worst (H100, run 6 of PERF_NOTES.md):
@@ -338,6 +369,9 @@ def extended_candidates(p: ConvProblem, arch=None) -> list[ConvKernelConfig]:
     out: list = []
     held: set = set()
     if base.specialization == "depthwise":
+        if p.direction == "bwd_weight":  # the per-tap kernel's bigger tiles, one launch (atomicfix)
+            for t, nw in _lists("depthwise_bwd_weight", "atomicfix", arch):
+                out.append(evolved(base, tile=t, waves=(nw, 1, 1), reduction="atomicfix"))
         if p.direction != "bwd_weight":  # the flat-row kernel
             for t, nw in _lists("depthwise_flat", "all", arch):
                 out.append(evolved(base, tile=t, waves=(nw, 1, 1), flat=True))
@@ -351,6 +385,8 @@ def extended_candidates(p: ConvProblem, arch=None) -> list[ConvKernelConfig]:
     m, n, k = p.gemm_mnk
     one_by_one = p.specialization.startswith("filter1x1")
     tap = p.taps <= 31 and not one_by_one
+    out += flat_candidates(p, arch)
+    held.update(out)
 
     def add_cfg(tile, waves, pipe="compv3", **kw):
         c = evolved(base, tile=tile, waves=waves, pipeline=pipe, **kw)

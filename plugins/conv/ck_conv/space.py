@@ -146,7 +146,10 @@ def realisation_configs(direction: str, dtype: str, ndim: int, layout: str, spec
     tt = _triton()
     if specialization == "depthwise":
         if direction == "bwd_weight":
-            return []
+            # the per-tap accumulator kernel's tiles with its one-launch reduction (and atomics)
+            return [ConvKernelConfig(pipeline="mem", tile=t, waves=(w, 1, 1), warp_tile=(1, 1, 1), reduction=red,
+                                     **common)
+                    for t, w in tt["dw_bwd_weight_tiles"] for red in tt["dw_bwd_weight_reductions"]]
         out = [ConvKernelConfig(pipeline="mem", tile=t, waves=(w, 1, 1), warp_tile=(1, 1, 1), flat=True, **common)
                for t, w in tt["flat_tiles"]]
         if direction == "forward":
@@ -189,6 +192,11 @@ def realisation_configs(direction: str, dtype: str, ndim: int, layout: str, spec
             continue
         for waves in classic_waves(tile, direction):
             add(tile, waves, stages=stages, reduction=red, group_merge=gm, tap_mask=tap)
+    if direction != "bwd_data" and specialization in ("default", "filter3x3"):
+        # im2col over the flattened (tap, channel) axis (RGB stems: few channels per group)
+        for tile, w in tt["flat_gemm_tiles"][direction]:
+            for red in tt["flat_gemm_reductions"] if direction == "bwd_weight" else ("atomic",):
+                add(tile, (w, 1, 1), reduction=red, flat=True)
     return out
 
 
@@ -203,12 +211,14 @@ def _splits(c: ConvKernelConfig, override) -> tuple:
     splits = _triton()["splits"]
     if c.reduction == "streamk":
         return splits["streamk"]
-    if c.flat or c.rows or (c.specialization == "depthwise" and c.direction != "bwd_weight"):
+    if c.rows or (c.flat and c.direction != "bwd_weight") or (c.specialization == "depthwise"
+                                                              and c.direction != "bwd_weight"):
         return (1,)
     if override:
         return override
     if c.direction == "bwd_weight":
-        return splits["depthwise_bwd_weight" if c.specialization == "depthwise" else "bwd_weight"]
+        return splits["depthwise_bwd_weight" if c.specialization == "depthwise"
+                      else "flat_bwd_weight" if c.flat else "bwd_weight"]
     return splits["atomic" if c.reduction == "atomic" else "workspace"]
 
 

@@ -16,7 +16,8 @@ FAMILIES = {
     "tap mask": lambda a: a.tap_mask,
     "BK=128 deep": lambda a: a.tile_k == 128 and a.stages in (4, 5),
     "group merge": lambda a: a.group_merge > 1,
-    "depthwise flat": lambda a: a.flat,
+    "depthwise flat": lambda a: a.flat and a.specialization == "depthwise",
+    "flat im2col": lambda a: a.flat and a.specialization != "depthwise",
     "depthwise rows": lambda a: a.rows > 0,
 }
 
@@ -38,8 +39,11 @@ def test_registry_holds_every_family(sm90_fwd):
     for name, has in FAMILIES.items():
         assert any(has(a) for a in fwd), name
     bww = [k.algorithm for k in sm90_fwd if k.signature.direction == "bwd_weight"]
-    assert not any(a.reduction == "streamk" or a.flat or a.rows for a in bww)
+    assert not any(a.reduction == "streamk" or a.rows or (a.flat and a.specialization == "depthwise") for a in bww)
     assert {a.reduction for a in bww} >= {"relaxed", "twostage", "fixup", "atomicfix"}
+    # bwd_weight's own new families: the flat im2col kernel (split) and depthwise atomicfix
+    assert any(a.flat and a.split > 1 for a in bww)
+    assert any(a.specialization == "depthwise" and a.reduction == "atomicfix" and a.split == 1024 for a in bww)
 
 
 def test_each_family_says_why_it_does_not_apply(sm90_fwd):
@@ -50,6 +54,9 @@ def test_each_family_says_why_it_does_not_apply(sm90_fwd):
     assert "nothing to mask" in supports(keys["tap mask"], one_by_one)
     assert "grouped problem" in supports(keys["group merge"], _conv())
     assert "depthwise" in supports(keys["depthwise flat"], _conv())
+    assert supports(keys["flat im2col"], _conv()) is None
+    assert "forward and bwd_weight" in supports(keys["flat im2col"], _conv(direction="bwd_data")) \
+        or "direction" in supports(keys["flat im2col"], _conv(direction="bwd_data"))
     dw_strided = _conv(G=6, C=6, K=6, stride=(2, 2))
     assert supports(keys["depthwise flat"], dw_strided) is None
     assert "stride 1" in supports(keys["depthwise rows"], dw_strided)
