@@ -128,11 +128,12 @@ def variants(p, sms: int = 132) -> list:
         if p.direction != "bwd_weight":
             return []
         gp = _pow2(p.G)
-        for (bp, bg), w in (((32, 32), 4), ((64, 32), 8), ((16, 64), 4), ((32, 64), 8), ((64, 64), 8),
-                            ((128, 16), 4)):
+        # accumulators per thread and tap: BLOCK_P*BLOCK_G / threads (a 5x5 filter has 25 of them)
+        for (bp, bg), w in (((32, 32), 4), ((16, 32), 4), ((32, 32), 8), ((16, 64), 8), ((64, 32), 8),
+                            ((32, 64), 8), ((64, 64), 8)):
             if bg > max(32, gp):
                 continue
-            for red in ("atomicfix", "atomic"):
+            for red in ("atomicfix",) if out else ("atomicfix", "atomic"):
                 c = ConvKernelConfig(pipeline="mem", tile=(bp, bg, 1), waves=(w, 1, 1), warp_tile=(1, 1, 1),
                                      specialization="depthwise", reduction=red, **common)
                 for s in _splits_for(c, p, (1, 2, 4) if red == "atomicfix" else (2,), sms):
@@ -150,6 +151,23 @@ def variants(p, sms: int = 132) -> list:
             if K > 64 and bn > 64:
                 out.append(("flat fwd", ConvKernelConfig(tile=(bm, 64, bk), waves=(w, 1, 1),
                                                          warp_tile=(16, 16, 16), flat=True, **common)))
+        return out
+    if all(st == 1 for st in p.stride) and (p.C * 2) % 16 == 0 and (p.K * 2) % 16 == 0:
+        # the tensor-descriptor kernel: dy and the tap-shifted x as TMA boxes
+        spec = "filter1x1_stride1_pad0" if p.specialization == "filter1x1_stride1_pad0" else "default"
+        for tile, w, st in (((128, 128, 64), 8, 0), ((128, 128, 64), 4, 4), ((64, 128, 64), 4, 0),
+                            ((128, 64, 64), 4, 0), ((128, 256, 64), 8, 3), ((64, 64, 128), 4, 0)):
+            tile = (min(tile[0], max(16, _pow2(K))), min(tile[1], max(16, _pow2(p.c_per_group))), tile[2])
+            base = ConvKernelConfig(tile=tile, waves=(w, 1, 1), warp_tile=(16, 16, 16), tma=True, stages=st,
+                                    specialization=spec, **common)
+            if base.why_not(p) is not None or any(attrs.evolve(base, split=1) == attrs.evolve(c, split=1)
+                                                  for _, c in out):
+                continue
+            for red, targets in (("atomicfix", (1, 2)), ("fixup", (1,))):
+                c = attrs.evolve(base, reduction=red)
+                for s in _splits_for(c, p, targets, sms, cap=16 if red == "fixup" else 1024):
+                    out.append((f"tma {red}", attrs.evolve(c, split=s)))
+    if p.c_per_group > 32:
         return out
     bms = [b for b in (32, 64, 128) if b <= max(32, _pow2(K))]
     bns = [b for b in (16, 32, 64, 128, 256) if b <= max(16, _pow2(tc)) and (b >= 32 or tc <= 16)]

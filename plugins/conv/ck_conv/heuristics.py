@@ -39,7 +39,8 @@ def auto_split_k(p: ConvProblem, cfg: ConvKernelConfig, num_sms: int) -> int:
 
     tiles, P = reduction_shape(cfg, p)
     min_chunk = 4 * cfg.tile[0] if cfg.specialization == "depthwise" else 8 * cfg.tile[2]
-    kind = "depthwise" if cfg.specialization == "depthwise" else "flat" if cfg.flat else "default"
+    kind = "depthwise" if cfg.specialization == "depthwise" else "flat" if cfg.flat else "tma" if cfg.tma \
+        else "default"
     want = max(1, _cdiv(int(_split_target(kind)) * num_sms, tiles))
     if cfg.reduction == "fixup":
         want = min(want, FIXUP_MAX_SPLIT)
@@ -95,7 +96,7 @@ def _preferred_split(cfg: ConvKernelConfig, p: ConvProblem, num_sms: int, smem_b
         from .backends.triton.launch import streamk_fits
 
         return streamk_fits(cfg, smem_bytes)
-    if cfg.flat or cfg.rows or (cfg.specialization == "depthwise" and p.direction != "bwd_weight"):
+    if cfg.rows or p.direction != "bwd_weight" and (cfg.flat or cfg.specialization == "depthwise"):
         return 1
     if p.direction == "bwd_weight":
         return auto_split_k(p, cfg, num_sms)
@@ -404,6 +405,13 @@ def extended_candidates(p: ConvProblem, arch=None) -> list[ConvKernelConfig]:
         def w(a, b):
             return (2, 4, 1) if a * b >= 128 * 64 else (2, 2, 1) if a * b >= 64 * 64 else (1, 2, 1)
 
+        if all(s == 1 for s in p.stride) and p.dtype != "fp32":
+            # the tensor-descriptor kernel (TMA boxes of dy and the tap-shifted x)
+            spec = "filter1x1_stride1_pad0" if p.specialization == "filter1x1_stride1_pad0" else "default"
+            for (a, b, c), nw, st, red in _lists("tma", "bwd_weight", arch):
+                a, b = min(a, max(16, tm)), min(b, max(16, tn))
+                add_cfg((a, b, c), (nw, 1, 1), stages=st, reduction=red, tma=True, specialization=spec,
+                        tap_mask=False)
         for (a, b, c), st, red in _lists("bwd_weight_split", "all", arch):
             a, b = min(a, tm), min(b, tn)
             add_cfg((a, b, c), w(a, b), stages=st, reduction=red, tap_mask=tap)

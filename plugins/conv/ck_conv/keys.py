@@ -84,7 +84,7 @@ _NAME_RE = re.compile(
     r"_(?P<spec>" + "|".join(sorted(SPECIALIZATIONS, key=len, reverse=True)) + r")"
     r"(?:_vec(?P<vec>\d+_\d+_\d+))?(?:_pad(?P<pad>[01]{3}))?"
     r"(?:_st(?P<st>\d))?(?:_(?P<red>relaxed|twostage|fixup|atomicfix|streamk))?(?:_gm(?P<gm>\d+))?"
-    r"(?P<tapmask>_tapmask)?(?P<flat>_flat)?(?P<rows>_rows(?:_wexp)?)?(?:_sp(?P<sp>\d+))?$")
+    r"(?P<tapmask>_tapmask)?(?P<flat>_flat)?(?P<rows>_rows(?:_wexp)?)?(?P<tma>_tma)?(?:_sp(?P<sp>\d+))?$")
 
 
 def _triple(v) -> tuple:
@@ -135,6 +135,10 @@ class ConvKernelConfig:
     #: channel in the kernel (``_rows``), 2 = from a host-expanded [taps, Wo*G]
     #: table (``_rows_wexp``)
     rows: int = attrs.field(default=0, converter=int)
+    #: bwd_weight, stride 1: dy and the tap-shifted x blocks load through tensor descriptors
+    #: (TMA boxes, zero-filled outside the image; ``_tma``), tile = (BLOCK_M, BLOCK_N, pixels
+    #: of one output row per step)
+    tma: bool = attrs.field(default=False, converter=bool)
     #: programs one output tile's reduction is split over (forward / bwd_data: BLOCK_K
     #: steps; bwd_weight: pixels), combined as ``reduction`` says; 1 = no split.
     #: ``streamk``: persistent programs per SM
@@ -178,6 +182,8 @@ class ConvKernelConfig:
             s += "_flat"
         if self.rows:
             s += "_rows" if self.rows == 1 else "_rows_wexp"
+        if self.tma:
+            s += "_tma"
         if self.split != 1:
             s += f"_sp{self.split}"
         return s
@@ -206,7 +212,8 @@ class ConvKernelConfig:
                    pad=tuple(c == "1" for c in m["pad"]) if m["pad"] else (True, True, True),
                    stages=int(m["st"] or 0), reduction=m["red"] or "atomic", group_merge=int(m["gm"] or 1),
                    tap_mask=bool(m["tapmask"]), flat=bool(m["flat"]),
-                   rows={None: 0, "_rows": 1, "_rows_wexp": 2}[m["rows"]], split=int(m["sp"] or 1))
+                   rows={None: 0, "_rows": 1, "_rows_wexp": 2}[m["rows"]], tma=bool(m["tma"]),
+                   split=int(m["sp"] or 1))
 
     # ---- resources --------------------------------------------------------
     @property
@@ -221,7 +228,7 @@ class ConvKernelConfig:
         # take software-pipeline stages of their own (Triton 3.6 on sm90 keeps 2
         # A/B buffers at 3-4 stages and 3 at 5): more stages, same buffers
         if self.direction != "forward" and self.specialization != "depthwise" and not self._bwd_data_tm \
-                and not self.flat:
+                and not self.flat and not self.tma:
             return PIPELINE_STAGES_BWD[self.pipeline]
         return PIPELINE_STAGES[self.pipeline]
 
@@ -241,7 +248,7 @@ class ConvKernelConfig:
         if self.stages:
             # the table-gathering backward kernels spend two stages on the table loads
             return self.stages if self.direction == "forward" or self.specialization == "depthwise" \
-                or self._bwd_data_tm or self.flat else max(1, self.stages - 2)
+                or self._bwd_data_tm or self.flat or self.tma else max(1, self.stages - 2)
         return PIPELINE_STAGES[self.pipeline]
 
     def lds_bytes(self) -> int:
@@ -264,6 +271,9 @@ class ConvKernelConfig:
             if self.direction == "bwd_weight":
                 meta["WS"] = 3 if self.reduction == "atomicfix" else 0
             return meta
+        if self.tma:    # tensor-descriptor bwd_weight
+            return {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "LINEAR": int(self.specialization == "filter1x1_stride1_pad0"),
+                    "num_warps": self.num_warps, "num_stages": self.num_stages}
         if self.flat:   # im2col over the flattened (tap, channel) axis: no specialisation knobs
             return {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "num_warps": self.num_warps,
                     "num_stages": self.num_stages}
@@ -307,8 +317,8 @@ class ConvKernelConfig:
                                or (self.flat and self.direction != "bwd_weight")):
             return "depthwise forward / bwd_data and flat forward kernels do not split their reduction"
         if spec == "depthwise":
-            if self.group_merge != 1 or self.tap_mask:
-                return "depthwise kernels have no group merging or tap mask"
+            if self.group_merge != 1 or self.tap_mask or self.tma:
+                return "depthwise kernels have no group merging, tap mask or tensor-descriptor form"
             if self.reduction != "atomic" and not (self.direction == "bwd_weight" and self.reduction == "atomicfix"):
                 return "depthwise kernels reduce by atomics (bwd_weight: also atomicfix)"
             if self.flat and self.direction == "bwd_weight":
@@ -322,6 +332,8 @@ class ConvKernelConfig:
             if not dw:
                 return "depthwise kernel needs C = K = G (one channel per group)"
             return self._split_why_not(p)
+        if self.tma:
+            return self._tma_why_not(p)
         if self.flat:
             return self._flat_why_not(p)
         if self.rows:
@@ -370,6 +382,32 @@ class ConvKernelConfig:
         vec_c = p.c_per_group if p.direction != "bwd_weight" else p.k_per_group
         if self.vector[0] > 1 and vec_c % self.vector[0] and not pk:
             return f"vector size {self.vector[0]} does not divide {vec_c} channels"
+        return self._split_why_not(p)
+
+    def _tma_why_not(self, p: ConvProblem) -> str | None:
+        """The tensor-descriptor bwd_weight kernel (stride 1; dy and x blocks as TMA boxes)."""
+        if self.direction != "bwd_weight":
+            return "the tensor-descriptor kernel exists for bwd_weight"
+        if self.flat or self.rows or self.tap_mask or self.group_merge != 1 or self.reduction == "streamk":
+            return "the tensor-descriptor kernel has no flat / row / tap-mask / merged-group / stream-K form"
+        if self.dtype == "fp32":
+            return "the tensor-descriptor kernel is written for fp16 / bf16"
+        if any(s != 1 for s in p.stride):
+            return "the tensor-descriptor kernel needs stride 1 (a box is a run of output columns)"
+        spec = self.specialization
+        if spec not in ("default", "filter3x3", "filter1x1_stride1_pad0"):
+            return f"no tensor-descriptor kernel for the {spec} specialisation"
+        if spec != "default" and p.specialization != spec:
+            return f"needs the {spec} specialisation; problem is {p.specialization}"
+        m, n, k = self.tile
+        if any(t < 16 or t > 256 or t & (t - 1) for t in self.tile):
+            return f"tensor-descriptor tile {self.tile}: powers of two in 16..256 (box sizes)"
+        eb = ELEMENT_BYTES[self.dtype]
+        if (p.C * eb) % 16 or (p.K * eb) % 16:
+            return f"channel rows of {p.C} / {p.K} elements are not 16-byte multiples (TMA strides)"
+        if p.G > 1 and (p.c_per_group % n or p.k_per_group % m):
+            return f"grouped: a box must not cross groups ({p.c_per_group} / {p.k_per_group} channels per group, " \
+                   f"tile {m}x{n})"
         return self._split_why_not(p)
 
     def _flat_why_not(self, p: ConvProblem) -> str | None:
@@ -421,7 +459,7 @@ def _result_size(p: ConvProblem) -> int:
 def is_extended(cfg: ConvKernelConfig) -> bool:
     """Whether ``cfg`` uses a knob of the Triton realisation beyond CK's tile space."""
     return bool(cfg.stages or cfg.reduction != "atomic" or cfg.group_merge != 1 or cfg.tap_mask or cfg.flat
-                or cfg.rows)
+                or cfg.rows or cfg.tma)
 
 
 def rows_why_not(cfg: ConvKernelConfig, p: ConvProblem) -> str | None:
@@ -524,6 +562,7 @@ class ConvAlgorithm:
     tap_mask: bool = False
     flat: bool = False
     rows: int = 0
+    tma: bool = False
     split: int = 1
 
     @property
@@ -540,7 +579,7 @@ def to_config(sig: ConvSignature, a: ConvAlgorithm) -> ConvKernelConfig:
                               specialization=a.specialization, vector=(a.vector_a, a.vector_b, a.vector_c),
                               pad=(a.pad_m, a.pad_n, a.pad_k), stages=a.stages, reduction=a.reduction,
                               group_merge=a.group_merge, tap_mask=a.tap_mask, flat=a.flat,
-                              rows=a.rows, split=a.split)
+                              rows=a.rows, tma=a.tma, split=a.split)
 
 
 def from_config(c: ConvKernelConfig) -> tuple:
@@ -549,7 +588,7 @@ def from_config(c: ConvKernelConfig) -> tuple:
                         specialization=c.specialization, vector_a=c.vector[0], vector_b=c.vector[1],
                         vector_c=c.vector[2], pad_m=c.pad[0], pad_n=c.pad[1], pad_k=c.pad[2],
                         stages=c.stages, reduction=c.reduction, group_merge=c.group_merge, tap_mask=c.tap_mask,
-                        flat=c.flat, rows=c.rows, split=c.split)
+                        flat=c.flat, rows=c.rows, tma=c.tma, split=c.split)
     return sig, alg
 
 

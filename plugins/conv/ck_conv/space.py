@@ -192,6 +192,12 @@ def realisation_configs(direction: str, dtype: str, ndim: int, layout: str, spec
             continue
         for waves in classic_waves(tile, direction):
             add(tile, waves, stages=stages, reduction=red, group_merge=gm, tap_mask=tap)
+    if direction == "bwd_weight" and specialization in ("default", "filter3x3", "filter1x1_stride1_pad0"):
+        # dy and the tap-shifted x through tensor descriptors (stride 1)
+        tmt = tt["tma_tiles"]
+        for tile, st, red in itertools.product(_axes(tmt), tmt["stages"], tt["tma_reductions"]):
+            for w in (4, 8) if tile[0] * tile[1] >= 128 * 64 else (4,):
+                add(tile, (w, 1, 1), stages=st, reduction=red, tma=True)
     if direction != "bwd_data" and specialization in ("default", "filter3x3"):
         # im2col over the flattened (tap, channel) axis (RGB stems: few channels per group)
         for tile, w in tt["flat_gemm_tiles"][direction]:
@@ -218,7 +224,7 @@ def _splits(c: ConvKernelConfig, override) -> tuple:
         return override
     if c.direction == "bwd_weight":
         return splits["depthwise_bwd_weight" if c.specialization == "depthwise"
-                      else "flat_bwd_weight" if c.flat else "bwd_weight"]
+                      else "flat_bwd_weight" if c.flat else "tma_bwd_weight" if c.tma else "bwd_weight"]
     return splits["atomic" if c.reduction == "atomic" else "workspace"]
 
 

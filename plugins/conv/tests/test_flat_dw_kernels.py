@@ -172,3 +172,53 @@ def test_depthwise_bwd_weight_reductions(shape, reduction):
         _check(p, cfg)
     assert all(float(c.abs().sum()) == 0 for c in (*launch._COUNTERS.values(), *launch._ACCUM.values())
                if c.device.type != "meta")
+
+
+def _tma(p: ConvProblem, tile, warps=4, spec="default", **kw) -> ConvKernelConfig:
+    return ConvKernelConfig(direction="bwd_weight", dtype=p.dtype, ndim=p.ndim, tile=tile, waves=(warps, 1, 1),
+                            warp_tile=(16, 16, 16), specialization=spec, tma=True, **kw)
+
+
+TMA = {
+    # stride 1 only; channel rows 16-byte multiples; odd image sizes and padding beyond the filter reach
+    "3x3": dict(N=2, G=1, C=24, K=40, input_spatial=(7, 19), filter=(3, 3), pad_left=(1, 2), pad_right=(1, 0)),
+    "3d_3x1x1": dict(N=1, G=1, C=16, K=24, input_spatial=(5, 3, 21), filter=(3, 1, 1), pad_left=(1, 0, 0),
+                     pad_right=(1, 0, 0)),
+    "1d_dil": dict(N=3, G=1, C=8, K=16, input_spatial=(37,), filter=(5,), dilation=(2,), pad_left=(3,),
+                   pad_right=(2,)),
+    "grouped": dict(N=2, G=3, C=96, K=48, input_spatial=(5, 18), filter=(3, 3), pad_left=(1, 1), pad_right=(1, 1)),
+}
+
+
+@pytest.mark.parametrize("shape", list(TMA))
+def test_tma_bwd_weight(shape):
+    p0 = ConvProblem(**TMA[shape], direction="bwd_weight", dtype="fp16")
+    base = _tma(p0, (16, 16, 16))
+    _check(attrs.evolve(p0, split_k=1), base)
+    p, cfg = _split(p0, attrs.evolve(base, reduction="atomicfix"), 3)
+    assert cfg.split == 3
+    _check(p, cfg)
+
+
+@pytest.mark.parametrize("reduction", ["atomic", "twostage", "fixup"])
+def test_tma_bwd_weight_1x1_linear_and_reductions(reduction):
+    p0 = ConvProblem(N=3, G=1, C=40, K=24, input_spatial=(5, 7), filter=(1, 1), direction="bwd_weight",
+                     dtype="bf16")
+    assert p0.specialization == "filter1x1_stride1_pad0"
+    p, cfg = _split(p0, _tma(p0, (16, 32, 16), spec="filter1x1_stride1_pad0", reduction=reduction), 4)
+    _check(p, cfg)
+    _check(p, attrs.evolve(cfg, specialization="default"))   # the 5-D boxes on a 1x1 problem too
+
+
+def test_tma_applicability():
+    p = ConvProblem(**TMA["3x3"], direction="bwd_weight", dtype="fp16")
+    assert _tma(p, (16, 16, 16)).why_not(p) is None
+    assert "stride 1" in _tma(p, (16, 16, 16)).why_not(attrs.evolve(p, stride=(2, 1)))
+    odd = ConvProblem(**dict(TMA["3x3"], C=5), direction="bwd_weight", dtype="fp16")
+    assert "16-byte" in _tma(odd, (16, 16, 16)).why_not(odd)
+    g = ConvProblem(**TMA["grouped"], direction="bwd_weight", dtype="fp16")
+    assert "cross groups" in _tma(g, (64, 64, 16)).why_not(g)
+    assert "forward" not in (_tma(p, (16, 16, 16)).why_not(p) or "")
+    name = attrs.evolve(_tma(p, (64, 128, 64), reduction="atomicfix"), split=8).name
+    assert name.endswith("_atomicfix_tma_sp8")
+    assert ConvKernelConfig.from_name(name).tma

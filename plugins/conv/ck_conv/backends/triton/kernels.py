@@ -1042,3 +1042,61 @@ def conv_fwd_flat_kernel(
         acc = _dot_prec(a, b, acc, IEEE)
     tl.store(y_ptr + offs_m[:, None] * KS + g * K + offs_n[None, :], acc.to(y_ptr.dtype.element_ty),
              mask=mask_m[:, None] & mask_n[None, :])
+
+
+# ---------------------------------------------------------------------------
+# bwd_weight through tensor descriptors (``_tma`` keys, stride 1): a pixel block is BLOCK_K
+# consecutive output columns of one output row (n, od, oh); the dy block and, for each tap,
+# the x block at the tap's shifted coordinates load as TMA boxes, whose out-of-bounds parts
+# (padding, the row's tail) arrive as zeros: no index tables, no masks, no gathers, and the
+# operands go straight from shared memory to the tensor cores.  LINEAR (1x1, stride 1, pad 0):
+# the pixels are one axis of x and dy viewed as [pixels, channels] matrices.
+# ---------------------------------------------------------------------------
+
+@triton.jit
+def conv_bwd_weight_tma_kernel(
+    x_desc, dy_desc, dw_ptr, fin_ptr, cnt_ptr,
+    NBLK, NWB, Do, Ho, pd, ph, pw, dd, dh, dw, FY, FX, C, K, T, WS_STRIDE,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    LINEAR: tl.constexpr, ATOMIC: tl.constexpr, WS: tl.constexpr, IEEE: tl.constexpr,
+):
+    # dw[g, k, tap, c] = sum_p dy[p, g, k] * x[in(p, tap), g, c]; axis 0 walks (tap, k tile,
+    # c tile), axis 2 splits the pixel blocks (balanced: any split up to NBLK runs as named)
+    pid = tl.program_id(0)
+    g = tl.program_id(1)
+    s = tl.program_id(2).to(tl.int64)
+    nspl = tl.num_programs(2)
+    num_m = tl.cdiv(K, BLOCK_M)
+    num_n = tl.cdiv(C, BLOCK_N)
+    tap = pid // (num_m * num_n)
+    rem = pid % (num_m * num_n)
+    pid_m = rem // num_n
+    pid_n = rem % num_n
+    fx = tap % FX
+    fy = (tap // FX) % FY
+    fz = tap // (FX * FY)
+    k0 = g * K + pid_m * BLOCK_M
+    c0 = g * C + pid_n * BLOCK_N
+    b_lo = ((s * NBLK) // nspl).to(tl.int32)
+    b_hi = (((s + 1) * NBLK) // nspl).to(tl.int32)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for b in range(b_lo, b_hi):
+        if LINEAR:
+            a = dy_desc.load([b * BLOCK_K, k0])
+            bx = x_desc.load([b * BLOCK_K, c0])
+        else:
+            r = b // NWB
+            w0 = (b - r * NWB) * BLOCK_K
+            oh = r % Ho
+            t = r // Ho
+            od = t % Do
+            n = t // Do
+            a = dy_desc.load([n, od, oh, w0, k0]).reshape(BLOCK_K, BLOCK_M)
+            bx = x_desc.load([n, od - pd + fz * dd, oh - ph + fy * dh, w0 - pw + fx * dw, c0]
+                             ).reshape(BLOCK_K, BLOCK_N)
+        acc = _dot_prec(a.T, bx, acc, IEEE)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    _epilogue(dw_ptr, fin_ptr, cnt_ptr, g * K * T * C + offs_m[:, None] * (T * C) + tap * C + offs_n[None, :],
+              (offs_m < K)[:, None] & (offs_n < C)[None, :], acc, s, nspl, g * tl.num_programs(0) + pid,
+              WS_STRIDE, ATOMIC, WS)

@@ -247,14 +247,25 @@ def split_plan(cfg: ConvKernelConfig, p: ConvProblem, split: int | None = None) 
     split = split or cfg.split
     if p.direction == "bwd_weight":
         unit = cfg.tile[0] if cfg.specialization == "depthwise" else cfg.tile[2]   # BLOCK_P / BLOCK_K
-        if cfg.specialization == "depthwise" or cfg.flat:
+        if cfg.specialization == "depthwise" or cfg.flat or cfg.tma:
             # balanced: split s takes unit blocks [s*nblk//split, (s+1)*nblk//split) (chunk: nblk)
-            nblk = _cdiv(steps, unit)
+            nblk = tma_blocks(cfg, p)[0] if cfg.tma else _cdiv(steps, unit)
             return min(split, nblk), nblk
         chunk = _cdiv(_cdiv(steps, split), unit) * unit
         return _cdiv(steps, chunk), chunk
     chunk = _cdiv(max(steps, 1), split)
     return max(1, _cdiv(steps, chunk)), chunk
+
+
+def tma_blocks(cfg: ConvKernelConfig, p: ConvProblem) -> tuple:
+    """``(pixel blocks, blocks per output row)`` of the tensor-descriptor bwd_weight kernel: BLOCK_K
+    pixels of the flat pixel axis (1x1, stride 1, pad 0), else BLOCK_K columns of one output row."""
+    g = geometry(p)
+    bk = cfg.tile[2]
+    if cfg.specialization == "filter1x1_stride1_pad0":
+        return _cdiv(p.N * g["Do"] * g["Ho"] * g["Wo"], bk), 0
+    nwb = _cdiv(g["Wo"], bk)
+    return p.N * g["Do"] * g["Ho"] * nwb, nwb
 
 
 def reduction_shape(cfg: ConvKernelConfig, p: ConvProblem) -> tuple:
@@ -853,6 +864,32 @@ def _run(p: ConvProblem, tensors: dict, config, num_sms):
                                         g["Ho"], g["Wo"], *sd, *pad, *dil, **meta, num_warps=nw, num_stages=ns)
         dwc = (fin if meta["WS"] == 3 else ws.to(x.dtype)).reshape((G, 1) + p.filter + (1,))
         return from_channels_last(dwc, p.wei_layout, "wei", nd)
+    if cfg.tma:    # dy and the tap-shifted x blocks as TMA boxes
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        bm, bn, bk = cfg.tile
+        nblk, nwb = tma_blocks(cfg, p)
+        split = _split_as_named(cfg, min(split, nblk))
+        for t in (xc, dyc):
+            if t.data_ptr() % 16:
+                raise UnsupportedProblem("the tensor-descriptor kernel needs 16-byte aligned x and dy; pass "
+                                         "freshly allocated tensors or pick another kernel")
+        if meta["LINEAR"]:
+            xv, dyv = xc.reshape(-1, G * C), dyc.reshape(-1, G * K)
+            xb, dyb = [bk, bn], [bk, bm]
+        else:
+            xv = xc.reshape(p.N, g["Di"], g["Hi"], g["Wi"], G * C)
+            dyv = dyc.reshape(p.N, g["Do"], g["Ho"], g["Wo"], G * K)
+            xb, dyb = [1, 1, 1, bk, bn], [1, 1, 1, bk, bm]
+        xd = TensorDescriptor(xv, list(xv.shape), list(xv.stride()), xb)
+        dyd = TensorDescriptor(dyv, list(dyv.shape), list(dyv.stride()), dyb)
+        final = torch.empty((G, K) + p.filter + (C,), dtype=x.dtype, device=x.device)
+        grid = (p.taps * _cdiv(K, bm) * _cdiv(C, bn), G, split)
+        so = _SplitOut(final, split, cfg.reduction, grid[0] * grid[1])
+        _k(tk.conv_bwd_weight_tma_kernel, grid)(
+            xd, dyd, so.out, so.fin, so.cnt, nblk, max(nwb, 1), g["Do"], g["Ho"], *pad, *dil, flt[1], flt[2], C, K,
+            p.taps, so.stride, **meta, ATOMIC=so.atomic, WS=so.ws, IEEE=ieee, num_warps=nw, num_stages=ns)
+        return from_channels_last(so.finish(), p.wei_layout, "wei", nd)
     if cfg.flat:   # im2col over the flattened (tap, channel) columns
         nblk = _cdiv(P, meta["BLOCK_K"])
         split = _split_as_named(cfg, min(split, nblk))
@@ -918,6 +955,8 @@ _ARGS = {
                          "sd", "sh", "sw", "pd", "ph", "pw", "dd", "dh", "dw"],
     ("forward_flat", False): ["x_ptr", "w_ptr", "y_ptr", "M", "Di", "Hi", "Wi", "Do", "Ho", "Wo", "C", "K", "CS",
                               "KS", "sd", "sh", "sw", "pd", "ph", "pw", "dd", "dh", "dw", "FZ", "FY", "FX"],
+    ("bwd_weight_tma", False): ["x_desc", "dy_desc", "dw_ptr", "fin_ptr", "cnt_ptr", "NBLK", "NWB", "Do", "Ho",
+                                "pd", "ph", "pw", "dd", "dh", "dw", "FY", "FX", "C", "K", "T", "WS_STRIDE"],
     ("bwd_weight_flat", False): ["x_ptr", "dy_ptr", "dw_ptr", "fin_ptr", "cnt_ptr", "P", "NBLK"] + _BW_GEO,
     ("bwd_weight", True): ["x_ptr", "dy_ptr", "dw_ptr", "fin_ptr", "cnt_ptr", "P", "NBLK", "G", "Di", "Hi", "Wi", "Do", "Ho", "Wo",
                            "sd", "sh", "sw", "pd", "ph", "pw", "dd", "dh", "dw"],
@@ -959,6 +998,13 @@ def kernel_for(key_or_config, problem: ConvProblem | None = None):
         else:
             fn = {"forward": tk.dw_fwd_kernel, "bwd_data": tk.dw_bwd_data_kernel}[cfg.direction]
             meta.update(FZ=flt[0], FY=flt[1], FX=flt[2])
+    elif cfg.tma:
+        fn = tk.conv_bwd_weight_tma_kernel
+        meta["IEEE"] = ieee
+        ws = {"atomic": 0, "relaxed": 0, "twostage": 1, "fixup": 2, "atomicfix": 3}[cfg.reduction]
+        split = cfg.split > 1
+        meta["ATOMIC"] = (2 if cfg.reduction == "relaxed" else True) if split and not ws else False
+        meta["WS"] = ws if split else 0
     elif cfg.flat:
         meta["IEEE"] = ieee
         if cfg.direction == "forward":
@@ -997,6 +1043,9 @@ def kernel_for(key_or_config, problem: ConvProblem | None = None):
         g = geometry(p)
         if dwise and cfg.rows:
             return _rows_grid(p, g, meta["BLOCK"], cfg.tile[0])
+        if cfg.tma:
+            return (p.taps * _cdiv(g["K"], meta["BLOCK_M"]) * _cdiv(g["C"], meta["BLOCK_N"]), p.G,
+                    min(cfg.split, tma_blocks(cfg, p)[0]))
         if cfg.flat and not dwise:
             if p.direction == "forward":
                 return (_cdiv(p.N * g["Do"] * g["Ho"] * g["Wo"], meta["BLOCK_M"]) * _cdiv(g["K"], meta["BLOCK_N"]),
@@ -1056,7 +1105,9 @@ def aot_signature(key_or_config, constexprs: dict | None = None) -> dict:
     sig = {}
     kind = "bwd_weight_gm" if cfg.group_merge > 1 and not dwise and cfg.direction == "bwd_weight" \
         else cfg.direction
-    if cfg.flat and not dwise:
+    if cfg.tma:
+        kind = "bwd_weight_tma"
+    elif cfg.flat and not dwise:
         kind = cfg.direction + "_flat"
     elif dwise and cfg.rows:
         kind = "rows"
@@ -1067,6 +1118,10 @@ def aot_signature(key_or_config, constexprs: dict | None = None) -> dict:
     for n in _ARGS[(kind, dwise)]:
         if n in ("tab_ptr", "ntap_ptr", "pb_ptr", "pc_ptr", "cnt_ptr", "ctab_ptr"):
             sig[n] = "*i32"
+        elif n in ("x_desc", "dy_desc"):
+            bm, bn, bk = cfg.tile
+            box = [bk, bn if n == "x_desc" else bm]
+            sig[n] = f"tensordesc<{cfg.dtype}{box if constexprs.get('LINEAR') else [1, 1, 1] + box}>"
         elif n == "fin_ptr" and dwise:
             sig[n] = ptr   # depthwise atomicfix: the cast-out result
         elif n == out_ptr and (atomic or (dwise and cfg.direction == "bwd_weight")):
