@@ -10,7 +10,9 @@ old heuristic's order is a column too (its rank among the candidates): the trees
 learn where to trust it.  The ``rel_*`` columns are estimates over the candidate set's best
 (the target is each kernel's time over its shortlist's best), ``tail`` / ``m_fit`` / ``n_fit``
 how full the last wave and the edge tiles are; splits are continuous (``log_split``), so a
-split the oracle never measured (64-256) still gets a score.
+split the oracle never measured (64-256) still gets a score.  ``tma`` (the tensor-descriptor bwd_weight
+kernel) and ``flat`` on a non-depthwise key (the im2col kernels over (tap, channel)) are columns a
+ranker fitted before session 8 never saw.
 
 The conv ranker ranks the op's shortlist (the tuning list of
 :func:`ck_conv.heuristics.candidate_configs` with its splits), not the whole key space:
@@ -33,7 +35,7 @@ _DIRS = ("forward", "bwd_data", "bwd_weight")
 #: kernel columns, in the order of :func:`_kernel_row`
 _KERNEL = ("tile_m", "tile_n", "tile_k", "warps", "stages", "split", "group_merge", "tap_mask", "flat",
            "rows", "k_depthwise", "k_1x1", "k_3x3", *(f"pipe_{p}" for p in _PIPES),
-           *(f"red_{r}" for r in _REDUCTIONS))
+           *(f"red_{r}" for r in _REDUCTIONS), "tma")
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -44,7 +46,7 @@ def _kernel_row(key) -> tuple:
     return (*c.tile, c.num_warps, c.num_stages, c.split, c.group_merge, c.tap_mask, c.flat, c.rows,
             c.specialization == "depthwise", c.specialization.startswith("filter1x1"),
             c.specialization == "filter3x3", *(c.pipeline == p for p in _PIPES),
-            *(c.reduction == r for r in _REDUCTIONS))
+            *(c.reduction == r for r in _REDUCTIONS), c.tma)
 
 
 @functools.lru_cache(maxsize=1 << 12)
