@@ -218,6 +218,28 @@ def _heuristic_config(p: ConvProblem) -> ConvKernelConfig:
                             specialization=spec, **common)
 
 
+def family_of(c: ConvKernelConfig) -> str:
+    """The kernel family of a config, as the ``first_tier`` tuned table names them: ``tma`` (tensor-
+    descriptor bwd_weight), ``flat`` (im2col over (tap, channel)), ``dw_atomicfix`` / ``dw`` (depthwise
+    bwd_weight with the one-launch or the memset + atomics + cast reduction; ``dw`` also the
+    depthwise forward / bwd_data kernels), ``gemm`` (the implicit-GEMM kernels)."""
+    if c.specialization == "depthwise":
+        return "dw_atomicfix" if c.reduction == "atomicfix" else "dw"
+    return "tma" if c.tma else "flat" if c.flat else "gemm"
+
+
+def problem_class(p: ConvProblem, arch=None) -> str | None:
+    """The class of ``p`` the ``first_tier`` table is keyed by (None: none of them)."""
+    if p.c_per_group == 1 and p.k_per_group == 1:
+        return "depthwise_" + p.direction
+    if p.direction != "bwd_data" and p.c_per_group <= int(_lists("flat", "max_channels", arch)) \
+            and p.specialization in ("default", "filter3x3"):
+        return "stem_" + p.direction
+    if p.direction == "bwd_weight" and all(s == 1 for s in p.stride):
+        return "stride1_bwd_weight"
+    return None
+
+
 def candidate_configs(p: ConvProblem, limit: int | None = None, extended: bool = True,
                       arch=None) -> list[ConvKernelConfig]:
     """A short tuning list for ``p`` (the heuristic pick first), for autotuning on a GPU.
@@ -226,7 +248,21 @@ def candidate_configs(p: ConvProblem, limit: int | None = None, extended: bool =
     tap bits, deeper pipelines, merged groups) after the classic list.  The
     tiles come from the tuned data (ck_conv/tuned/); ``arch`` (an ArchSpec) picks
     its file and gives the SM count and shared memory the rules plan for.
+    Where the tuned ``first_tier`` table names kernel families for the problem's class
+    (:func:`problem_class`, :func:`family_of`), the extended list keeps those families only
+    (the H100 measurements found the others dominated there; the heuristic pick may go too).
     """
+    out = _candidate_configs(p, extended, arch)
+    if extended:
+        cls = problem_class(p, arch)
+        t = table("conv", "generic", "first_tier", TUNED_DIR)
+        if cls is not None and cls in t:
+            only = set(t[cls])
+            out = [c for c in out if family_of(c) in only] or out
+    return out[:limit] if limit else out
+
+
+def _candidate_configs(p: ConvProblem, extended: bool, arch) -> list[ConvKernelConfig]:
     base = heuristic_config(p)
     out = [base]
     held = {base}   # membership of ``out`` without a list scan per candidate
@@ -250,7 +286,7 @@ def candidate_configs(p: ConvProblem, limit: int | None = None, extended: bool =
                 add(t, (8, 1, 1), "mem")
         if extended:
             out += [c for c in extended_candidates(p, arch) if c not in held]
-        return out[:limit] if limit else out
+        return out
     m, n, k = p.gemm_mnk
     if p.direction == "bwd_weight":
         tm = _pow2_at_least(p.k_per_group, 16, 128)
@@ -286,7 +322,7 @@ def candidate_configs(p: ConvProblem, limit: int | None = None, extended: bool =
         for c in ext:
             if c not in held:
                 out.append(c)
-    return out[:limit] if limit else out
+    return out
 
 
 TUNED_DIR = str(Path(__file__).resolve().parent / "tuned")
