@@ -158,6 +158,7 @@ def variants(p, sms: int = 132) -> list:
         for tile, w, st in (((128, 128, 64), 8, 0), ((128, 128, 64), 4, 4), ((64, 128, 64), 4, 0),
                             ((128, 64, 64), 4, 0), ((128, 256, 64), 8, 3), ((64, 64, 128), 4, 0)):
             tile = (min(tile[0], max(16, _pow2(K))), min(tile[1], max(16, _pow2(p.c_per_group))), tile[2])
+            w = w if tile[0] * tile[1] >= 128 * 64 else 4   # the key space's rule
             base = ConvKernelConfig(tile=tile, waves=(w, 1, 1), warp_tile=(16, 16, 16), tma=True, stages=st,
                                     specialization=spec, **common)
             if base.why_not(p) is not None or any(attrs.evolve(base, split=1) == attrs.evolve(c, split=1)

@@ -446,6 +446,7 @@ def extended_candidates(p: ConvProblem, arch=None) -> list[ConvKernelConfig]:
             spec = "filter1x1_stride1_pad0" if p.specialization == "filter1x1_stride1_pad0" else "default"
             for (a, b, c), nw, st, red in _lists("tma", "bwd_weight", arch):
                 a, b = min(a, max(16, tm)), min(b, max(16, tn))
+                nw = nw if a * b >= 128 * 64 else 4   # the key space's rule: 8 warps from 128x64 outputs
                 add_cfg((a, b, c), (nw, 1, 1), stages=st, reduction=red, tma=True, specialization=spec,
                         tap_mask=False)
         for (a, b, c), st, red in _lists("bwd_weight_split", "all", arch):
