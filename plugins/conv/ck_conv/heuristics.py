@@ -124,8 +124,9 @@ def named_split(cfg: ConvKernelConfig, p: ConvProblem, arch, split: int | None =
 
 
 def heuristic(problem, candidates, arch) -> list:
-    """Rank candidates by closeness to :func:`heuristic_config`'s pick."""
-    want = heuristic_config(problem)
+    """Rank candidates by closeness to :func:`heuristic_config`'s pick (where the ``first_tier``
+    table names families for the problem's class: to the first candidate of those families)."""
+    want = _anchor(problem, arch)
     cus = max(int(arch.compute_units or 1), 1)
 
     def score(k):
@@ -147,6 +148,13 @@ def heuristic(problem, candidates, arch) -> list:
     return sorted(candidates, key=score)   # the Dispatcher passes the keys that support the problem
 
 
+def _anchor(p: ConvProblem, arch) -> ConvKernelConfig:
+    cls = problem_class(p, arch)
+    if cls is not None and cls in table("conv", "generic", "first_tier", TUNED_DIR):
+        return candidate_configs(p, arch=arch)[0]
+    return heuristic_config(p)
+
+
 _SPEC_RANK = {"depthwise": 0, "filter1x1_stride1_pad0": 0, "filter1x1_pad0": 1, "filter3x3": 2, "default": 3}
 
 
@@ -157,6 +165,7 @@ def _closeness(c: ConvKernelConfig, want: ConvKernelConfig, split: int) -> float
     s = sum(abs(math.log2(a / b)) for a, b in zip(c.tile, want.tile))
     s += 0.5 * (c.pipeline != want.pipeline) + 0.25 * (c.waves != want.waves)
     s += 0.1 * _SPEC_RANK.get(c.specialization, 3) + 0.05 * (c.warp_tile != want.warp_tile)
+    s += 2.0 * (family_of(c) != family_of(want))
     return s + 0.3 * abs(math.log2(c.split / split))
 
 
