@@ -255,18 +255,20 @@ class Registry:
         return out
 
     def why_not(self, problem, limit: int = 5) -> list[str]:
-        """Reasons the first few keys do not support ``problem`` (for error messages)."""
+        """Why no key supports ``problem`` (for error messages): up to ``limit`` distinct reasons,
+        the rarest first (the near misses; "wrong family" is said by most keys), each with how many
+        keys gave it and one of them."""
         ops = self.mgr.ops()
-        reasons = []
+        by_reason: dict[str, list[str]] = {}
         for key in self:
             if key.op != problem.op:
                 continue
             reason = ops[key.op].supports(key, problem)
             if reason:
-                reasons.append(f"{key.name}: {reason}")
-            if len(reasons) >= limit:
-                break
-        return reasons
+                by_reason.setdefault(str(reason), []).append(key.name)
+        ranked = sorted(by_reason.items(), key=lambda kv: len(kv[1]))[:limit]
+        return [f"{names[0]}: {reason}" + (f" (and {len(names) - 1} more keys)" if len(names) > 1 else "")
+                for reason, names in ranked]
 
     # -- JSON --------------------------------------------------------------
     def to_dict(self) -> dict:
