@@ -174,6 +174,34 @@ def test_conv2d_each_signature_field_makes_a_new_plan(route, ck_dispatch_log, ck
         assert any(r.calls for r in replays)
 
 
+def test_conv2d_backward_replays_its_recorded_launches(route, ck_rng):
+    """bwd_data and bwd_weight launchers replay their first call's launches too (tables, split
+    workspaces and counters included): later calls on fresh tensors match float64 gradients and
+    record nothing new."""
+    kind, replays = route
+    if kind != "replay":
+        pytest.skip("the recorded replay is the GPU route")
+    g = _gen(ck_rng)
+    for kw, wshape in (({"padding": 1}, (6, 4, 3, 3)), ({"padding": 1, "stride": 2}, (6, 4, 3, 3)),
+                       ({"padding": 0}, (5, 4, 1, 1)), ({"padding": 1, "groups": 2}, (6, 2, 3, 3))):
+        n, h = 2, int(ck_rng.integers(5, 9))
+        seen = None
+        for call in range(3):
+            x = _rand(g, n, 4, h, h).requires_grad_()
+            w = _rand(g, *wshape).requires_grad_()
+            y = conv2d(x, w, **kw)
+            dy = _rand(g, *y.shape)
+            y.backward(dy)
+            xd, wd = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+            F.conv2d(xd, wd, **kw).backward(dy.double())
+            assert _rel(x.grad, xd.grad) < 1e-5 and _rel(w.grad, wd.grad) < 1e-5, (kw, call)
+            if call == 0:
+                seen = len(replays)
+                base = [r.calls for r in replays]
+        assert len(replays) == seen, (kw, "warm calls recorded nothing new")
+        assert sum(r.calls for r in replays) - sum(base) >= 2 * 3, (kw, "fwd, bwd_data, bwd_weight replayed twice")
+
+
 def test_attention_each_signature_field_makes_a_new_plan(route, ck_dispatch_log, ck_rng):
     """ck_fmha.attention without autograd: every warm call (the replayed launch on the GPU route)
     matches float64 attention on fresh q, k, v; each signature field gets its own closure."""
