@@ -129,6 +129,36 @@ def test_matmul_replays_the_recorded_launch(route, ck_rng):
     assert replays[0].calls == 2, "warm calls replay the recording, nothing else"
 
 
+@pytest.mark.parametrize("batch", [1, 3])
+def test_split_k_and_batched_gemm_replay_every_launch(route, ck_rng, batch):
+    """A split-K GEMM is two launches (partials into a workspace, then their sum) and a batched one
+    a 3-D grid: warm calls replay both launches with a fresh workspace, on fresh operands."""
+    from ck_core import Dispatcher, Registry
+    from ck_gemm import GemmProblem
+
+    kind, replays = route
+    if kind != "replay":
+        pytest.skip("the recorded replay is the GPU route")
+    reg = Registry.from_enumeration("gemm", "sm90", "triton", dtypes=["fp16"], layouts=["rcr"])
+    sk = reg.filter(lambda f: f["split_k"] > 1 and f["variant"] == "tile" and f["tile_k"] <= 64)
+    assert len(sk), "no split-K key to test"
+    disp = Dispatcher(sk, backend="triton")
+    g = _gen(ck_rng)
+    m, n, k = (int(x) for x in ck_rng.integers(9, 40, size=3))
+    p = GemmProblem(m=m, n=n, k=k * 8, dtype="fp16", layout="rcr", **({"batch": batch} if batch > 1 else {}))
+    lead = (batch,) if batch > 1 else ()
+    for call in range(3):
+        a = _rand(g, *lead, m, k * 8, dtype=torch.float16)
+        b = _rand(g, *lead, n, k * 8, dtype=torch.float16)
+        got = disp.run(p, a, b)
+        want = a.double() @ b.double().transpose(-1, -2)
+        assert _rel(got, want) < 2e-3, (call, disp.select(p).name)
+        if call == 0:
+            seen, base = len(replays), sum(r.calls for r in replays)
+            assert seen == 2, "a split-K GEMM records its two launches"
+    assert len(replays) == seen and sum(r.calls for r in replays) - base == 4
+
+
 def test_tensor_sig_has_the_device():
     a = torch.empty(4, 4)
     m = torch.empty(4, 4, device="meta")
