@@ -14,16 +14,18 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import hashlib
 import json
 import pstats
 import random
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import attrs
 
-from ck_core import select_data
+from ck_core import ranker, select_data, tuned_data
 from ck_core.api import dispatcher_for
 from ck_core.plugins import get_manager
 
@@ -77,6 +79,13 @@ def problems(what: str, n: int, seed: int, mgr) -> list:
     return conv_problems(direction, n, seed, mgr)
 
 
+def ranker_fingerprint(op: str) -> str:
+    """sha256 of the (op, sm90, triton) ranker the picks were made with (picks recorded with another
+    ranker are not comparable)."""
+    spec = tuned_data.table(op, "sm90", ranker.TABLE).get(("triton",))
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("ops", nargs="+", help="gemm, conv:forward, conv:bwd_data, conv:bwd_weight")
@@ -110,7 +119,10 @@ def main(argv=None) -> int:
         print(f"{what}: median {statistics.median(times) * 1e3:.3f} ms, mean {statistics.mean(times) * 1e3:.3f} ms, "
               f"P90 {times[int(0.9 * len(times))] * 1e3:.3f} ms over {len(times)} new problems; rules {rules}", flush=True)
     if args.picks:
-        Path(args.picks).write_text(json.dumps(picks, indent=0, sort_keys=True))
+        ops = sorted({w.split(":")[0] for w in args.ops})
+        doc = {"command": "python benchmarks/select_time.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+               "rankers": {op: ranker_fingerprint(op) for op in ops}, "picks": picks}
+        Path(args.picks).write_text(json.dumps(doc, indent=0, sort_keys=True))
     if prof:
         with open(args.profile, "w") as f:
             pstats.Stats(prof, stream=f).sort_stats("cumulative").print_stats(60)
