@@ -1,13 +1,14 @@
 """Selection time of NEW problems through the public API's Dispatcher (CPU, no GPU), and their picks.
 
     python benchmarks/select_time.py gemm conv:forward conv:bwd_data conv:bwd_weight \\
-        [--problems 300] [--timed 60] [--picks out.json] [--profile out.txt]
+        [--problems 300] [--seed 15] [--picks out.json] [--profile out.txt]
 
 Problems are drawn with a fixed seed around the recorded oracles' shapes (GEMM: random
-M/N/K/batch over the oracle's dtypes and layouts; conv: oracle layers with a random batch and
+M/N/K/batch, fp16/bf16, the four layouts; conv: oracle layers with a random batch and
 spatial size).  Each signature's Dispatcher is made and warmed first on a twin of every problem
-(M or the batch + 1000: the signature's key-space and per-key caches filled); then every problem is selected once, timed (``Dispatcher.select`` of a problem it never saw: the
-cost of a new problem).  ``--picks`` writes every problem's pick (compare two versions' files:
+(M or the batch + 1000: the signature's key-space and per-key caches filled); then every
+problem is selected once, timed (``Dispatcher.select`` of a problem it never saw: the cost of a
+new problem).  ``--picks`` writes every problem's pick (compare two versions' files:
 a speed-up must not change a single pick).  ``--profile`` writes a cProfile of the timed loop.
 """
 from __future__ import annotations
@@ -117,7 +118,8 @@ def main(argv=None) -> int:
             rules[getattr(d, "_rule", "?")] = rules.get(getattr(d, "_rule", "?"), 0) + 1
         times.sort()
         print(f"{what}: median {statistics.median(times) * 1e3:.3f} ms, mean {statistics.mean(times) * 1e3:.3f} ms, "
-              f"P90 {times[int(0.9 * len(times))] * 1e3:.3f} ms over {len(times)} new problems; rules {rules}", flush=True)
+              f"P90 {times[int(0.9 * len(times))] * 1e3:.3f} ms over {len(times)} new problems; rules {rules}",
+              flush=True)
     if args.picks:
         ops = sorted({w.split(":")[0] for w in args.ops})
         doc = {"command": "python benchmarks/select_time.py " + " ".join(argv if argv is not None else sys.argv[1:]),
