@@ -382,11 +382,14 @@ def make_fast_launcher(key, num_sms=None):
 
             return fast
         # one slot per operand (the plain and the replayed-descriptor launches): no loops
+        from ck_core.warm import contiguous_strides
+
         template, run = rec.args, rec.launch
         (ia,), (ib,), (ic,) = rec.a_slots, rec.b_slots, rec.c_slots
+        stride, empty_strided = contiguous_strides(shape), torch.empty_strided
 
         def fast(a, b, d=None):
-            c = empty(shape, device=dev, dtype=t_out)
+            c = empty_strided(shape, stride, dtype=t_out, device=dev)
             args = template.copy()
             args[ia] = a
             args[ib] = b
