@@ -129,7 +129,10 @@ class Registry:
         self._plain.clear()
 
     def _in_spaces(self, key) -> bool:
-        return any(key in s for s in self._spaces)
+        for s in self._spaces:   # a loop, not any(): selection asks per shortlisted key
+            if key in s:
+                return True
+        return False
 
     def add(self, key: KernelKey) -> None:
         if not isinstance(key, KernelKey):
@@ -257,11 +260,19 @@ class Registry:
         ``problem``, in the given order: selection without listing every candidate."""
         supports = self.mgr.op(problem.op).supports
         out, seen = [], set()
+        arch, listed, removed, spaces = self.arch, self._keys, self._removed, self._spaces
         for k in keys:
-            if k in seen or (backend and k.backend != backend) or k.arch != self.arch:
+            if k in seen or (backend and k.backend != backend) or k.arch != arch:
                 continue
             seen.add(k)
-            if k in self and supports(k, problem) is None:
+            # ``k in self``, inlined: listed, or in a space and not removed from it
+            if k in listed:
+                held = True
+            elif not spaces or k in removed:
+                held = False
+            else:
+                held = k in spaces[0] if len(spaces) == 1 else self._in_spaces(k)
+            if held and supports(k, problem) is None:
                 out.append(k)
         return out
 
