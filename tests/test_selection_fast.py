@@ -120,22 +120,32 @@ def test_the_layout_handles_shared_subtrees_and_trees_deeper_than_the_walk(ck_rn
     assert m._layout is None and np.array_equal(m.predict(X), m._walk(X))
 
 
-def test_gemm_supports_many_agrees_with_supports_key_by_key():
+#: (arch, backend, enumeration options, problem dtypes, problem layouts)
+_SPACES = [("sm90", "triton", dict(num_ds=(0, 1, 2), activations=("none", "relu"), split_ks=(1, 2)),
+            ("fp16", "bf16"), ("rcr", "rrr", "crr", "ccr")),
+           ("gfx942", "numpy", dict(num_ds=(0, 1), activations=("none", "relu"), split_ks=(1, 2), dtypes=("fp16",),
+                                    layouts=("rcr", "rrr"), tiles_mn=(64, 128), pipelines=("compv3",)),
+            ("fp16",), ("rcr", "rrr"))]
+
+
+@pytest.mark.parametrize("arch,backend,options,dtypes,layouts", _SPACES, ids=["sm90-triton", "gfx942-numpy"])
+def test_gemm_supports_many_agrees_with_supports_key_by_key(arch, backend, options, dtypes, layouts):
     pytest.importorskip("ck_gemm")
     from ck_gemm.keys import supports, supports_many
     from ck_gemm.problem import GemmProblem
 
     mgr = get_manager()
-    keys = tuple(Registry.from_enumeration("gemm", "sm90", "triton", manager=mgr, num_ds=(0, 1, 2),
-                                           activations=("none", "relu")))
-    assert len({k.algorithm.variant for k in keys}) > 3 and any(k.algorithm.split_k > 1 for k in keys)
+    keys = tuple(Registry.from_enumeration("gemm", arch, backend, manager=mgr, **options))
+    if backend == "triton":
+        assert len({k.algorithm.variant for k in keys}) > 3
+    assert any(k.algorithm.split_k > 1 for k in keys) and any(k.algorithm.pad_m for k in keys)
     rng = random.Random()
-    for _ in range(40):
+    for _ in range(30):
         m, n, k = (rng.choice([1, 3, 16, 17, 64, 100, 128, 255, 256, 1000, 4096, rng.randint(1, 5000)])
                    for _ in range(3))
-        dtype = rng.choice(["fp16", "bf16"])
+        dtype = rng.choice(dtypes)
         p = GemmProblem(m=m, n=n, k=k, batch=rng.choice([1, 3]), dtype=dtype, dtype_c=rng.choice([dtype, "fp32"]),
-                        layout=rng.choice(["rcr", "rrr", "crr", "ccr"]), num_d=rng.choice([0, 1, 2]),
+                        layout=rng.choice(layouts), num_d=rng.choice(options["num_ds"]),
                         activation=rng.choice(["none", "relu"]))
         want = [supports(key, p) is None for key in keys]
         assert list(supports_many(keys, p)) == want
