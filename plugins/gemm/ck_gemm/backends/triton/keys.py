@@ -391,16 +391,19 @@ def make_fast_launcher(key, num_sms=None):
         if not rec:
             return None
         shape, dev, empty = tuple(out_shape or problem.shape_c()), a.device, torch.empty
-        if rec.descs or not (len(rec.a_slots) == len(rec.b_slots) == len(rec.c_slots) == 1):
+        one = rec.steps[0] if len(rec.steps) == 1 and rec.ws is None else None
+        roles = sorted(role for _, role in one[2]) if one is not None else None
+        if one is None or one[3] or roles != ["a", "b", "c"]:
             def fast(a, b, d=None):
                 return _fast_call(rec, a, b, empty(shape, device=dev, dtype=t_out))
 
             return fast
-        # one slot per operand (the plain and the replayed-descriptor launches): no loops
+        # one launch, one slot per operand (the plain and the replayed-descriptor launches): no loops
         from ck_core.warm import contiguous_strides
 
-        template, run = rec.args, rec.launch
-        (ia,), (ib,), (ic,) = rec.a_slots, rec.b_slots, rec.c_slots
+        run, template = one[0], one[1]
+        slot = {role: i for i, role in one[2]}
+        ia, ib, ic = slot["a"], slot["b"], slot["c"]
         stride, empty_strided = contiguous_strides(shape), torch.empty_strided
 
         def fast(a, b, d=None):
