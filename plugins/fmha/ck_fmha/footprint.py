@@ -64,12 +64,9 @@ def _shapes(p: FmhaProblem) -> dict:
         n = _pages(p)
         sh["k_cache"] = (n,) + tuple(sh["k_cache"][1:])
         sh["v_cache"] = (n,) + tuple(sh["v_cache"][1:])
-    if p.family in BWD and p.deterministic:
-        from .reference.backward import dq_splits
-
-        sh["dq_acc"] = (dq_splits(p),) + tuple(sh["dq"])
-    else:
-        sh["dq_acc"] = (1,) + tuple(sh["dq"])
+    # one fp32 dQ accumulator: the GPU plans' deterministic backward runs a separate dQ pass (no
+    # per-key-block partials); the numpy reference's partials are its working set (below)
+    sh["dq_acc"] = (1,) + tuple(sh["dq"])
     return sh
 
 
@@ -102,6 +99,10 @@ def working_bytes(p: FmhaProblem, backend: str) -> float:
         return 0.0
     sh = _shapes(p)
     copies = 8.0 * sum(_numel(sh[n]) for n in _tensor_names(p))
+    if p.family in BWD and p.deterministic:   # the reference keeps one dQ partial per key block
+        from .reference.backward import dq_splits
+
+        copies += 8.0 * (dq_splits(p) - 1) * _numel(sh["dq"])
     if p.family in ("fwd_splitkv_combine", "bwd_dot_do_o", "bwd_convert_dq", "fwd_appendkv"):
         return copies   # no score matrix: a merge, a row dot, a conversion, a copy
     sq = max(p.seqlens_q_list(), default=0) if p.is_group else (p.seqlen_q or 0)
