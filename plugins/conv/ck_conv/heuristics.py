@@ -238,13 +238,14 @@ def family_of(c: ConvKernelConfig) -> str:
 
 
 def problem_class(p: ConvProblem, arch=None) -> str | None:
-    """The class of ``p`` the ``first_tier`` table is keyed by (None: none of them)."""
+    """The class of ``p`` the ``first_tier`` table is keyed by (None: none of them); grouped
+    stride-1 bwd_weight (ResNeXt) is no class: the tensor-descriptor kernel was not measured there."""
     if p.c_per_group == 1 and p.k_per_group == 1:
         return "depthwise_" + p.direction
     if p.direction != "bwd_data" and p.c_per_group <= int(_lists("flat", "max_channels", arch)) \
             and p.specialization in ("default", "filter3x3"):
         return "stem_" + p.direction
-    if p.direction == "bwd_weight" and all(s == 1 for s in p.stride):
+    if p.direction == "bwd_weight" and all(s == 1 for s in p.stride) and p.G == 1:
         return "stride1_bwd_weight"
     return None
 
@@ -268,6 +269,12 @@ def candidate_configs(p: ConvProblem, limit: int | None = None, extended: bool =
         if cls is not None and cls in t:
             only = set(t[cls])
             out = [c for c in out if family_of(c) in only] or out
+        if p.direction == "bwd_weight" and out[0].specialization == "depthwise":
+            # one fp32 accumulator per filter tap and element: tiles that would spill go
+            most = float(_lists("depthwise_bwd_weight", "max_acc_per_thread", arch))
+            warp = int(arch.warp_size) if arch is not None else int(
+                table("conv", "generic", "plan", TUNED_DIR)["warp_size"])
+            out = [c for c in out if c.tile[0] * c.tile[1] * p.taps / (warp * c.num_warps) <= most] or out
     return out[:limit] if limit else out
 
 
