@@ -1,0 +1,63 @@
+"""The selection CV tool's groups and select_train's disturbed-row rule (CPU, no lightgbm)."""
+import importlib.util
+from pathlib import Path
+
+import attrs
+import numpy as np
+
+from ck_core import select_train
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cv_tool():
+    spec = importlib.util.spec_from_file_location("selection_cv", ROOT / "benchmarks" / "selection_cv.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@attrs.frozen
+class _Alg:
+    tile: int
+    stages: int
+
+
+@attrs.frozen
+class _Key:
+    algorithm: _Alg
+
+
+def test_disturbed_drops_a_twin_timed_far_off_and_keeps_real_spreads():
+    rng = np.random.default_rng()
+    base = rng.uniform(3e-3, 9e-3)
+    keys = [_Key(_Alg(64, 3)), _Key(_Alg(64, 4)), _Key(_Alg(128, 3)), _Key(_Alg(128, 4)), _Key(_Alg(256, 2))]
+    # 64-tile: the 4-stage twin 17x off (disturbed); 128-tile: 1.6x apart (a real spread); 256: no twin
+    ms = np.array([base, 17.0 * base, 2.0 * base, 3.2 * base, 40.0 * base])
+    keep = select_train.disturbed(keys, ms, 5.0)
+    assert keep.tolist() == [True, False, True, True, True]
+    assert select_train.disturbed(keys, ms, 0.0).all()            # 0: keep every row
+    assert select_train.disturbed(keys, ms, 1.5).tolist() == [True, False, True, False, True]
+
+
+def test_the_cv_groups_never_split_a_network_or_a_model():
+    tool = _cv_tool()
+
+    @attrs.frozen
+    class S:
+        family: str
+    fams = ["resnet50:forward", "resnet50:bwd_data", "unet:forward", "llm:llama3-8b:up", "llm:llama3-8b:down",
+            "llm:qwen2-7b:o", "skinny", "skinny", "attn:phi3-mini"]
+    shapes = [S(f) for f in fams]
+    net = tool.groups_of(shapes, "network", 3, 0)
+    assert net[0] == net[1] == "resnet50" and net[3] == net[4] == "llm"
+    cfg = tool.groups_of(shapes, "config", 3, 0)
+    assert cfg[3] == cfg[4] == "llama3-8b" and cfg[8] == "phi3-mini" and cfg[6].startswith("skinny#")
+    kf = tool.groups_of(shapes, "kfold", 3, 0)
+    assert kf[3] == kf[4] == "llama3-8b" and kf[0].startswith("resnet50:forward#")
+    for how, labels in (("network", net), ("config", cfg)):
+        folds = list(tool.folds_of(labels, how, 5))
+        assert len(folds) == len(set(labels))
+        for fit, test in folds:
+            assert not {labels[i] for i in fit} & {labels[i] for i in test}
+            assert sorted([*fit, *test]) == list(range(len(labels)))
