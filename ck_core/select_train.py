@@ -68,15 +68,15 @@ def disturbed(keys, ms: np.ndarray, ratio: float) -> np.ndarray:
     return keep
 
 
-def design(op, arch, shapes, names=None, clip: float = FAILED, disturbed_ratio: float = 0.0):
+def design(op, arch, shapes, names=None, clip: float = FAILED, disturbed_ratio: float = 0.0, drop=()):
     """``(X, y, group sizes, feature names)`` over every measured candidate of ``shapes``; ``y``
     is capped at ``clip`` (a kernel that much slower than the best is as good as failed: the
     fit spends its splits on the contenders).  ``disturbed_ratio``: leave out rows
-    :func:`disturbed` marks (0: keep all)."""
+    :func:`disturbed` marks (0: keep all).  ``drop``: feature names left out (with ``names`` None)."""
     Xs, ys, groups = [], [], []
     for s in shapes:
         cols = op.features(s.problem, list(s.keys), arch)
-        names = names or sorted(cols)
+        names = names or [n for n in sorted(cols) if n not in set(drop)]
         X = ranker.matrix(cols, names, f"{op.name} features")
         keep = disturbed(s.keys, s.ms, disturbed_ratio)
         Xs.append(X[keep])
@@ -184,10 +184,11 @@ def quality(spec: dict, op, arch, shapes) -> dict:
 
 
 def train(op, arch, oracle, kinds=("gbdt", "linear"), seed: int = 0, validation: float = 0.2,
-          clip: float = FAILED, disturbed_ratio: float = 0.0, **gbdt):
+          clip: float = FAILED, disturbed_ratio: float = 0.0, drop=(), **gbdt):
     """Fit each kind on part of the training split, keep the best on the rest, refit it on all.
     ``gbdt``: :func:`fit_gbdt`'s tree options (trees, leaves, depth, lr, min_child, ...);
-    ``disturbed_ratio``: training rows :func:`disturbed` marks are left out (0: none)."""
+    ``disturbed_ratio``: training rows :func:`disturbed` marks are left out (0: none); ``drop``:
+    feature names the model does not use."""
     shapes = oracle.split("train")
     if len(shapes) < 10:
         from .errors import ConfigError
@@ -203,13 +204,13 @@ def train(op, arch, oracle, kinds=("gbdt", "linear"), seed: int = 0, validation:
         idx = rng.permutation(len(shapes))
         cut = int(len(shapes) * (1 - validation))
         part, val = [shapes[i] for i in idx[:cut]], [shapes[i] for i in idx[cut:]]
-    X, y, _, names = design(op, arch, part, clip=clip, disturbed_ratio=disturbed_ratio)
+    X, y, _, names = design(op, arch, part, clip=clip, disturbed_ratio=disturbed_ratio, drop=drop)
     report = {}
     for kind in kinds:
         report[kind] = quality(fit(kind, X, y, names, seed=seed, **gbdt), op, arch, val)
         log.info("%s: validation %s", kind, report[kind])
     best = max(report, key=lambda k: (report[k]["geomean"], report[k]["p10"]))
-    X, y, _, names = design(op, arch, shapes, clip=clip, disturbed_ratio=disturbed_ratio)
+    X, y, _, names = design(op, arch, shapes, clip=clip, disturbed_ratio=disturbed_ratio, drop=drop)
     spec = fit(best, X, y, names, seed=seed, **gbdt)
     spec["domain"] = domain(op, arch, shapes)
     spec["validation"] = {k: {m: round(v, 4) for m, v in r.items()} for k, r in report.items()}
@@ -265,6 +266,8 @@ def main(argv=None) -> int:
     ap.add_argument("--lr", type=float, default=0.12, help="the trees' learning rate")
     ap.add_argument("--clip", type=float, default=FAILED,
                     help="cap of the target log(time / best): slower kernels count as equally bad")
+    ap.add_argument("--l2", type=float, default=0.0, help="the trees' L2 regularisation of leaf values")
+    ap.add_argument("--drop", default="", help="feature names the model leaves out, comma-separated")
     ap.add_argument("--min-child", type=int, default=10, help="fewest training rows a tree leaf holds")
     ap.add_argument("--disturbed", type=float, default=0.0, metavar="RATIO",
                     help="leave out training rows timed more than RATIO x their stages-twin (0: keep all)")
@@ -276,8 +279,8 @@ def main(argv=None) -> int:
     h = oracle.header
     arch = mgr.arch(h["arch"])
     spec = train(op, arch, oracle, tuple(args.kinds.split(",")), args.seed, clip=args.clip,
-                 disturbed_ratio=args.disturbed, trees=args.trees, leaves=args.leaves, depth=args.depth, lr=args.lr,
-                 min_child=args.min_child)
+                 disturbed_ratio=args.disturbed, drop=tuple(filter(None, args.drop.split(","))), trees=args.trees,
+                 leaves=args.leaves, depth=args.depth, lr=args.lr, min_child=args.min_child, l2=args.l2)
     if h.get("candidates", "all") != "all":   # the oracle measured the op's shortlist: rank that
         spec["candidates"] = h["candidates"]
     try:

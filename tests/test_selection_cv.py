@@ -61,3 +61,26 @@ def test_the_cv_groups_never_split_a_network_or_a_model():
         for fit, test in folds:
             assert not {labels[i] for i in fit} & {labels[i] for i in test}
             assert sorted([*fit, *test]) == list(range(len(labels)))
+
+
+def test_the_retime_script_checks_and_times_listed_rows_on_the_cpu(tmp_path):
+    import json
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import selection_retime
+
+    rng = np.random.default_rng()
+    m, n, k = (int(v) for v in rng.integers(3, 40, size=3))
+    name = "gemm_fp16_rcr_multistage_cshuffle_intrawave_pmnk_64x64x64_4x2x1_16x32x16_s4.sm90.triton"
+    problem = {"op": "gemm", "m": m, "n": n, "k": k, "batch": 1, "dtype": "fp16", "dtype_c": "fp16",
+               "layout": "rcr", "num_d": 0, "d_op": "add", "activation": "none"}
+    doc = {"op": "gemm", "arch": "sm90", "backend": "numpy",
+           "rows": [{"family": "odd", "problem": problem, "keys": [name, "gemm_not_a_kernel"],
+                     "recorded_ms": {name: 0.5}}]}
+    src, out = tmp_path / "list.json", tmp_path / "out.json"
+    src.write_text(json.dumps(doc))
+    assert selection_retime.main([str(src), "--out", str(out), "--rounds", "1"]) == 0
+    row = json.loads(out.read_text())["rows"][0]
+    assert row["ms"][name] > 0 and row["recorded_ms"][name] == 0.5
+    assert row["ms"]["gemm_not_a_kernel"] is None and "gemm_not_a_kernel" in row["errors"]
