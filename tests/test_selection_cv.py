@@ -63,12 +63,20 @@ def test_the_cv_groups_never_split_a_network_or_a_model():
             assert sorted([*fit, *test]) == list(range(len(labels)))
 
 
-def test_the_retime_script_checks_and_times_listed_rows_on_the_cpu(tmp_path):
+def test_the_retime_script_checks_and_times_listed_rows_on_the_cpu(tmp_path, monkeypatch):
     import json
     import sys
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import selection_retime
+    # the script imports selection_collect from its folder: keep both out of sys.modules afterwards
+    # (another test loads selection_collect under that name for its worker processes)
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    for name in ("selection_retime", "selection_collect"):
+        # setitem then delitem: monkeypatch restores the entry as it was (absent or the other test's module)
+        monkeypatch.setitem(sys.modules, name, sys.modules.get(name))
+        monkeypatch.delitem(sys.modules, name)
+    spec = importlib.util.spec_from_file_location("selection_retime", ROOT / "benchmarks" / "selection_retime.py")
+    selection_retime = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(selection_retime)
 
     rng = np.random.default_rng()
     m, n, k = (int(v) for v in rng.integers(3, 40, size=3))
