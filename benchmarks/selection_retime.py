@@ -83,8 +83,10 @@ def retime(doc: dict, reps: int = 20, rounds: int = 3, limit: int = 0, budget_s:
             break
         p = op.problem_type.from_dict(row["problem"])
         seed = zlib.crc32(json.dumps(row["problem"], sort_keys=True).encode())
-        disp = dispatcher_for(op_name, arch_name, backend, **options_of(p))
-        dev, ref = cuda_inputs(p, seed) if cuda else sc._inputs(disp, p, seed)
+        if cuda:
+            dev, ref = cuda_inputs(p, seed)
+        else:
+            dev, ref = sc._inputs(dispatcher_for(op_name, arch_name, backend, **options_of(p)), p, seed)
         tol = sc.op_tolerance(p)
         ms, errors = {}, {}
         for name in row["keys"]:
@@ -103,7 +105,7 @@ def retime(doc: dict, reps: int = 20, rounds: int = 3, limit: int = 0, budget_s:
         if errors:
             new["errors"] = errors
         if cuda and op_name in sc.PEERS:
-            new["peer_ms"] = round(timer(lambda: sc.PEERS[op_name][1](p, dev), reps, rounds), 5)
+            new["peer_ms"] = round(timer(sc.PEERS[op_name][1](p, dev), reps, rounds), 5)   # a zero-argument call
         out.append(new)
         print(f"{row['family']} {row['problem'].get('m', '')} "
               + " ".join(f"{n[-40:]}: {row['recorded_ms'].get(n)} -> {ms[n]}" for n in row["keys"]), flush=True)
