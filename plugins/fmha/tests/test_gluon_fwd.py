@@ -119,9 +119,13 @@ def test_rank_puts_the_tuned_gluon_key_first(mgr, monkeypatch):
     assert pick(hdim_q=128, seqlen_q=512, seqlen_k=512, mask="top_left").variant == "gluon_ws_pers"
     assert pick(hdim_q=64, seqlen_q=4096, seqlen_k=4096, mask="bottom_right").variant == "gluon_ws_pers"
     assert pick(hdim_q=64, seqlen_q=512, seqlen_k=512).variant == "gluon_wspp_pers"
+    # ragged lengths too (the kernel masks its last blocks)
+    assert pick(hdim_q=128, seqlen_q=3418, seqlen_k=3418).variant in TK.GLUON_VARIANTS
+    assert pick(hdim_q=64, seqlen_q=1201, seqlen_k=1201, mask="bottom_right").variant in TK.GLUON_VARIANTS
+    assert pick(hdim_q=64, seqlen_q=1, seqlen_k=129).variant in TK.GLUON_VARIANTS
     # problems the Gluon key rejects get the Triton kernel's tuned tile
-    a = pick(hdim_q=128, seqlen_q=200, seqlen_k=200)
-    t = tuning.default_fwd_config(128, 128, "sm90", seqlen=200, gluon=False)
+    a = pick(hdim_q=128, seqlen_q=200, seqlen_k=328, mask="top_left")
+    t = tuning.default_fwd_config(128, 128, "sm90", causal=True, seqlen=200, gluon=False)
     assert (a.block_m, a.block_n, a.num_warps, a.num_stages, a.variant) == (t.BLOCK_M, t.BLOCK_N, t.num_warps,
                                                                              t.num_stages, t.variant)
 
@@ -140,8 +144,6 @@ GOOD = dict(family="fwd", batch=2, nhead_q=6, nhead_k=2, seqlen_q=256, seqlen_k=
     (dict(mask="bottom_right", sink_tokens=4), "no sink tokens"),
     (dict(sink_logits=True), "no sink tokens"),
     (dict(vlayout="c"), "V row-major only"),
-    (dict(seqlen_q=200), "seqlen_q a multiple of 128"),
-    (dict(seqlen_k=200), "seqlen_k a multiple of its BLOCK_N 128"),
     (dict(mask="top_left"), "causal only with seqlen_q == seqlen_k"),
     (dict(dtype="fp8"), "takes fp16/bf16"),
     (dict(hdim_q=128, hdim_v=64), "head dims 64/64 or 128/128"),
