@@ -423,3 +423,20 @@ def test_fused_dq_tables_and_shared_memory(monkeypatch):
     for (d, _), tile in _sm90("bwd_gluon_dkdv", _tile).items():
         assert B.dkdv_smem_bytes(d, tile[0], tile[1], False) <= smem
     assert B.dkdv_smem_bytes(128, 64, 3, True) > smem     # 3 stages do not fit with dQ fused at D=128
+
+
+@needs_gluon
+@pytest.mark.parametrize("sq, sk, ok", [(256, 384, True), (200, 384, False), (256, 300, False)])
+def test_gluon_dq_pass_still_needs_whole_tiles(sq, sk, ok):
+    """The forward takes ragged lengths; the Gluon dQ pass (2-D descriptors) does not: ops.bwd's
+    kernel-direct choice must keep it to whole tiles."""
+    from ck_fmha.backends.triton import gluon_bwd
+
+    def t(h, s, d=64, dt=torch.float16):
+        return torch.empty(2, h, s, d, device="meta", dtype=dt)
+
+    q, k = t(4, sq), t(2, sk)
+    lse = torch.empty(2, 4, sq, device="meta", dtype=torch.float32)
+    why = gluon_bwd.dq_unsupported_reason(q, k, k, q, lse, lse, causal=False, layout="bhsd", block_n=64)
+    assert (why == "") == ok, why
+    assert ok or "no-padding" in why

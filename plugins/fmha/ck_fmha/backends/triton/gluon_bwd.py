@@ -217,6 +217,10 @@ def dq_unsupported_reason(q, k, v, do, lse, delta, *, causal, layout, block_n=64
     why = GF.unsupported_reason(q, k, v, causal=causal, layout=layout, tile=(128, block_n, GF.WS_WARPS, 2))
     if why:
         return why
+    sdim = 2 if layout == "bhsd" else 1
+    sq, sk = q.shape[sdim], k.shape[sdim]
+    if sq % 128 or sk % block_n:   # (the forward takes any lengths; this pass does not yet)
+        return f"seqlen_q {sq} % 128 or seqlen_k {sk} % {block_n} (no-padding kernel)"
     if do.shape != q.shape or do.dtype != q.dtype or not do.is_contiguous() or do.data_ptr() % 16:
         return "do must be a contiguous 16-byte aligned tensor of q's shape and dtype"
     n = q.shape[0] * q.shape[1] * q.shape[2]
