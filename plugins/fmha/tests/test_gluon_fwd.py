@@ -333,10 +333,10 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.experimental.gluon._runtime import GluonASTSource
 from ck_fmha.backends.triton import gluon_bwd as B
 
-def desc(rows, d, dt=torch.bfloat16, gdt=gl.bfloat16):
-    x = torch.empty(256, d, dtype=dt)
-    return mangle_type(TensorDescriptor.from_tensor(x[:rows], [rows, d],
-                                                    gl.NVMMASharedLayout.get_default_for([rows, d], gdt)))
+def desc(rows, d, dt=torch.bfloat16, gdt=gl.bfloat16):   # 3-D, as the launchers build them
+    x = torch.empty(2, 256, d, dtype=dt)
+    return mangle_type(TensorDescriptor.from_tensor(x, [1, rows, d],
+                                                    gl.NVMMASharedLayout.get_default_for([1, rows, d], gdt)))
 
 ints = dict(H="i32", HK="i32", GROUP="i32", SEQ_Q="i32", SEQ_K="i32", scale2="fp32", sm_scale="fp32",
             LSE="*fp32", DELTA="*fp32")

@@ -87,25 +87,13 @@ if HAVE_GLUON:
         return bars
 
     @gluon.jit
-    def _load_kv(k_desc, v_desc, k_smem, v_smem, k_full, v_full, k_empty, v_empty, c, row, col,
-                 STAGES: gl.constexpr):
-        """Producer step ``c`` of a K/V ring: wait until the slot is free (both consumers arrived
-        on its empty barrier; the first ``STAGES`` steps find it free), then copy K and V rows
-        [row, row + BLOCK_N) into it, each completing on its full barrier."""
-        slot = c % STAGES
-        ph = ((c // STAGES) & 1) ^ 1
-        mbarrier.wait(k_empty.index(slot), ph, pred=c >= STAGES)
-        mbarrier.expect(k_full.index(slot), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [row, col], k_full.index(slot), k_smem.index(slot))
-        mbarrier.wait(v_empty.index(slot), ph, pred=c >= STAGES)
-        mbarrier.expect(v_full.index(slot), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [row, col], v_full.index(slot), v_smem.index(slot))
-
-    @gluon.jit
     def _load_kv3(k_desc, v_desc, k_smem, v_smem, k_full, v_full, k_empty, v_empty, c, k0, row, col,
                   STAGES: gl.constexpr):
-        """:func:`_load_kv` through 3-D descriptors ([B*HK, SK, D] or [B, SK, HK*D]): rows past the
-        head's last key read zeros (no neighbouring head's data)."""
+        """Producer step ``c`` of a K/V ring: wait until the slot is free (both consumers arrived
+        on its empty barrier; the first ``STAGES`` steps find it free), then copy K and V rows
+        [row, row + BLOCK_N) of head/batch ``k0`` into it (3-D descriptors [B*HK, SK, D] or
+        [B, SK, HK*D]: rows past the last key read zeros, never a neighbouring head's), each
+        completing on its full barrier."""
         slot = c % STAGES
         ph = ((c // STAGES) & 1) ^ 1
         BN: gl.constexpr = k_desc.block_type.shape[1]
@@ -135,50 +123,17 @@ if HAVE_GLUON:
             return n_tiles
 
     @gluon.jit
-    def _tile(t, n_m, n_tiles, H, HK, GROUP, SEQ_Q, SEQ_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              HEAD_D: gl.constexpr, BSHD: gl.constexpr, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr):
-        """Tile ``t`` -> its coordinates.  Query blocks of one head are consecutive tiles (K/V stay
-        in L2), heaviest first under a causal mask.  The persistent causal walk (program p takes
-        p, p + P, p + 2P, ...) mirrors every second pass of P tiles, so a program that drew a heavy
-        block in one pass draws a light one in the next (a longest-first order over all heads
-        instead measured 0.70x at S=4096: K/V no longer stay in L2)."""
-        if CAUSAL and PERSISTENT:
-            nprog = gl.num_programs(0)
-            base = (t // nprog) * nprog
-            if (t // nprog) % 2 == 1:
-                r = gl.minimum(nprog, n_tiles - base)
-                t = base + r - 1 - (t - base)
-        pid_m = t % n_m
-        bh = t // n_m
-        if CAUSAL:
-            pid_m = n_m - 1 - pid_m
-        b = bh // H
-        h = bh % H
-        hk = h // GROUP
-        m0 = pid_m * BLOCK_M
-        if BSHD:
-            q_row = b * SEQ_Q + m0
-            q_col = h * HEAD_D
-            k_row = b * SEQ_K
-            k_col = hk * HEAD_D
-        else:
-            q_row = bh * SEQ_Q + m0
-            q_col = h * 0
-            k_row = (b * HK + hk) * SEQ_K
-            k_col = h * 0
-        if CAUSAL:
-            n_blocks = gl.cdiv(m0 + BLOCK_M, BLOCK_N)
-        else:
-            n_blocks = SEQ_K // BLOCK_N
-        return b, h, m0, q_row, q_col, k_row, k_col, n_blocks
-
-    @gluon.jit
     def _tile3(t, n_m, n_tiles, H, HK, GROUP, SEQ_Q, SEQ_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                HEAD_D: gl.constexpr, BSHD: gl.constexpr, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr):
-        """:func:`_tile` for 3-D descriptors (bhsd [B*H, S, D], bshd [B, S, H*D]): tile ``t`` ->
-        (b, h, m0, q0, q_col, k0, k_col, n_blocks); the Q block starts at [q0, m0, q_col], key
-        block j at [k0, j * BLOCK_N, k_col].  Ragged lengths: the last blocks reach past the
-        sequence; their missing rows read zeros and their stores are clipped."""
+        """Tile ``t`` -> (b, h, m0, q0, q_col, k0, k_col, n_blocks) for 3-D descriptors (bhsd
+        [B*H, S, D], bshd [B, S, H*D]): the Q block starts at [q0, m0, q_col], key block j at
+        [k0, j * BLOCK_N, k_col].  Ragged lengths: the last blocks reach past the sequence; their
+        missing rows read zeros and their stores are clipped.  Query blocks of one head are
+        consecutive tiles (K/V stay in L2), heaviest first under a causal mask.  The persistent
+        causal walk (program p takes p, p + P, p + 2P, ...) mirrors every second pass of P tiles, so
+        a program that drew a heavy block in one pass draws a light one in the next (a
+        longest-first order over all heads instead measured 0.70x at S=4096: K/V no longer stay in
+        L2)."""
         if CAUSAL and PERSISTENT:
             nprog = gl.num_programs(0)
             base = (t // nprog) * nprog
