@@ -7,6 +7,10 @@ and scope allow), the Triton kernel's tuned config (``gluon=False``), and cuDNN 
 (whole tiles only) timed against the new one on whole-tile shapes (a regression check).
 
     python3 benchmarks/gluonrag_probe.py --out $OUT/gluonrag.json [--base ../../plugins/.../gluon_fwd.py]
+    python3 benchmarks/gluonrag_probe.py --only api --out $OUT/api.json   # the public API, fwd and fwd+bwd
+
+benchmarks/results/gluonrag_probe_h100_2026-11-27.json: the first form on an H100 (kernel-direct
+default choice vs the Triton tuned config vs cuDNN; the --only api form has not run yet).
 """
 from __future__ import annotations
 
@@ -48,7 +52,8 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--base", default="")
     ap.add_argument("--deadline-s", type=float, default=150.0)
-    ap.add_argument("--only", default="", help="ragged|whole")
+    ap.add_argument("--only", default="", help="ragged|whole|api (api: the public ck_fmha.attention, "
+                    "forward and a training step, vs cuDNN, with the kernels its plans name)")
     args = ap.parse_args()
 
     import torch
@@ -61,7 +66,7 @@ def main():
 
     t0 = time.time()
     dt = {"fp16": torch.float16, "bf16": torch.bfloat16}
-    res = dict(device=torch.cuda.get_device_name(), date=datetime.datetime.utcnow().isoformat(timespec="seconds"),
+    res = dict(device=torch.cuda.get_device_name(), date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                command="benchmarks/gluonrag_probe.py", rows=[])
 
     def dump():
@@ -93,6 +98,8 @@ def main():
         base = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(base)
 
+    if args.only == "api":
+        return api(args, res, dump, inputs, cudnn, t0)
     rag = [("ragged", c) for c in RAGGED] if args.only != "whole" else []
     whole = [("whole", c) for c in WHOLE] if args.only != "ragged" and base is not None else []
     cases = rag[:4] + whole[:2] + rag[4:] + whole[2:]   # (a deadline still leaves some of each)
@@ -144,6 +151,51 @@ def main():
         res["geomean_ragged_ck_vs_cudnn"] = math.exp(sum(map(math.log, rs)) / len(rs))
     if ts:
         res["geomean_ragged_triton_vs_cudnn"] = math.exp(sum(map(math.log, ts)) / len(ts))
+    dump()
+    print({k_: v for k_, v in res.items() if k_.startswith("geomean")})
+
+
+def api(args, res, dump, inputs, cudnn, t0):
+    """The public API (Dispatcher: selection, plans) on the ragged rows: forward and forward+backward."""
+    import torch
+
+    import ck_fmha
+    import ck_fmha.api   # noqa: F401  (plan_keys)
+    from ck_core.bench import eager_and_graph_ms
+
+    for dtype, b, hq, hk, s, d, causal in sorted(RAGGED, key=lambda c: c[1] * c[2] * c[4] ** 2 * c[5]):
+        if time.time() - t0 > args.deadline_s:
+            res.setdefault("skipped_for_time", []).append([dtype, b, hq, hk, s, d, causal])
+            continue
+        row = dict(kind="api", dtype=dtype, b=b, hq=hq, hk=hk, s=s, d=d, causal=causal)
+        try:
+            q, k, v = inputs(dtype, b, hq, hk, s, d)
+            row["kernels"] = ck_fmha.api.plan_keys(q, k, v, causal=causal)
+            ours = lambda: ck_fmha.attention(q, k, v, causal=causal)   # noqa: E731
+            peer = cudnn(q, k, v, causal)
+            row["err_vs_cudnn"] = _rel(ours(), peer())
+            row["fwd"], row["fwd_cudnn"] = eager_and_graph_ms(ours), eager_and_graph_ms(peer)
+            qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
+            do = torch.randn_like(q)
+            ours_t = lambda: torch.autograd.grad(ck_fmha.attention(qg, kg, vg, causal=causal), (qg, kg, vg), do)  # noqa: E731
+            peer_f = cudnn(qg, kg, vg, causal)
+            peer_t = lambda: torch.autograd.grad(peer_f(), (qg, kg, vg), do)   # noqa: E731
+            row["grad_err_vs_cudnn"] = max(_rel(a, b_) for a, b_ in zip(ours_t(), peer_t()))
+            row["train"], row["train_cudnn"] = eager_and_graph_ms(ours_t), eager_and_graph_ms(peer_t)
+            for n in ("fwd", "train"):
+                if "graph_ms" in row[n] and "graph_ms" in row[n + "_cudnn"]:
+                    row[f"ratio_{n}_cudnn_graph"] = row[n + "_cudnn"]["graph_ms"] / row[n]["graph_ms"]
+            del q, k, v, qg, kg, vg, do
+        except Exception as exc:  # a failing row is reported, the others still run
+            row["error"] = f"{type(exc).__name__}: {str(exc)[:400]}"
+        res["rows"].append(row)
+        print(json.dumps({k_: (round(x, 4) if isinstance(x, float) else x) for k_, x in row.items()
+                          if not isinstance(x, dict) or k_ == "kernels"}), flush=True)
+        dump()
+    for n in ("fwd", "train"):
+        rs = [r[f"ratio_{n}_cudnn_graph"] for r in res["rows"] if f"ratio_{n}_cudnn_graph" in r]
+        if rs:
+            res[f"geomean_api_{n}_vs_cudnn"] = math.exp(sum(map(math.log, rs)) / len(rs))
     dump()
     print({k_: v for k_, v in res.items() if k_.startswith("geomean")})
 

@@ -332,3 +332,52 @@ def test_dispatcher_selects_gluon_for_ragged_lengths(ck_rng, gluon_calls):
     rep = check_against_reference(disp, p, ck_rng)
     assert rep.passed, str(rep)
     assert len(gluon_calls) == 1
+
+
+# (deterministic, hdim, causal, layout, dtype, b, (hq, hk), sq, sk): the backward kernels on ragged
+# lengths.  NOT YET RUN ON A GPU (2026-11-27): the dispatcher and ops.bwd still refuse the Gluon
+# backward for ragged lengths (heuristics.gluon_bwd_reason / gluon_dkdv_reason,
+# gluon_bwd.dq_unsupported_reason, launch.default_bwd_choice and bwd_dq_dk_dv); this test calls the
+# kernels directly, and lifting those rules waits for it to pass.
+BWD_RAGGED = [
+    (True, 128, True, "bhsd", "bf16", 2, (4, 2), 1201, 1201),
+    (True, 128, False, "bshd", "fp16", 2, (3, 3), 200, 333),
+    (True, 64, False, "bhsd", "fp16", 2, (4, 1), 129, 65),
+    (True, 128, False, "bhsd", "bf16", 1, (2, 2), 1, 65),
+    (False, 64, False, "bhsd", "bf16", 2, (4, 4), 127, 129),
+    (False, 64, True, "bshd", "fp16", 2, (6, 2), 333, 333),
+    (False, 128, True, "bhsd", "bf16", 2, (4, 2), 1201, 1201),
+]
+
+
+@pytest.mark.parametrize("case", BWD_RAGGED, ids=lambda c: ("det" if c[0] else "fused") + "-%d-%s-%s-%s-b%d-%dx%d-%dx%d" % (
+    c[1], "causal" if c[2] else "full", c[3], c[4], c[5], *c[6], c[7], c[8]))
+def test_backward_ragged_gluon_kernels_match_float64(case, ck_rng):
+    """Odd lengths on the Gluon backward kernels themselves (3-D descriptors, masked tails): the
+    dK/dV kernel with the dQ pass (deterministic) or with dQ fused in by TMA reduce-adds into a
+    zeroed fp32 accumulator; dq/dk/dv against float64 autograd, and nothing written past dq."""
+    from ck_fmha.backends.triton import gluon_bwd
+
+    det, d, causal, layout, dtype, b, (hq, hk), sq, sk = case
+    q, k, v = _inputs(ck_rng, b, hq, hk, sq, sk, d, layout, dtype)
+    do = _inputs(ck_rng, b, hq, hq, sq, sq, d, layout, dtype)[0]
+    o, lse = ops.fwd(q, k, v, causal=causal, return_lse=True, layout=layout)
+    delta = ops.bwd_dot_do_o(o, do, layout=layout)
+    if det:
+        dk, dv = gluon_bwd.dkdv(q, k, v, do, lse, delta, causal=causal, layout=layout,
+                                tile=gluon_bwd.tiles("dkdv", "sm90")[d])
+        buf = torch.full((q.numel() + 4096 * d,), float("nan"), device="cuda", dtype=q.dtype)
+        dq = gluon_bwd.dq(q, k, v, do, lse, delta, causal=causal, layout=layout, tile=gluon_bwd.tiles("dq", "sm90")[d],
+                          out=buf[:q.numel()].view(q.shape))
+        assert torch.isnan(buf[q.numel():]).all(), "the dQ pass wrote past dq"
+    else:
+        dqa = torch.zeros((b, hq, sq, d), device="cuda", dtype=torch.float32)
+        dk, dv = gluon_bwd.dkdv(q, k, v, do, lse, delta, causal=causal, layout=layout,
+                                tile=gluon_bwd.tiles("fused", "sm90")[d], dq_acc=dqa)
+        dq = ops.bwd_convert_dq(dqa, q, layout=layout)
+    ts = [x.double().requires_grad_() for x in (q, k, v)]
+    ro, _ = _reference(*ts, causal, layout)
+    ro.backward(do.double().transpose(1, 2) if layout == "bshd" else do.double())
+    for name, got, ref in zip("qkv", (dq, dk, dv), ts):
+        assert torch.isfinite(got).all(), name
+        assert _rel(got, ref.grad) < 1e-2, (name, _rel(got, ref.grad))
