@@ -116,6 +116,19 @@ def domain(op, arch, shapes) -> dict:
     return out
 
 
+def kernel_domain(op, arch, shapes) -> dict:
+    """``{feature: [v, v]}`` for the kernel-form indicators (features named ``v_*``) that took one
+    value ``v`` over every training candidate, e.g. the indicator of a kernel form that no shape
+    measured: the model learned nothing about that form, so a candidate list holding one is not
+    ranked (:func:`ck_core.ranker.covers`; the op's heuristic orders it)."""
+    values: dict = {}
+    for s in shapes:
+        for name, v in op.features(s.problem, list(s.keys), arch).items():
+            if name.startswith("v_") and len(v):
+                values.setdefault(name, set()).update(np.unique(np.asarray(v, dtype=np.float64)).tolist())
+    return {n: [min(v), max(v)] for n, v in sorted(values.items()) if len(v) == 1}
+
+
 def fit_linear(X, y, names, ridge: float = 1e-3) -> dict:
     mu, sd = X.mean(0), X.std(0) + 1e-9
     Z = (X - mu) / sd
@@ -213,6 +226,9 @@ def train(op, arch, oracle, kinds=("gbdt", "linear"), seed: int = 0, validation:
     X, y, _, names = design(op, arch, shapes, clip=clip, disturbed_ratio=disturbed_ratio, drop=drop)
     spec = fit(best, X, y, names, seed=seed, **gbdt)
     spec["domain"] = domain(op, arch, shapes)
+    kd = kernel_domain(op, arch, shapes)
+    if kd:
+        spec["kernel_domain"] = kd
     spec["validation"] = {k: {m: round(v, 4) for m, v in r.items()} for k, r in report.items()}
     spec["train_shapes"] = len(shapes)
     return spec
