@@ -222,8 +222,8 @@ def dq_unsupported_reason(q, k, v, do, lse, delta, *, causal, layout, block_n=64
         return why
     sdim = 2 if layout == "bhsd" else 1
     sq, sk = q.shape[sdim], k.shape[sdim]
-    if sq % 128 or sk % block_n:   # (the forward takes any lengths; this pass does not yet)
-        return f"seqlen_q {sq} % 128 or seqlen_k {sk} % {block_n} (no-padding kernel)"
+    if sq == 0 or sk == 0:
+        return f"seqlen_q {sq} / seqlen_k {sk}: empty sequences"
     if do.shape != q.shape or do.dtype != q.dtype or not do.is_contiguous() or do.data_ptr() % 16:
         return "do must be a contiguous 16-byte aligned tensor of q's shape and dtype"
     n = q.shape[0] * q.shape[1] * q.shape[2]
@@ -506,8 +506,8 @@ def dkdv_smem_bytes(d: int, block_mq: int, stages: int, fused: bool, itemsize: i
 
 
 def dkdv(q, k, v, do, lse, delta, *, causal=False, scale=None, layout="bhsd", tile=None, dq_acc=None, _via=None):
-    """dK, dV (GQA: summed over each group) on the Gluon kernel; scope as :func:`dq` with
-    seqlen_k % 128 == 0 and seqlen_q % BLOCK_MQ == 0 (checked by the caller).
+    """dK, dV (GQA: summed over each group) on the Gluon kernel; scope as :func:`dq`, any lengths
+    (3-D descriptors: tails read zeros, stores clip, the last key/query blocks are masked).
 
     ``dq_acc``: a zeroed contiguous fp32 [B, Hq, Sq, D] tensor (any ``layout``): dQ is then added
     into it in the same kernel (TMA reduce-adds from every key tile, so the summation order and the
