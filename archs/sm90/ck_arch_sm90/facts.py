@@ -63,14 +63,19 @@ FACTS = {
             "stages": (3, 4),
             "tiles_mn": (64, 128, 256),
             "tile_k_bytes": (128,),  # BLOCK_K 64 for 16-bit inputs, 128 for 8-bit, 32 for tf32
-            # "tma_ws" too once the GEMM name grammar can spell it (its "_" splits the token)
-            "variants": ("tile", "tma", "persistent"),
+            # "tma_ws" too once the GEMM name grammar can spell it (its "_" splits the token);
+            # stream-K ("tma_streamk", "streamk"): whole waves data-parallel, the rest split
+            # evenly by K steps over the SMs, for tile counts that fill the SMs badly
+            "variants": ("tile", "tma", "persistent", "tma_streamk", "streamk"),
             "schedulers": ("intrawave",),
             "epilogues": ("cshuffle",),
             "pads": ((True, True, True),),  # Triton masks every edge
             # split-K keys: for skinny/mid M with long K (too few C tiles to fill 132 SMs); on
             # the small wgmma tiles, whose extra CTAs a large K loop can feed
             "split_k": {"factors": (2, 4), "variants": ("tile", "tma"), "max_tile_mn": 64 * 128},
+            # stream-K keys: on the wgmma tiles that stream B fastest (skinny M) and the large
+            # ones whose tile counts quantise worst (mid M: 5 x 16 tiles of 128x256 on 132 SMs)
+            "streamk": {"tiles_mn": ((64, 64), (64, 128), (64, 256), (128, 128), (128, 256))},
         },
         "nvidia": {
             "sm": 90,

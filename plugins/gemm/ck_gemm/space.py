@@ -17,7 +17,7 @@ from ck_core.key import KernelKey
 
 from . import ck_rules
 from .keys import (EPILOGUES, SCHEDULERS, GemmAlgorithm, GemmSignature, _tile_violation, triton_smem_violation,
-                   split_violation, variant_violation, warp_tiles_for)
+                   split_violation, streamk_violation, variant_violation, warp_tiles_for)
 from .problem import ACTIVATIONS, D_OPS, DTYPES, LAYOUTS
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,8 @@ def enumerate_keys(arch, backend: str, options: dict) -> list[KernelKey]:
                                 epilogue=epi, pad_m=pad[0], pad_n=pad[1], pad_k=pad[2],
                                 stages=st, variant=var, split_k=sk)
             why = _tile_violation(sig_list[0], alg, arch) or variant_violation(alg) \
-                or (arch_split and split_violation(alg, arch_split))
+                or (arch_split and split_violation(alg, arch_split)) \
+                or streamk_violation(alg, facts.get("streamk"))
             if why is None and backend == "triton":
                 why = triton_smem_violation(dtype, alg, arch)
             if why:

@@ -202,6 +202,11 @@ def gemm(a, b, *, layout: str = "rcr", config, c=None, d_tensors=(), d_op: str =
         vals["stride_ab"], vals["stride_am"], vals["stride_ak"] = bstride(al), al.stride(-2), al.stride(-1)
         vals["stride_bb"], vals["stride_bk"], vals["stride_bn"] = bstride(bl), bl.stride(-2), bl.stride(-1)
 
+    if cfg.streamk:
+        vals["ws_ptr"], vals["lock_ptr"] = streamk_scratch(a.device, spec.grid(M, N, batch)[0] * 2
+                                                           * cfg.block_m * cfg.block_n,
+                                                           batch * -(-M // cfg.block_m) * -(-N // cfg.block_n),
+                                                           spec.acc_dtype == "int32")
     if spec.split_k > 1:
         ws = torch.empty((spec.split_k, batch, M, N), device=a.device,
                          dtype=torch.int32 if spec.acc_dtype == "int32" else torch.float32)
@@ -223,6 +228,40 @@ def gemm(a, b, *, layout: str = "rcr", config, c=None, d_tensors=(), d_op: str =
                 rv[f"stride_{key}{ax}"] = vals[f"stride_{key}{ax}"]
         launch(r, rv, M, N, batch, name + "/reduce")
     return c
+
+
+#: per device: [workspace (fp32), workspace (int32), tile counters], grown on demand; replaced
+#: buffers are kept (a recorded launch or a captured CUDA graph may still point at them)
+_SCRATCH: dict = {}
+_RETIRED: list = []
+
+
+def streamk_scratch(device, ws_elems: int, tiles: int, int_acc: bool = False):
+    """The stream-K kernels' workspace (``ws_elems`` fp32 or int32 partial values) and
+    ``tiles`` tile counters on ``device``.
+
+    The counters are zero between launches (each launch's last contributor to a tile resets
+    its counter), so one zeroed buffer per device serves every launch that runs on it in stream
+    order.  Launches of stream-K kernels on two streams of one device at the same time would
+    share them: run those on one stream.
+    """
+    import torch
+
+    if device.type == "meta":  # ck build's representative launch: nothing runs
+        return (torch.empty(ws_elems, device=device, dtype=torch.int32 if int_acc else torch.float32),
+                torch.empty(tiles, device=device, dtype=torch.int32))
+    slot = _SCRATCH.setdefault((device.type, device.index), [None, None, None])
+    i = 1 if int_acc else 0
+    if slot[i] is None or slot[i].numel() < ws_elems:
+        if slot[i] is not None:
+            _RETIRED.append(slot[i])
+        slot[i] = torch.empty(max(ws_elems, 1 << 20), device=device,
+                              dtype=torch.int32 if int_acc else torch.float32)
+    if slot[2] is None or slot[2].numel() < tiles:
+        if slot[2] is not None:
+            _RETIRED.append(slot[2])
+        slot[2] = torch.zeros(max(tiles, 1 << 14), device=device, dtype=torch.int32)
+    return slot[i], slot[2]
 
 
 @functools.lru_cache(maxsize=None)
