@@ -46,6 +46,8 @@ STREAMK = [
     "tri_tma_streamk_m64n64k64_g8_w4_s4_sk1",
     "tri_streamk_m64n128k64_g8_w4_s4_sk1",
 ]
+# skinny M: the 64-row stream-K tiles only (the 128-row ones waste half their MMA and partials)
+STREAMK_SKINNY = [n for n in STREAMK if "_m64" in n] + ["tri_tma_streamk_m128n128k64_g8_w4_s4_sk1"]
 SMALL_M = SPLITK + ["tri_tma_m64n128k64_g8_w4_s4_sk1", "tri_tma_m64n128k128_g8_w4_s3_sk1"]
 MID_M = DP + SPLITK[:2]
 
@@ -62,6 +64,9 @@ SHAPES = [
     (295, 15360, 5120, "llama2-13b qkv (broad 0.60x)", MID_M),
     (21, 32000, 4096, "llama2-7b vocab (broad 0.54x)", SMALL_M),
     (2543, 5120, 13824, "llama2-13b down (broad 0.86x)", DP[4:]),
+]
+# big squares: does stream-K (1-2 waves of 128x256 tiles split, the rest data-parallel) cost anything there
+CONTROLS = [
     (4096, 4096, 4096, "control: square", DP[4:]),
     (8192, 8192, 8192, "control: big square", DP[4:5]),
 ]
@@ -70,6 +75,8 @@ FP8 = [
     "tri_tma_persistent_cs_m128n256k128_g8_w8_s3_sk1_e2",
     "tri_tma_persistent_cs_m128n256k128_g8_w8_s4_sk1_e2",
     "tri_tma_m64n128k128_g8_w4_s4_sk1",
+    "tri_tma_m128n256k128_g8_w8_s3_sk1",       # what the fp8 registry holds today (no tuned fp8 rows)
+    "tri_tma_m128n256k128_g8_w8_s4_sk1",
     "tri_tma_streamk_m128n256k128_g8_w8_s3_sk1",
     "tri_tma_streamk_m64n128k128_g8_w4_s4_sk1",
 ]
@@ -93,8 +100,8 @@ ODD_SHAPES = [(245, 331, 77, 32, "rcr"), (104, 3, 10, 1, "rrr"), (92, 7, 1413, 1
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="probe_gemmk.json")
-    ap.add_argument("--rep-ms", type=int, default=40)
-    ap.add_argument("--budget-s", type=float, default=300.0)
+    ap.add_argument("--rep-ms", type=int, default=25)
+    ap.add_argument("--budget-s", type=float, default=290.0)
     ap.add_argument("--no-fp8", action="store_true")
     ap.add_argument("--smoke", action="store_true",
                     help="CPU check of this script: TRITON_INTERPRET=1, tiny shapes, wall-clock timing")
@@ -140,7 +147,25 @@ def main():
     def bench(fn):
         return do_bench_cudagraph(fn, rep=args.rep_ms, return_mode="median")
 
-    def probe(m, n, k, what, names, dt, peer_fn, a, b, ref, peer_name, layout="rcr", batch=1):
+    def kernel_times(fn, reps=5):
+        """Device time per launch of each kernel fn runs (what a slow split-K pair spends where)."""
+        from torch.profiler import ProfilerActivity, profile
+        try:
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(reps):
+                    fn()
+                torch.cuda.synchronize()
+            out = {}
+            for e in prof.key_averages():
+                us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+                if us and e.count:
+                    out[e.key[:80]] = round(us / e.count, 2)
+            return out
+        except Exception as e:  # noqa: BLE001 - profiling is a bonus, never a failure
+            return {"error": str(e)[:200]}
+
+    def probe(m, n, k, what, names, dt, peer_fn, a, b, ref, peer_name, layout="rcr", batch=1,
+              profile_kernels=False):
         peer = bench(peer_fn)
         rows = []
         for name in names:
@@ -165,6 +190,9 @@ def main():
             except Exception as e:  # noqa: BLE001 - one failing config never sinks the probe
                 emit(dict(base, error=f"{type(e).__name__}: {e}".splitlines()[0][:300]))
                 continue
+            if profile_kernels and not args.smoke:
+                base["kernels_us"] = kernel_times(lambda: gemm(a, b, layout=layout, config=cfg,
+                                                               out_dtype=ref_dtype(dt)))
             row = dict(base, ms=t, peer_ms=peer, peer=peer_name, ratio=peer / t,
                        tflops=2 * m * n * k / t / 1e9, rel_err=err, deterministic=same, ok=True,
                        first_call_s=round(first_s, 2))
@@ -189,29 +217,19 @@ def main():
     def ref_dtype(dt):
         return torch.bfloat16 if dt in (torch.float8_e4m3fn,) else dt
 
-    for m, n, k, what, extra in SHAPES:
-        dt = torch.float16 if args.smoke else torch.bfloat16  # (the interpreter mishandles bf16)
-        torch.manual_seed(0)
-        a = torch.randn(m, k, device=dev, dtype=dt)
-        b = torch.randn(n, k, device=dev, dtype=dt)
-        ref = (a.float() @ b.float().t())
-        names = list(dict.fromkeys(STREAMK + extra))
-        probe(m, n, k, what, names, dt, lambda: torch.matmul(a, b.t()), a, b, ref, "torch.matmul (cuBLAS)")
-        del a, b, ref
-        torch.cuda.empty_cache()
+    def llm_shapes(shapes):
+        for m, n, k, what, extra in shapes:
+            dt = torch.float16 if args.smoke else torch.bfloat16  # (the interpreter mishandles bf16)
+            torch.manual_seed(0)
+            a = torch.randn(m, k, device=dev, dtype=dt)
+            b = torch.randn(n, k, device=dev, dtype=dt)
+            ref = (a.float() @ b.float().t())
+            names = list(dict.fromkeys((STREAMK_SKINNY if m <= 64 else STREAMK) + extra))
+            probe(m, n, k, what, names, dt, lambda: torch.matmul(a, b.t()), a, b, ref, "torch.matmul (cuBLAS)")
+            del a, b, ref
+            torch.cuda.empty_cache()
 
-    for m, n, k, batch, layout in ODD_SHAPES:
-        dt = torch.float16 if args.smoke else torch.bfloat16  # (the interpreter mishandles bf16)
-        torch.manual_seed(0)
-        lead = (batch,) if batch > 1 else ()
-        a = torch.randn(*lead, m, k, device=dev, dtype=dt)
-        b = torch.randn(*lead, *((n, k) if layout == "rcr" else (k, n)), device=dev, dtype=dt)
-        bl = b.transpose(-1, -2) if layout == "rcr" else b
-        ref = a.float() @ bl.float()
-        probe(m, n, k, "odd / batched (broad's worst)", ODD_CFGS if not args.smoke else ODD_CFGS[:1] + ODD_CFGS[-2:], dt, lambda: torch.matmul(a, bl), a, b, ref,
-              "torch.matmul (cuBLAS)", layout, batch)
-        del a, b, bl, ref
-        torch.cuda.empty_cache()
+    llm_shapes(SHAPES)
 
     if not args.no_fp8 and hasattr(torch, "float8_e4m3fn"):
         for m, n, k in FP8_SHAPES:
@@ -231,6 +249,21 @@ def main():
             del a, b, ref
             torch.cuda.empty_cache()
 
+    for m, n, k, batch, layout in ODD_SHAPES:
+        dt = torch.float16 if args.smoke else torch.bfloat16  # (the interpreter mishandles bf16)
+        torch.manual_seed(0)
+        lead = (batch,) if batch > 1 else ()
+        a = torch.randn(*lead, m, k, device=dev, dtype=dt)
+        b = torch.randn(*lead, *((n, k) if layout == "rcr" else (k, n)), device=dev, dtype=dt)
+        bl = b.transpose(-1, -2) if layout == "rcr" else b
+        ref = a.float() @ bl.float()
+        probe(m, n, k, "odd / batched (broad's worst)", ODD_CFGS if not args.smoke else ODD_CFGS[:1] + ODD_CFGS[-2:], dt, lambda: torch.matmul(a, bl), a, b, ref,
+              "torch.matmul (cuBLAS)", layout, batch, profile_kernels=True)
+        del a, b, bl, ref
+        torch.cuda.empty_cache()
+
+    if not args.smoke:
+        llm_shapes(CONTROLS)
     res["elapsed_s"] = round(time.time() - t0, 1)
     g_old = [s["best_old_ratio"] for s in res["summary"] if s["best_old_ratio"]]
     g_new = [s["best_ratio"] for s in res["summary"]]
