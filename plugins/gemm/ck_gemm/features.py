@@ -53,9 +53,9 @@ def features(problem, candidates: list, arch) -> dict:
     c_tiles = tiles_m * tiles_n * batch
     if stk.any():
         # stream-K splits the K steps of the tiles past the whole waves evenly over the SMs: an
-        # effective split (programs per tile, >= 1) that fills the last wave
+        # effective split (programs per tile, >= 1, at most 8: the kernel's cap) that fills the last wave
         units = c_tiles * np.ceil(k / tk)
-        sk = np.where(stk, np.maximum(1.0, np.minimum(cus, units) / c_tiles), sk)
+        sk = np.where(stk, np.maximum(1.0, np.minimum(np.minimum(cus, units), 8.0 * c_tiles) / c_tiles), sk)
     k_iters = np.ceil(k / (tk * sk))
     tiles = c_tiles * sk
     waves = np.where(stk, np.maximum(tiles / cus, 1.0), np.ceil(tiles / cus))

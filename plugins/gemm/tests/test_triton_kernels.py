@@ -272,7 +272,7 @@ def _streamk_plan(M, N, K, batch, cfg, sms):
     iters = -(-K // cfg.block_k)
     dp = tiles if tiles % sms == 0 else max(tiles // sms - 1, 0) * sms
     units = (tiles - dp) * iters
-    g = min(sms, units)
+    g = min(sms, units, (tiles - dp) * 8)
     starts = [p * units // g for p in range(g + 1)] if g else [0]
     shared = 0
     for t in range(tiles - dp):
@@ -288,6 +288,7 @@ def _streamk_plan(M, N, K, batch, cfg, sms):
     (29, 61, 150, 7, "rrr"),     # fewer tiles than programs: K split across them
     (100, 70, 77, 3, "ccr"),     # 7 x 3 tiles: 5 whole waves data-parallel, the last 2 stream-K
     (16, 16, 16, 11, "rcr"),     # one unit, more programs than units
+    (20, 30, 700, 40, "rcr"),    # 2 tiles of 44 steps: 16 programs (8 per tile), not 40
 ])
 def test_streamk_matches_float64(variant, M, N, K, sms, layout):
     if variant == "tma_streamk":   # descriptor strides: multiples of 8 fp16 elements

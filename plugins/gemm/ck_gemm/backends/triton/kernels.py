@@ -528,6 +528,10 @@ def gemm_splitk_reduce_kernel(
 # the epilogue, stores C and resets the counter to zero for the next launch.  Nobody waits for
 # anybody (no spin), so the kernel cannot deadlock whatever runs beside it.
 
+#: programs that share one stream-K tile, about at most: a tile of many short K ranges (small M
+#: and N, long K) would otherwise have its last contributor read dozens of partials in turn
+SK_MAX_SPLIT: tl.constexpr = tl.constexpr(8)
+
 @triton.jit
 def _sk_first_unit(p, sk_units, G):
     # first unit of program p's stream-K range: floor(p * units / G) (64-bit: no overflow)
@@ -627,9 +631,10 @@ def gemm_tma_streamk_kernel(
                         d0_ptr + pb * stride_d0b, stride_d0m, stride_d0n,
                         d1_ptr + pb * stride_d1b, stride_d1m, stride_d1n, NUM_D, D_OP, ACT)
     # stream-K part: this program's equal share of the remaining units
-    # at most one program per unit, so that every program of the stream-K part has work
-    # (the fix-up counts the programs between a tile's first and last unit)
-    G_sk = tl.minimum(G, sk_units)
+    # at most one program per unit, so that every program of the stream-K part has work (the
+    # fix-up counts the programs between a tile's first and last unit), and about SK_MAX_SPLIT
+    # programs per tile at most (its last contributor reads the others' partials one by one)
+    G_sk = tl.minimum(tl.minimum(G, sk_units), (num_tiles - dp_tiles) * SK_MAX_SPLIT)
     if pid < G_sk:
         u0 = _sk_first_unit(pid, sk_units, G_sk)
         u1 = _sk_first_unit(pid + 1, sk_units, G_sk)
@@ -690,9 +695,10 @@ def gemm_streamk_kernel(
         _epilogue_store(acc, offs_m, offs_n, M, N, c_ptr + pid_b * stride_cb, stride_cm, stride_cn,
                         d0_ptr + pid_b * stride_d0b, stride_d0m, stride_d0n,
                         d1_ptr + pid_b * stride_d1b, stride_d1m, stride_d1n, NUM_D, D_OP, ACT)
-    # at most one program per unit, so that every program of the stream-K part has work
-    # (the fix-up counts the programs between a tile's first and last unit)
-    G_sk = tl.minimum(G, sk_units)
+    # at most one program per unit, so that every program of the stream-K part has work (the
+    # fix-up counts the programs between a tile's first and last unit), and about SK_MAX_SPLIT
+    # programs per tile at most (its last contributor reads the others' partials one by one)
+    G_sk = tl.minimum(tl.minimum(G, sk_units), (num_tiles - dp_tiles) * SK_MAX_SPLIT)
     if pid < G_sk:
         u0 = _sk_first_unit(pid, sk_units, G_sk)
         u1 = _sk_first_unit(pid + 1, sk_units, G_sk)
