@@ -13,7 +13,7 @@ median), ours and the peer on the same tensors in the same process; every config
 against an fp32 product first (a wrong row is reported, never timed).  Kernels are compiled
 by the JIT on first use: each config compiles once per dtype (M, N, K are runtime arguments), so
 the whole probe compiles about 20 kernels.  ``--budget-s`` skips what is left once it is spent;
-the JSON is rewritten after every row, so a cut run still leaves its numbers.  Sized for < 5
+the JSON is rewritten after every row, so a cut run still leaves its numbers.  Sized for about 5.5
 minutes on one H100.
 """
 import argparse
