@@ -208,8 +208,8 @@ def gemm(a, b, *, layout: str = "rcr", config, c=None, d_tensors=(), d_op: str =
                                                            batch * -(-M // cfg.block_m) * -(-N // cfg.block_n),
                                                            spec.acc_dtype == "int32")
     if spec.split_k > 1:
-        ws = torch.empty((spec.split_k, batch, M, N), device=a.device,
-                         dtype=torch.int32 if spec.acc_dtype == "int32" else torch.float32)
+        ws = scratch(a.device, "i32" if spec.acc_dtype == "int32" else "f32",
+                     spec.split_k * batch * M * N)[:spec.split_k * batch * M * N].view(spec.split_k, batch, M, N)
         vals.update({"c_ptr": ws, "stride_ck": ws.stride(0), "stride_cb": ws.stride(1),
                      "stride_cm": ws.stride(2), "stride_cn": 1})
     else:
@@ -230,38 +230,51 @@ def gemm(a, b, *, layout: str = "rcr", config, c=None, d_tensors=(), d_op: str =
     return c
 
 
-#: per device: [workspace (fp32), workspace (int32), tile counters], grown on demand; replaced
-#: buffers are kept (a recorded launch or a captured CUDA graph may still point at them)
+#: per (device, kind): one buffer, grown on demand (at least doubling); replaced buffers are
+#: kept, since a recorded launch or a captured CUDA graph may still point at them
 _SCRATCH: dict = {}
 _RETIRED: list = []
 
 
-def streamk_scratch(device, ws_elems: int, tiles: int, int_acc: bool = False):
-    """The stream-K kernels' workspace (``ws_elems`` fp32 or int32 partial values) and
-    ``tiles`` tile counters on ``device``.
+def scratch(device, kind: str, numel: int):
+    """A per-device buffer of at least ``numel`` elements: ``"f32"`` / ``"i32"`` partial sums
+    (split-K, stream-K) or ``"locks"`` (stream-K tile counters, int32, zero between launches:
+    each launch's last contributor to a tile resets its counter).
 
-    The counters are zero between launches (each launch's last contributor to a tile resets
-    its counter), so one zeroed buffer per device serves every launch that runs on it in stream
-    order.  Launches of stream-K kernels on two streams of one device at the same time would
-    share them: run those on one stream.
+    Every GEMM launch on the device shares these in stream order, and recorded launches keep
+    the buffer they were recorded with, so no call allocates (and many problem shapes do not
+    each hold their own partials).  Launches that use them on two streams of one device at the
+    same time would share them: run split-K / stream-K GEMMs of one device on one stream.
     """
     import torch
 
+    dtype = torch.float32 if kind == "f32" else torch.int32
     if device.type == "meta":  # ck build's representative launch: nothing runs
-        return (torch.empty(ws_elems, device=device, dtype=torch.int32 if int_acc else torch.float32),
-                torch.empty(tiles, device=device, dtype=torch.int32))
-    slot = _SCRATCH.setdefault((device.type, device.index), [None, None, None])
-    i = 1 if int_acc else 0
-    if slot[i] is None or slot[i].numel() < ws_elems:
-        if slot[i] is not None:
-            _RETIRED.append(slot[i])
-        slot[i] = torch.empty(max(ws_elems, 1 << 20), device=device,
-                              dtype=torch.int32 if int_acc else torch.float32)
-    if slot[2] is None or slot[2].numel() < tiles:
-        if slot[2] is not None:
-            _RETIRED.append(slot[2])
-        slot[2] = torch.zeros(max(tiles, 1 << 14), device=device, dtype=torch.int32)
-    return slot[i], slot[2]
+        return torch.empty(numel, device=device, dtype=dtype)
+    key = (device.type, device.index, kind)
+    buf = _SCRATCH.get(key)
+    if buf is None or buf.numel() < numel:
+        if buf is not None:
+            _RETIRED.append(buf)
+        size = max(numel, 2 * buf.numel() if buf is not None else 0, 1 << 16)
+        buf = _SCRATCH[key] = (torch.zeros if kind == "locks" else torch.empty)(size, device=device,
+                                                                                 dtype=dtype)
+    return buf
+
+
+def is_scratch(t) -> bool:
+    """Whether tensor ``t`` lies in one of the scratch buffers (current or replaced)."""
+    p = t.data_ptr()
+    for buf in list(_SCRATCH.values()) + _RETIRED:
+        if buf.device == t.device and buf.data_ptr() <= p < buf.data_ptr() + buf.numel() * buf.element_size():
+            return True
+    return False
+
+
+def streamk_scratch(device, ws_elems: int, tiles: int, int_acc: bool = False):
+    """The stream-K kernels' workspace (``ws_elems`` fp32 or int32 partial values) and ``tiles``
+    tile counters on ``device`` (see :func:`scratch`)."""
+    return scratch(device, "i32" if int_acc else "f32", ws_elems), scratch(device, "locks", tiles)
 
 
 @functools.lru_cache(maxsize=None)
