@@ -288,8 +288,13 @@ def main():
                 err = ((out.float() - ref).norm() / ref.norm()).item()
                 t = bench(lambda: d.run(p, a, b))
                 peer = bench(peer_fn)
-                emit(dict(base, kernel=key.name, rule=getattr(d, "_rule", None), ms=t, peer_ms=peer,
-                          ratio=peer / t, rel_err=err, ok=err < 2e-2))
+                row = dict(base, kernel=key.name, rule=getattr(d, "_rule", None), ms=t, peer_ms=peer,
+                           ratio=peer / t, rel_err=err, ok=err < 2e-2)
+                if not args.smoke:   # eager too: what a Python caller sees (host path included)
+                    eo = triton.testing.do_bench(lambda: d.run(p, a, b), warmup=10, rep=30, return_mode="median")
+                    ep = triton.testing.do_bench(peer_fn, warmup=10, rep=30, return_mode="median")
+                    row.update(eager_ms=eo, peer_eager_ms=ep, ratio_eager=ep / eo)
+                emit(row)
                 del a, b, out, ref
             except Exception as e:  # noqa: BLE001
                 emit(dict(base, error=f"{type(e).__name__}: {e}".splitlines()[0][:300]))
