@@ -63,10 +63,12 @@ FACTS = {
             "stages": (3, 4),
             "tiles_mn": (64, 128, 256),
             "tile_k_bytes": (128,),  # BLOCK_K 64 for 16-bit inputs, 128 for 8-bit, 32 for tf32
-            # "tma_ws" too once the GEMM name grammar can spell it (its "_" splits the token);
-            # stream-K ("tma_streamk", "streamk"): whole waves data-parallel, the rest split
-            # evenly by K steps over the SMs, for tile counts that fill the SMs badly
-            "variants": ("tile", "tma", "persistent", "tma_streamk", "streamk"),
+            # "tma_ws" too once the GEMM name grammar can spell it (its "_" splits the token).
+            # Not "tma_streamk" / "streamk" yet: on the H100 (2026-11-27 probe) they ran 0.1-0.8x
+            # cuBLAS where the data-parallel keys ran 0.6-1.15x (their fix-up held three C tiles
+            # in registers), and the ranker, which has never seen them, picked them; with them,
+            # the "streamk" entry below says on which tiles they are enumerated
+            "variants": ("tile", "tma", "persistent"),
             "schedulers": ("intrawave",),
             "epilogues": ("cshuffle",),
             "pads": ((True, True, True),),  # Triton masks every edge

@@ -114,4 +114,13 @@ def tuned_keys(arch, backend, dtypes, layouts) -> list:
                 alg = algorithm_for_config(cfg, arch, dtype, pipeline, lay)
                 if alg is not None:
                     out.append(KernelKey("gemm", GemmSignature(dtype, lay), alg, arch.name, backend))
-    return out
+        # 8-bit floats: the 16-bit winners' persistent TMA kernels at twice the K tile (the same
+        # bytes a stage, the same tile of C), where the table has no row of their own
+        if dt in ("fp16", "bf16") and "persistent" in cfg.variant and cfg.is_tma:
+            for dtype in (d for d in dtypes if d in ("fp8", "bf8") and d in arch.dtypes
+                          and not any(r[0] == d for r in load_table(arch.name))):
+                for lay in layouts:
+                    alg = algorithm_for_config(cfg.evolve(block_k=2 * cfg.block_k), arch, dtype, pipeline, lay)
+                    if alg is not None:
+                        out.append(KernelKey("gemm", GemmSignature(dtype, lay), alg, arch.name, backend))
+    return list(dict.fromkeys(out))
