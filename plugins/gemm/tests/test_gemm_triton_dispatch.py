@@ -63,6 +63,7 @@ def test_dispatched_triton_gemm_under_interpreter(ck_rng):
 
 STREAMK_SCRIPT = textwrap.dedent('''
     import json, sys
+    import attrs
     import numpy as np
     from ck_core import Registry, Dispatcher
     from ck_core.testing import check_against_reference
@@ -73,8 +74,11 @@ STREAMK_SCRIPT = textwrap.dedent('''
     # several programs (K steps split) in both
     for variant, (m, n, k), layout in (("streamk", (67, 45, 331), "rcr"), ("streamk", (131, 70, 97), "crr"),
                                        ("tma_streamk", (72, 56, 400), "rcr"), ("tma_streamk", (130, 64, 136), "rrr")):
-        reg = Registry.from_enumeration("gemm", "sm90", "triton", dtypes=["fp16"], layouts=[layout])
-        reg = reg.filter(f"c.variant == '{variant}' and c.tile_m == 64 and c.tile_n == 64")
+        # the sm90 keys of 64x64 tiles as stream-K keys (the arch does not enumerate stream-K for now)
+        base = Registry.from_enumeration("gemm", "sm90", "triton", dtypes=["fp16"], layouts=[layout])
+        base = base.filter("c.variant == 'tma' and c.split_k == 1 and c.tile_m == 64 and c.tile_n == 64")
+        reg = Registry("sm90", [attrs.evolve(k, algorithm=attrs.evolve(k.algorithm, variant=variant))
+                                for k in base])
         p = GemmProblem(m=m, n=n, k=k, dtype="fp16", layout=layout)
         d = Dispatcher(reg, backend="triton")
         rep = check_against_reference(d, p, rng)
