@@ -204,13 +204,15 @@ def kernel_for(config, *, dtype: str = "fp16", layout: str = "rcr", out_dtype: s
     elif cfg.streamk:
         # one launch on a grid of #SMs: the fp32/int32 workspace (two partial tiles per program)
         # and the per-tile counters (zero between launches) come from the launcher
+        # the fix-up sums partials SUB_M rows at a time: about 32 values a thread
+        sub_m = max(1, min(cfg.block_m, 32 * 32 * cfg.num_warps // cfg.block_n))
         if cfg.variant == "streamk":
             fn = K.gemm_streamk_kernel
-            cx = dict(common, EVEN_K=even_k, **epi)
+            cx = dict(common, EVEN_K=even_k, SUB_M=sub_m, **epi)
             types = {"a_ptr": f"*{t_in}", "b_ptr": f"*{t_in}"}
         else:
             fn = K.gemm_tma_streamk_kernel
-            cx = dict(common, A_KMAJOR=a_r, B_KMAJOR=not b_r, BATCHED=batched, **epi)
+            cx = dict(common, A_KMAJOR=a_r, B_KMAJOR=not b_r, BATCHED=batched, SUB_M=sub_m, **epi)
             types = _desc_types(t_in, cfg, a_r, b_r, batched)
         types.update({"c_ptr": f"*{t_out}", "d0_ptr": f"*{t_d}", "d1_ptr": f"*{t_d}",
                       "ws_ptr": f"*{TRITON_DTYPES[acc_dtype]}", "lock_ptr": "*i32"})
