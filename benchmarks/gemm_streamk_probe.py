@@ -107,11 +107,22 @@ def main():
     ap.add_argument("--budget-s", type=float, default=320.0)
     ap.add_argument("--no-fp8", action="store_true")
     ap.add_argument("--no-dispatch", action="store_true", help="skip the Dispatcher.run rows")
+    ap.add_argument("--quick", action="store_true",
+                    help="stream-K against the best data-parallel / split-K kernels on six shapes only (~2 min)")
     ap.add_argument("--smoke", action="store_true",
                     help="CPU check of this script: TRITON_INTERPRET=1, tiny shapes, wall-clock timing")
     args = ap.parse_args()
-    global SHAPES, FP8_SHAPES, ODD_SHAPES
+    global SHAPES, FP8_SHAPES, ODD_SHAPES, CONTROLS
     dev = "cuda"
+    if args.quick:
+        best_old = ["tri_tma_persistent_m128n256k64_g8_w8_s4_sk1", "tri_tma_m64n256k64_g8_w4_s4_sk1",
+                    "tri_tma_m64n128k128_g8_w4_s3_sk1", "tri_tma_m64n64k64_g8_w4_s4_sk4",
+                    "tri_tma_m64n128k64_g8_w4_s4_sk4"]
+        SHAPES = [s_ for s_ in SHAPES if (s_[0], s_[1]) in ((56, 4096), (556, 4096), (266, 16384), (498, 10240),
+                                                            (89, 4096), (2543, 5120))]
+        SHAPES = [(m, n, k, what, best_old) for m, n, k, what, _ in SHAPES]
+        FP8_SHAPES, ODD_SHAPES, CONTROLS = [], [], [CONTROLS[0]]
+        args.no_dispatch = True
     if args.smoke:
         import os
         os.environ["TRITON_INTERPRET"] = "1"
