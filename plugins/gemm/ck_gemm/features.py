@@ -113,6 +113,19 @@ def features(problem, candidates: list, arch) -> dict:
     for name in ("log_waves_exact", "log_mnk_per_tile", "log_t_mem"):
         out["rel_" + name[4:]] = out[name] - out[name].min()
     out["rank_roofline"] = np.argsort(np.argsort(out["log_roofline"], kind="stable"), kind="stable") / len(candidates)
+    # residency: programs an SM holds at once (its shared memory over the tile's pipeline buffers,
+    # at most 64 warps), the waves and last-wave fill at that residency, and one SM slot's work
+    smem = np.maximum(col["stages"], 1.0) * (tm + tn) * tk * eb
+    lds = float(arch.lds_bytes or 0) or float(smem.max())
+    per_sm = np.maximum(1.0, np.minimum(np.floor(lds / smem), np.floor(64.0 / np.maximum(col["warps"], 1.0))))
+    waves_res = np.ceil(tiles / (cus * per_sm))
+    out["log_smem"] = np.log2(smem)
+    out["ctas_per_sm"] = per_sm
+    out["log_waves_res"] = np.log2(waves_res)
+    out["occupancy_res"] = tiles / (waves_res * cus * per_sm)
+    out["log_t_res"] = np.log2(waves_res * tm * tn * k_iters * tk / per_sm)
+    for name in ("log_waves_res", "log_t_res"):
+        out["rel_" + name[4:]] = out[name] - out[name].min()
     for name in _KERNEL:
         out[name] = col[name]
     for name in ("tile_m", "tile_n", "tile_k"):

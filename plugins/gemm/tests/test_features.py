@@ -40,6 +40,14 @@ def test_tile_fit_features_match_a_hand_count(m, n, k, batch, layout):
         assert cols["wave_frac"][i] == pytest.approx(frac if frac else 1.0)
         assert cols["sm_busy"][i] == pytest.approx(min(programs, sms) / sms)
         assert cols["tile_bytes_per_flop"][i] == pytest.approx(2 * (a.tile_m + a.tile_n) / (2 * a.tile_m * a.tile_n))
+        # residency: pipeline buffers (stages x (A tile + B tile), fp16) against the SM's shared memory
+        smem = max(a.stages, 1) * (a.tile_m + a.tile_n) * a.tile_k * 2
+        warps = a.warp_m * a.warp_n * a.warp_k
+        per_sm = max(1, min(arch.lds_bytes // smem, 64 // warps))
+        waves = -(-programs // (sms * per_sm))
+        assert cols["ctas_per_sm"][i] == per_sm
+        assert cols["log_waves_res"][i] == pytest.approx(math.log2(waves))
+        assert cols["occupancy_res"][i] == pytest.approx(programs / (waves * sms * per_sm))
     lda = k if layout[0] == "r" else m
     ldb = n if layout[1] == "r" else k
     assert set(cols["tma_ok_a"]) == {float(lda * 2 % 16 == 0)}
