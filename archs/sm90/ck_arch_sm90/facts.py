@@ -79,6 +79,9 @@ FACTS = {
             # ones whose tile counts quantise worst (mid M: 5 x 16 tiles of 128x256 on 132 SMs)
             "streamk": {"tiles_mn": ((64, 64), (64, 128), (64, 256), (128, 128), (128, 256))},
         },
+        # the cache between the SMs and HBM (H100 SXM5: 50 MB): what a skinny GEMM's re-read
+        # weight matrix either hits or streams from HBM again
+        "memory": {"l2_bytes": 50 * 1024 * 1024},
         "nvidia": {
             "sm": 90,
             "max_registers_per_thread": 255,
