@@ -120,7 +120,10 @@ def main():
                     "tri_tma_m64n128k64_g8_w4_s4_sk4"]
         SHAPES = [s_ for s_ in SHAPES if (s_[0], s_[1]) in ((56, 4096), (556, 4096), (266, 16384), (498, 10240),
                                                             (89, 4096), (2543, 5120))]
-        SHAPES = [(m, n, k, what, best_old) for m, n, k, what, _ in SHAPES]
+        SHAPES = [(m, n, k, what, best_old + ["tri_tma_streamk_m64n128k64_g8_w4_s4_sk1@2x",
+                                              "tri_tma_streamk_m64n64k64_g8_w4_s4_sk1@2x",
+                                              "tri_tma_streamk_m128n128k64_g8_w8_s4_sk1@2x"])
+                  for m, n, k, what, _ in SHAPES]
         FP8_SHAPES, ODD_SHAPES, CONTROLS = [], [], [CONTROLS[0]]
         args.no_dispatch = True
     if args.smoke:
@@ -190,18 +193,21 @@ def main():
                 emit(dict(base, skipped="budget"))
                 continue
             try:
-                cfg = GemmConfig.from_name(name)
+                # "<config>@2x": a stream-K grid of two programs per SM (the launcher's num_sms)
+                cfg = GemmConfig.from_name(name.split("@")[0])
+                progs = {"num_sms": 2 * torch.cuda.get_device_properties(0).multi_processor_count} \
+                    if name.endswith("@2x") and not args.smoke else {}
                 tc = time.time()
-                c = gemm(a, b, layout=layout, config=cfg, out_dtype=ref_dtype(dt))
+                c = gemm(a, b, layout=layout, config=cfg, out_dtype=ref_dtype(dt), **progs)
                 torch.cuda.synchronize()
                 first_s = time.time() - tc
                 err = ((c.float() - ref).norm() / ref.norm()).item()
-                c2 = gemm(a, b, layout=layout, config=cfg, out_dtype=ref_dtype(dt))
+                c2 = gemm(a, b, layout=layout, config=cfg, out_dtype=ref_dtype(dt), **progs)
                 same = bool(torch.equal(c, c2))
                 if not (err < 2e-2):
                     emit(dict(base, rel_err=err, ok=False))
                     continue
-                t = bench(lambda: gemm(a, b, layout=layout, config=cfg, out_dtype=ref_dtype(dt)))
+                t = bench(lambda: gemm(a, b, layout=layout, config=cfg, out_dtype=ref_dtype(dt), **progs))
             except Exception as e:  # noqa: BLE001 - one failing config never sinks the probe
                 emit(dict(base, error=f"{type(e).__name__}: {e}".splitlines()[0][:300]))
                 continue
