@@ -4,8 +4,8 @@ the model's training domain (very large N or FLOPs, tiny problems).
 
 Checked offline against the recorded H100 oracle (every registry key timed on 672 shapes,
 benchmarks/results/selection/gemm_sm90.jsonl.gz): the geomean of best / picked went 0.452 ->
-0.488 with the rules marked 2026-11-27 below (LLM layers 0.884 -> 0.913, odd 0.25 -> 0.34,
-skinny 0.833 -> 0.843, batched 0.198 -> 0.175)."""
+0.574 with the rules marked 2026-11-27 below (LLM layers 0.884 -> 0.913, odd 0.25 -> 0.52,
+skinny 0.833 -> 0.843, batched 0.198 -> 0.221)."""
 from __future__ import annotations
 
 from ck_core.dtypes import ELEMENT_BYTES
@@ -17,6 +17,7 @@ from .keys import STREAMK_VARIANTS
 _WG_ROWS = 64
 _MMA_SYNC_ROWS = 16
 _SPLIT_AREA = 64 * 64
+_WIDE_K_BYTES = 256
 
 
 def heuristic(problem, candidates: list, arch) -> list:
@@ -43,6 +44,8 @@ def heuristic(problem, candidates: list, arch) -> list:
         except ImportError:
             preferred = None
 
+    eb = ELEMENT_BYTES[problem.dtype]
+
     def cost(key):
         a = key.algorithm
         tiles_m = -(-problem.m // a.tile_m)
@@ -59,6 +62,11 @@ def heuristic(problem, candidates: list, arch) -> list:
         waves = -(-tiles // cus)
         occupancy = tiles / (waves * cus)
         pad_penalty = 0.01 * (a.pad_m + a.pad_n + a.pad_k)
+        # a 512-byte K tile through unvectorised pointer loads (K rows not 16-byte aligned):
+        # 10-100x slower than its 128-wide twin on the H100 (probe 2026-11-27: 16x64x256 on
+        # 200x4144x1430 1.28 ms, 92x7x1413 103 us vs 12 us for 16x64x128): after every other
+        pathological = a.tile_k * eb > _WIDE_K_BYTES and a.variant in ("tile", "persistent") \
+            and bool(problem.k * eb % 16)
         if split > 1 and a.tile_m * a.tile_n > _SPLIT_AREA:
             # split-K on tiles past 64x64: erratic in the H100 oracle (benchmarks/results/
             # selection/gemm_sm90.jsonl.gz: 0.07-0.9 of the best on skinny shapes where the 64x64
@@ -71,10 +79,12 @@ def heuristic(problem, candidates: list, arch) -> list:
         # H100 oracle, 64x256 on 4 warps 0.29 pointer / 0.66 TMA of the best)
         heavy_ptr = a.variant in ("tile", "persistent", "streamk") and \
             a.tile_m * a.tile_n >= 128 * 32 * a.num_warps
-        return (round(waste / occupancy, 1) + pad_penalty, a.variant in STREAMK_VARIANTS, split > 1,
-                heavy_ptr, -a.tile_m * a.tile_n, a.tile_k)
+        return (pathological, round(waste / occupancy, 1) + pad_penalty, a.variant in STREAMK_VARIANTS,
+                split > 1, heavy_ptr, -a.tile_m * a.tile_n, a.tile_k)
 
     ranked = sorted(candidates, key=cost)
+    if preferred and cost(preferred[0])[0]:
+        preferred = None   # a tuned key on a problem its kernel handles pathologically
     if preferred:
         ranked = preferred[:1] + [k for k in ranked if k is not preferred[0]]
     return ranked

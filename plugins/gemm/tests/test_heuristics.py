@@ -44,3 +44,17 @@ def test_b_that_fits_l2_keeps_the_tuned_short_tiles():
     arch = get_manager().arch("sm90")
     p = GemmProblem(m=20, n=4096, k=4096, dtype="bf16", layout="rcr")
     assert heuristics.heuristic(p, _cands(p), arch)[0].algorithm.tile_m == 16
+
+
+def test_a_wide_k_pointer_tile_on_unaligned_k_goes_last():
+    # 92 x 7 x 1413 fp16: K rows of 2826 B (not 16-byte aligned): the 16x64x256 pointer key ran
+    # 103 us there on the H100, its 16x64x128 twin 12 us; it must not be first, even when tuned
+    arch = get_manager().arch("sm90")
+    p = GemmProblem(m=92, n=7, k=1413, dtype="fp16", layout="rcr")
+    ranked = heuristics.heuristic(p, _cands(p), arch)
+    assert ranked[0].algorithm.tile_k * 2 <= 256, ranked[0].name
+    wide = [i for i, k in enumerate(ranked) if k.algorithm.tile_k == 256]
+    assert wide and min(wide) > len(ranked) // 2
+    # K aligned: the same key is an ordinary candidate again
+    q = GemmProblem(m=16, n=4096, k=4096, dtype="bf16", layout="rcr")
+    assert heuristics.heuristic(q, _cands(q), arch)[0].algorithm.tile_k == 256
