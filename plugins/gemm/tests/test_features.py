@@ -28,6 +28,14 @@ def test_tile_fit_features_match_a_hand_count(m, n, k, batch, layout):
         assert cols["tail_m"][i] == pytest.approx(m / (tiles_m * a.tile_m))
         assert cols["tail_n"][i] == pytest.approx(n / (tiles_n * a.tile_n))
         assert cols["tail_k"][i] == pytest.approx(k / (iters * a.tile_k * a.split_k))
+        assert cols["v_streamk"][i] == float(a.variant in ("streamk", "tma_streamk"))
+        if cols["v_streamk"][i]:
+            # stream-K: the K steps of the tiles are shared by up to every SM; the last wave is full
+            units = tiles_m * tiles_n * batch * iters
+            shared = max(programs, min(units, sms, 8 * programs))
+            assert cols["wave_frac"][i] == 1.0
+            assert cols["sm_busy"][i] == pytest.approx(min(shared, sms) / sms)
+            continue
         frac = programs / sms - programs // sms
         assert cols["wave_frac"][i] == pytest.approx(frac if frac else 1.0)
         assert cols["sm_busy"][i] == pytest.approx(min(programs, sms) / sms)
