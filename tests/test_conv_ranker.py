@@ -129,7 +129,9 @@ def test_the_shipped_ranker_scores_splits_beyond_its_training_data():
     assert model is not None and model.scope == "shortlist"
     for p in (_dw_bwd_weight(), _problem("bwd_weight", C=64, K=64, sp=(56, 56), stride=(1, 1), N=8)):
         short = list(dict.fromkeys(next(iter(shortlist(p, arch, "triton")))))
-        unsplit = [k for k in short if config_of(k).split == 1]
+        # (bwd_weight's split-made families come without their unsplit twins: add them here)
+        unsplit = list(dict.fromkeys(key_of(attrs.evolve(config_of(k), split=1), "sm90", "triton") for k in short))
+        short += [k for k in unsplit if k not in short]
         wide = [key_of(attrs.evolve(config_of(k), split=s), "sm90", "triton") for k in unsplit for s in (64, 128)]
         keys = short + wide
         cols = op.features(p, keys, arch)

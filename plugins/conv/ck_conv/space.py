@@ -269,10 +269,12 @@ def _with_splits(cfgs, problem, arch, backend: str) -> list:
             if sp > 1 and c1.reduction != "streamk":
                 sp = split_plan(c1, problem, sp)[0]   # the parts the launch makes
                 sp = _enumerated_split(c1, sp, problem)
-            # the new families (tensor-descriptor, flat im2col, depthwise atomicfix) are made to be
-            # split: their unsplit twins only fill a few SMs (H100 probe: 0.18-0.28x cuDNN)
-            one = sp != 1 and (c1.tma or c1.flat and c1.direction == "bwd_weight"
-                               or c1.specialization == "depthwise" and c1.reduction == "atomicfix")
+            # bwd_weight's tensor-descriptor, flat im2col and depthwise kernels are made to be split:
+            # their unsplit twins only fill a few SMs (H100 probe: 0.1-0.3x cuDNN, and a ranker
+            # that has not seen them may pick them)
+            # (the triton key space holds the splits; other backends' spaces only unsplit keys)
+            one = sp != 1 and backend == "triton" and c1.direction == "bwd_weight" and (
+                c1.tma or c1.flat or c1.specialization == "depthwise")
             picks = (evolved(c1, split=sp),) if one else (evolved(c1, split=sp), c1) if sp != 1 else (c1,)
         out.extend(key_of(x, arch.name, backend) for x in picks)
     return out
