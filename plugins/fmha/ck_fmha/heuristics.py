@@ -166,7 +166,7 @@ def bwd_want(p, arch) -> tuple:
 
 
 def fwd_want(p, arch) -> list:
-    """Preferred forward (block_m, block_n, warps, stages, variant) tuples, best first: the Gluon
+    """Preferred forward (block_m, block_n, warps, stages, variant, dchunk) tuples, best first: the Gluon
     kernel where tuned, then the Triton kernel's tuned tile with its TMA form, then that tile's
     lesser forms (device descriptors, then pointers) for problems the better form cannot address."""
     from .backends.triton import tuning as T
@@ -183,7 +183,8 @@ def fwd_want(p, arch) -> list:
     chain = {"tma_host": ("tma_host", "tma", "ptr"), "tma": ("tma", "ptr"), "tma_ws": ("tma_ws", "ptr")}
     for v in chain.get(triton.variant, (triton.variant,)):
         out.append(triton.with_(variant=v))
-    return [(c.BLOCK_M, c.BLOCK_N, c.num_warps, c.num_stages, c.variant) for c in out]
+    fp8 = p.dtype == "fp8"   # (the chunks are an fp16/bf16 form)
+    return [(c.BLOCK_M, c.BLOCK_N, c.num_warps, c.num_stages, c.variant, 0 if fp8 else c.DCHUNK) for c in out]
 
 
 def rank(problem, candidates: list, arch) -> list:
@@ -199,7 +200,8 @@ def rank(problem, candidates: list, arch) -> list:
 
     def cost(k):
         a = k.algorithm
-        t = ((a.block_m, a.block_n, a.num_warps, a.num_stages, a.variant), a.dq)
+        t = ((a.block_m, a.block_n, a.num_warps, a.num_stages, a.variant)
+             + ((a.dchunk,) if fam == "fwd" else ()), a.dq)
         # untuned: the tile that pads the actual lengths least, then the largest
         return (want.index(t) if t in want else len(want), seqtune.triton_cost(problem, a),
                 -a.block_m * a.block_n)

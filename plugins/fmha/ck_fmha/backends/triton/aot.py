@@ -32,7 +32,7 @@ from __future__ import annotations
 from typing import Any, Dict, Mapping, Tuple
 
 from . import kernels as K
-from .configs import GLUON_VARIANTS, TritonFmhaConfig, bias_mode_of, next_pow2, padded_hdim
+from .configs import GLUON_VARIANTS, TritonFmhaConfig, bias_mode_of, hdim_blocks, next_pow2, padded_hdim
 from .configs import BWD_ATOMIC_DQ_DEFAULT, FAMILIES, ROPE_MODES
 from .gluon_fwd import HDIMS as GLUON_HDIMS, WS_WARPS
 
@@ -94,7 +94,13 @@ def constexprs_for(family: str, config: Mapping) -> Dict[str, Any]:
         vt = bool(_get(config, "v_trans", False))
         if vt and ps:
             raise ValueError("v_trans (key-contiguous V) is not implemented for paged K/V")
-        return dict(D_Q=dq, D_V=dv, BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=bm, BLOCK_N=bn,
+        chunk = int(_get(config, "DCHUNK", 0))
+        if chunk and (ps or vt or variant not in ("ptr", "tma")):
+            raise ValueError(f"head-dim chunks (DCHUNK={chunk}) take contiguous K/V, row-major V and the 'ptr' "
+                             f"or 'tma' variant")
+        (bdq, bdq2), (bdv, bdv2) = hdim_blocks(dq, chunk), hdim_blocks(dv, chunk)
+        extra = dict(BLOCK_DQ2=bdq2, BLOCK_DV2=bdv2) if chunk else {}
+        return dict(D_Q=dq, D_V=dv, BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=bm, BLOCK_N=bn, **extra,
                     MASK_MODE=mm, BOTTOM_RIGHT=br, HAS_SOFTCAP=sc,
                     STORE_LSE=bool(_get(config, "lse", True)),
                     IS_VARLEN=bool(_get(config, "varlen", prefill)),
@@ -126,7 +132,8 @@ def constexprs_for(family: str, config: Mapping) -> Dict[str, Any]:
                     ATOMIC_DQ=bool(_get(config, "atomic_dq", BWD_ATOMIC_DQ_DEFAULT)),
                     EVEN_M=even_m, EVEN_N=even_n, IS_VARLEN=varlen, BIAS_MODE=bmode, HAS_DROPOUT=drop,
                     STORE_DBIAS=bool(_get(config, "dbias", False)) and bmode == 1,
-                    HAS_SEQLENS=bool(_get(config, "seqlens", False)) and varlen)
+                    HAS_SEQLENS=bool(_get(config, "seqlens", False)) and varlen,
+                    **({"KV_SPLIT": True} if variant == "kvsplit" else {}))
     if family == "bwd_dq":
         return dict(D_Q=dq, D_V=dv, BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=bm, BLOCK_N=bn,
                     MASK_MODE=mm, BOTTOM_RIGHT=br, HAS_SOFTCAP=sc,

@@ -45,7 +45,13 @@ GLUON_VARIANTS = ("gluon_ws", "gluon_wspp", "gluon_ws_pers", "gluon_wspp_pers")
 #: num_stages, 128 keys per program, 4 warps; "_pers": the persistent grid
 GLUON_BWD_VARIANTS = ("gluon_dkdv", "gluon_dkdv_pers")
 GLUON_BWD_BLOCK_N, GLUON_BWD_WARPS = 128, 4
-VARIANTS = ("ptr", "tma", "tma_host", "tma_ws") + GLUON_VARIANTS + GLUON_BWD_VARIANTS
+#: the Triton dK/dV kernel with dK and dV in separate programs (KV_SPLIT: one fp32 accumulator per
+#: program, twice the programs); bwd_dq_dk_dv only, every arch
+KVSPLIT = "kvsplit"
+VARIANTS = ("ptr", "tma", "tma_host", "tma_ws") + GLUON_VARIANTS + GLUON_BWD_VARIANTS + (KVSPLIT,)
+#: the variants that take head-dim chunks (a key's ``dchunk``: the forward's head dim in two
+#: power-of-two tiles, ``configs.hdim_blocks``)
+DCHUNK_VARIANTS = ("ptr", "tma")
 CUDA_ONLY = ("tma", "tma_host", "tma_ws") + GLUON_VARIANTS + GLUON_BWD_VARIANTS
 #: a backward key's dQ field: ``atomic`` (dQ accumulated in fp32 by the dK/dV kernel: not deterministic;
 #: bwd_convert_dq rounds it), ``m<BM>n<BN>w<W>s<S>`` (the Triton dQ pass), ``gluon<BN>s<S>[p]`` (the Gluon
@@ -59,12 +65,12 @@ GLUON_HDIMS = ((64, 64), (128, 128))
 OPTIONS = ("family", "families", "receipt", "dtypes", "hdims")
 #: families with fp8 kernels (the forward; split-KV / paged / prefill / backward stay fp16/bf16)
 FP8_FAMILIES = ("fwd",)
-#: ``fmha_<family>_<dtype>_d<Q>x<V>_m<BM>n<BN>_w<W>_s<S>_<variant>[_k<S>][_dq<...>]`` (docs/plugins.md's
+#: ``fmha_<family>_<dtype>_d<Q>x<V>_m<BM>n<BN>_w<W>_s<S>_<variant>[_c<C>][_k<S>][_dq<...>]`` (docs/plugins.md's
 #: grammar); ``fmha_triton_...``, the spelling before the name stopped naming a backend, still parses
 #: (recorded selection data holds it)
 _NAME = re.compile(r"^fmha_(?:triton_)?(?P<family>[a-z_]+?)_(?P<dtype>fp16|bf16|fp8)_d(?P<hq>\d+)x(?P<hv>\d+)"
                    r"_m(?P<bm>\d+)n(?P<bn>\d+)_w(?P<w>\d+)_s(?P<s>\d+)_(?P<variant>[a-z_]+?)"
-                   r"(?:_k(?P<k>\d+))?(?:_dq(?P<dq>[a-z0-9]+))?$")
+                   r"(?:_c(?P<c>\d+))?(?:_k(?P<k>\d+))?(?:_dq(?P<dq>[a-z0-9]+))?$")
 #: a fwd_splitkv key's ``splits`` field: how many key splits it launches (name part ``_k<S>``); the
 #: problem's num_splits selects it (the split count the Dispatcher path chose, or the caller's)
 SPLITS = tuple(range(1, 129))
@@ -90,16 +96,20 @@ class TritonFmhaAlg:
     variant: str = "ptr"
     dq: str = ""
     splits: int = 0
+    #: the forward's head-dim chunk (name part ``_c<C>``; 0: one tile padded to a power of two)
+    dchunk: int = 0
 
     def config(self):
         from .configs import TritonFmhaConfig
 
-        return TritonFmhaConfig(self.block_m, self.block_n, self.num_warps, self.num_stages, self.variant)
+        return TritonFmhaConfig(self.block_m, self.block_n, self.num_warps, self.num_stages, self.variant,
+                                self.dchunk)
 
 
 def format_name(sig: TritonFmhaSig, a: TritonFmhaAlg) -> str:
     return (f"fmha_{sig.family}_{sig.dtype}_d{sig.hdim_q}x{sig.hdim_v}_m{a.block_m}n{a.block_n}"
-            f"_w{a.num_warps}_s{a.num_stages}_{a.variant}" + (f"_k{a.splits}" if a.splits else "")
+            f"_w{a.num_warps}_s{a.num_stages}_{a.variant}" + (f"_c{a.dchunk}" if a.dchunk else "")
+            + (f"_k{a.splits}" if a.splits else "")
             + (f"_dq{a.dq}" if a.dq else ""))
 
 
@@ -112,7 +122,7 @@ def parse_name(body: str):
         return from_fields(dict(family=m["family"], dtype=m["dtype"], hdim_q=int(m["hq"]), hdim_v=int(m["hv"])),
                            dict(block_m=int(m["bm"]), block_n=int(m["bn"]), num_warps=int(m["w"]),
                                 num_stages=int(m["s"]), variant=m["variant"], dq=m["dq"] or "",
-                                splits=int(m["k"] or 0)))
+                                splits=int(m["k"] or 0), dchunk=int(m["c"] or 0)))
     except ConfigError as exc:
         raise MissingKernel(f"{body!r}: {exc}") from None
 
@@ -124,7 +134,7 @@ _SIG = RecordSchema(TritonFmhaSig, what="Triton FMHA signature", choices={"famil
                     bounds={"hdim_q": (1, 1024), "hdim_v": (1, 1024)})
 _ALG = RecordSchema(TritonFmhaAlg, what="Triton FMHA algorithm", choices={"variant": VARIANTS},
                     bounds={"block_m": (1, 1024), "block_n": (1, 1024), "num_warps": (1, 64),
-                            "num_stages": (1, 16), "splits": (0, SPLITS[-1])})
+                            "num_stages": (1, 16), "splits": (0, SPLITS[-1]), "dchunk": (0, 256)})
 
 
 def from_fields(sig: dict, alg: dict):
@@ -144,8 +154,19 @@ def legal(key, arch) -> Optional[str]:
         return f"variant {a.variant} runs on Hopper only"
     if a.variant in GLUON_VARIANTS and ((s.hdim_q, s.hdim_v) not in GLUON_HDIMS or s.dtype == "fp8"):
         return f"the Gluon kernel covers fp16/bf16 head dims {GLUON_HDIMS} only"
-    if (a.variant in GLUON_BWD_VARIANTS) != (s.family == "bwd_dq_dk_dv" and a.variant != "ptr"):
+    if (a.variant in GLUON_BWD_VARIANTS + (KVSPLIT,)) != (s.family == "bwd_dq_dk_dv" and a.variant != "ptr"):
         return f"variant {a.variant} is not a {s.family} kernel"
+    if a.dchunk:
+        from .configs import valid_dchunk
+
+        if s.family != "fwd" or a.variant not in DCHUNK_VARIANTS or s.dtype == "fp8":
+            return (f"head-dim chunks (_c{a.dchunk}) belong to fp16/bf16 fwd keys of the variants "
+                    f"{'/'.join(DCHUNK_VARIANTS)}")
+        if not valid_dchunk(a.dchunk) or a.dchunk >= max(s.hdim_q, s.hdim_v):
+            return (f"head-dim chunk {a.dchunk} must be a power of two from 16 below the head dims "
+                    f"{s.hdim_q}/{s.hdim_v}")
+    if a.variant == KVSPLIT and a.dq and parse_dq(a.dq)[0] == "gluon":
+        return "the kvsplit dK/dV kernel pairs with the Triton dQ pass or atomics"
     if (s.family == "bwd_dq_dk_dv") != bool(a.dq):
         return "the dq field belongs to bwd_dq_dk_dv keys (and they need one)"
     if (s.family == "fwd_splitkv") != bool(a.splits):
@@ -223,9 +244,9 @@ def _arch_spec(name: str):
 def _smem(family, hq, hv, a: TritonFmhaAlg, elem_bytes: int = 2) -> int:
     """Upper estimate of shared memory: the Q tile plus num_stages K/V tiles (Gluon keys: also the
     output staging tile and 1 KiB for the mbarriers)."""
-    from .configs import padded_hdim
+    from .configs import hdim_blocks
 
-    dq, dv = padded_hdim(hq), padded_hdim(hv)
+    dq, dv = sum(hdim_blocks(hq, a.dchunk)), sum(hdim_blocks(hv, a.dchunk))
     if family in ("bwd_dot_do_o", "bwd_convert_dq", "fwd_splitkv_combine", "fwd_appendkv"):
         return 0   # elementwise / copy kernels: no K/V tiles in shared memory
     if a.variant in GLUON_BWD_VARIANTS:
@@ -249,7 +270,8 @@ def _configs(family, hq, hv, arch, elem_bytes: int = 2, prune: bool = True) -> l
         # forms: what the heuristic can pick for any problem the better form cannot address
         cands = [T.default_fwd_config(hq, hv, tag, causal=c, seqlen=n, gluon=False)
                  for c in (False, True) for n in T.SEQ_BUCKETS]
-        extras = (C.TritonFmhaConfig(128, 64, 4, 3, "ptr"), C.TritonFmhaConfig(64, 64, 4, 2, "ptr"))
+        chunk = T.fwd_dchunk(hq, hv, tag)   # the arch's head-dim split for these head dims (0: none)
+        extras = (C.TritonFmhaConfig(128, 64, 4, 3, "ptr", chunk), C.TritonFmhaConfig(64, 64, 4, 2, "ptr", chunk))
         cands += [c for c in extras if c not in cands]
         if elem_bytes == 1:
             cands.insert(0, T.default_fwd_config(hq, hv, tag, fp8=True))
@@ -271,7 +293,8 @@ def _configs(family, hq, hv, arch, elem_bytes: int = 2, prune: bool = True) -> l
         if c.variant in GLUON_VARIANTS and not _hopper(arch):
             continue   # a Hopper kernel: no pointer form to fall back to
         v = c.variant if (_hopper(arch) or c.variant not in CUDA_ONLY) else "ptr"
-        a = TritonFmhaAlg(c.BLOCK_M, c.BLOCK_N, c.num_warps, c.num_stages, v)
+        chunk = c.DCHUNK if (family == "fwd" and v in DCHUNK_VARIANTS and elem_bytes == 2) else 0
+        a = TritonFmhaAlg(c.BLOCK_M, c.BLOCK_N, c.num_warps, c.num_stages, v, dchunk=chunk)
         tabled = family in ("fwd", "bwd_dq_dk_dv") and c not in extras   # see _tabled
         if a not in out and (tabled or not prune or _smem(family, hq, hv, a, elem_bytes) <= arch.lds_bytes):
             out.append(a)
@@ -287,7 +310,8 @@ def _bwd_algs(hq, hv, arch, tag, elem_bytes, prune=True) -> list:
     from . import tuning as T
 
     pairs = [T.default_bwd_configs(hq, hv, tag, causal=c) for c in (False, True)]
-    kv = [(c.BLOCK_M, c.BLOCK_N, c.num_warps, c.num_stages, "ptr") for c, _ in pairs]
+    kv = [(c.BLOCK_M, c.BLOCK_N, c.num_warps, c.num_stages, c.variant if c.variant == KVSPLIT else "ptr")
+          for c, _ in pairs]
     dqs = [DQ_ATOMIC] + [dq_triton(q) for _, q in pairs]
     if _hopper(arch) and elem_bytes == 2 and (hq, hv) in GLUON_HDIMS:
         d = hq
@@ -302,10 +326,15 @@ def _bwd_algs(hq, hv, arch, tag, elem_bytes, prune=True) -> list:
         for dq in dqs:
             a = TritonFmhaAlg(*k, dq=dq)
             # the tables' Triton tiles run on every arch (they did before the estimate existed)
-            fits = k[4] == "ptr" or not prune or _smem("bwd_dq_dk_dv", hq, hv, a, elem_bytes) <= arch.lds_bytes
-            if a not in out and fits:
+            fits = k[4] in ("ptr", KVSPLIT) or not prune or _smem("bwd_dq_dk_dv", hq, hv, a, elem_bytes) <= arch.lds_bytes
+            if a not in out and fits and legal_pair(a):
                 out.append(a)
     return out
+
+
+def legal_pair(a: TritonFmhaAlg) -> bool:
+    """Whether a backward key's dK/dV variant goes with its dQ field (kvsplit: not the Gluon dQ pass)."""
+    return not (a.variant == KVSPLIT and a.dq and a.dq.startswith("gluon"))
 
 
 @functools.lru_cache(maxsize=None)
