@@ -64,12 +64,9 @@ def _shapes(p: FmhaProblem) -> dict:
         n = _pages(p)
         sh["k_cache"] = (n,) + tuple(sh["k_cache"][1:])
         sh["v_cache"] = (n,) + tuple(sh["v_cache"][1:])
-    if p.family in BWD and p.deterministic:
-        from .reference.backward import dq_splits
-
-        sh["dq_acc"] = (dq_splits(p),) + tuple(sh["dq"])
-    else:
-        sh["dq_acc"] = (1,) + tuple(sh["dq"])
+    # one fp32 slice: the most a kernel backend keeps (the Triton deterministic backward writes dq
+    # directly); the numpy reference's one slice per key tile is in its working_bytes
+    sh["dq_acc"] = (1,) + tuple(sh["dq"])
     return sh
 
 
@@ -107,4 +104,8 @@ def working_bytes(p: FmhaProblem, backend: str) -> float:
     sq = max(p.seqlens_q_list(), default=0) if p.is_group else (p.seqlen_q or 0)
     sk = p.seqlen_k or 0
     per_seq = _SCORE_COPIES["bwd" if p.family in BWD else "fwd"] * 8.0 * p.nhead_q * sq * sk
+    if p.family in BWD and p.deterministic and "dq" in sh:   # the reference's dq_acc: a slice per key tile
+        from .reference.backward import dq_splits
+
+        copies += (dq_splits(p) - 1) * _numel(sh["dq"]) * 4.0
     return copies + per_seq
