@@ -16,6 +16,8 @@ the section's first candidate (the tile the tables chose before) and a mismatch 
   dQ/dK/dV stage and cuDNN's forward and forward+backward (the breakdown of our fwd+bwd).
 
     python benchmarks/fmha_variants_probe.py --out $OUT/fmha_variants_probe.json
+
+(CK_PROBE_SMOKE=1: a CPU check of this script in the Triton interpreter, tiny shapes, no peers.)
 """
 import argparse
 import json
@@ -43,7 +45,8 @@ KV_CANDS = ["table", (64, 64, 8, 2, "kvsplit"), (64, 32, 4, 2, "kvsplit"), (64, 
 #: GQA / MQA shapes (broad-suite training rows, and Llama-style 4:1)
 GQA_SHAPES = [dict(b=2, hq=16, hk=1, s=3168, d=64, causal=True), dict(b=1, hq=8, hk=1, s=2156, d=160, causal=False),
               dict(b=2, hq=8, hk=1, s=8528, d=128, causal=True), dict(b=20, hq=32, hk=8, s=1201, d=64, causal=True),
-              dict(b=15, hq=32, hk=4, s=195, d=96, causal=True), dict(b=2, hq=32, hk=8, s=4096, d=128, causal=True)]
+              dict(b=15, hq=32, hk=4, s=195, d=96, causal=True), dict(b=2, hq=32, hk=8, s=4096, d=128, causal=True),
+              dict(b=1, hq=16, hk=2, s=2048, d=128, causal=True)]
 GQA_SPLITS = (2, 4, 8, 16)
 
 
@@ -67,7 +70,7 @@ def _tasks():
     out = _fwd_tasks((160, 192))
     for sh in GQA_SHAPES:
         g = sh["hq"] // sh["hk"]
-        cands = ["fwd_default", "dot_do_o", "bwd_default", "kv_default", ("table", "ptr", 1)]
+        cands = ["fwd_default", "dot_do_o", "bwd_default", "kv_default", "kv_gluon", ("table", "ptr", 1)]
         cands += [("table", "ptr", n) for n in GQA_SPLITS if n <= g]
         cands += [("table", "kvsplit", n) for n in (1,) + GQA_SPLITS[:3] if n <= g]
         for c in cands:
@@ -152,8 +155,10 @@ def _callable(task):
         return lambda: ops.bwd_dot_do_o(o, do)
     if c == "bwd_default":
         return lambda: ops.bwd_dq_dk_dv(q, k, v, do, lse, delta, causal=causal)[2:4]
-    if c == "kv_default":
+    if c == "kv_default":   # the kernel-direct choice (the heuristic's: group split included)
         return lambda: ops.bwd_dq_dk_dv(q, k, v, do, lse, delta, causal=causal, _dq="none")[2:4]
+    if c == "kv_gluon":     # the Gluon dK/dV kernel (head dims 64/128, whole tiles), where it can run
+        return lambda: ops.bwd_dq_dk_dv(q, k, v, do, lse, delta, causal=causal, _dq="none", _dkdv="gluon")[2:4]
     if sec == "kv":
         cfg = _table_kv(sh["d"], causal) if c == "table" else C(*c)
     else:

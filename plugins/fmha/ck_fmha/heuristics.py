@@ -40,6 +40,22 @@ def split_count(batch_heads: int, max_seqlen_k: int, compute_units: int, *, quer
 DQ_ATOMIC = "atomic"
 
 
+def group_split(batch: int, nhead_q: int, nhead_k: int, seqlen_k: int, block_n: int, compute_units: int, *,
+                parts: int = 1, splits=(2, 4, 8, 16)) -> int:
+    """How many programs share a kv head's GQA group in the Triton dK/dV kernel (1: one program sums the
+    whole group): the least power of two that gives about two waves of programs on the machine's
+    ``compute_units`` (from the ArchSpec), at most the group size and the largest of ``splits``.
+    ``parts``: programs per key block already (2 for kvsplit)."""
+    group = nhead_q // max(1, nhead_k)
+    programs = max(1, -(-int(seqlen_k) // block_n)) * max(1, batch) * max(1, nhead_k) * parts
+    n = 1
+    for cand in splits:
+        if cand > group or programs * n >= 2 * max(1, int(compute_units)):
+            break
+        n = cand
+    return n
+
+
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -142,8 +158,22 @@ def _bwd_tiles(hdim: int, causal: bool, seqlen_k: int, deterministic: bool, gluo
     return True, T.gluon_dkdv_tile(hdim, causal, arch)
 
 
+def bwd_gsplit(p, kv: tuple, arch) -> int:
+    """The group split (a key's ``gsplit``, 0: none) of dK/dV choice ``kv`` (see :func:`bwd_want`) for ``p``:
+    :func:`group_split` for the Triton dK/dV kernel; the Gluon kernel has none."""
+    from .backends.triton.keys import GSPLITS, KVSPLIT
+
+    if kv[4] not in ("ptr", KVSPLIT) or p.nhead_q == p.nhead_k:
+        return 0
+    n = group_split(p.batch, p.nhead_q, p.nhead_k, p.seqlen_k or 0, kv[1], arch.compute_units,
+                    parts=2 if kv[4] == KVSPLIT else 1, splits=GSPLITS)
+    return n if n > 1 else 0
+
+
 def bwd_want(p, arch) -> tuple:
-    """(dK/dV (block_m, block_n, warps, stages, variant), dq field) the tables pick for ``p``."""
+    """(dK/dV (block_m, block_n, warps, stages, variant), dq field) the tables pick for ``p``
+    (the group split of a Triton dK/dV kernel: :func:`bwd_gsplit`).  A GQA / MQA problem whose Gluon
+    dK/dV grid would want its group split (too few key blocks for the machine) takes the Triton kernel."""
     from .backends.triton import tuning as T
     from .backends.triton.keys import GLUON_BWD_BLOCK_N, GLUON_BWD_WARPS, _hopper
 
@@ -155,7 +185,8 @@ def bwd_want(p, arch) -> tuple:
     scope = gluon_bwd_reason(p) or ("dbias" if p.dbias else None)
     det, gk = _bwd_tiles(p.hdim_q, p.is_causal, p.seqlen_k or 0, p.deterministic, scope is None, arch.name)
     kv = triton_kv
-    if gk is not None and scope is None and gluon_dkdv_reason(p, gk[0], not det) is None:
+    few = group_split(p.batch, p.nhead_q, p.nhead_k, p.seqlen_k or 0, GLUON_BWD_BLOCK_N, arch.compute_units) > 1
+    if gk is not None and scope is None and gluon_dkdv_reason(p, gk[0], not det) is None and not few:
         kv = (gk[0], GLUON_BWD_BLOCK_N, GLUON_BWD_WARPS, gk[1], "gluon_dkdv_pers" if gk[2] else "gluon_dkdv")
     if not det:
         return kv, DQ_ATOMIC
@@ -194,14 +225,14 @@ def rank(problem, candidates: list, arch) -> list:
         want = [(w, "") for w in fwd_want(problem, arch)]
     elif fam == "bwd_dq_dk_dv":
         kv, dq = bwd_want(problem, arch)
-        want = [(kv, dq)]
+        want = [(kv + (bwd_gsplit(problem, kv, arch),), dq)]
     else:
         want = []
 
     def cost(k):
         a = k.algorithm
         t = ((a.block_m, a.block_n, a.num_warps, a.num_stages, a.variant)
-             + ((a.dchunk,) if fam == "fwd" else ()), a.dq)
+             + ((a.dchunk,) if fam == "fwd" else (a.gsplit,) if fam == "bwd_dq_dk_dv" else ()), a.dq)
         # untuned: the tile that pads the actual lengths least, then the largest
         return (want.index(t) if t in want else len(want), seqtune.triton_cost(problem, a),
                 -a.block_m * a.block_n)

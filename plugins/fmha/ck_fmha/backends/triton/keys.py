@@ -52,6 +52,9 @@ VARIANTS = ("ptr", "tma", "tma_host", "tma_ws") + GLUON_VARIANTS + GLUON_BWD_VAR
 #: the variants that take head-dim chunks (a key's ``dchunk``: the forward's head dim in two
 #: power-of-two tiles, ``configs.hdim_blocks``)
 DCHUNK_VARIANTS = ("ptr", "tma")
+#: the group splits of the Triton dK/dV kernel's keys (``gsplit``, name part ``_g<N>``): a kv head's GQA group
+#: of query heads is summed by N programs into fp32 partials (for GQA / MQA problems with few key blocks)
+GSPLITS = (2, 4, 8, 16)
 CUDA_ONLY = ("tma", "tma_host", "tma_ws") + GLUON_VARIANTS + GLUON_BWD_VARIANTS
 #: a backward key's dQ field: ``atomic`` (dQ accumulated in fp32 by the dK/dV kernel: not deterministic;
 #: bwd_convert_dq rounds it), ``m<BM>n<BN>w<W>s<S>`` (the Triton dQ pass), ``gluon<BN>s<S>[p]`` (the Gluon
@@ -65,12 +68,12 @@ GLUON_HDIMS = ((64, 64), (128, 128))
 OPTIONS = ("family", "families", "receipt", "dtypes", "hdims")
 #: families with fp8 kernels (the forward; split-KV / paged / prefill / backward stay fp16/bf16)
 FP8_FAMILIES = ("fwd",)
-#: ``fmha_<family>_<dtype>_d<Q>x<V>_m<BM>n<BN>_w<W>_s<S>_<variant>[_c<C>][_k<S>][_dq<...>]`` (docs/plugins.md's
+#: ``fmha_<family>_<dtype>_d<Q>x<V>_m<BM>n<BN>_w<W>_s<S>_<variant>[_c<C>][_g<G>][_k<S>][_dq<...>]`` (docs/plugins.md's
 #: grammar); ``fmha_triton_...``, the spelling before the name stopped naming a backend, still parses
 #: (recorded selection data holds it)
 _NAME = re.compile(r"^fmha_(?:triton_)?(?P<family>[a-z_]+?)_(?P<dtype>fp16|bf16|fp8)_d(?P<hq>\d+)x(?P<hv>\d+)"
                    r"_m(?P<bm>\d+)n(?P<bn>\d+)_w(?P<w>\d+)_s(?P<s>\d+)_(?P<variant>[a-z_]+?)"
-                   r"(?:_c(?P<c>\d+))?(?:_k(?P<k>\d+))?(?:_dq(?P<dq>[a-z0-9]+))?$")
+                   r"(?:_c(?P<c>\d+))?(?:_g(?P<g>\d+))?(?:_k(?P<k>\d+))?(?:_dq(?P<dq>[a-z0-9]+))?$")
 #: a fwd_splitkv key's ``splits`` field: how many key splits it launches (name part ``_k<S>``); the
 #: problem's num_splits selects it (the split count the Dispatcher path chose, or the caller's)
 SPLITS = tuple(range(1, 129))
@@ -98,17 +101,20 @@ class TritonFmhaAlg:
     splits: int = 0
     #: the forward's head-dim chunk (name part ``_c<C>``; 0: one tile padded to a power of two)
     dchunk: int = 0
+    #: the Triton dK/dV kernel's GQA group split (name part ``_g<N>``; 0: none), see :data:`GSPLITS`
+    gsplit: int = 0
 
     def config(self):
         from .configs import TritonFmhaConfig
 
         return TritonFmhaConfig(self.block_m, self.block_n, self.num_warps, self.num_stages, self.variant,
-                                self.dchunk)
+                                self.dchunk, self.gsplit)
 
 
 def format_name(sig: TritonFmhaSig, a: TritonFmhaAlg) -> str:
     return (f"fmha_{sig.family}_{sig.dtype}_d{sig.hdim_q}x{sig.hdim_v}_m{a.block_m}n{a.block_n}"
             f"_w{a.num_warps}_s{a.num_stages}_{a.variant}" + (f"_c{a.dchunk}" if a.dchunk else "")
+            + (f"_g{a.gsplit}" if a.gsplit else "")
             + (f"_k{a.splits}" if a.splits else "")
             + (f"_dq{a.dq}" if a.dq else ""))
 
@@ -122,7 +128,7 @@ def parse_name(body: str):
         return from_fields(dict(family=m["family"], dtype=m["dtype"], hdim_q=int(m["hq"]), hdim_v=int(m["hv"])),
                            dict(block_m=int(m["bm"]), block_n=int(m["bn"]), num_warps=int(m["w"]),
                                 num_stages=int(m["s"]), variant=m["variant"], dq=m["dq"] or "",
-                                splits=int(m["k"] or 0), dchunk=int(m["c"] or 0)))
+                                splits=int(m["k"] or 0), dchunk=int(m["c"] or 0), gsplit=int(m["g"] or 0)))
     except ConfigError as exc:
         raise MissingKernel(f"{body!r}: {exc}") from None
 
@@ -134,7 +140,8 @@ _SIG = RecordSchema(TritonFmhaSig, what="Triton FMHA signature", choices={"famil
                     bounds={"hdim_q": (1, 1024), "hdim_v": (1, 1024)})
 _ALG = RecordSchema(TritonFmhaAlg, what="Triton FMHA algorithm", choices={"variant": VARIANTS},
                     bounds={"block_m": (1, 1024), "block_n": (1, 1024), "num_warps": (1, 64),
-                            "num_stages": (1, 16), "splits": (0, SPLITS[-1]), "dchunk": (0, 256)})
+                            "num_stages": (1, 16), "splits": (0, SPLITS[-1]), "dchunk": (0, 256),
+                            "gsplit": (0, GSPLITS[-1])})
 
 
 def from_fields(sig: dict, alg: dict):
@@ -165,6 +172,9 @@ def legal(key, arch) -> Optional[str]:
         if not valid_dchunk(a.dchunk) or a.dchunk >= max(s.hdim_q, s.hdim_v):
             return (f"head-dim chunk {a.dchunk} must be a power of two from 16 below the head dims "
                     f"{s.hdim_q}/{s.hdim_v}")
+    if a.gsplit and (s.family != "bwd_dq_dk_dv" or a.variant not in ("ptr", KVSPLIT) or a.gsplit not in GSPLITS):
+        return (f"the group split _g{a.gsplit} belongs to bwd_dq_dk_dv keys of the Triton dK/dV kernel "
+                f"(ptr / {KVSPLIT}), one of {GSPLITS}")
     if a.variant == KVSPLIT and a.dq and parse_dq(a.dq)[0] == "gluon":
         return "the kvsplit dK/dV kernel pairs with the Triton dQ pass or atomics"
     if (s.family == "bwd_dq_dk_dv") != bool(a.dq):
@@ -322,9 +332,10 @@ def _bwd_algs(hq, hv, arch, tag, elem_bytes, prune=True) -> list:
                for t in tiles if t is not None]
         dqs += [dq_gluon(t) for t in (T.gluon_dq_tile(d, tag), gluon_bwd.tiles("dq", tag).get(d)) if t is not None]
     out = []
-    for k in kv:
+    kv = [(*k, 0) for k in kv] + [(*k, n) for k in kv if k[4] in ("ptr", KVSPLIT) for n in GSPLITS]
+    for *k, gs in kv:
         for dq in dqs:
-            a = TritonFmhaAlg(*k, dq=dq)
+            a = TritonFmhaAlg(*k, dq=dq, gsplit=gs)
             # the tables' Triton tiles run on every arch (they did before the estimate existed)
             fits = k[4] in ("ptr", KVSPLIT) or not prune or _smem("bwd_dq_dk_dv", hq, hv, a, elem_bytes) <= arch.lds_bytes
             if a not in out and fits and legal_pair(a):
@@ -461,6 +472,9 @@ def _bwd_unsupported(a: TritonFmhaAlg, p) -> Optional[str]:
         why = gluon_dkdv_reason(p, a.block_m, dq[0] == DQ_ATOMIC)
         if why:
             return f"the Gluon dK/dV kernel: {why}"
+    if a.gsplit and a.gsplit > p.nhead_q // max(1, p.nhead_k):
+        return (f"the key splits a GQA group over {a.gsplit} programs; the problem's group has "
+                f"{p.nhead_q // max(1, p.nhead_k)} query heads")
     return None
 
 

@@ -819,6 +819,16 @@ def default_bwd_choice(q, k, v, do, lse, delta, *, layout, mode, right, has_sc, 
     why = "not configured" if gk is None else gluon_why
     if not why and (sk % 128 or sq % gk[0]):
         why = f"seqlen_k % 128 or seqlen_q % {gk[0]}"
+    spec = _arch_of(q)
+    if spec is not None and q.dim() == 4 and layout != "thd":   # GQA with few key blocks: the Triton kernel's group split
+        from ...heuristics import group_split
+
+        bq, hq_, hk_ = q.shape[0], *(_dims(t, layout)[1] for t in (q, k))
+        if not why and _dkdv != "gluon" and group_split(bq, hq_, hk_, sk, 128, spec.compute_units) > 1:
+            why = "GQA group split"
+        gs = group_split(bq, hq_, hk_, sk, cfg_kv.BLOCK_N, spec.compute_units,
+                         parts=2 if cfg_kv.variant == "kvsplit" else 1)
+        cfg_kv = cfg_kv.with_(GSPLIT=gs if gs > 1 else 0)
     if why and _dkdv == "gluon":
         raise UnsupportedProblem(f"gluon dK/dV: {why}")
     kv = ("triton", cfg_kv) if why else ("gluon", gk)
