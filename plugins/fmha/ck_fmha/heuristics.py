@@ -40,17 +40,20 @@ def split_count(batch_heads: int, max_seqlen_k: int, compute_units: int, *, quer
 DQ_ATOMIC = "atomic"
 
 
-def group_split(batch: int, nhead_q: int, nhead_k: int, seqlen_k: int, block_n: int, compute_units: int, *,
-                parts: int = 1, splits=(2, 4, 8, 16)) -> int:
+def group_split(batch: int, nhead_q: int, nhead_k: int, seqlen_k: int, block_n: int, compute_units: int,
+                waves: float, *, parts: int = 1, splits=(2, 4, 8, 16)) -> int:
     """How many programs share a kv head's GQA group in the Triton dK/dV kernel (1: one program sums the
-    whole group): the least power of two that gives about two waves of programs on the machine's
-    ``compute_units`` (from the ArchSpec), at most the group size and the largest of ``splits``.
-    ``parts``: programs per key block already (2 for kvsplit)."""
+    whole group): the least of ``splits`` that gives ``waves`` waves of programs on the machine's
+    ``compute_units`` (from the ArchSpec), at most the group size; ``waves`` comes from the arch's tuned
+    data (``tuning.bwd_gsplit_waves``: 0, no split where it was not measured).  ``parts``: programs per
+    key block already (2 for kvsplit)."""
     group = nhead_q // max(1, nhead_k)
+    if waves <= 0:
+        return 1
     programs = max(1, -(-int(seqlen_k) // block_n)) * max(1, batch) * max(1, nhead_k) * parts
     n = 1
     for cand in splits:
-        if cand > group or programs * n >= 2 * max(1, int(compute_units)):
+        if cand > group or programs * n >= waves * max(1, int(compute_units)):
             break
         n = cand
     return n
@@ -161,12 +164,13 @@ def _bwd_tiles(hdim: int, causal: bool, seqlen_k: int, deterministic: bool, gluo
 def bwd_gsplit(p, kv: tuple, arch) -> int:
     """The group split (a key's ``gsplit``, 0: none) of dK/dV choice ``kv`` (see :func:`bwd_want`) for ``p``:
     :func:`group_split` for the Triton dK/dV kernel; the Gluon kernel has none."""
+    from .backends.triton import tuning as T
     from .backends.triton.keys import GSPLITS, KVSPLIT
 
     if kv[4] not in ("ptr", KVSPLIT) or p.nhead_q == p.nhead_k:
         return 0
     n = group_split(p.batch, p.nhead_q, p.nhead_k, p.seqlen_k or 0, kv[1], arch.compute_units,
-                    parts=2 if kv[4] == KVSPLIT else 1, splits=GSPLITS)
+                    T.bwd_gsplit_waves(arch.name), parts=2 if kv[4] == KVSPLIT else 1, splits=GSPLITS)
     return n if n > 1 else 0
 
 
@@ -185,7 +189,8 @@ def bwd_want(p, arch) -> tuple:
     scope = gluon_bwd_reason(p) or ("dbias" if p.dbias else None)
     det, gk = _bwd_tiles(p.hdim_q, p.is_causal, p.seqlen_k or 0, p.deterministic, scope is None, arch.name)
     kv = triton_kv
-    few = group_split(p.batch, p.nhead_q, p.nhead_k, p.seqlen_k or 0, GLUON_BWD_BLOCK_N, arch.compute_units) > 1
+    few = group_split(p.batch, p.nhead_q, p.nhead_k, p.seqlen_k or 0, GLUON_BWD_BLOCK_N, arch.compute_units,
+                      T.bwd_gsplit_waves(arch.name)) > 1
     if gk is not None and scope is None and gluon_dkdv_reason(p, gk[0], not det) is None and not few:
         kv = (gk[0], GLUON_BWD_BLOCK_N, GLUON_BWD_WARPS, gk[1], "gluon_dkdv_pers" if gk[2] else "gluon_dkdv")
     if not det:

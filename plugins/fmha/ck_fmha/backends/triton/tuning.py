@@ -131,6 +131,13 @@ def _fwd_config(hdim_q, hdim_v, arch, causal, seqlen, fp8, gluon) -> TritonFmhaC
     return _cfg_at(tuned("fwd_defaults", arch), (min(d, 256),))
 
 
+def bwd_gsplit_waves(arch: str) -> float:
+    """Waves of dK/dV programs below which the Triton dK/dV kernel splits a GQA group over programs
+    (``heuristics.group_split``; table ``bwd_gsplit``, entry ``triton``); 0: never (not measured)."""
+    v = tuned("bwd_gsplit", arch).get(("triton",))
+    return float(v["waves"]) if v else 0.0
+
+
 def default_bwd_configs(hdim_q: int, hdim_v: int, arch: str, causal: bool = False):
     """(dK/dV config, dQ config) of the backward: the measured winner, else the head dim's default."""
     d = padded_hdim(max(hdim_q, hdim_v))
