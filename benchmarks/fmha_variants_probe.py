@@ -42,6 +42,12 @@ KV_B, KV_H, KV_S = 2, 16, 4096
 KV_CANDS = ["table", (64, 64, 8, 2, "kvsplit"), (64, 32, 4, 2, "kvsplit"), (64, 64, 4, 2, "kvsplit"),
             (128, 64, 8, 2, "kvsplit"), (32, 64, 4, 2, "kvsplit"), (64, 128, 8, 2, "kvsplit"),
             (64, 64, 8, 3, "kvsplit")]
+#: head dims 160/192 also with head-dim chunks (128 + 32 / 64) in the backward kernels: the dK/dV kernel
+#: ("table" tile / kvsplit tiles with DCHUNK=128) and the whole dQ/dK/dV stage ("stage": the tables' dK/dV
+#: and dQ tiles, padded and chunked; the dQ pass's time is the stage's less the dK/dV kernel's)
+KV_CHUNK_CANDS = [("table", 128), (64, 64, 8, 2, "kvsplit", 128), (64, 32, 4, 2, "kvsplit", 128),
+                  (64, 64, 4, 2, "kvsplit", 128), (64, 64, 8, 2, "ptr", 128), (64, 32, 4, 2, "ptr", 128),
+                  ("stage", 0), ("stage", 128)]
 #: GQA / MQA shapes (broad-suite training rows, and Llama-style 4:1)
 GQA_SHAPES = [dict(b=2, hq=16, hk=1, s=3168, d=64, causal=True), dict(b=1, hq=8, hk=1, s=2156, d=160, causal=False),
               dict(b=2, hq=8, hk=1, s=8528, d=128, causal=True), dict(b=20, hq=32, hk=8, s=1201, d=64, causal=True),
@@ -78,7 +84,7 @@ def _tasks():
     for d in KV_HDIMS:
         for causal in (False, True):
             sh = dict(b=KV_B, hq=KV_H, hk=KV_H, s=KV_S, d=d, causal=causal)
-            for c in KV_CANDS:
+            for c in KV_CANDS + (KV_CHUNK_CANDS if d < 256 else [("stage", 0)]):
                 out.append(("kv", _shape_key(sh), c))
     return out + _fwd_tasks((80, 96))
 
@@ -119,7 +125,8 @@ def _inputs(shk):
         if SMOKE:
             sh.update(b=1, s=37)
         g = torch.Generator(device=_dev()).manual_seed(sh["d"] * 7 + sh["s"] + sh["causal"])
-        mk = lambda h: torch.randn(sh["b"], h, sh["s"], sh["d"], device=_dev(), dtype=torch.bfloat16,  # noqa: E731
+        dt = torch.float16 if SMOKE else torch.bfloat16   # (the interpreter's bf16 is not to be trusted)
+        mk = lambda h: torch.randn(sh["b"], h, sh["s"], sh["d"], device=_dev(), dtype=dt,  # noqa: E731
                                    generator=g)
         q, k, v = mk(sh["hq"]), mk(sh["hk"]), mk(sh["hk"])
         o, lse = ops.fwd(q, k, v, causal=sh["causal"], return_lse=True)
@@ -159,8 +166,21 @@ def _callable(task):
         return lambda: ops.bwd_dq_dk_dv(q, k, v, do, lse, delta, causal=causal, _dq="none")[2:4]
     if c == "kv_gluon":     # the Gluon dK/dV kernel (head dims 64/128, whole tiles), where it can run
         return lambda: ops.bwd_dq_dk_dv(q, k, v, do, lse, delta, causal=causal, _dq="none", _dkdv="gluon")[2:4]
+    if sec == "kv" and c[0] == "stage":   # the whole stage: the tables' dK/dV and dQ tiles, chunked or not
+        from ck_fmha.backends.triton.tuning import default_bwd_configs
+
+        kvc, dqc = (x.with_(DCHUNK=c[1]) for x in default_bwd_configs(sh["d"], sh["d"], "sm90", causal=causal))
+        if SMOKE:
+            kvc, dqc = (x.with_(BLOCK_M=16, BLOCK_N=16) for x in (kvc, dqc))
+        def stage():   # (dk, dv, dq): dk / dv compare with the section's first candidate
+            r = ops.bwd_dq_dk_dv(q, k, v, do, lse, delta, causal=causal, choice=(("triton", kvc), ("triton", dqc)))
+            return r[2], r[3], r[0]
+        return stage
     if sec == "kv":
-        cfg = _table_kv(sh["d"], causal) if c == "table" else C(*c)
+        if c == "table" or c[0] == "table":
+            cfg = _table_kv(sh["d"], causal).with_(DCHUNK=0 if c == "table" else c[1])
+        else:
+            cfg = C(*c)
     else:
         t = _table_kv(sh["d"], causal)
         cfg = t.with_(variant=c[1], GSPLIT=c[2])

@@ -174,6 +174,17 @@ def bwd_gsplit(p, kv: tuple, arch) -> int:
     return n if n > 1 else 0
 
 
+def bwd_dchunk(p, kv: tuple, dq: str, arch) -> int:
+    """The head-dim chunk of a Triton backward choice (the arch's ``bwd_tuned`` dK/dV entry names it;
+    0: padded head dims); the Gluon kernels have none."""
+    from .backends.triton import tuning as T
+    from .backends.triton.keys import KVSPLIT
+
+    if kv[4] not in ("ptr", KVSPLIT) or dq.startswith("gluon") or p.dtype == "fp8":
+        return 0
+    return T.default_bwd_configs(p.hdim_q, p.hdim_v, arch.name, causal=right_bounded(p))[0].DCHUNK
+
+
 def bwd_want(p, arch) -> tuple:
     """(dK/dV (block_m, block_n, warps, stages, variant), dq field) the tables pick for ``p``
     (the group split of a Triton dK/dV kernel: :func:`bwd_gsplit`).  A GQA / MQA problem whose Gluon
@@ -183,7 +194,8 @@ def bwd_want(p, arch) -> tuple:
 
     rb = right_bounded(p)
     cfg_kv, cfg_q = T.default_bwd_configs(p.hdim_q, p.hdim_v, arch.name, causal=rb)
-    triton_kv = (cfg_kv.BLOCK_M, cfg_kv.BLOCK_N, cfg_kv.num_warps, cfg_kv.num_stages, "ptr")
+    triton_kv = (cfg_kv.BLOCK_M, cfg_kv.BLOCK_N, cfg_kv.num_warps, cfg_kv.num_stages,
+                 "kvsplit" if cfg_kv.variant == "kvsplit" else "ptr")
     if not _hopper(arch) or interpreting():
         return triton_kv, (dq_triton(cfg_q) if p.deterministic else DQ_ATOMIC)
     scope = gluon_bwd_reason(p) or ("dbias" if p.dbias else None)
@@ -230,14 +242,14 @@ def rank(problem, candidates: list, arch) -> list:
         want = [(w, "") for w in fwd_want(problem, arch)]
     elif fam == "bwd_dq_dk_dv":
         kv, dq = bwd_want(problem, arch)
-        want = [(kv + (bwd_gsplit(problem, kv, arch),), dq)]
+        want = [(kv + (bwd_gsplit(problem, kv, arch), bwd_dchunk(problem, kv, dq, arch)), dq)]
     else:
         want = []
 
     def cost(k):
         a = k.algorithm
         t = ((a.block_m, a.block_n, a.num_warps, a.num_stages, a.variant)
-             + ((a.dchunk,) if fam == "fwd" else (a.gsplit,) if fam == "bwd_dq_dk_dv" else ()), a.dq)
+             + ((a.dchunk,) if fam == "fwd" else (a.gsplit, a.dchunk) if fam == "bwd_dq_dk_dv" else ()), a.dq)
         # untuned: the tile that pads the actual lengths least, then the largest
         return (want.index(t) if t in want else len(want), seqtune.triton_cost(problem, a),
                 -a.block_m * a.block_n)

@@ -121,22 +121,24 @@ def _grads(q, k, v, do, causal, window=None):
     return ref.detach(), (qd.grad, kd.grad, vd.grad)
 
 
-@pytest.mark.parametrize("d,hq,hk,causal,variant,gsplit", [
-    (160, 4, 2, False, "kvsplit", 0),
-    (72, 3, 3, True, "kvsplit", 0),
-    (48, 6, 1, True, "ptr", 4),        # group 6 over 4 programs: 2 + 2 + 2 + 0 heads
-    (40, 5, 1, False, "kvsplit", 2),   # uneven halves of the group, with kvsplit
-    (64, 6, 2, True, "ptr", 16),       # a split above the group size is clamped to it
+@pytest.mark.parametrize("d,hq,hk,causal,variant,gsplit,chunk", [
+    (160, 4, 2, False, "kvsplit", 0, 0),
+    (72, 3, 3, True, "kvsplit", 0, 0),
+    (48, 6, 1, True, "ptr", 4, 0),        # group 6 over 4 programs: 2 + 2 + 2 + 0 heads
+    (40, 5, 1, False, "kvsplit", 2, 0),   # uneven halves of the group, with kvsplit
+    (64, 6, 2, True, "ptr", 16, 0),       # a split above the group size is clamped to it
+    (160, 2, 1, True, "ptr", 0, 128),     # head-dim chunks 128 + 32 in both backward kernels
+    (80, 4, 2, False, "kvsplit", 2, 64),  # chunks 64 + 16 with kvsplit and a group split
 ])
-def test_backward_variants(d, hq, hk, causal, variant, gsplit):
+def test_backward_variants(d, hq, hk, causal, variant, gsplit, chunk):
     s = 29
     q, k, v = _qkv(1, hq, hk, s, d, d, d + hq + gsplit)
     do = torch.randn(1, hq, s, d, generator=torch.Generator().manual_seed(3)).half()
     o, lse = fwd(q, k, v, causal=causal, return_lse=True, config=C(32, 16, 4, 1, "ptr"))
     ref, want = _grads(q, k, v, do, causal)
     assert _rel(o, ref) < 2e-3
-    got = bwd(q, k, v, o, lse, do, causal=causal, config=(C(16, 16, 4, 1, variant, GSPLIT=gsplit),
-                                                          C(16, 16, 4, 1, "ptr")))
+    got = bwd(q, k, v, o, lse, do, causal=causal, config=(C(16, 16, 4, 1, variant, chunk, gsplit),
+                                                          C(16, 16, 4, 1, "ptr", chunk)))
     for name, x, w in zip(("dq", "dk", "dv"), got, want):
         assert torch.isfinite(x).all(), name
         assert _rel(x, w) < 4e-3, name
@@ -179,7 +181,9 @@ def test_key_names_round_trip_and_legality():
                       ("fmha_fwd_bf16_d128x128_m128n64_w4_s2_tma_c128", "below the head dims"),
                       ("fmha_fwd_bf16_d160x160_m128n64_w8_s2_tma_g4", "group split"),
                       ("fmha_bwd_dq_dk_dv_bf16_d64x64_m128n128_w8_s2_ptr_g3_dqm64n64w4s3", "group split"),
-                      ("fmha_fwd_bf16_d256x256_m64n64_w8_s2_kvsplit", "not a fwd kernel")]:
+                      ("fmha_fwd_bf16_d256x256_m64n64_w8_s2_kvsplit", "not a fwd kernel"),
+                      ("fmha_bwd_dq_dk_dv_bf16_d160x160_m64n64_w8_s2_kvsplit_c128_g2_dqm128n64w8s1", None),
+                      ("fmha_bwd_dq_dk_dv_bf16_d128x128_m64n128_w4_s2_gluon_dkdv_c64_dqgluon64s4p", "head-dim chunks")]:
         s, a = K.parse_name(name)
         assert K.format_name(s, a) == name
         got = K.legal(KernelKey("fmha", s, a, "sm90", "triton"), _sm90())
@@ -270,12 +274,14 @@ def test_launcher_runs_the_keys_variant(monkeypatch):
     d_ = ops.bwd_dot_do_o(out["o"], do)
     pb = FmhaProblem(family="bwd_dq_dk_dv", batch=b, nhead_q=hq, nhead_k=hk, seqlen_q=s, seqlen_k=s, hdim_q=d,
                      dtype="fp16", mask="top_left", deterministic=True)
-    res = K.make_launcher(key("fmha_bwd_dq_dk_dv_fp16_d80x80_m16n16_w4_s1_kvsplit_g2_dqm16n16w4s1"))(
+    res = K.make_launcher(key("fmha_bwd_dq_dk_dv_fp16_d80x80_m16n16_w4_s1_kvsplit_c64_g2_dqm16n16w4s1"))(
         pb, dict(q=q, k=k, v=v, do=do, lse=out["lse"], d=d_))
     for name, w in zip(("dq", "dk", "dv"), want):
         assert _rel(res[name], w) < 4e-3, name
     grid, kw = seen["fmha_bwd_dq_dk_dv_kernel"]
     assert kw["KV_SPLIT"] and grid == (3, 1, 4)   # 3 key blocks, 1 kv head, 2 parts x 2 group splits
+    assert (kw["BLOCK_DQ"], kw["BLOCK_DQ2"]) == (64, 16)
+    assert seen["fmha_bwd_dq_kernel"][1]["BLOCK_DQ2"] == 16   # the key's chunk in the dQ pass too
 
 
 def test_backward_footprint_counts_one_dq_slice():

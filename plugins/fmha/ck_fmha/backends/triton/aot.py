@@ -126,8 +126,14 @@ def constexprs_for(family: str, config: Mapping) -> Dict[str, Any]:
     even_n = bool(_get(config, "even_n", False)) and not varlen
     if family == "bwd_dot_do_o":
         return dict(D_V=dv, BLOCK_DV=bdv, BLOCK_M=bm, IS_VARLEN=varlen)
+    chunk = int(_get(config, "DCHUNK", 0))
+    if chunk and family in ("bwd_dq_dk_dv", "bwd_dq"):   # head-dim chunks (see configs.hdim_blocks)
+        (bdq, bdq2), (bdv, bdv2) = hdim_blocks(dq, chunk), hdim_blocks(dv, chunk)
+        extra = dict(BLOCK_DQ2=bdq2, BLOCK_DV2=bdv2)
+    else:
+        extra = {}
     if family == "bwd_dq_dk_dv":
-        return dict(D_Q=dq, D_V=dv, BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=bm, BLOCK_N=bn,
+        return dict(D_Q=dq, D_V=dv, BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=bm, BLOCK_N=bn, **extra,
                     MASK_MODE=mm, BOTTOM_RIGHT=br, HAS_SOFTCAP=sc,
                     ATOMIC_DQ=bool(_get(config, "atomic_dq", BWD_ATOMIC_DQ_DEFAULT)),
                     EVEN_M=even_m, EVEN_N=even_n, IS_VARLEN=varlen, BIAS_MODE=bmode, HAS_DROPOUT=drop,
@@ -135,7 +141,7 @@ def constexprs_for(family: str, config: Mapping) -> Dict[str, Any]:
                     HAS_SEQLENS=bool(_get(config, "seqlens", False)) and varlen,
                     **({"KV_SPLIT": True} if variant == "kvsplit" else {}))
     if family == "bwd_dq":
-        return dict(D_Q=dq, D_V=dv, BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=bm, BLOCK_N=bn,
+        return dict(D_Q=dq, D_V=dv, BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=bm, BLOCK_N=bn, **extra,
                     MASK_MODE=mm, BOTTOM_RIGHT=br, HAS_SOFTCAP=sc,
                     EVEN_M=even_m, EVEN_N=even_n, IS_VARLEN=varlen, BIAS_MODE=bmode, HAS_DROPOUT=drop,
                     HAS_SEQLENS=bool(_get(config, "seqlens", False)) and varlen)

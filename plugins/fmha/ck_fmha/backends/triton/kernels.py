@@ -751,12 +751,18 @@ def _bwd_dkdv_inner(dk, dv, k, v, qb, dob, lseb, deltab, dqab, sqs, sdos, sdqs,
                     BLOCK_M: tl.constexpr, MASKED: tl.constexpr, MASK_MODE: tl.constexpr,
                     HAS_SOFTCAP: tl.constexpr, ATOMIC_DQ: tl.constexpr, EVEN_M: tl.constexpr,
                     BIAS_MODE: tl.constexpr, HAS_DROPOUT: tl.constexpr, STORE_DBIAS: tl.constexpr,
-                    EVEN_N: tl.constexpr, DO_DK: tl.constexpr = True, DO_DV: tl.constexpr = True):
+                    EVEN_N: tl.constexpr, DO_DK: tl.constexpr = True, DO_DV: tl.constexpr = True,
+                    dk2=0.0, dv2=0.0, k2=0.0, v2=0.0, BLOCK_DQ2: tl.constexpr = 0, BLOCK_DV2: tl.constexpr = 0):
     """DO_DK / DO_DV: which of the two accumulators this program keeps (KV_SPLIT: dV only -- S, P, dV += P^T dO;
-    dK only -- S, dP, dK += dS^T Q, and the dQ atomics and dbias, which need dS)."""
+    dK only -- S, dP, dK += dS^T Q, and the dQ atomics and dbias, which need dS).  BLOCK_DQ2 / BLOCK_DV2 > 0:
+    head-dim chunks (see _fwd_inner): k2 / v2 / dk2 / dv2 hold the columns from BLOCK_DQ / BLOCK_DV on."""
     offs_m = tl.arange(0, BLOCK_M)
     offs_dq = tl.arange(0, BLOCK_DQ)
     offs_dv = tl.arange(0, BLOCK_DV)
+    if BLOCK_DQ2 > 0:
+        offs_dq2 = BLOCK_DQ + tl.arange(0, BLOCK_DQ2)
+    if BLOCK_DV2 > 0:
+        offs_dv2 = BLOCK_DV + tl.arange(0, BLOCK_DV2)
     dtype = k.dtype
     for start_m in tl.range(start, end, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
@@ -766,6 +772,9 @@ def _bwd_dkdv_inner(dk, dv, k, v, qb, dob, lseb, deltab, dqab, sqs, sdos, sdqs,
         else:
             q = tl.load(qb + rows[:, None] * sqs + offs_dq[None, :],
                         mask=(rows[:, None] < seqlen_q) & (offs_dq[None, :] < D_Q), other=0.0)
+        if BLOCK_DQ2 > 0:
+            q2 = tl.load(qb + rows[:, None] * sqs + offs_dq2[None, :],
+                         mask=(rows[:, None] < seqlen_q) & (offs_dq2[None, :] < D_Q), other=0.0)
         if EVEN_M:
             lse2 = tl.load(lseb + rows)
         else:
@@ -773,6 +782,8 @@ def _bwd_dkdv_inner(dk, dv, k, v, qb, dob, lseb, deltab, dqab, sqs, sdos, sdqs,
         lse2 = lse2 * 1.4426950408889634
         lse2 = tl.where(lse2 == float("-inf"), float("inf"), lse2)
         qkT = tl.dot(k, tl.trans(q))
+        if BLOCK_DQ2 > 0:
+            qkT = tl.dot(k2, tl.trans(q2), qkT)
         if HAS_SOFTCAP:
             t = _tanh(qkT * cap_in)
             pT = tl.math.exp2(t * cap_out - lse2[None, :])
@@ -795,19 +806,27 @@ def _bwd_dkdv_inner(dk, dv, k, v, qb, dob, lseb, deltab, dqab, sqs, sdos, sdqs,
         else:
             do = tl.load(dob + rows[:, None] * sdos + offs_dv[None, :],
                          mask=(rows[:, None] < seqlen_q) & (offs_dv[None, :] < D_V), other=0.0)
+        if BLOCK_DV2 > 0:
+            do2 = tl.load(dob + rows[:, None] * sdos + offs_dv2[None, :],
+                          mask=(rows[:, None] < seqlen_q) & (offs_dv2[None, :] < D_V), other=0.0)
         if HAS_DROPOUT:
             keepT = _dropout_keep(rows[None, :], cols[:, None], bh_id, k0, k1, off_lo, thresh)
         if DO_DV:
             if HAS_DROPOUT:
-                dv = tl.dot(tl.where(keepT, pT * drop_scale, 0.0).to(dtype), do, dv)
+                pT16 = tl.where(keepT, pT * drop_scale, 0.0).to(dtype)
             else:
-                dv = tl.dot(pT.to(dtype), do, dv)
+                pT16 = pT.to(dtype)
+            dv = tl.dot(pT16, do, dv)
+            if BLOCK_DV2 > 0:
+                dv2 = tl.dot(pT16, do2, dv2)
         if DO_DK:
             if EVEN_M:
                 di = tl.load(deltab + rows)
             else:
                 di = tl.load(deltab + rows, mask=rows < seqlen_q, other=0.0)
             dpT = tl.dot(v, tl.trans(do))
+            if BLOCK_DV2 > 0:
+                dpT = tl.dot(v2, tl.trans(do2), dpT)
             if HAS_DROPOUT:
                 dpT = tl.where(keepT, dpT * drop_scale, 0.0)
             dsT = pT * (dpT - di[None, :])
@@ -818,11 +837,17 @@ def _bwd_dkdv_inner(dk, dv, k, v, qb, dob, lseb, deltab, dqab, sqs, sdos, sdqs,
                 dsT = dsT * (1.0 - t * t)
             dsT16 = dsT.to(dtype)
             dk = tl.dot(dsT16, q, dk)
+            if BLOCK_DQ2 > 0:
+                dk2 = tl.dot(dsT16, q2, dk2)
             if ATOMIC_DQ:
                 dq = tl.dot(tl.trans(dsT16), k) * sm_scale
                 tl.atomic_add(dqab + rows[:, None] * sdqs + offs_dq[None, :], dq,
                               mask=(rows[:, None] < seqlen_q) & (offs_dq[None, :] < D_Q), sem="relaxed")
-    return dk, dv
+                if BLOCK_DQ2 > 0:
+                    dq2 = tl.dot(tl.trans(dsT16), k2) * sm_scale
+                    tl.atomic_add(dqab + rows[:, None] * sdqs + offs_dq2[None, :], dq2,
+                                  mask=(rows[:, None] < seqlen_q) & (offs_dq2[None, :] < D_Q), sem="relaxed")
+    return dk, dv, dk2, dv2
 
 
 @triton.jit
@@ -839,7 +864,7 @@ def _bwd_dkdv_tile(
     MASK_MODE: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     ATOMIC_DQ: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, BIAS_MODE: tl.constexpr, HAS_DROPOUT: tl.constexpr, STORE_DBIAS: tl.constexpr,
-    DO_DK: tl.constexpr, DO_DV: tl.constexpr,
+    DO_DK: tl.constexpr, DO_DV: tl.constexpr, BLOCK_DQ2: tl.constexpr = 0, BLOCK_DV2: tl.constexpr = 0,
 ):
     """One key block's dK and/or dV (DO_DK / DO_DV), summed over the query heads g_lo <= g < g_hi of the kv
     head's GQA group (see fmha_bwd_dq_dk_dv_kernel); DK / DV already point at this program's partial sums."""
@@ -849,20 +874,37 @@ def _bwd_dkdv_tile(
     kmask = (cols[:, None] < seqlen_k) & (offs_dq[None, :] < D_Q)
     vmask = (cols[:, None] < seqlen_k) & (offs_dv[None, :] < D_V)
     if IS_VARLEN:
-        k = tl.load(K + k_start * sks + hk * skh + cols[:, None] * sks + offs_dq[None, :], mask=kmask, other=0.0)
+        kb = K + k_start * sks + hk * skh
+        vb = V + k_start * svs + hk * svh
     else:
-        k = tl.load(K + b * skb + hk * skh + cols[:, None] * sks + offs_dq[None, :], mask=kmask, other=0.0)
+        kb = K + b * skb + hk * skh
+        vb = V + b * svb + hk * svh
+    k = tl.load(kb + cols[:, None] * sks + offs_dq[None, :], mask=kmask, other=0.0)
+    k2 = 0.0
+    v2 = 0.0
+    dk2 = 0.0
+    dv2 = 0.0
+    if BLOCK_DQ2 > 0:   # head-dim chunks: the columns from BLOCK_DQ / BLOCK_DV on
+        offs_dq2 = BLOCK_DQ + tl.arange(0, BLOCK_DQ2)
+        kmask2 = (cols[:, None] < seqlen_k) & (offs_dq2[None, :] < D_Q)
+        k2 = tl.load(kb + cols[:, None] * sks + offs_dq2[None, :], mask=kmask2, other=0.0)
+    if BLOCK_DV2 > 0:
+        offs_dv2 = BLOCK_DV + tl.arange(0, BLOCK_DV2)
+        vmask2 = (cols[:, None] < seqlen_k) & (offs_dv2[None, :] < D_V)
     if DO_DK:   # V is read by dP^T = V dO^T only
-        if IS_VARLEN:
-            v = tl.load(V + k_start * svs + hk * svh + cols[:, None] * svs + offs_dv[None, :], mask=vmask, other=0.0)
-        else:
-            v = tl.load(V + b * svb + hk * svh + cols[:, None] * svs + offs_dv[None, :], mask=vmask, other=0.0)
+        v = tl.load(vb + cols[:, None] * svs + offs_dv[None, :], mask=vmask, other=0.0)
         dk = tl.zeros([BLOCK_N, BLOCK_DQ], dtype=tl.float32)
+        if BLOCK_DV2 > 0:
+            v2 = tl.load(vb + cols[:, None] * svs + offs_dv2[None, :], mask=vmask2, other=0.0)
+        if BLOCK_DQ2 > 0:
+            dk2 = tl.zeros([BLOCK_N, BLOCK_DQ2], dtype=tl.float32)
     else:
         v = k
         dk = 0.0
     if DO_DV:
         dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
+        if BLOCK_DV2 > 0:
+            dv2 = tl.zeros([BLOCK_N, BLOCK_DV2], dtype=tl.float32)
     else:
         dv = 0.0
     lo, full_lo, full_hi, hi = _q_range(n0, off, left, right, seqlen_q, BLOCK_M, BLOCK_N, MASK_MODE)
@@ -887,46 +929,50 @@ def _bwd_dkdv_tile(
             dbiasb = DBIAS + b * sdbb + h * sdbh + q_start * sdbq
         bh_id = b * HK * GROUP + h
         if MASK_MODE & 1:
-            dk, dv = _bwd_dkdv_inner(dk, dv, k, v, qb, dob, lseb, deltab, dqab, sqs, sdos, sdqs,
+            dk, dv, dk2, dv2 = _bwd_dkdv_inner(dk, dv, k, v, qb, dob, lseb, deltab, dqab, sqs, sdos, sdqs,
                                      lo, full_lo, cols, off, left, right, seqlen_q,
                                      sm_scale, scale2, cap_in, cap_out,
                                      biasb, dbiasb, sbq, sbk, sdbq, slope, aoff, seqlen_k, bh_id,
                                      seed_lo, seed_hi, off_lo, drop_thresh, drop_scale,
                                      D_Q, D_V, BLOCK_DQ, BLOCK_DV,
                                      BLOCK_M, True, MASK_MODE, HAS_SOFTCAP, ATOMIC_DQ, EVEN_M,
-                                     BIAS_MODE, HAS_DROPOUT, STORE_DBIAS, EVEN_N, DO_DK, DO_DV)
-        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, qb, dob, lseb, deltab, dqab, sqs, sdos, sdqs,
+                                     BIAS_MODE, HAS_DROPOUT, STORE_DBIAS, EVEN_N, DO_DK, DO_DV,
+                                     dk2, dv2, k2, v2, BLOCK_DQ2, BLOCK_DV2)
+        dk, dv, dk2, dv2 = _bwd_dkdv_inner(dk, dv, k, v, qb, dob, lseb, deltab, dqab, sqs, sdos, sdqs,
                                  full_lo, full_hi, cols, off, left, right, seqlen_q,
                                  sm_scale, scale2, cap_in, cap_out,
                                  biasb, dbiasb, sbq, sbk, sdbq, slope, aoff, seqlen_k, bh_id,
                                  seed_lo, seed_hi, off_lo, drop_thresh, drop_scale,
                                  D_Q, D_V, BLOCK_DQ, BLOCK_DV,
                                  BLOCK_M, False, MASK_MODE, HAS_SOFTCAP, ATOMIC_DQ, EVEN_M,
-                                 BIAS_MODE, HAS_DROPOUT, STORE_DBIAS, EVEN_N, DO_DK, DO_DV)
+                                 BIAS_MODE, HAS_DROPOUT, STORE_DBIAS, EVEN_N, DO_DK, DO_DV,
+                                     dk2, dv2, k2, v2, BLOCK_DQ2, BLOCK_DV2)
         if MASK_MODE & 2:
-            dk, dv = _bwd_dkdv_inner(dk, dv, k, v, qb, dob, lseb, deltab, dqab, sqs, sdos, sdqs,
+            dk, dv, dk2, dv2 = _bwd_dkdv_inner(dk, dv, k, v, qb, dob, lseb, deltab, dqab, sqs, sdos, sdqs,
                                      full_hi, hi, cols, off, left, right, seqlen_q,
                                      sm_scale, scale2, cap_in, cap_out,
                                      biasb, dbiasb, sbq, sbk, sdbq, slope, aoff, seqlen_k, bh_id,
                                      seed_lo, seed_hi, off_lo, drop_thresh, drop_scale,
                                      D_Q, D_V, BLOCK_DQ, BLOCK_DV,
                                      BLOCK_M, True, MASK_MODE, HAS_SOFTCAP, ATOMIC_DQ, EVEN_M,
-                                     BIAS_MODE, HAS_DROPOUT, STORE_DBIAS, EVEN_N, DO_DK, DO_DV)
+                                     BIAS_MODE, HAS_DROPOUT, STORE_DBIAS, EVEN_N, DO_DK, DO_DV,
+                                     dk2, dv2, k2, v2, BLOCK_DQ2, BLOCK_DV2)
+    if IS_VARLEN:
+        dkb = DK + k_start * sdks + hk * sdkh
+        dvb = DV + k_start * sdvs + hk * sdvh
+    else:
+        dkb = DK + b * sdkb + hk * sdkh
+        dvb = DV + b * sdvb + hk * sdvh
     if DO_DK:
         dk = dk * sm_scale
-        if IS_VARLEN:
-            tl.store(DK + k_start * sdks + hk * sdkh + cols[:, None] * sdks + offs_dq[None, :],
-                     dk.to(DK.dtype.element_ty), mask=kmask)
-        else:
-            tl.store(DK + b * sdkb + hk * sdkh + cols[:, None] * sdks + offs_dq[None, :],
-                     dk.to(DK.dtype.element_ty), mask=kmask)
+        tl.store(dkb + cols[:, None] * sdks + offs_dq[None, :], dk.to(DK.dtype.element_ty), mask=kmask)
+        if BLOCK_DQ2 > 0:
+            dk2 = dk2 * sm_scale
+            tl.store(dkb + cols[:, None] * sdks + offs_dq2[None, :], dk2.to(DK.dtype.element_ty), mask=kmask2)
     if DO_DV:
-        if IS_VARLEN:
-            tl.store(DV + k_start * sdvs + hk * sdvh + cols[:, None] * sdvs + offs_dv[None, :],
-                     dv.to(DV.dtype.element_ty), mask=vmask)
-        else:
-            tl.store(DV + b * sdvb + hk * sdvh + cols[:, None] * sdvs + offs_dv[None, :],
-                     dv.to(DV.dtype.element_ty), mask=vmask)
+        tl.store(dvb + cols[:, None] * sdvs + offs_dv[None, :], dv.to(DV.dtype.element_ty), mask=vmask)
+        if BLOCK_DV2 > 0:
+            tl.store(dvb + cols[:, None] * sdvs + offs_dv2[None, :], dv2.to(DV.dtype.element_ty), mask=vmask2)
 
 
 @triton.jit(do_not_specialize=_PHILOX_ARGS)
@@ -944,6 +990,7 @@ def fmha_bwd_dq_dk_dv_kernel(
     ATOMIC_DQ: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, BIAS_MODE: tl.constexpr, HAS_DROPOUT: tl.constexpr, STORE_DBIAS: tl.constexpr,
     HAS_SEQLENS: tl.constexpr = False, KV_SPLIT: tl.constexpr = False,
+    BLOCK_DQ2: tl.constexpr = 0, BLOCK_DV2: tl.constexpr = 0,
 ):
     """dK, dV for one key block (summed over the GQA group); with ATOMIC_DQ
     also accumulates dQ (scaled, fp32) into DQA with atomics.  IS_VARLEN: group
@@ -1009,7 +1056,7 @@ def fmha_bwd_dq_dk_dv_kernel(
                            b, hk, n0, q_start, k_start, seqlen_q, seqlen_k, off, g_lo, g_hi,
                            D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_M, BLOCK_N, MASK_MODE, HAS_SOFTCAP,
                            ATOMIC_DQ, EVEN_M, EVEN_N, IS_VARLEN, BIAS_MODE, HAS_DROPOUT, STORE_DBIAS,
-                           False, True)
+                           False, True, BLOCK_DQ2, BLOCK_DV2)
         else:
             _bwd_dkdv_tile(Q, K, V, DO, LSE, DELTA, DK, DV, DQA,
                            sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdob, sdoh, sdos,
@@ -1020,7 +1067,7 @@ def fmha_bwd_dq_dk_dv_kernel(
                            b, hk, n0, q_start, k_start, seqlen_q, seqlen_k, off, g_lo, g_hi,
                            D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_M, BLOCK_N, MASK_MODE, HAS_SOFTCAP,
                            ATOMIC_DQ, EVEN_M, EVEN_N, IS_VARLEN, BIAS_MODE, HAS_DROPOUT, STORE_DBIAS,
-                           True, False)
+                           True, False, BLOCK_DQ2, BLOCK_DV2)
     else:
         _bwd_dkdv_tile(Q, K, V, DO, LSE, DELTA, DK, DV, DQA,
                        sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdob, sdoh, sdos,
@@ -1031,7 +1078,7 @@ def fmha_bwd_dq_dk_dv_kernel(
                        b, hk, n0, q_start, k_start, seqlen_q, seqlen_k, off, g_lo, g_hi,
                        D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_M, BLOCK_N, MASK_MODE, HAS_SOFTCAP,
                        ATOMIC_DQ, EVEN_M, EVEN_N, IS_VARLEN, BIAS_MODE, HAS_DROPOUT, STORE_DBIAS,
-                       True, True)
+                       True, True, BLOCK_DQ2, BLOCK_DV2)
 
 
 @triton.jit
@@ -1041,10 +1088,16 @@ def _bwd_dq_inner(dq, q, do, lse2, di, kb, vb, sks, svs, start, end, rows, off, 
                   D_Q: tl.constexpr, D_V: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
                   BLOCK_N: tl.constexpr, MASKED: tl.constexpr, MASK_MODE: tl.constexpr,
                   HAS_SOFTCAP: tl.constexpr, EVEN_N: tl.constexpr,
-                  BIAS_MODE: tl.constexpr, HAS_DROPOUT: tl.constexpr, EVEN_M: tl.constexpr):
+                  BIAS_MODE: tl.constexpr, HAS_DROPOUT: tl.constexpr, EVEN_M: tl.constexpr,
+                  dq2=0.0, q2=0.0, do2=0.0, BLOCK_DQ2: tl.constexpr = 0, BLOCK_DV2: tl.constexpr = 0):
+    """BLOCK_DQ2 / BLOCK_DV2 > 0: head-dim chunks (see _fwd_inner); q2 / do2 / dq2 the second chunk."""
     offs_n = tl.arange(0, BLOCK_N)
     offs_dq = tl.arange(0, BLOCK_DQ)
     offs_dv = tl.arange(0, BLOCK_DV)
+    if BLOCK_DQ2 > 0:
+        offs_dq2 = BLOCK_DQ + tl.arange(0, BLOCK_DQ2)
+    if BLOCK_DV2 > 0:
+        offs_dv2 = BLOCK_DV + tl.arange(0, BLOCK_DV2)
     dtype = q.dtype
     for start_n in tl.range(start, end, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
@@ -1059,7 +1112,15 @@ def _bwd_dq_inner(dq, q, do, lse2, di, kb, vb, sks, svs, start, end, rows, off, 
         else:
             v = tl.load(vb + cols[:, None] * svs + offs_dv[None, :],
                         mask=(cols[:, None] < seqlen_k) & (offs_dv[None, :] < D_V), other=0.0)
+        if BLOCK_DQ2 > 0:
+            k2 = tl.load(kb + cols[:, None] * sks + offs_dq2[None, :],
+                         mask=(cols[:, None] < seqlen_k) & (offs_dq2[None, :] < D_Q), other=0.0)
+        if BLOCK_DV2 > 0:
+            v2 = tl.load(vb + cols[:, None] * svs + offs_dv2[None, :],
+                         mask=(cols[:, None] < seqlen_k) & (offs_dv2[None, :] < D_V), other=0.0)
         qk = tl.dot(q, tl.trans(k))
+        if BLOCK_DQ2 > 0:
+            qk = tl.dot(q2, tl.trans(k2), qk)
         if HAS_SOFTCAP:
             t = _tanh(qk * cap_in)
             p = tl.math.exp2(t * cap_out - lse2[:, None])
@@ -1075,14 +1136,19 @@ def _bwd_dq_inner(dq, q, do, lse2, di, kb, vb, sks, svs, start, end, rows, off, 
         if not EVEN_M:
             p = tl.where(rows[:, None] < seqlen_q, p, 0.0)
         dp = tl.dot(do, tl.trans(v))
+        if BLOCK_DV2 > 0:
+            dp = tl.dot(do2, tl.trans(v2), dp)
         if HAS_DROPOUT:
             keep = _dropout_keep(rows[:, None], cols[None, :], bh_id, k0, k1, off_lo, thresh)
             dp = tl.where(keep, dp * drop_scale, 0.0)
         ds = p * (dp - di[:, None])
         if HAS_SOFTCAP:
             ds = ds * (1.0 - t * t)
-        dq = tl.dot(ds.to(dtype), k, dq)
-    return dq
+        ds16 = ds.to(dtype)
+        dq = tl.dot(ds16, k, dq)
+        if BLOCK_DQ2 > 0:
+            dq2 = tl.dot(ds16, k2, dq2)
+    return dq, dq2
 
 
 @triton.jit(do_not_specialize=_PHILOX_ARGS)
@@ -1098,9 +1164,10 @@ def fmha_bwd_dq_kernel(
     MASK_MODE: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, BIAS_MODE: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    HAS_SEQLENS: tl.constexpr = False,
+    HAS_SEQLENS: tl.constexpr = False, BLOCK_DQ2: tl.constexpr = 0, BLOCK_DV2: tl.constexpr = 0,
 ):
-    """Deterministic dQ pass: one program per query block, loops over keys.
+    """Deterministic dQ pass: one program per query block, loops over keys.  BLOCK_DQ2 / BLOCK_DV2:
+    head-dim chunks (see fmha_fwd_kernel).
     With a causal (right-bounded) mask the heaviest (last) query blocks go first.
     IS_VARLEN / BIAS_MODE / HAS_DROPOUT as in fmha_bwd_dq_dk_dv_kernel."""
     pid_m = tl.program_id(0)
@@ -1148,6 +1215,24 @@ def fmha_bwd_dq_kernel(
     lse2 = lse2 * 1.4426950408889634
     lse2 = tl.where(lse2 == float("-inf"), float("inf"), lse2)
     if IS_VARLEN:
+        qrow = Q + q_start * sqs + h * sqh
+        dorow = DO + q_start * sdos + h * sdoh
+    else:
+        qrow = Q + b * sqb + h * sqh
+        dorow = DO + b * sdob + h * sdoh
+    q2 = 0.0
+    do2 = 0.0
+    dq2 = 0.0
+    if BLOCK_DQ2 > 0:
+        offs_dq2 = BLOCK_DQ + tl.arange(0, BLOCK_DQ2)
+        qmask2 = (rows[:, None] < seqlen_q) & (offs_dq2[None, :] < D_Q)
+        q2 = tl.load(qrow + rows[:, None] * sqs + offs_dq2[None, :], mask=qmask2, other=0.0)
+        dq2 = tl.zeros([BLOCK_M, BLOCK_DQ2], dtype=tl.float32)
+    if BLOCK_DV2 > 0:
+        offs_dv2 = BLOCK_DV + tl.arange(0, BLOCK_DV2)
+        do2 = tl.load(dorow + rows[:, None] * sdos + offs_dv2[None, :],
+                      mask=(rows[:, None] < seqlen_q) & (offs_dv2[None, :] < D_V), other=0.0)
+    if IS_VARLEN:
         di = tl.load(DELTA + h * slh + q_start + rows, mask=rows < seqlen_q, other=0.0)
         kb = K + k_start * sks + hk * skh
         vb = V + k_start * svs + hk * svh
@@ -1161,28 +1246,33 @@ def fmha_bwd_dq_kernel(
     dq = tl.zeros([BLOCK_M, BLOCK_DQ], dtype=tl.float32)
     lo, full_lo, full_hi, hi = _kv_range(m0, off, left, right, seqlen_k, BLOCK_M, BLOCK_N, MASK_MODE)
     if MASK_MODE & 2:
-        dq = _bwd_dq_inner(dq, q, do, lse2, di, kb, vb, sks, svs, lo, full_lo, rows, off, left, right, seqlen_k,
+        dq, dq2 = _bwd_dq_inner(dq, q, do, lse2, di, kb, vb, sks, svs, lo, full_lo, rows, off, left, right, seqlen_k,
                            scale2, cap_in, cap_out,
                            biasb, sbq, sbk, slope, aoff, seqlen_q, bh_id, seed_lo, seed_hi, off_lo, drop_thresh,
                            drop_scale, D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_N,
-                           True, MASK_MODE, HAS_SOFTCAP, EVEN_N, BIAS_MODE, HAS_DROPOUT, EVEN_M)
-    dq = _bwd_dq_inner(dq, q, do, lse2, di, kb, vb, sks, svs, full_lo, full_hi, rows, off, left, right, seqlen_k,
+                           True, MASK_MODE, HAS_SOFTCAP, EVEN_N, BIAS_MODE, HAS_DROPOUT, EVEN_M,
+                           dq2, q2, do2, BLOCK_DQ2, BLOCK_DV2)
+    dq, dq2 = _bwd_dq_inner(dq, q, do, lse2, di, kb, vb, sks, svs, full_lo, full_hi, rows, off, left, right, seqlen_k,
                        scale2, cap_in, cap_out,
                        biasb, sbq, sbk, slope, aoff, seqlen_q, bh_id, seed_lo, seed_hi, off_lo, drop_thresh,
                        drop_scale, D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_N,
-                       False, MASK_MODE, HAS_SOFTCAP, EVEN_N, BIAS_MODE, HAS_DROPOUT, EVEN_M)
-    dq = _bwd_dq_inner(dq, q, do, lse2, di, kb, vb, sks, svs, full_hi, hi, rows, off, left, right, seqlen_k,
+                       False, MASK_MODE, HAS_SOFTCAP, EVEN_N, BIAS_MODE, HAS_DROPOUT, EVEN_M,
+                           dq2, q2, do2, BLOCK_DQ2, BLOCK_DV2)
+    dq, dq2 = _bwd_dq_inner(dq, q, do, lse2, di, kb, vb, sks, svs, full_hi, hi, rows, off, left, right, seqlen_k,
                        scale2, cap_in, cap_out,
                        biasb, sbq, sbk, slope, aoff, seqlen_q, bh_id, seed_lo, seed_hi, off_lo, drop_thresh,
                        drop_scale, D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_N,
-                       True, MASK_MODE, HAS_SOFTCAP, EVEN_N, BIAS_MODE, HAS_DROPOUT, EVEN_M)
+                       True, MASK_MODE, HAS_SOFTCAP, EVEN_N, BIAS_MODE, HAS_DROPOUT, EVEN_M,
+                           dq2, q2, do2, BLOCK_DQ2, BLOCK_DV2)
     dq = dq * sm_scale
     if IS_VARLEN:
-        tl.store(DQ + q_start * sdqs + h * sdqh + rows[:, None] * sdqs + offs_dq[None, :],
-                 dq.to(DQ.dtype.element_ty), mask=qmask)
+        dqrow = DQ + q_start * sdqs + h * sdqh
     else:
-        tl.store(DQ + b * sdqb + h * sdqh + rows[:, None] * sdqs + offs_dq[None, :],
-                 dq.to(DQ.dtype.element_ty), mask=qmask)
+        dqrow = DQ + b * sdqb + h * sdqh
+    tl.store(dqrow + rows[:, None] * sdqs + offs_dq[None, :], dq.to(DQ.dtype.element_ty), mask=qmask)
+    if BLOCK_DQ2 > 0:
+        dq2 = dq2 * sm_scale
+        tl.store(dqrow + rows[:, None] * sdqs + offs_dq2[None, :], dq2.to(DQ.dtype.element_ty), mask=qmask2)
 
 
 @triton.jit

@@ -166,9 +166,12 @@ def legal(key, arch) -> Optional[str]:
     if a.dchunk:
         from .configs import valid_dchunk
 
-        if s.family != "fwd" or a.variant not in DCHUNK_VARIANTS or s.dtype == "fp8":
+        fwd_ok = s.family == "fwd" and a.variant in DCHUNK_VARIANTS
+        bwd_ok = s.family == "bwd_dq_dk_dv" and a.variant in ("ptr", KVSPLIT) and not a.dq.startswith("gluon")
+        if not (fwd_ok or bwd_ok) or s.dtype == "fp8":
             return (f"head-dim chunks (_c{a.dchunk}) belong to fp16/bf16 fwd keys of the variants "
-                    f"{'/'.join(DCHUNK_VARIANTS)}")
+                    f"{'/'.join(DCHUNK_VARIANTS)} and to bwd_dq_dk_dv keys of the Triton kernels (ptr / {KVSPLIT}, "
+                    "Triton or atomic dQ)")
         if not valid_dchunk(a.dchunk) or a.dchunk >= max(s.hdim_q, s.hdim_v):
             return (f"head-dim chunk {a.dchunk} must be a power of two from 16 below the head dims "
                     f"{s.hdim_q}/{s.hdim_v}")
@@ -322,6 +325,7 @@ def _bwd_algs(hq, hv, arch, tag, elem_bytes, prune=True) -> list:
     pairs = [T.default_bwd_configs(hq, hv, tag, causal=c) for c in (False, True)]
     kv = [(c.BLOCK_M, c.BLOCK_N, c.num_warps, c.num_stages, c.variant if c.variant == KVSPLIT else "ptr")
           for c, _ in pairs]
+    chunk = {k: c.DCHUNK for k, (c, _) in zip(kv, pairs) if elem_bytes == 2}   # the tables' head-dim chunks
     dqs = [DQ_ATOMIC] + [dq_triton(q) for _, q in pairs]
     if _hopper(arch) and elem_bytes == 2 and (hq, hv) in GLUON_HDIMS:
         d = hq
@@ -335,7 +339,8 @@ def _bwd_algs(hq, hv, arch, tag, elem_bytes, prune=True) -> list:
     kv = [(*k, 0) for k in kv] + [(*k, n) for k in kv if k[4] in ("ptr", KVSPLIT) for n in GSPLITS]
     for *k, gs in kv:
         for dq in dqs:
-            a = TritonFmhaAlg(*k, dq=dq, gsplit=gs)
+            c = chunk.get(tuple(k), 0) if not dq.startswith("gluon") else 0
+            a = TritonFmhaAlg(*k, dq=dq, gsplit=gs, dchunk=c)
             # the tables' Triton tiles run on every arch (they did before the estimate existed)
             fits = k[4] in ("ptr", KVSPLIT) or not prune or _smem("bwd_dq_dk_dv", hq, hv, a, elem_bytes) <= arch.lds_bytes
             if a not in out and fits and legal_pair(a):
@@ -722,6 +727,8 @@ def make_launcher(key, capture: Optional[list] = None):
         return {"d": d}
 
     dq_choice = parse_dq(alg.dq) if fam == "bwd_dq_dk_dv" else None
+    if dq_choice is not None and dq_choice[0] == "triton" and alg.dchunk:   # the key's chunk runs in both passes
+        dq_choice = ("triton", dq_choice[1].with_(DCHUNK=alg.dchunk))
     kv_choice = (("gluon", (alg.block_m, alg.num_stages, alg.variant.endswith("_pers")))
                  if alg.variant in GLUON_BWD_VARIANTS else ("triton", cfg))
 

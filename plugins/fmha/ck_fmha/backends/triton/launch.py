@@ -1043,6 +1043,7 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
                                      "'kvsplit' (dK and dV in separate programs)")
         split = cfg_kv.variant == "kvsplit"
         gsplit = max(1, min(int(cfg_kv.GSPLIT or 1), group))
+        (kbdq, kbdq2), (kbdv, kbdv2) = _chunks(cfg_kv, dq_, dv_)
         if gsplit > 1:   # fp32 partial sums per split of the group, added up below (fixed order)
             dk_out, dv_out = dk, dv
             dk = torch.zeros((gsplit,) + tuple(k.shape), device=k.device, dtype=torch.float32)
@@ -1060,11 +1061,12 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
             hk, group, sq, sk, sm_scale, scale2, cap_in, cap_out, left, right,
             cu_q, cu_k, ba, aa, dbias_full, sbb, sbh, sbq, sbk, salb, sdbb, sdbh, sdbq, slh,
             k0, k1, off_lo, thresh, dscale, lens_arg, gsplit, sdkg, sdvg,
-            D_Q=dq_, D_V=dv_, BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=cfg_kv.BLOCK_M, BLOCK_N=cfg_kv.BLOCK_N,
+            D_Q=dq_, D_V=dv_, BLOCK_DQ=kbdq, BLOCK_DV=kbdv, BLOCK_M=cfg_kv.BLOCK_M, BLOCK_N=cfg_kv.BLOCK_N,
             MASK_MODE=mode, BOTTOM_RIGHT=br, HAS_SOFTCAP=has_sc, ATOMIC_DQ=atomic,
             EVEN_M=not varlen and sq % cfg_kv.BLOCK_M == 0, EVEN_N=not varlen and sk % cfg_kv.BLOCK_N == 0,
             IS_VARLEN=varlen, BIAS_MODE=bmode, HAS_DROPOUT=has_do, STORE_DBIAS=bool(return_dbias),
             HAS_SEQLENS=seqlens_k is not None, **({"KV_SPLIT": True} if split else {}),
+            **({"BLOCK_DQ2": kbdq2, "BLOCK_DV2": kbdv2} if cfg_kv.DCHUNK else {}),
             num_warps=cfg_kv.num_warps, num_stages=cfg_kv.num_stages)
         if gsplit > 1:
             dk, dv = dk_out.copy_(dk.sum(0)), dv_out.copy_(dv.sum(0))
@@ -1093,6 +1095,7 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
                           _via=_via)
         return (dq, None, dk, dv, dbias) if return_dbias else (dq, None, dk, dv)
     cfg_q = dq_choice[1]
+    (bdq, bdq2), (bdv, bdv2) = _chunks(cfg_q, dq_, dv_)
     dq = torch.empty_like(q)
     sdqb, sdqh, sdqs = _bhs_strides(dq, layout)
     _kernel(_via, K.fmha_bwd_dq_kernel, (triton.cdiv(sq, cfg_q.BLOCK_M), b * hq))(
@@ -1105,9 +1108,17 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
         MASK_MODE=mode, BOTTOM_RIGHT=br, HAS_SOFTCAP=has_sc,
         EVEN_M=not varlen and sq % cfg_q.BLOCK_M == 0, EVEN_N=not varlen and sk % cfg_q.BLOCK_N == 0,
         IS_VARLEN=varlen, BIAS_MODE=bmode, HAS_DROPOUT=has_do, HAS_SEQLENS=seqlens_k is not None,
+        **({"BLOCK_DQ2": bdq2, "BLOCK_DV2": bdv2} if cfg_q.DCHUNK else {}),
         num_warps=cfg_q.num_warps, num_stages=cfg_q.num_stages)
     _poison(bad, dq)
     return (dq, None, dk, dv, dbias) if return_dbias else (dq, None, dk, dv)
+
+
+def _chunks(cfg, dq: int, dv: int):
+    """((BLOCK_DQ, BLOCK_DQ2), (BLOCK_DV, BLOCK_DV2)) of a Triton config's head-dim chunk (``DCHUNK``)."""
+    if cfg.DCHUNK and not valid_dchunk(cfg.DCHUNK):
+        raise InvalidProblem(f"config {cfg}: DCHUNK {cfg.DCHUNK} is not 0 or a power of two in 16..256")
+    return hdim_blocks(dq, cfg.DCHUNK), hdim_blocks(dv, cfg.DCHUNK)
 
 
 def bwd_convert_dq(dqa, q_like, *, layout="bhsd", cu_seqlens_q=None, max_seqlen_q=None, _trusted_varlen=False,
