@@ -1046,8 +1046,11 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
         (kbdq, kbdq2), (kbdv, kbdv2) = _chunks(cfg_kv, dq_, dv_)
         if gsplit > 1:   # fp32 partial sums per split of the group, added up below (fixed order)
             dk_out, dv_out = dk, dv
-            dk = torch.zeros((gsplit,) + tuple(k.shape), device=k.device, dtype=torch.float32)
-            dv = torch.zeros((gsplit,) + tuple(v.shape), device=v.device, dtype=torch.float32)
+            # every program writes its keys' partials (zeros for an empty share of the group); keys past a
+            # logical length (seqlens_k) are no program's and stay zero
+            alloc = torch.zeros if seqlens_k is not None else torch.empty
+            dk = alloc((gsplit,) + tuple(k.shape), device=k.device, dtype=torch.float32)
+            dv = alloc((gsplit,) + tuple(v.shape), device=v.device, dtype=torch.float32)
             sdkb, sdkh, sdks = _bhs_strides(dk[0], layout)
             sdvb, sdvh, sdvs = _bhs_strides(dv[0], layout)
             sdkg, sdvg = dk.stride(0), dv.stride(0)
