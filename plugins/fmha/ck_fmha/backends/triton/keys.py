@@ -934,6 +934,7 @@ def _candidates(key, batch):
     causal_br = dict(mask="bottom_right", window_left=-1, window_right=0)   # decode's causal mask
     if fam in ("fwd", "bwd_dot_do_o", "bwd_dq_dk_dv", "bwd_convert_dq"):
         b, h, n = batch or _JIT_BATCH, _JIT_HEADS, _JIT_SEQ
+        hk = h // key.algorithm.gsplit if key.algorithm.gsplit else h   # a group split needs a GQA group that size
 
         def v_fwd():   # fp8 on an arch that reads V key-contiguous: as ops.v_key_major lays it out
             if s.dtype == "fp8" and fp8_v_trans(_arch_spec(key.arch)):
@@ -942,14 +943,14 @@ def _candidates(key, batch):
 
         tensors = {"fwd": lambda: dict(q=meta(b, h, n, s.hdim_q), k=meta(b, h, n, s.hdim_q), v=v_fwd()),
                    "bwd_dot_do_o": lambda: dict(o=meta(b, h, n, s.hdim_v), do=meta(b, h, n, s.hdim_v)),
-                   "bwd_dq_dk_dv": lambda: dict(q=meta(b, h, n, s.hdim_q), k=meta(b, h, n, s.hdim_q),
-                                                v=meta(b, h, n, s.hdim_v), do=meta(b, h, n, s.hdim_v),
+                   "bwd_dq_dk_dv": lambda: dict(q=meta(b, h, n, s.hdim_q), k=meta(b, hk, n, s.hdim_q),
+                                                v=meta(b, hk, n, s.hdim_v), do=meta(b, h, n, s.hdim_v),
                                                 lse=meta(b, h, n, dt=f32), d=meta(b, h, n, dt=f32)),
                    "bwd_convert_dq": lambda: dict(q=meta(b, h, n, s.hdim_q),
                                                   dq_acc=meta(b, h, n, s.hdim_q, dt=f32))}[fam]
         masks = ("none",) if fam in ("bwd_dot_do_o", "bwd_convert_dq") else ("none", "top_left")   # no mask there
-        return [(FmhaProblem(family=fam, batch=b, nhead_q=h, seqlen_q=n, seqlen_k=n, mask=m, lse=fam == "fwd",
-                             **dims), tensors) for m in masks]
+        return [(FmhaProblem(family=fam, batch=b, nhead_q=h, nhead_k=hk, seqlen_q=n, seqlen_k=n, mask=m,
+                             lse=fam == "fwd", **dims), tensors) for m in masks]
     b, hq, hk, sk, ps = batch or _DEC_BATCH, _DEC_HQ, _DEC_HK, _DEC_SK, _DEC_PAGE
     dec = dict(batch=b, nhead_q=hq, nhead_k=hk, seqlen_q=1, seqlen_k=sk, **dims)
     pages = b * (sk // ps)
