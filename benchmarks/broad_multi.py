@@ -1,12 +1,14 @@
 """Run the broad suites on every visible GPU at once, then merge each suite's shards.
 
     python benchmarks/broad_multi.py --jobs fmha:6,conv:3,gemm:1 --deadline-s 540 --out-dir $OUT
+    python benchmarks/broad_multi.py --jobs "" --cmd "python3 benchmarks/x_probe.py --out $OUT/x.json" ...
 
 Each job ``OP:N`` is split into N shards (``python -m ck_OP.bench_broad --shard I/N``); one worker
 per GPU takes the next shard (largest suites first) and runs it alone on its GPU
 (``CUDA_VISIBLE_DEVICES``), so timings never share a device.  A shard gets the time left before the
 deadline as its ``--budget``: cases past it are listed under ``skipped_for_time``, never dropped
-silently.  The merged ``OP_broad.json`` has the rows in the suite's case order and its summary
+silently.  ``--cmd`` adds other commands (probes, collections), each alone on a GPU like a shard
+(started first, in the order given; killed at the deadline).  The merged ``OP_broad.json`` has the rows in the suite's case order and its summary
 recomputed over all shards; ``broad_multi.log`` holds every shard's output.
 """
 from __future__ import annotations
@@ -54,12 +56,13 @@ def main() -> int:
     ap.add_argument("--jobs", default="fmha:6,conv:3,gemm:1", help="OP:SHARDS,... (ops: fmha, conv, gemm)")
     ap.add_argument("--deadline-s", type=float, default=540.0, help="seconds from now when every shard stops")
     ap.add_argument("--out-dir", default="benchmarks/results")
+    ap.add_argument("--cmd", action="append", default=[], help="a shell command to run alone on one GPU")
     a = ap.parse_args()
     t0 = time.time()
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    jobs: list[tuple[str, int, int]] = []
-    for spec in a.jobs.split(","):
+    jobs: list[tuple] = [("cmd", c, 0) for c in a.cmd]
+    for spec in filter(None, a.jobs.split(",")):
         op, _, n = spec.partition(":")
         jobs += [(op, i, int(n or 1)) for i in range(int(n or 1))]
     todo: queue.Queue = queue.Queue()
@@ -77,9 +80,23 @@ def main() -> int:
             left = a.deadline_s - (time.time() - t0) - 25   # leave time to write and merge
             if left < 20:
                 continue
+            env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpu, PYTHONUNBUFFERED="1")
+            if op == "cmd":
+                t = time.time()
+                try:
+                    p = subprocess.run(i, shell=True, env=env, capture_output=True, text=True, timeout=left + 20,
+                                       check=False)
+                    rc, out, err = p.returncode, p.stdout, p.stderr
+                except subprocess.TimeoutExpired as e:
+                    rc, out, err = "timeout", str(e.stdout or "")[-20000:], str(e.stderr or "")[-3000:]
+                with log_lock:
+                    logf.write(f"=== cmd on gpu {gpu} rc {rc} {time.time() - t:.0f}s: {i}\n{out[-20000:]}\n"
+                               f"{err[-3000:]}\n")
+                    logf.flush()
+                    print(f"cmd on gpu {gpu}: rc {rc} in {time.time() - t:.0f}s: {i[:100]}", flush=True)
+                continue
             cmd = [sys.executable, "-m", f"ck_{op}.bench_broad", "--shard", f"{i}/{n}", "--budget", f"{left:.0f}",
                    "--out", str(out / f"{op}_shard{i}of{n}.json")] + EXTRA.get(op, [])
-            env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpu, PYTHONUNBUFFERED="1")
             t = time.time()
             p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=left + 60, check=False)
             with log_lock:
@@ -94,7 +111,7 @@ def main() -> int:
     for t in threads:
         t.join()
     command = "python benchmarks/broad_multi.py " + " ".join(sys.argv[1:])
-    for op in dict.fromkeys(j[0] for j in jobs):
+    for op in dict.fromkeys(j[0] for j in jobs if j[0] != "cmd"):
         parts = []
         for f in sorted(out.glob(f"{op}_shard*of*.json")):
             parts.append(json.loads(f.read_text()))

@@ -248,6 +248,14 @@ def overhead(calls: int, profile_dir=None, only=None) -> dict:
                                                              lambda: F.conv2d(d(x), d(w), padding=1)),
             "fmha.attention fwd 1x8x128x64 fp16": (lambda: ck_fmha.attention(q, k, v),
                                                    lambda: F.scaled_dot_product_attention(d(q), d(k), d(v)))}
+    sdpa = F.scaled_dot_product_attention
+    warm_checks = {"gemm.matmul 256^3 fp16": (ck_gemm.matmul, lambda a, b: a @ b, (a, b)),
+                   "gemm.matmul 256^3 fp16, B transposed view": (ck_gemm.matmul, lambda a, b: a @ b, (a, b.t())),
+                   "conv.conv2d 2x32x16x16 k3 fp16": (lambda x, w: ck_conv.conv2d(x, w, padding=1),
+                                                      lambda x, w: F.conv2d(x, w, padding=1), (x, w)),
+                   "conv.conv2d 2x32x16x16 k3 fp16 channels_last": (lambda x, w: ck_conv.conv2d(x, w, padding=1),
+                                                                    lambda x, w: F.conv2d(x, w, padding=1), (xl, wl)),
+                   "fmha.attention fwd 1x8x128x64 fp16": (ck_fmha.attention, sdpa, (q, k, v))}
     rows = {}
     for name, call in cases.items():
         if only and not any(s in name for s in only):
@@ -261,6 +269,16 @@ def overhead(calls: int, profile_dir=None, only=None) -> dict:
                     raise AssertionError(f"relative error {row['rel_err']:.3g} against float64")
             for _ in range(3):
                 call()
+            if name in warm_checks:   # the warm path (recorded replays) on fresh inputs of the same signature
+                api, ref_fn, like = warm_checks[name]
+                errs = []
+                for _ in range(3):
+                    ins = [torch.randn_like(t) for t in like]   # same shapes, strides, dtype, device
+                    want = ref_fn(*[t.double() for t in ins])
+                    errs.append(float((api(*ins).double() - want).norm() / want.norm()))
+                row["rel_err_warm"] = max(errs)
+                if not row["rel_err_warm"] < 1e-2:
+                    raise AssertionError(f"warm call: relative error {row['rel_err_warm']:.3g} against float64")
             launches = _record_launches(call)
             row["launches"] = [getattr(f, "names", None) and "replay" or n or getattr(f, "__name__", "?")
                                for n, f, *_ in launches]

@@ -65,6 +65,33 @@ def section(name: str, data: dict) -> str:
     return "\n".join(parts)
 
 
+#: per-row columns of the broad suites' tables (those present are shown)
+BROAD_COLS = {"fmha": ("group", "case", "split", "ratio_cudnn_graph", "ratio_cudnn_eager", "ratio_flash_graph",
+                       "ratio_flash_eager", "ratio_efficient_graph", "ours_tflops", "status"),
+              "conv": ("case", "split", "ratio_graph", "ratio_eager", "ours", "peer", "status"),
+              "gemm": ("case", "split", "ratio_graph", "ratio_eager", "gflop", "ours", "peer", "status")}
+
+
+def broad_section(op: str, data: dict) -> str:
+    """A broad suite's run (``benchmarks/results/<op>_broad.json``): its summary per group and split,
+    then every row (ratios: ours over the peer's time, > 1 = faster than the peer)."""
+    parts = [f"## {op} broad suite (`{op}_broad.json`)\n", f"- date: {data.get('date')}",
+             f"- device: {data.get('device')}", f"- command: `{data.get('command')}`",
+             f"- rows: {len(data.get('rows', []))}; skipped for time: {len(data.get('skipped_for_time', []))}"]
+    if data.get("note"):
+        parts.append(f"- note: {data['note']}")
+    parts.append("")
+    summ = [dict(group=k, **v) for k, v in (data.get("summary") or {}).items()]
+    parts.append(table(summ, list(dict.fromkeys(k for r in summ for k in r))))
+    rows = data.get("rows", [])
+    cols = [c for c in BROAD_COLS.get(op, ()) if any(c in r for r in rows)]
+    if rows and cols:
+        parts.append(f"<details><summary>{len(rows)} rows</summary>\n")
+        parts.append(table(rows, cols))
+        parts.append("</details>\n")
+    return "\n".join(parts)
+
+
 def main() -> int:
     files = sorted((ROOT / "results").glob("*.json"),
                    key=lambda p: (ORDER.index(p.stem) if p.stem in ORDER else 99, p.stem))
@@ -77,6 +104,11 @@ def main() -> int:
         if data.get("kind") == "table":   # a plain measurement, no peer
             body.append(f"## {data['title']}\n\n- date: {data['date']}\n- device: {data['device']}\n"
                         f"- command: `{data['command']}`\n\n" + table(data["rows"], list(data["rows"][0])))
+            shown += 1
+            continue
+        op = f.stem[:-len("_broad")] if f.stem.endswith("_broad") else None
+        if op in BROAD_COLS and data.get("suite") == "broad" and not data.get("partial"):
+            body.append(broad_section(op, data))
             shown += 1
             continue
         if "_raw" in f.stem or "geomean_by_group" not in data:  # raw script outputs: kept, not shown

@@ -37,6 +37,7 @@ class Dispatcher:
         self._impls: dict[Any, Any] = {}
         self._selected: dict[Any, Any] = {}
         self._rankers: dict[str, Any] = {}
+        self._selecting, self._tuned_for = False, None   # see _tuned_name
         self._observed = bool(self.mgr.hook.ck_after_run.get_hookimpls())
         self._sample = None  # one tiny tensor of the backend: where its tensors live, their type
         if check_backend:
@@ -60,7 +61,7 @@ class Dispatcher:
                 f"(Registry.from_enumeration or `ck list`), or use another arch/backend"
             )
         if self.tuning is not None:
-            best = self.tuning.lookup(self.arch.name, self.backend, problem)
+            best = self._tuned_name(problem)
             if best:
                 for k in cands:
                     if k.name == best:
@@ -117,7 +118,7 @@ class Dispatcher:
         candidate (the cost of a new problem); None sends selection to :meth:`rank`."""
         op = self.mgr.op(problem.op)
         if self.tuning is not None:
-            best = self.tuning.lookup(self.arch.name, self.backend, problem)
+            best = self._tuned_name(problem)
             if best:
                 try:
                     key = self.registry.get(best)
@@ -141,6 +142,17 @@ class Dispatcher:
         self._rule, self._considered = f"{op.name} heuristic", f"{len(short)} shortlisted candidates"
         return op.heuristic(problem, short, self.arch)[0] if op.heuristic is not None else short[0]
 
+    def _tuned_name(self, problem):
+        """The tuning store's kernel name for ``problem`` (or None); inside one :meth:`select`,
+        :meth:`_quick` and :meth:`rank` ask once."""
+        memo = self._tuned_for
+        if memo is not None and memo[0] is problem:
+            return memo[1]
+        best = self.tuning.lookup(self.arch.name, self.backend, problem)
+        if self._selecting:
+            self._tuned_for = (problem, best)
+        return best
+
     def ranker(self, op):
         """The learned ranker for ``op`` (an OpSpec) on this arch and backend, or None; looked up once."""
         try:
@@ -154,15 +166,21 @@ class Dispatcher:
             return self._selected[problem]
         except KeyError:
             pass
-        key = self._quick(problem)
-        if key is None:
-            ranked = self.rank(problem)
-            self._considered = f"{len(ranked)} candidates"
-            if self._rule != "tuning table" and knobs.get("CK_AUTOTUNE"):
-                ranked = autotune.first_call(self, problem, ranked)
-                self._rule += ", then autotuned"
-            key = ranked[0]
-            log.debug("for %s; runners-up: %s", problem, ", ".join(k.name for k in ranked[1:4]) or "none")
+        self._selecting = True
+        try:
+            key = self._quick(problem)
+            if key is None:
+                ranked = self.rank(problem)
+                self._tuned_for = None
+                self._considered = f"{len(ranked)} candidates"
+                if self._rule != "tuning table" and knobs.get("CK_AUTOTUNE"):
+                    ranked = autotune.first_call(self, problem, ranked)
+                    self._rule += ", then autotuned"
+                key = ranked[0]
+                if log.isEnabledFor(logging.DEBUG):
+                    log.debug("for %s; runners-up: %s", problem, ", ".join(k.name for k in ranked[1:4]) or "none")
+        finally:
+            self._selecting, self._tuned_for = False, None
         self._selected[problem] = key
         log.info("selected %s by %s from %s (registry %s)", key.name, getattr(self, "_rule", "?"),
                  getattr(self, "_considered", "?"), self.registry.name)

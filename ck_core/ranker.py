@@ -98,15 +98,64 @@ class Model:
                 self._feat = np.where(self._leaf, 0, self.feature)
                 # children interleaved: node 2i + 1 - (x <= threshold) picks left or right in one gather
                 self._children = np.column_stack([self.left, self.right]).ravel()
+                self._layout = self._sibling_layout()
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, ConfigError):
                 raise
             raise bad(f"malformed model ({type(exc).__name__}: {str(exc)[:120]})") from None
 
+    def _sibling_layout(self):
+        """The trees renumbered level by level so that a node's right child is its left child + 1:
+        one step of the walk is then ``node = left[node] + (x > threshold[node])``.
+
+        Nodes a walk reaches at its last step, and leaves, get an infinite threshold and point at
+        themselves, so the walk ends on the node (and value) :meth:`_walk` ends on.  Returns
+        (feature, threshold, left, value, roots) or None (a leaf that does not point at itself, or a
+        layout much larger than the model: shared subtrees): :meth:`_walk` evaluates those."""
+        n = len(self.feature)
+        if not (np.all(self.left[self._leaf] == np.flatnonzero(self._leaf))
+                and np.all(self.right[self._leaf] == np.flatnonzero(self._leaf))):
+            return None
+        feats, thrs, lefts, olds = [], [], [], []
+        cur, base = self.roots, 0
+        for level in range(self.depth + 1):
+            inner = ~self._leaf[cur] if level < self.depth else np.zeros(len(cur), bool)
+            nxt = np.column_stack([self.left[cur[inner]], self.right[cur[inner]]]).ravel()
+            start = base + len(cur)
+            ids = np.arange(base, start)
+            left = ids.copy()
+            left[inner] = start + 2 * np.arange(int(inner.sum()))
+            feats.append(np.where(inner, self._feat[cur], 0))
+            thrs.append(np.where(inner, self.threshold[cur], np.inf))
+            lefts.append(left)
+            olds.append(cur)
+            base, cur = start, nxt
+            if base + len(cur) > 4 * n + 4096:
+                return None
+            if not len(cur):
+                break
+        old = np.concatenate(olds)
+        return (np.concatenate(feats).astype(np.intp), np.concatenate(thrs), np.concatenate(lefts).astype(np.intp),
+                self.value[old], np.arange(len(self.roots), dtype=np.intp))
+
     def predict(self, X: np.ndarray) -> np.ndarray:
         X = np.asarray(X, dtype=np.float64)
         if self.kind == "linear":
             return X @ self.coef + self.intercept
+        if self._layout is None:
+            return self._walk(X)
+        feat, thr, left, value, roots = self._layout
+        n, nf = X.shape
+        # every (tree, row) pair walks at once: one flat gather per level
+        flat = np.ascontiguousarray(X).ravel()
+        node = np.repeat(roots, n)
+        offset = np.tile(np.arange(n) * nf, len(roots))
+        for _ in range(self.depth):
+            node = left[node] + (flat[offset + feat[node]] > thr[node])
+        return value[node].reshape(len(roots), n).sum(axis=0) + self.base
+
+    def _walk(self, X: np.ndarray) -> np.ndarray:
+        """:meth:`predict` over the trees' own node arrays (any model the format admits)."""
         n, nf = X.shape
         # every (tree, row) pair walks at once: one flat gather per level
         flat = np.ascontiguousarray(X).ravel()
@@ -126,7 +175,8 @@ def matrix(columns: dict, names: Sequence[str], where: str) -> np.ndarray:
     if missing:
         raise ConfigError(f"{where} needs feature(s) {', '.join(missing[:5])} that the op's features() no "
                           f"longer computes; retrain the ranker (python -m ck_core.select_train)")
-    return np.column_stack([np.asarray(columns[n], dtype=np.float64) for n in names])
+    # one (features x candidates) array from the columns, then candidates x features
+    return np.ascontiguousarray(np.array([columns[n] for n in names], dtype=np.float64).T)
 
 
 @functools.lru_cache(maxsize=64)

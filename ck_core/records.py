@@ -94,6 +94,10 @@ class OpSpec:
     * ``from_fields(signature: dict, algorithm: dict) -> (signature, algorithm)`` for JSON;
     * ``supports(key, problem) -> str | None``: None when the kernel computes the problem,
       else the reason it cannot;
+    * ``supports_many(keys: tuple, problem) -> sequence of bool`` (optional): for every key
+      at once, whether ``supports(key, problem)`` is None (the Registry's candidate filter of
+      a new problem; the same tuple object comes back for one registry, so per-key columns can
+      be cached by identity); it must agree with ``supports`` key for key;
     * ``plan(problem) -> list[(stage_name, sub_problem)]``: one entry for single-stage ops;
     * ``reference(problem, tensors: dict) -> dict`` in float64;
     * ``make_inputs(problem, rng) -> dict`` of fresh random numpy inputs;
@@ -148,6 +152,7 @@ class OpSpec:
     working_bytes: Optional[Callable] = None
     heuristic: Optional[Callable] = None
     features: Optional[Callable] = None
+    supports_many: Optional[Callable] = None
     families: tuple = attrs.field(converter=_tuple, default=())
     options: Mapping[str, str] = attrs.field(factory=dict)
     api_options: Mapping[str, Any] = attrs.field(factory=dict)

@@ -88,6 +88,8 @@ class Registry:
         #: keys of the spaces taken out with :meth:`remove`
         self._removed: set = set()
         self._by_name: Optional[dict[str, KernelKey]] = None
+        #: (op, backend) -> the listed keys of that op and backend, in registry order (see candidates)
+        self._plain: dict = {}
         self.build_info: dict[str, dict] = {}
         for s in spaces:
             self.add_space(s)
@@ -124,9 +126,13 @@ class Registry:
                               f"of arch {self.arch}; use one registry per arch")
         self._spaces.append(space)
         self._by_name = None
+        self._plain.clear()
 
     def _in_spaces(self, key) -> bool:
-        return any(key in s for s in self._spaces)
+        for s in self._spaces:   # a loop, not any(): selection asks per shortlisted key
+            if key in s:
+                return True
+        return False
 
     def add(self, key: KernelKey) -> None:
         if not isinstance(key, KernelKey):
@@ -139,6 +145,7 @@ class Registry:
             return
         self._keys[key] = None
         self._by_name = None
+        self._plain.clear()
 
     def extend(self, keys: Iterable[KernelKey]) -> None:
         for k in keys:
@@ -149,6 +156,7 @@ class Registry:
         if self._spaces and self._in_spaces(key):
             self._removed.add(key)
         self._by_name = None
+        self._plain.clear()
 
     def __len__(self) -> int:
         if len(self._spaces) > 1:   # spaces may overlap: count what iteration yields
@@ -234,11 +242,17 @@ class Registry:
                     if k not in self._removed and k not in seen:
                         seen.add(k)
                         out.append(k)
-        for key in self._keys:
-            if key.op != problem.op or (backend and key.backend != backend):
-                continue
-            if ops[key.op].supports(key, problem) is None:
-                out.append(key)
+        keys = self._plain.get((problem.op, backend))
+        if keys is None:
+            keys = self._plain[(problem.op, backend)] = tuple(
+                k for k in self._keys if k.op == problem.op and not (backend and k.backend != backend))
+        if keys:
+            op = ops[problem.op]
+            if op.supports_many is not None:
+                out.extend(k for k, ok in zip(keys, op.supports_many(keys, problem)) if ok)
+            else:
+                supports = op.supports
+                out.extend(k for k in keys if supports(k, problem) is None)
         return out
 
     def shortlist(self, problem, keys: Iterable[KernelKey], backend: Optional[str] = None) -> list[KernelKey]:
@@ -246,27 +260,37 @@ class Registry:
         ``problem``, in the given order: selection without listing every candidate."""
         supports = self.mgr.op(problem.op).supports
         out, seen = [], set()
+        arch, listed, removed, spaces = self.arch, self._keys, self._removed, self._spaces
         for k in keys:
-            if k in seen or (backend and k.backend != backend) or k.arch != self.arch:
+            if k in seen or (backend and k.backend != backend) or k.arch != arch:
                 continue
             seen.add(k)
-            if k in self and supports(k, problem) is None:
+            # ``k in self``, inlined: listed, or in a space and not removed from it
+            if k in listed:
+                held = True
+            elif not spaces or k in removed:
+                held = False
+            else:
+                held = k in spaces[0] if len(spaces) == 1 else self._in_spaces(k)
+            if held and supports(k, problem) is None:
                 out.append(k)
         return out
 
     def why_not(self, problem, limit: int = 5) -> list[str]:
-        """Reasons the first few keys do not support ``problem`` (for error messages)."""
+        """Why no key supports ``problem`` (for error messages): up to ``limit`` distinct reasons,
+        the rarest first (the near misses; "wrong family" is said by most keys), each with how many
+        keys gave it and one of them."""
         ops = self.mgr.ops()
-        reasons = []
+        by_reason: dict[str, list[str]] = {}
         for key in self:
             if key.op != problem.op:
                 continue
             reason = ops[key.op].supports(key, problem)
             if reason:
-                reasons.append(f"{key.name}: {reason}")
-            if len(reasons) >= limit:
-                break
-        return reasons
+                by_reason.setdefault(str(reason), []).append(key.name)
+        ranked = sorted(by_reason.items(), key=lambda kv: len(kv[1]))[:limit]
+        return [f"{names[0]}: {reason}" + (f" (and {len(names) - 1} more keys)" if len(names) > 1 else "")
+                for reason, names in ranked]
 
     # -- JSON --------------------------------------------------------------
     def to_dict(self) -> dict:

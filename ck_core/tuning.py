@@ -76,6 +76,8 @@ class TuningTable:
         return f"{arch}|{backend}|{problem.op}|{problem.bucket()}"
 
     def lookup(self, arch: str, backend: str, problem) -> Optional[str]:
+        if not self.entries:   # no table: no bucket to compute (a new problem's selection asks)
+            return None
         e = self.entries.get(self._key(arch, backend, problem))
         return e["kernel"] if e else None
 

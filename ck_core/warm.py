@@ -30,6 +30,17 @@ def tensor_sig(t) -> tuple:
     return (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16)
 
 
+def contiguous_strides(shape) -> tuple:
+    """The strides of a contiguous tensor of ``shape`` (as torch gives them): warm closures
+    allocate outputs with ``torch.empty_strided``, which parses its arguments faster than
+    ``torch.empty``."""
+    out, n = [], 1
+    for s in reversed(shape):
+        out.append(n)
+        n *= max(s, 1)
+    return tuple(reversed(out))
+
+
 def put(sig, fn) -> None:
     if len(_CACHE) >= LIMIT:
         _CACHE.clear()

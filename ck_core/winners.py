@@ -37,7 +37,8 @@ class Winners:
         self._pending: dict = defaultdict(dict)
 
     def lookup(self, arch: str, backend: str, problem) -> Optional[str]:
-        hit = tuned_data.table(problem.op, arch, TABLE).get((backend, bucket_key(problem)))
+        t = tuned_data.table(problem.op, arch, TABLE)
+        hit = t.get((backend, bucket_key(problem))) if len(t) else None   # no table: no bucket to compute
         if isinstance(hit, dict) and isinstance(hit.get("kernel"), str):
             return hit["kernel"]
         return self.legacy.lookup(arch, backend, problem)

@@ -79,3 +79,51 @@ def test_conv2d_on_gpu(gpu_log, channels_last):
     want.sum().backward()
     assert _rel(y, want.detach()) < 5e-3
     assert _rel(x.grad, xr.grad) < 5e-3 and _rel(w.grad, wr.grad) < 1e-2
+
+
+@pytest.mark.parametrize("layer", [(64, 128, 3, 2, 1, 2), (96, 40, 1, 1, 0, 1), (48, 48, 5, 2, 2, 48)])
+def test_conv2d_warm_calls_forward_and_backward_on_gpu(gpu_log, layer):
+    """Warm calls replay the recorded launches of all three directions: fresh data each call,
+    every output and gradient against float64 (split reductions, tables and counters reused)."""
+    from ck_conv import conv2d
+
+    C, K, f, s, pad, groups = layer
+    g = torch.Generator(device="cuda").manual_seed(5 + f)
+    for call in range(4):
+        x = torch.randn(3, C, 23, 23, device="cuda", dtype=torch.float16, generator=g)
+        x = x.to(memory_format=torch.channels_last).requires_grad_()
+        w = (torch.randn(K, C // groups, f, f, device="cuda", dtype=torch.float16, generator=g) * 0.1)
+        w = w.to(memory_format=torch.channels_last).requires_grad_()
+        y = conv2d(x, w, stride=s, padding=pad, groups=groups)
+        dy = torch.randn(y.shape, device="cuda", dtype=torch.float16, generator=g)
+        y.backward(dy)
+        xr, wr = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+        want = torch.nn.functional.conv2d(xr, wr, stride=s, padding=pad, groups=groups)
+        want.backward(dy.double())
+        assert _rel(y, want.detach()) < 5e-3, call
+        assert _rel(x.grad, xr.grad) < 5e-3 and _rel(w.grad, wr.grad) < 1e-2, call
+    gpu_log.take()
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_split_k_and_batched_gemm_warm_calls_on_gpu(gpu_log, batch):
+    """Every split-K key of the arch (two launches and a workspace) on a batched and a plain
+    problem, called four times on fresh data: the warm replays match float64 each time."""
+    from ck_core import Dispatcher, Registry
+    from ck_gemm import GemmProblem
+
+    reg = Registry.from_enumeration("gemm", gpu_log.arch, "triton", dtypes=["fp16"], layouts=["rcr"])
+    keys = [k for k in reg if k.algorithm.split_k > 1][:6]
+    if not keys:
+        pytest.skip("no split-K keys on this arch")
+    g = torch.Generator(device="cuda").manual_seed(batch)
+    for key in keys:
+        disp = Dispatcher(Registry(reg.arch, [key]), backend="triton")
+        p = GemmProblem(m=77, n=190, k=1000, dtype="fp16", layout="rcr", **({"batch": batch} if batch > 1 else {}))
+        lead = (batch,) if batch > 1 else ()
+        for call in range(4):
+            a = torch.randn(*lead, 77, 1000, device="cuda", dtype=torch.float16, generator=g)
+            b = torch.randn(*lead, 190, 1000, device="cuda", dtype=torch.float16, generator=g)
+            got = disp.run(p, a, b)
+            want = a.double() @ b.double().transpose(-1, -2)
+            assert _rel(got, want) < 5e-3, (key.name, call)

@@ -74,3 +74,20 @@ def test_bad_registry_file(tmp_path):
     p.write_text(json.dumps({"format": "other"}))
     with pytest.raises(ConfigError, match="not a registry file"):
         Registry.import_json(p)
+
+
+def test_why_not_gives_distinct_reasons_rarest_first(reg):
+    """A problem only a few keys miss narrowly: the message leads with the rare reasons and counts
+    the keys behind each, instead of five copies of the most common one."""
+    import re
+
+    fp16 = reg.filter("c.dtype == 'fp16'")
+    p = GemmProblem(m=100, n=100, k=100, dtype="bf16", layout="rcr")
+    why = fp16.merge(reg.filter("c.dtype == 'bf16' and c.layout != 'rcr'")).why_not(p, limit=10)
+    assert why
+    reasons = [w.split(": ", 1)[1] for w in why]
+    counts = [1 + int(m.group(1)) if (m := re.search(r"\(and (\d+) more keys\)$", r)) else 1 for r in reasons]
+    bare = [re.sub(r" \(and \d+ more keys\)$", "", r) for r in reasons]
+    assert len(set(bare)) == len(bare)                 # distinct
+    assert counts == sorted(counts)                    # rarest first
+    assert sum(counts) <= len(fp16) + len(reg)

@@ -129,6 +129,36 @@ def test_matmul_replays_the_recorded_launch(route, ck_rng):
     assert replays[0].calls == 2, "warm calls replay the recording, nothing else"
 
 
+@pytest.mark.parametrize("batch", [1, 3])
+def test_split_k_and_batched_gemm_replay_every_launch(route, ck_rng, batch):
+    """A split-K GEMM is two launches (partials into a workspace, then their sum) and a batched one
+    a 3-D grid: warm calls replay both launches with a fresh workspace, on fresh operands."""
+    from ck_core import Dispatcher, Registry
+    from ck_gemm import GemmProblem
+
+    kind, replays = route
+    if kind != "replay":
+        pytest.skip("the recorded replay is the GPU route")
+    reg = Registry.from_enumeration("gemm", "sm90", "triton", dtypes=["fp16"], layouts=["rcr"])
+    sk = reg.filter(lambda f: f["split_k"] > 1 and f["variant"] == "tile" and f["tile_k"] <= 64)
+    assert len(sk), "no split-K key to test"
+    disp = Dispatcher(sk, backend="triton")
+    g = _gen(ck_rng)
+    m, n, k = (int(x) for x in ck_rng.integers(9, 40, size=3))
+    p = GemmProblem(m=m, n=n, k=k * 8, dtype="fp16", layout="rcr", **({"batch": batch} if batch > 1 else {}))
+    lead = (batch,) if batch > 1 else ()
+    for call in range(3):
+        a = _rand(g, *lead, m, k * 8, dtype=torch.float16)
+        b = _rand(g, *lead, n, k * 8, dtype=torch.float16)
+        got = disp.run(p, a, b)
+        want = a.double() @ b.double().transpose(-1, -2)
+        assert _rel(got, want) < 2e-3, (call, disp.select(p).name)
+        if call == 0:
+            seen, base = len(replays), sum(r.calls for r in replays)
+            assert seen == 2, "a split-K GEMM records its two launches"
+    assert len(replays) == seen and sum(r.calls for r in replays) - base == 4
+
+
 def test_tensor_sig_has_the_device():
     a = torch.empty(4, 4)
     m = torch.empty(4, 4, device="meta")
@@ -172,6 +202,34 @@ def test_conv2d_each_signature_field_makes_a_new_plan(route, ck_dispatch_log, ck
     kind, replays = route
     if kind == "replay":   # the warm calls of some variants went through recorded replays
         assert any(r.calls for r in replays)
+
+
+def test_conv2d_backward_replays_its_recorded_launches(route, ck_rng):
+    """bwd_data and bwd_weight launchers replay their first call's launches too (tables, split
+    workspaces and counters included): later calls on fresh tensors match float64 gradients and
+    record nothing new."""
+    kind, replays = route
+    if kind != "replay":
+        pytest.skip("the recorded replay is the GPU route")
+    g = _gen(ck_rng)
+    for kw, wshape in (({"padding": 1}, (6, 4, 3, 3)), ({"padding": 1, "stride": 2}, (6, 4, 3, 3)),
+                       ({"padding": 0}, (5, 4, 1, 1)), ({"padding": 1, "groups": 2}, (6, 2, 3, 3))):
+        n, h = 2, int(ck_rng.integers(5, 9))
+        seen = None
+        for call in range(3):
+            x = _rand(g, n, 4, h, h).requires_grad_()
+            w = _rand(g, *wshape).requires_grad_()
+            y = conv2d(x, w, **kw)
+            dy = _rand(g, *y.shape)
+            y.backward(dy)
+            xd, wd = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+            F.conv2d(xd, wd, **kw).backward(dy.double())
+            assert _rel(x.grad, xd.grad) < 1e-5 and _rel(w.grad, wd.grad) < 1e-5, (kw, call)
+            if call == 0:
+                seen = len(replays)
+                base = [r.calls for r in replays]
+        assert len(replays) == seen, (kw, "warm calls recorded nothing new")
+        assert sum(r.calls for r in replays) - sum(base) >= 2 * 3, (kw, "fwd, bwd_data, bwd_weight replayed twice")
 
 
 def test_attention_each_signature_field_makes_a_new_plan(route, ck_dispatch_log, ck_rng):

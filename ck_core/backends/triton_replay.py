@@ -108,7 +108,10 @@ class Replay:
     def __call__(self, args: Sequence) -> None:
         k = self._kernel
         rt = _knobs.runtime
-        if _hooked(rt.launch_enter_hook) or _hooked(rt.launch_exit_hook):
+        # a launch hook does something (triton 3.6 keeps an empty HookChain): checked inline, per launch
+        enter, leave = rt.launch_enter_hook, rt.launch_exit_hook
+        if (enter is not None and getattr(enter, "calls", True)) or (
+                leave is not None and getattr(leave, "calls", True)):
             self._hooked_launch(args)   # a profiler listens: Triton's own path calls its hooks
             return
         g0, g1, g2 = self.grid
@@ -137,11 +140,6 @@ class Replay:
         for i in self._descs:
             full[i] = _with_base(self._descs[i], args[i])
         self._kernel[self.grid](*full)
-
-
-def _hooked(hook) -> bool:
-    """True when a launch hook would do something (triton 3.6 keeps an empty HookChain)."""
-    return hook is not None and bool(getattr(hook, "calls", True))
 
 
 def _with_base(template, base):

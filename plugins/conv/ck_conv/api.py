@@ -21,7 +21,6 @@ from ck_core import api as core
 from ck_core import warm
 from ck_core.errors import InvalidProblem
 from ck_core.plugins import get_manager
-from ck_core.warm import tensor_sig
 
 from .problem import LAYOUT_FAMILIES, ConvProblem
 
@@ -140,7 +139,11 @@ def _warm_closure(disp, p: ConvProblem, tensors: dict, x, w, groups: int, cl: bo
         if getattr(fast, "pointers_only", False) and tensors["x"].data_ptr() == x.data_ptr() \
                 and tensors["w"].data_ptr() == w.data_ptr():
             # the problem's operands are views of x and w (the signature pins their strides)
-            return lambda x, w: _nc_out(fast(x, w), out_shape, cl)
+            if cl:   # what _nc_out does, with its shapes worked out once
+                lead, ch, *sp = out_shape
+                view, perm = (lead, *sp, ch), _first(len(sp))
+                return lambda x, w: fast(x, w).reshape(view).permute(perm)
+            return lambda x, w: fast(x, w).reshape(out_shape)
         return lambda x, w: _nc_out(fast(_image_in(x, groups, cl), _weight_in(w, groups, cl)), out_shape, cl)
 
     def again(x, w):
@@ -231,20 +234,20 @@ class _Eager(torch.autograd.Function):
 
 #: the first field of the forward's warm-call signatures
 _CONV = "ck_conv.conv"
-
-
-def _hashable(v):
-    return tuple(v) if isinstance(v, list) else v
+_compiling, _grad_enabled, _warm_get = torch.compiler.is_compiling, torch.is_grad_enabled, warm.get
 
 
 def _conv(nd: int, x, w, bias, stride, padding, dilation, groups):
     sig = None
-    if x.dim() == nd + 2 and not torch.compiler.is_compiling() and not (
-            torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)):
-        # a known signature skips the Problem, its checks and the Dispatcher
-        sig = (_CONV, get_manager(), nd, tensor_sig(x), tensor_sig(w), _hashable(stride), _hashable(padding),
-               _hashable(dilation), groups)
-        f = warm.get(sig)
+    if x.dim() == nd + 2 and not _compiling() and not (_grad_enabled() and (x.requires_grad or w.requires_grad)):
+        # a known signature skips the Problem, its checks and the Dispatcher; per tensor the
+        # fields of ck_core.warm.tensor_sig, flat
+        sig = (_CONV, get_manager(), nd, x.shape, x.stride(), x.dtype, x.device, x.data_ptr() % 16,
+               w.shape, w.stride(), w.dtype, w.device, w.data_ptr() % 16,
+               tuple(stride) if isinstance(stride, list) else stride,
+               tuple(padding) if isinstance(padding, list) else padding,
+               tuple(dilation) if isinstance(dilation, list) else dilation, groups)
+        f = _warm_get(sig)
         if f is not None:
             y = f(x, w)
             return y if bias is None else y + bias.view(1, -1, *([1] * nd))

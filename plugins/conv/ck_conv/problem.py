@@ -63,10 +63,17 @@ def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+#: input layout -> its family (the first family that names it)
+_FAMILY_OF: dict = {}
+for _fam, _per in LAYOUT_FAMILIES.items():
+    for _n in _per:
+        _FAMILY_OF.setdefault(_per[_n][0], _fam)
+
+
 def family_of(in_layout: str) -> str:
-    for fam, per in LAYOUT_FAMILIES.items():
-        if any(per[n][0] == in_layout for n in per):
-            return fam
+    fam = _FAMILY_OF.get(in_layout) if isinstance(in_layout, str) else None
+    if fam is not None:
+        return fam
     raise InvalidProblem(f"unknown input layout {in_layout!r}; use one of {', '.join(sorted(IN_LAYOUTS))}")
 
 
@@ -96,6 +103,8 @@ def _one_of(name, allowed):
 
 
 _OUT_SPATIAL: dict = {}
+_GEMM_MNK: dict = {}
+_SPECIALIZATION: dict = {}
 
 
 @attrs.frozen(kw_only=True, cache_hash=True)   # selection keys many caches by the problem
@@ -252,6 +261,14 @@ class ConvProblem(Problem):
     @property
     def gemm_mnk(self) -> tuple:
         """The implicit GEMM's (M, N, K) per group for this direction (CK's mapping)."""
+        got = _GEMM_MNK.get(self)   # selection asks for it dozens of times per problem
+        if got is None:
+            if len(_GEMM_MNK) > 65536:
+                _GEMM_MNK.clear()
+            got = _GEMM_MNK[self] = self._gemm_mnk()
+        return got
+
+    def _gemm_mnk(self) -> tuple:
         pix_out = self.N * _prod(self.output_spatial)
         pix_in = self.N * _prod(self.input_spatial)
         if self.direction == "forward":
@@ -268,6 +285,14 @@ class ConvProblem(Problem):
     @property
     def specialization(self) -> str:
         """The most specific CK conv specialisation this problem satisfies."""
+        got = _SPECIALIZATION.get(self)
+        if got is None:
+            if len(_SPECIALIZATION) > 65536:
+                _SPECIALIZATION.clear()
+            got = _SPECIALIZATION[self] = self._specialization()
+        return got
+
+    def _specialization(self) -> str:
         zero_pad = not any(self.pad_left) and not any(self.pad_right)
         if all(f == 1 for f in self.filter) and zero_pad:
             if all(s == 1 for s in self.stride):
@@ -312,10 +337,12 @@ class ConvProblem(Problem):
 
     # ---- (de)serialisation ----------------------------------------------
     def to_dict(self) -> dict:
-        d = attrs.asdict(self)
-        for k, v in d.items():
-            if isinstance(v, tuple):
-                d[k] = list(v)
+        # what attrs.asdict gives (tuples as lists), without its recursion: the tuning store
+        # asks for it per new problem
+        d = {}
+        for name in _FIELD_NAMES:
+            v = getattr(self, name)
+            d[name] = list(v) if isinstance(v, tuple) else v
         d["op"] = "conv"
         return d
 
@@ -339,6 +366,9 @@ class ConvProblem(Problem):
 
     def with_direction(self, direction: str, split_k: int = 0) -> "ConvProblem":
         return attrs.evolve(self, direction=direction, split_k=split_k)
+
+
+_FIELD_NAMES = tuple(a.name for a in attrs.fields(ConvProblem))
 
 
 def _prod(t) -> int:

@@ -266,7 +266,8 @@ def _attn_rows(c: dict, device) -> list[dict]:
 
 
 def _row(base: dict, direction: str, err: float, ours: Callable, peers: dict, c: dict, note: str = "") -> dict:
-    tol = 2e-2 if direction == "fwd" else 5e-2
+    # fp8 e4m3 keeps 3 mantissa bits: P rounded to it costs ~2% rel l2 on its own (the tests use 5e-2)
+    tol = 5e-2 if direction != "fwd" or c.get("dtype") == "fp8" else 2e-2
     row = {k: v for k, v in base.items() if k not in ("lens",)}
     row.update(rel_err=err, status="ok" if math.isfinite(err) and err < tol else "wrong")
     if row["status"] != "ok":
@@ -431,8 +432,10 @@ def _summary(rows: list[dict]) -> dict:
     out = {}
     groups = sorted({r["group"] for r in rows})
     for g in groups:
-        for split in ("all", "train", "heldout"):
-            rs = [r for r in rows if r["group"] == g and (split == "all" or r.get("split") == split)]
+        # "nowindow": without sliding-window rows (cuDNN computes those slowly: they lift the geomeans)
+        for split in ("all", "train", "heldout", "nowindow"):
+            rs = [r for r in rows if r["group"] == g and (split == "all" or r.get("split") == split
+                                                          or (split == "nowindow" and r.get("mask") != "window"))]
             s = {"n": len(rs), "wrong": sum(r.get("status") == "wrong" for r in rs),
                  "errors": sum(r.get("status") == "error" for r in rs)}
             for key in ("ratio", "ratio_cudnn_graph", "ratio_cudnn_eager", "ratio_flash_graph",

@@ -64,8 +64,8 @@ def _shapes(p: FmhaProblem) -> dict:
         n = _pages(p)
         sh["k_cache"] = (n,) + tuple(sh["k_cache"][1:])
         sh["v_cache"] = (n,) + tuple(sh["v_cache"][1:])
-    # one fp32 slice: the most a kernel backend keeps (the Triton deterministic backward writes dq
-    # directly); the numpy reference's one slice per key tile is in its working_bytes
+    # one fp32 dQ accumulator: the GPU plans' deterministic backward runs a separate dQ pass (no
+    # per-key-block partials); the numpy reference's partials are its working set (below)
     sh["dq_acc"] = (1,) + tuple(sh["dq"])
     return sh
 
@@ -99,13 +99,13 @@ def working_bytes(p: FmhaProblem, backend: str) -> float:
         return 0.0
     sh = _shapes(p)
     copies = 8.0 * sum(_numel(sh[n]) for n in _tensor_names(p))
+    if p.family in BWD and p.deterministic:   # the reference keeps one dQ partial per key block
+        from .reference.backward import dq_splits
+
+        copies += 8.0 * (dq_splits(p) - 1) * _numel(sh["dq"])
     if p.family in ("fwd_splitkv_combine", "bwd_dot_do_o", "bwd_convert_dq", "fwd_appendkv"):
         return copies   # no score matrix: a merge, a row dot, a conversion, a copy
     sq = max(p.seqlens_q_list(), default=0) if p.is_group else (p.seqlen_q or 0)
     sk = p.seqlen_k or 0
     per_seq = _SCORE_COPIES["bwd" if p.family in BWD else "fwd"] * 8.0 * p.nhead_q * sq * sk
-    if p.family in BWD and p.deterministic and "dq" in sh:   # the reference's dq_acc: a slice per key tile
-        from .reference.backward import dq_splits
-
-        copies += (dq_splits(p) - 1) * _numel(sh["dq"]) * 4.0
     return copies + per_seq

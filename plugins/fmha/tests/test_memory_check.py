@@ -86,3 +86,27 @@ def test_bytes_moved_counts_the_plan_tensors(kw):
         t.update(run_stage(sub, t))
     want = sum(np.asarray(x).size * bytes_of[n] for n, x in t.items() if n in bytes_of)
     assert footprint.bytes_moved(p) == want
+
+
+def test_deterministic_backward_tensors_do_not_grow_with_key_blocks(disp):
+    """The GPU plans' deterministic backward runs a separate dQ pass: its tensors are the forward's
+    plus gradients and one fp32 dQ accumulator, whatever the key length (a 30k-token d192 backward
+    was once refused for "162.9 GiB" of per-key-block partials only the numpy reference keeps)."""
+    rng = np.random.default_rng()
+    b, hq, hk, s, d = 2, 16, 2, int(rng.integers(20000, 31000)), 192
+    p = FmhaProblem(family="bwd_dq_dk_dv", batch=b, nhead_q=hq, nhead_k=hk, seqlen_q=s, seqlen_k=s, hdim_q=d,
+                    deterministic=True)
+    q_like, kv_like = b * hq * s * d, b * hk * s * d
+    # q o do dq dk dv at 2 bytes, k v at 2, lse d at 4 per row, dq_acc fp32
+    want = 2 * (4 * q_like + 4 * kv_like) + 4 * q_like + 2 * 4 * b * hq * s
+    assert footprint.bytes_moved(p) == pytest.approx(want, rel=0.01)
+    q_det = attrs_evolve(p, deterministic=False)
+    assert footprint.bytes_moved(q_det) == footprint.bytes_moved(p)
+    # the numpy reference does hold one partial per 128-key block
+    assert footprint.working_bytes(p, "numpy") > footprint.working_bytes(q_det, "numpy") + 8 * (s // 128 - 2) * q_like
+
+
+def attrs_evolve(p, **kw):
+    import attrs
+
+    return attrs.evolve(p, **kw)

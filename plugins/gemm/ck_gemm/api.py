@@ -110,7 +110,7 @@ def _warm_closure(disp, problem, tensors, a, b, sa, sb, sizes, t_out, out_shape)
     if len(tensors) == 2 and sa.data_ptr() == a.data_ptr() and sb.data_ptr() == b.data_ptr():
         fast = disp.warm(problem, tensors, out_shape=out_shape)
         if fast is not None:
-            return lambda a, b, d: fast(a, b)
+            return fast   # takes (a, b, d) and ignores d (there is none in such a signature)
     dev = a.device
 
     def again(a, b, d):
@@ -207,8 +207,11 @@ class _Eager(torch.autograd.Function):
         return (ga, gb, None, None, *gd)
 
 
-#: the first field of matmul's warm-call signatures
+#: the first field of matmul's warm-call signatures (with D tensors: tensor_sig per tensor;
+#: without: the same fields of A and B, flat)
 _MATMUL = "ck_gemm.matmul"
+_MATMUL2 = "ck_gemm.matmul/ab"
+_compiling, _grad_enabled, _warm_get = torch.compiler.is_compiling, torch.is_grad_enabled, warm.get
 
 
 def _activation(activation) -> str:
@@ -228,7 +231,17 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, d: Sequence[torch.Tensor] = (), 
     broadcast to the output, added before ``activation`` (relu, gelu, silu,
     sigmoid, tanh); ``out_dtype``: C's dtype (default: CK's for the input dtype).
     """
-    if d:
+    if not d:
+        if not _compiling() and not (_grad_enabled() and (a.requires_grad or b.requires_grad)):
+            # the warm path of the common call: a flat signature (tensor_sig's fields of A and B)
+            sig = (_MATMUL2, get_manager(), a.shape, a.stride(), a.dtype, a.device, a.data_ptr() % 16,
+                   b.shape, b.stride(), b.dtype, b.device, b.data_ptr() % 16, activation, out_dtype)
+            f = _warm_get(sig)
+            if f is not None:
+                return f(a, b, ())
+            return _gemm(a, b, [], _activation(activation), out_dtype, sig)
+        d = ()
+    else:
         d = list(d)
     if not torch.compiler.is_compiling() and not (torch.is_grad_enabled() and (
             a.requires_grad or b.requires_grad or any(x.requires_grad for x in d))):

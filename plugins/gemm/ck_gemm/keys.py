@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 
 import attrs
+import numpy as np
 
 from ck_core.dtypes import ELEMENT_BYTES
 from ck_core.errors import ConfigError, MissingKernel
@@ -329,8 +330,8 @@ def _triton_smem_model():
     return smem_bytes, config_of_algorithm
 
 
-def supports(key: KernelKey, problem) -> str | None:
-    s, a = key.signature, key.algorithm
+def _signature_why(s, backend: str, problem) -> str | None:
+    """The part of :func:`supports` that reads the key's signature and backend only."""
     if s.dtype != problem.dtype or s.dtype_c != problem.dtype_c:
         return f"kernel is {s.dtype}->{s.dtype_c}, problem {problem.dtype}->{problem.dtype_c}"
     if s.layout != problem.layout:
@@ -338,8 +339,16 @@ def supports(key: KernelKey, problem) -> str | None:
     if (s.num_d, s.activation) != (problem.num_d, problem.activation) or (
             s.num_d and s.d_op != problem.d_op):
         return "epilogue (D tensors / activation) differs"
-    if key.backend == "triton" and s.num_d > 2:
+    if backend == "triton" and s.num_d > 2:
         return "the Triton kernels fuse at most 2 D tensors"
+    return None
+
+
+def supports(key: KernelKey, problem) -> str | None:
+    s, a = key.signature, key.algorithm
+    why = _signature_why(s, key.backend, problem)
+    if why is not None:
+        return why
     if problem.m % a.tile_m and not a.pad_m:
         return f"M={problem.m} is not a multiple of tile M {a.tile_m} and the kernel does not pad M"
     if problem.n % a.tile_n and not a.pad_n:
@@ -350,3 +359,52 @@ def supports(key: KernelKey, problem) -> str | None:
         # a key built by hand or imported (not enumerated) may still pair split-K with a persistent loop
         return variant_violation(a) or descriptor_violation(a, problem)
     return None
+
+
+class _SupportColumns:
+    """What :func:`supports_many` reads of a tuple of keys, gathered once per tuple."""
+
+    def __init__(self, keys: tuple):
+        self.keys = keys
+        groups: dict = {}
+        variants: dict = {}
+        for i, k in enumerate(keys):
+            groups.setdefault((k.signature, k.backend), []).append(i)
+            if k.backend == "triton":
+                variants.setdefault(k.algorithm.variant, []).append(i)
+        self.groups = [(sig, be, np.array(ix, dtype=np.intp)) for (sig, be), ix in groups.items()]
+        # descriptor_violation reads the algorithm's variant only: one representative per variant
+        self.variants = [(keys[ix[0]].algorithm, np.array(ix, dtype=np.intp)) for ix in variants.values()]
+        algs = [k.algorithm for k in keys]
+        self.tile_m = np.array([a.tile_m for a in algs], dtype=np.int64)
+        self.tile_n = np.array([a.tile_n for a in algs], dtype=np.int64)
+        self.tile_ks = np.array([a.tile_k * a.split_k for a in algs], dtype=np.int64)
+        self.pad_m = np.array([bool(a.pad_m) for a in algs])
+        self.pad_n = np.array([bool(a.pad_n) for a in algs])
+        self.pad_k = np.array([bool(a.pad_k) for a in algs])
+        # problem-independent: a hand-built triton key pairing variants no template implements
+        self.static_ok = np.array([not (k.backend == "triton" and variant_violation(k.algorithm) is not None)
+                                   for k in keys])
+
+
+_COLUMNS: dict = {}
+
+
+def supports_many(keys: tuple, problem) -> np.ndarray:
+    """``supports(key, problem) is None`` for every key of ``keys`` (numpy over the keys' tiles;
+    the signature and descriptor checks once per distinct signature / variant)."""
+    cols = _COLUMNS.get(id(keys))
+    if cols is None or cols.keys is not keys:
+        if len(_COLUMNS) >= 256:
+            _COLUMNS.clear()
+        cols = _COLUMNS[id(keys)] = _SupportColumns(keys)
+    m, n, k = problem.m, problem.n, problem.k
+    ok = (cols.static_ok & ((m % cols.tile_m == 0) | cols.pad_m) & ((n % cols.tile_n == 0) | cols.pad_n)
+          & ((k % cols.tile_ks == 0) | cols.pad_k))
+    for sig, backend, ix in cols.groups:
+        if _signature_why(sig, backend, problem) is not None:
+            ok[ix] = False
+    for alg, ix in cols.variants:
+        if descriptor_violation(alg, problem) is not None:
+            ok[ix] = False
+    return ok

@@ -53,6 +53,7 @@ def gemm_op() -> OpSpec:
         from_fields=kernel.from_fields,
         legal=kernel.legal,
         supports=kernel.supports,
+        supports_many=kernel.supports_many,
         reference=reference.reference,
         make_inputs=reference.make_inputs,
         implement=implement,

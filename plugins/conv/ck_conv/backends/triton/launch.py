@@ -102,6 +102,8 @@ def _table_tensor(rows, T, device, extra=None):
     key = (id(rows), T, str(device), extra)
     hit = _TABLES.get(key)
     if hit is not None and hit[0] is rows:
+        _note("keep", hit[1])
+        _note("keep", hit[2])
         return hit[1], hit[2]
     import torch
     tab = torch.zeros((len(rows), T, 5), dtype=torch.int32)
@@ -113,6 +115,8 @@ def _table_tensor(rows, T, device, extra=None):
                                      dtype=torch.int32)
     tab, cnt = tab.to(device), cnt.to(device)
     _TABLES[key] = (rows, tab, cnt)
+    _note("keep", tab)
+    _note("keep", cnt)
     return tab, cnt
 
 
@@ -151,10 +155,12 @@ def _ctab_tensor(rows, device):
     key = ("ctab", id(rows), str(device))
     hit = _TABLES.get(key)
     if hit is not None and hit[0] is rows:
+        _note("keep", hit[1])
         return hit[1]
     import torch
     t = torch.tensor([list(r) for r in rows], dtype=torch.int32).reshape(-1).to(device)
     _TABLES[key] = (rows, t)
+    _note("keep", t)
     return t
 
 
@@ -194,11 +200,16 @@ def pixel_tables(p: ConvProblem, device, tap_bits: bool = False):
     key = (p.N, tuple(g[k] for k in ("Di", "Hi", "Wi", "Do", "Ho", "Wo")), g["sd"], g["pad"], str(device))
     if tap_bits:
         key += ("bits", g["dil"], g["flt"])
-    if key in _PIX:
-        return _PIX[key]
+    if key not in _PIX:
+        _PIX[key] = _pixel_tables(p, g, device, tap_bits)
+    for t in _PIX[key] or ():
+        _note("keep", t)   # cached for good: a replay may hold them
+    return _PIX[key]
+
+
+def _pixel_tables(p: ConvProblem, g: dict, device, tap_bits: bool):
     lim = max(g["Di"], g["Hi"], g["Wi"], *(o * s for o, s in zip((g["Do"], g["Ho"], g["Wo"]), g["sd"])))
     if not tap_bits and (lim + max(g["pad"]) >= 511 or max(g["pad"]) > 511):
-        _PIX[key] = None
         return None
     import torch
     P = p.N * g["Do"] * g["Ho"] * g["Wo"]
@@ -226,11 +237,9 @@ def pixel_tables(p: ConvProblem, device, tap_bits: bool = False):
                           & (i1 + fy * dh < g["Hi"]) & (i2 + fx * dw >= 0) & (i2 + fx * dw < g["Wi"]))
                     bits |= ok.to(torch.int64) << tap
                     tap += 1
-        _PIX[key] = (base, bits.to(torch.int32))
-        return _PIX[key]
+        return base, bits.to(torch.int32)
     packed = (((i0 + 512) << 20) | ((i1 + 512) << 10) | (i2 + 512)).to(torch.int32)
-    _PIX[key] = (base, packed)
-    return _PIX[key]
+    return base, packed
 
 
 def split_plan(cfg: ConvKernelConfig, p: ConvProblem, split: int | None = None) -> tuple:
@@ -565,12 +574,13 @@ class Capture:
         return _Recording(self)
 
     def replayer(self, p: ConvProblem, out):
-        """``f(x, w) -> out`` (operands and result in the problem's layouts), or None where a
-        launch took a tensor that is not one of the roles (workspaces, tables, copies the
-        replay would not redo)."""
+        """``f(a, b) -> out`` (the direction's two operands in ``IN_NAMES`` order and its result,
+        in the problem's layouts), or None where a launch took a tensor that is not one of the
+        roles or kept buffers (workspaces, copies the replay would not redo).  Roles: ``x`` / ``w``
+        the channels-last first / second operand, ``y`` the output buffer (``_ROLE_KINDS``)."""
         import torch
         roles = self.roles
-        if not self.ok or not self.launches or not {"x", "w", "y"} <= set(roles) or p.direction != "forward":
+        if not self.ok or not self.launches or not {"x", "w", "y"} <= set(roles):
             return None
         where = {t.data_ptr(): role for role, t in roles.items()}
         if len(where) != len(roles) or set(where) & set(self.kept):
@@ -582,6 +592,8 @@ class Capture:
                 return None
         elif out.data_ptr() != roles["y"].data_ptr() and not _is_layout_copy(out, roles["y"], p):
             return None
+        (ka, kb), ky = _ROLE_KINDS[p.direction]
+        lay = {"in": p.in_layout, "wei": p.wei_layout, "out": p.out_layout}
         plan = []
         for r in self.launches:
             args, slots = list(r.args), []
@@ -597,17 +609,24 @@ class Capture:
         fresh = tuple((role, tuple(roles[role].shape), roles[role].dtype, torch.zeros if zero else torch.empty)
                       for role, zero in self.fresh.items())
         nd = p.ndim
-        px = _perm(p.in_layout, "in", nd)
-        pw = _perm(p.wei_layout, "wei", nd)
-        order = _cl_order("out", nd)
-        po = None if p.out_layout == order else [order.index(ch) for ch in p.out_layout]
+        px = _perm(lay[ka], ka, nd)
+        pw = _perm(lay[kb], kb, nd)
+        order = _cl_order(ky, nd)
+        po = None if lay[ky] == order else [order.index(ch) for ch in lay[ky]]
         y = roles["y"]
-        shape, dtype, dev, empty = tuple(y.shape), y.dtype, y.device, torch.empty
+        shape, dtype, dev = tuple(y.shape), y.dtype, y.device
+        from ck_core.warm import contiguous_strides
+
+        stride, empty_strided = contiguous_strides(shape), torch.empty_strided
+        # a split's fp32 result converted into the output buffer the launch was given anyway
+        # (as .to() would convert it, without allocating another tensor)
+        into_y = (conv is not None and conv[1] == dtype and roles[conv[0]].dtype != dtype
+                  and tuple(roles[conv[0]].shape) == shape)
 
         def replay(x, w):
             vals = {"x": x if px is None else x.permute(px).contiguous(),
                     "w": w if pw is None else w.permute(pw).contiguous(),
-                    "y": empty(shape, dtype=dtype, device=dev)}
+                    "y": empty_strided(shape, stride, dtype=dtype, device=dev)}
             for role, sh, dt, new in fresh:
                 vals[role] = new(sh, dtype=dt, device=dev)
             for r, args, slots in plan:
@@ -615,7 +634,12 @@ class Capture:
                 for i, role in slots:
                     a[i] = vals[role]
                 r(a)
-            y = vals["y"] if conv is None else vals[conv[0]].to(conv[1])
+            if conv is None:
+                y = vals["y"]
+            elif into_y:
+                y = vals["y"].copy_(vals[conv[0]])
+            else:
+                y = vals[conv[0]].to(conv[1])
             return y if po is None else y.permute(po).contiguous()
 
         # only the operands' data pointers are read: any tensor with the same memory will do
@@ -648,9 +672,16 @@ def _perm(layout: str, kind: str, nd: int):
     return None if layout == order else [layout.index(ch) for ch in order]
 
 
+#: per direction: the layout kinds of the two operands (IN_NAMES order) and of the result
+_ROLE_KINDS = {"forward": (("in", "wei"), "out"), "bwd_data": (("out", "wei"), "in"),
+               "bwd_weight": (("in", "out"), "wei")}
+
+
 def _is_layout_copy(out, y, p: ConvProblem) -> bool:
     """Whether ``out`` is what :func:`from_channels_last` made of ``y`` (not a workspace's reduction)."""
-    return p.out_layout != _cl_order("out", p.ndim) and out.numel() == y.numel() and out.dtype == y.dtype
+    ky = _ROLE_KINDS[p.direction][1]
+    lay = {"in": p.in_layout, "wei": p.wei_layout, "out": p.out_layout}[ky]
+    return lay != _cl_order(ky, p.ndim) and out.numel() == y.numel() and out.dtype == y.dtype
 
 
 def run(p: ConvProblem, tensors: dict, config: ConvKernelConfig | str, num_sms: int | None = None,
@@ -762,6 +793,9 @@ def _run(p: ConvProblem, tensors: dict, config, num_sms):
         dyc = to_channels_last(dy, p.out_layout, "out", nd)
         wc = to_channels_last(w, p.wei_layout, "wei", nd)
         dx = torch.empty((p.N,) + p.input_spatial + (G, C), dtype=dy.dtype, device=dy.device)
+        cap = _CAPTURE.get()
+        if cap is not None:
+            cap.roles.update(x=dyc, w=wc, y=dx)
         if dwise and cfg.flat:
             _dw_flat(dyc, wc, dx, p, g, meta, nw, ns, bwd=True)
         elif dwise:
@@ -837,6 +871,9 @@ def _run(p: ConvProblem, tensors: dict, config, num_sms):
     split = _split_as_named(cfg, _cdiv(P, chunk))
     shape = (G, K) + p.filter + (C,)
     final = torch.empty(shape, dtype=x.dtype, device=x.device)
+    cap = _CAPTURE.get()
+    if cap is not None:
+        cap.roles.update(x=xc, w=dyc, y=final)
     gm = meta.get("GM", 1)
     grid = (p.taps * _cdiv(K, meta["BLOCK_M"]) * _cdiv(C, meta["BLOCK_N"]), _cdiv(G, gm), split)
     so = _SplitOut(final, split, cfg.reduction, grid[0] * grid[1])

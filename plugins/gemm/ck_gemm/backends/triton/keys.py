@@ -218,18 +218,27 @@ _TENSOR_SLOTS = {"a_ptr": "a", "b_ptr": "b", "c_ptr": "c", "d0_ptr": "c", "d1_pt
 
 
 class _Recorded:
-    __slots__ = ("launch", "args", "a_slots", "b_slots", "c_slots", "descs", "replay")
+    """The launches of one call (one, or a split-K GEMM and its reduction): ``steps`` of
+    ``(launch, args, slots, descs)`` where ``slots`` / ``descs`` are ``(arg index, role)`` of the
+    tensors / tensor descriptors to swap in (roles ``a``, ``b``, ``c`` and ``ws``, the split-K
+    workspace, allocated anew per call as ``ws``'s ``(shape, dtype)``)."""
+
+    __slots__ = ("steps", "ws", "replay")
 
 
 def _record(cfg, problem, a, b, c, t_out, act, num_sms=None, name=None, extra=None):
-    """Run the full launcher once, capturing the kernel launch it makes.
+    """Run the full launcher once, capturing the kernel launches it makes.
 
     The kernel comes from the kernel cache under ``name`` (the key's name: what
     ``ck build`` compiled).  Where the compiled kernel can be replayed
     (``ck_core.backends.triton_replay``: CUDA, no profiler hooks) later calls skip
     Triton's per-call argument binding and reuse the tensor-map of each operand
     address; elsewhere they go through the cache's launch with the recorded arguments.
+    Operands are told apart by their data pointers (a transposed view has its tensor's):
+    None where two of them share one, or a launch takes a tensor that is none of them.
     """
+    import torch
+
     from ck_core.backends import triton_artifacts, triton_replay
 
     from . import launch as L
@@ -249,52 +258,59 @@ def _record(cfg, problem, a, b, c, t_out, act, num_sms=None, name=None, extra=No
 
     L.gemm(a, b, layout=problem.layout, config=cfg, c=c, out_dtype=t_out, activation=act,
            num_sms=num_sms, kernel_name=name, launch=capture)
-    if len(captured) != 1:
-        return None  # split-K (two launches): keep the general path
-    spec, grid, kname, fn, args, opts, replay = captured[0]
+    roles = {a.data_ptr(): "a", b.data_ptr(): "b", c.data_ptr(): "c"}
+    if len(roles) != 3:
+        return None
     rec = _Recorded()
-    rec.replay = replay
-    if replay is not None:
-        rec.launch = replay
-        rec.args = list(replay.args)
-        slot = {n: i for i, n in enumerate(replay.names)}
-    else:
-        rec.launch = lambda args_: triton_artifacts.launch(kname, fn, grid, args_, opts, extra=extra)
-        rec.args = list(args)
-        slot = {n: i for i, n in enumerate(n for n in fn.arg_names if n not in L._constexpr_names(fn))}
-    # Pointer arguments only pass their data pointer (a transposed view has the
-    # same one), so the new tensors go in as they are.
-    rec.a_slots = tuple(slot[n] for n in ("a_ptr",) if n in slot)
-    rec.b_slots = tuple(slot[n] for n in ("b_ptr",) if n in slot)
-    rec.c_slots = tuple(slot[n] for n in ("c_ptr", "d0_ptr", "d1_ptr") if n in slot)
-    descs = tuple((slot[n], n[0]) for n in ("a_desc", "b_desc", "c_desc") if n in slot)
-    if replay is not None:
-        # a replay takes the descriptor's base tensor in the descriptor's slot
-        rec.a_slots += tuple(i for i, w in descs if w == "a")
-        rec.b_slots += tuple(i for i, w in descs if w == "b")
-        rec.c_slots += tuple(i for i, w in descs if w == "c")
-        descs = ()
-    rec.descs = descs
+    rec.steps, rec.ws, rec.replay = [], None, captured[0][6]
+    for spec, grid, kname, fn, args, opts, replay in captured:
+        if replay is not None:
+            launch, args = replay, list(replay.args)
+        else:
+            launch = functools.partial(_cache_launch, kname, fn, grid, opts, extra)
+            args = list(args)
+        slots, descs = [], []
+        for i, v in enumerate(args):
+            desc = not isinstance(v, torch.Tensor) and isinstance(getattr(v, "base", None), torch.Tensor)
+            t = v.base if desc else v
+            if not isinstance(t, torch.Tensor):
+                continue
+            role = roles.get(t.data_ptr())
+            if role is None and rec.ws is None:   # the split-K workspace
+                role = roles[t.data_ptr()] = "ws"
+                rec.ws = (tuple(t.shape), t.dtype)
+            elif role is None:
+                return None
+            (descs if desc else slots).append((i, role))
+        rec.steps.append((launch, args, tuple(slots), tuple(descs)))
     return rec
 
 
+def _cache_launch(kname, fn, grid, opts, extra, args):
+    from ck_core.backends import triton_artifacts
+
+    triton_artifacts.launch(kname, fn, grid, args, opts, extra=extra)
+
+
 def _fast_call(rec, a, b, c):
-    args = rec.args.copy()
-    for i in rec.a_slots:
-        args[i] = a
-    for i in rec.b_slots:
-        args[i] = b
-    for i in rec.c_slots:
-        args[i] = c
-    for i, which in rec.descs:
-        # same shape, strides and alignment as the recorded descriptor (the cache key
-        # guarantees it): copy it without re-running TensorDescriptor's validation
-        old = args[i]
-        d = object.__new__(type(old))
-        d.__dict__.update(old.__dict__)
-        d.base = a if which == "a" else b if which == "b" else c
-        args[i] = d
-    rec.launch(args)
+    vals = {"a": a, "b": b, "c": c}
+    if rec.ws is not None:
+        import torch
+
+        vals["ws"] = torch.empty(rec.ws[0], dtype=rec.ws[1], device=c.device)
+    for launch, args, slots, descs in rec.steps:
+        args = args.copy()
+        for i, role in slots:
+            args[i] = vals[role]
+        for i, role in descs:
+            # same shape, strides and alignment as the recorded descriptor (the cache key
+            # guarantees it): copy it without re-running TensorDescriptor's validation
+            old = args[i]
+            d = object.__new__(type(old))
+            d.__dict__.update(old.__dict__)
+            d.base = vals[role]
+            args[i] = d
+        launch(args)
     return c
 
 
@@ -314,10 +330,9 @@ def bare_launch(key, problem, a, b, replay: bool = False):
     rec = _record(cfg, problem, a, b, c, t_out, None, name=key.name,
                   extra=triton_artifacts.compile_options(key))
     if replay:
-        if rec is None or rec.replay is None:
+        if rec is None or rec.replay is None or len(rec.steps) != 1:
             return None
-        args = list(rec.args)
-        launch = rec.launch
+        launch, args = rec.steps[0][:2]
         return lambda: launch(args)
     from . import launch as L
 
@@ -344,7 +359,7 @@ def make_fast_launcher(key, num_sms=None):
 
     def launch(problem, tensors):
         a, b = tensors["a"], tensors["b"]
-        if problem.num_d or problem.activation != "none" or problem.batch != 1 or a.dtype != t_in \
+        if problem.num_d or problem.activation != "none" or a.dtype != t_in \
                 or b.dtype != t_in or not triton_replay.replayable(a):
             return general(problem, tensors)
         c = tensors.get("c")
@@ -366,7 +381,7 @@ def make_fast_launcher(key, num_sms=None):
         return {"c": _fast_call(rec, a, b, c)}
 
     def warm(problem, tensors, out_shape=None):
-        """``f(a, b) -> C`` for later calls like the recorded one (same problem, shapes,
+        """``f(a, b[, d]) -> C`` (``d`` ignored) for later calls like the recorded one (same problem, shapes,
         strides, alignment, device: the caller's signature pins them), or None.  C is
         allocated as ``out_shape`` (the caller's view of C's storage; default the problem's)."""
         a, b = tensors["a"], tensors["b"]
@@ -376,9 +391,29 @@ def make_fast_launcher(key, num_sms=None):
         if not rec:
             return None
         shape, dev, empty = tuple(out_shape or problem.shape_c()), a.device, torch.empty
+        one = rec.steps[0] if len(rec.steps) == 1 and rec.ws is None else None
+        roles = sorted(role for _, role in one[2]) if one is not None else None
+        if one is None or one[3] or roles != ["a", "b", "c"]:
+            def fast(a, b, d=None):
+                return _fast_call(rec, a, b, empty(shape, device=dev, dtype=t_out))
 
-        def fast(a, b):
-            return _fast_call(rec, a, b, empty(shape, device=dev, dtype=t_out))
+            return fast
+        # one launch, one slot per operand (the plain and the replayed-descriptor launches): no loops
+        from ck_core.warm import contiguous_strides
+
+        run, template = one[0], one[1]
+        slot = {role: i for i, role in one[2]}
+        ia, ib, ic = slot["a"], slot["b"], slot["c"]
+        stride, empty_strided = contiguous_strides(shape), torch.empty_strided
+
+        def fast(a, b, d=None):
+            c = empty_strided(shape, stride, dtype=t_out, device=dev)
+            args = template.copy()
+            args[ia] = a
+            args[ib] = b
+            args[ic] = c
+            run(args)
+            return c
 
         return fast
 
