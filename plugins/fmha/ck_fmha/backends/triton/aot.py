@@ -99,7 +99,7 @@ def constexprs_for(family: str, config: Mapping) -> Dict[str, Any]:
             raise ValueError(f"head-dim chunks (DCHUNK={chunk}) take contiguous K/V, row-major V and the 'ptr' "
                              f"or 'tma' variant")
         (bdq, bdq2), (bdv, bdv2) = hdim_blocks(dq, chunk), hdim_blocks(dv, chunk)
-        extra = dict(BLOCK_DQ2=bdq2, BLOCK_DV2=bdv2) if chunk else {}
+        extra = dict(BLOCK_DQ2=bdq2, BLOCK_DV2=bdv2)   # (0: no chunks; every constexpr is named here)
         return dict(D_Q=dq, D_V=dv, BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=bm, BLOCK_N=bn, **extra,
                     MASK_MODE=mm, BOTTOM_RIGHT=br, HAS_SOFTCAP=sc,
                     STORE_LSE=bool(_get(config, "lse", True)),
@@ -126,12 +126,10 @@ def constexprs_for(family: str, config: Mapping) -> Dict[str, Any]:
     even_n = bool(_get(config, "even_n", False)) and not varlen
     if family == "bwd_dot_do_o":
         return dict(D_V=dv, BLOCK_DV=bdv, BLOCK_M=bm, IS_VARLEN=varlen)
-    chunk = int(_get(config, "DCHUNK", 0))
-    if chunk and family in ("bwd_dq_dk_dv", "bwd_dq"):   # head-dim chunks (see configs.hdim_blocks)
+    if family in ("bwd_dq_dk_dv", "bwd_dq"):   # head-dim chunks (see configs.hdim_blocks); 0: none
+        chunk = int(_get(config, "DCHUNK", 0))
         (bdq, bdq2), (bdv, bdv2) = hdim_blocks(dq, chunk), hdim_blocks(dv, chunk)
         extra = dict(BLOCK_DQ2=bdq2, BLOCK_DV2=bdv2)
-    else:
-        extra = {}
     if family == "bwd_dq_dk_dv":
         return dict(D_Q=dq, D_V=dv, BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=bm, BLOCK_N=bn, **extra,
                     MASK_MODE=mm, BOTTOM_RIGHT=br, HAS_SOFTCAP=sc,
@@ -139,7 +137,7 @@ def constexprs_for(family: str, config: Mapping) -> Dict[str, Any]:
                     EVEN_M=even_m, EVEN_N=even_n, IS_VARLEN=varlen, BIAS_MODE=bmode, HAS_DROPOUT=drop,
                     STORE_DBIAS=bool(_get(config, "dbias", False)) and bmode == 1,
                     HAS_SEQLENS=bool(_get(config, "seqlens", False)) and varlen,
-                    **({"KV_SPLIT": True} if variant == "kvsplit" else {}))
+                    KV_SPLIT=variant == "kvsplit")
     if family == "bwd_dq":
         return dict(D_Q=dq, D_V=dv, BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=bm, BLOCK_N=bn, **extra,
                     MASK_MODE=mm, BOTTOM_RIGHT=br, HAS_SOFTCAP=sc,
