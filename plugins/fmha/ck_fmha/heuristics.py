@@ -40,20 +40,23 @@ def split_count(batch_heads: int, max_seqlen_k: int, compute_units: int, *, quer
 DQ_ATOMIC = "atomic"
 
 
-def group_split(batch: int, nhead_q: int, nhead_k: int, seqlen_k: int, block_n: int, compute_units: int,
-                waves: float, *, parts: int = 1, splits=(2, 4, 8, 16)) -> int:
+def group_split(batch: int, nhead_q: int, nhead_k: int, seqlen_q: int, seqlen_k: int, block_n: int,
+                compute_units: int, rule: dict, *, parts: int = 1, splits=(2, 4, 8, 16)) -> int:
     """How many programs share a kv head's GQA group in the Triton dK/dV kernel (1: one program sums the
-    whole group): the least of ``splits`` that gives ``waves`` waves of programs on the machine's
-    ``compute_units`` (from the ArchSpec), at most the group size; ``waves`` comes from the arch's tuned
-    data (``tuning.bwd_gsplit_waves``: 0, no split where it was not measured).  ``parts``: programs per
-    key block already (2 for kvsplit)."""
+    whole group).  ``rule`` is the arch's measured ``bwd_gsplit`` entry (``tuning.bwd_gsplit_rule``; empty:
+    never split): the group is split over the next of ``splits`` while the key blocks' programs are under
+    ``waves`` waves on the machine's ``compute_units`` (from the ArchSpec) and each program still walks at
+    least ``min_rows`` query rows (``ceil(group / n) * seqlen_q``: short problems lose to the partial
+    sums); at most the group size.  ``parts``: programs per key block already (2 for kvsplit)."""
     group = nhead_q // max(1, nhead_k)
-    if waves <= 0:
+    waves, min_rows = float(rule.get("waves", 0)), float(rule.get("min_rows", 0))
+    if waves <= 0 or group <= 1:
         return 1
     programs = max(1, -(-int(seqlen_k) // block_n)) * max(1, batch) * max(1, nhead_k) * parts
     n = 1
     for cand in splits:
-        if cand > group or programs * n >= waves * max(1, int(compute_units)):
+        if (cand > group or programs * n >= waves * max(1, int(compute_units))
+                or -(-group // cand) * max(1, int(seqlen_q)) < min_rows):
             break
         n = cand
     return n
@@ -169,8 +172,8 @@ def bwd_gsplit(p, kv: tuple, arch) -> int:
 
     if kv[4] not in ("ptr", KVSPLIT) or p.nhead_q == p.nhead_k:
         return 0
-    n = group_split(p.batch, p.nhead_q, p.nhead_k, p.seqlen_k or 0, kv[1], arch.compute_units,
-                    T.bwd_gsplit_waves(arch.name), parts=2 if kv[4] == KVSPLIT else 1, splits=GSPLITS)
+    n = group_split(p.batch, p.nhead_q, p.nhead_k, p.seqlen_q or 0, p.seqlen_k or 0, kv[1], arch.compute_units,
+                    T.bwd_gsplit_rule(arch.name), parts=2 if kv[4] == KVSPLIT else 1, splits=GSPLITS)
     return n if n > 1 else 0
 
 
@@ -188,7 +191,7 @@ def bwd_dchunk(p, kv: tuple, dq: str, arch) -> int:
 def bwd_want(p, arch) -> tuple:
     """(dK/dV (block_m, block_n, warps, stages, variant), dq field) the tables pick for ``p``
     (the group split of a Triton dK/dV kernel: :func:`bwd_gsplit`).  A GQA / MQA problem whose Gluon
-    dK/dV grid would want its group split (too few key blocks for the machine) takes the Triton kernel."""
+    dK/dV grid is under the rule's ``gluon_waves`` takes the Triton kernel with its group split."""
     from .backends.triton import tuning as T
     from .backends.triton.keys import GLUON_BWD_BLOCK_N, GLUON_BWD_WARPS, _hopper
 
@@ -201,8 +204,9 @@ def bwd_want(p, arch) -> tuple:
     scope = gluon_bwd_reason(p) or ("dbias" if p.dbias else None)
     det, gk = _bwd_tiles(p.hdim_q, p.is_causal, p.seqlen_k or 0, p.deterministic, scope is None, arch.name)
     kv = triton_kv
-    few = group_split(p.batch, p.nhead_q, p.nhead_k, p.seqlen_k or 0, GLUON_BWD_BLOCK_N, arch.compute_units,
-                      T.bwd_gsplit_waves(arch.name)) > 1
+    rule = T.bwd_gsplit_rule(arch.name)   # the Gluon kernel gives way below its own waves
+    few = group_split(p.batch, p.nhead_q, p.nhead_k, p.seqlen_q or 0, p.seqlen_k or 0, GLUON_BWD_BLOCK_N,
+                      arch.compute_units, dict(rule, waves=rule.get("gluon_waves", 0))) > 1
     if gk is not None and scope is None and gluon_dkdv_reason(p, gk[0], not det) is None and not few:
         kv = (gk[0], GLUON_BWD_BLOCK_N, GLUON_BWD_WARPS, gk[1], "gluon_dkdv_pers" if gk[2] else "gluon_dkdv")
     if not det:

@@ -197,13 +197,18 @@ def test_key_names_round_trip_and_legality():
 def test_group_split_heuristic():
     from ck_fmha.heuristics import group_split
 
-    # MQA, 25 key blocks of 128 per batch, 2 batches: 50 programs on 132 SMs -> 8 (400 >= 264)
-    assert group_split(2, 16, 1, 3168, 128, 132, 2.0) == 8
-    assert group_split(2, 16, 1, 3168, 128, 132, 0.0) == 1            # not measured: no split
-    assert group_split(2, 16, 16, 3168, 128, 132, 2.0) == 1           # MHA: nothing to split
-    assert group_split(8, 32, 8, 8192, 64, 132, 2.0) == 1             # enough programs already
-    assert group_split(1, 6, 2, 100, 64, 132, 2.0) == 2               # at most the group (3)
-    assert group_split(1, 8, 1, 64, 64, 132, 2.0, parts=2) == 8
+    rule = dict(waves=8, min_rows=2048)
+    # MQA, 25 key blocks of 128 per batch, 2 batches: 50 programs on 132 SMs -> the whole group of 16
+    assert group_split(2, 16, 1, 3168, 3168, 128, 132, rule) == 16
+    assert group_split(2, 16, 1, 3168, 3168, 128, 132, {}) == 1                 # not measured: no split
+    assert group_split(2, 16, 16, 3168, 3168, 128, 132, rule) == 1              # MHA: nothing to split
+    assert group_split(20, 32, 8, 1201, 1201, 128, 132, rule) == 1              # 1600 programs already
+    assert group_split(15, 32, 4, 195, 195, 128, 132, rule) == 1                # 195 rows: too little work
+    assert group_split(2, 8, 1, 8528, 8528, 128, 132, rule) == 8                # 134 programs -> 1072
+    assert group_split(2, 8, 1, 8528, 8528, 128, 132, dict(rule, waves=2)) == 2
+    assert group_split(1, 6, 2, 4096, 4096, 64, 132, rule) == 2                 # at most the group (3)
+    assert group_split(1, 8, 1, 2048, 2048, 64, 132, rule, parts=2) == 8
+    assert group_split(1, 8, 1, 1024, 1024, 64, 132, rule) == 4                 # 2 heads x 1024 rows each
 
 
 def test_dispatcher_picks_the_group_split_and_chunks_from_the_tables(monkeypatch):
@@ -217,7 +222,7 @@ def test_dispatcher_picks_the_group_split_and_chunks_from_the_tables(monkeypatch
 
     monkeypatch.setenv("TRITON_INTERPRET", "0")   # the Hopper choice, as on the GPU
     monkeypatch.setattr(T, "fwd_dchunk", lambda hq, hv, arch: 128 if max(hq, hv) in (160, 192) else 0)
-    monkeypatch.setattr(T, "bwd_gsplit_waves", lambda arch: 2.0)
+    monkeypatch.setattr(T, "bwd_gsplit_rule", lambda arch: dict(waves=2, min_rows=1024, gluon_waves=1))
     K._tabled.cache_clear()
     arch = _sm90()
     fk = K.enumerate_keys(arch, "triton", {"hdims": [(160, 160)], "families": ["fwd"], "dtypes": ["bf16"]})
@@ -317,3 +322,33 @@ def test_backward_group_split_group_mode():
         ref, want = _grads(*(t[sl].transpose(0, 1)[None] for t in (q, k, v, do)), True)
         for name, x, w in zip(("dq", "dk", "dv"), (dq, dk, dv), want):
             assert _rel(x[sl].transpose(0, 1)[None], w) < 4e-3, (i, name)
+
+
+@pytest.mark.parametrize("fam,b,hq,hk,s,d,mask,want", [
+    ("fwd", 4, 16, 16, 789, 160, "none", "_m64n64_w4_s2_tma_c128"),
+    ("fwd", 5, 16, 1, 1000, 192, "top_left", "_m128n64_w8_s2_ptr_c128"),   # (buckets: <= 1024)
+    ("fwd", 24, 8, 8, 1488, 80, "none", "_m128n64_w4_s3_tma_c64"),
+    ("bwd_dq_dk_dv", 2, 16, 16, 4096, 256, "none", "_m64n64_w4_s2_kvsplit_dqm128n64w8s1"),
+    ("bwd_dq_dk_dv", 4, 16, 16, 789, 160, "none", "_m64n64_w8_s2_ptr_c128_dqm128n64w8s1"),
+    ("bwd_dq_dk_dv", 2, 16, 1, 3168, 64, "top_left", "_ptr_g16_"),
+    ("bwd_dq_dk_dv", 1, 8, 1, 2156, 160, "none", "_ptr_c128_g8_"),
+    ("bwd_dq_dk_dv", 20, 32, 8, 1201, 64, "top_left", "_m128n128_w8_s2_ptr_dqm64n64w4s3"),   # enough programs
+    ("bwd_dq_dk_dv", 2, 32, 8, 4096, 128, "top_left", "_gluon_dkdv_"),                     # Gluon kept
+    ("bwd_dq_dk_dv", 1, 16, 2, 2048, 128, "top_left", "_ptr_g8_"),                         # Gluon gives way
+])
+def test_sm90_tables_pick_the_measured_variants(monkeypatch, fam, b, hq, hk, s, d, mask, want):
+    """The shipped sm90 data (benchmarks/results/fmha_variants_probe.json) makes the heuristic pick the
+    probe's winners (the forward of these head dims: the only enumerated tiles, whatever ranks them)."""
+    from ck_fmha.backends.triton import keys as K
+    from ck_fmha.heuristics import rank
+    from ck_fmha.problem import FmhaProblem
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")   # the Hopper choice, as on the GPU
+    arch = _sm90()
+    ks = K.enumerate_keys(arch, "triton", {"hdims": [(d, d)], "families": [fam], "dtypes": ["bf16"]})
+    p = FmhaProblem(family=fam, batch=b, nhead_q=hq, nhead_k=hk, seqlen_q=s, seqlen_k=s, hdim_q=d, dtype="bf16",
+                    mask=mask, deterministic=True)
+    cands = [k for k in ks if K.supports(k, p) is None]
+    if fam == "fwd":
+        assert cands and all(k.algorithm.dchunk for k in cands), [k.name for k in cands]   # chunked tiles only
+    assert want in rank(p, cands, arch)[0].name

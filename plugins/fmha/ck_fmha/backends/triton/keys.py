@@ -283,12 +283,17 @@ def _configs(family, hq, hv, arch, elem_bytes: int = 2, prune: bool = True) -> l
         # forms: what the heuristic can pick for any problem the better form cannot address
         cands = [T.default_fwd_config(hq, hv, tag, causal=c, seqlen=n, gluon=False)
                  for c in (False, True) for n in T.SEQ_BUCKETS]
-        chunk = T.fwd_dchunk(hq, hv, tag)   # the arch's head-dim split for these head dims (0: none)
-        extras = (C.TritonFmhaConfig(128, 64, 4, 3, "ptr", chunk), C.TritonFmhaConfig(64, 64, 4, 2, "ptr", chunk))
-        cands += [c for c in extras if c not in cands]
+        lesser = {"tma_host": ("tma", "ptr"), "tma": ("ptr",), "tma_ws": ("ptr",)}
+        if elem_bytes == 2 and T.fwd_dchunk(hq, hv, tag) and _hopper(arch):
+            # head dims the arch runs in chunks: the measured chunked tiles only (their device-descriptor
+            # form addresses every fp16/bf16 problem of these head dims): the learned ranker, fitted on
+            # padded tiles, then picks among measured winners
+            lesser = {"tma_host": ("tma",)}
+        else:
+            extras = (C.TritonFmhaConfig(128, 64, 4, 3, "ptr"), C.TritonFmhaConfig(64, 64, 4, 2, "ptr"))
+            cands += [c for c in extras if c not in cands]
         if elem_bytes == 1:
             cands.insert(0, T.default_fwd_config(hq, hv, tag, fp8=True))
-        lesser = {"tma_host": ("tma", "ptr"), "tma": ("ptr",), "tma_ws": ("ptr",)}
         cands = [x for c in cands for x in (c, *(c.with_(variant=v) for v in lesser.get(c.variant, ())))]
         if _hopper(arch) and elem_bytes == 2 and (hq, hv) in GLUON_HDIMS:
             cands += T.gluon_fwd_configs(hq, tag)   # the Gluon kernel's tuned tiles

@@ -71,7 +71,7 @@ from . import gluon_bwd, gluon_fwd
 from . import kernels as K
 from ... import device_errors
 from .configs import GLUON_VARIANTS, TritonFmhaConfig, hdim_blocks, padded_hdim, next_pow2, valid_dchunk
-from .tuning import (bwd_gsplit_waves, default_bwd_configs, default_fwd_config, gluon_dkdv_tile, gluon_dq_tile,
+from .tuning import (bwd_gsplit_rule, default_bwd_configs, default_fwd_config, gluon_dkdv_tile, gluon_dq_tile,
                      gluon_fused_min_seqlen, gluon_fused_tile)
 
 try:
@@ -824,10 +824,11 @@ def default_bwd_choice(q, k, v, do, lse, delta, *, layout, mode, right, has_sc, 
         from ...heuristics import group_split
 
         bq, hq_, hk_ = q.shape[0], *(_dims(t, layout)[1] for t in (q, k))
-        waves = bwd_gsplit_waves(arch)
-        if not why and _dkdv != "gluon" and group_split(bq, hq_, hk_, sk, 128, spec.compute_units, waves) > 1:
+        rule = bwd_gsplit_rule(arch)
+        if not why and _dkdv != "gluon" and group_split(bq, hq_, hk_, sq, sk, 128, spec.compute_units,
+                                                        dict(rule, waves=rule.get("gluon_waves", 0))) > 1:
             why = "GQA group split"
-        gs = group_split(bq, hq_, hk_, sk, cfg_kv.BLOCK_N, spec.compute_units, waves,
+        gs = group_split(bq, hq_, hk_, sq, sk, cfg_kv.BLOCK_N, spec.compute_units, rule,
                          parts=2 if cfg_kv.variant == "kvsplit" else 1)
         cfg_kv = cfg_kv.with_(GSPLIT=gs if gs > 1 else 0)
     if why and _dkdv == "gluon":
