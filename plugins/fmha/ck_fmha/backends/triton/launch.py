@@ -714,7 +714,7 @@ def fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, retu
         USE_TMA={"ptr": 0, "tma": 1, "tma_ws": 1, "tma_host": 2}[variant], WARP_SPEC=variant == "tma_ws",
         BIAS_MODE=bmode, HAS_DROPOUT=has_do, **paged_cx, HAS_SINK=has_sink, HAS_SINK_LOGIT=sink is not None,
         DESCALE_PTR=descale_ptrs is not None, V_TRANS=v_trans, HAS_SEQLENS=seqlens_k is not None,
-        **({"BLOCK_DQ2": bdq2, "BLOCK_DV2": bdv2} if chunk else {}),
+        BLOCK_DQ2=bdq2, BLOCK_DV2=bdv2,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     _poison(bad, o, lse if return_lse else None)
@@ -1069,8 +1069,7 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
             MASK_MODE=mode, BOTTOM_RIGHT=br, HAS_SOFTCAP=has_sc, ATOMIC_DQ=atomic,
             EVEN_M=not varlen and sq % cfg_kv.BLOCK_M == 0, EVEN_N=not varlen and sk % cfg_kv.BLOCK_N == 0,
             IS_VARLEN=varlen, BIAS_MODE=bmode, HAS_DROPOUT=has_do, STORE_DBIAS=bool(return_dbias),
-            HAS_SEQLENS=seqlens_k is not None, **({"KV_SPLIT": True} if split else {}),
-            **({"BLOCK_DQ2": kbdq2, "BLOCK_DV2": kbdv2} if cfg_kv.DCHUNK else {}),
+            HAS_SEQLENS=seqlens_k is not None, KV_SPLIT=split, BLOCK_DQ2=kbdq2, BLOCK_DV2=kbdv2,
             num_warps=cfg_kv.num_warps, num_stages=cfg_kv.num_stages)
         if gsplit > 1:
             dk, dv = dk_out.copy_(dk.sum(0)), dv_out.copy_(dv.sum(0))
@@ -1112,8 +1111,7 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
         MASK_MODE=mode, BOTTOM_RIGHT=br, HAS_SOFTCAP=has_sc,
         EVEN_M=not varlen and sq % cfg_q.BLOCK_M == 0, EVEN_N=not varlen and sk % cfg_q.BLOCK_N == 0,
         IS_VARLEN=varlen, BIAS_MODE=bmode, HAS_DROPOUT=has_do, HAS_SEQLENS=seqlens_k is not None,
-        **({"BLOCK_DQ2": bdq2, "BLOCK_DV2": bdv2} if cfg_q.DCHUNK else {}),
-        num_warps=cfg_q.num_warps, num_stages=cfg_q.num_stages)
+        BLOCK_DQ2=bdq2, BLOCK_DV2=bdv2, num_warps=cfg_q.num_warps, num_stages=cfg_q.num_stages)
     _poison(bad, dq)
     return (dq, None, dk, dv, dbias) if return_dbias else (dq, None, dk, dv)
 
