@@ -71,7 +71,12 @@ def _fwd_tasks(hdims):
     return out
 
 
-def _tasks():
+def _chunked(cands, chunk):
+    """KV_CHUNK_CANDS with another chunk (head dims 80/96: 64)."""
+    return [c[:-1] + (chunk,) if c[0] != "stage" or c[1] else c for c in cands]
+
+
+def _tasks(kv_hdims=KV_HDIMS):
     """Every task, most wanted first (the compile budget may cut the tail)."""
     out = _fwd_tasks((160, 192))
     for sh in GQA_SHAPES:
@@ -81,10 +86,11 @@ def _tasks():
         cands += [("table", "kvsplit", n) for n in (1,) + GQA_SPLITS[:3] if n <= g]
         for c in cands:
             out.append(("gqa", _shape_key(sh), c))
-    for d in KV_HDIMS:
+    for d in kv_hdims:
         for causal in (False, True):
             sh = dict(b=KV_B, hq=KV_H, hk=KV_H, s=KV_S, d=d, causal=causal)
-            for c in KV_CANDS + (KV_CHUNK_CANDS if d < 256 else [("stage", 0)]):
+            chunked = _chunked(KV_CHUNK_CANDS, 128 if d > 128 else 64)
+            for c in KV_CANDS + (chunked if d not in (64, 128, 256) else [("stage", 0)]):
                 out.append(("kv", _shape_key(sh), c))
     return out + _fwd_tasks((80, 96))
 
@@ -264,12 +270,13 @@ def main():
     ap.add_argument("--deadline-s", type=float, default=340, help="stop timing (and write) after this")
     ap.add_argument("--workers", type=int, default=14)
     ap.add_argument("--limit", type=int, default=0, help="only the first N tasks of each section (smoke)")
+    ap.add_argument("--kv-hdims", default=",".join(map(str, KV_HDIMS)), help="head dims of the kv section")
     a = ap.parse_args()
     import torch
 
     t0 = time.time()
     secs = a.sections.split(",")
-    tasks = [t for t in _tasks() if t[0] in secs]
+    tasks = [t for t in _tasks(tuple(int(x) for x in a.kv_hdims.split(","))) if t[0] in secs]
     if a.limit:
         tasks = [t for i, t in enumerate(tasks) if sum(1 for u in tasks[:i] if u[0] == t[0]) < a.limit]
     ok, errors, csecs = set(), {}, {}
