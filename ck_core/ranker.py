@@ -24,6 +24,10 @@ Dispatcher asks it about that set only, the one its oracle measured.
 A model may name its ``domain``: ``{feature: [lo, hi]}`` over the problem-level
 features of its training shapes.  A problem outside it is not ranked (the
 Dispatcher falls back to the op's heuristic): a ranker does not extrapolate.
+Likewise ``kernel_domain``: ``{feature: [lo, hi]}`` over kernel-form indicators (``v_*``) that
+took one value over all its training candidates (a kernel form no training shape measured); a
+candidate list holding a kernel outside it is not ranked either: the model learned nothing about
+that form, so its prediction for it is noise.
 
 Training lives in :mod:`ck_core.select_train` (an optional extra); inference
 here imports nothing but numpy.
@@ -70,6 +74,10 @@ class Model:
         if not isinstance(dom, dict) or not all(isinstance(v, list) and len(v) == 2 for v in dom.values()):
             raise bad("'domain' must map feature names to [low, high]")
         self.domain = {k: (float(lo), float(hi)) for k, (lo, hi) in dom.items()}
+        kdom = spec.get("kernel_domain") or {}
+        if not isinstance(kdom, dict) or not all(isinstance(v, list) and len(v) == 2 for v in kdom.values()):
+            raise bad("'kernel_domain' must map feature names to [low, high]")
+        self.kernel_domain = {k: (float(lo), float(hi)) for k, (lo, hi) in kdom.items()}
         try:
             if self.kind == "linear":
                 self.coef = np.asarray(spec["coef"], dtype=np.float64)
@@ -206,12 +214,20 @@ def predict(model: Model, op, problem, candidates: list, arch) -> np.ndarray:
 
 
 def covers(model: Model, cols: dict) -> bool:
-    """Whether the problem (its feature columns) lies inside the model's training domain."""
+    """Whether the problem (its feature columns) lies inside the model's training domain, and
+    every candidate inside its kernel domain."""
     for name, (lo, hi) in model.domain.items():
         v = cols.get(name)
         if v is None or len(v) == 0:
             return False
         if not lo - 1e-9 <= float(v[0]) <= hi + 1e-9:
+            return False
+    for name, (lo, hi) in model.kernel_domain.items():
+        v = cols.get(name)
+        if v is None or len(v) == 0:
+            return False
+        v = np.asarray(v, dtype=np.float64)
+        if not (np.all(v >= lo - 1e-9) and np.all(v <= hi + 1e-9)):
             return False
     return True
 

@@ -30,18 +30,58 @@ log = logging.getLogger(__name__)
 FAILED = 3.0
 
 
-def design(op, arch, shapes, names=None, clip: float = FAILED):
+def target(shape, clip: float = FAILED) -> np.ndarray:
+    """Each measured candidate's log(time / the shape's best), capped at ``clip`` (failed: ``clip``)."""
+    y = np.log(shape.ms / shape.best)
+    return np.where(np.isfinite(y), np.minimum(y, clip), clip)
+
+
+def _twin(key) -> tuple:
+    """A key's algorithm without its pipeline depth (fields named ``*stage*``)."""
+    import attrs
+
+    a = key.algorithm
+    fields = attrs.asdict(a, recurse=False) if attrs.has(type(a)) else dict(vars(a))
+    return tuple(sorted((k, repr(v)) for k, v in fields.items() if "stage" not in k))
+
+
+def disturbed(keys, ms: np.ndarray, ratio: float) -> np.ndarray:
+    """Which of one shape's rows to KEEP for training: False where a candidate was timed more than
+    ``ratio`` times slower than the fastest of its twins -- the same kernel but for its pipeline
+    depth (every algorithm field equal except those named ``*stage*``).  A stage more or less
+    moves a kernel's time by tens of percent; 10x to 100x off (a 4-stage kernel at 51-114 us
+    where the 3-stage one takes 3-4 us) is a disturbed single-launch timing, not the kernel.
+    Only training uses this: scores stay computed against the recorded times."""
+    keep = np.ones(len(ms), bool)
+    if not ratio:
+        return keep
+    twins: dict = {}
+    for i, k in enumerate(keys):
+        twins.setdefault(_twin(k), []).append(i)
+    for idx in twins.values():
+        if len(idx) < 2:
+            continue
+        t = ms[idx]
+        order = np.argsort(t)
+        others = np.where(np.arange(len(idx)) == order[0], t[order[1]], t[order[0]])   # fastest twin but itself
+        keep[idx] = ~(t > ratio * others)
+    return keep
+
+
+def design(op, arch, shapes, names=None, clip: float = FAILED, disturbed_ratio: float = 0.0, drop=()):
     """``(X, y, group sizes, feature names)`` over every measured candidate of ``shapes``; ``y``
     is capped at ``clip`` (a kernel that much slower than the best is as good as failed: the
-    fit spends its splits on the contenders)."""
+    fit spends its splits on the contenders).  ``disturbed_ratio``: leave out rows
+    :func:`disturbed` marks (0: keep all).  ``drop``: feature names left out (with ``names`` None)."""
     Xs, ys, groups = [], [], []
     for s in shapes:
         cols = op.features(s.problem, list(s.keys), arch)
-        names = names or sorted(cols)
-        Xs.append(ranker.matrix(cols, names, f"{op.name} features"))
-        y = np.log(s.ms / s.best)
-        ys.append(np.where(np.isfinite(y), np.minimum(y, clip), clip))
-        groups.append(len(s.keys))
+        names = names or [n for n in sorted(cols) if n not in set(drop)]
+        X = ranker.matrix(cols, names, f"{op.name} features")
+        keep = disturbed(s.keys, s.ms, disturbed_ratio)
+        Xs.append(X[keep])
+        ys.append(target(s, clip)[keep])
+        groups.append(int(keep.sum()))
     return np.vstack(Xs), np.concatenate(ys), groups, names
 
 
@@ -76,6 +116,19 @@ def domain(op, arch, shapes) -> dict:
     return out
 
 
+def kernel_domain(op, arch, shapes) -> dict:
+    """``{feature: [v, v]}`` for the kernel-form indicators (features named ``v_*``) that took one
+    value ``v`` over every training candidate, e.g. the indicator of a kernel form that no shape
+    measured: the model learned nothing about that form, so a candidate list holding one is not
+    ranked (:func:`ck_core.ranker.covers`; the op's heuristic orders it)."""
+    values: dict = {}
+    for s in shapes:
+        for name, v in op.features(s.problem, list(s.keys), arch).items():
+            if name.startswith("v_") and len(v):
+                values.setdefault(name, set()).update(np.unique(np.asarray(v, dtype=np.float64)).tolist())
+    return {n: [min(v), max(v)] for n, v in sorted(values.items()) if len(v) == 1}
+
+
 def fit_linear(X, y, names, ridge: float = 1e-3) -> dict:
     mu, sd = X.mean(0), X.std(0) + 1e-9
     Z = (X - mu) / sd
@@ -87,16 +140,26 @@ def fit_linear(X, y, names, ridge: float = 1e-3) -> dict:
 
 
 def fit_gbdt(X, y, names, trees: int = 60, leaves: int = 16, seed: int = 0, depth: int = 5,
-             lr: float = 0.12) -> dict:
+             lr: float = 0.12, min_child: int = 10, subsample: float = 0.8, colsample: float = 0.9,
+             l2: float = 0.0) -> dict:
     import lightgbm as lgb
 
     # shallow trees: inference walks every level for every candidate (selection <= 1 ms)
     model = lgb.LGBMRegressor(n_estimators=trees, num_leaves=leaves, max_depth=depth, learning_rate=lr,
-                              min_child_samples=10,
-                              subsample=0.8, subsample_freq=1, colsample_bytree=0.9, random_state=seed,
-                              verbose=-1)
+                              min_child_samples=min_child, subsample=subsample, subsample_freq=1,
+                              colsample_bytree=colsample, reg_lambda=l2, random_state=seed, verbose=-1,
+                              n_jobs=1)   # small fits; threads only contend on a shared host
     model.fit(X, y)
     return export_lightgbm(model.booster_, names)
+
+
+def fit(kind: str, X, y, names, seed: int = 0, **gbdt) -> dict:
+    """One model of ``kind`` (``gbdt``: :func:`fit_gbdt` with ``gbdt``'s options; ``linear``)."""
+    if kind == "linear":
+        return fit_linear(X, y, names)
+    if kind != "gbdt":
+        raise ValueError(f"model kind {kind!r} is not one of {ranker.KINDS}")
+    return fit_gbdt(X, y, names, seed=seed, **gbdt)
 
 
 def export_lightgbm(booster, names) -> dict:
@@ -134,9 +197,11 @@ def quality(spec: dict, op, arch, shapes) -> dict:
 
 
 def train(op, arch, oracle, kinds=("gbdt", "linear"), seed: int = 0, validation: float = 0.2,
-          clip: float = FAILED, **gbdt):
+          clip: float = FAILED, disturbed_ratio: float = 0.0, drop=(), **gbdt):
     """Fit each kind on part of the training split, keep the best on the rest, refit it on all.
-    ``gbdt``: :func:`fit_gbdt`'s tree options (trees, leaves, depth, lr)."""
+    ``gbdt``: :func:`fit_gbdt`'s tree options (trees, leaves, depth, lr, min_child, ...);
+    ``disturbed_ratio``: training rows :func:`disturbed` marks are left out (0: none); ``drop``:
+    feature names the model does not use."""
     shapes = oracle.split("train")
     if len(shapes) < 10:
         from .errors import ConfigError
@@ -147,21 +212,23 @@ def train(op, arch, oracle, kinds=("gbdt", "linear"), seed: int = 0, validation:
     fams = sorted({s.family for s in shapes})
     held = set(rng.choice(fams, size=max(1, int(len(fams) * validation)), replace=False))
     val = [s for s in shapes if s.family in held]
-    fit = [s for s in shapes if s.family not in held]
-    if len(val) < 5 or len(fit) < 5:
+    part = [s for s in shapes if s.family not in held]
+    if len(val) < 5 or len(part) < 5:
         idx = rng.permutation(len(shapes))
         cut = int(len(shapes) * (1 - validation))
-        fit, val = [shapes[i] for i in idx[:cut]], [shapes[i] for i in idx[cut:]]
-    X, y, _, names = design(op, arch, fit, clip=clip)
+        part, val = [shapes[i] for i in idx[:cut]], [shapes[i] for i in idx[cut:]]
+    X, y, _, names = design(op, arch, part, clip=clip, disturbed_ratio=disturbed_ratio, drop=drop)
     report = {}
     for kind in kinds:
-        spec = fit_gbdt(X, y, names, seed=seed, **gbdt) if kind == "gbdt" else fit_linear(X, y, names)
-        report[kind] = quality(spec, op, arch, val)
+        report[kind] = quality(fit(kind, X, y, names, seed=seed, **gbdt), op, arch, val)
         log.info("%s: validation %s", kind, report[kind])
     best = max(report, key=lambda k: (report[k]["geomean"], report[k]["p10"]))
-    X, y, _, names = design(op, arch, shapes, clip=clip)
-    spec = fit_gbdt(X, y, names, seed=seed, **gbdt) if best == "gbdt" else fit_linear(X, y, names)
+    X, y, _, names = design(op, arch, shapes, clip=clip, disturbed_ratio=disturbed_ratio, drop=drop)
+    spec = fit(best, X, y, names, seed=seed, **gbdt)
     spec["domain"] = domain(op, arch, shapes)
+    kd = kernel_domain(op, arch, shapes)
+    if kd:
+        spec["kernel_domain"] = kd
     spec["validation"] = {k: {m: round(v, 4) for m, v in r.items()} for k, r in report.items()}
     spec["train_shapes"] = len(shapes)
     return spec
@@ -215,6 +282,11 @@ def main(argv=None) -> int:
     ap.add_argument("--lr", type=float, default=0.12, help="the trees' learning rate")
     ap.add_argument("--clip", type=float, default=FAILED,
                     help="cap of the target log(time / best): slower kernels count as equally bad")
+    ap.add_argument("--l2", type=float, default=0.0, help="the trees' L2 regularisation of leaf values")
+    ap.add_argument("--drop", default="", help="feature names the model leaves out, comma-separated")
+    ap.add_argument("--min-child", type=int, default=10, help="fewest training rows a tree leaf holds")
+    ap.add_argument("--disturbed", type=float, default=0.0, metavar="RATIO",
+                    help="leave out training rows timed more than RATIO x their stages-twin (0: keep all)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     mgr = get_manager()
@@ -222,8 +294,9 @@ def main(argv=None) -> int:
     oracle = select_data.load(args.data, mgr)
     h = oracle.header
     arch = mgr.arch(h["arch"])
-    spec = train(op, arch, oracle, tuple(args.kinds.split(",")), args.seed, clip=args.clip, trees=args.trees,
-                 leaves=args.leaves, depth=args.depth, lr=args.lr)
+    spec = train(op, arch, oracle, tuple(args.kinds.split(",")), args.seed, clip=args.clip,
+                 disturbed_ratio=args.disturbed, drop=tuple(filter(None, args.drop.split(","))), trees=args.trees,
+                 leaves=args.leaves, depth=args.depth, lr=args.lr, min_child=args.min_child, l2=args.l2)
     if h.get("candidates", "all") != "all":   # the oracle measured the op's shortlist: rank that
         spec["candidates"] = h["candidates"]
     try:

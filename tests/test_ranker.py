@@ -182,3 +182,28 @@ def test_a_problem_outside_the_rankers_domain_gets_the_heuristic(gemm_reg, user_
     _write_ranker(fake_arch.name, dict(spec, domain={"log_m": [0.0, 6.0], "log_n": "wide"}))
     with pytest.raises(ConfigError, match="domain"):
         Dispatcher(gemm_reg).select(inside)
+
+
+def test_a_candidate_outside_the_kernel_domain_is_not_ranked():
+    """kernel_domain bounds every candidate (a form no training shape measured), domain the problem."""
+    m = ranker.Model(dict(_linear(a=1.0, v_new=1.0), domain={"log_m": [0.0, 6.0]},
+                          kernel_domain={"v_new": [0.0, 0.0]}))
+    cols = {"log_m": np.array([3.0, 3.0, 3.0]), "a": np.array([1.0, 2.0, 3.0])}
+    assert ranker.covers(m, dict(cols, v_new=np.zeros(3)))
+    assert not ranker.covers(m, dict(cols, v_new=np.array([0.0, 1.0, 0.0])))   # one unseen kernel form
+    assert not ranker.covers(m, cols)                                           # the feature is missing
+    with pytest.raises(ConfigError, match="kernel_domain"):
+        ranker.Model(dict(_linear(a=1.0), kernel_domain={"v_new": 0.0}))
+
+
+def test_select_train_bounds_kernel_forms_no_shape_measured():
+    from ck_core import select_train
+
+    def features(problem, keys, arch):
+        k = np.array(keys, dtype=np.float64)
+        return {"log_m": np.full(len(k), float(problem)), "v_seen": k % 2, "v_never": np.zeros(len(k)),
+                "tile": k}
+
+    op = types.SimpleNamespace(features=features)
+    shapes = [types.SimpleNamespace(problem=p, keys=ks) for p, ks in ((1, (0, 1, 2)), (2, (4, 6)))]
+    assert select_train.kernel_domain(op, None, shapes) == {"v_never": [0.0, 0.0]}

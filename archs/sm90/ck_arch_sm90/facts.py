@@ -63,7 +63,11 @@ FACTS = {
             "stages": (3, 4),
             "tiles_mn": (64, 128, 256),
             "tile_k_bytes": (128,),  # BLOCK_K 64 for 16-bit inputs, 128 for 8-bit, 32 for tf32
-            # "tma_ws" too once the GEMM name grammar can spell it (its "_" splits the token)
+            # "tma_ws" too once the GEMM name grammar can spell it (its "_" splits the token).
+            # Not "tma_streamk" / "streamk" yet: on the H100 (2026-11-27 probe) they ran 0.1-0.8x
+            # cuBLAS where the data-parallel keys ran 0.6-1.15x (their fix-up held three C tiles
+            # in registers), and the ranker, which has never seen them, picked them; with them,
+            # the "streamk" entry below says on which tiles they are enumerated
             "variants": ("tile", "tma", "persistent"),
             "schedulers": ("intrawave",),
             "epilogues": ("cshuffle",),
@@ -71,7 +75,13 @@ FACTS = {
             # split-K keys: for skinny/mid M with long K (too few C tiles to fill 132 SMs); on
             # the small wgmma tiles, whose extra CTAs a large K loop can feed
             "split_k": {"factors": (2, 4), "variants": ("tile", "tma"), "max_tile_mn": 64 * 128},
+            # stream-K keys: on the wgmma tiles that stream B fastest (skinny M) and the large
+            # ones whose tile counts quantise worst (mid M: 5 x 16 tiles of 128x256 on 132 SMs)
+            "streamk": {"tiles_mn": ((64, 64), (64, 128), (64, 256), (128, 128), (128, 256))},
         },
+        # the cache between the SMs and HBM (H100 SXM5: 50 MB): what a skinny GEMM's re-read
+        # weight matrix either hits or streams from HBM again
+        "memory": {"l2_bytes": 50 * 1024 * 1024},
         "nvidia": {
             "sm": 90,
             "max_registers_per_thread": 255,

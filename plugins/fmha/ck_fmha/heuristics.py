@@ -114,8 +114,8 @@ def gluon_bwd_reason(p, block_n: int = 64) -> Optional[str]:
     if p.seqlens_k is not None or p.vlayout != "r":
         return "per-batch seqlens_k / column-major V"
     sq, sk = p.seqlen_q or 0, p.seqlen_k or 0
-    if sq == 0 or sq % 128 or sk % block_n:
-        return f"seqlen_q {sq} % 128 or seqlen_k {sk} % {block_n} (no-padding kernel)"
+    if sq == 0 or sk == 0:   # ragged lengths: 3-D descriptors zero-fill the tails, the last blocks are masked
+        return f"seqlen_q {sq} / seqlen_k {sk}: empty sequences"
     if p.is_causal and sq != sk:
         return "causal with seqlen_q != seqlen_k"
     return None
@@ -127,8 +127,6 @@ def gluon_dkdv_reason(p, block_mq: int, fused: bool) -> Optional[str]:
         return why
     if p.dbias:
         return "dbias"
-    if (p.seqlen_k or 0) % 128 or (p.seqlen_q or 0) % block_mq:
-        return f"seqlen_k % 128 or seqlen_q % {block_mq}"
     if fused and p.deterministic:
         return "dQ fused into dK/dV by atomics is not deterministic"
     return None

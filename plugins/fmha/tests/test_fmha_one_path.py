@@ -33,7 +33,7 @@ def _old_gluon_fwd_ok(p, cfg):
     return (not p.is_group and p.dtype in ("fp16", "bf16") and p.hdim_q == p.hdim_v and p.hdim_q in (64, 128)
             and cfg.BLOCK_M == 128 and cfg.num_warps == 12 and p.seqlen_q and p.seqlen_k
             and (p.mask == "none" or causal) and not p.logits_soft_cap and p.bias == "none" and not p.p_drop
-            and p.seqlen_q % 128 == 0 and p.seqlen_k % cfg.BLOCK_N == 0 and (not causal or p.seqlen_q == p.seqlen_k))
+            and (not causal or p.seqlen_q == p.seqlen_k))   # (any lengths: ragged tails masked in the kernel)
 
 
 def old_fwd(p, hopper):
@@ -61,7 +61,7 @@ def _old_gluon_bwd_ok(p, block_n=64):
     causal = p.is_causal
     return (not p.is_group and p.dtype in ("fp16", "bf16") and p.hdim_q == p.hdim_v and p.hdim_q in (64, 128)
             and (p.mask == "none" or causal) and not p.logits_soft_cap and p.bias == "none" and not p.p_drop
-            and p.seqlen_q and p.seqlen_q % 128 == 0 and p.seqlen_k % block_n == 0
+            and p.seqlen_q and p.seqlen_k
             and (not causal or p.seqlen_q == p.seqlen_k))
 
 
@@ -80,7 +80,7 @@ def old_bwd(p, hopper):
         if fused is None:
             det = True
     gk = None if p.dbias else (tuning.gluon_dkdv_tile(d, p.is_causal, tag) if det else fused)
-    gluon_kv = gk is not None and gluon_ok and sk % 128 == 0 and sq % gk[0] == 0
+    gluon_kv = gk is not None and gluon_ok
     # session 8: a GQA group split over programs (the arch's bwd_gsplit rule, Hopper here): the Gluon kernel
     # gives way where its 128-key programs are under gluon_waves and the group would split
     rule = tuning.bwd_gsplit_rule(tag) if hopper else {}

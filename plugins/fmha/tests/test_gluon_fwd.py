@@ -119,9 +119,13 @@ def test_rank_puts_the_tuned_gluon_key_first(mgr, monkeypatch):
     assert pick(hdim_q=128, seqlen_q=512, seqlen_k=512, mask="top_left").variant == "gluon_ws_pers"
     assert pick(hdim_q=64, seqlen_q=4096, seqlen_k=4096, mask="bottom_right").variant == "gluon_ws_pers"
     assert pick(hdim_q=64, seqlen_q=512, seqlen_k=512).variant == "gluon_wspp_pers"
+    # ragged lengths too (the kernel masks its last blocks)
+    assert pick(hdim_q=128, seqlen_q=3418, seqlen_k=3418).variant in TK.GLUON_VARIANTS
+    assert pick(hdim_q=64, seqlen_q=1201, seqlen_k=1201, mask="bottom_right").variant in TK.GLUON_VARIANTS
+    assert pick(hdim_q=64, seqlen_q=1, seqlen_k=129).variant in TK.GLUON_VARIANTS
     # problems the Gluon key rejects get the Triton kernel's tuned tile
-    a = pick(hdim_q=128, seqlen_q=200, seqlen_k=200)
-    t = tuning.default_fwd_config(128, 128, "sm90", seqlen=200, gluon=False)
+    a = pick(hdim_q=128, seqlen_q=200, seqlen_k=328, mask="top_left")
+    t = tuning.default_fwd_config(128, 128, "sm90", causal=True, seqlen=200, gluon=False)
     assert (a.block_m, a.block_n, a.num_warps, a.num_stages, a.variant) == (t.BLOCK_M, t.BLOCK_N, t.num_warps,
                                                                              t.num_stages, t.variant)
 
@@ -140,8 +144,6 @@ GOOD = dict(family="fwd", batch=2, nhead_q=6, nhead_k=2, seqlen_q=256, seqlen_k=
     (dict(mask="bottom_right", sink_tokens=4), "no sink tokens"),
     (dict(sink_logits=True), "no sink tokens"),
     (dict(vlayout="c"), "V row-major only"),
-    (dict(seqlen_q=200), "seqlen_q a multiple of 128"),
-    (dict(seqlen_k=200), "seqlen_k a multiple of its BLOCK_N 128"),
     (dict(mask="top_left"), "causal only with seqlen_q == seqlen_k"),
     (dict(dtype="fp8"), "takes fp16/bf16"),
     (dict(hdim_q=128, hdim_v=64), "head dims 64/64 or 128/128"),
@@ -331,10 +333,10 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.experimental.gluon._runtime import GluonASTSource
 from ck_fmha.backends.triton import gluon_bwd as B
 
-def desc(rows, d, dt=torch.bfloat16, gdt=gl.bfloat16):
-    x = torch.empty(256, d, dtype=dt)
-    return mangle_type(TensorDescriptor.from_tensor(x[:rows], [rows, d],
-                                                    gl.NVMMASharedLayout.get_default_for([rows, d], gdt)))
+def desc(rows, d, dt=torch.bfloat16, gdt=gl.bfloat16):   # 3-D, as the launchers build them
+    x = torch.empty(2, 256, d, dtype=dt)
+    return mangle_type(TensorDescriptor.from_tensor(x, [1, rows, d],
+                                                    gl.NVMMASharedLayout.get_default_for([1, rows, d], gdt)))
 
 ints = dict(H="i32", HK="i32", GROUP="i32", SEQ_Q="i32", SEQ_K="i32", scale2="fp32", sm_scale="fp32",
             LSE="*fp32", DELTA="*fp32")
@@ -421,3 +423,20 @@ def test_fused_dq_tables_and_shared_memory(monkeypatch):
     for (d, _), tile in _sm90("bwd_gluon_dkdv", _tile).items():
         assert B.dkdv_smem_bytes(d, tile[0], tile[1], False) <= smem
     assert B.dkdv_smem_bytes(128, 64, 3, True) > smem     # 3 stages do not fit with dQ fused at D=128
+
+
+@needs_gluon
+@pytest.mark.parametrize("sq, sk, ok", [(256, 384, True), (200, 384, True), (256, 300, True), (0, 300, False)])
+def test_gluon_dq_pass_takes_ragged_lengths(sq, sk, ok):
+    """The Gluon dQ pass reads 3-D descriptors (tails zero-filled, the last blocks masked): any lengths
+    but empty ones."""
+    from ck_fmha.backends.triton import gluon_bwd
+
+    def t(h, s, d=64, dt=torch.float16):
+        return torch.empty(2, h, s, d, device="meta", dtype=dt)
+
+    q, k = t(4, sq), t(2, sk)
+    lse = torch.empty(2, 4, sq, device="meta", dtype=torch.float32)
+    why = gluon_bwd.dq_unsupported_reason(q, k, k, q, lse, lse, causal=False, layout="bhsd", block_n=64)
+    assert (why == "") == ok, why
+    assert ok or "empty" in why

@@ -37,8 +37,22 @@ def test_backward_keys_follow_the_tables_not_the_forward_ranker(disp, mask, s):
 
 
 def test_forward_keys_still_get_the_ranker(disp):
-    disp.select(_problem("fwd", lse=True))
+    disp.select(_problem("fwd", lse=True, logits_soft_cap=30.0))   # (no Gluon key takes a soft cap)
     assert "ranker" in disp._rule
+
+
+@pytest.mark.parametrize("s", [2048, 3451])
+def test_forward_lists_with_a_gluon_key_follow_the_tables(disp, s, monkeypatch):
+    """No training shape measured a Gluon key (the model's kernel_domain says v_gluon 0): a
+    shortlist holding one is ordered by the tables, which put the tuned Gluon key first."""
+    from ck_fmha.backends.triton.keys import GLUON_VARIANTS
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    disp._selected.clear()
+    key = disp.select(_problem("fwd", lse=True, seqlen_q=s, seqlen_k=s))
+    assert "ranker" not in disp._rule
+    assert key.algorithm.variant in GLUON_VARIANTS
+    assert disp.ranker(disp.mgr.op("fmha")).kernel_domain.get("v_gluon") == (0.0, 0.0)
 
 
 def test_domain_bounds_problem_class_indicators_exactly():

@@ -7,6 +7,12 @@ random odd sizes 1..8k per dimension, and batched GEMMs; bf16 and fp16, layouts 
 then ours (the Dispatcher's own choice) and torch.matmul (cuBLAS) are timed on the same tensors,
 as CUDA-graph replays and eagerly.  Whole model configs are held out from the training split
 (``split`` column): tuning may look at ``train`` rows only.
+
+fp8 rows (kind ``fp8:<model>:<layer>``, drawn from a second generator so the rows above never
+change): e4m3 inputs, fp16 out, rcr, against ``torch._scaled_mm`` with unit scales (the
+plugin's fp8 GEMM has no scale operands: unit scales compute the same product).  Their ratios
+are summarised on their own (``summary["fp8"]``) and left out of ``all`` / ``train`` /
+``heldout``, whose peer is torch.matmul.
 """
 from __future__ import annotations
 
@@ -39,7 +45,7 @@ def _log_uniform(rng, lo, hi) -> int:
     return int(round(math.exp(rng.uniform(math.log(lo), math.log(hi)))))
 
 
-def cases(seed: int = SEED, n_llm: int = 40, n_odd: int = 16, n_batched: int = 6) -> list[dict]:
+def cases(seed: int = SEED, n_llm: int = 40, n_odd: int = 16, n_batched: int = 6, n_fp8: int = 10) -> list[dict]:
     rng = random.Random(seed)
     out = []
     for _ in range(n_llm):
@@ -60,6 +66,14 @@ def cases(seed: int = SEED, n_llm: int = 40, n_odd: int = 16, n_batched: int = 6
         out.append(dict(kind="batched", m=_log_uniform(rng, 64, 2048), n=_log_uniform(rng, 64, 2048),
                         k=_log_uniform(rng, 64, 2048), batch=rng.choice((4, 8, 16, 32)), dtype="bf16",
                         layout="rcr", split="heldout" if rng.random() < 0.3 else "train"))
+    rng8 = random.Random(seed + 8)
+    for _ in range(n_fp8):
+        name, h, inter, vocab, nq, nkv, hd = rng8.choice(MODELS)
+        tokens = _log_uniform(rng8, 1, 16384)
+        layer, n, k = rng8.choice((("qkv", (nq + 2 * nkv) * hd, h), ("o", h, nq * hd), ("up", 2 * inter, h),
+                                   ("down", h, inter)))
+        out.append(dict(kind=f"fp8:{name}:{layer}", m=tokens, n=n, k=k, batch=1, dtype="fp8", layout="rcr",
+                        split="heldout" if name in HELD_OUT_MODELS else "train"))
     for c in out:
         c["case"] = f"{c['kind']} {c['dtype']} {c['layout']} b{c['batch']} {c['m']}x{c['n']}x{c['k']}"
     return out
@@ -68,6 +82,12 @@ def cases(seed: int = SEED, n_llm: int = 40, n_odd: int = 16, n_batched: int = 6
 def _tensors(c, device):
     import torch
 
+    if c["dtype"] == "fp8":
+        # e4m3 inputs of a size that keeps the fp16 products finite; the peer: cuBLAS Lt's fp8 GEMM
+        a = (torch.randn(c["m"], c["k"], device=device) * 0.5).to(torch.float8_e4m3fn)
+        b = (torch.randn(c["n"], c["k"], device=device) * 0.5).to(torch.float8_e4m3fn)
+        one = torch.ones((), device=device, dtype=torch.float32)
+        return a, b, (lambda: torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one, out_dtype=torch.float16))
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[c["dtype"]]
     lead = (c["batch"],) if c["batch"] > 1 else ()
     a = torch.randn(*lead, c["m"], c["k"], device=device, dtype=dt)
@@ -182,7 +202,9 @@ def run(out_path: Optional[str] = None, budget_s: float = 300.0, seed: int = SEE
                     row["ours"] = round(fl / ours["graph_ms"] / 1e9, 2)
                 if theirs.get("graph_ms"):
                     row["peer"] = round(fl / theirs["graph_ms"] / 1e9, 2)
-                row.update(unit="TFLOPS (graph)", peer_name="torch.matmul (cuBLAS)", ratio=row.get("ratio_graph"))
+                row.update(unit="TFLOPS (graph)", ratio=row.get("ratio_graph"),
+                           peer_name="torch._scaled_mm (cuBLASLt fp8)" if c["dtype"] == "fp8"
+                           else "torch.matmul (cuBLAS)")
             del a, b, out, ref
         except Exception as exc:
             row.update(status="error", error=f"{type(exc).__name__}: {str(exc)[:300]}")
@@ -209,8 +231,9 @@ def _geomean(vals):
 
 def summary(rows: list[dict]) -> dict:
     out = {}
-    for split in ("all", "train", "heldout"):
-        rs = [r for r in rows if split == "all" or r.get("split") == split]
+    for split in ("all", "train", "heldout", "fp8"):
+        rs = [r for r in rows if (r.get("dtype") == "fp8") == (split == "fp8")
+              and (split in ("all", "fp8") or r.get("split") == split)]
         big = [r for r in rs if (r.get("gflop") or 0) >= 1.0]
         out[split] = {"n": len(rs), "wrong": sum(r.get("status") == "wrong" for r in rs),
                       "errors": sum(r.get("status") == "error" for r in rs),

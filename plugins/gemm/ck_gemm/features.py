@@ -15,11 +15,11 @@ import numpy as np
 
 from ck_core.dtypes import ELEMENT_BYTES
 
-from .keys import C_DESCRIPTOR_VARIANTS, DESCRIPTOR_VARIANTS
+from .keys import C_DESCRIPTOR_VARIANTS, DESCRIPTOR_VARIANTS, STREAMK_VARIANTS
 
 #: kernel columns, in the order of :func:`_kernel_row`
 _KERNEL = ("tile_m", "tile_n", "tile_k", "warps", "stages", "split_k", "group_m", "epi_subtile",
-           "v_tma", "v_persistent", "v_ws", "v_cs", "pad_m", "pad_n", "pad_k")
+           "v_tma", "v_persistent", "v_ws", "v_cs", "pad_m", "pad_n", "pad_k", "v_streamk")
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -28,7 +28,7 @@ def _kernel_row(key) -> tuple:
     v = a.variant
     return (a.tile_m, a.tile_n, a.tile_k, a.warp_m * a.warp_n * a.warp_k, a.stages, a.split_k, a.group_m,
             a.epi_subtile, v in DESCRIPTOR_VARIANTS, "persistent" in v, v.endswith("_ws"),
-            v in C_DESCRIPTOR_VARIANTS, a.pad_m, a.pad_n, a.pad_k)
+            v in C_DESCRIPTOR_VARIANTS, a.pad_m, a.pad_n, a.pad_k, v in STREAMK_VARIANTS)
 
 
 @functools.lru_cache(maxsize=256)
@@ -48,10 +48,17 @@ def features(problem, candidates: list, arch) -> dict:
     ebc = float(ELEMENT_BYTES[problem.dtype_c])
     cus = float(max(arch.compute_units, 1))
     tm, tn, tk, sk = col["tile_m"], col["tile_n"], col["tile_k"], col["split_k"]
+    stk = col["v_streamk"] > 0
     tiles_m, tiles_n = np.ceil(m / tm), np.ceil(n / tn)
+    c_tiles = tiles_m * tiles_n * batch
+    if stk.any():
+        # stream-K splits the K steps of the tiles past the whole waves evenly over the SMs: an
+        # effective split (programs per tile, >= 1, at most 8: the kernel's cap) that fills the last wave
+        units = c_tiles * np.ceil(k / tk)
+        sk = np.where(stk, np.maximum(1.0, np.minimum(np.minimum(cus, units), 8.0 * c_tiles) / c_tiles), sk)
     k_iters = np.ceil(k / (tk * sk))
-    tiles = tiles_m * tiles_n * batch * sk
-    waves = np.ceil(tiles / cus)
+    tiles = c_tiles * sk
+    waves = np.where(stk, np.maximum(tiles / cus, 1.0), np.ceil(tiles / cus))
     # one SM's share of the padded work, at the arch's peak; memory at the arch's bandwidth
     peak = arch.peak.get(f"{problem.dtype}_tflops") or arch.peak.get("fp16_tflops") or 100.0
     bw = arch.peak.get("mem_gbs") or 1000.0
@@ -85,9 +92,10 @@ def features(problem, candidates: list, arch) -> dict:
     # (tiles / SMs, fractional part), the programs that run at once, work per program
     out["tail_m"] = m / (tiles_m * tm)
     out["tail_n"] = n / (tiles_n * tn)
-    out["tail_k"] = k / (k_iters * tk * sk)
+    # (stream-K: each program's share is whole K steps, so only the last step has a tail)
+    out["tail_k"] = np.where(stk, k / (np.ceil(k / tk) * tk), k / (k_iters * tk * sk))
     frac = tiles / cus - np.floor(tiles / cus)
-    out["wave_frac"] = np.where(frac == 0.0, 1.0, frac)
+    out["wave_frac"] = np.where((frac == 0.0) | stk, 1.0, frac)
     out["log_waves_exact"] = np.log2(tiles / cus)
     out["sm_busy"] = np.minimum(tiles, cus) / cus
     out["log_mnk_per_tile"] = np.log2(tm * tn * k_iters * tk)
@@ -105,6 +113,19 @@ def features(problem, candidates: list, arch) -> dict:
     for name in ("log_waves_exact", "log_mnk_per_tile", "log_t_mem"):
         out["rel_" + name[4:]] = out[name] - out[name].min()
     out["rank_roofline"] = np.argsort(np.argsort(out["log_roofline"], kind="stable"), kind="stable") / len(candidates)
+    # residency: programs an SM holds at once (its shared memory over the tile's pipeline buffers,
+    # at most 64 warps), the waves and last-wave fill at that residency, and one SM slot's work
+    smem = np.maximum(col["stages"], 1.0) * (tm + tn) * tk * eb
+    lds = float(arch.lds_bytes or 0) or float(smem.max())
+    per_sm = np.maximum(1.0, np.minimum(np.floor(lds / smem), np.floor(64.0 / np.maximum(col["warps"], 1.0))))
+    waves_res = np.ceil(tiles / (cus * per_sm))
+    out["log_smem"] = np.log2(smem)
+    out["ctas_per_sm"] = per_sm
+    out["log_waves_res"] = np.log2(waves_res)
+    out["occupancy_res"] = tiles / (waves_res * cus * per_sm)
+    out["log_t_res"] = np.log2(waves_res * tm * tn * k_iters * tk / per_sm)
+    for name in ("log_waves_res", "log_t_res"):
+        out["rel_" + name[4:]] = out[name] - out[name].min()
     for name in _KERNEL:
         out[name] = col[name]
     for name in ("tile_m", "tile_n", "tile_k"):

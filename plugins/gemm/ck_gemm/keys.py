@@ -29,11 +29,12 @@ LDS_BUFFERS = {"mem": 1, "compv3": 1, "compv4": 2}
 SCHEDULERS = ("intrawave", "interwave")
 EPILOGUES = ("cshuffle", "default")
 VARIANTS = ("tile", "persistent", "tma", "tma_ws", "tma_persistent", "tma_persistent_ws", "tma_cs",
-            "tma_persistent_cs")
+            "tma_persistent_cs", "streamk", "tma_streamk")
 #: name tokens of the variants (no underscores, so names split cleanly on "_")
 VARIANT_TOKEN = {"persistent": "vpers", "tma": "vtma", "tma_ws": "vtmaws",
                  "tma_persistent": "vtmapers", "tma_persistent_ws": "vtmapersws",
-                 "tma_cs": "vtmacs", "tma_persistent_cs": "vtmaperscs"}
+                 "tma_cs": "vtmacs", "tma_persistent_cs": "vtmaperscs", "streamk": "vstk",
+                 "tma_streamk": "vtmastk"}
 _TOKEN_VARIANT = {t: v for v, t in VARIANT_TOKEN.items()}
 C_DTYPES = ("fp16", "bf16", "fp32", "int32")
 
@@ -54,6 +55,9 @@ DESCRIPTOR_VARIANTS = tuple(v for v in VARIANTS if v.startswith("tma"))
 C_DESCRIPTOR_VARIANTS = ("tma_cs", "tma_persistent_cs")
 #: variants that may split K (a persistent loop owns whole tiles; split-K partials go through pointers)
 SPLITK_VARIANTS = ("tile", "tma", "tma_ws")
+#: stream-K variants: a grid of the arch's SMs splits the K steps of the last waves' tiles evenly
+#: per problem (so their keys keep split_k 1) and sums partial tiles in the same launch
+STREAMK_VARIANTS = ("streamk", "tma_streamk")
 
 
 @attrs.frozen(cache_hash=True)
@@ -274,6 +278,18 @@ def split_violation(a: GemmAlgorithm, facts: dict) -> str | None:
         return f"the arch splits K only on variants {facts.get('variants')}"
     if a.tile_m * a.tile_n > facts.get("max_tile_mn", a.tile_m * a.tile_n):
         return f"the arch splits K only on C tiles of at most {facts['max_tile_mn']} elements"
+    return None
+
+
+def streamk_violation(a: GemmAlgorithm, facts: dict) -> str | None:
+    """Stream-K keys outside the arch's ``streamk`` facts (the C tiles it enumerates them on)."""
+    if a.variant not in STREAMK_VARIANTS or not facts:
+        return None
+    tiles = facts.get("tiles_mn")
+    if tiles and (a.tile_m, a.tile_n) not in tuple(map(tuple, tiles)):
+        return f"the arch enumerates stream-K keys only on C tiles {tiles}"
+    if a.num_warps not in facts.get("warps", (a.num_warps,)):
+        return f"the arch enumerates stream-K keys only with {facts['warps']} warps"
     return None
 
 

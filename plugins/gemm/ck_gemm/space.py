@@ -17,7 +17,7 @@ from ck_core.key import KernelKey
 
 from . import ck_rules
 from .keys import (EPILOGUES, SCHEDULERS, GemmAlgorithm, GemmSignature, _tile_violation, triton_smem_violation,
-                   split_violation, variant_violation, warp_tiles_for)
+                   split_violation, streamk_violation, variant_violation, warp_tiles_for)
 from .problem import ACTIVATIONS, D_OPS, DTYPES, LAYOUTS
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,8 @@ def enumerate_keys(arch, backend: str, options: dict) -> list[KernelKey]:
                                 epilogue=epi, pad_m=pad[0], pad_n=pad[1], pad_k=pad[2],
                                 stages=st, variant=var, split_k=sk)
             why = _tile_violation(sig_list[0], alg, arch) or variant_violation(alg) \
-                or (arch_split and split_violation(alg, arch_split))
+                or (arch_split and split_violation(alg, arch_split)) \
+                or streamk_violation(alg, facts.get("streamk"))
             if why is None and backend == "triton":
                 why = triton_smem_violation(dtype, alg, arch)
             if why:
@@ -113,4 +114,13 @@ def tuned_keys(arch, backend, dtypes, layouts) -> list:
                 alg = algorithm_for_config(cfg, arch, dtype, pipeline, lay)
                 if alg is not None:
                     out.append(KernelKey("gemm", GemmSignature(dtype, lay), alg, arch.name, backend))
-    return out
+        # 8-bit floats: the 16-bit winners' persistent TMA kernels at twice the K tile (the same
+        # bytes a stage, the same tile of C), where the table has no row of their own
+        if dt in ("fp16", "bf16") and "persistent" in cfg.variant and cfg.is_tma:
+            for dtype in (d for d in dtypes if d in ("fp8", "bf8") and d in arch.dtypes
+                          and not any(r[0] == d for r in load_table(arch.name))):
+                for lay in layouts:
+                    alg = algorithm_for_config(cfg.evolve(block_k=2 * cfg.block_k), arch, dtype, pipeline, lay)
+                    if alg is not None:
+                        out.append(KernelKey("gemm", GemmSignature(dtype, lay), alg, arch.name, backend))
+    return list(dict.fromkeys(out))

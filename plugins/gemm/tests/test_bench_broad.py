@@ -16,11 +16,15 @@ def test_cases_deterministic_and_broad():
     cs = gb.cases()
     assert cs == gb.cases() and cs != gb.cases(seed=3)
     kinds = {c["kind"].split(":")[0] for c in cs}
-    assert kinds == {"llm", "odd", "batched"}
+    assert kinds == {"llm", "odd", "batched", "fp8"}
+    # the fp8 rows come from their own generator: the bf16/fp16 rows are those of earlier runs
+    assert gb.cases(n_fp8=0) == [c for c in cs if c["dtype"] != "fp8"]
+    fp8 = [c for c in cs if c["dtype"] == "fp8"]
+    assert len(fp8) >= 8 and {c["layout"] for c in fp8} == {"rcr"} and all(c["kind"].startswith("fp8:") for c in fp8)
     layers = {c["kind"].split(":")[2] for c in cs if c["kind"].startswith("llm")}
     assert {"qkv", "o", "up", "down", "vocab"} <= layers
     assert min(c["m"] for c in cs) <= 4 and max(c["m"] for c in cs) >= 8192
-    assert {c["layout"] for c in cs} == {"rcr", "rrr"} and {c["dtype"] for c in cs} == {"bf16", "fp16"}
+    assert {c["layout"] for c in cs} == {"rcr", "rrr"} and {c["dtype"] for c in cs} == {"bf16", "fp16", "fp8"}
     assert any(c["m"] % 2 and c["n"] % 2 and c["k"] % 2 for c in cs)  # odd sizes
     held = [c for c in cs if c["split"] == "heldout"]
     assert len(held) >= len(cs) // 5
@@ -45,6 +49,16 @@ def test_every_case_has_an_sm90_kernel():
         if key not in regs:
             regs[key] = Registry.from_enumeration("gemm", "sm90", "triton", dtypes=[c["dtype"]], layouts=[c["layout"]])
         assert regs[key].candidates(_problem(c), "triton"), c["case"]
+
+
+def test_summary_keeps_fp8_rows_apart():
+    rows = [dict(case="a", dtype="bf16", split="train", status="ok", ratio_graph=0.5, gflop=2.0),
+            dict(case="b", dtype="fp8", split="train", status="ok", ratio_graph=2.0, gflop=2.0),
+            dict(case="c", dtype="fp16", split="heldout", status="ok", ratio_graph=0.8, gflop=0.1)]
+    s = gb.summary(rows)
+    assert s["all"]["n"] == 2 and s["train"]["n"] == 1 and s["fp8"]["n"] == 1
+    assert s["fp8"]["graph_geomean"] == pytest.approx(2.0) and s["train"]["graph_min"] == 0.5
+    assert s["all"]["graph_geomean"] == pytest.approx((0.5 * 0.8) ** 0.5, rel=1e-3)
 
 
 def test_broad_result_keeps_wrong_rows_out_of_the_ratios():

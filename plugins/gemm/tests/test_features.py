@@ -28,10 +28,26 @@ def test_tile_fit_features_match_a_hand_count(m, n, k, batch, layout):
         assert cols["tail_m"][i] == pytest.approx(m / (tiles_m * a.tile_m))
         assert cols["tail_n"][i] == pytest.approx(n / (tiles_n * a.tile_n))
         assert cols["tail_k"][i] == pytest.approx(k / (iters * a.tile_k * a.split_k))
+        assert cols["v_streamk"][i] == float(a.variant in ("streamk", "tma_streamk"))
+        if cols["v_streamk"][i]:
+            # stream-K: the K steps of the tiles are shared by up to every SM; the last wave is full
+            units = tiles_m * tiles_n * batch * iters
+            shared = max(programs, min(units, sms, 8 * programs))
+            assert cols["wave_frac"][i] == 1.0
+            assert cols["sm_busy"][i] == pytest.approx(min(shared, sms) / sms)
+            continue
         frac = programs / sms - programs // sms
         assert cols["wave_frac"][i] == pytest.approx(frac if frac else 1.0)
         assert cols["sm_busy"][i] == pytest.approx(min(programs, sms) / sms)
         assert cols["tile_bytes_per_flop"][i] == pytest.approx(2 * (a.tile_m + a.tile_n) / (2 * a.tile_m * a.tile_n))
+        # residency: pipeline buffers (stages x (A tile + B tile), fp16) against the SM's shared memory
+        smem = max(a.stages, 1) * (a.tile_m + a.tile_n) * a.tile_k * 2
+        warps = a.warp_m * a.warp_n * a.warp_k
+        per_sm = max(1, min(arch.lds_bytes // smem, 64 // warps))
+        waves = -(-programs // (sms * per_sm))
+        assert cols["ctas_per_sm"][i] == per_sm
+        assert cols["log_waves_res"][i] == pytest.approx(math.log2(waves))
+        assert cols["occupancy_res"][i] == pytest.approx(programs / (waves * sms * per_sm))
     lda = k if layout[0] == "r" else m
     ldb = n if layout[1] == "r" else k
     assert set(cols["tma_ok_a"]) == {float(lda * 2 % 16 == 0)}

@@ -38,3 +38,19 @@ def test_user_winner_overrides_the_shipped_one(user_store):
                      command="test", device="none", source="test")
     assert pick_config(16, 4096, 4096, "bf16", "sm90") == GemmConfig.from_name(mine)
     assert len(load_table("sm90")) == 32
+
+
+def test_fp8_takes_the_16bit_winners_at_twice_the_k_tile(user_store):
+    """No fp8 rows: the bf16/fp16 winners' persistent TMA kernels join the fp8 registry with BLOCK_K
+    doubled (same bytes a stage), and pick_config names them (H100 2026-11-27: 1.04-1.10x
+    torch._scaled_mm on 4096^3, 8192^3, 2048x28672x4096, where the fp8 registry's best was 0.87-0.93x)."""
+    from ck_core import Registry
+
+    assert not [r for r in load_table("sm90") if r[0] in ("fp8", "bf8")]
+    big = pick_config(4096, 4096, 4096, "fp8", "sm90")
+    assert big == pick_config(4096, 4096, 4096, "bf16", "sm90").evolve(block_k=128)
+    assert big.variant.startswith("tma_persistent") and big.block_k == 128
+    names = {k.name for k in Registry.from_enumeration("gemm", "sm90", "triton", dtypes=["fp8"], layouts=["rcr"])}
+    assert any("128x256x128" in n and "vtmaperscs" in n for n in names)
+    # the 16-bit ones keep their own rows and K tiles
+    assert pick_config(4096, 4096, 4096, "bf16", "sm90").block_k == 64

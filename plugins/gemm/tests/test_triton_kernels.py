@@ -265,6 +265,81 @@ def test_split_k_deterministic(split_k, variant, layout):
     assert _rel(c1, _reference(a, b, layout, (bias,), "add", "silu")) < 3e-3
 
 
+# ------------------------------------------------------------------ stream-K
+def _streamk_plan(M, N, K, batch, cfg, sms):
+    """Independent count of the stream-K partition: whole tiles, tiles shared by several programs."""
+    tiles = -(-M // cfg.block_m) * -(-N // cfg.block_n) * batch
+    iters = -(-K // cfg.block_k)
+    dp = tiles if tiles % sms == 0 else max(tiles // sms - 1, 0) * sms
+    units = (tiles - dp) * iters
+    g = min(sms, units, (tiles - dp) * 8)
+    starts = [p * units // g for p in range(g + 1)] if g else [0]
+    shared = 0
+    for t in range(tiles - dp):
+        owners = {p for p in range(g) for u in range(t * iters, (t + 1) * iters) if starts[p] <= u < starts[p + 1]}
+        shared += len(owners) > 1
+    return dp, shared
+
+
+@pytest.mark.parametrize("variant", ["streamk", "tma_streamk"])
+@pytest.mark.parametrize("M,N,K,sms,layout", [
+    (37, 45, 29, 4, "rcr"),      # one K step per tile: whole tiles only
+    (53, 45, 203, 5, "crr"),     # 4 x 3 tiles of 13 steps on 5 programs: 5 whole, 7 stream-K
+    (29, 61, 150, 7, "rrr"),     # fewer tiles than programs: K split across them
+    (100, 70, 77, 3, "ccr"),     # 7 x 3 tiles: 5 whole waves data-parallel, the last 2 stream-K
+    (16, 16, 16, 11, "rcr"),     # one unit, more programs than units
+    (20, 30, 700, 40, "rcr"),    # 2 tiles of 44 steps: 16 programs (8 per tile), not 40
+])
+def test_streamk_matches_float64(variant, M, N, K, sms, layout):
+    if variant == "tma_streamk":   # descriptor strides: multiples of 8 fp16 elements
+        M, N, K = (-(-x // 8) * 8 for x in (M, N, K))
+    g = torch.Generator().manual_seed(M * 1000 + N * 10 + K)
+    a = _stored((M, K), layout[0] == "r", torch.float16, gen=g)
+    b = _stored((K, N), layout[1] == "r", torch.float16, gen=g)
+    cfg = GemmConfig(16, 16, 16, 2, 4, 2, variant)
+    dp, shared = _streamk_plan(M, N, K, 1, cfg, sms)
+    c = gemm(a, b, layout=layout, config=cfg, num_sms=sms)
+    assert _rel(c, _reference(a, b, layout)) < 2e-3
+    # bitwise the same on a second launch (partials summed in program order), counters back at 0
+    assert torch.equal(c, gemm(a, b, layout=layout, config=cfg, num_sms=sms))
+    _, locks = _launch_mod.streamk_scratch(a.device, 1, 1)
+    assert int(locks.abs().sum()) == 0
+    if (M, N, K) == (53, 45, 203):
+        assert shared > 0 and dp == 5
+
+
+@pytest.mark.parametrize("variant", ["streamk", "tma_streamk"])
+def test_streamk_epilogue_batched(variant):
+    g = torch.Generator().manual_seed(17)
+    B, M, N, K = 3, 40, 24, 88
+    a = _stored((M, K), True, torch.float16, batch=B, gen=g)
+    b = _stored((K, N), False, torch.float16, batch=B, gen=g)
+    d0 = torch.randn(B, M, N, generator=g).to(torch.float16).to(DEV)
+    d1 = torch.randn(N, generator=g).to(torch.float16).to(DEV)
+    cfg = GemmConfig(16, 16, 16, 2, 4, 2, variant)
+    assert _streamk_plan(M, N, K, B, cfg, 7)[1] > 0
+    c = gemm(a, b, layout="rcr", config=cfg, num_sms=7, d_tensors=(d0, d1), d_op="mul", activation="gelu")
+    assert _rel(c, _reference(a, b, "rcr", (d0, d1), "mul", "gelu")) < 3e-3
+
+
+def test_streamk_int8_and_config_rules():
+    g = torch.Generator().manual_seed(19)
+    M, N, K = 21, 35, 200
+    a = torch.randint(-8, 8, (M, K), generator=g, dtype=torch.int8).to(DEV)
+    b = torch.randint(-8, 8, (N, K), generator=g, dtype=torch.int8).to(DEV)
+    c = gemm(a, b, layout="rcr", config=GemmConfig(16, 16, 32, 2, 4, 2, "streamk"), num_sms=6)
+    assert c.dtype == torch.int32
+    assert torch.equal(c.cpu().long(), a.cpu().long() @ b.cpu().long().T)
+    with pytest.raises(InvalidProblem, match="split_k"):
+        GemmConfig(64, 64, 64, 8, 4, 3, "tma_streamk", split_k=2)
+    with pytest.raises(InvalidProblem, match="num_sms"):
+        kernel_for(GemmConfig(64, 64, 64, 8, 4, 3, "streamk"), dtype="fp16")
+    spec = kernel_for(GemmConfig(64, 128, 64, 8, 4, 4, "tma_streamk"), dtype="bf16", num_sms=132)
+    assert spec.grid(5000, 5000, 1) == (132, 1, 1) and spec.reduce is None
+    assert {"ws_ptr", "lock_ptr"} <= set(spec.arg_names)
+    assert spec.workspace_bytes(100, 100) == 132 * 2 * 64 * 128 * 4
+
+
 def test_bf16_and_fp32_and_int8():
     g = torch.Generator().manual_seed(9)
     M, N, K = 20, 24, 40

@@ -26,10 +26,16 @@ if GF.HAVE_GLUON:
         fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 
     @gluon.jit
-    def _ds_step(s, dp, lse2, di, scale2, rows, cols, n_off, MASKED: gl.constexpr):
+    def _ds_step(s, dp, lse2, di, scale2, rows, cols, n_off, MASKED: gl.constexpr, CAUSAL: gl.constexpr = True,
+                 kmax=0):
+        """dS of one block; ``MASKED``: P of keys past the row (``CAUSAL``) or at or past ``kmax``
+        (the ragged last key block) is 0."""
         p = gl.exp2(s * scale2 - gl.expand_dims(lse2, 1))
         if MASKED:
-            keep = gl.expand_dims(rows, 1) >= gl.expand_dims(cols + n_off, 0)
+            if CAUSAL:
+                keep = gl.expand_dims(rows, 1) >= gl.expand_dims(cols + n_off, 0)
+            else:
+                keep = (gl.expand_dims(rows, 1) * 0) + gl.expand_dims(cols + n_off, 0) < kmax
             p = gl.where(keep, p, 0.0)
         return p * (dp - gl.expand_dims(di, 1))
 
@@ -42,18 +48,18 @@ if GF.HAVE_GLUON:
         cnt = 0
         it = 0
         for t in range(gl.program_id(0), n_tiles, step):
-            b, h, m0, q_row, q_col, k_row, k_col, n_blocks = GF._tile(
+            b, h, m0, q0, q_col, k0, k_col, n_blocks = GF._tile3(
                 t, n_m, n_tiles, H, HK, GROUP, SEQ_Q, SEQ_K, 2 * SUB_M, BLOCK_N, HEAD_D, BSHD, CAUSAL, PERSISTENT)
             for i in gl.static_range(2):   # Q and dO of each consumer's rows on one barrier
                 mbarrier.wait(q_empty.index(i), (it & 1) ^ 1, pred=it > 0)
                 mbarrier.expect(q_bar.index(i), 2 * SUB_M * HEAD_D * 2)
-                tma.async_copy_global_to_shared(q_desc, [q_row + i * SUB_M, q_col], q_bar.index(i),
-                                                q_smem.index(i))
-                tma.async_copy_global_to_shared(do_desc, [q_row + i * SUB_M, q_col], q_bar.index(i),
-                                                do_smem.index(i))
+                tma.async_copy_global_to_shared(q_desc, [q0, m0 + i * SUB_M, q_col], q_bar.index(i),
+                                                q_smem.index(i).reshape([1, SUB_M, HEAD_D]))
+                tma.async_copy_global_to_shared(do_desc, [q0, m0 + i * SUB_M, q_col], q_bar.index(i),
+                                                do_smem.index(i).reshape([1, SUB_M, HEAD_D]))
             for j in range(n_blocks):
-                GF._load_kv(k_desc, v_desc, k_smem, v_smem, k_full, v_full, k_empty, v_empty, cnt + j,
-                            k_row + j * BLOCK_N, k_col, STAGES)
+                GF._load_kv3(k_desc, v_desc, k_smem, v_smem, k_full, v_full, k_empty, v_empty, cnt + j,
+                             k0, j * BLOCK_N, k_col, STAGES)
             cnt += n_blocks
             it += 1
 
@@ -77,19 +83,20 @@ if GF.HAVE_GLUON:
         cnt = 0
         it = 0
         for t in range(gl.program_id(0), n_tiles, step):
-            b, h, m0, q_row, q_col, k_row, k_col, n_blocks = GF._tile(
+            b, h, m0, q0, q_col, k0, k_col, n_blocks = GF._tile3(
                 t, n_m, n_tiles, H, HK, GROUP, SEQ_Q, SEQ_K, 2 * SUB_M, BLOCK_N, HEAD_D, BSHD, CAUSAL, PERSISTENT)
             r0 = m0 + SUB * SUB_M
-            if CAUSAL:
-                n_mine = gl.cdiv(r0 + SUB_M, BLOCK_N)
+            if CAUSAL:   # blocks j >= n_full are masked (see the forward's consumer)
+                n_mine = gl.minimum(gl.cdiv(r0 + SUB_M, BLOCK_N), n_blocks)
                 n_full = r0 // BLOCK_N
             else:
                 n_mine = n_blocks
-                n_full = n_blocks
+                n_full = SEQ_K // BLOCK_N
             rows = r0 + gl.arange(0, SUB_M, layout=row_s)
             base = (b * H + h).to(gl.int64) * SEQ_Q
-            lse2 = gl.load(LSE + base + rows) * 1.4426950408889634
-            di = gl.load(DELTA + base + rows)
+            # rows past SEQ_Q (a ragged last block: Q and dO read zeros there) are never stored
+            lse2 = gl.load(LSE + base + rows, mask=rows < SEQ_Q, other=0.0) * 1.4426950408889634
+            di = gl.load(DELTA + base + rows, mask=rows < SEQ_Q, other=0.0)
             acc = gl.zeros([SUB_M, HEAD_D], gl.float32, layout=o_layout)
 
             mbarrier.wait(q_bar.index(SUB), it & 1)
@@ -100,11 +107,8 @@ if GF.HAVE_GLUON:
             dp_tok = warpgroup_mma(dos, v_smem.index(slot0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
             s, dp = warpgroup_mma_wait(0, deps=[s_tok, dp_tok])
             mbarrier.arrive(v_empty.index(slot0))
-            if CAUSAL:
-                if n_full == 0:
-                    ds = _ds_step(s, dp, lse2, di, scale2, rows, cols, 0, True)
-                else:
-                    ds = _ds_step(s, dp, lse2, di, scale2, rows, cols, 0, False)
+            if n_full == 0:
+                ds = _ds_step(s, dp, lse2, di, scale2, rows, cols, 0, True, CAUSAL, SEQ_K)
             else:
                 ds = _ds_step(s, dp, lse2, di, scale2, rows, cols, 0, False)
 
@@ -123,11 +127,8 @@ if GF.HAVE_GLUON:
                 acc_tok = warpgroup_mma(ds16, k_smem.index(slot), acc, is_async=True)
                 s, dp = warpgroup_mma_wait(1, deps=[s_tok, dp_tok])   # dQ += dS[j] K[j] may still run
                 mbarrier.arrive(v_empty.index(nslot))
-                if CAUSAL:
-                    if j + 1 >= n_full:
-                        ds = _ds_step(s, dp, lse2, di, scale2, rows, cols, (j + 1) * BLOCK_N, True)
-                    else:
-                        ds = _ds_step(s, dp, lse2, di, scale2, rows, cols, 0, False)
+                if j + 1 >= n_full:
+                    ds = _ds_step(s, dp, lse2, di, scale2, rows, cols, (j + 1) * BLOCK_N, True, CAUSAL, SEQ_K)
                 else:
                     ds = _ds_step(s, dp, lse2, di, scale2, rows, cols, 0, False)
                 acc = warpgroup_mma_wait(0, deps=[acc_tok])
@@ -153,7 +154,7 @@ if GF.HAVE_GLUON:
             tma.store_wait(pendings=0)
             dqs.store((acc * sm_scale).to(dtype))
             fence_async_shared()
-            tma.async_copy_shared_to_global(dq_desc, [q_row + SUB * SUB_M, q_col], dqs)
+            tma.async_copy_shared_to_global(dq_desc, [q0, r0, q_col], dqs.reshape([1, SUB_M, HEAD_D]))
         tma.store_wait(pendings=0)
 
     @gluon.jit
@@ -163,15 +164,17 @@ if GF.HAVE_GLUON:
         BSHD: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
         STAGES: gl.constexpr, PERSISTENT: gl.constexpr,
     ):
-        SUB_M: gl.constexpr = q_desc.block_type.shape[0]
+        SUB_M: gl.constexpr = q_desc.block_type.shape[1]   # 3-D descriptors, blocks [1, rows, D]
         dtype: gl.constexpr = q_desc.dtype
-        n_m = SEQ_Q // (2 * SUB_M)
+        n_m = gl.cdiv(SEQ_Q, 2 * SUB_M)
         n_tiles = n_m * BH
-        q_smem = gl.allocate_shared_memory(dtype, [2, SUB_M, HEAD_D], q_desc.layout)
-        do_smem = gl.allocate_shared_memory(dtype, [2, SUB_M, HEAD_D], do_desc.layout)
-        dq_smem = gl.allocate_shared_memory(dtype, [2, SUB_M, HEAD_D], dq_desc.layout)
-        k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)
-        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], v_desc.layout)
+        q_layout: gl.constexpr = GF._nvmma2(SUB_M, HEAD_D, dtype)
+        kv_layout: gl.constexpr = GF._nvmma2(BLOCK_N, HEAD_D, dtype)
+        q_smem = gl.allocate_shared_memory(dtype, [2, SUB_M, HEAD_D], q_layout)
+        do_smem = gl.allocate_shared_memory(dtype, [2, SUB_M, HEAD_D], q_layout)
+        dq_smem = gl.allocate_shared_memory(dtype, [2, SUB_M, HEAD_D], q_layout)
+        k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], kv_layout)
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], kv_layout)
         q_bar = GF._barriers(2, 1)
         q_empty = GF._barriers(2, 1)
         k_full = GF._barriers(STAGES, 1)
@@ -217,6 +220,10 @@ def dq_unsupported_reason(q, k, v, do, lse, delta, *, causal, layout, block_n=64
     why = GF.unsupported_reason(q, k, v, causal=causal, layout=layout, tile=(128, block_n, GF.WS_WARPS, 2))
     if why:
         return why
+    sdim = 2 if layout == "bhsd" else 1
+    sq, sk = q.shape[sdim], k.shape[sdim]
+    if sq == 0 or sk == 0:
+        return f"seqlen_q {sq} / seqlen_k {sk}: empty sequences"
     if do.shape != q.shape or do.dtype != q.dtype or not do.is_contiguous() or do.data_ptr() % 16:
         return "do must be a contiguous 16-byte aligned tensor of q's shape and dtype"
     n = q.shape[0] * q.shape[1] * q.shape[2]
@@ -241,16 +248,17 @@ def dq(q, k, v, do, lse, delta, *, causal=False, scale=None, layout="bhsd", tile
 
     d = q.shape[-1]
     bn, stages, persistent = tile or _device_tiles("dq", q)[d]
-    b, hq, sq, hk, sk, rows_q, rows_k, cols_q, cols_k = GF.geometry(q, k, layout)
+    b, hq, sq, hk, sk = GF.geometry(q, k, layout)[:5]
+    shape_q, shape_k = GF.views3(q, k, layout)
     o = out if out is not None else torch.empty_like(q)
     gdt = GF._gl_dtype(q.dtype)
-    q_l = gl.NVMMASharedLayout.get_default_for([64, d], gdt)
-    kv_l = gl.NVMMASharedLayout.get_default_for([bn, d], gdt)
-    descs = [TensorDescriptor.from_tensor(t.view(rows_q, cols_q), [64, d], q_l) for t in (q, do)]
-    descs += [TensorDescriptor.from_tensor(t.view(rows_k, cols_k), [bn, d], kv_l) for t in (k, v)]
-    descs.append(TensorDescriptor.from_tensor(o.view(rows_q, cols_q), [64, d], q_l))
+    q_l = gl.NVMMASharedLayout.get_default_for([1, 64, d], gdt)
+    kv_l = gl.NVMMASharedLayout.get_default_for([1, bn, d], gdt)
+    descs = [TensorDescriptor.from_tensor(t.view(shape_q), [1, 64, d], q_l) for t in (q, do)]
+    descs += [TensorDescriptor.from_tensor(t.view(shape_k), [1, bn, d], kv_l) for t in (k, v)]
+    descs.append(TensorDescriptor.from_tensor(o.view(shape_q), [1, 64, d], q_l))
     sm_scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    grid = GF.grid_for((sq // 128) * b * hq, persistent, q.device)
+    grid = GF.grid_for(-(-sq // 128) * b * hq, persistent, q.device)
     _launch(fmha_bwd_dq_gluon_ws_sm90, grid, _via)(
         *descs, lse, delta, hq, hk, hq // hk, sq, sk, b * hq, sm_scale * GF.LOG2E, sm_scale,
         BSHD=layout == "bshd", CAUSAL=bool(causal), BLOCK_N=bn, HEAD_D=d, STAGES=stages,
@@ -289,24 +297,25 @@ if GF.HAVE_GLUON:
         b = bhk // HK
         hk = bhk % HK
         n0 = pid_n * 128
-        if BSHD:
-            k_row = b * SEQ_K + n0
+        if BSHD:   # 3-D descriptors: [B, SK, HK*D] / [B*HK, SK, D]; the tile starts at [k0, n0, k_col]
+            k0 = b
             k_col = hk * HEAD_D
         else:
-            k_row = bhk * SEQ_K + n0
+            k0 = bhk
             k_col = hk * 0
         if CAUSAL:
             j_lo = n0 // BLOCK_MQ
         else:
             j_lo = n0 * 0
-        return b, hk, n0, k_row, k_col, j_lo
+        return b, hk, n0, k0, k_col, j_lo
 
     @gluon.jit
     def _q_coords(b, h, H, SEQ_Q, m, HEAD_D: gl.constexpr, BSHD: gl.constexpr):
+        """(q0, q_col) of (batch, head) in the 3-D descriptors [B, SQ, H*D] / [B*H, SQ, D]."""
         if BSHD:
-            return b * SEQ_Q + m, h * HEAD_D
+            return b, h * HEAD_D
         else:
-            return (b * H + h) * SEQ_Q + m, h * 0
+            return b * H + h, h * 0
 
     @gluon.jit
     def _dkdv_producer(k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, kv_empty, q_full,
@@ -314,16 +323,18 @@ if GF.HAVE_GLUON:
                        BLOCK_MQ: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr, BSHD: gl.constexpr,
                        CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr):
         step = GF._tile_step(n_tiles, PERSISTENT)
-        n_qb = SEQ_Q // BLOCK_MQ
+        n_qb = gl.cdiv(SEQ_Q, BLOCK_MQ)
         cnt = 0
         it = 0
         for t in range(gl.program_id(0), n_tiles, step):
-            b, hk, n0, k_row, k_col, j_lo = _kv_tile(t, n_n, HK, GROUP, SEQ_Q, SEQ_K, BLOCK_MQ, HEAD_D, BSHD, CAUSAL)
+            b, hk, n0, k0, k_col, j_lo = _kv_tile(t, n_n, HK, GROUP, SEQ_Q, SEQ_K, BLOCK_MQ, HEAD_D, BSHD, CAUSAL)
             for i in gl.static_range(2):
                 mbarrier.wait(kv_empty.index(i), (it & 1) ^ 1, pred=it > 0)
                 mbarrier.expect(kv_bar.index(i), 2 * 64 * HEAD_D * 2)
-                tma.async_copy_global_to_shared(k_desc, [k_row + i * 64, k_col], kv_bar.index(i), k_smem.index(i))
-                tma.async_copy_global_to_shared(v_desc, [k_row + i * 64, k_col], kv_bar.index(i), v_smem.index(i))
+                tma.async_copy_global_to_shared(k_desc, [k0, n0 + i * 64, k_col], kv_bar.index(i),
+                                                k_smem.index(i).reshape([1, 64, HEAD_D]))
+                tma.async_copy_global_to_shared(v_desc, [k0, n0 + i * 64, k_col], kv_bar.index(i),
+                                                v_smem.index(i).reshape([1, 64, HEAD_D]))
             n_j = n_qb - j_lo
             for g in range(GROUP):
                 h = hk * GROUP + g
@@ -332,20 +343,25 @@ if GF.HAVE_GLUON:
                     slot = c % STAGES
                     mbarrier.wait(q_empty.index(slot), ((c // STAGES) & 1) ^ 1, pred=c >= STAGES)
                     mbarrier.expect(q_full.index(slot), 2 * BLOCK_MQ * HEAD_D * 2)
-                    q_row, q_col = _q_coords(b, h, H, SEQ_Q, (j_lo + jj) * BLOCK_MQ, HEAD_D, BSHD)
-                    tma.async_copy_global_to_shared(q_desc, [q_row, q_col], q_full.index(slot), q_smem.index(slot))
-                    tma.async_copy_global_to_shared(do_desc, [q_row, q_col], q_full.index(slot),
-                                                    do_smem.index(slot))
+                    q0, q_col = _q_coords(b, h, H, SEQ_Q, (j_lo + jj) * BLOCK_MQ, HEAD_D, BSHD)
+                    m = (j_lo + jj) * BLOCK_MQ
+                    tma.async_copy_global_to_shared(q_desc, [q0, m, q_col], q_full.index(slot),
+                                                    q_smem.index(slot).reshape([1, BLOCK_MQ, HEAD_D]))
+                    tma.async_copy_global_to_shared(do_desc, [q0, m, q_col], q_full.index(slot),
+                                                    do_smem.index(slot).reshape([1, BLOCK_MQ, HEAD_D]))
             cnt += GROUP * n_j
             it += 1
 
     @gluon.jit
-    def _pt_dst(st, dpt, lse2, di, qrow, keys, scale2, m, r0, CAUSAL: gl.constexpr):
-        """P^T and dS^T of one (64 keys x query block) tile from S^T and dP^T."""
+    def _pt_dst(st, dpt, lse2, di, qrow, keys, scale2, m, r0, SEQ_K, CAUSAL: gl.constexpr):
+        """P^T and dS^T of one (64 keys x query block) tile from S^T and dP^T; queries past SEQ_Q
+        have lse2 = +inf (P = 0), keys past SEQ_K (a ragged last tile, zeros) are masked."""
         pt = gl.exp2(st * scale2 - gl.expand_dims(lse2, 0))
         if CAUSAL:
             if m < r0 + 64:
                 pt = gl.where(gl.expand_dims(qrow, 0) >= gl.expand_dims(keys, 1), pt, 0.0)
+        if r0 + 64 > SEQ_K:
+            pt = gl.where(gl.expand_dims(keys, 1) + gl.expand_dims(qrow, 0) * 0 < SEQ_K, pt, 0.0)
         return pt, pt * (dpt - gl.expand_dims(di, 0))
 
     @gluon.jit
@@ -368,11 +384,11 @@ if GF.HAVE_GLUON:
             dq_zero = gl.zeros([BLOCK_MQ, HEAD_D], gl.float32, layout=o_layout)
             dq_s = dq_smem.index(SUB)
         step = GF._tile_step(n_tiles, PERSISTENT)
-        n_qb = SEQ_Q // BLOCK_MQ
+        n_qb = gl.cdiv(SEQ_Q, BLOCK_MQ)
         cnt = 0
         it = 0
         for t in range(gl.program_id(0), n_tiles, step):
-            b, hk, n0, k_row, k_col, j_lo = _kv_tile(t, n_n, HK, GROUP, SEQ_Q, SEQ_K, BLOCK_MQ, HEAD_D, BSHD, CAUSAL)
+            b, hk, n0, k0, k_col, j_lo = _kv_tile(t, n_n, HK, GROUP, SEQ_Q, SEQ_K, BLOCK_MQ, HEAD_D, BSHD, CAUSAL)
             r0 = n0 + SUB * 64
             keys = r0 + gl.arange(0, 64, layout=row_s)
             n_j = n_qb - j_lo
@@ -394,10 +410,10 @@ if GF.HAVE_GLUON:
                         dosl = do_smem.index(slot)
                         st_tok = warpgroup_mma(ks, qsl.permute((1, 0)), s_zero, use_acc=False, is_async=True)
                         dpt_tok = warpgroup_mma(vs, dosl.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-                        lse2 = gl.load(LSE + base + qrow) * 1.4426950408889634
-                        di = gl.load(DELTA + base + qrow)
+                        lse2 = gl.load(LSE + base + qrow, mask=qrow < SEQ_Q, other=float("inf")) * 1.4426950408889634
+                        di = gl.load(DELTA + base + qrow, mask=qrow < SEQ_Q, other=0.0)
                         st, dpt = warpgroup_mma_wait(0, deps=[st_tok, dpt_tok])
-                        pt, dst = _pt_dst(st, dpt, lse2, di, qrow, keys, scale2, m, r0, CAUSAL)
+                        pt, dst = _pt_dst(st, dpt, lse2, di, qrow, keys, scale2, m, r0, SEQ_K, CAUSAL)
                         pt16 = gl.convert_layout(pt.to(dtype), a_layout)
                         if FUSED_DQ:
                             ds_s = ds_smem.index(SUB)
@@ -414,7 +430,8 @@ if GF.HAVE_GLUON:
                             tma.store_wait(pendings=0)
                             dq_s.store(dqp * sm_scale)
                             fence_async_shared()
-                            _tma_reduce_add(dq_desc, [(b * H + hk * GROUP + g) * SEQ_Q + m, 0], dq_s)
+                            _tma_reduce_add(dq_desc, [b * H + hk * GROUP + g, m, 0],
+                                            dq_s.reshape([1, BLOCK_MQ, HEAD_D]))
                         else:
                             dst16 = gl.convert_layout(dst.to(dtype), a_layout)
                             dv_tok = warpgroup_mma(pt16, dosl, dv, is_async=True)
@@ -427,8 +444,9 @@ if GF.HAVE_GLUON:
             ks.store((dk * sm_scale).to(dtype))
             vs.store(dv.to(dtype))
             fence_async_shared()
-            tma.async_copy_shared_to_global(dk_desc, [k_row + SUB * 64, k_col], ks)
-            tma.async_copy_shared_to_global(dv_desc, [k_row + SUB * 64, k_col], vs)
+            # keys past SEQ_K (a ragged last tile) are clipped by the 3-D descriptors
+            tma.async_copy_shared_to_global(dk_desc, [k0, r0, k_col], ks.reshape([1, 64, HEAD_D]))
+            tma.async_copy_shared_to_global(dv_desc, [k0, r0, k_col], vs.reshape([1, 64, HEAD_D]))
             tma.store_wait(pendings=0)
             mbarrier.arrive(kv_empty.index(SUB))
 
@@ -439,15 +457,18 @@ if GF.HAVE_GLUON:
         BSHD: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_MQ: gl.constexpr, HEAD_D: gl.constexpr,
         STAGES: gl.constexpr, PERSISTENT: gl.constexpr, FUSED_DQ: gl.constexpr,
     ):
-        """``FUSED_DQ``: ``dq_desc`` is the fp32 dQ accumulator [B*H*Sq, D] (zeroed by the caller, in
-        blocks of [BLOCK_MQ, D]); otherwise it is not read (pass any descriptor)."""
+        """``FUSED_DQ``: ``dq_desc`` is the fp32 dQ accumulator [B*H, Sq, D] (zeroed by the caller, in
+        blocks of [1, BLOCK_MQ, D]); otherwise it is not read (pass any descriptor).  All descriptors
+        are 3-D (see ``gluon_fwd.views3``): ragged tails read zeros and their stores are clipped."""
         dtype: gl.constexpr = q_desc.dtype
-        n_n = SEQ_K // 128
+        n_n = gl.cdiv(SEQ_K, 128)
         n_tiles = n_n * BHK
-        k_smem = gl.allocate_shared_memory(dtype, [2, 64, HEAD_D], k_desc.layout)
-        v_smem = gl.allocate_shared_memory(dtype, [2, 64, HEAD_D], v_desc.layout)
-        q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_MQ, HEAD_D], q_desc.layout)
-        do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_MQ, HEAD_D], do_desc.layout)
+        k_layout: gl.constexpr = _nvmma_for(64, HEAD_D, dtype)
+        q_layout: gl.constexpr = _nvmma_for(BLOCK_MQ, HEAD_D, dtype)
+        k_smem = gl.allocate_shared_memory(dtype, [2, 64, HEAD_D], k_layout)
+        v_smem = gl.allocate_shared_memory(dtype, [2, 64, HEAD_D], k_layout)
+        q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_MQ, HEAD_D], q_layout)
+        do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_MQ, HEAD_D], q_layout)
         kv_bar = GF._barriers(2, 1)
         kv_empty = GF._barriers(2, 1)
         q_full = GF._barriers(STAGES, 1)
@@ -455,7 +476,8 @@ if GF.HAVE_GLUON:
         if FUSED_DQ:   # dS^T of each warpgroup, [64 keys, BLOCK_MQ queries]
             ds_layout: gl.constexpr = _nvmma_for(64, BLOCK_MQ, dtype)
             ds_smem = gl.allocate_shared_memory(dtype, [2, 64, BLOCK_MQ], ds_layout)
-            dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_MQ, HEAD_D], dq_desc.layout)
+            dq_layout: gl.constexpr = _nvmma_for(BLOCK_MQ, HEAD_D, gl.float32)
+            dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_MQ, HEAD_D], dq_layout)
         else:
             ds_smem = k_smem
             dq_smem = k_smem
@@ -484,8 +506,8 @@ def dkdv_smem_bytes(d: int, block_mq: int, stages: int, fused: bool, itemsize: i
 
 
 def dkdv(q, k, v, do, lse, delta, *, causal=False, scale=None, layout="bhsd", tile=None, dq_acc=None, _via=None):
-    """dK, dV (GQA: summed over each group) on the Gluon kernel; scope as :func:`dq` with
-    seqlen_k % 128 == 0 and seqlen_q % BLOCK_MQ == 0 (checked by the caller).
+    """dK, dV (GQA: summed over each group) on the Gluon kernel; scope as :func:`dq`, any lengths
+    (3-D descriptors: tails read zeros, stores clip, the last key/query blocks are masked).
 
     ``dq_acc``: a zeroed contiguous fp32 [B, Hq, Sq, D] tensor (any ``layout``): dQ is then added
     into it in the same kernel (TMA reduce-adds from every key tile, so the summation order and the
@@ -504,21 +526,22 @@ def dkdv(q, k, v, do, lse, delta, *, causal=False, scale=None, layout="bhsd", ti
     if smem is not None and dkdv_smem_bytes(d, bmq, stages, dq_acc is not None) > smem:
         raise ValueError(f"gluon dK/dV tile {(bmq, stages)} at head dim {d} needs more than "
                          f"{smem} bytes of shared memory (fewer stages)")
-    b, hq, sq, hk, sk, rq, rk, cq, ck = GF.geometry(q, k, layout)
+    b, hq, sq, hk, sk = GF.geometry(q, k, layout)[:5]
+    shape_q, shape_k = GF.views3(q, k, layout)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     gdt = GF._gl_dtype(q.dtype)
-    kl = gl.NVMMASharedLayout.get_default_for([64, d], gdt)
-    ql = gl.NVMMASharedLayout.get_default_for([bmq, d], gdt)
-    descs = [TensorDescriptor.from_tensor(t.view(rk, ck), [64, d], kl) for t in (k, v)]
-    descs += [TensorDescriptor.from_tensor(t.view(rq, cq), [bmq, d], ql) for t in (q, do)]
-    descs += [TensorDescriptor.from_tensor(t.view(rk, ck), [64, d], kl) for t in (dk, dv)]
+    kl = gl.NVMMASharedLayout.get_default_for([1, 64, d], gdt)
+    ql = gl.NVMMASharedLayout.get_default_for([1, bmq, d], gdt)
+    descs = [TensorDescriptor.from_tensor(t.view(shape_k), [1, 64, d], kl) for t in (k, v)]
+    descs += [TensorDescriptor.from_tensor(t.view(shape_q), [1, bmq, d], ql) for t in (q, do)]
+    descs += [TensorDescriptor.from_tensor(t.view(shape_k), [1, 64, d], kl) for t in (dk, dv)]
     if dq_acc is not None:
-        al = gl.NVMMASharedLayout.get_default_for([bmq, d], gl.float32)
-        descs.append(TensorDescriptor.from_tensor(dq_acc.view(b * hq * sq, d), [bmq, d], al))
+        al = gl.NVMMASharedLayout.get_default_for([1, bmq, d], gl.float32)
+        descs.append(TensorDescriptor.from_tensor(dq_acc.view(b * hq, sq, d), [1, bmq, d], al))
     else:
         descs.append(descs[-1])   # not read
     sm_scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    grid = GF.grid_for((sk // 128) * b * hk, persistent, q.device)
+    grid = GF.grid_for(-(-sk // 128) * b * hk, persistent, q.device)
     _launch(fmha_bwd_dkdv_gluon_ws_sm90, grid, _via)(
         *descs, lse, delta, hq, hk, hq // hk, sq, sk, b * hk, sm_scale * GF.LOG2E, sm_scale,
         BSHD=layout == "bshd", CAUSAL=bool(causal), BLOCK_MQ=bmq, HEAD_D=d, STAGES=stages,

@@ -24,8 +24,10 @@ warp specialisation, which is what FlashAttention-3's schedule needs:
 
 Scope (``unsupported_reason`` says what is missing; the launcher falls back to ``fmha_fwd_kernel``):
 batch mode, BHSD or BSHD with contiguous Q/K/V/O, fp16/bf16, head dim 64/128 (q and v equal), no
-bias/dropout/softcap/window/sinks, causal only with seqlen_q == seqlen_k, seqlen_q % 128 == 0 and
-seqlen_k % BLOCK_N == 0 (CK's no-padding kernels).
+bias/dropout/softcap/window/sinks, causal only with seqlen_q == seqlen_k.  Any lengths: the
+descriptors are 3-D (one head's or one batch's rows), so a ragged last query block reads zeros past
+seqlen_q and its output store is clipped (its lse store masked), and a ragged last key block reads
+zeros past seqlen_k, whose scores are masked to -inf on that block only.
 """
 from __future__ import annotations
 
@@ -49,10 +51,16 @@ LOG2E = 1.4426950408889634
 if HAVE_GLUON:
 
     @gluon.jit
-    def _softmax_step(s, m_i, l_i, qk_scale, rows, cols, n_off, MASKED: gl.constexpr):
-        """Online-softmax update of one score block (raw Q K^T in ``s``)."""
+    def _softmax_step(s, m_i, l_i, qk_scale, rows, cols, n_off, MASKED: gl.constexpr, CAUSAL: gl.constexpr = True,
+                      kmax=0):
+        """Online-softmax update of one score block (raw Q K^T in ``s``, keys ``n_off + cols``).
+        ``MASKED``: keys past the row (``CAUSAL``) or at or past ``kmax`` (the ragged last key block;
+        TMA filled its missing rows with zeros) score -inf."""
         if MASKED:
-            keep = gl.expand_dims(rows, 1) >= gl.expand_dims(cols + n_off, 0)
+            if CAUSAL:
+                keep = gl.expand_dims(rows, 1) >= gl.expand_dims(cols + n_off, 0)
+            else:
+                keep = (gl.expand_dims(rows, 1) * 0) + gl.expand_dims(cols + n_off, 0) < kmax
             s = gl.where(keep, s, -float("inf"))
         m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
         p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))
@@ -79,19 +87,31 @@ if HAVE_GLUON:
         return bars
 
     @gluon.jit
-    def _load_kv(k_desc, v_desc, k_smem, v_smem, k_full, v_full, k_empty, v_empty, c, row, col,
-                 STAGES: gl.constexpr):
+    def _load_kv3(k_desc, v_desc, k_smem, v_smem, k_full, v_full, k_empty, v_empty, c, k0, row, col,
+                  STAGES: gl.constexpr):
         """Producer step ``c`` of a K/V ring: wait until the slot is free (both consumers arrived
         on its empty barrier; the first ``STAGES`` steps find it free), then copy K and V rows
-        [row, row + BLOCK_N) into it, each completing on its full barrier."""
+        [row, row + BLOCK_N) of head/batch ``k0`` into it (3-D descriptors [B*HK, SK, D] or
+        [B, SK, HK*D]: rows past the last key read zeros, never a neighbouring head's), each
+        completing on its full barrier."""
         slot = c % STAGES
         ph = ((c // STAGES) & 1) ^ 1
+        BN: gl.constexpr = k_desc.block_type.shape[1]
+        D: gl.constexpr = k_desc.block_type.shape[2]
         mbarrier.wait(k_empty.index(slot), ph, pred=c >= STAGES)
         mbarrier.expect(k_full.index(slot), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [row, col], k_full.index(slot), k_smem.index(slot))
+        tma.async_copy_global_to_shared(k_desc, [k0, row, col], k_full.index(slot),
+                                        k_smem.index(slot).reshape([1, BN, D]))
         mbarrier.wait(v_empty.index(slot), ph, pred=c >= STAGES)
         mbarrier.expect(v_full.index(slot), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [row, col], v_full.index(slot), v_smem.index(slot))
+        tma.async_copy_global_to_shared(v_desc, [k0, row, col], v_full.index(slot),
+                                        v_smem.index(slot).reshape([1, BN, D]))
+
+    @gluon.constexpr_function
+    def _nvmma2(rows, cols, dtype):
+        """The 2-D shared layout of a [rows, cols] tile (what wgmma reads; the 3-D TMA block
+        [1, rows, cols] is a reshape of it)."""
+        return gl.NVMMASharedLayout.get_default_for([rows, cols], dtype)
 
     @gluon.jit
     def _tile_step(n_tiles, PERSISTENT: gl.constexpr):
@@ -103,13 +123,17 @@ if HAVE_GLUON:
             return n_tiles
 
     @gluon.jit
-    def _tile(t, n_m, n_tiles, H, HK, GROUP, SEQ_Q, SEQ_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              HEAD_D: gl.constexpr, BSHD: gl.constexpr, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr):
-        """Tile ``t`` -> its coordinates.  Query blocks of one head are consecutive tiles (K/V stay
-        in L2), heaviest first under a causal mask.  The persistent causal walk (program p takes
-        p, p + P, p + 2P, ...) mirrors every second pass of P tiles, so a program that drew a heavy
-        block in one pass draws a light one in the next (a longest-first order over all heads
-        instead measured 0.70x at S=4096: K/V no longer stay in L2)."""
+    def _tile3(t, n_m, n_tiles, H, HK, GROUP, SEQ_Q, SEQ_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+               HEAD_D: gl.constexpr, BSHD: gl.constexpr, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr):
+        """Tile ``t`` -> (b, h, m0, q0, q_col, k0, k_col, n_blocks) for 3-D descriptors (bhsd
+        [B*H, S, D], bshd [B, S, H*D]): the Q block starts at [q0, m0, q_col], key block j at
+        [k0, j * BLOCK_N, k_col].  Ragged lengths: the last blocks reach past the sequence; their
+        missing rows read zeros and their stores are clipped.  Query blocks of one head are
+        consecutive tiles (K/V stay in L2), heaviest first under a causal mask.  The persistent
+        causal walk (program p takes p, p + P, p + 2P, ...) mirrors every second pass of P tiles, so
+        a program that drew a heavy block in one pass draws a light one in the next (a
+        longest-first order over all heads instead measured 0.70x at S=4096: K/V no longer stay in
+        L2)."""
         if CAUSAL and PERSISTENT:
             nprog = gl.num_programs(0)
             base = (t // nprog) * nprog
@@ -125,20 +149,19 @@ if HAVE_GLUON:
         hk = h // GROUP
         m0 = pid_m * BLOCK_M
         if BSHD:
-            q_row = b * SEQ_Q + m0
+            q0 = b
             q_col = h * HEAD_D
-            k_row = b * SEQ_K
+            k0 = b
             k_col = hk * HEAD_D
         else:
-            q_row = bh * SEQ_Q + m0
+            q0 = bh
             q_col = h * 0
-            k_row = (b * HK + hk) * SEQ_K
+            k0 = b * HK + hk
             k_col = h * 0
+        n_blocks = gl.cdiv(SEQ_K, BLOCK_N)
         if CAUSAL:
-            n_blocks = gl.cdiv(m0 + BLOCK_M, BLOCK_N)
-        else:
-            n_blocks = SEQ_K // BLOCK_N
-        return b, h, m0, q_row, q_col, k_row, k_col, n_blocks
+            n_blocks = gl.minimum(gl.cdiv(m0 + BLOCK_M, BLOCK_N), n_blocks)
+        return b, h, m0, q0, q_col, k0, k_col, n_blocks
 
     @gluon.jit
     def _ws_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_full, v_full, k_empty,
@@ -149,16 +172,16 @@ if HAVE_GLUON:
         cnt = 0
         it = 0
         for t in range(gl.program_id(0), n_tiles, step):
-            b, h, m0, q_row, q_col, k_row, k_col, n_blocks = _tile(
+            b, h, m0, q0, q_col, k0, k_col, n_blocks = _tile3(
                 t, n_m, n_tiles, H, HK, GROUP, SEQ_Q, SEQ_K, 2 * SUB_M, BLOCK_N, HEAD_D, BSHD, CAUSAL, PERSISTENT)
             for i in gl.static_range(2):
                 mbarrier.wait(q_empty.index(i), (it & 1) ^ 1, pred=it > 0)
                 mbarrier.expect(q_bar.index(i), SUB_M * HEAD_D * 2)
-                tma.async_copy_global_to_shared(q_desc, [q_row + i * SUB_M, q_col], q_bar.index(i),
-                                                q_smem.index(i))
+                tma.async_copy_global_to_shared(q_desc, [q0, m0 + i * SUB_M, q_col], q_bar.index(i),
+                                                q_smem.index(i).reshape([1, SUB_M, HEAD_D]))
             for j in range(n_blocks):
-                _load_kv(k_desc, v_desc, k_smem, v_smem, k_full, v_full, k_empty, v_empty, cnt + j,
-                         k_row + j * BLOCK_N, k_col, STAGES)
+                _load_kv3(k_desc, v_desc, k_smem, v_smem, k_full, v_full, k_empty, v_empty, cnt + j,
+                          k0, j * BLOCK_N, k_col, STAGES)
             cnt += n_blocks
             it += 1
 
@@ -189,16 +212,19 @@ if HAVE_GLUON:
         it = 0
         tc = 0
         for t in range(gl.program_id(0), n_tiles, step):
-            b, h, m0, q_row, q_col, k_row, k_col, n_blocks = _tile(
+            b, h, m0, q0, q_col, k0, k_col, n_blocks = _tile3(
                 t, n_m, n_tiles, H, HK, GROUP, SEQ_Q, SEQ_K, 2 * SUB_M, BLOCK_N, HEAD_D, BSHD, CAUSAL, PERSISTENT)
             r0 = m0 + SUB * SUB_M
-            if CAUSAL:   # blocks at or past this warpgroup's last row are skipped (fully masked)
-                n_mine = gl.cdiv(r0 + SUB_M, BLOCK_N)
+            # blocks j >= n_full are masked: causal, those reaching this warpgroup's rows (blocks
+            # at or past its last row are skipped: fully masked); otherwise the ragged last block
+            # (keys past SEQ_K; none when SEQ_K is a multiple of BLOCK_N)
+            if CAUSAL:
+                n_mine = gl.minimum(gl.cdiv(r0 + SUB_M, BLOCK_N), n_blocks)
                 n_full = r0 // BLOCK_N
-                n_other = gl.cdiv(m0 + (1 - SUB) * SUB_M + SUB_M, BLOCK_N)
+                n_other = gl.minimum(gl.cdiv(m0 + (1 - SUB) * SUB_M + SUB_M, BLOCK_N), n_blocks)
             else:
                 n_mine = n_blocks
-                n_full = n_blocks
+                n_full = SEQ_K // BLOCK_N
                 n_other = n_blocks
             rows = r0 + gl.arange(0, SUB_M, layout=row_s)
             m_i = gl.full([SUB_M], -float("inf"), gl.float32, layout=row_s)
@@ -213,11 +239,8 @@ if HAVE_GLUON:
             mbarrier.arrive(k_empty.index(slot0))
             if n_mine == 1:   # Q is read by the Q K^T products only: free it for the next tile's copy
                 mbarrier.arrive(q_empty.index(SUB))
-            if CAUSAL:
-                if n_full == 0:
-                    p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, rows, cols, 0, True)
-                else:
-                    p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, rows, cols, 0, False)
+            if n_full == 0:
+                p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, rows, cols, 0, True, CAUSAL, SEQ_K)
             else:
                 p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, rows, cols, 0, False)
 
@@ -239,12 +262,9 @@ if HAVE_GLUON:
                 mbarrier.arrive(k_empty.index(nslot))
                 if j == n_mine - 2:   # this tile's last Q K^T is done: the next tile's Q may load
                     mbarrier.arrive(q_empty.index(SUB))
-                if CAUSAL:
-                    if j + 1 >= n_full:
-                        p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, rows, cols, (j + 1) * BLOCK_N,
-                                                           True)
-                    else:
-                        p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, rows, cols, 0, False)
+                if j + 1 >= n_full:
+                    p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, rows, cols, (j + 1) * BLOCK_N,
+                                                       True, CAUSAL, SEQ_K)
                 else:
                     p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, rows, cols, 0, False)
                 acc = warpgroup_mma_wait(0, deps=[acc_tok])
@@ -281,11 +301,12 @@ if HAVE_GLUON:
             out = acc / gl.expand_dims(l_o, 1)
             if STORE_LSE:
                 lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
-                gl.store(LSE + b.to(gl.int64) * slb + h.to(gl.int64) * slh + rows, lse)
+                gl.store(LSE + b.to(gl.int64) * slb + h.to(gl.int64) * slh + rows, lse, mask=rows < SEQ_Q)
             tma.store_wait(pendings=0)   # the previous tile's output has left os_
             os_.store(out.to(dtype))
             fence_async_shared()
-            tma.async_copy_shared_to_global(o_desc, [q_row + SUB * SUB_M, q_col], os_)
+            # rows past SEQ_Q (a ragged last query block) are clipped by the 3-D descriptor
+            tma.async_copy_shared_to_global(o_desc, [q0, r0, q_col], os_.reshape([1, SUB_M, HEAD_D]))
         tma.store_wait(pendings=0)
 
     @gluon.jit
@@ -297,15 +318,18 @@ if HAVE_GLUON:
         CONSUMER_REGS: gl.constexpr, PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr,
     ):
         """Grid: (tiles,) or, ``PERSISTENT``, (min(tiles, SMs),); a tile is 128 query rows of one
-        (batch, head); ``num_warps=4`` (the first consumer) + 4 + 4 worker warps."""
-        SUB_M: gl.constexpr = q_desc.block_type.shape[0]   # 64 rows per consumer warpgroup
+        (batch, head); ``num_warps=4`` (the first consumer) + 4 + 4 worker warps.  The descriptors
+        are 3-D (:func:`descriptors`) with blocks [1, 64, D] (q, o) and [1, BLOCK_N, D] (k, v)."""
+        SUB_M: gl.constexpr = q_desc.block_type.shape[1]   # 64 rows per consumer warpgroup
         dtype: gl.constexpr = q_desc.dtype
-        n_m = SEQ_Q // (2 * SUB_M)
+        n_m = gl.cdiv(SEQ_Q, 2 * SUB_M)
         n_tiles = n_m * BH
-        q_smem = gl.allocate_shared_memory(dtype, [2, SUB_M, HEAD_D], q_desc.layout)
-        o_smem = gl.allocate_shared_memory(dtype, [2, SUB_M, HEAD_D], o_desc.layout)
-        k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)
-        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], v_desc.layout)
+        q_layout: gl.constexpr = _nvmma2(SUB_M, HEAD_D, dtype)
+        kv_layout: gl.constexpr = _nvmma2(BLOCK_N, HEAD_D, dtype)
+        q_smem = gl.allocate_shared_memory(dtype, [2, SUB_M, HEAD_D], q_layout)
+        o_smem = gl.allocate_shared_memory(dtype, [2, SUB_M, HEAD_D], q_layout)
+        k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], kv_layout)
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], kv_layout)
         q_bar = _barriers(2, 1)
         q_empty = _barriers(2, 1)
         turn = _barriers(2, 1)
@@ -358,11 +382,11 @@ def aot_source(dtype: str, hdim: int, block_n: int, stages: int, variant: str = 
         raise ValueError(f"unknown Gluon variant {variant!r}; known: {', '.join(GLUON_VARIANTS)}")
     gdt = _gl_dtype(dtype)
     tdt = torch.bfloat16 if gdt == gl.bfloat16 else torch.float16
-    x = torch.empty(max(block_n, 64), hdim, dtype=tdt)   # host placeholder: only its type is read
-    q_t = mangle_type(TensorDescriptor.from_tensor(x[:64], [64, hdim],
-                                                   gl.NVMMASharedLayout.get_default_for([64, hdim], gdt)))
-    kv_t = mangle_type(TensorDescriptor.from_tensor(x[:block_n], [block_n, hdim],
-                                                    gl.NVMMASharedLayout.get_default_for([block_n, hdim], gdt)))
+    x = torch.empty(1, max(block_n, 64), hdim, dtype=tdt)   # host placeholder: only its type is read
+    q_t = mangle_type(TensorDescriptor.from_tensor(x[:, :64], [1, 64, hdim],
+                                                   gl.NVMMASharedLayout.get_default_for([1, 64, hdim], gdt)))
+    kv_t = mangle_type(TensorDescriptor.from_tensor(x[:, :block_n], [1, block_n, hdim],
+                                                    gl.NVMMASharedLayout.get_default_for([1, block_n, hdim], gdt)))
     fn = fmha_fwd_gluon_ws_sm90
     sig = dict(q_desc=q_t, k_desc=kv_t, v_desc=kv_t, o_desc=q_t, LSE="*fp32", slb="i32", slh="i32", H="i32",
                HK="i32", GROUP="i32", SEQ_Q="i32", SEQ_K="i32", BH="i32", qk_scale="fp32")
@@ -406,9 +430,8 @@ def unsupported_reason(q, k, v, *, causal=False, layout="bhsd", tile=None, windo
     hq, hk = q.shape[hdim], k.shape[hdim]
     if hk == 0 or hq % hk or v.shape[hdim] != hk or q.shape[0] != k.shape[0] or v.shape[sdim] != sk:
         return "q/k/v shapes disagree (batch, heads, kv length)"
-    bm, bn, _, _ = tile or DEFAULT_TILES[q.shape[-1]]
-    if sq % bm or sk % bn or sq == 0:
-        return f"seqlen_q {sq} % {bm} or seqlen_k {sk} % {bn} (no-padding kernel)"
+    if sq == 0 or sk == 0:
+        return "empty seqlen_q or seqlen_k"
     if causal and sq != sk:
         return "causal with seqlen_q != seqlen_k"
     for t in (q, k, v):
@@ -428,6 +451,20 @@ def geometry(q, k, layout: str) -> tuple:
     b, sq, hq, _ = q.shape
     sk, hk = k.shape[1], k.shape[2]
     return b, hq, sq, hk, sk, b * sq, b * sk, hq * d, hk * d
+
+
+def views3(q, k, layout: str) -> tuple:
+    """The 3-D views the forward's descriptors address: bhsd q [B*H, Sq, D], k [B*HK, Sk, D];
+    bshd q [B, Sq, H*D], k [B, Sk, HK*D] (a block [1, rows, D] never crosses into another head or
+    batch: rows past the sequence read zeros and are not stored)."""
+    d = q.shape[-1]
+    if layout == "bhsd":
+        b, hq, sq, _ = q.shape
+        hk, sk = k.shape[1], k.shape[2]
+        return (b * hq, sq, d), (b * hk, sk, d)
+    b, sq, hq, _ = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    return (b, sq, hq * d), (b, sk, hk * d)
 
 
 def grid_for(tiles: int, persistent: bool, device) -> tuple:
@@ -523,18 +560,18 @@ def _record(q, k, v, o, lse, causal, scale, layout, bm, bn, stages, pingpong, pe
 
     from ck_core.backends import triton_replay
     d = q.shape[-1]
-    b, hq, sq, hk, sk, rq, rk, cq, ck = geometry(q, k, layout)
-    views = (q.view(rq, cq), k.view(rk, ck), v.view(rk, ck))
+    b, hq, sq, hk, sk = geometry(q, k, layout)[:5]
+    shape_q, shape_k = views3(q, k, layout)
     gdt = _gl_dtype(q.dtype)
-    q_l = gl.NVMMASharedLayout.get_default_for([bm // 2, d], gdt)
-    kv_l = gl.NVMMASharedLayout.get_default_for([bn, d], gdt)
-    qd = TensorDescriptor.from_tensor(views[0], [bm // 2, d], q_l)
-    kd = TensorDescriptor.from_tensor(views[1], [bn, d], kv_l)
-    vd = TensorDescriptor.from_tensor(views[2], [bn, d], kv_l)
-    od = TensorDescriptor.from_tensor(o.view(views[0].shape), [bm // 2, d], q_l)
+    q_l = gl.NVMMASharedLayout.get_default_for([1, bm // 2, d], gdt)
+    kv_l = gl.NVMMASharedLayout.get_default_for([1, bn, d], gdt)
+    qd = TensorDescriptor.from_tensor(q.view(shape_q), [1, bm // 2, d], q_l)
+    kd = TensorDescriptor.from_tensor(k.view(shape_k), [1, bn, d], kv_l)
+    vd = TensorDescriptor.from_tensor(v.view(shape_k), [1, bn, d], kv_l)
+    od = TensorDescriptor.from_tensor(o.view(shape_q), [1, bm // 2, d], q_l)
     lse_arg = lse if lse is not None else torch.empty(1, device=q.device, dtype=torch.float32)
     sm_scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    grid = grid_for((sq // bm) * b * hq, persistent, q.device)
+    grid = grid_for(-(-sq // bm) * b * hq, persistent, q.device)
     args = [qd, kd, vd, od, lse_arg, hq * sq if lse is not None else 0, sq if lse is not None else 0,
             hq, hk, hq // hk, sq, sk, b * hq, sm_scale * LOG2E]
     kwargs = dict(BSHD=layout == "bshd", CAUSAL=bool(causal), STORE_LSE=lse is not None,

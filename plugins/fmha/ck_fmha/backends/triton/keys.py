@@ -14,7 +14,7 @@ dtype of the fwd family (batch and group mode) on archs whose spec lists fp8; th
 (OCP e4m3fn or CDNA3's e4m3fnuz) comes from :func:`fp8_format`; on NVIDIA the fp8 forward reads V
 key-contiguous (:func:`fp8_v_trans`: one transposed copy per call, none for vlayout="c" problems).
 On Hopper the fwd family also has Gluon keys (variants :data:`GLUON_VARIANTS`, the warp-specialised
-kernel of :mod:`ck_fmha.backends.triton.gluon_fwd`) for fp16/bf16 no-padding problems with head dims 64/64 or
+kernel of :mod:`ck_fmha.backends.triton.gluon_fwd`) for fp16/bf16 batch-mode problems (any lengths) with head dims 64/64 or
 128/128; they run through ``ops.fwd`` like the Triton keys and build from ``gluon_fwd.aot_source``.
 Stages follow the plans of :mod:`ck_fmha.plan`: split-KV main + combine,
 backward dot_do_o -> dq_dk_dv -> convert_dq, with tensors passed by name.
@@ -490,7 +490,7 @@ def _bwd_unsupported(a: TritonFmhaAlg, p) -> Optional[str]:
 
 def _gluon_unsupported(a: TritonFmhaAlg, p) -> Optional[str]:
     """Why a Gluon key cannot run ``p`` (None when it can): batch-mode fwd, fp16/bf16, head dims 64/64 or
-    128/128, plain or causal attention on whole tiles (no padding), nothing else."""
+    128/128, plain or causal attention (causal with seqlen_q == seqlen_k), any lengths, nothing else."""
     g = f"the Gluon sm90 forward ({a.variant})"
     if p.family != "fwd":
         return f"{g} is a fwd kernel, not {p.family}"
@@ -516,10 +516,8 @@ def _gluon_unsupported(a: TritonFmhaAlg, p) -> Optional[str]:
         return f"{g} reads V row-major only"
     if p.paged_kv or p.seqlens_k is not None:
         return f"{g} reads contiguous K/V of one length (no paged KV, no per-batch seqlens_k)"
-    if not p.seqlen_q or p.seqlen_q % GLUON_BLOCK_M:
-        return f"{g} needs seqlen_q a multiple of {GLUON_BLOCK_M} (no padding), got {p.seqlen_q}"
-    if not p.seqlen_k or p.seqlen_k % a.block_n:
-        return f"{g} needs seqlen_k a multiple of its BLOCK_N {a.block_n} (no padding), got {p.seqlen_k}"
+    if not p.seqlen_q or not p.seqlen_k:   # (any lengths: ragged last blocks are masked in the kernel)
+        return f"{g} needs seqlen_q and seqlen_k > 0, got {p.seqlen_q}/{p.seqlen_k}"
     if p.is_causal and p.seqlen_q != p.seqlen_k:
         return f"{g} is causal only with seqlen_q == seqlen_k (got {p.seqlen_q}/{p.seqlen_k})"
     return None

@@ -817,8 +817,6 @@ def default_bwd_choice(q, k, v, do, lse, delta, *, layout, mode, right, has_sc, 
         if _dkdv == "gluon" or env == "1":
             gk = gk or gluon_bwd.tiles("dkdv", arch).get(d)
     why = "not configured" if gk is None else gluon_why
-    if not why and (sk % 128 or sq % gk[0]):
-        why = f"seqlen_k % 128 or seqlen_q % {gk[0]}"
     spec = _arch_of(q)
     if spec is not None and q.dim() == 4 and layout != "thd":   # GQA with few key blocks: the Triton kernel's group split
         from ...heuristics import group_split
@@ -1031,8 +1029,6 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
         why = "dbias" if return_dbias else _gluon_dq_reason(
             q, k, v, do, lse, delta, (64, 2, True), layout=layout, mode=mode, right=right, has_sc=has_sc, bias=bias,
             alibi_slopes=alibi_slopes, dropout_p=dropout_p, dv_=dv_)
-        if not why and (sk % 128 or sq % kv[0]):
-            why = f"seqlen_k % 128 or seqlen_q % {kv[0]}"
         if why:
             raise UnsupportedProblem(f"the Gluon dK/dV kernel {kv} cannot run this backward: {why}")
         dk, dv = gluon_bwd.dkdv(q, k, v, do, lse, delta, causal=mode == 1, scale=scale, layout=layout, tile=kv,

@@ -74,6 +74,9 @@ class KernelSpec:
     meta: dict = field(default_factory=dict)
 
     def workspace_bytes(self, M: int, N: int, batch: int = 1) -> int:
+        if self.meta.get("streamk"):
+            cfg = self.meta["config"]
+            return self.grid(M, N, batch)[0] * 2 * cfg.block_m * cfg.block_n * 4
         return 0 if self.split_k == 1 else self.split_k * batch * M * N * 4
 
     def compile(self, target):
@@ -146,7 +149,7 @@ def kernel_for(config, *, dtype: str = "fp16", layout: str = "rcr", out_dtype: s
     cfg = as_config(config)
     if split_k is not None:
         cfg = cfg.evolve(split_k=split_k)
-    if "persistent" in cfg.variant and not num_sms:
+    if ("persistent" in cfg.variant or cfg.streamk) and not num_sms:
         raise InvalidProblem(f"{cfg.name}: a persistent grid needs num_sms, the target's SM/CU count "
                              f"(ArchSpec.compute_units of its arch plugin)")
     if cfg.c_desc and not parse_layout(layout)[2]:
@@ -198,6 +201,24 @@ def kernel_for(config, *, dtype: str = "fp16", layout: str = "rcr", out_dtype: s
 
             def grid(M, N, batch=1):
                 return (max(1, min(num_sms, tiles(M, N) * batch)), 1, 1)
+    elif cfg.streamk:
+        # one launch on a grid of #SMs: the fp32/int32 workspace (two partial tiles per program)
+        # and the per-tile counters (zero between launches) come from the launcher
+        # the fix-up sums partials SUB_M rows at a time: about 32 values a thread
+        sub_m = max(1, min(cfg.block_m, 32 * 32 * cfg.num_warps // cfg.block_n))
+        if cfg.variant == "streamk":
+            fn = K.gemm_streamk_kernel
+            cx = dict(common, EVEN_K=even_k, SUB_M=sub_m, **epi)
+            types = {"a_ptr": f"*{t_in}", "b_ptr": f"*{t_in}"}
+        else:
+            fn = K.gemm_tma_streamk_kernel
+            cx = dict(common, A_KMAJOR=a_r, B_KMAJOR=not b_r, BATCHED=batched, SUB_M=sub_m, **epi)
+            types = _desc_types(t_in, cfg, a_r, b_r, batched)
+        types.update({"c_ptr": f"*{t_out}", "d0_ptr": f"*{t_d}", "d1_ptr": f"*{t_d}",
+                      "ws_ptr": f"*{TRITON_DTYPES[acc_dtype]}", "lock_ptr": "*i32"})
+
+        def grid(M, N, batch=1):
+            return (num_sms, 1, 1)
     elif cfg.variant in ("plain", "tma", "tma_ws"):
         if cfg.variant == "plain":
             fn = K.gemm_plain_kernel
@@ -231,7 +252,7 @@ def kernel_for(config, *, dtype: str = "fp16", layout: str = "rcr", out_dtype: s
             types[n] = ints
     cx.update({n: v for n, v in units.items() if n in fn.arg_names})
     sig, runtime = _sig(fn, types, cx)
-    div16 = [n for n in ("a_ptr", "b_ptr", "c_ptr", "d0_ptr", "d1_ptr") if n in runtime]
+    div16 = [n for n in ("a_ptr", "b_ptr", "c_ptr", "d0_ptr", "d1_ptr", "ws_ptr", "lock_ptr") if n in runtime]
     div16 += [n for n in ("stride_ab", "stride_am", "stride_ak", "stride_bb", "stride_bk", "stride_bn",
                           "stride_cb", "stride_cm", "stride_cn", "stride_ck") if n in runtime]
     if k_multiple_of_16:
@@ -244,7 +265,7 @@ def kernel_for(config, *, dtype: str = "fp16", layout: str = "rcr", out_dtype: s
                       options=options, grid=grid, arg_names=runtime, reduce=reduce, split_k=split,
                       acc_dtype=acc_dtype,
                       meta={"config": cfg, "dtype": dtype, "out_dtype": out_dtype, "layout": layout,
-                            "batched": batched})
+                            "batched": batched, "streamk": cfg.streamk})
 
 
 def _desc_types(t_in, cfg, a_r, b_r, batched) -> dict:

@@ -25,13 +25,20 @@ from ck_core.errors import InvalidProblem
 #:  tma_persistent_ws  tma_persistent + warp specialisation of the flattened tile loop
 #:  tma_cs             tma whose C tile also leaves through a descriptor (TMA store)
 #:  tma_persistent_cs  tma_persistent with the C descriptor store
+#:  streamk           pointer loads, a grid of #SMs programs: whole waves of tiles data-parallel,
+#:                     the rest cut into equal shares of K steps (stream-K), partial tiles summed
+#:                     in the same launch (a workspace and per-tile counters)
+#:  tma_streamk        streamk with tensor-descriptor loads
 #: The ``_cs`` variants may split their epilogue along N (``epi_subtile`` 2 or 4): each
 #: slice is converted and stored on its own, so the staging buffer is a slice, not the tile.
 VARIANTS = ("plain", "persistent", "tma", "tma_ws", "tma_persistent", "tma_persistent_ws",
-            "tma_cs", "tma_persistent_cs")
+            "tma_cs", "tma_persistent_cs", "streamk", "tma_streamk")
 #: variants that read through tensor descriptors; on AMD targets (no TMA) Triton lowers
 #: them to ordinary loads where it can, see kernel_for's docstring for what compiles where
-TMA_VARIANTS = ("tma", "tma_ws", "tma_persistent", "tma_persistent_ws", "tma_cs", "tma_persistent_cs")
+TMA_VARIANTS = ("tma", "tma_ws", "tma_persistent", "tma_persistent_ws", "tma_cs", "tma_persistent_cs",
+                "tma_streamk")
+#: variants that split K per problem themselves (stream-K: a grid of #SMs, split_k stays 1)
+STREAMK_VARIANTS = ("streamk", "tma_streamk")
 PERSISTENT_VARIANTS = ("persistent", "tma_persistent", "tma_persistent_ws", "tma_persistent_cs")
 WS_VARIANTS = ("tma_ws", "tma_persistent_ws")
 #: variants that write C through a tensor descriptor (row-major C, no split-K),
@@ -152,6 +159,10 @@ class GemmConfig:
     @property
     def warp_specialize(self) -> bool:
         return self.variant in WS_VARIANTS
+
+    @property
+    def streamk(self) -> bool:
+        return self.variant in STREAMK_VARIANTS
 
     @property
     def c_desc(self) -> bool:

@@ -14,6 +14,9 @@ Kernels (each takes only constexpr meta-parameters besides tensors, sizes and st
 * :func:`gemm_tma_cs_kernel`, :func:`gemm_tma_persistent_cs_kernel`: the two above with
   C written through a tensor descriptor too (TMA store), optionally in EPI_SUBTILE
   slices along N (see :func:`_epilogue_desc_store`)
+* :func:`gemm_tma_streamk_kernel`, :func:`gemm_streamk_kernel`: grid (#SMs,), whole waves of
+  tiles data-parallel, the rest split evenly over the programs by K steps (stream-K), partial
+  tiles summed in the same launch (see the comment above them)
 * :func:`gemm_splitk_reduce_kernel` second pass of split-K: sums the fp32 partials
   in a fixed order (deterministic) and applies the epilogue.
 
@@ -508,3 +511,244 @@ def gemm_splitk_reduce_kernel(
     _epilogue_store(acc, offs_m, offs_n, M, N, c_ptr + pid_b * stride_cb, stride_cm, stride_cn,
                     d0_ptr + pid_b * stride_d0b, stride_d0m, stride_d0n,
                     d1_ptr + pid_b * stride_d1b, stride_d1m, stride_d1n, NUM_D, D_OP, ACT)
+
+
+# -- stream-K: a persistent grid that splits the (tile, K-iteration) space evenly ----------------
+#
+# The work of a GEMM is tiles x k_iters units (one BLOCK_K step of one C tile).  The first
+# ``dp_tiles`` tiles (whole waves of the grid, less one) run data-parallel: program p owns tiles
+# p, p + G, ...  The rest (the last one to two waves' worth) is cut into G contiguous, equal
+# ranges of units, one per program, so every SM gets the same share whatever the tile count: no
+# wave quantisation, and a problem with fewer tiles than SMs still fills every SM (split-K
+# chosen per problem).  A tile whose units several programs share is "fixed up" in the same
+# launch: each contributor stores its fp32 partial into its own workspace slot (a program has at
+# most two partial tiles: where its range starts and where it ends), then increments the tile's
+# counter; the one that arrives last sums the contributors' partials (its own too, all from
+# memory) in program order, a few rows at a time (the same order whoever is last, so the result
+# is bitwise reproducible; a first version kept its own tile, the sum and the loaded partial in
+# registers at once and spilled: 0.1-0.5x the data-parallel kernels on the H100), applies the
+# epilogue, stores C and resets the counter to zero for the next launch.  Nobody waits for
+# anybody (no spin), so the kernel cannot deadlock whatever runs beside it.
+
+#: programs that share one stream-K tile, about at most: a tile of many short K ranges (small M
+#: and N, long K) would otherwise have its last contributor read dozens of partials in turn
+SK_MAX_SPLIT: tl.constexpr = tl.constexpr(8)
+
+@triton.jit
+def _sk_first_unit(p, sk_units, G):
+    # first unit of program p's stream-K range: floor(p * units / G) (64-bit: no overflow)
+    return ((sk_units.to(tl.int64) * p) // G).to(tl.int32)
+
+
+@triton.jit
+def _sk_owner(x, sk_units, G):
+    # the program whose range holds unit x: the largest p with floor(p * units / G) <= x
+    return (((G.to(tl.int64) * (x + 1)) + sk_units - 1) // sk_units - 1).to(tl.int32)
+
+
+@triton.jit
+def _sk_finish(acc, tile, k0, k1, k_iters, pid, seg_first, dp_units, sk_units, G,
+               ws_ptr, lock_ptr, off_m, off_n, M, N, c_ptr, stride_cm, stride_cn,
+               d0_ptr, stride_d0m, stride_d0n, d1_ptr, stride_d1m, stride_d1n,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SUB_M: tl.constexpr,
+               NUM_D: tl.constexpr, D_OP: tl.constexpr, ACT: tl.constexpr, ACC_INT: tl.constexpr):
+    # the end of one segment (units k0..k1 of the tile at off_m, off_n): store the tile, or fix it up
+    if k0 == 0 and k1 == k_iters:
+        _epilogue_store(acc, off_m + tl.arange(0, BLOCK_M), off_n + tl.arange(0, BLOCK_N), M, N,
+                        c_ptr, stride_cm, stride_cn,
+                        d0_ptr, stride_d0m, stride_d0n, d1_ptr, stride_d1m, stride_d1n, NUM_D, D_OP, ACT)
+    else:
+        tile_elems: tl.constexpr = BLOCK_M * BLOCK_N
+        offs_t = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        # slot 0: the segment that starts the program's range, slot 1: the one that ends it
+        slot = tl.where(seg_first, 0, 1)
+        tl.store(ws_ptr + (pid * 2 + slot).to(tl.int64) * tile_elems + offs_t, acc)
+        # every thread's partial is written before the counter moves (release, GPU scope)
+        tl.debug_barrier()
+        first_unit = tile * k_iters - dp_units
+        p_lo = _sk_owner(first_unit, sk_units, G)
+        p_hi = _sk_owner(first_unit + k_iters - 1, sk_units, G)
+        arrived = tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if arrived == p_hi - p_lo:
+            # the last contributor sums every partial (its own too, from memory) in program order,
+            # SUB_M rows at a time: one C tile's worth of registers at most, not three
+            offs_c = tl.arange(0, SUB_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+            for r in tl.static_range(0, BLOCK_M, SUB_M):
+                if ACC_INT:
+                    part = tl.zeros((SUB_M, BLOCK_N), dtype=tl.int32)
+                else:
+                    part = tl.zeros((SUB_M, BLOCK_N), dtype=tl.float32)
+                for q in range(p_lo, p_hi + 1):
+                    # tile is q's first segment when q's range starts inside it
+                    q_slot = tl.where(_sk_first_unit(q, sk_units, G) >= first_unit, 0, 1)
+                    part += tl.load(ws_ptr + (q * 2 + q_slot).to(tl.int64) * tile_elems + r * BLOCK_N + offs_c,
+                                    cache_modifier=".cg")
+                _epilogue_store(part, off_m + r + tl.arange(0, SUB_M), off_n + tl.arange(0, BLOCK_N), M, N,
+                                c_ptr, stride_cm, stride_cn,
+                                d0_ptr, stride_d0m, stride_d0n, d1_ptr, stride_d1m, stride_d1n, NUM_D, D_OP, ACT)
+            tl.atomic_xchg(lock_ptr + tile, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def _sk_plan(M, N, K, batch_count, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+             G):
+    # tiles, k_iters, data-parallel tiles (whole waves less one), stream-K units
+    tiles_per_batch = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    num_tiles = tiles_per_batch * batch_count
+    k_iters = tl.cdiv(K, BLOCK_K)
+    full_waves = num_tiles // G
+    dp_tiles = tl.where(num_tiles % G == 0, num_tiles, tl.maximum(full_waves - 1, 0) * G)
+    sk_units = (num_tiles - dp_tiles) * k_iters
+    return tiles_per_batch, num_tiles, k_iters, dp_tiles, sk_units
+
+
+@triton.jit
+def gemm_tma_streamk_kernel(
+        a_desc, b_desc, c_ptr, d0_ptr, d1_ptr, ws_ptr, lock_ptr, M, N, K, batch_count,
+        stride_cb, stride_cm, stride_cn,
+        stride_d0b, stride_d0m, stride_d0n,
+        stride_d1b, stride_d1m, stride_d1n,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+        A_KMAJOR: tl.constexpr, B_KMAJOR: tl.constexpr, BATCHED: tl.constexpr, SUB_M: tl.constexpr,
+        NUM_D: tl.constexpr, D_OP: tl.constexpr, ACT: tl.constexpr, ACC_INT: tl.constexpr):
+    # the grid's size (the arch's SM count, from the launcher) is the G of the plan
+    pid = tl.program_id(0)
+    G = tl.num_programs(0)
+    tiles_per_batch, num_tiles, k_iters, dp_tiles, sk_units = _sk_plan(
+        M, N, K, batch_count, BLOCK_M, BLOCK_N, BLOCK_K, G)
+    dp_units = dp_tiles * k_iters
+    # data-parallel part: whole tiles, grid-strided
+    for tile in range(pid, dp_tiles, G):
+        pid_b = tile // tiles_per_batch
+        pid_m, pid_n = _tile_ids(tile % tiles_per_batch, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        if ACC_INT:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+        else:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kt in range(0, k_iters):
+            a = _desc_load_a(a_desc, pid_b, pid_m * BLOCK_M, kt * BLOCK_K, BLOCK_M, BLOCK_K, A_KMAJOR, BATCHED)
+            b = _desc_load_b(b_desc, pid_b, kt * BLOCK_K, pid_n * BLOCK_N, BLOCK_K, BLOCK_N, B_KMAJOR, BATCHED)
+            acc = _mma(a, b, acc)
+        pb = pid_b.to(tl.int64)
+        _epilogue_store(acc, pid_m * BLOCK_M + tl.arange(0, BLOCK_M), pid_n * BLOCK_N + tl.arange(0, BLOCK_N),
+                        M, N, c_ptr + pb * stride_cb, stride_cm, stride_cn,
+                        d0_ptr + pb * stride_d0b, stride_d0m, stride_d0n,
+                        d1_ptr + pb * stride_d1b, stride_d1m, stride_d1n, NUM_D, D_OP, ACT)
+    # stream-K part: this program's equal share of the remaining units
+    # at most one program per unit, so that every program of the stream-K part has work (the
+    # fix-up counts the programs between a tile's first and last unit), and about SK_MAX_SPLIT
+    # programs per tile at most (its last contributor reads the others' partials one by one)
+    G_sk = tl.minimum(tl.minimum(G, sk_units), (num_tiles - dp_tiles) * SK_MAX_SPLIT)
+    if pid < G_sk:
+        u0 = _sk_first_unit(pid, sk_units, G_sk)
+        u1 = _sk_first_unit(pid + 1, sk_units, G_sk)
+        u = u0
+        while u < u1:
+            tile = dp_tiles + u // k_iters
+            k0 = u % k_iters
+            k1 = tl.minimum(k_iters, k0 + (u1 - u))
+            pid_b = tile // tiles_per_batch
+            pid_m, pid_n = _tile_ids(tile % tiles_per_batch, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+            if ACC_INT:
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+            else:
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for kt in range(k0, k1):
+                a = _desc_load_a(a_desc, pid_b, pid_m * BLOCK_M, kt * BLOCK_K, BLOCK_M, BLOCK_K, A_KMAJOR,
+                                 BATCHED)
+                b = _desc_load_b(b_desc, pid_b, kt * BLOCK_K, pid_n * BLOCK_N, BLOCK_K, BLOCK_N, B_KMAJOR,
+                                 BATCHED)
+                acc = _mma(a, b, acc)
+            pb = pid_b.to(tl.int64)
+            _sk_finish(acc, tile, k0, k1, k_iters, pid, u == u0, dp_units, sk_units, G_sk,
+                       ws_ptr, lock_ptr, pid_m * BLOCK_M, pid_n * BLOCK_N, M, N,
+                       c_ptr + pb * stride_cb, stride_cm, stride_cn,
+                       d0_ptr + pb * stride_d0b, stride_d0m, stride_d0n,
+                       d1_ptr + pb * stride_d1b, stride_d1m, stride_d1n,
+                       BLOCK_M, BLOCK_N, SUB_M, NUM_D, D_OP, ACT, ACC_INT)
+            u += k1 - k0
+
+
+@triton.jit
+def gemm_streamk_kernel(
+        a_ptr, b_ptr, c_ptr, d0_ptr, d1_ptr, ws_ptr, lock_ptr, M, N, K, batch_count,
+        stride_ab, stride_am, stride_ak,
+        stride_bb, stride_bk, stride_bn,
+        stride_cb, stride_cm, stride_cn,
+        stride_d0b, stride_d0m, stride_d0n,
+        stride_d1b, stride_d1m, stride_d1n,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+        EVEN_K: tl.constexpr, SUB_M: tl.constexpr,
+        NUM_D: tl.constexpr, D_OP: tl.constexpr, ACT: tl.constexpr, ACC_INT: tl.constexpr):
+    # gemm_tma_streamk_kernel with pointer loads (any alignment, AMD targets)
+    pid = tl.program_id(0)
+    G = tl.num_programs(0)
+    tiles_per_batch, num_tiles, k_iters, dp_tiles, sk_units = _sk_plan(
+        M, N, K, batch_count, BLOCK_M, BLOCK_N, BLOCK_K, G)
+    dp_units = dp_tiles * k_iters
+    offs_k = tl.arange(0, BLOCK_K)
+    for tile in range(pid, dp_tiles, G):
+        pid_b = (tile // tiles_per_batch).to(tl.int64)
+        pid_m, pid_n = _tile_ids(tile % tiles_per_batch, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        acc = _ptr_k_loop(a_ptr + pid_b * stride_ab, b_ptr + pid_b * stride_bb, offs_m, offs_n, offs_k, M, N, K,
+                          0, k_iters, stride_am, stride_ak, stride_bk, stride_bn,
+                          BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, ACC_INT)
+        _epilogue_store(acc, offs_m, offs_n, M, N, c_ptr + pid_b * stride_cb, stride_cm, stride_cn,
+                        d0_ptr + pid_b * stride_d0b, stride_d0m, stride_d0n,
+                        d1_ptr + pid_b * stride_d1b, stride_d1m, stride_d1n, NUM_D, D_OP, ACT)
+    # at most one program per unit, so that every program of the stream-K part has work (the
+    # fix-up counts the programs between a tile's first and last unit), and about SK_MAX_SPLIT
+    # programs per tile at most (its last contributor reads the others' partials one by one)
+    G_sk = tl.minimum(tl.minimum(G, sk_units), (num_tiles - dp_tiles) * SK_MAX_SPLIT)
+    if pid < G_sk:
+        u0 = _sk_first_unit(pid, sk_units, G_sk)
+        u1 = _sk_first_unit(pid + 1, sk_units, G_sk)
+        u = u0
+        while u < u1:
+            tile = dp_tiles + u // k_iters
+            k0 = u % k_iters
+            k1 = tl.minimum(k_iters, k0 + (u1 - u))
+            pid_b = (tile // tiles_per_batch).to(tl.int64)
+            pid_m, pid_n = _tile_ids(tile % tiles_per_batch, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+            offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+            offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+            acc = _ptr_k_loop(a_ptr + pid_b * stride_ab, b_ptr + pid_b * stride_bb, offs_m, offs_n, offs_k,
+                              M, N, K, k0, k1, stride_am, stride_ak, stride_bk, stride_bn,
+                              BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, ACC_INT)
+            _sk_finish(acc, tile, k0, k1, k_iters, pid, u == u0, dp_units, sk_units, G_sk,
+                       ws_ptr, lock_ptr, pid_m * BLOCK_M, pid_n * BLOCK_N, M, N,
+                       c_ptr + pid_b * stride_cb, stride_cm, stride_cn,
+                       d0_ptr + pid_b * stride_d0b, stride_d0m, stride_d0n,
+                       d1_ptr + pid_b * stride_d1b, stride_d1m, stride_d1n,
+                       BLOCK_M, BLOCK_N, SUB_M, NUM_D, D_OP, ACT, ACC_INT)
+            u += k1 - k0
+
+
+@triton.jit
+def _ptr_k_loop(a_base, b_base, offs_m, offs_n, offs_k, M, N, K, k0, k1,
+                stride_am, stride_ak, stride_bk, stride_bn,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                EVEN_K: tl.constexpr, ACC_INT: tl.constexpr):
+    # acc of K steps k0..k1 of the tile at offs_m x offs_n, through masked pointer loads
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    a_ptrs = a_base + offs_m[:, None] * stride_am + (k0 * BLOCK_K + offs_k)[None, :] * stride_ak
+    b_ptrs = b_base + (k0 * BLOCK_K + offs_k)[:, None] * stride_bk + offs_n[None, :] * stride_bn
+    if ACC_INT:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kt in range(k0, k1):
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=mask_m[:, None], other=0.0)
+            b = tl.load(b_ptrs, mask=mask_n[None, :], other=0.0)
+        else:
+            k_left = K - kt * BLOCK_K
+            a = tl.load(a_ptrs, mask=mask_m[:, None] & (offs_k[None, :] < k_left), other=0.0)
+            b = tl.load(b_ptrs, mask=(offs_k[:, None] < k_left) & mask_n[None, :], other=0.0)
+        acc = _mma(a, b, acc)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    return acc

@@ -236,6 +236,8 @@ def _record(cfg, problem, a, b, c, t_out, act, num_sms=None, name=None, extra=No
     address; elsewhere they go through the cache's launch with the recorded arguments.
     Operands are told apart by their data pointers (a transposed view has its tensor's):
     None where two of them share one, or a launch takes a tensor that is none of them.
+    Tensors in the device's scratch buffers (``launch.scratch``: split-K partials, the
+    stream-K workspace and tile counters) stay those of the recorded call.
     """
     import torch
 
@@ -276,7 +278,9 @@ def _record(cfg, problem, a, b, c, t_out, act, num_sms=None, name=None, extra=No
             if not isinstance(t, torch.Tensor):
                 continue
             role = roles.get(t.data_ptr())
-            if role is None and rec.ws is None:   # the split-K workspace
+            if role is None and L.is_scratch(t):
+                continue   # the device's scratch (split-K partials, stream-K workspace, counters): kept
+            if role is None and rec.ws is None:   # a workspace made for the call
                 role = roles[t.data_ptr()] = "ws"
                 rec.ws = (tuple(t.shape), t.dtype)
             elif role is None:

@@ -202,9 +202,14 @@ def gemm(a, b, *, layout: str = "rcr", config, c=None, d_tensors=(), d_op: str =
         vals["stride_ab"], vals["stride_am"], vals["stride_ak"] = bstride(al), al.stride(-2), al.stride(-1)
         vals["stride_bb"], vals["stride_bk"], vals["stride_bn"] = bstride(bl), bl.stride(-2), bl.stride(-1)
 
+    if cfg.streamk:
+        vals["ws_ptr"], vals["lock_ptr"] = streamk_scratch(a.device, spec.grid(M, N, batch)[0] * 2
+                                                           * cfg.block_m * cfg.block_n,
+                                                           batch * -(-M // cfg.block_m) * -(-N // cfg.block_n),
+                                                           spec.acc_dtype == "int32")
     if spec.split_k > 1:
-        ws = torch.empty((spec.split_k, batch, M, N), device=a.device,
-                         dtype=torch.int32 if spec.acc_dtype == "int32" else torch.float32)
+        ws = scratch(a.device, "i32" if spec.acc_dtype == "int32" else "f32",
+                     spec.split_k * batch * M * N)[:spec.split_k * batch * M * N].view(spec.split_k, batch, M, N)
         vals.update({"c_ptr": ws, "stride_ck": ws.stride(0), "stride_cb": ws.stride(1),
                      "stride_cm": ws.stride(2), "stride_cn": 1})
     else:
@@ -223,6 +228,53 @@ def gemm(a, b, *, layout: str = "rcr", config, c=None, d_tensors=(), d_op: str =
                 rv[f"stride_{key}{ax}"] = vals[f"stride_{key}{ax}"]
         launch(r, rv, M, N, batch, name + "/reduce")
     return c
+
+
+#: per (device, kind): one buffer, grown on demand (at least doubling); replaced buffers are
+#: kept, since a recorded launch or a captured CUDA graph may still point at them
+_SCRATCH: dict = {}
+_RETIRED: list = []
+
+
+def scratch(device, kind: str, numel: int):
+    """A per-device buffer of at least ``numel`` elements: ``"f32"`` / ``"i32"`` partial sums
+    (split-K, stream-K) or ``"locks"`` (stream-K tile counters, int32, zero between launches:
+    each launch's last contributor to a tile resets its counter).
+
+    Every GEMM launch on the device shares these in stream order, and recorded launches keep
+    the buffer they were recorded with, so no call allocates (and many problem shapes do not
+    each hold their own partials).  Launches that use them on two streams of one device at the
+    same time would share them: run split-K / stream-K GEMMs of one device on one stream.
+    """
+    import torch
+
+    dtype = torch.float32 if kind == "f32" else torch.int32
+    if device.type == "meta":  # ck build's representative launch: nothing runs
+        return torch.empty(numel, device=device, dtype=dtype)
+    key = (device.type, device.index, kind)
+    buf = _SCRATCH.get(key)
+    if buf is None or buf.numel() < numel:
+        if buf is not None:
+            _RETIRED.append(buf)
+        size = max(numel, 2 * buf.numel() if buf is not None else 0, 1 << 16)
+        buf = _SCRATCH[key] = (torch.zeros if kind == "locks" else torch.empty)(size, device=device,
+                                                                                 dtype=dtype)
+    return buf
+
+
+def is_scratch(t) -> bool:
+    """Whether tensor ``t`` lies in one of the scratch buffers (current or replaced)."""
+    p = t.data_ptr()
+    for buf in list(_SCRATCH.values()) + _RETIRED:
+        if buf.device == t.device and buf.data_ptr() <= p < buf.data_ptr() + buf.numel() * buf.element_size():
+            return True
+    return False
+
+
+def streamk_scratch(device, ws_elems: int, tiles: int, int_acc: bool = False):
+    """The stream-K kernels' workspace (``ws_elems`` fp32 or int32 partial values) and ``tiles``
+    tile counters on ``device`` (see :func:`scratch`)."""
+    return scratch(device, "i32" if int_acc else "f32", ws_elems), scratch(device, "locks", tiles)
 
 
 @functools.lru_cache(maxsize=None)

@@ -78,14 +78,18 @@ def pick_config(M: int, N: int, K: int, dtype: str = "fp16", arch: str = "sm90",
         return heuristic_config(M, N, K, dtype, arch)
     lm, ln, lk = (math.log2(x) for x in (M, N, K))
     best, best_d = None, None
-    for dts, penalty in (((dtype,), 0.0), (_SIBLINGS.get(dtype, ()), 0.25)):
+    # own dtype, then its sibling, then (8-bit floats) the 16-bit rows at twice the K tile: the
+    # same bytes a pipeline stage and the same C tile (space.tuned_keys adds those keys)
+    tiers = (((dtype,), 0.0, 1), (_SIBLINGS.get(dtype, ()), 0.25, 1),
+             (("bf16", "fp16") if dtype in ("fp8", "bf8") else (), 0.5, 2))
+    for dts, penalty, k_scale in tiers:
         for (dt, lay, m, n, k, cfg) in rows:
             if dt not in dts:
                 continue
             d = (2.0 * abs(lm - math.log2(m)) + abs(ln - math.log2(n)) + abs(lk - math.log2(k))
                  + penalty + (0.0 if lay == layout else 0.5))
             if best_d is None or d < best_d:
-                best, best_d = cfg, d
+                best, best_d = (cfg if k_scale == 1 else cfg.evolve(block_k=cfg.block_k * k_scale)), d
         if best is not None:
             break
     if best is None or best_d > 6.0:
