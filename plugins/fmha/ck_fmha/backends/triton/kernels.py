@@ -1276,6 +1276,21 @@ def fmha_bwd_dq_kernel(
 
 
 @triton.jit
+def fmha_bwd_sum_partials_kernel(P, OUT, N, G, BLOCK: tl.constexpr):
+    """OUT[i] = sum over g < G of P[g * N + i] (fp32, in g order: deterministic), cast to OUT's type: the
+    GQA group split's partial dK / dV (fmha_bwd_dq_dk_dv_kernel's GSPLIT) summed into the gradient.  P and
+    OUT share one dense layout (flat storage index i)."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < N
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    p = P + offs   # (stepped by N: 64-bit pointer arithmetic, no g * N product to overflow)
+    for g in range(0, G):
+        acc += tl.load(p, mask=m, other=0.0)
+        p += N
+    tl.store(OUT + offs, acc.to(OUT.dtype.element_ty), mask=m)
+
+
+@triton.jit
 def fmha_bwd_convert_dq_kernel(DQA, DQ, sab, sah, sas, sdb, sdh, sds, H, SEQ_Q, CU_Q,
                                D_Q: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_M: tl.constexpr,
                                IS_VARLEN: tl.constexpr):

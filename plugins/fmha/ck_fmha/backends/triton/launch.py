@@ -1044,10 +1044,11 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
         if gsplit > 1:   # fp32 partial sums per split of the group, added up below (fixed order)
             dk_out, dv_out = dk, dv
             # every program writes its keys' partials (zeros for an empty share of the group); keys past a
-            # logical length (seqlens_k) are no program's and stay zero
+            # logical length (seqlens_k) are no program's and stay zero.  The partials share the outputs'
+            # dense layout (empty_like / zeros_like of k, v), so one flat sum kernel adds them up
             alloc = torch.zeros if seqlens_k is not None else torch.empty
-            dk = alloc((gsplit,) + tuple(k.shape), device=k.device, dtype=torch.float32)
-            dv = alloc((gsplit,) + tuple(v.shape), device=v.device, dtype=torch.float32)
+            dk, dv = (alloc(gsplit * t.numel(), device=t.device, dtype=torch.float32).as_strided(
+                (gsplit,) + tuple(t.shape), (t.numel(),) + t.stride()) for t in (dk_out, dv_out))
             sdkb, sdkh, sdks = _bhs_strides(dk[0], layout)
             sdvb, sdvh, sdvs = _bhs_strides(dv[0], layout)
             sdkg, sdvg = dk.stride(0), dv.stride(0)
@@ -1067,8 +1068,12 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
             IS_VARLEN=varlen, BIAS_MODE=bmode, HAS_DROPOUT=has_do, STORE_DBIAS=bool(return_dbias),
             HAS_SEQLENS=seqlens_k is not None, KV_SPLIT=split, BLOCK_DQ2=kbdq2, BLOCK_DV2=kbdv2,
             num_warps=cfg_kv.num_warps, num_stages=cfg_kv.num_stages)
-        if gsplit > 1:
-            dk, dv = dk_out.copy_(dk.sum(0)), dv_out.copy_(dv.sum(0))
+        if gsplit > 1:   # a launch (not a torch op), so that warm calls replay it
+            for part, out_ in ((dk, dk_out), (dv, dv_out)):
+                n = out_.numel()
+                _kernel(_via, K.fmha_bwd_sum_partials_kernel, (triton.cdiv(n, 1024),))(
+                    part, out_, n, gsplit, BLOCK=1024, num_warps=4)
+            dk, dv = dk_out, dv_out
     dbias = None
     if return_dbias:
         dbias = dbias_full
