@@ -24,7 +24,7 @@ _VARIANTS = ("ptr", "tma", "tma_host", "tma_ws")
 def _kernel_row(key) -> tuple:
     a = key.algorithm
     return (a.block_m, a.block_n, a.num_warps, a.num_stages, *(a.variant == v for v in _VARIANTS),
-            a.variant.startswith("gluon"))
+            a.variant.startswith("gluon"), bool(getattr(a, "dchunk", 0)))
 
 
 @functools.lru_cache(maxsize=256)
@@ -64,6 +64,6 @@ def features(problem, candidates: list, arch) -> dict:
         "log_programs": np.log2(programs), "log_waves": np.log2(waves), "occupancy": programs / (waves * cus),
         "log_work_per_cu": np.log2(waves * per_program),
     }
-    for i, v in enumerate(_VARIANTS + ("gluon",)):
+    for i, v in enumerate(_VARIANTS + ("gluon", "dchunk")):   # v_dchunk: head-dim chunks (keys' _c<C>)
         out[f"v_{v}"] = K[:, 4 + i]
     return out

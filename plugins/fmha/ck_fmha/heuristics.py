@@ -40,6 +40,28 @@ def split_count(batch_heads: int, max_seqlen_k: int, compute_units: int, *, quer
 DQ_ATOMIC = "atomic"
 
 
+def group_split(batch: int, nhead_q: int, nhead_k: int, seqlen_q: int, seqlen_k: int, block_n: int,
+                compute_units: int, rule: dict, *, parts: int = 1, splits=(2, 4, 8, 16)) -> int:
+    """How many programs share a kv head's GQA group in the Triton dK/dV kernel (1: one program sums the
+    whole group).  ``rule`` is the arch's measured ``bwd_gsplit`` entry (``tuning.bwd_gsplit_rule``; empty:
+    never split): the group is split over the next of ``splits`` while the key blocks' programs are under
+    ``waves`` waves on the machine's ``compute_units`` (from the ArchSpec) and each program still walks at
+    least ``min_rows`` query rows (``ceil(group / n) * seqlen_q``: short problems lose to the partial
+    sums); at most the group size.  ``parts``: programs per key block already (2 for kvsplit)."""
+    group = nhead_q // max(1, nhead_k)
+    waves, min_rows = float(rule.get("waves", 0)), float(rule.get("min_rows", 0))
+    if waves <= 0 or group <= 1:
+        return 1
+    programs = max(1, -(-int(seqlen_k) // block_n)) * max(1, batch) * max(1, nhead_k) * parts
+    n = 1
+    for cand in splits:
+        if (cand > group or programs * n >= waves * max(1, int(compute_units))
+                or -(-group // cand) * max(1, int(seqlen_q)) < min_rows):
+            break
+        n = cand
+    return n
+
+
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -140,20 +162,50 @@ def _bwd_tiles(hdim: int, causal: bool, seqlen_k: int, deterministic: bool, gluo
     return True, T.gluon_dkdv_tile(hdim, causal, arch)
 
 
+def bwd_gsplit(p, kv: tuple, arch) -> int:
+    """The group split (a key's ``gsplit``, 0: none) of dK/dV choice ``kv`` (see :func:`bwd_want`) for ``p``:
+    :func:`group_split` for the Triton dK/dV kernel; the Gluon kernel has none."""
+    from .backends.triton import tuning as T
+    from .backends.triton.keys import GSPLITS, KVSPLIT
+
+    if kv[4] not in ("ptr", KVSPLIT) or p.nhead_q == p.nhead_k:
+        return 0
+    n = group_split(p.batch, p.nhead_q, p.nhead_k, p.seqlen_q or 0, p.seqlen_k or 0, kv[1], arch.compute_units,
+                    T.bwd_gsplit_rule(arch.name), parts=2 if kv[4] == KVSPLIT else 1, splits=GSPLITS)
+    return n if n > 1 else 0
+
+
+def bwd_dchunk(p, kv: tuple, dq: str, arch) -> int:
+    """The head-dim chunk of a Triton backward choice (the arch's ``bwd_tuned`` dK/dV entry names it;
+    0: padded head dims); the Gluon kernels have none."""
+    from .backends.triton import tuning as T
+    from .backends.triton.keys import KVSPLIT
+
+    if kv[4] not in ("ptr", KVSPLIT) or dq.startswith("gluon") or p.dtype == "fp8":
+        return 0
+    return T.default_bwd_configs(p.hdim_q, p.hdim_v, arch.name, causal=right_bounded(p))[0].DCHUNK
+
+
 def bwd_want(p, arch) -> tuple:
-    """(dK/dV (block_m, block_n, warps, stages, variant), dq field) the tables pick for ``p``."""
+    """(dK/dV (block_m, block_n, warps, stages, variant), dq field) the tables pick for ``p``
+    (the group split of a Triton dK/dV kernel: :func:`bwd_gsplit`).  A GQA / MQA problem whose Gluon
+    dK/dV grid is under the rule's ``gluon_waves`` takes the Triton kernel with its group split."""
     from .backends.triton import tuning as T
     from .backends.triton.keys import GLUON_BWD_BLOCK_N, GLUON_BWD_WARPS, _hopper
 
     rb = right_bounded(p)
     cfg_kv, cfg_q = T.default_bwd_configs(p.hdim_q, p.hdim_v, arch.name, causal=rb)
-    triton_kv = (cfg_kv.BLOCK_M, cfg_kv.BLOCK_N, cfg_kv.num_warps, cfg_kv.num_stages, "ptr")
+    triton_kv = (cfg_kv.BLOCK_M, cfg_kv.BLOCK_N, cfg_kv.num_warps, cfg_kv.num_stages,
+                 "kvsplit" if cfg_kv.variant == "kvsplit" else "ptr")
     if not _hopper(arch) or interpreting():
         return triton_kv, (dq_triton(cfg_q) if p.deterministic else DQ_ATOMIC)
     scope = gluon_bwd_reason(p) or ("dbias" if p.dbias else None)
     det, gk = _bwd_tiles(p.hdim_q, p.is_causal, p.seqlen_k or 0, p.deterministic, scope is None, arch.name)
     kv = triton_kv
-    if gk is not None and scope is None and gluon_dkdv_reason(p, gk[0], not det) is None:
+    rule = T.bwd_gsplit_rule(arch.name)   # the Gluon kernel gives way below its own waves
+    few = group_split(p.batch, p.nhead_q, p.nhead_k, p.seqlen_q or 0, p.seqlen_k or 0, GLUON_BWD_BLOCK_N,
+                      arch.compute_units, dict(rule, waves=rule.get("gluon_waves", 0))) > 1
+    if gk is not None and scope is None and gluon_dkdv_reason(p, gk[0], not det) is None and not few:
         kv = (gk[0], GLUON_BWD_BLOCK_N, GLUON_BWD_WARPS, gk[1], "gluon_dkdv_pers" if gk[2] else "gluon_dkdv")
     if not det:
         return kv, DQ_ATOMIC
@@ -164,7 +216,7 @@ def bwd_want(p, arch) -> tuple:
 
 
 def fwd_want(p, arch) -> list:
-    """Preferred forward (block_m, block_n, warps, stages, variant) tuples, best first: the Gluon
+    """Preferred forward (block_m, block_n, warps, stages, variant, dchunk) tuples, best first: the Gluon
     kernel where tuned, then the Triton kernel's tuned tile with its TMA form, then that tile's
     lesser forms (device descriptors, then pointers) for problems the better form cannot address."""
     from .backends.triton import tuning as T
@@ -181,7 +233,8 @@ def fwd_want(p, arch) -> list:
     chain = {"tma_host": ("tma_host", "tma", "ptr"), "tma": ("tma", "ptr"), "tma_ws": ("tma_ws", "ptr")}
     for v in chain.get(triton.variant, (triton.variant,)):
         out.append(triton.with_(variant=v))
-    return [(c.BLOCK_M, c.BLOCK_N, c.num_warps, c.num_stages, c.variant) for c in out]
+    fp8 = p.dtype == "fp8"   # (the chunks are an fp16/bf16 form)
+    return [(c.BLOCK_M, c.BLOCK_N, c.num_warps, c.num_stages, c.variant, 0 if fp8 else c.DCHUNK) for c in out]
 
 
 def rank(problem, candidates: list, arch) -> list:
@@ -191,13 +244,14 @@ def rank(problem, candidates: list, arch) -> list:
         want = [(w, "") for w in fwd_want(problem, arch)]
     elif fam == "bwd_dq_dk_dv":
         kv, dq = bwd_want(problem, arch)
-        want = [(kv, dq)]
+        want = [(kv + (bwd_gsplit(problem, kv, arch), bwd_dchunk(problem, kv, dq, arch)), dq)]
     else:
         want = []
 
     def cost(k):
         a = k.algorithm
-        t = ((a.block_m, a.block_n, a.num_warps, a.num_stages, a.variant), a.dq)
+        t = ((a.block_m, a.block_n, a.num_warps, a.num_stages, a.variant)
+             + ((a.dchunk,) if fam == "fwd" else (a.gsplit, a.dchunk) if fam == "bwd_dq_dk_dv" else ()), a.dq)
         # untuned: the tile that pads the actual lengths least, then the largest
         return (want.index(t) if t in want else len(want), seqtune.triton_cost(problem, a),
                 -a.block_m * a.block_n)

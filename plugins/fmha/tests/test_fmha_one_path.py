@@ -81,6 +81,23 @@ def old_bwd(p, hopper):
             det = True
     gk = None if p.dbias else (tuning.gluon_dkdv_tile(d, p.is_causal, tag) if det else fused)
     gluon_kv = gk is not None and gluon_ok
+    # session 8: a GQA group split over programs (the arch's bwd_gsplit rule, Hopper here): the Gluon kernel
+    # gives way where its 128-key programs are under gluon_waves and the group would split
+    rule = tuning.bwd_gsplit_rule(tag) if hopper else {}
+    group = p.nhead_q // p.nhead_k
+
+    def split(block_n, waves, parts=1):
+        n, programs = 1, -(-(sk or 0) // block_n) * p.batch * p.nhead_k * parts
+        while (n * 2 <= min(group, 16) and waves > 0 and programs * n < waves * 132
+               and -(-group // (n * 2)) * (sq or 0) >= rule.get("min_rows", 0)):
+            n *= 2
+        return n
+
+    if gluon_kv and split(128, rule.get("gluon_waves", 0)) > 1:
+        gluon_kv = False
+    if not gluon_kv:
+        gs = split(cfg_kv.BLOCK_N, rule.get("waves", 0), 2 if cfg_kv.variant == "kvsplit" else 1)
+        cfg_kv = cfg_kv.with_(GSPLIT=gs if gs > 1 else 0)
     kv = ("gluon", gk) if gluon_kv else ("triton", cfg_kv)
     if not det:
         return kv, ("atomic",)
@@ -101,9 +118,12 @@ def _dispatcher(arch, dtype):
 
 
 def _new_bwd(alg):
-    kv = (("gluon", (alg.block_m, alg.num_stages, alg.variant.endswith("_pers"))) if alg.variant != "ptr"
+    kv = (("gluon", (alg.block_m, alg.num_stages, alg.variant.endswith("_pers"))) if alg.variant.startswith("gluon")
           else ("triton", alg.config()))
-    return kv, T.parse_dq(alg.dq)
+    dq = T.parse_dq(alg.dq)
+    if dq[0] == "triton":   # the key's head-dim chunk runs in the dQ pass too
+        dq = ("triton", dq[1].with_(DCHUNK=alg.dchunk))
+    return kv, dq
 
 
 _MASKS = [dict(), dict(mask="top_left"), dict(mask="bottom_right"), dict(mask="top_left", window_left=8, window_right=0),

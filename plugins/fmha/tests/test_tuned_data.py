@@ -107,7 +107,9 @@ def test_no_arch_is_assumed(user_store):
 def test_accessors_read_the_tables(user_store):
     assert C.default_fwd_config(128, 128, "sm90", False, 3000) == T(128, 128, W, 2, "gluon_wspp_pers")
     assert C.default_fwd_config(128, 128, "sm90", False, 3000, gluon=False) == T(128, 64, 4, 2, "tma_host")
-    assert C.default_fwd_config(96, 96, "sm90", False, 4096) == T(128, 64, 4, 2, "tma_host")  # 96 pads to 128
+    # 96 runs in chunks 64 + 32 on sm90 (fwd_dchunk), pads to 128 where the arch names no chunk
+    assert C.default_fwd_config(96, 96, "sm90", False, 4096) == T(128, 64, 4, 3, "tma", 64)
+    assert C.default_fwd_config(96, 96, "gfx942", False, 4096) == C.default_fwd_config(128, 128, "gfx942", False, 4096)
     assert C.default_fwd_config(200, 200, "gfx942") == T(64, 32, 4, 1, "ptr")
     assert C.default_fwd_config(16, 16, "gfx942") == T(64, 64, 4, 2, "ptr")
     assert C.default_bwd_configs(128, 128, "sm90", True) == (T(64, 128, 8, 3), T(128, 64, 8, 3))

@@ -32,7 +32,7 @@ from __future__ import annotations
 from typing import Any, Dict, Mapping, Tuple
 
 from . import kernels as K
-from .configs import GLUON_VARIANTS, TritonFmhaConfig, bias_mode_of, next_pow2, padded_hdim
+from .configs import GLUON_VARIANTS, TritonFmhaConfig, bias_mode_of, hdim_blocks, next_pow2, padded_hdim
 from .configs import BWD_ATOMIC_DQ_DEFAULT, FAMILIES, ROPE_MODES
 from .gluon_fwd import HDIMS as GLUON_HDIMS, WS_WARPS
 
@@ -94,7 +94,13 @@ def constexprs_for(family: str, config: Mapping) -> Dict[str, Any]:
         vt = bool(_get(config, "v_trans", False))
         if vt and ps:
             raise ValueError("v_trans (key-contiguous V) is not implemented for paged K/V")
-        return dict(D_Q=dq, D_V=dv, BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=bm, BLOCK_N=bn,
+        chunk = int(_get(config, "DCHUNK", 0))
+        if chunk and (ps or vt or variant not in ("ptr", "tma")):
+            raise ValueError(f"head-dim chunks (DCHUNK={chunk}) take contiguous K/V, row-major V and the 'ptr' "
+                             f"or 'tma' variant")
+        (bdq, bdq2), (bdv, bdv2) = hdim_blocks(dq, chunk), hdim_blocks(dv, chunk)
+        extra = dict(BLOCK_DQ2=bdq2, BLOCK_DV2=bdv2)   # (0: no chunks; every constexpr is named here)
+        return dict(D_Q=dq, D_V=dv, BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=bm, BLOCK_N=bn, **extra,
                     MASK_MODE=mm, BOTTOM_RIGHT=br, HAS_SOFTCAP=sc,
                     STORE_LSE=bool(_get(config, "lse", True)),
                     IS_VARLEN=bool(_get(config, "varlen", prefill)),
@@ -120,15 +126,20 @@ def constexprs_for(family: str, config: Mapping) -> Dict[str, Any]:
     even_n = bool(_get(config, "even_n", False)) and not varlen
     if family == "bwd_dot_do_o":
         return dict(D_V=dv, BLOCK_DV=bdv, BLOCK_M=bm, IS_VARLEN=varlen)
+    if family in ("bwd_dq_dk_dv", "bwd_dq"):   # head-dim chunks (see configs.hdim_blocks); 0: none
+        chunk = int(_get(config, "DCHUNK", 0))
+        (bdq, bdq2), (bdv, bdv2) = hdim_blocks(dq, chunk), hdim_blocks(dv, chunk)
+        extra = dict(BLOCK_DQ2=bdq2, BLOCK_DV2=bdv2)
     if family == "bwd_dq_dk_dv":
-        return dict(D_Q=dq, D_V=dv, BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=bm, BLOCK_N=bn,
+        return dict(D_Q=dq, D_V=dv, BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=bm, BLOCK_N=bn, **extra,
                     MASK_MODE=mm, BOTTOM_RIGHT=br, HAS_SOFTCAP=sc,
                     ATOMIC_DQ=bool(_get(config, "atomic_dq", BWD_ATOMIC_DQ_DEFAULT)),
                     EVEN_M=even_m, EVEN_N=even_n, IS_VARLEN=varlen, BIAS_MODE=bmode, HAS_DROPOUT=drop,
                     STORE_DBIAS=bool(_get(config, "dbias", False)) and bmode == 1,
-                    HAS_SEQLENS=bool(_get(config, "seqlens", False)) and varlen)
+                    HAS_SEQLENS=bool(_get(config, "seqlens", False)) and varlen,
+                    KV_SPLIT=variant == "kvsplit")
     if family == "bwd_dq":
-        return dict(D_Q=dq, D_V=dv, BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=bm, BLOCK_N=bn,
+        return dict(D_Q=dq, D_V=dv, BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=bm, BLOCK_N=bn, **extra,
                     MASK_MODE=mm, BOTTOM_RIGHT=br, HAS_SOFTCAP=sc,
                     EVEN_M=even_m, EVEN_N=even_n, IS_VARLEN=varlen, BIAS_MODE=bmode, HAS_DROPOUT=drop,
                     HAS_SEQLENS=bool(_get(config, "seqlens", False)) and varlen)

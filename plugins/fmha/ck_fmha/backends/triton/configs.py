@@ -44,6 +44,12 @@ class TritonFmhaConfig:
     num_warps: int = 4
     num_stages: int = 3
     variant: str = "ptr"
+    #: the forward's head-dim chunk (0: one tile padded to the next power of two): a head dim above it
+    #: runs as two power-of-two chunks, DCHUNK + the rest padded (:func:`hdim_blocks`)
+    DCHUNK: int = 0
+    #: the Triton dK/dV kernel's group split (0/1: none): a kv head's GQA group of query heads summed by
+    #: GSPLIT programs into fp32 partials, added up after (see kernels.fmha_bwd_dq_dk_dv_kernel)
+    GSPLIT: int = 0
 
     def as_dict(self) -> Dict[str, Any]:
         return asdict(self)
@@ -58,6 +64,19 @@ def next_pow2(x: int) -> int:
 
 def padded_hdim(d: int) -> int:
     return max(16, next_pow2(d))
+
+
+def hdim_blocks(d: int, chunk: int = 0):
+    """(first tile, second tile) of head dim ``d``: ``(padded_hdim(d), 0)`` unless ``chunk`` (a power of
+    two, at least 16) is below ``d``: then ``(chunk, padded_hdim(d - chunk))``, e.g. 160 -> (128, 32),
+    192 -> (128, 64), 80 -> (64, 16), instead of one tile of 256 / 256 / 128."""
+    if not chunk or d <= chunk:
+        return padded_hdim(d), 0
+    return chunk, padded_hdim(d - chunk)
+
+
+def valid_dchunk(chunk: int) -> bool:
+    return chunk == 0 or (16 <= chunk <= 256 and chunk & (chunk - 1) == 0)
 
 
 BWD_ATOMIC_DQ_DEFAULT = False

@@ -276,16 +276,27 @@ def _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, v
                USE_TMA: tl.constexpr, WARP_SPEC: tl.constexpr,
                BIAS_MODE: tl.constexpr, HAS_DROPOUT: tl.constexpr,
                PAGE_SIZE: tl.constexpr, KV_VEC: tl.constexpr, HAS_SINK: tl.constexpr,
-               V_TRANS: tl.constexpr = False):
+               V_TRANS: tl.constexpr = False,
+               acc2=0.0, q2=0.0, desc_k2=0, desc_v2=0,
+               BLOCK_DQ2: tl.constexpr = 0, BLOCK_DV2: tl.constexpr = 0):
+    """BLOCK_DQ2 / BLOCK_DV2 > 0: a head dim in two chunks, columns [0, BLOCK_D?) (whole: a power of two
+    below D_?) and [BLOCK_D?, BLOCK_D? + BLOCK_D?2) (masked to D_?); q2 / acc2 / desc_?2 hold the second
+    chunk: S = q k^T + q2 k2^T, acc += P v, acc2 += P v2 (pointer loads or device descriptors)."""
     offs_n = tl.arange(0, BLOCK_N)
     offs_dq = tl.arange(0, BLOCK_DQ)
     offs_dv = tl.arange(0, BLOCK_DV)
+    if BLOCK_DQ2 > 0:
+        offs_dq2 = BLOCK_DQ + tl.arange(0, BLOCK_DQ2)
+    if BLOCK_DV2 > 0:
+        offs_dv2 = BLOCK_DV + tl.arange(0, BLOCK_DV2)
     dtype = q.dtype
     for start_n in tl.range(start, end, BLOCK_N, warp_specialize=WARP_SPEC):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n
         if USE_TMA != 0:
             k = desc_k.load([krow + start_n, kcol])
+            if BLOCK_DQ2 > 0:
+                k2 = desc_k2.load([krow + start_n, kcol])
         else:
             if PAGE_SIZE > 0:
                 kp, vp_pg = _paged_kv_ptrs(kb, vb, pt, start_n, cols, seqlen_k, skp, svp, sks, svs, skd,
@@ -294,11 +305,19 @@ def _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, v
                 kp = kb + cols[:, None] * sks + offs_dq[None, :]
             if MASKED:
                 k = tl.load(kp, mask=(cols[:, None] < seqlen_k) & (offs_dq[None, :] < D_Q), other=0.0)
-            elif BLOCK_DQ != D_Q:
+            elif BLOCK_DQ != D_Q and BLOCK_DQ2 == 0:
                 k = tl.load(kp, mask=offs_dq[None, :] < D_Q, other=0.0)
             else:
                 k = tl.load(kp)
+            if BLOCK_DQ2 > 0:
+                kp2 = kb + cols[:, None] * sks + offs_dq2[None, :]
+                if MASKED:
+                    k2 = tl.load(kp2, mask=(cols[:, None] < seqlen_k) & (offs_dq2[None, :] < D_Q), other=0.0)
+                else:
+                    k2 = tl.load(kp2, mask=offs_dq2[None, :] < D_Q, other=0.0)
         qk = tl.dot(q, tl.trans(k))
+        if BLOCK_DQ2 > 0:
+            qk = tl.dot(q2, tl.trans(k2), qk)
         if MASKED or BIAS_MODE != 0:
             if HAS_SOFTCAP:
                 qk = _tanh(qk * cap_in) * cap_out
@@ -329,6 +348,8 @@ def _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, v
             alpha = tl.math.exp2(m_i - m_ij)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
+        if BLOCK_DV2 > 0:
+            acc2 = acc2 * alpha[:, None]
         if HAS_DROPOUT:
             p = tl.where(_dropout_keep(rows[:, None], cols[None, :], bh_id, k0, k1, off_lo, thresh), p, 0.0)
         if V_TRANS:
@@ -350,6 +371,8 @@ def _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, v
             v = tl.trans(vt)
         elif USE_TMA != 0:
             v = desc_v.load([krow + start_n, vcol])
+            if BLOCK_DV2 > 0:
+                v2 = desc_v2.load([krow + start_n, vcol])
         else:
             if PAGE_SIZE > 0:
                 vp = vp_pg
@@ -357,17 +380,25 @@ def _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, v
                 vp = vb + cols[:, None] * svs + offs_dv[None, :]
             if MASKED:
                 v = tl.load(vp, mask=(cols[:, None] < seqlen_k) & (offs_dv[None, :] < D_V), other=0.0)
-            elif BLOCK_DV != D_V:
+            elif BLOCK_DV != D_V and BLOCK_DV2 == 0:
                 v = tl.load(vp, mask=offs_dv[None, :] < D_V, other=0.0)
             else:
                 v = tl.load(vp)
+            if BLOCK_DV2 > 0:
+                vp2 = vb + cols[:, None] * svs + offs_dv2[None, :]
+                if MASKED:
+                    v2 = tl.load(vp2, mask=(cols[:, None] < seqlen_k) & (offs_dv2[None, :] < D_V), other=0.0)
+                else:
+                    v2 = tl.load(vp2, mask=offs_dv2[None, :] < D_V, other=0.0)
         if dtype.is_fp8():
             # fp8: P in [0, 1] is scaled onto the fp8 range before the cast (see fmha_fwd_kernel)
             acc = tl.dot((p * _fp8_max(dtype)).to(dtype), v, acc)
         else:
             acc = tl.dot(p.to(dtype), v, acc)
+            if BLOCK_DV2 > 0:
+                acc2 = tl.dot(p.to(dtype), v2, acc2)
         m_i = m_ij
-    return acc, l_i, m_i
+    return acc, l_i, m_i, acc2
 
 
 @triton.jit(do_not_specialize=_PHILOX_ARGS)
@@ -388,6 +419,7 @@ def fmha_fwd_kernel(
     PAGE_SIZE: tl.constexpr = 0, KV_LOOKUP: tl.constexpr = 0, KV_VEC: tl.constexpr = 0,
     HAS_SINK: tl.constexpr = False, HAS_SINK_LOGIT: tl.constexpr = False,
     DESCALE_PTR: tl.constexpr = False, V_TRANS: tl.constexpr = False, HAS_SEQLENS: tl.constexpr = False,
+    BLOCK_DQ2: tl.constexpr = 0, BLOCK_DV2: tl.constexpr = 0,
 ):
     """BIAS_MODE: 0 none, 1 elementwise BIAS [B|1, H|1, Sq, Sk] (strides sb?, 0 where broadcast;
     group mode: [H|1, Tq, max Sk], sbb = 0), 2 ALiBi vertical (causal), 3 ALiBi top-left,
@@ -423,9 +455,16 @@ def fmha_fwd_kernel(
     view with block [BLOCK_DV, BLOCK_N] and (svb, svh) its rows per batch / kv head.  Not with pages.
 
     HAS_SEQLENS (group mode, contiguous K/V): batch b reads SEQLENS_K[b] keys from CU_K[b] on (a
-    logical key length within the seqstart_k span; masks align to it)."""
+    logical key length within the seqstart_k span; masks align to it).
+
+    BLOCK_DQ2 / BLOCK_DV2 > 0 (a key's ``dchunk``): the head dim in two power-of-two chunks, BLOCK_D? (whole)
+    + BLOCK_D?2 (masked to D_?), e.g. 160 = 128 + 32, instead of one tile padded to the next power of two
+    (see _fwd_inner); pointer loads or device descriptors (USE_TMA 0 / 1), no pages, no V_TRANS."""
     if V_TRANS:
         tl.static_assert(PAGE_SIZE == 0, "V_TRANS (key-contiguous V) is not implemented for paged K/V")
+    if BLOCK_DQ2 > 0 or BLOCK_DV2 > 0:
+        tl.static_assert(PAGE_SIZE == 0 and not V_TRANS and USE_TMA != 2,
+                         "head-dim chunks: contiguous K/V, row-major V, pointer loads or device descriptors")
     pid_m = tl.program_id(0)
     if REVERSE_M:
         pid_m = tl.num_programs(0) - 1 - pid_m
@@ -494,6 +533,15 @@ def fmha_fwd_kernel(
                                            block_shape=[BLOCK_M, BLOCK_DQ])
         desc_k = tl.make_tensor_descriptor(kb, shape=[seqlen_k, D_Q], strides=[sks, 1],
                                            block_shape=[BLOCK_N, BLOCK_DQ])
+        if BLOCK_DQ2 > 0:   # the second chunk: columns from BLOCK_DQ on (TMA zero-fills past D_Q)
+            desc_q2 = tl.make_tensor_descriptor(qb + BLOCK_DQ, shape=[seqlen_q, D_Q - BLOCK_DQ], strides=[sqs, 1],
+                                                block_shape=[BLOCK_M, BLOCK_DQ2])
+            desc_k2 = tl.make_tensor_descriptor(kb + BLOCK_DQ, shape=[seqlen_k, D_Q - BLOCK_DQ], strides=[sks, 1],
+                                                block_shape=[BLOCK_N, BLOCK_DQ2])
+            q2 = desc_q2.load([m0, 0])
+        if BLOCK_DV2 > 0:
+            desc_v2 = tl.make_tensor_descriptor(vb + BLOCK_DV, shape=[seqlen_k, D_V - BLOCK_DV], strides=[svs, 1],
+                                                block_shape=[BLOCK_N, BLOCK_DV2])
         if V_TRANS:
             desc_v = tl.make_tensor_descriptor(vb, shape=[D_V, k_start + seqlen_k], strides=[svs, 1],
                                                block_shape=[BLOCK_DV, BLOCK_N])
@@ -513,6 +561,11 @@ def fmha_fwd_kernel(
         desc_v = 0
         q = tl.load(qb + rows[:, None] * sqs + offs_dq[None, :],
                     mask=(rows[:, None] < seqlen_q) & (offs_dq[None, :] < D_Q), other=0.0)
+        if BLOCK_DQ2 > 0:
+            desc_k2 = 0
+            offs_dq2 = BLOCK_DQ + tl.arange(0, BLOCK_DQ2)
+            q2 = tl.load(qb + rows[:, None] * sqs + offs_dq2[None, :],
+                         mask=(rows[:, None] < seqlen_q) & (offs_dq2[None, :] < D_Q), other=0.0)
     if HAS_SINK_LOGIT:   # the sink is a key of logit SINK[h] (log2 units inside) and value 0
         m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.load(SINK + h).to(tl.float32) * 1.4426950408889634
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32) + 1.0
@@ -520,6 +573,16 @@ def fmha_fwd_kernel(
         m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    if BLOCK_DQ2 == 0:
+        q2 = 0.0
+        desc_k2 = 0
+    if BLOCK_DV2 > 0:
+        acc2 = tl.zeros([BLOCK_M, BLOCK_DV2], dtype=tl.float32)
+        if USE_TMA == 0:
+            desc_v2 = 0
+    else:
+        acc2 = 0.0
+        desc_v2 = 0
     biasb, slope, aoff = _bias_setup(BIAS, ALIBI, b64, h.to(tl.int64), q_start, sbb, sbh, sbq, sab,
                                      seqlen_q, seqlen_k, BIAS_MODE)
     bh_id = b * H + h
@@ -539,39 +602,50 @@ def fmha_fwd_kernel(
     lo, full_lo, full_hi, hi = _kv_range(m0, off, left, right, seqlen_k, BLOCK_M, BLOCK_N, MASK_MODE)
     if HAS_SINK:   # sink-token blocks left of the window: [0, min(lo, sink blocks))
         sink_hi = tl.minimum(((n_sink + BLOCK_N - 1) // BLOCK_N) * BLOCK_N, lo)
-        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, vcol,
+        acc, l_i, m_i, acc2 = _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, vcol,
                                    0, sink_hi, rows, off, left, right, seqlen_k,
                                    scale2, cap_in, cap_out, biasb, sbq, sbk, slope, aoff, seqlen_q, bh_id,
                                    seed_lo, seed_hi, off_lo, drop_thresh, pt, skp, svp, skd, n_sink,
                                    D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_N,
                                    True, MASK_MODE, HAS_SOFTCAP, USE_TMA, False, BIAS_MODE, HAS_DROPOUT,
-                                   PAGE_SIZE, KV_VEC, HAS_SINK, V_TRANS)
+                                   PAGE_SIZE, KV_VEC, HAS_SINK, V_TRANS,
+                                   acc2, q2, desc_k2, desc_v2, BLOCK_DQ2, BLOCK_DV2)
     if MASK_MODE & 2:
-        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, vcol,
+        acc, l_i, m_i, acc2 = _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, vcol,
                                    lo, full_lo, rows, off, left, right, seqlen_k,
                                    scale2, cap_in, cap_out, biasb, sbq, sbk, slope, aoff, seqlen_q, bh_id,
                                    seed_lo, seed_hi, off_lo, drop_thresh, pt, skp, svp, skd, n_sink,
                                    D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_N,
                                    True, MASK_MODE, HAS_SOFTCAP, USE_TMA, False, BIAS_MODE, HAS_DROPOUT,
-                                   PAGE_SIZE, KV_VEC, HAS_SINK, V_TRANS)
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, vcol,
+                                   PAGE_SIZE, KV_VEC, HAS_SINK, V_TRANS,
+                                   acc2, q2, desc_k2, desc_v2, BLOCK_DQ2, BLOCK_DV2)
+    acc, l_i, m_i, acc2 = _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, vcol,
                                full_lo, full_hi, rows, off, left, right, seqlen_k,
                                scale2, cap_in, cap_out, biasb, sbq, sbk, slope, aoff, seqlen_q, bh_id,
                                seed_lo, seed_hi, off_lo, drop_thresh, pt, skp, svp, skd, n_sink,
                                D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_N,
                                False, MASK_MODE, HAS_SOFTCAP, USE_TMA, WARP_SPEC, BIAS_MODE, HAS_DROPOUT,
-                               PAGE_SIZE, KV_VEC, HAS_SINK, V_TRANS)
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, vcol,
+                               PAGE_SIZE, KV_VEC, HAS_SINK, V_TRANS,
+                                   acc2, q2, desc_k2, desc_v2, BLOCK_DQ2, BLOCK_DV2)
+    acc, l_i, m_i, acc2 = _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, vcol,
                                full_hi, hi, rows, off, left, right, seqlen_k,
                                scale2, cap_in, cap_out, biasb, sbq, sbk, slope, aoff, seqlen_q, bh_id,
                                seed_lo, seed_hi, off_lo, drop_thresh, pt, skp, svp, skd, n_sink,
                                D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_N,
                                True, MASK_MODE, HAS_SOFTCAP, USE_TMA, False, BIAS_MODE, HAS_DROPOUT,
-                               PAGE_SIZE, KV_VEC, HAS_SINK, V_TRANS)
+                               PAGE_SIZE, KV_VEC, HAS_SINK, V_TRANS,
+                                   acc2, q2, desc_k2, desc_v2, BLOCK_DQ2, BLOCK_DV2)
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     acc = acc / l_safe[:, None]
     if HAS_DROPOUT:
         acc = acc * drop_scale
+    if BLOCK_DV2 > 0:
+        acc2 = acc2 / l_safe[:, None]
+        if HAS_DROPOUT:
+            acc2 = acc2 * drop_scale
+        offs_dv2 = BLOCK_DV + tl.arange(0, BLOCK_DV2)
+        tl.store(ob + rows[:, None] * sos + offs_dv2[None, :], acc2.to(O.dtype.element_ty),
+                 mask=(rows[:, None] < seqlen_q) & (offs_dv2[None, :] < D_V))
     if q.dtype.is_fp8():
         acc = acc * (o_scale / _fp8_max(q.dtype))
     if PAGE_SIZE > 0:
@@ -677,10 +751,18 @@ def _bwd_dkdv_inner(dk, dv, k, v, qb, dob, lseb, deltab, dqab, sqs, sdos, sdqs,
                     BLOCK_M: tl.constexpr, MASKED: tl.constexpr, MASK_MODE: tl.constexpr,
                     HAS_SOFTCAP: tl.constexpr, ATOMIC_DQ: tl.constexpr, EVEN_M: tl.constexpr,
                     BIAS_MODE: tl.constexpr, HAS_DROPOUT: tl.constexpr, STORE_DBIAS: tl.constexpr,
-                    EVEN_N: tl.constexpr):
+                    EVEN_N: tl.constexpr, DO_DK: tl.constexpr = True, DO_DV: tl.constexpr = True,
+                    dk2=0.0, dv2=0.0, k2=0.0, v2=0.0, BLOCK_DQ2: tl.constexpr = 0, BLOCK_DV2: tl.constexpr = 0):
+    """DO_DK / DO_DV: which of the two accumulators this program keeps (KV_SPLIT: dV only -- S, P, dV += P^T dO;
+    dK only -- S, dP, dK += dS^T Q, and the dQ atomics and dbias, which need dS).  BLOCK_DQ2 / BLOCK_DV2 > 0:
+    head-dim chunks (see _fwd_inner): k2 / v2 / dk2 / dv2 hold the columns from BLOCK_DQ / BLOCK_DV on."""
     offs_m = tl.arange(0, BLOCK_M)
     offs_dq = tl.arange(0, BLOCK_DQ)
     offs_dv = tl.arange(0, BLOCK_DV)
+    if BLOCK_DQ2 > 0:
+        offs_dq2 = BLOCK_DQ + tl.arange(0, BLOCK_DQ2)
+    if BLOCK_DV2 > 0:
+        offs_dv2 = BLOCK_DV + tl.arange(0, BLOCK_DV2)
     dtype = k.dtype
     for start_m in tl.range(start, end, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
@@ -690,6 +772,9 @@ def _bwd_dkdv_inner(dk, dv, k, v, qb, dob, lseb, deltab, dqab, sqs, sdos, sdqs,
         else:
             q = tl.load(qb + rows[:, None] * sqs + offs_dq[None, :],
                         mask=(rows[:, None] < seqlen_q) & (offs_dq[None, :] < D_Q), other=0.0)
+        if BLOCK_DQ2 > 0:
+            q2 = tl.load(qb + rows[:, None] * sqs + offs_dq2[None, :],
+                         mask=(rows[:, None] < seqlen_q) & (offs_dq2[None, :] < D_Q), other=0.0)
         if EVEN_M:
             lse2 = tl.load(lseb + rows)
         else:
@@ -697,6 +782,8 @@ def _bwd_dkdv_inner(dk, dv, k, v, qb, dob, lseb, deltab, dqab, sqs, sdos, sdqs,
         lse2 = lse2 * 1.4426950408889634
         lse2 = tl.where(lse2 == float("-inf"), float("inf"), lse2)
         qkT = tl.dot(k, tl.trans(q))
+        if BLOCK_DQ2 > 0:
+            qkT = tl.dot(k2, tl.trans(q2), qkT)
         if HAS_SOFTCAP:
             t = _tanh(qkT * cap_in)
             pT = tl.math.exp2(t * cap_out - lse2[None, :])
@@ -719,31 +806,173 @@ def _bwd_dkdv_inner(dk, dv, k, v, qb, dob, lseb, deltab, dqab, sqs, sdos, sdqs,
         else:
             do = tl.load(dob + rows[:, None] * sdos + offs_dv[None, :],
                          mask=(rows[:, None] < seqlen_q) & (offs_dv[None, :] < D_V), other=0.0)
+        if BLOCK_DV2 > 0:
+            do2 = tl.load(dob + rows[:, None] * sdos + offs_dv2[None, :],
+                          mask=(rows[:, None] < seqlen_q) & (offs_dv2[None, :] < D_V), other=0.0)
         if HAS_DROPOUT:
             keepT = _dropout_keep(rows[None, :], cols[:, None], bh_id, k0, k1, off_lo, thresh)
-            dv = tl.dot(tl.where(keepT, pT * drop_scale, 0.0).to(dtype), do, dv)
+        if DO_DV:
+            if HAS_DROPOUT:
+                pT16 = tl.where(keepT, pT * drop_scale, 0.0).to(dtype)
+            else:
+                pT16 = pT.to(dtype)
+            dv = tl.dot(pT16, do, dv)
+            if BLOCK_DV2 > 0:
+                dv2 = tl.dot(pT16, do2, dv2)
+        if DO_DK:
+            if EVEN_M:
+                di = tl.load(deltab + rows)
+            else:
+                di = tl.load(deltab + rows, mask=rows < seqlen_q, other=0.0)
+            dpT = tl.dot(v, tl.trans(do))
+            if BLOCK_DV2 > 0:
+                dpT = tl.dot(v2, tl.trans(do2), dpT)
+            if HAS_DROPOUT:
+                dpT = tl.where(keepT, dpT * drop_scale, 0.0)
+            dsT = pT * (dpT - di[None, :])
+            if STORE_DBIAS:
+                tl.store(dbiasb + rows[None, :] * sdbq + cols[:, None], dsT,
+                         mask=(rows[None, :] < seqlen_q) & (cols[:, None] < seqlen_k))
+            if HAS_SOFTCAP:
+                dsT = dsT * (1.0 - t * t)
+            dsT16 = dsT.to(dtype)
+            dk = tl.dot(dsT16, q, dk)
+            if BLOCK_DQ2 > 0:
+                dk2 = tl.dot(dsT16, q2, dk2)
+            if ATOMIC_DQ:
+                dq = tl.dot(tl.trans(dsT16), k) * sm_scale
+                tl.atomic_add(dqab + rows[:, None] * sdqs + offs_dq[None, :], dq,
+                              mask=(rows[:, None] < seqlen_q) & (offs_dq[None, :] < D_Q), sem="relaxed")
+                if BLOCK_DQ2 > 0:
+                    dq2 = tl.dot(tl.trans(dsT16), k2) * sm_scale
+                    tl.atomic_add(dqab + rows[:, None] * sdqs + offs_dq2[None, :], dq2,
+                                  mask=(rows[:, None] < seqlen_q) & (offs_dq2[None, :] < D_Q), sem="relaxed")
+    return dk, dv, dk2, dv2
+
+
+@triton.jit
+def _bwd_dkdv_tile(
+    Q, K, V, DO, LSE, DELTA, DK, DV, DQA,
+    sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdob, sdoh, sdos,
+    sdkb, sdkh, sdks, sdvb, sdvh, sdvs, sdqb, sdqh, sdqs,
+    HK, GROUP, SEQ_Q, sm_scale, scale2, cap_in, cap_out, left, right,
+    BIAS, ALIBI, DBIAS, sbb, sbh, sbq, sbk, sab, sdbb, sdbh, sdbq, slh,
+    seed_lo, seed_hi, off_lo, drop_thresh, drop_scale,
+    b, hk, n0, q_start, k_start, seqlen_q, seqlen_k, off, g_lo, g_hi,
+    D_Q: tl.constexpr, D_V: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    MASK_MODE: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
+    IS_VARLEN: tl.constexpr, BIAS_MODE: tl.constexpr, HAS_DROPOUT: tl.constexpr, STORE_DBIAS: tl.constexpr,
+    DO_DK: tl.constexpr, DO_DV: tl.constexpr, BLOCK_DQ2: tl.constexpr = 0, BLOCK_DV2: tl.constexpr = 0,
+):
+    """One key block's dK and/or dV (DO_DK / DO_DV), summed over the query heads g_lo <= g < g_hi of the kv
+    head's GQA group (see fmha_bwd_dq_dk_dv_kernel); DK / DV already point at this program's partial sums."""
+    cols = n0 + tl.arange(0, BLOCK_N)
+    offs_dq = tl.arange(0, BLOCK_DQ)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    kmask = (cols[:, None] < seqlen_k) & (offs_dq[None, :] < D_Q)
+    vmask = (cols[:, None] < seqlen_k) & (offs_dv[None, :] < D_V)
+    if IS_VARLEN:
+        kb = K + k_start * sks + hk * skh
+        vb = V + k_start * svs + hk * svh
+    else:
+        kb = K + b * skb + hk * skh
+        vb = V + b * svb + hk * svh
+    k = tl.load(kb + cols[:, None] * sks + offs_dq[None, :], mask=kmask, other=0.0)
+    k2 = 0.0
+    v2 = 0.0
+    dk2 = 0.0
+    dv2 = 0.0
+    if BLOCK_DQ2 > 0:   # head-dim chunks: the columns from BLOCK_DQ / BLOCK_DV on
+        offs_dq2 = BLOCK_DQ + tl.arange(0, BLOCK_DQ2)
+        kmask2 = (cols[:, None] < seqlen_k) & (offs_dq2[None, :] < D_Q)
+        k2 = tl.load(kb + cols[:, None] * sks + offs_dq2[None, :], mask=kmask2, other=0.0)
+    if BLOCK_DV2 > 0:
+        offs_dv2 = BLOCK_DV + tl.arange(0, BLOCK_DV2)
+        vmask2 = (cols[:, None] < seqlen_k) & (offs_dv2[None, :] < D_V)
+    if DO_DK:   # V is read by dP^T = V dO^T only
+        v = tl.load(vb + cols[:, None] * svs + offs_dv[None, :], mask=vmask, other=0.0)
+        dk = tl.zeros([BLOCK_N, BLOCK_DQ], dtype=tl.float32)
+        if BLOCK_DV2 > 0:
+            v2 = tl.load(vb + cols[:, None] * svs + offs_dv2[None, :], mask=vmask2, other=0.0)
+        if BLOCK_DQ2 > 0:
+            dk2 = tl.zeros([BLOCK_N, BLOCK_DQ2], dtype=tl.float32)
+    else:
+        v = k
+        dk = 0.0
+    if DO_DV:
+        dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
+        if BLOCK_DV2 > 0:
+            dv2 = tl.zeros([BLOCK_N, BLOCK_DV2], dtype=tl.float32)
+    else:
+        dv = 0.0
+    lo, full_lo, full_hi, hi = _q_range(n0, off, left, right, seqlen_q, BLOCK_M, BLOCK_N, MASK_MODE)
+    for g in range(g_lo, g_hi):
+        h = hk * GROUP + g
+        if IS_VARLEN:
+            qb = Q + q_start * sqs + h * sqh
+            dob = DO + q_start * sdos + h * sdoh
+            dqab = DQA + q_start * sdqs + h * sdqh
+            lseb = LSE + h * slh + q_start
+            deltab = DELTA + h * slh + q_start
         else:
-            dv = tl.dot(pT.to(dtype), do, dv)
-        if EVEN_M:
-            di = tl.load(deltab + rows)
-        else:
-            di = tl.load(deltab + rows, mask=rows < seqlen_q, other=0.0)
-        dpT = tl.dot(v, tl.trans(do))
-        if HAS_DROPOUT:
-            dpT = tl.where(keepT, dpT * drop_scale, 0.0)
-        dsT = pT * (dpT - di[None, :])
+            qb = Q + b * sqb + h * sqh
+            dob = DO + b * sdob + h * sdoh
+            dqab = DQA + b * sdqb + h * sdqh
+            lseb = LSE + (b * HK * GROUP + h) * SEQ_Q
+            deltab = DELTA + (b * HK * GROUP + h) * SEQ_Q
+        biasb, slope, aoff = _bias_setup(BIAS, ALIBI, b, h, q_start, sbb, sbh, sbq, sab,
+                                         seqlen_q, seqlen_k, BIAS_MODE)
+        dbiasb = DBIAS
         if STORE_DBIAS:
-            tl.store(dbiasb + rows[None, :] * sdbq + cols[:, None], dsT,
-                     mask=(rows[None, :] < seqlen_q) & (cols[:, None] < seqlen_k))
-        if HAS_SOFTCAP:
-            dsT = dsT * (1.0 - t * t)
-        dsT16 = dsT.to(dtype)
-        dk = tl.dot(dsT16, q, dk)
-        if ATOMIC_DQ:
-            dq = tl.dot(tl.trans(dsT16), k) * sm_scale
-            tl.atomic_add(dqab + rows[:, None] * sdqs + offs_dq[None, :], dq,
-                          mask=(rows[:, None] < seqlen_q) & (offs_dq[None, :] < D_Q), sem="relaxed")
-    return dk, dv
+            dbiasb = DBIAS + b * sdbb + h * sdbh + q_start * sdbq
+        bh_id = b * HK * GROUP + h
+        if MASK_MODE & 1:
+            dk, dv, dk2, dv2 = _bwd_dkdv_inner(dk, dv, k, v, qb, dob, lseb, deltab, dqab, sqs, sdos, sdqs,
+                                     lo, full_lo, cols, off, left, right, seqlen_q,
+                                     sm_scale, scale2, cap_in, cap_out,
+                                     biasb, dbiasb, sbq, sbk, sdbq, slope, aoff, seqlen_k, bh_id,
+                                     seed_lo, seed_hi, off_lo, drop_thresh, drop_scale,
+                                     D_Q, D_V, BLOCK_DQ, BLOCK_DV,
+                                     BLOCK_M, True, MASK_MODE, HAS_SOFTCAP, ATOMIC_DQ, EVEN_M,
+                                     BIAS_MODE, HAS_DROPOUT, STORE_DBIAS, EVEN_N, DO_DK, DO_DV,
+                                     dk2, dv2, k2, v2, BLOCK_DQ2, BLOCK_DV2)
+        dk, dv, dk2, dv2 = _bwd_dkdv_inner(dk, dv, k, v, qb, dob, lseb, deltab, dqab, sqs, sdos, sdqs,
+                                 full_lo, full_hi, cols, off, left, right, seqlen_q,
+                                 sm_scale, scale2, cap_in, cap_out,
+                                 biasb, dbiasb, sbq, sbk, sdbq, slope, aoff, seqlen_k, bh_id,
+                                 seed_lo, seed_hi, off_lo, drop_thresh, drop_scale,
+                                 D_Q, D_V, BLOCK_DQ, BLOCK_DV,
+                                 BLOCK_M, False, MASK_MODE, HAS_SOFTCAP, ATOMIC_DQ, EVEN_M,
+                                 BIAS_MODE, HAS_DROPOUT, STORE_DBIAS, EVEN_N, DO_DK, DO_DV,
+                                     dk2, dv2, k2, v2, BLOCK_DQ2, BLOCK_DV2)
+        if MASK_MODE & 2:
+            dk, dv, dk2, dv2 = _bwd_dkdv_inner(dk, dv, k, v, qb, dob, lseb, deltab, dqab, sqs, sdos, sdqs,
+                                     full_hi, hi, cols, off, left, right, seqlen_q,
+                                     sm_scale, scale2, cap_in, cap_out,
+                                     biasb, dbiasb, sbq, sbk, sdbq, slope, aoff, seqlen_k, bh_id,
+                                     seed_lo, seed_hi, off_lo, drop_thresh, drop_scale,
+                                     D_Q, D_V, BLOCK_DQ, BLOCK_DV,
+                                     BLOCK_M, True, MASK_MODE, HAS_SOFTCAP, ATOMIC_DQ, EVEN_M,
+                                     BIAS_MODE, HAS_DROPOUT, STORE_DBIAS, EVEN_N, DO_DK, DO_DV,
+                                     dk2, dv2, k2, v2, BLOCK_DQ2, BLOCK_DV2)
+    if IS_VARLEN:
+        dkb = DK + k_start * sdks + hk * sdkh
+        dvb = DV + k_start * sdvs + hk * sdvh
+    else:
+        dkb = DK + b * sdkb + hk * sdkh
+        dvb = DV + b * sdvb + hk * sdvh
+    if DO_DK:
+        dk = dk * sm_scale
+        tl.store(dkb + cols[:, None] * sdks + offs_dq[None, :], dk.to(DK.dtype.element_ty), mask=kmask)
+        if BLOCK_DQ2 > 0:
+            dk2 = dk2 * sm_scale
+            tl.store(dkb + cols[:, None] * sdks + offs_dq2[None, :], dk2.to(DK.dtype.element_ty), mask=kmask2)
+    if DO_DV:
+        tl.store(dvb + cols[:, None] * sdvs + offs_dv[None, :], dv.to(DV.dtype.element_ty), mask=vmask)
+        if BLOCK_DV2 > 0:
+            tl.store(dvb + cols[:, None] * sdvs + offs_dv2[None, :], dv2.to(DV.dtype.element_ty), mask=vmask2)
 
 
 @triton.jit(do_not_specialize=_PHILOX_ARGS)
@@ -754,20 +983,31 @@ def fmha_bwd_dq_dk_dv_kernel(
     HK, GROUP, SEQ_Q, SEQ_K,
     sm_scale, scale2, cap_in, cap_out, left, right,
     CU_Q, CU_K, BIAS, ALIBI, DBIAS, sbb, sbh, sbq, sbk, sab, sdbb, sdbh, sdbq, slh,
-    seed_lo, seed_hi, off_lo, drop_thresh, drop_scale, SEQLENS_K,
+    seed_lo, seed_hi, off_lo, drop_thresh, drop_scale, SEQLENS_K, GSPLIT, sdkg, sdvg,
     D_Q: tl.constexpr, D_V: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     MASK_MODE: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     ATOMIC_DQ: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, BIAS_MODE: tl.constexpr, HAS_DROPOUT: tl.constexpr, STORE_DBIAS: tl.constexpr,
-    HAS_SEQLENS: tl.constexpr = False,
+    HAS_SEQLENS: tl.constexpr = False, KV_SPLIT: tl.constexpr = False,
+    BLOCK_DQ2: tl.constexpr = 0, BLOCK_DV2: tl.constexpr = 0,
 ):
     """dK, dV for one key block (summed over the GQA group); with ATOMIC_DQ
     also accumulates dQ (scaled, fp32) into DQA with atomics.  IS_VARLEN: group
     mode (CU_Q/CU_K offsets, LSE/DELTA [H, Tq] with head stride slh; the grid
     covers max_seqlen_k).  BIAS_MODE / HAS_DROPOUT as in fmha_fwd_kernel;
     STORE_DBIAS writes dS (= dBias of an elementwise bias) into the fp32 DBIAS
-    [B, H, Sq, Sk] ([H, Tq, max Sk] in group mode), column stride 1."""
+    [B, H, Sq, Sk] ([H, Tq, max Sk] in group mode), column stride 1.
+
+    KV_SPLIT (a key's ``kvsplit`` variant): grid axis 2 has two programs per key block, one keeping only
+    dV (S, P, dV += P^T dO: two products), one only dK (S, dP, dK += dS^T Q: three, plus the dQ atomics
+    and dbias): one fp32 accumulator per program instead of two (head dims >= 160) and twice the
+    programs (GQA / MQA with few key blocks), for one more product per block in all.
+
+    GSPLIT > 1 (a key's ``gsplit``): the query heads of a kv head's group are split over GSPLIT programs
+    (grid axis 2: split index * (2 if KV_SPLIT else 1) + part), each summing ceil(GROUP / GSPLIT) heads into
+    its own fp32 partial dK / dV at DK + i * sdkg / DV + i * sdvg; the launcher sums the partials (fixed
+    order: deterministic).  For GQA / MQA problems with few key blocks per kv head."""
     pid_n = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // HK).to(tl.int64)
@@ -793,77 +1033,52 @@ def fmha_bwd_dq_dk_dv_kernel(
         off = seqlen_k - seqlen_q
     else:
         off = 0
-    cols = n0 + tl.arange(0, BLOCK_N)
-    offs_dq = tl.arange(0, BLOCK_DQ)
-    offs_dv = tl.arange(0, BLOCK_DV)
-    kmask = (cols[:, None] < seqlen_k) & (offs_dq[None, :] < D_Q)
-    vmask = (cols[:, None] < seqlen_k) & (offs_dv[None, :] < D_V)
-    if IS_VARLEN:
-        k = tl.load(K + k_start * sks + hk * skh + cols[:, None] * sks + offs_dq[None, :], mask=kmask, other=0.0)
-        v = tl.load(V + k_start * svs + hk * svh + cols[:, None] * svs + offs_dv[None, :], mask=vmask, other=0.0)
+    pid_z = tl.program_id(2)
+    if KV_SPLIT:
+        part = pid_z % 2
+        gi = pid_z // 2
     else:
-        k = tl.load(K + b * skb + hk * skh + cols[:, None] * sks + offs_dq[None, :], mask=kmask, other=0.0)
-        v = tl.load(V + b * svb + hk * svh + cols[:, None] * svs + offs_dv[None, :], mask=vmask, other=0.0)
-    dk = tl.zeros([BLOCK_N, BLOCK_DQ], dtype=tl.float32)
-    dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
-    lo, full_lo, full_hi, hi = _q_range(n0, off, left, right, seqlen_q, BLOCK_M, BLOCK_N, MASK_MODE)
-    for g in range(0, GROUP):
-        h = hk * GROUP + g
-        if IS_VARLEN:
-            qb = Q + q_start * sqs + h * sqh
-            dob = DO + q_start * sdos + h * sdoh
-            dqab = DQA + q_start * sdqs + h * sdqh
-            lseb = LSE + h * slh + q_start
-            deltab = DELTA + h * slh + q_start
+        part = 0
+        gi = pid_z
+    per = (GROUP + GSPLIT - 1) // GSPLIT
+    g_lo = gi * per
+    g_hi = tl.minimum(g_lo + per, GROUP)
+    DK = DK + gi.to(tl.int64) * sdkg
+    DV = DV + gi.to(tl.int64) * sdvg
+    if KV_SPLIT:
+        if part == 0:
+            _bwd_dkdv_tile(Q, K, V, DO, LSE, DELTA, DK, DV, DQA,
+                           sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdob, sdoh, sdos,
+                           sdkb, sdkh, sdks, sdvb, sdvh, sdvs, sdqb, sdqh, sdqs,
+                           HK, GROUP, SEQ_Q, sm_scale, scale2, cap_in, cap_out, left, right,
+                           BIAS, ALIBI, DBIAS, sbb, sbh, sbq, sbk, sab, sdbb, sdbh, sdbq, slh,
+                           seed_lo, seed_hi, off_lo, drop_thresh, drop_scale,
+                           b, hk, n0, q_start, k_start, seqlen_q, seqlen_k, off, g_lo, g_hi,
+                           D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_M, BLOCK_N, MASK_MODE, HAS_SOFTCAP,
+                           ATOMIC_DQ, EVEN_M, EVEN_N, IS_VARLEN, BIAS_MODE, HAS_DROPOUT, STORE_DBIAS,
+                           False, True, BLOCK_DQ2, BLOCK_DV2)
         else:
-            qb = Q + b * sqb + h * sqh
-            dob = DO + b * sdob + h * sdoh
-            dqab = DQA + b * sdqb + h * sdqh
-            lseb = LSE + (b * HK * GROUP + h) * SEQ_Q
-            deltab = DELTA + (b * HK * GROUP + h) * SEQ_Q
-        biasb, slope, aoff = _bias_setup(BIAS, ALIBI, b, h, q_start, sbb, sbh, sbq, sab,
-                                         seqlen_q, seqlen_k, BIAS_MODE)
-        dbiasb = DBIAS
-        if STORE_DBIAS:
-            dbiasb = DBIAS + b * sdbb + h * sdbh + q_start * sdbq
-        bh_id = b * HK * GROUP + h
-        if MASK_MODE & 1:
-            dk, dv = _bwd_dkdv_inner(dk, dv, k, v, qb, dob, lseb, deltab, dqab, sqs, sdos, sdqs,
-                                     lo, full_lo, cols, off, left, right, seqlen_q,
-                                     sm_scale, scale2, cap_in, cap_out,
-                                     biasb, dbiasb, sbq, sbk, sdbq, slope, aoff, seqlen_k, bh_id,
-                                     seed_lo, seed_hi, off_lo, drop_thresh, drop_scale,
-                                     D_Q, D_V, BLOCK_DQ, BLOCK_DV,
-                                     BLOCK_M, True, MASK_MODE, HAS_SOFTCAP, ATOMIC_DQ, EVEN_M,
-                                     BIAS_MODE, HAS_DROPOUT, STORE_DBIAS, EVEN_N)
-        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, qb, dob, lseb, deltab, dqab, sqs, sdos, sdqs,
-                                 full_lo, full_hi, cols, off, left, right, seqlen_q,
-                                 sm_scale, scale2, cap_in, cap_out,
-                                 biasb, dbiasb, sbq, sbk, sdbq, slope, aoff, seqlen_k, bh_id,
-                                 seed_lo, seed_hi, off_lo, drop_thresh, drop_scale,
-                                 D_Q, D_V, BLOCK_DQ, BLOCK_DV,
-                                 BLOCK_M, False, MASK_MODE, HAS_SOFTCAP, ATOMIC_DQ, EVEN_M,
-                                 BIAS_MODE, HAS_DROPOUT, STORE_DBIAS, EVEN_N)
-        if MASK_MODE & 2:
-            dk, dv = _bwd_dkdv_inner(dk, dv, k, v, qb, dob, lseb, deltab, dqab, sqs, sdos, sdqs,
-                                     full_hi, hi, cols, off, left, right, seqlen_q,
-                                     sm_scale, scale2, cap_in, cap_out,
-                                     biasb, dbiasb, sbq, sbk, sdbq, slope, aoff, seqlen_k, bh_id,
-                                     seed_lo, seed_hi, off_lo, drop_thresh, drop_scale,
-                                     D_Q, D_V, BLOCK_DQ, BLOCK_DV,
-                                     BLOCK_M, True, MASK_MODE, HAS_SOFTCAP, ATOMIC_DQ, EVEN_M,
-                                     BIAS_MODE, HAS_DROPOUT, STORE_DBIAS, EVEN_N)
-    dk = dk * sm_scale
-    if IS_VARLEN:
-        tl.store(DK + k_start * sdks + hk * sdkh + cols[:, None] * sdks + offs_dq[None, :],
-                 dk.to(DK.dtype.element_ty), mask=kmask)
-        tl.store(DV + k_start * sdvs + hk * sdvh + cols[:, None] * sdvs + offs_dv[None, :],
-                 dv.to(DV.dtype.element_ty), mask=vmask)
+            _bwd_dkdv_tile(Q, K, V, DO, LSE, DELTA, DK, DV, DQA,
+                           sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdob, sdoh, sdos,
+                           sdkb, sdkh, sdks, sdvb, sdvh, sdvs, sdqb, sdqh, sdqs,
+                           HK, GROUP, SEQ_Q, sm_scale, scale2, cap_in, cap_out, left, right,
+                           BIAS, ALIBI, DBIAS, sbb, sbh, sbq, sbk, sab, sdbb, sdbh, sdbq, slh,
+                           seed_lo, seed_hi, off_lo, drop_thresh, drop_scale,
+                           b, hk, n0, q_start, k_start, seqlen_q, seqlen_k, off, g_lo, g_hi,
+                           D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_M, BLOCK_N, MASK_MODE, HAS_SOFTCAP,
+                           ATOMIC_DQ, EVEN_M, EVEN_N, IS_VARLEN, BIAS_MODE, HAS_DROPOUT, STORE_DBIAS,
+                           True, False, BLOCK_DQ2, BLOCK_DV2)
     else:
-        tl.store(DK + b * sdkb + hk * sdkh + cols[:, None] * sdks + offs_dq[None, :],
-                 dk.to(DK.dtype.element_ty), mask=kmask)
-        tl.store(DV + b * sdvb + hk * sdvh + cols[:, None] * sdvs + offs_dv[None, :],
-                 dv.to(DV.dtype.element_ty), mask=vmask)
+        _bwd_dkdv_tile(Q, K, V, DO, LSE, DELTA, DK, DV, DQA,
+                       sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdob, sdoh, sdos,
+                       sdkb, sdkh, sdks, sdvb, sdvh, sdvs, sdqb, sdqh, sdqs,
+                       HK, GROUP, SEQ_Q, sm_scale, scale2, cap_in, cap_out, left, right,
+                       BIAS, ALIBI, DBIAS, sbb, sbh, sbq, sbk, sab, sdbb, sdbh, sdbq, slh,
+                       seed_lo, seed_hi, off_lo, drop_thresh, drop_scale,
+                       b, hk, n0, q_start, k_start, seqlen_q, seqlen_k, off, g_lo, g_hi,
+                       D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_M, BLOCK_N, MASK_MODE, HAS_SOFTCAP,
+                       ATOMIC_DQ, EVEN_M, EVEN_N, IS_VARLEN, BIAS_MODE, HAS_DROPOUT, STORE_DBIAS,
+                       True, True, BLOCK_DQ2, BLOCK_DV2)
 
 
 @triton.jit
@@ -873,10 +1088,16 @@ def _bwd_dq_inner(dq, q, do, lse2, di, kb, vb, sks, svs, start, end, rows, off, 
                   D_Q: tl.constexpr, D_V: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
                   BLOCK_N: tl.constexpr, MASKED: tl.constexpr, MASK_MODE: tl.constexpr,
                   HAS_SOFTCAP: tl.constexpr, EVEN_N: tl.constexpr,
-                  BIAS_MODE: tl.constexpr, HAS_DROPOUT: tl.constexpr, EVEN_M: tl.constexpr):
+                  BIAS_MODE: tl.constexpr, HAS_DROPOUT: tl.constexpr, EVEN_M: tl.constexpr,
+                  dq2=0.0, q2=0.0, do2=0.0, BLOCK_DQ2: tl.constexpr = 0, BLOCK_DV2: tl.constexpr = 0):
+    """BLOCK_DQ2 / BLOCK_DV2 > 0: head-dim chunks (see _fwd_inner); q2 / do2 / dq2 the second chunk."""
     offs_n = tl.arange(0, BLOCK_N)
     offs_dq = tl.arange(0, BLOCK_DQ)
     offs_dv = tl.arange(0, BLOCK_DV)
+    if BLOCK_DQ2 > 0:
+        offs_dq2 = BLOCK_DQ + tl.arange(0, BLOCK_DQ2)
+    if BLOCK_DV2 > 0:
+        offs_dv2 = BLOCK_DV + tl.arange(0, BLOCK_DV2)
     dtype = q.dtype
     for start_n in tl.range(start, end, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
@@ -891,7 +1112,15 @@ def _bwd_dq_inner(dq, q, do, lse2, di, kb, vb, sks, svs, start, end, rows, off, 
         else:
             v = tl.load(vb + cols[:, None] * svs + offs_dv[None, :],
                         mask=(cols[:, None] < seqlen_k) & (offs_dv[None, :] < D_V), other=0.0)
+        if BLOCK_DQ2 > 0:
+            k2 = tl.load(kb + cols[:, None] * sks + offs_dq2[None, :],
+                         mask=(cols[:, None] < seqlen_k) & (offs_dq2[None, :] < D_Q), other=0.0)
+        if BLOCK_DV2 > 0:
+            v2 = tl.load(vb + cols[:, None] * svs + offs_dv2[None, :],
+                         mask=(cols[:, None] < seqlen_k) & (offs_dv2[None, :] < D_V), other=0.0)
         qk = tl.dot(q, tl.trans(k))
+        if BLOCK_DQ2 > 0:
+            qk = tl.dot(q2, tl.trans(k2), qk)
         if HAS_SOFTCAP:
             t = _tanh(qk * cap_in)
             p = tl.math.exp2(t * cap_out - lse2[:, None])
@@ -907,14 +1136,19 @@ def _bwd_dq_inner(dq, q, do, lse2, di, kb, vb, sks, svs, start, end, rows, off, 
         if not EVEN_M:
             p = tl.where(rows[:, None] < seqlen_q, p, 0.0)
         dp = tl.dot(do, tl.trans(v))
+        if BLOCK_DV2 > 0:
+            dp = tl.dot(do2, tl.trans(v2), dp)
         if HAS_DROPOUT:
             keep = _dropout_keep(rows[:, None], cols[None, :], bh_id, k0, k1, off_lo, thresh)
             dp = tl.where(keep, dp * drop_scale, 0.0)
         ds = p * (dp - di[:, None])
         if HAS_SOFTCAP:
             ds = ds * (1.0 - t * t)
-        dq = tl.dot(ds.to(dtype), k, dq)
-    return dq
+        ds16 = ds.to(dtype)
+        dq = tl.dot(ds16, k, dq)
+        if BLOCK_DQ2 > 0:
+            dq2 = tl.dot(ds16, k2, dq2)
+    return dq, dq2
 
 
 @triton.jit(do_not_specialize=_PHILOX_ARGS)
@@ -930,9 +1164,10 @@ def fmha_bwd_dq_kernel(
     MASK_MODE: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, BIAS_MODE: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    HAS_SEQLENS: tl.constexpr = False,
+    HAS_SEQLENS: tl.constexpr = False, BLOCK_DQ2: tl.constexpr = 0, BLOCK_DV2: tl.constexpr = 0,
 ):
-    """Deterministic dQ pass: one program per query block, loops over keys.
+    """Deterministic dQ pass: one program per query block, loops over keys.  BLOCK_DQ2 / BLOCK_DV2:
+    head-dim chunks (see fmha_fwd_kernel).
     With a causal (right-bounded) mask the heaviest (last) query blocks go first.
     IS_VARLEN / BIAS_MODE / HAS_DROPOUT as in fmha_bwd_dq_dk_dv_kernel."""
     pid_m = tl.program_id(0)
@@ -980,6 +1215,24 @@ def fmha_bwd_dq_kernel(
     lse2 = lse2 * 1.4426950408889634
     lse2 = tl.where(lse2 == float("-inf"), float("inf"), lse2)
     if IS_VARLEN:
+        qrow = Q + q_start * sqs + h * sqh
+        dorow = DO + q_start * sdos + h * sdoh
+    else:
+        qrow = Q + b * sqb + h * sqh
+        dorow = DO + b * sdob + h * sdoh
+    q2 = 0.0
+    do2 = 0.0
+    dq2 = 0.0
+    if BLOCK_DQ2 > 0:
+        offs_dq2 = BLOCK_DQ + tl.arange(0, BLOCK_DQ2)
+        qmask2 = (rows[:, None] < seqlen_q) & (offs_dq2[None, :] < D_Q)
+        q2 = tl.load(qrow + rows[:, None] * sqs + offs_dq2[None, :], mask=qmask2, other=0.0)
+        dq2 = tl.zeros([BLOCK_M, BLOCK_DQ2], dtype=tl.float32)
+    if BLOCK_DV2 > 0:
+        offs_dv2 = BLOCK_DV + tl.arange(0, BLOCK_DV2)
+        do2 = tl.load(dorow + rows[:, None] * sdos + offs_dv2[None, :],
+                      mask=(rows[:, None] < seqlen_q) & (offs_dv2[None, :] < D_V), other=0.0)
+    if IS_VARLEN:
         di = tl.load(DELTA + h * slh + q_start + rows, mask=rows < seqlen_q, other=0.0)
         kb = K + k_start * sks + hk * skh
         vb = V + k_start * svs + hk * svh
@@ -993,28 +1246,48 @@ def fmha_bwd_dq_kernel(
     dq = tl.zeros([BLOCK_M, BLOCK_DQ], dtype=tl.float32)
     lo, full_lo, full_hi, hi = _kv_range(m0, off, left, right, seqlen_k, BLOCK_M, BLOCK_N, MASK_MODE)
     if MASK_MODE & 2:
-        dq = _bwd_dq_inner(dq, q, do, lse2, di, kb, vb, sks, svs, lo, full_lo, rows, off, left, right, seqlen_k,
+        dq, dq2 = _bwd_dq_inner(dq, q, do, lse2, di, kb, vb, sks, svs, lo, full_lo, rows, off, left, right, seqlen_k,
                            scale2, cap_in, cap_out,
                            biasb, sbq, sbk, slope, aoff, seqlen_q, bh_id, seed_lo, seed_hi, off_lo, drop_thresh,
                            drop_scale, D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_N,
-                           True, MASK_MODE, HAS_SOFTCAP, EVEN_N, BIAS_MODE, HAS_DROPOUT, EVEN_M)
-    dq = _bwd_dq_inner(dq, q, do, lse2, di, kb, vb, sks, svs, full_lo, full_hi, rows, off, left, right, seqlen_k,
+                           True, MASK_MODE, HAS_SOFTCAP, EVEN_N, BIAS_MODE, HAS_DROPOUT, EVEN_M,
+                           dq2, q2, do2, BLOCK_DQ2, BLOCK_DV2)
+    dq, dq2 = _bwd_dq_inner(dq, q, do, lse2, di, kb, vb, sks, svs, full_lo, full_hi, rows, off, left, right, seqlen_k,
                        scale2, cap_in, cap_out,
                        biasb, sbq, sbk, slope, aoff, seqlen_q, bh_id, seed_lo, seed_hi, off_lo, drop_thresh,
                        drop_scale, D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_N,
-                       False, MASK_MODE, HAS_SOFTCAP, EVEN_N, BIAS_MODE, HAS_DROPOUT, EVEN_M)
-    dq = _bwd_dq_inner(dq, q, do, lse2, di, kb, vb, sks, svs, full_hi, hi, rows, off, left, right, seqlen_k,
+                       False, MASK_MODE, HAS_SOFTCAP, EVEN_N, BIAS_MODE, HAS_DROPOUT, EVEN_M,
+                           dq2, q2, do2, BLOCK_DQ2, BLOCK_DV2)
+    dq, dq2 = _bwd_dq_inner(dq, q, do, lse2, di, kb, vb, sks, svs, full_hi, hi, rows, off, left, right, seqlen_k,
                        scale2, cap_in, cap_out,
                        biasb, sbq, sbk, slope, aoff, seqlen_q, bh_id, seed_lo, seed_hi, off_lo, drop_thresh,
                        drop_scale, D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_N,
-                       True, MASK_MODE, HAS_SOFTCAP, EVEN_N, BIAS_MODE, HAS_DROPOUT, EVEN_M)
+                       True, MASK_MODE, HAS_SOFTCAP, EVEN_N, BIAS_MODE, HAS_DROPOUT, EVEN_M,
+                           dq2, q2, do2, BLOCK_DQ2, BLOCK_DV2)
     dq = dq * sm_scale
     if IS_VARLEN:
-        tl.store(DQ + q_start * sdqs + h * sdqh + rows[:, None] * sdqs + offs_dq[None, :],
-                 dq.to(DQ.dtype.element_ty), mask=qmask)
+        dqrow = DQ + q_start * sdqs + h * sdqh
     else:
-        tl.store(DQ + b * sdqb + h * sdqh + rows[:, None] * sdqs + offs_dq[None, :],
-                 dq.to(DQ.dtype.element_ty), mask=qmask)
+        dqrow = DQ + b * sdqb + h * sdqh
+    tl.store(dqrow + rows[:, None] * sdqs + offs_dq[None, :], dq.to(DQ.dtype.element_ty), mask=qmask)
+    if BLOCK_DQ2 > 0:
+        dq2 = dq2 * sm_scale
+        tl.store(dqrow + rows[:, None] * sdqs + offs_dq2[None, :], dq2.to(DQ.dtype.element_ty), mask=qmask2)
+
+
+@triton.jit
+def fmha_bwd_sum_partials_kernel(P, OUT, N, G, BLOCK: tl.constexpr):
+    """OUT[i] = sum over g < G of P[g * N + i] (fp32, in g order: deterministic), cast to OUT's type: the
+    GQA group split's partial dK / dV (fmha_bwd_dq_dk_dv_kernel's GSPLIT) summed into the gradient.  P and
+    OUT share one dense layout (flat storage index i)."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < N
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    p = P + offs   # (stepped by N: 64-bit pointer arithmetic, no g * N product to overflow)
+    for g in range(0, G):
+        acc += tl.load(p, mask=m, other=0.0)
+        p += N
+    tl.store(OUT + offs, acc.to(OUT.dtype.element_ty), mask=m)
 
 
 @triton.jit

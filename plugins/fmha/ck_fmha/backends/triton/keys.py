@@ -45,7 +45,16 @@ GLUON_VARIANTS = ("gluon_ws", "gluon_wspp", "gluon_ws_pers", "gluon_wspp_pers")
 #: num_stages, 128 keys per program, 4 warps; "_pers": the persistent grid
 GLUON_BWD_VARIANTS = ("gluon_dkdv", "gluon_dkdv_pers")
 GLUON_BWD_BLOCK_N, GLUON_BWD_WARPS = 128, 4
-VARIANTS = ("ptr", "tma", "tma_host", "tma_ws") + GLUON_VARIANTS + GLUON_BWD_VARIANTS
+#: the Triton dK/dV kernel with dK and dV in separate programs (KV_SPLIT: one fp32 accumulator per
+#: program, twice the programs); bwd_dq_dk_dv only, every arch
+KVSPLIT = "kvsplit"
+VARIANTS = ("ptr", "tma", "tma_host", "tma_ws") + GLUON_VARIANTS + GLUON_BWD_VARIANTS + (KVSPLIT,)
+#: the variants that take head-dim chunks (a key's ``dchunk``: the forward's head dim in two
+#: power-of-two tiles, ``configs.hdim_blocks``)
+DCHUNK_VARIANTS = ("ptr", "tma")
+#: the group splits of the Triton dK/dV kernel's keys (``gsplit``, name part ``_g<N>``): a kv head's GQA group
+#: of query heads is summed by N programs into fp32 partials (for GQA / MQA problems with few key blocks)
+GSPLITS = (2, 4, 8, 16)
 CUDA_ONLY = ("tma", "tma_host", "tma_ws") + GLUON_VARIANTS + GLUON_BWD_VARIANTS
 #: a backward key's dQ field: ``atomic`` (dQ accumulated in fp32 by the dK/dV kernel: not deterministic;
 #: bwd_convert_dq rounds it), ``m<BM>n<BN>w<W>s<S>`` (the Triton dQ pass), ``gluon<BN>s<S>[p]`` (the Gluon
@@ -59,12 +68,12 @@ GLUON_HDIMS = ((64, 64), (128, 128))
 OPTIONS = ("family", "families", "receipt", "dtypes", "hdims")
 #: families with fp8 kernels (the forward; split-KV / paged / prefill / backward stay fp16/bf16)
 FP8_FAMILIES = ("fwd",)
-#: ``fmha_<family>_<dtype>_d<Q>x<V>_m<BM>n<BN>_w<W>_s<S>_<variant>[_k<S>][_dq<...>]`` (docs/plugins.md's
+#: ``fmha_<family>_<dtype>_d<Q>x<V>_m<BM>n<BN>_w<W>_s<S>_<variant>[_c<C>][_g<G>][_k<S>][_dq<...>]`` (docs/plugins.md's
 #: grammar); ``fmha_triton_...``, the spelling before the name stopped naming a backend, still parses
 #: (recorded selection data holds it)
 _NAME = re.compile(r"^fmha_(?:triton_)?(?P<family>[a-z_]+?)_(?P<dtype>fp16|bf16|fp8)_d(?P<hq>\d+)x(?P<hv>\d+)"
                    r"_m(?P<bm>\d+)n(?P<bn>\d+)_w(?P<w>\d+)_s(?P<s>\d+)_(?P<variant>[a-z_]+?)"
-                   r"(?:_k(?P<k>\d+))?(?:_dq(?P<dq>[a-z0-9]+))?$")
+                   r"(?:_c(?P<c>\d+))?(?:_g(?P<g>\d+))?(?:_k(?P<k>\d+))?(?:_dq(?P<dq>[a-z0-9]+))?$")
 #: a fwd_splitkv key's ``splits`` field: how many key splits it launches (name part ``_k<S>``); the
 #: problem's num_splits selects it (the split count the Dispatcher path chose, or the caller's)
 SPLITS = tuple(range(1, 129))
@@ -90,16 +99,23 @@ class TritonFmhaAlg:
     variant: str = "ptr"
     dq: str = ""
     splits: int = 0
+    #: the forward's head-dim chunk (name part ``_c<C>``; 0: one tile padded to a power of two)
+    dchunk: int = 0
+    #: the Triton dK/dV kernel's GQA group split (name part ``_g<N>``; 0: none), see :data:`GSPLITS`
+    gsplit: int = 0
 
     def config(self):
         from .configs import TritonFmhaConfig
 
-        return TritonFmhaConfig(self.block_m, self.block_n, self.num_warps, self.num_stages, self.variant)
+        return TritonFmhaConfig(self.block_m, self.block_n, self.num_warps, self.num_stages, self.variant,
+                                self.dchunk, self.gsplit)
 
 
 def format_name(sig: TritonFmhaSig, a: TritonFmhaAlg) -> str:
     return (f"fmha_{sig.family}_{sig.dtype}_d{sig.hdim_q}x{sig.hdim_v}_m{a.block_m}n{a.block_n}"
-            f"_w{a.num_warps}_s{a.num_stages}_{a.variant}" + (f"_k{a.splits}" if a.splits else "")
+            f"_w{a.num_warps}_s{a.num_stages}_{a.variant}" + (f"_c{a.dchunk}" if a.dchunk else "")
+            + (f"_g{a.gsplit}" if a.gsplit else "")
+            + (f"_k{a.splits}" if a.splits else "")
             + (f"_dq{a.dq}" if a.dq else ""))
 
 
@@ -112,7 +128,7 @@ def parse_name(body: str):
         return from_fields(dict(family=m["family"], dtype=m["dtype"], hdim_q=int(m["hq"]), hdim_v=int(m["hv"])),
                            dict(block_m=int(m["bm"]), block_n=int(m["bn"]), num_warps=int(m["w"]),
                                 num_stages=int(m["s"]), variant=m["variant"], dq=m["dq"] or "",
-                                splits=int(m["k"] or 0)))
+                                splits=int(m["k"] or 0), dchunk=int(m["c"] or 0), gsplit=int(m["g"] or 0)))
     except ConfigError as exc:
         raise MissingKernel(f"{body!r}: {exc}") from None
 
@@ -124,7 +140,8 @@ _SIG = RecordSchema(TritonFmhaSig, what="Triton FMHA signature", choices={"famil
                     bounds={"hdim_q": (1, 1024), "hdim_v": (1, 1024)})
 _ALG = RecordSchema(TritonFmhaAlg, what="Triton FMHA algorithm", choices={"variant": VARIANTS},
                     bounds={"block_m": (1, 1024), "block_n": (1, 1024), "num_warps": (1, 64),
-                            "num_stages": (1, 16), "splits": (0, SPLITS[-1])})
+                            "num_stages": (1, 16), "splits": (0, SPLITS[-1]), "dchunk": (0, 256),
+                            "gsplit": (0, GSPLITS[-1])})
 
 
 def from_fields(sig: dict, alg: dict):
@@ -144,8 +161,25 @@ def legal(key, arch) -> Optional[str]:
         return f"variant {a.variant} runs on Hopper only"
     if a.variant in GLUON_VARIANTS and ((s.hdim_q, s.hdim_v) not in GLUON_HDIMS or s.dtype == "fp8"):
         return f"the Gluon kernel covers fp16/bf16 head dims {GLUON_HDIMS} only"
-    if (a.variant in GLUON_BWD_VARIANTS) != (s.family == "bwd_dq_dk_dv" and a.variant != "ptr"):
+    if (a.variant in GLUON_BWD_VARIANTS + (KVSPLIT,)) != (s.family == "bwd_dq_dk_dv" and a.variant != "ptr"):
         return f"variant {a.variant} is not a {s.family} kernel"
+    if a.dchunk:
+        from .configs import valid_dchunk
+
+        fwd_ok = s.family == "fwd" and a.variant in DCHUNK_VARIANTS
+        bwd_ok = s.family == "bwd_dq_dk_dv" and a.variant in ("ptr", KVSPLIT) and not a.dq.startswith("gluon")
+        if not (fwd_ok or bwd_ok) or s.dtype == "fp8":
+            return (f"head-dim chunks (_c{a.dchunk}) belong to fp16/bf16 fwd keys of the variants "
+                    f"{'/'.join(DCHUNK_VARIANTS)} and to bwd_dq_dk_dv keys of the Triton kernels (ptr / {KVSPLIT}, "
+                    "Triton or atomic dQ)")
+        if not valid_dchunk(a.dchunk) or a.dchunk >= max(s.hdim_q, s.hdim_v):
+            return (f"head-dim chunk {a.dchunk} must be a power of two from 16 below the head dims "
+                    f"{s.hdim_q}/{s.hdim_v}")
+    if a.gsplit and (s.family != "bwd_dq_dk_dv" or a.variant not in ("ptr", KVSPLIT) or a.gsplit not in GSPLITS):
+        return (f"the group split _g{a.gsplit} belongs to bwd_dq_dk_dv keys of the Triton dK/dV kernel "
+                f"(ptr / {KVSPLIT}), one of {GSPLITS}")
+    if a.variant == KVSPLIT and a.dq and parse_dq(a.dq)[0] == "gluon":
+        return "the kvsplit dK/dV kernel pairs with the Triton dQ pass or atomics"
     if (s.family == "bwd_dq_dk_dv") != bool(a.dq):
         return "the dq field belongs to bwd_dq_dk_dv keys (and they need one)"
     if (s.family == "fwd_splitkv") != bool(a.splits):
@@ -223,9 +257,9 @@ def _arch_spec(name: str):
 def _smem(family, hq, hv, a: TritonFmhaAlg, elem_bytes: int = 2) -> int:
     """Upper estimate of shared memory: the Q tile plus num_stages K/V tiles (Gluon keys: also the
     output staging tile and 1 KiB for the mbarriers)."""
-    from .configs import padded_hdim
+    from .configs import hdim_blocks
 
-    dq, dv = padded_hdim(hq), padded_hdim(hv)
+    dq, dv = sum(hdim_blocks(hq, a.dchunk)), sum(hdim_blocks(hv, a.dchunk))
     if family in ("bwd_dot_do_o", "bwd_convert_dq", "fwd_splitkv_combine", "fwd_appendkv"):
         return 0   # elementwise / copy kernels: no K/V tiles in shared memory
     if a.variant in GLUON_BWD_VARIANTS:
@@ -249,11 +283,17 @@ def _configs(family, hq, hv, arch, elem_bytes: int = 2, prune: bool = True) -> l
         # forms: what the heuristic can pick for any problem the better form cannot address
         cands = [T.default_fwd_config(hq, hv, tag, causal=c, seqlen=n, gluon=False)
                  for c in (False, True) for n in T.SEQ_BUCKETS]
-        extras = (C.TritonFmhaConfig(128, 64, 4, 3, "ptr"), C.TritonFmhaConfig(64, 64, 4, 2, "ptr"))
-        cands += [c for c in extras if c not in cands]
+        lesser = {"tma_host": ("tma", "ptr"), "tma": ("ptr",), "tma_ws": ("ptr",)}
+        if elem_bytes == 2 and T.fwd_dchunk(hq, hv, tag) and _hopper(arch):
+            # head dims the arch runs in chunks: the measured chunked tiles only (their device-descriptor
+            # form addresses every fp16/bf16 problem of these head dims): the learned ranker, fitted on
+            # padded tiles, then picks among measured winners
+            lesser = {"tma_host": ("tma",)}
+        else:
+            extras = (C.TritonFmhaConfig(128, 64, 4, 3, "ptr"), C.TritonFmhaConfig(64, 64, 4, 2, "ptr"))
+            cands += [c for c in extras if c not in cands]
         if elem_bytes == 1:
             cands.insert(0, T.default_fwd_config(hq, hv, tag, fp8=True))
-        lesser = {"tma_host": ("tma", "ptr"), "tma": ("ptr",), "tma_ws": ("ptr",)}
         cands = [x for c in cands for x in (c, *(c.with_(variant=v) for v in lesser.get(c.variant, ())))]
         if _hopper(arch) and elem_bytes == 2 and (hq, hv) in GLUON_HDIMS:
             cands += T.gluon_fwd_configs(hq, tag)   # the Gluon kernel's tuned tiles
@@ -271,7 +311,8 @@ def _configs(family, hq, hv, arch, elem_bytes: int = 2, prune: bool = True) -> l
         if c.variant in GLUON_VARIANTS and not _hopper(arch):
             continue   # a Hopper kernel: no pointer form to fall back to
         v = c.variant if (_hopper(arch) or c.variant not in CUDA_ONLY) else "ptr"
-        a = TritonFmhaAlg(c.BLOCK_M, c.BLOCK_N, c.num_warps, c.num_stages, v)
+        chunk = c.DCHUNK if (family == "fwd" and v in DCHUNK_VARIANTS and elem_bytes == 2) else 0
+        a = TritonFmhaAlg(c.BLOCK_M, c.BLOCK_N, c.num_warps, c.num_stages, v, dchunk=chunk)
         tabled = family in ("fwd", "bwd_dq_dk_dv") and c not in extras   # see _tabled
         if a not in out and (tabled or not prune or _smem(family, hq, hv, a, elem_bytes) <= arch.lds_bytes):
             out.append(a)
@@ -287,7 +328,9 @@ def _bwd_algs(hq, hv, arch, tag, elem_bytes, prune=True) -> list:
     from . import tuning as T
 
     pairs = [T.default_bwd_configs(hq, hv, tag, causal=c) for c in (False, True)]
-    kv = [(c.BLOCK_M, c.BLOCK_N, c.num_warps, c.num_stages, "ptr") for c, _ in pairs]
+    kv = [(c.BLOCK_M, c.BLOCK_N, c.num_warps, c.num_stages, c.variant if c.variant == KVSPLIT else "ptr")
+          for c, _ in pairs]
+    chunk = {k: c.DCHUNK for k, (c, _) in zip(kv, pairs) if elem_bytes == 2}   # the tables' head-dim chunks
     dqs = [DQ_ATOMIC] + [dq_triton(q) for _, q in pairs]
     if _hopper(arch) and elem_bytes == 2 and (hq, hv) in GLUON_HDIMS:
         d = hq
@@ -298,14 +341,21 @@ def _bwd_algs(hq, hv, arch, tag, elem_bytes, prune=True) -> list:
                for t in tiles if t is not None]
         dqs += [dq_gluon(t) for t in (T.gluon_dq_tile(d, tag), gluon_bwd.tiles("dq", tag).get(d)) if t is not None]
     out = []
-    for k in kv:
+    kv = [(*k, 0) for k in kv] + [(*k, n) for k in kv if k[4] in ("ptr", KVSPLIT) for n in GSPLITS]
+    for *k, gs in kv:
         for dq in dqs:
-            a = TritonFmhaAlg(*k, dq=dq)
+            c = chunk.get(tuple(k), 0) if not dq.startswith("gluon") else 0
+            a = TritonFmhaAlg(*k, dq=dq, gsplit=gs, dchunk=c)
             # the tables' Triton tiles run on every arch (they did before the estimate existed)
-            fits = k[4] == "ptr" or not prune or _smem("bwd_dq_dk_dv", hq, hv, a, elem_bytes) <= arch.lds_bytes
-            if a not in out and fits:
+            fits = k[4] in ("ptr", KVSPLIT) or not prune or _smem("bwd_dq_dk_dv", hq, hv, a, elem_bytes) <= arch.lds_bytes
+            if a not in out and fits and legal_pair(a):
                 out.append(a)
     return out
+
+
+def legal_pair(a: TritonFmhaAlg) -> bool:
+    """Whether a backward key's dK/dV variant goes with its dQ field (kvsplit: not the Gluon dQ pass)."""
+    return not (a.variant == KVSPLIT and a.dq and a.dq.startswith("gluon"))
 
 
 @functools.lru_cache(maxsize=None)
@@ -432,6 +482,9 @@ def _bwd_unsupported(a: TritonFmhaAlg, p) -> Optional[str]:
         why = gluon_dkdv_reason(p, a.block_m, dq[0] == DQ_ATOMIC)
         if why:
             return f"the Gluon dK/dV kernel: {why}"
+    if a.gsplit and a.gsplit > p.nhead_q // max(1, p.nhead_k):
+        return (f"the key splits a GQA group over {a.gsplit} programs; the problem's group has "
+                f"{p.nhead_q // max(1, p.nhead_k)} query heads")
     return None
 
 
@@ -677,6 +730,8 @@ def make_launcher(key, capture: Optional[list] = None):
         return {"d": d}
 
     dq_choice = parse_dq(alg.dq) if fam == "bwd_dq_dk_dv" else None
+    if dq_choice is not None and dq_choice[0] == "triton" and alg.dchunk:   # the key's chunk runs in both passes
+        dq_choice = ("triton", dq_choice[1].with_(DCHUNK=alg.dchunk))
     kv_choice = (("gluon", (alg.block_m, alg.num_stages, alg.variant.endswith("_pers")))
                  if alg.variant in GLUON_BWD_VARIANTS else ("triton", cfg))
 
@@ -882,6 +937,7 @@ def _candidates(key, batch):
     causal_br = dict(mask="bottom_right", window_left=-1, window_right=0)   # decode's causal mask
     if fam in ("fwd", "bwd_dot_do_o", "bwd_dq_dk_dv", "bwd_convert_dq"):
         b, h, n = batch or _JIT_BATCH, _JIT_HEADS, _JIT_SEQ
+        hk = h // key.algorithm.gsplit if key.algorithm.gsplit else h   # a group split needs a GQA group that size
 
         def v_fwd():   # fp8 on an arch that reads V key-contiguous: as ops.v_key_major lays it out
             if s.dtype == "fp8" and fp8_v_trans(_arch_spec(key.arch)):
@@ -890,14 +946,14 @@ def _candidates(key, batch):
 
         tensors = {"fwd": lambda: dict(q=meta(b, h, n, s.hdim_q), k=meta(b, h, n, s.hdim_q), v=v_fwd()),
                    "bwd_dot_do_o": lambda: dict(o=meta(b, h, n, s.hdim_v), do=meta(b, h, n, s.hdim_v)),
-                   "bwd_dq_dk_dv": lambda: dict(q=meta(b, h, n, s.hdim_q), k=meta(b, h, n, s.hdim_q),
-                                                v=meta(b, h, n, s.hdim_v), do=meta(b, h, n, s.hdim_v),
+                   "bwd_dq_dk_dv": lambda: dict(q=meta(b, h, n, s.hdim_q), k=meta(b, hk, n, s.hdim_q),
+                                                v=meta(b, hk, n, s.hdim_v), do=meta(b, h, n, s.hdim_v),
                                                 lse=meta(b, h, n, dt=f32), d=meta(b, h, n, dt=f32)),
                    "bwd_convert_dq": lambda: dict(q=meta(b, h, n, s.hdim_q),
                                                   dq_acc=meta(b, h, n, s.hdim_q, dt=f32))}[fam]
         masks = ("none",) if fam in ("bwd_dot_do_o", "bwd_convert_dq") else ("none", "top_left")   # no mask there
-        return [(FmhaProblem(family=fam, batch=b, nhead_q=h, seqlen_q=n, seqlen_k=n, mask=m, lse=fam == "fwd",
-                             **dims), tensors) for m in masks]
+        return [(FmhaProblem(family=fam, batch=b, nhead_q=h, nhead_k=hk, seqlen_q=n, seqlen_k=n, mask=m,
+                             lse=fam == "fwd", **dims), tensors) for m in masks]
     b, hq, hk, sk, ps = batch or _DEC_BATCH, _DEC_HQ, _DEC_HK, _DEC_SK, _DEC_PAGE
     dec = dict(batch=b, nhead_q=hq, nhead_k=hk, seqlen_q=1, seqlen_k=sk, **dims)
     pages = b * (sk // ps)

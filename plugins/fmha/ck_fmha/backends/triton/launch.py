@@ -70,9 +70,9 @@ import triton
 from . import gluon_bwd, gluon_fwd
 from . import kernels as K
 from ... import device_errors
-from .configs import GLUON_VARIANTS, TritonFmhaConfig, padded_hdim, next_pow2
-from .tuning import (default_bwd_configs, default_fwd_config, gluon_dkdv_tile, gluon_dq_tile, gluon_fused_min_seqlen,
-                     gluon_fused_tile)
+from .configs import GLUON_VARIANTS, TritonFmhaConfig, hdim_blocks, padded_hdim, next_pow2, valid_dchunk
+from .tuning import (bwd_gsplit_rule, default_bwd_configs, default_fwd_config, gluon_dkdv_tile, gluon_dq_tile,
+                     gluon_fused_min_seqlen, gluon_fused_tile)
 
 try:
     from ck_core.errors import InvalidProblem, UnsupportedProblem
@@ -610,6 +610,14 @@ def fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, retu
         return gluon_fwd.fwd(q, k, v, causal=mode == 1 and right == 0, scale=scale, return_lse=return_lse,
                              layout=layout, tile=(cfg.BLOCK_M, cfg.BLOCK_N, cfg.num_warps, cfg.num_stages),
                              out=out, _checked=True, **gluon_fwd.GLUON_VARIANTS[variant], _via=_via)
+    chunk = cfg.DCHUNK
+    if chunk:
+        if not valid_dchunk(chunk):
+            raise InvalidProblem(f"config {cfg}: DCHUNK {chunk} is not 0 or a power of two in 16..256")
+        if _paged is not None or fp8 or variant not in ("ptr", "tma"):
+            raise UnsupportedProblem(f"config {cfg}: head-dim chunks (DCHUNK) run fp16/bf16 contiguous K/V "
+                                     "with variant 'ptr' or 'tma'; pass DCHUNK=0")
+    (bdq, bdq2), (bdv, bdv2) = hdim_blocks(dq, chunk), hdim_blocks(dv, chunk)
     if variant != "ptr":
         if _paged is not None or (varlen and v_trans):
             raise UnsupportedProblem(f"config {cfg}: paged K/V and the fp8 group-mode forward read by pointer "
@@ -699,13 +707,14 @@ def fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, retu
         scale2, cap_in, cap_out, left, right,
         ba, aa, sbb, sbh, sbq, sbk, sab, k0, k1, off_lo, thresh, dscale, *paged_args, *sink_args,
         *(descale_ptrs or (o, o, o)), v_descale_f, device_errors.flag(q.device),
-        D_Q=dq, D_V=dv, BLOCK_DQ=padded_hdim(dq), BLOCK_DV=padded_hdim(dv),
+        D_Q=dq, D_V=dv, BLOCK_DQ=bdq, BLOCK_DV=bdv,
         BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
         MASK_MODE=mode, BOTTOM_RIGHT=br, HAS_SOFTCAP=bool(softcap and softcap > 0),
         STORE_LSE=bool(return_lse), IS_VARLEN=varlen, REVERSE_M=bool(mode & 1),
         USE_TMA={"ptr": 0, "tma": 1, "tma_ws": 1, "tma_host": 2}[variant], WARP_SPEC=variant == "tma_ws",
         BIAS_MODE=bmode, HAS_DROPOUT=has_do, **paged_cx, HAS_SINK=has_sink, HAS_SINK_LOGIT=sink is not None,
         DESCALE_PTR=descale_ptrs is not None, V_TRANS=v_trans, HAS_SEQLENS=seqlens_k is not None,
+        BLOCK_DQ2=bdq2, BLOCK_DV2=bdv2,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     _poison(bad, o, lse if return_lse else None)
@@ -723,6 +732,8 @@ def default_fwd_choice(q, k, v, dq, dv, sq, *, v_trans, varlen, **gluon_args) ->
     tag = _tuned_arch(arch)
     causal = gluon_args["mode"] & 1 == 1
     cfg = default_fwd_config(dq, dv, tag, causal=causal, seqlen=sq, fp8=v_trans)
+    if gluon_args["fp8"] or gluon_args["paged"] is not None:   # head-dim chunks: fp16/bf16, contiguous K/V
+        cfg = cfg.with_(DCHUNK=0)
     if cfg.variant in GLUON_VARIANTS:
         if not _gluon_reason(q, k, v, cfg, **gluon_args):
             return cfg
@@ -806,6 +817,18 @@ def default_bwd_choice(q, k, v, do, lse, delta, *, layout, mode, right, has_sc, 
         if _dkdv == "gluon" or env == "1":
             gk = gk or gluon_bwd.tiles("dkdv", arch).get(d)
     why = "not configured" if gk is None else gluon_why
+    spec = _arch_of(q)
+    if spec is not None and q.dim() == 4 and layout != "thd":   # GQA with few key blocks: the Triton kernel's group split
+        from ...heuristics import group_split
+
+        bq, hq_, hk_ = q.shape[0], *(_dims(t, layout)[1] for t in (q, k))
+        rule = bwd_gsplit_rule(arch)
+        if not why and _dkdv != "gluon" and group_split(bq, hq_, hk_, sq, sk, 128, spec.compute_units,
+                                                        dict(rule, waves=rule.get("gluon_waves", 0))) > 1:
+            why = "GQA group split"
+        gs = group_split(bq, hq_, hk_, sq, sk, cfg_kv.BLOCK_N, spec.compute_units, rule,
+                         parts=2 if cfg_kv.variant == "kvsplit" else 1)
+        cfg_kv = cfg_kv.with_(GSPLIT=gs if gs > 1 else 0)
     if why and _dkdv == "gluon":
         raise UnsupportedProblem(f"gluon dK/dV: {why}")
     kv = ("triton", cfg_kv) if why else ("gluon", gk)
@@ -1012,18 +1035,45 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
                                 dq_acc=dqa if atomic else None, _via=_via)
     else:
         cfg_kv = kv
-        _kernel(_via, K.fmha_bwd_dq_dk_dv_kernel, (triton.cdiv(sk, cfg_kv.BLOCK_N), b * hk))(
+        if cfg_kv.variant not in ("ptr", "kvsplit"):
+            raise UnsupportedProblem(f"dK/dV config {cfg_kv}: the Triton dK/dV kernel's variants are 'ptr' and "
+                                     "'kvsplit' (dK and dV in separate programs)")
+        split = cfg_kv.variant == "kvsplit"
+        gsplit = max(1, min(int(cfg_kv.GSPLIT or 1), group))
+        (kbdq, kbdq2), (kbdv, kbdv2) = _chunks(cfg_kv, dq_, dv_)
+        if gsplit > 1:   # fp32 partial sums per split of the group, added up below (fixed order)
+            dk_out, dv_out = dk, dv
+            # every program writes its keys' partials (zeros for an empty share of the group); keys past a
+            # logical length (seqlens_k) are no program's and stay zero.  The partials share the outputs'
+            # dense layout (empty_like / zeros_like of k, v), so one flat sum kernel adds them up
+            alloc = torch.zeros if seqlens_k is not None else torch.empty
+            dk, dv = (alloc(gsplit * t.numel(), device=t.device, dtype=torch.float32).as_strided(
+                (gsplit,) + tuple(t.shape), (t.numel(),) + t.stride()) for t in (dk_out, dv_out))
+            sdkb, sdkh, sdks = _bhs_strides(dk[0], layout)
+            sdvb, sdvh, sdvs = _bhs_strides(dv[0], layout)
+            sdkg, sdvg = dk.stride(0), dv.stride(0)
+        else:
+            sdkg = sdvg = 0
+        _kernel(_via, K.fmha_bwd_dq_dk_dv_kernel,
+                (triton.cdiv(sk, cfg_kv.BLOCK_N), b * hk, (2 if split else 1) * gsplit))(
             q, k, v, do, lse, delta, dk, dv, dqa,
             sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdob, sdoh, sdos,
             sdkb, sdkh, sdks, sdvb, sdvh, sdvs, sab, sah, sas,
             hk, group, sq, sk, sm_scale, scale2, cap_in, cap_out, left, right,
             cu_q, cu_k, ba, aa, dbias_full, sbb, sbh, sbq, sbk, salb, sdbb, sdbh, sdbq, slh,
-            k0, k1, off_lo, thresh, dscale, lens_arg,
-            D_Q=dq_, D_V=dv_, BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=cfg_kv.BLOCK_M, BLOCK_N=cfg_kv.BLOCK_N,
+            k0, k1, off_lo, thresh, dscale, lens_arg, gsplit, sdkg, sdvg,
+            D_Q=dq_, D_V=dv_, BLOCK_DQ=kbdq, BLOCK_DV=kbdv, BLOCK_M=cfg_kv.BLOCK_M, BLOCK_N=cfg_kv.BLOCK_N,
             MASK_MODE=mode, BOTTOM_RIGHT=br, HAS_SOFTCAP=has_sc, ATOMIC_DQ=atomic,
             EVEN_M=not varlen and sq % cfg_kv.BLOCK_M == 0, EVEN_N=not varlen and sk % cfg_kv.BLOCK_N == 0,
             IS_VARLEN=varlen, BIAS_MODE=bmode, HAS_DROPOUT=has_do, STORE_DBIAS=bool(return_dbias),
-            HAS_SEQLENS=seqlens_k is not None, num_warps=cfg_kv.num_warps, num_stages=cfg_kv.num_stages)
+            HAS_SEQLENS=seqlens_k is not None, KV_SPLIT=split, BLOCK_DQ2=kbdq2, BLOCK_DV2=kbdv2,
+            num_warps=cfg_kv.num_warps, num_stages=cfg_kv.num_stages)
+        if gsplit > 1:   # a launch (not a torch op), so that warm calls replay it
+            for part, out_ in ((dk, dk_out), (dv, dv_out)):
+                n = out_.numel()
+                _kernel(_via, K.fmha_bwd_sum_partials_kernel, (triton.cdiv(n, 1024),))(
+                    part, out_, n, gsplit, BLOCK=1024, num_warps=4)
+            dk, dv = dk_out, dv_out
     dbias = None
     if return_dbias:
         dbias = dbias_full
@@ -1049,6 +1099,7 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
                           _via=_via)
         return (dq, None, dk, dv, dbias) if return_dbias else (dq, None, dk, dv)
     cfg_q = dq_choice[1]
+    (bdq, bdq2), (bdv, bdv2) = _chunks(cfg_q, dq_, dv_)
     dq = torch.empty_like(q)
     sdqb, sdqh, sdqs = _bhs_strides(dq, layout)
     _kernel(_via, K.fmha_bwd_dq_kernel, (triton.cdiv(sq, cfg_q.BLOCK_M), b * hq))(
@@ -1061,9 +1112,16 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
         MASK_MODE=mode, BOTTOM_RIGHT=br, HAS_SOFTCAP=has_sc,
         EVEN_M=not varlen and sq % cfg_q.BLOCK_M == 0, EVEN_N=not varlen and sk % cfg_q.BLOCK_N == 0,
         IS_VARLEN=varlen, BIAS_MODE=bmode, HAS_DROPOUT=has_do, HAS_SEQLENS=seqlens_k is not None,
-        num_warps=cfg_q.num_warps, num_stages=cfg_q.num_stages)
+        BLOCK_DQ2=bdq2, BLOCK_DV2=bdv2, num_warps=cfg_q.num_warps, num_stages=cfg_q.num_stages)
     _poison(bad, dq)
     return (dq, None, dk, dv, dbias) if return_dbias else (dq, None, dk, dv)
+
+
+def _chunks(cfg, dq: int, dv: int):
+    """((BLOCK_DQ, BLOCK_DQ2), (BLOCK_DV, BLOCK_DV2)) of a Triton config's head-dim chunk (``DCHUNK``)."""
+    if cfg.DCHUNK and not valid_dchunk(cfg.DCHUNK):
+        raise InvalidProblem(f"config {cfg}: DCHUNK {cfg.DCHUNK} is not 0 or a power of two in 16..256")
+    return hdim_blocks(dq, cfg.DCHUNK), hdim_blocks(dv, cfg.DCHUNK)
 
 
 def bwd_convert_dq(dqa, q_like, *, layout="bhsd", cu_seqlens_q=None, max_seqlen_q=None, _trusted_varlen=False,

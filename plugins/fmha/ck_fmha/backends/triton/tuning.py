@@ -90,11 +90,40 @@ def gluon_fused_min_seqlen(arch: str) -> int:
     return int(tuned("bwd_gluon_fused", arch).meta.get("min_seqlen_k", 1 << 62))
 
 
+def fwd_dchunk(hdim_q: int, hdim_v: int, arch: str) -> int:
+    """The head-dim chunk of ``arch``'s fp16/bf16 Triton forward for these head dims (table ``fwd_dchunk``,
+    keyed by (larger head dim, causal, seqlen bucket), its configurations' ``DCHUNK``; 0: one tile padded to
+    the next power of two): a head dim above the chunk runs as two power-of-two tiles
+    (``configs.hdim_blocks``), e.g. 160 as 128 + 32."""
+    return _dchunk_of(tuned("fwd_dchunk", arch), max(hdim_q, hdim_v))
+
+
+@functools.lru_cache(maxsize=256)
+def _dchunk_of(t: Table, d: int) -> int:
+    for k, v in t.items():
+        if k[0] == d and v.get("DCHUNK"):
+            return int(v["DCHUNK"])
+    return 0
+
+
 def default_fwd_config(hdim_q: int, hdim_v: int, arch: str, causal: bool = False,
                        seqlen: int = 4096, fp8: bool = False, gluon: bool = True) -> TritonFmhaConfig:
     """The tuned forward configuration of ``arch``.  ``gluon``: fp16/bf16 with head dims 64/64 or
     128/128 take the arch's ``fwd_gluon`` table first, where it has one (``ops.fwd`` falls back to
-    ``gluon=False`` for problems the Gluon kernel cannot run); False: the Triton kernel's choice only."""
+    ``gluon=False`` for problems the Gluon kernel cannot run); False: the Triton kernel's choice only.
+    fp16/bf16 head dims that ``fwd_dchunk`` splits take its tile for (head dim, causal, seqlen bucket), else
+    the padded head dim's, with the chunk (``DCHUNK``) in the configuration."""
+    chunk = 0 if fp8 else fwd_dchunk(hdim_q, hdim_v, arch)
+    if chunk:
+        exact = _cfg_at(tuned("fwd_dchunk", arch), (max(hdim_q, hdim_v), bool(causal), _seq_bucket(seqlen)))
+        cfg = exact or _fwd_config(hdim_q, hdim_v, arch, causal, seqlen, False, gluon)
+        if cfg.variant not in ("ptr", "tma"):
+            cfg = cfg.with_(variant="tma" if cfg.variant.startswith("tma") else "ptr")
+        return cfg.with_(DCHUNK=chunk)
+    return _fwd_config(hdim_q, hdim_v, arch, causal, seqlen, fp8, gluon)
+
+
+def _fwd_config(hdim_q, hdim_v, arch, causal, seqlen, fp8, gluon) -> TritonFmhaConfig:
     d = padded_hdim(max(hdim_q, hdim_v))
     if fp8:
         cfg = _cfg_at(tuned("fwd_fp8", arch), (d,))
@@ -110,10 +139,18 @@ def default_fwd_config(hdim_q: int, hdim_v: int, arch: str, causal: bool = False
     return _cfg_at(tuned("fwd_defaults", arch), (min(d, 256),))
 
 
+def bwd_gsplit_rule(arch: str) -> dict:
+    """When the Triton dK/dV kernel splits a GQA group over programs (``heuristics.group_split``; table
+    ``bwd_gsplit``, entry ``triton``: ``waves``, ``min_rows``, ``gluon_waves``); empty: never (not measured)."""
+    v = tuned("bwd_gsplit", arch).get(("triton",))
+    return dict(v) if v else {}
+
+
 def default_bwd_configs(hdim_q: int, hdim_v: int, arch: str, causal: bool = False):
     """(dK/dV config, dQ config) of the backward: the measured winner, else the head dim's default."""
     d = padded_hdim(max(hdim_q, hdim_v))
-    return (_bwd_at(tuned("bwd_tuned", arch), (d, bool(causal)))
+    return (_bwd_at(tuned("bwd_tuned", arch), (max(hdim_q, hdim_v), bool(causal)))
+            or _bwd_at(tuned("bwd_tuned", arch), (d, bool(causal)))
             or _bwd_at(tuned("bwd_defaults", arch), (min(d, 256),)))
 
 
