@@ -86,12 +86,12 @@ def main() -> int:
                 try:
                     p = subprocess.run(i, shell=True, env=env, capture_output=True, text=True, timeout=left + 20,
                                        check=False)
-                    rc, out, err = p.returncode, p.stdout, p.stderr
+                    rc, so, se = p.returncode, p.stdout, p.stderr
                 except subprocess.TimeoutExpired as e:
-                    rc, out, err = "timeout", str(e.stdout or "")[-20000:], str(e.stderr or "")[-3000:]
+                    rc, so, se = "timeout", str(e.stdout or "")[-20000:], str(e.stderr or "")[-3000:]
                 with log_lock:
-                    logf.write(f"=== cmd on gpu {gpu} rc {rc} {time.time() - t:.0f}s: {i}\n{out[-20000:]}\n"
-                               f"{err[-3000:]}\n")
+                    logf.write(f"=== cmd on gpu {gpu} rc {rc} {time.time() - t:.0f}s: {i}\n{so[-20000:]}\n"
+                               f"{se[-3000:]}\n")
                     logf.flush()
                     print(f"cmd on gpu {gpu}: rc {rc} in {time.time() - t:.0f}s: {i[:100]}", flush=True)
                 continue

@@ -242,7 +242,7 @@ def problem_class(p: ConvProblem, arch=None) -> str | None:
     stride-1 bwd_weight (ResNeXt) is no class: the tensor-descriptor kernel was not measured there."""
     if p.c_per_group == 1 and p.k_per_group == 1:
         return "depthwise_" + p.direction
-    if p.direction != "bwd_data" and p.c_per_group <= int(_lists("flat", "max_channels", arch)) \
+    if p.direction != "bwd_data" and p.G == 1 and p.c_per_group <= int(_lists("flat", "max_channels", arch)) \
             and p.specialization in ("default", "filter3x3"):
         return "stem_" + p.direction
     if p.direction == "bwd_weight" and all(s == 1 for s in p.stride) and p.G == 1:
