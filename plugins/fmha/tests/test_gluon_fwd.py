@@ -440,3 +440,40 @@ def test_gluon_dq_pass_takes_ragged_lengths(sq, sk, ok):
     why = gluon_bwd.dq_unsupported_reason(q, k, k, q, lse, lse, causal=False, layout="bhsd", block_n=64)
     assert (why == "") == ok, why
     assert ok or "empty" in why
+
+
+def test_gluon_fwd_launches_through_via_while_a_warm_call_is_recorded(monkeypatch):
+    """The Gluon forward replays its own launch cache; while the public API records a warm closure
+    (``warm.recording()``) it must launch through ``_via`` again, or the closure records nothing
+    and every warm call takes the full ~100 us host path (H100, 1x8x128x64: 104.7 us host)."""
+    from ck_fmha.backends.triton import gluon_fwd as GF
+    from ck_fmha.backends.triton import warm
+
+    calls = []
+
+    class _Rec:
+        class replay:
+            args = [None] * 5
+
+            def __call__(self, args):
+                pass
+
+        slots = (0, 1, 2, 3, 4)
+        dummy_lse = None
+
+    def fake_record(*a, **k):
+        calls.append(warm.active())
+        r = _Rec()
+        r.replay = _Rec.replay()
+        return r
+
+    monkeypatch.setattr(GF, "_record", fake_record)
+    monkeypatch.setattr(GF, "_LAUNCHES", None)
+    q = torch.zeros(1, 2, 128, 64, dtype=torch.float16)
+    via = object()
+    GF.fwd(q, q, q, tile=(128, 64, GF.WS_WARPS, 2), _checked=True, _via=via)   # records: cache filled
+    GF.fwd(q, q, q, tile=(128, 64, GF.WS_WARPS, 2), _checked=True, _via=via)   # cache hit: no record
+    assert calls == [False]
+    with warm.recording():
+        GF.fwd(q, q, q, tile=(128, 64, GF.WS_WARPS, 2), _checked=True, _via=via)
+    assert calls == [False, True]

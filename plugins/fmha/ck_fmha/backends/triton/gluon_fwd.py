@@ -536,6 +536,10 @@ def fwd(q, k, v, *, causal=False, scale=None, return_lse=False, layout="bhsd", t
         from collections import OrderedDict
         _LAUNCHES = OrderedDict()
     rec = _LAUNCHES.get(key)
+    if rec is not None and _via is not None:
+        from . import warm
+        if warm.active():   # the public API records a warm closure: launch through _via so it sees this launch
+            rec = None
     if rec is not None:
         args = rec.replay.args.copy()
         sq_, sk_, sv_, so_, sl_ = rec.slots

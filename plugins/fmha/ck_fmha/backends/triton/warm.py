@@ -36,6 +36,12 @@ def recording():
         _RECORDING = prev
 
 
+def active() -> bool:
+    """Whether a :func:`recording` is under way (launchers with launch caches of their own, the
+    Gluon forward's, then launch through ``via`` so that the launch is recorded)."""
+    return _RECORDING is not None
+
+
 def wrap(fn, grid, launch):
     """``launch`` (a bound launch of ``fn`` returning its CompiledKernel), recorded while
     :func:`recording` is active."""
