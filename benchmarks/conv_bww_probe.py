@@ -80,10 +80,10 @@ def all_cases() -> list:
     weak = [c for c in suite if not (c["filter"] == (1,) * len(c["filter"]) and c["C"] >= 128)]
     rest = [c for c in suite if c not in weak]
     out = weak + [_extra(*e) for e in EXTRA] + rest
+    from ck_conv.bench_broad import case_name
+
     for c in out:
-        c["case"] = (f"{c['net']} {c['direction']} {c['dtype']} N{c['N']} G{c['G']} C{c['C']} K{c['K']} "
-                     f"{'x'.join(map(str, c['spatial']))} f{'x'.join(map(str, c['filter']))} "
-                     f"s{'x'.join(map(str, c['stride']))}")
+        c["case"] = case_name(c)
     return out
 
 

@@ -98,10 +98,15 @@ def cases(seed: int = SEED, n: int = 40) -> list[dict]:
                         dtype=rng.choice(("fp16", "bf16")), direction=rng.choice(DIRECTIONS),
                         split="heldout" if net in HELD_OUT_NETS else "train"))
     for c in out:
-        c["case"] = (f"{c['net']} {c['direction']} {c['dtype']} N{c['N']} G{c['G']} C{c['C']} K{c['K']} "
-                     f"{'x'.join(map(str, c['spatial']))} f{'x'.join(map(str, c['filter']))} "
-                     f"s{'x'.join(map(str, c['stride']))}")
+        c["case"] = case_name(c)
     return out
+
+
+def case_name(c: dict) -> str:
+    """A case's name: network, direction, dtype and the layer's sizes."""
+    return (f"{c['net']} {c['direction']} {c['dtype']} N{c['N']} G{c['G']} C{c['C']} K{c['K']} "
+            f"{'x'.join(map(str, c['spatial']))} f{'x'.join(map(str, c['filter']))} "
+            f"s{'x'.join(map(str, c['stride']))}")
 
 
 def _problem(c):
