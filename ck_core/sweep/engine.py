@@ -146,6 +146,9 @@ def get_executor(opts: Options):
     if opts.executor == "local":
         from .local import LocalExecutor
 
+        if opts.address:
+            raise ConfigError("--address names a Ray cluster; pass --executor ray with it (or drop it)")
+
         return LocalExecutor()
     if opts.executor == "ray":
         from .ray_executor import RayExecutor
