@@ -26,7 +26,25 @@ _SIBLINGS = {"fp16": ("bf16",), "bf16": ("fp16",), "fp8": ("bf8",), "bf8": ("fp8
 
 def load_table(arch: str = "sm90") -> tuple:
     """``(dtype, layout, M, N, K, GemmConfig)`` rows of the arch's ``winners`` table (empty: none)."""
-    return _rows(table("gemm", arch, "winners", TUNED_DIR))
+    return _rows(table("gemm", arch, "winners", TUNED_DIR, check=check_winner))
+
+
+def check_winner(key, v) -> None:
+    """One ``winners`` record: key (dtype, layout, M, N, K), value {"config": a GemmConfig name, ...}."""
+    if len(key) != 5 or not all(isinstance(x, str) for x in key[:2]) \
+            or not all(isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= 1 << 31 for x in key[2:]):
+        raise ValueError("the key is [dtype, layout, M, N, K] with positive sizes")
+    if not isinstance(v, dict) or not isinstance(v.get("config"), str):
+        raise ValueError("the value is {\"config\": a config name, ...}")
+    for f in ("tflops", "peer_tflops"):
+        x = v.get(f)
+        if x is not None and (isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 <= x < 1e6):
+            raise ValueError(f"{f} {x!r:.40} is not a number >= 0")
+    c = GemmConfig.from_name(v["config"])
+    for f, hi in (("block_m", 512), ("block_n", 512), ("block_k", 512), ("group_m", 64), ("num_warps", 32),
+                  ("num_stages", 8), ("split_k", 64)):
+        if getattr(c, f) > hi:
+            raise ValueError(f"config {v['config'][:60]!r}: {f} {getattr(c, f)} is above {hi}")
 
 
 @functools.lru_cache(maxsize=8)
