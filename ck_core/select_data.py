@@ -95,6 +95,8 @@ def load(paths, manager=None, limit: Optional[int] = None) -> Oracle:
             if not isinstance(rec, dict):
                 raise _bad(path, n, f"a {type(rec).__name__}, not an object")
             if "op" in rec and "arch" in rec and not header:
+                if not isinstance(rec["op"], str) or not isinstance(rec["arch"], str):
+                    raise _bad(path, n, "the header's op and arch are not names")
                 header = rec
                 op = mgr.op(rec["op"])
             elif "kernel" in rec and "name" in rec:

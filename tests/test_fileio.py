@@ -203,3 +203,30 @@ def test_ck_import_of_a_fifo_exits_with_an_error(tmp_path, capsys):
     p = _fifo(tmp_path / "f.json")
     assert main(["import", str(p)]) == 2
     assert "FIFO" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("lines,says", [
+    (['{"op": ["gemm"], "arch": "sm90"}'], "not names"),
+    (['{"op": "gemm", "arch": "sm90"}', '{"kernel": [1], "name": "x"}'], "not an integer"),
+    (['{"op": "gemm", "arch": "sm90"}', '{"times": [[0, 1.0]], "problem": {}}'], "names no kernel"),
+    (['{"op": "gemm", "arch": "sm90"}', '{"kernel": 0, "name": "nope"}', '{"times": [[0, 1.0]], "problem": {}}'],
+     "malformed row"),
+    (['{"op": "gemm", "arch": "sm90"}', '{"times": 5}'], "malformed row"),
+    (["[1]"], "not an object"), (["{"], "not JSON"),
+], ids=["op-list", "kernel-list", "unknown-index", "bad-name", "times-int", "list", "broken"])
+def test_oracle_rows_are_checked(tmp_path, lines, says):
+    from ck_core.select_data import load
+
+    p = tmp_path / "o.jsonl"
+    p.write_text("\n".join(lines) + "\n")
+    with pytest.raises(CkError, match=says):
+        load(p)
+
+
+def test_a_gzip_oracle_that_is_not_gzip(tmp_path):
+    from ck_core.select_data import load
+
+    p = tmp_path / "o.jsonl.gz"
+    p.write_bytes(b"not gzip at all")
+    with pytest.raises(CkError, match="not gzip"):
+        load(p)
