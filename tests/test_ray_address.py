@@ -64,3 +64,42 @@ def test_no_cluster_at_the_address_fails_within_seconds(tmp_path, monkeypatch):
                               csv=str(tmp_path / "o.csv"), progress=False))
         assert time.perf_counter() - t0 < 10 and "ray start --head" in str(err.value)
         assert not ray.is_initialized()
+
+
+@pytest.fixture
+def silent_server():
+    """A port that accepts connections and never answers (or answers like an HTTP/1.1 server)."""
+    import threading
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    conns, reply = [], []
+
+    def serve():
+        while True:
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                return
+            conns.append(c)
+            if reply:
+                c.sendall(reply[0])
+    threading.Thread(target=serve, daemon=True).start()
+    yield srv.getsockname()[1], reply
+    srv.close()
+    for c in conns:
+        c.close()
+
+
+def test_something_else_listening_fails_within_seconds(silent_server):
+    from ck_core.sweep.ray_executor import probe
+
+    port, reply = silent_server
+    t0 = time.perf_counter()
+    with pytest.raises(CkError, match="does not answer as a Ray cluster"):
+        probe(f"127.0.0.1:{port}", timeout=1.0)
+    reply.append(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+    with pytest.raises(CkError, match="not a Ray cluster"):
+        probe(f"127.0.0.1:{port}", timeout=1.0)
+    assert time.perf_counter() - t0 < 5

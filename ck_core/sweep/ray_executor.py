@@ -38,7 +38,7 @@ def require_ray():
 
 
 #: seconds to wait for a Ray cluster's port to answer before giving up
-CONNECT_TIMEOUT_S = 5.0
+CONNECT_TIMEOUT_S = 4.0
 _HOST = re.compile(r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
 _FORMS = "HOST:PORT (the head node's GCS port, e.g. 10.0.0.5:6379), ray://HOST:PORT (Ray Client) or auto"
 
@@ -77,21 +77,38 @@ def parse_address(address: str) -> Optional[tuple]:
     return host, int(port)
 
 
+#: an HTTP/2 client preface and an empty SETTINGS frame: a gRPC server (Ray's GCS, the Ray Client
+#: server) answers with a SETTINGS frame of its own
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+
+
 def probe(address: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
-    """Fail fast, with a CkError, when nothing listens at the cluster's address (Ray itself
-    retries for minutes)."""
+    """Fail fast, with a CkError, when no Ray cluster answers at the address: nothing listens, or
+    what listens does not speak gRPC (Ray itself retries for minutes in both cases)."""
     hp = parse_address(address)
     if hp is None:
         return
     host, port = hp
+    fix = (f"start one there (`ray start --head --port={port}`), fix --address, or drop --address to "
+           f"start a local Ray instance")
     try:
-        with socket.create_connection((host, port), timeout=timeout):
-            pass
+        with socket.create_connection((host, port), timeout=timeout) as conn:
+            conn.settimeout(timeout)
+            conn.sendall(_H2_PREFACE)
+            head = b""
+            while len(head) < 9:
+                chunk = conn.recv(9 - len(head))
+                if not chunk:
+                    break
+                head += chunk
     except OSError as exc:
+        if isinstance(exc, socket.timeout) and "head" in locals():
+            raise CkError(f"something listens at {address} but does not answer as a Ray cluster (no gRPC reply "
+                          f"within {timeout:g} s): {fix}") from None
         why = "timed out" if isinstance(exc, socket.timeout) else (exc.strerror or str(exc))
-        raise CkError(f"cannot reach a Ray cluster at {address} ({why} within {timeout:g} s): start one there "
-                      f"(`ray start --head --port={port}`), fix --address, or drop --address to start a "
-                      f"local Ray instance") from None
+        raise CkError(f"cannot reach a Ray cluster at {address} ({why} within {timeout:g} s): {fix}") from None
+    if len(head) < 9 or head[3] != 0x04:
+        raise CkError(f"what listens at {address} is not a Ray cluster (it does not speak gRPC): {fix}")
 
 
 class _BenchActor:
