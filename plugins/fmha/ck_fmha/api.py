@@ -93,7 +93,10 @@ def _problem(q, k, v, bias, alibi, cu_q, cu_k, lens, causal, scale, window, soft
     if k.device != q.device or v.device != q.device:
         raise InvalidProblem(f"q is on {q.device}, k on {k.device}, v on {v.device}; put them on one device")
     kw = dict(family="fwd", nhead_q=hq, nhead_k=hk, hdim_q=dq, hdim_v=dv, dtype=_token(q.dtype), scale=scale,
-              logits_soft_cap=softcap, p_drop=dropout_p, seed=seed, offset=offset, lse=True,
+              logits_soft_cap=softcap, p_drop=dropout_p, seed=seed, offset=offset,
+              # the fp8 forward has no backward: no LSE asked of the kernel (CK's fp8 kernels store
+              # none; the numpy reference and the Triton kernel return one all the same)
+              lse=descales is None,
               **_mask_fields(causal, window, align))
     if layout == "thd":
         kw.update(_group_fields(q, k, cu_q, cu_k, lens))

@@ -75,15 +75,20 @@ def host_lengths(p: FmhaProblem, tensors: dict) -> FmhaProblem:
     ``cu_seqlens_q``/``cu_seqlens_k``) made problem fields: the references and the numpy backend
     read host data anyway, and this validates them (rules R14, R18, R21)."""
     host = lambda name: tuple(int(x) for x in np.asarray(tensors[name]).reshape(-1))   # noqa: E731
+    fields: dict = {}
     if p.runtime_seqlens_k:
-        p = attrs.evolve(p, runtime_seqlens_k=False, seqlens_k=host("seqlens_k"))
+        if tensors.get("seqlens_k") is None:
+            raise InvalidProblem("a problem with run-time key lengths needs the tensor 'seqlens_k'")
+        fields.update(runtime_seqlens_k=False, seqlens_k=host("seqlens_k"))
     if p.runtime_seqstarts:
         for name in ("cu_seqlens_q",) + (() if p.paged_kv else ("cu_seqlens_k",)):
             if tensors.get(name) is None:
                 raise InvalidProblem(f"a group-mode problem with run-time offsets needs the tensor {name!r}")
-        k = {} if p.paged_kv else {"seqstart_k": host("cu_seqlens_k")}
-        p = attrs.evolve(p, runtime_seqstarts=False, packed_q=0, packed_k=0, seqstart_q=host("cu_seqlens_q"), **k)
-    return p
+        if not p.paged_kv:
+            fields["seqstart_k"] = host("cu_seqlens_k")
+        fields.update(runtime_seqstarts=False, packed_q=0, packed_k=0, seqstart_q=host("cu_seqlens_q"))
+    # one evolve: both fields change together (a half-converted problem breaks rule R14)
+    return attrs.evolve(p, **fields) if fields else p
 
 
 def run_stage(problem: FmhaProblem, tensors: dict) -> dict:
