@@ -32,6 +32,12 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+#: the supports() reason of a bf16 ``tl.dot`` kernel under the interpreter: Triton's CPU
+#: interpreter returns garbage for it (errors ~1e9 even in a 16x16 one-line kernel)
+INTERPRETER_BF16 = ("Triton's CPU interpreter (TRITON_INTERPRET=1) computes bf16 dot products wrongly; run "
+                    "bf16 on a GPU, use fp16/fp32 here, or unset TRITON_INTERPRET (the numpy backend runs bf16)")
+
+
 @functools.lru_cache(maxsize=None)
 def _triton_version() -> Optional[str]:
     try:

@@ -83,11 +83,25 @@ def _problem(q, k, v, bias, alibi, cu_q, cu_k, lens, causal, scale, window, soft
     hit = _PROBLEMS.get(sig)
     if hit is not None:
         return hit
+    for name, t in (("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise InvalidProblem(f"{name} must be a torch tensor, got {type(t).__name__}")
     b, hq, sq, dq = _dims(q, layout)
-    _, hk, sk, dk = _dims(k, layout)
-    _, hv, _, dv = _dims(v, layout)
+    bk, hk, sk, dk = _dims(k, layout)
+    bv, hv, sv, dv = _dims(v, layout)
     if dk != dq or hv != hk:
         raise InvalidProblem(f"k has head dim {dk} (q: {dq}) or v has {hv} heads (k: {hk})")
+    # one validation for every backend, before any: a mismatch read past k/v on a GPU
+    if layout == "thd":
+        if v.shape[0] != k.shape[0]:
+            raise InvalidProblem(f"k holds {k.shape[0]} tokens and v {v.shape[0]}; they must agree")
+    elif bk != b or bv != b or sv != sk:
+        raise InvalidProblem(f"q has batch {b}, k batch {bk} with {sk} keys, v batch {bv} with {sv}; k and v "
+                             f"must share q's batch and one key length")
+    if alibi is not None and (not isinstance(alibi, torch.Tensor) or tuple(alibi.shape) not in (
+            (hq,), (b if b is not None else -1, hq)) or alibi.is_complex() or not alibi.is_floating_point()):
+        raise InvalidProblem(f"alibi_slopes must be a float tensor [{hq}] or [batch, {hq}] (one slope per query "
+                             f"head), got {getattr(alibi, 'shape', type(alibi).__name__)}")
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise InvalidProblem(f"q/k/v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if k.device != q.device or v.device != q.device:
@@ -414,6 +428,8 @@ def attention(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0, l
         raise_pending()
         if max_seqlen_q is not None and max_seqlen_k is not None:
             lens = (int(max_seqlen_q), int(max_seqlen_k))
+            if q.dim() == 3 and (q.shape[0] == 0 or lens[0] == 0 or lens[1] == 0):
+                return _empty_group(q, k, v, bias, return_lse)
     scale = None if scale is None else float(scale)
     softcap, dropout_p = float(softcap or 0.0), float(dropout_p or 0.0)
     window = window if type(window) is tuple else tuple(window)
@@ -435,6 +451,23 @@ def attention(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0, l
         raise_pending()   # the offsets' flag is free to read on the CPU: report bad ones at once
     if shift is not None:
         lse = lse - shift
+    return (o, lse) if return_lse else o
+
+
+def _empty_group(q, k, v, bias, return_lse):
+    """Group mode without a query (or without a key) in any sequence: as FlashAttention, zero rows
+    (``o`` [total_q, H, Dv]: empty when there are no queries, LSE -inf) and zero gradients; no
+    kernel runs (a grid over no rows)."""
+    for name, t in (("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 3:
+            raise InvalidProblem(f"layout 'thd' takes {name} as [total_k, H_k, D], got "
+                                 f"{getattr(t, 'shape', type(t).__name__)}")
+    total, hq = q.shape[0], q.shape[1]
+    o = q.new_zeros((total, hq, v.shape[-1]), dtype=_out_dtype(q, None))
+    if torch.is_grad_enabled():   # zero gradients of the inputs' shapes through autograd
+        zero = sum((t.sum() * 0).to(o.dtype) for t in (q, k, v, bias) if t is not None and t.requires_grad)
+        o = o + zero
+    lse = torch.full((hq, total), float("-inf"), dtype=torch.float32, device=q.device)
     return (o, lse) if return_lse else o
 
 

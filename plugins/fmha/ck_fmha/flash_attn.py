@@ -58,6 +58,15 @@ def _pad8(*tensors):
     return tuple(None if t is None else torch.nn.functional.pad(t, (0, extra)) for t in tensors)
 
 
+def _check_cu(*cus) -> None:
+    """cu_seqlens as FlashAttention takes them: int32 tensors (a float or int64 one is refused, not
+    converted: a cast would truncate offsets silently)."""
+    for name, t in zip(("cu_seqlens_q", "cu_seqlens_k"), cus):
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.int32:
+            raise InvalidProblem(f"{name} must be an int32 tensor (as FlashAttention's), got "
+                                 f"{getattr(t, 'dtype', type(t).__name__)}; build it with dtype=torch.int32")
+
+
 def _attn(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
           return_attn_probs, varlen=None):
     """Batch ('bshd') or group mode ('thd', ``varlen`` = (cu_q, cu_k, max_q, max_k))."""
@@ -72,7 +81,8 @@ def _attn(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi
     group = {}
     if varlen is not None:
         cu_q, cu_k, max_q, max_k = varlen
-        group = dict(cu_seqlens_q=cu_q.to(torch.int32), cu_seqlens_k=cu_k.to(torch.int32),
+        _check_cu(cu_q, cu_k)
+        group = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
                      max_seqlen_q=int(max_q), max_seqlen_k=int(max_k))
     out, lse = _attention(q, k, v, scale=softmax_scale, softcap=float(softcap or 0.0),
                           layout="thd" if varlen is not None else "bshd", deterministic=bool(deterministic),
@@ -136,7 +146,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                                      alibi_slopes=alibi_slopes, deterministic=deterministic,
                                      return_attn_probs=return_attn_probs, block_table=block_table)
         return (res[0][..., :d], *res[1:]) if return_attn_probs else res[..., :d]
-    cu_k = cu_seqlens_k.to(torch.int32)
+    _check_cu(cu_seqlens_q, cu_seqlens_k)
+    cu_k = cu_seqlens_k
     out, lse = _PagedForward.apply(q, k, v, dict(
         seqlens_k=cu_k[1:] - cu_k[:-1], cu_seqlens_q=cu_seqlens_q.to(torch.int32), max_seqlen_q=int(max_seqlen_q),
         max_seqlen_k=int(max_seqlen_k), block_table=block_table, scale=softmax_scale, softcap=float(softcap or 0.0),
