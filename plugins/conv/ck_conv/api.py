@@ -30,10 +30,26 @@ def _is_channels_last(x: torch.Tensor) -> bool:
     return x.shape[1] > 1 and x.stride(1) == 1 and not x.is_contiguous()
 
 
+def _int(x, what: str) -> int:
+    """``x`` as an int when it is one (int, numpy or 0-d torch integer); anything else, such as 1.5
+    (which int() would truncate) or True, is refused."""
+    import operator
+
+    if isinstance(x, bool):
+        raise InvalidProblem(f"{what}={x!r}: give an integer, not a bool")
+    try:
+        return operator.index(x)
+    except TypeError:
+        raise InvalidProblem(f"{what}={x!r} is not an integer; give integers") from None
+
+
 def _tuple(v, nd: int, what: str) -> tuple:
     if isinstance(v, str):
         raise InvalidProblem(f"{what}={v!r}: give integers (string paddings such as 'same' are not supported)")
-    t = (int(v),) * nd if isinstance(v, int) else tuple(int(x) for x in v)
+    if isinstance(v, (list, tuple)):
+        t = tuple(_int(x, what) for x in v)
+    else:
+        t = (_int(v, what),) * nd
     if len(t) == 1 and nd > 1:
         t = t * nd
     if len(t) != nd:
@@ -238,6 +254,10 @@ _compiling, _grad_enabled, _warm_get = torch.compiler.is_compiling, torch.is_gra
 
 
 def _conv(nd: int, x, w, bias, stride, padding, dilation, groups):
+    if not (isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor)
+            and (bias is None or isinstance(bias, torch.Tensor))):
+        raise InvalidProblem(f"conv{nd}d takes torch tensors (input, weight, bias), got {type(x).__name__}, "
+                             f"{type(w).__name__}, {type(bias).__name__} (convert numpy arrays with torch.from_numpy)")
     sig = None
     if x.dim() == nd + 2 and not _compiling() and not (_grad_enabled() and (x.requires_grad or w.requires_grad)):
         # a known signature skips the Problem, its checks and the Dispatcher; per tensor the
@@ -259,7 +279,7 @@ def _conv(nd: int, x, w, bias, stride, padding, dilation, groups):
     if w.dtype != x.dtype or w.device != x.device:
         raise InvalidProblem(f"conv{nd}d: input is {x.dtype} on {x.device} but weight {w.dtype} on {w.device}")
     args = ([*_tuple(stride, nd, "stride")], [*_tuple(padding, nd, "padding")],
-            [*_tuple(dilation, nd, "dilation")], int(groups))
+            [*_tuple(dilation, nd, "dilation")], _int(groups, "groups"))
     if not torch.compiler.is_compiling() and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)):
         y = _forward(x, w, *args, sig=sig)   # no autograd record to keep: skip the op wrapper
     elif not torch.compiler.is_compiling():

@@ -21,7 +21,7 @@ from ck_core import api as core
 from ck_core.errors import InvalidProblem, UnsupportedProblem
 
 from .api import _dims, _from_backend, _mask_fields, _to_backend, _token
-from .device_errors import raise_pending
+from .device_errors import check_pages, raise_pending
 from .heuristics import split_count
 from .problem import FmhaProblem
 
@@ -134,6 +134,7 @@ def paged_decode(q, k_cache, v_cache, block_table, seqlens_k, *, max_seqlen_k=No
     _, page_size, hk, _ = k_cache.shape
     if block_table.dim() != 2:
         raise InvalidProblem(f"block_table must be [batch, max_pages], got shape {tuple(block_table.shape)}")
+    check_pages(block_table, k_cache.shape[0])
     capacity = int(max_seqlen_k) if max_seqlen_k is not None else block_table.shape[1] * page_size
     if config is not None:
         return _direct(q, k_cache, v_cache, block_table, seqlens_k, config, dict(
@@ -212,6 +213,7 @@ def appendkv(q, knew, vnew, k_cache, v_cache, seqlens_k, *, rotary_cos=None, rot
                                  "[pages, Hk, P, D] ('bhsd') / [pages, P, Hk, D] ('bshd')")
         page_size = k_cache.shape[2] if layout == "bhsd" else k_cache.shape[1]
         capacity = block_table.shape[1] * page_size
+        check_pages(block_table, k_cache.shape[0])
     else:
         page_size, capacity = 0, _dims(k_cache, layout)[2]
     sig = ("appendkv", q.shape, knew.shape, vnew.shape, k_cache.shape, v_cache.shape, q.dtype, q.device, rope,

@@ -231,6 +231,9 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, d: Sequence[torch.Tensor] = (), 
     broadcast to the output, added before ``activation`` (relu, gelu, silu,
     sigmoid, tanh); ``out_dtype``: C's dtype (default: CK's for the input dtype).
     """
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        raise InvalidProblem(f"matmul takes torch tensors a and b, got {type(a).__name__} and {type(b).__name__} "
+                             "(convert numpy arrays with torch.from_numpy)")
     if not d:
         if not _compiling() and not (_grad_enabled() and (a.requires_grad or b.requires_grad)):
             # the warm path of the common call: a flat signature (tensor_sig's fields of A and B)
@@ -243,6 +246,10 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, d: Sequence[torch.Tensor] = (), 
         d = ()
     else:
         d = list(d)
+        bad = [type(x).__name__ for x in d if not isinstance(x, torch.Tensor)]
+        if bad:
+            raise InvalidProblem(f"matmul's d holds {', '.join(bad)}; give torch tensors that broadcast to the "
+                                 "output (e.g. a bias of shape (N,))")
     if not torch.compiler.is_compiling() and not (torch.is_grad_enabled() and (
             a.requires_grad or b.requires_grad or any(x.requires_grad for x in d))):
         # no autograd record to keep: skip the op wrapper; a known signature skips the rest
