@@ -253,7 +253,12 @@ def launch(name: str, fn, grid, args, kwargs: dict, *, cache_root=None, extra: O
     device = driver.active.get_current_device()
     stream = driver.active.get_current_stream(device)
     rt = knobs.runtime
-    ck.run(g[0], g[1], g[2], stream, ck.function, ck.packed_metadata,
+    try:
+        run = ck.run   # loads the code object: Triton's OutOfResources (shared memory, threads) is raised here
+    except Exception as exc:  # noqa: BLE001 - the loader raises several kinds
+        raise CompileError(f"{name}: the compiled kernel does not load on this device: {type(exc).__name__}: "
+                           f"{str(exc)[:400]} (the Dispatcher falls back to its next candidate)") from exc
+    run(g[0], g[1], g[2], stream, ck.function, ck.packed_metadata,
            ck.launch_metadata(g, stream, *values), rt.launch_enter_hook, rt.launch_exit_hook, *values)
     return ck
 
