@@ -83,10 +83,22 @@ _declare("CK_PROGRESS", _bool, True,
          "Show progress on stderr: bars on a terminal, a line every 30 s elsewhere (0: none).")
 
 
-def _plugin_knobs() -> dict:
-    from .plugins import get_manager
+#: callables giving the knobs that installed plugins declare; ck_core.plugins adds its manager's (the
+#: plugin layer sits above this module: knobs never imports it)
+_SOURCES: list[Callable[[], dict]] = []
 
-    return get_manager().knobs()
+
+def add_source(fn: Callable[[], dict]) -> None:
+    """Declare where more knobs come from (``ck_core.plugins`` registers the plugins' knobs)."""
+    if fn not in _SOURCES:
+        _SOURCES.append(fn)
+
+
+def _plugin_knobs() -> dict:
+    out: dict = {}
+    for fn in _SOURCES:
+        out.update(fn())
+    return out
 
 
 def all_knobs() -> dict[str, Knob]:
@@ -122,6 +134,12 @@ def cache_dir() -> Path:
         raise ConfigError(f"{what} cannot be the cache folder: {blocker} is a file, not a folder; "
                           f"set CK_CACHE_DIR to a folder (it is created if missing) or unset it")
     return path
+
+
+def tuning_db() -> Path:
+    """The tuning table's path: ``CK_TUNING_DB``, else ``<cache dir>/tuning.json`` (the user's
+    tuned-data store is the folder beside it)."""
+    return Path(get("CK_TUNING_DB") or cache_dir() / "tuning.json")
 
 
 def blocking_file(path: Path):

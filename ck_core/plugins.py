@@ -193,3 +193,11 @@ def reset_manager(manager: Optional[PluginManager] = None) -> None:
     """Forget the process-wide manager (tests; after installing a plugin)."""
     global _MANAGER
     _MANAGER = manager
+
+
+def _declared_knobs() -> dict:
+    return get_manager().knobs()
+
+
+# the knobs module sits below this one: it learns of the plugins' knobs through this source
+knobs.add_source(_declared_knobs)

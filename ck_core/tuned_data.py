@@ -32,6 +32,7 @@ from datetime import date
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional
 
+from . import knobs
 from .errors import ConfigError
 
 FORMAT = "ck-dispatcher.tuned-data/1"
@@ -50,9 +51,7 @@ def _check_names(op: str, arch: str) -> None:
 
 def user_dir() -> Path:
     """The writable store: a folder beside the tuning table (``CK_TUNING_DB``)."""
-    from .tuning import default_path
-
-    db = default_path()
+    db = knobs.tuning_db()
     return db.with_name(db.stem + ".d")
 
 

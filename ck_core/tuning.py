@@ -3,7 +3,8 @@
 Stored as JSON (``CK_TUNING_DB`` or ``<cache dir>/tuning.json``), written
 atomically.  ``Dispatcher`` consults it before any heuristic.  The op plugins'
 tuned tables (per (op, arch) data files with provenance, overlaid by the user's
-store) are read through :mod:`ck_core.tuned_data`, re-exported here.
+store) are read through :mod:`ck_core.tuned_data`, re-exported here; the measured winners in that store are
+:class:`ck_core.winners.Winners` (which builds on this module).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ log = logging.getLogger(__name__)
 
 
 def default_path() -> Path:
-    return Path(knobs.get("CK_TUNING_DB") or knobs.cache_dir() / "tuning.json")
+    return knobs.tuning_db()
 
 
 FORMAT = "ck-dispatcher.tuning/1"
@@ -126,4 +127,3 @@ def tune(dispatcher, problem, inputs: dict, timer: Callable[[Callable], float],
 
 
 from .tuned_data import FORMAT as DATA_FORMAT, Table, clear_cache, table, tables, user_dir, write  # noqa: E402,F401
-from .winners import Winners  # noqa: E402,F401

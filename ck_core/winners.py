@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Optional
 
 from . import tuned_data
+from .tuning import TuningTable
 
 TABLE = "kernels"
 FIELDS = ("backend", "bucket")
@@ -28,8 +29,6 @@ def bucket_key(problem) -> str:
 
 class Winners:
     def __init__(self, path=None, *, command: str = "ck tune", device: Optional[str] = None):
-        from .tuning import TuningTable  # tuning re-exports this module
-
         self.legacy = TuningTable(path)
         self.command = command
         self.device = device

@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-from typing import Optional, Sequence
 
 from .. import knobs
 
@@ -77,9 +76,3 @@ def add_parser(sub) -> None:
                        help="tile engine: kernel set x testing matrix -> compile, bench, verify -> CSV/JSON/PNG")
     add_arguments(s)
     s.set_defaults(fn=cmd_sweep)
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    from ..cli import main as ck_main
-
-    return ck_main(["sweep", *(sys.argv[1:] if argv is None else argv)])

@@ -20,6 +20,7 @@ from ..errors import CkError, ConfigError, MissingKernel, UnsupportedProblem
 from .matrix import Shape, load_matrix
 from .output import RowSink, columns, today, versions, write_json
 from .spec import SweepSpec, get_spec
+from .work import Work, compile_row, rates, timeout_row  # noqa: F401  (the executors' vocabulary)
 
 log = logging.getLogger(__name__)
 
@@ -56,19 +57,6 @@ class Options:
     f64_flops: float = 4e9
     progress: Optional[bool] = None
     command: str = ""
-
-
-@attrs.define
-class Work:
-    """What the executor runs: keys to compile, and per key its benchmark tasks."""
-
-    keys: list                 # key dicts, in order
-    tasks: dict                # key name -> [task dict]
-    compiles: set              # names of keys whose backend compiles
-    worker: dict               # BenchWorker keyword arguments
-    compile_only: bool
-    workers: int
-    timeout: float
 
 
 def _base_row(spec: SweepSpec, shape: Optional[Shape], problem, key, arch: str, backend: str) -> dict:
@@ -274,24 +262,3 @@ def _summary(meta: dict, out) -> None:
                   f"{meta['compile_s']:.1f} s = {rate:.2f} kernels/s\n")
     if mps:
         out.write(f"  bench: {mps:.2f} measurements/s\n")
-
-
-def rates(compiled: int, hits: int, c0: Optional[float], c1: Optional[float], b0: Optional[float],
-          b1: Optional[float], rows: int) -> dict:
-    """Throughput figures an executor reports (None where a stage did not run)."""
-    cs = (c1 - c0) if c0 is not None and c1 is not None else None
-    bs = (b1 - b0) if b0 is not None and b1 is not None else None
-    return {"compiled": compiled, "cache_hits": hits, "compile_s": round(cs, 3) if cs is not None else None,
-            "kernels_per_s": round(compiled / cs, 3) if cs and compiled else None,
-            "bench_s": round(bs, 3) if bs is not None else None,
-            "measurements_per_s": round(rows / bs, 3) if bs and rows else None}
-
-
-def compile_row(task: dict, meta: Optional[dict], err: Optional[str]) -> dict:
-    secs = (meta or {}).get("compile_seconds")
-    return dict(task["base"], status="compile_failed" if err else "ok", error=(err or "")[:500],
-                compile_s=secs if secs is not None else "")
-
-
-def timeout_row(task: dict, seconds: float) -> dict:
-    return dict(task["base"], status="timeout", error=f"no result within {seconds:g} s (--timeout)")

@@ -20,7 +20,7 @@ from multiprocessing import get_context
 from typing import Optional
 
 from .. import build as _build
-from .engine import Work, compile_row, rates, timeout_row
+from .work import Work, compile_row, rates, timeout_row
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from typing import Optional
 
 from .. import build as _build
 from ..errors import CkError
-from .engine import Work, compile_row, rates, timeout_row
+from .work import Work, compile_row, rates, timeout_row
 from .local import STARTUP_S
 
 log = logging.getLogger(__name__)
