@@ -81,7 +81,7 @@ def test_missing_triton_is_named_within_a_second():
         print("rc", rc, "secs", time.perf_counter() - t0)
     """)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert "rc 2" in r.stdout, r.stdout + r.stderr
+    assert "rc 4" in r.stdout, r.stdout + r.stderr   # 4: a backend unavailable here
     assert "ck-core[triton]" in r.stderr
     assert float(r.stdout.split("secs")[1]) < 1.0 + 2.0  # plugin loading included; was 13 minutes
 
