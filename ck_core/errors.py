@@ -58,6 +58,11 @@ class ToolchainMissing(CompileError):
     exit_code = 4
 
 
+class MissingDependency(ToolchainMissing, ImportError):
+    """An optional dependency (torch, triton, matplotlib, ray ...) is not installed; the message
+    names the extra that installs it.  Also an ImportError, so ``from x import y`` fails as usual."""
+
+
 class ValidationFailed(CkError):
     """A kernel's output disagrees with the reference beyond tolerance."""
 
