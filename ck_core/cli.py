@@ -207,6 +207,14 @@ def _problem(op, extra):
     return op.problem_type.from_dict(pdict), rest
 
 
+def narrowed_options(op, problem, options: dict) -> dict:
+    """The enumeration options of a registry for ``problem``: the op's narrowing
+    (``OpSpec.problem_options``: only the keys that can run it, as the public API
+    enumerates) under the ones the user gave."""
+    narrow = op.problem_options(problem) if op.problem_options else {}
+    return {**narrow, **options}
+
+
 def _seconds_for(dispatcher, problem, inputs, repeat):
     backend = dispatcher.backend_spec
     if backend.timer is not None:
@@ -228,7 +236,8 @@ def cmd_run(args, extra):
     problem, options = _problem(op, extra)
     _check_names(args)
     with busy(f"enumerating {args.op} kernels for {args.arch}/{args.backend}"):
-        reg = Registry.from_enumeration(args.op, args.arch, args.backend, **options)
+        reg = Registry.from_enumeration(args.op, args.arch, args.backend,
+                                        **narrowed_options(op, problem, options))
     return _run_and_report(args, op, problem, reg)
 
 
@@ -337,7 +346,8 @@ def cmd_tune(args, extra):
     problem, options = _problem(op, extra)
     _check_names(args)
     with busy(f"enumerating {args.op} kernels for {args.arch}/{args.backend}"):
-        reg = Registry.from_enumeration(args.op, args.arch, args.backend, **options)
+        reg = Registry.from_enumeration(args.op, args.arch, args.backend,
+                                        **narrowed_options(op, problem, options))
     if args.kfilter:
         reg = reg.filter(args.kfilter)
     disp = Dispatcher(reg, backend=args.backend)
@@ -388,8 +398,13 @@ def cmd_demo(args, extra):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ck", allow_abbrev=False, description="ck-dispatcher: declare, enumerate, build, "
-                                "select, launch and validate GPU kernels")
+    from .errors import EXIT_CODES
+
+    p = argparse.ArgumentParser(
+        prog="ck", allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="ck-dispatcher: declare, enumerate, build, select, launch and validate GPU kernels "
+                    "(also installed as `ckd`, a name no other package's command takes)",
+        epilog="exit codes:\n" + "\n".join(f"  {code:>3}  {text}" for code, text in EXIT_CODES.items()))
     p.add_argument("--version", action="version", version=f"ck-dispatcher {__version__}")
     p.add_argument("-v", "--verbose", action="count", default=0, help="-v info, -vv debug logging")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -516,7 +531,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return args.fn(args, extra)
     except CkError as exc:
         print(f"ck: error: {exc}", file=sys.stderr)
-        return 2
+        return getattr(exc, "exit_code", 2)
     except BrokenPipeError:
         return 0
     except KeyboardInterrupt:
@@ -524,9 +539,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 130
     except MemoryError:
         print("ck: error: out of memory; make the problem or the kernel set smaller", file=sys.stderr)
-        return 2
+        return 3
     except Exception as exc:  # a bug of ours: one line for the user, the traceback under -v
         log.debug("internal error", exc_info=True)
         print(f"ck: internal error: {type(exc).__name__}: {exc} (please report it; -vv shows "
               f"the traceback)", file=sys.stderr)
-        return 3
+        return 70

@@ -70,6 +70,9 @@ def _time_limit(seconds: float):
 # a CkError (rc 2, one line "ck: error: ...").
 
 USAGE, CK = "usage", "ck"
+# a CkError whose exit code is not 2 (see ck_core.errors.EXIT_CODES): no kernel (3), no device (4)
+NOKERNEL, NODEVICE = "nokernel", "nodevice"
+EXIT = {NOKERNEL: 3, NODEVICE: 4}
 
 
 
@@ -117,18 +120,18 @@ CLI_ROWS = [
     (["run", "nosuchop", "--arch", ARCH], CK, "nosuchop"),
     (["run", "gemm", "--arch", ARCH, "--backend", "nosuch", "--m", "8", "--n", "8", "--k", "8"], CK, "nosuch"),
     (["run", "gemm", "--arch", ARCH, "--m", "8", "--n", "8", "--k", "8", "stray"], CK, "stray"),
-    (["run", "gemm", *GEMM, "--m", "8", "--n", "8", "--k", "8", "--kernel-filter", "c.tile_m == 7"], CK,
+    (["run", "gemm", *GEMM, "--m", "8", "--n", "8", "--k", "8", "--kernel-filter", "c.tile_m == 7"], NOKERNEL,
      "no kernel"),
     # problems too large for this machine: refused from their sizes, nothing allocated
-    (["run", "gemm", *GEMM, "--m", "10000000", "--n", "10000000", "--k", "10000000"], CK, "GiB"),
-    (["run", "gemm", *GEMM, "--m", "65536", "--n", "65536", "--k", "65536", "--batch", "4096"], CK, "GiB"),
+    (["run", "gemm", *GEMM, "--m", "10000000", "--n", "10000000", "--k", "10000000"], NOKERNEL, "GiB"),
+    (["run", "gemm", *GEMM, "--m", "65536", "--n", "65536", "--k", "65536", "--batch", "4096"], NOKERNEL, "GiB"),
     (["run", "conv", *CONV, "--N", "100000", "--C", "1024", "--K", "1024", "--input_spatial", "1024,1024",
-      "--filter", "3,3"], CK, "GiB"),
-    (["tune", "gemm", *GEMM, "--m", "10000000", "--n", "10000000", "--k", "10000000"], CK, "GiB"),
+      "--filter", "3,3"], NOKERNEL, "GiB"),
+    (["tune", "gemm", *GEMM, "--m", "10000000", "--n", "10000000", "--k", "10000000"], NOKERNEL, "GiB"),
     (["run", "fmha", "--arch", ARCH, "--batch", "4096", "--nhead_q", "64", "--seqlen_q", "1000000",
-      "--hdim_q", "128"], CK, "GiB"),
+      "--hdim_q", "128"], NOKERNEL, "GiB"),
     (["run", "fmha", "--arch", ARCH, "--family", "bwd_dq_dk_dv", "--batch", "64", "--nhead_q", "32",
-      "--seqlen_q", "200000", "--hdim_q", "128"], CK, "GiB"),
+      "--seqlen_q", "200000", "--hdim_q", "128"], NOKERNEL, "GiB"),
     # conv problems
     (["run", "conv", *CONV, "--N", "1", "--C", "4", "--K", "4", "--input_spatial", "2.7,5", "--filter", "3,3"],
      CK, "input_spatial"),
@@ -145,7 +148,7 @@ CLI_ROWS = [
     (["run", "conv", *CONV, "--N", "1", "--C", "4", "--K", "4", "--input_spatial", "5,5", "--filter", "3,3",
       "--pad_left", "-1"], CK, "pad_left"),
     (["run", "conv", *CONV, "--N", "1", "--C", "4", "--K", "4", "--input_spatial", "5,5", "--filter", "3,3",
-      "--split_k", "2"], CK, "split_k"),
+      "--split_k", "2"], NOKERNEL, "split_k"),
     (["run", "conv", *CONV, "--N", "abc", "--C", "4", "--K", "4", "--input_spatial", "5,5", "--filter", "3,3"],
      CK, "N must"),
     # enumeration options and filters
@@ -168,7 +171,7 @@ CLI_ROWS = [
 ]
 
 if not __import__("os").path.exists("/dev/nvidia0"):
-    CLI_ROWS += [(["bench", op], CK, "GPU") for op in ("gemm", "conv", "fmha")]
+    CLI_ROWS += [(["bench", op], NODEVICE, "GPU") for op in ("gemm", "conv", "fmha")]
 
 
 def _run_cli(argv):
@@ -187,7 +190,7 @@ def test_cli_refuses(argv, kind, text, tmp_path, monkeypatch):
     monkeypatch.setenv("CK_TUNING_DB", str(tmp_path / "tuning.json"))
     with _time_limit(LIMIT_S):
         rc, err = _run_cli(argv)
-    assert rc == 2, f"rc={rc}: {err}"
+    assert rc == EXIT.get(kind, 2), f"rc={rc}: {err}"
     assert "Traceback" not in err
     if kind == USAGE:
         assert err.startswith("usage: ck") and "error: " in err, err

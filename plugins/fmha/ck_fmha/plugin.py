@@ -118,6 +118,12 @@ def _bench(peer, options):
     return bench(peer, options)
 
 
+def problem_options(p) -> dict:
+    """The families of ``p``'s plan (split-KV adds its combine, a backward its three stages):
+    the part of the space that can run every stage (both backends' spaces take the option)."""
+    return {"families": tuple(dict.fromkeys(sub.family for _, sub in stages.plan(p)))}
+
+
 def fmha_op() -> OpSpec:
     return OpSpec(
         name="fmha", problem_type=FmhaProblem, enumerate=enumerate_keys, format_name=format_name,
@@ -126,6 +132,7 @@ def fmha_op() -> OpSpec:
         input_names=INPUTS, output_names=OUTPUTS, plan=stages.plan, render=_render, bench=_bench,
         flops=stages.flops, heuristic=heuristic, features=features.features, tolerance=stages.tolerance,
         bytes_moved=footprint.bytes_moved, working_bytes=footprint.working_bytes,
+        problem_options=problem_options,
         tuning_data=str(Path(__file__).resolve().parent / "tuned"),
         families=("fwd", "fwd_splitkv", "fwd_splitkv_combine", "fwd_pagedkv", "fwd_appendkv",
                   "batch_prefill", "bwd_dot_do_o", "bwd_dq_dk_dv", "bwd_convert_dq"),

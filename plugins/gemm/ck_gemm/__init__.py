@@ -14,7 +14,12 @@ __all__ = ["GemmProblem", "GemmSignature", "GemmAlgorithm", "matmul", "linear"]
 
 def __getattr__(name):
     if name in ("matmul", "linear"):
-        from . import api
+        try:
+            from . import api
+        except ImportError as exc:
+            from ck_core.deps import missing
+
+            raise missing(exc, f"ck_gemm.{name}", "ck-gemm") from exc
 
         fn = globals()[name] = getattr(api, name)   # later lookups skip this function
         return fn

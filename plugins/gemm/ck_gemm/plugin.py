@@ -42,6 +42,12 @@ def _numpy_impl(key, problem, tensors):
     return reference.run_numpy(key, problem, tensors)
 
 
+def problem_options(p) -> dict:
+    """The part of the space that can run ``p`` (``supports`` matches these signature fields)."""
+    return {"dtypes": (p.dtype,), "layouts": (p.layout,), "dtypes_c": (p.dtype_c,), "num_ds": (p.num_d,),
+            "d_ops": (p.d_op,), "activations": (p.activation,)}
+
+
 def gemm_op() -> OpSpec:
     return OpSpec(
         name="gemm",
@@ -67,6 +73,7 @@ def gemm_op() -> OpSpec:
         render=_render,
         tolerance=reference.tolerance,
         bench=_bench,
+        problem_options=problem_options,
         families=("gemm",),
         options={
             "dtypes": "input dtypes, e.g. fp16,bf16 (default: all the arch runs)",
