@@ -328,8 +328,8 @@ def winners(results):
 
 def bench(args, table=None):
     import torch
-    import ck_gemm.backends.triton.tuning as tuning
-    from ck_gemm.backends.triton import gemm, pick_config
+    import ck_gemm.heuristics as tuning
+    from ck_gemm.backends.triton import gemm
     if table is not None:
         # use the table just tuned in this process
         rows = tuple((r["dtype"], r["layout"], r["M"], r["N"], r["K"],
@@ -343,7 +343,7 @@ def bench(args, table=None):
         for lay in args.layouts.split(","):
             for shape in shapes:
                 M, N, K = shape
-                cfg = pick_config(M, N, K, dt, "sm90", layout=lay)
+                cfg = tuning.pick_config(M, N, K, dt, "sm90", layout=lay)
                 # a kernel that never returns would hang the whole run: dump stacks and exit instead
                 faulthandler.dump_traceback_later(args.watchdog_s, exit=True)
                 try:

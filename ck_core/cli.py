@@ -493,7 +493,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--arch", default=None)
     s.add_argument("--backend", default=None)
     s.add_argument("--csv")
-    s.add_argument("--json")
+    s.add_argument("--json", help="write the results JSON here (default: ck-results/<op>.json under the current directory)")
     s.add_argument("--quick", action="store_true")
     s.add_argument("--suite", default="core",
                    help="core: the fixed regression cases; broad: shapes drawn from real workloads (fixed seed)")

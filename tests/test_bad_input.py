@@ -518,7 +518,7 @@ def test_launchers_refuse_non_tensors():
     pytest.importorskip("triton")
     from ck_conv import run as conv_run
     from ck_gemm.backends.triton.launch import gemm
-    from ck_gemm.backends.triton.tuning import pick_config
+    from ck_gemm.heuristics import pick_config
     torch = pytest.importorskip("torch")
     h = torch.ones(8, 8, dtype=torch.float16)
     cfg = pick_config(8, 8, 8)

@@ -13,7 +13,7 @@ heuristic pick first); the heuristic pick's own number is in the JSON too.
 Kernels are compiled first in a pool of worker processes so that the timing
 loop only loads them from Triton's disk cache.
 
-    PYTHONPATH=plugins/conv:. python benchmarks/conv_bench.py --json $OUT/conv_raw.json
+    ck bench conv --vs torch --json $OUT/conv.json        # (or python -m ck_conv.bench --json ...)
 """
 from __future__ import annotations
 

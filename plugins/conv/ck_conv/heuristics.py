@@ -19,8 +19,8 @@ import attrs
 
 from ck_core.tuned_data import EMPTY, table
 
-from .keys import ELEMENT_BYTES, ConvKernelConfig, config_of, evolved
-from .space import as_tuples
+from .keys import ELEMENT_BYTES, ConvKernelConfig, as_tuples, config_of, conv_facts, evolved, key_of
+from .space import _splits
 from .problem import ConvProblem
 
 #: ``fixup``'s preferred split stops here: the last program of a tile reads every partial
@@ -562,3 +562,70 @@ def extended_candidates(p: ConvProblem, arch=None) -> list[ConvKernelConfig]:
         if n >= 256:
             add((128, 256, bk), (2, 4, 1), "compv3", stages=3, reduction="streamk", tap_mask=tap)
     return out
+
+
+# -- the Dispatcher's shortlist ------------------------------------------------------------
+
+def shortlist(problem, arch, backend: str):
+    """Two tiers of keys for ``problem``: its tuning list
+    (:func:`ck_conv.heuristics.candidate_configs`: the heuristic pick first, then the classic
+    and realisation variants that won on the H100), then the heuristic pick's kernel on
+    each tile of CK's table (what a registry of CK's space alone holds).  Each config comes
+    with the split that fills ``arch`` (as the launch makes it) and unsplit."""
+    if not isinstance(problem, ConvProblem):
+        return
+    yield _with_splits(candidate_configs(problem, arch=arch), problem, arch, backend)
+    yield _with_splits(_ck_table_variants(problem, arch), problem, arch, backend)   # only when the first misses
+
+
+def _with_splits(cfgs, problem, arch, backend: str) -> list:
+    from .backends.triton.launch import split_plan
+
+    cus, smem = max(int(arch.compute_units or 1), 1), arch.lds_bytes
+    out = []
+    for c in cfgs:
+        if problem.split_k:
+            picks = (c if c.split == problem.split_k else evolved(c, split=problem.split_k),)
+        else:
+            c1 = c if c.split == 1 else evolved(c, split=1)
+            sp = preferred_split(c1, problem, cus, smem)
+            if sp > 1 and c1.reduction != "streamk":
+                sp = split_plan(c1, problem, sp)[0]   # the parts the launch makes
+                sp = _enumerated_split(c1, sp, problem)
+            # bwd_weight's tensor-descriptor, flat im2col and depthwise kernels are made to be split:
+            # their unsplit twins only fill a few SMs (H100 probe: 0.1-0.3x cuDNN, and a ranker
+            # that has not seen them may pick them)
+            # (the triton key space holds the splits; other backends' spaces only unsplit keys)
+            one = sp != 1 and backend == "triton" and c1.direction == "bwd_weight" and (
+                c1.tma or c1.flat or c1.specialization == "depthwise")
+            picks = (evolved(c1, split=sp),) if one else (evolved(c1, split=sp), c1) if sp != 1 else (c1,)
+        out.extend(key_of(x, arch.name, backend) for x in picks)
+    return out
+
+
+def _enumerated_split(c1: ConvKernelConfig, want: int, problem) -> int:
+    """The split nearest ``want`` (log scale; the smaller on a tie) among those the enumeration
+    gives ``c1`` (:func:`_splits`) that its launch makes as named on ``problem``; 1 if none.
+    The preferred split is any integer (263 parts of a MobileNet layer's pixels), the key space
+    holds powers of two: a shortlist naming a split outside it would name no key at all."""
+    from .backends.triton.launch import split_plan
+
+    for s in _nearest_first(_splits(c1, ()), want):
+        if s == 1 or split_plan(c1, problem, s)[0] == s:
+            return s
+    return 1
+
+
+@functools.lru_cache(maxsize=4096)
+def _nearest_first(splits: tuple, want: int) -> tuple:
+    return tuple(sorted(splits, key=lambda s: (abs(math.log2(s / want)), s)))
+
+
+def _ck_table_variants(problem, arch) -> list:
+    want = heuristic_config(problem)
+    facts = conv_facts(arch)
+    if want.specialization == "depthwise":
+        return [attrs.evolve(want, tile=t) for t in facts["depthwise_tiles"]]
+    tiles = facts["tiles"]
+    waves = dict.fromkeys((want.waves, (2, 2, 1), (4, 1, 1), (2, 4, 1)))
+    return [attrs.evolve(want, tile=tuple(t), waves=w) for t in tiles for w in waves]

@@ -21,10 +21,10 @@ from ck_core.errors import UnsupportedProblem
 from ck_core.hookspecs import hookimpl
 from ck_core.records import OpSpec
 
-from .heuristics import heuristic
+from .heuristics import heuristic, shortlist
 from .keys import format_name, from_fields, legal, parse_name, supports
 from .problem import IN_NAMES, OUT_NAME, ConvProblem
-from .space import enumerate_keys, key_space, shortlist
+from .keyspace import enumerate_keys, key_space
 
 
 # -- references and inputs -------------------------------------------------------

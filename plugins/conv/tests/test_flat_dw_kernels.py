@@ -242,7 +242,8 @@ def test_new_families_reach_the_shortlist(shape, direction, family):
     from ck_core.plugins import get_manager
     from ck_conv.heuristics import family_of
     from ck_conv.keys import config_of
-    from ck_conv.space import key_space, shortlist
+    from ck_conv.heuristics import shortlist
+    from ck_conv.keyspace import key_space
 
     arch = get_manager().arch("sm90")
     p = ConvProblem(**shape, direction=direction, dtype="fp16", split_k=0 if direction == "bwd_weight" else 1)

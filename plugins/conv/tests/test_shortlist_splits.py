@@ -8,7 +8,10 @@ import attrs
 import pytest
 
 from ck_conv.keys import config_of, supports
-from ck_conv.space import _splits, conv_facts, key_space, shortlist
+from ck_conv.heuristics import shortlist
+from ck_conv.keys import conv_facts
+from ck_conv.keyspace import key_space
+from ck_conv.space import _splits
 from ck_conv.problem import ConvProblem
 from ck_core.plugins import get_manager
 

@@ -3,7 +3,7 @@
 backends) in the same process on the same inputs, and decode kernels against
 a device copy of the same number of bytes.
 
-    PYTHONPATH=plugins/fmha:. python3 benchmarks/fmha_triton_bench.py --sweep --out $OUT/fmha.json
+    ck bench fmha --vs sdpa --json $OUT/fmha.json         # (or python -m ck_fmha.bench --sweep --out ...)
 
 Forward flops = 4*B*H*Sq*Sk*D (halved for causal); backward = 2.5x forward.
 Group ``fwd_fp8``: our fp8 e4m3 forward (per-tensor descales, bf16 o) against SDPA

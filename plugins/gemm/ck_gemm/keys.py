@@ -194,18 +194,17 @@ def from_fields(sig: dict, alg: dict):
     return _SIG(sig), _ALG(alg)
 
 
-def legal(key: KernelKey, arch) -> str | None:
-    """Why the enumeration rules would not produce ``key`` on ``arch`` (or None)."""
+def legal(key: KernelKey, arch, tuned=None) -> str | None:
+    """Why the enumeration rules would not produce ``key`` on ``arch`` (or None).
+
+    ``tuned(arch, backend, dtypes, layouts)`` lists the arch's measured winners, which join the
+    space whatever the shared-memory model says (``ck_gemm.heuristics.legal`` passes its reader)."""
     sig = key.signature
     why = rules_violation(sig, key.algorithm, arch)
     if why is None and key.backend == "triton":
         why = triton_smem_violation(sig.dtype, key.algorithm, arch)
-        # the arch's measured winners join the space whatever the shared-memory model says
-        if why:
-            from .space import tuned_keys   # (the space imports these records: deferred, no cycle)
-
-            if key in tuned_keys(arch, key.backend, [sig.dtype], [sig.layout]):
-                why = None
+        if why and tuned is not None and key in tuned(arch, key.backend, [sig.dtype], [sig.layout]):
+            why = None
     return why
 
 
@@ -340,8 +339,7 @@ def _triton_smem_model():
     """Triton's shared-memory model, imported once: a failed import is not cached by Python,
     and retrying it per key made a triton-less enumeration take minutes."""
     try:
-        from .backends.triton.configs import smem_bytes
-        from .backends.triton.keys import config_of_algorithm
+        from .backends.triton.configs import config_of_algorithm, smem_bytes
     except ImportError:
         return None
     return smem_bytes, config_of_algorithm

@@ -8,7 +8,7 @@ from ck_core.errors import UnsupportedProblem
 from ck_core.hookspecs import hookimpl
 from ck_core.records import OpSpec
 
-from . import features, heuristics, keys as kernel, reference, space
+from . import features, heuristics, keys as kernel, reference
 from .problem import GemmProblem
 
 
@@ -53,11 +53,11 @@ def gemm_op() -> OpSpec:
         name="gemm",
         problem_type=GemmProblem,
         tuning_data=str(Path(__file__).resolve().parent / "tuned"),
-        enumerate=space.enumerate_keys,
+        enumerate=heuristics.enumerate_keys,
         format_name=kernel.format_name,
         parse_name=kernel.parse_name,
         from_fields=kernel.from_fields,
-        legal=kernel.legal,
+        legal=heuristics.legal,
         supports=kernel.supports,
         supports_many=kernel.supports_many,
         reference=reference.reference,

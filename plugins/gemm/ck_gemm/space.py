@@ -16,7 +16,8 @@ from ck_core.errors import ConfigError
 from ck_core.key import KernelKey
 
 from . import ck_rules
-from .keys import (EPILOGUES, SCHEDULERS, GemmAlgorithm, GemmSignature, _tile_violation, triton_smem_violation,
+from .keys import (EPILOGUES, SCHEDULERS, GemmAlgorithm, GemmSignature, _tile_violation, rules_violation,
+                   triton_smem_violation,
                    split_violation, streamk_violation, variant_violation, warp_tiles_for)
 from .problem import ACTIVATIONS, D_OPS, DTYPES, LAYOUTS
 
@@ -26,8 +27,11 @@ OPTIONS = ("dtypes", "layouts", "tiles_mn", "pipelines", "epilogues", "pads", "n
            "activations", "split_ks", "dtypes_c")
 
 
-def enumerate_keys(arch, backend: str, options: dict) -> list[KernelKey]:
-    """CK-style kernel space on ``arch`` (tile table from ``arch.extras['gemm']``)."""
+def enumerate_keys(arch, backend: str, options: dict, tuned=None) -> list[KernelKey]:
+    """CK-style kernel space on ``arch`` (tile table from ``arch.extras['gemm']``).
+
+    ``tuned(arch, backend, dtypes, layouts)`` adds measured winners on the triton backend (the
+    registry's enumeration, ``ck_gemm.heuristics.enumerate_keys``, passes the tuned-data reader)."""
     facts = dict(arch.extras.get("gemm", {}))
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
@@ -92,35 +96,33 @@ def enumerate_keys(arch, backend: str, options: dict) -> list[KernelKey]:
                         log.debug("culled gemm %s %s %s: %s", dtype, sig.layout, alg, why)
                     continue
                 out.append(KernelKey("gemm", sig, alg, arch.name, backend))
-    if backend == "triton":
-        out.extend(attrs.evolve(k, signature=sig) for k in tuned_keys(arch, backend, dtypes, layouts)
+    if backend == "triton" and tuned is not None:
+        out.extend(attrs.evolve(k, signature=sig) for k in tuned(arch, backend, dtypes, layouts)
                    for sig in [attrs.evolve(k.signature, dtype_c=dc, num_d=nd, d_op=op, activation=act)
                                for dc in dtypes_c for nd, op, act in epis])
     return out
 
 
-def tuned_keys(arch, backend, dtypes, layouts) -> list:
-    """The measured winners of the arch's tuning table (so the registry holds them)."""
-    try:
-        from .backends.triton.tuning import load_table
-        from .backends.triton.keys import algorithm_for_config
-    except ImportError:  # triton not installed: nothing tuned to add
-        return []
-    out = []
-    pipeline = (arch.pipelines or ("compv3",))[0]
-    for dt, _lay, _m, _n, _k, cfg in load_table(arch.name):
-        for dtype in (d for d in dtypes if d == dt or {d, dt} <= {"fp16", "bf16"}):
-            for lay in layouts:
-                alg = algorithm_for_config(cfg, arch, dtype, pipeline, lay)
-                if alg is not None:
-                    out.append(KernelKey("gemm", GemmSignature(dtype, lay), alg, arch.name, backend))
-        # 8-bit floats: the 16-bit winners' persistent TMA kernels at twice the K tile (the same
-        # bytes a stage, the same tile of C), where the table has no row of their own
-        if dt in ("fp16", "bf16") and "persistent" in cfg.variant and cfg.is_tma:
-            for dtype in (d for d in dtypes if d in ("fp8", "bf8") and d in arch.dtypes
-                          and not any(r[0] == d for r in load_table(arch.name))):
-                for lay in layouts:
-                    alg = algorithm_for_config(cfg.evolve(block_k=2 * cfg.block_k), arch, dtype, pipeline, lay)
-                    if alg is not None:
-                        out.append(KernelKey("gemm", GemmSignature(dtype, lay), alg, arch.name, backend))
-    return list(dict.fromkeys(out))
+def algorithm_for_config(cfg, arch, dtype: str, pipeline: str, layout: str = "rcr") -> GemmAlgorithm | None:
+    """The legal CK-style algorithm record of a Triton config on ``arch`` (None if none fits).
+
+    Of the (wave layout, warp tile) pairs that tile the block, the first the
+    arch accepts wins (e.g. sm90 wants its wgmma tile, not an mma.sync one).
+    """
+    sig = GemmSignature(dtype, layout)
+    for wave in arch.wave_layouts:
+        if wave[0] * wave[1] * wave[2] != cfg.num_warps:
+            continue
+        for wt in arch.warp_tiles.get(dtype, ()):
+            if cfg.block_m % (wave[0] * wt[0]) or cfg.block_n % (wave[1] * wt[1]) \
+                    or cfg.block_k % (wave[2] * wt[2]):
+                continue
+            alg = GemmAlgorithm(cfg.block_m, cfg.block_n, cfg.block_k, *wave, *wt,
+                                pipeline=pipeline, pad_m=True, pad_n=True, pad_k=True,
+                                split_k=cfg.split_k, stages=cfg.num_stages,
+                                variant="tile" if cfg.variant == "plain" else cfg.variant,
+                                group_m=cfg.group_m, epi_subtile=cfg.epi_subtile)
+            if rules_violation(sig, alg, arch) is None and \
+                    arch.reject(KernelKey("gemm", sig, alg, arch.name, "triton")) is None:
+                return alg
+    return None

@@ -2,8 +2,8 @@
 import pytest
 
 from ck_core import tuned_data
-from ck_gemm.backends.triton import GemmConfig, load_table, pick_config
-from ck_gemm.backends.triton.tuning import TUNED_DIR
+from ck_gemm.backends.triton import GemmConfig
+from ck_gemm.heuristics import TUNED_DIR, load_table, pick_config
 
 #: a frozen copy of rows of the old h100_tuned.json (32 entries)
 FROZEN = [("bf16", "rcr", 16, 4096, 4096, "tri_plain_m16n64k256_g1_w4_s3_sk2"),

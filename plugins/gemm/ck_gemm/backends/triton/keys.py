@@ -11,7 +11,6 @@ import dataclasses
 import functools
 import hashlib
 import inspect
-from typing import Optional
 
 import attrs
 import logging
@@ -19,54 +18,12 @@ import logging
 from ck_core.errors import InvalidProblem, UnsupportedProblem
 
 from ...keys import GemmAlgorithm
+from .configs import DEFAULT_STAGES, config_of_algorithm  # noqa: F401  (re-exported)
 
 log = logging.getLogger(__name__)
 
-#: Triton pipelining depth per CK pipeline when a key sets no explicit stages
-DEFAULT_STAGES = {"mem": 2, "compv3": 2, "compv4": 3}
-
-
 def config_of(key):
     return config_of_algorithm(key.algorithm)
-
-
-@functools.lru_cache(maxsize=None)
-def config_of_algorithm(a: GemmAlgorithm):
-    from .configs import GemmConfig
-
-    return GemmConfig(block_m=a.tile_m, block_n=a.tile_n, block_k=a.tile_k, group_m=a.group_m,
-                      num_warps=a.num_warps, num_stages=a.stages or DEFAULT_STAGES.get(a.pipeline, 3),
-                      variant="plain" if a.variant == "tile" else a.variant, split_k=a.split_k,
-                      epi_subtile=a.epi_subtile)
-
-
-def algorithm_for_config(cfg, arch, dtype: str, pipeline: str, layout: str = "rcr") -> Optional[GemmAlgorithm]:
-    """The legal CK-style algorithm record of a Triton config on ``arch`` (None if none fits).
-
-    Of the (wave layout, warp tile) pairs that tile the block, the first the
-    arch accepts wins (e.g. sm90 wants its wgmma tile, not an mma.sync one).
-    """
-    from ck_core.key import KernelKey
-
-    from ...keys import GemmSignature, rules_violation
-
-    sig = GemmSignature(dtype, layout)
-    for wave in arch.wave_layouts:
-        if wave[0] * wave[1] * wave[2] != cfg.num_warps:
-            continue
-        for wt in arch.warp_tiles.get(dtype, ()):
-            if cfg.block_m % (wave[0] * wt[0]) or cfg.block_n % (wave[1] * wt[1]) \
-                    or cfg.block_k % (wave[2] * wt[2]):
-                continue
-            alg = GemmAlgorithm(cfg.block_m, cfg.block_n, cfg.block_k, *wave, *wt,
-                                pipeline=pipeline, pad_m=True, pad_n=True, pad_k=True,
-                                split_k=cfg.split_k, stages=cfg.num_stages,
-                                variant="tile" if cfg.variant == "plain" else cfg.variant,
-                                group_m=cfg.group_m, epi_subtile=cfg.epi_subtile)
-            if rules_violation(sig, alg, arch) is None and \
-                    arch.reject(KernelKey("gemm", sig, alg, arch.name, "triton")) is None:
-                return alg
-    return None
 
 
 @functools.lru_cache(maxsize=None)
