@@ -107,11 +107,19 @@ def _warm_closure(disp, problem, tensors, a, b, sa, sb, sizes, t_out, out_shape)
     the signature pins their strides) the launcher's recorded replay takes them as they
     are; otherwise (copies, D tensors, the numpy backend) the operands are prepared again
     and the cached Problem runs on the cached Dispatcher."""
-    if len(tensors) == 2 and sa.data_ptr() == a.data_ptr() and sb.data_ptr() == b.data_ptr():
-        fast = disp.warm(problem, tensors, out_shape=out_shape)
-        if fast is not None:
-            return fast   # takes (a, b, d) and ignores d (there is none in such a signature)
     dev = a.device
+    if sa.data_ptr() == a.data_ptr() and sb.data_ptr() == b.data_ptr():
+        fast = disp.warm(problem, tensors, out_shape=out_shape)
+        if fast is not None and len(tensors) == 2:
+            return fast   # takes (a, b, d) and ignores d (there is none in such a signature)
+        if fast is not None:   # the D tensors prepared as _operands does, then the recorded launch
+            batch, m, n, _ = sizes
+            problem_c = (batch, m, n) if batch > 1 else (m, n)
+
+            def with_d(a, b, d):
+                return fast(a, b, [di.to(t_out).expand(out_shape).reshape(problem_c).contiguous() for di in d])
+
+            return with_d
 
     def again(a, b, d):
         ts = _operands(a, b, d, *sizes, t_out, out_shape)[4]
@@ -187,30 +195,116 @@ def _backward(ctx, grad):
 gemm_op.register_autograd(_backward, setup_context=_setup)
 
 
+def _closure(a, b, d, activation: str, out_dtype) -> tuple:
+    """(warm closure ``f(a, b, d) -> C`` for tensors like these, C of this call or None): the cache's
+    closure, or the cold path's (which computes C and stores the closure)."""
+    sig = (_MATMUL, get_manager(), tensor_sig(a), tensor_sig(b), activation, out_dtype, *[tensor_sig(x) for x in d])
+    f = _warm_get(sig)
+    if f is not None:
+        return f, None
+    c = _gemm(a, b, list(d), activation, out_dtype, sig)
+    return warm.get(sig), c
+
+
+def _make_bwd(a, b, d, activation: str, grad, need_a: bool, need_b: bool) -> tuple:
+    """(closure ``f(a, b, d, grad) -> (ga, gb, gd)`` for gradients like ``grad``, this call's result).
+
+    The closure holds the warm closures of the backward's GEMMs (dA = dZ B^T, dB = A^T dZ and, under an
+    activation, the pre-activation Z): later backward steps of this signature launch them directly."""
+    fz = None
+    if activation != "none":
+        fz, z = _closure(a, b, d, "none", grad.dtype)
+        z = fz(a, b, d) if z is None else z
+        gz = grad * _act_grad(activation, z)
+    else:
+        gz = grad
+    ga = gb = fa = fb = None
+    cast_a, cast_b = gz.dtype != a.dtype, gz.dtype != b.dtype
+    if need_a:
+        g = gz.to(b.dtype) if cast_b else gz
+        fa, ga = _closure(g, b.transpose(-1, -2), (), "none", a.dtype)
+        ga = fa(g, b.transpose(-1, -2), ()) if ga is None else ga
+    if need_b:
+        g = gz.to(a.dtype) if cast_a else gz
+        fb, gb = _closure(a.transpose(-1, -2), g, (), "none", b.dtype)
+        gb = fb(a.transpose(-1, -2), g, ()) if gb is None else gb
+    sum_a = ga is not None and ga.shape != a.shape
+    sum_b = gb is not None and gb.shape != b.shape
+    if sum_a:
+        ga = _sum_to(ga, a.shape)
+    if sum_b:
+        gb = _sum_to(gb, b.shape)
+    gd = [_sum_to(gz, di.shape).to(di.dtype) for di in d]
+    if fz is None and not d and not sum_a and not sum_b and not cast_a and not cast_b:
+        # the common step: two launches, nothing else
+        if fa is not None and fb is not None:
+            def bwd(a, b, d, grad):
+                return fa(grad, b.transpose(-1, -2), ()), fb(a.transpose(-1, -2), grad, ()), ()
+        elif fa is not None:
+            def bwd(a, b, d, grad):
+                return fa(grad, b.transpose(-1, -2), ()), None, ()
+        else:
+            def bwd(a, b, d, grad):
+                return None, None if fb is None else fb(a.transpose(-1, -2), grad, ()), ()
+        return bwd, (ga, gb, gd)
+    act_grad = _act_grad
+
+    def bwd(a, b, d, grad):
+        gz = grad * act_grad(activation, fz(a, b, d)) if fz is not None else grad
+        ga = gb = None
+        if fa is not None:
+            ga = fa(gz.to(b.dtype) if cast_b else gz, b.transpose(-1, -2), ())
+            ga = _sum_to(ga, a.shape) if sum_a else ga
+        if fb is not None:
+            gb = fb(a.transpose(-1, -2), gz.to(a.dtype) if cast_a else gz, ())
+            gb = _sum_to(gb, b.shape) if sum_b else gb
+        return ga, gb, [_sum_to(gz, di.shape).to(di.dtype) for di in d]
+    return bwd, (ga, gb, gd)
+
+
 class _Eager(torch.autograd.Function):
-    """matmul with autograd in eager mode, without the custom-op layer (~60 us of host time
-    per call): the forward is matmul's no-grad path (warm-call cache), the backward the
-    custom op's.  ``torch.compile`` traces the custom op instead."""
+    """matmul with autograd in eager mode, without the custom-op layer: the forward is the warm
+    closure of its signature's :class:`ck_core.warm.Entry`, which the context keeps; the backward
+    looks its closure up in that Entry by the gradient's signature (built on the first backward
+    step of a signature, see :func:`_make_bwd`).  ``torch.compile`` traces the custom op instead."""
 
     @staticmethod
-    def forward(ctx, a, b, activation, out_dtype, *d):
+    def forward(ctx, entry, a, b, activation, out_dtype, *d):
         ctx.save_for_backward(a, b, *d)
-        ctx.activation = activation
-        return matmul(a, b, d=d, activation=activation, out_dtype=out_dtype)   # grad mode is off here
+        ctx.entry, ctx.activation = entry, activation
+        f = entry.fwd
+        if f is not None:
+            return f(a, b, d)   # grad mode is off here
+        entry.fwd, c = _closure(a, b, d, activation, out_dtype)
+        return entry.fwd(a, b, d) if c is None else c
 
     @staticmethod
     def backward(ctx, grad):
         need = ctx.needs_input_grad
-        view = SimpleNamespace(saved_tensors=ctx.saved_tensors, activation=ctx.activation,
-                               needs_input_grad=(need[0], need[1], any(need[4:])))
-        ga, gb, gd, _, _ = _backward(view, grad)
-        return (ga, gb, None, None, *gd)
+        a, b, *d = ctx.saved_tensors
+        if torch.is_grad_enabled():   # a graph of the backward (create_graph): the custom ops record it
+            view = SimpleNamespace(saved_tensors=(a, b, *d), activation=ctx.activation,
+                                   needs_input_grad=(need[1], need[2], any(need[5:])))
+            ga, gb, gd, _, _ = _backward(view, grad)
+            return (None, ga, gb, None, None, *gd)
+        key = (grad.shape, grad.stride(), grad.dtype, grad.data_ptr() % 16, need[1], need[2])
+        bwds = ctx.entry.bwd
+        f = bwds.get(key)
+        if f is None:
+            if len(bwds) > 64:
+                bwds.clear()
+            f, (ga, gb, gd) = _make_bwd(a, b, d, ctx.activation, grad, need[1], need[2])
+            bwds[key] = f
+        else:
+            ga, gb, gd = f(a, b, d, grad)
+        return (None, ga, gb, None, None, *gd)
 
 
 #: the first field of matmul's warm-call signatures (with D tensors: tensor_sig per tensor;
 #: without: the same fields of A and B, flat)
 _MATMUL = "ck_gemm.matmul"
 _MATMUL2 = "ck_gemm.matmul/ab"
+_ENTRY = "ck_gemm.matmul/autograd"
 _compiling, _grad_enabled, _warm_get = torch.compiler.is_compiling, torch.is_grad_enabled, warm.get
 
 
@@ -260,7 +354,14 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, d: Sequence[torch.Tensor] = (), 
             return f(a, b, d)
         return _gemm(a, b, list(d), _activation(activation), out_dtype, sig)
     if not torch.compiler.is_compiling():
-        return _Eager.apply(a, b, _activation(activation), out_dtype, *d)
+        # one Entry per signature: the forward's closure and the backward's (kept by the autograd context)
+        act = _activation(activation)
+        sig = (_ENTRY, get_manager(), tensor_sig(a), tensor_sig(b), act, out_dtype, *[tensor_sig(x) for x in d])
+        entry = _warm_get(sig)
+        if entry is None:
+            entry = warm.Entry()
+            warm.put(sig, entry)
+        return _Eager.apply(entry, a, b, act, out_dtype, *d)
     return gemm_op(a, b, list(d), _activation(activation), out_dtype)
 
 

@@ -183,7 +183,7 @@ class _Recorded:
     __slots__ = ("steps", "ws", "replay")
 
 
-def _record(cfg, problem, a, b, c, t_out, act, num_sms=None, name=None, extra=None):
+def _record(cfg, problem, a, b, c, t_out, act, num_sms=None, name=None, extra=None, ds=()):
     """Run the full launcher once, capturing the kernel launches it makes.
 
     The kernel comes from the kernel cache under ``name`` (the key's name: what
@@ -216,9 +216,10 @@ def _record(cfg, problem, a, b, c, t_out, act, num_sms=None, name=None, extra=No
         captured.append((spec, grid, kname, fn, args, opts, replay))
 
     L.gemm(a, b, layout=problem.layout, config=cfg, c=c, out_dtype=t_out, activation=act,
-           num_sms=num_sms, kernel_name=name, launch=capture)
+           num_sms=num_sms, kernel_name=name, launch=capture, d_tensors=ds, d_op=problem.d_op)
     roles = {a.data_ptr(): "a", b.data_ptr(): "b", c.data_ptr(): "c"}
-    if len(roles) != 3:
+    roles.update((d.data_ptr(), f"d{i}") for i, d in enumerate(ds))
+    if len(roles) != 3 + len(ds):
         return None
     rec = _Recorded()
     rec.steps, rec.ws, rec.replay = [], None, captured[0][6]
@@ -253,8 +254,10 @@ def _cache_launch(kname, fn, grid, opts, extra, args):
     triton_artifacts.launch(kname, fn, grid, args, opts, extra=extra)
 
 
-def _fast_call(rec, a, b, c):
+def _fast_call(rec, a, b, c, ds=()):
     vals = {"a": a, "b": b, "c": c}
+    for i, d in enumerate(ds):
+        vals[f"d{i}"] = d
     if rec.ws is not None:
         import torch
 
@@ -318,13 +321,16 @@ def make_fast_launcher(key, num_sms=None):
     t_in, t_out = torch_dtype(sig.dtype), torch_dtype(sig.dtype_c)
     recorded: dict = {}
 
+    act = None if sig.activation == "none" else sig.activation
+
     def launch(problem, tensors):
         a, b = tensors["a"], tensors["b"]
-        if problem.num_d or problem.activation != "none" or a.dtype != t_in \
-                or b.dtype != t_in or not triton_replay.replayable(a):
+        ds = tuple(tensors[f"d{i}"] for i in range(problem.num_d))
+        if a.dtype != t_in or b.dtype != t_in or not triton_replay.replayable(a) \
+                or any(d.dtype != t_out for d in ds):
             return general(problem, tensors)
         c = tensors.get("c")
-        rec = recorded.get(_sig(problem, a, b, c))
+        rec = recorded.get(_sig(problem, a, b, c, ds))
         if c is None:
             c = torch.empty(problem.shape_c(), device=a.device, dtype=t_out)
         if rec is None:
@@ -333,24 +339,32 @@ def make_fast_launcher(key, num_sms=None):
                                      f"match {problem.shape_a()} / {problem.shape_b()}")
             if tuple(c.shape) != problem.shape_c() or c.dtype != t_out:
                 raise InvalidProblem(f"c is {tuple(c.shape)} {c.dtype}; expected {problem.shape_c()} {t_out}")
-            rec = _record(cfg, problem, a, b, c, t_out, None, num_sms, name=key.name,
-                          extra=triton_artifacts.compile_options(key))
-            recorded[_sig(problem, a, b, tensors.get("c"))] = False if rec is None else rec
+            rec = _record(cfg, problem, a, b, c, t_out, act, num_sms, name=key.name,
+                          extra=triton_artifacts.compile_options(key), ds=ds)
+            recorded[_sig(problem, a, b, tensors.get("c"), ds)] = False if rec is None else rec
             return {"c": c}
         if rec is False:
             return general(problem, tensors)
-        return {"c": _fast_call(rec, a, b, c)}
+        return {"c": _fast_call(rec, a, b, c, ds)}
 
     def warm(problem, tensors, out_shape=None):
-        """``f(a, b[, d]) -> C`` (``d`` ignored) for later calls like the recorded one (same problem, shapes,
-        strides, alignment, device: the caller's signature pins them), or None.  C is
+        """``f(a, b[, d]) -> C`` for later calls like the recorded one (same problem, shapes,
+        strides, alignment, device: the caller's signature pins them), or None; ``d``: the problem's
+        D tensors (``d0``, ``d1``) in order, ignored without them.  C is
         allocated as ``out_shape`` (the caller's view of C's storage; default the problem's)."""
         a, b = tensors["a"], tensors["b"]
-        if "c" in tensors or len(tensors) != 2:
+        ds = tuple(tensors.get(f"d{i}") for i in range(problem.num_d))
+        if "c" in tensors or len(tensors) != 2 + len(ds) or any(d is None for d in ds):
             return None
-        rec = recorded.get(_sig(problem, a, b, None))
+        rec = recorded.get(_sig(problem, a, b, None, ds))
         if not rec:
             return None
+        if ds:   # the general form: a dict of roles per call
+            def fast_d(a, b, d=()):
+                return _fast_call(rec, a, b, empty(shape, device=dev, dtype=t_out), d)
+
+            shape, dev, empty = tuple(out_shape or problem.shape_c()), a.device, torch.empty
+            return fast_d
         shape, dev, empty = tuple(out_shape or problem.shape_c()), a.device, torch.empty
         one = rec.steps[0] if len(rec.steps) == 1 and rec.ws is None else None
         roles = sorted(role for _, role in one[2]) if one is not None else None
@@ -382,8 +396,9 @@ def make_fast_launcher(key, num_sms=None):
     return launch
 
 
-def _sig(problem, a, b, c) -> tuple:
+def _sig(problem, a, b, c, ds=()) -> tuple:
     """What a recording depends on beyond the problem: the operands' storage (the kernel
     reads only their data pointers; its integer arguments and specialisation come from these)."""
     return (problem, a.shape, b.shape, a.stride(), b.stride(), a.data_ptr() % 16, b.data_ptr() % 16,
-            a.device.index, None if c is None else (c.shape, c.stride(), c.data_ptr() % 16, c.dtype))
+            a.device.index, None if c is None else (c.shape, c.stride(), c.data_ptr() % 16, c.dtype),
+            *[(d.shape, d.stride(), d.data_ptr() % 16) for d in ds])
