@@ -50,12 +50,24 @@ def _extras(tokens: Sequence[str]) -> dict:
             name, val = name.split("=", 1)
             i += 1
         elif i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
+            # one value, or several (``--variants standard preshuffle``): a list, as with commas
+            j = i + 1
+            while j < len(tokens) and not tokens[j].startswith("--"):
+                j += 1
+            if j - i > 2:
+                out[name] = [v for t in tokens[i + 1:j] for v in _as_list(_convert(t))]
+                i = j
+                continue
             val = tokens[i + 1]
             i += 2
         else:
             val, i = "true", i + 1
         out[name] = _convert(val)
     return out
+
+
+def _as_list(v) -> list:
+    return v if isinstance(v, list) else [v]
 
 
 def _print_table(rows: list[dict], cols: Sequence[str], out=sys.stdout) -> None:

@@ -3,6 +3,11 @@
 The CK-style product of the arch's tile table (``arch.extras['gemm']``), culled by the rules
 of :mod:`ck_gemm.keys` (tile facts, CK Tile's warp-size rules, the Triton template's shared
 memory on the triton backend), plus the arch's measured winners on the triton backend.
+
+Option ``variants`` names CK's kernel sets (its codegen's ``--variants``): ``standard`` (the
+default: C = A @ B with the epilogue options given), ``multi_d`` (fused D tensors: the
+``num_ds`` given, else 1 and 2) and ``preshuffle`` (B pre-shuffled in the kernel's tile order:
+rcr, every dimension padded, the variants of :data:`ck_gemm.keys.PRESHUFFLE_VARIANTS`).
 """
 from __future__ import annotations
 
@@ -16,15 +21,17 @@ from ck_core.errors import ConfigError
 from ck_core.key import KernelKey
 
 from . import ck_rules
-from .keys import (EPILOGUES, SCHEDULERS, GemmAlgorithm, GemmSignature, _tile_violation, rules_violation,
-                   triton_smem_violation,
-                   split_violation, streamk_violation, variant_violation, warp_tiles_for)
+from .keys import (EPILOGUES, PRESHUFFLE_BACKENDS, SCHEDULERS, GemmAlgorithm, GemmSignature, _tile_violation,
+                   preshuffle_violation, triton_smem_violation, split_violation, streamk_violation,
+                   variant_violation, warp_tiles_for)
 from .problem import ACTIVATIONS, D_OPS, DTYPES, LAYOUTS
 
 log = logging.getLogger(__name__)
 
 OPTIONS = ("dtypes", "layouts", "tiles_mn", "pipelines", "epilogues", "pads", "num_ds", "d_ops",
-           "activations", "split_ks", "dtypes_c")
+           "activations", "split_ks", "dtypes_c", "variants")
+#: CK's GEMM kernel sets (option ``variants``)
+KERNEL_SETS = ("standard", "preshuffle", "multi_d")
 
 
 def enumerate_keys(arch, backend: str, options: dict, tuned=None) -> list[KernelKey]:
@@ -39,7 +46,7 @@ def enumerate_keys(arch, backend: str, options: dict, tuned=None) -> list[Kernel
                           f"known: {', '.join(OPTIONS)}")
     options = {k: ([v] if isinstance(v, (str, int)) else list(v)) for k, v in options.items()}
     for name, allowed in (("dtypes", DTYPES), ("layouts", LAYOUTS), ("num_ds", (0, 1, 2, 3, 4)),
-                          ("d_ops", D_OPS), ("activations", ACTIVATIONS)):
+                          ("d_ops", D_OPS), ("activations", ACTIVATIONS), ("variants", KERNEL_SETS)):
         bad = [v for v in options.get(name, ()) if v not in allowed]
         if bad:
             raise ConfigError(f"gemm option {name}: unknown value(s) {bad}; use {', '.join(allowed)}")
@@ -63,15 +70,28 @@ def enumerate_keys(arch, backend: str, options: dict, tuned=None) -> list[Kernel
         split_ks = sorted({1, *(int(v) for v in arch_split.get("factors", ()))})
     # fused epilogues (multi-D, activation): one signature per combination; D ops only matter with Ds
     dtypes_c = options.get("dtypes_c") or [""]  # "" = CK's C dtype for the input dtype
-    epis = [(nd, op, act) for nd in options.get("num_ds") or (0,)
-            for op in ((options.get("d_ops") or ("add",)) if nd else ("add",))
-            for act in options.get("activations") or ("none",)]
+    def epilogues_of(num_ds):
+        return [(nd, op, act) for nd in num_ds
+                for op in ((options.get("d_ops") or ("add",)) if nd else ("add",))
+                for act in options.get("activations") or ("none",)]
+
+    sets = options.get("variants") or ["standard"]
+    std = epilogues_of(options.get("num_ds") or (0,))
+    multi_d = epilogues_of([n for n in options.get("num_ds") or () if n] or (1, 2))
+    # the plain-B signatures' epilogues: the standard set's, then multi-D's (in that order, once)
+    epis = list(dict.fromkeys((std if "standard" in sets else []) + (multi_d if "multi_d" in sets else [])))
+    # pre-shuffled B: the epilogues of the other sets named with it, else the standard set's
+    ps_epis = (epis or std) if "preshuffle" in sets and backend in PRESHUFFLE_BACKENDS else []
     ck = arch.vendor == "amd"
     out = []
     for dtype in dtypes:
         eb = ELEMENT_BYTES[dtype]
         sig_list = [GemmSignature(dtype, lay, dc, num_d=nd, d_op=op, activation=act)
                     for lay in layouts for dc in dtypes_c for nd, op, act in epis]
+        sig_list += [GemmSignature(dtype, "rcr", dc, num_d=nd, d_op=op, activation=act, preshuffle=True)
+                     for dc in dtypes_c for nd, op, act in ps_epis if "rcr" in layouts]
+        if not sig_list:
+            continue
         tks = sorted({tb // eb for tb in tile_k_bytes})
         for tm, tn, tk, wave, wt, pipe, sched, epi, pad, st, var, sk in itertools.product(
                 tiles_mn, tiles_mn, tks, arch.wave_layouts, warp_tiles_for(arch, dtype),
@@ -90,7 +110,8 @@ def enumerate_keys(arch, backend: str, options: dict, tuned=None) -> list[Kernel
                 continue
             for sig in sig_list:
                 # CK's load-cover rule depends on the layout: check every signature
-                why = ck and ck_rules.violation(sig, alg, arch.name, arch.warp_size)
+                why = ck and ck_rules.violation(sig, alg, arch.name, arch.warp_size) \
+                    or preshuffle_violation(sig, alg)
                 if why:
                     if log.isEnabledFor(logging.DEBUG):
                         log.debug("culled gemm %s %s %s: %s", dtype, sig.layout, alg, why)

@@ -62,7 +62,7 @@ def _spec(key):
     s = key.signature
     return kernel_for(config_of(key), dtype=s.dtype, layout=s.layout, out_dtype=s.dtype_c,
                       num_d=s.num_d, d_op=s.d_op, activation=s.activation,
-                      num_sms=get_manager().arch(key.arch).compute_units)
+                      num_sms=get_manager().arch(key.arch).compute_units, preshuffle=s.preshuffle)
 
 
 def render(key, backend: str):
@@ -102,6 +102,9 @@ def jit_calls(key, problem=None) -> list:
     t_in, t_out = torch_dtype(s.dtype), torch_dtype(s.dtype_c)
     a = torch.empty(lead + ((m, k) if a_r else (k, m)), dtype=t_in, device="meta")
     b = torch.empty(lead + ((k, n) if b_r else (n, k)), dtype=t_in, device="meta")
+    if s.preshuffle:   # B pre-shuffled for the key's tile
+        b = torch.empty((-(-n // cfg.block_n), -(-k // cfg.block_k), cfg.block_n, cfg.block_k), dtype=t_in,
+                        device="meta")
     ds = tuple(torch.empty((m, n) if c_r else (n, m), dtype=t_out, device="meta") for _ in range(s.num_d))
     calls = []
 
@@ -111,7 +114,8 @@ def jit_calls(key, problem=None) -> list:
 
     L.gemm(a, b, layout=s.layout, config=cfg, d_tensors=ds, d_op=s.d_op,
            activation=None if s.activation == "none" else s.activation, out_dtype=t_out,
-           num_sms=get_manager().arch(key.arch).compute_units, kernel_name=key.name, launch=capture)
+           num_sms=get_manager().arch(key.arch).compute_units, kernel_name=key.name, launch=capture,
+           packed_n=n if s.preshuffle else None)
     return calls
 
 
@@ -150,6 +154,11 @@ def make_launcher(key, num_sms=None):
             a, b = a.to(t_in), b.to(t_in)
         ds = tuple(tensors[f"d{i}"] for i in range(problem.num_d))
         ds = tuple(d if d.dtype == t_out else d.to(t_out) for d in ds)
+        if problem.preshuffle:   # B pre-shuffled for the key's tile (its shape is checked by the launcher)
+            c = gemm(a.reshape(a.shape[-2:]), b, layout=problem.layout, config=cfg, d_tensors=ds, d_op=problem.d_op,
+                     activation=act, out_dtype=t_out, num_sms=num_sms, kernel_name=key.name, launch=via,
+                     packed_n=problem.n)
+            return {"c": c}
         if problem.batch == 1:   # a leading batch of 1 is no batch (no broadcast operand for descriptors)
             a, b = a.reshape(a.shape[-2:]), b.reshape(b.shape[-2:])
         if tuple(a.shape[-2:]) != problem.shape_a()[-2:] or tuple(b.shape[-2:]) != problem.shape_b()[-2:]:
@@ -216,7 +225,8 @@ def _record(cfg, problem, a, b, c, t_out, act, num_sms=None, name=None, extra=No
         captured.append((spec, grid, kname, fn, args, opts, replay))
 
     L.gemm(a, b, layout=problem.layout, config=cfg, c=c, out_dtype=t_out, activation=act,
-           num_sms=num_sms, kernel_name=name, launch=capture, d_tensors=ds, d_op=problem.d_op)
+           num_sms=num_sms, kernel_name=name, launch=capture, d_tensors=ds, d_op=problem.d_op,
+           packed_n=problem.n if problem.preshuffle else None)
     roles = {a.data_ptr(): "a", b.data_ptr(): "b", c.data_ptr(): "c"}
     roles.update((d.data_ptr(), f"d{i}") for i, d in enumerate(ds))
     if len(roles) != 3 + len(ds):
@@ -302,7 +312,8 @@ def bare_launch(key, problem, a, b, replay: bool = False):
 
     captured = []
     L.gemm(a, b, layout=problem.layout, config=cfg, c=c, out_dtype=t_out,
-           launch=lambda spec, vals, M, N, batch, name: captured.append((spec, vals, M, N, batch)))
+           launch=lambda spec, vals, M, N, batch, name: captured.append((spec, vals, M, N, batch)),
+           packed_n=problem.n if problem.preshuffle else None)
     spec, vals, M, N, batch = captured[0]
     fn, args, opts = L.call_of(spec, vals)
     bound = fn[spec.grid(M, N, batch)]
