@@ -22,7 +22,7 @@ from ck_core.key import KernelKey
 
 from . import ck_rules
 from .keys import (EPILOGUES, PRESHUFFLE_BACKENDS, SCHEDULERS, GemmAlgorithm, GemmSignature, _tile_violation,
-                   preshuffle_violation, triton_smem_violation, split_violation, streamk_violation,
+                   preshuffle_violation, rules_violation, triton_smem_violation, split_violation, streamk_violation,
                    variant_violation, warp_tiles_for)
 from .problem import ACTIVATIONS, D_OPS, DTYPES, LAYOUTS
 
