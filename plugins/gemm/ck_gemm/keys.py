@@ -15,7 +15,6 @@ import functools
 import attrs
 import numpy as np
 
-from ck_core.backends.triton_backend import INTERPRETER_BF16, interpreting
 from ck_core.dtypes import ELEMENT_BYTES
 from ck_core.errors import ConfigError, MissingKernel
 from ck_core.key import KernelKey, RecordSchema
@@ -358,8 +357,6 @@ def _signature_why(s, backend: str, problem) -> str | None:
         return "epilogue (D tensors / activation) differs"
     if backend == "triton" and s.num_d > 2:
         return "the Triton kernels fuse at most 2 D tensors"
-    if backend == "triton" and s.dtype == "bf16" and interpreting():
-        return INTERPRETER_BF16
     return None
 
 

@@ -29,7 +29,6 @@ from typing import Optional
 
 import attrs
 
-from ck_core.backends.triton_backend import INTERPRETER_BF16
 from ck_core.errors import ConfigError, InvalidProblem, MissingKernel
 from ck_core.key import KernelKey, RecordSchema
 
@@ -395,8 +394,6 @@ def enumerate_keys(arch, backend: str, options: dict) -> list:
 
 def supports(key, p) -> Optional[str]:
     s = key.signature
-    if p.dtype == "bf16" and interpreting():
-        return INTERPRETER_BF16
     if p.dtype == "fp8" and p.family not in FP8_FAMILIES:
         return (f"the Triton fp8 kernels cover the {'/'.join(FP8_FAMILIES)} family (batch and group mode); "
                 f"run {p.family} in fp16/bf16")
