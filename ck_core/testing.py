@@ -146,6 +146,12 @@ def check_against_reference(dispatcher, problem, rng, poison: bool = True):
     backend = dispatcher.backend_spec
     moved = {k: backend.to_backend(v) for k, v in inputs.items()}
     outs = dispatcher.run_dict(problem, moved)
+    missing = [k for k in ref if outs.get(k) is None]
+    if missing:
+        from .errors import ValidationFailed
+
+        raise ValidationFailed(f"{problem.op}: the plan produced no {', '.join(map(repr, missing))}, which the "
+                               f"reference computes for this problem (produced: {', '.join(sorted(outs))})")
     got = {k: backend.to_numpy(outs[k]) for k in ref}
     tol = op.tolerance(problem) if op.tolerance else {}
     dtypes = {k: getattr(problem, "dtype_c", getattr(problem, "dtype", "fp32")) for k in ref}

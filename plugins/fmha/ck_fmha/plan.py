@@ -118,7 +118,7 @@ def run_stage(problem: FmhaProblem, tensors: dict) -> dict:
         r = R.bwd_dq_dk_dv(p, t["q"], t["k"], t["v"], t["lse"], t["do"], t["d"],
                            **_pick(t, ("bias", "alibi_slopes")))
         out = {"dq_acc": np.asarray(r.dq, np.float32), "dk": _store(p, r.dk), "dv": _store(p, r.dv)}
-        if r.dbias is not None:
+        if r.dbias is not None and p.dbias:
             out["dbias"] = _store(p, r.dbias)
         return out
     if fam == "bwd_convert_dq":
@@ -143,7 +143,7 @@ def reference(problem: FmhaProblem, tensors: dict) -> dict:
                            **_pick(t, ("bias", "alibi_slopes")))
         dq = np.asarray(r.dq, np.float64).sum(axis=0)   # unrounded: the sum of the dq_acc slices
         out = {"dq": dq, "dk": np.asarray(r.dk, np.float64), "dv": np.asarray(r.dv, np.float64)}
-        if r.dbias is not None:
+        if r.dbias is not None and p.dbias:   # dbias is an output only where the problem asks for it
             out["dbias"] = r.dbias
         return out
     if p.family == "fwd_appendkv":

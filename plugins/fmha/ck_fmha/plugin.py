@@ -96,6 +96,9 @@ def implement(key, backend, arch):
     if backend == "numpy":
         return _numpy_stage
     if backend == "triton":
+        from ck_core.backends.triton_backend import refuse_interpreted_bf16
+
+        refuse_interpreted_bf16(key.signature.dtype, key.name)
         return _triton_keys().make_launcher(key)
     raise UnsupportedProblem(f"fmha has no {backend!r} implementation; use numpy or triton")
 

@@ -283,9 +283,9 @@ def test_group_mode_attention_launches_the_plan(ck_dispatch_log, launched, ck_rn
     api.clear()
     g = torch.Generator().manual_seed(int(ck_rng.integers(1 << 30)))
     cu = torch.tensor([0, 5, 19], dtype=torch.int32)
-    q = torch.randn(19, 2, 32, generator=g, dtype=torch.bfloat16, requires_grad=True)
-    k = torch.randn(19, 2, 32, generator=g, dtype=torch.bfloat16, requires_grad=True)
-    v = torch.randn(19, 2, 32, generator=g, dtype=torch.bfloat16, requires_grad=True)
+    q = torch.randn(19, 2, 32, generator=g, dtype=torch.float16, requires_grad=True)
+    k = torch.randn(19, 2, 32, generator=g, dtype=torch.float16, requires_grad=True)
+    v = torch.randn(19, 2, 32, generator=g, dtype=torch.float16, requires_grad=True)
     o = ck_fmha.attention(q, k, v, causal=True, layout="thd", cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=14,
                           max_seqlen_k=14, deterministic=False)
     o.sum().backward()

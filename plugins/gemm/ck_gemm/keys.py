@@ -16,7 +16,6 @@ import functools
 import attrs
 import numpy as np
 
-from ck_core.backends.triton_backend import INTERPRETER_BF16, interpreting
 from ck_core.dtypes import ELEMENT_BYTES
 from ck_core.errors import ConfigError, MissingKernel
 from ck_core.key import KernelKey, RecordSchema
@@ -392,8 +391,6 @@ def _signature_why(s, backend: str, problem) -> str | None:
                 else "the kernel reads a pre-shuffled B; the problem's is plain")
     if backend == "triton" and s.num_d > 2:
         return "the Triton kernels fuse at most 2 D tensors"
-    if backend == "triton" and s.dtype == "bf16" and interpreting():
-        return INTERPRETER_BF16
     return None
 
 

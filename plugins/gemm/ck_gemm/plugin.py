@@ -16,8 +16,11 @@ def implement(key, backend: str, arch):
     if backend == "numpy":
         return partial(_numpy_impl, key)
     if backend == "triton":
+        from ck_core.backends.triton_backend import refuse_interpreted_bf16
+
         from .backends.triton.keys import make_fast_launcher
 
+        refuse_interpreted_bf16(key.signature.dtype, key.name)
         return make_fast_launcher(key, num_sms=arch.compute_units)
     raise UnsupportedProblem(f"the gemm plugin has no {backend!r} implementation; "
                              f"use backend numpy or triton")

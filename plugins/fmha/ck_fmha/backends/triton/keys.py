@@ -29,7 +29,6 @@ from typing import Optional
 
 import attrs
 
-from ck_core.backends.triton_backend import INTERPRETER_BF16
 from ck_core.errors import ConfigError, InvalidProblem, MissingKernel
 from ck_core.key import KernelKey, RecordSchema
 
@@ -395,8 +394,6 @@ def enumerate_keys(arch, backend: str, options: dict) -> list:
 
 def supports(key, p) -> Optional[str]:
     s = key.signature
-    if p.dtype == "bf16" and interpreting():
-        return INTERPRETER_BF16
     if p.dtype == "fp8" and p.family not in FP8_FAMILIES:
         return (f"the Triton fp8 kernels cover the {'/'.join(FP8_FAMILIES)} family (batch and group mode); "
                 f"run {p.family} in fp16/bf16")
@@ -859,6 +856,10 @@ def _as_kernel_dtype(p, name, x, tdt):
         _E4M3 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e4m3fnuz") if hasattr(torch, n))
     if x.dtype == tdt:
         return x
+    if not isinstance(x, torch.Tensor):
+        raise InvalidProblem(f"tensor {name!r} is a {type(x).__module__}.{type(x).__qualname__}; the triton "
+                             "backend takes torch tensors (convert it with torch.from_numpy, or "
+                             "Dispatcher.backend_spec.to_backend(x))")
     if p.dtype == "fp8" and x.device.type == "cpu" and x.dtype in _E4M3:
         return x   # the interpreter computes either e4m3 flavour (a GPU multiplies its arch's, fp8_format)
     if not (x.dtype == torch.float32 and p.dtype in ("bf16", "fp8")):
