@@ -15,13 +15,13 @@ Errors name the file and the key.
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 import attrs
 
+from . import fileio
 from .errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -48,40 +48,20 @@ class KernelSet:
 
 
 #: a config is a page of settings: anything larger is a mistake (or /dev/zero), not a config
-MAX_BYTES = 4 << 20
+MAX_BYTES = fileio.LIMITS["config"]
 #: deeper nesting than any real config has; bounds the recursion of parsers and readers
 MAX_DEPTH = 32
 
 
 def read_text(path, what: str = "config file") -> str:
-    """The UTF-8 text of a small file; ConfigError naming the file for anything else."""
-    p = Path(path)
-    try:
-        with open(p, "rb") as f:
-            raw = f.read(MAX_BYTES + 1)
-    except OSError as exc:
-        raise ConfigError(f"cannot read {what} {p}: {exc.strerror or exc}") from None
-    if len(raw) > MAX_BYTES:
-        raise ConfigError(f"{what} {p} is larger than {MAX_BYTES >> 20} MiB; is it the right file?")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{what} {p} is not UTF-8 text (byte {exc.start}); is it a binary file?") from None
-    if "\x00" in text:
-        raise ConfigError(f"{what} {p} holds NUL bytes; is it a binary file?")
-    return text
+    """The UTF-8 text of a small regular file; ConfigError naming the file for anything else."""
+    return fileio.read_text(path, what, MAX_BYTES)
 
 
 def _check_depth(data, p: Path) -> None:
-    stack = [(data, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if depth > MAX_DEPTH:
-            raise ConfigError(f"{p} nests tables/arrays deeper than {MAX_DEPTH} levels")
-        if isinstance(node, dict):
-            stack.extend((v, depth + 1) for v in node.values())
-        elif isinstance(node, list):
-            stack.extend((v, depth + 1) for v in node)
+    why = fileio.depth_error(data, MAX_DEPTH)
+    if why:
+        raise ConfigError(f"{p} {why}")
 
 
 def load_toml(path) -> dict:
@@ -98,16 +78,7 @@ def load_toml(path) -> dict:
 
 
 def load_json(path):
-    p = Path(path)
-    text = read_text(p)
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{p} is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise ConfigError(f"{p} nests objects/arrays too deeply to parse") from None
-    _check_depth(data, p)
-    return data
+    return fileio.read_json(path, "config file", MAX_BYTES, max_depth=MAX_DEPTH)
 
 
 _TYPES = {"name": str, "op": str, "arch": str, "backend": str, "filter": str, "options": dict}

@@ -214,15 +214,10 @@ def compile_filter(text: str) -> Callable[[Mapping[str, Any]], bool]:
 
 def load_filter_file(path) -> Callable[[Mapping[str, Any]], bool]:
     """A filter file holds one expression per line ('#' comments); all must hold."""
+    from .fileio import read_text
+
     p = Path(path)
-    try:
-        if p.stat().st_size > 1 << 20:
-            raise FilterError(f"filter file {p} is larger than 1 MiB")
-        lines = p.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise FilterError(f"cannot read filter file {p}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise FilterError(f"filter file {p} is not UTF-8 text") from None
+    lines = read_text(p, "filter file", "filter", FilterError).splitlines()
     preds = []
     for i, line in enumerate(lines, 1):
         line = line.split("#", 1)[0].strip()

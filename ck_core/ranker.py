@@ -47,6 +47,8 @@ log = logging.getLogger(__name__)
 TABLE = "ranker"
 FIELDS = ("backend",)
 KINDS = ("gbdt", "linear")
+#: most tree nodes a model may hold (shipped models hold tens of thousands)
+MAX_NODES = 1 << 22
 SCOPES = ("all", "shortlist")
 
 
@@ -70,20 +72,16 @@ class Model:
         self.features = tuple(names)
         self.meta = {k: v for k, v in spec.items() if k not in ("trees", "coef")}
         nf = len(names)
-        dom = spec.get("domain") or {}
-        if not isinstance(dom, dict) or not all(isinstance(v, list) and len(v) == 2 for v in dom.values()):
-            raise bad("'domain' must map feature names to [low, high]")
-        self.domain = {k: (float(lo), float(hi)) for k, (lo, hi) in dom.items()}
-        kdom = spec.get("kernel_domain") or {}
-        if not isinstance(kdom, dict) or not all(isinstance(v, list) and len(v) == 2 for v in kdom.values()):
-            raise bad("'kernel_domain' must map feature names to [low, high]")
-        self.kernel_domain = {k: (float(lo), float(hi)) for k, (lo, hi) in kdom.items()}
+        self.domain = _bounds(spec.get("domain"), "domain", bad)
+        self.kernel_domain = _bounds(spec.get("kernel_domain"), "kernel_domain", bad)
         try:
             if self.kind == "linear":
                 self.coef = np.asarray(spec["coef"], dtype=np.float64)
                 self.intercept = float(spec.get("intercept", 0.0))
                 if self.coef.shape != (nf,):
                     raise bad(f"'coef' has shape {self.coef.shape}, expected ({nf},)")
+                if not (np.all(np.isfinite(self.coef)) and np.isfinite(self.intercept)):
+                    raise bad("'coef' or 'intercept' is not a finite number")
             else:
                 t = spec["trees"]
                 self.base = float(spec.get("base", 0.0))
@@ -95,6 +93,11 @@ class Model:
                 self.roots = np.asarray(t["roots"], dtype=np.int64)
                 self.depth = int(t["depth"])
                 n = len(self.feature)
+                if n > MAX_NODES or len(self.roots) > MAX_NODES:
+                    raise bad(f"the trees hold {n} nodes, more than {MAX_NODES}")
+                if not (np.all(np.isfinite(self.value)) and np.isfinite(self.base)
+                        and not np.any(np.isnan(self.threshold))):
+                    raise bad("a tree value or threshold is not a finite number")
                 if not all(len(a) == n for a in (self.threshold, self.left, self.right, self.value)):
                     raise bad("tree node arrays differ in length")
                 idx = np.concatenate([self.left, self.right, self.roots])
@@ -177,6 +180,23 @@ class Model:
         return self.value[node].reshape(len(self.roots), n).sum(axis=0) + self.base
 
 
+def _bounds(dom, what: str, bad) -> dict:
+    """A ``{feature: [low, high]}`` domain as ``{feature: (low, high)}`` floats; ``bad`` otherwise."""
+    dom = dom or {}
+    if not isinstance(dom, dict):
+        raise bad(f"'{what}' must map feature names to [low, high]")
+    out = {}
+    for name, v in dom.items():
+        if not (isinstance(v, list) and len(v) == 2
+                and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)):
+            raise bad(f"'{what}' of {str(name)[:40]!r} must be [low, high] numbers, got {v!r:.60}")
+        lo, hi = float(v[0]), float(v[1])
+        if lo != lo or hi != hi or lo > hi:
+            raise bad(f"'{what}' of {str(name)[:40]!r} is [{lo}, {hi}], not a range low <= high")
+        out[name] = (lo, hi)
+    return out
+
+
 def matrix(columns: dict, names: Sequence[str], where: str) -> np.ndarray:
     """The feature matrix (candidates x features) in the model's feature order."""
     missing = [n for n in names if n not in columns]
@@ -192,7 +212,7 @@ def _model(table_obj, backend: str) -> Optional[Model]:
     spec = table_obj.get((backend,))
     if spec is None:
         return None
-    return Model(spec, f"ranker of {table_obj.provenance.get('source', '?')[:80]} for backend {backend}")
+    return Model(spec, f"ranker in {table_obj.file_of((backend,))} for backend {backend}")
 
 
 def model_for(op, arch: str, backend: str) -> Optional[Model]:

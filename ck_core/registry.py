@@ -10,6 +10,7 @@ import logging
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional, Union
 
+from . import fileio
 from .errors import CkError, ConfigError, MissingKernel, PluginError
 from .filters import compile_filter
 from .key import KernelKey, check_name
@@ -349,16 +350,8 @@ class Registry:
     @classmethod
     def import_json(cls, path, manager: Optional[PluginManager] = None) -> "Registry":
         p = Path(path)
-        try:
-            if p.stat().st_size > MAX_FILE_BYTES:
-                raise ConfigError(f"registry file {p} is larger than {MAX_FILE_BYTES >> 20} MiB")
-            data = json.loads(p.read_bytes())
-        except OSError as exc:
-            raise ConfigError(f"cannot read registry file {p}: {exc.strerror or exc}") from None
-        except RecursionError:
-            raise ConfigError(f"{p} is nested too deeply to be a registry file") from None
-        except ValueError as exc:  # JSONDecodeError, or bytes that are not UTF-8/16/32 text
-            raise ConfigError(f"{p} is not valid JSON: {str(exc)[:200]}") from None
+        data = fileio.read_json(p, "registry file", MAX_FILE_BYTES,
+                                hint="pass a file written by `ck export` (or `Registry.export_json`)")
         try:
             return cls.from_dict(data, manager=manager)
         except CkError as exc:  # name the file: the record alone does not say where it came from

@@ -14,18 +14,21 @@ failed or unmeasured pick scores 0), summarised as geomean, P10 and worst.
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import math
+import zlib
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
 import attrs
 import numpy as np
 
-from .errors import ConfigError
+from . import fileio
+from .errors import CkError, ConfigError
 
 #: most bytes an oracle file may hold once decompressed
-MAX_BYTES = 256 << 20
+MAX_BYTES = fileio.LIMITS["oracle"]
 
 
 @attrs.frozen(eq=False)
@@ -51,15 +54,24 @@ class Oracle:
         return [s for s in self.shapes if s.split == which]
 
 
+_HINT = "pass an oracle file benchmarks/selection_collect.py wrote"
+
+
 def _lines(path: Path) -> Iterable[str]:
-    raw = path.read_bytes()
+    raw = fileio.read_bytes(path, "oracle file", MAX_BYTES, hint=_HINT)
     if path.suffix == ".gz":
-        with gzip.GzipFile(fileobj=__import__("io").BytesIO(raw)) as f:
-            raw = f.read(MAX_BYTES + 1)
+        try:
+            with gzip.GzipFile(fileobj=io.BytesIO(raw)) as f:
+                raw = f.read(MAX_BYTES + 1)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise ConfigError(f"oracle file {path} is not gzip data ({exc}); {_HINT}") from None
     if len(raw) > MAX_BYTES:
-        raise ConfigError(f"oracle file {path} is over {MAX_BYTES >> 20} MiB; it is not one "
-                          f"benchmarks/selection_collect.py wrote")
-    return raw.decode().splitlines()
+        raise ConfigError(f"oracle file {path} is over {MAX_BYTES >> 20} MiB once decompressed; {_HINT}")
+    return fileio.decode(raw, path, "oracle file", hint=_HINT).splitlines()
+
+
+def _bad(path, n, why):
+    return ConfigError(f"oracle file {path} line {n + 1}: {why}; {_HINT}")
 
 
 def load(paths, manager=None, limit: Optional[int] = None) -> Oracle:
@@ -78,12 +90,16 @@ def load(paths, manager=None, limit: Optional[int] = None) -> Oracle:
                 continue
             try:
                 rec = json.loads(line)
-            except ValueError:
-                raise ConfigError(f"oracle file {path} line {n + 1} is not JSON") from None
+            except (ValueError, RecursionError):
+                raise _bad(path, n, "not JSON") from None
+            if not isinstance(rec, dict):
+                raise _bad(path, n, f"a {type(rec).__name__}, not an object")
             if "op" in rec and "arch" in rec and not header:
                 header = rec
                 op = mgr.op(rec["op"])
             elif "kernel" in rec and "name" in rec:
+                if isinstance(rec["kernel"], bool) or not isinstance(rec["kernel"], int):
+                    raise _bad(path, n, "a kernel index is not an integer")
                 names[rec["kernel"]] = rec["name"]
             elif "times" in rec:
                 if not header:
@@ -91,18 +107,27 @@ def load(paths, manager=None, limit: Optional[int] = None) -> Oracle:
                 if limit is not None and len(shapes) >= limit:
                     break
                 ks, ms = [], []
-                for idx, t in rec["times"]:
-                    name = names[idx]
-                    if name not in keys:
-                        keys[name] = KernelKey.from_name(name, mgr)
-                    ks.append(keys[name])
-                    ms.append(math.inf if t is None else float(t))
-                if not ks or not math.isfinite(min(ms)):
-                    continue  # nothing ran: no oracle for this shape
-                heur = rec.get("heuristic")
-                shapes.append(Shape(rec.get("family", "?"), rec.get("split", "train"),
-                                    op.problem_type.from_dict(rec["problem"]), tuple(ks),
-                                    np.asarray(ms), names.get(heur) if heur is not None else None))
+                try:
+                    for idx, t in rec["times"]:
+                        name = names[idx]
+                        if not isinstance(name, str):
+                            raise TypeError(f"kernel {idx!r:.20} is named by a {type(name).__name__}")
+                        if name not in keys:
+                            keys[name] = KernelKey.from_name(name, mgr)
+                        ks.append(keys[name])
+                        ms.append(math.inf if t is None else float(t))
+                    if any(m != m or m <= 0 for m in ms):
+                        raise ValueError("a time is not a positive number (null marks a failed kernel)")
+                    if not ks or not math.isfinite(min(ms)):
+                        continue  # nothing ran: no oracle for this shape
+                    heur = rec.get("heuristic")
+                    shapes.append(Shape(str(rec.get("family", "?")), str(rec.get("split", "train")),
+                                        op.problem_type.from_dict(rec["problem"]), tuple(ks),
+                                        np.asarray(ms), names.get(heur) if heur is not None else None))
+                except KeyError as exc:
+                    raise _bad(path, n, f"names no kernel {exc.args[0]!r:.40} or lacks a field") from None
+                except (TypeError, ValueError, CkError) as exc:
+                    raise _bad(path, n, f"malformed row ({str(exc)[:200]})") from None
     if not header:
         raise ConfigError(f"no oracle rows in {paths}")
     return Oracle(header, tuple(shapes))

@@ -239,10 +239,12 @@ def splice(path: Path, op: str, arch: str, entry, provenance: dict):
     is (shipped files are hand-formatted); None when the file is absent or not of that shape."""
     from . import tuned_data
 
+    from . import fileio
+
     if not path.is_file():
         return None
-    text = path.read_text()
-    doc = json.loads(text)
+    text = fileio.read_text(path, "tuned data", tuned_data.MAX_FILE_BYTES)
+    doc = fileio.loads_json(text, path, "tuned data")
     tail = "\n }\n}"
     marker = f',\n  "{ranker.TABLE}": {{'
     cut = text.find(marker)

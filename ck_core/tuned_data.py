@@ -32,10 +32,15 @@ from datetime import date
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional
 
-from . import knobs
-from .errors import ConfigError
+from . import fileio, knobs
+from .errors import CkError, ConfigError
 
 FORMAT = "ck-dispatcher.tuned-data/1"
+#: most bytes one (op, arch) data file may hold (tables and ranker models together)
+MAX_FILE_BYTES = fileio.LIMITS["tuned"]
+#: most entries one table may hold, and most characters a key's string field may have
+MAX_ENTRIES = 1 << 20
+_HINT = "fix or delete the file (the user's store is <CK_TUNING_DB>.d/; `ck tune` rewrites it)"
 #: what every provenance record must say
 PROVENANCE_FIELDS = ("command", "date", "device", "source")
 #: op and arch names become file and folder names
@@ -65,13 +70,37 @@ class Table:
     """One tuned table: ``key tuple -> value``, read-only, with its provenance."""
 
     def __init__(self, name: str, fields: tuple, entries: dict, provenance: dict, meta: dict,
-                 origin: dict):
+                 origin: dict, files: Optional[dict] = None):
         self.name = name
         self.fields = fields
         self.entries = types.MappingProxyType(entries)
         self.provenance = types.MappingProxyType(provenance)
         self.meta = types.MappingProxyType(meta)
         self._origin = origin  # key -> provenance of the layer the entry came from
+        self._files = files or {}  # key -> the file the entry came from
+        self._checked: set = set()  # the value checks every entry has passed
+
+    def file_of(self, key) -> str:
+        """The data file an entry came from ('?' for a table built in memory)."""
+        return self._files.get(_as_key(key), "?")
+
+    def checked(self, check) -> "Table":
+        """This table once ``check(key, value)`` has passed for every entry (run once per loaded
+        table); a value it refuses (ConfigError, ValueError, TypeError, KeyError) is a ConfigError
+        naming the file, the table and the entry: bad tuned data is refused where it is read, not
+        where a kernel launches with it."""
+        if check is None or not self.entries or check in self._checked:
+            return self
+        for key, value in self.entries.items():
+            try:
+                check(key, value)
+            except (CkError, ValueError, TypeError, KeyError, AttributeError) as exc:
+                why = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+                what = f"missing field {why!r}" if isinstance(exc, KeyError) else str(why)
+                raise ConfigError(f"tuned data {self.file_of(key)}: table {self.name!r} entry {list(key)!r:.80}: "
+                                  f"{what[:300]}; {_HINT}") from None
+        self._checked.add(check)
+        return self
 
     def get(self, key, default=None):
         return self.entries.get(_as_key(key), default)
@@ -124,10 +153,7 @@ def _check_provenance(path: Path, where: str, prov) -> dict:
 
 def parse(path: Path, text: str, op: Optional[str] = None, arch: Optional[str] = None) -> dict:
     """Validate one file's text; returns ``{table name: (fields, entries, provenance, meta)}``."""
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"tuned data {path} is not JSON ({exc}); fix or delete it") from None
+    doc = fileio.loads_json(text, path, "tuned data", hint=_HINT)
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         got = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
         raise ConfigError(f"tuned data {path}: format is {got!r}, expected {FORMAT!r}; regenerate the file "
@@ -147,6 +173,11 @@ def parse(path: Path, text: str, op: Optional[str] = None, arch: Optional[str] =
         prov = file_prov if "provenance" not in t else \
             {**file_prov, **_check_provenance(path, f"table {name!r}", t["provenance"])}
         fields = tuple(t.get("key") or ())
+        if not all(isinstance(f, str) for f in fields):
+            raise ConfigError(f"tuned data {path}: table {name!r} 'key' must be a list of field names")
+        if len(t["entries"]) > MAX_ENTRIES:
+            raise ConfigError(f"tuned data {path}: table {name!r} has {len(t['entries'])} entries, more than "
+                              f"{MAX_ENTRIES}; {_HINT}")
         meta = t.get("meta") or {}
         if not isinstance(meta, dict):
             raise ConfigError(f"tuned data {path}: table {name!r} 'meta' must be an object")
@@ -170,11 +201,7 @@ def parse(path: Path, text: str, op: Optional[str] = None, arch: Optional[str] =
 
 
 def _read(path: Path, op: str, arch: str) -> dict:
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"tuned data {path} is unreadable ({exc})") from None
-    return parse(path, text, op, arch)
+    return parse(path, fileio.read_text(path, "tuned data", MAX_FILE_BYTES, hint=_HINT), op, arch)
 
 
 @functools.lru_cache(maxsize=None)
@@ -182,20 +209,21 @@ def _load(op: str, arch: str, folders: tuple) -> types.MappingProxyType:
     merged: dict = {}
     for folder in folders:
         path = Path(folder) / f"{arch}.json"
-        if not path.is_file():
+        if not os.path.lexists(path):   # anything else there (a FIFO, a folder, a dangling link) is refused
             continue
         for name, (fields, entries, prov, meta) in _read(path, op, arch).items():
             if name not in merged:
-                merged[name] = (fields, dict(entries), prov, dict(meta), {})
+                merged[name] = (fields, dict(entries), prov, dict(meta), {}, dict.fromkeys(entries, str(path)))
                 continue
-            f0, e0, p0, m0, origin = merged[name]
+            f0, e0, p0, m0, origin, files = merged[name]
+            files.update(dict.fromkeys(entries, str(path)))
             if fields and f0 and fields != f0:
                 raise ConfigError(f"tuned data {path}: table {name!r} is keyed by {list(fields)}, the shipped "
                                   f"table by {list(f0)}; an override must use the same key")
             e0.update(entries)
             m0.update(meta)
             origin.update({k: prov for k in entries})
-    return types.MappingProxyType({n: Table(n, f, e, p, m, o) for n, (f, e, p, m, o) in merged.items()})
+    return types.MappingProxyType({n: Table(n, f, e, p, m, o, fs) for n, (f, e, p, m, o, fs) in merged.items()})
 
 
 def _shipped(op: str) -> Optional[str]:
@@ -216,9 +244,12 @@ def tables(op: str, arch: str, shipped=None) -> Mapping[str, Table]:
     return _load(op, arch, (base, user) if base else (user,))
 
 
-def table(op: str, arch: str, name: str, shipped=None) -> Table:
-    """One named table of (op, arch); an empty table when no layer has it."""
-    return tables(op, arch, shipped).get(name, EMPTY)
+def table(op: str, arch: str, name: str, shipped=None, check=None) -> Table:
+    """One named table of (op, arch); an empty table when no layer has it.
+
+    ``check(key, value)``: the op's validator of this table's records, run over every entry once
+    per loaded table (:meth:`Table.checked`); pass the same function object each time."""
+    return tables(op, arch, shipped).get(name, EMPTY).checked(check)
 
 
 def clear_cache() -> None:
@@ -249,9 +280,10 @@ def write(op: str, arch: str, name: str, entries: Iterable[tuple[Any, Any]], *, 
     path = folder / f"{arch}.json"
     prov = {"command": command, "date": date.today().isoformat(), "device": device, "source": source}
     doc = {"format": FORMAT, "op": op, "arch": arch, "provenance": prov, "tables": {}}
-    if path.is_file():
-        parse(path, path.read_text(), op, arch)  # refuse to build on a broken file
-        doc = json.loads(path.read_text())
+    if os.path.lexists(path):
+        text = fileio.read_text(path, "tuned data", MAX_FILE_BYTES, hint=_HINT)
+        parse(path, text, op, arch)  # refuse to build on a broken file
+        doc = json.loads(text)
     t = doc["tables"].setdefault(name, {"key": list(fields), "entries": []})
     t["provenance"] = prov
     if meta:

@@ -11,11 +11,13 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from . import knobs
+from . import fileio, knobs
 from .errors import ConfigError
+from .tuned_data import FORMAT as DATA_FORMAT, Table, clear_cache, table, tables, user_dir, write  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +29,7 @@ def default_path() -> Path:
 FORMAT = "ck-dispatcher.tuning/1"
 _TMP = ".ck-tuning-tmp-"
 #: a tuning table larger than this is not one this code wrote
-MAX_FILE_BYTES = 256 << 20
+MAX_FILE_BYTES = fileio.LIMITS["tuning"]
 
 
 def _entries_of(data, path) -> dict:
@@ -50,8 +52,9 @@ def _entries_of(data, path) -> dict:
         if not isinstance(e, dict) or not isinstance(e.get("kernel"), str):
             raise bad(f"entry {k[:60]!r} is not an object with a 'kernel' name")
         secs = e.get("seconds")
-        if secs is not None and (isinstance(secs, bool) or not isinstance(secs, (int, float))):
-            raise bad(f"entry {k[:60]!r}: 'seconds' is not a number")
+        if secs is not None and (isinstance(secs, bool) or not isinstance(secs, (int, float))
+                                 or not math.isfinite(secs) or secs < 0):
+            raise bad(f"entry {k[:60]!r}: 'seconds' is not a finite number >= 0")
         if not isinstance(e.get("results", []), list) or not isinstance(e.get("problem", {}), dict):
             raise bad(f"entry {k[:60]!r}: 'results' must be a list and 'problem' an object")
     return entries
@@ -61,15 +64,9 @@ class TuningTable:
     def __init__(self, path=None):
         self.path = Path(path) if path else default_path()
         self.entries: dict[str, dict] = {}
-        if self.path.exists():
-            try:
-                if self.path.stat().st_size > MAX_FILE_BYTES:
-                    raise ConfigError(f"tuning table {self.path} is larger than {MAX_FILE_BYTES >> 20} MiB; "
-                                      f"point CK_TUNING_DB at a tuning table written by `ck tune`")
-                data = json.loads(self.path.read_bytes())
-            except (OSError, ValueError, RecursionError) as exc:
-                raise ConfigError(f"tuning table {self.path} is unreadable ({type(exc).__name__}: "
-                                  f"{str(exc)[:200]}); delete it or point CK_TUNING_DB elsewhere") from None
+        if os.path.lexists(self.path):
+            data = fileio.read_json(self.path, "tuning table", MAX_FILE_BYTES,
+                                    hint="delete it or point CK_TUNING_DB at a tuning table written by `ck tune`")
             self.entries = _entries_of(data, self.path)
 
     @staticmethod
@@ -125,5 +122,3 @@ def tune(dispatcher, problem, inputs: dict, timer: Callable[[Callable], float],
                      [{"kernel": n, "seconds": s if math.isfinite(s) else None} for n, s in results])
     return results
 
-
-from .tuned_data import FORMAT as DATA_FORMAT, Table, clear_cache, table, tables, user_dir, write  # noqa: E402,F401

@@ -100,8 +100,9 @@ def plan_work(mgr, spec: SweepSpec, registry, shapes: list, opts: Options, sink:
                 opts.workers or knobs.build_workers(), opts.timeout)
     if opts.compile_only:
         for k in registry:
-            if (k.name, "") not in sink.done:
-                tasks[k.name].append({"base": _base_row(spec, None, None, k, registry.arch, backend)})
+            base = _base_row(spec, None, None, k, registry.arch, backend)
+            if not sink.resumed((k.name, ""), base):
+                tasks[k.name].append({"base": base})
         return work
     chooser = Dispatcher(registry, backend=backend, check_backend=False)
     for shape, problem in _problems(spec, op, shapes):
@@ -112,9 +113,9 @@ def plan_work(mgr, spec: SweepSpec, registry, shapes: list, opts: Options, sink:
             if not any(fit):
                 continue
             used = True
-            if (key.name, shape.name) in sink.done:
-                continue
             base = _base_row(spec, shape, problem, key, registry.arch, backend)
+            if sink.resumed((key.name, shape.name), base):
+                continue
             try:
                 stages = [key if ok else chooser.select(sub) for ok, (_, sub) in zip(fit, steps)]
             except (MissingKernel, UnsupportedProblem) as exc:
@@ -122,9 +123,10 @@ def plan_work(mgr, spec: SweepSpec, registry, shapes: list, opts: Options, sink:
                 continue
             tasks[key.name].append({"base": base, "problem_name": shape.name, "fields": dict(shape.fields),
                                     "stages": [k.to_dict() for k in stages]})
-        if not used and ("", shape.name) not in sink.done:
-            emit(dict(_base_row(spec, shape, problem, None, registry.arch, backend), status="unsupported",
-                      error="no kernel of the set supports this shape"))
+        if not used:
+            base = _base_row(spec, shape, problem, None, registry.arch, backend)
+            if not sink.resumed(("", shape.name), base):
+                emit(dict(base, status="unsupported", error="no kernel of the set supports this shape"))
     return work
 
 
@@ -143,6 +145,9 @@ def _bars(work: Work, enabled: bool):
 def get_executor(opts: Options):
     if opts.executor == "local":
         from .local import LocalExecutor
+
+        if opts.address:
+            raise ConfigError("--address names a Ray cluster; pass --executor ray with it (or drop it)")
 
         return LocalExecutor()
     if opts.executor == "ray":
@@ -178,9 +183,11 @@ def run_sweep(opts: Options, out=None) -> dict:
         raise ConfigError(f"op {opts.op} ships no testing matrix; pass --shapes FILE")
     shapes = load_matrix(shapes_path, opts.category) if not opts.compile_only else []
     sink = RowSink(columns(spec), opts.csv, opts.json, resume=opts.resume)
-    resumed = len(sink.rows)
     t0 = time.perf_counter()
     work = plan_work(mgr, spec, reg, shapes, opts, sink, sink.add)
+    sink.start()
+    resumed = sink.kept
+    _report_rejected(sink)
     cbar, bbar = _bars(work, opts.progress is not False)
 
     def emit(row):
@@ -217,6 +224,7 @@ def run_sweep(opts: Options, out=None) -> dict:
         "total_kernels": len(reg), "enumerated_kernels": sel.enumerated,
         "shapes_benchmarked": len({r["problem_name"] for r in ok_rows}),
         "total_measurements": len(ok_rows), "status_counts": counts, "resumed_rows": resumed,
+        "rejected_resume_rows": len(sink.rejected),
         "executor": opts.executor, "workers": work.workers, "verify": opts.verify,
         "compile_only": opts.compile_only, "wall_s": round(wall, 3),
         "versions": versions(("ray",) if opts.executor == "ray" else ()),
@@ -234,6 +242,17 @@ def run_sweep(opts: Options, out=None) -> dict:
     if opts.json != "-":
         _summary(meta, out)
     return meta
+
+
+def _report_rejected(sink) -> None:
+    if not sink.rejected:
+        return
+    for src, rid, why in sink.rejected[:5]:
+        what = f"row {rid!r:.120}" if rid is not None else "a row"
+        log.warning("--resume: %s%s not taken as measured (%s); it is measured again",
+                    what, f" of {src}" if src else "", why)
+    log.warning("--resume: %d row(s) of the earlier run rejected in all; they are measured again",
+                len(sink.rejected))
 
 
 def _plot_prefix(opts: Options) -> str:

@@ -9,7 +9,6 @@ a line.
 from __future__ import annotations
 
 import importlib.util
-import json
 import logging
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,6 +17,7 @@ from typing import Callable, Optional
 import attrs
 
 from ..errors import ConfigError, FilterError
+from ..fileio import read_json
 from ..filters import compile_filter, load_filter_file
 from ..registry import Registry
 from .matrix import load_toml
@@ -29,16 +29,11 @@ log = logging.getLogger(__name__)
 def load_config(path) -> dict:
     """A seed-format kernel config (``.json`` or ``.toml``) as a dict."""
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"kernel config {p} not found")
     if p.suffix.lower() == ".toml":
         return load_toml(p)
     if p.suffix.lower() != ".json":
         raise ConfigError(f"{p}: unknown config format {p.suffix!r}; use .json or .toml")
-    try:
-        return json.loads(p.read_text())
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{p}: invalid JSON: {exc}") from None
+    return read_json(p, "kernel config")
 
 
 def kernel_set_of(spec: SweepSpec, data: dict, source: str) -> KernelSet:

@@ -26,6 +26,7 @@ from typing import Any, Iterable, List, Mapping, Optional
 import attrs
 
 from ..errors import ConfigError
+from ..fileio import depth_error, read_text
 
 CATEGORIES = ("smoke", "full", "nightly")
 _INCLUDES = {"smoke": {"smoke"}, "full": {"smoke", "full"}, "nightly": set(CATEGORIES)}
@@ -43,7 +44,7 @@ class Shape:
         return {"name": self.name, "category": self.category, "fields": dict(self.fields)}
 
 
-def load_toml(path: Path) -> dict:
+def load_toml(path: Path, what: str = "TOML file") -> dict:
     try:
         import tomllib
     except ModuleNotFoundError:  # pragma: no cover - Python < 3.11
@@ -51,13 +52,17 @@ def load_toml(path: Path) -> dict:
             import tomli as tomllib  # type: ignore[no-redef]
         except ModuleNotFoundError:
             raise ConfigError(f"{path}: reading TOML needs Python 3.11+ or the 'tomli' package") from None
+    text = read_text(path, what)
     try:
-        with open(path, "rb") as fh:
-            return tomllib.load(fh)
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{path} nests tables/arrays too deeply to parse") from None
+    why = depth_error(data)
+    if why:
+        raise ConfigError(f"{path} {why}")
+    return data
 
 
 def _token(value) -> str:
@@ -111,9 +116,7 @@ def parse_matrix(data: Mapping[str, Any], source: str) -> List[Shape]:
 def load_matrix(path, category: Optional[str] = None) -> List[Shape]:
     """The shapes of ``path`` in ``category`` (None: every shape)."""
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"testing matrix {p} not found")
-    shapes = parse_matrix(load_toml(p), str(p))
+    shapes = parse_matrix(load_toml(p, "testing matrix"), str(p))
     if category is None:
         return shapes
     if category not in _INCLUDES:

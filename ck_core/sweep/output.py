@@ -10,14 +10,16 @@ from __future__ import annotations
 import csv
 import datetime as _dt
 import json
+import math
 import os
 import platform
 import sys
 import tempfile
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Optional
 
 from ..errors import ConfigError
+from ..fileio import _kind
 
 STATUSES = ("ok", "wrong", "compile_failed", "unsupported", "timeout", "error")
 TAIL = ("arch", "backend", "status", "verified", "rel_err", "latency_ms", "tflops", "bandwidth_gb_s",
@@ -34,6 +36,15 @@ def row_id(row: dict) -> tuple:
     return (row.get("kernel", ""), row.get("problem_name", ""))
 
 
+#: result columns that hold a measurement: absent, empty, or a finite number >= 0
+NUMBERS = ("rel_err", "latency_ms", "tflops", "bandwidth_gb_s", "peer_latency_ms", "peer_tflops",
+           "speedup_vs_peer", "first_call_ms", "compile_s")
+#: most rows a resumed file may hold, and most bytes of one text field
+MAX_ROWS = 1 << 21
+MAX_FIELD = 1 << 16
+_RESUME_HINT = "remove it, or drop --resume to measure every row again"
+
+
 def _parse(text: str):
     if text == "":
         return None
@@ -45,48 +56,175 @@ def _parse(text: str):
     return text
 
 
-def read_rows(path) -> list:
-    """Rows already written to a CSV, JSON or partial JSONL file (missing file: none)."""
+def check_row(row, cols) -> Optional[str]:
+    """Why a resumed row cannot stand as a measurement (None: it can).  A resume file is
+    untrusted input: its rows are taken only if they have the shape this sweep writes."""
+    if not isinstance(row, dict):
+        return f"a {type(row).__name__}, not a row object"
+    for k, v in row.items():
+        if not isinstance(k, str):
+            return f"column name {k!r:.40} is not a string (a line with more fields than the header?)"
+        if v is not None and not isinstance(v, (str, int, float, bool)):
+            return f"column {k[:40]!r} holds a {type(v).__name__}"
+        if isinstance(v, str) and len(v) > MAX_FIELD:
+            return f"column {k[:40]!r} is longer than {MAX_FIELD} characters"
+    for k in ("kernel", "problem_name"):
+        if not isinstance(row.get(k, ""), str):
+            return f"{k!r} is not a string"
+    status = row.get("status")
+    if status not in STATUSES:
+        return f"status {status!r:.40} is not one of {', '.join(STATUSES)}"
+    for k in NUMBERS:
+        v = row.get(k)
+        if v is None or v == "":
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            return f"{k} {v!r:.40} is not a finite number >= 0"
+    if status == "ok" and row.get("problem_name"):
+        lat = row.get("latency_ms")
+        if isinstance(lat, bool) or not isinstance(lat, (int, float)) or not lat > 0:
+            return "an 'ok' row without a positive latency_ms"
+    return None
+
+
+def _csv_rows(p: Path, text: str, bad: list) -> list:
+    lines = text.splitlines(keepends=True)
+    reader = csv.DictReader(lines)
+    out = []
+    while True:
+        try:
+            r = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as exc:
+            n = reader.line_num + 1   # the line being read when the reader gave up
+            if n >= len(lines):   # the line a kill cut short
+                break
+            raise ConfigError(f"sweep CSV {p} line {n}: {exc}; {_RESUME_HINT}") from None
+        if not r.get("status"):
+            if reader.line_num < len(lines):   # only the last line may be one a kill cut short
+                bad.append(f"{p} line {reader.line_num}: a row without a status")
+            continue
+        out.append({k: (_parse(v) if isinstance(v, str) else v) for k, v in r.items()})
+    return out
+
+
+def read_rows(path, bad: Optional[list] = None) -> list:
+    """Rows already written to a CSV, JSON or partial JSONL file (missing file: none).
+
+    The file must be a regular file of bounded size and UTF-8 text (else a ConfigError naming
+    it); entries that are not rows at all (not objects, a broken JSONL line) are left out and
+    described in ``bad``.  The rows are not validated here: :class:`RowSink` does that."""
+    from ..fileio import loads_json, read_text
+
+    bad = [] if bad is None else bad
     p = Path(path)
-    if not p.exists():
+    if not os.path.lexists(p):
         return []
+    text = read_text(p, "sweep file to resume", "resume", hint=_RESUME_HINT)
     if p.suffix == ".csv":
-        with open(p, newline="") as f:
-            return [{k: _parse(v) for k, v in r.items()} for r in csv.DictReader(f)
-                    if r.get("status")]  # a half-written last line has no status
-    if p.suffix == ".jsonl":
-        out = []
-        for line in p.read_text().splitlines():
+        rows = _csv_rows(p, text, bad)
+    elif p.suffix == ".jsonl":
+        rows = []
+        lines = text.splitlines()
+        for n, line in enumerate(lines):
+            if not line.strip():
+                continue
             try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:  # the line a kill cut short
-                pass
-        return out
-    try:
-        return list(json.loads(p.read_text()).get("results", []))
-    except (json.JSONDecodeError, AttributeError) as exc:
-        raise ConfigError(f"{p} is not a sweep JSON file ({exc}); remove it or drop --resume") from None
+                rows.append(json.loads(line))
+            except (ValueError, RecursionError):
+                if n != len(lines) - 1:   # the last line may be one a kill cut short
+                    bad.append(f"{p} line {n + 1}: not JSON")
+    else:
+        doc = loads_json(text, p, "sweep JSON file", hint=_RESUME_HINT, max_depth=16)
+        if not isinstance(doc, dict) or not isinstance(doc.get("results", []), list):
+            raise ConfigError(f"{p} is not a sweep JSON file (no 'results' list); {_RESUME_HINT}")
+        rows = list(doc.get("results", []))
+    if len(rows) > MAX_ROWS:
+        raise ConfigError(f"{p} holds {len(rows)} rows, more than a sweep writes ({MAX_ROWS}); {_RESUME_HINT}")
+    return rows
 
 
 class RowSink:
-    """Appends rows to the CSV (and the partial JSONL when only JSON is asked for)."""
+    """Appends rows to the CSV (and the partial JSONL when only JSON is asked for).
+
+    With ``resume``, the rows of the earlier run's files are read and checked
+    (:func:`check_row`); the engine then confirms each against the row it would write
+    (:meth:`resumed`) and :meth:`start` drops every row it did not confirm: a bad or foreign
+    row is reported (:attr:`rejected`) and measured again, never taken as measured."""
 
     def __init__(self, cols: list, csv_path=None, json_path=None, resume: bool = False):
         self.cols = cols
         self.rows: list = []
+        self.rejected: list = []   # (file, row id or None, why)
         self.csv_path = Path(csv_path) if csv_path else None
         self.json_path = Path(json_path) if json_path and json_path != "-" else None
         self.partial = (Path(str(self.json_path) + ".partial.jsonl")
                         if self.json_path and not self.csv_path else None)
+        for out in (self.csv_path, self.partial, self.json_path):
+            if out is not None and os.path.lexists(out) and not out.is_file():
+                try:
+                    kind = _kind(os.stat(out).st_mode)
+                except OSError:
+                    kind = "a dangling link"
+                raise ConfigError(f"sweep output {out} is {kind}, not a regular file; pass another path")
+        self._kept: set = set()
+        self._resuming = resume
         if resume:
             seen = set()
             for src in (self.csv_path, self.partial, self.json_path):
-                for r in (read_rows(src) if src else ()):
-                    if row_id(r) not in seen:
+                if not src:
+                    continue
+                bad: list = []
+                for r in read_rows(src, bad):
+                    why = check_row(r, cols)
+                    if why is not None:
+                        self.rejected.append((str(src), None, why))
+                    elif row_id(r) not in seen:
                         seen.add(row_id(r))
                         self.rows.append(r)
-        self.done = {row_id(r) for r in self.rows}
+                self.rejected.extend((str(src), None, why) for why in bad)
+        self._by_id = {row_id(r): r for r in self.rows}
+        self.done = set(self._by_id)
         self._csv = self._jsonl = None
+
+    def resumed(self, rid: tuple, base: dict) -> bool:
+        """Whether the earlier run measured ``rid`` (kernel, problem name) with these problem and
+        kernel columns (``base``, the row this sweep would write); a resumed row that disagrees
+        is rejected, to be measured again."""
+        row = self._by_id.get(rid)
+        if row is None:
+            return False
+        known = set(self.cols) | set(base)
+        why = next((f"unknown column {k[:40]!r}" for k in row if k not in known), None)
+        if why is None:
+            why = next((f"{k} is {row.get(k)!r:.40}, this sweep's is {v!r:.40}" for k, v in base.items()
+                        if _norm(row.get(k)) != _norm(v)), None)
+        if why is not None:
+            self._reject(rid, why)
+            return False
+        self._kept.add(rid)
+        return True
+
+    @property
+    def kept(self) -> int:
+        """How many rows of the earlier run stand (confirmed by :meth:`resumed`)."""
+        return len(self._kept)
+
+    def _reject(self, rid, why) -> None:
+        row = self._by_id.pop(rid, None)
+        if row is not None:
+            self.rows = [r for r in self.rows if r is not row]
+            self.done.discard(rid)
+        self.rejected.append(("", rid, why))
+
+    def start(self) -> None:
+        """Drop the resumed rows the engine did not confirm, then open the outputs and write the
+        rows kept (rewriting the CSV drops a torn last line of a killed run)."""
+        if self._resuming:
+            for rid in [rid for rid in self._by_id if rid not in self._kept]:
+                self._reject(rid, "not a (kernel, shape) pair of this sweep's kernel set and matrix")
+            self._resuming = False
         if self.csv_path:
             self.csv_path.parent.mkdir(parents=True, exist_ok=True)
             self._rewrite_csv()
@@ -123,6 +261,15 @@ class RowSink:
             if f:
                 f.close()
         self._csv = self._jsonl = None
+
+
+def _norm(v) -> str:
+    """A column value as the CSV round trip leaves it (None and "" alike)."""
+    if v is None or v == "":
+        return ""
+    if isinstance(v, str):
+        v = _parse(v)
+    return str(v)
 
 
 def versions(extra: Iterable[str] = ()) -> dict:

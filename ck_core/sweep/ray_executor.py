@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import collections
 import importlib.util
+import ipaddress
 import logging
+import re
+import socket
 import time
 from typing import Optional
 
 from .. import build as _build
-from ..errors import CkError
+from ..errors import CkError, ConfigError
 from .work import Work, compile_row, rates, timeout_row
 from .local import STARTUP_S
 
@@ -32,6 +35,63 @@ def require_ray():
     import ray
 
     return ray
+
+
+#: seconds to wait for a Ray cluster's port to answer before giving up
+CONNECT_TIMEOUT_S = 5.0
+_HOST = re.compile(r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
+_FORMS = "HOST:PORT (the head node's GCS port, e.g. 10.0.0.5:6379), ray://HOST:PORT (Ray Client) or auto"
+
+
+def parse_address(address: str) -> Optional[tuple]:
+    """``(host, port)`` of a Ray address to probe, None for ``auto`` / ``local`` (Ray finds the
+    cluster itself); ConfigError for anything that is not an address."""
+    def bad(why):
+        return ConfigError(f"--address {str(address)[:80]!r} is not a Ray address ({why}); use {_FORMS}")
+
+    if not isinstance(address, str) or not address.strip():
+        raise bad("empty")
+    text = address.strip()
+    if text in ("auto", "local"):
+        return None
+    if "://" in text:
+        scheme, _, text = text.partition("://")
+        if scheme != "ray":
+            raise bad(f"scheme {scheme[:20]!r}; the only one is ray://")
+    if text.startswith("["):          # [IPv6]:PORT
+        host, sep, port = text[1:].partition("]:")
+        if not sep:
+            raise bad("an IPv6 host is written [ADDR]:PORT")
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise bad(f"{host[:60]!r} is not an IPv6 address") from None
+    else:
+        host, sep, port = text.rpartition(":")
+        if not sep:
+            raise bad("no port")
+        if not _HOST.fullmatch(host):
+            raise bad(f"{host[:60]!r} is not a host name or IP address")
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise bad(f"port {port[:20]!r} is not a number in 1..65535")
+    return host, int(port)
+
+
+def probe(address: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
+    """Fail fast, with a CkError, when nothing listens at the cluster's address (Ray itself
+    retries for minutes)."""
+    hp = parse_address(address)
+    if hp is None:
+        return
+    host, port = hp
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            pass
+    except OSError as exc:
+        why = "timed out" if isinstance(exc, socket.timeout) else (exc.strerror or str(exc))
+        raise CkError(f"cannot reach a Ray cluster at {address} ({why} within {timeout:g} s): start one there "
+                      f"(`ray start --head --port={port}`), fix --address, or drop --address to start a "
+                      f"local Ray instance") from None
 
 
 class _BenchActor:
@@ -50,6 +110,8 @@ class RayExecutor:
     name = "ray"
 
     def __init__(self, address: Optional[str] = None, init: Optional[dict] = None):
+        if address is not None:
+            parse_address(address)   # a malformed address fails before Ray is even imported
         self.ray = require_ray()
         self.address = address
         self.init = dict(init or {})
@@ -62,8 +124,14 @@ class RayExecutor:
               "runtime_env": {"env_vars": env}}
         kw.update(self.init)
         if self.address:
-            kw["address"] = self.address
-        ray.init(**kw)
+            probe(self.address)
+            kw["address"] = self.address.strip()
+        try:
+            ray.init(**kw)
+        except (ConnectionError, TimeoutError, RuntimeError, ValueError) as exc:
+            where = f"the Ray cluster at {self.address}" if self.address else "a local Ray instance"
+            raise CkError(f"could not start or join {where}: {str(exc)[:300]}; check --address, or use "
+                          f"--executor local") from None
         return True
 
     def run(self, work: Work, emit, compiled_cb) -> dict:

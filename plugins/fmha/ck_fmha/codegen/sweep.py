@@ -25,6 +25,7 @@ Trait keys are spec field names, plus the tile engine's spellings
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Tuple, Union
 
@@ -226,7 +227,7 @@ def parse_sweep(data: Any, source: str = "<config>") -> SweepConfig:
 def load_sweep(path: Union[str, Path]) -> SweepConfig:
     """Load a sweep config from a ``.json`` or ``.toml`` file."""
     path = Path(path)
-    if not path.is_file():
+    if not os.path.lexists(path):   # a FIFO, a folder, ...: ck_core.config says what it is
         raise ConfigError(f"{path}: sweep config file not found")
     suffix = path.suffix.lower()
     # ck_core.config reads both with the same guards (size, encoding, nesting depth)
