@@ -429,56 +429,60 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_archs)
 
     def reg_args(s, out=False):
-        s.add_argument("op")
-        s.add_argument("--arch", required=True)
-        s.add_argument("--backend", default=knobs.get("CK_BACKEND") or "numpy")
+        s.add_argument("op", help="gemm, conv, fmha, ... (ck plugins lists them)")
+        s.add_argument("--arch", required=True, help="gfx942, sm90, ... (ck archs lists them)")
+        s.add_argument("--backend", default=knobs.get("CK_BACKEND") or "numpy",
+                       help="numpy (default, CK_BACKEND), triton or ck")
         s.add_argument("--filter", help="safe expression over kernel fields, e.g. \"c.tile_m == 128\"")
         s.add_argument("--filter-file", help="file of filter expressions, one a line")
 
     s = sub.add_parser("list", allow_abbrev=False, help="enumerate kernels: ck list <op> --arch A [--count] [--json]")
     reg_args(s)
-    s.add_argument("--count", action="store_true")
+    s.add_argument("--count", action="store_true", help="print the number of kernels only")
     s.add_argument("--list", action="store_true", help="print names (the default)")
     s.add_argument("--ck-names", action="store_true",
                    help="print CK's own kernel names where the op has them (FMHA)")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help="the registry (or, with --count, the count) as JSON")
     s.set_defaults(fn=cmd_list)
 
     s = sub.add_parser("export", allow_abbrev=False, help="write a registry to JSON")
     reg_args(s)
-    s.add_argument("-o", "--output", required=True)
+    s.add_argument("-o", "--output", required=True, help="the JSON file to write")
     s.set_defaults(fn=cmd_export)
     s = sub.add_parser("import", allow_abbrev=False, help="read and check a registry JSON; --run a problem on it")
-    s.add_argument("file")
+    s.add_argument("file", help="a registry JSON written by ck export")
     s.add_argument("--run", action="store_true",
                    help="dispatch the problem given as --<field> value over the imported kernels")
     s.add_argument("--backend", default=None, help="default: the backend the file's kernels name")
-    s.add_argument("--kernel-filter", dest="kfilter")
-    s.add_argument("--seed", type=int, default=None)
-    s.add_argument("--repeat", type=int, default=3)
+    s.add_argument("--kernel-filter", dest="kfilter", help="restrict the candidates with a filter expression")
+    s.add_argument("--seed", type=int, default=None, help="seed of the random inputs (default: fresh ones)")
+    s.add_argument("--repeat", type=int, default=3, help="timed runs (the median is printed)")
     s.add_argument("--tuned", action="store_true", help="use the tuning table")
-    s.add_argument("--no-validate", action="store_true")
-    s.add_argument("--json", action="store_true")
-    s.add_argument("--csv", action="store_true")
+    s.add_argument("--no-validate", action="store_true", help="skip the float64 reference check")
+    s.add_argument("--json", action="store_true", help="print the result as JSON")
+    s.add_argument("--csv", action="store_true", help="one CSV row per stage (header first)")
     s.set_defaults(fn=cmd_import)
 
     s = sub.add_parser("run", allow_abbrev=False, help="dispatch, run and validate one problem")
-    s.add_argument("op")
-    s.add_argument("--arch", required=True)
-    s.add_argument("--backend", default=knobs.get("CK_BACKEND") or "numpy")
+    s.add_argument("op", help="gemm, conv, fmha, ... (ck plugins lists them)")
+    s.add_argument("--arch", required=True, help="gfx942, sm90, ... (ck archs lists them)")
+    s.add_argument("--backend", default=knobs.get("CK_BACKEND") or "numpy",
+                   help="numpy (default, CK_BACKEND), triton or ck")
     s.add_argument("--kernel-filter", dest="kfilter",
                    help="restrict the candidates with a filter expression (problem fields take --<field>)")
-    s.add_argument("--seed", type=non_negative_int, default=None)
-    s.add_argument("--repeat", type=positive_int, default=3)
+    s.add_argument("--seed", type=non_negative_int, default=None,
+                   help="seed of the random inputs (default: fresh ones each run)")
+    s.add_argument("--repeat", type=positive_int, default=3, help="timed runs (the median is printed)")
     s.add_argument("--tuned", action="store_true", help="use the tuning table")
-    s.add_argument("--no-validate", action="store_true")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--no-validate", action="store_true", help="skip the float64 reference check")
+    s.add_argument("--json", action="store_true", help="print the result as JSON")
     s.add_argument("--csv", action="store_true", help="one CSV row per stage (header first)")
     s.set_defaults(fn=cmd_run)
 
     s = sub.add_parser("build", allow_abbrev=False, help="compile a registry in parallel through its backend")
     reg_args(s)
-    s.add_argument("--workers", type=positive_int, default=None)
+    s.add_argument("--workers", type=positive_int, default=None,
+                   help="compile processes (default CK_BUILD_WORKERS or the CPU count)")
     s.add_argument("--limit", type=positive_int, default=None, help="build only the first N kernels")
     s.add_argument("--keep-going", action="store_true", help="exit 0 even if some kernels failed")
     s.add_argument("--json", help="write the build report here")
@@ -489,24 +493,25 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_cache)
 
     s = sub.add_parser("tune", allow_abbrev=False, help="time the candidates of a problem, store the winner")
-    s.add_argument("op")
-    s.add_argument("--arch", required=True)
-    s.add_argument("--backend", default=knobs.get("CK_BACKEND") or "numpy")
-    s.add_argument("--kernel-filter", dest="kfilter")
+    s.add_argument("op", help="gemm, conv, fmha, ... (ck plugins lists them)")
+    s.add_argument("--arch", required=True, help="gfx942, sm90, ... (ck archs lists them)")
+    s.add_argument("--backend", default=knobs.get("CK_BACKEND") or "numpy",
+                   help="numpy (default, CK_BACKEND), triton or ck")
+    s.add_argument("--kernel-filter", dest="kfilter", help="restrict the candidates with a filter expression")
     s.add_argument("--top", type=positive_int, default=None, help="time only the heuristic's first N")
-    s.add_argument("--show", type=positive_int, default=10)
-    s.add_argument("--repeat", type=positive_int, default=5)
+    s.add_argument("--show", type=positive_int, default=10, help="rows of the timing table to print")
+    s.add_argument("--repeat", type=positive_int, default=5, help="timed runs per candidate (median)")
     s.add_argument("--db", help="tuning table path (default CK_TUNING_DB or the cache dir)")
     s.set_defaults(fn=cmd_tune)
 
     s = sub.add_parser("bench", allow_abbrev=False, help="benchmark against a peer: ck bench gemm --vs torch")
     s.add_argument("op")
-    s.add_argument("--vs", default="torch")
-    s.add_argument("--arch", default=None)
-    s.add_argument("--backend", default=None)
-    s.add_argument("--csv")
+    s.add_argument("--vs", default="torch", help="the peer to compare with (torch, sdpa ...)")
+    s.add_argument("--arch", default=None, help="default: the GPU's arch plugin")
+    s.add_argument("--backend", default=None, help="default: triton")
+    s.add_argument("--csv", help="write the rows to this CSV file")
     s.add_argument("--json", help="write the results JSON here (default: ck-results/<op>.json under the current directory)")
-    s.add_argument("--quick", action="store_true")
+    s.add_argument("--quick", action="store_true", help="a few cases only")
     s.add_argument("--suite", default="core",
                    help="core: the fixed regression cases; broad: shapes drawn from real workloads (fixed seed)")
     s.add_argument("-q", "--quiet", action="store_true",
@@ -522,7 +527,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_knobs)
 
     s = sub.add_parser("demo", allow_abbrev=False, help="the main job: dispatched, validated GEMM and FMHA")
-    s.add_argument("--backend", default=None)
+    s.add_argument("--backend", default=None,
+                   help="default: triton where a GPU runs it, else numpy (the CPU reference)")
     s.set_defaults(fn=cmd_demo)
     return p
 

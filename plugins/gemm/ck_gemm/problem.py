@@ -61,19 +61,32 @@ class GemmProblem(Problem):
     """
 
     op: ClassVar[str] = "gemm"
-    m: int = attrs.field(converter=as_int, validator=positive)
-    n: int = attrs.field(converter=as_int, validator=positive)
-    k: int = attrs.field(converter=as_int, validator=positive)
-    batch: int = attrs.field(default=1, converter=as_int, validator=positive)
-    dtype: str = attrs.field(default="fp16", validator=_dtype)
-    dtype_c: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
-    layout: str = attrs.field(default="rcr", validator=_layout)
-    num_d: int = attrs.field(default=0, converter=as_int)
-    d_op: str = attrs.field(default="add")
-    activation: str = attrs.field(default="none")
-    preshuffle: bool = attrs.field(default=False)
-    pack_n: int = attrs.field(default=0, converter=as_int)
-    pack_k: int = attrs.field(default=0, converter=as_int)
+    m: int = attrs.field(converter=as_int, validator=positive, metadata={
+        "help": "rows of A and C (M)"})
+    n: int = attrs.field(converter=as_int, validator=positive, metadata={
+        "help": "columns of B and C (N)"})
+    k: int = attrs.field(converter=as_int, validator=positive, metadata={
+        "help": "the reduction length: columns of A, rows of B (K)"})
+    batch: int = attrs.field(default=1, converter=as_int, validator=positive, metadata={
+        "help": "independent products in one launch (the tensors gain a leading batch axis)"})
+    dtype: str = attrs.field(default="fp16", validator=_dtype, metadata={
+        "help": f"input dtype of A and B: {', '.join(DTYPES)}"})
+    dtype_c: str = attrs.field(default="", validator=attrs.validators.instance_of(str), metadata={
+        "help": "output dtype of C ('' = CK's default for dtype: fp8/bf8 -> fp16, int8 -> int32, else dtype)"})
+    layout: str = attrs.field(default="rcr", validator=_layout, metadata={
+        "help": f"storage of A, B, C, one letter each (r = row-major, c = column-major): {', '.join(LAYOUTS)}"})
+    num_d: int = attrs.field(default=0, converter=as_int, metadata={
+        "help": "extra tensors d0..d3 shaped like C, fused into the epilogue (0..4)"})
+    d_op: str = attrs.field(default="add", metadata={
+        "help": f"how the D tensors combine with the accumulator: {', '.join(D_OPS)}"})
+    activation: str = attrs.field(default="none", metadata={
+        "help": f"applied to the result last: {', '.join(ACTIVATIONS)}"})
+    preshuffle: bool = attrs.field(default=False, metadata={
+        "help": "B is pre-shuffled into the kernel's N x K tile order (ck_gemm.preshuffle; layout rcr)"})
+    pack_n: int = attrs.field(default=0, converter=as_int, metadata={
+        "help": "tile N the pre-shuffled B was packed for (0: any; set by ck_gemm.preshuffle)"})
+    pack_k: int = attrs.field(default=0, converter=as_int, metadata={
+        "help": "tile K the pre-shuffled B was packed for (0: any; set by ck_gemm.preshuffle)"})
 
     def __attrs_post_init__(self):
         if not self.dtype_c:
