@@ -1,6 +1,6 @@
 """Time conv's key space and a new problem's selection through the public API's Dispatcher (CPU).
 
-    .venv/bin/python benchmarks/conv_selection_timing.py     # writes benchmarks/results/conv_selection.json
+    python benchmarks/conv_selection_timing.py [OUT]     # default ck-results/conv_selection.json
 
 Rows: ``ck list conv --arch sm90 --backend triton --count`` (a fresh process); per direction,
 the public API's registry load (``ck_core.api.dispatcher_for``), the first selection of a

@@ -8,9 +8,9 @@ benchmarks/results/selection/gemm_sm90.jsonl.gz): the geomean of best / picked w
 skinny 0.833 -> 0.843, batched 0.198 -> 0.221).
 
 The plugin's one reader of its tuned data: ``ck_gemm/tuned/<arch>.json`` (read through
-:mod:`ck_core.tuned_data`, overlaid by the user's store) holds the winners of the arch's sweep
-(benchmarks/gemm_triton_bench.py --tune) in its ``winners`` table: one entry per (dtype, layout,
-M, N, K) with the config name and its measured TFLOPS.  :func:`pick_config` returns the row
+:mod:`ck_core.tuned_data`, overlaid by the user's store) holds the winners of the arch's sweep in
+its ``kernels`` table (the Dispatcher's store: one entry per problem bucket with the kernel, its
+Triton config, the measured shape and TFLOPS) and the learned ranker.  :func:`pick_config` returns the row
 nearest to the problem in log2(M, N, K) space (M weighted most: it decides between skinny and
 square kernels), preferring the same dtype and layout, else a size heuristic; :func:`tuned_keys`
 adds the winners to the registry (the plugin passes it to the space and the legality check).
@@ -18,6 +18,7 @@ adds the winners to the registry (the plugin passes it to the space and the lega
 from __future__ import annotations
 
 import functools
+import json
 import math
 from pathlib import Path
 
@@ -113,8 +114,13 @@ _SIBLINGS = {"fp16": ("bf16",), "bf16": ("fp16",), "fp8": ("bf8",), "bf8": ("fp8
 
 
 def load_table(arch: str = "sm90") -> tuple:
-    """``(dtype, layout, M, N, K, GemmConfig)`` rows of the arch's ``winners`` table (empty: none)."""
-    return _rows(table("gemm", arch, "winners", TUNED_DIR))
+    """``(dtype, layout, M, N, K, GemmConfig)`` rows of the arch's measured winners (empty: none).
+
+    They are the ``kernels`` table's entries (the Dispatcher's store of winners per problem bucket)
+    that name a Triton config: the shipped sweep's, at the shape each was measured on (``shape``;
+    the bucket's own sizes where an entry has none).  Winners ``ck tune`` recorded name a kernel
+    only: the Dispatcher's store serves those directly."""
+    return _rows(table("gemm", arch, "kernels", TUNED_DIR))
 
 
 @functools.lru_cache(maxsize=8)
@@ -122,13 +128,18 @@ def _rows(t: Table) -> tuple:
     # keyed by the store's Table object: parsed once per load of the data files
     rows = []
     for key, v in t.items():
+        if not (isinstance(v, dict) and "config" in v):
+            continue
         try:
-            dtype, layout, m, n, k = key
-            rows.append((dtype, layout, int(m), int(n), int(k), GemmConfig.from_name(v["config"])))
-        except (KeyError, TypeError, ValueError, InvalidProblem) as e:
-            raise ConfigError(f"gemm tuned data ({t.provenance.get('source', '?')}): bad winners entry "
-                              f"{list(key)} -> {v!r}: {e}") from None
-    return tuple(rows)
+            backend, bucket = key
+            b = json.loads(bucket)
+            dtype, layout = b[0], b[2]
+            m, n, k = (int(x) for x in (v.get("shape") or b[-3:]))
+            rows.append((dtype, layout, m, n, k, GemmConfig.from_name(v["config"])))
+        except (KeyError, TypeError, ValueError, IndexError, InvalidProblem) as e:
+            raise ConfigError(f"gemm tuned data ({t.provenance.get('source', '?')}): bad kernels entry "
+                              f"{list(key) if isinstance(key, tuple) else key} -> {v!r}: {e}") from None
+    return tuple(sorted(rows, key=lambda r: r[:5]))
 
 
 def shape_bucket(M: int, N: int, K: int) -> tuple:
