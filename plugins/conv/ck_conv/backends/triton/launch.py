@@ -619,11 +619,17 @@ class Capture:
         for r in self.launches:
             args, slots = list(r.args), []
             for i, v in enumerate(args):
-                if isinstance(v, torch.Tensor) and v.data_ptr() not in self.kept:
-                    role = where.get(v.data_ptr())
+                # a tensor descriptor: a recorded Replay holds its base tensor, a plain record the
+                # descriptor itself (rebuilt per call around the role's tensor)
+                desc = None if isinstance(v, torch.Tensor) else v
+                t = v if desc is None else getattr(v, "base", None)
+                if isinstance(t, torch.Tensor) and t.data_ptr() not in self.kept:
+                    role = where.get(t.data_ptr())
                     if role is None:
                         return None
-                    slots.append((i, role))
+                    if desc is not None:   # the base as the descriptor saw it (often a reshape of the role's)
+                        desc = (_with_base(desc, None), tuple(t.shape), tuple(t.stride()))
+                    slots.append((i, role, desc))
                     args[i] = None   # the recorded tensors are not kept alive
             r.args = args
             plan.append((r, args, tuple(slots)))
@@ -652,8 +658,9 @@ class Capture:
                 vals[role] = new(sh, dtype=dt, device=dev)
             for r, args, slots in plan:
                 a = args.copy()
-                for i, role in slots:
-                    a[i] = vals[role]
+                for i, role, desc in slots:
+                    # pointer slots and a Replay's descriptor slots read the data pointer alone
+                    a[i] = vals[role] if desc is None else _with_base(desc[0], vals[role].as_strided(desc[1], desc[2]))
                 r(a)
             if conv is None:
                 y = vals["y"]
@@ -678,6 +685,14 @@ class _Recording:
 
     def __exit__(self, *exc):
         _CAPTURE.reset(self.token)
+
+
+def _with_base(desc, base):
+    """A copy of the tensor descriptor ``desc`` around ``base`` (same shape, strides and block)."""
+    d = object.__new__(type(desc))
+    d.__dict__.update(desc.__dict__)
+    d.base = base
+    return d
 
 
 def _note(what: str, *args) -> None:
@@ -915,10 +930,12 @@ def _run(p: ConvProblem, tensors: dict, config, num_sms):
             xv = xc.reshape(p.N, g["Di"], g["Hi"], g["Wi"], G * C)
             dyv = dyc.reshape(p.N, g["Do"], g["Ho"], g["Wo"], G * K)
             xb, dyb = [1, 1, 1, bk, bn], [1, 1, 1, bk, bm]
-        # no Capture roles: a replay would keep these descriptors' recorded base pointers
         xd = TensorDescriptor(xv, list(xv.shape), list(xv.stride()), xb)
         dyd = TensorDescriptor(dyv, list(dyv.shape), list(dyv.stride()), dyb)
         final = torch.empty((G, K) + p.filter + (C,), dtype=x.dtype, device=x.device)
+        cap = _CAPTURE.get()
+        if cap is not None:   # descriptor slots: a replay rebuilds them around the new x and dy
+            cap.roles.update(x=xc, w=dyc, y=final)
         grid = (p.taps * _cdiv(K, bm) * _cdiv(C, bn), G, split)
         so = _SplitOut(final, split, cfg.reduction, grid[0] * grid[1])
         _k(tk.conv_bwd_weight_tma_kernel, grid)(
