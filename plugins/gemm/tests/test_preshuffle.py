@@ -199,3 +199,35 @@ def test_linear_refuses_what_a_packed_weight_cannot_do(ck_dispatch_log):
         ck_gemm.PackedWeight(pw.data[:, :1], pw.tile, pw.shape)
     with torch.no_grad():
         assert ck_gemm.linear(torch.rand(3, 40, requires_grad=True), pw).shape == (3, 24)
+
+
+_AOT = """
+import json
+from triton.backends.compiler import GPUTarget
+from ck_gemm.backends.triton import GemmConfig, kernel_for, smem_bytes
+out = []
+for v in ("plain", "persistent"):
+    cfg = GemmConfig(64, 128, 64, 8, 4, 3, v, 1)
+    spec = kernel_for(cfg, num_sms=132, dtype="bf16", layout="rcr", num_d=1, activation="relu", preshuffle=True)
+    k = spec.compile(GPUTarget("cuda", 90, 32))
+    out.append([v, k.metadata.shared, smem_bytes(cfg, "bf16"), "wgmma" in k.asm["ptx"]])
+print("RESULT" + json.dumps(out))
+"""
+
+
+def test_preshuffle_kernels_compile_for_sm90_ahead_of_time():
+    """The pre-shuffled-B kernels compile for Hopper (wgmma), within the shared-memory model."""
+    import json
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)
+    env["PYTHONPATH"] = os.pathsep.join(sys.path)
+    p = subprocess.run([sys.executable, "-c", _AOT], env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    rows = json.loads([x for x in p.stdout.splitlines() if x.startswith("RESULT")][-1][len("RESULT"):])
+    assert [r[0] for r in rows] == ["plain", "persistent"]
+    for v, shared, est, wgmma in rows:
+        assert shared <= est and wgmma, (v, shared, est)
