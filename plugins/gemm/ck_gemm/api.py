@@ -21,7 +21,7 @@ from ck_core.errors import InvalidProblem
 from ck_core.plugins import get_manager
 from ck_core.warm import tensor_sig
 
-from .problem import ACTIVATIONS, DEFAULT_C, GemmProblem
+from .problem import ACTIVATIONS, DEFAULT_C, GemmProblem, pack_b
 
 
 def _operand(t: torch.Tensor) -> tuple:
@@ -365,11 +365,126 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, d: Sequence[torch.Tensor] = (), 
     return gemm_op(a, b, list(d), _activation(activation), out_dtype)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``x @ weight.T + bias`` like ``torch.nn.functional.linear`` (weight is (out, in))."""
+def linear(x: torch.Tensor, weight, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``x @ weight.T + bias`` like ``torch.nn.functional.linear`` (weight is (out, in)).
+
+    ``weight`` may be a :class:`PackedWeight` (:func:`preshuffle`): then the Dispatcher selects
+    among the pre-shuffled-B keys of the tile it was packed for (inference only: no autograd)."""
+    if isinstance(weight, PackedWeight):
+        return _linear_packed(x, weight, bias)
     if weight.dim() != 2 or x.dim() < 1 or x.shape[-1] != weight.shape[1]:
         raise InvalidProblem(f"linear: x is {tuple(x.shape)} and weight {tuple(weight.shape)}; weight must be "
                              f"(out_features, in_features) with in_features = x's last size")
     lead = x.shape[:-1]
     y = matmul(x.reshape(-1, x.shape[-1]), weight.t(), d=() if bias is None else (bias,))
     return y.reshape(*lead, weight.shape[0])
+
+
+# -- pre-shuffled weights (CK's preshuffle GEMM) ----------------------------------------------------
+
+#: the M a weight's tile is chosen for when preshuffle() is not told one
+PRESHUFFLE_M = 256
+
+
+class PackedWeight:
+    """A linear weight (out_features x in_features) pre-shuffled once in a GEMM kernel's tile order.
+
+    ``data``: ``[ceil(N/tile_n), ceil(K/tile_k), tile_n, tile_k]`` (``ck_gemm.problem.pack_b``),
+    ``tile``: ``(tile_n, tile_k)`` it was packed for, ``shape``: the logical ``(N, K)``.
+    :func:`linear` takes it in place of the weight."""
+
+    __slots__ = ("data", "tile", "shape", "__weakref__")
+
+    def __init__(self, data: torch.Tensor, tile: tuple, shape: tuple):
+        n, k = shape
+        tn, tk = tile
+        want = (-(-n // tn), -(-k // tk), tn, tk)
+        if not isinstance(data, torch.Tensor) or tuple(data.shape) != want or not data.is_contiguous():
+            raise InvalidProblem(f"PackedWeight: data must be a contiguous tensor of shape {want} for a {n}x{k} "
+                                 f"weight packed for tile {tn}x{tk}; make one with ck_gemm.preshuffle(weight)")
+        if data.data_ptr() % 16:   # the kernels assume a 16-byte aligned B
+            data = data.clone()
+        self.data, self.tile, self.shape = data, (int(tn), int(tk)), (int(n), int(k))
+
+    @property
+    def dtype(self):
+        return self.data.dtype
+
+    @property
+    def device(self):
+        return self.data.device
+
+    def __repr__(self):
+        return (f"PackedWeight(shape={self.shape}, tile={self.tile[0]}x{self.tile[1]}, dtype={self.data.dtype}, "
+                f"device={self.data.device})")
+
+
+def _packed_dispatcher(t, token: str, dtype_c: str, num_d: int):
+    return core.dispatcher_on("gemm", t, dtypes=(token,), layouts=("rcr",), dtypes_c=(dtype_c,), num_ds=(num_d,),
+                              d_ops=("add",), activations=("none",), variants=("preshuffle",))
+
+
+def preshuffle(weight: torch.Tensor, *, m: int = PRESHUFFLE_M) -> PackedWeight:
+    """``weight`` (out_features x in_features) pre-shuffled once for :func:`linear`.
+
+    The tile is the Dispatcher's: it selects a pre-shuffled-B key for an ``m`` x out x in problem
+    on the weight's device (``m``: a typical token count of the calls to come; later calls of any
+    M choose among the keys of this tile), and the weight is packed in that key's N x K tile order."""
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        raise InvalidProblem(f"preshuffle: weight must be a 2-D tensor (out_features, in_features), got "
+                             f"{tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__}")
+    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+        raise InvalidProblem(f"preshuffle: m={m!r} must be a positive int (the token count to choose the tile for)")
+    token = core.dtype_token(weight.dtype)
+    n, k = weight.shape
+    problem = GemmProblem(m=m, n=n, k=k, dtype=token, layout="rcr", preshuffle=True)
+    key = _packed_dispatcher(weight, token, problem.dtype_c, 0).select(problem)
+    tile = (key.algorithm.tile_n, key.algorithm.tile_k)
+    return PackedWeight(pack_b(weight.detach(), *tile), tile, (n, k))
+
+
+_PACKED: dict = {}   # call signature -> (problem, Dispatcher, warm closure or None)
+core.on_clear(_PACKED.clear)
+
+
+def _linear_packed(x, w: PackedWeight, bias):
+    n, k = w.shape
+    if not isinstance(x, torch.Tensor) or x.dim() < 1 or x.shape[-1] != k:
+        raise InvalidProblem(f"linear: x is {tuple(getattr(x, 'shape', ()))} and the packed weight {w.shape}; "
+                             f"x's last size must be in_features = {k}")
+    if x.dtype != w.dtype or x.device != w.device:
+        raise InvalidProblem(f"linear: x is {x.dtype} on {x.device}, the packed weight {w.dtype} on {w.device}; "
+                             f"they must agree")
+    if torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)):
+        raise InvalidProblem("linear: a pre-shuffled weight is for inference; call under torch.no_grad() "
+                             "(or train with the plain weight)")
+    if bias is not None and (not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (n,)):
+        raise InvalidProblem(f"linear: bias must be a tensor of shape ({n},), got "
+                             f"{tuple(getattr(bias, 'shape', ())) or type(bias).__name__}")
+    lead = x.shape[:-1]
+    a = x.reshape(-1, k)
+    m = a.shape[0]
+    if m == 0:
+        return x.new_empty((*lead, n))
+    if a.stride(-1) != 1 or (m > 1 and a.stride(0) != k) or a.data_ptr() % 16:
+        a = _aligned(a.contiguous())
+    sig = (get_manager(), a.shape, a.dtype, a.device, w.tile, w.shape,
+           None if bias is None else (bias.dtype, bias.device))
+    hit = _PACKED.get(sig)
+    if hit is not None and hit[2] is not None:
+        return hit[2](a, w.data, ()).reshape(*lead, n)
+    token = core.dtype_token(a.dtype)
+    t_out = _out_dtype(a, None)
+    if hit is None:
+        problem = GemmProblem(m=m, n=n, k=k, dtype=token, dtype_c=core.dtype_token(t_out), layout="rcr",
+                              num_d=0 if bias is None else 1, preshuffle=True, pack_n=w.tile[0], pack_k=w.tile[1])
+        hit = (problem, _packed_dispatcher(a, token, problem.dtype_c, problem.num_d), None)
+    problem, disp, _ = hit
+    tensors = {"a": a, "b": w.data}
+    if bias is not None:
+        tensors["d0"] = bias.to(t_out).expand(m, n)
+    c = core.run(disp, problem, tensors, device=a.device, dtype=t_out)
+    if bias is None:   # the launcher's recorded replay, where it offers one (plain GEMMs on a GPU)
+        hit = (problem, disp, disp.warm(problem, tensors, out_shape=(m, n)))
+    _PACKED[sig] = hit
+    return c.reshape(*lead, n)

@@ -90,8 +90,10 @@ def gemm_op() -> OpSpec:
             "activations": "epilogue activations: none, relu, gelu, silu, sigmoid, tanh (default none)",
             "split_ks": "split-K factors, e.g. 1,2,4 (default 1)",
             "dtypes_c": "C (output) dtypes, e.g. fp32 (default: CK's C dtype for the input dtype)",
+            "variants": "CK's kernel sets: standard, preshuffle (B pre-shuffled in the kernel's tile order), "
+                        "multi_d (fused D tensors), e.g. --variants standard preshuffle multi_d (default standard)",
         },
-        description="GEMM: C = act(A @ B op D...), CK layouts rcr/rrr/crr/ccr, batched, split-K",
+        description="GEMM: C = act(A @ B op D...), CK layouts rcr/rrr/crr/ccr, batched, split-K, pre-shuffled B",
     )
 
 

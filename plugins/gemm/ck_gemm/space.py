@@ -80,8 +80,8 @@ def enumerate_keys(arch, backend: str, options: dict, tuned=None) -> list[Kernel
     multi_d = epilogues_of([n for n in options.get("num_ds") or () if n] or (1, 2))
     # the plain-B signatures' epilogues: the standard set's, then multi-D's (in that order, once)
     epis = list(dict.fromkeys((std if "standard" in sets else []) + (multi_d if "multi_d" in sets else [])))
-    # pre-shuffled B: the epilogues of the other sets named with it, else the standard set's
-    ps_epis = (epis or std) if "preshuffle" in sets and backend in PRESHUFFLE_BACKENDS else []
+    # pre-shuffled B: the standard set's epilogues (each set is enumerated on its own, as CK's codegen does)
+    ps_epis = std if "preshuffle" in sets and backend in PRESHUFFLE_BACKENDS else []
     ck = arch.vendor == "amd"
     out = []
     for dtype in dtypes:
