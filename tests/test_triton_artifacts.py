@@ -56,6 +56,11 @@ SCRIPT = textwrap.dedent('''
         ck = launcher_call(3 * 128, 5 * 64, 4 * bk)    # another aligned problem than ck build's
         out["stats"] = dict(ta.STATS)
         out["name"] = ck.metadata.name
+        # sizes are run-time integers, M, N, K only their alignment class: other sizes (a unit M,
+        # odd token counts, a K that is not a whole K tile) load the kernels ck build compiled
+        sizes = [(1, 5 * 64, 4 * bk), (1001, 64, 2 * bk), (48, 7 * 64, 4 * bk + 16), (7, 16, 8 * bk + 16)]
+        out["names"] = sorted({launcher_call(*mnk).metadata.name for mnk in sizes})
+        out["sizes"] = dict(ta.STATS)
     elif mode == "cold":
         ck = launcher_call(100, 60, 100)                  # unaligned: its own specialisation
         first = dict(ta.STATS)
@@ -111,6 +116,8 @@ def test_launcher_loads_what_ck_build_compiled(tmp_path):
     warm = _run("warm", tmp_path)   # a fresh process; triton.compile raises in it
     assert warm["stats"] == {"compiled": 0, "loaded": 1, "memory": 0}
     assert warm["name"] == "gemm_plain_kernel"
+    assert warm["sizes"]["compiled"] == 0, warm["sizes"]
+    assert warm["sizes"]["loaded"] <= 4 and warm["names"] == ["gemm_plain_kernel"]   # M class x EVEN_K
 
 
 def test_missing_artifact_is_built_once_then_reused(tmp_path):

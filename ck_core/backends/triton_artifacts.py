@@ -2,9 +2,11 @@
 
 A launcher calls :func:`launch` (``launch(name, fn, grid, args, kwargs)``) where it
 would write ``fn[grid](*args, **kwargs)``.  The call is specialised by Triton's own
-binder, exactly as the JIT would (pointer alignment, integers equal to 1 or divisible
-by 16, constexprs, options), so an artifact never runs arguments it was not compiled
-for: the specialisation is part of the cache key.  The compiled kernel is looked up
+binder, as the JIT would (pointer alignment, integers equal to 1 or divisible by 16,
+constexprs, options), under the kernel's declared policy (:func:`specialisation`:
+sizes are run-time values, alignment-class integers specialise on divisibility by 16
+only), so an artifact never runs arguments it was not compiled for: the specialisation
+(signature, constants, attributes) is part of the cache key and of the entry's record.  The compiled kernel is looked up
 
 1. in this process (a dict keyed by name, function and specialisation),
 2. in the :class:`ck_core.cache.KernelCache` (the entry ``ck build`` writes: same
@@ -67,6 +69,66 @@ def _binder(fn, target):
     from triton.runtime.jit import create_function_from_signature
 
     return create_function_from_signature(fn.signature, fn.params, _backend(target))
+
+
+def specialisation(*, runtime=(), align_only=(), groups=()):
+    """Decorator (outside ``@triton.jit``): what a kernel's integer arguments specialise on.
+
+    ``runtime``: sizes (batch, heads, sequence lengths, M/N/K, spatial sizes, counts) the
+    code does not depend on: plain run-time integers (Triton's ``do_not_specialize``), so
+    every value loads one compiled kernel.  ``align_only``: integers whose divisibility
+    by 16 lets loads and stores vectorise (strides, sizes along a contiguous dimension):
+    they specialise on that alone (two classes), never on being 1 (Triton makes an
+    integer equal to 1 a constant: one more compile for a unit size).  ``groups``: sets
+    of ``align_only`` names (one tensor's strides) that are one alignment class: all
+    divisible by 16, or all taken as not (a tensor whose rows are unaligned gains nothing
+    from an aligned batch stride, which would only split its compiles by size).  Other
+    integers keep Triton's default.  A name the kernel does not take is a TypeError (a
+    typo would silently specialise)."""
+    runtime = tuple(runtime)
+    groups = tuple(tuple(g) for g in groups)
+    align_only = frozenset(align_only) | frozenset(n for g in groups for n in g)
+
+    def deco(fn):
+        params = getattr(fn, "params", None)
+        if params is None:   # not a JITFunction (nothing specialises)
+            return fn
+        names = {p.name for p in params}
+        unknown = (set(runtime) | align_only) - names
+        if unknown:
+            raise TypeError(f"{getattr(fn, '__name__', fn)}: no argument(s) {sorted(unknown)}")
+        for p in params:
+            if p.name in runtime:
+                p.do_not_specialize = True
+        dns = tuple(fn.do_not_specialize or ())
+        fn.do_not_specialize = dns + tuple(n for n in runtime if n not in dns)
+        fn.ck_align_only = align_only | frozenset(getattr(fn, "ck_align_only", ()))
+        fn.ck_align_groups = tuple(getattr(fn, "ck_align_groups", ())) + groups
+        return fn
+    return deco
+
+
+@functools.lru_cache(maxsize=None)
+def _align_policy(fn) -> tuple:
+    """(indices of align-only arguments, index groups) of ``fn``."""
+    index = {p.name: i for i, p in enumerate(fn.params) if not p.is_constexpr}
+    names = getattr(fn, "ck_align_only", ())
+    return (tuple(index[n] for n in names if n in index),
+            tuple(tuple(index[n] for n in g if n in index) for g in getattr(fn, "ck_align_groups", ())))
+
+
+def _bind(fn, target, args, kw):
+    """Triton's binder of ``fn`` under the kernel's :func:`specialisation` policy."""
+    bound, spec, opts = _binder(fn, target)(*args, **kw)
+    single, groups = _align_policy(fn)
+    for i in single:
+        if spec[i][0] == "constexpr":   # an integer equal to 1: not divisible by 16, no constant
+            spec[i] = ("i32", "")
+    for g in groups:
+        if any(spec[i][1] != "D" for i in g):
+            for i in g:
+                spec[i] = (spec[i][0], "")
+    return bound, spec, opts
 
 
 def _jit_kwargs(fn, kwargs: dict, extra: Optional[dict]) -> dict:
@@ -146,7 +208,7 @@ def _ast_source(fn, signature, constexprs, attrs):
 def specialise(fn, args, kwargs: dict, target, extra: Optional[dict] = None):
     """``(bound arguments, ASTSource, options, material)`` of one call, as the JIT would compile it."""
     kw = _jit_kwargs(fn, kwargs, extra)
-    bound, spec, opts = _binder(fn, target)(*args, **kw)
+    bound, spec, opts = _bind(fn, target, args, kw)
     options, signature, constexprs, attrs = fn._pack_args(_backend(target), kw, bound, spec, opts)
     src = _ast_source(fn, signature, constexprs, attrs)
     return bound, src, options, _material(fn, target, options, signature, constexprs, attrs)
@@ -220,7 +282,7 @@ def kernel_for_call(name: str, fn, args, kwargs: dict, *, cache_root=None, extra
     """``(CompiledKernel, bound argument values)`` of a call on this device (memoised per specialisation)."""
     target = current_target()
     kw = _jit_kwargs(fn, kwargs, extra)
-    bound, spec, opts = _binder(fn, target)(*args, **kw)
+    bound, spec, opts = _bind(fn, target, args, kw)
     memo = (name, fn, str(spec), str(opts), cache_root)
     ck = _LOADED.get(memo)
     if ck is None:

@@ -752,3 +752,22 @@ def _ptr_k_loop(a_base, b_base, offs_m, offs_n, offs_k, M, N, K, k0, k1,
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
     return acc
+
+
+# What the kernels specialise on (ck_core.backends.triton_artifacts.specialisation): tiles, dtypes,
+# layout (unit strides: Triton's constant 1, the layout's contiguous dimension) and the epilogue are
+# the code; M, N, K are the alignment class only (divisible by 16 or not: the masks along a
+# contiguous dimension vectorise on it), never the constant 1 (M = 1 loads the same kernel as any M);
+# the batch count and the split-K reduction's sizes are plain run-time integers.
+def _apply_policy():
+    from ck_core.backends.triton_artifacts import specialisation
+
+    for fn in (gemm_plain_kernel, gemm_persistent_kernel, gemm_tma_kernel, gemm_tma_persistent_kernel,
+               gemm_tma_cs_kernel, gemm_tma_persistent_cs_kernel, gemm_splitk_reduce_kernel,
+               gemm_tma_streamk_kernel, gemm_streamk_kernel):
+        names = {p.name for p in getattr(fn, "params", ())}
+        specialisation(runtime=[n for n in ("batch_count",) if n in names],
+                       align_only=[n for n in ("M", "N", "K") if n in names])(fn)
+
+
+_apply_policy()
