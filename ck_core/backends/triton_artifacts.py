@@ -166,8 +166,15 @@ def pack(ck) -> bytes:
     return _MAGIC + struct.pack("<Q", len(head)) + head + bytes(ck.asm[backend.binary_ext])
 
 
-def unpack(blob: bytes, src, name_hint: Optional[str] = None):
-    """A CompiledKernel of ``src`` from a :func:`pack` blob; ValueError if it is not one."""
+#: Triton metadata a launch reads (pack_metadata, launch_metadata, the launcher stub): an entry
+#: without one of them is not a kernel this process can run
+_REQUIRED = {"name": str, "num_warps": int, "num_ctas": int, "shared": int}
+
+
+def unpack(blob: bytes, src, name_hint: Optional[str] = None, target=None):
+    """A CompiledKernel of ``src`` from a :func:`pack` blob; ValueError if it is not one
+    (not ours, truncated, metadata missing or of the wrong type, another kernel's name, built
+    for another ``target``)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler.compiler import AsmDict, CompiledKernel
 
@@ -177,18 +184,33 @@ def unpack(blob: bytes, src, name_hint: Optional[str] = None):
     start = len(_MAGIC) + 8
     if n > len(blob) - start:
         raise ValueError("truncated header")
-    meta = json.loads(blob[start:start + n])
+    try:
+        meta = json.loads(blob[start:start + n])
+    except (UnicodeDecodeError, RecursionError) as exc:
+        raise ValueError(f"metadata is not JSON: {type(exc).__name__}") from None
     binary = blob[start + n:]
     if not isinstance(meta, dict) or not binary or not isinstance(meta.get("target"), dict):
         raise ValueError("malformed metadata")
+    for k, ty in _REQUIRED.items():
+        if not isinstance(meta.get(k), ty) or isinstance(meta.get(k), bool):
+            raise ValueError(f"metadata field {k!r} missing or not {ty.__name__}")
     t = meta["target"]
+    if not (isinstance(t.get("backend"), str) and isinstance(t.get("arch"), (int, str))
+            and isinstance(t.get("warp_size"), int)):
+        raise ValueError("malformed target")
     meta["target"] = GPUTarget(t["backend"], t["arch"], t["warp_size"])
+    if target is not None and (meta["target"].backend, str(meta["target"].arch), meta["target"].warp_size) \
+            != (target.backend, str(target.arch), target.warp_size):
+        raise ValueError(f"built for {meta['target']}, not {target}")
     if name_hint is not None and meta.get("name") != name_hint:
         raise ValueError(f"kernel {meta.get('name')!r}, expected {name_hint!r}")
     ck = object.__new__(CompiledKernel)   # CompiledKernel.__init__ reads files; this is its in-memory twin
-    ck.metadata = namedtuple("KernelMetadata", sorted(meta))(**meta)
-    backend = _backend(ck.metadata.target)
-    ck.packed_metadata = backend.pack_metadata(ck.metadata)
+    try:
+        ck.metadata = namedtuple("KernelMetadata", sorted(meta))(**meta)
+        backend = _backend(ck.metadata.target)
+        ck.packed_metadata = backend.pack_metadata(ck.metadata)
+    except Exception as exc:  # noqa: BLE001 - an unknown backend, a field name namedtuple refuses
+        raise ValueError(f"metadata Triton cannot use: {type(exc).__name__}: {str(exc)[:200]}") from None
     ck.src, ck.hash, ck.name = src, None, ck.metadata.name
     ck.asm = AsmDict({backend.binary_ext: binary})
     ck.metadata_group, ck.kernel = {}, binary
@@ -246,12 +268,16 @@ def _get_or_build(name, src, options, material, target, cache_root):
                 "compile_seconds": round(time.perf_counter() - t0, 3)}
         return pack(ck), meta
 
+    loaded = []
+
     def valid(blob, meta):
+        """Any entry this process cannot run is absent: it is rebuilt, never raised."""
         try:
-            unpack(blob, src, meta.get("triton_name"))
+            loaded[:] = [unpack(blob, src, meta.get("triton_name"), target)]
             return True
-        except (ValueError, KeyError, TypeError) as exc:
-            log.warning("cache entry of %s does not hold a kernel (%s); rebuilding it", name, exc)
+        except Exception as exc:  # noqa: BLE001 - whatever a damaged entry makes the parser raise
+            log.warning("cache entry of %s does not hold a kernel this process can run (%s); "
+                        "rebuilding it", name, exc)
             return False
 
     blob, meta, hit = cache.get_or_build(name, material, build, validate=valid)
@@ -259,7 +285,8 @@ def _get_or_build(name, src, options, material, target, cache_root):
         STATS["compiled"] += 1
         return built[0], "compiled"
     STATS["loaded"] += 1
-    return unpack(blob, src, meta.get("triton_name")), "loaded" if hit else "compiled"
+    return (loaded[0] if loaded else unpack(blob, src, meta.get("triton_name"), target)), \
+        "loaded" if hit else "compiled"
 
 
 _OPTIONS: dict = {}
