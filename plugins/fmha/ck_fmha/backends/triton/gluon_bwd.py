@@ -493,6 +493,12 @@ if GF.HAVE_GLUON:
                               BSHD, CAUSAL, PERSISTENT)),
         ], [4, 4], [240, 24])
 
+    # sizes are run-time integers (see gluon_fwd): one compiled kernel per tile, not per shape
+    from ck_core.backends.triton_artifacts import specialisation as _specialisation
+
+    _specialisation(runtime=("H", "HK", "GROUP", "SEQ_Q", "SEQ_K", "BH"))(fmha_bwd_dq_gluon_ws_sm90)
+    _specialisation(runtime=("H", "HK", "GROUP", "SEQ_Q", "SEQ_K", "BHK"))(fmha_bwd_dkdv_gluon_ws_sm90)
+
 
 
 

@@ -350,6 +350,12 @@ if HAVE_GLUON:
                             STAGES, BSHD, CAUSAL, PERSISTENT)),
         ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
 
+    # sizes are run-time integers (the descriptors carry shapes and strides; masks are per block),
+    # LSE strides too: one compiled kernel per (dtype, head dim, tile, causal, layout)
+    from ck_core.backends.triton_artifacts import specialisation as _specialisation
+
+    _specialisation(runtime=("slb", "slh", "H", "HK", "GROUP", "SEQ_Q", "SEQ_K", "BH"))(fmha_fwd_gluon_ws_sm90)
+
 
 # ---------------------------------------------------------------------------
 # host side

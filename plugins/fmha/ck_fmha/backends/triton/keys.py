@@ -906,16 +906,19 @@ class TritonFmhaRendered:
 
 
 #: the representative batch-mode problem of fwd and the backward: sizes that are multiples of
-#: every tile and of 16 (Triton specialises integers divisible by 16), MHA (the GQA group size 1
-#: is specialised too)
+#: every tile and of 16, MHA: sizes are run-time integers (kernels.py), so any batch, head count,
+#: GQA group and length of the key's alignment class loads what this problem built
 _JIT_BATCH, _JIT_HEADS, _JIT_SEQ = 2, 16, 512
+#: the backward's ragged representative is _JIT_SEQ - _JIT_RAGGED long: no tile divides it
+_JIT_RAGGED = 7
 #: the decode-step representative of the split-KV / paged / append-KV families: Llama-style GQA
 #: (32 query heads over 8 key heads), one query row, a 4096-key cache, vLLM's 16-token pages;
 #: batch_prefill: two sequences of 512 queries over the same pages
 _DEC_BATCH, _DEC_HQ, _DEC_HK, _DEC_SK, _DEC_PAGE, _PREFILL_SQ = 2, 32, 8, 4096, 16, 512
-#: the split counts a combine key is built for (the key has none; the count is the problem's): each
-#: BLOCK_S (the next power of two) with the counts Triton specialises apart (1; multiples of 16 or not)
-_COMBINE_SPLITS = (1, 2, 3, 5, 9, 16, 17, 32, 33, 48, 65, 80)
+#: the split counts a combine key is built for (the key has none; the count is the problem's): one
+#: per BLOCK_S (max(2, the next power of two)), the only constexpr the count sets (NUM_SPLITS is a
+#: run-time integer)
+_COMBINE_SPLITS = (2, 3, 5, 9, 17, 33, 65)
 
 
 def _representatives(key, batch: Optional[int] = None):
@@ -943,21 +946,25 @@ def _candidates(key, batch):
         b, h, n = batch or _JIT_BATCH, _JIT_HEADS, _JIT_SEQ
         hk = h // key.algorithm.gsplit if key.algorithm.gsplit else h   # a group split needs a GQA group that size
 
-        def v_fwd():   # fp8 on an arch that reads V key-contiguous: as ops.v_key_major lays it out
+        def v_fwd(n):   # fp8 on an arch that reads V key-contiguous: as ops.v_key_major lays it out
             if s.dtype == "fp8" and fp8_v_trans(_arch_spec(key.arch)):
                 return meta(b, h, s.hdim_v, n).transpose(2, 3)
             return meta(b, h, n, s.hdim_v)
 
-        tensors = {"fwd": lambda: dict(q=meta(b, h, n, s.hdim_q), k=meta(b, h, n, s.hdim_q), v=v_fwd()),
-                   "bwd_dot_do_o": lambda: dict(o=meta(b, h, n, s.hdim_v), do=meta(b, h, n, s.hdim_v)),
-                   "bwd_dq_dk_dv": lambda: dict(q=meta(b, h, n, s.hdim_q), k=meta(b, hk, n, s.hdim_q),
+        tensors = {"fwd": lambda n: dict(q=meta(b, h, n, s.hdim_q), k=meta(b, h, n, s.hdim_q), v=v_fwd(n)),
+                   "bwd_dot_do_o": lambda n: dict(o=meta(b, h, n, s.hdim_v), do=meta(b, h, n, s.hdim_v)),
+                   "bwd_dq_dk_dv": lambda n: dict(q=meta(b, h, n, s.hdim_q), k=meta(b, hk, n, s.hdim_q),
                                                 v=meta(b, hk, n, s.hdim_v), do=meta(b, h, n, s.hdim_v),
                                                 lse=meta(b, h, n, dt=f32), d=meta(b, h, n, dt=f32)),
-                   "bwd_convert_dq": lambda: dict(q=meta(b, h, n, s.hdim_q),
+                   "bwd_convert_dq": lambda n: dict(q=meta(b, h, n, s.hdim_q),
                                                   dq_acc=meta(b, h, n, s.hdim_q, dt=f32))}[fam]
         masks = ("none",) if fam in ("bwd_dot_do_o", "bwd_convert_dq") else ("none", "top_left")   # no mask there
-        return [(FmhaProblem(family=fam, batch=b, nhead_q=h, nhead_k=hk, seqlen_q=n, seqlen_k=n, mask=m,
-                             lse=fam == "fwd", **dims), tensors) for m in masks]
+        # sizes are run-time values (kernels.py: what the kernels specialise on); the backward's one
+        # size-derived constexpr is whether both lengths are whole tiles (launch._even): a ragged
+        # length too, so every problem of the key's alignment class loads a built kernel
+        lens = (n, n - _JIT_RAGGED) if fam == "bwd_dq_dk_dv" else (n,)
+        return [(FmhaProblem(family=fam, batch=b, nhead_q=h, nhead_k=hk, seqlen_q=ln, seqlen_k=ln, mask=m,
+                             lse=fam == "fwd", **dims), functools.partial(tensors, ln)) for ln in lens for m in masks]
     b, hq, hk, sk, ps = batch or _DEC_BATCH, _DEC_HQ, _DEC_HK, _DEC_SK, _DEC_PAGE
     dec = dict(batch=b, nhead_q=hq, nhead_k=hk, seqlen_q=1, seqlen_k=sk, **dims)
     pages = b * (sk // ps)

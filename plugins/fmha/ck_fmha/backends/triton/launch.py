@@ -918,6 +918,13 @@ def bwd_dot_do_o(o, do, *, layout="bhsd", cu_seqlens_q=None, max_seqlen_q=None, 
     return delta
 
 
+def _even(varlen: bool, sq: int, sk: int, cfg) -> bool:
+    """The backward kernels' EVEN_M / EVEN_N: both lengths whole tiles (batch mode), else both
+    masked; the only size-derived constexpr of the backward, so a key builds two kernels per
+    mask (``ck build`` traces an even and a ragged problem), not one per edge combination."""
+    return not varlen and sq % cfg.BLOCK_M == 0 and sk % cfg.BLOCK_N == 0
+
+
 def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-1, -1), softcap=0.0,
                  layout="bhsd", deterministic=True, config=None, align=None, cu_seqlens_q=None,
                  cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, bias=None, alibi_slopes=None,
@@ -1064,7 +1071,8 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
             k0, k1, off_lo, thresh, dscale, lens_arg, gsplit, sdkg, sdvg,
             D_Q=dq_, D_V=dv_, BLOCK_DQ=kbdq, BLOCK_DV=kbdv, BLOCK_M=cfg_kv.BLOCK_M, BLOCK_N=cfg_kv.BLOCK_N,
             MASK_MODE=mode, BOTTOM_RIGHT=br, HAS_SOFTCAP=has_sc, ATOMIC_DQ=atomic,
-            EVEN_M=not varlen and sq % cfg_kv.BLOCK_M == 0, EVEN_N=not varlen and sk % cfg_kv.BLOCK_N == 0,
+            # one class for both edges (whole tiles or not): two compiles per key, not four
+            EVEN_M=_even(varlen, sq, sk, cfg_kv), EVEN_N=_even(varlen, sq, sk, cfg_kv),
             IS_VARLEN=varlen, BIAS_MODE=bmode, HAS_DROPOUT=has_do, STORE_DBIAS=bool(return_dbias),
             HAS_SEQLENS=seqlens_k is not None, KV_SPLIT=split, BLOCK_DQ2=kbdq2, BLOCK_DV2=kbdv2,
             num_warps=cfg_kv.num_warps, num_stages=cfg_kv.num_stages)
@@ -1110,7 +1118,7 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
         k0, k1, off_lo, thresh, dscale, lens_arg,
         D_Q=dq_, D_V=dv_, BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=cfg_q.BLOCK_M, BLOCK_N=cfg_q.BLOCK_N,
         MASK_MODE=mode, BOTTOM_RIGHT=br, HAS_SOFTCAP=has_sc,
-        EVEN_M=not varlen and sq % cfg_q.BLOCK_M == 0, EVEN_N=not varlen and sk % cfg_q.BLOCK_N == 0,
+        EVEN_M=_even(varlen, sq, sk, cfg_q), EVEN_N=_even(varlen, sq, sk, cfg_q),
         IS_VARLEN=varlen, BIAS_MODE=bmode, HAS_DROPOUT=has_do, HAS_SEQLENS=seqlens_k is not None,
         BLOCK_DQ2=bdq2, BLOCK_DV2=bdv2, num_warps=cfg_q.num_warps, num_stages=cfg_q.num_stages)
     _poison(bad, dq)

@@ -832,3 +832,23 @@ def gemm_preshuffle_persistent_kernel(
                              BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, ACC_INT)
         _epilogue_store(acc, offs_m, offs_n, M, N, c_ptr, stride_cm, stride_cn,
                         d0_ptr, stride_d0m, stride_d0n, d1_ptr, stride_d1m, stride_d1n, NUM_D, D_OP, ACT)
+
+
+# What the kernels specialise on (ck_core.backends.triton_artifacts.specialisation): tiles, dtypes,
+# layout (unit strides: Triton's constant 1, the layout's contiguous dimension) and the epilogue are
+# the code; M, N, K are the alignment class only (divisible by 16 or not: the masks along a
+# contiguous dimension vectorise on it), never the constant 1 (M = 1 loads the same kernel as any M);
+# the batch count and the split-K reduction's sizes are plain run-time integers.
+def _apply_policy():
+    from ck_core.backends.triton_artifacts import specialisation
+
+    for fn in (gemm_plain_kernel, gemm_persistent_kernel, gemm_tma_kernel, gemm_tma_persistent_kernel,
+               gemm_tma_cs_kernel, gemm_tma_persistent_cs_kernel, gemm_splitk_reduce_kernel,
+               gemm_tma_streamk_kernel, gemm_streamk_kernel,
+               gemm_preshuffle_kernel, gemm_preshuffle_persistent_kernel):
+        names = {p.name for p in getattr(fn, "params", ())}
+        specialisation(runtime=[n for n in ("batch_count",) if n in names],
+                       align_only=[n for n in ("M", "N", "K") if n in names])(fn)
+
+
+_apply_policy()

@@ -80,10 +80,12 @@ def render(key, backend: str):
 
 def jit_calls(key, problem=None) -> list:
     """The launches of ``key`` on ``problem``'s operands (contiguous, 16-byte aligned, as the
-    public API passes them), or by default on a problem with every size and stride a multiple
-    of 16, K a multiple of the K tile and no batch: the common case, whose specialisation
-    (Triton's: alignment, divisibility, unit sizes) every such problem shares.  Tensors are on
-    torch's meta device (nothing runs), so this compiles on a machine without a GPU."""
+    public API passes them), or by default on the problems whose kernels every problem of the
+    common case loads: sizes are run-time integers and M, N, K only their alignment class
+    (kernels.py: what the kernels specialise on), so the representatives are M a multiple of 16
+    or odd (token counts are any number) times K a multiple of the K tile or not (EVEN_K, the one
+    size-derived constexpr), N and K multiples of 16 and no batch.  Tensors are on torch's meta
+    device (nothing runs), so this compiles on a machine without a GPU."""
     import torch
 
     from ck_core.plugins import get_manager
@@ -94,28 +96,33 @@ def jit_calls(key, problem=None) -> list:
     cfg, s = config_of(key), key.signature
     a_r, b_r, c_r = parse_layout(s.layout)
     if problem is None:
-        m = n = k = 2 * max(cfg.block_m, cfg.block_n, cfg.block_k, 16)
-        lead = ()
+        base = 2 * max(cfg.block_m, cfg.block_n, cfg.block_k, 16)
+        ks = (base, base + 16) if cfg.block_k > 16 else (base,)   # base + 16: not a whole K tile
+        shapes = [(m, base, k, ()) for m in (base, base + 1) for k in ks]
     else:
-        m, n, k = problem.m, problem.n, problem.k
-        lead = (problem.batch,) if problem.batch > 1 else ()
+        shapes = [(problem.m, problem.n, problem.k, (problem.batch,) if problem.batch > 1 else ())]
     t_in, t_out = torch_dtype(s.dtype), torch_dtype(s.dtype_c)
-    a = torch.empty(lead + ((m, k) if a_r else (k, m)), dtype=t_in, device="meta")
-    b = torch.empty(lead + ((k, n) if b_r else (n, k)), dtype=t_in, device="meta")
-    if s.preshuffle:   # B pre-shuffled for the key's tile
-        b = torch.empty((-(-n // cfg.block_n), -(-k // cfg.block_k), cfg.block_n, cfg.block_k), dtype=t_in,
-                        device="meta")
-    ds = tuple(torch.empty((m, n) if c_r else (n, m), dtype=t_out, device="meta") for _ in range(s.num_d))
     calls = []
 
     def capture(spec, vals, M, N, batch, name):
         fn, args, kwargs = L.call_of(spec, vals)
         calls.append((name[len(key.name):], fn, args, kwargs))
 
-    L.gemm(a, b, layout=s.layout, config=cfg, d_tensors=ds, d_op=s.d_op,
-           activation=None if s.activation == "none" else s.activation, out_dtype=t_out,
-           num_sms=get_manager().arch(key.arch).compute_units, kernel_name=key.name, launch=capture,
-           packed_n=n if s.preshuffle else None)
+    for m, n, k, lead in shapes:
+        a = torch.empty(lead + ((m, k) if a_r else (k, m)), dtype=t_in, device="meta")
+        b = torch.empty(lead + ((k, n) if b_r else (n, k)), dtype=t_in, device="meta")
+        if s.preshuffle:   # B pre-shuffled for the key's tile
+            b = torch.empty((-(-n // cfg.block_n), -(-k // cfg.block_k), cfg.block_n, cfg.block_k), dtype=t_in,
+                            device="meta")
+        ds = tuple(torch.empty((m, n) if c_r else (n, m), dtype=t_out, device="meta") for _ in range(s.num_d))
+        try:
+            L.gemm(a, b, layout=s.layout, config=cfg, d_tensors=ds, d_op=s.d_op,
+                   activation=None if s.activation == "none" else s.activation, out_dtype=t_out,
+                   num_sms=get_manager().arch(key.arch).compute_units, kernel_name=key.name, launch=capture,
+                   packed_n=n if s.preshuffle else None)
+        except UnsupportedProblem:   # a TMA key: an odd M in a column-major operand has no descriptor
+            if problem is not None or (m, k) == (shapes[0][0], shapes[0][2]):
+                raise
     return calls
 
 
