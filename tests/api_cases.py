@@ -319,6 +319,35 @@ def conv_fwd_bwd():
            lambda x, w: F.conv2d(x, w, padding=2, dilation=2, groups=4), [x, w], 1e-2, 2e-2, "depthwise fp16")
 
 
+@case
+def bad_inputs_refused():
+    """The API's validation runs before any backend: the same refusals in both modes."""
+    import ck_conv
+    from ck_core.errors import InvalidProblem
+    from ck_fmha import decode
+    from ck_fmha.flash_attn import flash_attn_func, flash_attn_varlen_func
+
+    i32 = lambda *v: torch.tensor(v, dtype=torch.int32)   # noqa: E731
+    h = lambda *s: torch.randn(*s).half()   # noqa: E731
+    calls = {
+        "k batch": lambda: flash_attn_func(h(2, 5, 4, 32), h(1, 7, 4, 32), h(1, 7, 4, 32)),
+        "v keys": lambda: flash_attn_func(h(2, 5, 4, 32), h(2, 7, 4, 32), h(2, 6, 4, 32)),
+        "alibi heads": lambda: flash_attn_func(h(1, 5, 4, 32), h(1, 5, 4, 32), h(1, 5, 4, 32),
+                                               alibi_slopes=torch.rand(3)),
+        "page index": lambda: decode.paged_decode(h(2, 4, 1, 64), h(5, 8, 2, 64), h(5, 8, 2, 64),
+                                                  i32(0, 1, 2, 7).view(2, 2), i32(10, 10)),
+        "float cu_seqlens": lambda: flash_attn_varlen_func(h(5, 2, 32), h(5, 2, 32), h(5, 2, 32),
+                                                           torch.tensor([0.0, 5.0]), i32(0, 5), 5, 5),
+        "conv padding": lambda: ck_conv.conv2d(h(1, 4, 8, 8), h(4, 4, 3, 3), padding=(1.7, 0.2)),
+    }
+    for what, call in calls.items():
+        try:
+            call()
+        except InvalidProblem:
+            continue
+        raise AssertionError(f"{what}: not refused")
+
+
 def run_case(name: str) -> dict:
     """{'case', 'status' ('ok', 'wrong', 'ck_error', 'raw_error'), 'detail'} of one case."""
     from ck_core.errors import CkError

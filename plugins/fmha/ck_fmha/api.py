@@ -406,6 +406,9 @@ def attention(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0, l
     varlen API does; the offsets are read on the device only.  Offsets that do not fit the packed
     tensors and the maxima give NaN outputs and the flag of :mod:`ck_fmha.device_errors`
     (``ck_fmha.check_errors()``)."""
+    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
+        bad = [f"{n} is {type(t).__name__}" for n, t in (("q", q), ("k", k), ("v", v)) if not isinstance(t, torch.Tensor)]
+        raise InvalidProblem(f"attention takes torch tensors q, k, v: {', '.join(bad)}")
     fp8 = q.dtype in _FP8
     descales = None
     if fp8:
