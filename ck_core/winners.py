@@ -10,6 +10,7 @@ tuning table (``CK_TUNING_DB``) is still found after the store's.
 from __future__ import annotations
 
 import json
+import math
 import platform
 from collections import defaultdict
 from pathlib import Path
@@ -27,6 +28,19 @@ def bucket_key(problem) -> str:
     return json.dumps(problem.bucket(), default=str, separators=(",", ":"))
 
 
+def check_record(key, value) -> None:
+    """One ``kernels`` record: key (backend, bucket), value {"kernel": a name, "seconds": s, ...}."""
+    if len(key) != 2 or not all(isinstance(k, str) for k in key):
+        raise ValueError("the key is [backend, bucket] (two strings)")
+    if not isinstance(value, dict) or not isinstance(value.get("kernel"), str) or not value["kernel"] \
+            or len(value["kernel"]) > 1024:
+        raise ValueError("the value is {\"kernel\": a kernel name, ...}")
+    secs = value.get("seconds")
+    if secs is not None and (isinstance(secs, bool) or not isinstance(secs, (int, float))
+                             or not math.isfinite(secs) or secs < 0):
+        raise ValueError(f"seconds {secs!r:.40} is not a finite number >= 0")
+
+
 class Winners:
     def __init__(self, path=None, *, command: str = "ck tune", device: Optional[str] = None):
         self.legacy = TuningTable(path)
@@ -36,7 +50,7 @@ class Winners:
         self._pending: dict = defaultdict(dict)
 
     def lookup(self, arch: str, backend: str, problem) -> Optional[str]:
-        t = tuned_data.table(problem.op, arch, TABLE)
+        t = tuned_data.table(problem.op, arch, TABLE, check=check_record)
         hit = t.get((backend, bucket_key(problem))) if len(t) else None   # no table: no bucket to compute
         if isinstance(hit, dict) and isinstance(hit.get("kernel"), str):
             return hit["kernel"]

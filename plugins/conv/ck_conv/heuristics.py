@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from pathlib import Path
 
 import attrs
@@ -49,7 +50,7 @@ def auto_split_k(p: ConvProblem, cfg: ConvKernelConfig, num_sms: int) -> int:
 
 def _split_target(kind: str) -> float:
     """Programs per SM the preferred bwd_weight split aims at (tuned data, ``split_target``)."""
-    t = table("conv", "generic", "split_target", TUNED_DIR)
+    t = table("conv", "generic", "split_target", TUNED_DIR, check=check_entry)
     return t[kind] if kind in t else t["default"]
 
 
@@ -150,7 +151,7 @@ def heuristic(problem, candidates, arch) -> list:
 
 def _anchor(p: ConvProblem, arch) -> ConvKernelConfig:
     cls = problem_class(p, arch)
-    if cls is not None and cls in table("conv", "generic", "first_tier", TUNED_DIR):
+    if cls is not None and cls in table("conv", "generic", "first_tier", TUNED_DIR, check=check_entry):
         return candidate_configs(p, arch=arch)[0]
     return heuristic_config(p)
 
@@ -265,7 +266,7 @@ def candidate_configs(p: ConvProblem, limit: int | None = None, extended: bool =
     out = _candidate_configs(p, extended, arch)
     if extended:
         cls = problem_class(p, arch)
-        t = table("conv", "generic", "first_tier", TUNED_DIR)
+        t = table("conv", "generic", "first_tier", TUNED_DIR, check=check_entry)
         if cls is not None and cls in t:
             only = set(t[cls])
             out = [c for c in out if family_of(c) in only] or out
@@ -273,7 +274,7 @@ def candidate_configs(p: ConvProblem, limit: int | None = None, extended: bool =
             # one fp32 accumulator per filter tap and element: tiles that would spill go
             most = float(_lists("depthwise_bwd_weight", "max_acc_per_thread", arch))
             warp = int(arch.warp_size) if arch is not None else int(
-                table("conv", "generic", "plan", TUNED_DIR)["warp_size"])
+                table("conv", "generic", "plan", TUNED_DIR, check=check_entry)["warp_size"])
             out = [c for c in out if c.tile[0] * c.tile[1] * p.taps / (warp * c.num_warps) <= most] or out
     return out[:limit] if limit else out
 
@@ -342,13 +343,47 @@ def _candidate_configs(p: ConvProblem, extended: bool, arch) -> list[ConvKernelC
 
 
 TUNED_DIR = str(Path(__file__).resolve().parent / "tuned")
+#: the records of the tables read here: plan facts and split targets are positive numbers, the
+#: first-tier classes lists of names, every other table nested lists of sizes and names
+_NAME_TOKEN = re.compile(r"[A-Za-z0-9_]{1,40}")
+_POSITIVE_KEYS = {"compute_units", "lds_bytes", "warp_size", "default", "depthwise", "flat", "tma",
+                  "max_acc_per_thread", "max_channels"}
+
+
+def check_entry(key, v) -> None:
+    """One record of the conv tuned tables; ValueError saying what is wrong (see tuned_data.table)."""
+    if len(key) != 1 or not isinstance(key[0], str) or not _NAME_TOKEN.fullmatch(key[0]):
+        raise ValueError("the key is one name")
+
+    def walk(x, depth):
+        if depth > 4:
+            raise ValueError("nests deeper than a tile list does")
+        if isinstance(x, list):
+            if len(x) > 256:
+                raise ValueError("a list longer than 256")
+            for y in x:
+                walk(y, depth + 1)
+        elif isinstance(x, bool):
+            raise ValueError(f"{x!r} where a size or a name belongs")
+        elif isinstance(x, (int, float)):
+            if not (math.isfinite(x) and 0 <= x <= 1 << 24):
+                raise ValueError(f"{x!r:.30} is not a size in 0..{1 << 24}")
+        elif isinstance(x, str):
+            if not _NAME_TOKEN.fullmatch(x):
+                raise ValueError(f"{x!r:.40} is not a name (letters, digits, '_')")
+        else:
+            raise ValueError(f"a {type(x).__name__} where a size, a name or a list belongs")
+
+    walk(v, 0)
+    if key[0] in _POSITIVE_KEYS and (isinstance(v, (list, str)) or not 0 < v <= 1 << 24):
+        raise ValueError(f"{v!r:.40} is not a positive number")
 
 
 def _lists(name: str, which: str, arch=None) -> tuple:
     """Candidate list ``which`` of tuned table ``name``: the arch's file's, else the generic one's."""
-    t = table("conv", arch.name, name, TUNED_DIR) if arch is not None else EMPTY
+    t = table("conv", arch.name, name, TUNED_DIR, check=check_entry) if arch is not None else EMPTY
     if which not in t:
-        t = table("conv", "generic", name, TUNED_DIR)
+        t = table("conv", "generic", name, TUNED_DIR, check=check_entry)
     # converted once per loaded table (a reloaded store gives a new table object)
     memo = (name, which)
     got = _LISTS.get(memo)
@@ -365,7 +400,7 @@ def plan_facts(arch=None) -> tuple[int, int]:
     ``arch``'s (an ArchSpec), else those of the device the tuned lists were made for."""
     if arch is not None:
         return int(arch.compute_units), int(arch.lds_bytes)
-    t = table("conv", "generic", "plan", TUNED_DIR)
+    t = table("conv", "generic", "plan", TUNED_DIR, check=check_entry)
     return int(t["compute_units"]), int(t["lds_bytes"])
 
 

@@ -20,7 +20,7 @@ from . import seqtune
 from .codegen import ck_facts as F
 from .codegen import enumerate_kernels
 from .codegen.spec import parse_key_body
-from .codegen.spec import FmhaKernelSpec
+from .codegen.spec import FAMILY_FIELDS, FmhaKernelSpec
 
 
 @attrs.frozen
@@ -141,7 +141,7 @@ def ck_rank(problem, keys: list) -> list:
 
 def parse_ck(body: str, arch: str):
     """(spec, instance) of a CK-rule key's name body on ``arch`` (the name's tail)."""
-    return check_spec(parse_key_body(body, arch)), CK_INSTANCE
+    return check_layout(check_spec(parse_key_body(body, arch)), names=False), CK_INSTANCE
 
 
 #: the vocabulary of CK FMHA spec fields; string fields not listed are one token
@@ -160,9 +160,42 @@ def check_spec(spec: FmhaKernelSpec) -> FmhaKernelSpec:
     return spec
 
 
+#: (tile, warps, warp_tile) lengths of each family's specs: CK's codegen layouts (codegen/spec.py)
+SPEC_LENGTHS = {"fwd": (6, 6, 6), "fwd_splitkv": (6, 6, 6), "fwd_pagedkv": (6, 6, 6), "batch_prefill": (6, 6, 6),
+                "fwd_splitkv_combine": (1, 0, 0), "fwd_appendkv": (4, 0, 0), "bwd_dq_dk_dv": (9, 9, 6),
+                "bwd_dot_do_o": (1, 0, 0), "bwd_convert_dq": (2, 0, 0)}
+#: string fields a family's CK name spells out (one letter or more of each)
+_NAMED_STRINGS = ("mode", "pipeline", "vlayout", "mask", "bias")
+
+
+def check_layout(spec: FmhaKernelSpec, names: bool = True) -> FmhaKernelSpec:
+    """``spec`` when its tuples have the lengths of its family and the strings its CK name spells
+    are not empty (ConfigError naming the field); a record's fields are otherwise only typed.
+    ``names``: also build its names (a record's; a parsed name has passed through them)."""
+    fam = spec.family
+    fields = FAMILY_FIELDS.get(fam, frozenset())
+    for name, want in zip(("tile", "warps", "warp_tile"), SPEC_LENGTHS.get(fam, ())):
+        got = len(getattr(spec, name))
+        if got != want:
+            raise ConfigError(f"CK FMHA kernel spec ({fam}): field {name!r} must hold {want} integers, got {got}"
+                              if want else f"CK FMHA kernel spec ({fam}): field {name!r} is not used by {fam}; "
+                              f"leave it empty")
+    for name in _NAMED_STRINGS:
+        if name in fields and not getattr(spec, name) and not (name == "mode" and fam == "fwd_appendkv"):
+            raise ConfigError(f"CK FMHA kernel spec ({fam}): field {name!r} must not be empty")
+    if not names:
+        return spec
+    try:
+        spec.ck_name, spec.name   # the names are built from every field: a record that cannot be named is refused
+    except (IndexError, KeyError, ValueError, TypeError) as exc:
+        raise ConfigError(f"CK FMHA kernel spec ({fam}): its fields do not make a CK kernel name "
+                          f"({type(exc).__name__}: {str(exc)[:120]}); export the record again with `ck export`") from None
+    return spec
+
+
 def ck_from_fields(sig: dict, alg: dict):
     """A CK FMHA key's (spec, instance) of untrusted JSON fields, every field checked."""
-    spec = _SPEC(sig)
+    spec = check_layout(_SPEC(sig))
     if alg not in ({}, None):
         raise ConfigError(f"a CK FMHA key's algorithm is empty (its tiles live in the spec), got {str(alg)[:80]}")
     return spec, CK_INSTANCE

@@ -135,8 +135,15 @@ def _rows(t: Table) -> tuple:
             b = json.loads(bucket)
             dtype, layout = b[0], b[2]
             m, n, k = (int(x) for x in (v.get("shape") or b[-3:]))
-            rows.append((dtype, layout, m, n, k, GemmConfig.from_name(v["config"])))
-        except (KeyError, TypeError, ValueError, IndexError, InvalidProblem) as e:
+            cfg = GemmConfig.from_name(v["config"])
+            if not all(1 <= x <= 1 << 31 for x in (m, n, k)):
+                raise ValueError(f"shape {m}x{n}x{k} is not three positive sizes")
+            for f, hi in (("block_m", 512), ("block_n", 512), ("block_k", 512), ("group_m", 64),
+                          ("num_warps", 32), ("num_stages", 8), ("split_k", 64)):
+                if getattr(cfg, f) > hi:
+                    raise ValueError(f"config {v['config'][:60]!r}: {f} {getattr(cfg, f)} is above {hi}")
+            rows.append((dtype, layout, m, n, k, cfg))
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError, InvalidProblem) as e:
             raise ConfigError(f"gemm tuned data ({t.provenance.get('source', '?')}): bad kernels entry "
                               f"{list(key) if isinstance(key, tuple) else key} -> {v!r}: {e}") from None
     return tuple(sorted(rows, key=lambda r: r[:5]))
