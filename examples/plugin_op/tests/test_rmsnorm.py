@@ -24,6 +24,11 @@ def test_rmsnorm_passes_the_op_plugin_kit():
     assert report["keys"] > 0 and report["problems"] == 3
 
 
+def test_the_guides_check():
+    check_op_plugin("rmsnorm", plugin=plugin,
+                    problems=[RmsNormProblem(rows=7, cols=333, dtype="bf16")])
+
+
 def test_rmsnorm_runs_odd_sizes_against_float64(ck_rng):
     mgr = PluginManager(plugins=[plugin])
     reg = Registry.from_enumeration("rmsnorm", "gfx942", manager=mgr, dtypes=["fp32"])
