@@ -323,7 +323,11 @@ def cmd_build(args, extra):
         with open(args.json, "w") as f:
             json.dump({"built": report.built, "failed": report.failed, "seconds": report.seconds,
                        "workers": report.workers}, f, indent=1, default=str)
-    return 0 if report.ok or args.keep_going else 1
+    if report.ok or args.keep_going:
+        return 0
+    # 4: nothing could compile here (no toolchain); 5: kernels that failed to compile
+    missing = all(str(e).startswith("ToolchainMissing") for e in report.failed.values())
+    return 4 if missing else 5
 
 
 def cmd_cache(args, extra):
@@ -378,7 +382,26 @@ def cmd_tune(args, extra):
     rows = [{"rank": i + 1, "kernel": n, "ms": f"{s * 1e3:.4f}"} for i, (n, s) in enumerate(results[: args.show])]
     _print_table(rows, ("rank", "ms", "kernel"))
     print(f"winner recorded in {table.path}")
+    for warning in tuning_warnings(bk, args.backend, results, args.repeat):
+        print(f"ck: warning: {warning}", file=sys.stderr)
     return 0
+
+
+def tuning_warnings(backend_spec, backend: str, results, repeat: int) -> list:
+    """What makes a recorded winner meaningless: a backend that times host code (numpy runs every
+    key through the same implementation), or top times closer than the timing noise."""
+    import math
+
+    out = []
+    if backend_spec.timer is None:
+        out.append(f"backend {backend!r} runs the kernels' host reference code, not GPU kernels: its times "
+                   f"are host noise, and the winner recorded for it says nothing about speed; tune on a GPU "
+                   f"(--backend triton)")
+    finite = sorted(s for _, s in results if math.isfinite(s))
+    if len(finite) >= 2 and finite[1] - finite[0] < 0.03 * finite[0]:
+        out.append(f"the two fastest differ by {100 * (finite[1] - finite[0]) / finite[0]:.1f}%, within "
+                   f"timing noise at --repeat {repeat}: treat them as equal, or time again with a larger --repeat")
+    return out
 
 
 def _seconds_for_fn(fn, repeat):

@@ -22,7 +22,7 @@ from .validate import compare_all
 def _no_gpu_here() -> bool:
     """True where no GPU device node exists (Linux): then asking torch (a second to import)
     whether a GPU is visible is skipped."""
-    if not sys.platform.startswith("linux") or os.environ.get("TRITON_INTERPRET") == "1":
+    if not sys.platform.startswith("linux"):
         return False
     return not any(os.path.exists(p) for p in ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd", "/dev/dxg"))
 
@@ -41,7 +41,7 @@ def _pick_backend(mgr, requested):
                 return requested, arch.name
         raise ToolchainMissing(f"ck demo --backend {requested}: {why} (or run `ck demo` without "
                                f"--backend: it takes the numpy backend where no GPU is)")
-    if _no_gpu_here():
+    if _no_gpu_here() or os.environ.get("TRITON_INTERPRET") == "1":   # the interpreter is no GPU
         return "numpy", None
     for arch in mgr.archs().values():
         if "triton" in mgr.backends():

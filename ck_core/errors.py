@@ -72,11 +72,11 @@ class ValidationFailed(CkError):
 #: the ``ck`` command's exit codes (``ck --help`` and the README print this table)
 EXIT_CODES = {
     0: "success (every output validated)",
-    1: "a result failed: validation FAIL, kernels that did not build, a check that did not pass",
+    1: "a result failed: validation FAIL, a check that did not pass",
     2: "usage: a bad flag, value, file or problem (the message says what to change)",
     3: "no kernel: the problem is unsupported or no kernel in the registry runs it",
     4: "unavailable: no GPU for the backend, or its toolchain (triton, torch, hipcc) is missing",
-    5: "a kernel failed to compile",
+    5: "a kernel failed to compile (ck build: some did; --keep-going exits 0)",
     70: "internal error (a bug of ours: please report it; -vv shows the traceback)",
     130: "interrupted",
 }

@@ -391,3 +391,52 @@ def test_run_help_prints_each_fields_help(capsys, monkeypatch, op):
     flat = " ".join(out.split())
     for f in attrs.fields(get_manager().op(op).problem_type):
         assert " ".join(f.metadata["help"].split()) in flat, f.name
+
+
+# -- one message per problem, exit codes that tell the problems apart ------------------------------
+
+def test_build_without_hipcc_says_each_error_once_and_exits_4(capsys, caplog):
+    if __import__("shutil").which("hipcc"):
+        pytest.skip("hipcc is installed here")
+    rc, out, err = _main(capsys, "build", "gemm", "--arch", "gfx942", "--backend", "ck", "--limit", "2")
+    assert rc == 4, out + err
+    failed = [ln for ln in out.splitlines() if ln.startswith("FAILED ")]
+    assert len(failed) == 2
+    for ln in failed:
+        name = ln.split()[1].rstrip(":")
+        assert (out + err + caplog.text).count(name + ":") + (out + err + caplog.text).count(name + " failed") == 1, name
+
+
+def test_tune_on_the_numpy_backend_warns_its_winner_is_noise(capsys, tmp_path):
+    rc, out, err = _main(capsys, "tune", "gemm", "--arch", "gfx942", "--m", "40", "--n", "24", "--k", "16",
+                         "--top", "3", "--repeat", "1", "--db", str(tmp_path / "t.json"))
+    assert rc == 0 and "winner recorded" in out
+    assert "ck: warning:" in err and "noise" in err and "--backend triton" in err, err
+
+
+def test_tuning_warnings_name_a_tie():
+    from ck_core.cli import tuning_warnings
+
+    class Timed:
+        timer = staticmethod(lambda fn, n: 0.0)
+
+    assert tuning_warnings(Timed, "triton", [("a", 1.0), ("b", 1.5)], 5) == []
+    (w,) = tuning_warnings(Timed, "triton", [("a", 1.0), ("b", 1.01), ("c", 2.0)], 5)
+    assert "1.0%" in w and "--repeat" in w
+
+
+def test_numpy_sweep_of_the_smoke_matrix_is_quick_and_quiet(tmp_path):
+    """152 s for three rows before (LLM-sized GEMMs in NumPy, 'compile: 0/0' every 30 s): shapes over
+    the host budget are rows that say so."""
+    out = tmp_path / "s.json"
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "ck_core", "sweep", "gemm", "--arch", "gfx942", "--dtypes", "fp16",
+                        "--layouts", "rcr", "--category", "smoke", "--max-kernels", "2", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300,
+                       env={**__import__("os").environ, "CK_CACHE_DIR": str(tmp_path / "c")})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert time.perf_counter() - t0 < 90
+    assert "compile: 0/0" not in r.stderr
+    rows = json.loads(out.read_text())["results"]
+    big = [x for x in rows if x["status"] == "unsupported" and "too large for the numpy backend" in x["error"]]
+    assert big and any(x["status"] == "ok" for x in rows)

@@ -144,3 +144,22 @@ def test_one_scheme_of_extras():
     for p in [ROOT / "pyproject.toml", *ROOT.glob("plugins/*/pyproject.toml")]:
         for name, reqs in _toml(p)["project"].get("optional-dependencies", {}).items():
             assert not [r for r in reqs if "==" in r], (p, name, reqs)
+
+
+def test_op_plugin_guide_quotes_the_example_as_it_is():
+    """docs/writing-an-op-plugin.md's code is the example plugin's code (no drift): every line of
+    its Python blocks but the excerpts (those with "...") is a line of examples/plugin_op."""
+    guide = ROOT / "docs" / "writing-an-op-plugin.md"
+    source = "\n".join(p.read_text() for p in (ROOT / "examples" / "plugin_op").rglob("*.py"))
+    lines = {ln.split("  #")[0].strip() for ln in source.splitlines()}
+    blocks = [b for b in code_blocks(guide, "python") if "..." not in b]   # whole quotes, not excerpts
+    assert len(blocks) >= 4
+    for block in blocks:
+        for ln in block.splitlines():
+            if ln.strip() and "..." not in ln:
+                assert ln.strip() in lines, f"the guide quotes a line the example does not have: {ln.strip()!r}"
+    toml = code_blocks(guide, "toml")[0]
+    assert toml.strip() in (ROOT / "examples" / "plugin_op" / "pyproject.toml").read_text()
+    # the commands name the example's op and fields
+    cmds = "\n".join(code_blocks(guide, "bash"))
+    assert "ck run rmsnorm --arch gfx942 --rows 37 --cols 1000" in cmds
