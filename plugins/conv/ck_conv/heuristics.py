@@ -272,8 +272,7 @@ def candidate_configs(p: ConvProblem, limit: int | None = None, extended: bool =
         if p.direction == "bwd_weight" and out[0].specialization == "depthwise":
             # one fp32 accumulator per filter tap and element: tiles that would spill go
             most = float(_lists("depthwise_bwd_weight", "max_acc_per_thread", arch))
-            warp = int(arch.warp_size) if arch is not None else int(
-                table("conv", "generic", "plan", TUNED_DIR)["warp_size"])
+            warp = int((arch or _planned_arch(table("conv", "generic", "plan", TUNED_DIR)["arch"])).warp_size)
             out = [c for c in out if c.tile[0] * c.tile[1] * p.taps / (warp * c.num_warps) <= most] or out
     return out[:limit] if limit else out
 
@@ -363,10 +362,21 @@ _LISTS: dict = {}
 def plan_facts(arch=None) -> tuple[int, int]:
     """(SMs / CUs, shared memory per block in bytes) that the wave and buffer rules plan for:
     ``arch``'s (an ArchSpec), else those of the device the tuned lists were made for."""
-    if arch is not None:
-        return int(arch.compute_units), int(arch.lds_bytes)
-    t = table("conv", "generic", "plan", TUNED_DIR)
-    return int(t["compute_units"]), int(t["lds_bytes"])
+    if arch is None:
+        arch = _planned_arch(table("conv", "generic", "plan", TUNED_DIR)["arch"])
+    return int(arch.compute_units), int(arch.lds_bytes)
+
+
+@functools.lru_cache(maxsize=4)
+def _planned_arch(name: str):
+    from ck_core.errors import ConfigError
+    from ck_core.plugins import get_manager
+
+    arch = get_manager().archs().get(name)
+    if arch is None:
+        raise ConfigError(f"conv's tuned candidate lists were planned for {name}, whose arch plugin is not "
+                          f"installed (pip install ck-arch-{name}); pass the ArchSpec of the arch in use")
+    return arch
 
 
 def flat_candidates(p: ConvProblem, arch=None) -> list[ConvKernelConfig]:

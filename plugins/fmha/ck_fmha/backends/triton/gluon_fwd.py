@@ -475,8 +475,11 @@ def grid_for(tiles: int, persistent: bool, device) -> tuple:
 
 @functools.lru_cache(maxsize=None)
 def _num_sms(index: int) -> int:
+    """SMs of GPU ``index``: its ArchSpec's (the arch plugin's facts, not a device query)."""
     import torch
-    return torch.cuda.get_device_properties(index).multi_processor_count
+    from ck_core.device import current_arch
+
+    return current_arch(torch.device("cuda", index)).compute_units
 
 
 @functools.lru_cache(maxsize=None)
