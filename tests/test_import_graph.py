@@ -95,7 +95,7 @@ def test_find_cycle_finds_a_function_level_loop(tmp_path):
 
 
 #: loops still being taken apart (issue #30): strict, so the mark goes once the loop does
-PENDING = {"plugins/conv/ck_conv", "plugins/fmha/ck_fmha"}
+PENDING = {"plugins/conv/ck_conv"}
 
 
 @pytest.mark.parametrize("pkg", [pytest.param(p, marks=pytest.mark.xfail(strict=True, reason="issue #30: loop pending"))

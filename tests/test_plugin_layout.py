@@ -24,7 +24,7 @@ REQUIRED = {
 }
 SHARED = {
     "space", "keyspace", "heuristics", "features", "plan", "footprint",
-    "backends.triton.keys", "backends.triton.configs", "backends.triton.aot", "backends.triton.tuning",
+    "backends.triton.keys", "backends.triton.configs", "backends.triton.aot",
     "backends.ck", "backends.ck.template",
 }
 OWN = {
