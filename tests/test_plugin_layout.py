@@ -29,7 +29,7 @@ SHARED = {
 }
 OWN = {
     "gemm": {"ck_rules"},
-    "conv": {"backends.triton.dw_codegen"},
+    "conv": {"backends.triton.dw_codegen", "geometry"},
     "fmha": {"codegen", "codegen.ck_facts", "codegen.enumerate", "codegen.spec", "codegen.sweep", "demo",
              "device_errors",
              "flash_attn", "integrations", "integrations.transformers", "masks", "paged", "philox",
