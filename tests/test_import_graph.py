@@ -94,12 +94,7 @@ def test_find_cycle_finds_a_function_level_loop(tmp_path):
     assert find_cycle(module_graph(pkg, "pk")) is None
 
 
-#: loops still being taken apart (issue #30): strict, so the mark goes once the loop does
-PENDING = {"plugins/conv/ck_conv", "plugins/fmha/ck_fmha"}
-
-
-@pytest.mark.parametrize("pkg", [pytest.param(p, marks=pytest.mark.xfail(strict=True, reason="issue #30: loop pending"))
-                                 if p in PENDING else p for p in sorted(PACKAGES)])
+@pytest.mark.parametrize("pkg", sorted(PACKAGES))
 def test_no_import_cycle(pkg):
     cycle = find_cycle(module_graph(ROOT / pkg, PACKAGES[pkg]))
     assert cycle is None, (f"import loop in {PACKAGES[pkg]}: {' -> '.join(cycle)}; move the shared part down a "

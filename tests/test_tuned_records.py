@@ -104,7 +104,7 @@ BAD_CFGS = {
 @pytest.mark.parametrize("name", BAD_CFGS)
 def test_fmha_overlay_configs_are_checked_when_read(user_store, name):
     pytest.importorskip("ck_fmha")
-    from ck_fmha.backends.triton.tuning import default_fwd_config
+    from ck_fmha.heuristics import default_fwd_config
 
     path = _overlay("fmha", "sm90", "fwd_tuned", [((64, False, 512), BAD_CFGS[name])],
                     ("hdim", "causal", "seqlen_bucket"))
@@ -125,7 +125,8 @@ def test_fmha_overlay_configs_are_checked_when_read(user_store, name):
         "gsplit_negative"])
 def test_fmha_other_tables(user_store, table, key, value):
     pytest.importorskip("ck_fmha")
-    from ck_fmha.backends.triton import tuning
+    from ck_fmha import heuristics as tuning
+    from ck_fmha.tuned_records import CHECKS
 
     _overlay("fmha", "sm90", table, [(key, value)], ())
     with pytest.raises(ConfigError, match=table):
@@ -134,10 +135,11 @@ def test_fmha_other_tables(user_store, table, key, value):
 
 def test_fmha_shipped_tables_pass_their_checks(user_store):
     pytest.importorskip("ck_fmha")
-    from ck_fmha.backends.triton import tuning
+    from ck_fmha import heuristics as tuning
+    from ck_fmha.tuned_records import CHECKS
 
     for arch in ("sm90", "generic"):
-        for name in tuning.CHECKS:
+        for name in CHECKS:
             tuning.tuned(name, arch)
     good = tuning.default_fwd_config(64, 64, "sm90", causal=False, seqlen=512, gluon=False)
     assert good.BLOCK_M in (16, 32, 64, 128, 256)

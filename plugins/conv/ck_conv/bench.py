@@ -254,7 +254,9 @@ def main(argv=None, progress=None):
             if best is not None:  # tune the reduction split of the winner
                 from ck_conv.heuristics import auto_split_k
                 if d == "bwd_weight":
-                    a = auto_split_k(p, best[4], torch.cuda.get_device_properties(0).multi_processor_count)
+                    from ck_core.device import current_arch
+
+                    a = auto_split_k(p, best[4], current_arch(torch.device("cuda", 0)).compute_units)
                     splits = sorted({max(1, a // 2), a * 2, 1} - {a})
                 else:
                     splits = [1, 2, 4, 8]

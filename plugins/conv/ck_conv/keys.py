@@ -45,6 +45,7 @@ import attrs
 from ck_core.errors import ConfigError, InvalidProblem, MissingKernel
 from ck_core.key import KernelKey, RecordSchema
 
+from .geometry import split_plan  # the launch's own arithmetic: the name says what runs
 from .problem import DIRECTIONS, DTYPES, LAYOUT_FAMILIES, ConvProblem
 
 #: the space's generic tables (tiles, waves, realisation axes); an arch's ``extras["conv"]`` overrides
@@ -461,8 +462,6 @@ class ConvKernelConfig:
             return f"problem asks for split_k={p.split_k}, kernel splits {self.split} ways"
         if self.reduction == "streamk":
             return None  # split = persistent programs per SM: any count runs
-        from .backends.triton.launch import split_plan  # the launch's own arithmetic: the name says what runs
-
         if self.reduction in ("twostage", "fixup") and self.split * _result_size(p) >= 2 ** 31:
             return f"a {self.reduction} workspace of {self.split} x the output overflows 32-bit offsets"
 

@@ -15,7 +15,8 @@ from ck_conv.problem import ConvProblem
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
-from ck_conv.backends.triton.launch import run, split_plan  # noqa: E402
+from ck_conv.backends.triton.launch import run  # noqa: E402
+from ck_conv.geometry import split_plan  # noqa: E402
 
 TD = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 TOL = {"fp16": 3e-3, "bf16": 2e-2, "fp32": 1e-5}

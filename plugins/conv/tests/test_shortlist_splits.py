@@ -66,7 +66,8 @@ pytest.importorskip("triton")
 
 @pytest.mark.parametrize("split", [64, 128])
 def test_depthwise_bwd_weight_with_many_splits_matches_the_reference(split):
-    from ck_conv.backends.triton.launch import run, split_plan
+    from ck_conv.backends.triton.launch import run
+    from ck_conv.geometry import split_plan
     from ck_conv.heuristics import heuristic_config
     from ck_conv.reference import random_operands, reference, rel_error
 

@@ -25,6 +25,7 @@ import torch
 from ck_core.errors import InvalidProblem, UnsupportedProblem
 
 from . import attention as _attention
+from . import decode, prefill
 from .backends.triton import launch as ops
 
 __all__ = ["flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func", "flash_attn_varlen_func",
@@ -164,7 +165,7 @@ class _PagedForward(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k_pages, v_pages, kw):
         seqlens_k = kw.pop("seqlens_k")
-        out, lse = ops.batch_prefill(q, k_pages, v_pages, seqlens_k, return_lse=True, **kw)
+        out, lse = prefill.batch_prefill(q, k_pages, v_pages, seqlens_k, return_lse=True, **kw)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -284,7 +285,7 @@ def _append(q, k, v, k_cache, v_cache, seqlens, table, cos, sin, interleaved, q_
     rope = "none" if cos is None else ("interleaved" if interleaved else "half_rotated")
     rdim = 0 if cos is None else 2 * cos.shape[-1]
     q_in = q if q_at_own_positions or rope == "none" else q.reshape(b, 1, sq * hq, d)
-    q_rot, _, _ = ops.appendkv(q_in, k, v, k_cache, v_cache, seqlens, rotary_cos=cos, rotary_sin=sin, rope=rope,
+    q_rot, _, _ = decode.appendkv(q_in, k, v, k_cache, v_cache, seqlens, rotary_cos=cos, rotary_sin=sin, rope=rope,
                                rotary_dim=rdim, block_table=table, layout="bshd")
     return (q if rope == "none" else q_rot.reshape(b, sq, hq, d)), seqlens + k.shape[1]
 
@@ -300,15 +301,15 @@ def _attend(q, k_cache, v_cache, seqlens, table, page, leftpad, batch_idx, mask,
     if alibi_slopes is None and num_splits != 1:
         splits = None if num_splits == 0 else num_splits
         if table is not None:
-            return ops.paged_decode(q, k_cache, v_cache, table, seqlens, max_seqlen_k=page, num_splits=splits,
+            return decode.paged_decode(q, k_cache, v_cache, table, seqlens, max_seqlen_k=page, num_splits=splits,
                                     return_lse=True, layout="bshd", **common)
-        return ops.splitkv_decode(q, k_cache, v_cache, seqlens_k=seqlens, num_splits=splits, return_lse=True,
+        return decode.splitkv_decode(q, k_cache, v_cache, seqlens_k=seqlens, num_splits=splits, return_lse=True,
                                   layout="bshd", **common)
     # one pass (num_splits=1, or ALiBi, which only the one-pass kernel adds): group-mode queries over pages
     if table is None:
         table = torch.arange(b, dtype=torch.int32, device=q.device).reshape(b, 1)
     cu_q = torch.arange(0, (b + 1) * sq, sq, dtype=torch.int32, device=q.device)
-    out, lse = ops.batch_prefill(q.reshape(b * sq, hq, d), k_cache, v_cache, seqlens, cu_seqlens_q=cu_q,
+    out, lse = prefill.batch_prefill(q.reshape(b * sq, hq, d), k_cache, v_cache, seqlens, cu_seqlens_q=cu_q,
                                  max_seqlen_q=sq, max_seqlen_k=page, block_table=table, return_lse=True,
                                  alibi_slopes=alibi_slopes,
                                  alibi_align="bottom_right" if alibi_slopes is not None else None, **common)
@@ -327,7 +328,9 @@ def _attend_leftpad(q, k_cache, v_cache, seqlens, leftpad, batch_idx, common, al
     cu_k = torch.zeros(b + 1, dtype=torch.int32, device=q.device)
     cu_k[1:] = torch.cumsum(valid.sum(1), 0)
     cu_q = torch.arange(0, (b + 1) * sq, sq, dtype=torch.int32, device=q.device)
-    out, lse = ops.fwd(q.reshape(b * sq, hq, d), kp, vp, layout="thd", cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
-                       max_seqlen_q=sq, max_seqlen_k=k_cache.shape[1], return_lse=True, alibi_slopes=alibi_slopes,
-                       alibi_align="bottom_right" if alibi_slopes is not None else None, **common)
+    # through the Dispatcher (group mode over the packed keys), as every other path here
+    out, lse = _attention(q.reshape(b * sq, hq, d), kp, vp, layout="thd", cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                          max_seqlen_q=sq, max_seqlen_k=k_cache.shape[1], return_lse=True,
+                          alibi_slopes=alibi_slopes,
+                          alibi_align="bottom_right" if alibi_slopes is not None else None, **common)
     return out.reshape(b, sq, hq, -1), lse.reshape(hq, b, sq).permute(1, 0, 2).contiguous()

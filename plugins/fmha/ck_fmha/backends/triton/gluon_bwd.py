@@ -194,18 +194,11 @@ if GF.HAVE_GLUON:
         ], [4, 4], [240, 24])
 
 
-#: kind -> table of the arch's tuned data (ck_fmha/tuned/<arch>.json), (tile, stages, persistent) per
-#: head dim: "dq" (BLOCK_N, ...) of the dQ pass, the fastest of benchmarks/gluon_fa_probe.py --bwd (the
-#: bwd_gluon_dq table says where the dispatcher uses the kernel); "dkdv" / "fused" (BLOCK_MQ, ...) of the
-#: dK/dV kernel, without and with dQ fused in (first guesses)
-_TILE_TABLES = {"dq": "gluon_dq_tiles", "dkdv": "gluon_dkdv_tiles", "fused": "gluon_fused_tiles"}
-
-
 def tiles(kind: str, arch: str) -> dict:
     """Head dim -> the hand-picked tile of ``kind`` ("dq", "dkdv", "fused") in ``arch``'s tuned data."""
-    from .tuning import tile_table
+    from ...heuristics import gluon_tiles
 
-    return tile_table(_TILE_TABLES[kind], arch)
+    return gluon_tiles(kind, arch)
 
 
 def _device_tiles(kind: str, t) -> dict:

@@ -34,6 +34,8 @@ from ck_core.key import KernelKey, RecordSchema
 
 from ...heuristics import (DQ_ATOMIC, dq_gluon, dq_triton, gluon_bwd_reason, gluon_dkdv_reason,  # noqa: F401
                           interpreting, parse_dq)
+from .configs import (GLUON_BWD_BLOCK_N, GLUON_BWD_VARIANTS, GLUON_BWD_WARPS, GSPLITS, KVSPLIT,  # noqa: F401
+                      fp8_format, fp8_v_trans, hopper as _hopper)
 
 FAMILIES = ("fwd", "fwd_splitkv", "fwd_splitkv_combine", "fwd_pagedkv", "fwd_appendkv", "batch_prefill",
             "bwd_dot_do_o", "bwd_dq_dk_dv", "bwd_convert_dq")
@@ -41,20 +43,10 @@ HDIMS = ((32, 32), (64, 64), (96, 96), (128, 128), (192, 128), (256, 256))
 #: the Gluon sm90 forward's variants: the names of ``ck_fmha.backends.triton.gluon_fwd.GLUON_VARIANTS``, spelled out
 #: here because that import brings in torch (tests/test_gluon_fwd.py keeps the two in step)
 GLUON_VARIANTS = ("gluon_ws", "gluon_wspp", "gluon_ws_pers", "gluon_wspp_pers")
-#: the backward's dK/dV kernel on Hopper (ck_fmha.backends.triton.gluon_bwd.dkdv): BLOCK_MQ = block_m, STAGES =
-#: num_stages, 128 keys per program, 4 warps; "_pers": the persistent grid
-GLUON_BWD_VARIANTS = ("gluon_dkdv", "gluon_dkdv_pers")
-GLUON_BWD_BLOCK_N, GLUON_BWD_WARPS = 128, 4
-#: the Triton dK/dV kernel with dK and dV in separate programs (KV_SPLIT: one fp32 accumulator per
-#: program, twice the programs); bwd_dq_dk_dv only, every arch
-KVSPLIT = "kvsplit"
 VARIANTS = ("ptr", "tma", "tma_host", "tma_ws") + GLUON_VARIANTS + GLUON_BWD_VARIANTS + (KVSPLIT,)
 #: the variants that take head-dim chunks (a key's ``dchunk``: the forward's head dim in two
 #: power-of-two tiles, ``configs.hdim_blocks``)
 DCHUNK_VARIANTS = ("ptr", "tma")
-#: the group splits of the Triton dK/dV kernel's keys (``gsplit``, name part ``_g<N>``): a kv head's GQA group
-#: of query heads is summed by N programs into fp32 partials (for GQA / MQA problems with few key blocks)
-GSPLITS = (2, 4, 8, 16)
 CUDA_ONLY = ("tma", "tma_host", "tma_ws") + GLUON_VARIANTS + GLUON_BWD_VARIANTS
 #: a backward key's dQ field: ``atomic`` (dQ accumulated in fp32 by the dK/dV kernel: not deterministic;
 #: bwd_convert_dq rounds it), ``m<BM>n<BN>w<W>s<S>`` (the Triton dQ pass), ``gluon<BN>s<S>[p]`` (the Gluon
@@ -203,47 +195,6 @@ def _any_hdims_ok(hq: int, hv: int) -> bool:
     return all(isinstance(d, int) and 8 <= d <= 256 and d % 8 == 0 for d in (hq, hv))
 
 
-def _hopper(arch) -> bool:
-    return tuple(arch.triton_target or ())[:2] == ("cuda", 90)
-
-
-def fp8_format(arch) -> str:
-    """The fp8 e4m3 encoding the arch's matrix units read: ``"e4m3fnuz"`` (exponent bias 8, max 240)
-    on CDNA3 (gfx94x) and ``"e4m3fn"`` (OCP, max 448) elsewhere (Hopper, CDNA4, RDNA4).
-
-    Arch specs list ``fp8`` in ``dtypes`` but not its encoding; an arch plugin may state it as
-    ``extras["fp8_format"]`` (or ``extras["fmha"]["fp8_format"]``), which wins.  ``arch`` may be
-    None (an unknown arch name): OCP then.  Triton 3.6 compiles e4m3fn on gfx942 too, but only by
-    upcasting to fp16 MFMAs; e4m3fnuz is what CDNA3 multiplies natively (and what CK uses there).
-    Its finite range is +-240 (e4m3fn: +-448): the launcher casts other inputs to it, and torch turns
-    values beyond 240 into NaN, so quantise for e4m3fnuz on gfx942 (or pass float8_e4m3fnuz tensors).
-    """
-    if arch is None:
-        return "e4m3fn"
-    extras = getattr(arch, "extras", {}) or {}
-    fmt = extras.get("fp8_format") or (extras.get("fmha") or {}).get("fp8_format")
-    if fmt:
-        if fmt not in ("e4m3fn", "e4m3fnuz"):
-            raise ConfigError(f"arch {arch.name}: fp8_format {fmt!r} is not 'e4m3fn' or 'e4m3fnuz'")
-        return fmt
-    return "e4m3fnuz" if getattr(arch, "family", "") == "cdna3" else "e4m3fn"
-
-
-def fp8_v_trans(arch) -> bool:
-    """Whether the fp8 forward reads V key-contiguous (kernel ``V_TRANS``) on ``arch``: everywhere but
-    on AMD GPUs.  Hopper's fp8 wgmma takes its shared-memory operands K-major only, and the reduction
-    index of P @ V is the key, so a channel-contiguous V would be transposed through shared memory on
-    every key block.  AMD keeps row-major V until measured (the key-contiguous path compiles there).
-    An arch plugin may decide with ``extras["fp8_v_trans"]`` (or ``extras["fmha"]["fp8_v_trans"]``)."""
-    if arch is None:
-        return True
-    extras = getattr(arch, "extras", {}) or {}
-    flag = extras.get("fp8_v_trans", (extras.get("fmha") or {}).get("fp8_v_trans"))
-    if flag is not None:
-        return bool(flag)
-    return getattr(arch, "vendor", "") != "amd"
-
-
 def _arch_spec(name: str):
     """The ArchSpec of an arch name from the plugin manager, or None."""
     try:
@@ -272,7 +223,7 @@ def _smem(family, hq, hv, a: TritonFmhaAlg, elem_bytes: int = 2) -> int:
 
 def _configs(family, hq, hv, arch, elem_bytes: int = 2, prune: bool = True) -> list:
     from . import configs as C
-    from . import tuning as T
+    from ... import heuristics as T
 
     tag = arch.name   # the arch's tuned tables (the generic ones where it has none)
     extras = ()
@@ -325,7 +276,7 @@ def _bwd_algs(hq, hv, arch, tag, elem_bytes, prune=True) -> list:
     """Backward keys: each tuned dK/dV tile (Triton; on Hopper also the Gluon tiles) with each dQ
     choice (atomic, the tuned Triton dQ tiles, on Hopper the Gluon dQ tiles)."""
     from . import gluon_bwd
-    from . import tuning as T
+    from ... import heuristics as T
 
     pairs = [T.default_bwd_configs(hq, hv, tag, causal=c) for c in (False, True)]
     kv = [(c.BLOCK_M, c.BLOCK_N, c.num_warps, c.num_stages, c.variant if c.variant == KVSPLIT else "ptr")

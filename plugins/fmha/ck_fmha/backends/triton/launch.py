@@ -70,8 +70,9 @@ import triton
 from . import gluon_bwd, gluon_fwd
 from . import kernels as K
 from ... import device_errors
-from .configs import GLUON_VARIANTS, TritonFmhaConfig, hdim_blocks, padded_hdim, next_pow2, valid_dchunk
-from .tuning import (bwd_gsplit_rule, default_bwd_configs, default_fwd_config, gluon_dkdv_tile, gluon_dq_tile,
+from .configs import (GLUON_VARIANTS, TritonFmhaConfig, fp8_v_trans, hdim_blocks, hopper, next_pow2, padded_hdim,
+                      valid_dchunk)
+from ...heuristics import (bwd_gsplit_rule, default_bwd_configs, default_fwd_config, gluon_dkdv_tile, gluon_dq_tile,
                      gluon_fused_min_seqlen, gluon_fused_tile)
 
 try:
@@ -114,8 +115,6 @@ def _tuned_arch(arch) -> str:
 
 
 def _hopper(arch) -> bool:
-    from .keys import _hopper as hopper
-
     return arch is not None and hopper(arch)
 
 
@@ -322,8 +321,6 @@ def fp8_v_trans_default(t: torch.Tensor) -> bool:
     reduction index of P @ V is the key) and in the interpreter; no on AMD GPUs, where it is not
     measured (it compiles for gfx942/gfx950/gfx1201, and there the AOT instruction mix even loses the
     byte-wise LDS reads of V; pass ``fp8_v_trans=True`` to try it)."""
-    from .keys import fp8_v_trans
-
     return fp8_v_trans(_arch_of(t))
 
 
@@ -1264,34 +1261,8 @@ def splitkv_combine(oacc, lacc, q, *, layout="bhsd", return_lse=True, _via=None)
     return (o, lse) if return_lse else o
 
 
-def splitkv_decode(q, k, v, *, seqlens_k=None, causal=False, scale=None, window=(-1, -1), softcap=0.0,
-                   num_splits=None, return_lse=False, layout="bhsd", config=None, align=None, sink=None,
-                   sink_tokens=0):
-    """Split-KV forward for short queries over a long contiguous KV (k, v in ``layout``), then an
-    LSE combine, through the Dispatcher (:func:`ck_fmha.decode.splitkv_decode`).  ``seqlens_k``
-    (int32 [B], any device) optionally gives each batch's valid KV length; it is read on the device
-    only, so a decode step reuses its plan.  Causal masks default to bottom-right alignment here
-    (the query is the sequence's tail).  ``num_splits``: None lets the Dispatcher choose.
-    ``config`` (a TritonFmhaConfig) runs that tile instead of the plan's (kernel-direct)."""
-    from ...decode import splitkv_decode as _run
-
-    return _run(q, k, v, seqlens_k=seqlens_k, causal=causal, scale=scale, window=window, softcap=softcap,
-                num_splits=num_splits, return_lse=return_lse, layout=layout, config=config, align=align,
-                sink=sink, sink_tokens=sink_tokens)
 
 
-def paged_decode(q, k_cache, v_cache, block_table, seqlens_k, *, max_seqlen_k=None, causal=False, scale=None,
-                 window=(-1, -1), softcap=0.0, num_splits=None, return_lse=False, layout="bhsd", config=None,
-                 align=None, sink=None, sink_tokens=0):
-    """Decode over a paged KV cache through the Dispatcher (:func:`ck_fmha.decode.paged_decode`):
-    ``k_cache``/``v_cache`` are [num_pages, page_size, H_k, D]; ``block_table`` int32 [B, max_pages];
-    ``seqlens_k`` int32 [B] (read on the device only).  ``max_seqlen_k`` (the longest length a step
-    may have) defaults to ``max_pages * page_size`` (no host sync)."""
-    from ...decode import paged_decode as _run
-
-    return _run(q, k_cache, v_cache, block_table, seqlens_k, max_seqlen_k=max_seqlen_k, causal=causal,
-                scale=scale, window=window, softcap=softcap, num_splits=num_splits, return_lse=return_lse,
-                layout=layout, config=config, align=align, sink=sink, sink_tokens=sink_tokens)
 
 
 # ---------------------------------------------------------------------------
@@ -1301,14 +1272,6 @@ def paged_decode(q, k_cache, v_cache, block_table, seqlens_k, *, max_seqlen_k=No
 from .configs import ROPE_MODES  # noqa: E402
 
 
-def appendkv(q, knew, vnew, k_cache, v_cache, seqlens_k, *, rotary_cos=None, rotary_sin=None, rope="none",
-             rotary_dim=0, block_table=None, layout="bhsd"):
-    """CK's fwd_appendkv through the Dispatcher (:func:`ck_fmha.decode.appendkv`; arguments and results
-    as :func:`appendkv_launch`); ``seqlens_k`` is read on the device only, so a decode step reuses its plan."""
-    from ...decode import appendkv as _run
-
-    return _run(q, knew, vnew, k_cache, v_cache, seqlens_k, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
-                rope=rope, rotary_dim=rotary_dim, block_table=block_table, layout=layout)
 
 
 def appendkv_launch(q, knew, vnew, k_cache, v_cache, seqlens_k, *, rotary_cos=None, rotary_sin=None, rope="none",
@@ -1381,16 +1344,6 @@ def appendkv_launch(q, knew, vnew, k_cache, v_cache, seqlens_k, *, rotary_cos=No
 # ---------------------------------------------------------------------------
 
 
-def batch_prefill(q, k_cache, v_cache, seqlens_k, *, cu_seqlens_q, max_seqlen_q, max_seqlen_k,
-                  block_table=None, kv_indptr=None, kv_page_indices=None, kv_layout="linear", **kw):
-    """batch_prefill through the Dispatcher (:func:`ck_fmha.prefill.batch_prefill`; arguments and
-    results as :func:`batch_prefill_launch`): ``seqlens_k`` is read on the device only, bounded by
-    ``max_seqlen_k``; the plan is cached per shapes and query offsets."""
-    from ...prefill import batch_prefill as _run
-
-    return _run(q, k_cache, v_cache, seqlens_k, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
-                max_seqlen_k=max_seqlen_k, block_table=block_table, kv_indptr=kv_indptr,
-                kv_page_indices=kv_page_indices, kv_layout=kv_layout, **kw)
 
 
 def batch_prefill_launch(q, k_cache, v_cache, seqlens_k, *, cu_seqlens_q, max_seqlen_q, max_seqlen_k,

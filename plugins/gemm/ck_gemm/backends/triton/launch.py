@@ -57,9 +57,12 @@ def _spec(cfg, dtype, layout, out_dtype, d_dtype, num_d, d_op, activation, batch
 
 @functools.lru_cache(maxsize=16)
 def _device_info(index: int):
+    """(SMs / CUs from the device's ArchSpec, compute capability, whether on ROCm)."""
     import torch
-    p = torch.cuda.get_device_properties(index)
-    return p.multi_processor_count, (p.major, p.minor), bool(getattr(torch.version, "hip", None))
+    from ck_core.device import current_arch
+
+    sms = current_arch(torch.device("cuda", index)).compute_units
+    return sms, torch.cuda.get_device_capability(index), bool(getattr(torch.version, "hip", None))
 
 
 def _tma_ok(t, layout_row_major: bool) -> bool:
