@@ -498,6 +498,9 @@ def _stub_launches():
     ta.launch = lambda name, fn, grid, args, kwargs, **kw: None
     triton_replay.replayable = lambda t: True
     triton_replay.record = lambda fn, grid, args, kwargs, **kw: _StubReplay(fn, args, kwargs)
+    from ck_fmha.backends.triton import warm as fmha_warm
+
+    fmha_warm.verified = lambda f, inputs, want: f   # stubbed launches compute nothing to compare
 
 
 def cpu_dry_run(calls: int, only=None) -> dict:
