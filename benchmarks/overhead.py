@@ -1,26 +1,35 @@
-"""Host overhead of the public APIs, and the first call of a new problem (issue #13, "Measure").
+"""Host overhead of the public APIs, and the first call of a new problem (issues #13 and #26).
 
-(a) warm eager calls: ``ck_gemm.matmul``, ``ck_conv.conv2d``, ``ck_fmha.attention`` (fwd, and
-    fwd+bwd) against the bare launch of the same Triton kernels (recorded from one API call:
-    ``replay`` = the compiled kernel's own launcher, ``jit`` = ``fn[grid](*args)``).  Per call:
-    ``host_us`` = Python time to issue it (no sync inside the loop), ``wall_us`` = with the final
-    sync; median of 5 rounds of ``--calls`` calls.  Small problems, so the host is the bottleneck.
-(b) first call of a new problem in a fresh process (import and tensor set-up excluded):
-    ``cold`` = empty kernel cache and empty Triton cache; ``built`` = a kernel cache that
+(t) ``--part table`` (the default; issue #26's table): every public API (gemm matmul/linear,
+    conv1d/2d/3d and channels-last conv2d, attention, flash_attn_func / varlen, splitkv and paged
+    decode, appendkv, batch_prefill), forward and forward+backward where it has one, on tiny
+    problems: warm eager us/call of the ck call and of torch's equivalent call (``host_us``:
+    issuing ``--calls`` calls, ``wall_us``: with the final sync; median of 5 rounds) and their
+    ratio; and both under torch.compile(mode="reduce-overhead") for the cases of ``COMPILED``
+    (``--compile-all``: every case; ``--no-compile``: none).  About 3 minutes on an H200.
+(a) ``--part overhead``: warm eager calls of ``ck_gemm.matmul``, ``ck_conv.conv2d``,
+    ``ck_fmha.attention`` (fwd, and fwd+bwd) against the bare launch of the same Triton kernels
+    (recorded from one API call: ``replay`` = the compiled kernel's own launcher, ``jit`` =
+    ``fn[grid](*args)``).
+(b) ``--part first``: first call of a new problem in a fresh process (import and tensor set-up
+    excluded): ``cold`` = empty kernel cache and empty Triton cache; ``built`` = a kernel cache that
     ``ck build`` (``build_registry`` of the keys the cold call launched) filled in another
     process, with an empty Triton cache.  Reports ms and how many kernels Triton compiled.
-
+    ``--part all`` = overhead + first.
 (c) ``--part autograd``: where an eager attention fwd+bwd step spends its host time (forward with
     requires_grad, backward alone, the backward plan called directly; a torch.profiler table).
-    ``--profile DIR`` writes a cProfile of each warm call; ``--only TEXT`` picks overhead cases.
+    ``--profile DIR`` writes a cProfile of each warm call; ``--only TEXT`` picks cases.
+(d) ``--part cpu``: a dry run without a GPU: the table's ck calls on CPU tensors (the sm90 arch's
+    registries), every Triton launch stubbed out (launches recorded as if on a GPU, replays that
+    do nothing), so the time is the host path above the launch.  On a shared CPU, tensor work the
+    API does on the host (copies, the autograd engine's gradient sums) counts too.
 
-(d) ``--part cpu``: a dry run without a GPU: the same warm API calls on CPU tensors, every
-    Triton launch stubbed out (launches recorded as if on a GPU, replays that do nothing),
-    so the time is the host path above the launch (the launch itself excluded).
+One JSON schema: ``{"name": "ck.overhead", "version": 2, "device", "date", "command", "commit",
+"versions", "unit", "table" | "overhead" | "first_call" | "autograd"}``.
 
-    python benchmarks/overhead.py --out overhead.json
+    python benchmarks/overhead.py --out overhead.json                      # the table, on a GPU
     python benchmarks/overhead.py --part overhead autograd --only fmha --profile prof --out o.json
-    python benchmarks/overhead.py --part cpu --out overhead_cpu.json    # no GPU needed
+    python benchmarks/overhead.py --part cpu --out overhead_cpu.json       # no GPU needed
 """
 from __future__ import annotations
 
@@ -446,9 +455,18 @@ def _compiled(fn, grad: bool):
     return call
 
 
-def table(calls: int, only=None, compile_too: bool = True) -> dict:
+#: the cases whose torch.compile(mode="reduce-overhead") columns the default table measures (a compile
+#: takes seconds: every case would pass the ~3 minutes the table is meant to take; --compile-all for all)
+COMPILED = ("gemm.matmul 64^3", "gemm.matmul 64^3 fwd+bwd", "gemm.linear 64x64 -> 128, bias",
+            "conv.conv2d 2x16x8x8 k3 channels_last", "conv.conv2d 2x16x8x8 k3 channels_last fwd+bwd",
+            "fmha.attention S128 D64", "fmha.attention S128 D64 fwd+bwd", "flash_attn_func S128 D64 causal",
+            "fmha.decode.paged_decode 4x200 keys")
+
+
+def table(calls: int, only=None, compile_too: bool = True, compile_all: bool = False) -> dict:
     """The issue's table on the GPU: per public API and case, eager us/call of ck and of torch's
-    equivalent call, their ratio, and (``compile_too``) both under torch.compile(mode="reduce-overhead")."""
+    equivalent call, their ratio, and (``compile_too``) both under torch.compile(mode="reduce-overhead")
+    for the cases of :data:`COMPILED` (every case with ``compile_all``)."""
     import torch
 
     sync = torch.cuda.synchronize
@@ -462,7 +480,7 @@ def table(calls: int, only=None, compile_too: bool = True) -> dict:
                 row[label] = {"error": f"{type(e).__name__}: {e}"[:400]}
         if "wall_us" in row["ck"] and "wall_us" in row["torch"]:
             row["ratio_wall"] = round(row["ck"]["wall_us"] / row["torch"]["wall_us"], 2)
-        if compile_too:
+        if compile_too and (compile_all or name in COMPILED):
             for label, fn in (("ck_compiled", ours), ("torch_compiled", theirs)):
                 try:
                     row[label] = _per_call(_compiled(fn, grad), max(calls // 4, 20), sync)
@@ -603,6 +621,8 @@ def main(argv=None):
                     default=["table"], help="table (default): the issue's per-API table; all: overhead + first")
     ap.add_argument("--only", nargs="*", metavar="TEXT", help="cases whose name contains one of these")
     ap.add_argument("--no-compile", action="store_true", help="table: skip the torch.compile columns")
+    ap.add_argument("--compile-all", action="store_true",
+                    help="table: the torch.compile columns for every case (default: the cases of COMPILED)")
     ap.add_argument("--profile", metavar="DIR", help="cProfile each warm API call into DIR (after timing it)")
     ap.add_argument("--first", nargs="*", metavar="CASE", help=f"first-call cases (default all: {', '.join(FIRST)})")
     ns = ap.parse_args(argv)
@@ -622,7 +642,7 @@ def main(argv=None):
         res["table"] = cpu_dry_run(ns.calls or 300, ns.only)
     else:
         if "table" in ns.part:
-            res["table"] = table(ns.calls or 200, ns.only, not ns.no_compile)
+            res["table"] = table(ns.calls or 200, ns.only, not ns.no_compile, ns.compile_all)
         if {"all", "first"} & set(ns.part):
             res["first_call"] = first_call(ns.first)
         if {"all", "overhead"} & set(ns.part):
