@@ -323,3 +323,19 @@ def test_autograd_through_torch_compile_still_traces_the_custom_ops(ck_manager, 
     assert _rel(y, (ad @ bd).detach()) < 1e-5 and _rel(a.grad, ad.grad) < 1e-5 and _rel(b.grad, bd.grad) < 1e-5
     assert not any(isinstance(e, warm.Entry) for e in warm._CACHE.values())
     core.clear()
+
+
+def test_double_backward_records_the_backward_graph(route, ck_rng):
+    """create_graph=True: the backward runs through the custom ops (which record their own graph),
+    so a gradient of the gradient is right; the warm Entry path is for plain backward steps."""
+    from ck_gemm import matmul
+
+    g = _gen(ck_rng)
+    for step in range(2):
+        a, b = _rand(g, 6, 5).requires_grad_(), _rand(g, 5, 4).requires_grad_()
+        (ga,) = torch.autograd.grad(matmul(a, b).pow(2).sum(), a, create_graph=True)
+        ga.sum().backward()
+        ad, bd = a.detach().double().requires_grad_(), b.detach().double().requires_grad_()
+        (gad,) = torch.autograd.grad((ad @ bd).pow(2).sum(), ad, create_graph=True)
+        gad.sum().backward()
+        assert _rel(ga, gad.detach()) < 1e-5 and _rel(b.grad, bd.grad) < 1e-5, step
