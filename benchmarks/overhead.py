@@ -1,26 +1,35 @@
-"""Host overhead of the public APIs, and the first call of a new problem (issue #13, "Measure").
+"""Host overhead of the public APIs, and the first call of a new problem (issues #13 and #26).
 
-(a) warm eager calls: ``ck_gemm.matmul``, ``ck_conv.conv2d``, ``ck_fmha.attention`` (fwd, and
-    fwd+bwd) against the bare launch of the same Triton kernels (recorded from one API call:
-    ``replay`` = the compiled kernel's own launcher, ``jit`` = ``fn[grid](*args)``).  Per call:
-    ``host_us`` = Python time to issue it (no sync inside the loop), ``wall_us`` = with the final
-    sync; median of 5 rounds of ``--calls`` calls.  Small problems, so the host is the bottleneck.
-(b) first call of a new problem in a fresh process (import and tensor set-up excluded):
-    ``cold`` = empty kernel cache and empty Triton cache; ``built`` = a kernel cache that
+(t) ``--part table`` (the default; issue #26's table): every public API (gemm matmul/linear,
+    conv1d/2d/3d and channels-last conv2d, attention, flash_attn_func / varlen, splitkv and paged
+    decode, appendkv, batch_prefill), forward and forward+backward where it has one, on tiny
+    problems: warm eager us/call of the ck call and of torch's equivalent call (``host_us``:
+    issuing ``--calls`` calls, ``wall_us``: with the final sync; median of 5 rounds) and their
+    ratio; and both under torch.compile(mode="reduce-overhead") for the cases of ``COMPILED``
+    (``--compile-all``: every case; ``--no-compile``: none).  About 3 minutes on an H200.
+(a) ``--part overhead``: warm eager calls of ``ck_gemm.matmul``, ``ck_conv.conv2d``,
+    ``ck_fmha.attention`` (fwd, and fwd+bwd) against the bare launch of the same Triton kernels
+    (recorded from one API call: ``replay`` = the compiled kernel's own launcher, ``jit`` =
+    ``fn[grid](*args)``).
+(b) ``--part first``: first call of a new problem in a fresh process (import and tensor set-up
+    excluded): ``cold`` = empty kernel cache and empty Triton cache; ``built`` = a kernel cache that
     ``ck build`` (``build_registry`` of the keys the cold call launched) filled in another
     process, with an empty Triton cache.  Reports ms and how many kernels Triton compiled.
-
+    ``--part all`` = overhead + first.
 (c) ``--part autograd``: where an eager attention fwd+bwd step spends its host time (forward with
     requires_grad, backward alone, the backward plan called directly; a torch.profiler table).
-    ``--profile DIR`` writes a cProfile of each warm call; ``--only TEXT`` picks overhead cases.
+    ``--profile DIR`` writes a cProfile of each warm call; ``--only TEXT`` picks cases.
+(d) ``--part cpu``: a dry run without a GPU: the table's ck calls on CPU tensors (the sm90 arch's
+    registries), every Triton launch stubbed out (launches recorded as if on a GPU, replays that
+    do nothing), so the time is the host path above the launch.  On a shared CPU, tensor work the
+    API does on the host (copies, the autograd engine's gradient sums) counts too.
 
-(d) ``--part cpu``: a dry run without a GPU: the same warm API calls on CPU tensors, every
-    Triton launch stubbed out (launches recorded as if on a GPU, replays that do nothing),
-    so the time is the host path above the launch (the launch itself excluded).
+One JSON schema: ``{"name": "ck.overhead", "version": 2, "device", "date", "command", "commit",
+"versions", "unit", "table" | "overhead" | "first_call" | "autograd"}``.
 
-    python benchmarks/overhead.py --out overhead.json
+    python benchmarks/overhead.py --out overhead.json                      # the table, on a GPU
     python benchmarks/overhead.py --part overhead autograd --only fmha --profile prof --out o.json
-    python benchmarks/overhead.py --part cpu --out overhead_cpu.json    # no GPU needed
+    python benchmarks/overhead.py --part cpu --out overhead_cpu.json       # no GPU needed
 """
 from __future__ import annotations
 
@@ -320,22 +329,29 @@ def api_cases(dev: str = "cuda", only=None) -> dict:
         x = torch.randn(*shape, generator=g).to(device=dev, dtype=dtype)
         return x.requires_grad_() if grad else x
 
-    def fb(f, *leaves):   # forward + backward of f() with a fresh-enough gradient
+    def fb(f, *leaves):
+        """forward + backward of ``f()``; the leaves' gradients are dropped first (``zero_grad(set_to_none=
+        True)``, as a training step does: no accumulation into the last step's gradients)."""
         out = f()
         dy = torch.ones_like(out)
-        return lambda: f().backward(dy)
+
+        def step():
+            for t in leaves:
+                t.grad = None
+            f().backward(dy)
+        return step
 
     cases = {}
     a, b = t(64, 64), t(64, 64)
     ag, bg = t(64, 64, grad=True), t(64, 64, grad=True)
     cases["gemm.matmul 64^3"] = (lambda: ck_gemm.matmul(a, b), lambda: a @ b, False)
-    cases["gemm.matmul 64^3 fwd+bwd"] = (fb(lambda: ck_gemm.matmul(ag, bg)), fb(lambda: ag @ bg), True)
+    cases["gemm.matmul 64^3 fwd+bwd"] = (fb(lambda: ck_gemm.matmul(ag, bg), ag, bg), fb(lambda: ag @ bg, ag, bg), True)
     x, w, bias = t(64, 64), t(128, 64), t(128)
     xg, wg, biasg = t(64, 64, grad=True), t(128, 64, grad=True), t(128, grad=True)
     cases["gemm.linear 64x64 -> 128, bias"] = (lambda: ck_gemm.linear(x, w, bias), lambda: F.linear(x, w, bias),
                                                False)
-    cases["gemm.linear 64x64 -> 128, bias fwd+bwd"] = (fb(lambda: ck_gemm.linear(xg, wg, biasg)),
-                                                       fb(lambda: F.linear(xg, wg, biasg)), True)
+    cases["gemm.linear 64x64 -> 128, bias fwd+bwd"] = (fb(lambda: ck_gemm.linear(xg, wg, biasg), xg, wg, biasg),
+                                                       fb(lambda: F.linear(xg, wg, biasg), xg, wg, biasg), True)
     cl = torch.channels_last
     for nd, conv, tconv in ((1, ck_conv.conv1d, F.conv1d), (2, ck_conv.conv2d, F.conv2d),
                             (3, ck_conv.conv3d, F.conv3d)):
@@ -346,22 +362,22 @@ def api_cases(dev: str = "cuda", only=None) -> dict:
             lambda xc=xc, wc=wc, conv=conv: conv(xc, wc, padding=1),
             lambda xc=xc, wc=wc, tconv=tconv: tconv(xc, wc, padding=1), False)
         cases[f"conv.conv{nd}d 2x16x{'x'.join(map(str, sp))} k3 fwd+bwd"] = (
-            fb(lambda xcg=xcg, wcg=wcg, conv=conv: conv(xcg, wcg, padding=1)),
-            fb(lambda xcg=xcg, wcg=wcg, tconv=tconv: tconv(xcg, wcg, padding=1)), True)
+            fb(lambda xcg=xcg, wcg=wcg, conv=conv: conv(xcg, wcg, padding=1), xcg, wcg),
+            fb(lambda xcg=xcg, wcg=wcg, tconv=tconv: tconv(xcg, wcg, padding=1), xcg, wcg), True)
     xl, wl = t(2, 16, 8, 8).to(memory_format=cl), t(16, 16, 3, 3).to(memory_format=cl)
     xlg = t(2, 16, 8, 8).to(memory_format=cl).requires_grad_()
     wlg = t(16, 16, 3, 3).to(memory_format=cl).requires_grad_()
     cases["conv.conv2d 2x16x8x8 k3 channels_last"] = (lambda: ck_conv.conv2d(xl, wl, padding=1),
                                                       lambda: F.conv2d(xl, wl, padding=1), False)
     cases["conv.conv2d 2x16x8x8 k3 channels_last fwd+bwd"] = (
-        fb(lambda: ck_conv.conv2d(xlg, wlg, padding=1)), fb(lambda: F.conv2d(xlg, wlg, padding=1)), True)
+        fb(lambda: ck_conv.conv2d(xlg, wlg, padding=1), xlg, wlg), fb(lambda: F.conv2d(xlg, wlg, padding=1), xlg, wlg), True)
 
     sdpa = F.scaled_dot_product_attention
     q, k, v = t(1, 8, 128, 64), t(1, 8, 128, 64), t(1, 8, 128, 64)
     qg, kg, vg = (t(1, 8, 128, 64, grad=True) for _ in range(3))
     cases["fmha.attention S128 D64"] = (lambda: ck_fmha.attention(q, k, v), lambda: sdpa(q, k, v), False)
-    cases["fmha.attention S128 D64 fwd+bwd"] = (fb(lambda: ck_fmha.attention(qg, kg, vg)),
-                                                fb(lambda: sdpa(qg, kg, vg)), True)
+    cases["fmha.attention S128 D64 fwd+bwd"] = (fb(lambda: ck_fmha.attention(qg, kg, vg), qg, kg, vg),
+                                                fb(lambda: sdpa(qg, kg, vg), qg, kg, vg), True)
     qs, ks, vs = (t(1, 128, 8, 64) for _ in range(3))       # FlashAttention's [B, S, H, D]
     qsg, ksg, vsg = (t(1, 128, 8, 64, grad=True) for _ in range(3))
     tr = lambda x: x.transpose(1, 2)   # noqa: E731
@@ -369,8 +385,8 @@ def api_cases(dev: str = "cuda", only=None) -> dict:
         lambda: fa.flash_attn_func(qs, ks, vs, causal=True),
         lambda: tr(sdpa(tr(qs), tr(ks), tr(vs), is_causal=True)), False)
     cases["flash_attn_func S128 D64 causal fwd+bwd"] = (
-        fb(lambda: fa.flash_attn_func(qsg, ksg, vsg, causal=True)),
-        fb(lambda: tr(sdpa(tr(qsg), tr(ksg), tr(vsg), is_causal=True))), True)
+        fb(lambda: fa.flash_attn_func(qsg, ksg, vsg, causal=True), qsg, ksg, vsg),
+        fb(lambda: tr(sdpa(tr(qsg), tr(ksg), tr(vsg), is_causal=True)), qsg, ksg, vsg), True)
     cu = torch.tensor([0, 64, 128], dtype=torch.int32, device=dev)
     qv, kv_, vv = (t(128, 8, 64) for _ in range(3))
     qvg, kvg, vvg = (t(128, 8, 64, grad=True) for _ in range(3))
@@ -379,8 +395,8 @@ def api_cases(dev: str = "cuda", only=None) -> dict:
         lambda: fa.flash_attn_varlen_func(qv, kv_, vv, cu, cu, 64, 64),
         lambda: sdpa(two(qv), two(kv_), two(vv)), False)
     cases["flash_attn_varlen_func 2x64 D64 fwd+bwd"] = (
-        fb(lambda: fa.flash_attn_varlen_func(qvg, kvg, vvg, cu, cu, 64, 64)),
-        fb(lambda: sdpa(two(qvg), two(kvg), two(vvg))), True)
+        fb(lambda: fa.flash_attn_varlen_func(qvg, kvg, vvg, cu, cu, 64, 64), qvg, kvg, vvg),
+        fb(lambda: sdpa(two(qvg), two(kvg), two(vvg)), qvg, kvg, vvg), True)
 
     # decoding: 4 sequences x 200 keys, 8 heads, D128, one query each
     qd = t(4, 8, 1, 128)
@@ -446,9 +462,18 @@ def _compiled(fn, grad: bool):
     return call
 
 
-def table(calls: int, only=None, compile_too: bool = True) -> dict:
+#: the cases whose torch.compile(mode="reduce-overhead") columns the default table measures (a compile
+#: takes seconds: every case would pass the ~3 minutes the table is meant to take; --compile-all for all)
+COMPILED = ("gemm.matmul 64^3", "gemm.matmul 64^3 fwd+bwd", "gemm.linear 64x64 -> 128, bias",
+            "conv.conv2d 2x16x8x8 k3 channels_last", "conv.conv2d 2x16x8x8 k3 channels_last fwd+bwd",
+            "fmha.attention S128 D64", "fmha.attention S128 D64 fwd+bwd", "flash_attn_func S128 D64 causal",
+            "fmha.decode.paged_decode 4x200 keys")
+
+
+def table(calls: int, only=None, compile_too: bool = True, compile_all: bool = False) -> dict:
     """The issue's table on the GPU: per public API and case, eager us/call of ck and of torch's
-    equivalent call, their ratio, and (``compile_too``) both under torch.compile(mode="reduce-overhead")."""
+    equivalent call, their ratio, and (``compile_too``) both under torch.compile(mode="reduce-overhead")
+    for the cases of :data:`COMPILED` (every case with ``compile_all``)."""
     import torch
 
     sync = torch.cuda.synchronize
@@ -462,7 +487,7 @@ def table(calls: int, only=None, compile_too: bool = True) -> dict:
                 row[label] = {"error": f"{type(e).__name__}: {e}"[:400]}
         if "wall_us" in row["ck"] and "wall_us" in row["torch"]:
             row["ratio_wall"] = round(row["ck"]["wall_us"] / row["torch"]["wall_us"], 2)
-        if compile_too:
+        if compile_too and (compile_all or name in COMPILED):
             for label, fn in (("ck_compiled", ours), ("torch_compiled", theirs)):
                 try:
                     row[label] = _per_call(_compiled(fn, grad), max(calls // 4, 20), sync)
@@ -498,6 +523,9 @@ def _stub_launches():
     ta.launch = lambda name, fn, grid, args, kwargs, **kw: None
     triton_replay.replayable = lambda t: True
     triton_replay.record = lambda fn, grid, args, kwargs, **kw: _StubReplay(fn, args, kwargs)
+    from ck_fmha.backends.triton import warm as fmha_warm
+
+    fmha_warm.verified = lambda f, inputs, want: f   # stubbed launches compute nothing to compare
 
 
 def cpu_dry_run(calls: int, only=None) -> dict:
@@ -511,6 +539,13 @@ def cpu_dry_run(calls: int, only=None) -> dict:
         try:
             rows[name] = {"grad": grad, "ck": _per_call(call, calls, lambda: None)}
             rows[name]["ck"].pop("wall_us")
+            best = []
+            for _ in range(5):   # a shared CPU: the least of 5 rounds is the least disturbed
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    call()
+                best.append((time.perf_counter() - t0) / calls * 1e6)
+            rows[name]["ck"]["min_us"] = round(min(best), 2)
         except Exception as e:  # noqa: BLE001 - one case failing must not lose the others
             rows[name] = {"grad": grad, "error": f"{type(e).__name__}: {e}"[:500]}
         print(name, json.dumps(rows[name]), flush=True)
@@ -600,6 +635,8 @@ def main(argv=None):
                     default=["table"], help="table (default): the issue's per-API table; all: overhead + first")
     ap.add_argument("--only", nargs="*", metavar="TEXT", help="cases whose name contains one of these")
     ap.add_argument("--no-compile", action="store_true", help="table: skip the torch.compile columns")
+    ap.add_argument("--compile-all", action="store_true",
+                    help="table: the torch.compile columns for every case (default: the cases of COMPILED)")
     ap.add_argument("--profile", metavar="DIR", help="cProfile each warm API call into DIR (after timing it)")
     ap.add_argument("--first", nargs="*", metavar="CASE", help=f"first-call cases (default all: {', '.join(FIRST)})")
     ns = ap.parse_args(argv)
@@ -619,7 +656,7 @@ def main(argv=None):
         res["table"] = cpu_dry_run(ns.calls or 300, ns.only)
     else:
         if "table" in ns.part:
-            res["table"] = table(ns.calls or 200, ns.only, not ns.no_compile)
+            res["table"] = table(ns.calls or 200, ns.only, not ns.no_compile, ns.compile_all)
         if {"all", "first"} & set(ns.part):
             res["first_call"] = first_call(ns.first)
         if {"all", "overhead"} & set(ns.part):

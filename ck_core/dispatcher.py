@@ -381,7 +381,13 @@ class Dispatcher:
         fn, sub = hot[1][0]
         make = getattr(fn, "warm", None)
         f = make(sub, tensors, **hints) if make is not None else None
-        if f is None or not self._observed:
+        return None if f is None else self.observe(problem, f)
+
+    def observe(self, problem, f):
+        """``f`` (a closure repeating a :meth:`run` of ``problem``, such as a replay of its recorded
+        launches) reported to the ``ck_after_run`` observers as that run is, where there are any."""
+        hot = self._hot.get(problem)
+        if not self._observed or hot is None:
             return f
         plan, launched, hook = hot[0], hot[5], self.mgr.hook.ck_after_run
 

@@ -311,11 +311,9 @@ def _bwd_closure(disp, p, t, grads):
     f = recorded.replayer(t, dict(zip(("dq", "dk", "dv"), out[2:5])), recs, scratch=True)
     if f is None:
         return again
-    check = f(*t.values())
-    for name, want in zip(("dq", "dk", "dv"), grads):
-        err = (check[name].float() - want.float()).norm() / want.float().norm().clamp_min(1e-30)
-        if not float(err) < 1e-2:   # (a host sync, on this first call only)
-            return again
+    if recorded.verified(f, t, dict(zip(("dq", "dk", "dv"), grads))) is None:   # (a host sync, once)
+        return again
+    f = disp.observe(p, f)
 
     def replay(q, k, v, o, lse, do):
         out = f(q, k, v, o, lse, do)
