@@ -351,4 +351,5 @@ class KernelCache:
                 kernels.add(None)
         kernels.discard(None)
         return {"root": str(self.root), "kernels": len(kernels), "entries": len(entries),
-                "bytes": sum(p.stat().st_size for p in entries if p.is_file())}
+                "bytes": sum(p.stat().st_size for p in entries if p.is_file()),
+                "prebuilt_roots": [str(r) for r in self.extra_roots]}

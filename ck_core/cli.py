@@ -308,9 +308,57 @@ def _run_and_report(args, op, problem, reg):
     return 0
 
 
+def _build_preset(args):
+    """`ck build --preset NAME --arch A [--out DIR] [--wheel DIR]`: the kernels the shipped
+    selection picks for the preset's problems, compiled into the cache (or DIR)."""
+    from pathlib import Path
+
+    from . import presets
+
+    if args.op or args.filter or args.filter_file or args.limit:
+        raise ConfigError("--preset names the kernels itself: drop the op, --filter, --filter-file and --limit")
+    out = Path(args.out).expanduser() if args.out else None
+    if args.wheel and out is None:
+        raise ConfigError("--wheel packs a built set: give --out DIR too (the set is built there)")
+    with busy(f"selecting the kernels of preset {args.preset!r} on {args.arch}"):
+        preset = presets.load(args.preset)
+        keys, sel = presets.keys(preset, args.arch)
+    print(f"preset {args.preset}: {len(keys)} kernels picked for {sel['problems']} problems"
+          + (f" ({sel['unsupported']} unsupported on {args.arch})" if sel["unsupported"] else ""))
+    if args.list_keys:
+        for k in keys:
+            print(k.name)
+        return 0
+    from .build import build_registry
+    from .registry import Registry
+
+    reg = Registry(args.arch, keys, name=f"preset:{Path(args.preset).stem}")
+    report = build_registry(reg, max_workers=args.workers,
+                            cache_root=str(out / "kernels") if out else None)
+    print(report.summary())
+    for name, err in sorted(report.failed.items()):
+        print(f"FAILED {name}: {err}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"preset": args.preset, "arch": args.arch, "selection": sel, "keys": [k.name for k in keys],
+                       "built": report.built, "failed": report.failed, "seconds": report.seconds,
+                       "workers": report.workers}, f, indent=1, default=str)
+    if args.wheel:
+        from .kernel_wheel import write_wheel
+
+        whl = write_wheel(out / "kernels", args.arch, Path(args.wheel).expanduser(), preset=args.preset)
+        print(f"wrote {whl} (pip install it: launches find its kernels read-only)")
+    return 0 if report.ok or args.keep_going else 1
+
+
 def cmd_build(args, extra):
     if args.json:
         _check_output(args.json)
+    if args.preset:
+        return _build_preset(args)
+    if not args.op:
+        raise ConfigError("ck build needs an op (ck build fmha --arch sm90 --backend triton) "
+                          "or --preset NAME (ck build --preset default --arch sm90)")
     reg = _registry_from_args(args, extra)
     if args.limit:
         from .registry import Registry
@@ -451,8 +499,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_archs)
 
-    def reg_args(s, out=False):
-        s.add_argument("op", help="gemm, conv, fmha, ... (ck plugins lists them)")
+    def reg_args(s, out=False, op_optional=False):
+        s.add_argument("op", nargs="?" if op_optional else None, help="gemm, conv, fmha, ... (ck plugins lists them)")
         s.add_argument("--arch", required=True, help="gfx942, sm90, ... (ck archs lists them)")
         s.add_argument("--backend", default=knobs.get("CK_BACKEND") or "numpy",
                        help="numpy (default, CK_BACKEND), triton or ck")
@@ -503,7 +551,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_run)
 
     s = sub.add_parser("build", allow_abbrev=False, help="compile a registry in parallel through its backend")
-    reg_args(s)
+    reg_args(s, op_optional=True)   # --preset names its own ops
+    s.add_argument("--preset", help="build a prebuilt kernel set: a shipped preset name (default, "
+                   "fmha-serving, training) or a preset .json file; no op needed")
+    s.add_argument("--out", help="with --preset: build into DIR/kernels instead of the kernel cache")
+    s.add_argument("--wheel", help="with --preset and --out: also write an installable ck-kernels-<arch> "
+                   "wheel of the set into this folder")
+    s.add_argument("--list-keys", action="store_true", help="with --preset: print the kernels it picks, build nothing")
     s.add_argument("--workers", type=positive_int, default=None,
                    help="compile processes (default CK_BUILD_WORKERS or the CPU count)")
     s.add_argument("--limit", type=positive_int, default=None, help="build only the first N kernels")
