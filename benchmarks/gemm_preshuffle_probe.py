@@ -91,7 +91,8 @@ def main() -> int:
     runs = launched
     get_manager().pm.register(Log())
     out = {"schema": {"name": "ck-dispatcher.probe/gemm_preshuffle", "version": 1},
-           "device": "cpu (dry run)" if args.dry_run else torch.cuda.get_device_name(0), "date": dt.datetime.now(dt.timezone.utc).isoformat(),
+           "device": "cpu (dry run)" if args.dry_run else torch.cuda.get_device_name(0),
+           "date": dt.datetime.now(dt.timezone.utc).isoformat(),
            "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]), "commit": _commit(),
            "dtype": args.dtype, "torch": torch.__version__, "preshuffle": [], "rrr": [], "skipped_for_time": 0}
     t_start = time.perf_counter()
