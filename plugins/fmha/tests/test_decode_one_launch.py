@@ -162,3 +162,33 @@ def test_every_page_size(backend, ck_dispatch_log, ck_rng, monkeypatch):
         assert float((got - ro).norm() / ro.norm()) < 1e-2, ps
         assert float((lse.double() - rl).abs().max()) < 2e-2, ps
     api.clear()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("fill", [True, False])
+def test_every_page_size_on_gpu(fill, ck_rng):
+    """The Dispatcher's own split count on the GPU: batch x KV heads filling the ArchSpec's compute units
+    (one launch) or not (split + combine), every page size, against float64."""
+    from ck_core.device import current_arch
+    from ck_fmha.backends.triton import launch as ops
+
+    api.clear()
+    g = torch.Generator().manual_seed(int(ck_rng.integers(1 << 30)))
+    hq, hk, sq, d = 8, 2, 1, 64
+    cus = current_arch(torch.empty(1, device="cuda")).compute_units
+    b = -(-cus // hk) if fill else 2
+    for ps in PAGE_SIZES:
+        sk = 2 * ps + int(ck_rng.integers(1, 300))
+        q, k, v = (torch.randn(b, h, s, d, generator=g, dtype=torch.bfloat16) for h, s in ((hq, sq), (hk, sk), (hk, sk)))
+        lens = [int(x) for x in ck_rng.integers(1, sk + 1, size=b)]
+        kc, vc, table = _pages(k, v, ps, g)
+        o, lse = ops.paged_decode(q.transpose(1, 2).cuda(), kc.cuda(), vc.cuda(), table.cuda(),
+                                  torch.tensor(lens, dtype=torch.int32, device="cuda"), causal=True, layout="bshd",
+                                  return_lse=True)
+        ro, rl = _ref(q, k, v, lens)
+        got = o.transpose(1, 2).double().cpu()
+        assert torch.isfinite(got).all(), ps
+        assert float((got - ro).norm() / ro.norm()) < 2e-2, ps
+        assert float((lse.double().cpu() - rl).abs().max()) < 5e-2, ps
+    api.clear()
