@@ -10,7 +10,9 @@ bad one, poison its batch's outputs with NaN and set the flag of :mod:`ck_fmha.d
 synchronisation.  The split count is chosen here from :func:`ck_fmha.heuristics.split_count`
 with the Dispatcher's ArchSpec (its compute units) and becomes the problem's ``num_splits``; the
 Dispatcher then selects a fwd_splitkv key of that count (its name says ``_k<S>``), which the
-launcher runs exactly.
+launcher runs exactly.  One split (a cache whose batch x KV heads x query tiles already fill the
+machine, or too short to split) is one launch: the plan has no combine stage and the kernel writes
+o and lse itself.
 """
 from __future__ import annotations
 
@@ -269,10 +271,14 @@ def _direct(q, k, v, block_table, seqlens_k, config, opts):
 
         ns = split_count(b * hk, cap, current_arch(q).compute_units, query_rows=(hq // max(hk, 1)) * sq)
     lens = None if seqlens_k is None else seqlens_k.to(device=q.device, dtype=torch.int32)
+    direct = int(ns) == 1   # one split: one launch writes o and lse (no combine), as the plan does
     oacc, lacc = ops._splitkv_main(q, k, v, seqlens_k=lens, max_seqlen_k=cap, causal=opts["causal"],
                                    scale=opts["scale"], window=opts["window"], softcap=opts["softcap"],
                                    num_splits=ns, layout=layout, config=config, kv_strides=kv, hk=hk,
-                                   align=opts["align"], sink=opts["sink"], sink_tokens=opts["sink_tokens"], **page)
+                                   align=opts["align"], sink=opts["sink"], sink_tokens=opts["sink_tokens"],
+                                   direct=direct, **page)
+    if direct:
+        return (oacc, lacc) if opts["return_lse"] else oacc
     return ops.splitkv_combine(oacc, lacc, q, layout=layout, return_lse=opts["return_lse"])
 
 

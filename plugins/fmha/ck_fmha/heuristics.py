@@ -39,9 +39,14 @@ def split_count(batch_heads: int, max_seqlen_k: int, compute_units: int, *, quer
     ``compute_units`` (from the ArchSpec), keeping at least ``min_chunk`` keys per split
     (a split's fixed cost -- its Q load and its combine row -- must stay small next to its
     keys).  ``query_rows``: query rows per KV head (GQA group x seqlen_q); every 64 of them
-    add a program per split."""
+    add a program per split.  Where batch x KV heads x query tiles already fill every compute
+    unit, the answer is 1: one launch (a one-split plan has no combine stage), since splitting
+    would only add partial outputs and a combine pass to a machine that is already busy."""
     programs = max(1, batch_heads) * max(1, -(-int(query_rows) // 64))
-    want = -(-2 * max(1, int(compute_units)) // programs)
+    cus = max(1, int(compute_units))
+    if programs >= cus:
+        return 1
+    want = -(-2 * cus // programs)
     cap = max(1, int(max_seqlen_k) // min_chunk)
     return max(1, min(want, cap, max_splits))
 

@@ -49,9 +49,12 @@ BWD = ("bwd_dot_do_o", "bwd_dq_dk_dv", "bwd_convert_dq")
 
 
 def plan(problem: FmhaProblem) -> list:
-    """Stages of a problem: split-KV = main + combine; backward = three stages."""
+    """Stages of a problem: split-KV = main + combine (one split: the main stage alone, writing
+    o and lse itself: one launch); backward = three stages."""
     fam = problem.family
     if fam == "fwd_splitkv":
+        if problem.num_splits == 1:
+            return [("fwd_splitkv", problem)]
         return [("fwd_splitkv", problem), ("fwd_splitkv_combine", combine_problem(problem))]
     if fam == "bwd_dq_dk_dv":
         return [("bwd_dot_do_o", attrs.evolve(problem, family="bwd_dot_do_o")),
@@ -101,7 +104,10 @@ def run_stage(problem: FmhaProblem, tensors: dict) -> dict:
     if fam == "fwd_splitkv":
         kv = (t["k_cache"], t["v_cache"]) if p.paged_kv else (t["k"], t["v"])
         r = R.fwd_splitkv(p, t["q"], *kv, **ex, **_pick(t, _TABLES))
-        return {"o_acc": np.asarray(r.o_acc, np.float32), "lse_acc": np.asarray(r.lse_acc, np.float32)}
+        o_acc, lse_acc = np.asarray(r.o_acc, np.float32), np.asarray(r.lse_acc, np.float32)
+        if p.num_splits == 1:   # the one-stage plan: this stage writes o and lse (see plan())
+            return _fwd_out(p, R.fwd_splitkv_combine(combine_problem(p), o_acc, lse_acc))
+        return {"o_acc": o_acc, "lse_acc": lse_acc}
     if fam == "fwd_splitkv_combine":
         return _fwd_out(p, R.fwd_splitkv_combine(p, t["o_acc"], t["lse_acc"]))
     if fam == "fwd_pagedkv":

@@ -1328,6 +1328,7 @@ def fmha_fwd_splitkv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
     MASK_MODE: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     HAS_SEQLENS: tl.constexpr, HAS_SINK: tl.constexpr = False, HAS_SINK_LOGIT: tl.constexpr = False,
+    DIRECT: tl.constexpr = False,
 ):
     """One KV chunk [split*CHUNK, (split+1)*CHUNK) of one (batch, kv head).  The
     M rows are the GROUP*SEQ_Q query rows that share the kv head (GQA packed
@@ -1338,7 +1339,9 @@ def fmha_fwd_splitkv_kernel(
     keys stay visible past the window's left edge; HAS_SINK_LOGIT: SINK [H] joins split 0's
     softmax denominator (once, so the combine counts it once).  HAS_SEQLENS: SEQLENS_K[b] outside
     [0, CAP] (CAP: the keys the cache or the block table holds) is clamped, sets ERR and makes the
-    batch's partial outputs NaN (see _checked_len)."""
+    batch's partial outputs NaN (see _checked_len).  DIRECT (one split: the whole key range):
+    OACC / LACC are the final o (its dtype; sosp 0) and lse [B, H, Sq] (natural log), so the plan
+    needs no combine launch."""
     split = tl.program_id(0)
     bhk = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -1421,9 +1424,14 @@ def fmha_fwd_splitkv_kernel(
         acc = acc + float("nan")
         lse2 = lse2 + float("nan")
     hq = h.to(tl.int64)
-    tl.store(OACC + b64 * sob + hq[:, None] * soh + qi[:, None] * sos + split * sosp + offs_dv[None, :],
-             acc, mask=rvalid[:, None] & (offs_dv[None, :] < D_V))
-    tl.store(LACC + b64 * slb + hq * slh + qi * sls + split, lse2, mask=rvalid)
+    if DIRECT:   # the final outputs: o in its dtype, lse in the natural log
+        tl.store(OACC + b64 * sob + hq[:, None] * soh + qi[:, None] * sos + offs_dv[None, :],
+                 acc.to(OACC.dtype.element_ty), mask=rvalid[:, None] & (offs_dv[None, :] < D_V))
+        tl.store(LACC + b64 * slb + hq * slh + qi * sls, lse2 * 0.6931471805599453, mask=rvalid)
+    else:
+        tl.store(OACC + b64 * sob + hq[:, None] * soh + qi[:, None] * sos + split * sosp + offs_dv[None, :],
+                 acc, mask=rvalid[:, None] & (offs_dv[None, :] < D_V))
+        tl.store(LACC + b64 * slb + hq * slh + qi * sls + split, lse2, mask=rvalid)
 
 
 @triton.jit

@@ -634,10 +634,12 @@ def make_launcher(key, capture: Optional[list] = None):
             seqlens = t["seqlens_k"]
         else:
             seqlens = dev_int32(p, "lens", p.seqlens_k, q) if p.seqlens_k else None
+        # one split (the plan's one stage, or fwd_pagedkv): the kernel writes o and lse itself
+        direct = p.num_splits == 1 and (alg.splits or 1) == 1
         oacc, lacc = ops._splitkv_main(q, k, v, seqlens_k=seqlens, scale=p.softmax_scale,
                                        softcap=p.logits_soft_cap, num_splits=alg.splits or 1, layout=p.layout,
-                                       config=cfg, **_mask(p), **kw, **_sinks(p, t), _via=via)
-        return {"o_acc": oacc, "lse_acc": lacc}
+                                       config=cfg, **_mask(p), **kw, **_sinks(p, t), _via=via, direct=direct)
+        return {"o": oacc, "lse": lacc} if direct else {"o_acc": oacc, "lse_acc": lacc}
 
     def combine(p, t):
         q = cast(p, t, ("q",))["q"]
@@ -646,7 +648,7 @@ def make_launcher(key, capture: Optional[list] = None):
 
     def pagedkv(p, t):
         out = splitkv_main(p, t)
-        return combine(p, dict(t, **out))
+        return out if "o" in out else combine(p, dict(t, **out))
 
     def offsets(p, t, name, like):
         """Group-mode offsets on the device: the problem's (validated by it: R14, R18, R21), or the

@@ -1196,10 +1196,13 @@ def bwd(q, k, v, o, lse, do, *, causal=False, scale=None, window=(-1, -1), softc
 
 
 def _splitkv_main(q, k, v, *, page_size, block_table, seqlens_k, max_seqlen_k, causal, scale, window, softcap,
-                  num_splits, layout, config, kv_strides, hk, align, sink=None, sink_tokens=0, _via=None):
+                  num_splits, layout, config, kv_strides, hk, align, sink=None, sink_tokens=0, _via=None,
+                  direct=False):
     """Split-KV main stage: ``num_splits`` partial outputs ``o_acc`` [B, H, Sq, S, Dv] and LSEs ``lse_acc``
     [B, H, Sq, S] (fp32).  The count is the problem's (the Dispatcher's choice): every split covers the
-    same whole number of key blocks, and splits past a batch's keys are empty (the combine skips them)."""
+    same whole number of key blocks, and splits past a batch's keys are empty (the combine skips them).
+    ``direct`` (one split only): the final ``o`` (q's dtype, in ``layout``) and ``lse`` [B, H, Sq] instead,
+    so no combine launch follows."""
     q = _last_contig(q)
     if q.dtype in FP8_DTYPES:
         raise UnsupportedProblem("the Triton split-KV / paged decode has no fp8 path; the fp8 forward is fwd "
@@ -1217,8 +1220,16 @@ def _splitkv_main(q, k, v, *, page_size, block_table, seqlens_k, max_seqlen_k, c
     chunk = triton.cdiv(triton.cdiv(max_seqlen_k, num_splits), cfg.BLOCK_N) * cfg.BLOCK_N
     if sink is not None:
         sink = sink.to(device=q.device, dtype=torch.float32).contiguous()
-    oacc = torch.empty((b, hq, sq, num_splits, dv), device=q.device, dtype=torch.float32)
-    lacc = torch.empty((b, hq, sq, num_splits), device=q.device, dtype=torch.float32)
+    if direct:
+        if num_splits != 1:
+            raise InvalidProblem(f"a direct split-KV launch writes the final output: one split, not {num_splits}")
+        oacc = torch.empty((b, hq, sq, dv) if layout == "bhsd" else (b, sq, hq, dv), device=q.device, dtype=q.dtype)
+        lacc = torch.empty((b, hq, sq), device=q.device, dtype=torch.float32)
+        so = _bhs_strides(oacc, layout) + (0,)
+    else:
+        oacc = torch.empty((b, hq, sq, num_splits, dv), device=q.device, dtype=torch.float32)
+        lacc = torch.empty((b, hq, sq, num_splits), device=q.device, dtype=torch.float32)
+        so = (oacc.stride(0), oacc.stride(1), oacc.stride(2), oacc.stride(3))
     sqb, sqh, sqs = _bhs_strides(q, layout)
     skb, skh, sks, svb, svh, svs = kv_strides
     bt = block_table if block_table is not None else oacc
@@ -1229,7 +1240,7 @@ def _splitkv_main(q, k, v, *, page_size, block_table, seqlens_k, max_seqlen_k, c
     _kernel(_via, K.fmha_fwd_splitkv_kernel, (num_splits, b * hk, num_m))(
         q, k, v, oacc, lacc, bt, sl,
         sqb, sqh, sqs, skb, skh, sks, svb, svh, svs,
-        oacc.stride(0), oacc.stride(1), oacc.stride(2), oacc.stride(3),
+        *so,
         lacc.stride(0), lacc.stride(1), lacc.stride(2), sbt,
         hk, group, sq, max_seqlen_k, chunk,
         scale2, cap_in, cap_out, left, right, sink if sink is not None else oacc, int(sink_tokens or 0),
@@ -1238,7 +1249,7 @@ def _splitkv_main(q, k, v, *, page_size, block_table, seqlens_k, max_seqlen_k, c
         BLOCK_M=bm, BLOCK_N=cfg.BLOCK_N, PAGE_SIZE=int(page_size or 0),
         MASK_MODE=mode, BOTTOM_RIGHT=br, HAS_SOFTCAP=bool(softcap and softcap > 0),
         HAS_SEQLENS=seqlens_k is not None, HAS_SINK=bool(sink_tokens) and (mode & 2) != 0,
-        HAS_SINK_LOGIT=sink is not None,
+        HAS_SINK_LOGIT=sink is not None, DIRECT=bool(direct),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return oacc, lacc
 

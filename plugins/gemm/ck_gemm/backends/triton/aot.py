@@ -284,7 +284,8 @@ def kernel_for(config, *, dtype: str = "fp16", layout: str = "rcr", out_dtype: s
     reduce = None
     if split > 1:
         reduce = _reduce_spec(cfg, acc_dtype, t_out, t_d, epi, c_r)
-    return KernelSpec(name=f"{cfg.name}_{dtype}_{layout}" + ("_preshuffle" if preshuffle else ""), fn=fn, signature=sig, constexprs=cx, attrs=attrs,
+    name = f"{cfg.name}_{dtype}_{layout}" + ("_preshuffle" if preshuffle else "")
+    return KernelSpec(name=name, fn=fn, signature=sig, constexprs=cx, attrs=attrs,
                       options=options, grid=grid, arg_names=runtime, reduce=reduce, split_k=split,
                       acc_dtype=acc_dtype,
                       meta={"config": cfg, "dtype": dtype, "out_dtype": out_dtype, "layout": layout,
