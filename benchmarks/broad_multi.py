@@ -110,6 +110,8 @@ def main() -> int:
         t.start()
     for t in threads:
         t.join()
+    from ck_core.bench import with_header
+
     command = "python benchmarks/broad_multi.py " + " ".join(sys.argv[1:])
     for op in dict.fromkeys(j[0] for j in jobs if j[0] != "cmd"):
         parts = []
@@ -119,7 +121,7 @@ def main() -> int:
             print(f"{op}: no shard wrote a result", flush=True)
             continue
         res = merge(op, parts, command)
-        (out / f"{op}_broad.json").write_text(json.dumps(res, indent=1, default=str))
+        (out / f"{op}_broad.json").write_text(json.dumps(with_header(res), indent=1, default=str))
         print(op, json.dumps(res["summary"])[:1500], flush=True)
     print(f"done in {time.time() - t0:.0f}s", flush=True)
     return 0

@@ -1,6 +1,6 @@
 """Time conv's key space and a new problem's selection through the public API's Dispatcher (CPU).
 
-    .venv/bin/python benchmarks/conv_selection_timing.py     # writes benchmarks/results/conv_selection.json
+    python benchmarks/conv_selection_timing.py [OUT]     # default ck-results/conv_selection.json
 
 Rows: ``ck list conv --arch sm90 --backend triton --count`` (a fresh process); per direction,
 the public API's registry load (``ck_core.api.dispatcher_for``), the first selection of a
@@ -76,11 +76,15 @@ def main(problems: int = 40):
                          "new_problem_ms_max": round(max(times) * 1e3, 2), "new_problems": len(times),
                          "warm_plan_us": round(warm * 1e6, 2)})
             print(rows[-1])
+    from ck_core.bench import with_header
+
     res = {"kind": "table", "title": "conv key space and new-problem selection (Dispatcher.plan through the "
                                      "public API's cached Dispatcher, sm90 registry)",
            "date": datetime.date.today().isoformat(), "device": f"CPU ({platform.machine()}, 2 shared cores)",
            "command": "python benchmarks/conv_selection_timing.py", "rows": rows}
-    Path(__file__).with_name("results").joinpath("conv_selection.json").write_text(json.dumps(res, indent=1))
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else "ck-results/conv_selection.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(with_header(res), indent=1))
     print(rows[0])
 
 

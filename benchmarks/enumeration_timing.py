@@ -1,6 +1,6 @@
 """Time FMHA and GEMM enumeration per arch in fresh processes (cold caches).
 
-    .venv/bin/python benchmarks/enumeration_timing.py     # writes benchmarks/results/enumeration.json
+    python benchmarks/enumeration_timing.py [OUT]   # default ck-results/enumeration.json
 """
 import datetime
 import json
@@ -32,10 +32,14 @@ def main():
                 best = min(best or secs, secs)
             rows.append({"op": op, "arch": arch, "kernels": n, "seconds (best of 3, cold process)": best,
                          "import_s": imp})
+    from ck_core.bench import with_header
+
     res = {"kind": "table", "title": "enumeration time (all families, receipt 0 for FMHA; default GEMM space)",
            "date": datetime.date.today().isoformat(), "device": f"CPU ({platform.machine()}, 2 cores)",
            "command": "python benchmarks/enumeration_timing.py", "rows": rows}
-    Path(__file__).with_name("results").joinpath("enumeration.json").write_text(json.dumps(res, indent=1))
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else "ck-results/enumeration.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(with_header(res), indent=1))
     for r in rows:
         print(r)
 

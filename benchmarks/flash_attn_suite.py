@@ -265,7 +265,9 @@ def main(argv=None) -> int:
         }
 
     def write(rep):
-        text = json.dumps(rep, indent=1)
+        from ck_core.bench import with_header
+
+        text = json.dumps(with_header(rep), indent=1)
         if args.json:
             os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
             tmp = args.json + ".tmp"

@@ -1,26 +1,35 @@
-"""Host overhead of the public APIs, and the first call of a new problem (issue #13, "Measure").
+"""Host overhead of the public APIs, and the first call of a new problem (issues #13 and #26).
 
-(a) warm eager calls: ``ck_gemm.matmul``, ``ck_conv.conv2d``, ``ck_fmha.attention`` (fwd, and
-    fwd+bwd) against the bare launch of the same Triton kernels (recorded from one API call:
-    ``replay`` = the compiled kernel's own launcher, ``jit`` = ``fn[grid](*args)``).  Per call:
-    ``host_us`` = Python time to issue it (no sync inside the loop), ``wall_us`` = with the final
-    sync; median of 5 rounds of ``--calls`` calls.  Small problems, so the host is the bottleneck.
-(b) first call of a new problem in a fresh process (import and tensor set-up excluded):
-    ``cold`` = empty kernel cache and empty Triton cache; ``built`` = a kernel cache that
+(t) ``--part table`` (the default; issue #26's table): every public API (gemm matmul/linear,
+    conv1d/2d/3d and channels-last conv2d, attention, flash_attn_func / varlen, splitkv and paged
+    decode, appendkv, batch_prefill), forward and forward+backward where it has one, on tiny
+    problems: warm eager us/call of the ck call and of torch's equivalent call (``host_us``:
+    issuing ``--calls`` calls, ``wall_us``: with the final sync; median of 5 rounds) and their
+    ratio; and both under torch.compile(mode="reduce-overhead") for the cases of ``COMPILED``
+    (``--compile-all``: every case; ``--no-compile``: none).  About 3 minutes on an H200.
+(a) ``--part overhead``: warm eager calls of ``ck_gemm.matmul``, ``ck_conv.conv2d``,
+    ``ck_fmha.attention`` (fwd, and fwd+bwd) against the bare launch of the same Triton kernels
+    (recorded from one API call: ``replay`` = the compiled kernel's own launcher, ``jit`` =
+    ``fn[grid](*args)``).
+(b) ``--part first``: first call of a new problem in a fresh process (import and tensor set-up
+    excluded): ``cold`` = empty kernel cache and empty Triton cache; ``built`` = a kernel cache that
     ``ck build`` (``build_registry`` of the keys the cold call launched) filled in another
     process, with an empty Triton cache.  Reports ms and how many kernels Triton compiled.
-
+    ``--part all`` = overhead + first.
 (c) ``--part autograd``: where an eager attention fwd+bwd step spends its host time (forward with
     requires_grad, backward alone, the backward plan called directly; a torch.profiler table).
-    ``--profile DIR`` writes a cProfile of each warm call; ``--only TEXT`` picks overhead cases.
+    ``--profile DIR`` writes a cProfile of each warm call; ``--only TEXT`` picks cases.
+(d) ``--part cpu``: a dry run without a GPU: the table's ck calls on CPU tensors (the sm90 arch's
+    registries), every Triton launch stubbed out (launches recorded as if on a GPU, replays that
+    do nothing), so the time is the host path above the launch.  On a shared CPU, tensor work the
+    API does on the host (copies, the autograd engine's gradient sums) counts too.
 
-(d) ``--part cpu``: a dry run without a GPU: the same warm API calls on CPU tensors, every
-    Triton launch stubbed out (launches recorded as if on a GPU, replays that do nothing),
-    so the time is the host path above the launch (the launch itself excluded).
+One JSON schema: ``{"name": "ck.overhead", "version": 2, "device", "date", "command", "commit",
+"versions", "unit", "table" | "overhead" | "first_call" | "autograd"}``.
 
-    python benchmarks/overhead.py --out overhead.json
+    python benchmarks/overhead.py --out overhead.json                      # the table, on a GPU
     python benchmarks/overhead.py --part overhead autograd --only fmha --profile prof --out o.json
-    python benchmarks/overhead.py --part cpu --out overhead_cpu.json    # no GPU needed
+    python benchmarks/overhead.py --part cpu --out overhead_cpu.json       # no GPU needed
 """
 from __future__ import annotations
 
@@ -298,6 +307,200 @@ def overhead(calls: int, profile_dir=None, only=None) -> dict:
     return rows
 
 
+# -- the issue's table (#26): every public API, eager and torch.compile, against torch's own call ------------
+
+def api_cases(dev: str = "cuda", only=None) -> dict:
+    """name -> (ck call, torch's equivalent call, grad): zero-argument callables on tiny problems, so the host
+    is the bottleneck.  ``grad``: the case runs forward+backward (the leaves require grad and each call
+    ends in ``.backward``).  The same table serves the GPU (``--part table``) and the CPU dry run."""
+    import torch
+
+    import ck_conv
+    import ck_fmha
+    import ck_fmha.decode
+    import ck_fmha.flash_attn as fa
+    import ck_fmha.prefill
+    import ck_gemm
+
+    F, h = torch.nn.functional, torch.float16
+    g = torch.Generator(device="cpu").manual_seed(0)
+
+    def t(*shape, grad=False, dtype=h):
+        x = torch.randn(*shape, generator=g).to(device=dev, dtype=dtype)
+        return x.requires_grad_() if grad else x
+
+    def fb(f, *leaves):
+        """forward + backward of ``f()``; the leaves' gradients are dropped first (``zero_grad(set_to_none=
+        True)``, as a training step does: no accumulation into the last step's gradients)."""
+        out = f()
+        dy = torch.ones_like(out)
+
+        def step():
+            for t in leaves:
+                t.grad = None
+            f().backward(dy)
+        return step
+
+    cases = {}
+    a, b = t(64, 64), t(64, 64)
+    ag, bg = t(64, 64, grad=True), t(64, 64, grad=True)
+    cases["gemm.matmul 64^3"] = (lambda: ck_gemm.matmul(a, b), lambda: a @ b, False)
+    cases["gemm.matmul 64^3 fwd+bwd"] = (fb(lambda: ck_gemm.matmul(ag, bg), ag, bg), fb(lambda: ag @ bg, ag, bg), True)
+    x, w, bias = t(64, 64), t(128, 64), t(128)
+    xg, wg, biasg = t(64, 64, grad=True), t(128, 64, grad=True), t(128, grad=True)
+    cases["gemm.linear 64x64 -> 128, bias"] = (lambda: ck_gemm.linear(x, w, bias), lambda: F.linear(x, w, bias),
+                                               False)
+    cases["gemm.linear 64x64 -> 128, bias fwd+bwd"] = (fb(lambda: ck_gemm.linear(xg, wg, biasg), xg, wg, biasg),
+                                                       fb(lambda: F.linear(xg, wg, biasg), xg, wg, biasg), True)
+    cl = torch.channels_last
+    for nd, conv, tconv in ((1, ck_conv.conv1d, F.conv1d), (2, ck_conv.conv2d, F.conv2d),
+                            (3, ck_conv.conv3d, F.conv3d)):
+        sp = (8,) * nd
+        xc, wc = t(2, 16, *sp), t(16, 16, *(3,) * nd)
+        xcg, wcg = t(2, 16, *sp, grad=True), t(16, 16, *(3,) * nd, grad=True)
+        cases[f"conv.conv{nd}d 2x16x{'x'.join(map(str, sp))} k3"] = (
+            lambda xc=xc, wc=wc, conv=conv: conv(xc, wc, padding=1),
+            lambda xc=xc, wc=wc, tconv=tconv: tconv(xc, wc, padding=1), False)
+        cases[f"conv.conv{nd}d 2x16x{'x'.join(map(str, sp))} k3 fwd+bwd"] = (
+            fb(lambda xcg=xcg, wcg=wcg, conv=conv: conv(xcg, wcg, padding=1), xcg, wcg),
+            fb(lambda xcg=xcg, wcg=wcg, tconv=tconv: tconv(xcg, wcg, padding=1), xcg, wcg), True)
+    xl, wl = t(2, 16, 8, 8).to(memory_format=cl), t(16, 16, 3, 3).to(memory_format=cl)
+    xlg = t(2, 16, 8, 8).to(memory_format=cl).requires_grad_()
+    wlg = t(16, 16, 3, 3).to(memory_format=cl).requires_grad_()
+    cases["conv.conv2d 2x16x8x8 k3 channels_last"] = (lambda: ck_conv.conv2d(xl, wl, padding=1),
+                                                      lambda: F.conv2d(xl, wl, padding=1), False)
+    cases["conv.conv2d 2x16x8x8 k3 channels_last fwd+bwd"] = (
+        fb(lambda: ck_conv.conv2d(xlg, wlg, padding=1), xlg, wlg), fb(lambda: F.conv2d(xlg, wlg, padding=1), xlg, wlg), True)
+
+    sdpa = F.scaled_dot_product_attention
+    q, k, v = t(1, 8, 128, 64), t(1, 8, 128, 64), t(1, 8, 128, 64)
+    qg, kg, vg = (t(1, 8, 128, 64, grad=True) for _ in range(3))
+    cases["fmha.attention S128 D64"] = (lambda: ck_fmha.attention(q, k, v), lambda: sdpa(q, k, v), False)
+    cases["fmha.attention S128 D64 fwd+bwd"] = (fb(lambda: ck_fmha.attention(qg, kg, vg), qg, kg, vg),
+                                                fb(lambda: sdpa(qg, kg, vg), qg, kg, vg), True)
+    qs, ks, vs = (t(1, 128, 8, 64) for _ in range(3))       # FlashAttention's [B, S, H, D]
+    qsg, ksg, vsg = (t(1, 128, 8, 64, grad=True) for _ in range(3))
+    tr = lambda x: x.transpose(1, 2)   # noqa: E731
+    cases["flash_attn_func S128 D64 causal"] = (
+        lambda: fa.flash_attn_func(qs, ks, vs, causal=True),
+        lambda: tr(sdpa(tr(qs), tr(ks), tr(vs), is_causal=True)), False)
+    cases["flash_attn_func S128 D64 causal fwd+bwd"] = (
+        fb(lambda: fa.flash_attn_func(qsg, ksg, vsg, causal=True), qsg, ksg, vsg),
+        fb(lambda: tr(sdpa(tr(qsg), tr(ksg), tr(vsg), is_causal=True)), qsg, ksg, vsg), True)
+    cu = torch.tensor([0, 64, 128], dtype=torch.int32, device=dev)
+    qv, kv_, vv = (t(128, 8, 64) for _ in range(3))
+    qvg, kvg, vvg = (t(128, 8, 64, grad=True) for _ in range(3))
+    two = lambda x: x.view(2, 64, 8, 64).transpose(1, 2)   # noqa: E731 - the two sequences as a batch
+    cases["flash_attn_varlen_func 2x64 D64"] = (
+        lambda: fa.flash_attn_varlen_func(qv, kv_, vv, cu, cu, 64, 64),
+        lambda: sdpa(two(qv), two(kv_), two(vv)), False)
+    cases["flash_attn_varlen_func 2x64 D64 fwd+bwd"] = (
+        fb(lambda: fa.flash_attn_varlen_func(qvg, kvg, vvg, cu, cu, 64, 64), qvg, kvg, vvg),
+        fb(lambda: sdpa(two(qvg), two(kvg), two(vvg)), qvg, kvg, vvg), True)
+
+    # decoding: 4 sequences x 200 keys, 8 heads, D128, one query each
+    qd = t(4, 8, 1, 128)
+    kd, vd = t(4, 8, 200, 128), t(4, 8, 200, 128)
+    lens = torch.full((4,), 200, dtype=torch.int32, device=dev)
+    cases["fmha.decode.splitkv_decode 4x200 keys"] = (
+        lambda: ck_fmha.decode.splitkv_decode(qd, kd, vd), lambda: sdpa(qd, kd, vd), False)
+    page = 16
+    pages = -(-200 // page)
+    kc, vc = t(4 * pages, page, 8, 128), t(4 * pages, page, 8, 128)
+    table = torch.arange(4 * pages, dtype=torch.int32, device=dev).view(4, pages)
+    cases["fmha.decode.paged_decode 4x200 keys"] = (
+        lambda: ck_fmha.decode.paged_decode(qd, kc, vc, table, lens), lambda: sdpa(qd, kd, vd), False)
+    kcache, vcache = t(4, 8, 256, 128), t(4, 8, 256, 128)
+    kn, vn = t(4, 8, 1, 128), t(4, 8, 1, 128)
+    pos = torch.full((4,), 100, dtype=torch.int32, device=dev)
+    where = torch.tensor([100], device=dev)
+    cases["fmha.decode.appendkv 4x1 new keys"] = (
+        lambda: ck_fmha.decode.appendkv(qd, kn, vn, kcache, vcache, pos),
+        lambda: (kcache.index_copy_(2, where, kn), vcache.index_copy_(2, where, vn)), False)
+    qp = t(2 * 32, 8, 128)
+    cup = torch.tensor([0, 32, 64], dtype=torch.int32, device=dev)
+    table2 = table[:2]
+    lens2 = lens[:2]
+    qpb = t(2, 8, 32, 128)
+    cases["fmha.prefill.batch_prefill 2x32 q, 200 paged keys"] = (
+        lambda: ck_fmha.prefill.batch_prefill(qp, kc, vc, lens2, cu_seqlens_q=cup, max_seqlen_q=32,
+                                              max_seqlen_k=200, block_table=table2),
+        lambda: sdpa(qpb, kd[:2], vd[:2]), False)
+    if only:
+        cases = {n: c for n, c in cases.items() if any(s in n for s in only)}
+    return cases
+
+
+def _per_call(fn, calls: int, sync) -> dict:
+    """us per call: host (issuing ``calls`` calls), wall (with the final sync); median of 5 rounds."""
+    for _ in range(10):
+        fn()
+    sync()
+    host, wall = [], []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        t1 = time.perf_counter()
+        sync()
+        t2 = time.perf_counter()
+        host.append((t1 - t0) / calls * 1e6)
+        wall.append((t2 - t0) / calls * 1e6)
+    return {"host_us": round(statistics.median(host), 2), "wall_us": round(statistics.median(wall), 2)}
+
+
+def _compiled(fn, grad: bool):
+    """``fn`` under torch.compile(mode="reduce-overhead") (CUDA graphs); a fwd+bwd case compiles its
+    forward-and-backward closure whole (compiled autograd is not asked for: the backward graph is AOT's)."""
+    import torch
+
+    c = torch.compile(fn, mode="reduce-overhead")
+
+    def call():
+        torch.compiler.cudagraph_mark_step_begin()
+        return c()
+    return call
+
+
+#: the cases whose torch.compile(mode="reduce-overhead") columns the default table measures (a compile
+#: takes seconds: every case would pass the ~3 minutes the table is meant to take; --compile-all for all)
+COMPILED = ("gemm.matmul 64^3", "gemm.matmul 64^3 fwd+bwd", "gemm.linear 64x64 -> 128, bias",
+            "conv.conv2d 2x16x8x8 k3 channels_last", "conv.conv2d 2x16x8x8 k3 channels_last fwd+bwd",
+            "fmha.attention S128 D64", "fmha.attention S128 D64 fwd+bwd", "flash_attn_func S128 D64 causal",
+            "fmha.decode.paged_decode 4x200 keys")
+
+
+def table(calls: int, only=None, compile_too: bool = True, compile_all: bool = False) -> dict:
+    """The issue's table on the GPU: per public API and case, eager us/call of ck and of torch's
+    equivalent call, their ratio, and (``compile_too``) both under torch.compile(mode="reduce-overhead")
+    for the cases of :data:`COMPILED` (every case with ``compile_all``)."""
+    import torch
+
+    sync = torch.cuda.synchronize
+    rows = {}
+    for name, (ours, theirs, grad) in api_cases("cuda", only).items():
+        row = {"grad": grad}
+        for label, fn in (("ck", ours), ("torch", theirs)):
+            try:
+                row[label] = _per_call(fn, calls, sync)
+            except Exception as e:  # noqa: BLE001 - one case failing must not lose the others
+                row[label] = {"error": f"{type(e).__name__}: {e}"[:400]}
+        if "wall_us" in row["ck"] and "wall_us" in row["torch"]:
+            row["ratio_wall"] = round(row["ck"]["wall_us"] / row["torch"]["wall_us"], 2)
+        if compile_too and (compile_all or name in COMPILED):
+            for label, fn in (("ck_compiled", ours), ("torch_compiled", theirs)):
+                try:
+                    row[label] = _per_call(_compiled(fn, grad), max(calls // 4, 20), sync)
+                except Exception as e:  # noqa: BLE001
+                    row[label] = {"error": f"{type(e).__name__}: {e}"[:400]}
+            if "wall_us" in row["ck_compiled"] and "wall_us" in row["torch_compiled"]:
+                row["ratio_compiled_wall"] = round(row["ck_compiled"]["wall_us"] / row["torch_compiled"]["wall_us"],
+                                                   2)
+        rows[name] = row
+        print(name, json.dumps(row), flush=True)
+    return rows
+
+
 class _StubReplay:
     """A recorded launch that launches nothing (``--part cpu``)."""
 
@@ -320,46 +523,31 @@ def _stub_launches():
     ta.launch = lambda name, fn, grid, args, kwargs, **kw: None
     triton_replay.replayable = lambda t: True
     triton_replay.record = lambda fn, grid, args, kwargs, **kw: _StubReplay(fn, args, kwargs)
+    from ck_fmha.backends.triton import warm as fmha_warm
+
+    fmha_warm.verified = lambda f, inputs, want: f   # stubbed launches compute nothing to compare
 
 
-def cpu_dry_run(calls: int) -> dict:
-    """Warm host us/call of the public APIs on CPU tensors with every launch stubbed."""
+def cpu_dry_run(calls: int, only=None) -> dict:
+    """Warm host us/call of every public API's case of :func:`api_cases` on CPU tensors with every
+    Triton launch stubbed (forward and forward+backward): the host path above the launch."""
     os.environ.setdefault("CK_BACKEND", "triton")
-    import torch
-
-    import ck_conv
-    import ck_fmha
-    import ck_gemm
-
+    os.environ.setdefault("CK_CPU_ARCH", "sm90")   # the H200's arch: its registries, plans and launchers
     _stub_launches()
-    h = torch.float16
-    a, b = torch.randn(256, 256, dtype=h), torch.randn(256, 256, dtype=h)
-    x, w = torch.randn(2, 32, 16, 16, dtype=h), torch.randn(32, 32, 3, 3, dtype=h)
-    xl, wl = x.to(memory_format=torch.channels_last), w.to(memory_format=torch.channels_last)
-    q, k, v = (torch.randn(1, 8, 128, 64, dtype=h) for _ in range(3))
-    qg = q.clone().requires_grad_()
-    # on the CPU the layout copies and conversions the API makes do their work in the call
-    # (on a GPU they are asynchronous launches); the channels_last case has none
-    cases = {"gemm.matmul 256^3 fp16": lambda: ck_gemm.matmul(a, b),
-             "gemm.matmul 256^3 fp16, B transposed view": lambda: ck_gemm.matmul(a, b.t()),
-             "conv.conv2d 2x32x16x16 k3 fp16": lambda: ck_conv.conv2d(x, w, padding=1),
-             "conv.conv2d 2x32x16x16 k3 fp16 channels_last": lambda: ck_conv.conv2d(xl, wl, padding=1),
-             "fmha.attention fwd 1x8x128x64 fp16": lambda: ck_fmha.attention(q, k, v),
-             "fmha.attention fwd 1x8x128x64 fp16, requires_grad (forward only)": lambda: ck_fmha.attention(qg, k, v)}
     rows = {}
-    for name, call in cases.items():
+    for name, (call, _, grad) in api_cases("cpu", only).items():
         try:
-            for _ in range(3):
-                call()
+            rows[name] = {"grad": grad, "ck": _per_call(call, calls, lambda: None)}
+            rows[name]["ck"].pop("wall_us")
             best = []
-            for _ in range(5):
+            for _ in range(5):   # a shared CPU: the least of 5 rounds is the least disturbed
                 t0 = time.perf_counter()
                 for _ in range(calls):
                     call()
                 best.append((time.perf_counter() - t0) / calls * 1e6)
-            rows[name] = {"host_us": round(statistics.median(best), 2)}
+            rows[name]["ck"]["min_us"] = round(min(best), 2)
         except Exception as e:  # noqa: BLE001 - one case failing must not lose the others
-            rows[name] = {"error": f"{type(e).__name__}: {e}"[:500]}
+            rows[name] = {"grad": grad, "error": f"{type(e).__name__}: {e}"[:500]}
         print(name, json.dumps(rows[name]), flush=True)
     return rows
 
@@ -430,12 +618,25 @@ def first_call(cases=None) -> dict:
     return out
 
 
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=20,
+                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--calls", type=int, default=1000)
-    ap.add_argument("--part", nargs="+", choices=["all", "overhead", "first", "cpu", "autograd"], default=["all"])
-    ap.add_argument("--only", nargs="*", metavar="TEXT", help="overhead cases whose name contains one of these")
+    ap.add_argument("--calls", type=int, default=None,
+                    help="calls per timing round (default 200 for the table, 1000 for the other parts)")
+    ap.add_argument("--part", nargs="+", choices=["table", "all", "overhead", "first", "cpu", "autograd"],
+                    default=["table"], help="table (default): the issue's per-API table; all: overhead + first")
+    ap.add_argument("--only", nargs="*", metavar="TEXT", help="cases whose name contains one of these")
+    ap.add_argument("--no-compile", action="store_true", help="table: skip the torch.compile columns")
+    ap.add_argument("--compile-all", action="store_true",
+                    help="table: the torch.compile columns for every case (default: the cases of COMPILED)")
     ap.add_argument("--profile", metavar="DIR", help="cProfile each warm API call into DIR (after timing it)")
     ap.add_argument("--first", nargs="*", metavar="CASE", help=f"first-call cases (default all: {', '.join(FIRST)})")
     ns = ap.parse_args(argv)
@@ -444,24 +645,24 @@ def main(argv=None):
     import torch
     import triton
 
-    if "cpu" in ns.part:
-        res = {"device": "cpu (launches stubbed)", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-               "command": "python benchmarks/overhead.py " + " ".join(argv or sys.argv[1:]),
-               "versions": {"torch": torch.__version__, "triton": triton.__version__}, "unit": "us/call",
-               "overhead": cpu_dry_run(ns.calls)}
-        with open(ns.out, "w") as f:
-            json.dump(res, f, indent=1)
-        return
-
-    res = {"device": torch.cuda.get_device_name(0), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-           "command": "python benchmarks/overhead.py " + " ".join(argv or sys.argv[1:]),
-           "versions": {"torch": torch.__version__, "triton": triton.__version__}, "unit": "us/call, ms"}
-    if {"all", "first"} & set(ns.part):
-        res["first_call"] = first_call(ns.first)
-    if {"all", "overhead"} & set(ns.part):
-        res["overhead"] = overhead(ns.calls, ns.profile, ns.only)
-    if "autograd" in ns.part:
-        res["autograd"] = autograd_parts(ns.calls, ns.profile)
+    cpu = "cpu" in ns.part
+    res = {"name": "ck.overhead", "version": 2,
+           "device": "cpu (launches stubbed)" if cpu else torch.cuda.get_device_name(0),
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+           "command": "python benchmarks/overhead.py " + " ".join(sys.argv[1:] if argv is None else argv),
+           "commit": _commit(), "versions": {"torch": torch.__version__, "triton": triton.__version__},
+           "unit": "us/call (first_call: ms)"}
+    if cpu:
+        res["table"] = cpu_dry_run(ns.calls or 300, ns.only)
+    else:
+        if "table" in ns.part:
+            res["table"] = table(ns.calls or 200, ns.only, not ns.no_compile, ns.compile_all)
+        if {"all", "first"} & set(ns.part):
+            res["first_call"] = first_call(ns.first)
+        if {"all", "overhead"} & set(ns.part):
+            res["overhead"] = overhead(ns.calls or 1000, ns.profile, ns.only)
+        if "autograd" in ns.part:
+            res["autograd"] = autograd_parts(ns.calls or 1000, ns.profile)
     with open(ns.out, "w") as f:
         json.dump(res, f, indent=1)
 

@@ -1,6 +1,8 @@
-"""Render benchmarks/results/*.json (written by `ck bench`) into BENCHMARKS.md.
+"""Render benchmarks/results/*.json (written by `ck bench` and the suites) into BENCHMARKS.md and
+README.md's "Where it stands" table (between its ``<!-- standing:begin -->`` / ``end`` markers).
 
-    python benchmarks/render_md.py            # rewrites BENCHMARKS.md from the JSON files
+    python benchmarks/render_md.py            # rewrites BENCHMARKS.md and the README table
+    python benchmarks/render_md.py --check    # exit 1 when either differs from the render
 
 Each JSON holds device, date, command, rows (case, ours, peer, peer_name, unit,
 ratio) and optional extra tables; the Markdown keeps them together so every
@@ -11,6 +13,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parent
 ORDER = ["gemm", "fmha", "conv"]
@@ -92,7 +95,90 @@ def broad_section(op: str, data: dict) -> str:
     return "\n".join(parts)
 
 
-def main() -> int:
+def _load(name: str) -> dict:
+    return json.loads((ROOT / "results" / name).read_text())
+
+
+def _x(v) -> str:
+    return f"{v:.3f}x"
+
+
+def _groups(*names: str) -> Callable[[dict], str]:
+    def get(d):
+        g = d["geomean_by_group"]
+        return " / ".join(_x(g[n]) for n in names)
+    return get
+
+
+def _broad(keys: tuple, graph: str, low: str, eager: str | None = None) -> Callable[[dict], str]:
+    def get(d):
+        parts = []
+        for k in keys:
+            v = d["summary"][k]
+            txt = f"{k.split('/')[0]} {_x(v[graph])}" + (f" (eager {_x(v[eager])})" if eager else "")
+            parts.append(txt + f", lowest {_x(v[low])}")
+        return "; ".join(parts)
+    return get
+
+
+def _n(key: str) -> Callable[[dict], str]:
+    return lambda d: str(d["summary"][key]["n"])
+
+
+#: README's "Where it stands" rows: what, results file (None: a test's verdict), the figure read from
+#: it, the target, and whose figure it is: the Dispatcher's pick (what a user's call runs), the
+#: fastest candidate (the oracle of a tuning list), or a kernel run directly with its tuned config
+STANDING = [
+    ("GEMM core suite vs cuBLAS (bf16+fp16, 8 shapes), CUDA graph", "gemm.json",
+     lambda d: f"geomean {_x(d['geomean'])}, lowest {_x(d['min_ratio'])}", ">= 1.00x, none < 0.85x",
+     "Dispatcher's pick"),
+    ("GEMM broad suite (LLM layers, odd sizes, batched), CUDA graph", "gemm_broad.json",
+     lambda d: (f"{d['summary']['all']['n']} cases: {_x(d['summary']['all']['graph_geomean'])} "
+                f"(eager {_x(d['summary']['all']['eager_geomean'])}), lowest {_x(d['summary']['all']['graph_min'])}; "
+                f"fp8 {_x(d['summary']['fp8']['graph_geomean'])}"), ">= 1.0x, none < 0.85x", "Dispatcher's pick"),
+    ("FMHA forward vs SDPA cuDNN, core suite: dense / GQA", "fmha.json", _groups("fwd", "fwd_gqa"), ">= 1.0x",
+     "kernel with its tuned config"),
+    ("FMHA backward vs SDPA cuDNN, core suite: dense / GQA", "fmha.json", _groups("bwd", "bwd_gqa"), ">= 0.9x",
+     "kernel with its tuned config"),
+    ("FMHA decode vs copy bandwidth (paged and split-KV)", "fmha.json", _groups("decode"), ">= 0.8x",
+     "kernel with its tuned config"),
+    ("FMHA broad suite vs SDPA cuDNN, CUDA graph", "fmha_broad.json",
+     _broad(("fwd/all", "fwd_bwd/all", "varlen/all", "decode/all"), "ratio_geomean", "ratio_min"),
+     "fwd >= 1.0x, bwd >= 0.9x", "Dispatcher's pick"),
+    ("grouped conv vs cuDNN, core suite: fwd / bwd_data / bwd_weight", "conv.json",
+     _groups("forward", "bwd_data", "bwd_weight"), "0.9x / 0.8x / 0.8x", "fastest candidate"),
+    ("conv broad suite vs cuDNN, CUDA graph", "conv_broad.json",
+     _broad(("forward/all", "bwd_data/all", "bwd_weight/all"), "graph_geomean", "graph_min"),
+     "fwd >= 0.9x, none < 0.5x", "Dispatcher's pick"),
+    ("FMHA enumeration, all nine families, one arch (CPU, cold process)", "enumeration.json",
+     lambda d: "{:.2f}-{:.2f} s".format(*(f(r["seconds (best of 3, cold process)"] for r in d["rows"]
+                                          if r["op"] == "fmha") for f in (min, max))), "< 1 s", "-"),
+    ("CK parity, gfx950 receipt 0 (fwd + three bwd families, name for name)", None,
+     lambda d: "exact (plugins/fmha/tests/test_enumeration.py)", "exact", "-"),
+]
+BEGIN, END = "<!-- standing:begin (rendered by benchmarks/render_md.py) -->", "<!-- standing:end -->"
+
+
+def standing_table() -> str:
+    out = ["| what | measured | target | whose figure | date |", "|---|---|---|---|---|"]
+    for what, name, get, target, whose in STANDING:
+        d = _load(name) if name else {}
+        src = f"[{name}](benchmarks/results/{name})" if name else "test"
+        date = str(d.get("date", "-")).split(" ")[0][:10] if name else "-"
+        out.append(f"| {what} | {get(d)} | {target} | {whose} | {date}, {src} |")
+    return "\n".join(out) + "\n"
+
+
+def render_readme(text: str) -> str:
+    """README.md's text with the standing table between the markers replaced by the render."""
+    if BEGIN not in text or END not in text:
+        raise SystemExit(f"README.md lacks the markers {BEGIN!r} ... {END!r}")
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    return head + BEGIN + "\n" + standing_table() + END + tail
+
+
+def render_benchmarks() -> str:
     files = sorted((ROOT / "results").glob("*.json"),
                    key=lambda p: (ORDER.index(p.stem) if p.stem in ORDER else 99, p.stem))
     body = [INTRO]
@@ -115,8 +201,27 @@ def main() -> int:
             continue
         body.append(section(f.stem, data))
         shown += 1
-    (ROOT.parent / "BENCHMARKS.md").write_text("\n".join(body))
-    print(f"wrote BENCHMARKS.md from {shown} of {len(files)} result files", file=sys.stderr)
+    return "\n".join(body)
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    targets = {ROOT.parent / "BENCHMARKS.md": lambda old: render_benchmarks(),
+               ROOT.parent / "README.md": render_readme}
+    stale = []
+    for path, render in targets.items():
+        old = path.read_text()
+        new = render(old)
+        if new != old:
+            stale.append(path.name)
+            if "--check" not in argv:
+                path.write_text(new)
+    if "--check" in argv:
+        if stale:
+            print(f"{', '.join(stale)} differ from the render of benchmarks/results; run python "
+                  f"benchmarks/render_md.py", file=sys.stderr)
+        return 1 if stale else 0
+    print(f"rewrote {', '.join(stale) or 'nothing (up to date)'}", file=sys.stderr)
     return 0
 
 

@@ -124,7 +124,10 @@ def main(argv=None) -> int:
         ops = sorted({w.split(":")[0] for w in args.ops})
         doc = {"command": "python benchmarks/select_time.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                "rankers": {op: ranker_fingerprint(op) for op in ops}, "picks": picks}
-        Path(args.picks).write_text(json.dumps(doc, indent=0, sort_keys=True))
+        from ck_core.bench import with_header
+
+        Path(args.picks).write_text(json.dumps(with_header(doc, device="CPU (selection only, no kernels run)"),
+                                               indent=0, sort_keys=True))
     if prof:
         with open(args.profile, "w") as f:
             pstats.Stats(prof, stream=f).sort_stats("cumulative").print_stats(60)

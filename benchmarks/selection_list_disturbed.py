@@ -83,7 +83,9 @@ def main(argv=None) -> int:
                    f"{args.near}x of the best; shapes whose ranker pick scores < {args.low}",
            "command": " ".join(["python benchmarks/selection_list_disturbed.py", *(argv or sys.argv[1:])]),
            "rows": rows}
-    Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+    from ck_core.bench import with_header
+
+    Path(args.out).write_text(json.dumps(with_header(doc), indent=1) + "\n")
     print(f"{len(rows)} held-out shapes, {sum(len(r['keys']) for r in rows)} kernels -> {args.out}")
     return 0
 

@@ -88,7 +88,9 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     res = report(Path(a.data), a.worst)
     if a.json:
-        Path(a.json).write_text(json.dumps(res, indent=1) + "\n")
+        from ck_core.bench import with_header
+
+        Path(a.json).write_text(json.dumps(with_header(res), indent=1) + "\n")
     print(json.dumps(res["summary"], indent=1))
     return 0
 

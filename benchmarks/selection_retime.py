@@ -128,7 +128,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     res = retime(json.loads(Path(args.list).read_text()), args.reps, args.rounds, args.limit, args.budget_s)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
+    from ck_core.bench import with_header
+
+    Path(args.out).write_text(json.dumps(with_header(res), indent=1) + "\n")
     print(f"{len(res['rows'])} rows re-timed -> {args.out}")
     return 0
 

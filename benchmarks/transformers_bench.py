@@ -240,7 +240,9 @@ def main(argv=None) -> int:
     res["wall_s"] = round(time.time() - t0, 1)
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps(res, indent=1, default=str))
+        from ck_core.bench import with_header
+
+        Path(a.out).write_text(json.dumps(with_header(res), indent=1, default=str))
     ok = (res["agreement"]["logits_rel_l2"] < 2e-2 and res["agreement"]["loss_rel_diff"] < 1e-2)
     print("agreement", "PASS" if ok else "FAIL")
     return 0 if ok else 1

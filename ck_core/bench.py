@@ -3,8 +3,14 @@
 Op plugins provide ``OpSpec.bench(peer, options) -> dict`` with ``rows`` (each
 ``case, ours, peer, peer_name, unit, ratio`` plus free columns) and optional
 ``extra`` tables; ``options["progress"]`` makes a :class:`ck_core.progress.Progress`
-(``progress(total, desc)``) for the suite to count its cases on.  This module stamps device, date and command, computes the
-geometric mean of the ratios, prints a table and writes JSON / CSV.
+(``progress(total, desc)``) for the suite to count its cases on.  This module stamps the result
+header (:func:`result_header`: schema, device, date, command, commit), computes the geometric mean
+of the ratios, prints a table and writes JSON / CSV.
+
+Every results JSON (``ck bench``, the suites and tools under ``benchmarks/``) carries the same
+header; :func:`check_result` says what one lacks (``tests/test_results_schema.py`` runs it over
+the committed files).  ``ck bench`` writes ``ck-results/<op>.json`` under the current directory
+unless ``--json`` names a file: never into the package or the repository by default.
 """
 from __future__ import annotations
 
@@ -23,6 +29,59 @@ from .errors import PluginError, ToolchainMissing, UnsupportedProblem
 from .progress import Progress
 
 ROW_KEYS = ("case", "ours", "peer", "peer_name", "unit", "ratio")
+#: the header every results file carries (``schema`` names this record and its version)
+RESULT_SCHEMA = {"name": "ck-dispatcher.results", "version": 1}
+HEADER_KEYS = ("schema", "device", "date", "command", "commit")
+#: where ``ck bench`` writes when no --json is given (relative to the current directory)
+DEFAULT_RESULTS_DIR = "ck-results"
+
+
+def git_commit(where: Optional[Path] = None) -> str:
+    """The commit of the checkout ``where`` lies in (default: this package's), with ``+dirty`` when
+    tracked files changed; ``"unknown"`` outside a git checkout (an installed wheel)."""
+    import subprocess
+
+    cwd = str(where or Path(__file__).resolve().parent)
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=cwd, capture_output=True,
+                              text=True, timeout=10, check=False)
+        if head.returncode:
+            return "unknown"
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
+                               capture_output=True, text=True, timeout=10, check=False)
+        return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def result_header(command: Optional[str] = None, device: Optional[str] = None) -> dict:
+    """The header of a results file: schema, device, date (UTC, ISO), command, commit."""
+    return {"schema": dict(RESULT_SCHEMA), "device": device or device_name(),
+            "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "command": command or " ".join([Path(sys.argv[0]).name or "python"] + sys.argv[1:]),
+            "commit": git_commit()}
+
+
+def with_header(doc: dict, command: Optional[str] = None, device: Optional[str] = None) -> dict:
+    """``doc`` with the results header first (fields ``doc`` already has win)."""
+    return {**result_header(command, device), **doc, "schema": dict(RESULT_SCHEMA)}
+
+
+def check_result(doc) -> list[str]:
+    """What a results document lacks to follow the schema (an empty list: nothing)."""
+    if not isinstance(doc, dict):
+        return [f"a results file holds a JSON object, not {type(doc).__name__}"]
+    out = [f"no {k!r}" for k in HEADER_KEYS if k not in doc]
+    sch = doc.get("schema")
+    if "schema" in doc and (not isinstance(sch, dict) or sch.get("name") != RESULT_SCHEMA["name"]
+                            or not isinstance(sch.get("version"), int)):
+        out.append(f"schema is {sch!r}, not {{'name': {RESULT_SCHEMA['name']!r}, 'version': <int>}}")
+    elif isinstance(sch, dict) and sch.get("version", 0) > RESULT_SCHEMA["version"]:
+        out.append(f"schema version {sch['version']} is newer than this reader's {RESULT_SCHEMA['version']}")
+    for k in ("device", "date", "command", "commit"):
+        if k in doc and not (isinstance(doc[k], str) and doc[k].strip()):
+            out.append(f"{k!r} is {doc[k]!r}, not a non-empty string")
+    return out
 
 
 def geomean(values: Iterable[float]) -> Optional[float]:
@@ -97,9 +156,7 @@ def stamp(result: dict, command: Optional[str] = None) -> dict:
     for r in rows:
         groups.setdefault(r.get("group", "all"), []).append(r["ratio"])
     out = {
-        "device": device_name(),
-        "date": _dt.date.today().isoformat(),
-        "command": command or " ".join(["ck"] + sys.argv[1:]),
+        **result_header(command or " ".join(["ck"] + sys.argv[1:])),
         "geomean": geomean(r["ratio"] for r in rows),
         "geomean_by_group": {g: geomean(v) for g, v in groups.items()},
         "min_ratio": min((r["ratio"] for r in rows), default=None),
@@ -179,5 +236,7 @@ def run_bench(op_name: str, args, extra: dict) -> int:
     gm = result["geomean"]
     print(f"\ngeomean ratio: {gm:.3f}" if gm else "\nno ratio")
     name = op_name if suite == "core" else f"{op_name}_{suite}"
-    write(result, args.json or Path("benchmarks/results") / f"{name}.json", args.csv)
+    path = Path(args.json) if args.json else Path(DEFAULT_RESULTS_DIR) / f"{name}.json"
+    write(result, path, args.csv)
+    print(f"wrote {path}", file=sys.stderr)
     return 0

@@ -185,9 +185,12 @@ def build_registry(registry, max_workers: Optional[int] = None, progress: Option
     if bar is not None:
         bar.close()
     for name, err in report.failed.items():
-        log.warning("kernel %s failed to build and was removed: %s", name, err)
+        log.debug("kernel %s failed to build and was removed: %s", name, err)
         if name in registry:
             registry.remove(registry.get(name))
+    if report.failed:   # one line: each error is in report.failed (ck build prints them once)
+        log.warning("%d of %d kernels failed to build and were removed from registry %r (BuildReport.failed "
+                    "holds each error)", len(report.failed), len(todo), registry.name)
     for name, meta in report.built.items():
         registry.build_info[name] = meta
     report.seconds = time.perf_counter() - t0

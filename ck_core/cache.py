@@ -16,7 +16,16 @@ Contract (after Triton's runtime cache and FlashInfer's JIT):
   into their folder once older than :data:`ORPHAN_SECONDS`, and by ``clear()``;
 * a cache folder that cannot be written (read-only file system, no permission)
   does not stop a build: the binary is built in memory and returned uncached,
-  with one warning per folder.
+  with one warning per folder;
+* the record carries the digest of the key material it was built for (and the
+  material itself, for people reading it): an entry copied over another
+  specialisation's entry is not that entry and is rebuilt;
+* nothing below the root is followed through a link: an entry folder, binary,
+  record or lock that is a symbolic link is an unreadable entry (absent: rebuilt,
+  the link removed, never written through);
+* read-only roots (:attr:`KernelCache.extra_roots`: a prebuilt kernel set, e.g. an
+  installed ``ck-kernels-<arch>`` distribution) are searched after the root; what
+  is built goes to the root.
 """
 from __future__ import annotations
 
@@ -86,9 +95,9 @@ def sweep_orphans(folder: Path, max_age: float = ORPHAN_SECONDS, prefix: str = _
 
 
 def remove_path(path: Path) -> None:
-    """Remove a file, link or folder at ``path`` if there is one."""
+    """Remove a file, link or folder at ``path`` if there is one (a link itself, not its target)."""
     try:
-        if path.is_dir() and not path.is_symlink():
+        if not path.is_symlink() and path.is_dir():
             shutil.rmtree(path)
         else:
             path.unlink()
@@ -130,42 +139,128 @@ def warn_unwritable(folder: Path, exc: OSError) -> None:
 
 @contextmanager
 def file_lock(path: Path):
+    """An exclusive lock on ``path`` (created); a link there is removed, never followed."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    if path.is_dir():   # a folder where the lock file belongs: a damaged entry
+    if os.path.islink(path) or path.is_dir():   # a link or a folder where the lock file belongs
         remove_path(path)
-    with open(path, "a+") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        remove_path(path)   # linked between the check and the open
+        fd = os.open(path, flags, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             yield
         finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+#: entry-point group of installed prebuilt kernel sets (``ck build --wheel``): each names a
+#: module whose folder holds ``kernels/`` (a cache root of built entries)
+KERNEL_SETS_GROUP = "ck_core.kernel_sets"
+
+
+def prebuilt_roots() -> list:
+    """The read-only roots of prebuilt kernel sets: ``CK_KERNEL_SETS`` folders, then the installed
+    distributions' (entry points :data:`KERNEL_SETS_GROUP`); ``CK_KERNEL_SETS=none``: none."""
+    text = knobs.get("CK_KERNEL_SETS")
+    if text.strip().lower() == "none":
+        return []
+    roots = [Path(p).expanduser() for p in text.split(os.pathsep) if p.strip()]
+    roots = [r / "kernels" if (r / "kernels").is_dir() else r for r in roots]
+    return roots + list(_installed_sets())
+
+
+def _installed_sets() -> tuple:
+    global _INSTALLED
+    if _INSTALLED is None:
+        from importlib import metadata, util
+
+        found = []
+        try:
+            eps = list(metadata.entry_points(group=KERNEL_SETS_GROUP))
+        except TypeError:   # Python < 3.10
+            eps = list(metadata.entry_points().get(KERNEL_SETS_GROUP, []))
+        for ep in eps:
+            try:   # the module's folder, without importing it (a kernel set is data)
+                spec = util.find_spec(ep.value.split(":")[0])
+                origin = spec and spec.origin
+            except (ImportError, ValueError) as exc:
+                log.warning("kernel set %s cannot be found (%s); skipping it", ep.name, exc)
+                continue
+            if origin and (Path(origin).parent / "kernels").is_dir():
+                found.append(Path(origin).parent / "kernels")
+        _INSTALLED = tuple(found)
+    return _INSTALLED
+
+
+_INSTALLED: Optional[tuple] = None
+
+
+class _Linked(OSError):
+    """A symbolic link where the cache keeps a real file or folder."""
 
 
 class KernelCache:
-    def __init__(self, root: Optional[os.PathLike] = None):
+    """``root``: where entries are read and written (default ``$CK_CACHE_DIR/kernels``).
+    ``extra_roots``: folders of prebuilt entries searched after it, read-only (default: the
+    prebuilt kernel sets installed as distributions, :func:`prebuilt_roots`)."""
+
+    def __init__(self, root: Optional[os.PathLike] = None, extra_roots=None):
         self.root = Path(root) if root else knobs.cache_dir() / "kernels"
+        self.extra_roots = [Path(r) for r in (prebuilt_roots() if extra_roots is None else extra_roots)]
+
+    @staticmethod
+    def digest(kernel_name: str, material: dict) -> str:
+        return digest(dict(material, kernel=kernel_name))
 
     def entry(self, kernel_name: str, material: dict) -> tuple[Path, Path]:
-        h = digest(dict(material, kernel=kernel_name))
+        h = self.digest(kernel_name, material)
         folder = self.root / h[:2]
         return folder / f"{h[:40]}.bin", folder / f"{h[:40]}.json"
 
     def load(self, kernel_name: str, material: dict) -> Optional[tuple[bytes, dict]]:
-        bin_path, meta_path = self.entry(kernel_name, material)
-        if not (bin_path.exists() or meta_path.exists()):
-            return None
+        """``(binary, record)`` of the entry, from the root or a read-only root; None if absent
+        or unusable (unreadable, corrupted, another key's, reached through a link)."""
+        got = self._load_from(self.root, kernel_name, material)
+        if got is None:
+            for root in self.extra_roots:
+                got = self._load_from(root, kernel_name, material, quiet=True)
+                if got is not None:
+                    break
+        return got
+
+    def _load_from(self, root: Path, kernel_name: str, material: dict, quiet: bool = False):
+        h = self.digest(kernel_name, material)
+        folder = root / h[:2]
+        bin_path, meta_path = folder / f"{h[:40]}.bin", folder / f"{h[:40]}.json"
+        warn = log.debug if quiet else log.warning
         try:
+            if not (os.path.lexists(bin_path) or os.path.lexists(meta_path)):
+                return None
+            if any(os.path.islink(x) for x in (folder, bin_path, meta_path)):
+                raise _Linked(errno.ELOOP, "a symbolic link in the entry")
             if not (bin_path.is_file() and meta_path.is_file()):
                 raise IsADirectoryError(errno.EISDIR, "not a file")
             meta = json.loads(meta_path.read_bytes())
             blob = bin_path.read_bytes()
         except (OSError, ValueError, RecursionError) as exc:
-            log.warning("cache entry %s of %s is unreadable (%s); rebuilding it", bin_path, kernel_name,
-                        type(exc).__name__)
+            warn("cache entry %s of %s is unreadable (%s); rebuilding it", bin_path, kernel_name,
+                 type(exc).__name__)
             return None
         if not (isinstance(meta, dict) and meta.get("kernel") == kernel_name
                 and meta.get("sha256") == hashlib.sha256(blob).hexdigest()):
-            log.warning("cache entry %s of %s is corrupted; rebuilding it", bin_path, kernel_name)
+            warn("cache entry %s of %s is corrupted; rebuilding it", bin_path, kernel_name)
+            return None
+        if meta.get("digest") != h:
+            warn("cache entry %s of %s was built for other key material (a copied entry?); "
+                 "rebuilding it", bin_path, kernel_name)
             return None
         return blob, meta
 
@@ -189,9 +284,11 @@ class KernelCache:
 
         def fresh():
             blob, meta = build()
-            return blob, dict(meta, sha256=hashlib.sha256(blob).hexdigest(), kernel=kernel_name)
+            return blob, dict(meta, sha256=hashlib.sha256(blob).hexdigest(), kernel=kernel_name,
+                              digest=self.digest(kernel_name, material), material=material)
 
-        if bin_path.parent.is_file():   # a file where an entry folder belongs: damage, not config
+        # a link or a file where an entry folder belongs: damage, not config; never written through
+        if os.path.islink(bin_path.parent) or bin_path.parent.is_file():
             remove_path(bin_path.parent)
         if not ensure_folder(bin_path.parent, report=self.root):
             blob, meta = fresh()
@@ -209,6 +306,9 @@ class KernelCache:
             if hit:
                 return hit[0], hit[1], True
             blob, meta = fresh()
+            if os.path.islink(bin_path.parent):   # linked while we built: write nothing through it
+                log.warning("the cache entry folder %s became a link; not writing through it", bin_path.parent)
+                return blob, meta, False
             try:
                 sweep_orphans(bin_path.parent)
                 remove_path(meta_path)      # the record goes first: no record, no entry
@@ -251,4 +351,5 @@ class KernelCache:
                 kernels.add(None)
         kernels.discard(None)
         return {"root": str(self.root), "kernels": len(kernels), "entries": len(entries),
-                "bytes": sum(p.stat().st_size for p in entries if p.is_file())}
+                "bytes": sum(p.stat().st_size for p in entries if p.is_file()),
+                "prebuilt_roots": [str(r) for r in self.extra_roots]}

@@ -50,12 +50,24 @@ def _extras(tokens: Sequence[str]) -> dict:
             name, val = name.split("=", 1)
             i += 1
         elif i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
+            # one value, or several (``--variants standard preshuffle``): a list, as with commas
+            j = i + 1
+            while j < len(tokens) and not tokens[j].startswith("--"):
+                j += 1
+            if j - i > 2:
+                out[name] = [v for t in tokens[i + 1:j] for v in _as_list(_convert(t))]
+                i = j
+                continue
             val = tokens[i + 1]
             i += 2
         else:
             val, i = "true", i + 1
         out[name] = _convert(val)
     return out
+
+
+def _as_list(v) -> list:
+    return v if isinstance(v, list) else [v]
 
 
 def _print_table(rows: list[dict], cols: Sequence[str], out=sys.stdout) -> None:
@@ -207,6 +219,14 @@ def _problem(op, extra):
     return op.problem_type.from_dict(pdict), rest
 
 
+def narrowed_options(op, problem, options: dict) -> dict:
+    """The enumeration options of a registry for ``problem``: the op's narrowing
+    (``OpSpec.problem_options``: only the keys that can run it, as the public API
+    enumerates) under the ones the user gave."""
+    narrow = op.problem_options(problem) if op.problem_options else {}
+    return {**narrow, **options}
+
+
 def _seconds_for(dispatcher, problem, inputs, repeat):
     backend = dispatcher.backend_spec
     if backend.timer is not None:
@@ -228,7 +248,8 @@ def cmd_run(args, extra):
     problem, options = _problem(op, extra)
     _check_names(args)
     with busy(f"enumerating {args.op} kernels for {args.arch}/{args.backend}"):
-        reg = Registry.from_enumeration(args.op, args.arch, args.backend, **options)
+        reg = Registry.from_enumeration(args.op, args.arch, args.backend,
+                                        **narrowed_options(op, problem, options))
     return _run_and_report(args, op, problem, reg)
 
 
@@ -287,9 +308,57 @@ def _run_and_report(args, op, problem, reg):
     return 0
 
 
+def _build_preset(args):
+    """`ck build --preset NAME --arch A [--out DIR] [--wheel DIR]`: the kernels the shipped
+    selection picks for the preset's problems, compiled into the cache (or DIR)."""
+    from pathlib import Path
+
+    from . import presets
+
+    if args.op or args.filter or args.filter_file or args.limit:
+        raise ConfigError("--preset names the kernels itself: drop the op, --filter, --filter-file and --limit")
+    out = Path(args.out).expanduser() if args.out else None
+    if args.wheel and out is None:
+        raise ConfigError("--wheel packs a built set: give --out DIR too (the set is built there)")
+    with busy(f"selecting the kernels of preset {args.preset!r} on {args.arch}"):
+        preset = presets.load(args.preset)
+        keys, sel = presets.keys(preset, args.arch)
+    print(f"preset {args.preset}: {len(keys)} kernels picked for {sel['problems']} problems"
+          + (f" ({sel['unsupported']} unsupported on {args.arch})" if sel["unsupported"] else ""))
+    if args.list_keys:
+        for k in keys:
+            print(k.name)
+        return 0
+    from .build import build_registry
+    from .registry import Registry
+
+    reg = Registry(args.arch, keys, name=f"preset:{Path(args.preset).stem}")
+    report = build_registry(reg, max_workers=args.workers,
+                            cache_root=str(out / "kernels") if out else None)
+    print(report.summary())
+    for name, err in sorted(report.failed.items()):
+        print(f"FAILED {name}: {err}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"preset": args.preset, "arch": args.arch, "selection": sel, "keys": [k.name for k in keys],
+                       "built": report.built, "failed": report.failed, "seconds": report.seconds,
+                       "workers": report.workers}, f, indent=1, default=str)
+    if args.wheel:
+        from .kernel_wheel import write_wheel
+
+        whl = write_wheel(out / "kernels", args.arch, Path(args.wheel).expanduser(), preset=args.preset)
+        print(f"wrote {whl} (pip install it: launches find its kernels read-only)")
+    return 0 if report.ok or args.keep_going else 1
+
+
 def cmd_build(args, extra):
     if args.json:
         _check_output(args.json)
+    if args.preset:
+        return _build_preset(args)
+    if not args.op:
+        raise ConfigError("ck build needs an op (ck build fmha --arch sm90 --backend triton) "
+                          "or --preset NAME (ck build --preset default --arch sm90)")
     reg = _registry_from_args(args, extra)
     if args.limit:
         from .registry import Registry
@@ -302,7 +371,11 @@ def cmd_build(args, extra):
         with open(args.json, "w") as f:
             json.dump({"built": report.built, "failed": report.failed, "seconds": report.seconds,
                        "workers": report.workers}, f, indent=1, default=str)
-    return 0 if report.ok or args.keep_going else 1
+    if report.ok or args.keep_going:
+        return 0
+    # 4: nothing could compile here (no toolchain); 5: kernels that failed to compile
+    missing = all(str(e).startswith("ToolchainMissing") for e in report.failed.values())
+    return 4 if missing else 5
 
 
 def cmd_cache(args, extra):
@@ -337,7 +410,8 @@ def cmd_tune(args, extra):
     problem, options = _problem(op, extra)
     _check_names(args)
     with busy(f"enumerating {args.op} kernels for {args.arch}/{args.backend}"):
-        reg = Registry.from_enumeration(args.op, args.arch, args.backend, **options)
+        reg = Registry.from_enumeration(args.op, args.arch, args.backend,
+                                        **narrowed_options(op, problem, options))
     if args.kfilter:
         reg = reg.filter(args.kfilter)
     disp = Dispatcher(reg, backend=args.backend)
@@ -356,7 +430,26 @@ def cmd_tune(args, extra):
     rows = [{"rank": i + 1, "kernel": n, "ms": f"{s * 1e3:.4f}"} for i, (n, s) in enumerate(results[: args.show])]
     _print_table(rows, ("rank", "ms", "kernel"))
     print(f"winner recorded in {table.path}")
+    for warning in tuning_warnings(bk, args.backend, results, args.repeat):
+        print(f"ck: warning: {warning}", file=sys.stderr)
     return 0
+
+
+def tuning_warnings(backend_spec, backend: str, results, repeat: int) -> list:
+    """What makes a recorded winner meaningless: a backend that times host code (numpy runs every
+    key through the same implementation), or top times closer than the timing noise."""
+    import math
+
+    out = []
+    if backend_spec.timer is None:
+        out.append(f"backend {backend!r} runs the kernels' host reference code, not GPU kernels: its times "
+                   f"are host noise, and the winner recorded for it says nothing about speed; tune on a GPU "
+                   f"(--backend triton)")
+    finite = sorted(s for _, s in results if math.isfinite(s))
+    if len(finite) >= 2 and finite[1] - finite[0] < 0.03 * finite[0]:
+        out.append(f"the two fastest differ by {100 * (finite[1] - finite[0]) / finite[0]:.1f}%, within "
+                   f"timing noise at --repeat {repeat}: treat them as equal, or time again with a larger --repeat")
+    return out
 
 
 def _seconds_for_fn(fn, repeat):
@@ -388,8 +481,13 @@ def cmd_demo(args, extra):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ck", allow_abbrev=False, description="ck-dispatcher: declare, enumerate, build, "
-                                "select, launch and validate GPU kernels")
+    from .errors import EXIT_CODES
+
+    p = argparse.ArgumentParser(
+        prog="ck", allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="ck-dispatcher: declare, enumerate, build, select, launch and validate GPU kernels "
+                    "(also installed as `ckd`, a name no other package's command takes)",
+        epilog="exit codes:\n" + "\n".join(f"  {code:>3}  {text}" for code, text in EXIT_CODES.items()))
     p.add_argument("--version", action="version", version=f"ck-dispatcher {__version__}")
     p.add_argument("-v", "--verbose", action="count", default=0, help="-v info, -vv debug logging")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -401,57 +499,67 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_archs)
 
-    def reg_args(s, out=False):
-        s.add_argument("op")
-        s.add_argument("--arch", required=True)
-        s.add_argument("--backend", default=knobs.get("CK_BACKEND") or "numpy")
+    def reg_args(s, out=False, op_optional=False):
+        s.add_argument("op", nargs="?" if op_optional else None, help="gemm, conv, fmha, ... (ck plugins lists them)")
+        s.add_argument("--arch", required=True, help="gfx942, sm90, ... (ck archs lists them)")
+        s.add_argument("--backend", default=knobs.get("CK_BACKEND") or "numpy",
+                       help="numpy (default, CK_BACKEND), triton or ck")
         s.add_argument("--filter", help="safe expression over kernel fields, e.g. \"c.tile_m == 128\"")
         s.add_argument("--filter-file", help="file of filter expressions, one a line")
 
     s = sub.add_parser("list", allow_abbrev=False, help="enumerate kernels: ck list <op> --arch A [--count] [--json]")
     reg_args(s)
-    s.add_argument("--count", action="store_true")
+    s.add_argument("--count", action="store_true", help="print the number of kernels only")
     s.add_argument("--list", action="store_true", help="print names (the default)")
     s.add_argument("--ck-names", action="store_true",
                    help="print CK's own kernel names where the op has them (FMHA)")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help="the registry (or, with --count, the count) as JSON")
     s.set_defaults(fn=cmd_list)
 
     s = sub.add_parser("export", allow_abbrev=False, help="write a registry to JSON")
     reg_args(s)
-    s.add_argument("-o", "--output", required=True)
+    s.add_argument("-o", "--output", required=True, help="the JSON file to write")
     s.set_defaults(fn=cmd_export)
     s = sub.add_parser("import", allow_abbrev=False, help="read and check a registry JSON; --run a problem on it")
-    s.add_argument("file")
+    s.add_argument("file", help="a registry JSON written by ck export")
     s.add_argument("--run", action="store_true",
                    help="dispatch the problem given as --<field> value over the imported kernels")
     s.add_argument("--backend", default=None, help="default: the backend the file's kernels name")
-    s.add_argument("--kernel-filter", dest="kfilter")
-    s.add_argument("--seed", type=int, default=None)
-    s.add_argument("--repeat", type=int, default=3)
+    s.add_argument("--kernel-filter", dest="kfilter", help="restrict the candidates with a filter expression")
+    s.add_argument("--seed", type=int, default=None, help="seed of the random inputs (default: fresh ones)")
+    s.add_argument("--repeat", type=int, default=3, help="timed runs (the median is printed)")
     s.add_argument("--tuned", action="store_true", help="use the tuning table")
-    s.add_argument("--no-validate", action="store_true")
-    s.add_argument("--json", action="store_true")
-    s.add_argument("--csv", action="store_true")
+    s.add_argument("--no-validate", action="store_true", help="skip the float64 reference check")
+    s.add_argument("--json", action="store_true", help="print the result as JSON")
+    s.add_argument("--csv", action="store_true", help="one CSV row per stage (header first)")
     s.set_defaults(fn=cmd_import)
 
     s = sub.add_parser("run", allow_abbrev=False, help="dispatch, run and validate one problem")
-    s.add_argument("op")
-    s.add_argument("--arch", required=True)
-    s.add_argument("--backend", default=knobs.get("CK_BACKEND") or "numpy")
+    s.add_argument("op", help="gemm, conv, fmha, ... (ck plugins lists them)")
+    s.add_argument("--arch", required=True, help="gfx942, sm90, ... (ck archs lists them)")
+    s.add_argument("--backend", default=knobs.get("CK_BACKEND") or "numpy",
+                   help="numpy (default, CK_BACKEND), triton or ck")
     s.add_argument("--kernel-filter", dest="kfilter",
                    help="restrict the candidates with a filter expression (problem fields take --<field>)")
-    s.add_argument("--seed", type=non_negative_int, default=None)
-    s.add_argument("--repeat", type=positive_int, default=3)
+    s.add_argument("--seed", type=non_negative_int, default=None,
+                   help="seed of the random inputs (default: fresh ones each run)")
+    s.add_argument("--repeat", type=positive_int, default=3, help="timed runs (the median is printed)")
     s.add_argument("--tuned", action="store_true", help="use the tuning table")
-    s.add_argument("--no-validate", action="store_true")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--no-validate", action="store_true", help="skip the float64 reference check")
+    s.add_argument("--json", action="store_true", help="print the result as JSON")
     s.add_argument("--csv", action="store_true", help="one CSV row per stage (header first)")
     s.set_defaults(fn=cmd_run)
 
     s = sub.add_parser("build", allow_abbrev=False, help="compile a registry in parallel through its backend")
-    reg_args(s)
-    s.add_argument("--workers", type=positive_int, default=None)
+    reg_args(s, op_optional=True)   # --preset names its own ops
+    s.add_argument("--preset", help="build a prebuilt kernel set: a shipped preset name (default, "
+                   "fmha-serving, training) or a preset .json file; no op needed")
+    s.add_argument("--out", help="with --preset: build into DIR/kernels instead of the kernel cache")
+    s.add_argument("--wheel", help="with --preset and --out: also write an installable ck-kernels-<arch> "
+                   "wheel of the set into this folder")
+    s.add_argument("--list-keys", action="store_true", help="with --preset: print the kernels it picks, build nothing")
+    s.add_argument("--workers", type=positive_int, default=None,
+                   help="compile processes (default CK_BUILD_WORKERS or the CPU count)")
     s.add_argument("--limit", type=positive_int, default=None, help="build only the first N kernels")
     s.add_argument("--keep-going", action="store_true", help="exit 0 even if some kernels failed")
     s.add_argument("--json", help="write the build report here")
@@ -462,24 +570,25 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_cache)
 
     s = sub.add_parser("tune", allow_abbrev=False, help="time the candidates of a problem, store the winner")
-    s.add_argument("op")
-    s.add_argument("--arch", required=True)
-    s.add_argument("--backend", default=knobs.get("CK_BACKEND") or "numpy")
-    s.add_argument("--kernel-filter", dest="kfilter")
+    s.add_argument("op", help="gemm, conv, fmha, ... (ck plugins lists them)")
+    s.add_argument("--arch", required=True, help="gfx942, sm90, ... (ck archs lists them)")
+    s.add_argument("--backend", default=knobs.get("CK_BACKEND") or "numpy",
+                   help="numpy (default, CK_BACKEND), triton or ck")
+    s.add_argument("--kernel-filter", dest="kfilter", help="restrict the candidates with a filter expression")
     s.add_argument("--top", type=positive_int, default=None, help="time only the heuristic's first N")
-    s.add_argument("--show", type=positive_int, default=10)
-    s.add_argument("--repeat", type=positive_int, default=5)
+    s.add_argument("--show", type=positive_int, default=10, help="rows of the timing table to print")
+    s.add_argument("--repeat", type=positive_int, default=5, help="timed runs per candidate (median)")
     s.add_argument("--db", help="tuning table path (default CK_TUNING_DB or the cache dir)")
     s.set_defaults(fn=cmd_tune)
 
     s = sub.add_parser("bench", allow_abbrev=False, help="benchmark against a peer: ck bench gemm --vs torch")
     s.add_argument("op")
-    s.add_argument("--vs", default="torch")
-    s.add_argument("--arch", default=None)
-    s.add_argument("--backend", default=None)
-    s.add_argument("--csv")
-    s.add_argument("--json")
-    s.add_argument("--quick", action="store_true")
+    s.add_argument("--vs", default="torch", help="the peer to compare with (torch, sdpa ...)")
+    s.add_argument("--arch", default=None, help="default: the GPU's arch plugin")
+    s.add_argument("--backend", default=None, help="default: triton")
+    s.add_argument("--csv", help="write the rows to this CSV file")
+    s.add_argument("--json", help="write the results JSON here (default: ck-results/<op>.json under the current directory)")
+    s.add_argument("--quick", action="store_true", help="a few cases only")
     s.add_argument("--suite", default="core",
                    help="core: the fixed regression cases; broad: shapes drawn from real workloads (fixed seed)")
     s.add_argument("-q", "--quiet", action="store_true",
@@ -495,7 +604,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_knobs)
 
     s = sub.add_parser("demo", allow_abbrev=False, help="the main job: dispatched, validated GEMM and FMHA")
-    s.add_argument("--backend", default=None)
+    s.add_argument("--backend", default=None,
+                   help="default: triton where a GPU runs it, else numpy (the CPU reference)")
     s.set_defaults(fn=cmd_demo)
     return p
 
@@ -516,7 +626,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return args.fn(args, extra)
     except CkError as exc:
         print(f"ck: error: {exc}", file=sys.stderr)
-        return 2
+        return getattr(exc, "exit_code", 2)
     except BrokenPipeError:
         return 0
     except KeyboardInterrupt:
@@ -524,9 +634,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 130
     except MemoryError:
         print("ck: error: out of memory; make the problem or the kernel set smaller", file=sys.stderr)
-        return 2
+        return 3
     except Exception as exc:  # a bug of ours: one line for the user, the traceback under -v
         log.debug("internal error", exc_info=True)
         print(f"ck: internal error: {type(exc).__name__}: {exc} (please report it; -vv shows "
               f"the traceback)", file=sys.stderr)
-        return 3
+        return 70

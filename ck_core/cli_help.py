@@ -1,8 +1,8 @@
 """What the CLI explains: per-op help, did-you-mean for unknown flags, dependency checks up front.
 
 Everything here comes from the op's :class:`~ck_core.records.OpSpec` (its problem
-class's fields and docstring ``Fields`` section, its ``options`` help) so the
-core names no plugin.
+class's fields and their ``help`` metadata, its ``options`` help) so the core names
+no plugin.
 """
 from __future__ import annotations
 
@@ -21,8 +21,17 @@ OP_COMMANDS = ("run", "list", "tune", "export", "build")
 _SPACE_NEEDS_TOOLCHAIN = ("triton",)
 
 
+def field_help(problem_type: type) -> dict:
+    """One line per field: its ``attrs.field(metadata={"help": ...})`` (how a problem class
+    documents its fields), else its line of the class docstring's ``Fields`` section."""
+    docs = field_docs(problem_type)
+    return {f.name: (f.metadata.get("help") or docs.get(f.name, "")).strip()
+            for f in attrs.fields(problem_type)}
+
+
 def field_docs(problem_type: type) -> dict:
-    """One line per field from a numpy-style ``Fields`` section of the class docstring.
+    """One line per field from a numpy-style ``Fields`` section of the class docstring (the
+    fallback for a problem class whose fields carry no ``help`` metadata).
 
     A line ``name, other   text`` documents both names; indented continuation lines
     are ignored (the first line is the summary).
@@ -52,7 +61,19 @@ def _default(f) -> str:
         return "required"
     if isinstance(f.default, attrs.Factory):
         return "default: computed"
+    if f.default is None:
+        return "optional"
     return f"default: {f.default!r}"
+
+
+def _entry(name: str, width: int, text: str, columns: int) -> str:
+    """``  --name   text``, the text wrapped under itself to the terminal's width."""
+    import textwrap
+
+    head = f"  --{name:<{width}} "
+    return textwrap.fill(text, width=max(columns, len(head) + 40), initial_indent=head,
+                         subsequent_indent=" " * len(head), break_on_hyphens=False,
+                         break_long_words=False).replace("\xa0", " ")
 
 
 def op_help(op, command_flags: Iterable[str] = (), command: str = "run") -> str:
@@ -62,26 +83,31 @@ def op_help(op, command_flags: Iterable[str] = (), command: str = "run") -> str:
     command's meaning wins there.
     """
     taken = {f.replace("-", "_") for f in command_flags}
-    docs = field_docs(op.problem_type)
+    docs = field_help(op.problem_type)
     fields = [f for f in attrs.fields(op.problem_type)]
     width = max([len(f.name) for f in fields] + [len(o) for o in getattr(op, "options", {}) or {}] + [8]) + 4
     where = "" if command in ("run", "tune") else " (for ck run / ck tune)"
-    lines = [f"{op.name}: {op.description}".rstrip(": "), "",
+    import shutil
+    import textwrap
+
+    columns = shutil.get_terminal_size((100, 24)).columns - 2   # as argparse wraps its own help
+    lines = [textwrap.fill(f"{op.name}: {op.description}".rstrip(": "), width=max(columns, 60)), "",
              f"problem fields{where} ({op.problem_type.__name__}; lists as 1,2,3):"]
     for f in fields:
         text = docs.get(f.name, "")
-        note = f" [here --{f.name} is the command's own option; see shorthands]" if f.name in taken else ""
-        lines.append(f"  --{f.name:<{width}} {_default(f)}{'; ' + text if text else ''}{note}")
+        # one unbreakable piece: a wrapped line must not start with the flag's name
+        note = "[here: the command's own option; see shorthands] ".replace(" ", "\xa0") if f.name in taken else ""
+        lines.append(_entry(f.name, width, f"{note}{_default(f)}; {text}".rstrip("; "), columns))
     short = getattr(op.problem_type, "cli_shorthands", None) or {}
     if short:
         lines += ["", "shorthands (the problem class expands them into fields):"]
         for name, text in short.items():
-            lines.append(f"  --{name:<{width}} {text}")
+            lines.append(_entry(name, width, text, columns))
     opts = getattr(op, "options", None) or {}
     if opts:
         lines += ["", "enumeration options (which kernels the registry holds):"]
         for name, text in opts.items():
-            lines.append(f"  --{name:<{width}} {text}")
+            lines.append(_entry(name, width, text, columns))
     return "\n".join(lines)
 
 

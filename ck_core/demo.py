@@ -5,21 +5,44 @@ the triton backend on a GPU it can run, else the numpy backend on the CPU.
 """
 from __future__ import annotations
 
+import os
+import sys
 import time
 
 import numpy as np
 
 from .device import cpu_arch
 from .dispatcher import Dispatcher
-from .errors import CkError
+from .errors import CkError, ToolchainMissing
 from .plugins import get_manager
 from .registry import Registry
 from .validate import compare_all
 
 
+def _no_gpu_here() -> bool:
+    """True where no GPU device node exists (Linux): then asking torch (a second to import)
+    whether a GPU is visible is skipped."""
+    if not sys.platform.startswith("linux"):
+        return False
+    return not any(os.path.exists(p) for p in ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd", "/dev/dxg"))
+
+
 def _pick_backend(mgr, requested):
+    """(backend, the arch it runs here or None for the CPU's stand-in arch).  A backend asked
+    for that cannot run here is refused once, with the reason (not once per case)."""
     if requested:
-        return requested, None
+        spec = mgr.backend(requested)
+        cpu = cpu_arch(mgr)
+        ok, why = spec.can_execute(cpu)
+        if ok:
+            return requested, None
+        for arch in mgr.archs().values():
+            if arch is not cpu and spec.can_execute(arch)[0]:
+                return requested, arch.name
+        raise ToolchainMissing(f"ck demo --backend {requested}: {why} (or run `ck demo` without "
+                               f"--backend: it takes the numpy backend where no GPU is)")
+    if _no_gpu_here() or os.environ.get("TRITON_INTERPRET") == "1":   # the interpreter is no GPU
+        return "numpy", None
     for arch in mgr.archs().values():
         if "triton" in mgr.backends():
             ok, _ = mgr.backend("triton").can_execute(arch)
@@ -69,6 +92,8 @@ def run_demo(args) -> int:
         op_name, problem, opts = case.op, case.problem, dict(case.options)
         op = mgr.op(op_name)
         try:
+            if op.problem_options:   # only the part of the space that can run the case
+                opts = {**op.problem_options(problem), **opts}
             reg = Registry.from_enumeration(op_name, arch, backend, **opts)
             disp = Dispatcher(reg, backend=backend)
             plan = disp.plan(problem)

@@ -14,13 +14,28 @@ import time
 from typing import Any, Optional
 
 from . import autotune, knobs, ranker
-from .errors import InvalidProblem, MissingKernel, UnsupportedProblem
+from .errors import CompileError, InvalidProblem, MissingKernel, UnsupportedProblem
 from .memory import check_fits
 from .problem import Problem
 from .records import Plan, Stage
 from .registry import Registry
 
 log = logging.getLogger(__name__)
+
+#: keys whose build failure this process has logged (a warning once per key)
+_WARNED: set = set()
+#: the compiler's own exceptions that mean "this kernel cannot be built or loaded here" (Triton's,
+#: matched by name so that the core need not import the compiler)
+_BUILD_FAILURES = ("OutOfResources", "CompilationError")
+
+
+def build_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` says a kernel could not be compiled or loaded (so another key may run):
+    :class:`CompileError` or the compiler's out-of-resources / compilation errors."""
+    if isinstance(exc, CompileError):
+        return True
+    return any(c.__name__ in _BUILD_FAILURES and c.__module__.split(".")[0] == "triton"
+               for c in type(exc).__mro__)
 
 
 class Dispatcher:
@@ -37,6 +52,8 @@ class Dispatcher:
         self._impls: dict[Any, Any] = {}
         self._selected: dict[Any, Any] = {}
         self._rankers: dict[str, Any] = {}
+        #: key name -> why it could not be built or loaded here (the Dispatcher falls back past it)
+        self.failed: dict[str, str] = {}
         self._selecting, self._tuned_for = False, None   # see _tuned_name
         self._observed = bool(self.mgr.hook.ck_after_run.get_hookimpls())
         self._sample = None  # one tiny tensor of the backend: where its tensors live, their type
@@ -181,10 +198,40 @@ class Dispatcher:
                     log.debug("for %s; runners-up: %s", problem, ", ".join(k.name for k in ranked[1:4]) or "none")
         finally:
             self._selecting, self._tuned_for = False, None
+        if self.failed and key.name in self.failed:
+            key = self._next_buildable(problem)
         self._selected[problem] = key
         log.info("selected %s by %s from %s (registry %s)", key.name, getattr(self, "_rule", "?"),
                  getattr(self, "_considered", "?"), self.registry.name)
         return key
+
+    def _next_buildable(self, problem):
+        """The best-ranked candidate of ``problem`` that has not failed to build; CompileError
+        naming the keys tried (and why each failed) when none is left."""
+        ranked = self.rank(problem)
+        for k in ranked:
+            if k.name not in self.failed:
+                self._rule = getattr(self, "_rule", "?") + ", past keys that failed to build"
+                return k
+        tried = "; ".join(f"{k.name}: {self.failed[k.name]}" for k in ranked)
+        raise CompileError(f"no kernel for {problem} could be built or loaded on {self.arch.name}; "
+                           f"tried {len(ranked)}: {tried}. Check the compiler install (and that the "
+                           f"arch plugin's limits match the device), or report the failing keys")
+
+    def _failed_build(self, problem, key, exc) -> None:
+        """Remember that ``key`` failed to build (logged once per key) and forget every cached
+        choice of it, so the next :meth:`run` of ``problem`` re-plans with the next candidate."""
+        why = f"{type(exc).__name__}: {str(exc)[:300]}"
+        self.failed[key.name] = why
+        if key.name not in _WARNED:
+            _WARNED.add(key.name)
+            log.warning("kernel %s could not be built or loaded (%s); falling back to the next candidate",
+                        key.name, why)
+        self._hot.pop(problem, None)
+        self._plans = {p: pl for p, pl in self._plans.items() if all(st.key != key for st in pl.stages)}
+        self._hot = {p: h for p, h in self._hot.items() if all(st.key != key for st in h[0].stages)}
+        self._selected = {p: k for p, k in self._selected.items() if k != key}
+        self._impls.pop(key, None)
 
     def plan(self, problem) -> Plan:
         try:
@@ -290,12 +337,24 @@ class Dispatcher:
         if cold:
             self.check_tensors(problem, tensors)
             self._hot[problem] = (plan, runners, outputs, inputs, known, launched)
+        i = 0
         try:
             for fn, sub in runners:
                 tensors.update(fn(sub, tensors))
-        except (KeyError, AttributeError, TypeError):
+                i += 1
+        except (KeyError, AttributeError, TypeError) as e:
             self.check_tensors(problem, {k: v for k, v in tensors.items() if k in known})
+            name = e.args[0] if isinstance(e, KeyError) and e.args else None
+            if name in inputs and tensors.get(name) is None:   # an input the plan reads was not given
+                raise InvalidProblem(f"missing input tensor {name!r}: this {problem.op} problem's plan reads it "
+                                     f"(got {', '.join(k for k, v in tensors.items() if v is not None) or 'none'})"
+                                     ) from e
             raise
+        except Exception as exc:
+            if not build_failure(exc):
+                raise
+            self._failed_build(problem, plan.stages[i].key, exc)
+            return self.run(problem, *args, **named)   # re-planned past the failed key
         if len(outputs) == 1:
             if self._observed:
                 self.mgr.hook.ck_after_run(problem=problem, plan=plan, seconds=time.perf_counter() - t0,
@@ -322,7 +381,13 @@ class Dispatcher:
         fn, sub = hot[1][0]
         make = getattr(fn, "warm", None)
         f = make(sub, tensors, **hints) if make is not None else None
-        if f is None or not self._observed:
+        return None if f is None else self.observe(problem, f)
+
+    def observe(self, problem, f):
+        """``f`` (a closure repeating a :meth:`run` of ``problem``, such as a replay of its recorded
+        launches) reported to the ``ck_after_run`` observers as that run is, where there are any."""
+        hot = self._hot.get(problem)
+        if not self._observed or hot is None:
             return f
         plan, launched, hook = hot[0], hot[5], self.mgr.hook.ck_after_run
 
@@ -340,15 +405,22 @@ class Dispatcher:
         t0 = time.perf_counter()
         plan = self.plan(problem)
         self.check_tensors(problem, tensors)
-        tensors = dict(tensors)
+        given, tensors = tensors, dict(tensors)
         for stage in plan.stages:
-            tensors.update(self.impl(stage.key)(stage.problem, tensors))
+            try:
+                tensors.update(self.impl(stage.key)(stage.problem, tensors))
+            except Exception as exc:
+                if not build_failure(exc):
+                    raise
+                self._failed_build(problem, stage.key, exc)
+                return self.run_dict(problem, given)   # re-planned past the failed key
         if self._observed:
             self.mgr.hook.ck_after_run(problem=problem, plan=plan, seconds=time.perf_counter() - t0,
                                        launched=tuple(s.key.name for s in plan.stages))
         return tensors
 
     def clear_cache(self) -> None:
+        self.failed.clear()
         self._plans.clear()
         self._hot.clear()
         self._selected.clear()

@@ -66,6 +66,10 @@ _declare("CK_BACKEND", str, "",
 _declare("CK_CPU_ARCH", str, "",
          "Arch whose kernel space the public APIs dispatch in for CPU tensors (numpy backend, or the "
          "Triton interpreter); default gfx942 when installed, else the first installed arch by name.")
+_declare("CK_KERNEL_SETS", str, "",
+         "Folders of prebuilt kernel sets (`ck build --preset NAME --out DIR`), separated by the path "
+         "separator, searched read-only after the kernel cache; 'none': not even the installed "
+         "ck-kernels-* distributions (entry points ck_core.kernel_sets).")
 _declare("CK_BUILD_WORKERS", _int, 0,
          "Default number of build worker processes; 0 means the number of CPUs.")
 _declare("CK_TUNING_DB", str, "",

@@ -124,7 +124,11 @@ class OpSpec:
       tier being an iterable of KernelKeys: the keys the op's heuristic considers first for
       ``problem``, best tier first; the Dispatcher ranks the keys of the first tier that the
       registry holds and that support the problem, and ranks every candidate only when no
-      tier has one (a new problem then costs a few ``supports()`` calls, not one per key).
+      tier has one (a new problem then costs a few ``supports()`` calls, not one per key);
+    * ``problem_options(problem) -> dict`` (optional): enumeration options whose registry still
+      holds every key that supports ``problem`` and each stage of its plan (dtype, layout,
+      family ...); ``ck run``, ``ck tune`` and ``ck demo`` enumerate only that part of the
+      space, as the public API does (options the user gives win, option by option).
 
     ``options`` maps each enumeration option ``enumerate`` accepts to a one-line
     help (``ck list <op> --help`` prints them; unknown flags are checked against them).
@@ -160,6 +164,7 @@ class OpSpec:
     legal: Optional[Callable] = None
     key_space: Optional[Callable] = None
     shortlist: Optional[Callable] = None
+    problem_options: Optional[Callable] = None
     description: str = ""
     distribution: str = ""
     #: folder of the op's shipped tuned-data files (``<arch>.json``, read by ck_core.tuned_data)

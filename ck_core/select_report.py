@@ -24,12 +24,21 @@ from .errors import ConfigError
 DEFAULT_DIR = Path("benchmarks/results/selection")
 
 
+def data_dirs() -> list:
+    """Where recorded oracles are looked for: the current directory's ``benchmarks/results/selection``,
+    then the source checkout's this package was installed from (``pip install -e``), so the report
+    runs from any directory."""
+    dirs = [Path.cwd() / DEFAULT_DIR, Path(__file__).resolve().parents[1] / DEFAULT_DIR]
+    return [d for i, d in enumerate(dirs) if d not in dirs[:i]]
+
+
 def default_data(op: str) -> list:
-    found = sorted(DEFAULT_DIR.glob(f"{op}_*.jsonl*"))
-    if not found:
-        raise ConfigError(f"no recorded oracle for {op} under {DEFAULT_DIR}/ (run from the repository root, or "
-                          f"pass --data FILE from benchmarks/selection_collect.py)")
-    return found
+    for d in data_dirs():
+        found = sorted(d.glob(f"{op}_*.jsonl*"))
+        if found:
+            return found
+    raise ConfigError(f"no recorded oracle for {op} under {' or '.join(str(d) + '/' for d in data_dirs())}; "
+                      f"pass --data FILE (written by benchmarks/selection_collect.py)")
 
 
 def load_model(op, arch: str, backend: str, folder: Optional[str] = None):
@@ -170,7 +179,8 @@ def add_parser(sub) -> None:
                        help="selection quality: ck select report <op> [--data F] [--csv F] [--png F]")
     s.add_argument("action", choices=("report",))
     s.add_argument("op")
-    s.add_argument("--data", nargs="+", help=f"oracle files (default: {DEFAULT_DIR}/<op>_*.jsonl*)")
+    s.add_argument("--data", nargs="+", help=f"oracle files (default: {DEFAULT_DIR}/<op>_*.jsonl* of the "
+                   "current directory, else of the checkout ck_core runs from)")
     s.add_argument("--split", default="heldout", choices=("heldout", "train", "all"))
     s.add_argument("--ranker", help="tuned-data folder holding the ranker to score (default: the shipped one)")
     s.add_argument("--csv", help="per-shape rows")

@@ -14,7 +14,7 @@ manager with the fake arch added), ``ck_dispatch_log`` (like ``ck_manager``,
 plus a :class:`DispatchLog` of every Dispatcher run, with CPU tensors of the
 public APIs dispatching on the fake arch), and the helpers
 :func:`check_against_reference` (op plugins) and :func:`check_arch_plugin`
-(arch plugins).
+(arch plugins), :func:`check_op_plugin` (op plugins; docs/writing-an-op-plugin.md).
 """
 from __future__ import annotations
 
@@ -146,6 +146,12 @@ def check_against_reference(dispatcher, problem, rng, poison: bool = True):
     backend = dispatcher.backend_spec
     moved = {k: backend.to_backend(v) for k, v in inputs.items()}
     outs = dispatcher.run_dict(problem, moved)
+    missing = [k for k in ref if outs.get(k) is None]
+    if missing:
+        from .errors import ValidationFailed
+
+        raise ValidationFailed(f"{problem.op}: the plan produced no {', '.join(map(repr, missing))}, which the "
+                               f"reference computes for this problem (produced: {', '.join(sorted(outs))})")
     got = {k: backend.to_numpy(outs[k]) for k in ref}
     tol = op.tolerance(problem) if op.tolerance else {}
     dtypes = {k: getattr(problem, "dtype_c", getattr(problem, "dtype", "fp32")) for k in ref}
@@ -240,3 +246,120 @@ def check_arch_plugin(spec: ArchSpec, *, plugin, name: str, vendor: str, target:
     if unchecked:
         pytest.skip("all else checked; not checked: " + "; ".join(unchecked))
     return spaces
+
+
+def check_op_plugin(op_name: str, *, plugin=None, arch: str | None = None, problems=None,
+                    manager=None, rng=None, max_round_trips: int = 200) -> dict:
+    """Assert what every op plugin must satisfy; return a summary ``{"keys": n, "problems": n, ...}``.
+
+    ``plugin``: the module holding the op's hooks, for a plugin that is not pip-installed (it is
+    added to a fresh plugin manager; ``manager`` instead gives one); ``arch``: the arch to
+    enumerate on (default ``gfx942`` when installed, else the kit's fake arch); ``problems``: the
+    problems to dispatch (default: the op's ``ck demo`` cases).  Checks
+
+    * the OpSpec: name, description, tensor names, callables, enumeration options with help;
+    * the Problem class: frozen attrs, ``op`` equal to the op's name, every field with its own
+      ``help`` metadata (``ck run <op> --help`` prints it), ``from_dict(to_dict())`` round trips;
+    * the kernel space on ``arch``: non-empty, unique names starting with ``<op>_``, every key
+      legal (``OpSpec.legal``), names and JSON records parsing back to the same key, a
+      malformed record refused with a ConfigError;
+    * each problem: candidates exist, ``supports_many`` agrees with ``supports``, the plan's keys
+      support their stages, ``problem_options`` keeps every candidate, the numpy backend's result
+      matches the float64 reference on fresh random inputs, and a poisoned output does not.
+    """
+    import attrs
+
+    from .dispatcher import Dispatcher
+    from .errors import ConfigError, MissingKernel
+    from .key import KernelKey
+    from .plugins import PluginManager, get_manager
+    from .registry import Registry
+    from .validate import compare_all
+
+    extra = [plugin] if plugin is not None else []
+    if manager is None:
+        manager = PluginManager(plugins=extra) if extra else get_manager()
+    if arch is None and "gfx942" not in manager.archs():   # no AMD arch plugin installed: the fake arch
+        fake = make_fake_arch()
+        manager, arch = PluginManager(plugins=[*extra, arch_plugin(fake)]), fake.name
+    mgr = manager
+    rng = rng if rng is not None else np.random.default_rng()
+    # -- the record
+    op = mgr.op(op_name)
+    assert op.name == op_name and op.description, "an OpSpec needs its name and a one-line description"
+    assert op.input_names and op.output_names, "an OpSpec names its input and output tensors"
+    for name in ("enumerate", "format_name", "parse_name", "from_fields", "supports", "reference",
+                 "make_inputs", "implement"):
+        assert callable(getattr(op, name)), f"OpSpec.{name} is not callable"
+    assert op.options and all(isinstance(v, str) and v for v in op.options.values()), \
+        "each enumeration option needs a one-line help (ck list <op> --help prints it)"
+    # -- the problem class
+    cls = op.problem_type
+    assert attrs.has(cls) and getattr(cls, "op", None) == op_name, f"{cls.__name__}.op must be {op_name!r}"
+    helps = {f.name: (f.metadata or {}).get("help", "") for f in attrs.fields(cls)}
+    missing = [n for n, h in helps.items() if not (isinstance(h, str) and h.strip())]
+    assert not missing, f"{cls.__name__} fields without attrs.field(metadata={{'help': ...}}): {missing}"
+    same = sorted(n for n, h in helps.items() if list(helps.values()).count(h) > 1)
+    assert not same, f"{cls.__name__} fields sharing one help text: {same}"
+    # -- the kernel space
+    arch = arch or "gfx942"
+    archspec = mgr.arch(arch)
+    full = Registry.from_enumeration(op_name, arch, "numpy", manager=mgr)
+    keys = list(full)
+    assert keys, f"no {op_name} kernel enumerates on {arch}"
+    names = [k.name for k in keys]
+    assert len(set(names)) == len(names), "two keys share a name"
+    assert all(n.startswith(op_name + "_") for n in names), f"kernel names must start with {op_name}_"
+    step = max(1, len(keys) // max_round_trips)
+    for k in keys[::step]:
+        assert k.op == op_name and k.arch == arch and k.backend == "numpy"
+        if op.legal is not None:
+            assert op.legal(k, archspec) is None, f"{k.name}: enumerated, yet legal() says {op.legal(k, archspec)}"
+        assert KernelKey.from_name(k.name, manager=mgr) == k, f"{k.name} does not parse back"
+        assert KernelKey.from_dict(k.to_dict(), manager=mgr) == k, f"{k.name}: its JSON record does not"
+    bad = keys[0].to_dict()
+    bad["signature"] = dict(bad["signature"], not_a_field=1)
+    try:
+        KernelKey.from_dict(bad, manager=mgr)
+    except ConfigError:
+        pass
+    else:
+        raise AssertionError("from_fields accepted a record with an unknown field")
+    # -- problems
+    if problems is None:
+        problems = [c.problem for found in mgr.hook.ck_demo_cases() for c in found or () if c.op == op_name]
+    assert problems, f"give problems= (no ck demo case of {op_name} is installed)"
+    disp = Dispatcher(full, backend="numpy")
+    for p in problems:
+        assert type(p).from_dict(p.to_dict()) == p, f"{p}: from_dict(to_dict()) differs"
+        steps = op.plan(p) if op.plan else [(op.name, p)]
+        for _, sub in steps:
+            cands = full.candidates(sub, "numpy")
+            if not cands:
+                raise MissingKernel(f"no {op_name} kernel on {arch} supports {sub}")
+            sample = tuple(keys[:: max(1, len(keys) // 500)])
+            if op.supports_many is not None:
+                many = list(op.supports_many(sample, sub))
+                assert many == [op.supports(k, sub) is None for k in sample], "supports_many disagrees with supports"
+            if op.problem_options is not None:
+                narrow = Registry.from_enumeration(op_name, arch, "numpy", manager=mgr, **op.problem_options(p))
+                assert {k.name for k in narrow.candidates(sub, "numpy")} == {k.name for k in cands}, \
+                    f"problem_options({p}) drops candidates of {sub}"
+        plan = disp.plan(p)
+        for st in plan.stages:
+            assert op.supports(st.key, st.problem) is None, f"the plan runs {st.key.name}, which does not support it"
+        report = check_against_reference(disp, p, rng)
+        assert report.passed, f"{p}: {report}"
+        # a wrong output must fail the same comparison (the tolerance is not loose enough to pass anything)
+        inputs = op.make_inputs(p, rng)
+        ref = op.reference(p, inputs)
+        outs = disp.run_dict(p, dict(inputs))
+        poisoned = {k: np.asarray(outs[k], dtype=np.float64) for k in ref}
+        name = next(iter(ref))
+        flat = poisoned[name].reshape(-1)
+        if flat.size:
+            flat[int(rng.integers(flat.size))] += 10.0 * (1.0 + np.abs(flat).max())
+            tol = op.tolerance(p) if op.tolerance else {}
+            dtypes = {k: getattr(p, "dtype_c", getattr(p, "dtype", "fp32")) for k in ref}
+            assert not compare_all(poisoned, ref, dtypes, tol).passed, f"{p}: a poisoned {name!r} passed"
+    return {"op": op_name, "arch": arch, "keys": len(keys), "problems": len(problems)}

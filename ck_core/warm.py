@@ -41,6 +41,23 @@ def contiguous_strides(shape) -> tuple:
     return tuple(reversed(out))
 
 
+class Entry:
+    """One autograd-recorded signature's cached work: ``fwd`` (the forward's closure) and ``bwd``, the
+    backward's closures by the gradient's signature (:func:`grad_sig` plus what the backward needs).
+    The autograd context of a call keeps its Entry, so the backward is a dict lookup and the launches:
+    no Problem, no selection, no signature of the saved tensors (the forward's signature pinned them)."""
+
+    __slots__ = ("fwd", "bwd", "extra")
+
+    def __init__(self, fwd=None, extra=None):
+        self.fwd, self.bwd, self.extra = fwd, {}, extra
+
+
+def grad_sig(t) -> tuple:
+    """:func:`tensor_sig` of a gradient on a known device (the forward's signature pinned it)."""
+    return (t.shape, t.stride(), t.dtype, t.data_ptr() % 16)
+
+
 def put(sig, fn) -> None:
     if len(_CACHE) >= LIMIT:
         _CACHE.clear()

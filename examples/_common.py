@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 import time
 from typing import Callable, Optional
 
 import numpy as np
 
 from ck_core import Dispatcher, Registry, get_manager
+from ck_core.errors import MissingKernel, UnsupportedProblem
 from ck_core.validate import compare_all
 
 CPU_ARCH = "gfx942"
@@ -22,7 +24,11 @@ CPU_ARCH = "gfx942"
 
 def _gpu_arch() -> Optional[str]:
     """The arch of a GPU the triton backend can run here, or None (cheap on a CPU-only box)."""
+    import os
+
     mgr = get_manager()
+    if os.environ.get("TRITON_INTERPRET") == "1":   # Triton's CPU interpreter is no GPU: the CPU's arch
+        return None
     if "triton" not in mgr.backends() or not mgr.backend("triton").available()[0]:
         return None
     for arch in mgr.archs().values():
@@ -48,14 +54,44 @@ def parse_args(description: str, add: Optional[Callable] = None) -> argparse.Nam
         mgr = get_manager()
         ready, why = mgr.backend("triton").can_execute(mgr.arch(args.arch))
         if not ready:
-            # a clear word and exit 0: "needs a GPU" is not a failure of the example
-            print(f"SKIP: this run needs a GPU the triton backend can drive ({why}); "
-                  f"use --backend numpy on the CPU")
+            # a clear word and exit 0: "needs a GPU" is not a failure of the example; the command
+            # it suggests is this one on the numpy backend (tests/test_examples.py runs it)
+            print(f"SKIP: --backend triton needs a GPU the triton backend can drive ({why.split(';')[0]})")
+            print(f"HINT: on the CPU run: {cpu_command()}")
             sys.exit(0)
+    global _DEFAULT_ARCH
+    _DEFAULT_ARCH = gpu or CPU_ARCH
     args.rng = np.random.default_rng(args.seed)
     args.gpu = args.backend == "triton"
     print(f"backend={args.backend} arch={args.arch}")
     return args
+
+
+#: the arch an example runs on when --arch is not given (set by parse_args)
+_DEFAULT_ARCH = CPU_ARCH
+
+
+def cpu_command(flag: str = "--backend", value: str = "numpy") -> str:
+    """This example's command line with ``flag value`` (``--backend numpy`` unless told otherwise),
+    its other arguments kept."""
+    import shlex
+
+    argv, out, skip = sys.argv[1:], [], False
+    for i, a in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if a == flag:
+            skip = True
+            continue
+        if not a.startswith(flag + "="):
+            out.append(a)
+    script = Path(sys.argv[0])
+    try:
+        script = script.resolve().relative_to(Path.cwd())
+    except ValueError:
+        pass
+    return " ".join(shlex.quote(x) for x in ["python", str(script), *out, flag, value])
 
 
 def dispatcher(op: str, args, filter: Optional[str] = None, **options) -> Dispatcher:
@@ -78,7 +114,16 @@ def check(disp: Dispatcher, problem, rng, label: str = "", inputs: Optional[dict
     inputs = inputs if inputs is not None else op.make_inputs(problem, rng)
     bk = disp.backend_spec
     t0 = time.perf_counter()
-    outs = disp.run_dict(problem, {k: bk.to_backend(v) for k, v in inputs.items()})
+    try:
+        outs = disp.run_dict(problem, {k: bk.to_backend(v) for k, v in inputs.items()})
+    except (MissingKernel, UnsupportedProblem) as exc:
+        if disp.registry.arch == _DEFAULT_ARCH:
+            raise   # the arch the example is written for must run it: a real failure
+        # an arch whose kernel space lacks this feature (e.g. CK has no fp8 FMHA for gfx1100)
+        print(f"SKIP: {disp.registry.arch} has no {disp.backend} kernel for this example's "
+              f"{label or problem.op} ({str(exc)[:160]}...)")
+        print(f"HINT: run it for {_DEFAULT_ARCH}: {cpu_command('--arch', _DEFAULT_ARCH)}")
+        sys.exit(0)
     secs = time.perf_counter() - t0
     ref = op.reference(problem, inputs)
     tol = op.tolerance(problem) if op.tolerance else {}

@@ -70,6 +70,9 @@ def _time_limit(seconds: float):
 # a CkError (rc 2, one line "ck: error: ...").
 
 USAGE, CK = "usage", "ck"
+# a CkError whose exit code is not 2 (see ck_core.errors.EXIT_CODES): no kernel (3), no device (4)
+NOKERNEL, NODEVICE = "nokernel", "nodevice"
+EXIT = {NOKERNEL: 3, NODEVICE: 4}
 
 
 
@@ -117,18 +120,18 @@ CLI_ROWS = [
     (["run", "nosuchop", "--arch", ARCH], CK, "nosuchop"),
     (["run", "gemm", "--arch", ARCH, "--backend", "nosuch", "--m", "8", "--n", "8", "--k", "8"], CK, "nosuch"),
     (["run", "gemm", "--arch", ARCH, "--m", "8", "--n", "8", "--k", "8", "stray"], CK, "stray"),
-    (["run", "gemm", *GEMM, "--m", "8", "--n", "8", "--k", "8", "--kernel-filter", "c.tile_m == 7"], CK,
+    (["run", "gemm", *GEMM, "--m", "8", "--n", "8", "--k", "8", "--kernel-filter", "c.tile_m == 7"], NOKERNEL,
      "no kernel"),
     # problems too large for this machine: refused from their sizes, nothing allocated
-    (["run", "gemm", *GEMM, "--m", "10000000", "--n", "10000000", "--k", "10000000"], CK, "GiB"),
-    (["run", "gemm", *GEMM, "--m", "65536", "--n", "65536", "--k", "65536", "--batch", "4096"], CK, "GiB"),
+    (["run", "gemm", *GEMM, "--m", "10000000", "--n", "10000000", "--k", "10000000"], NOKERNEL, "GiB"),
+    (["run", "gemm", *GEMM, "--m", "65536", "--n", "65536", "--k", "65536", "--batch", "4096"], NOKERNEL, "GiB"),
     (["run", "conv", *CONV, "--N", "100000", "--C", "1024", "--K", "1024", "--input_spatial", "1024,1024",
-      "--filter", "3,3"], CK, "GiB"),
-    (["tune", "gemm", *GEMM, "--m", "10000000", "--n", "10000000", "--k", "10000000"], CK, "GiB"),
+      "--filter", "3,3"], NOKERNEL, "GiB"),
+    (["tune", "gemm", *GEMM, "--m", "10000000", "--n", "10000000", "--k", "10000000"], NOKERNEL, "GiB"),
     (["run", "fmha", "--arch", ARCH, "--batch", "4096", "--nhead_q", "64", "--seqlen_q", "1000000",
-      "--hdim_q", "128"], CK, "GiB"),
+      "--hdim_q", "128"], NOKERNEL, "GiB"),
     (["run", "fmha", "--arch", ARCH, "--family", "bwd_dq_dk_dv", "--batch", "64", "--nhead_q", "32",
-      "--seqlen_q", "200000", "--hdim_q", "128"], CK, "GiB"),
+      "--seqlen_q", "200000", "--hdim_q", "128"], NOKERNEL, "GiB"),
     # conv problems
     (["run", "conv", *CONV, "--N", "1", "--C", "4", "--K", "4", "--input_spatial", "2.7,5", "--filter", "3,3"],
      CK, "input_spatial"),
@@ -145,7 +148,7 @@ CLI_ROWS = [
     (["run", "conv", *CONV, "--N", "1", "--C", "4", "--K", "4", "--input_spatial", "5,5", "--filter", "3,3",
       "--pad_left", "-1"], CK, "pad_left"),
     (["run", "conv", *CONV, "--N", "1", "--C", "4", "--K", "4", "--input_spatial", "5,5", "--filter", "3,3",
-      "--split_k", "2"], CK, "split_k"),
+      "--split_k", "2"], NOKERNEL, "split_k"),
     (["run", "conv", *CONV, "--N", "abc", "--C", "4", "--K", "4", "--input_spatial", "5,5", "--filter", "3,3"],
      CK, "N must"),
     # enumeration options and filters
@@ -168,7 +171,7 @@ CLI_ROWS = [
 ]
 
 if not __import__("os").path.exists("/dev/nvidia0"):
-    CLI_ROWS += [(["bench", op], CK, "GPU") for op in ("gemm", "conv", "fmha")]
+    CLI_ROWS += [(["bench", op], NODEVICE, "GPU") for op in ("gemm", "conv", "fmha")]
 
 
 def _run_cli(argv):
@@ -187,7 +190,7 @@ def test_cli_refuses(argv, kind, text, tmp_path, monkeypatch):
     monkeypatch.setenv("CK_TUNING_DB", str(tmp_path / "tuning.json"))
     with _time_limit(LIMIT_S):
         rc, err = _run_cli(argv)
-    assert rc == 2, f"rc={rc}: {err}"
+    assert rc == EXIT.get(kind, 2), f"rc={rc}: {err}"
     assert "Traceback" not in err
     if kind == USAGE:
         assert err.startswith("usage: ck") and "error: " in err, err
@@ -515,7 +518,7 @@ def test_launchers_refuse_non_tensors():
     pytest.importorskip("triton")
     from ck_conv import run as conv_run
     from ck_gemm.backends.triton.launch import gemm
-    from ck_gemm.backends.triton.tuning import pick_config
+    from ck_gemm.heuristics import pick_config
     torch = pytest.importorskip("torch")
     h = torch.ones(8, 8, dtype=torch.float16)
     cfg = pick_config(8, 8, 8)
@@ -542,9 +545,146 @@ def test_registry_call_refused(call):
 
 
 def test_table_is_large_enough():
-    n = (len(CLI_ROWS) + len(FILE_ROWS) + len(PROBLEM_ROWS) + len(RUN_ROWS) + 5 + 7 + 5)
+    n = (len(CLI_ROWS) + len(FILE_ROWS) + len(PROBLEM_ROWS) + len(RUN_ROWS) + len(API_ROWS) + 5 + 7 + 5)
     assert n >= 100, n
 
 
 if sys.platform == "win32":  # pragma: no cover
     pytest.skip("SIGALRM time limits need POSIX", allow_module_level=True)
+
+
+# -- the public torch APIs (issue 25): one validation before any backend -----------------------------
+
+def _t(*shape, dtype="float16"):
+    import torch
+    return torch.randn(*shape).to(getattr(torch, dtype))
+
+
+def _i32(*vals):
+    import torch
+    return torch.tensor(vals, dtype=torch.int32)
+
+
+def _fa(name):
+    from ck_fmha import flash_attn
+    return getattr(flash_attn, name)
+
+
+def _paged(bt):
+    from ck_fmha import decode
+    return decode.paged_decode(_t(2, 4, 1, 64), _t(5, 8, 2, 64), _t(5, 8, 2, 64), bt, _i32(10, 10))
+
+
+#: (name, call, expected CkError, text in the message)
+API_ROWS = [
+    ("k batch 1 for q batch 2", lambda: _fa("flash_attn_func")(_t(2, 5, 4, 32), _t(1, 7, 4, 32), _t(1, 7, 4, 32)),
+     E.InvalidProblem, "batch"),
+    ("v 6 keys for k 7", lambda: _fa("flash_attn_func")(_t(2, 5, 4, 32), _t(2, 7, 4, 32), _t(2, 6, 4, 32)),
+     E.InvalidProblem, "key length"),
+    ("alibi 3 slopes for 4 heads", lambda: _fa("flash_attn_func")(_t(1, 5, 4, 32), _t(1, 5, 4, 32), _t(1, 5, 4, 32),
+                                                                  alibi_slopes=_t(3, dtype="float32")),
+     E.InvalidProblem, "alibi_slopes"),
+    ("varlen tokens of k and v differ", lambda: _fa("flash_attn_varlen_func")(
+        _t(5, 2, 32), _t(7, 2, 32), _t(6, 2, 32), _i32(0, 5), _i32(0, 7), 5, 7), E.InvalidProblem, "tokens"),
+    ("block_table past the pool", lambda: _paged(_i32(0, 1, 2, 7).view(2, 2)), E.InvalidProblem, "outside the pool"),
+    ("negative block_table entry", lambda: _paged(_i32(0, -1, 2, 3).view(2, 2)), E.InvalidProblem, "outside the pool"),
+    ("with_kvcache block_table past the pool", lambda: _fa("flash_attn_with_kvcache")(
+        _t(2, 1, 4, 64), _t(5, 8, 2, 64), _t(5, 8, 2, 64), cache_seqlens=_i32(10, 10),
+        block_table=_i32(0, 1, 2, 9).view(2, 2)), E.InvalidProblem, "outside the pool"),
+    ("float cu_seqlens", lambda: _fa("flash_attn_varlen_func")(
+        _t(5, 2, 32), _t(5, 2, 32), _t(5, 2, 32), _t(2, dtype="float32").abs().cumsum(0), _i32(0, 5), 5, 5),
+     E.InvalidProblem, "int32"),
+    ("int64 cu_seqlens", lambda: _fa("flash_attn_varlen_func")(
+        _t(5, 2, 32), _t(5, 2, 32), _t(5, 2, 32), _i32(0, 5).long(), _i32(0, 5), 5, 5), E.InvalidProblem, "int32"),
+    ("conv2d padding 1.7", lambda: __import__("ck_conv").conv2d(_t(1, 4, 8, 8), _t(4, 4, 3, 3), padding=(1.7, 0.2)),
+     E.InvalidProblem, "not an integer"),
+    ("conv2d stride 1.5", lambda: __import__("ck_conv").conv2d(_t(1, 4, 8, 8), _t(4, 4, 3, 3), stride=1.5),
+     E.InvalidProblem, "not an integer"),
+    ("conv1d dilation 2.0", lambda: __import__("ck_conv").conv1d(_t(1, 4, 8), _t(4, 4, 3), dilation=2.0),
+     E.InvalidProblem, "not an integer"),
+    ("conv3d groups 1.0", lambda: __import__("ck_conv").conv3d(_t(1, 4, 5, 5, 5), _t(4, 4, 3, 3, 3), groups=1.0),
+     E.InvalidProblem, "not an integer"),
+    ("conv2d stride True", lambda: __import__("ck_conv").conv2d(_t(1, 4, 8, 8), _t(4, 4, 3, 3), stride=True),
+     E.InvalidProblem, "bool"),
+    ("conv2d numpy input", lambda: __import__("ck_conv").conv2d(_h(1, 4, 8, 8), _t(4, 4, 3, 3)),
+     E.InvalidProblem, "torch tensors"),
+    ("matmul numpy b", lambda: __import__("ck_gemm").matmul(_t(4, 8), _h(8, 4)), E.InvalidProblem, "torch tensors"),
+    ("matmul float d", lambda: __import__("ck_gemm").matmul(_t(4, 8), _t(8, 4), d=(3.5,)), E.InvalidProblem,
+     "float"),
+    ("matmul bf16 under the interpreter", lambda: __import__("ck_gemm").matmul(_t(8, 8, dtype="bfloat16"),
+                                                                               _t(8, 8, dtype="bfloat16")),
+     E.UnsupportedProblem, "interpreter"),
+    ("attention bf16 under the interpreter", lambda: __import__("ck_fmha").attention(
+        _t(1, 2, 8, 64, dtype="bfloat16"), _t(1, 2, 8, 64, dtype="bfloat16"), _t(1, 2, 8, 64, dtype="bfloat16")),
+     E.UnsupportedProblem, "interpreter"),
+    ("attention without v", lambda: __import__("ck_fmha").attention(_t(1, 2, 8, 64), _t(1, 2, 8, 64), None),
+     E.InvalidProblem, "v is NoneType"),
+]
+
+
+@pytest.mark.parametrize("name,call,exc,text", API_ROWS, ids=[r[0] for r in API_ROWS])
+def test_public_api_refused(name, call, exc, text):
+    """Refused under the interpreter (this process); tests/test_public_api_cpu.py runs the APIs in
+    the numpy mode.  The first call may enumerate a registry; the second must be fast."""
+    import os
+
+    if "interpreter" in name and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the interpreter's refusal")
+    for attempt in range(2):
+        with _time_limit(LIMIT_S if attempt else 60.0), pytest.raises(exc) as info:
+            call()
+        assert text in str(info.value), str(info.value)
+
+
+@pytest.fixture(scope="module")
+def fmha_dispatchers():
+    from ck_core import Dispatcher, Registry
+    return {be: Dispatcher(Registry.from_enumeration("fmha", ARCH, be, families=["fwd"]), backend=be)
+            for be in ("numpy", "triton")}
+
+
+def test_fmha_run_without_v_names_it(fmha_dispatchers):
+    """A missing tensor the plan reads is an InvalidProblem naming it (was a raw KeyError)."""
+    import torch
+    from ck_fmha.problem import FmhaProblem
+    p = FmhaProblem(batch=1, nhead_q=2, seqlen_q=8, seqlen_k=8, hdim_q=64, dtype="fp16")
+    q = _h(1, 2, 8, 64)
+    for be, x in (("numpy", q), ("triton", torch.from_numpy(q))):
+        with _time_limit(60.0), pytest.raises(E.InvalidProblem, match="missing input tensor 'v'"):
+            fmha_dispatchers[be].run(p, q=x, k=x)
+    # a numpy array on the triton backend's warm path (after a good call) names the type
+    fmha_dispatchers["triton"].run(p, q=torch.from_numpy(q), k=torch.from_numpy(q), v=torch.from_numpy(q))
+    with _time_limit(LIMIT_S), pytest.raises(E.InvalidProblem, match="torch"):
+        fmha_dispatchers["triton"].run(p, q=q, k=q, v=q)
+
+
+def test_check_against_reference_of_a_bias_without_dbias():
+    """A backward with a bias but no dbias validates (the reference returned dbias: KeyError 'dbias')."""
+    from ck_core import Dispatcher, Registry
+    from ck_core.testing import check_against_reference
+    from ck_fmha.problem import FmhaProblem
+    p = FmhaProblem(family="bwd_dq_dk_dv", batch=1, nhead_q=2, seqlen_q=8, seqlen_k=8, hdim_q=64, dtype="fp16",
+                    bias="elementwise")
+    for be in ("numpy", "triton"):
+        d = Dispatcher(Registry.from_enumeration("fmha", ARCH, be, families=["bwd_dot_do_o", "bwd_dq_dk_dv",
+                                                                            "bwd_convert_dq"]), backend=be)
+        report = check_against_reference(d, p, np.random.default_rng(3))
+        assert report.passed and "dbias" not in str(report), report
+
+
+def test_group_problem_without_queries_plans():
+    """Every query segment empty: plans on both spaces (features() called total_q as a method)."""
+    from ck_core import Dispatcher, Registry
+    from ck_fmha import features
+    from ck_fmha.backends.triton import keys as tk
+    from ck_core.plugins import get_manager
+    from ck_fmha.problem import FmhaProblem
+    p = FmhaProblem(mode="group", batch=1, nhead_q=2, hdim_q=64, dtype="fp16", seqstart_q=(0, 0),
+                    seqstart_k=(0, 13))
+    for be in ("numpy", "triton"):
+        d = Dispatcher(Registry.from_enumeration("fmha", ARCH, be, families=["fwd"]), backend=be)
+        assert d.plan(p).stages
+    arch = get_manager().arch("sm90")
+    keys = [k for k in tk.enumerate_keys(arch, "triton", {"families": ["fwd"], "dtypes": ["fp16"]})
+            if tk.supports(k, p) is None]
+    assert keys and features.features(p, keys, arch)

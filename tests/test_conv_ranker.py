@@ -120,7 +120,7 @@ def test_the_shipped_ranker_scores_splits_beyond_its_training_data():
     unsplit launch makes one program per 16-32 groups (32 groups at 112x112) the wide splits win."""
     import attrs
     from ck_conv.keys import config_of, key_of
-    from ck_conv.space import shortlist
+    from ck_conv.heuristics import shortlist
 
     mgr = get_manager()
     op, arch = mgr.op("conv"), mgr.arch("sm90")

@@ -28,7 +28,7 @@ SEED_FMHA = (
 )
 
 
-def _run(script: Path, backend: str, tmp_path, timeout: int) -> subprocess.CompletedProcess:
+def _run(script: Path, backend: str, tmp_path, timeout: int, extra=()) -> subprocess.CompletedProcess:
     env = dict(os.environ, CK_CACHE_DIR=str(tmp_path / "cache"), PYTHONDONTWRITEBYTECODE="1")
     env.pop("TRITON_INTERPRET", None)  # the examples pick their backend themselves
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
@@ -36,7 +36,7 @@ def _run(script: Path, backend: str, tmp_path, timeout: int) -> subprocess.Compl
         threads = str(max(1, (os.cpu_count() or 1) // workers))
         for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
             env.setdefault(var, threads)
-    return subprocess.run([sys.executable, str(script), "--backend", backend, "--seed", "7"],
+    return subprocess.run([sys.executable, str(script), "--backend", backend, "--seed", "7", *extra],
                           capture_output=True, text=True, timeout=timeout, env=env, cwd=tmp_path)
 
 
@@ -71,3 +71,53 @@ def test_example_runs_on_gpu(script, tmp_path):
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
     assert r.stdout.rstrip().splitlines()[-1] == "PASS", out[-3000:]
+
+
+def _hints(out: str) -> list:
+    """The commands of the ``HINT: <why>: python ...`` lines."""
+    import re
+
+    return [m.group(1) for m in re.finditer(r"^HINT: [^\n]*?: (python [^\n]*)$", out, flags=re.M)]
+
+
+@pytest.mark.parametrize("script, backend, extra", [
+    ("gemm/01_basic_gemm", "triton", ()),                      # no GPU: the numpy command
+    ("gemm/01_basic_gemm", "triton", ("--arch", "gfx90a")),
+    ("fmha/11_fp8", "numpy", ("--arch", "gfx1100")),           # no fp8 FMHA in gfx1100's CK space
+    ("fmha/08_appendkv_rope", "numpy", ("--arch", "gfx1100")),
+])
+def test_every_hint_an_example_prints_runs_as_printed(script, backend, extra, tmp_path):
+    """A SKIP says why and prints one HINT: a command that runs to PASS as printed (the hint that
+    named TRITON_INTERPRET=1 led into a MissingKernel traceback or a run of many minutes)."""
+    import shlex
+
+    if backend == "triton" and Path("/dev/nvidia0").exists():
+        pytest.skip("a GPU is here: --backend triton runs instead of skipping")
+    r = _run(EXAMPLES / f"{script}.py", backend, tmp_path, timeout=180, extra=extra)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0 and "SKIP:" in r.stdout and "Traceback" not in out, out[-3000:]
+    assert "TRITON_INTERPRET" not in out
+    (hint,) = _hints(r.stdout)
+    argv = shlex.split(hint)
+    assert argv[0] == "python" and "--backend" in argv
+    env = dict(os.environ, CK_CACHE_DIR=str(tmp_path / "cache"))
+    env.pop("TRITON_INTERPRET", None)
+    h = subprocess.run([sys.executable, *argv[1:]], cwd=EXAMPLES.parent, capture_output=True, text=True,
+                       timeout=180, env=env)
+    assert h.returncode == 0 and h.stdout.rstrip().splitlines()[-1] == "PASS", (hint, (h.stdout + h.stderr)[-3000:])
+
+
+ARCHS = ("gfx90a", "gfx950", "gfx1100", "gfx1201", "sm90")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_example_runs_or_skips_with_a_hint_on_every_arch(script, arch, tmp_path):
+    """`--arch` takes any installed arch: the example passes, or says SKIP with a hint (its feature has
+    no kernel in that arch's space) -- never a traceback."""
+    r = _run(script, "numpy", tmp_path, timeout=300, extra=("--arch", arch))
+    out = r.stdout + r.stderr
+    assert r.returncode == 0 and "Traceback" not in out, out[-3000:]
+    last = r.stdout.rstrip().splitlines()[-1]
+    assert last == "PASS" or last.startswith("HINT: "), out[-3000:]

@@ -24,12 +24,12 @@ REQUIRED = {
 }
 SHARED = {
     "space", "keyspace", "heuristics", "features", "plan", "footprint",
-    "backends.triton.keys", "backends.triton.configs", "backends.triton.aot", "backends.triton.tuning",
+    "backends.triton.keys", "backends.triton.configs", "backends.triton.aot",
     "backends.ck", "backends.ck.template",
 }
 OWN = {
     "gemm": {"ck_rules"},
-    "conv": {"backends.triton.dw_codegen"},
+    "conv": {"backends.triton.dw_codegen", "geometry"},
     "fmha": {"codegen", "codegen.ck_facts", "codegen.enumerate", "codegen.spec", "codegen.sweep", "demo",
              "device_errors",
              "flash_attn", "integrations", "integrations.transformers", "masks", "paged", "philox",

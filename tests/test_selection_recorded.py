@@ -106,11 +106,27 @@ def test_ck_select_report_writes_csv_and_png(recorded, tmp_path, capsys):
 
 
 def test_report_without_data_says_what_to_pass(tmp_path, monkeypatch, capsys):
+    from ck_core import select_report
     from ck_core.cli import main
 
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(select_report, "data_dirs", lambda: [tmp_path / select_report.DEFAULT_DIR])
     assert main(["select", "report", "gemm"]) == 2
     assert "--data" in capsys.readouterr().err
+
+
+def test_report_runs_from_any_directory(tmp_path, monkeypatch, capsys):
+    """Not only from the repository root: the checkout's recorded oracle is found from elsewhere."""
+    from ck_core import select_report
+    from ck_core.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    if not any(d.is_dir() for d in select_report.data_dirs()):
+        pytest.skip("no source checkout with recorded oracles (an installed wheel)")
+    assert main(["select", "report", "conv", "--split", "heldout"]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "conv on " in out and "heuristic" in out, out
+    assert not list(tmp_path.iterdir())   # nothing written where it was not asked for
 
 
 def test_the_shipped_store_answers_the_tuned_gemm_shapes_before_the_ranker():

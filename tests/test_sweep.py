@@ -367,7 +367,7 @@ def test_ray_missing_is_a_clear_error_fast(monkeypatch, capsys):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
     t0 = time.perf_counter()
-    assert ck_main(["sweep", "gemm", "--arch", "sm90", "--executor", "ray", "--compile-only"]) == 2
+    assert ck_main(["sweep", "gemm", "--arch", "sm90", "--executor", "ray", "--compile-only"]) == 4   # 4: unavailable here
     assert time.perf_counter() - t0 < 1.0
     err = capsys.readouterr().err
     assert "ck-core[ray]" in err

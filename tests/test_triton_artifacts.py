@@ -56,6 +56,11 @@ SCRIPT = textwrap.dedent('''
         ck = launcher_call(3 * 128, 5 * 64, 4 * bk)    # another aligned problem than ck build's
         out["stats"] = dict(ta.STATS)
         out["name"] = ck.metadata.name
+        # sizes are run-time integers, M, N, K only their alignment class: other sizes (a unit M,
+        # odd token counts, a K that is not a whole K tile) load the kernels ck build compiled
+        sizes = [(1, 5 * 64, 4 * bk), (1001, 64, 2 * bk), (48, 7 * 64, 4 * bk + 16), (7, 16, 8 * bk + 16)]
+        out["names"] = sorted({launcher_call(*mnk).metadata.name for mnk in sizes})
+        out["sizes"] = dict(ta.STATS)
     elif mode == "cold":
         ck = launcher_call(100, 60, 100)                  # unaligned: its own specialisation
         first = dict(ta.STATS)
@@ -74,13 +79,38 @@ SCRIPT = textwrap.dedent('''
         rec_path = bin_path.with_suffix(".json")
         results = []
         import hashlib
-        for damage in ("flip", "forged"):
+        import struct
+
+        def rewrite_head(blob, edit):   # Triton's metadata in the blob, edited; the record made consistent
+            n = struct.unpack_from("<Q", blob, len(ta._MAGIC))[0]
+            start = len(ta._MAGIC) + 8
+            head = json.loads(blob[start:start + n])
+            edit(head)
+            h = json.dumps(head).encode()
+            return ta._MAGIC + struct.pack("<Q", len(h)) + h + blob[start + n:]
+
+        def other_entry():   # the same kernel's entry of another specialisation (aligned sizes)
+            launcher_call(96, 64, 96, name)
+            others = [p for p in cache_._entries() if p != bin_path
+                      and json.loads(p.with_suffix(".json").read_text())["kernel"] == name]
+            return others[0]
+
+        for damage in ("flip", "forged", "no_num_warps", "unknown_target", "copied"):
             blob = bin_path.read_bytes()
             if damage == "flip":           # the record's hash no longer matches
                 blob = blob[:-10] + bytes(b ^ 0xFF for b in blob[-10:])
                 bin_path.write_bytes(blob)
+            elif damage == "copied":       # another specialisation's entry copied over this one's
+                src = other_entry()
+                bin_path.write_bytes(src.read_bytes())
+                rec_path.write_bytes(src.with_suffix(".json").read_bytes())
             else:                          # a consistent record over a blob the cache did not write
-                blob = b"#!/bin/sh\\necho pwned\\n"
+                if damage == "forged":
+                    blob = b"#!/bin/sh\\necho pwned\\n"
+                elif damage == "no_num_warps":
+                    blob = rewrite_head(blob, lambda h: h.pop("num_warps"))
+                else:
+                    blob = rewrite_head(blob, lambda h: h.update(target=dict(h["target"], backend="nosuchgpu")))
                 bin_path.write_bytes(blob)
                 rec = json.loads(rec_path.read_text())
                 rec["sha256"] = hashlib.sha256(blob).hexdigest()
@@ -111,6 +141,8 @@ def test_launcher_loads_what_ck_build_compiled(tmp_path):
     warm = _run("warm", tmp_path)   # a fresh process; triton.compile raises in it
     assert warm["stats"] == {"compiled": 0, "loaded": 1, "memory": 0}
     assert warm["name"] == "gemm_plain_kernel"
+    assert warm["sizes"]["compiled"] == 0, warm["sizes"]
+    assert warm["sizes"]["loaded"] <= 4 and warm["names"] == ["gemm_plain_kernel"]   # M class x EVEN_K
 
 
 def test_missing_artifact_is_built_once_then_reused(tmp_path):
@@ -123,9 +155,13 @@ def test_missing_artifact_is_built_once_then_reused(tmp_path):
 
 
 def test_tampered_artifact_is_rejected_and_rebuilt(tmp_path):
-    flip_built, flip_ok, forged_built, forged_ok = _run("tamper", tmp_path)["results"]
-    assert (flip_built, forged_built) == (1, 1), "a damaged or foreign entry must be rebuilt, not loaded"
-    assert flip_ok and forged_ok
+    """Damage of every kind (torn binary; a forged blob; Triton metadata without num_warps or for an
+    unknown target, with a consistent record; another specialisation's entry copied over this one)
+    is an absent entry: rebuilt once, never raised, never loaded as this kernel."""
+    res = _run("tamper", tmp_path)["results"]
+    built, ok = res[0::2], res[1::2]
+    assert built == [1, 1, 1, 1, 1], "a damaged or foreign entry must be rebuilt, not loaded"
+    assert all(ok)
 
 
 def test_public_apis_launch_under_their_key_names(ck_dispatch_log, monkeypatch):

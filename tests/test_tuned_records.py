@@ -104,7 +104,7 @@ BAD_CFGS = {
 @pytest.mark.parametrize("name", BAD_CFGS)
 def test_fmha_overlay_configs_are_checked_when_read(user_store, name):
     pytest.importorskip("ck_fmha")
-    from ck_fmha.backends.triton.tuning import default_fwd_config
+    from ck_fmha.heuristics import default_fwd_config
 
     path = _overlay("fmha", "sm90", "fwd_tuned", [((64, False, 512), BAD_CFGS[name])],
                     ("hdim", "causal", "seqlen_bucket"))
@@ -125,7 +125,8 @@ def test_fmha_overlay_configs_are_checked_when_read(user_store, name):
         "gsplit_negative"])
 def test_fmha_other_tables(user_store, table, key, value):
     pytest.importorskip("ck_fmha")
-    from ck_fmha.backends.triton import tuning
+    from ck_fmha import heuristics as tuning
+    from ck_fmha.tuned_records import CHECKS
 
     _overlay("fmha", "sm90", table, [(key, value)], ())
     with pytest.raises(ConfigError, match=table):
@@ -134,10 +135,11 @@ def test_fmha_other_tables(user_store, table, key, value):
 
 def test_fmha_shipped_tables_pass_their_checks(user_store):
     pytest.importorskip("ck_fmha")
-    from ck_fmha.backends.triton import tuning
+    from ck_fmha import heuristics as tuning
+    from ck_fmha.tuned_records import CHECKS
 
     for arch in ("sm90", "generic"):
-        for name in tuning.CHECKS:
+        for name in CHECKS:
             tuning.tuned(name, arch)
     good = tuning.default_fwd_config(64, 64, "sm90", causal=False, seqlen=512, gluon=False)
     assert good.BLOCK_M in (16, 32, 64, 128, 256)
@@ -167,13 +169,15 @@ def test_conv_list_tables(user_store):
 
 @pytest.mark.parametrize("value", [{"config": "tri_plain_m7n64k64_g1_w4_s3_sk1"}, {"config": 5},
                                    {"config": "tri_plain_m1048576n64k64_g1_w4_s3_sk1"},
-                                   {"config": "tri_plain_m64n64k64_g1_w4_s3_sk1", "tflops": "fast"}, []])
-def test_gemm_winners_overlay(user_store, value):
+                                   {"config": "tri_plain_m64n64k64_g1_w4_s3_sk1", "shape": [64, "x", 64]},
+                                   {"config": "tri_plain_m64n64k64_g1_w4_s3_sk1", "shape": [64, -64, 64]}])
+def test_gemm_kernels_overlay(user_store, value):
     pytest.importorskip("ck_gemm")
-    from ck_gemm.backends.triton.tuning import load_table
+    from ck_gemm.heuristics import load_table
 
-    _overlay("gemm", "sm90", "winners", [(("fp16", "rcr", 64, 64, 64), value)], ("dtype", "layout", "M", "N", "K"))
-    with pytest.raises(ConfigError, match="winners"):
+    _overlay("gemm", "sm90", "kernels", [(("triton", '["fp16", "fp16", "rcr", 64, 64, 64]'), value)],
+             ("backend", "bucket"))
+    with pytest.raises(ConfigError, match="kernels"):
         load_table("sm90")
 
 

@@ -2,9 +2,11 @@
 
 A launcher calls :func:`launch` (``launch(name, fn, grid, args, kwargs)``) where it
 would write ``fn[grid](*args, **kwargs)``.  The call is specialised by Triton's own
-binder, exactly as the JIT would (pointer alignment, integers equal to 1 or divisible
-by 16, constexprs, options), so an artifact never runs arguments it was not compiled
-for: the specialisation is part of the cache key.  The compiled kernel is looked up
+binder, as the JIT would (pointer alignment, integers equal to 1 or divisible by 16,
+constexprs, options), under the kernel's declared policy (:func:`specialisation`:
+sizes are run-time values, alignment-class integers specialise on divisibility by 16
+only), so an artifact never runs arguments it was not compiled for: the specialisation
+(signature, constants, attributes) is part of the cache key and of the entry's record.  The compiled kernel is looked up
 
 1. in this process (a dict keyed by name, function and specialisation),
 2. in the :class:`ck_core.cache.KernelCache` (the entry ``ck build`` writes: same
@@ -69,6 +71,66 @@ def _binder(fn, target):
     return create_function_from_signature(fn.signature, fn.params, _backend(target))
 
 
+def specialisation(*, runtime=(), align_only=(), groups=()):
+    """Decorator (outside ``@triton.jit``): what a kernel's integer arguments specialise on.
+
+    ``runtime``: sizes (batch, heads, sequence lengths, M/N/K, spatial sizes, counts) the
+    code does not depend on: plain run-time integers (Triton's ``do_not_specialize``), so
+    every value loads one compiled kernel.  ``align_only``: integers whose divisibility
+    by 16 lets loads and stores vectorise (strides, sizes along a contiguous dimension):
+    they specialise on that alone (two classes), never on being 1 (Triton makes an
+    integer equal to 1 a constant: one more compile for a unit size).  ``groups``: sets
+    of ``align_only`` names (one tensor's strides) that are one alignment class: all
+    divisible by 16, or all taken as not (a tensor whose rows are unaligned gains nothing
+    from an aligned batch stride, which would only split its compiles by size).  Other
+    integers keep Triton's default.  A name the kernel does not take is a TypeError (a
+    typo would silently specialise)."""
+    runtime = tuple(runtime)
+    groups = tuple(tuple(g) for g in groups)
+    align_only = frozenset(align_only) | frozenset(n for g in groups for n in g)
+
+    def deco(fn):
+        params = getattr(fn, "params", None)
+        if params is None:   # not a JITFunction (nothing specialises)
+            return fn
+        names = {p.name for p in params}
+        unknown = (set(runtime) | align_only) - names
+        if unknown:
+            raise TypeError(f"{getattr(fn, '__name__', fn)}: no argument(s) {sorted(unknown)}")
+        for p in params:
+            if p.name in runtime:
+                p.do_not_specialize = True
+        dns = tuple(fn.do_not_specialize or ())
+        fn.do_not_specialize = dns + tuple(n for n in runtime if n not in dns)
+        fn.ck_align_only = align_only | frozenset(getattr(fn, "ck_align_only", ()))
+        fn.ck_align_groups = tuple(getattr(fn, "ck_align_groups", ())) + groups
+        return fn
+    return deco
+
+
+@functools.lru_cache(maxsize=None)
+def _align_policy(fn) -> tuple:
+    """(indices of align-only arguments, index groups) of ``fn``."""
+    index = {p.name: i for i, p in enumerate(fn.params) if not p.is_constexpr}
+    names = getattr(fn, "ck_align_only", ())
+    return (tuple(index[n] for n in names if n in index),
+            tuple(tuple(index[n] for n in g if n in index) for g in getattr(fn, "ck_align_groups", ())))
+
+
+def _bind(fn, target, args, kw):
+    """Triton's binder of ``fn`` under the kernel's :func:`specialisation` policy."""
+    bound, spec, opts = _binder(fn, target)(*args, **kw)
+    single, groups = _align_policy(fn)
+    for i in single:
+        if spec[i][0] == "constexpr":   # an integer equal to 1: not divisible by 16, no constant
+            spec[i] = ("i32", "")
+    for g in groups:
+        if any(spec[i][1] != "D" for i in g):
+            for i in g:
+                spec[i] = (spec[i][0], "")
+    return bound, spec, opts
+
+
 def _jit_kwargs(fn, kwargs: dict, extra: Optional[dict]) -> dict:
     """The keyword arguments JITFunction.run adds before binding (debug, instrumentation)."""
     from triton import knobs
@@ -104,8 +166,15 @@ def pack(ck) -> bytes:
     return _MAGIC + struct.pack("<Q", len(head)) + head + bytes(ck.asm[backend.binary_ext])
 
 
-def unpack(blob: bytes, src, name_hint: Optional[str] = None):
-    """A CompiledKernel of ``src`` from a :func:`pack` blob; ValueError if it is not one."""
+#: Triton metadata a launch reads (pack_metadata, launch_metadata, the launcher stub): an entry
+#: without one of them is not a kernel this process can run
+_REQUIRED = {"name": str, "num_warps": int, "num_ctas": int, "shared": int}
+
+
+def unpack(blob: bytes, src, name_hint: Optional[str] = None, target=None):
+    """A CompiledKernel of ``src`` from a :func:`pack` blob; ValueError if it is not one
+    (not ours, truncated, metadata missing or of the wrong type, another kernel's name, built
+    for another ``target``)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler.compiler import AsmDict, CompiledKernel
 
@@ -115,18 +184,33 @@ def unpack(blob: bytes, src, name_hint: Optional[str] = None):
     start = len(_MAGIC) + 8
     if n > len(blob) - start:
         raise ValueError("truncated header")
-    meta = json.loads(blob[start:start + n])
+    try:
+        meta = json.loads(blob[start:start + n])
+    except (UnicodeDecodeError, RecursionError) as exc:
+        raise ValueError(f"metadata is not JSON: {type(exc).__name__}") from None
     binary = blob[start + n:]
     if not isinstance(meta, dict) or not binary or not isinstance(meta.get("target"), dict):
         raise ValueError("malformed metadata")
+    for k, ty in _REQUIRED.items():
+        if not isinstance(meta.get(k), ty) or isinstance(meta.get(k), bool):
+            raise ValueError(f"metadata field {k!r} missing or not {ty.__name__}")
     t = meta["target"]
+    if not (isinstance(t.get("backend"), str) and isinstance(t.get("arch"), (int, str))
+            and isinstance(t.get("warp_size"), int)):
+        raise ValueError("malformed target")
     meta["target"] = GPUTarget(t["backend"], t["arch"], t["warp_size"])
+    if target is not None and (meta["target"].backend, str(meta["target"].arch), meta["target"].warp_size) \
+            != (target.backend, str(target.arch), target.warp_size):
+        raise ValueError(f"built for {meta['target']}, not {target}")
     if name_hint is not None and meta.get("name") != name_hint:
         raise ValueError(f"kernel {meta.get('name')!r}, expected {name_hint!r}")
     ck = object.__new__(CompiledKernel)   # CompiledKernel.__init__ reads files; this is its in-memory twin
-    ck.metadata = namedtuple("KernelMetadata", sorted(meta))(**meta)
-    backend = _backend(ck.metadata.target)
-    ck.packed_metadata = backend.pack_metadata(ck.metadata)
+    try:
+        ck.metadata = namedtuple("KernelMetadata", sorted(meta))(**meta)
+        backend = _backend(ck.metadata.target)
+        ck.packed_metadata = backend.pack_metadata(ck.metadata)
+    except Exception as exc:  # noqa: BLE001 - an unknown backend, a field name namedtuple refuses
+        raise ValueError(f"metadata Triton cannot use: {type(exc).__name__}: {str(exc)[:200]}") from None
     ck.src, ck.hash, ck.name = src, None, ck.metadata.name
     ck.asm = AsmDict({backend.binary_ext: binary})
     ck.metadata_group, ck.kernel = {}, binary
@@ -146,7 +230,7 @@ def _ast_source(fn, signature, constexprs, attrs):
 def specialise(fn, args, kwargs: dict, target, extra: Optional[dict] = None):
     """``(bound arguments, ASTSource, options, material)`` of one call, as the JIT would compile it."""
     kw = _jit_kwargs(fn, kwargs, extra)
-    bound, spec, opts = _binder(fn, target)(*args, **kw)
+    bound, spec, opts = _bind(fn, target, args, kw)
     options, signature, constexprs, attrs = fn._pack_args(_backend(target), kw, bound, spec, opts)
     src = _ast_source(fn, signature, constexprs, attrs)
     return bound, src, options, _material(fn, target, options, signature, constexprs, attrs)
@@ -184,12 +268,16 @@ def _get_or_build(name, src, options, material, target, cache_root):
                 "compile_seconds": round(time.perf_counter() - t0, 3)}
         return pack(ck), meta
 
+    loaded = []
+
     def valid(blob, meta):
+        """Any entry this process cannot run is absent: it is rebuilt, never raised."""
         try:
-            unpack(blob, src, meta.get("triton_name"))
+            loaded[:] = [unpack(blob, src, meta.get("triton_name"), target)]
             return True
-        except (ValueError, KeyError, TypeError) as exc:
-            log.warning("cache entry of %s does not hold a kernel (%s); rebuilding it", name, exc)
+        except Exception as exc:  # noqa: BLE001 - whatever a damaged entry makes the parser raise
+            log.warning("cache entry of %s does not hold a kernel this process can run (%s); "
+                        "rebuilding it", name, exc)
             return False
 
     blob, meta, hit = cache.get_or_build(name, material, build, validate=valid)
@@ -197,7 +285,8 @@ def _get_or_build(name, src, options, material, target, cache_root):
         STATS["compiled"] += 1
         return built[0], "compiled"
     STATS["loaded"] += 1
-    return unpack(blob, src, meta.get("triton_name")), "loaded" if hit else "compiled"
+    return (loaded[0] if loaded else unpack(blob, src, meta.get("triton_name"), target)), \
+        "loaded" if hit else "compiled"
 
 
 _OPTIONS: dict = {}
@@ -220,7 +309,7 @@ def kernel_for_call(name: str, fn, args, kwargs: dict, *, cache_root=None, extra
     """``(CompiledKernel, bound argument values)`` of a call on this device (memoised per specialisation)."""
     target = current_target()
     kw = _jit_kwargs(fn, kwargs, extra)
-    bound, spec, opts = _binder(fn, target)(*args, **kw)
+    bound, spec, opts = _bind(fn, target, args, kw)
     memo = (name, fn, str(spec), str(opts), cache_root)
     ck = _LOADED.get(memo)
     if ck is None:
@@ -253,7 +342,12 @@ def launch(name: str, fn, grid, args, kwargs: dict, *, cache_root=None, extra: O
     device = driver.active.get_current_device()
     stream = driver.active.get_current_stream(device)
     rt = knobs.runtime
-    ck.run(g[0], g[1], g[2], stream, ck.function, ck.packed_metadata,
+    try:
+        run = ck.run   # loads the code object: Triton's OutOfResources (shared memory, threads) is raised here
+    except Exception as exc:  # noqa: BLE001 - the loader raises several kinds
+        raise CompileError(f"{name}: the compiled kernel does not load on this device: {type(exc).__name__}: "
+                           f"{str(exc)[:400]} (the Dispatcher falls back to its next candidate)") from exc
+    run(g[0], g[1], g[2], stream, ck.function, ck.packed_metadata,
            ck.launch_metadata(g, stream, *values), rt.launch_enter_hook, rt.launch_exit_hook, *values)
     return ck
 

@@ -32,6 +32,18 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def refuse_interpreted_bf16(dtype: str, name: str) -> None:
+    """UnsupportedProblem for a bf16 ``tl.dot`` kernel under the interpreter, where Triton's CPU
+    interpreter returns garbage for it (relative errors ~1e9, even in a 16x16 one-line kernel).
+    Called when a launcher is made (selection is left alone: it is the same on a GPU)."""
+    if dtype == "bf16" and interpreting():
+        from ..errors import UnsupportedProblem
+
+        raise UnsupportedProblem(f"{name}: Triton's CPU interpreter (TRITON_INTERPRET=1) computes bf16 dot "
+                                 "products wrongly; run bf16 on a GPU, use fp16/fp32 here, or unset "
+                                 "TRITON_INTERPRET (the numpy backend runs bf16 on CPU tensors)")
+
+
 @functools.lru_cache(maxsize=None)
 def _triton_version() -> Optional[str]:
     try:

@@ -64,6 +64,15 @@ def options_from_args(args, extra: dict):
 def cmd_sweep(args, extra) -> int:
     from .engine import run_sweep
 
+    if args.plot is not None and not args.count:   # before the sweep, not after it
+        from ..deps import require
+
+        require("matplotlib", "ck sweep --plot")
+    if args.executor == "ray":
+        from ..deps import require
+
+        require("ray", "ck sweep --executor ray")
+
     meta = run_sweep(options_from_args(args, extra))
     if meta.get("interrupted"):
         return 130

@@ -105,7 +105,17 @@ def plan_work(mgr, spec: SweepSpec, registry, shapes: list, opts: Options, sink:
                 tasks[k.name].append({"base": base})
         return work
     chooser = Dispatcher(registry, backend=backend, check_backend=False)
+    # a backend without a device timer runs host reference code: a shape it would spend minutes on
+    # (an LLM layer in float64 NumPy) is a row that says so, not minutes of timing noise
+    host = mgr.backend(backend).timer is None and op.flops is not None
     for shape, problem in _problems(spec, op, shapes):
+        if host and op.flops(problem) > opts.f64_flops:
+            if ("", shape.name) not in sink.done:
+                emit(dict(_base_row(spec, shape, problem, None, registry.arch, backend), status="unsupported",
+                          error=f"{op.flops(problem) / 1e9:.3g} GFLOP is too large for the {backend} backend's "
+                                f"host code (--f64-flops {opts.f64_flops:g}); sweep it on a GPU (--backend "
+                                f"triton) or raise --f64-flops"))
+            continue
         steps = op.plan(problem) if op.plan else [(op.name, problem)]
         used = False
         for key in registry:
@@ -135,7 +145,8 @@ def _bars(work: Work, enabled: bool):
     every 30 s elsewhere, nothing when disabled."""
     from ..progress import Progress
 
-    cbar = Progress(len(work.compiles), "ck sweep: compile", unit="kernel", quiet=not enabled, position=0)
+    cbar = Progress(len(work.compiles), "ck sweep: compile", unit="kernel",
+                    quiet=not enabled or not work.compiles, position=0)   # nothing to compile: no counter
     n = sum(len(t) for t in work.tasks.values())
     bbar = None if work.compile_only else Progress(n, "ck sweep: bench", unit="row", quiet=not enabled,
                                                    position=1)

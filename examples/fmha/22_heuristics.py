@@ -43,4 +43,6 @@ for p in problems:
     ok &= ex.check(disp, p, args.rng, label=f"built-in heuristic: Sq={p.seqlen_q} Sk={p.seqlen_k}",
                    show_plan=False)
     print(f"    picked {disp.select(p).name[:100]}")
-ex.finish(ok and len(tiles) > 1)
+if len(tiles) == 1:   # e.g. gfx1100: CK's receipt 0 has one tile height there
+    print(f"note: {args.arch} has one tile height ({tiles[0]}): both pools hold the same kernels")
+ex.finish(ok and (len(tiles) > 1 or args.arch != ex.CPU_ARCH))

@@ -44,6 +44,13 @@ FACTS = {
         # RDNA (wave32 WMMA): start the K tile at 128 bytes instead of the GEMM default 64
         "gemm": {"tile_k_bytes": (128, 256)},
         "fmha": {
+            # CK 01_fmha codegen (example/ck_tile/01_fmha/codegen): the pipelines it instantiates here and
+            # the kernel-component factory (the kernel-name suffix) each family uses; a family
+            # missing from "factories" has no CK kernels on this arch
+            "ck_codegen": {
+                "pipelines": ("qr", "qr_nwarp_sshuffle", "qr_pagedkv"),
+                "factories": {"fwd": "gfx11", "bwd_dot_do_o": "gfx11", "bwd_dq_dk_dv": "gfx11", "bwd_convert_dq": "gfx11", "fwd_splitkv": "gfx11", "fwd_splitkv_combine": "gfx11", "fwd_pagedkv": "gfx11"},
+            },
             "arch_tag": "ck_tile::gfx11_t",
             "factory": "gfx11",  # CK's kernel-component factory (name suffix)
             "dtypes": ("fp16", "bf16"),

@@ -46,6 +46,13 @@ FACTS = {
         # RDNA (wave32 WMMA): start the K tile at 128 bytes instead of the GEMM default 64
         "gemm": {"tile_k_bytes": (128, 256)},
         "fmha": {
+            # CK 01_fmha codegen (example/ck_tile/01_fmha/codegen): the pipelines it instantiates here and
+            # the kernel-component factory (the kernel-name suffix) each family uses; a family
+            # missing from "factories" has no CK kernels on this arch
+            "ck_codegen": {
+                "pipelines": ("qr", "qr_nwarp_sshuffle", "qr_pagedkv", "appendkv"),
+                "factories": {"fwd": "gfx12", "bwd_dot_do_o": "gfx12", "bwd_dq_dk_dv": "gfx12", "bwd_convert_dq": "gfx12", "fwd_splitkv": "gfx12", "fwd_splitkv_combine": "gfx12", "fwd_pagedkv": "gfx12", "fwd_appendkv": "gfx12"},
+            },
             "arch_tag": "ck_tile::gfx12_t",
             "factory": "gfx12",  # CK's kernel-component factory (name suffix)
             "dtypes": ("fp16", "bf16", "fp8", "fp8bf16"),

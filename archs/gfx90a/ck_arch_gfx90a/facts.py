@@ -42,6 +42,13 @@ FACTS = {
     "peak": {"fp16_tflops": 191.5, "bf16_tflops": 191.5, "fp32_tflops": 47.9, "int8_tops": 191.5, "mem_gbs": 1638.4},
     "extras": {
         "fmha": {
+            # CK 01_fmha codegen (example/ck_tile/01_fmha/codegen): the pipelines it instantiates here and
+            # the kernel-component factory (the kernel-name suffix) each family uses; a family
+            # missing from "factories" has no CK kernels on this arch
+            "ck_codegen": {
+                "pipelines": ("qr", "qr_async", "qr_pagedkv", "appendkv"),
+                "factories": {"fwd": "gfx9", "bwd_dot_do_o": "gfx9", "bwd_dq_dk_dv": "gfx9", "bwd_convert_dq": "gfx9", "fwd_splitkv": "gfx9", "fwd_splitkv_combine": "gfx9", "fwd_pagedkv": "gfx9", "fwd_appendkv": "gfx9", "batch_prefill": "gfx9"},
+            },
             "arch_tag": "ck_tile::gfx9_t",
             "factory": "gfx9",  # CK's kernel-component factory (name suffix)
             "dtypes": ("fp16", "bf16", "fp32"),

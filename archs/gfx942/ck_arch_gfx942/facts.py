@@ -41,6 +41,13 @@ FACTS = {
     "peak": {"fp16_tflops": 1307.4, "bf16_tflops": 1307.4, "fp8_tflops": 2614.9, "int8_tops": 2614.9, "fp32_tflops": 163.4, "tf32_tflops": 653.7, "mem_gbs": 5300.0},
     "extras": {
         "fmha": {
+            # CK 01_fmha codegen (example/ck_tile/01_fmha/codegen): the pipelines it instantiates here and
+            # the kernel-component factory (the kernel-name suffix) each family uses; a family
+            # missing from "factories" has no CK kernels on this arch
+            "ck_codegen": {
+                "pipelines": ("qr", "qr_async", "qr_pagedkv", "appendkv"),
+                "factories": {"fwd": "gfx9", "bwd_dot_do_o": "gfx9", "bwd_dq_dk_dv": "gfx9", "bwd_convert_dq": "gfx9", "fwd_splitkv": "gfx9", "fwd_splitkv_combine": "gfx9", "fwd_pagedkv": "gfx9", "fwd_appendkv": "gfx9", "batch_prefill": "gfx9"},
+            },
             "arch_tag": "ck_tile::gfx9_t",
             "factory": "gfx9",  # CK's kernel-component factory (name suffix)
             "dtypes": ("fp16", "bf16", "fp32", "fp8", "fp8fp16", "fp8bf16", "fp8fp32", "bf8"),

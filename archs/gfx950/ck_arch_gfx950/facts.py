@@ -41,6 +41,13 @@ FACTS = {
     "peak": {"fp16_tflops": 2516.6, "bf16_tflops": 2516.6, "fp8_tflops": 5033.2, "int8_tops": 5033.2, "fp32_tflops": 157.3, "mem_gbs": 8000.0},
     "extras": {
         "fmha": {
+            # CK 01_fmha codegen (example/ck_tile/01_fmha/codegen): the pipelines it instantiates here and
+            # the kernel-component factory (the kernel-name suffix) each family uses; a family
+            # missing from "factories" has no CK kernels on this arch
+            "ck_codegen": {
+                "pipelines": ("qr", "qr_async", "qr_async_trload", "qr_async_trload_v3", "qr_pagedkv", "appendkv"),
+                "factories": {"fwd": "gfx950", "bwd_dot_do_o": "gfx950", "bwd_dq_dk_dv": "gfx950", "bwd_convert_dq": "gfx950", "fwd_splitkv": "gfx9", "fwd_splitkv_combine": "gfx9", "fwd_pagedkv": "gfx9", "fwd_appendkv": "gfx9", "batch_prefill": "gfx9"},
+            },
             "arch_tag": "ck_tile::gfx9_t",
             "factory": "gfx950",  # CK's kernel-component factory (name suffix)
             "dtypes": ("fp16", "bf16", "fp32", "fp8", "fp8fp16", "fp8bf16", "fp8fp32", "bf8"),

@@ -22,7 +22,13 @@ def __getattr__(name):
     if name in _LAZY:
         import importlib
 
-        fn = globals()[name] = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        try:
+            mod = importlib.import_module(f".{_LAZY[name]}", __name__)
+        except ImportError as exc:
+            from ck_core.deps import missing
+
+            raise missing(exc, f"ck_conv.{name}", "ck-conv") from exc
+        fn = globals()[name] = getattr(mod, name)
         return fn   # later lookups skip this function
     raise AttributeError(f"module 'ck_conv' has no attribute {name!r}")
 

@@ -13,6 +13,7 @@ Forward, bwd_data and bwd_weight are the torch custom ops ``ck::conv``,
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Optional
 
 import torch
@@ -22,7 +23,7 @@ from ck_core import warm
 from ck_core.errors import InvalidProblem
 from ck_core.plugins import get_manager
 
-from .problem import LAYOUT_FAMILIES, ConvProblem
+from .problem import IN_NAMES, LAYOUT_FAMILIES, ConvProblem
 
 
 def _is_channels_last(x: torch.Tensor) -> bool:
@@ -30,10 +31,26 @@ def _is_channels_last(x: torch.Tensor) -> bool:
     return x.shape[1] > 1 and x.stride(1) == 1 and not x.is_contiguous()
 
 
+def _int(x, what: str) -> int:
+    """``x`` as an int when it is one (int, numpy or 0-d torch integer); anything else, such as 1.5
+    (which int() would truncate) or True, is refused."""
+    import operator
+
+    if isinstance(x, bool):
+        raise InvalidProblem(f"{what}={x!r}: give an integer, not a bool")
+    try:
+        return operator.index(x)
+    except TypeError:
+        raise InvalidProblem(f"{what}={x!r} is not an integer; give integers") from None
+
+
 def _tuple(v, nd: int, what: str) -> tuple:
     if isinstance(v, str):
         raise InvalidProblem(f"{what}={v!r}: give integers (string paddings such as 'same' are not supported)")
-    t = (int(v),) * nd if isinstance(v, int) else tuple(int(x) for x in v)
+    if isinstance(v, (list, tuple)):
+        t = tuple(_int(x, what) for x in v)
+    else:
+        t = (_int(v, what),) * nd
     if len(t) == 1 and nd > 1:
         t = t * nd
     if len(t) != nd:
@@ -130,27 +147,50 @@ def _forward(x, w, stride, padding, dilation, groups: int, sig=None) -> torch.Te
     return y
 
 
-def _warm_closure(disp, p: ConvProblem, tensors: dict, x, w, groups: int, cl: bool):
-    """``f(x, w) -> y`` repeating a forward with this signature: the launcher's recorded
-    replay where it has one, else the cached Problem on the cached Dispatcher."""
-    out_shape, dev = _out_shape(p), x.device
+def _prep(name: str):
+    """The problem storage of an operand named ``name`` (``x``/``dy``: images, ``w``: filters)."""
+    return _weight_in if name == "w" else _image_in
+
+
+def _warm_closure(disp, p: ConvProblem, tensors: dict, a, b, groups: int, cl: bool, out_shape=None):
+    """``f(a, b) -> out`` repeating a call of ``p``'s direction with this signature (``a``, ``b``: the
+    direction's operands in torch's form, IN_NAMES order): the launcher's recorded replay where it has
+    one, else the cached Problem on the cached Dispatcher."""
+    out_shape = _out_shape(p) if out_shape is None else tuple(out_shape)
+    dev = a.device
+    na, nb = IN_NAMES[p.direction]
+    pa, pb = _prep(na), _prep(nb)
     fast = disp.warm(p, tensors)
     if fast is not None:
-        if getattr(fast, "pointers_only", False) and tensors["x"].data_ptr() == x.data_ptr() \
-                and tensors["w"].data_ptr() == w.data_ptr():
-            # the problem's operands are views of x and w (the signature pins their strides)
+        if getattr(fast, "pointers_only", False) and tensors[na].data_ptr() == a.data_ptr() \
+                and tensors[nb].data_ptr() == b.data_ptr():
+            # the problem's operands are views of a and b (the signature pins their strides)
             if cl:   # what _nc_out does, with its shapes worked out once
                 lead, ch, *sp = out_shape
                 view, perm = (lead, *sp, ch), _first(len(sp))
-                return lambda x, w: fast(x, w).reshape(view).permute(perm)
-            return lambda x, w: fast(x, w).reshape(out_shape)
-        return lambda x, w: _nc_out(fast(_image_in(x, groups, cl), _weight_in(w, groups, cl)), out_shape, cl)
+                return lambda a, b: fast(a, b).reshape(view).permute(perm)
+            return lambda a, b: fast(a, b).reshape(out_shape)
+        return lambda a, b: _nc_out(fast(pa(a, groups, cl), pb(b, groups, cl)), out_shape, cl)
 
-    def again(x, w):
-        ts = {"x": _image_in(x, groups, cl), "w": _weight_in(w, groups, cl)}
-        return _nc_out(core.run(disp, p, ts, device=dev, dtype=x.dtype), out_shape, cl)
+    def again(a, b):
+        ts = {na: pa(a, groups, cl), nb: pb(b, groups, cl)}
+        return _nc_out(core.run(disp, p, ts, device=dev, dtype=a.dtype), out_shape, cl)
 
     return again
+
+
+def _stage(direction: str, a, b, x_shape, w_shape, args: tuple, cl: bool) -> tuple:
+    """(closure ``f(a, b) -> out`` for operands like ``a``, ``b``, this call's ``out``): one cold call
+    of ``direction`` (``a``, ``b`` in IN_NAMES order, torch's form) through the Dispatcher."""
+    stride, padding, dilation, groups = args
+    p = _problem(direction, x_shape, w_shape, stride, padding, dilation, groups, a.dtype, cl)
+    na, nb = IN_NAMES[direction]
+    tensors = {na: _prep(na)(a, groups, cl), nb: _prep(nb)(b, groups, cl)}
+    out_shape = {"forward": _out_shape(p), "bwd_data": tuple(x_shape), "bwd_weight": tuple(w_shape)}[direction]
+    disp = core.dispatcher_on("conv", a, directions=(direction,), dtypes=(p.dtype,), ndims=(p.ndim,),
+                              layouts=(p.layout_family,))
+    out = _nc_out(core.run(disp, p, tensors, device=a.device, dtype=a.dtype), out_shape, cl)
+    return _warm_closure(disp, p, tensors, a, b, groups, cl, out_shape), out
 
 
 @torch.library.custom_op("ck::conv", mutates_args=())
@@ -216,40 +256,76 @@ conv_op.register_autograd(_backward, setup_context=_setup)
 
 
 class _Eager(torch.autograd.Function):
-    """The forward with autograd in eager mode, without the custom-op layer: the forward is
-    the no-grad path (warm-call cache), the backward the custom op's.  ``torch.compile``
-    traces the custom op instead."""
+    """The forward with autograd in eager mode, without the custom-op layer: the forward is the warm
+    closure of its signature's :class:`ck_core.warm.Entry` (kept by the context), the backward looks
+    its closures (bwd_data, bwd_weight) up in that Entry by the gradient's signature, built on the
+    first backward step of a signature.  ``torch.compile`` traces the custom op instead."""
 
     @staticmethod
-    def forward(ctx, x, w, stride, padding, dilation, groups):
-        _setup(ctx, (x, w, stride, padding, dilation, groups), None)
-        return _conv(x.dim() - 2, x, w, None, stride, padding, dilation, groups)   # grad mode is off here
+    def forward(ctx, entry, x, w):
+        ctx.save_for_backward(x, w)
+        ctx.entry = entry
+        f = entry.fwd
+        if f is not None:
+            return f(x, w)   # grad mode is off here
+        args, cl = entry.extra
+        entry.fwd, y = _stage("forward", x, w, x.shape, w.shape, args, cl)
+        return y
 
     @staticmethod
     def backward(ctx, dy):
-        return _backward(ctx, dy)
+        x, w = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        entry = ctx.entry
+        args, cl = entry.extra
+        if torch.is_grad_enabled():   # a graph of the backward (create_graph): the custom ops record it
+            stride, padding, dilation, groups = args
+            view = SimpleNamespace(saved_tensors=(x, w), args=(stride, padding, dilation, groups, cl),
+                                   needs_input_grad=need[1:])
+            return (None, *_backward(view, dy)[:2])
+        key = (dy.shape, dy.stride(), dy.dtype, dy.data_ptr() % 16, need[1], need[2])
+        f = entry.bwd.get(key)
+        if f is not None:
+            fd, fw = f
+            return None, fd(dy, w) if fd is not None else None, fw(x, dy) if fw is not None else None
+        fd = fw = dx = dw = None
+        if need[1]:
+            fd, dx = _stage("bwd_data", dy, w, x.shape, w.shape, args, cl)
+        if need[2]:
+            fw, dw = _stage("bwd_weight", x, dy, x.shape, w.shape, args, cl)
+        if len(entry.bwd) > 64:
+            entry.bwd.clear()
+        entry.bwd[key] = (fd, fw)
+        return None, dx, dw
 
 
 # -- the public functions -------------------------------------------------------------
 
 #: the first field of the forward's warm-call signatures
 _CONV = "ck_conv.conv"
+_CONV_ENTRY = "ck_conv.conv/autograd"
+_apply = _Eager.apply
 _compiling, _grad_enabled, _warm_get = torch.compiler.is_compiling, torch.is_grad_enabled, warm.get
 
 
 def _conv(nd: int, x, w, bias, stride, padding, dilation, groups):
+    if not (isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor)
+            and (bias is None or isinstance(bias, torch.Tensor))):
+        raise InvalidProblem(f"conv{nd}d takes torch tensors (input, weight, bias), got {type(x).__name__}, "
+                             f"{type(w).__name__}, {type(bias).__name__} (convert numpy arrays with torch.from_numpy)")
     sig = None
-    if x.dim() == nd + 2 and not _compiling() and not (_grad_enabled() and (x.requires_grad or w.requires_grad)):
+    if x.dim() == nd + 2 and not _compiling():
+        grad = _grad_enabled() and (x.requires_grad or w.requires_grad)
         # a known signature skips the Problem, its checks and the Dispatcher; per tensor the
-        # fields of ck_core.warm.tensor_sig, flat
-        sig = (_CONV, get_manager(), nd, x.shape, x.stride(), x.dtype, x.device, x.data_ptr() % 16,
-               w.shape, w.stride(), w.dtype, w.device, w.data_ptr() % 16,
+        # fields of ck_core.warm.tensor_sig, flat (with autograd: the signature's Entry)
+        sig = (_CONV_ENTRY if grad else _CONV, get_manager(), nd, x.shape, x.stride(), x.dtype, x.device,
+               x.data_ptr() % 16, w.shape, w.stride(), w.dtype, w.device, w.data_ptr() % 16,
                tuple(stride) if isinstance(stride, list) else stride,
                tuple(padding) if isinstance(padding, list) else padding,
                tuple(dilation) if isinstance(dilation, list) else dilation, groups)
         f = _warm_get(sig)
         if f is not None:
-            y = f(x, w)
+            y = _apply(f, x, w) if grad else f(x, w)
             return y if bias is None else y + bias.view(1, -1, *([1] * nd))
     if x.dim() == nd + 1:   # unbatched, as torch allows
         return _conv(nd, x.unsqueeze(0), w, bias, stride, padding, dilation, groups).squeeze(0)
@@ -259,11 +335,14 @@ def _conv(nd: int, x, w, bias, stride, padding, dilation, groups):
     if w.dtype != x.dtype or w.device != x.device:
         raise InvalidProblem(f"conv{nd}d: input is {x.dtype} on {x.device} but weight {w.dtype} on {w.device}")
     args = ([*_tuple(stride, nd, "stride")], [*_tuple(padding, nd, "padding")],
-            [*_tuple(dilation, nd, "dilation")], int(groups))
+            [*_tuple(dilation, nd, "dilation")], _int(groups, "groups"))
     if not torch.compiler.is_compiling() and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)):
         y = _forward(x, w, *args, sig=sig)   # no autograd record to keep: skip the op wrapper
     elif not torch.compiler.is_compiling():
-        y = _Eager.apply(x, w, *args)
+        _problem("forward", x.shape, w.shape, *args, x.dtype, _is_channels_last(x))   # checks, before caching
+        entry = warm.Entry(extra=(args, _is_channels_last(x)))
+        warm.put(sig, entry)
+        y = _apply(entry, x, w)
     else:
         y = conv_op(x, w, *args)
     if bias is not None:

@@ -13,7 +13,7 @@ heuristic pick first); the heuristic pick's own number is in the JSON too.
 Kernels are compiled first in a pool of worker processes so that the timing
 loop only loads them from Triton's disk cache.
 
-    PYTHONPATH=plugins/conv:. python benchmarks/conv_bench.py --json $OUT/conv_raw.json
+    ck bench conv --vs torch --json $OUT/conv.json        # (or python -m ck_conv.bench --json ...)
 """
 from __future__ import annotations
 
@@ -254,7 +254,9 @@ def main(argv=None, progress=None):
             if best is not None:  # tune the reduction split of the winner
                 from ck_conv.heuristics import auto_split_k
                 if d == "bwd_weight":
-                    a = auto_split_k(p, best[4], torch.cuda.get_device_properties(0).multi_processor_count)
+                    from ck_core.device import current_arch
+
+                    a = auto_split_k(p, best[4], current_arch(torch.device("cuda", 0)).compute_units)
                     splits = sorted({max(1, a // 2), a * 2, 1} - {a})
                 else:
                     splits = [1, 2, 4, 8]

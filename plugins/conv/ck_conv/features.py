@@ -3,7 +3,7 @@
 Problem columns (direction, group shape, pixels, filter, stride), kernel columns
 (tile, warps, stages, the realisation knobs: reduction, split, merged groups, tap
 bits, flat / row-reuse depthwise) and the analytic columns that carry most of the
-signal: the programs the launch makes (:func:`ck_conv.backends.triton.launch.reduction_shape`,
+signal: the programs the launch makes (:func:`ck_conv.geometry.reduction_shape`,
 times the split) against the arch's compute units, the matrix work the padded tiles
 do over the useful work, and a roofline estimate from the ArchSpec's peaks.  The
 old heuristic's order is a column too (its rank among the candidates): the trees
@@ -28,6 +28,7 @@ import numpy as np
 from ck_core.dtypes import ELEMENT_BYTES
 
 from . import keys as K
+from .geometry import reduction_shape
 
 _REDUCTIONS = K.REDUCTIONS
 _PIPES = K.PIPELINES
@@ -58,7 +59,6 @@ def _kernel_matrix(keys: tuple) -> np.ndarray:
 
 def _launch_columns(keys: tuple, problem, cus: int) -> np.ndarray:
     """Per key: (output tiles, reduction length, programs) of its launch on ``problem``."""
-    from .backends.triton.launch import reduction_shape
     from .keys import config_of
 
     out = np.empty((len(keys), 3))

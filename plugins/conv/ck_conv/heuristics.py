@@ -20,8 +20,9 @@ import attrs
 
 from ck_core.tuned_data import EMPTY, table
 
-from .keys import ELEMENT_BYTES, ConvKernelConfig, config_of, evolved
-from .space import as_tuples
+from .geometry import reduction_shape, split_plan, streamk_fits
+from .keys import ELEMENT_BYTES, ConvKernelConfig, as_tuples, config_of, conv_facts, evolved, key_of
+from .space import _splits
 from .problem import ConvProblem
 
 #: ``fixup``'s preferred split stops here: the last program of a tile reads every partial
@@ -36,8 +37,6 @@ def _cdiv(a: int, b: int) -> int:
 
 def auto_split_k(p: ConvProblem, cfg: ConvKernelConfig, num_sms: int) -> int:
     """Split of the bwd_weight pixel reduction that fills about two waves of the GPU."""
-    from .backends.triton.launch import reduction_shape
-
     tiles, P = reduction_shape(cfg, p)
     min_chunk = 4 * cfg.tile[0] if cfg.specialization == "depthwise" else 8 * cfg.tile[2]
     kind = "depthwise" if cfg.specialization == "depthwise" else "flat" if cfg.flat else "tma" if cfg.tma \
@@ -94,15 +93,11 @@ _PREFERRED: dict = {}
 
 def _preferred_split(cfg: ConvKernelConfig, p: ConvProblem, num_sms: int, smem_bytes: int | None) -> int:
     if cfg.reduction == "streamk":
-        from .backends.triton.launch import streamk_fits
-
-        return streamk_fits(cfg, smem_bytes)
+        return streamk_fits(cfg, smem_bytes or plan_facts()[1])
     if cfg.rows or p.direction != "bwd_weight" and (cfg.flat or cfg.specialization == "depthwise"):
         return 1
     if p.direction == "bwd_weight":
         return auto_split_k(p, cfg, num_sms)
-    from .backends.triton.launch import reduction_shape
-
     tiles, steps = reduction_shape(cfg, p)
     return auto_split_mn(tiles, steps, num_sms, eager=cfg.reduction in EAGER_REDUCTIONS)
 
@@ -115,8 +110,6 @@ def named_split(cfg: ConvKernelConfig, p: ConvProblem, arch, split: int | None =
     benchmarks): the config gets the split its launch really makes (a short
     reduction has fewer parts than asked) and the problem asks for exactly that.
     """
-    from .backends.triton.launch import split_plan
-
     p0 = attrs.evolve(p, split_k=0)
     c = attrs.evolve(cfg, split=split or preferred_split(cfg, p0, arch.compute_units, arch.lds_bytes))
     if c.reduction != "streamk":
@@ -273,8 +266,7 @@ def candidate_configs(p: ConvProblem, limit: int | None = None, extended: bool =
         if p.direction == "bwd_weight" and out[0].specialization == "depthwise":
             # one fp32 accumulator per filter tap and element: tiles that would spill go
             most = float(_lists("depthwise_bwd_weight", "max_acc_per_thread", arch))
-            warp = int(arch.warp_size) if arch is not None else int(
-                table("conv", "generic", "plan", TUNED_DIR, check=check_entry)["warp_size"])
+            warp = int((arch or _planned_arch(table("conv", "generic", "plan", TUNED_DIR, check=check_entry)["arch"])).warp_size)
             out = [c for c in out if c.tile[0] * c.tile[1] * p.taps / (warp * c.num_warps) <= most] or out
     return out[:limit] if limit else out
 
@@ -398,10 +390,21 @@ _LISTS: dict = {}
 def plan_facts(arch=None) -> tuple[int, int]:
     """(SMs / CUs, shared memory per block in bytes) that the wave and buffer rules plan for:
     ``arch``'s (an ArchSpec), else those of the device the tuned lists were made for."""
-    if arch is not None:
-        return int(arch.compute_units), int(arch.lds_bytes)
-    t = table("conv", "generic", "plan", TUNED_DIR, check=check_entry)
-    return int(t["compute_units"]), int(t["lds_bytes"])
+    if arch is None:
+        arch = _planned_arch(table("conv", "generic", "plan", TUNED_DIR, check=check_entry)["arch"])
+    return int(arch.compute_units), int(arch.lds_bytes)
+
+
+@functools.lru_cache(maxsize=4)
+def _planned_arch(name: str):
+    from ck_core.errors import ConfigError
+    from ck_core.plugins import get_manager
+
+    arch = get_manager().archs().get(name)
+    if arch is None:
+        raise ConfigError(f"conv's tuned candidate lists were planned for {name}, whose arch plugin is not "
+                          f"installed (pip install ck-arch-{name}); pass the ArchSpec of the arch in use")
+    return arch
 
 
 def flat_candidates(p: ConvProblem, arch=None) -> list[ConvKernelConfig]:
@@ -597,3 +600,66 @@ def extended_candidates(p: ConvProblem, arch=None) -> list[ConvKernelConfig]:
         if n >= 256:
             add((128, 256, bk), (2, 4, 1), "compv3", stages=3, reduction="streamk", tap_mask=tap)
     return out
+
+
+# -- the Dispatcher's shortlist ------------------------------------------------------------
+
+def shortlist(problem, arch, backend: str):
+    """Two tiers of keys for ``problem``: its tuning list
+    (:func:`ck_conv.heuristics.candidate_configs`: the heuristic pick first, then the classic
+    and realisation variants that won on the H100), then the heuristic pick's kernel on
+    each tile of CK's table (what a registry of CK's space alone holds).  Each config comes
+    with the split that fills ``arch`` (as the launch makes it) and unsplit."""
+    if not isinstance(problem, ConvProblem):
+        return
+    yield _with_splits(candidate_configs(problem, arch=arch), problem, arch, backend)
+    yield _with_splits(_ck_table_variants(problem, arch), problem, arch, backend)   # only when the first misses
+
+
+def _with_splits(cfgs, problem, arch, backend: str) -> list:
+    cus, smem = max(int(arch.compute_units or 1), 1), arch.lds_bytes
+    out = []
+    for c in cfgs:
+        if problem.split_k:
+            picks = (c if c.split == problem.split_k else evolved(c, split=problem.split_k),)
+        else:
+            c1 = c if c.split == 1 else evolved(c, split=1)
+            sp = preferred_split(c1, problem, cus, smem)
+            if sp > 1 and c1.reduction != "streamk":
+                sp = split_plan(c1, problem, sp)[0]   # the parts the launch makes
+                sp = _enumerated_split(c1, sp, problem)
+            # bwd_weight's tensor-descriptor, flat im2col and depthwise kernels are made to be split:
+            # their unsplit twins only fill a few SMs (H100 probe: 0.1-0.3x cuDNN, and a ranker
+            # that has not seen them may pick them)
+            # (the triton key space holds the splits; other backends' spaces only unsplit keys)
+            one = sp != 1 and backend == "triton" and c1.direction == "bwd_weight" and (
+                c1.tma or c1.flat or c1.specialization == "depthwise")
+            picks = (evolved(c1, split=sp),) if one else (evolved(c1, split=sp), c1) if sp != 1 else (c1,)
+        out.extend(key_of(x, arch.name, backend) for x in picks)
+    return out
+
+
+def _enumerated_split(c1: ConvKernelConfig, want: int, problem) -> int:
+    """The split nearest ``want`` (log scale; the smaller on a tie) among those the enumeration
+    gives ``c1`` (:func:`_splits`) that its launch makes as named on ``problem``; 1 if none.
+    The preferred split is any integer (263 parts of a MobileNet layer's pixels), the key space
+    holds powers of two: a shortlist naming a split outside it would name no key at all."""
+    for s in _nearest_first(_splits(c1, ()), want):
+        if s == 1 or split_plan(c1, problem, s)[0] == s:
+            return s
+    return 1
+
+
+@functools.lru_cache(maxsize=4096)
+def _nearest_first(splits: tuple, want: int) -> tuple:
+    return tuple(sorted(splits, key=lambda s: (abs(math.log2(s / want)), s)))
+
+
+def _ck_table_variants(problem, arch) -> list:
+    want = heuristic_config(problem)
+    facts = conv_facts(arch)
+    if want.specialization == "depthwise":
+        return [attrs.evolve(want, tile=t) for t in facts["depthwise_tiles"]]
+    tiles = facts["tiles"]
+    waves = dict.fromkeys((want.waves, (2, 2, 1), (4, 1, 1), (2, 4, 1)))
+    return [attrs.evolve(want, tile=tuple(t), waves=w) for t in tiles for w in waves]

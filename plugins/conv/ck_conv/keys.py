@@ -29,21 +29,52 @@ Legality follows CK's grouped-conv dispatcher rules (``grouped_config_rules``):
 block tile = waves x warp tile, whole vectors per lane, the block's thread limit,
 and backward kernels on the compv3 and mem pipelines only.  Which tiles, waves,
 warp tiles and how much LDS exist is data: the ArchSpec's, else the generic
-tables that :func:`ck_conv.space.conv_facts` reads (the space is enumerated in
+tables that :func:`conv_facts` reads (``space.json``) (the space is enumerated in
 :mod:`ck_conv.space`, ranked in :mod:`ck_conv.heuristics`).
 """
 from __future__ import annotations
 
 import functools
+import json
 import math
 import re
+from pathlib import Path
 
 import attrs
 
 from ck_core.errors import ConfigError, InvalidProblem, MissingKernel
 from ck_core.key import KernelKey, RecordSchema
 
+from .geometry import split_plan  # the launch's own arithmetic: the name says what runs
 from .problem import DIRECTIONS, DTYPES, LAYOUT_FAMILIES, ConvProblem
+
+#: the space's generic tables (tiles, waves, realisation axes); an arch's ``extras["conv"]`` overrides
+FACTS_FILE = Path(__file__).resolve().parent / "space.json"
+
+
+def as_tuples(x):
+    if isinstance(x, dict):
+        return {k: as_tuples(v) for k, v in x.items()}
+    return tuple(as_tuples(v) for v in x) if isinstance(x, (list, tuple)) else x
+
+
+@functools.lru_cache(maxsize=1)
+def _generic() -> dict:
+    data = json.loads(FACTS_FILE.read_text())
+    return {**as_tuples(data["arch"]), **as_tuples(data["kernels"]), "triton": as_tuples(data["triton"])}
+
+
+def conv_facts(arch=None) -> dict:
+    """The conv space's tables: ``tiles``, ``waves``, ``depthwise_tiles``, ``max_block_threads``
+    (arch facts: ``arch.extras["conv"]`` where it has the field, else the generic one),
+    ``rows_rh`` (the row-reuse kernel's output rows) and ``triton`` (the realisation
+    families' axes).  Plain tuples and dicts, shared: do not change them."""
+    gen = _generic()
+    own = dict(getattr(arch, "extras", {}).get("conv", {})) if arch is not None else {}
+    if not own:
+        return gen
+    return {**gen, **{k: as_tuples(v) for k, v in own.items() if k in ("tiles", "waves", "depthwise_tiles",
+                                                                      "max_block_threads")}}
 
 DIR_TOKEN = {"forward": "fwd", "bwd_data": "bwd_data", "bwd_weight": "bwd_weight"}
 TOKEN_DIR = {v: k for k, v in DIR_TOKEN.items()}
@@ -431,8 +462,6 @@ class ConvKernelConfig:
             return f"problem asks for split_k={p.split_k}, kernel splits {self.split} ways"
         if self.reduction == "streamk":
             return None  # split = persistent programs per SM: any count runs
-        from .backends.triton.launch import split_plan  # the launch's own arithmetic: the name says what runs
-
         if self.reduction in ("twostage", "fixup") and self.split * _result_size(p) >= 2 ** 31:
             return f"a {self.reduction} workspace of {self.split} x the output overflows 32-bit offsets"
 
@@ -468,8 +497,6 @@ def rows_why_not(cfg: ConvKernelConfig, p: ConvProblem) -> str | None:
         return "the row-reuse depthwise kernel exists for forward only"
     if cfg.flat:
         return "_rows and _flat are different kernels; pick one"
-    from .space import conv_facts   # the rows the kernel is written for (a cycle at import)
-
     rh, blk, _ = cfg.tile
     rows = conv_facts()["rows_rh"]
     if rh not in rows or blk & (blk - 1) or blk < 16:
@@ -674,8 +701,6 @@ def from_fields(sig: dict, alg: dict):
 
 def legal(key, arch) -> str | None:
     """Why the enumeration rules would not produce ``key`` on ``arch`` (or None)."""
-    from .space import conv_facts
-
     c = config_of(key)
     why = cull_reason(c, warp_size=arch.warp_size, lds_bytes=arch.lds_bytes,
                       warp_tiles=dict(arch.warp_tiles).get(c.dtype, ()),

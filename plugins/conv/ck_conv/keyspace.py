@@ -20,7 +20,7 @@ from ck_core.keyspace import KeySpace
 
 from . import keys as K
 from .keys import ConvSignature, from_config
-from .space import OPTIONS, _splits, conv_facts, enumerate_configs
+from .space import OPTIONS, _splits, classic_configs, conv_facts, enumerate_configs, realisation_configs
 from .problem import DIRECTIONS, DTYPES, LAYOUT_FAMILIES
 
 
@@ -99,8 +99,6 @@ class ConvSpace(KeySpace):
         return self._algorithms(ck, seen), self._algorithms(extra, seen)
 
     def _realisations(self, d, dt, nd, lay, spec) -> list:
-        from .space import classic_configs, realisation_configs
-
         arch, out = self.archspec, []
         for c in classic_configs(d, dt, nd, lay, spec) + realisation_configs(d, dt, nd, lay, spec):
             if (self._only_tiles and c.tile not in self._only_tiles) or \
@@ -210,3 +208,13 @@ def _may_run(spec: str, p) -> bool:
     if spec == "filter3x3":
         return p.specialization == spec
     return True
+
+
+def key_space(arch, backend: str, options: dict):
+    """The conv kernel space on ``arch`` as a KeySpace (:class:`ConvSpace`)."""
+    return ConvSpace(arch, backend, options)
+
+
+def enumerate_keys(arch, backend: str, options: dict) -> list:
+    """Every key of :func:`key_space`, listed."""
+    return list(key_space(arch, backend, options))

@@ -21,10 +21,10 @@ from ck_core.errors import UnsupportedProblem
 from ck_core.hookspecs import hookimpl
 from ck_core.records import OpSpec
 
-from .heuristics import heuristic
+from .heuristics import heuristic, shortlist
 from .keys import format_name, from_fields, legal, parse_name, supports
 from .problem import IN_NAMES, OUT_NAME, ConvProblem
-from .space import enumerate_keys, key_space, shortlist
+from .keyspace import enumerate_keys, key_space
 
 
 # -- references and inputs -------------------------------------------------------
@@ -110,6 +110,11 @@ def _bench(peer, options):
     return bench(peer, options)
 
 
+def problem_options(p) -> dict:
+    """The part of the space that can run ``p`` (as the torch API narrows it)."""
+    return {"directions": (p.direction,), "dtypes": (p.dtype,), "ndims": (p.ndim,), "layouts": (p.layout_family,)}
+
+
 def conv_op() -> OpSpec:
     return OpSpec(
         name="conv",
@@ -135,6 +140,7 @@ def conv_op() -> OpSpec:
         features=_features,
         render=render,
         bench=_bench,
+        problem_options=problem_options,
         tolerance=tolerance,
         families=("implicit_gemm", "depthwise"),
         options={

@@ -138,23 +138,40 @@ class ConvProblem(Problem):
 
     op: ClassVar[str] = "conv"
 
-    N: int = attrs.field(converter=as_int, validator=_positive("N"))
-    G: int = attrs.field(default=1, converter=as_int, validator=_positive("G"))
-    C: int = attrs.field(converter=as_int, validator=_positive("C"))
-    K: int = attrs.field(converter=as_int, validator=_positive("K"))
-    input_spatial: tuple = attrs.field(converter=_tuple, validator=_positive("input_spatial"))
-    filter: tuple = attrs.field(converter=_tuple, validator=_positive("filter"))
-    stride: tuple = attrs.field(default=(), converter=_tuple)
-    dilation: tuple = attrs.field(default=(), converter=_tuple)
-    pad_left: tuple = attrs.field(default=(), converter=_tuple)
-    pad_right: tuple = attrs.field(default=(), converter=_tuple)
-    direction: str = attrs.field(default="forward", validator=_one_of("direction", DIRECTIONS))
-    dtype: str = attrs.field(default="fp16", validator=_one_of("dtype", DTYPES))
-    in_layout: str = attrs.field(default="")
-    wei_layout: str = attrs.field(default="")
-    out_layout: str = attrs.field(default="")
+    N: int = attrs.field(converter=as_int, validator=_positive("N"), metadata={
+        "help": "batch size: images per call"})
+    G: int = attrs.field(default=1, converter=as_int, validator=_positive("G"), metadata={
+        "help": "groups (C and K divisible by G; depthwise: G = C = K)"})
+    C: int = attrs.field(converter=as_int, validator=_positive("C"), metadata={
+        "help": "input channels, the total over all groups"})
+    K: int = attrs.field(converter=as_int, validator=_positive("K"), metadata={
+        "help": "output channels (filters), the total over all groups"})
+    input_spatial: tuple = attrs.field(converter=_tuple, validator=_positive("input_spatial"), metadata={
+        "help": "input size per spatial dimension, outermost first (D,H,W), e.g. 9,11: its length makes it 1D/2D/3D"})
+    filter: tuple = attrs.field(converter=_tuple, validator=_positive("filter"), metadata={
+        "help": "filter size per spatial dimension, e.g. 3,3"})
+    stride: tuple = attrs.field(default=(), converter=_tuple, metadata={
+        "help": "stride per spatial dimension (default 1 each)"})
+    dilation: tuple = attrs.field(default=(), converter=_tuple, metadata={
+        "help": "filter dilation per spatial dimension (default 1 each)"})
+    pad_left: tuple = attrs.field(default=(), converter=_tuple, metadata={
+        "help": "zero padding before the data, per spatial dimension (default 0 each)"})
+    pad_right: tuple = attrs.field(default=(), converter=_tuple, metadata={
+        "help": "zero padding after the data, per spatial dimension (default 0 each)"})
+    direction: str = attrs.field(default="forward", validator=_one_of("direction", DIRECTIONS), metadata={
+        "help": "what to compute: forward (output y), bwd_data (input gradient dx), bwd_weight (weight gradient dw)"})
+    dtype: str = attrs.field(default="fp16", validator=_one_of("dtype", DTYPES), metadata={
+        "help": f"element dtype: {', '.join(DTYPES)}"})
+    in_layout: str = attrs.field(default="", metadata={
+        "help": "input layout as CK spells it, e.g. NHWGC, NGCHW, GNHWC ('' = the NHWGC family)"})
+    wei_layout: str = attrs.field(default="", metadata={
+        "help": "weight layout, e.g. GKYXC ('' = the input layout's family)"})
+    out_layout: str = attrs.field(default="", metadata={
+        "help": "output layout, e.g. NHWGK ('' = the input layout's family)"})
     #: bwd_weight only: how many programs split the pixel reduction; 0 lets the launcher choose
-    split_k: int = attrs.field(default=0, converter=as_int)
+    split_k: int = attrs.field(default=0, converter=as_int, metadata={
+        "help": "the kernels' reduction split: 0 = any (selection chooses), 1 = unsplit kernels only, n = kernels "
+                "splitting n ways"})
 
     def __attrs_post_init__(self):
         nd = len(self.input_spatial)

@@ -18,49 +18,17 @@ full cross product of tiles x knobs would be millions of keys per signature.
 """
 from __future__ import annotations
 
-import functools
 import itertools
-import json
 import logging
-import math
-from pathlib import Path
-
-import attrs
 
 from . import keys as K
-from .keys import ConvKernelConfig, cull_reason, evolved, key_of
-from .problem import DIRECTIONS, DTYPES, ConvProblem
+from .keys import ConvKernelConfig, conv_facts, cull_reason
+from .problem import DIRECTIONS, DTYPES
 
 log = logging.getLogger(__name__)
 
 #: split reductions that are not CK's atomic one
 REDUCTIONS = ("relaxed", "twostage", "fixup", "atomicfix", "streamk")
-FACTS_FILE = Path(__file__).resolve().parent / "space.json"
-
-
-def as_tuples(x):
-    if isinstance(x, dict):
-        return {k: as_tuples(v) for k, v in x.items()}
-    return tuple(as_tuples(v) for v in x) if isinstance(x, (list, tuple)) else x
-
-
-@functools.lru_cache(maxsize=1)
-def _generic() -> dict:
-    data = json.loads(FACTS_FILE.read_text())
-    return {**as_tuples(data["arch"]), **as_tuples(data["kernels"]), "triton": as_tuples(data["triton"])}
-
-
-def conv_facts(arch=None) -> dict:
-    """The conv space's tables: ``tiles``, ``waves``, ``depthwise_tiles``, ``max_block_threads``
-    (arch facts: ``arch.extras["conv"]`` where it has the field, else the generic one),
-    ``rows_rh`` (the row-reuse kernel's output rows) and ``triton`` (the realisation
-    families' axes).  Plain tuples and dicts, shared: do not change them."""
-    gen = _generic()
-    own = dict(getattr(arch, "extras", {}).get("conv", {})) if arch is not None else {}
-    if not own:
-        return gen
-    return {**gen, **{k: as_tuples(v) for k, v in own.items() if k in ("tiles", "waves", "depthwise_tiles",
-                                                                      "max_block_threads")}}
 
 
 def _axes(t: dict) -> tuple:
@@ -68,7 +36,7 @@ def _axes(t: dict) -> tuple:
 
 
 def _triton() -> dict:
-    return _generic()["triton"]
+    return conv_facts()["triton"]
 
 
 # -- CK's tile space ---------------------------------------------------------------------
@@ -228,83 +196,3 @@ def _splits(c: ConvKernelConfig, override) -> tuple:
     return splits["atomic" if c.reduction == "atomic" else "workspace"]
 
 
-def key_space(arch, backend: str, options: dict):
-    """The conv kernel space on ``arch`` as a KeySpace (:class:`ck_conv.keyspace.ConvSpace`)."""
-    from .keyspace import ConvSpace
-
-    return ConvSpace(arch, backend, options)
-
-
-def enumerate_keys(arch, backend: str, options: dict) -> list:
-    """Every key of :func:`key_space`, listed."""
-    return list(key_space(arch, backend, options))
-
-
-def shortlist(problem, arch, backend: str):
-    """Two tiers of keys for ``problem``: its tuning list
-    (:func:`ck_conv.heuristics.candidate_configs`: the heuristic pick first, then the classic
-    and realisation variants that won on the H100), then the heuristic pick's kernel on
-    each tile of CK's table (what a registry of CK's space alone holds).  Each config comes
-    with the split that fills ``arch`` (as the launch makes it) and unsplit."""
-    if not isinstance(problem, ConvProblem):
-        return
-    from .heuristics import candidate_configs
-
-    yield _with_splits(candidate_configs(problem, arch=arch), problem, arch, backend)
-    yield _with_splits(_ck_table_variants(problem, arch), problem, arch, backend)   # only when the first misses
-
-
-def _with_splits(cfgs, problem, arch, backend: str) -> list:
-    from .heuristics import preferred_split
-    from .backends.triton.launch import split_plan
-
-    cus, smem = max(int(arch.compute_units or 1), 1), arch.lds_bytes
-    out = []
-    for c in cfgs:
-        if problem.split_k:
-            picks = (c if c.split == problem.split_k else evolved(c, split=problem.split_k),)
-        else:
-            c1 = c if c.split == 1 else evolved(c, split=1)
-            sp = preferred_split(c1, problem, cus, smem)
-            if sp > 1 and c1.reduction != "streamk":
-                sp = split_plan(c1, problem, sp)[0]   # the parts the launch makes
-                sp = _enumerated_split(c1, sp, problem)
-            # bwd_weight's tensor-descriptor, flat im2col and depthwise kernels are made to be split:
-            # their unsplit twins only fill a few SMs (H100 probe: 0.1-0.3x cuDNN, and a ranker
-            # that has not seen them may pick them)
-            # (the triton key space holds the splits; other backends' spaces only unsplit keys)
-            one = sp != 1 and backend == "triton" and c1.direction == "bwd_weight" and (
-                c1.tma or c1.flat or c1.specialization == "depthwise")
-            picks = (evolved(c1, split=sp),) if one else (evolved(c1, split=sp), c1) if sp != 1 else (c1,)
-        out.extend(key_of(x, arch.name, backend) for x in picks)
-    return out
-
-
-def _enumerated_split(c1: ConvKernelConfig, want: int, problem) -> int:
-    """The split nearest ``want`` (log scale; the smaller on a tie) among those the enumeration
-    gives ``c1`` (:func:`_splits`) that its launch makes as named on ``problem``; 1 if none.
-    The preferred split is any integer (263 parts of a MobileNet layer's pixels), the key space
-    holds powers of two: a shortlist naming a split outside it would name no key at all."""
-    from .backends.triton.launch import split_plan
-
-    for s in _nearest_first(_splits(c1, ()), want):
-        if s == 1 or split_plan(c1, problem, s)[0] == s:
-            return s
-    return 1
-
-
-@functools.lru_cache(maxsize=4096)
-def _nearest_first(splits: tuple, want: int) -> tuple:
-    return tuple(sorted(splits, key=lambda s: (abs(math.log2(s / want)), s)))
-
-
-def _ck_table_variants(problem, arch) -> list:
-    from .heuristics import heuristic_config
-
-    want = heuristic_config(problem)
-    facts = conv_facts(arch)
-    if want.specialization == "depthwise":
-        return [attrs.evolve(want, tile=t) for t in facts["depthwise_tiles"]]
-    tiles = facts["tiles"]
-    waves = dict.fromkeys((want.waves, (2, 2, 1), (4, 1, 1), (2, 4, 1)))
-    return [attrs.evolve(want, tile=tuple(t), waves=w) for t in tiles for w in waves]

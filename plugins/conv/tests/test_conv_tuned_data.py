@@ -8,6 +8,7 @@ import pytest
 from ck_conv.bench import CASES, problem
 from ck_conv.heuristics import TUNED_DIR, candidate_configs, extended_candidates, plan_facts
 from ck_core import tuned_data
+from ck_core.plugins import get_manager
 from ck_core.testing import make_fake_arch
 
 #: (count, sha256[:16] of the names) of candidate_configs(p, extended=...) before the migration
@@ -58,7 +59,10 @@ def test_lists_equal_the_old_literals(planned):
 
 def test_plan_facts_come_from_the_arch(planned):
     t = tuned_data.table("conv", "generic", "plan", TUNED_DIR)
-    assert plan_facts() == (t["compute_units"], t["lds_bytes"])
+    # the tuned lists name the arch they were planned for; its ArchSpec holds the facts (issue #30)
+    planned_for = get_manager().arch(t["arch"])
+    assert plan_facts() == (planned_for.compute_units, planned_for.lds_bytes) == (132, 232448)
+    assert set(t) == {("arch",)}
     assert "H100" in t.provenance["device"] and all(t.provenance[f] for f in tuned_data.PROVENANCE_FIELDS)
     h100 = attrs.evolve(make_fake_arch("fake_h100"), compute_units=132, lds_bytes=232448)
     assert plan_facts(h100) == (132, 232448)

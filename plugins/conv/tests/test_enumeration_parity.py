@@ -32,7 +32,7 @@ def digest(names) -> str:
 
 def record(archs=ARCHS) -> dict:
     from ck_core.plugins import get_manager
-    from ck_conv.space import key_space
+    from ck_conv.keyspace import key_space
 
     mgr = get_manager()
     out = {}
@@ -72,7 +72,8 @@ def test_an_arch_replaces_the_generic_tables_field_by_field():
 
     from ck_core.testing import make_fake_arch
     from ck_conv.keys import config_of, legal
-    from ck_conv.space import conv_facts, key_space
+    from ck_conv.keys import conv_facts
+    from ck_conv.keyspace import key_space
 
     base = make_fake_arch("fake_conv")
     generic = conv_facts()

@@ -15,7 +15,8 @@ from ck_conv.problem import ConvProblem
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
-from ck_conv.backends.triton.launch import run, split_plan  # noqa: E402
+from ck_conv.backends.triton.launch import run  # noqa: E402
+from ck_conv.geometry import split_plan  # noqa: E402
 
 TD = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 TOL = {"fp16": 3e-3, "bf16": 2e-2, "fp32": 1e-5}
@@ -242,7 +243,8 @@ def test_new_families_reach_the_shortlist(shape, direction, family):
     from ck_core.plugins import get_manager
     from ck_conv.heuristics import family_of
     from ck_conv.keys import config_of
-    from ck_conv.space import key_space, shortlist
+    from ck_conv.heuristics import shortlist
+    from ck_conv.keyspace import key_space
 
     arch = get_manager().arch("sm90")
     p = ConvProblem(**shape, direction=direction, dtype="fp16", split_k=0 if direction == "bwd_weight" else 1)

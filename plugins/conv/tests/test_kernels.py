@@ -115,12 +115,12 @@ def test_specialisation_and_direction_mismatch_reasons():
 
 def test_hopper_enumeration_keeps_shared_memory_in_bounds():
     """On an NVIDIA arch every A/B buffer the Triton pipeline keeps must fit (227 KB on sm90)."""
-    from ck_conv import keys as plugin, space
+    from ck_conv import keys as plugin, keyspace
     from ck_core.records import ArchSpec
     sm90 = ArchSpec(name="sm90x", vendor="nvidia", family="hopper", warp_size=32, lds_bytes=232448,
                     compute_units=132, dtypes=("fp16",), warp_tiles={"fp16": ((16, 64, 16), (16, 128, 16))},
                     wave_layouts=((2, 2, 1), (2, 4, 1)), pipelines=("multistage",))
-    keys = space.enumerate_keys(sm90, "triton", {"ndims": [2], "directions": ["bwd_data"]})
+    keys = keyspace.enumerate_keys(sm90, "triton", {"ndims": [2], "directions": ["bwd_data"]})
     assert keys
     for k in keys:
         c = plugin.config_of(k)

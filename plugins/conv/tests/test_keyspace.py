@@ -10,7 +10,7 @@ import pytest
 from ck_core import Dispatcher, Registry
 from ck_core.plugins import get_manager
 from ck_conv.keys import config_of, supports
-from ck_conv.space import key_space
+from ck_conv.keyspace import key_space
 from ck_conv.problem import ConvProblem
 
 #: small sub-spaces (a few tiles and pipelines: every family and split, quick to list)

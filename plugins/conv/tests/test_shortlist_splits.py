@@ -8,7 +8,10 @@ import attrs
 import pytest
 
 from ck_conv.keys import config_of, supports
-from ck_conv.space import _splits, conv_facts, key_space, shortlist
+from ck_conv.heuristics import shortlist
+from ck_conv.keys import conv_facts
+from ck_conv.keyspace import key_space
+from ck_conv.space import _splits
 from ck_conv.problem import ConvProblem
 from ck_core.plugins import get_manager
 
@@ -63,7 +66,8 @@ pytest.importorskip("triton")
 
 @pytest.mark.parametrize("split", [64, 128])
 def test_depthwise_bwd_weight_with_many_splits_matches_the_reference(split):
-    from ck_conv.backends.triton.launch import run, split_plan
+    from ck_conv.backends.triton.launch import run
+    from ck_conv.geometry import split_plan
     from ck_conv.heuristics import heuristic_config
     from ck_conv.reference import random_operands, reference, rel_error
 

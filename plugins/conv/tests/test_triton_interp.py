@@ -12,7 +12,8 @@ from ck_conv.reference import random_operands, reference, rel_error
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
-from ck_conv.backends.triton.launch import run, split_plan  # noqa: E402
+from ck_conv.backends.triton.launch import run  # noqa: E402
+from ck_conv.geometry import split_plan  # noqa: E402
 
 TD = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 TOL = {"fp16": 2e-3, "bf16": 1.5e-2, "fp32": 1e-5}
@@ -223,7 +224,7 @@ def test_class_rows_match_the_residue_table():
     """The arithmetic runs of _class_rows enumerate exactly the classic table's (tap, offsets)."""
     import itertools
 
-    from ck_conv.backends.triton.launch import _class_rows, _residue_table
+    from ck_conv.geometry import _class_rows, _residue_table
     for sd, pad, dil, flt in itertools.product([(1, 1, 1), (1, 2, 3), (2, 3, 1)], [(0, 1, 2), (2, 0, 1)],
                                                [(1, 1, 1), (2, 3, 1), (1, 2, 2)], [(1, 3, 3), (3, 2, 1)]):
         Ho, Wo = 9, 11

@@ -19,8 +19,12 @@ def attention(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0, l
     ``align='bottom_right'`` (FlashAttention's mask alignment); group mode: ``layout='thd'`` with
     ``cu_seqlens_q``, ``cu_seqlens_k``, ``max_seqlen_q``, ``max_seqlen_k``; for fp8 q/k/v
     (``torch.float8_e4m3fn``; forward only) ``q_descale``, ``k_descale``, ``v_descale``, ``out_dtype``."""
-    from .api import attention as _attention
+    try:
+        from .api import attention as _attention
+    except ImportError as exc:
+        from ck_core.deps import missing
 
+        raise missing(exc, "ck_fmha.attention", "ck-fmha") from exc
     _check_keywords(_attention, features, skip=3)
     return _attention(q, k, v, causal=causal, scale=scale, window=window, softcap=softcap, layout=layout,
                       deterministic=deterministic, **features)

@@ -83,17 +83,34 @@ def _problem(q, k, v, bias, alibi, cu_q, cu_k, lens, causal, scale, window, soft
     hit = _PROBLEMS.get(sig)
     if hit is not None:
         return hit
+    for name, t in (("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise InvalidProblem(f"{name} must be a torch tensor, got {type(t).__name__}")
     b, hq, sq, dq = _dims(q, layout)
-    _, hk, sk, dk = _dims(k, layout)
-    _, hv, _, dv = _dims(v, layout)
+    bk, hk, sk, dk = _dims(k, layout)
+    bv, hv, sv, dv = _dims(v, layout)
     if dk != dq or hv != hk:
         raise InvalidProblem(f"k has head dim {dk} (q: {dq}) or v has {hv} heads (k: {hk})")
+    # one validation for every backend, before any: a mismatch read past k/v on a GPU
+    if layout == "thd":
+        if v.shape[0] != k.shape[0]:
+            raise InvalidProblem(f"k holds {k.shape[0]} tokens and v {v.shape[0]}; they must agree")
+    elif bk != b or bv != b or sv != sk:
+        raise InvalidProblem(f"q has batch {b}, k batch {bk} with {sk} keys, v batch {bv} with {sv}; k and v "
+                             f"must share q's batch and one key length")
+    if alibi is not None and (not isinstance(alibi, torch.Tensor) or tuple(alibi.shape) not in (
+            (hq,), (b if b is not None else -1, hq)) or alibi.is_complex() or not alibi.is_floating_point()):
+        raise InvalidProblem(f"alibi_slopes must be a float tensor [{hq}] or [batch, {hq}] (one slope per query "
+                             f"head), got {getattr(alibi, 'shape', type(alibi).__name__)}")
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise InvalidProblem(f"q/k/v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if k.device != q.device or v.device != q.device:
         raise InvalidProblem(f"q is on {q.device}, k on {k.device}, v on {v.device}; put them on one device")
     kw = dict(family="fwd", nhead_q=hq, nhead_k=hk, hdim_q=dq, hdim_v=dv, dtype=_token(q.dtype), scale=scale,
-              logits_soft_cap=softcap, p_drop=dropout_p, seed=seed, offset=offset, lse=True,
+              logits_soft_cap=softcap, p_drop=dropout_p, seed=seed, offset=offset,
+              # the fp8 forward has no backward: no LSE asked of the kernel (CK's fp8 kernels store
+              # none; the numpy reference and the Triton kernel return one all the same)
+              lse=descales is None,
               **_mask_fields(causal, window, align))
     if layout == "thd":
         kw.update(_group_fields(q, k, cu_q, cu_k, lens))
@@ -294,11 +311,9 @@ def _bwd_closure(disp, p, t, grads):
     f = recorded.replayer(t, dict(zip(("dq", "dk", "dv"), out[2:5])), recs, scratch=True)
     if f is None:
         return again
-    check = f(*t.values())
-    for name, want in zip(("dq", "dk", "dv"), grads):
-        err = (check[name].float() - want.float()).norm() / want.float().norm().clamp_min(1e-30)
-        if not float(err) < 1e-2:   # (a host sync, on this first call only)
-            return again
+    if recorded.verified(f, t, dict(zip(("dq", "dk", "dv"), grads))) is None:   # (a host sync, once)
+        return again
+    f = disp.observe(p, f)
 
     def replay(q, k, v, o, lse, do):
         out = f(q, k, v, o, lse, do)
@@ -389,6 +404,9 @@ def attention(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0, l
     varlen API does; the offsets are read on the device only.  Offsets that do not fit the packed
     tensors and the maxima give NaN outputs and the flag of :mod:`ck_fmha.device_errors`
     (``ck_fmha.check_errors()``)."""
+    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
+        bad = [f"{n} is {type(t).__name__}" for n, t in (("q", q), ("k", k), ("v", v)) if not isinstance(t, torch.Tensor)]
+        raise InvalidProblem(f"attention takes torch tensors q, k, v: {', '.join(bad)}")
     fp8 = q.dtype in _FP8
     descales = None
     if fp8:
@@ -411,6 +429,8 @@ def attention(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0, l
         raise_pending()
         if max_seqlen_q is not None and max_seqlen_k is not None:
             lens = (int(max_seqlen_q), int(max_seqlen_k))
+            if q.dim() == 3 and (q.shape[0] == 0 or lens[0] == 0 or lens[1] == 0):
+                return _empty_group(q, k, v, bias, return_lse)
     scale = None if scale is None else float(scale)
     softcap, dropout_p = float(softcap or 0.0), float(dropout_p or 0.0)
     window = window if type(window) is tuple else tuple(window)
@@ -432,6 +452,23 @@ def attention(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0, l
         raise_pending()   # the offsets' flag is free to read on the CPU: report bad ones at once
     if shift is not None:
         lse = lse - shift
+    return (o, lse) if return_lse else o
+
+
+def _empty_group(q, k, v, bias, return_lse):
+    """Group mode without a query (or without a key) in any sequence: as FlashAttention, zero rows
+    (``o`` [total_q, H, Dv]: empty when there are no queries, LSE -inf) and zero gradients; no
+    kernel runs (a grid over no rows)."""
+    for name, t in (("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 3:
+            raise InvalidProblem(f"layout 'thd' takes {name} as [total_k, H_k, D], got "
+                                 f"{getattr(t, 'shape', type(t).__name__)}")
+    total, hq = q.shape[0], q.shape[1]
+    o = q.new_zeros((total, hq, v.shape[-1]), dtype=_out_dtype(q, None))
+    if torch.is_grad_enabled():   # zero gradients of the inputs' shapes through autograd
+        zero = sum((t.sum() * 0).to(o.dtype) for t in (q, k, v, bias) if t is not None and t.requires_grad)
+        o = o + zero
+    lse = torch.full((hq, total), float("-inf"), dtype=torch.float32, device=q.device)
     return (o, lse) if return_lse else o
 
 

@@ -3,7 +3,7 @@
 backends) in the same process on the same inputs, and decode kernels against
 a device copy of the same number of bytes.
 
-    PYTHONPATH=plugins/fmha:. python3 benchmarks/fmha_triton_bench.py --sweep --out $OUT/fmha.json
+    ck bench fmha --vs sdpa --json $OUT/fmha.json         # (or python -m ck_fmha.bench --sweep --out ...)
 
 Forward flops = 4*B*H*Sq*Sk*D (halved for causal); backward = 2.5x forward.
 Group ``fwd_fp8``: our fp8 e4m3 forward (per-tensor descales, bf16 o) against SDPA
@@ -78,7 +78,7 @@ def fwd_tasks(cfg_for, arch):
     # fp8 e4m3 forward (descales 1, bf16 o) vs SDPA in bf16 on the same shape
     for causal in (False, True):
         for (b, h, s) in ((8, 16, 4096), (2, 16, 16384)):
-            from ck_fmha.backends.triton import tuning as T
+            from ck_fmha import heuristics as T
             tasks.append(dict(group="fwd_fp8", dtype="fp8", d=128, causal=causal, b=b, hq=h, hk=h, s=s,
                               cfg=T.default_fwd_config(128, 128, arch, causal, s, fp8=True)))
     return tasks
@@ -88,7 +88,7 @@ def _bwd_det(d, causal, s, arch):
     """Deterministic backward unless ``arch``'s tables configure the fused dK/dV+dQ Gluon kernel for the
     case (it is then the faster one; ``deterministic=False`` elsewhere resolves to the deterministic path
     on Hopper)."""
-    from ck_fmha.backends.triton import tuning as T
+    from ck_fmha import heuristics as T
     return T.gluon_fused_tile(d, causal, arch) is None or s < T.gluon_fused_min_seqlen(arch)
 
 
@@ -141,7 +141,8 @@ def make_inputs(t, seed=0):
 
 def ours_callable(t, inputs=None):
     from ck_core.device import current_arch
-    from ck_fmha.backends.triton import bwd, fwd, paged_decode, splitkv_decode
+    from ck_fmha.backends.triton import bwd, fwd
+    from ck_fmha.decode import paged_decode, splitkv_decode
     from ck_fmha.heuristics import split_count
     q, k, v = inputs or make_inputs(t)
     g = t["group"]
@@ -386,7 +387,7 @@ def main(argv=None, progress=None):
     args = ap.parse_args(argv)
     from ck_core.device import current_arch
 
-    from ck_fmha.backends.triton import tuning as C
+    from ck_fmha import heuristics as C
 
     arch = current_arch(torch.device("cuda")).name   # whose tuned tables the defaults come from
     t_start = time.time()

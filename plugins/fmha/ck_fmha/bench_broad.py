@@ -4,7 +4,7 @@ The core suite (:mod:`ck_fmha.bench`) times the kernels on 32 fixed cases.  This
 draws its cases with a fixed seed from distributions of real workloads and calls what users
 call: ``ck_fmha.attention`` (forward for inference, forward with ``requires_grad`` inputs for
 training, and the backward through autograd), ``ck_fmha.attention_forward`` in group mode for
-ragged batches, and ``ck_fmha.backends.triton.launch.paged_decode`` for decode.  Peers run in the same
+ragged batches, and ``ck_fmha.decode.paged_decode`` for decode.  Peers run in the same
 process on the same tensors: torch SDPA with the cuDNN and with the flash backend (group mode:
 cuDNN on the padded equivalent; decode: a device-to-device copy of a 2 GiB buffer, measured
 once per run).  Every row is checked against an fp32 SDPA reference before it is timed; a
@@ -367,7 +367,7 @@ def _copy_bw(device) -> float:
 def _decode_rows(c: dict, device, copy_gbs: float) -> list[dict]:
     import torch
 
-    from ck_fmha.backends.triton import launch as ops
+    from ck_fmha import decode
 
     b, hq, hk, sk, d, page = c["b"], c["hq"], c["hk"], c["sk"], c["d"], c["page"]
     pages_per = -(-sk // page)
@@ -380,7 +380,7 @@ def _decode_rows(c: dict, device, copy_gbs: float) -> list[dict]:
     q = torch.randn(b, hq, 1, d, device=device, dtype=torch.bfloat16)
 
     def ours():
-        return ops.paged_decode(q, kc, vc, table, seqlens, max_seqlen_k=sk)
+        return decode.paged_decode(q, kc, vc, table, seqlens, max_seqlen_k=sk)
 
     o = ours()
     # reference on a few batches (gathering the whole cache is too large for long contexts)

@@ -10,7 +10,9 @@ bad one, poison its batch's outputs with NaN and set the flag of :mod:`ck_fmha.d
 synchronisation.  The split count is chosen here from :func:`ck_fmha.heuristics.split_count`
 with the Dispatcher's ArchSpec (its compute units) and becomes the problem's ``num_splits``; the
 Dispatcher then selects a fwd_splitkv key of that count (its name says ``_k<S>``), which the
-launcher runs exactly.
+launcher runs exactly.  One split (a cache whose batch x KV heads x query tiles already fill the
+machine, or too short to split) is one launch: the plan has no combine stage and the kernel writes
+o and lse itself.
 """
 from __future__ import annotations
 
@@ -18,17 +20,27 @@ import attrs
 import torch
 
 from ck_core import api as core
+from ck_core import warm
+from ck_core.backends import triton_replay
 from ck_core.errors import InvalidProblem, UnsupportedProblem
+from ck_core.plugins import get_manager
+from ck_core.warm import tensor_sig
 
 from .api import _dims, _from_backend, _mask_fields, _to_backend, _token
-from .device_errors import raise_pending
+from .device_errors import check_pages, raise_pending
 from .heuristics import split_count
 from .problem import FmhaProblem
 
 _FAMILIES = ("fwd_splitkv", "fwd_splitkv_combine")
 _PROBLEMS: dict = {}   # call signature -> (problem, Dispatcher)
+#: the first fields of the warm-call signatures (ck_core.warm) of splitkv_decode, paged_decode, appendkv
+_SPLITKV, _PAGED, _APPENDKV = "ck_fmha.splitkv_decode", "ck_fmha.paged_decode", "ck_fmha.appendkv"
+
+#: warm-call signatures whose launches could not be replayed (see _replay_closure)
+_NO_REPLAY: set = set()
 
 core.on_clear(_PROBLEMS.clear)
+core.on_clear(_NO_REPLAY.clear)
 
 
 def _dispatcher(q, p):
@@ -75,6 +87,31 @@ def _lens(seqlens_k, q, batch: int, capacity: int):
     return seqlens_k
 
 
+def _replay_closure(disp, p, t: dict, outputs: tuple, wsig=None):
+    """(closure ``f(*t.values()) -> {output name: tensor}`` or None, the run's outputs): one run of
+    ``p`` on ``t`` with its launches recorded; the closure replays them on new tensors of the same
+    signature (intermediates allocated anew), where the recording checks out against the run
+    (:func:`ck_fmha.backends.triton.warm.verified`: once per signature, a host sync).  None on the
+    numpy backend, without replayable tensors, and while a CUDA graph is being captured."""
+    from .backends.triton import warm as recorded
+
+    first = next(iter(t.values()))
+    if disp.backend == "numpy" or not triton_replay.replayable(first) or wsig in _NO_REPLAY or (
+            first.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return None, disp.run(p, **_to_backend(disp, t))
+    with recorded.recording() as recs:
+        out = disp.run(p, **t)
+    outs = out if isinstance(out, tuple) else (out,)
+    want = dict(zip(outputs, outs))
+    f = recorded.replayer(t, want, recs, scratch=True)
+    f = None if f is None else recorded.verified(f, t, want)
+    if f is None and wsig is not None:   # not again for this signature: its calls take the general path
+        if len(_NO_REPLAY) > 1024:
+            _NO_REPLAY.clear()
+        _NO_REPLAY.add(wsig)
+    return (None if f is None else disp.observe(p, f)), out
+
+
 def _run(p, disp, q, tensors, return_lse):
     o, lse = disp.run(p, **_to_backend(disp, tensors))[:2]   # (o, lse[, the caches passed in])
     if disp.backend == "numpy":
@@ -102,6 +139,16 @@ def splitkv_decode(q, k, v, *, seqlens_k=None, causal=False, scale=None, window=
         return _direct(q, k, v, None, seqlens_k, config, dict(causal=causal, scale=scale, window=window,
                        softcap=softcap, num_splits=num_splits, return_lse=return_lse, layout=layout, align=align,
                        sink=sink, sink_tokens=sink_tokens))
+    wsig = None
+    if sink is None and (seqlens_k is None or isinstance(seqlens_k, torch.Tensor)) \
+            and not torch.compiler.is_compiling():
+        # a known signature replays the recorded launches (main + combine)
+        wsig = (_SPLITKV, get_manager(), tensor_sig(q), tensor_sig(k), tensor_sig(v),
+                None if seqlens_k is None else tensor_sig(seqlens_k), causal, scale, tuple(window), softcap,
+                num_splits, return_lse, layout, align, sink_tokens)
+        f = warm.get(wsig)
+        if f is not None:
+            return f(q, k, v, seqlens_k)
     _check_kv(q, k, v, layout)
     _, hk, sk, _ = _dims(k, layout)
     _, hv, skv, dv = _dims(v, layout)
@@ -118,7 +165,24 @@ def splitkv_decode(q, k, v, *, seqlens_k=None, causal=False, scale=None, window=
         t["seqlens_k"] = _lens(seqlens_k, q, p.batch, sk)
     if sink is not None:
         t["sink"] = sink
-    return _run(p, disp, q, t, return_lse)
+    if wsig is None:
+        return _run(p, disp, q, t, return_lse)
+    f, out = _replay_closure(disp, p, t, ("o", "lse"), wsig)
+    if f is not None:
+        batch = p.batch
+        if seqlens_k is None:
+            def again(q, k, v, seqlens_k):
+                out = f(q, k, v)
+                return (out["o"], out["lse"]) if return_lse else out["o"]
+        else:
+            def again(q, k, v, seqlens_k):
+                out = f(q, k, v, _lens(seqlens_k, q, batch, sk))
+                return (out["o"], out["lse"]) if return_lse else out["o"]
+        warm.put(wsig, again)
+    o, lse = out[:2]
+    if disp.backend == "numpy":
+        o, lse = _from_backend(o, q, q.dtype), _from_backend(lse, q, torch.float32)
+    return (o, lse) if return_lse else o
 
 
 def paged_decode(q, k_cache, v_cache, block_table, seqlens_k, *, max_seqlen_k=None, causal=False, scale=None,
@@ -130,10 +194,21 @@ def paged_decode(q, k_cache, v_cache, block_table, seqlens_k, *, max_seqlen_k=No
     if k_cache.dim() != 4 or v_cache.dim() != 4:
         raise InvalidProblem(f"paged caches are [num_pages, page_size, H_k, D], got {tuple(k_cache.shape)} "
                              f"and {tuple(v_cache.shape)}")
+    wsig = None
+    if sink is None and isinstance(seqlens_k, torch.Tensor) and not torch.compiler.is_compiling():
+        # a known signature replays the recorded launches (main + combine)
+        wsig = (_PAGED, get_manager(), tensor_sig(q), tensor_sig(k_cache), tensor_sig(v_cache),
+                tensor_sig(block_table), tensor_sig(seqlens_k),
+                max_seqlen_k if max_seqlen_k is None or type(max_seqlen_k) is int else int(max_seqlen_k),
+                causal, scale, tuple(window), softcap, num_splits, return_lse, layout, align, sink_tokens)
+        f = warm.get(wsig)
+        if f is not None:
+            return f(q, k_cache, v_cache, block_table, seqlens_k)
     _check_kv(q, k_cache, v_cache, layout)
     _, page_size, hk, _ = k_cache.shape
     if block_table.dim() != 2:
         raise InvalidProblem(f"block_table must be [batch, max_pages], got shape {tuple(block_table.shape)}")
+    check_pages(block_table, k_cache.shape[0])
     capacity = int(max_seqlen_k) if max_seqlen_k is not None else block_table.shape[1] * page_size
     if config is not None:
         return _direct(q, k_cache, v_cache, block_table, seqlens_k, config, dict(
@@ -153,7 +228,23 @@ def paged_decode(q, k_cache, v_cache, block_table, seqlens_k, *, max_seqlen_k=No
          "seqlens_k": _lens(seqlens_k, q, p.batch, capacity)}
     if sink is not None:
         t["sink"] = sink
-    return _run(p, disp, q, t, return_lse)
+    if wsig is None:
+        return _run(p, disp, q, t, return_lse)
+    f, out = _replay_closure(disp, p, t, ("o", "lse"), wsig)
+    if f is not None:
+        batch, i32 = p.batch, torch.int32
+
+        def again(q, k_cache, v_cache, block_table, seqlens_k):
+            # (the replay reads data pointers alone: the 'bhsd' transposed views need not be made)
+            out = f(q, k_cache, v_cache, block_table if block_table.dtype == i32 else block_table.to(i32),
+                    _lens(seqlens_k, q, batch, capacity))
+            return (out["o"], out["lse"]) if return_lse else out["o"]
+
+        warm.put(wsig, again)
+    o, lse = out[:2]
+    if disp.backend == "numpy":
+        o, lse = _from_backend(o, q, q.dtype), _from_backend(lse, q, torch.float32)
+    return (o, lse) if return_lse else o
 
 
 def _direct(q, k, v, block_table, seqlens_k, config, opts):
@@ -180,10 +271,14 @@ def _direct(q, k, v, block_table, seqlens_k, config, opts):
 
         ns = split_count(b * hk, cap, current_arch(q).compute_units, query_rows=(hq // max(hk, 1)) * sq)
     lens = None if seqlens_k is None else seqlens_k.to(device=q.device, dtype=torch.int32)
+    direct = int(ns) == 1   # one split: one launch writes o and lse (no combine), as the plan does
     oacc, lacc = ops._splitkv_main(q, k, v, seqlens_k=lens, max_seqlen_k=cap, causal=opts["causal"],
                                    scale=opts["scale"], window=opts["window"], softcap=opts["softcap"],
                                    num_splits=ns, layout=layout, config=config, kv_strides=kv, hk=hk,
-                                   align=opts["align"], sink=opts["sink"], sink_tokens=opts["sink_tokens"], **page)
+                                   align=opts["align"], sink=opts["sink"], sink_tokens=opts["sink_tokens"],
+                                   direct=direct, **page)
+    if direct:
+        return (oacc, lacc) if opts["return_lse"] else oacc
     return ops.splitkv_combine(oacc, lacc, q, layout=layout, return_lse=opts["return_lse"])
 
 
@@ -194,6 +289,16 @@ def appendkv(q, knew, vnew, k_cache, v_cache, seqlens_k, *, rotary_cos=None, rot
     Returns ``(q_rot, k_cache, v_cache)``; arguments as :func:`ck_fmha.backends.triton.launch.appendkv_launch`.
     A device ``seqlens_k`` entry outside [0, capacity - appended] writes nothing (see :mod:`ck_fmha.device_errors`)."""
     raise_pending()
+    wsig = None
+    if isinstance(seqlens_k, torch.Tensor) and not torch.compiler.is_compiling():
+        # a known signature replays the recorded launch (the caches written in place)
+        wsig = (_APPENDKV, get_manager(), tensor_sig(q), tensor_sig(knew), tensor_sig(vnew), tensor_sig(k_cache),
+                tensor_sig(v_cache), tensor_sig(seqlens_k), None if rotary_cos is None else tensor_sig(rotary_cos),
+                None if rotary_sin is None else tensor_sig(rotary_sin), rope, rotary_dim,
+                None if block_table is None else tensor_sig(block_table), layout)
+        f = warm.get(wsig)
+        if f is not None:
+            return f(q, knew, vnew, k_cache, v_cache, seqlens_k, rotary_cos, rotary_sin, block_table)
     if rope != "none" and (rotary_cos is None or rotary_sin is None):
         raise InvalidProblem(f"rope={rope!r} needs rotary_cos and rotary_sin [max_pos, rotary_dim/2]")
     for name, x in (("knew", knew), ("vnew", vnew), ("k_cache", k_cache), ("v_cache", v_cache)):
@@ -212,6 +317,7 @@ def appendkv(q, knew, vnew, k_cache, v_cache, seqlens_k, *, rotary_cos=None, rot
                                  "[pages, Hk, P, D] ('bhsd') / [pages, P, Hk, D] ('bshd')")
         page_size = k_cache.shape[2] if layout == "bhsd" else k_cache.shape[1]
         capacity = block_table.shape[1] * page_size
+        check_pages(block_table, k_cache.shape[0])
     else:
         page_size, capacity = 0, _dims(k_cache, layout)[2]
     sig = ("appendkv", q.shape, knew.shape, vnew.shape, k_cache.shape, v_cache.shape, q.dtype, q.device, rope,
@@ -231,7 +337,22 @@ def appendkv(q, knew, vnew, k_cache, v_cache, seqlens_k, *, rotary_cos=None, rot
         t.update(rotary_cos=rotary_cos, rotary_sin=rotary_sin)
     if block_table is not None:
         t["block_table"] = block_table if block_table.dtype == torch.int32 else block_table.to(torch.int32)
-    q_rot, kc, vc = disp.run(p, **_to_backend(disp, t))
+    f = None
+    if wsig is not None:
+        f, (q_rot, kc, vc) = _replay_closure(disp, p, t, ("q_rot",), wsig)
+    else:
+        q_rot, kc, vc = disp.run(p, **_to_backend(disp, t))
+    if f is not None and kc is k_cache and vc is v_cache and q_rot.data_ptr() != q.data_ptr():
+        names, room, i32 = tuple(t), capacity - sn, torch.int32
+
+        def again(q, knew, vnew, k_cache, v_cache, seqlens_k, rotary_cos, rotary_sin, block_table):
+            given = {"q": q, "knew": knew, "vnew": vnew, "k_cache": k_cache, "v_cache": v_cache,
+                     "seqlens_k": _lens(seqlens_k, q, b, room), "rotary_cos": rotary_cos, "rotary_sin": rotary_sin,
+                     "block_table": block_table if block_table is None or block_table.dtype == i32
+                     else block_table.to(i32)}
+            return f(*[given[n] for n in names])["q_rot"], k_cache, v_cache
+
+        warm.put(wsig, again)
     for mine, got in ((k_cache, kc), (v_cache, vc)):
         if got is not mine:   # the numpy backend (or a converted copy) returns new caches: write them back
             mine.copy_(_from_backend(got, mine, mine.dtype))

@@ -100,3 +100,22 @@ def check_errors() -> None:
     for device, t in _FLAGS.items():
         if device.type != "meta":   # (shape-only runs launch nothing)
             _take(device, t)
+
+
+def check_pages(table, num_pages: int, name: str = "block_table") -> None:
+    """Page indices of ``table`` (block_table / kv_page_indices) inside the pool of ``num_pages``.
+
+    On CPU tensors the host reads them (free: no device); an index past the pool would have the
+    kernels read another allocation's memory (NaN or wrong values).  On a GPU this check would be a
+    host synchronisation per call, and the kernels have no page-index clamp or flag yet: GPU page
+    tables are the caller's to keep in range."""
+    if not isinstance(table, torch.Tensor):
+        raise InvalidProblem(f"{name} must be an int32 torch tensor, got {type(table).__name__}")
+    if table.dtype.is_floating_point or table.dtype == torch.bool or table.is_complex():
+        raise InvalidProblem(f"{name} must hold integer page indices (int32), got {table.dtype}")
+    if table.device.type != "cpu" or table.numel() == 0:
+        return
+    lo, hi = int(table.min()), int(table.max())
+    if lo < 0 or hi >= num_pages:
+        raise InvalidProblem(f"{name} indexes pages {lo}..{hi}, outside the pool of {num_pages} pages "
+                             f"(0..{num_pages - 1})")

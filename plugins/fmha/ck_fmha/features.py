@@ -42,7 +42,7 @@ def features(problem, candidates: list, arch) -> dict:
     K = _kernel_matrix(tuple(candidates))
     bm, bn, warps, stages = K[:, 0], K[:, 1], K[:, 2], K[:, 3]
     n = len(candidates)
-    sq = float(problem.seqlen_q or max(1, problem.total_q() // max(1, problem.batch)))
+    sq = float(problem.seqlen_q or max(1, problem.total_q // max(1, problem.batch)))
     chunk = float(seqtune.kv_chunk(problem) or sq)
     heads = float(problem.batch * problem.nhead_q)
     cus = float(max(arch.compute_units, 1))

@@ -25,6 +25,7 @@ import torch
 from ck_core.errors import InvalidProblem, UnsupportedProblem
 
 from . import attention as _attention
+from . import decode, prefill
 from .backends.triton import launch as ops
 
 __all__ = ["flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func", "flash_attn_varlen_func",
@@ -58,6 +59,15 @@ def _pad8(*tensors):
     return tuple(None if t is None else torch.nn.functional.pad(t, (0, extra)) for t in tensors)
 
 
+def _check_cu(*cus) -> None:
+    """cu_seqlens as FlashAttention takes them: int32 tensors (a float or int64 one is refused, not
+    converted: a cast would truncate offsets silently)."""
+    for name, t in zip(("cu_seqlens_q", "cu_seqlens_k"), cus):
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.int32:
+            raise InvalidProblem(f"{name} must be an int32 tensor (as FlashAttention's), got "
+                                 f"{getattr(t, 'dtype', type(t).__name__)}; build it with dtype=torch.int32")
+
+
 def _attn(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
           return_attn_probs, varlen=None):
     """Batch ('bshd') or group mode ('thd', ``varlen`` = (cu_q, cu_k, max_q, max_k))."""
@@ -72,7 +82,8 @@ def _attn(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi
     group = {}
     if varlen is not None:
         cu_q, cu_k, max_q, max_k = varlen
-        group = dict(cu_seqlens_q=cu_q.to(torch.int32), cu_seqlens_k=cu_k.to(torch.int32),
+        _check_cu(cu_q, cu_k)
+        group = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
                      max_seqlen_q=int(max_q), max_seqlen_k=int(max_k))
     out, lse = _attention(q, k, v, scale=softmax_scale, softcap=float(softcap or 0.0),
                           layout="thd" if varlen is not None else "bshd", deterministic=bool(deterministic),
@@ -136,7 +147,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                                      alibi_slopes=alibi_slopes, deterministic=deterministic,
                                      return_attn_probs=return_attn_probs, block_table=block_table)
         return (res[0][..., :d], *res[1:]) if return_attn_probs else res[..., :d]
-    cu_k = cu_seqlens_k.to(torch.int32)
+    _check_cu(cu_seqlens_q, cu_seqlens_k)
+    cu_k = cu_seqlens_k
     out, lse = _PagedForward.apply(q, k, v, dict(
         seqlens_k=cu_k[1:] - cu_k[:-1], cu_seqlens_q=cu_seqlens_q.to(torch.int32), max_seqlen_q=int(max_seqlen_q),
         max_seqlen_k=int(max_seqlen_k), block_table=block_table, scale=softmax_scale, softcap=float(softcap or 0.0),
@@ -153,7 +165,7 @@ class _PagedForward(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k_pages, v_pages, kw):
         seqlens_k = kw.pop("seqlens_k")
-        out, lse = ops.batch_prefill(q, k_pages, v_pages, seqlens_k, return_lse=True, **kw)
+        out, lse = prefill.batch_prefill(q, k_pages, v_pages, seqlens_k, return_lse=True, **kw)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -273,7 +285,7 @@ def _append(q, k, v, k_cache, v_cache, seqlens, table, cos, sin, interleaved, q_
     rope = "none" if cos is None else ("interleaved" if interleaved else "half_rotated")
     rdim = 0 if cos is None else 2 * cos.shape[-1]
     q_in = q if q_at_own_positions or rope == "none" else q.reshape(b, 1, sq * hq, d)
-    q_rot, _, _ = ops.appendkv(q_in, k, v, k_cache, v_cache, seqlens, rotary_cos=cos, rotary_sin=sin, rope=rope,
+    q_rot, _, _ = decode.appendkv(q_in, k, v, k_cache, v_cache, seqlens, rotary_cos=cos, rotary_sin=sin, rope=rope,
                                rotary_dim=rdim, block_table=table, layout="bshd")
     return (q if rope == "none" else q_rot.reshape(b, sq, hq, d)), seqlens + k.shape[1]
 
@@ -289,15 +301,15 @@ def _attend(q, k_cache, v_cache, seqlens, table, page, leftpad, batch_idx, mask,
     if alibi_slopes is None and num_splits != 1:
         splits = None if num_splits == 0 else num_splits
         if table is not None:
-            return ops.paged_decode(q, k_cache, v_cache, table, seqlens, max_seqlen_k=page, num_splits=splits,
+            return decode.paged_decode(q, k_cache, v_cache, table, seqlens, max_seqlen_k=page, num_splits=splits,
                                     return_lse=True, layout="bshd", **common)
-        return ops.splitkv_decode(q, k_cache, v_cache, seqlens_k=seqlens, num_splits=splits, return_lse=True,
+        return decode.splitkv_decode(q, k_cache, v_cache, seqlens_k=seqlens, num_splits=splits, return_lse=True,
                                   layout="bshd", **common)
     # one pass (num_splits=1, or ALiBi, which only the one-pass kernel adds): group-mode queries over pages
     if table is None:
         table = torch.arange(b, dtype=torch.int32, device=q.device).reshape(b, 1)
     cu_q = torch.arange(0, (b + 1) * sq, sq, dtype=torch.int32, device=q.device)
-    out, lse = ops.batch_prefill(q.reshape(b * sq, hq, d), k_cache, v_cache, seqlens, cu_seqlens_q=cu_q,
+    out, lse = prefill.batch_prefill(q.reshape(b * sq, hq, d), k_cache, v_cache, seqlens, cu_seqlens_q=cu_q,
                                  max_seqlen_q=sq, max_seqlen_k=page, block_table=table, return_lse=True,
                                  alibi_slopes=alibi_slopes,
                                  alibi_align="bottom_right" if alibi_slopes is not None else None, **common)
@@ -316,7 +328,9 @@ def _attend_leftpad(q, k_cache, v_cache, seqlens, leftpad, batch_idx, common, al
     cu_k = torch.zeros(b + 1, dtype=torch.int32, device=q.device)
     cu_k[1:] = torch.cumsum(valid.sum(1), 0)
     cu_q = torch.arange(0, (b + 1) * sq, sq, dtype=torch.int32, device=q.device)
-    out, lse = ops.fwd(q.reshape(b * sq, hq, d), kp, vp, layout="thd", cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
-                       max_seqlen_q=sq, max_seqlen_k=k_cache.shape[1], return_lse=True, alibi_slopes=alibi_slopes,
-                       alibi_align="bottom_right" if alibi_slopes is not None else None, **common)
+    # through the Dispatcher (group mode over the packed keys), as every other path here
+    out, lse = _attention(q.reshape(b * sq, hq, d), kp, vp, layout="thd", cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                          max_seqlen_q=sq, max_seqlen_k=k_cache.shape[1], return_lse=True,
+                          alibi_slopes=alibi_slopes,
+                          alibi_align="bottom_right" if alibi_slopes is not None else None, **common)
     return out.reshape(b, sq, hq, -1), lse.reshape(hq, b, sq).permute(1, 0, 2).contiguous()

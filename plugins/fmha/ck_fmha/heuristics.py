@@ -1,4 +1,5 @@
-"""Heuristic choices the Dispatcher path makes for FMHA problems (no tuned tables here).
+"""Heuristic choices the Dispatcher path makes for FMHA problems, and the plugin's one reader of
+its tuned data.
 
 :func:`split_count`: how many key splits a split-KV / paged decode problem gets.  The
 count is a problem field, so it is part of the cached plan and of what ``ck_after_run``
@@ -7,7 +8,9 @@ reports; the launcher runs exactly that many splits.
 The Triton keys' ranking (what was ck_fmha.heuristics):
 Which Triton FMHA key the heuristic puts first: the tuned tables' choice, expressed as a key.
 
-The tables (``ck_fmha/tuned/<arch>.json``, read through ``ck_fmha.backends.triton.tuning``) name a tile per
+The tables (``ck_fmha/tuned/<arch>.json`` with provenance, read here through ``ck_core.tuned_data``
+and overlaid by the user's store; an arch without a table of its own takes generic.json's; every
+reader takes the arch name the caller got from the Dispatcher) name a tile per
 head dim, right-bounded mask and sequence-length bucket; on Hopper also a Gluon forward, Gluon
 backward tiles and the dQ pass.  The heuristic turns them into a preference list of keys; the
 candidates are already filtered by ``supports()``, so a key that cannot run the problem (a Gluon
@@ -16,12 +19,18 @@ the next preference wins.  The launcher then runs exactly the first key.
 """
 from __future__ import annotations
 
+import functools
 import os
-from typing import Optional
+from pathlib import Path
+from typing import Dict, Optional, Tuple
 
 from ck_core import knobs
+from ck_core.tuned_data import Table, table
 
 from . import seqtune
+from .tuned_records import CHECKS, SEQ_BUCKETS
+from .backends.triton.configs import (GLUON_BWD_BLOCK_N, GLUON_BWD_WARPS, GLUON_HDIMS, GSPLITS, KVSPLIT,
+                                      TritonFmhaConfig, fp8_v_trans, hopper as _hopper, next_pow2, padded_hdim)
 
 
 def split_count(batch_heads: int, max_seqlen_k: int, compute_units: int, *, query_rows: int = 1,
@@ -30,9 +39,14 @@ def split_count(batch_heads: int, max_seqlen_k: int, compute_units: int, *, quer
     ``compute_units`` (from the ArchSpec), keeping at least ``min_chunk`` keys per split
     (a split's fixed cost -- its Q load and its combine row -- must stay small next to its
     keys).  ``query_rows``: query rows per KV head (GQA group x seqlen_q); every 64 of them
-    add a program per split."""
+    add a program per split.  Where batch x KV heads x query tiles already fill every compute
+    unit, the answer is 1: one launch (a one-split plan has no combine stage), since splitting
+    would only add partial outputs and a combine pass to a machine that is already busy."""
     programs = max(1, batch_heads) * max(1, -(-int(query_rows) // 64))
-    want = -(-2 * max(1, int(compute_units)) // programs)
+    cus = max(1, int(compute_units))
+    if programs >= cus:
+        return 1
+    want = -(-2 * cus // programs)
     cap = max(1, int(max_seqlen_k) // min_chunk)
     return max(1, min(want, cap, max_splits))
 
@@ -86,8 +100,6 @@ def parse_dq(dq: str):
     """-> ("atomic",) | ("triton", TritonFmhaConfig) | ("gluon", (BLOCK_N, STAGES, persistent))."""
     import re
 
-    from .backends.triton.configs import TritonFmhaConfig
-
     if dq == DQ_ATOMIC:
         return (DQ_ATOMIC,)
     m = re.match(r"^m(\d+)n(\d+)w(\d+)s(\d+)$", dq)
@@ -140,15 +152,13 @@ def _tile_of_alg(a) -> tuple:
 
 def _bwd_tiles(hdim: int, causal: bool, seqlen_k: int, deterministic: bool, gluon_ok: bool, arch: str):
     """(deterministic, Gluon dK/dV tile or None): ``arch``'s tables' backward choice on Hopper."""
-    from .backends.triton import gluon_bwd
-    from .backends.triton import tuning as T
 
     env = knobs.get("CK_FMHA_GLUON_DKDV")
     if not deterministic and gluon_ok:
         fused = None
         if env != "0":
-            fused = T.gluon_fused_tile(hdim, causal, arch)
-            if fused is not None and seqlen_k < T.gluon_fused_min_seqlen(arch):
+            fused = gluon_fused_tile(hdim, causal, arch)
+            if fused is not None and seqlen_k < gluon_fused_min_seqlen(arch):
                 fused = None
         if fused is not None:
             return False, fused
@@ -158,43 +168,34 @@ def _bwd_tiles(hdim: int, causal: bool, seqlen_k: int, deterministic: bool, gluo
     if env == "0":
         return True, None
     if env == "1":
-        return True, T.gluon_dkdv_tile(hdim, causal, arch) or gluon_bwd.tiles("dkdv", arch).get(hdim)
-    return True, T.gluon_dkdv_tile(hdim, causal, arch)
+        return True, gluon_dkdv_tile(hdim, causal, arch) or gluon_tiles("dkdv", arch).get(hdim)
+    return True, gluon_dkdv_tile(hdim, causal, arch)
 
 
 def bwd_gsplit(p, kv: tuple, arch) -> int:
     """The group split (a key's ``gsplit``, 0: none) of dK/dV choice ``kv`` (see :func:`bwd_want`) for ``p``:
     :func:`group_split` for the Triton dK/dV kernel; the Gluon kernel has none."""
-    from .backends.triton import tuning as T
-    from .backends.triton.keys import GSPLITS, KVSPLIT
-
     if kv[4] not in ("ptr", KVSPLIT) or p.nhead_q == p.nhead_k:
         return 0
     n = group_split(p.batch, p.nhead_q, p.nhead_k, p.seqlen_q or 0, p.seqlen_k or 0, kv[1], arch.compute_units,
-                    T.bwd_gsplit_rule(arch.name), parts=2 if kv[4] == KVSPLIT else 1, splits=GSPLITS)
+                    bwd_gsplit_rule(arch.name), parts=2 if kv[4] == KVSPLIT else 1, splits=GSPLITS)
     return n if n > 1 else 0
 
 
 def bwd_dchunk(p, kv: tuple, dq: str, arch) -> int:
     """The head-dim chunk of a Triton backward choice (the arch's ``bwd_tuned`` dK/dV entry names it;
     0: padded head dims); the Gluon kernels have none."""
-    from .backends.triton import tuning as T
-    from .backends.triton.keys import KVSPLIT
-
     if kv[4] not in ("ptr", KVSPLIT) or dq.startswith("gluon") or p.dtype == "fp8":
         return 0
-    return T.default_bwd_configs(p.hdim_q, p.hdim_v, arch.name, causal=right_bounded(p))[0].DCHUNK
+    return default_bwd_configs(p.hdim_q, p.hdim_v, arch.name, causal=right_bounded(p))[0].DCHUNK
 
 
 def bwd_want(p, arch) -> tuple:
     """(dK/dV (block_m, block_n, warps, stages, variant), dq field) the tables pick for ``p``
     (the group split of a Triton dK/dV kernel: :func:`bwd_gsplit`).  A GQA / MQA problem whose Gluon
     dK/dV grid is under the rule's ``gluon_waves`` takes the Triton kernel with its group split."""
-    from .backends.triton import tuning as T
-    from .backends.triton.keys import GLUON_BWD_BLOCK_N, GLUON_BWD_WARPS, _hopper
-
     rb = right_bounded(p)
-    cfg_kv, cfg_q = T.default_bwd_configs(p.hdim_q, p.hdim_v, arch.name, causal=rb)
+    cfg_kv, cfg_q = default_bwd_configs(p.hdim_q, p.hdim_v, arch.name, causal=rb)
     triton_kv = (cfg_kv.BLOCK_M, cfg_kv.BLOCK_N, cfg_kv.num_warps, cfg_kv.num_stages,
                  "kvsplit" if cfg_kv.variant == "kvsplit" else "ptr")
     if not _hopper(arch) or interpreting():
@@ -202,14 +203,14 @@ def bwd_want(p, arch) -> tuple:
     scope = gluon_bwd_reason(p) or ("dbias" if p.dbias else None)
     det, gk = _bwd_tiles(p.hdim_q, p.is_causal, p.seqlen_k or 0, p.deterministic, scope is None, arch.name)
     kv = triton_kv
-    rule = T.bwd_gsplit_rule(arch.name)   # the Gluon kernel gives way below its own waves
+    rule = bwd_gsplit_rule(arch.name)   # the Gluon kernel gives way below its own waves
     few = group_split(p.batch, p.nhead_q, p.nhead_k, p.seqlen_q or 0, p.seqlen_k or 0, GLUON_BWD_BLOCK_N,
                       arch.compute_units, dict(rule, waves=rule.get("gluon_waves", 0))) > 1
     if gk is not None and scope is None and gluon_dkdv_reason(p, gk[0], not det) is None and not few:
         kv = (gk[0], GLUON_BWD_BLOCK_N, GLUON_BWD_WARPS, gk[1], "gluon_dkdv_pers" if gk[2] else "gluon_dkdv")
     if not det:
         return kv, DQ_ATOMIC
-    gt = T.gluon_dq_tile(p.hdim_q, arch.name)
+    gt = gluon_dq_tile(p.hdim_q, arch.name)
     if gt is not None and gluon_bwd_reason(p, gt[0]) is None:
         return kv, dq_gluon(gt)
     return kv, dq_triton(cfg_q)
@@ -219,15 +220,12 @@ def fwd_want(p, arch) -> list:
     """Preferred forward (block_m, block_n, warps, stages, variant, dchunk) tuples, best first: the Gluon
     kernel where tuned, then the Triton kernel's tuned tile with its TMA form, then that tile's
     lesser forms (device descriptors, then pointers) for problems the better form cannot address."""
-    from .backends.triton import tuning as T
-    from .backends.triton.keys import fp8_v_trans
-
     tag = arch.name   # the arch's tuned tables (the generic ones where it has none)
     kw = dict(causal=right_bounded(p), seqlen=p.seqlen_q if p.seqlen_q is not None else 4096,
               fp8=p.dtype == "fp8" and fp8_v_trans(arch))
     out = []
-    first = T.default_fwd_config(p.hdim_q, p.hdim_v, tag, **kw)
-    triton = T.default_fwd_config(p.hdim_q, p.hdim_v, tag, gluon=False, **kw)
+    first = default_fwd_config(p.hdim_q, p.hdim_v, tag, **kw)
+    triton = default_fwd_config(p.hdim_q, p.hdim_v, tag, gluon=False, **kw)
     if first != triton:
         out.append(first)
     chain = {"tma_host": ("tma_host", "tma", "ptr"), "tma": ("tma", "ptr"), "tma_ws": ("tma_ws", "ptr")}
@@ -257,3 +255,167 @@ def rank(problem, candidates: list, arch) -> list:
                 -a.block_m * a.block_n)
 
     return sorted(candidates, key=cost)
+
+
+# -- the tuned data ---------------------------------------------------------------------------
+
+TUNED_DIR = str(Path(__file__).resolve().parent / "tuned")
+#: seqlen buckets of the per-(hdim, causal, seqlen) tables
+
+
+def tuned(name: str, arch: str) -> Table:
+    """Table ``name`` of ``arch``'s tuned data, else of the generic data (empty when neither has it);
+    its entries checked (:data:`ck_fmha.tuned_records.CHECKS`) once per load."""
+    check = CHECKS.get(name)
+    t = table("fmha", arch, name, TUNED_DIR, check=check)
+    return t if len(t) or arch == "generic" else table("fmha", "generic", name, TUNED_DIR, check=check)
+
+
+def _cfg(v) -> "TritonFmhaConfig":
+    return TritonFmhaConfig(**v)
+
+
+@functools.lru_cache(maxsize=512)
+def _cfg_at(t: Table, key):
+    """The config at ``key`` of table ``t`` (None: no entry); built once per loaded table."""
+    v = t.get(key)
+    return None if v is None else _cfg(v)
+
+
+@functools.lru_cache(maxsize=512)
+def _bwd_at(t: Table, key):
+    v = t.get(key)
+    return None if v is None else (_cfg(v["dkdv"]), _cfg(v["dq"]))
+
+
+def _tile(v) -> Tuple[int, int, bool]:
+    return (int(v["BLOCK"]), int(v["STAGES"]), bool(v["persistent"]))
+
+
+def _seq_bucket(s: int) -> int:
+    for b in SEQ_BUCKETS[:-1]:
+        if s <= b:
+            return b
+    return SEQ_BUCKETS[-1]
+
+
+def gluon_fwd_configs(hdim: int, arch: str):
+    """The distinct Gluon configurations of ``arch``'s ``fwd_gluon`` table for one head dim."""
+    out = []
+    for (d, _, _), c in tuned("fwd_gluon", arch).items():
+        if d == hdim and _cfg(c) not in out:
+            out.append(_cfg(c))
+    return out
+
+
+def tile_table(name: str, arch: str) -> Dict[int, Tuple[int, int, bool]]:
+    """A per-head-dim table of Gluon backward tiles: head dim -> (BLOCK, STAGES, persistent)."""
+    return {k[0]: _tile(v) for k, v in tuned(name, arch).items()}
+
+
+def gluon_dq_tile(hdim: int, arch: str):
+    """(BLOCK_N, STAGES, persistent) of the Gluon dQ pass where it beat the Triton dQ kernel, or None."""
+    v = tuned("bwd_gluon_dq", arch).get(hdim)
+    return None if v is None else _tile(v)
+
+
+def gluon_dkdv_tile(hdim: int, causal: bool, arch: str):
+    """(BLOCK_MQ, STAGES, persistent) of the Gluon dK/dV kernel where it beat the Triton one, or None."""
+    v = tuned("bwd_gluon_dkdv", arch).get((hdim, bool(causal)))
+    return None if v is None else _tile(v)
+
+
+def gluon_fused_tile(hdim: int, causal: bool, arch: str):
+    """Tile of the Gluon dK/dV kernel with dQ fused in (``deterministic=False``) where it won, or None;
+    it applies from seqlen_k >= :func:`gluon_fused_min_seqlen`."""
+    v = tuned("bwd_gluon_fused", arch).get((hdim, bool(causal)))
+    return None if v is None else _tile(v)
+
+
+def gluon_fused_min_seqlen(arch: str) -> int:
+    return int(tuned("bwd_gluon_fused", arch).meta.get("min_seqlen_k", 1 << 62))
+
+
+def fwd_dchunk(hdim_q: int, hdim_v: int, arch: str) -> int:
+    """The head-dim chunk of ``arch``'s fp16/bf16 Triton forward for these head dims (table ``fwd_dchunk``,
+    keyed by (larger head dim, causal, seqlen bucket), its configurations' ``DCHUNK``; 0: one tile padded to
+    the next power of two): a head dim above the chunk runs as two power-of-two tiles
+    (``configs.hdim_blocks``), e.g. 160 as 128 + 32."""
+    return _dchunk_of(tuned("fwd_dchunk", arch), max(hdim_q, hdim_v))
+
+
+@functools.lru_cache(maxsize=256)
+def _dchunk_of(t: Table, d: int) -> int:
+    for k, v in t.items():
+        if k[0] == d and v.get("DCHUNK"):
+            return int(v["DCHUNK"])
+    return 0
+
+
+def default_fwd_config(hdim_q: int, hdim_v: int, arch: str, causal: bool = False,
+                       seqlen: int = 4096, fp8: bool = False, gluon: bool = True) -> TritonFmhaConfig:
+    """The tuned forward configuration of ``arch``.  ``gluon``: fp16/bf16 with head dims 64/64 or
+    128/128 take the arch's ``fwd_gluon`` table first, where it has one (``ops.fwd`` falls back to
+    ``gluon=False`` for problems the Gluon kernel cannot run); False: the Triton kernel's choice only.
+    fp16/bf16 head dims that ``fwd_dchunk`` splits take its tile for (head dim, causal, seqlen bucket), else
+    the padded head dim's, with the chunk (``DCHUNK``) in the configuration."""
+    chunk = 0 if fp8 else fwd_dchunk(hdim_q, hdim_v, arch)
+    if chunk:
+        exact = _cfg_at(tuned("fwd_dchunk", arch), (max(hdim_q, hdim_v), bool(causal), _seq_bucket(seqlen)))
+        cfg = exact or _fwd_config(hdim_q, hdim_v, arch, causal, seqlen, False, gluon)
+        if cfg.variant not in ("ptr", "tma"):
+            cfg = cfg.with_(variant="tma" if cfg.variant.startswith("tma") else "ptr")
+        return cfg.with_(DCHUNK=chunk)
+    return _fwd_config(hdim_q, hdim_v, arch, causal, seqlen, fp8, gluon)
+
+
+def _fwd_config(hdim_q, hdim_v, arch, causal, seqlen, fp8, gluon) -> TritonFmhaConfig:
+    d = padded_hdim(max(hdim_q, hdim_v))
+    if fp8:
+        cfg = _cfg_at(tuned("fwd_fp8", arch), (d,))
+        if cfg is not None:
+            return cfg
+    if gluon and not fp8 and hdim_q == hdim_v and hdim_q in GLUON_HDIMS:  # where the arch has a Gluon table
+        cfg = _cfg_at(tuned("fwd_gluon", arch), (d, bool(causal), _seq_bucket(seqlen)))
+        if cfg is not None:
+            return cfg
+    cfg = _cfg_at(tuned("fwd_tuned", arch), (min(d, 256), bool(causal), _seq_bucket(seqlen)))
+    if cfg is not None:
+        return cfg
+    return _cfg_at(tuned("fwd_defaults", arch), (min(d, 256),))
+
+
+def bwd_gsplit_rule(arch: str) -> dict:
+    """When the Triton dK/dV kernel splits a GQA group over programs (``heuristics.group_split``; table
+    ``bwd_gsplit``, entry ``triton``: ``waves``, ``min_rows``, ``gluon_waves``); empty: never (not measured)."""
+    v = tuned("bwd_gsplit", arch).get(("triton",))
+    return dict(v) if v else {}
+
+
+def default_bwd_configs(hdim_q: int, hdim_v: int, arch: str, causal: bool = False):
+    """(dK/dV config, dQ config) of the backward: the measured winner, else the head dim's default."""
+    d = padded_hdim(max(hdim_q, hdim_v))
+    return (_bwd_at(tuned("bwd_tuned", arch), (max(hdim_q, hdim_v), bool(causal)))
+            or _bwd_at(tuned("bwd_tuned", arch), (d, bool(causal)))
+            or _bwd_at(tuned("bwd_defaults", arch), (min(d, 256),)))
+
+
+def default_splitkv_config(hdim_q: int, hdim_v: int, rows: int, arch: str) -> TritonFmhaConfig:
+    d = padded_hdim(max(hdim_q, hdim_v))
+    cfg = _cfg(tuned("splitkv_defaults", arch)[min(d, 256)])
+    bm = max(16, next_pow2(rows))
+    if bm > 16:
+        bm = min(bm, 64)
+        cfg = cfg.with_(BLOCK_M=bm, BLOCK_N=min(cfg.BLOCK_N, 64))
+    return cfg
+
+
+#: kind -> table of the arch's tuned data, (tile, stages, persistent) per head dim: "dq" (BLOCK_N, ...)
+#: of the Gluon dQ pass (the bwd_gluon_dq table says where the dispatcher uses the kernel); "dkdv" /
+#: "fused" (BLOCK_MQ, ...) of the Gluon dK/dV kernel, without and with dQ fused in (first guesses)
+_TILE_TABLES = {"dq": "gluon_dq_tiles", "dkdv": "gluon_dkdv_tiles", "fused": "gluon_fused_tiles"}
+
+
+def gluon_tiles(kind: str, arch: str) -> dict:
+    """Head dim -> the hand-picked tile of ``kind`` ("dq", "dkdv", "fused") in ``arch``'s tuned data."""
+    return tile_table(_TILE_TABLES[kind], arch)

@@ -51,8 +51,25 @@ def ck_keys(arch, backend: str, options: dict) -> list:
     return [KernelKey("fmha", s, CK_INSTANCE, arch.name, backend) for s in specs]
 
 
-def _dtype_ok(spec_dtype: str, dtype: str) -> bool:
+def dtype_ok(spec_dtype: str, dtype: str) -> bool:
+    """Whether a CK kernel of ``spec_dtype`` computes a problem of ``dtype``."""
     return spec_dtype == dtype or (dtype == "fp8" and spec_dtype.startswith("fp8"))
+
+
+_dtype_ok = dtype_ok
+
+
+def hdims_ok(s: FmhaKernelSpec, hdim_q: int, hdim_v: int) -> bool:
+    """Whether a CK kernel's head dims hold (``hdim_q``, ``hdim_v``): equal, or padded up to.  CK's
+    bwd_dot_do_o kernels read only O/dO (head dim v: dvpad), bwd_convert_dq only dQ (head dim q:
+    dpad)."""
+    q_ok = s.hdim_q >= hdim_q and (s.hdim_q == hdim_q or bool(s.dpad))
+    v_ok = s.hdim_v >= hdim_v and (s.hdim_v == hdim_v or bool(s.dvpad))
+    if s.family == "bwd_dot_do_o":
+        return v_ok
+    if s.family == "bwd_convert_dq":
+        return q_ok
+    return q_ok and v_ok
 
 
 def ck_supports(s: FmhaKernelSpec, p) -> Optional[str]:
@@ -61,9 +78,9 @@ def ck_supports(s: FmhaKernelSpec, p) -> Optional[str]:
         return f"kernel family {s.family}, problem {fam}"
     if not _dtype_ok(s.dtype, p.dtype):
         return f"kernel dtype {s.dtype}, problem {p.dtype}"
-    if s.hdim_q < p.hdim_q or s.hdim_v < p.hdim_v:
-        return f"kernel head dims {s.hdim_q}/{s.hdim_v} < problem {p.hdim_q}/{p.hdim_v}"
-    if (s.hdim_q != p.hdim_q and not s.dpad) or (s.hdim_v != p.hdim_v and not s.dvpad):
+    if not hdims_ok(s, p.hdim_q, p.hdim_v):
+        if s.hdim_q < p.hdim_q or s.hdim_v < p.hdim_v:
+            return f"kernel head dims {s.hdim_q}/{s.hdim_v} < problem {p.hdim_q}/{p.hdim_v}"
         return "head dim differs from the kernel's and the kernel does not pad it"
     if s.mode and s.mode != p.mode:
         return f"kernel is {s.mode} mode, problem {p.mode}"

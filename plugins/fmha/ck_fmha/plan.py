@@ -49,9 +49,12 @@ BWD = ("bwd_dot_do_o", "bwd_dq_dk_dv", "bwd_convert_dq")
 
 
 def plan(problem: FmhaProblem) -> list:
-    """Stages of a problem: split-KV = main + combine; backward = three stages."""
+    """Stages of a problem: split-KV = main + combine (one split: the main stage alone, writing
+    o and lse itself: one launch); backward = three stages."""
     fam = problem.family
     if fam == "fwd_splitkv":
+        if problem.num_splits == 1:
+            return [("fwd_splitkv", problem)]
         return [("fwd_splitkv", problem), ("fwd_splitkv_combine", combine_problem(problem))]
     if fam == "bwd_dq_dk_dv":
         return [("bwd_dot_do_o", attrs.evolve(problem, family="bwd_dot_do_o")),
@@ -75,15 +78,20 @@ def host_lengths(p: FmhaProblem, tensors: dict) -> FmhaProblem:
     ``cu_seqlens_q``/``cu_seqlens_k``) made problem fields: the references and the numpy backend
     read host data anyway, and this validates them (rules R14, R18, R21)."""
     host = lambda name: tuple(int(x) for x in np.asarray(tensors[name]).reshape(-1))   # noqa: E731
+    fields: dict = {}
     if p.runtime_seqlens_k:
-        p = attrs.evolve(p, runtime_seqlens_k=False, seqlens_k=host("seqlens_k"))
+        if tensors.get("seqlens_k") is None:
+            raise InvalidProblem("a problem with run-time key lengths needs the tensor 'seqlens_k'")
+        fields.update(runtime_seqlens_k=False, seqlens_k=host("seqlens_k"))
     if p.runtime_seqstarts:
         for name in ("cu_seqlens_q",) + (() if p.paged_kv else ("cu_seqlens_k",)):
             if tensors.get(name) is None:
                 raise InvalidProblem(f"a group-mode problem with run-time offsets needs the tensor {name!r}")
-        k = {} if p.paged_kv else {"seqstart_k": host("cu_seqlens_k")}
-        p = attrs.evolve(p, runtime_seqstarts=False, packed_q=0, packed_k=0, seqstart_q=host("cu_seqlens_q"), **k)
-    return p
+        if not p.paged_kv:
+            fields["seqstart_k"] = host("cu_seqlens_k")
+        fields.update(runtime_seqstarts=False, packed_q=0, packed_k=0, seqstart_q=host("cu_seqlens_q"))
+    # one evolve: both fields change together (a half-converted problem breaks rule R14)
+    return attrs.evolve(p, **fields) if fields else p
 
 
 def run_stage(problem: FmhaProblem, tensors: dict) -> dict:
@@ -96,7 +104,10 @@ def run_stage(problem: FmhaProblem, tensors: dict) -> dict:
     if fam == "fwd_splitkv":
         kv = (t["k_cache"], t["v_cache"]) if p.paged_kv else (t["k"], t["v"])
         r = R.fwd_splitkv(p, t["q"], *kv, **ex, **_pick(t, _TABLES))
-        return {"o_acc": np.asarray(r.o_acc, np.float32), "lse_acc": np.asarray(r.lse_acc, np.float32)}
+        o_acc, lse_acc = np.asarray(r.o_acc, np.float32), np.asarray(r.lse_acc, np.float32)
+        if p.num_splits == 1:   # the one-stage plan: this stage writes o and lse (see plan())
+            return _fwd_out(p, R.fwd_splitkv_combine(combine_problem(p), o_acc, lse_acc))
+        return {"o_acc": o_acc, "lse_acc": lse_acc}
     if fam == "fwd_splitkv_combine":
         return _fwd_out(p, R.fwd_splitkv_combine(p, t["o_acc"], t["lse_acc"]))
     if fam == "fwd_pagedkv":
@@ -113,7 +124,7 @@ def run_stage(problem: FmhaProblem, tensors: dict) -> dict:
         r = R.bwd_dq_dk_dv(p, t["q"], t["k"], t["v"], t["lse"], t["do"], t["d"],
                            **_pick(t, ("bias", "alibi_slopes")))
         out = {"dq_acc": np.asarray(r.dq, np.float32), "dk": _store(p, r.dk), "dv": _store(p, r.dv)}
-        if r.dbias is not None:
+        if r.dbias is not None and p.dbias:
             out["dbias"] = _store(p, r.dbias)
         return out
     if fam == "bwd_convert_dq":
@@ -138,7 +149,7 @@ def reference(problem: FmhaProblem, tensors: dict) -> dict:
                            **_pick(t, ("bias", "alibi_slopes")))
         dq = np.asarray(r.dq, np.float64).sum(axis=0)   # unrounded: the sum of the dq_acc slices
         out = {"dq": dq, "dk": np.asarray(r.dk, np.float64), "dv": np.asarray(r.dv, np.float64)}
-        if r.dbias is not None:
+        if r.dbias is not None and p.dbias:   # dbias is an output only where the problem asks for it
             out["dbias"] = r.dbias
         return out
     if p.family == "fwd_appendkv":

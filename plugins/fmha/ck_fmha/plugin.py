@@ -96,6 +96,9 @@ def implement(key, backend, arch):
     if backend == "numpy":
         return _numpy_stage
     if backend == "triton":
+        from ck_core.backends.triton_backend import refuse_interpreted_bf16
+
+        refuse_interpreted_bf16(key.signature.dtype, key.name)
         return _triton_keys().make_launcher(key)
     raise UnsupportedProblem(f"fmha has no {backend!r} implementation; use numpy or triton")
 
@@ -118,6 +121,12 @@ def _bench(peer, options):
     return bench(peer, options)
 
 
+def problem_options(p) -> dict:
+    """The families of ``p``'s plan (split-KV adds its combine, a backward its three stages):
+    the part of the space that can run every stage (both backends' spaces take the option)."""
+    return {"families": tuple(dict.fromkeys(sub.family for _, sub in stages.plan(p)))}
+
+
 def fmha_op() -> OpSpec:
     return OpSpec(
         name="fmha", problem_type=FmhaProblem, enumerate=enumerate_keys, format_name=format_name,
@@ -126,6 +135,7 @@ def fmha_op() -> OpSpec:
         input_names=INPUTS, output_names=OUTPUTS, plan=stages.plan, render=_render, bench=_bench,
         flops=stages.flops, heuristic=heuristic, features=features.features, tolerance=stages.tolerance,
         bytes_moved=footprint.bytes_moved, working_bytes=footprint.working_bytes,
+        problem_options=problem_options,
         tuning_data=str(Path(__file__).resolve().parent / "tuned"),
         families=("fwd", "fwd_splitkv", "fwd_splitkv_combine", "fwd_pagedkv", "fwd_appendkv",
                   "batch_prefill", "bwd_dot_do_o", "bwd_dq_dk_dv", "bwd_convert_dq"),
@@ -177,16 +187,37 @@ def ck_sweep_spec(op):
 
 @hookimpl
 def ck_api_registry(op, arch, backend, options):
-    """The public torch API's registry: the Triton key space on every arch and backend (the numpy
-    backend runs the reference for whichever key; the CK-rule space is for CK Tile builds); under
-    TRITON_INTERPRET=1 without the Hopper-only forms (TMA, Gluon), which the interpreter cannot run.
-    The Dispatchers are built once per process: ``ck_core.api.clear()`` after changing it."""
+    """The public torch API's registry: the keys of the space of (arch, backend) (:func:`_space`),
+    the one that judges them: CK's rules for the numpy backend on an arch with CK tables (CPU
+    tensors without the interpreter: the numpy backend runs the reference for the chosen key), the
+    Triton templates' otherwise; under TRITON_INTERPRET=1 without the Hopper-only forms (TMA,
+    Gluon), which the interpreter cannot run.  ``options`` are the API's narrowing (families,
+    dtypes, hdims).  The Dispatchers are built once per process: ``ck_core.api.clear()`` after
+    changing it."""
     if op != "fmha":
         return None
     from ck_core.registry import Registry
 
+    if _space(arch.name, backend) is _CkSpace:
+        return Registry(arch.name, _ck_api_keys(arch, backend, dict(options)))
     tk = _triton_keys()
     keys = tk.enumerate_keys(arch, backend, dict(options))
     if backend == "triton" and tk.interpreting():   # the interpreter runs pointer-load Triton kernels only
         keys = [k for k in keys if k.algorithm.variant not in tk.CUDA_ONLY and not k.algorithm.dq.startswith("gluon")]
     return Registry(arch.name, keys)
+
+
+def _ck_api_keys(arch, backend, options: dict) -> list:
+    """The CK-rule keys of the API's narrowing: ``families`` enumerated, then the keys of one of
+    ``dtypes`` whose head dims hold one of ``hdims`` (equal, or padded up to)."""
+    dtypes = options.pop("dtypes", None)
+    hdims = options.pop("hdims", None)
+    out = []
+    for k in keys.ck_keys(arch, backend, options):
+        s = k.signature
+        if dtypes and not any(keys.dtype_ok(s.dtype, d) for d in dtypes):
+            continue
+        if hdims and not any(keys.hdims_ok(s, hq, hv) for hq, hv in hdims):
+            continue
+        out.append(k)
+    return out

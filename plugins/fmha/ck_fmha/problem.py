@@ -269,62 +269,112 @@ class FmhaProblem:
 
     op: ClassVar[str] = "fmha"
 
-    family: str = attrs.field(default="fwd")
-    mode: str = attrs.field(default="batch")
-    batch: int = attrs.field(default=1, converter=_int("batch"))
-    nhead_q: int = attrs.field(default=1, converter=_int("nhead_q"))
-    nhead_k: Optional[int] = attrs.field(default=None, converter=_opt_int("nhead_k"))
-    seqlen_q: Optional[int] = attrs.field(default=None, converter=_opt_int("seqlen_q"))
-    seqlen_k: Optional[int] = attrs.field(default=None, converter=_opt_int("seqlen_k"))
-    hdim_q: int = attrs.field(default=64, converter=_int("hdim_q"))
-    hdim_v: Optional[int] = attrs.field(default=None, converter=_opt_int("hdim_v"))
-    dtype: str = attrs.field(default="fp16")
-    layout: str = attrs.field(default="bhsd")
-    vlayout: str = attrs.field(default="r")
+    family: str = attrs.field(default="fwd", metadata={
+        "help": f"what to compute, one of {', '.join(FAMILIES)} (bwd_dq_dk_dv plans all three backward stages, "
+                "fwd_splitkv adds its combine)"})
+    mode: str = attrs.field(default="batch", metadata={
+        "help": "batch (equal-length sequences) or group (varlen: packed tokens located by seqstart_q/seqstart_k)"})
+    batch: int = attrs.field(default=1, converter=_int("batch"), metadata={
+        "help": "number of sequences"})
+    nhead_q: int = attrs.field(default=1, converter=_int("nhead_q"), metadata={
+        "help": "query heads"})
+    nhead_k: Optional[int] = attrs.field(default=None, converter=_opt_int("nhead_k"), metadata={
+        "help": "key/value heads (default nhead_q; GQA/MQA: nhead_q a multiple of it)"})
+    seqlen_q: Optional[int] = attrs.field(default=None, converter=_opt_int("seqlen_q"), metadata={
+        "help": "query length of each sequence (group mode: derived, the longest)"})
+    seqlen_k: Optional[int] = attrs.field(default=None, converter=_opt_int("seqlen_k"), metadata={
+        "help": "key length of each sequence, the capacity for KV caches (default seqlen_q; group mode: derived)"})
+    hdim_q: int = attrs.field(default=64, converter=_int("hdim_q"), metadata={
+        "help": "head dim of q and k (a multiple of 8)"})
+    hdim_v: Optional[int] = attrs.field(default=None, converter=_opt_int("hdim_v"), metadata={
+        "help": "head dim of v and o (default hdim_q; asymmetric such as 192/128 allowed)"})
+    dtype: str = attrs.field(default="fp16", metadata={
+        "help": f"element dtype: {', '.join(FWD_DTYPES)} (fp8: e4m3 q/k/v with descales scale_q/k/v, bf16 out, "
+                "forward only)"})
+    layout: str = attrs.field(default="bhsd", metadata={
+        "help": "batch-mode q/k/v/o layout: bhsd ([batch, head, seq, dim]) or bshd ([batch, seq, head, dim])"})
+    vlayout: str = attrs.field(default="r", metadata={
+        "help": "V storage: r (row-major, seq x dim) or c (column-major, key-contiguous)"})
     # varlen / kv-cache lengths
-    seqstart_q: Optional[tuple] = attrs.field(default=None, converter=_opt_tuple("seqstart_q"))
-    seqstart_k: Optional[tuple] = attrs.field(default=None, converter=_opt_tuple("seqstart_k"))
-    seqlens_k: Optional[tuple] = attrs.field(default=None, converter=_opt_tuple("seqlens_k"))
-    runtime_seqlens_k: bool = attrs.field(default=False, converter=bool)
-    runtime_seqstarts: bool = attrs.field(default=False, converter=bool)
-    packed_q: int = attrs.field(default=0, converter=_int("packed_q"))
-    packed_k: int = attrs.field(default=0, converter=_int("packed_k"))
+    seqstart_q: Optional[tuple] = attrs.field(default=None, converter=_opt_tuple("seqstart_q"), metadata={
+        "help": "group mode: batch+1 cumulative query offsets into the packed q, e.g. 0,5,12"})
+    seqstart_k: Optional[tuple] = attrs.field(default=None, converter=_opt_tuple("seqstart_k"), metadata={
+        "help": "group mode: batch+1 cumulative key offsets into the packed k and v"})
+    seqlens_k: Optional[tuple] = attrs.field(default=None, converter=_opt_tuple("seqlens_k"), metadata={
+        "help": "per-sequence logical key lengths: KV-cache lengths (paged, append-KV) or keys shorter than seqlen_k"})
+    runtime_seqlens_k: bool = attrs.field(default=False, converter=bool, metadata={
+        "help": "the key lengths come at run time as the int32 tensor seqlens_k [batch] (no new plan per decode "
+                "step)"})
+    runtime_seqstarts: bool = attrs.field(default=False, converter=bool, metadata={
+        "help": "group mode: the offsets come at run time as int32 cu_seqlens_q / cu_seqlens_k [batch+1]"})
+    packed_q: int = attrs.field(default=0, converter=_int("packed_q"), metadata={
+        "help": "with runtime_seqstarts: rows of the packed q tensor (total query tokens)"})
+    packed_k: int = attrs.field(default=0, converter=_int("packed_k"), metadata={
+        "help": "with runtime_seqstarts: rows of the packed k and v tensors (total key tokens)"})
     # softmax / quantization scales (scale_q/k/v: fp8 descales, the real values are scale_x * x)
-    scale: Optional[float] = attrs.field(default=None, converter=_opt_float)
-    scale_q: float = attrs.field(default=1.0, converter=float)
-    scale_k: float = attrs.field(default=1.0, converter=float)
-    scale_v: float = attrs.field(default=1.0, converter=float)
+    scale: Optional[float] = attrs.field(default=None, converter=_opt_float, metadata={
+        "help": "softmax scale (default 1/sqrt(hdim_q))"})
+    scale_q: float = attrs.field(default=1.0, converter=float, metadata={
+        "help": "fp8: the descale of q (its real values are scale_q * q)"})
+    scale_k: float = attrs.field(default=1.0, converter=float, metadata={
+        "help": "fp8: the descale of k (its real values are scale_k * k)"})
+    scale_v: float = attrs.field(default=1.0, converter=float, metadata={
+        "help": "fp8: the descale of v (its real values are scale_v * v)"})
     # mask
-    mask: str = attrs.field(default="none", converter=_canon_mask)
-    window_left: Optional[int] = attrs.field(default=None, converter=_opt_int("window_left"))
-    window_right: Optional[int] = attrs.field(default=None, converter=_opt_int("window_right"))
-    sink_tokens: int = attrs.field(default=0, converter=_int("sink_tokens"))
-    sink_logits: bool = attrs.field(default=False, converter=bool)
+    mask: str = attrs.field(default="none", converter=_canon_mask, metadata={
+        "help": "none, top_left (= causal), bottom_right, generic, or a CK spec: t, b, t:L,R, b:L,R, xt:W, xb:W, "
+                "g:Y,X"})
+    window_left: Optional[int] = attrs.field(default=None, converter=_opt_int("window_left"), metadata={
+        "help": "keys a query sees left of its diagonal (-1 = unlimited; a causal mask defaults to -1)"})
+    window_right: Optional[int] = attrs.field(default=None, converter=_opt_int("window_right"), metadata={
+        "help": "keys a query sees right of its diagonal (-1 = unlimited; a causal mask defaults to 0)"})
+    sink_tokens: int = attrs.field(default=0, converter=_int("sink_tokens"), metadata={
+        "help": "the first N keys stay visible to every query, whatever the window (StreamingLLM)"})
+    sink_logits: bool = attrs.field(default=False, converter=bool, metadata={
+        "help": "a per-head sink logit (tensor sink [nhead_q]) joins the softmax denominator"})
     # bias / logits
-    bias: str = attrs.field(default="none", converter=_canon_bias)
-    logits_soft_cap: float = attrs.field(default=0.0, converter=float)
+    bias: str = attrs.field(default="none", converter=_canon_bias, metadata={
+        "help": "none, elementwise (tensor bias added to the logits) or alibi (per-head alibi_slopes)"})
+    logits_soft_cap: float = attrs.field(default=0.0, converter=float, metadata={
+        "help": "when > 0 the logits become cap * tanh(s / cap) (soft-capping; not with a bias)"})
     # dropout
-    p_drop: float = attrs.field(default=0.0, converter=float)
-    seed: int = attrs.field(default=0, converter=_int("seed"))
-    offset: int = attrs.field(default=0, converter=_int("offset"))
-    store_randval: bool = attrs.field(default=False, converter=bool)
+    p_drop: float = attrs.field(default=0.0, converter=float, metadata={
+        "help": "dropout probability on the attention weights (0 = no dropout)"})
+    seed: int = attrs.field(default=0, converter=_int("seed"), metadata={
+        "help": "dropout's Philox seed (on the command line --dropout_seed: ck run's --seed seeds the inputs)"})
+    offset: int = attrs.field(default=0, converter=_int("offset"), metadata={
+        "help": "dropout's Philox offset"})
+    store_randval: bool = attrs.field(default=False, converter=bool, metadata={
+        "help": "also return the uint8 random values the dropout drew"})
     # outputs / misc
-    lse: bool = attrs.field(default=False, converter=bool)
-    skip_min_seqlen_q: int = attrs.field(default=0, converter=_int("skip_min_seqlen_q"))
+    lse: bool = attrs.field(default=False, converter=bool, metadata={
+        "help": "the kernel also stores each query row's log-sum-exp"})
+    skip_min_seqlen_q: int = attrs.field(default=0, converter=_int("skip_min_seqlen_q"), metadata={
+        "help": "group mode: sequences with seqlen_q <= this are skipped (their rows not written)"})
     # paged KV / batch prefill
-    paged_kv: bool = attrs.field(default=False, converter=bool)
-    page_size: int = attrs.field(default=0, converter=_int("page_size"))
-    kv_layout: str = attrs.field(default="linear")
-    kv_lookup: str = attrs.field(default="vllm")
+    paged_kv: bool = attrs.field(default=False, converter=bool, metadata={
+        "help": "K/V are read from pages through a block table (fwd_pagedkv, split-KV decode)"})
+    page_size: int = attrs.field(default=0, converter=_int("page_size"), metadata={
+        "help": "tokens per K/V page (a power of two; 0 when not paged)"})
+    kv_layout: str = attrs.field(default="linear", metadata={
+        "help": "batch_prefill page layout: linear or vectorized"})
+    kv_lookup: str = attrs.field(default="vllm", metadata={
+        "help": "batch_prefill page lookup: vllm (2-D block table) or sglang (1-D page table)"})
     # append-KV
-    seqlen_knew: int = attrs.field(default=0, converter=_int("seqlen_knew"))
-    rope: str = attrs.field(default="none")
-    rotary_dim: int = attrs.field(default=0, converter=_int("rotary_dim"))
+    seqlen_knew: int = attrs.field(default=0, converter=_int("seqlen_knew"), metadata={
+        "help": "fwd_appendkv: new key/value tokens appended to each sequence"})
+    rope: str = attrs.field(default="none", metadata={
+        "help": "fwd_appendkv rotary embedding: none, interleaved or half_rotated"})
+    rotary_dim: int = attrs.field(default=0, converter=_int("rotary_dim"), metadata={
+        "help": "fwd_appendkv: how many leading channels RoPE rotates"})
     # split-KV
-    num_splits: int = attrs.field(default=1, converter=_int("num_splits"))
+    num_splits: int = attrs.field(default=1, converter=_int("num_splits"), metadata={
+        "help": "fwd_splitkv: key splits computed apart, then merged by the combine stage"})
     # backward
-    dbias: bool = attrs.field(default=False, converter=bool)
-    deterministic: bool = attrs.field(default=False, converter=bool)
+    dbias: bool = attrs.field(default=False, converter=bool, metadata={
+        "help": "backward with an elementwise bias: also produce its gradient dbias"})
+    deterministic: bool = attrs.field(default=False, converter=bool, metadata={
+        "help": "backward: dq accumulated per key tile and summed in order (bit-identical runs), not by atomic adds"})
 
     def __attrs_post_init__(self):
         _resolve_defaults(self)

@@ -17,7 +17,7 @@ if os.environ.get("TRITON_INTERPRET") != "1":  # pragma: no cover
     pytest.skip("these tests run the kernels in the Triton interpreter", allow_module_level=True)
 
 from ck_fmha.backends.triton import bwd, fwd  # noqa: E402
-from ck_fmha.backends.triton import tuning as C  # noqa: E402
+from ck_fmha import heuristics as C  # noqa: E402
 
 pytestmark = [pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning"),
               pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning"),

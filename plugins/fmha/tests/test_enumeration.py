@@ -38,7 +38,7 @@ from ck_fmha.codegen import (  # noqa: E402
     spec_from_ck_name,
 )
 from ck_fmha.codegen import enumerate as enum_mod  # noqa: E402
-from ck_fmha.codegen.ck_facts import ARCH_PIPELINES  # noqa: E402
+from ck_fmha.codegen.ck_facts import arch_pipelines  # noqa: E402
 from ck_fmha.codegen.spec import FAMILY_FIELDS  # noqa: E402
 from ck_fmha.codegen.sweep import parse_sweep  # noqa: E402
 
@@ -263,7 +263,7 @@ def test_arch_receipt_spot_checks(arch, receipt):
     assert len(set(ck_names)) == len(ck_names), "duplicate CK names"
     assert len({s.name for s in specs}) == len(specs), "duplicate names"
     pipelines = {s.pipeline for s in specs}
-    assert pipelines - {""} <= set(ARCH_PIPELINES[arch])
+    assert pipelines - {""} <= set(arch_pipelines(arch))
     trload = [s for s in specs if s.trload]
     if arch == "gfx950":
         if receipt in (0, 1):
@@ -469,3 +469,17 @@ def test_sweep_file_errors(tmp_path):
         load_sweep(other)
     with pytest.raises(ConfigError, match="no arch"):
         parse_sweep({"variant": "fwd"}, "inline").enumerate()
+
+
+def test_per_arch_codegen_facts_come_from_the_arch_plugins():
+    """Which pipelines and factories CK's FMHA codegen uses on an arch are its ArchSpec's
+    (``extras["fmha"]["ck_codegen"]``), not tables in the op plugin (issue #30)."""
+    from ck_core.plugins import get_manager
+    from ck_fmha.codegen import ck_facts
+
+    assert not hasattr(ck_facts, "ARCH_PIPELINES") and not hasattr(ck_facts, "FACTORY")
+    for arch in ARCHES:
+        facts = get_manager().arch(arch).extras["fmha"]["ck_codegen"]
+        assert ck_facts.arch_pipelines(arch) == tuple(facts["pipelines"])
+        assert ck_facts.factory("fwd", arch) == facts["factories"]["fwd"]
+    assert ck_facts.factory("fwd", "sm90") is None and ck_facts.arch_pipelines("no_such_arch") == ()

@@ -18,7 +18,7 @@ import ck_fmha  # noqa: E402
 from ck_fmha.backends.triton import keys as T  # noqa: E402
 from ck_fmha.problem import FmhaProblem  # noqa: E402
 from ck_fmha.backends.triton import configs as C  # noqa: E402
-from ck_fmha.backends.triton import tuning  # noqa: E402
+from ck_fmha import heuristics as tuning  # noqa: E402
 from ck_fmha.backends.triton import gluon_bwd  # noqa: E402
 
 # -- the launcher's policy before the change, written out from ops.fwd / ops.bwd_dq_dk_dv ---------
@@ -283,9 +283,9 @@ def test_group_mode_attention_launches_the_plan(ck_dispatch_log, launched, ck_rn
     api.clear()
     g = torch.Generator().manual_seed(int(ck_rng.integers(1 << 30)))
     cu = torch.tensor([0, 5, 19], dtype=torch.int32)
-    q = torch.randn(19, 2, 32, generator=g, dtype=torch.bfloat16, requires_grad=True)
-    k = torch.randn(19, 2, 32, generator=g, dtype=torch.bfloat16, requires_grad=True)
-    v = torch.randn(19, 2, 32, generator=g, dtype=torch.bfloat16, requires_grad=True)
+    q = torch.randn(19, 2, 32, generator=g, dtype=torch.float16, requires_grad=True)
+    k = torch.randn(19, 2, 32, generator=g, dtype=torch.float16, requires_grad=True)
+    v = torch.randn(19, 2, 32, generator=g, dtype=torch.float16, requires_grad=True)
     o = ck_fmha.attention(q, k, v, causal=True, layout="thd", cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=14,
                           max_seqlen_k=14, deterministic=False)
     o.sum().backward()
@@ -378,9 +378,9 @@ def test_decode_steps_launch_the_plan(ck_dispatch_log, split_grids, ck_rng, page
     for lens in steps:
         sl = torch.tensor(lens, dtype=torch.int32)
         if paged:
-            outs.append(ops.paged_decode(qx, kc, vc, table, sl, causal=True, layout=layout))
+            outs.append(decode.paged_decode(qx, kc, vc, table, sl, causal=True, layout=layout))
         else:
-            outs.append(ops.splitkv_decode(qx, k, v, seqlens_k=sl, causal=True, layout=layout))
+            outs.append(decode.splitkv_decode(qx, k, v, seqlens_k=sl, causal=True, layout=layout))
     assert len(decode._PROBLEMS) == 1   # one signature: the steps differ only in the lengths tensor
     runs = ck_dispatch_log.take()
     assert len(runs) == len(steps) and len({r[0] for r in runs}) == 1
@@ -414,22 +414,22 @@ def test_decode_explicit_splits_and_bad_lengths(ck_dispatch_log, split_grids, mo
     lengths past the capacity are refused before a launch."""
     from ck_core.errors import InvalidProblem
 
-    from ck_fmha.backends.triton import launch as ops
+    from ck_fmha import decode
 
     monkeypatch.setenv("CK_BACKEND", "triton")
     api.clear()
     g = torch.Generator().manual_seed(7)
     q = torch.randn(1, 2, 1, 32, generator=g, dtype=torch.float16)
     k = torch.randn(1, 2, 100, 32, generator=g, dtype=torch.float16)
-    o = ops.splitkv_decode(q, k, k, num_splits=7)
+    o = decode.splitkv_decode(q, k, k, num_splits=7)
     (p, names, _), = ck_dispatch_log.take()
     assert p.num_splits == 7 and not p.runtime_seqlens_k and "_k7." in names[0]
     assert [grid[0] for n, grid, _ in split_grids if n == "main"] == [7]
     assert float((o.double() - _ref_decode(q, k, k, [100], "bhsd")).abs().max()) < 1e-2
     with pytest.raises(InvalidProblem, match="capacity"):
-        ops.splitkv_decode(q, k, k, seqlens_k=torch.tensor([101], dtype=torch.int32))
+        decode.splitkv_decode(q, k, k, seqlens_k=torch.tensor([101], dtype=torch.int32))
     with pytest.raises(InvalidProblem, match="num_splits"):
-        ops.splitkv_decode(q, k, k, num_splits=0)
+        decode.splitkv_decode(q, k, k, num_splits=0)
     api.clear()
 
 
@@ -451,7 +451,7 @@ def test_appendkv_steps_launch_the_plan(ck_dispatch_log, backend, monkeypatch):
         q = torch.randn(b, hq, sn, d, generator=g, dtype=torch.float16)
         kn = torch.randn(b, hk, sn, d, generator=g, dtype=torch.float16)
         vn = torch.randn(b, hk, sn, d, generator=g, dtype=torch.float16)
-        q_rot, k2, v2 = ops.appendkv(q, kn, vn, kc, vc, torch.tensor(lens, dtype=torch.int32))
+        q_rot, k2, v2 = decode.appendkv(q, kn, vn, kc, vc, torch.tensor(lens, dtype=torch.int32))
         assert k2 is kc and v2 is vc and torch.equal(q_rot, q)   # rope='none': q_rot is a copy of q
         for bi, n in enumerate(lens):
             want_k[bi, :, n:n + sn], want_v[bi, :, n:n + sn] = kn[bi], vn[bi]
@@ -463,7 +463,7 @@ def test_appendkv_steps_launch_the_plan(ck_dispatch_log, backend, monkeypatch):
     assert all(names == p == plan for _, p, names in runs)
     from ck_core.errors import InvalidProblem
     with pytest.raises(InvalidProblem, match="capacity"):   # 18 + 3 new tokens overflow 20 slots
-        ops.appendkv(q, kn, vn, kc, vc, torch.tensor([18, 0], dtype=torch.int32))
+        decode.appendkv(q, kn, vn, kc, vc, torch.tensor([18, 0], dtype=torch.int32))
     api.clear()
 
 
@@ -487,7 +487,7 @@ def test_batch_prefill_launches_the_plan(ck_dispatch_log, lookup, monkeypatch):
     tabs = (dict(block_table=table) if lookup == "vllm" else
             dict(kv_indptr=torch.arange(0, 3 * npg, npg, dtype=torch.int32), kv_page_indices=table.reshape(-1)))
     for lens in ([40, 9], [7, 33]):
-        o = ops.batch_prefill(q, kc, vc, torch.tensor(lens, dtype=torch.int32), cu_seqlens_q=cu, max_seqlen_q=7,
+        o = prefill.batch_prefill(q, kc, vc, torch.tensor(lens, dtype=torch.int32), cu_seqlens_q=cu, max_seqlen_q=7,
                               max_seqlen_k=cap, causal="bottom_right", **tabs)
         for bi, (a, z) in enumerate(((0, 5), (5, 12))):
             qb = q[a:z].transpose(0, 1)[None]

@@ -20,7 +20,8 @@ pytest.importorskip("triton")
 from ck_core.errors import UnsupportedProblem  # noqa: E402
 from ck_fmha.backends.triton import keys as TK  # noqa: E402
 from ck_fmha.problem import FmhaProblem  # noqa: E402
-from ck_fmha.backends.triton import aot, tuning  # noqa: E402
+from ck_fmha import heuristics as tuning  # noqa: E402
+from ck_fmha.backends.triton import aot  # noqa: E402
 from ck_fmha.backends.triton import configs as C  # noqa: E402
 from ck_fmha.backends.triton import gluon_fwd, launch as ops  # noqa: E402
 from ck_fmha.backends.triton.configs import TritonFmhaConfig  # noqa: E402

@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.gpu,
 
 from ck_fmha.problem import FmhaProblem  # noqa: E402
 from ck_fmha.backends.triton import gluon_fwd, launch as ops  # noqa: E402
-from ck_fmha.backends.triton import tuning  # noqa: E402
+from ck_fmha import heuristics as tuning  # noqa: E402
 from ck_fmha.backends.triton.configs import GLUON_VARIANTS, TritonFmhaConfig  # noqa: E402
 
 

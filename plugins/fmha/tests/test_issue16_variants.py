@@ -216,7 +216,7 @@ def test_dispatcher_picks_the_group_split_and_chunks_from_the_tables(monkeypatch
     forward keys, and the heuristic ranks a split Triton dK/dV key first for an MQA problem with few key
     blocks (none for MHA); the Gluon dK/dV kernel gives way to it there."""
     from ck_fmha.backends.triton import keys as K
-    from ck_fmha.backends.triton import tuning as T
+    from ck_fmha import heuristics as T
     from ck_fmha.heuristics import rank
     from ck_fmha.problem import FmhaProblem
 

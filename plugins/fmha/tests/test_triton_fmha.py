@@ -22,8 +22,9 @@ from triton_ref import ref_attention, rel_err  # noqa: E402
 if os.environ.get("TRITON_INTERPRET") != "1":  # pragma: no cover
     pytest.skip("these tests run the kernels in the Triton interpreter", allow_module_level=True)
 
-from ck_fmha.backends.triton import (TritonFmhaConfig, attention, bwd, fwd, kernel_for,  # noqa: E402
-                                     paged_decode, signature_for, splitkv_decode)
+from ck_fmha import attention  # noqa: E402
+from ck_fmha.backends.triton import TritonFmhaConfig, bwd, fwd, kernel_for, signature_for  # noqa: E402
+from ck_fmha.decode import paged_decode, splitkv_decode  # noqa: E402
 
 # the interpreter's numpy log2(0) for rows that see no key is expected (LSE = -inf)
 # and its numpy scalar-conversion deprecation on scalar loads (cu_seqlens, page table) are expected
@@ -176,7 +177,7 @@ def test_appendkv_writes_caches_in_place(layout, paged, rope, rdim):
     from ck_fmha.problem import FmhaProblem
     from ck_fmha.plan import make_inputs
 
-    from ck_fmha.backends.triton import appendkv
+    from ck_fmha.decode import appendkv
 
     p = FmhaProblem(family="fwd_appendkv", batch=2, nhead_q=4, nhead_k=2, hdim_q=32, dtype="fp16",
                     seqlen_knew=4, seqlen_q=6, seqlens_k=(3, 16), layout=layout, rope=rope, rotary_dim=rdim,
@@ -201,7 +202,7 @@ def test_prefill_and_sinks_kernels():
     from ck_fmha import reference as R
     from ck_fmha.problem import FmhaProblem
     from ck_fmha.plan import make_inputs
-    from ck_fmha.backends.triton import batch_prefill
+    from ck_fmha.prefill import batch_prefill
 
     for lookup, ps in (("vllm", 2), ("sglang", 16)):
         p = FmhaProblem(family="batch_prefill", mode="group", batch=2, nhead_q=2, nhead_k=1, hdim_q=32,

@@ -18,7 +18,9 @@ if not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
 sys.path.insert(0, os.path.dirname(__file__))
 from triton_ref import ref_attention, rel_err  # noqa: E402
 
-from ck_fmha.backends.triton import (TritonFmhaConfig, attention, bwd, fwd, paged_decode, splitkv_decode)  # noqa: E402
+from ck_fmha import attention  # noqa: E402
+from ck_fmha.backends.triton import TritonFmhaConfig, bwd, fwd  # noqa: E402
+from ck_fmha.decode import paged_decode, splitkv_decode  # noqa: E402
 
 DEV = "cuda"
 TOL = {torch.float16: 4e-3, torch.bfloat16: 2e-2}
@@ -55,7 +57,7 @@ def test_fwd_gpu(case, dtype):
     b, hq, hk, sq, sk, d, dv, causal, window, softcap, layout, variant = case
     q, k, v = _qkv(b, hq, hk, sq, sk, d, dv, layout, dtype, seed=sq + d)
     from ck_core.device import current_arch
-    from ck_fmha.backends.triton.tuning import default_fwd_config
+    from ck_fmha.heuristics import default_fwd_config
     cfg = default_fwd_config(d, dv, current_arch(q).name, gluon=False).with_(variant=variant)
     shape = (b, hq, sq, dv) if layout == "bhsd" else (b, sq, hq, dv)
     out = torch.full(shape, float("nan"), device=DEV, dtype=dtype)

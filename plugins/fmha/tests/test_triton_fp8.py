@@ -27,8 +27,10 @@ from triton_ref import ref_attention, rel_err  # noqa: E402
 
 from ck_core.errors import InvalidProblem, UnsupportedProblem  # noqa: E402
 from ck_fmha.problem import FmhaProblem  # noqa: E402
-from ck_fmha.backends.triton import (TritonFmhaConfig, attention, fwd, is_key_major, signature_for,  # noqa: E402
-                                     splitkv_decode, v_key_major)
+from ck_fmha import attention  # noqa: E402
+from ck_fmha.backends.triton import (TritonFmhaConfig, fwd, is_key_major, signature_for,  # noqa: E402
+                                     v_key_major)
+from ck_fmha.decode import splitkv_decode  # noqa: E402
 from ck_fmha.backends.triton import launch as OPS  # noqa: E402
 
 INTERP = os.environ.get("TRITON_INTERPRET") == "1"

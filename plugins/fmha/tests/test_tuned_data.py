@@ -6,7 +6,7 @@ import pytest
 
 from ck_core import tuned_data
 from ck_core.errors import ConfigError
-from ck_fmha.backends.triton import tuning as C
+from ck_fmha import heuristics as C
 from ck_fmha.backends.triton.configs import TritonFmhaConfig
 
 T = TritonFmhaConfig

@@ -21,7 +21,7 @@ from ck_core.errors import InvalidProblem
 from ck_core.plugins import get_manager
 from ck_core.warm import tensor_sig
 
-from .problem import ACTIVATIONS, DEFAULT_C, GemmProblem
+from .problem import ACTIVATIONS, DEFAULT_C, GemmProblem, pack_b
 
 
 def _operand(t: torch.Tensor) -> tuple:
@@ -107,11 +107,19 @@ def _warm_closure(disp, problem, tensors, a, b, sa, sb, sizes, t_out, out_shape)
     the signature pins their strides) the launcher's recorded replay takes them as they
     are; otherwise (copies, D tensors, the numpy backend) the operands are prepared again
     and the cached Problem runs on the cached Dispatcher."""
-    if len(tensors) == 2 and sa.data_ptr() == a.data_ptr() and sb.data_ptr() == b.data_ptr():
-        fast = disp.warm(problem, tensors, out_shape=out_shape)
-        if fast is not None:
-            return fast   # takes (a, b, d) and ignores d (there is none in such a signature)
     dev = a.device
+    if sa.data_ptr() == a.data_ptr() and sb.data_ptr() == b.data_ptr():
+        fast = disp.warm(problem, tensors, out_shape=out_shape)
+        if fast is not None and len(tensors) == 2:
+            return fast   # takes (a, b, d) and ignores d (there is none in such a signature)
+        if fast is not None:   # the D tensors prepared as _operands does, then the recorded launch
+            batch, m, n, _ = sizes
+            problem_c = (batch, m, n) if batch > 1 else (m, n)
+
+            def with_d(a, b, d):
+                return fast(a, b, [di.to(t_out).expand(out_shape).reshape(problem_c).contiguous() for di in d])
+
+            return with_d
 
     def again(a, b, d):
         ts = _operands(a, b, d, *sizes, t_out, out_shape)[4]
@@ -187,30 +195,116 @@ def _backward(ctx, grad):
 gemm_op.register_autograd(_backward, setup_context=_setup)
 
 
+def _closure(a, b, d, activation: str, out_dtype) -> tuple:
+    """(warm closure ``f(a, b, d) -> C`` for tensors like these, C of this call or None): the cache's
+    closure, or the cold path's (which computes C and stores the closure)."""
+    sig = (_MATMUL, get_manager(), tensor_sig(a), tensor_sig(b), activation, out_dtype, *[tensor_sig(x) for x in d])
+    f = _warm_get(sig)
+    if f is not None:
+        return f, None
+    c = _gemm(a, b, list(d), activation, out_dtype, sig)
+    return warm.get(sig), c
+
+
+def _make_bwd(a, b, d, activation: str, grad, need_a: bool, need_b: bool) -> tuple:
+    """(closure ``f(a, b, d, grad) -> (ga, gb, gd)`` for gradients like ``grad``, this call's result).
+
+    The closure holds the warm closures of the backward's GEMMs (dA = dZ B^T, dB = A^T dZ and, under an
+    activation, the pre-activation Z): later backward steps of this signature launch them directly."""
+    fz = None
+    if activation != "none":
+        fz, z = _closure(a, b, d, "none", grad.dtype)
+        z = fz(a, b, d) if z is None else z
+        gz = grad * _act_grad(activation, z)
+    else:
+        gz = grad
+    ga = gb = fa = fb = None
+    cast_a, cast_b = gz.dtype != a.dtype, gz.dtype != b.dtype
+    if need_a:
+        g = gz.to(b.dtype) if cast_b else gz
+        fa, ga = _closure(g, b.transpose(-1, -2), (), "none", a.dtype)
+        ga = fa(g, b.transpose(-1, -2), ()) if ga is None else ga
+    if need_b:
+        g = gz.to(a.dtype) if cast_a else gz
+        fb, gb = _closure(a.transpose(-1, -2), g, (), "none", b.dtype)
+        gb = fb(a.transpose(-1, -2), g, ()) if gb is None else gb
+    sum_a = ga is not None and ga.shape != a.shape
+    sum_b = gb is not None and gb.shape != b.shape
+    if sum_a:
+        ga = _sum_to(ga, a.shape)
+    if sum_b:
+        gb = _sum_to(gb, b.shape)
+    gd = [_sum_to(gz, di.shape).to(di.dtype) for di in d]
+    if fz is None and not d and not sum_a and not sum_b and not cast_a and not cast_b:
+        # the common step: two launches, nothing else
+        if fa is not None and fb is not None:
+            def bwd(a, b, d, grad):
+                return fa(grad, b.transpose(-1, -2), ()), fb(a.transpose(-1, -2), grad, ()), ()
+        elif fa is not None:
+            def bwd(a, b, d, grad):
+                return fa(grad, b.transpose(-1, -2), ()), None, ()
+        else:
+            def bwd(a, b, d, grad):
+                return None, None if fb is None else fb(a.transpose(-1, -2), grad, ()), ()
+        return bwd, (ga, gb, gd)
+    act_grad = _act_grad
+
+    def bwd(a, b, d, grad):
+        gz = grad * act_grad(activation, fz(a, b, d)) if fz is not None else grad
+        ga = gb = None
+        if fa is not None:
+            ga = fa(gz.to(b.dtype) if cast_b else gz, b.transpose(-1, -2), ())
+            ga = _sum_to(ga, a.shape) if sum_a else ga
+        if fb is not None:
+            gb = fb(a.transpose(-1, -2), gz.to(a.dtype) if cast_a else gz, ())
+            gb = _sum_to(gb, b.shape) if sum_b else gb
+        return ga, gb, [_sum_to(gz, di.shape).to(di.dtype) for di in d]
+    return bwd, (ga, gb, gd)
+
+
 class _Eager(torch.autograd.Function):
-    """matmul with autograd in eager mode, without the custom-op layer (~60 us of host time
-    per call): the forward is matmul's no-grad path (warm-call cache), the backward the
-    custom op's.  ``torch.compile`` traces the custom op instead."""
+    """matmul with autograd in eager mode, without the custom-op layer: the forward is the warm
+    closure of its signature's :class:`ck_core.warm.Entry`, which the context keeps; the backward
+    looks its closure up in that Entry by the gradient's signature (built on the first backward
+    step of a signature, see :func:`_make_bwd`).  ``torch.compile`` traces the custom op instead."""
 
     @staticmethod
-    def forward(ctx, a, b, activation, out_dtype, *d):
+    def forward(ctx, entry, a, b, activation, out_dtype, *d):
         ctx.save_for_backward(a, b, *d)
-        ctx.activation = activation
-        return matmul(a, b, d=d, activation=activation, out_dtype=out_dtype)   # grad mode is off here
+        ctx.entry, ctx.activation = entry, activation
+        f = entry.fwd
+        if f is not None:
+            return f(a, b, d)   # grad mode is off here
+        entry.fwd, c = _closure(a, b, d, activation, out_dtype)
+        return entry.fwd(a, b, d) if c is None else c
 
     @staticmethod
     def backward(ctx, grad):
         need = ctx.needs_input_grad
-        view = SimpleNamespace(saved_tensors=ctx.saved_tensors, activation=ctx.activation,
-                               needs_input_grad=(need[0], need[1], any(need[4:])))
-        ga, gb, gd, _, _ = _backward(view, grad)
-        return (ga, gb, None, None, *gd)
+        a, b, *d = ctx.saved_tensors
+        if torch.is_grad_enabled():   # a graph of the backward (create_graph): the custom ops record it
+            view = SimpleNamespace(saved_tensors=(a, b, *d), activation=ctx.activation,
+                                   needs_input_grad=(need[1], need[2], any(need[5:])))
+            ga, gb, gd, _, _ = _backward(view, grad)
+            return (None, ga, gb, None, None, *gd)
+        key = (grad.shape, grad.stride(), grad.dtype, grad.data_ptr() % 16, need[1], need[2])
+        bwds = ctx.entry.bwd
+        f = bwds.get(key)
+        if f is None:
+            if len(bwds) > 64:
+                bwds.clear()
+            f, (ga, gb, gd) = _make_bwd(a, b, d, ctx.activation, grad, need[1], need[2])
+            bwds[key] = f
+        else:
+            ga, gb, gd = f(a, b, d, grad)
+        return (None, ga, gb, None, None, *gd)
 
 
 #: the first field of matmul's warm-call signatures (with D tensors: tensor_sig per tensor;
 #: without: the same fields of A and B, flat)
 _MATMUL = "ck_gemm.matmul"
 _MATMUL2 = "ck_gemm.matmul/ab"
+_ENTRY = "ck_gemm.matmul/autograd"
 _compiling, _grad_enabled, _warm_get = torch.compiler.is_compiling, torch.is_grad_enabled, warm.get
 
 
@@ -231,6 +325,9 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, d: Sequence[torch.Tensor] = (), 
     broadcast to the output, added before ``activation`` (relu, gelu, silu,
     sigmoid, tanh); ``out_dtype``: C's dtype (default: CK's for the input dtype).
     """
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        raise InvalidProblem(f"matmul takes torch tensors a and b, got {type(a).__name__} and {type(b).__name__} "
+                             "(convert numpy arrays with torch.from_numpy)")
     if not d:
         if not _compiling() and not (_grad_enabled() and (a.requires_grad or b.requires_grad)):
             # the warm path of the common call: a flat signature (tensor_sig's fields of A and B)
@@ -243,6 +340,10 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, d: Sequence[torch.Tensor] = (), 
         d = ()
     else:
         d = list(d)
+        bad = [type(x).__name__ for x in d if not isinstance(x, torch.Tensor)]
+        if bad:
+            raise InvalidProblem(f"matmul's d holds {', '.join(bad)}; give torch tensors that broadcast to the "
+                                 "output (e.g. a bias of shape (N,))")
     if not torch.compiler.is_compiling() and not (torch.is_grad_enabled() and (
             a.requires_grad or b.requires_grad or any(x.requires_grad for x in d))):
         # no autograd record to keep: skip the op wrapper; a known signature skips the rest
@@ -253,15 +354,137 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, d: Sequence[torch.Tensor] = (), 
             return f(a, b, d)
         return _gemm(a, b, list(d), _activation(activation), out_dtype, sig)
     if not torch.compiler.is_compiling():
-        return _Eager.apply(a, b, _activation(activation), out_dtype, *d)
+        # one Entry per signature: the forward's closure and the backward's (kept by the autograd context)
+        act = _activation(activation)
+        sig = (_ENTRY, get_manager(), tensor_sig(a), tensor_sig(b), act, out_dtype, *[tensor_sig(x) for x in d])
+        entry = _warm_get(sig)
+        if entry is None:
+            entry = warm.Entry()
+            warm.put(sig, entry)
+        return _Eager.apply(entry, a, b, act, out_dtype, *d)
     return gemm_op(a, b, list(d), _activation(activation), out_dtype)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``x @ weight.T + bias`` like ``torch.nn.functional.linear`` (weight is (out, in))."""
+def linear(x: torch.Tensor, weight, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``x @ weight.T + bias`` like ``torch.nn.functional.linear`` (weight is (out, in)).
+
+    ``weight`` may be a :class:`PackedWeight` (:func:`preshuffle`): then the Dispatcher selects
+    among the pre-shuffled-B keys of the tile it was packed for (inference only: no autograd)."""
+    if isinstance(weight, PackedWeight):
+        return _linear_packed(x, weight, bias)
     if weight.dim() != 2 or x.dim() < 1 or x.shape[-1] != weight.shape[1]:
         raise InvalidProblem(f"linear: x is {tuple(x.shape)} and weight {tuple(weight.shape)}; weight must be "
                              f"(out_features, in_features) with in_features = x's last size")
     lead = x.shape[:-1]
     y = matmul(x.reshape(-1, x.shape[-1]), weight.t(), d=() if bias is None else (bias,))
     return y.reshape(*lead, weight.shape[0])
+
+
+# -- pre-shuffled weights (CK's preshuffle GEMM) ----------------------------------------------------
+
+#: the M a weight's tile is chosen for when preshuffle() is not told one
+PRESHUFFLE_M = 256
+
+
+class PackedWeight:
+    """A linear weight (out_features x in_features) pre-shuffled once in a GEMM kernel's tile order.
+
+    ``data``: ``[ceil(N/tile_n), ceil(K/tile_k), tile_n, tile_k]`` (``ck_gemm.problem.pack_b``),
+    ``tile``: ``(tile_n, tile_k)`` it was packed for, ``shape``: the logical ``(N, K)``.
+    :func:`linear` takes it in place of the weight."""
+
+    __slots__ = ("data", "tile", "shape", "__weakref__")
+
+    def __init__(self, data: torch.Tensor, tile: tuple, shape: tuple):
+        n, k = shape
+        tn, tk = tile
+        want = (-(-n // tn), -(-k // tk), tn, tk)
+        if not isinstance(data, torch.Tensor) or tuple(data.shape) != want or not data.is_contiguous():
+            raise InvalidProblem(f"PackedWeight: data must be a contiguous tensor of shape {want} for a {n}x{k} "
+                                 f"weight packed for tile {tn}x{tk}; make one with ck_gemm.preshuffle(weight)")
+        if data.data_ptr() % 16:   # the kernels assume a 16-byte aligned B
+            data = data.clone()
+        self.data, self.tile, self.shape = data, (int(tn), int(tk)), (int(n), int(k))
+
+    @property
+    def dtype(self):
+        return self.data.dtype
+
+    @property
+    def device(self):
+        return self.data.device
+
+    def __repr__(self):
+        return (f"PackedWeight(shape={self.shape}, tile={self.tile[0]}x{self.tile[1]}, dtype={self.data.dtype}, "
+                f"device={self.data.device})")
+
+
+def _packed_dispatcher(t, token: str, dtype_c: str, num_d: int):
+    return core.dispatcher_on("gemm", t, dtypes=(token,), layouts=("rcr",), dtypes_c=(dtype_c,), num_ds=(num_d,),
+                              d_ops=("add",), activations=("none",), variants=("preshuffle",))
+
+
+def preshuffle(weight: torch.Tensor, *, m: int = PRESHUFFLE_M) -> PackedWeight:
+    """``weight`` (out_features x in_features) pre-shuffled once for :func:`linear`.
+
+    The tile is the Dispatcher's: it selects a pre-shuffled-B key for an ``m`` x out x in problem
+    on the weight's device (``m``: a typical token count of the calls to come; later calls of any
+    M choose among the keys of this tile), and the weight is packed in that key's N x K tile order."""
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        raise InvalidProblem(f"preshuffle: weight must be a 2-D tensor (out_features, in_features), got "
+                             f"{tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__}")
+    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+        raise InvalidProblem(f"preshuffle: m={m!r} must be a positive int (the token count to choose the tile for)")
+    token = core.dtype_token(weight.dtype)
+    n, k = weight.shape
+    problem = GemmProblem(m=m, n=n, k=k, dtype=token, layout="rcr", preshuffle=True)
+    key = _packed_dispatcher(weight, token, problem.dtype_c, 0).select(problem)
+    tile = (key.algorithm.tile_n, key.algorithm.tile_k)
+    return PackedWeight(pack_b(weight.detach(), *tile), tile, (n, k))
+
+
+_PACKED: dict = {}   # call signature -> (problem, Dispatcher, warm closure or None)
+core.on_clear(_PACKED.clear)
+
+
+def _linear_packed(x, w: PackedWeight, bias):
+    n, k = w.shape
+    if not isinstance(x, torch.Tensor) or x.dim() < 1 or x.shape[-1] != k:
+        raise InvalidProblem(f"linear: x is {tuple(getattr(x, 'shape', ()))} and the packed weight {w.shape}; "
+                             f"x's last size must be in_features = {k}")
+    if x.dtype != w.dtype or x.device != w.device:
+        raise InvalidProblem(f"linear: x is {x.dtype} on {x.device}, the packed weight {w.dtype} on {w.device}; "
+                             f"they must agree")
+    if torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)):
+        raise InvalidProblem("linear: a pre-shuffled weight is for inference; call under torch.no_grad() "
+                             "(or train with the plain weight)")
+    if bias is not None and (not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (n,)):
+        raise InvalidProblem(f"linear: bias must be a tensor of shape ({n},), got "
+                             f"{tuple(getattr(bias, 'shape', ())) or type(bias).__name__}")
+    lead = x.shape[:-1]
+    a = x.reshape(-1, k)
+    m = a.shape[0]
+    if m == 0:
+        return x.new_empty((*lead, n))
+    if a.stride(-1) != 1 or (m > 1 and a.stride(0) != k) or a.data_ptr() % 16:
+        a = _aligned(a.contiguous())
+    sig = (get_manager(), a.shape, a.dtype, a.device, w.tile, w.shape,
+           None if bias is None else (bias.dtype, bias.device))
+    hit = _PACKED.get(sig)
+    if hit is not None and hit[2] is not None:
+        return hit[2](a, w.data, ()).reshape(*lead, n)
+    token = core.dtype_token(a.dtype)
+    t_out = _out_dtype(a, None)
+    if hit is None:
+        problem = GemmProblem(m=m, n=n, k=k, dtype=token, dtype_c=core.dtype_token(t_out), layout="rcr",
+                              num_d=0 if bias is None else 1, preshuffle=True, pack_n=w.tile[0], pack_k=w.tile[1])
+        hit = (problem, _packed_dispatcher(a, token, problem.dtype_c, problem.num_d), None)
+    problem, disp, _ = hit
+    tensors = {"a": a, "b": w.data}
+    if bias is not None:
+        tensors["d0"] = bias.to(t_out).expand(m, n)
+    c = core.run(disp, problem, tensors, device=a.device, dtype=t_out)
+    if bias is None:   # the launcher's recorded replay, where it offers one (plain GEMMs on a GPU)
+        hit = (problem, disp, disp.warm(problem, tensors, out_shape=(m, n)))
+    _PACKED[sig] = hit
+    return c.reshape(*lead, n)

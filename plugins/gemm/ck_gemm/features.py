@@ -128,6 +128,17 @@ def features(problem, candidates: list, arch) -> dict:
         out["rel_" + name[4:]] = out[name] - out[name].min()
     for name in _KERNEL:
         out[name] = col[name]
+    # the M of a problem whose B is row-major (K x N, ``?r?``) and whose A and B descriptors are aligned, 0 otherwise: a
+    # problem-level ``log_*`` column, so a ranker's domain bounds it.  The sm90 oracle of 2026-11-25
+    # timed such problems only up to M = 64 (its larger rrr shapes were all unaligned, pointer keys
+    # only), so a larger one is outside the shipped ranker's domain and the heuristic, with the
+    # measured rrr winners, orders it instead of an extrapolation (it put 128x256 pointer tiles,
+    # 0.17-0.45 of the best where timed, first for rrr LLM shapes)
+    lda_b = k if problem.layout[0] == "r" else m
+    desc_b = problem.layout[1] == "r" and (n * eb) % 16 == 0 and (lda_b * eb) % 16 == 0
+    out["log_m_brow_desc"] = np.full(len(candidates), math.log2(m) if desc_b else 0.0)
+    # a pre-shuffled B (packed in the kernel's tile order): likewise a form of its own
+    out["v_preshuffle"] = np.full(len(candidates), float(getattr(problem, "preshuffle", False)))
     for name in ("tile_m", "tile_n", "tile_k"):
         out[name] = np.log2(col[name])
     return out

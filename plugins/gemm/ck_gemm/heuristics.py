@@ -5,12 +5,33 @@ the model's training domain (very large N or FLOPs, tiny problems).
 Checked offline against the recorded H100 oracle (every registry key timed on 672 shapes,
 benchmarks/results/selection/gemm_sm90.jsonl.gz): the geomean of best / picked went 0.452 ->
 0.574 with the rules marked 2026-11-27 below (LLM layers 0.884 -> 0.913, odd 0.25 -> 0.52,
-skinny 0.833 -> 0.843, batched 0.198 -> 0.221)."""
+skinny 0.833 -> 0.843, batched 0.198 -> 0.221).
+
+The plugin's one reader of its tuned data: ``ck_gemm/tuned/<arch>.json`` (read through
+:mod:`ck_core.tuned_data`, overlaid by the user's store) holds the winners of the arch's sweep in
+its ``kernels`` table (the Dispatcher's store: one entry per problem bucket with the kernel, its
+Triton config, the measured shape and TFLOPS) and the learned ranker.  :func:`pick_config` returns the row
+nearest to the problem in log2(M, N, K) space (M weighted most: it decides between skinny and
+square kernels), preferring the same dtype and layout, else a size heuristic; :func:`tuned_keys`
+adds the winners to the registry (the plugin passes it to the space and the legality check).
+"""
 from __future__ import annotations
 
-from ck_core.dtypes import ELEMENT_BYTES
+import functools
+import json
+import math
+from pathlib import Path
 
-from .keys import STREAMK_VARIANTS
+import attrs
+
+from ck_core.dtypes import ELEMENT_BYTES
+from ck_core.errors import ConfigError, InvalidProblem
+from ck_core.key import KernelKey
+from ck_core.tuned_data import Table, table
+
+from .backends.triton.configs import GemmConfig, config_of_algorithm
+from .keys import STREAMK_VARIANTS, GemmSignature, legal as _legal
+from .space import algorithm_for_config, enumerate_keys as _enumerate_keys
 
 #: rows of a warpgroup's MMA tile (wgmma m64): the smallest tile that streams B once for M <= 64;
 #: up to one mma.sync tile of rows (16) the short tiles read B once too
@@ -34,15 +55,10 @@ def heuristic(problem, candidates: list, arch) -> list:
     stream_b = bool(l2) and _MMA_SYNC_ROWS < problem.m <= _WG_ROWS and b_bytes > l2
     preferred = None
     if candidates and candidates[0].backend == "triton":
-        try:
-            from .backends.triton.tuning import pick_config
-            from .backends.triton.keys import config_of
-            want = pick_config(problem.m, problem.n, problem.k, problem.dtype, arch.name,
-                               layout=problem.layout, batch=problem.batch)
-            if not (stream_b and want.block_m < problem.m):
-                preferred = [k for k in candidates if config_of(k) == want]
-        except ImportError:
-            preferred = None
+        want = pick_config(problem.m, problem.n, problem.k, problem.dtype, arch.name,
+                           layout=problem.layout, batch=problem.batch)
+        if not (stream_b and want.block_m < problem.m):
+            preferred = [k for k in candidates if config_of_algorithm(k.algorithm) == want]
 
     eb = ELEMENT_BYTES[problem.dtype]
 
@@ -89,3 +105,132 @@ def heuristic(problem, candidates: list, arch) -> list:
         ranked = preferred[:1] + [k for k in ranked if k is not preferred[0]]
     return ranked
 
+
+# -- tuned data ------------------------------------------------------------------------------
+
+TUNED_DIR = str(Path(__file__).resolve().parent / "tuned")
+#: dtypes whose tuned configs transfer to each other (same element size, same MMA path)
+_SIBLINGS = {"fp16": ("bf16",), "bf16": ("fp16",), "fp8": ("bf8",), "bf8": ("fp8",)}
+
+
+def load_table(arch: str = "sm90") -> tuple:
+    """``(dtype, layout, M, N, K, GemmConfig)`` rows of the arch's measured winners (empty: none).
+
+    They are the ``kernels`` table's entries (the Dispatcher's store of winners per problem bucket)
+    that name a Triton config: the shipped sweep's, at the shape each was measured on (``shape``;
+    the bucket's own sizes where an entry has none).  Winners ``ck tune`` recorded name a kernel
+    only: the Dispatcher's store serves those directly."""
+    return _rows(table("gemm", arch, "kernels", TUNED_DIR))
+
+
+@functools.lru_cache(maxsize=8)
+def _rows(t: Table) -> tuple:
+    # keyed by the store's Table object: parsed once per load of the data files
+    rows = []
+    for key, v in t.items():
+        if not (isinstance(v, dict) and "config" in v):
+            continue
+        try:
+            backend, bucket = key
+            b = json.loads(bucket)
+            dtype, layout = b[0], b[2]
+            m, n, k = (int(x) for x in (v.get("shape") or b[-3:]))
+            cfg = GemmConfig.from_name(v["config"])
+            if not all(1 <= x <= 1 << 31 for x in (m, n, k)):
+                raise ValueError(f"shape {m}x{n}x{k} is not three positive sizes")
+            for f, hi in (("block_m", 512), ("block_n", 512), ("block_k", 512), ("group_m", 64),
+                          ("num_warps", 32), ("num_stages", 8), ("split_k", 64)):
+                if getattr(cfg, f) > hi:
+                    raise ValueError(f"config {v['config'][:60]!r}: {f} {getattr(cfg, f)} is above {hi}")
+            rows.append((dtype, layout, m, n, k, cfg))
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError, InvalidProblem) as e:
+            raise ConfigError(f"gemm tuned data ({t.provenance.get('source', '?')}): bad kernels entry "
+                              f"{list(key) if isinstance(key, tuple) else key} -> {v!r}: {e}") from None
+    return tuple(sorted(rows, key=lambda r: r[:5]))
+
+
+def shape_bucket(M: int, N: int, K: int) -> tuple:
+    """Power-of-two bucket of a shape (how the tuning table is keyed)."""
+    return tuple(1 << max(0, math.ceil(math.log2(max(x, 1)))) for x in (M, N, K))
+
+
+def heuristic_config(M: int, N: int, K: int, dtype: str = "fp16", arch: str = "generic") -> GemmConfig:
+    """A reasonable config without a table: small tiles for small problems."""
+    hopper = arch == "sm90"
+    if M <= 32:
+        sk = 1 if N * K < (1 << 22) else max(1, min(8, K // 1024))
+        return GemmConfig(block_m=16 if M <= 16 else 32, block_n=64, block_k=128, group_m=1, num_warps=4,
+                          num_stages=4, variant="plain", split_k=sk)
+    if M <= 128 or N <= 128:
+        return GemmConfig(64, 128, 64, 8, 4, 4, "tma" if hopper else "plain", 1)
+    if hopper:
+        return GemmConfig(128, 256, 64, 8, 8, 3, "tma_persistent", 1)
+    return GemmConfig(128, 128, 64, 8, 4, 3, "plain", 1)
+
+
+def pick_config(M: int, N: int, K: int, dtype: str = "fp16", arch: str = "sm90", *, layout: str = "rcr",
+                batch: int = 1) -> GemmConfig:
+    """Best known config for an M x N x K ``dtype`` GEMM on ``arch``.
+
+    Nearest tuned row (dtype, then sibling dtype; same layout preferred) by a
+    weighted log2 distance; the heuristic when the arch has no table or no row
+    lies within a factor of 4 per dimension.
+    """
+    for x, n in ((M, "M"), (N, "N"), (K, "K")):
+        if x < 1:
+            raise InvalidProblem(f"pick_config: {n}={x} must be positive")
+    rows = load_table(arch)
+    if not rows:
+        return heuristic_config(M, N, K, dtype, arch)
+    lm, ln, lk = (math.log2(x) for x in (M, N, K))
+    best, best_d = None, None
+    # own dtype, then its sibling, then (8-bit floats) the 16-bit rows at twice the K tile: the
+    # same bytes a pipeline stage and the same C tile (space.tuned_keys adds those keys)
+    tiers = (((dtype,), 0.0, 1), (_SIBLINGS.get(dtype, ()), 0.25, 1),
+             (("bf16", "fp16") if dtype in ("fp8", "bf8") else (), 0.5, 2))
+    for dts, penalty, k_scale in tiers:
+        for (dt, lay, m, n, k, cfg) in rows:
+            if dt not in dts:
+                continue
+            d = (2.0 * abs(lm - math.log2(m)) + abs(ln - math.log2(n)) + abs(lk - math.log2(k))
+                 + penalty + (0.0 if lay == layout else 0.5))
+            if best_d is None or d < best_d:
+                best, best_d = (cfg if k_scale == 1 else cfg.evolve(block_k=cfg.block_k * k_scale)), d
+        if best is not None:
+            break
+    if best is None or best_d > 6.0:
+        return heuristic_config(M, N, K, dtype, arch)
+    return best
+
+
+def tuned_keys(arch, backend, dtypes, layouts) -> list:
+    """The measured winners of the arch's tuning table (so the registry holds them)."""
+    out = []
+    pipeline = (arch.pipelines or ("compv3",))[0]
+    for dt, _lay, _m, _n, _k, cfg in load_table(arch.name):
+        for dtype in (d for d in dtypes if d == dt or {d, dt} <= {"fp16", "bf16"}):
+            for lay in layouts:
+                alg = algorithm_for_config(cfg, arch, dtype, pipeline, lay)
+                if alg is not None:
+                    out.append(KernelKey("gemm", GemmSignature(dtype, lay), alg, arch.name, backend))
+        # 8-bit floats: the 16-bit winners' persistent TMA kernels at twice the K tile (the same
+        # bytes a stage, the same tile of C), where the table has no row of their own
+        if dt in ("fp16", "bf16") and "persistent" in cfg.variant and cfg.is_tma:
+            for dtype in (d for d in dtypes if d in ("fp8", "bf8") and d in arch.dtypes
+                          and not any(r[0] == d for r in load_table(arch.name))):
+                for lay in layouts:
+                    alg = algorithm_for_config(cfg.evolve(block_k=2 * cfg.block_k), arch, dtype, pipeline, lay)
+                    if alg is not None:
+                        out.append(KernelKey("gemm", GemmSignature(dtype, lay), alg, arch.name, backend))
+    return list(dict.fromkeys(out))
+
+
+def enumerate_keys(arch, backend: str, options: dict) -> list[KernelKey]:
+    """The registry's keys: the space's CK-style keys and, on triton, the arch's measured winners."""
+    return _enumerate_keys(arch, backend, options, tuned=tuned_keys)
+
+
+def legal(key: KernelKey, arch) -> str | None:
+    """:func:`ck_gemm.keys.legal`, with the arch's measured winners legal whatever the Triton
+    shared-memory model says (they ran)."""
+    return _legal(key, arch, tuned=tuned_keys)

@@ -4,9 +4,10 @@ Name grammar (tokens joined by ``_``)::
 
     gemm_<dtype>_<layout>_<pipeline>_<epilogue>_<scheduler>_<pad>_
          <TMxTNxTK>_<WMxWNxWK>_<WTMxWTNxWTK>[_c<dtype_c>][_d<n><op>][_<act>]
-         [_sk<split_k>][_s<stages>][_v<variant>][_g<group_m>]
+         [_sk<split_k>][_s<stages>][_v<variant>][_g<group_m>][_preshuffle]
 
 ``pad`` is ``npad`` or ``p`` followed by the padded dims (``pmnk``, ``pk``...).
+``preshuffle``: B is read pre-shuffled in the key's N x K tile order (CK's preshuffle GEMM).
 """
 from __future__ import annotations
 
@@ -58,6 +59,12 @@ SPLITK_VARIANTS = ("tile", "tma", "tma_ws")
 #: stream-K variants: a grid of the arch's SMs splits the K steps of the last waves' tiles evenly
 #: per problem (so their keys keep split_k 1) and sums partial tiles in the same launch
 STREAMK_VARIANTS = ("streamk", "tma_streamk")
+#: variants whose Triton templates read a pre-shuffled B (one contiguous tile a K step; pointer
+#: loads: the packed tiles need no descriptor), and the name token of a pre-shuffled signature
+PRESHUFFLE_VARIANTS = ("tile", "persistent")
+PRESHUFFLE_TOKEN = "preshuffle"
+#: backends that run pre-shuffled-B keys (the CK C++ templates here render the standard pipeline only)
+PRESHUFFLE_BACKENDS = ("numpy", "triton")
 
 
 @attrs.frozen(cache_hash=True)
@@ -68,6 +75,7 @@ class GemmSignature:
     num_d: int = 0
     d_op: str = "add"
     activation: str = "none"
+    preshuffle: bool = False   # B pre-shuffled in the kernel's tile order (CK's preshuffle GEMM)
 
     def __attrs_post_init__(self):
         if not self.dtype_c:
@@ -130,6 +138,8 @@ def format_name(sig: GemmSignature, a: GemmAlgorithm) -> str:
         parts.append(f"g{a.group_m}")
     if a.epi_subtile != 1:
         parts.append(f"e{a.epi_subtile}")
+    if sig.preshuffle:
+        parts.append(PRESHUFFLE_TOKEN)
     return "_".join(parts)
 
 
@@ -172,6 +182,8 @@ def parse_name(body: str):
             alg["epi_subtile"] = int(tok[1:])
         elif tok in _TOKEN_VARIANT:
             alg["variant"] = _TOKEN_VARIANT[tok]
+        elif tok == PRESHUFFLE_TOKEN:
+            sig["preshuffle"] = True
         elif tok.startswith("d") and tok[1:2].isdigit() and tok[2:] in D_OPS:
             sig["num_d"], sig["d_op"] = int(tok[1]), tok[2:]
         elif tok.startswith("c") and tok[1:] in C_DTYPES:
@@ -193,18 +205,19 @@ def from_fields(sig: dict, alg: dict):
     return _SIG(sig), _ALG(alg)
 
 
-def legal(key: KernelKey, arch) -> str | None:
-    """Why the enumeration rules would not produce ``key`` on ``arch`` (or None)."""
+def legal(key: KernelKey, arch, tuned=None) -> str | None:
+    """Why the enumeration rules would not produce ``key`` on ``arch`` (or None).
+
+    ``tuned(arch, backend, dtypes, layouts)`` lists the arch's measured winners, which join the
+    space whatever the shared-memory model says (``ck_gemm.heuristics.legal`` passes its reader)."""
     sig = key.signature
-    why = rules_violation(sig, key.algorithm, arch)
+    why = rules_violation(sig, key.algorithm, arch) or preshuffle_violation(sig, key.algorithm)
+    if why is None and sig.preshuffle and key.backend not in PRESHUFFLE_BACKENDS:
+        why = f"the {key.backend} backend has no pre-shuffled-B template (backends {PRESHUFFLE_BACKENDS})"
     if why is None and key.backend == "triton":
         why = triton_smem_violation(sig.dtype, key.algorithm, arch)
-        # the arch's measured winners join the space whatever the shared-memory model says
-        if why:
-            from .space import tuned_keys   # (the space imports these records: deferred, no cycle)
-
-            if key in tuned_keys(arch, key.backend, [sig.dtype], [sig.layout]):
-                why = None
+        if why and tuned is not None and key in tuned(arch, key.backend, [sig.dtype], [sig.layout]):
+            why = None
     return why
 
 
@@ -258,6 +271,25 @@ def _tile_violation(sig: GemmSignature, a: GemmAlgorithm, arch) -> str | None:
     need = lds_bytes(sig, a, arch.vendor == "nvidia")
     if need > limit:
         return f"needs {need} B of LDS/shared memory, {arch.name} allows {limit} B for {a.pipeline}"
+    return None
+
+
+def preshuffle_violation(sig: GemmSignature, a: GemmAlgorithm) -> str | None:
+    """Why a pre-shuffled-B key ``(sig, a)`` cannot exist (None: it can, or B is not pre-shuffled).
+
+    B is packed for the key's N x K tile and zero-padded, so the key pads every dimension (A's
+    rows and K tail, C's edges stay masked), reads whole tiles through pointers (variants
+    :data:`PRESHUFFLE_VARIANTS`) and owns its whole K loop (no split-K)."""
+    if not sig.preshuffle:
+        return None
+    if sig.layout != "rcr":
+        return f"a pre-shuffled B is a linear weight: layout rcr only, not {sig.layout}"
+    if a.variant not in PRESHUFFLE_VARIANTS:
+        return f"pre-shuffled B is read by variants {PRESHUFFLE_VARIANTS}, not {a.variant}"
+    if a.split_k != 1:
+        return "a pre-shuffled-B key does not split K"
+    if not (a.pad_m and a.pad_n and a.pad_k):
+        return "a pre-shuffled-B key pads M, N and K (B is zero-padded to whole tiles)"
     return None
 
 
@@ -339,8 +371,7 @@ def _triton_smem_model():
     """Triton's shared-memory model, imported once: a failed import is not cached by Python,
     and retrying it per key made a triton-less enumeration take minutes."""
     try:
-        from .backends.triton.configs import smem_bytes
-        from .backends.triton.keys import config_of_algorithm
+        from .backends.triton.configs import config_of_algorithm, smem_bytes
     except ImportError:
         return None
     return smem_bytes, config_of_algorithm
@@ -355,6 +386,9 @@ def _signature_why(s, backend: str, problem) -> str | None:
     if (s.num_d, s.activation) != (problem.num_d, problem.activation) or (
             s.num_d and s.d_op != problem.d_op):
         return "epilogue (D tensors / activation) differs"
+    if s.preshuffle != problem.preshuffle:
+        return ("the problem's B is pre-shuffled; the kernel reads a plain B" if problem.preshuffle
+                else "the kernel reads a pre-shuffled B; the problem's is plain")
     if backend == "triton" and s.num_d > 2:
         return "the Triton kernels fuse at most 2 D tensors"
     return None
@@ -365,6 +399,10 @@ def supports(key: KernelKey, problem) -> str | None:
     why = _signature_why(s, key.backend, problem)
     if why is not None:
         return why
+    if problem.preshuffle:
+        why = preshuffle_violation(s, a) or _pack_why(a, problem)
+        if why is not None:
+            return why
     if problem.m % a.tile_m and not a.pad_m:
         return f"M={problem.m} is not a multiple of tile M {a.tile_m} and the kernel does not pad M"
     if problem.n % a.tile_n and not a.pad_n:
@@ -374,6 +412,13 @@ def supports(key: KernelKey, problem) -> str | None:
     if key.backend == "triton":
         # a key built by hand or imported (not enumerated) may still pair split-K with a persistent loop
         return variant_violation(a) or descriptor_violation(a, problem)
+    return None
+
+
+def _pack_why(a: GemmAlgorithm, problem) -> str | None:
+    if problem.pack_n and (a.tile_n, a.tile_k) != (problem.pack_n, problem.pack_k):
+        return (f"B was pre-shuffled for tile N x K {problem.pack_n}x{problem.pack_k}; the kernel's is "
+                f"{a.tile_n}x{a.tile_k}")
     return None
 
 
@@ -395,6 +440,10 @@ class _SupportColumns:
         self.tile_m = np.array([a.tile_m for a in algs], dtype=np.int64)
         self.tile_n = np.array([a.tile_n for a in algs], dtype=np.int64)
         self.tile_ks = np.array([a.tile_k * a.split_k for a in algs], dtype=np.int64)
+        self.tile_k = np.array([a.tile_k for a in algs], dtype=np.int64)
+        # keys that read a pre-shuffled B and may (problem-independent rules)
+        self.preshuffle_ok = np.array([k.signature.preshuffle and preshuffle_violation(k.signature, k.algorithm)
+                                       is None for k in keys])
         self.pad_m = np.array([bool(a.pad_m) for a in algs])
         self.pad_n = np.array([bool(a.pad_n) for a in algs])
         self.pad_k = np.array([bool(a.pad_k) for a in algs])
@@ -417,6 +466,10 @@ def supports_many(keys: tuple, problem) -> np.ndarray:
     m, n, k = problem.m, problem.n, problem.k
     ok = (cols.static_ok & ((m % cols.tile_m == 0) | cols.pad_m) & ((n % cols.tile_n == 0) | cols.pad_n)
           & ((k % cols.tile_ks == 0) | cols.pad_k))
+    if problem.preshuffle:
+        ok &= cols.preshuffle_ok
+        if problem.pack_n:
+            ok &= (cols.tile_n == problem.pack_n) & (cols.tile_k == problem.pack_k)
     for sig, backend, ix in cols.groups:
         if _signature_why(sig, backend, problem) is not None:
             ok[ix] = False

@@ -8,7 +8,7 @@ from ck_core.errors import UnsupportedProblem
 from ck_core.hookspecs import hookimpl
 from ck_core.records import OpSpec
 
-from . import features, heuristics, keys as kernel, reference, space
+from . import features, heuristics, keys as kernel, reference
 from .problem import GemmProblem
 
 
@@ -16,8 +16,11 @@ def implement(key, backend: str, arch):
     if backend == "numpy":
         return partial(_numpy_impl, key)
     if backend == "triton":
+        from ck_core.backends.triton_backend import refuse_interpreted_bf16
+
         from .backends.triton.keys import make_fast_launcher
 
+        refuse_interpreted_bf16(key.signature.dtype, key.name)
         return make_fast_launcher(key, num_sms=arch.compute_units)
     raise UnsupportedProblem(f"the gemm plugin has no {backend!r} implementation; "
                              f"use backend numpy or triton")
@@ -42,16 +45,22 @@ def _numpy_impl(key, problem, tensors):
     return reference.run_numpy(key, problem, tensors)
 
 
+def problem_options(p) -> dict:
+    """The part of the space that can run ``p`` (``supports`` matches these signature fields)."""
+    return {"dtypes": (p.dtype,), "layouts": (p.layout,), "dtypes_c": (p.dtype_c,), "num_ds": (p.num_d,),
+            "d_ops": (p.d_op,), "activations": (p.activation,)}
+
+
 def gemm_op() -> OpSpec:
     return OpSpec(
         name="gemm",
         problem_type=GemmProblem,
         tuning_data=str(Path(__file__).resolve().parent / "tuned"),
-        enumerate=space.enumerate_keys,
+        enumerate=heuristics.enumerate_keys,
         format_name=kernel.format_name,
         parse_name=kernel.parse_name,
         from_fields=kernel.from_fields,
-        legal=kernel.legal,
+        legal=heuristics.legal,
         supports=kernel.supports,
         supports_many=kernel.supports_many,
         reference=reference.reference,
@@ -67,6 +76,7 @@ def gemm_op() -> OpSpec:
         render=_render,
         tolerance=reference.tolerance,
         bench=_bench,
+        problem_options=problem_options,
         families=("gemm",),
         options={
             "dtypes": "input dtypes, e.g. fp16,bf16 (default: all the arch runs)",
@@ -80,8 +90,10 @@ def gemm_op() -> OpSpec:
             "activations": "epilogue activations: none, relu, gelu, silu, sigmoid, tanh (default none)",
             "split_ks": "split-K factors, e.g. 1,2,4 (default 1)",
             "dtypes_c": "C (output) dtypes, e.g. fp32 (default: CK's C dtype for the input dtype)",
+            "variants": "CK's kernel sets: standard, preshuffle (B pre-shuffled in the kernel's tile order), "
+                        "multi_d (fused D tensors), e.g. --variants standard preshuffle multi_d (default standard)",
         },
-        description="GEMM: C = act(A @ B op D...), CK layouts rcr/rrr/crr/ccr, batched, split-K",
+        description="GEMM: C = act(A @ B op D...), CK layouts rcr/rrr/crr/ccr, batched, split-K, pre-shuffled B",
     )
 
 

@@ -7,6 +7,8 @@ import numpy as np
 
 from ck_core.dtypes import quantize
 
+from .problem import pack_b, unpack_b
+
 _ACT = {
     "none": lambda x: x,
     "relu": lambda x: np.maximum(x, 0),
@@ -21,7 +23,10 @@ def _logical(problem, a, b):
     """Views of A as (batch, M, K) and B as (batch, K, N) whatever the storage layout."""
     bt = problem.batch
     a = np.asarray(a).reshape((bt,) + problem.shape_a()[-2:])
-    b = np.asarray(b).reshape((bt,) + problem.shape_b()[-2:])
+    if problem.preshuffle:   # packed tiles back to the N x K weight (a view of the tiles, padding cut)
+        b = unpack_b(np.asarray(b).reshape(problem.shape_b()), problem.n, problem.k)[None]
+    else:
+        b = np.asarray(b).reshape((bt,) + problem.shape_b()[-2:])
     if problem.layout[0] == "c":
         a = a.transpose(0, 2, 1)
     if problem.layout[1] == "c":
@@ -79,7 +84,11 @@ def make_inputs(problem, rng: np.random.Generator) -> dict:
         x = rng.uniform(-1.0, 1.0, size=shape)
         return quantize(x, dtype)
 
-    out = {"a": draw(problem.shape_a(), problem.dtype), "b": draw(problem.shape_b(), problem.dtype)}
+    if problem.preshuffle:   # the N x K weight, packed for the problem's tile (zeros in the padding)
+        b = pack_b(draw((problem.n, problem.k), problem.dtype), problem.pack_n, problem.pack_k)
+    else:
+        b = draw(problem.shape_b(), problem.dtype)
+    out = {"a": draw(problem.shape_a(), problem.dtype), "b": b}
     for i in range(problem.num_d):
         out[f"d{i}"] = draw(problem.shape_c(), problem.dtype_c)
     return out

@@ -3,6 +3,11 @@
 The CK-style product of the arch's tile table (``arch.extras['gemm']``), culled by the rules
 of :mod:`ck_gemm.keys` (tile facts, CK Tile's warp-size rules, the Triton template's shared
 memory on the triton backend), plus the arch's measured winners on the triton backend.
+
+Option ``variants`` names CK's kernel sets (its codegen's ``--variants``): ``standard`` (the
+default: C = A @ B with the epilogue options given), ``multi_d`` (fused D tensors: the
+``num_ds`` given, else 1 and 2) and ``preshuffle`` (B pre-shuffled in the kernel's tile order:
+rcr, every dimension padded, the variants of :data:`ck_gemm.keys.PRESHUFFLE_VARIANTS`).
 """
 from __future__ import annotations
 
@@ -16,18 +21,24 @@ from ck_core.errors import ConfigError
 from ck_core.key import KernelKey
 
 from . import ck_rules
-from .keys import (EPILOGUES, SCHEDULERS, GemmAlgorithm, GemmSignature, _tile_violation, triton_smem_violation,
-                   split_violation, streamk_violation, variant_violation, warp_tiles_for)
+from .keys import (EPILOGUES, PRESHUFFLE_BACKENDS, SCHEDULERS, GemmAlgorithm, GemmSignature, _tile_violation,
+                   preshuffle_violation, rules_violation, triton_smem_violation, split_violation, streamk_violation,
+                   variant_violation, warp_tiles_for)
 from .problem import ACTIVATIONS, D_OPS, DTYPES, LAYOUTS
 
 log = logging.getLogger(__name__)
 
 OPTIONS = ("dtypes", "layouts", "tiles_mn", "pipelines", "epilogues", "pads", "num_ds", "d_ops",
-           "activations", "split_ks", "dtypes_c")
+           "activations", "split_ks", "dtypes_c", "variants")
+#: CK's GEMM kernel sets (option ``variants``)
+KERNEL_SETS = ("standard", "preshuffle", "multi_d")
 
 
-def enumerate_keys(arch, backend: str, options: dict) -> list[KernelKey]:
-    """CK-style kernel space on ``arch`` (tile table from ``arch.extras['gemm']``)."""
+def enumerate_keys(arch, backend: str, options: dict, tuned=None) -> list[KernelKey]:
+    """CK-style kernel space on ``arch`` (tile table from ``arch.extras['gemm']``).
+
+    ``tuned(arch, backend, dtypes, layouts)`` adds measured winners on the triton backend (the
+    registry's enumeration, ``ck_gemm.heuristics.enumerate_keys``, passes the tuned-data reader)."""
     facts = dict(arch.extras.get("gemm", {}))
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
@@ -35,7 +46,7 @@ def enumerate_keys(arch, backend: str, options: dict) -> list[KernelKey]:
                           f"known: {', '.join(OPTIONS)}")
     options = {k: ([v] if isinstance(v, (str, int)) else list(v)) for k, v in options.items()}
     for name, allowed in (("dtypes", DTYPES), ("layouts", LAYOUTS), ("num_ds", (0, 1, 2, 3, 4)),
-                          ("d_ops", D_OPS), ("activations", ACTIVATIONS)):
+                          ("d_ops", D_OPS), ("activations", ACTIVATIONS), ("variants", KERNEL_SETS)):
         bad = [v for v in options.get(name, ()) if v not in allowed]
         if bad:
             raise ConfigError(f"gemm option {name}: unknown value(s) {bad}; use {', '.join(allowed)}")
@@ -59,15 +70,28 @@ def enumerate_keys(arch, backend: str, options: dict) -> list[KernelKey]:
         split_ks = sorted({1, *(int(v) for v in arch_split.get("factors", ()))})
     # fused epilogues (multi-D, activation): one signature per combination; D ops only matter with Ds
     dtypes_c = options.get("dtypes_c") or [""]  # "" = CK's C dtype for the input dtype
-    epis = [(nd, op, act) for nd in options.get("num_ds") or (0,)
-            for op in ((options.get("d_ops") or ("add",)) if nd else ("add",))
-            for act in options.get("activations") or ("none",)]
+    def epilogues_of(num_ds):
+        return [(nd, op, act) for nd in num_ds
+                for op in ((options.get("d_ops") or ("add",)) if nd else ("add",))
+                for act in options.get("activations") or ("none",)]
+
+    sets = options.get("variants") or ["standard"]
+    std = epilogues_of(options.get("num_ds") or (0,))
+    multi_d = epilogues_of([n for n in options.get("num_ds") or () if n] or (1, 2))
+    # the plain-B signatures' epilogues: the standard set's, then multi-D's (in that order, once)
+    epis = list(dict.fromkeys((std if "standard" in sets else []) + (multi_d if "multi_d" in sets else [])))
+    # pre-shuffled B: the standard set's epilogues (each set is enumerated on its own, as CK's codegen does)
+    ps_epis = std if "preshuffle" in sets and backend in PRESHUFFLE_BACKENDS else []
     ck = arch.vendor == "amd"
     out = []
     for dtype in dtypes:
         eb = ELEMENT_BYTES[dtype]
         sig_list = [GemmSignature(dtype, lay, dc, num_d=nd, d_op=op, activation=act)
                     for lay in layouts for dc in dtypes_c for nd, op, act in epis]
+        sig_list += [GemmSignature(dtype, "rcr", dc, num_d=nd, d_op=op, activation=act, preshuffle=True)
+                     for dc in dtypes_c for nd, op, act in ps_epis if "rcr" in layouts]
+        if not sig_list:
+            continue
         tks = sorted({tb // eb for tb in tile_k_bytes})
         for tm, tn, tk, wave, wt, pipe, sched, epi, pad, st, var, sk in itertools.product(
                 tiles_mn, tiles_mn, tks, arch.wave_layouts, warp_tiles_for(arch, dtype),
@@ -86,41 +110,40 @@ def enumerate_keys(arch, backend: str, options: dict) -> list[KernelKey]:
                 continue
             for sig in sig_list:
                 # CK's load-cover rule depends on the layout: check every signature
-                why = ck and ck_rules.violation(sig, alg, arch.name, arch.warp_size)
+                why = ck and ck_rules.violation(sig, alg, arch.name, arch.warp_size) \
+                    or preshuffle_violation(sig, alg)
                 if why:
                     if log.isEnabledFor(logging.DEBUG):
                         log.debug("culled gemm %s %s %s: %s", dtype, sig.layout, alg, why)
                     continue
                 out.append(KernelKey("gemm", sig, alg, arch.name, backend))
-    if backend == "triton":
-        out.extend(attrs.evolve(k, signature=sig) for k in tuned_keys(arch, backend, dtypes, layouts)
+    if backend == "triton" and tuned is not None:
+        out.extend(attrs.evolve(k, signature=sig) for k in tuned(arch, backend, dtypes, layouts)
                    for sig in [attrs.evolve(k.signature, dtype_c=dc, num_d=nd, d_op=op, activation=act)
                                for dc in dtypes_c for nd, op, act in epis])
     return out
 
 
-def tuned_keys(arch, backend, dtypes, layouts) -> list:
-    """The measured winners of the arch's tuning table (so the registry holds them)."""
-    try:
-        from .backends.triton.tuning import load_table
-        from .backends.triton.keys import algorithm_for_config
-    except ImportError:  # triton not installed: nothing tuned to add
-        return []
-    out = []
-    pipeline = (arch.pipelines or ("compv3",))[0]
-    for dt, _lay, _m, _n, _k, cfg in load_table(arch.name):
-        for dtype in (d for d in dtypes if d == dt or {d, dt} <= {"fp16", "bf16"}):
-            for lay in layouts:
-                alg = algorithm_for_config(cfg, arch, dtype, pipeline, lay)
-                if alg is not None:
-                    out.append(KernelKey("gemm", GemmSignature(dtype, lay), alg, arch.name, backend))
-        # 8-bit floats: the 16-bit winners' persistent TMA kernels at twice the K tile (the same
-        # bytes a stage, the same tile of C), where the table has no row of their own
-        if dt in ("fp16", "bf16") and "persistent" in cfg.variant and cfg.is_tma:
-            for dtype in (d for d in dtypes if d in ("fp8", "bf8") and d in arch.dtypes
-                          and not any(r[0] == d for r in load_table(arch.name))):
-                for lay in layouts:
-                    alg = algorithm_for_config(cfg.evolve(block_k=2 * cfg.block_k), arch, dtype, pipeline, lay)
-                    if alg is not None:
-                        out.append(KernelKey("gemm", GemmSignature(dtype, lay), alg, arch.name, backend))
-    return list(dict.fromkeys(out))
+def algorithm_for_config(cfg, arch, dtype: str, pipeline: str, layout: str = "rcr") -> GemmAlgorithm | None:
+    """The legal CK-style algorithm record of a Triton config on ``arch`` (None if none fits).
+
+    Of the (wave layout, warp tile) pairs that tile the block, the first the
+    arch accepts wins (e.g. sm90 wants its wgmma tile, not an mma.sync one).
+    """
+    sig = GemmSignature(dtype, layout)
+    for wave in arch.wave_layouts:
+        if wave[0] * wave[1] * wave[2] != cfg.num_warps:
+            continue
+        for wt in arch.warp_tiles.get(dtype, ()):
+            if cfg.block_m % (wave[0] * wt[0]) or cfg.block_n % (wave[1] * wt[1]) \
+                    or cfg.block_k % (wave[2] * wt[2]):
+                continue
+            alg = GemmAlgorithm(cfg.block_m, cfg.block_n, cfg.block_k, *wave, *wt,
+                                pipeline=pipeline, pad_m=True, pad_n=True, pad_k=True,
+                                split_k=cfg.split_k, stages=cfg.num_stages,
+                                variant="tile" if cfg.variant == "plain" else cfg.variant,
+                                group_m=cfg.group_m, epi_subtile=cfg.epi_subtile)
+            if rules_violation(sig, alg, arch) is None and \
+                    arch.reject(KernelKey("gemm", sig, alg, arch.name, "triton")) is None:
+                return alg
+    return None

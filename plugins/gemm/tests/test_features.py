@@ -57,3 +57,40 @@ def test_tile_fit_features_match_a_hand_count(m, n, k, batch, layout):
     assert sorted(np.round(ranks * len(keys)).astype(int)) == list(range(len(keys)))
     assert ranks[int(np.argmin(cols["log_roofline"]))] == 0.0
     assert all(math.isfinite(v) for c in cols.values() for v in np.asarray(c))
+
+
+def _sm90(layout):
+    return dispatcher_for("gemm", "sm90", "triton", dtypes=("bf16",), layouts=(layout,), dtypes_c=("bf16",),
+                          num_ds=(0,), d_ops=("add",), activations=("none",))
+
+
+def test_row_major_b_beyond_the_rankers_rrr_data_goes_to_the_heuristic(monkeypatch):
+    """The shipped sm90 ranker saw descriptor-aligned rrr problems only up to M = 64 (its larger rrr
+    shapes were unaligned: pointer keys only).  A larger aligned rrr problem lies outside its
+    domain (the feature ``log_m_brow_desc``), so the heuristic orders it; rcr is unchanged."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    from ck_core import ranker
+
+    mgr = get_manager()
+    op, arch = mgr.op("gemm"), mgr.arch("sm90")
+    model = ranker.model_for(op, "sm90", "triton")
+    assert model is not None and "log_m_brow_desc" in model.domain
+    rng = np.random.default_rng()
+    m = int(rng.integers(300, 1001))
+    for lay, ranked in (("rrr", False), ("rcr", True)):
+        p = GemmProblem(m, 4096, 11008, dtype="bf16", layout=lay)
+        cands = _sm90(lay).registry.candidates(p, backend="triton")
+        cols = features.features(p, cands, arch)
+        assert cols["log_m_brow_desc"][0] == (math.log2(m) if lay == "rrr" else 0.0)
+        assert (ranker.rank(model, op, p, cands, arch) is not None) == ranked
+    # an unaligned rrr problem (pointer keys only, as trained) and a small aligned one stay ranked
+    for m, n in ((700, 4099), (48, 4096)):
+        p = GemmProblem(m, n, 4096, dtype="bf16", layout="rrr")
+        cands = _sm90("rrr").registry.candidates(p, backend="triton")
+        assert ranker.rank(model, op, p, cands, arch) is not None
+    # what the Dispatcher picks for the aligned one: no register-spilling pointer tile (>= 128
+    # accumulators a thread: 0.17-0.45 of the best in the oracle's rrr rows)
+    p = GemmProblem(700, 4096, 11008, dtype="bf16", layout="rrr")
+    d = _sm90("rrr")
+    a = d.select(p).algorithm
+    assert a.variant.startswith("tma") or a.tile_m * a.tile_n < 128 * 32 * a.num_warps, a

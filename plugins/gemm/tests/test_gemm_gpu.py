@@ -97,3 +97,45 @@ def test_replayed_launch_follows_new_tensors(kind):
     from ck_core.errors import CkError
     with pytest.raises(CkError):
         disp.run(p, torch.randn(300, 192, device="cuda", dtype=torch.bfloat16), b)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_preshuffled_weights_on_gpu(dtype, ck_rng):
+    """Every pre-shuffled-B key of a few tiles (plain and persistent) against float64, through the
+    Dispatcher, then ck_gemm.linear with a packed weight (cold, warm, in a CUDA graph)."""
+    import ck_gemm
+    from ck_gemm.problem import pack_b
+
+    arch = _gpu_arch()
+    reg = Registry.from_enumeration("gemm", arch, "triton", dtypes=[dtype], layouts=["rcr"], variants=["preshuffle"])
+    assert len(reg)
+    tiles = sorted({(k.algorithm.tile_n, k.algorithm.tile_k) for k in reg})
+    for tn, tk in tiles[:3]:
+        for m, n, k in [(257, 131, 199), (16, 4096, 1024), (1024, 1000, 520)]:
+            p = GemmProblem(m=m, n=n, k=k, dtype=dtype, layout="rcr", preshuffle=True, pack_n=tn, pack_k=tk)
+            for key in [key for key in reg if key.algorithm.tile_n == tn and key.algorithm.tile_k == tk][:4]:
+                rep = check_against_reference(Dispatcher(Registry(arch, [key]), backend="triton"), p, ck_rng)
+                assert rep.passed, (key.name, str(rep))
+    tdt = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    g = torch.Generator(device="cuda").manual_seed(int(ck_rng.integers(1 << 31)))
+    w = (torch.rand(4099, 1031, device="cuda", generator=g) - 0.5).to(tdt)
+    b = (torch.rand(4099, device="cuda", generator=g) - 0.5).to(tdt)
+    pw = ck_gemm.preshuffle(w, m=64)
+    assert torch.equal(pw.data, pack_b(w, *pw.tile))
+    x = (torch.rand(3, 37, 1031, device="cuda", generator=g) - 0.5).to(tdt)
+    want = x.double() @ w.double().T
+    with torch.no_grad():
+        for bias in (None, b):
+            ref = want + (0 if bias is None else bias.double())
+            for _ in range(3):
+                y = ck_gemm.linear(x, pw, bias)
+                assert float((y.double() - ref).norm() / ref.norm()) < 2e-2
+        out = ck_gemm.linear(x, pw)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = ck_gemm.linear(x, pw)
+        x.copy_((torch.rand(x.shape, device="cuda", generator=g) - 0.5).to(tdt))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = x.double() @ w.double().T
+        assert float((out.double() - ref).norm() / ref.norm()) < 2e-2

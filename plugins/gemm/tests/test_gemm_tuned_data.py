@@ -2,8 +2,8 @@
 import pytest
 
 from ck_core import tuned_data
-from ck_gemm.backends.triton import GemmConfig, load_table, pick_config
-from ck_gemm.backends.triton.tuning import TUNED_DIR
+from ck_gemm.backends.triton import GemmConfig
+from ck_gemm.heuristics import TUNED_DIR, load_table, pick_config
 
 #: a frozen copy of rows of the old h100_tuned.json (32 entries)
 FROZEN = [("bf16", "rcr", 16, 4096, 4096, "tri_plain_m16n64k256_g1_w4_s3_sk2"),
@@ -26,7 +26,7 @@ def test_rows_equal_the_old_table(user_store):
     for dt, lay, m, n, k, name in FROZEN:
         assert (dt, lay, m, n, k, GemmConfig.from_name(name)) in rows
     assert load_table("gfx942") == ()
-    t = tuned_data.table("gemm", "sm90", "winners", TUNED_DIR)
+    t = tuned_data.table("gemm", "sm90", "kernels", TUNED_DIR)
     assert t.provenance["date"] == "2026-11-22" and "H100" in t.provenance["device"]
     assert all(t.provenance[f] for f in tuned_data.PROVENANCE_FIELDS)
 
@@ -34,7 +34,8 @@ def test_rows_equal_the_old_table(user_store):
 def test_user_winner_overrides_the_shipped_one(user_store):
     assert pick_config(16, 4096, 4096, "bf16", "sm90") == GemmConfig.from_name(FROZEN[0][5])
     mine = "tri_plain_m32n64k128_g1_w4_s4_sk1"
-    tuned_data.write("gemm", "sm90", "winners", [(("bf16", "rcr", 16, 4096, 4096), {"config": mine})],
+    bucket = '["bf16","bf16","rcr",0,"add","none",1,16,4096,4096]'
+    tuned_data.write("gemm", "sm90", "kernels", [(("triton", bucket), {"kernel": "k", "config": mine})],
                      command="test", device="none", source="test")
     assert pick_config(16, 4096, 4096, "bf16", "sm90") == GemmConfig.from_name(mine)
     assert len(load_table("sm90")) == 32
@@ -54,3 +55,19 @@ def test_fp8_takes_the_16bit_winners_at_twice_the_k_tile(user_store):
     assert any("128x256x128" in n and "vtmaperscs" in n for n in names)
     # the 16-bit ones keep their own rows and K tiles
     assert pick_config(4096, 4096, 4096, "bf16", "sm90").block_k == 64
+
+
+def test_one_table_of_winners(user_store):
+    """The sweep's winners are held once, in the Dispatcher's ``kernels`` table (issue #30: a second
+    ``winners`` table held the same 32 rows under another key grammar)."""
+    import json
+    from pathlib import Path
+
+    doc = json.loads((Path(TUNED_DIR) / "sm90.json").read_text())
+    assert "winners" not in doc["tables"]
+    entries = doc["tables"]["kernels"]["entries"]
+    assert len(entries) == 32
+    for e in entries:
+        bucket = json.loads(e["key"][1])
+        shape = e["value"]["shape"]
+        assert len(shape) == 3 and all(s <= b < 2 * s for s, b in zip(shape, bucket[-3:])), e["key"]

@@ -24,7 +24,8 @@ pytest.importorskip("triton")
 
 from ck_core.errors import InvalidProblem, UnsupportedProblem  # noqa: E402
 from ck_gemm.backends.triton import (CONFIG_SPACE, TMA_VARIANTS, VARIANTS, GemmConfig, gemm, iter_configs,  # noqa: E402
-                                     kernel_for, pick_config, smem_bytes)
+                                     kernel_for, smem_bytes)
+from ck_gemm.heuristics import pick_config  # noqa: E402
 from ck_gemm.backends.triton import launch as _launch_mod  # noqa: E402
 
 DEV = "cuda" if _GPU else "cpu"
@@ -389,7 +390,7 @@ def test_config_space_and_names():
 
 
 def test_pick_config_table():
-    from ck_gemm.backends.triton import load_table
+    from ck_gemm.heuristics import load_table
     rows = load_table("sm90")
     assert rows, "ck_gemm/tuned/sm90.json is missing or empty"
     for (M, N, K) in [(8192, 8192, 8192), (16, 4096, 4096), (128, 14336, 4096), (333, 777, 999)]:
@@ -519,7 +520,7 @@ def test_gpu_batched_and_fp8(variant):
 @pytest.mark.gpu
 @pytest.mark.skipif(not _GPU, reason="needs a CUDA GPU")
 def test_gpu_tuned_table_configs():
-    from ck_gemm.backends.triton import load_table
+    from ck_gemm.heuristics import load_table
     gen = torch.Generator(device="cuda").manual_seed(2)
     for cfg in sorted({r[5] for r in load_table("sm90")}, key=lambda c: c.name):
         for (M, N, K) in ((16, 4096, 4096), (1000, 1032, 1024)):

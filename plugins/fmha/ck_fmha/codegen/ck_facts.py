@@ -83,41 +83,44 @@ FWD_DTYPE_ORDER: Tuple[str, ...] = (
 # CK's BWD_DTYPE_MAP key order.
 BWD_DTYPE_ORDER: Tuple[str, ...] = ("fp32", "fp16", "bf16")
 
-# Pipelines that exist per arch (any family); used for checks and sweeps.
-ARCH_PIPELINES: Dict[str, Tuple[str, ...]] = {
-    "gfx90a": ("qr", "qr_async", "qr_pagedkv", "appendkv"),
-    "gfx942": ("qr", "qr_async", "qr_pagedkv", "appendkv"),
-    "gfx950": ("qr", "qr_async", "qr_async_trload", "qr_async_trload_v3",
-               "qr_pagedkv", "appendkv"),
-    "gfx1100": ("qr", "qr_nwarp_sshuffle", "qr_pagedkv"),
-    "gfx1201": ("qr", "qr_nwarp_sshuffle", "qr_pagedkv", "appendkv"),
-}
-
 # ---------------------------------------------------------------------------
 # Factory selection: CK picks a "kernel component factory" per target; its
 # name is also the kernel-name suffix (``_gfx9`` covers gfx90a and gfx942).
+# The tables below are keyed by factory, not by arch.
 # ---------------------------------------------------------------------------
 
-_FWD_BWD_FACTORY = {"gfx90a": "gfx9", "gfx942": "gfx9", "gfx950": "gfx950",
-                    "gfx1100": "gfx11", "gfx1201": "gfx12"}
-_GFX9_WIDE_FACTORY = {"gfx90a": "gfx9", "gfx942": "gfx9", "gfx950": "gfx9",
-                      "gfx1100": "gfx11", "gfx1201": "gfx12"}
+# Which factory each family uses on an arch, and which pipelines CK instantiates there, are the
+# arch's facts: ``ArchSpec.extras["fmha"]["ck_codegen"]`` of its arch plugin (``factories``:
+# family -> factory, a missing family has no CK kernels there; ``pipelines``).  An arch whose
+# plugin is not installed has no CK kernels.
 
-# family -> arch -> factory name; a missing arch means CK has no factory
-# for that target (the family yields nothing there).
-FACTORY: Dict[str, Dict[str, str]] = {
-    "fwd": _FWD_BWD_FACTORY,
-    "bwd_dot_do_o": _FWD_BWD_FACTORY,
-    "bwd_dq_dk_dv": _FWD_BWD_FACTORY,
-    "bwd_convert_dq": _FWD_BWD_FACTORY,
-    "fwd_splitkv": _GFX9_WIDE_FACTORY,
-    "fwd_splitkv_combine": _GFX9_WIDE_FACTORY,
-    "fwd_pagedkv": _GFX9_WIDE_FACTORY,
-    "fwd_appendkv": {"gfx90a": "gfx9", "gfx942": "gfx9", "gfx950": "gfx9",
-                     "gfx1201": "gfx12"},
-    # batch prefill uses gfx9-only buffer addressing; its names carry no suffix
-    "batch_prefill": {"gfx90a": "gfx9", "gfx942": "gfx9", "gfx950": "gfx9"},
-}
+
+def arch_codegen(arch: str) -> Dict[str, object]:
+    """``extras["fmha"]["ck_codegen"]`` of the installed arch plugin ``arch`` (empty: none)."""
+    got = _CODEGEN.get(arch)
+    if got is None:
+        from ck_core.plugins import get_manager
+
+        spec = get_manager().archs().get(arch)
+        got = _CODEGEN[arch] = dict(((spec.extras or {}).get("fmha") or {}).get("ck_codegen") or {}) \
+            if spec is not None else {}
+    return got
+
+
+_CODEGEN: Dict[str, Dict[str, object]] = {}
+
+
+def factory(family: str, arch: str):
+    """CK's kernel-component factory (the kernel-name suffix) of ``family`` on ``arch``; None: CK
+    has no factory for that target (the family yields nothing there)."""
+    return arch_codegen(arch).get("factories", {}).get(family)
+
+
+def arch_pipelines(arch: str) -> Tuple[str, ...]:
+    """The pipelines CK instantiates on ``arch`` (any family)."""
+    return tuple(arch_codegen(arch).get("pipelines", ()))
+
+
 NO_SUFFIX_FAMILIES = frozenset({"batch_prefill"})
 
 # ---------------------------------------------------------------------------

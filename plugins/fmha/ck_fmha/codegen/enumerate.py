@@ -238,7 +238,7 @@ def _fwd_rules(factory: str, dtype: str, hq: int, hv: int, mode: str,
 
 
 def _gen_fwd(arch: str, receipt: int, masks: Tuple[str, ...], culls: _Culls, opts) -> List[FmhaKernelSpec]:
-    factory = F.FACTORY["fwd"].get(arch)
+    factory = F.factory("fwd", arch)
     out: List[FmhaKernelSpec] = []
     if factory is None:
         return out
@@ -322,7 +322,7 @@ def _bwd_dtype_receipt(receipt: int, dtype: str) -> Optional[str]:
 def _gen_bwd(arch: str, receipt: int, masks: Tuple[str, ...], culls: _Culls, opts):
     """CK's get_bwd_blobs(): one walk over dq/dk/dv candidates; the 1-D kernels
     (dot_do_o, convert_dq) each candidate needs are collected alongside."""
-    factory = F.FACTORY["bwd_dq_dk_dv"].get(arch)
+    factory = F.factory("bwd_dq_dk_dv", arch)
     if factory is None:
         return [], [], []
     dot: Dict[tuple, None] = {}
@@ -432,7 +432,7 @@ def _splitkv_receipt(receipt: int, dtype: str, mode: str, logits: bool, bias: st
 
 
 def _gen_splitkv(arch: str, receipt: int, masks: Tuple[str, ...], culls: _Culls, opts) -> List[FmhaKernelSpec]:
-    factory = F.FACTORY["fwd_splitkv"].get(arch)
+    factory = F.factory("fwd_splitkv", arch)
     out: List[FmhaKernelSpec] = []
     if factory is None:
         return out
@@ -477,7 +477,7 @@ def _gen_splitkv(arch: str, receipt: int, masks: Tuple[str, ...], culls: _Culls,
 
 
 def _gen_splitkv_combine(arch: str, receipt: int, masks, culls: _Culls, opts) -> List[FmhaKernelSpec]:
-    factory = F.FACTORY["fwd_splitkv_combine"].get(arch)
+    factory = F.factory("fwd_splitkv_combine", arch)
     out: List[FmhaKernelSpec] = []
     if factory is None:
         return out
@@ -541,7 +541,7 @@ def _pagedkv_receipt(receipt: int, dtype: str, mode: str, bias: str, squant: boo
 
 
 def _gen_pagedkv(arch: str, receipt: int, masks, culls: _Culls, opts) -> List[FmhaKernelSpec]:
-    factory = F.FACTORY["fwd_pagedkv"].get(arch)
+    factory = F.factory("fwd_pagedkv", arch)
     out: List[FmhaKernelSpec] = []
     if factory is None:
         return out
@@ -588,7 +588,7 @@ def _gen_pagedkv(arch: str, receipt: int, masks, culls: _Culls, opts) -> List[Fm
 
 
 def _gen_appendkv(arch: str, receipt: int, masks, culls: _Culls, opts) -> List[FmhaKernelSpec]:
-    factory = F.FACTORY["fwd_appendkv"].get(arch)
+    factory = F.factory("fwd_appendkv", arch)
     out: List[FmhaKernelSpec] = []
     if factory is None:
         culls.cull("CK has no append-KV factory for this arch", lambda: arch)
@@ -651,7 +651,7 @@ def _batch_prefill_receipt(receipt: int, dtype: str, mode: str, bias: str, qscal
 
 
 def _gen_batch_prefill(arch: str, receipt: int, masks, culls: _Culls, opts) -> List[FmhaKernelSpec]:
-    factory = F.FACTORY["batch_prefill"].get(arch)
+    factory = F.factory("batch_prefill", arch)
     out: List[FmhaKernelSpec] = []
     if factory is None:
         culls.cull("batch prefill is gfx9-only in CK", lambda: arch)

@@ -25,7 +25,7 @@ import attrs
 
 from ck_core.errors import ConfigError
 
-from .ck_facts import ARCHES, DTYPES, FACTORY, FAMILIES, NO_SUFFIX_FAMILIES
+from .ck_facts import ARCHES, DTYPES, FAMILIES, NO_SUFFIX_FAMILIES, factory
 
 _ALL_MASKS = frozenset({"", "no", "causal", "generic", "s_no", "s_mask"})
 _ALL_BIASES = frozenset({"", "no", "bias", "alibi"})
@@ -116,7 +116,7 @@ class FmhaKernelSpec:
     @property
     def ck_factory(self) -> str:
         """CK's factory (and kernel-name suffix) for this family and arch."""
-        return FACTORY[self.family][self.arch]
+        return factory(self.family, self.arch)
 
     @property
     def ck_name(self) -> str:

@@ -210,7 +210,19 @@ def _load(stem: str, src: str):
     linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
     sys.modules[name] = mod          # inspect finds the module (and its loader) by name
     exec(compile(src, filename, "exec"), mod.__dict__)
-    return mod.kernel
+    return _policy(mod.kernel)
+
+
+def _policy(fn):
+    """What a generated kernel specialises on (as kernels.py's): sizes and geometry run-time, the
+    group count (the contiguous dimension of a depthwise tensor) and the flat row widths its
+    16-byte loads depend on the alignment class, never the constant 1."""
+    from ck_core.backends.triton_artifacts import specialisation
+
+    names = [p.name for p in getattr(fn, "params", ()) if not p.is_constexpr and not p.name.endswith("_ptr")]
+    align = ("G", "WGI", "WGO")
+    return specialisation(runtime=[n for n in names if n not in align],
+                          align_only=[n for n in names if n in align])(fn)
 
 
 @functools.lru_cache(maxsize=None)

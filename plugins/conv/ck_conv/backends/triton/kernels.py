@@ -1100,3 +1100,28 @@ def conv_bwd_weight_tma_kernel(
     _epilogue(dw_ptr, fin_ptr, cnt_ptr, g * K * T * C + offs_m[:, None] * (T * C) + tap * C + offs_n[None, :],
               (offs_m < K)[:, None] & (offs_n < C)[None, :], acc, s, nspl, g * tl.num_programs(0) + pid,
               WS_STRIDE, ATOMIC, WS)
+
+
+# What the kernels specialise on (ck_core.backends.triton_artifacts.specialisation): tiles, dtypes,
+# the key's convolution specialisation (SPEC, UNIT_W, tap tables) and the other constexprs are the
+# code.  Channel counts and channel strides (C, K, CS, KS; G where groups are the contiguous
+# dimension) and the per-split workspace stride are the alignment class (divisible by 16 or not:
+# 16-byte vector loads along the channels), never the constant 1.  Batch and spatial sizes, GEMM
+# rows, chunk and split counts and the geometry (conv strides, pads, dilations, filter sizes; SPEC
+# carries the 1x1 cases) are plain run-time integers: one compiled kernel per key serves every layer
+# shape of that alignment.
+_ALIGN = ("C", "K", "CS", "KS", "G", "WS_STRIDE")
+
+
+def _apply_policy():
+    from ck_core.backends.triton_artifacts import specialisation
+
+    for fn in (splitk_reduce_kernel, conv_fwd_kernel, conv_bwd_data_kernel, conv_bwd_data_tm_kernel,
+               conv_bwd_weight_kernel, conv_bwd_weight_gm_kernel, dw_fwd_kernel, dw_bwd_data_kernel,
+               dw_flat_kernel, conv_bwd_weight_flat_kernel, conv_fwd_flat_kernel, conv_bwd_weight_tma_kernel):
+        names = [p.name for p in getattr(fn, "params", ()) if not p.is_constexpr and not p.name.endswith(("_ptr", "_desc"))]
+        specialisation(runtime=[n for n in names if n not in _ALIGN],
+                       align_only=[n for n in names if n in _ALIGN])(fn)
+
+
+_apply_policy()

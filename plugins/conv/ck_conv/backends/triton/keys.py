@@ -106,9 +106,9 @@ def render(key, backend: str):
         src = getattr(fn, "src", repr(fn))
     h = hashlib.sha256((src + repr(sorted(consts.items())) + repr(sig) + repr(sorted(opts.items())))
                        .encode()).hexdigest()
-    rep = _representative(config_of(key))
+    reps = _representatives(config_of(key))
     return ConvRendered(fn, sig, consts, attrs_, opts, h,
-                        None if rep is None else functools.partial(jit_calls, key, rep))
+                        functools.partial(_jit_calls_all, key, reps) if reps else None)
 
 
 #: representative problems, tried in order: (G, C, K, filter, pad); the wide ones for kernels
@@ -122,10 +122,16 @@ _REPRESENTATIVE = ((1, 64, 64, 3, 1), (1, 64, 64, 1, 0), (64, 64, 64, 3, 1), (8,
 _REP_N, _REP_SPATIAL = 4, 28
 
 
-def _representative(cfg) -> ConvProblem | None:
-    """The first representative problem ``cfg`` runs as it is, or None."""
+def _representative(cfg, ragged: bool = False) -> ConvProblem | None:
+    """The first representative problem ``cfg`` runs as it is, or None.  ``ragged``: its
+    channels per group 16 more (still the 16-aligned class, but not whole K tiles: the
+    launcher's EVEN_C / EVEN_K, the size-derived constexprs, are False)."""
     i_l, w_l, o_l = cfg.layouts
     for g, c, k, f, pad in _REPRESENTATIVE:
+        if ragged:
+            if c == g:   # depthwise: no channel reduction to split into tiles
+                continue
+            c, k = c + 16 * g, k + 16 * g
         try:
             p = ConvProblem(N=_REP_N, G=g, C=c, K=k, input_spatial=(_REP_SPATIAL,) * cfg.ndim,
                             filter=(f,) * cfg.ndim, pad_left=(pad,) * cfg.ndim, pad_right=(pad,) * cfg.ndim,
@@ -135,6 +141,17 @@ def _representative(cfg) -> ConvProblem | None:
         if cfg.why_not(p) is None:
             return p
     return None
+
+
+def _representatives(cfg) -> list:
+    """What ``ck build`` traces for ``cfg``: sizes and geometry are run-time integers and channels
+    only their alignment class (kernels.py), so the representative and, where the key runs one,
+    its ragged-channel twin (EVEN_C / EVEN_K False) cover every problem of 16-aligned channels."""
+    return [p for p in (_representative(cfg), _representative(cfg, ragged=True)) if p is not None]
+
+
+def _jit_calls_all(key, problems) -> list:
+    return [c for p in problems for c in jit_calls(key, p)]
 
 
 def jit_calls(key, problem: ConvProblem) -> list:

@@ -1,13 +1,25 @@
-"""Triton FMHA kernels (forward, backward, split-KV / paged decode, append-KV, batch prefill) for ck-fmha."""
-from .aot import aot_compile, constexprs_for, kernel_for, signature_for  # noqa: F401
-from .configs import CUDA_ONLY_VARIANTS, FAMILIES, VARIANTS, TritonFmhaConfig  # noqa: F401
-from .tuning import default_bwd_configs, default_fwd_config, default_splitkv_config  # noqa: F401
-from .launch import (appendkv, batch_prefill, bwd, dropout_randval, fp8_v_trans_default, fwd,  # noqa: F401
-                     is_key_major, mask_params, paged_decode, splitkv_decode, v_key_major)
+"""Triton FMHA kernels (forward, backward, split-KV / paged decode, append-KV, batch prefill) for ck-fmha.
+
+The names load lazily: importing this package imports neither triton nor torch.  The launchers run
+the kernel they are given (a plan's key); the torch entry points that choose one are ``ck_fmha``'s
+(``attention``, ``ck_fmha.decode``, ``ck_fmha.prefill``) and the tuned defaults ``ck_fmha.heuristics``'s.
+"""
+from __future__ import annotations
+
+import importlib
+
+_NAMES = {
+    "aot_compile": "aot", "constexprs_for": "aot", "kernel_for": "aot", "signature_for": "aot",
+    "CUDA_ONLY_VARIANTS": "configs", "FAMILIES": "configs", "VARIANTS": "configs", "TritonFmhaConfig": "configs",
+    "appendkv_launch": "launch", "batch_prefill_launch": "launch", "bwd": "launch", "dropout_randval": "launch",
+    "fp8_v_trans_default": "launch", "fwd": "launch", "is_key_major": "launch", "mask_params": "launch",
+    "v_key_major": "launch",
+}
+__all__ = sorted(_NAMES)
 
 
-def attention(*args, **kw):
-    """``ck_fmha.attention`` (through the Dispatcher; kept here for older imports)."""
-    from ...api import attention as _attention
-
-    return _attention(*args, **kw)
+def __getattr__(name):
+    mod = _NAMES.get(name)
+    if mod is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{mod}", __name__), name)

@@ -33,8 +33,8 @@ from typing import Any, Dict, Mapping, Tuple
 
 from . import kernels as K
 from .configs import GLUON_VARIANTS, TritonFmhaConfig, bias_mode_of, hdim_blocks, next_pow2, padded_hdim
-from .configs import BWD_ATOMIC_DQ_DEFAULT, FAMILIES, ROPE_MODES
-from .gluon_fwd import HDIMS as GLUON_HDIMS, WS_WARPS
+from .configs import BWD_ATOMIC_DQ_DEFAULT, FAMILIES, ROPE_MODES, GLUON_HDIMS, fp8_format, hopper
+from .configs import GLUON_WS_WARPS as WS_WARPS
 
 _FN = {
     "fwd": K.fmha_fwd_kernel,
@@ -244,7 +244,6 @@ def fp8_triton_type(target) -> str:
     """Triton's e4m3 element type for a ``GPUTarget`` when only "fp8" is known: the encoding the
     target's arch plugin reads (``keys.fp8_format``: ``fp8e4b8``, e4m3fnuz, on CDNA3, whose MFMA reads
     that format -- Triton 3.6 would upcast fp8e4nv to fp16 there; else ``fp8e4nv``, OCP e4m3fn)."""
-    from .keys import fp8_format
 
     return FP8_TRITON[fp8_format(_target_arch(target))]
 
@@ -282,7 +281,7 @@ def _aot_compile_gluon(family: str, dtype: str, cfgd: dict, target):
 
     from . import gluon_fwd
 
-    from .keys import _hopper
+    _hopper = hopper
 
     v = cfgd["variant"]
     arch = _target_arch(target)

@@ -1,14 +1,36 @@
 """Meta-parameters of the Triton FMHA kernels as plain data: the families, the variants, one
 kernel instance's configuration (:class:`TritonFmhaConfig`) and the feature codes the kernels
-take as constexprs.  Which configuration a problem gets is :mod:`.tuning` (the tuned tables) and
-``ck_fmha.heuristics`` (the ranking); compiling one ahead of time is :mod:`.aot`.
+take as constexprs, and the arch predicates the kernels' scope depends on (:func:`hopper`,
+:func:`fp8_format`, :func:`fp8_v_trans`: read from the ArchSpec).  Which configuration a problem
+gets is ``ck_fmha.heuristics`` (the tuned tables and the ranking); compiling one ahead of time is
+:mod:`.aot`.  This module imports nothing of the plugin: every layer may read it.
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Dict
 
-from .gluon_fwd import GLUON_VARIANTS as _GLUON_FLAGS
+from ck_core.errors import ConfigError
+
+#: the Gluon sm90 forward's (gluon_fwd.py) dispatcher variants -> its launch flags
+GLUON_VARIANT_FLAGS = {"gluon_ws": dict(pingpong=False, persistent=False),
+                       "gluon_wspp": dict(pingpong=True, persistent=False),
+                       "gluon_ws_pers": dict(pingpong=False, persistent=True),
+                       "gluon_wspp_pers": dict(pingpong=True, persistent=True)}
+#: head dims (q = v) the Gluon forward runs; its warp-specialised tile's warps (BLOCK_M must be 128)
+GLUON_HDIMS = (64, 128)
+GLUON_WS_WARPS = 12
+#: the backward's dK/dV kernel on Hopper (gluon_bwd.dkdv): BLOCK_MQ = block_m, STAGES = num_stages, 128
+#: keys per program, 4 warps; "_pers": the persistent grid
+GLUON_BWD_VARIANTS = ("gluon_dkdv", "gluon_dkdv_pers")
+GLUON_BWD_BLOCK_N, GLUON_BWD_WARPS = 128, 4
+#: the Triton dK/dV kernel with dK and dV in separate programs (KV_SPLIT: one fp32 accumulator per
+#: program, twice the programs); bwd_dq_dk_dv only, every arch
+KVSPLIT = "kvsplit"
+#: the group splits of the Triton dK/dV kernel's keys (``gsplit``, name part ``_g<N>``): a kv head's GQA group
+#: of query heads is summed by N programs into fp32 partials (for GQA / MQA problems with few key blocks)
+GSPLITS = (2, 4, 8, 16)
+_GLUON_FLAGS = GLUON_VARIANT_FLAGS
 
 FAMILIES = (
     "fwd",
@@ -98,3 +120,46 @@ def bias_mode_of(x) -> int:
         raise ValueError(f"bias mode {x} is not in 0..4")
     return x
 
+
+# -- arch predicates (facts read from the ArchSpec) ---------------------------------------------
+
+def hopper(arch) -> bool:
+    """Whether ``arch`` is Hopper (its Triton target is cuda:90)."""
+    return tuple(arch.triton_target or ())[:2] == ("cuda", 90)
+
+
+def fp8_format(arch) -> str:
+    """The fp8 e4m3 encoding the arch's matrix units read: ``"e4m3fnuz"`` (exponent bias 8, max 240)
+    on CDNA3 (gfx94x) and ``"e4m3fn"`` (OCP, max 448) elsewhere (Hopper, CDNA4, RDNA4).
+
+    Arch specs list ``fp8`` in ``dtypes`` but not its encoding; an arch plugin may state it as
+    ``extras["fp8_format"]`` (or ``extras["fmha"]["fp8_format"]``), which wins.  ``arch`` may be
+    None (an unknown arch name): OCP then.  Triton 3.6 compiles e4m3fn on gfx942 too, but only by
+    upcasting to fp16 MFMAs; e4m3fnuz is what CDNA3 multiplies natively (and what CK uses there).
+    Its finite range is +-240 (e4m3fn: +-448): the launcher casts other inputs to it, and torch turns
+    values beyond 240 into NaN, so quantise for e4m3fnuz on gfx942 (or pass float8_e4m3fnuz tensors).
+    """
+    if arch is None:
+        return "e4m3fn"
+    extras = getattr(arch, "extras", {}) or {}
+    fmt = extras.get("fp8_format") or (extras.get("fmha") or {}).get("fp8_format")
+    if fmt:
+        if fmt not in ("e4m3fn", "e4m3fnuz"):
+            raise ConfigError(f"arch {arch.name}: fp8_format {fmt!r} is not 'e4m3fn' or 'e4m3fnuz'")
+        return fmt
+    return "e4m3fnuz" if getattr(arch, "family", "") == "cdna3" else "e4m3fn"
+
+
+def fp8_v_trans(arch) -> bool:
+    """Whether the fp8 forward reads V key-contiguous (kernel ``V_TRANS``) on ``arch``: everywhere but
+    on AMD GPUs.  Hopper's fp8 wgmma takes its shared-memory operands K-major only, and the reduction
+    index of P @ V is the key, so a channel-contiguous V would be transposed through shared memory on
+    every key block.  AMD keeps row-major V until measured (the key-contiguous path compiles there).
+    An arch plugin may decide with ``extras["fp8_v_trans"]`` (or ``extras["fmha"]["fp8_v_trans"]``)."""
+    if arch is None:
+        return True
+    extras = getattr(arch, "extras", {}) or {}
+    flag = extras.get("fp8_v_trans", (extras.get("fmha") or {}).get("fp8_v_trans"))
+    if flag is not None:
+        return bool(flag)
+    return getattr(arch, "vendor", "") != "amd"

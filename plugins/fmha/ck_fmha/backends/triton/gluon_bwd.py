@@ -194,18 +194,11 @@ if GF.HAVE_GLUON:
         ], [4, 4], [240, 24])
 
 
-#: kind -> table of the arch's tuned data (ck_fmha/tuned/<arch>.json), (tile, stages, persistent) per
-#: head dim: "dq" (BLOCK_N, ...) of the dQ pass, the fastest of benchmarks/gluon_fa_probe.py --bwd (the
-#: bwd_gluon_dq table says where the dispatcher uses the kernel); "dkdv" / "fused" (BLOCK_MQ, ...) of the
-#: dK/dV kernel, without and with dQ fused in (first guesses)
-_TILE_TABLES = {"dq": "gluon_dq_tiles", "dkdv": "gluon_dkdv_tiles", "fused": "gluon_fused_tiles"}
-
-
 def tiles(kind: str, arch: str) -> dict:
     """Head dim -> the hand-picked tile of ``kind`` ("dq", "dkdv", "fused") in ``arch``'s tuned data."""
-    from .tuning import tile_table
+    from ...heuristics import gluon_tiles
 
-    return tile_table(_TILE_TABLES[kind], arch)
+    return gluon_tiles(kind, arch)
 
 
 def _device_tiles(kind: str, t) -> dict:
@@ -492,6 +485,12 @@ if GF.HAVE_GLUON:
                               q_full, q_empty, n_n, n_tiles, H, HK, GROUP, SEQ_Q, SEQ_K, BLOCK_MQ, HEAD_D, STAGES,
                               BSHD, CAUSAL, PERSISTENT)),
         ], [4, 4], [240, 24])
+
+    # sizes are run-time integers (see gluon_fwd): one compiled kernel per tile, not per shape
+    from ck_core.backends.triton_artifacts import specialisation as _specialisation
+
+    _specialisation(runtime=("H", "HK", "GROUP", "SEQ_Q", "SEQ_K", "BH"))(fmha_bwd_dq_gluon_ws_sm90)
+    _specialisation(runtime=("H", "HK", "GROUP", "SEQ_Q", "SEQ_K", "BHK"))(fmha_bwd_dkdv_gluon_ws_sm90)
 
 
 

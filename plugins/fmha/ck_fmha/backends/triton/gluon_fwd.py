@@ -34,6 +34,8 @@ from __future__ import annotations
 import functools
 import logging
 
+from .configs import GLUON_HDIMS, GLUON_VARIANT_FLAGS, GLUON_WS_WARPS, hopper
+
 log = logging.getLogger(__name__)
 
 try:  # Gluon is experimental; its absence only removes these variants
@@ -350,18 +352,19 @@ if HAVE_GLUON:
                             STAGES, BSHD, CAUSAL, PERSISTENT)),
         ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
 
+    # sizes are run-time integers (the descriptors carry shapes and strides; masks are per block),
+    # LSE strides too: one compiled kernel per (dtype, head dim, tile, causal, layout)
+    from ck_core.backends.triton_artifacts import specialisation as _specialisation
+
+    _specialisation(runtime=("slb", "slh", "H", "HK", "GROUP", "SEQ_Q", "SEQ_K", "BH"))(fmha_fwd_gluon_ws_sm90)
+
 
 # ---------------------------------------------------------------------------
 # host side
 # ---------------------------------------------------------------------------
 DEFAULT_TILES = {128: (128, 128, 12, 2), 64: (128, 128, 12, 3)}   # (BLOCK_M, BLOCK_N, warps, stages)
-WS_WARPS = 12   # warps=12 in a tile: the warp-specialised kernel (BLOCK_M must be 128)
-#: dispatcher variants of the warp-specialised kernel -> launch flags
-GLUON_VARIANTS = {"gluon_ws": dict(pingpong=False, persistent=False),
-                  "gluon_wspp": dict(pingpong=True, persistent=False),
-                  "gluon_ws_pers": dict(pingpong=False, persistent=True),
-                  "gluon_wspp_pers": dict(pingpong=True, persistent=True)}
-HDIMS = (64, 128)
+#: the warp-specialised kernel's warps, its dispatcher variants -> launch flags, its head dims (data: configs.py)
+WS_WARPS, GLUON_VARIANTS, HDIMS = GLUON_WS_WARPS, GLUON_VARIANT_FLAGS, GLUON_HDIMS
 
 
 def _gl_dtype(dtype):
@@ -475,8 +478,11 @@ def grid_for(tiles: int, persistent: bool, device) -> tuple:
 
 @functools.lru_cache(maxsize=None)
 def _num_sms(index: int) -> int:
+    """SMs of GPU ``index``: its ArchSpec's (the arch plugin's facts, not a device query)."""
     import torch
-    return torch.cuda.get_device_properties(index).multi_processor_count
+    from ck_core.device import current_arch
+
+    return current_arch(torch.device("cuda", index)).compute_units
 
 
 @functools.lru_cache(maxsize=None)
@@ -487,10 +493,8 @@ def _on_hopper(index: int) -> bool:
     from ck_core.device import current_arch
     from ck_core.errors import UnsupportedProblem
 
-    from .keys import _hopper
-
     try:
-        return _hopper(current_arch(torch.device("cuda", index)))
+        return hopper(current_arch(torch.device("cuda", index)))
     except UnsupportedProblem:   # no arch plugin targets this GPU
         return False
 

@@ -1328,6 +1328,7 @@ def fmha_fwd_splitkv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
     MASK_MODE: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     HAS_SEQLENS: tl.constexpr, HAS_SINK: tl.constexpr = False, HAS_SINK_LOGIT: tl.constexpr = False,
+    DIRECT: tl.constexpr = False,
 ):
     """One KV chunk [split*CHUNK, (split+1)*CHUNK) of one (batch, kv head).  The
     M rows are the GROUP*SEQ_Q query rows that share the kv head (GQA packed
@@ -1338,7 +1339,9 @@ def fmha_fwd_splitkv_kernel(
     keys stay visible past the window's left edge; HAS_SINK_LOGIT: SINK [H] joins split 0's
     softmax denominator (once, so the combine counts it once).  HAS_SEQLENS: SEQLENS_K[b] outside
     [0, CAP] (CAP: the keys the cache or the block table holds) is clamped, sets ERR and makes the
-    batch's partial outputs NaN (see _checked_len)."""
+    batch's partial outputs NaN (see _checked_len).  DIRECT (one split: the whole key range):
+    OACC / LACC are the final o (its dtype; sosp 0) and lse [B, H, Sq] (natural log), so the plan
+    needs no combine launch."""
     split = tl.program_id(0)
     bhk = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -1421,9 +1424,14 @@ def fmha_fwd_splitkv_kernel(
         acc = acc + float("nan")
         lse2 = lse2 + float("nan")
     hq = h.to(tl.int64)
-    tl.store(OACC + b64 * sob + hq[:, None] * soh + qi[:, None] * sos + split * sosp + offs_dv[None, :],
-             acc, mask=rvalid[:, None] & (offs_dv[None, :] < D_V))
-    tl.store(LACC + b64 * slb + hq * slh + qi * sls + split, lse2, mask=rvalid)
+    if DIRECT:   # the final outputs: o in its dtype, lse in the natural log
+        tl.store(OACC + b64 * sob + hq[:, None] * soh + qi[:, None] * sos + offs_dv[None, :],
+                 acc.to(OACC.dtype.element_ty), mask=rvalid[:, None] & (offs_dv[None, :] < D_V))
+        tl.store(LACC + b64 * slb + hq * slh + qi * sls, lse2 * 0.6931471805599453, mask=rvalid)
+    else:
+        tl.store(OACC + b64 * sob + hq[:, None] * soh + qi[:, None] * sos + split * sosp + offs_dv[None, :],
+                 acc, mask=rvalid[:, None] & (offs_dv[None, :] < D_V))
+        tl.store(LACC + b64 * slb + hq * slh + qi * sls + split, lse2, mask=rvalid)
 
 
 @triton.jit
@@ -1539,3 +1547,38 @@ def fmha_fwd_appendkv_kernel(
             vdst = VC + b64 * svcb + hk * svch + p64 * svcs
         tl.store(kdst + dq[None, :], k.to(KC.dtype.element_ty), mask=rmask[:, None] & (dq[None, :] < D_Q))
         tl.store(vdst + dv[None, :], v.to(VC.dtype.element_ty), mask=rmask[:, None] & (dv[None, :] < D_V))
+
+
+# What the kernels specialise on (ck_core.backends.triton_artifacts.specialisation): head dims,
+# tiles, masks and features are constexprs; sizes (batch, heads, GQA group, sequence lengths,
+# window edges, split counts) are run-time integers: none of them feeds a vectorised access
+# (rows are masked whole; the head dim is a constexpr), so one compiled kernel serves every
+# shape.  The strides of Q, K, V, O and their gradients are the alignment class, one per tensor
+# (all divisible by 16 or not: 16-byte rows), never the constant 1 (no kernel here reads a unit
+# stride: the head dim is contiguous by contract).  Strides of per-row and per-element tensors
+# (LSE, delta, bias, dbias, ALiBi slopes, random values, block tables, rotary tables) are
+# run-time: their accesses are masked by run-time lengths and do not vectorise either way.
+_RUNTIME = ("H", "HK", "HKV", "GROUP", "GSPLIT", "SEQ", "SEQ_Q", "SEQ_K", "SEQ_KNEW", "CHUNK", "CAP",
+            "NUM_SPLITS", "left", "right", "n_sink", "rotary_dim", "N", "G",
+            "slb", "slh", "sls", "sdlh", "s_lb", "s_lh", "sab", "sbb", "sbh", "sbq", "sbk", "sdbb", "sdbh",
+            "sdbq", "srb", "srh", "srq", "sbt", "scs")
+_SCALARS = ("scale2", "cap_in", "cap_out", "drop_scale", "sm_scale", "v_descale")
+
+
+def _apply_policy():
+    from ck_core.backends.triton_artifacts import specialisation
+
+    for fn in (fmha_fwd_kernel, fmha_v_transpose_kernel, fmha_dropout_randval_kernel, fmha_bwd_dot_do_o_kernel,
+               fmha_bwd_dq_dk_dv_kernel, fmha_bwd_dq_kernel, fmha_bwd_sum_partials_kernel,
+               fmha_bwd_convert_dq_kernel, fmha_fwd_splitkv_kernel, fmha_fwd_splitkv_combine_kernel,
+               fmha_fwd_appendkv_kernel):
+        names = [p.name for p in getattr(fn, "params", ()) if not p.is_constexpr and p.name not in _PHILOX_ARGS]
+        runtime = [n for n in names if n in _RUNTIME and not (fn is fmha_bwd_convert_dq_kernel and n == "sab")]
+        strides = [n for n in names if n[0] == "s" and n not in runtime and n not in _SCALARS]
+        groups: dict = {}
+        for n in strides:   # one tensor's strides: sq{b,h,s}, sk{b,h,s,p,d}, sdo{b,h,s}, s_o{b,h,s}, ...
+            groups.setdefault(n[:-1], []).append(n)
+        specialisation(runtime=runtime, groups=list(groups.values()))(fn)
+
+
+_apply_policy()

@@ -34,6 +34,8 @@ from ck_core.key import KernelKey, RecordSchema
 
 from ...heuristics import (DQ_ATOMIC, dq_gluon, dq_triton, gluon_bwd_reason, gluon_dkdv_reason,  # noqa: F401
                           interpreting, parse_dq)
+from .configs import (GLUON_BWD_BLOCK_N, GLUON_BWD_VARIANTS, GLUON_BWD_WARPS, GSPLITS, KVSPLIT,  # noqa: F401
+                      fp8_format, fp8_v_trans, hopper as _hopper)
 
 FAMILIES = ("fwd", "fwd_splitkv", "fwd_splitkv_combine", "fwd_pagedkv", "fwd_appendkv", "batch_prefill",
             "bwd_dot_do_o", "bwd_dq_dk_dv", "bwd_convert_dq")
@@ -41,20 +43,10 @@ HDIMS = ((32, 32), (64, 64), (96, 96), (128, 128), (192, 128), (256, 256))
 #: the Gluon sm90 forward's variants: the names of ``ck_fmha.backends.triton.gluon_fwd.GLUON_VARIANTS``, spelled out
 #: here because that import brings in torch (tests/test_gluon_fwd.py keeps the two in step)
 GLUON_VARIANTS = ("gluon_ws", "gluon_wspp", "gluon_ws_pers", "gluon_wspp_pers")
-#: the backward's dK/dV kernel on Hopper (ck_fmha.backends.triton.gluon_bwd.dkdv): BLOCK_MQ = block_m, STAGES =
-#: num_stages, 128 keys per program, 4 warps; "_pers": the persistent grid
-GLUON_BWD_VARIANTS = ("gluon_dkdv", "gluon_dkdv_pers")
-GLUON_BWD_BLOCK_N, GLUON_BWD_WARPS = 128, 4
-#: the Triton dK/dV kernel with dK and dV in separate programs (KV_SPLIT: one fp32 accumulator per
-#: program, twice the programs); bwd_dq_dk_dv only, every arch
-KVSPLIT = "kvsplit"
 VARIANTS = ("ptr", "tma", "tma_host", "tma_ws") + GLUON_VARIANTS + GLUON_BWD_VARIANTS + (KVSPLIT,)
 #: the variants that take head-dim chunks (a key's ``dchunk``: the forward's head dim in two
 #: power-of-two tiles, ``configs.hdim_blocks``)
 DCHUNK_VARIANTS = ("ptr", "tma")
-#: the group splits of the Triton dK/dV kernel's keys (``gsplit``, name part ``_g<N>``): a kv head's GQA group
-#: of query heads is summed by N programs into fp32 partials (for GQA / MQA problems with few key blocks)
-GSPLITS = (2, 4, 8, 16)
 CUDA_ONLY = ("tma", "tma_host", "tma_ws") + GLUON_VARIANTS + GLUON_BWD_VARIANTS
 #: a backward key's dQ field: ``atomic`` (dQ accumulated in fp32 by the dK/dV kernel: not deterministic;
 #: bwd_convert_dq rounds it), ``m<BM>n<BN>w<W>s<S>`` (the Triton dQ pass), ``gluon<BN>s<S>[p]`` (the Gluon
@@ -203,47 +195,6 @@ def _any_hdims_ok(hq: int, hv: int) -> bool:
     return all(isinstance(d, int) and 8 <= d <= 256 and d % 8 == 0 for d in (hq, hv))
 
 
-def _hopper(arch) -> bool:
-    return tuple(arch.triton_target or ())[:2] == ("cuda", 90)
-
-
-def fp8_format(arch) -> str:
-    """The fp8 e4m3 encoding the arch's matrix units read: ``"e4m3fnuz"`` (exponent bias 8, max 240)
-    on CDNA3 (gfx94x) and ``"e4m3fn"`` (OCP, max 448) elsewhere (Hopper, CDNA4, RDNA4).
-
-    Arch specs list ``fp8`` in ``dtypes`` but not its encoding; an arch plugin may state it as
-    ``extras["fp8_format"]`` (or ``extras["fmha"]["fp8_format"]``), which wins.  ``arch`` may be
-    None (an unknown arch name): OCP then.  Triton 3.6 compiles e4m3fn on gfx942 too, but only by
-    upcasting to fp16 MFMAs; e4m3fnuz is what CDNA3 multiplies natively (and what CK uses there).
-    Its finite range is +-240 (e4m3fn: +-448): the launcher casts other inputs to it, and torch turns
-    values beyond 240 into NaN, so quantise for e4m3fnuz on gfx942 (or pass float8_e4m3fnuz tensors).
-    """
-    if arch is None:
-        return "e4m3fn"
-    extras = getattr(arch, "extras", {}) or {}
-    fmt = extras.get("fp8_format") or (extras.get("fmha") or {}).get("fp8_format")
-    if fmt:
-        if fmt not in ("e4m3fn", "e4m3fnuz"):
-            raise ConfigError(f"arch {arch.name}: fp8_format {fmt!r} is not 'e4m3fn' or 'e4m3fnuz'")
-        return fmt
-    return "e4m3fnuz" if getattr(arch, "family", "") == "cdna3" else "e4m3fn"
-
-
-def fp8_v_trans(arch) -> bool:
-    """Whether the fp8 forward reads V key-contiguous (kernel ``V_TRANS``) on ``arch``: everywhere but
-    on AMD GPUs.  Hopper's fp8 wgmma takes its shared-memory operands K-major only, and the reduction
-    index of P @ V is the key, so a channel-contiguous V would be transposed through shared memory on
-    every key block.  AMD keeps row-major V until measured (the key-contiguous path compiles there).
-    An arch plugin may decide with ``extras["fp8_v_trans"]`` (or ``extras["fmha"]["fp8_v_trans"]``)."""
-    if arch is None:
-        return True
-    extras = getattr(arch, "extras", {}) or {}
-    flag = extras.get("fp8_v_trans", (extras.get("fmha") or {}).get("fp8_v_trans"))
-    if flag is not None:
-        return bool(flag)
-    return getattr(arch, "vendor", "") != "amd"
-
-
 def _arch_spec(name: str):
     """The ArchSpec of an arch name from the plugin manager, or None."""
     try:
@@ -272,7 +223,7 @@ def _smem(family, hq, hv, a: TritonFmhaAlg, elem_bytes: int = 2) -> int:
 
 def _configs(family, hq, hv, arch, elem_bytes: int = 2, prune: bool = True) -> list:
     from . import configs as C
-    from . import tuning as T
+    from ... import heuristics as T
 
     tag = arch.name   # the arch's tuned tables (the generic ones where it has none)
     extras = ()
@@ -325,7 +276,7 @@ def _bwd_algs(hq, hv, arch, tag, elem_bytes, prune=True) -> list:
     """Backward keys: each tuned dK/dV tile (Triton; on Hopper also the Gluon tiles) with each dQ
     choice (atomic, the tuned Triton dQ tiles, on Hopper the Gluon dQ tiles)."""
     from . import gluon_bwd
-    from . import tuning as T
+    from ... import heuristics as T
 
     pairs = [T.default_bwd_configs(hq, hv, tag, causal=c) for c in (False, True)]
     kv = [(c.BLOCK_M, c.BLOCK_N, c.num_warps, c.num_stages, c.variant if c.variant == KVSPLIT else "ptr")
@@ -683,10 +634,12 @@ def make_launcher(key, capture: Optional[list] = None):
             seqlens = t["seqlens_k"]
         else:
             seqlens = dev_int32(p, "lens", p.seqlens_k, q) if p.seqlens_k else None
+        # one split (the plan's one stage, or fwd_pagedkv): the kernel writes o and lse itself
+        direct = p.num_splits == 1 and (alg.splits or 1) == 1
         oacc, lacc = ops._splitkv_main(q, k, v, seqlens_k=seqlens, scale=p.softmax_scale,
                                        softcap=p.logits_soft_cap, num_splits=alg.splits or 1, layout=p.layout,
-                                       config=cfg, **_mask(p), **kw, **_sinks(p, t), _via=via)
-        return {"o_acc": oacc, "lse_acc": lacc}
+                                       config=cfg, **_mask(p), **kw, **_sinks(p, t), _via=via, direct=direct)
+        return {"o": oacc, "lse": lacc} if direct else {"o_acc": oacc, "lse_acc": lacc}
 
     def combine(p, t):
         q = cast(p, t, ("q",))["q"]
@@ -695,7 +648,7 @@ def make_launcher(key, capture: Optional[list] = None):
 
     def pagedkv(p, t):
         out = splitkv_main(p, t)
-        return combine(p, dict(t, **out))
+        return out if "o" in out else combine(p, dict(t, **out))
 
     def offsets(p, t, name, like):
         """Group-mode offsets on the device: the problem's (validated by it: R14, R18, R21), or the
@@ -856,6 +809,10 @@ def _as_kernel_dtype(p, name, x, tdt):
         _E4M3 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e4m3fnuz") if hasattr(torch, n))
     if x.dtype == tdt:
         return x
+    if not isinstance(x, torch.Tensor):
+        raise InvalidProblem(f"tensor {name!r} is a {type(x).__module__}.{type(x).__qualname__}; the triton "
+                             "backend takes torch tensors (convert it with torch.from_numpy, or "
+                             "Dispatcher.backend_spec.to_backend(x))")
     if p.dtype == "fp8" and x.device.type == "cpu" and x.dtype in _E4M3:
         return x   # the interpreter computes either e4m3 flavour (a GPU multiplies its arch's, fp8_format)
     if not (x.dtype == torch.float32 and p.dtype in ("bf16", "fp8")):
@@ -902,16 +859,19 @@ class TritonFmhaRendered:
 
 
 #: the representative batch-mode problem of fwd and the backward: sizes that are multiples of
-#: every tile and of 16 (Triton specialises integers divisible by 16), MHA (the GQA group size 1
-#: is specialised too)
+#: every tile and of 16, MHA: sizes are run-time integers (kernels.py), so any batch, head count,
+#: GQA group and length of the key's alignment class loads what this problem built
 _JIT_BATCH, _JIT_HEADS, _JIT_SEQ = 2, 16, 512
+#: the backward's ragged representative is _JIT_SEQ - _JIT_RAGGED long: no tile divides it
+_JIT_RAGGED = 7
 #: the decode-step representative of the split-KV / paged / append-KV families: Llama-style GQA
 #: (32 query heads over 8 key heads), one query row, a 4096-key cache, vLLM's 16-token pages;
 #: batch_prefill: two sequences of 512 queries over the same pages
 _DEC_BATCH, _DEC_HQ, _DEC_HK, _DEC_SK, _DEC_PAGE, _PREFILL_SQ = 2, 32, 8, 4096, 16, 512
-#: the split counts a combine key is built for (the key has none; the count is the problem's): each
-#: BLOCK_S (the next power of two) with the counts Triton specialises apart (1; multiples of 16 or not)
-_COMBINE_SPLITS = (1, 2, 3, 5, 9, 16, 17, 32, 33, 48, 65, 80)
+#: the split counts a combine key is built for (the key has none; the count is the problem's): one
+#: per BLOCK_S (max(2, the next power of two)), the only constexpr the count sets (NUM_SPLITS is a
+#: run-time integer)
+_COMBINE_SPLITS = (2, 3, 5, 9, 17, 33, 65)
 
 
 def _representatives(key, batch: Optional[int] = None):
@@ -939,21 +899,25 @@ def _candidates(key, batch):
         b, h, n = batch or _JIT_BATCH, _JIT_HEADS, _JIT_SEQ
         hk = h // key.algorithm.gsplit if key.algorithm.gsplit else h   # a group split needs a GQA group that size
 
-        def v_fwd():   # fp8 on an arch that reads V key-contiguous: as ops.v_key_major lays it out
+        def v_fwd(n):   # fp8 on an arch that reads V key-contiguous: as ops.v_key_major lays it out
             if s.dtype == "fp8" and fp8_v_trans(_arch_spec(key.arch)):
                 return meta(b, h, s.hdim_v, n).transpose(2, 3)
             return meta(b, h, n, s.hdim_v)
 
-        tensors = {"fwd": lambda: dict(q=meta(b, h, n, s.hdim_q), k=meta(b, h, n, s.hdim_q), v=v_fwd()),
-                   "bwd_dot_do_o": lambda: dict(o=meta(b, h, n, s.hdim_v), do=meta(b, h, n, s.hdim_v)),
-                   "bwd_dq_dk_dv": lambda: dict(q=meta(b, h, n, s.hdim_q), k=meta(b, hk, n, s.hdim_q),
+        tensors = {"fwd": lambda n: dict(q=meta(b, h, n, s.hdim_q), k=meta(b, h, n, s.hdim_q), v=v_fwd(n)),
+                   "bwd_dot_do_o": lambda n: dict(o=meta(b, h, n, s.hdim_v), do=meta(b, h, n, s.hdim_v)),
+                   "bwd_dq_dk_dv": lambda n: dict(q=meta(b, h, n, s.hdim_q), k=meta(b, hk, n, s.hdim_q),
                                                 v=meta(b, hk, n, s.hdim_v), do=meta(b, h, n, s.hdim_v),
                                                 lse=meta(b, h, n, dt=f32), d=meta(b, h, n, dt=f32)),
-                   "bwd_convert_dq": lambda: dict(q=meta(b, h, n, s.hdim_q),
+                   "bwd_convert_dq": lambda n: dict(q=meta(b, h, n, s.hdim_q),
                                                   dq_acc=meta(b, h, n, s.hdim_q, dt=f32))}[fam]
         masks = ("none",) if fam in ("bwd_dot_do_o", "bwd_convert_dq") else ("none", "top_left")   # no mask there
-        return [(FmhaProblem(family=fam, batch=b, nhead_q=h, nhead_k=hk, seqlen_q=n, seqlen_k=n, mask=m,
-                             lse=fam == "fwd", **dims), tensors) for m in masks]
+        # sizes are run-time values (kernels.py: what the kernels specialise on); the backward's one
+        # size-derived constexpr is whether both lengths are whole tiles (launch._even): a ragged
+        # length too, so every problem of the key's alignment class loads a built kernel
+        lens = (n, n - _JIT_RAGGED) if fam == "bwd_dq_dk_dv" else (n,)
+        return [(FmhaProblem(family=fam, batch=b, nhead_q=h, nhead_k=hk, seqlen_q=ln, seqlen_k=ln, mask=m,
+                             lse=fam == "fwd", **dims), functools.partial(tensors, ln)) for ln in lens for m in masks]
     b, hq, hk, sk, ps = batch or _DEC_BATCH, _DEC_HQ, _DEC_HK, _DEC_SK, _DEC_PAGE
     dec = dict(batch=b, nhead_q=hq, nhead_k=hk, seqlen_q=1, seqlen_k=sk, **dims)
     pages = b * (sk // ps)

@@ -70,8 +70,9 @@ import triton
 from . import gluon_bwd, gluon_fwd
 from . import kernels as K
 from ... import device_errors
-from .configs import GLUON_VARIANTS, TritonFmhaConfig, hdim_blocks, padded_hdim, next_pow2, valid_dchunk
-from .tuning import (bwd_gsplit_rule, default_bwd_configs, default_fwd_config, gluon_dkdv_tile, gluon_dq_tile,
+from .configs import (GLUON_VARIANTS, TritonFmhaConfig, fp8_v_trans, hdim_blocks, hopper, next_pow2, padded_hdim,
+                      valid_dchunk)
+from ...heuristics import (bwd_gsplit_rule, default_bwd_configs, default_fwd_config, gluon_dkdv_tile, gluon_dq_tile,
                      gluon_fused_min_seqlen, gluon_fused_tile)
 
 try:
@@ -114,8 +115,6 @@ def _tuned_arch(arch) -> str:
 
 
 def _hopper(arch) -> bool:
-    from .keys import _hopper as hopper
-
     return arch is not None and hopper(arch)
 
 
@@ -322,8 +321,6 @@ def fp8_v_trans_default(t: torch.Tensor) -> bool:
     reduction index of P @ V is the key) and in the interpreter; no on AMD GPUs, where it is not
     measured (it compiles for gfx942/gfx950/gfx1201, and there the AOT instruction mix even loses the
     byte-wise LDS reads of V; pass ``fp8_v_trans=True`` to try it)."""
-    from .keys import fp8_v_trans
-
     return fp8_v_trans(_arch_of(t))
 
 
@@ -918,6 +915,13 @@ def bwd_dot_do_o(o, do, *, layout="bhsd", cu_seqlens_q=None, max_seqlen_q=None, 
     return delta
 
 
+def _even(varlen: bool, sq: int, sk: int, cfg) -> bool:
+    """The backward kernels' EVEN_M / EVEN_N: both lengths whole tiles (batch mode), else both
+    masked; the only size-derived constexpr of the backward, so a key builds two kernels per
+    mask (``ck build`` traces an even and a ragged problem), not one per edge combination."""
+    return not varlen and sq % cfg.BLOCK_M == 0 and sk % cfg.BLOCK_N == 0
+
+
 def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-1, -1), softcap=0.0,
                  layout="bhsd", deterministic=True, config=None, align=None, cu_seqlens_q=None,
                  cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, bias=None, alibi_slopes=None,
@@ -1064,7 +1068,8 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
             k0, k1, off_lo, thresh, dscale, lens_arg, gsplit, sdkg, sdvg,
             D_Q=dq_, D_V=dv_, BLOCK_DQ=kbdq, BLOCK_DV=kbdv, BLOCK_M=cfg_kv.BLOCK_M, BLOCK_N=cfg_kv.BLOCK_N,
             MASK_MODE=mode, BOTTOM_RIGHT=br, HAS_SOFTCAP=has_sc, ATOMIC_DQ=atomic,
-            EVEN_M=not varlen and sq % cfg_kv.BLOCK_M == 0, EVEN_N=not varlen and sk % cfg_kv.BLOCK_N == 0,
+            # one class for both edges (whole tiles or not): two compiles per key, not four
+            EVEN_M=_even(varlen, sq, sk, cfg_kv), EVEN_N=_even(varlen, sq, sk, cfg_kv),
             IS_VARLEN=varlen, BIAS_MODE=bmode, HAS_DROPOUT=has_do, STORE_DBIAS=bool(return_dbias),
             HAS_SEQLENS=seqlens_k is not None, KV_SPLIT=split, BLOCK_DQ2=kbdq2, BLOCK_DV2=kbdv2,
             num_warps=cfg_kv.num_warps, num_stages=cfg_kv.num_stages)
@@ -1110,7 +1115,7 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
         k0, k1, off_lo, thresh, dscale, lens_arg,
         D_Q=dq_, D_V=dv_, BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=cfg_q.BLOCK_M, BLOCK_N=cfg_q.BLOCK_N,
         MASK_MODE=mode, BOTTOM_RIGHT=br, HAS_SOFTCAP=has_sc,
-        EVEN_M=not varlen and sq % cfg_q.BLOCK_M == 0, EVEN_N=not varlen and sk % cfg_q.BLOCK_N == 0,
+        EVEN_M=_even(varlen, sq, sk, cfg_q), EVEN_N=_even(varlen, sq, sk, cfg_q),
         IS_VARLEN=varlen, BIAS_MODE=bmode, HAS_DROPOUT=has_do, HAS_SEQLENS=seqlens_k is not None,
         BLOCK_DQ2=bdq2, BLOCK_DV2=bdv2, num_warps=cfg_q.num_warps, num_stages=cfg_q.num_stages)
     _poison(bad, dq)
@@ -1191,10 +1196,13 @@ def bwd(q, k, v, o, lse, do, *, causal=False, scale=None, window=(-1, -1), softc
 
 
 def _splitkv_main(q, k, v, *, page_size, block_table, seqlens_k, max_seqlen_k, causal, scale, window, softcap,
-                  num_splits, layout, config, kv_strides, hk, align, sink=None, sink_tokens=0, _via=None):
+                  num_splits, layout, config, kv_strides, hk, align, sink=None, sink_tokens=0, _via=None,
+                  direct=False):
     """Split-KV main stage: ``num_splits`` partial outputs ``o_acc`` [B, H, Sq, S, Dv] and LSEs ``lse_acc``
     [B, H, Sq, S] (fp32).  The count is the problem's (the Dispatcher's choice): every split covers the
-    same whole number of key blocks, and splits past a batch's keys are empty (the combine skips them)."""
+    same whole number of key blocks, and splits past a batch's keys are empty (the combine skips them).
+    ``direct`` (one split only): the final ``o`` (q's dtype, in ``layout``) and ``lse`` [B, H, Sq] instead,
+    so no combine launch follows."""
     q = _last_contig(q)
     if q.dtype in FP8_DTYPES:
         raise UnsupportedProblem("the Triton split-KV / paged decode has no fp8 path; the fp8 forward is fwd "
@@ -1212,8 +1220,16 @@ def _splitkv_main(q, k, v, *, page_size, block_table, seqlens_k, max_seqlen_k, c
     chunk = triton.cdiv(triton.cdiv(max_seqlen_k, num_splits), cfg.BLOCK_N) * cfg.BLOCK_N
     if sink is not None:
         sink = sink.to(device=q.device, dtype=torch.float32).contiguous()
-    oacc = torch.empty((b, hq, sq, num_splits, dv), device=q.device, dtype=torch.float32)
-    lacc = torch.empty((b, hq, sq, num_splits), device=q.device, dtype=torch.float32)
+    if direct:
+        if num_splits != 1:
+            raise InvalidProblem(f"a direct split-KV launch writes the final output: one split, not {num_splits}")
+        oacc = torch.empty((b, hq, sq, dv) if layout == "bhsd" else (b, sq, hq, dv), device=q.device, dtype=q.dtype)
+        lacc = torch.empty((b, hq, sq), device=q.device, dtype=torch.float32)
+        so = _bhs_strides(oacc, layout) + (0,)
+    else:
+        oacc = torch.empty((b, hq, sq, num_splits, dv), device=q.device, dtype=torch.float32)
+        lacc = torch.empty((b, hq, sq, num_splits), device=q.device, dtype=torch.float32)
+        so = (oacc.stride(0), oacc.stride(1), oacc.stride(2), oacc.stride(3))
     sqb, sqh, sqs = _bhs_strides(q, layout)
     skb, skh, sks, svb, svh, svs = kv_strides
     bt = block_table if block_table is not None else oacc
@@ -1224,7 +1240,7 @@ def _splitkv_main(q, k, v, *, page_size, block_table, seqlens_k, max_seqlen_k, c
     _kernel(_via, K.fmha_fwd_splitkv_kernel, (num_splits, b * hk, num_m))(
         q, k, v, oacc, lacc, bt, sl,
         sqb, sqh, sqs, skb, skh, sks, svb, svh, svs,
-        oacc.stride(0), oacc.stride(1), oacc.stride(2), oacc.stride(3),
+        *so,
         lacc.stride(0), lacc.stride(1), lacc.stride(2), sbt,
         hk, group, sq, max_seqlen_k, chunk,
         scale2, cap_in, cap_out, left, right, sink if sink is not None else oacc, int(sink_tokens or 0),
@@ -1233,7 +1249,7 @@ def _splitkv_main(q, k, v, *, page_size, block_table, seqlens_k, max_seqlen_k, c
         BLOCK_M=bm, BLOCK_N=cfg.BLOCK_N, PAGE_SIZE=int(page_size or 0),
         MASK_MODE=mode, BOTTOM_RIGHT=br, HAS_SOFTCAP=bool(softcap and softcap > 0),
         HAS_SEQLENS=seqlens_k is not None, HAS_SINK=bool(sink_tokens) and (mode & 2) != 0,
-        HAS_SINK_LOGIT=sink is not None,
+        HAS_SINK_LOGIT=sink is not None, DIRECT=bool(direct),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return oacc, lacc
 
@@ -1256,34 +1272,8 @@ def splitkv_combine(oacc, lacc, q, *, layout="bhsd", return_lse=True, _via=None)
     return (o, lse) if return_lse else o
 
 
-def splitkv_decode(q, k, v, *, seqlens_k=None, causal=False, scale=None, window=(-1, -1), softcap=0.0,
-                   num_splits=None, return_lse=False, layout="bhsd", config=None, align=None, sink=None,
-                   sink_tokens=0):
-    """Split-KV forward for short queries over a long contiguous KV (k, v in ``layout``), then an
-    LSE combine, through the Dispatcher (:func:`ck_fmha.decode.splitkv_decode`).  ``seqlens_k``
-    (int32 [B], any device) optionally gives each batch's valid KV length; it is read on the device
-    only, so a decode step reuses its plan.  Causal masks default to bottom-right alignment here
-    (the query is the sequence's tail).  ``num_splits``: None lets the Dispatcher choose.
-    ``config`` (a TritonFmhaConfig) runs that tile instead of the plan's (kernel-direct)."""
-    from ...decode import splitkv_decode as _run
-
-    return _run(q, k, v, seqlens_k=seqlens_k, causal=causal, scale=scale, window=window, softcap=softcap,
-                num_splits=num_splits, return_lse=return_lse, layout=layout, config=config, align=align,
-                sink=sink, sink_tokens=sink_tokens)
 
 
-def paged_decode(q, k_cache, v_cache, block_table, seqlens_k, *, max_seqlen_k=None, causal=False, scale=None,
-                 window=(-1, -1), softcap=0.0, num_splits=None, return_lse=False, layout="bhsd", config=None,
-                 align=None, sink=None, sink_tokens=0):
-    """Decode over a paged KV cache through the Dispatcher (:func:`ck_fmha.decode.paged_decode`):
-    ``k_cache``/``v_cache`` are [num_pages, page_size, H_k, D]; ``block_table`` int32 [B, max_pages];
-    ``seqlens_k`` int32 [B] (read on the device only).  ``max_seqlen_k`` (the longest length a step
-    may have) defaults to ``max_pages * page_size`` (no host sync)."""
-    from ...decode import paged_decode as _run
-
-    return _run(q, k_cache, v_cache, block_table, seqlens_k, max_seqlen_k=max_seqlen_k, causal=causal,
-                scale=scale, window=window, softcap=softcap, num_splits=num_splits, return_lse=return_lse,
-                layout=layout, config=config, align=align, sink=sink, sink_tokens=sink_tokens)
 
 
 # ---------------------------------------------------------------------------
@@ -1293,14 +1283,6 @@ def paged_decode(q, k_cache, v_cache, block_table, seqlens_k, *, max_seqlen_k=No
 from .configs import ROPE_MODES  # noqa: E402
 
 
-def appendkv(q, knew, vnew, k_cache, v_cache, seqlens_k, *, rotary_cos=None, rotary_sin=None, rope="none",
-             rotary_dim=0, block_table=None, layout="bhsd"):
-    """CK's fwd_appendkv through the Dispatcher (:func:`ck_fmha.decode.appendkv`; arguments and results
-    as :func:`appendkv_launch`); ``seqlens_k`` is read on the device only, so a decode step reuses its plan."""
-    from ...decode import appendkv as _run
-
-    return _run(q, knew, vnew, k_cache, v_cache, seqlens_k, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
-                rope=rope, rotary_dim=rotary_dim, block_table=block_table, layout=layout)
 
 
 def appendkv_launch(q, knew, vnew, k_cache, v_cache, seqlens_k, *, rotary_cos=None, rotary_sin=None, rope="none",
@@ -1373,16 +1355,6 @@ def appendkv_launch(q, knew, vnew, k_cache, v_cache, seqlens_k, *, rotary_cos=No
 # ---------------------------------------------------------------------------
 
 
-def batch_prefill(q, k_cache, v_cache, seqlens_k, *, cu_seqlens_q, max_seqlen_q, max_seqlen_k,
-                  block_table=None, kv_indptr=None, kv_page_indices=None, kv_layout="linear", **kw):
-    """batch_prefill through the Dispatcher (:func:`ck_fmha.prefill.batch_prefill`; arguments and
-    results as :func:`batch_prefill_launch`): ``seqlens_k`` is read on the device only, bounded by
-    ``max_seqlen_k``; the plan is cached per shapes and query offsets."""
-    from ...prefill import batch_prefill as _run
-
-    return _run(q, k_cache, v_cache, seqlens_k, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
-                max_seqlen_k=max_seqlen_k, block_table=block_table, kv_indptr=kv_indptr,
-                kv_page_indices=kv_page_indices, kv_layout=kv_layout, **kw)
 
 
 def batch_prefill_launch(q, k_cache, v_cache, seqlens_k, *, cu_seqlens_q, max_seqlen_q, max_seqlen_k,

@@ -9,9 +9,9 @@ Inside :func:`recording` every launch a launcher makes through its ``via``
 (``keys.kernel_via``) is recorded.  :func:`replayer` then matches each tensor argument
 by data pointer to the call's named tensors (inputs, and the outputs the run returned),
 or to the device error flag; where the caller allows ``scratch``, a tensor a launcher
-allocated for itself (an intermediate: the backward's delta, its fp32 dQ accumulator) is
-allocated again on each replay, fp32 ones zeroed (an accumulator needs it, the rest
-does not mind).  Anything else -- a view into a named tensor, a buffer used with two
+allocated for itself (an fp32 intermediate: the backward's delta, its dQ accumulator, the
+split-KV partials) is allocated again, zeroed, on each replay (an accumulator needs it, the
+rest does not mind).  Anything else -- a view into a named tensor, a buffer used with two
 dtypes -- means no replay: the call stays on the general path.  A torch operation between
 launches (a copy that made an input dense, a cast) is not recorded; the backward's caller
 checks the replay against the run once before caching it.
@@ -90,8 +90,11 @@ def replayer(inputs: dict, outputs: dict, recs: list, scratch: bool = False):
                 hit = buffers.get(p)
                 if hit is None:
                     st = a.untyped_storage()
+                    # fp32 only: the kernels' intermediates (delta, accumulators, split partials);
+                    # anything else is likely a torch operation's result (a copy, clamped offsets)
+                    # that a replay would not recompute
                     if not scratch or st.data_ptr() in storages or a.storage_offset() \
-                            or st.nbytes() != a.numel() * a.element_size():
+                            or st.nbytes() != a.numel() * a.element_size() or a.dtype != torch.float32:
                         return None
                     hit = buffers[p] = (len(named) + len(specs), a.dtype)
                     specs.append((tuple(a.shape), a.stride(), a.dtype, a.dtype == torch.float32))
@@ -118,3 +121,17 @@ def replayer(inputs: dict, outputs: dict, recs: list, scratch: bool = False):
         return dict(zip(names, vals[n_in:n_in + len(names)]))
 
     return replay
+
+
+def verified(f, inputs: dict, want: dict):
+    """``f`` (a :func:`replayer`) where replaying ``inputs`` reproduces the run's outputs ``want``
+    (relative error < 1e-2 each: a torch operation between launches, which a replay would not repeat,
+    shows here), else None.  A host synchronisation: callers run it once per signature, never while a
+    CUDA graph is being captured."""
+    got = f(*inputs.values())
+    for name, w in want.items():
+        w = w.float()
+        err = (got[name].float() - w).norm() / w.norm().clamp_min(1e-30)
+        if not float(err) < 1e-2:
+            return None
+    return f

@@ -1,26 +1,32 @@
-"""Triton GEMM templates for ck-gemm: kernels, meta-parameter space, AOT specs, launcher, tuning.
+"""Triton GEMM templates for ck-gemm: kernels, meta-parameter space, AOT specs, launcher.
 
 Public API::
 
-    gemm(a, b, *, layout="rcr", config=None, c=None, d_tensors=(), d_op="add",
+    gemm(a, b, *, layout="rcr", config, c=None, d_tensors=(), d_op="add",
          activation=None, split_k=None, out_dtype=None)      # torch tensors in, C out
     CONFIG_SPACE, GemmConfig, iter_configs, smem_bytes         # meta-parameters as data
     kernel_for(config, dtype=..., layout=..., ...) -> KernelSpec   # for AOT compilation
-    pick_config(M, N, K, dtype, arch="sm90")                   # tuned selection
 
-Importing this package imports triton (the kernels are defined at import);
-torch is imported only when :func:`gemm` runs.
+The names load lazily: importing this package (or its data module ``configs``) imports neither
+triton nor torch; ``kernels``, ``aot`` and ``launch`` import triton.  The tuned tables and
+``pick_config`` are ``ck_gemm.heuristics``'s (the plugin's one reader of its tuned data).
 """
 from __future__ import annotations
 
-from .aot import KernelSpec, kernel_for, parse_layout
-from .configs import (CONFIG_SPACE, PERSISTENT_VARIANTS, SPLITK_VARIANTS, TMA_VARIANTS, VARIANTS,
-                      WS_VARIANTS, GemmConfig, as_config, iter_configs, smem_bytes)
-from .launch import gemm
-from .tuning import heuristic_config, load_table, pick_config, shape_bucket
+import importlib
 
-__all__ = [
-    "CONFIG_SPACE", "GemmConfig", "KernelSpec", "PERSISTENT_VARIANTS", "SPLITK_VARIANTS", "TMA_VARIANTS",
-    "VARIANTS", "WS_VARIANTS", "as_config", "gemm", "heuristic_config", "iter_configs", "kernel_for",
-    "load_table", "parse_layout", "pick_config", "shape_bucket", "smem_bytes",
-]
+_NAMES = {
+    "KernelSpec": "aot", "kernel_for": "aot", "parse_layout": "aot",
+    "CONFIG_SPACE": "configs", "PERSISTENT_VARIANTS": "configs", "SPLITK_VARIANTS": "configs",
+    "TMA_VARIANTS": "configs", "VARIANTS": "configs", "WS_VARIANTS": "configs", "GemmConfig": "configs",
+    "as_config": "configs", "iter_configs": "configs", "smem_bytes": "configs",
+    "gemm": "launch",
+}
+__all__ = sorted(_NAMES)
+
+
+def __getattr__(name):
+    mod = _NAMES.get(name)
+    if mod is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{mod}", __name__), name)

@@ -122,7 +122,8 @@ def _epilogue_constexprs(num_d, d_op, activation) -> dict:
 def kernel_for(config, *, dtype: str = "fp16", layout: str = "rcr", out_dtype: str | None = None,
                d_dtype: str | None = None, num_d: int = 0, d_op: str = "add", activation=None,
                batched: bool = False, even_k: bool = False, num_sms: int | None = None,
-               split_k: int | None = None, k_multiple_of_16: bool = False) -> KernelSpec:
+               split_k: int | None = None, k_multiple_of_16: bool = False,
+               preshuffle: bool = False) -> KernelSpec:
     """The KernelSpec of ``config`` for one problem signature.
 
     Returns a :class:`KernelSpec` (fn = the ``@triton.jit`` function,
@@ -145,6 +146,9 @@ def kernel_for(config, *, dtype: str = "fp16", layout: str = "rcr", out_dtype: s
     software-pipelined on sm90 (the JIT launcher gets both facts for free).
     ``num_sms``: the programs of a persistent grid, the target's SM/CU count
     (``ArchSpec.compute_units``); persistent variants need it.
+    ``preshuffle=True``: B is pre-shuffled for the config's N x K tile (``b_ptr`` points at
+    ``[N tiles, K tiles, block_n, block_k]``, see ``ck_gemm.problem.pack_b``); variants plain and
+    persistent, layout rcr, no batch, no split-K.
     """
     cfg = as_config(config)
     if split_k is not None:
@@ -182,7 +186,26 @@ def kernel_for(config, *, dtype: str = "fp16", layout: str = "rcr", out_dtype: s
     def tiles(M, N):
         return -(-M // bm) * -(-N // bn)
 
-    if cfg.c_desc:
+    if preshuffle:
+        if cfg.variant not in ("plain", "persistent") or layout != "rcr" or batched or split > 1:
+            raise InvalidProblem(f"{cfg.name}: a pre-shuffled B is read by the plain and persistent variants, "
+                                 f"layout rcr, without batch or split-K (got {cfg.variant}, {layout}, "
+                                 f"batched={batched}, split_k={split})")
+        types = {"a_ptr": f"*{t_in}", "b_ptr": f"*{t_in}", "c_ptr": f"*{t_out}", "d0_ptr": f"*{t_d}",
+                 "d1_ptr": f"*{t_d}"}
+        if cfg.variant == "plain":
+            fn = K.gemm_preshuffle_kernel
+            cx = dict(common, EVEN_K=even_k, **epi)
+
+            def grid(M, N, batch=1):
+                return (tiles(M, N), 1, 1)
+        else:
+            fn = K.gemm_preshuffle_persistent_kernel
+            cx = dict(common, NUM_SMS=num_sms, EVEN_K=even_k, **epi)
+
+            def grid(M, N, batch=1):
+                return (max(1, min(num_sms, tiles(M, N))), 1, 1)
+    elif cfg.c_desc:
         # tensor descriptors for A, B and C; D tensors stay pointers
         tma_cx = dict(common, A_KMAJOR=a_r, B_KMAJOR=not b_r, BATCHED=batched, EPI_SUBTILE=cfg.epi_subtile,
                       **epi)
@@ -261,11 +284,12 @@ def kernel_for(config, *, dtype: str = "fp16", layout: str = "rcr", out_dtype: s
     reduce = None
     if split > 1:
         reduce = _reduce_spec(cfg, acc_dtype, t_out, t_d, epi, c_r)
-    return KernelSpec(name=f"{cfg.name}_{dtype}_{layout}", fn=fn, signature=sig, constexprs=cx, attrs=attrs,
+    name = f"{cfg.name}_{dtype}_{layout}" + ("_preshuffle" if preshuffle else "")
+    return KernelSpec(name=name, fn=fn, signature=sig, constexprs=cx, attrs=attrs,
                       options=options, grid=grid, arg_names=runtime, reduce=reduce, split_k=split,
                       acc_dtype=acc_dtype,
                       meta={"config": cfg, "dtype": dtype, "out_dtype": out_dtype, "layout": layout,
-                            "batched": batched, "streamk": cfg.streamk})
+                            "batched": batched, "streamk": cfg.streamk, "preshuffle": preshuffle})
 
 
 def _desc_types(t_in, cfg, a_r, b_r, batched) -> dict:

@@ -9,6 +9,7 @@ caller can prune by an arch's limit before compiling anything.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 from dataclasses import asdict, dataclass, replace
@@ -270,3 +271,16 @@ def iter_configs(*, variants=VARIANTS, max_smem: int | None = None, dtype: str =
         if max_smem is not None and smem_bytes(cfg, dtype) > max_smem:
             continue
         yield cfg
+
+
+#: Triton pipelining depth per CK pipeline when a key sets no explicit stages
+DEFAULT_STAGES = {"mem": 2, "compv3": 2, "compv4": 3}
+
+
+@functools.lru_cache(maxsize=None)
+def config_of_algorithm(a):
+    """The Triton config of a GEMM algorithm record (``ck_gemm.keys.GemmAlgorithm``)."""
+    return GemmConfig(block_m=a.tile_m, block_n=a.tile_n, block_k=a.tile_k, group_m=a.group_m,
+                      num_warps=a.num_warps, num_stages=a.stages or DEFAULT_STAGES.get(a.pipeline, 3),
+                      variant="plain" if a.variant == "tile" else a.variant, split_k=a.split_k,
+                      epi_subtile=a.epi_subtile)

@@ -752,3 +752,103 @@ def _ptr_k_loop(a_base, b_base, offs_m, offs_n, offs_k, M, N, K, k0, k1,
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
     return acc
+
+
+# -- pre-shuffled B (CK's preshuffle GEMM) --------------------------------------------------------
+#
+# B arrives packed once in the kernel's tile order: [N tiles][K tiles][BLOCK_N][BLOCK_K], zero-padded
+# (ck_gemm.problem.pack_b).  The B tile of a K step is then one contiguous BLOCK_N x BLOCK_K block:
+# unmasked, fully coalesced loads with no stride arithmetic, and the padding makes the N and K tails
+# zeros rather than masked loads.  A keeps its masks (M rows, the K tail); C its edge mask.
+
+@triton.jit
+def _packed_k_loop(a_base, b_tiles, offs_m, offs_k, M, K, k_tiles, stride_am, stride_ak,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   EVEN_K: tl.constexpr, ACC_INT: tl.constexpr):
+    # acc of the tile whose packed B tiles start at b_tiles (K tiles one after another)
+    mask_m = offs_m < M
+    a_ptrs = a_base + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
+    # the BLOCK_K x BLOCK_N view of a tile stored BLOCK_N rows of BLOCK_K (K contiguous)
+    b_ptrs = b_tiles + tl.arange(0, BLOCK_N)[None, :] * BLOCK_K + offs_k[:, None]
+    if ACC_INT:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kt in range(k_tiles):
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=mask_m[:, None], other=0.0)
+        else:
+            a = tl.load(a_ptrs, mask=mask_m[:, None] & (offs_k[None, :] < K - kt * BLOCK_K), other=0.0)
+        b = tl.load(b_ptrs)
+        acc = _mma(a, b, acc)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_N * BLOCK_K
+    return acc
+
+
+@triton.jit
+def gemm_preshuffle_kernel(
+        a_ptr, b_ptr, c_ptr, d0_ptr, d1_ptr, M, N, K,
+        stride_am, stride_ak,
+        stride_cm, stride_cn,
+        stride_d0m, stride_d0n,
+        stride_d1m, stride_d1n,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+        EVEN_K: tl.constexpr,
+        NUM_D: tl.constexpr, D_OP: tl.constexpr, ACT: tl.constexpr, ACC_INT: tl.constexpr):
+    """One program per C tile (grid (tiles, 1, 1)); B pre-shuffled for BLOCK_N x BLOCK_K."""
+    pid_m, pid_n = _tile_ids(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    b_tiles = b_ptr + pid_n.to(tl.int64) * k_tiles * (BLOCK_N * BLOCK_K)
+    acc = _packed_k_loop(a_ptr, b_tiles, offs_m, offs_k, M, K, k_tiles, stride_am, stride_ak,
+                         BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, ACC_INT)
+    _epilogue_store(acc, offs_m, offs_n, M, N, c_ptr, stride_cm, stride_cn,
+                    d0_ptr, stride_d0m, stride_d0n, d1_ptr, stride_d1m, stride_d1n, NUM_D, D_OP, ACT)
+
+
+@triton.jit
+def gemm_preshuffle_persistent_kernel(
+        a_ptr, b_ptr, c_ptr, d0_ptr, d1_ptr, M, N, K,
+        stride_am, stride_ak,
+        stride_cm, stride_cn,
+        stride_d0m, stride_d0n,
+        stride_d1m, stride_d1n,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+        NUM_SMS: tl.constexpr, EVEN_K: tl.constexpr,
+        NUM_D: tl.constexpr, D_OP: tl.constexpr, ACT: tl.constexpr, ACC_INT: tl.constexpr):
+    """A grid of NUM_SMS programs looping over the C tiles; B pre-shuffled for BLOCK_N x BLOCK_K."""
+    num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    offs_k = tl.arange(0, BLOCK_K)
+    for tile_id in tl.range(tl.program_id(0), num_tiles, NUM_SMS):
+        pid_m, pid_n = _tile_ids(tile_id, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        b_tiles = b_ptr + pid_n.to(tl.int64) * k_tiles * (BLOCK_N * BLOCK_K)
+        acc = _packed_k_loop(a_ptr, b_tiles, offs_m, offs_k, M, K, k_tiles, stride_am, stride_ak,
+                             BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, ACC_INT)
+        _epilogue_store(acc, offs_m, offs_n, M, N, c_ptr, stride_cm, stride_cn,
+                        d0_ptr, stride_d0m, stride_d0n, d1_ptr, stride_d1m, stride_d1n, NUM_D, D_OP, ACT)
+
+
+# What the kernels specialise on (ck_core.backends.triton_artifacts.specialisation): tiles, dtypes,
+# layout (unit strides: Triton's constant 1, the layout's contiguous dimension) and the epilogue are
+# the code; M, N, K are the alignment class only (divisible by 16 or not: the masks along a
+# contiguous dimension vectorise on it), never the constant 1 (M = 1 loads the same kernel as any M);
+# the batch count and the split-K reduction's sizes are plain run-time integers.
+def _apply_policy():
+    from ck_core.backends.triton_artifacts import specialisation
+
+    for fn in (gemm_plain_kernel, gemm_persistent_kernel, gemm_tma_kernel, gemm_tma_persistent_kernel,
+               gemm_tma_cs_kernel, gemm_tma_persistent_cs_kernel, gemm_splitk_reduce_kernel,
+               gemm_tma_streamk_kernel, gemm_streamk_kernel,
+               gemm_preshuffle_kernel, gemm_preshuffle_persistent_kernel):
+        names = {p.name for p in getattr(fn, "params", ())}
+        specialisation(runtime=[n for n in ("batch_count",) if n in names],
+                       align_only=[n for n in ("M", "N", "K") if n in names])(fn)
+
+
+_apply_policy()

@@ -11,7 +11,6 @@ import dataclasses
 import functools
 import hashlib
 import inspect
-from typing import Optional
 
 import attrs
 import logging
@@ -19,54 +18,12 @@ import logging
 from ck_core.errors import InvalidProblem, UnsupportedProblem
 
 from ...keys import GemmAlgorithm
+from .configs import DEFAULT_STAGES, config_of_algorithm  # noqa: F401  (re-exported)
 
 log = logging.getLogger(__name__)
 
-#: Triton pipelining depth per CK pipeline when a key sets no explicit stages
-DEFAULT_STAGES = {"mem": 2, "compv3": 2, "compv4": 3}
-
-
 def config_of(key):
     return config_of_algorithm(key.algorithm)
-
-
-@functools.lru_cache(maxsize=None)
-def config_of_algorithm(a: GemmAlgorithm):
-    from .configs import GemmConfig
-
-    return GemmConfig(block_m=a.tile_m, block_n=a.tile_n, block_k=a.tile_k, group_m=a.group_m,
-                      num_warps=a.num_warps, num_stages=a.stages or DEFAULT_STAGES.get(a.pipeline, 3),
-                      variant="plain" if a.variant == "tile" else a.variant, split_k=a.split_k,
-                      epi_subtile=a.epi_subtile)
-
-
-def algorithm_for_config(cfg, arch, dtype: str, pipeline: str, layout: str = "rcr") -> Optional[GemmAlgorithm]:
-    """The legal CK-style algorithm record of a Triton config on ``arch`` (None if none fits).
-
-    Of the (wave layout, warp tile) pairs that tile the block, the first the
-    arch accepts wins (e.g. sm90 wants its wgmma tile, not an mma.sync one).
-    """
-    from ck_core.key import KernelKey
-
-    from ...keys import GemmSignature, rules_violation
-
-    sig = GemmSignature(dtype, layout)
-    for wave in arch.wave_layouts:
-        if wave[0] * wave[1] * wave[2] != cfg.num_warps:
-            continue
-        for wt in arch.warp_tiles.get(dtype, ()):
-            if cfg.block_m % (wave[0] * wt[0]) or cfg.block_n % (wave[1] * wt[1]) \
-                    or cfg.block_k % (wave[2] * wt[2]):
-                continue
-            alg = GemmAlgorithm(cfg.block_m, cfg.block_n, cfg.block_k, *wave, *wt,
-                                pipeline=pipeline, pad_m=True, pad_n=True, pad_k=True,
-                                split_k=cfg.split_k, stages=cfg.num_stages,
-                                variant="tile" if cfg.variant == "plain" else cfg.variant,
-                                group_m=cfg.group_m, epi_subtile=cfg.epi_subtile)
-            if rules_violation(sig, alg, arch) is None and \
-                    arch.reject(KernelKey("gemm", sig, alg, arch.name, "triton")) is None:
-                return alg
-    return None
 
 
 @functools.lru_cache(maxsize=None)
@@ -105,7 +62,7 @@ def _spec(key):
     s = key.signature
     return kernel_for(config_of(key), dtype=s.dtype, layout=s.layout, out_dtype=s.dtype_c,
                       num_d=s.num_d, d_op=s.d_op, activation=s.activation,
-                      num_sms=get_manager().arch(key.arch).compute_units)
+                      num_sms=get_manager().arch(key.arch).compute_units, preshuffle=s.preshuffle)
 
 
 def render(key, backend: str):
@@ -123,10 +80,12 @@ def render(key, backend: str):
 
 def jit_calls(key, problem=None) -> list:
     """The launches of ``key`` on ``problem``'s operands (contiguous, 16-byte aligned, as the
-    public API passes them), or by default on a problem with every size and stride a multiple
-    of 16, K a multiple of the K tile and no batch: the common case, whose specialisation
-    (Triton's: alignment, divisibility, unit sizes) every such problem shares.  Tensors are on
-    torch's meta device (nothing runs), so this compiles on a machine without a GPU."""
+    public API passes them), or by default on the problems whose kernels every problem of the
+    common case loads: sizes are run-time integers and M, N, K only their alignment class
+    (kernels.py: what the kernels specialise on), so the representatives are M a multiple of 16
+    or odd (token counts are any number) times K a multiple of the K tile or not (EVEN_K, the one
+    size-derived constexpr), N and K multiples of 16 and no batch.  Tensors are on torch's meta
+    device (nothing runs), so this compiles on a machine without a GPU."""
     import torch
 
     from ck_core.plugins import get_manager
@@ -137,24 +96,33 @@ def jit_calls(key, problem=None) -> list:
     cfg, s = config_of(key), key.signature
     a_r, b_r, c_r = parse_layout(s.layout)
     if problem is None:
-        m = n = k = 2 * max(cfg.block_m, cfg.block_n, cfg.block_k, 16)
-        lead = ()
+        base = 2 * max(cfg.block_m, cfg.block_n, cfg.block_k, 16)
+        ks = (base, base + 16) if cfg.block_k > 16 else (base,)   # base + 16: not a whole K tile
+        shapes = [(m, base, k, ()) for m in (base, base + 1) for k in ks]
     else:
-        m, n, k = problem.m, problem.n, problem.k
-        lead = (problem.batch,) if problem.batch > 1 else ()
+        shapes = [(problem.m, problem.n, problem.k, (problem.batch,) if problem.batch > 1 else ())]
     t_in, t_out = torch_dtype(s.dtype), torch_dtype(s.dtype_c)
-    a = torch.empty(lead + ((m, k) if a_r else (k, m)), dtype=t_in, device="meta")
-    b = torch.empty(lead + ((k, n) if b_r else (n, k)), dtype=t_in, device="meta")
-    ds = tuple(torch.empty((m, n) if c_r else (n, m), dtype=t_out, device="meta") for _ in range(s.num_d))
     calls = []
 
     def capture(spec, vals, M, N, batch, name):
         fn, args, kwargs = L.call_of(spec, vals)
         calls.append((name[len(key.name):], fn, args, kwargs))
 
-    L.gemm(a, b, layout=s.layout, config=cfg, d_tensors=ds, d_op=s.d_op,
-           activation=None if s.activation == "none" else s.activation, out_dtype=t_out,
-           num_sms=get_manager().arch(key.arch).compute_units, kernel_name=key.name, launch=capture)
+    for m, n, k, lead in shapes:
+        a = torch.empty(lead + ((m, k) if a_r else (k, m)), dtype=t_in, device="meta")
+        b = torch.empty(lead + ((k, n) if b_r else (n, k)), dtype=t_in, device="meta")
+        if s.preshuffle:   # B pre-shuffled for the key's tile
+            b = torch.empty((-(-n // cfg.block_n), -(-k // cfg.block_k), cfg.block_n, cfg.block_k), dtype=t_in,
+                            device="meta")
+        ds = tuple(torch.empty((m, n) if c_r else (n, m), dtype=t_out, device="meta") for _ in range(s.num_d))
+        try:
+            L.gemm(a, b, layout=s.layout, config=cfg, d_tensors=ds, d_op=s.d_op,
+                   activation=None if s.activation == "none" else s.activation, out_dtype=t_out,
+                   num_sms=get_manager().arch(key.arch).compute_units, kernel_name=key.name, launch=capture,
+                   packed_n=n if s.preshuffle else None)
+        except UnsupportedProblem:   # a TMA key: an odd M in a column-major operand has no descriptor
+            if problem is not None or (m, k) == (shapes[0][0], shapes[0][2]):
+                raise
     return calls
 
 
@@ -193,6 +161,11 @@ def make_launcher(key, num_sms=None):
             a, b = a.to(t_in), b.to(t_in)
         ds = tuple(tensors[f"d{i}"] for i in range(problem.num_d))
         ds = tuple(d if d.dtype == t_out else d.to(t_out) for d in ds)
+        if problem.preshuffle:   # B pre-shuffled for the key's tile (its shape is checked by the launcher)
+            c = gemm(a.reshape(a.shape[-2:]), b, layout=problem.layout, config=cfg, d_tensors=ds, d_op=problem.d_op,
+                     activation=act, out_dtype=t_out, num_sms=num_sms, kernel_name=key.name, launch=via,
+                     packed_n=problem.n)
+            return {"c": c}
         if problem.batch == 1:   # a leading batch of 1 is no batch (no broadcast operand for descriptors)
             a, b = a.reshape(a.shape[-2:]), b.reshape(b.shape[-2:])
         if tuple(a.shape[-2:]) != problem.shape_a()[-2:] or tuple(b.shape[-2:]) != problem.shape_b()[-2:]:
@@ -226,7 +199,7 @@ class _Recorded:
     __slots__ = ("steps", "ws", "replay")
 
 
-def _record(cfg, problem, a, b, c, t_out, act, num_sms=None, name=None, extra=None):
+def _record(cfg, problem, a, b, c, t_out, act, num_sms=None, name=None, extra=None, ds=()):
     """Run the full launcher once, capturing the kernel launches it makes.
 
     The kernel comes from the kernel cache under ``name`` (the key's name: what
@@ -259,9 +232,11 @@ def _record(cfg, problem, a, b, c, t_out, act, num_sms=None, name=None, extra=No
         captured.append((spec, grid, kname, fn, args, opts, replay))
 
     L.gemm(a, b, layout=problem.layout, config=cfg, c=c, out_dtype=t_out, activation=act,
-           num_sms=num_sms, kernel_name=name, launch=capture)
+           num_sms=num_sms, kernel_name=name, launch=capture, d_tensors=ds, d_op=problem.d_op,
+           packed_n=problem.n if problem.preshuffle else None)
     roles = {a.data_ptr(): "a", b.data_ptr(): "b", c.data_ptr(): "c"}
-    if len(roles) != 3:
+    roles.update((d.data_ptr(), f"d{i}") for i, d in enumerate(ds))
+    if len(roles) != 3 + len(ds):
         return None
     rec = _Recorded()
     rec.steps, rec.ws, rec.replay = [], None, captured[0][6]
@@ -296,8 +271,10 @@ def _cache_launch(kname, fn, grid, opts, extra, args):
     triton_artifacts.launch(kname, fn, grid, args, opts, extra=extra)
 
 
-def _fast_call(rec, a, b, c):
+def _fast_call(rec, a, b, c, ds=()):
     vals = {"a": a, "b": b, "c": c}
+    for i, d in enumerate(ds):
+        vals[f"d{i}"] = d
     if rec.ws is not None:
         import torch
 
@@ -342,7 +319,8 @@ def bare_launch(key, problem, a, b, replay: bool = False):
 
     captured = []
     L.gemm(a, b, layout=problem.layout, config=cfg, c=c, out_dtype=t_out,
-           launch=lambda spec, vals, M, N, batch, name: captured.append((spec, vals, M, N, batch)))
+           launch=lambda spec, vals, M, N, batch, name: captured.append((spec, vals, M, N, batch)),
+           packed_n=problem.n if problem.preshuffle else None)
     spec, vals, M, N, batch = captured[0]
     fn, args, opts = L.call_of(spec, vals)
     bound = fn[spec.grid(M, N, batch)]
@@ -361,13 +339,16 @@ def make_fast_launcher(key, num_sms=None):
     t_in, t_out = torch_dtype(sig.dtype), torch_dtype(sig.dtype_c)
     recorded: dict = {}
 
+    act = None if sig.activation == "none" else sig.activation
+
     def launch(problem, tensors):
         a, b = tensors["a"], tensors["b"]
-        if problem.num_d or problem.activation != "none" or a.dtype != t_in \
-                or b.dtype != t_in or not triton_replay.replayable(a):
+        ds = tuple(tensors[f"d{i}"] for i in range(problem.num_d))
+        if a.dtype != t_in or b.dtype != t_in or not triton_replay.replayable(a) \
+                or any(d.dtype != t_out for d in ds):
             return general(problem, tensors)
         c = tensors.get("c")
-        rec = recorded.get(_sig(problem, a, b, c))
+        rec = recorded.get(_sig(problem, a, b, c, ds))
         if c is None:
             c = torch.empty(problem.shape_c(), device=a.device, dtype=t_out)
         if rec is None:
@@ -376,24 +357,32 @@ def make_fast_launcher(key, num_sms=None):
                                      f"match {problem.shape_a()} / {problem.shape_b()}")
             if tuple(c.shape) != problem.shape_c() or c.dtype != t_out:
                 raise InvalidProblem(f"c is {tuple(c.shape)} {c.dtype}; expected {problem.shape_c()} {t_out}")
-            rec = _record(cfg, problem, a, b, c, t_out, None, num_sms, name=key.name,
-                          extra=triton_artifacts.compile_options(key))
-            recorded[_sig(problem, a, b, tensors.get("c"))] = False if rec is None else rec
+            rec = _record(cfg, problem, a, b, c, t_out, act, num_sms, name=key.name,
+                          extra=triton_artifacts.compile_options(key), ds=ds)
+            recorded[_sig(problem, a, b, tensors.get("c"), ds)] = False if rec is None else rec
             return {"c": c}
         if rec is False:
             return general(problem, tensors)
-        return {"c": _fast_call(rec, a, b, c)}
+        return {"c": _fast_call(rec, a, b, c, ds)}
 
     def warm(problem, tensors, out_shape=None):
-        """``f(a, b[, d]) -> C`` (``d`` ignored) for later calls like the recorded one (same problem, shapes,
-        strides, alignment, device: the caller's signature pins them), or None.  C is
+        """``f(a, b[, d]) -> C`` for later calls like the recorded one (same problem, shapes,
+        strides, alignment, device: the caller's signature pins them), or None; ``d``: the problem's
+        D tensors (``d0``, ``d1``) in order, ignored without them.  C is
         allocated as ``out_shape`` (the caller's view of C's storage; default the problem's)."""
         a, b = tensors["a"], tensors["b"]
-        if "c" in tensors or len(tensors) != 2:
+        ds = tuple(tensors.get(f"d{i}") for i in range(problem.num_d))
+        if "c" in tensors or len(tensors) != 2 + len(ds) or any(d is None for d in ds):
             return None
-        rec = recorded.get(_sig(problem, a, b, None))
+        rec = recorded.get(_sig(problem, a, b, None, ds))
         if not rec:
             return None
+        if ds:   # the general form: a dict of roles per call
+            def fast_d(a, b, d=()):
+                return _fast_call(rec, a, b, empty(shape, device=dev, dtype=t_out), d)
+
+            shape, dev, empty = tuple(out_shape or problem.shape_c()), a.device, torch.empty
+            return fast_d
         shape, dev, empty = tuple(out_shape or problem.shape_c()), a.device, torch.empty
         one = rec.steps[0] if len(rec.steps) == 1 and rec.ws is None else None
         roles = sorted(role for _, role in one[2]) if one is not None else None
@@ -425,8 +414,9 @@ def make_fast_launcher(key, num_sms=None):
     return launch
 
 
-def _sig(problem, a, b, c) -> tuple:
+def _sig(problem, a, b, c, ds=()) -> tuple:
     """What a recording depends on beyond the problem: the operands' storage (the kernel
     reads only their data pointers; its integer arguments and specialisation come from these)."""
     return (problem, a.shape, b.shape, a.stride(), b.stride(), a.data_ptr() % 16, b.data_ptr() % 16,
-            a.device.index, None if c is None else (c.shape, c.stride(), c.data_ptr() % 16, c.dtype))
+            a.device.index, None if c is None else (c.shape, c.stride(), c.data_ptr() % 16, c.dtype),
+            *[(d.shape, d.stride(), d.data_ptr() % 16) for d in ds])

@@ -48,16 +48,21 @@ def _torch_dtype(token: str):
 
 
 @functools.lru_cache(maxsize=512)
-def _spec(cfg, dtype, layout, out_dtype, d_dtype, num_d, d_op, activation, batched, even_k, num_sms):
+def _spec(cfg, dtype, layout, out_dtype, d_dtype, num_d, d_op, activation, batched, even_k, num_sms,
+          preshuffle=False):
     return kernel_for(cfg, dtype=dtype, layout=layout, out_dtype=out_dtype, d_dtype=d_dtype, num_d=num_d,
-                      d_op=d_op, activation=activation, batched=batched, even_k=even_k, num_sms=num_sms)
+                      d_op=d_op, activation=activation, batched=batched, even_k=even_k, num_sms=num_sms,
+                      preshuffle=preshuffle)
 
 
 @functools.lru_cache(maxsize=16)
 def _device_info(index: int):
+    """(SMs / CUs from the device's ArchSpec, compute capability, whether on ROCm)."""
     import torch
-    p = torch.cuda.get_device_properties(index)
-    return p.multi_processor_count, (p.major, p.minor), bool(getattr(torch.version, "hip", None))
+    from ck_core.device import current_arch
+
+    sms = current_arch(torch.device("cuda", index)).compute_units
+    return sms, torch.cuda.get_device_capability(index), bool(getattr(torch.version, "hip", None))
 
 
 def _tma_ok(t, layout_row_major: bool) -> bool:
@@ -87,7 +92,7 @@ def _descriptor_violation(cfg, a, b, c, a_r, b_r, c_r, batched_io, no_tma) -> st
 
 def gemm(a, b, *, layout: str = "rcr", config, c=None, d_tensors=(), d_op: str = "add",
          activation=None, out_dtype=None, num_sms: int | None = None, kernel_name: str | None = None,
-         launch=None):
+         launch=None, packed_n: int | None = None):
     """C = activation(A @ B  (+|*) D0 (+|*) D1), batched, on CUDA (or CPU under TRITON_INTERPRET=1).
 
     ``config``: a GemmConfig, its dict or name -- exactly the kernel that runs
@@ -103,8 +108,15 @@ def gemm(a, b, *, layout: str = "rcr", config, c=None, d_tensors=(), d_op: str =
     tma_persistent_cs) with a column-major or misaligned C, raises
     UnsupportedProblem: the Dispatcher's ``supports()`` keeps such problems on
     pointer keys, so only tensors the problem does not describe get here.
+    ``packed_n``: B is pre-shuffled for the config's N x K tile (``ck_gemm.problem.pack_b``:
+    ``[ceil(N/block_n), ceil(K/block_k), block_n, block_k]``) and N is this; layout rcr, 2-D A.
     """
     import torch
+
+    if packed_n is not None:
+        return _gemm_packed(a, b, int(packed_n), layout=layout, config=config, c=c, d_tensors=d_tensors,
+                            d_op=d_op, activation=activation, out_dtype=out_dtype, num_sms=num_sms,
+                            kernel_name=kernel_name, launch=launch)
 
     a_r, b_r, c_r = parse_layout(layout)
     for name, t in (("A", a), ("B", b), ("c", c)) + tuple((f"D{i}", d) for i, d in enumerate(d_tensors)):
@@ -227,6 +239,70 @@ def gemm(a, b, *, layout: str = "rcr", config, c=None, d_tensors=(), d_op: str =
             for ax in ("b", "m", "n"):
                 rv[f"stride_{key}{ax}"] = vals[f"stride_{key}{ax}"]
         launch(r, rv, M, N, batch, name + "/reduce")
+    return c
+
+
+def _gemm_packed(a, b, N, *, layout, config, c, d_tensors, d_op, activation, out_dtype, num_sms, kernel_name,
+                 launch):
+    """:func:`gemm` of a pre-shuffled B (``packed_n``): one launch of the preshuffle kernels."""
+    import torch
+
+    if config is None:
+        raise InvalidProblem("gemm: config is required (the key's); ck_gemm.linear chooses one through the Dispatcher")
+    cfg = as_config(config)
+    if layout != "rcr":
+        raise InvalidProblem(f"gemm: a pre-shuffled B is a linear weight (layout rcr), not {layout!r}")
+    for name, t in (("A", a), ("B", b)) + tuple((f"D{i}", d) for i, d in enumerate(d_tensors)):
+        if not isinstance(t, torch.Tensor):
+            raise InvalidProblem(f"gemm: {name} is a {type(t).__name__}; the Triton GEMM takes torch tensors")
+    if a.dim() != 2:
+        raise InvalidProblem(f"gemm: with a pre-shuffled B, A must be 2-D (M x K), got {a.dim()}-D")
+    dt = _dtype_token(a.dtype)
+    if _dtype_token(b.dtype) != dt:
+        raise InvalidProblem(f"gemm: A is {a.dtype} but B is {b.dtype}; cast one of them")
+    if a.device != b.device:
+        raise InvalidProblem(f"gemm: A on {a.device} but B on {b.device}")
+    M, K = a.shape
+    want = (-(-N // cfg.block_n), -(-K // cfg.block_k), cfg.block_n, cfg.block_k)
+    if min(M, N, K) < 1:
+        raise InvalidProblem(f"gemm: empty problem M={M} N={N} K={K}")
+    if tuple(b.shape) != want or not b.is_contiguous():
+        raise InvalidProblem(f"gemm: B of shape {tuple(b.shape)} (contiguous: {b.is_contiguous()}) is not B "
+                             f"pre-shuffled for {cfg.name}'s tile of N={N}, K={K}: expected a contiguous {want}")
+    if a.stride(-1) != 1:
+        raise InvalidProblem("gemm: with a pre-shuffled B, A must be row-major (its last stride 1)")
+    out_token = _dtype_token(out_dtype) if out_dtype is not None else DEFAULT_OUT[dt]
+    if c is None:
+        c = torch.empty((M, N), device=a.device, dtype=_torch_dtype(out_token))
+    elif tuple(c.shape) != (M, N):
+        raise InvalidProblem(f"gemm: c has shape {tuple(c.shape)}, expected {(M, N)}")
+    else:
+        out_token = _dtype_token(c.dtype)
+    d_tensors = tuple(d_tensors)
+    if len(d_tensors) > 2:
+        raise InvalidProblem(f"gemm: {len(d_tensors)} D tensors given; at most 2 are fused")
+    ds = []
+    for i, d in enumerate(d_tensors):
+        try:
+            ds.append(d.expand(M, N))
+        except RuntimeError:
+            raise InvalidProblem(f"gemm: D{i} of shape {tuple(d.shape)} does not broadcast to C's {(M, N)}") from None
+    d_token = _dtype_token(d_tensors[0].dtype) if d_tensors else None
+    if len(ds) == 2 and _dtype_token(d_tensors[1].dtype) != d_token:
+        raise InvalidProblem("gemm: both D tensors must have the same dtype")
+    if a.is_cuda:
+        sms = _device_info(a.device.index if a.device.index is not None else torch.cuda.current_device())[0]
+    else:
+        sms = 4   # the interpreter runs the programs one after another: any count is correct
+    spec = _spec(cfg, dt, "rcr", out_token, d_token, len(ds), d_op, activation, False, K % cfg.block_k == 0,
+                 num_sms or sms, True)
+    d0 = ds[0] if ds else c
+    d1 = ds[1] if len(ds) > 1 else d0
+    vals = {"a_ptr": a, "b_ptr": b, "c_ptr": c, "d0_ptr": d0, "d1_ptr": d1, "M": M, "N": N, "K": K,
+            "stride_am": a.stride(0), "stride_ak": a.stride(1), "stride_cm": c.stride(0), "stride_cn": c.stride(1),
+            "stride_d0m": d0.stride(0), "stride_d0n": d0.stride(1), "stride_d1m": d1.stride(0),
+            "stride_d1n": d1.stride(1)}
+    (launch or _launch)(spec, vals, M, N, 1, kernel_name or spec.name)
     return c
 
 

@@ -1,0 +1,341 @@
+"""Warm eager steps through autograd, and warm decode calls (issue #26): table lookups and launches.
+
+A warm forward+backward step of a known signature builds no Problem and runs no selection: the
+autograd context keeps its signature's :class:`ck_core.warm.Entry`, whose backward closures were
+made on the first backward step.  Every step here runs on fresh random data and is checked against
+float64 references written from the math; the previous step's outputs and gradients are poisoned
+(NaN) first, so a closure that handed back a stale buffer, or launched on the old pointers, fails.
+``replay``: the GPU route (launches recorded and replayed; the interpreter runs each replay with
+the new arguments); ``plain``: the CPU route (cached Problem on the cached Dispatcher).
+"""
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                reason="CPU tensors run triton kernels only in the interpreter")
+
+from ck_core import api as core  # noqa: E402
+from ck_core import warm  # noqa: E402
+from ck_core.backends import triton_replay  # noqa: E402
+from ck_core.dispatcher import Dispatcher  # noqa: E402
+
+F = torch.nn.functional
+NAN = float("nan")
+
+
+class _InterpReplay:
+    """A 'replay' that launches the recorded kernel in the interpreter with the given args."""
+
+    def __init__(self, fn, grid, args, kwargs):
+        names = list(fn.arg_names)
+        self.fn, self.grid = fn, grid
+        self.names = tuple(names)
+        self.args = list(args) + [kwargs[n] for n in names[len(args):]]
+        self.calls = 0
+
+    def __call__(self, args):
+        self.calls += 1
+        self.fn[self.grid](*args)
+
+    @property
+    def kernel(self):
+        return None
+
+    def slot(self, name):
+        return self.names.index(name)
+
+
+@pytest.fixture(params=["replay", "plain"])
+def route(request, monkeypatch, ck_dispatch_log):
+    monkeypatch.setenv("CK_BACKEND", "triton")
+    core.clear()
+    replays = []
+    if request.param == "replay":
+        def record(fn, grid, args, kwargs, name=None, extra=None, via=None):
+            (fn[grid] if via is None else via(fn, grid))(*args, **kwargs)
+            r = _InterpReplay(fn, grid, args, kwargs)
+            replays.append(r)
+            return r
+        monkeypatch.setattr(triton_replay, "replayable", lambda t: True)
+        monkeypatch.setattr(triton_replay, "record", record)
+    yield request.param, replays
+    core.clear()
+
+
+class _Counts:
+    """How many Problems were built and selections / plans / rankings run while installed."""
+
+    def __init__(self, monkeypatch):
+        from ck_conv.problem import ConvProblem
+        from ck_fmha.problem import FmhaProblem
+        from ck_gemm.problem import GemmProblem
+
+        self.n = {}
+        for cls in (GemmProblem, ConvProblem, FmhaProblem):
+            self._wrap(monkeypatch, cls, "__init__", cls.__name__)
+        for name in ("select", "plan", "rank"):
+            self._wrap(monkeypatch, Dispatcher, name, f"Dispatcher.{name}")
+
+    def _wrap(self, monkeypatch, cls, attr, label):
+        real = getattr(cls, attr)
+        counts = self.n
+
+        def counted(*a, **kw):
+            counts[label] = counts.get(label, 0) + 1
+            return real(*a, **kw)
+        monkeypatch.setattr(cls, attr, counted)
+
+
+def _rel(got, want) -> float:
+    return float((got.detach().double() - want).norm() / want.norm())
+
+
+def _gen(ck_rng):
+    return torch.Generator().manual_seed(int(ck_rng.integers(1 << 31)))
+
+
+def _rand(g, *shape, dtype=torch.float32):
+    return (torch.rand(*shape, generator=g) * 2 - 1).to(dtype)
+
+
+def _cases():
+    """name -> make(g) -> (leaves, ck step output fn, float64 reference fn of the leaves, tolerance)."""
+    from ck_conv import conv1d, conv2d, conv3d
+    from ck_fmha import attention
+    from ck_gemm import linear, matmul
+
+    cl = torch.channels_last
+
+    def gemm(g):
+        return [_rand(g, 9, 7), _rand(g, 7, 5)], matmul, lambda a, b: a @ b, 1e-5
+
+    def lin(g):
+        return [_rand(g, 2, 3, 7), _rand(g, 5, 7), _rand(g, 5)], linear, F.linear, 1e-5
+
+    def conv(nd, fn, ref, memory_format=None):
+        def make(g):
+            x, w = _rand(g, 2, 4, *(5,) * nd), _rand(g, 6, 4, *(3,) * nd)
+            if memory_format is not None:
+                x, w = x.to(memory_format=memory_format), w.to(memory_format=memory_format)
+            return [x, w], lambda x, w: fn(x, w, padding=1), lambda x, w: ref(x, w, padding=1), 1e-5
+        return make
+
+    def attn(g):
+        q, k, v = (_rand(g, 1, 2, 11, 32, dtype=torch.float16) for _ in range(3))
+        return [q, k, v], lambda q, k, v: attention(q, k, v, causal=True), \
+            lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), 1e-2
+
+    return {"matmul": gemm, "linear+bias": lin, "conv1d": conv(1, conv1d, F.conv1d),
+            "conv2d": conv(2, conv2d, F.conv2d), "conv2d channels_last": conv(2, conv2d, F.conv2d, cl),
+            "conv3d": conv(3, conv3d, F.conv3d), "attention": attn}
+
+
+#: Dispatcher runs one forward+backward step makes: forward, then the backward's stages
+_RUNS = {"matmul": 3, "linear+bias": 3, "conv1d": 3, "conv2d": 3, "conv2d channels_last": 3, "conv3d": 3,
+         "attention": 2}
+
+
+@pytest.mark.parametrize("case", list(_RUNS))
+def test_warm_fwd_bwd_step_builds_no_problem_and_selects_nothing(route, ck_dispatch_log, ck_rng, monkeypatch,
+                                                                 case):
+    g = _gen(ck_rng)
+    make = _cases()[case]
+    poisoned = []
+    for step in range(4):
+        if step == 2:   # warm from here: count what a step builds and runs
+            counts = _Counts(monkeypatch)
+            ck_dispatch_log.take()
+        for t in poisoned:   # last step's outputs and gradients: a stale buffer would show NaN here
+            t.fill_(NAN)
+        leaves, fn, ref, tol = make(g)
+        leaves = [t.requires_grad_() for t in leaves]
+        y = fn(*leaves)
+        dy = _rand(g, *y.shape, dtype=y.dtype)
+        y.backward(dy)
+        refs = [t.detach().double().requires_grad_() for t in leaves]
+        want = ref(*refs)
+        want.backward(dy.double())
+        assert _rel(y, want.detach()) < tol, (case, step, "forward")
+        for i, (t, r) in enumerate(zip(leaves, refs)):
+            assert _rel(t.grad, r.grad) < tol, (case, step, f"gradient {i}")
+        poisoned = [y.detach()] + [t.grad for t in leaves]
+    assert counts.n == {}, (case, "a warm step built a Problem or ran a selection", counts.n)
+    runs = ck_dispatch_log.take()
+    assert len(runs) == 2 * _RUNS[case], (case, [r[0] for r in runs])
+    for problem, plan, launched in runs:   # what ran is the plan's keys (observers see warm calls too)
+        assert launched == plan, (case, problem)
+    kind, replays = route
+    if kind == "replay" and case != "attention":   # the warm steps replayed recorded launches only
+        assert any(r.calls for r in replays)
+
+
+def test_backward_entry_misses_on_a_new_gradient_signature(route, ck_rng):
+    """A gradient of other strides gets its own backward closure in the step's Entry (the cold path
+    once), and the gradients stay right for both layouts, step after step."""
+    from ck_conv import conv2d
+
+    g = _gen(ck_rng)
+    entries = lambda: [e for e in warm._CACHE.values() if isinstance(e, warm.Entry)]  # noqa: E731
+    for step, layout in enumerate(["contiguous", "transposed", "contiguous", "transposed"]):
+        x, w = _rand(g, 2, 3, 6, 6).requires_grad_(), _rand(g, 4, 3, 3, 3).requires_grad_()
+        y = conv2d(x, w, padding=1)
+        dy = _rand(g, *y.shape) if layout == "contiguous" else _rand(g, 2, 4, 6, 6).transpose(2, 3)
+        y.backward(dy)
+        xd, wd = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+        F.conv2d(xd, wd, padding=1).backward(dy.double())
+        assert _rel(x.grad, xd.grad) < 1e-5 and _rel(w.grad, wd.grad) < 1e-5, (step, layout)
+        (entry,) = entries()
+        assert len(entry.bwd) == min(step + 1, 2), (step, layout)
+
+
+def test_forward_entry_misses_on_new_stride_dtype_shape(route, ck_rng):
+    """Each new signature of the leaves (shape, strides, dtype) gets its own Entry; results stay right."""
+    from ck_gemm import matmul
+
+    g = _gen(ck_rng)
+    variants = [lambda: (_rand(g, 6, 5), _rand(g, 5, 4)), lambda: (_rand(g, 7, 5), _rand(g, 5, 4)),
+                lambda: (_rand(g, 6, 5), _rand(g, 4, 5).t()),
+                lambda: (_rand(g, 6, 5, dtype=torch.float16), _rand(g, 5, 4, dtype=torch.float16))]
+    for i, make in enumerate(variants):
+        for step in range(2):
+            a, b = (t.requires_grad_() for t in make())
+            y = matmul(a, b)
+            dy = _rand(g, *y.shape, dtype=y.dtype)
+            y.backward(dy)
+            ad, bd = a.detach().double().requires_grad_(), b.detach().double().requires_grad_()
+            (ad @ bd).backward(dy.double())
+            tol = 3e-3 if a.dtype == torch.float16 else 1e-5
+            assert _rel(y, (ad @ bd).detach()) < tol and _rel(a.grad, ad.grad) < tol and _rel(b.grad, bd.grad) < tol
+            n = sum(isinstance(e, warm.Entry) for e in warm._CACHE.values())
+            assert n == i + 1, (i, step, "one Entry per signature")
+
+
+# -- decode: splitkv, paged, appendkv ---------------------------------------------------------------
+
+def _decode_ref(q, k, v, lens):
+    """float64 attention of q [B, Hq, 1, D] over the first lens[b] keys of k/v [B, Hk, S, D] (GQA)."""
+    b, hq, _, d = q.shape
+    rep = hq // k.shape[1]
+    out = torch.empty(q.shape, dtype=torch.float64)
+    for i in range(b):
+        n = int(lens[i])
+        kk = k[i, :, :n].double().repeat_interleave(rep, 0)
+        vv = v[i, :, :n].double().repeat_interleave(rep, 0)
+        att = torch.softmax(q[i].double() @ kk.transpose(-1, -2) * d ** -0.5, -1)
+        out[i] = att @ vv
+    return out
+
+
+def _pages(k, v, ps, g):
+    """k/v [B, Hk, S, D] in a page pool [pages, ps, Hk, D] through a random block table."""
+    b, hk, sk, d = k.shape
+    npg = -(-sk // ps)
+    table = torch.randperm(b * npg + 2, generator=g)[:b * npg].view(b, npg).to(torch.int32)
+    kc = torch.full((b * npg + 2, ps, hk, d), NAN, dtype=k.dtype)
+    vc = kc.clone()
+    pad = lambda x: F.pad(x, (0, 0, 0, npg * ps - sk))   # noqa: E731
+    kp, vp = pad(k), pad(v)
+    for bi in range(b):
+        for pi in range(npg):
+            kc[table[bi, pi]] = kp[bi, :, pi * ps:(pi + 1) * ps].transpose(0, 1)
+            vc[table[bi, pi]] = vp[bi, :, pi * ps:(pi + 1) * ps].transpose(0, 1)
+    return kc, vc, table
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_decode_warm_steps_replay_and_give_the_new_result(route, ck_dispatch_log, ck_rng, monkeypatch, paged):
+    from ck_fmha import decode
+
+    g = _gen(ck_rng)
+    b, hq, hk, sk, d = 2, 4, 2, 70, 32
+    h = torch.float16
+    before, last = warm.size(), None
+    grow = 1 if route[0] == "replay" else 0   # the CPU route keeps no closure (nothing to replay)
+    for step, lens in enumerate([[70, 33], [5, 70], [1, 64], [40, 2]]):
+        if step == 2:
+            counts = _Counts(monkeypatch)
+        if last is not None:
+            last.fill_(NAN)
+        q = _rand(g, b, hq, 1, d, dtype=h)
+        k, v = _rand(g, b, hk, sk, d, dtype=h), _rand(g, b, hk, sk, d, dtype=h)
+        sl = torch.tensor(lens, dtype=torch.int32)
+        if paged:
+            kc, vc, table = _pages(k, v, 16, g)
+            o = decode.paged_decode(q, kc, vc, table, sl)
+        else:
+            o = decode.splitkv_decode(q, k, v, seqlens_k=sl)
+        assert _rel(o, _decode_ref(q, k, v, lens)) < 3e-3, (step, lens)
+        assert warm.size() == before + grow, (step, "one closure for the signature")
+        last = o
+    assert counts.n == {}, counts.n
+    runs = ck_dispatch_log.take()
+    assert len(runs) == 4 and all(launched == plan for _, plan, launched in runs)
+    # a new signature (another head count) misses, and is right too
+    q = _rand(g, b, hk, 1, d, dtype=h)
+    k, v = _rand(g, b, hk, sk, d, dtype=h), _rand(g, b, hk, sk, d, dtype=h)
+    o = decode.splitkv_decode(q, k, v, seqlens_k=torch.tensor([9, 70], dtype=torch.int32))
+    assert _rel(o, _decode_ref(q, k, v, [9, 70])) < 3e-3 and warm.size() == before + 2 * grow
+
+
+def test_appendkv_warm_steps_write_the_new_keys(route, ck_dispatch_log, ck_rng):
+    from ck_fmha import decode
+
+    g = _gen(ck_rng)
+    b, hq, hk, sn, cap, d = 2, 4, 2, 3, 20, 32
+    h = torch.float16
+    kc, vc = _rand(g, b, hk, cap, d, dtype=h), _rand(g, b, hk, cap, d, dtype=h)
+    want_k, want_v = kc.clone(), vc.clone()
+    before, last = warm.size(), None
+    grow = 1 if route[0] == "replay" else 0
+    for step, lens in enumerate([[0, 5], [17, 2], [3, 3], [9, 16]]):
+        if last is not None:
+            last.fill_(NAN)
+        q = _rand(g, b, hq, sn, d, dtype=h)
+        kn, vn = _rand(g, b, hk, sn, d, dtype=h), _rand(g, b, hk, sn, d, dtype=h)
+        q_rot, k2, v2 = decode.appendkv(q, kn, vn, kc, vc, torch.tensor(lens, dtype=torch.int32))
+        assert k2 is kc and v2 is vc and torch.equal(q_rot, q), step   # rope='none': q_rot is q's copy
+        for bi, n in enumerate(lens):
+            want_k[bi, :, n:n + sn], want_v[bi, :, n:n + sn] = kn[bi], vn[bi]
+        assert torch.equal(kc, want_k) and torch.equal(vc, want_v), step
+        assert warm.size() == before + grow, step
+        last = q_rot
+    runs = ck_dispatch_log.take()
+    assert len(runs) == 4 and all(launched == plan for _, plan, launched in runs)
+
+
+def test_autograd_through_torch_compile_still_traces_the_custom_ops(ck_manager, monkeypatch, ck_rng):
+    """torch.compile(fullgraph=True) on CPU tensors: the custom ops (not the eager Entry path) are
+    traced, forward and backward, and match float64."""
+    from ck_gemm import matmul
+
+    monkeypatch.setenv("CK_BACKEND", "numpy")
+    core.clear()
+    g = _gen(ck_rng)
+    a, b = _rand(g, 6, 5).requires_grad_(), _rand(g, 5, 3).requires_grad_()
+    f = torch.compile(lambda a, b: matmul(a, b), fullgraph=True, backend="eager")
+    y = f(a, b)
+    y.sum().backward()
+    ad, bd = a.detach().double().requires_grad_(), b.detach().double().requires_grad_()
+    (ad @ bd).sum().backward()
+    assert _rel(y, (ad @ bd).detach()) < 1e-5 and _rel(a.grad, ad.grad) < 1e-5 and _rel(b.grad, bd.grad) < 1e-5
+    assert not any(isinstance(e, warm.Entry) for e in warm._CACHE.values())
+    core.clear()
+
+
+def test_double_backward_records_the_backward_graph(route, ck_rng):
+    """create_graph=True: the backward runs through the custom ops (which record their own graph),
+    so a gradient of the gradient is right; the warm Entry path is for plain backward steps."""
+    from ck_gemm import matmul
+
+    g = _gen(ck_rng)
+    for step in range(2):
+        a, b = _rand(g, 6, 5).requires_grad_(), _rand(g, 5, 4).requires_grad_()
+        (ga,) = torch.autograd.grad(matmul(a, b).pow(2).sum(), a, create_graph=True)
+        ga.sum().backward()
+        ad, bd = a.detach().double().requires_grad_(), b.detach().double().requires_grad_()
+        (gad,) = torch.autograd.grad((ad @ bd).pow(2).sum(), ad, create_graph=True)
+        gad.sum().backward()
+        assert _rel(ga, gad.detach()) < 1e-5 and _rel(b.grad, bd.grad) < 1e-5, step
