@@ -66,14 +66,14 @@ def sweep(tmp_path, monkeypatch):
     shapes.write_text(SHAPES)
     fakes = []
 
-    def run(fmt="csv", resume=False, latency=FIRST):
+    def run(fmt="csv", resume=False, latency=FIRST, **kw):
         fakes.append(FakeExecutor(latency))
         monkeypatch.setattr(engine, "get_executor", lambda opts: fakes[-1])
         out = str(tmp_path / f"gemm.{fmt}")
         opts = Options(op="gemm", arch="sm90", backend="numpy", enum_options={"dtypes": "fp16", "layouts": "rcr"},
                        filter="c.pad_m and c.pad_n and c.pad_k and c.variant == 'tile'", max_kernels=2,
                        shapes=str(shapes), category="full", csv=out if fmt == "csv" else None,
-                       json=out if fmt == "json" else None, progress=False, workers=1, resume=resume)
+                       json=out if fmt == "json" else None, progress=False, workers=1, resume=resume, **kw)
         meta = run_sweep(opts, out=io.StringIO())
         return meta, fakes[-1].measured
     return run
@@ -164,6 +164,19 @@ def test_hostile_csv_rows_are_measured_again(sweep, tmp_path, name, spoil, again
     assert redone == set(measured)
     assert all(r["status"] == "ok" and float(r["latency_ms"]) in (FIRST, AGAIN) for r in final)
     assert all(r.get("m") != "4096" and r["arch"] == "sm90" for r in final)
+
+
+def test_rows_the_plan_writes_itself_are_resumed_too(sweep, tmp_path):
+    """'unsupported' rows of shapes too large for host code (kernel '') stand on resume, once."""
+    meta, measured = sweep(f64_flops=1e5)
+    first = _csv_rows(tmp_path / "gemm.csv")
+    big = [r for r in first if r["problem_name"] == "big"]
+    assert len(big) == 1 and big[0]["status"] == "unsupported" and big[0]["kernel"] == "" and len(measured) == 4
+    meta, measured = sweep(resume=True, f64_flops=1e5, latency=AGAIN)
+    assert measured == [], measured
+    assert meta["rejected_resume_rows"] == 0, meta
+    assert meta["resumed_rows"] == 5, meta
+    assert _csv_rows(tmp_path / "gemm.csv") == first
 
 
 def test_fabricated_ok_rows_are_never_taken_as_measured_json(sweep, tmp_path):

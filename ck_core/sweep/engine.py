@@ -110,8 +110,9 @@ def plan_work(mgr, spec: SweepSpec, registry, shapes: list, opts: Options, sink:
     host = mgr.backend(backend).timer is None and op.flops is not None
     for shape, problem in _problems(spec, op, shapes):
         if host and op.flops(problem) > opts.f64_flops:
-            if ("", shape.name) not in sink.done:
-                emit(dict(_base_row(spec, shape, problem, None, registry.arch, backend), status="unsupported",
+            base = _base_row(spec, shape, problem, None, registry.arch, backend)
+            if not sink.resumed(("", shape.name), base):
+                emit(dict(base, status="unsupported",
                           error=f"{op.flops(problem) / 1e9:.3g} GFLOP is too large for the {backend} backend's "
                                 f"host code (--f64-flops {opts.f64_flops:g}); sweep it on a GPU (--backend "
                                 f"triton) or raise --f64-flops"))

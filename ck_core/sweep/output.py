@@ -36,6 +36,7 @@ def row_id(row: dict) -> tuple:
     return (row.get("kernel", ""), row.get("problem_name", ""))
 
 
+_IDS = ("kernel", "problem_name", "error")
 #: result columns that hold a measurement: absent, empty, or a finite number >= 0
 NUMBERS = ("rel_err", "latency_ms", "tflops", "bandwidth_gb_s", "peer_latency_ms", "peer_tflops",
            "speedup_vs_peer", "first_call_ms", "compile_s")
@@ -105,7 +106,8 @@ def _csv_rows(p: Path, text: str, bad: list) -> list:
             if reader.line_num < len(lines):   # only the last line may be one a kill cut short
                 bad.append(f"{p} line {reader.line_num}: a row without a status")
             continue
-        out.append({k: (_parse(v) if isinstance(v, str) else v) for k, v in r.items()})
+        # the identity columns stay text (a shape named "12" is not the number 12; no kernel is "")
+        out.append({k: (v if k in _IDS else _parse(v)) if isinstance(v, str) else v for k, v in r.items()})
     return out
 
 
