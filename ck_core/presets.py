@@ -25,13 +25,13 @@ one value.  No text is evaluated.
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 from pathlib import Path
 from typing import Optional
 
 import attrs
 
+from . import fileio
 from .errors import CkError, ConfigError, InvalidProblem
 
 log = logging.getLogger(__name__)
@@ -57,10 +57,7 @@ def load(name_or_path: str) -> dict:
         if not path.is_file():
             raise ConfigError(f"no preset {name_or_path!r}; known: {', '.join(names())} "
                               f"(or give a path to a preset .json file)")
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError, RecursionError) as exc:
-        raise ConfigError(f"preset {path} cannot be read: {exc}") from None
+    data = fileio.read_json(path, "preset", "config", hint="give a preset .json file (see `ck build --help`)")
     _check(data, path)
     return data
 

@@ -147,7 +147,12 @@ def _sweep_config(p):
     load_config(p)
 
 
-READERS = [("registry", _registry, ".json"), ("kernel_sets", _kernel_sets, ".toml"),
+def _preset(p):
+    from ck_core.presets import load
+    load(str(p))
+
+
+READERS = [("preset", _preset, ".json"), ("registry", _registry, ".json"), ("kernel_sets", _kernel_sets, ".toml"),
            ("config_json", _config_json, ".json"), ("filter_file", _filter_file, ".txt"),
            ("tuning_table", _tuning_table, ".json"), ("oracle", _oracle, ".jsonl"),
            ("matrix", _matrix, ".toml"), ("sweep_config", _sweep_config, ".json")]

@@ -33,7 +33,7 @@ def test_shipped_presets_load_and_pick_kernels():
 
 
 @pytest.mark.parametrize("text, match", [
-    ("{", "cannot be read"),
+    ("{", "not valid JSON"),
     ('{"groups": []}', "non-empty list 'groups'"),
     ('{"groups": [{"op": "fmha", "problems": [{}], "filter": "x"}]}', "unknown field"),
     ('{"groups": [{"op": "fmha", "problems": {}}]}', "'problems' is a non-empty list"),
