@@ -235,3 +235,42 @@ def test_a_gzip_oracle_that_is_not_gzip(tmp_path):
     p.write_bytes(b"not gzip at all")
     with pytest.raises(CkError, match="not gzip"):
         load(p)
+
+
+#: files of ck_core that may read without fileio, and why: the built-artifact cache (its own
+#: hardening: hashed paths, atomic writes, damaged entries rebuilt), /proc, the package's own data
+RAW_READS_ALLOWED = {
+    "cache.py": "the artifact cache's own records",
+    "backends/triton_artifacts.py": "artifact blobs from the cache",
+    "backends/ck_backend.py": "generated sources in the cache",
+    "kernel_wheel.py": "the cache's kernels packed into a wheel",
+    "memory.py": "/proc/meminfo",
+    "fileio.py": "the reader itself",
+}
+
+
+def test_the_core_reads_user_files_only_through_fileio():
+    import ast
+
+    root = Path(__file__).resolve().parents[1] / "ck_core"
+    offenders = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel in RAW_READS_ALLOWED:
+            continue
+        text = path.read_text(encoding="utf-8")
+        for node in ast.walk(ast.parse(text)):
+            if not isinstance(node, ast.Call):
+                continue
+            f = node.func
+            bad = False
+            if isinstance(f, ast.Name) and f.id == "open":
+                mode = node.args[1].value if len(node.args) > 1 and isinstance(node.args[1], ast.Constant) else "r"
+                bad = not any(c in str(mode) for c in "wax")
+            elif isinstance(f, ast.Attribute) and f.attr in ("read_text", "read_bytes"):
+                bad = not (isinstance(f.value, ast.Name) and f.value.id == "fileio")
+            elif isinstance(f, ast.Attribute) and f.attr == "load":
+                bad = isinstance(f.value, ast.Name) and f.value.id in ("json", "tomllib", "pickle", "np")
+            if bad:
+                offenders.append(f"{rel}:{node.lineno}: {(ast.get_source_segment(text, node) or '')[:80]}")
+    assert not offenders, "read these through ck_core.fileio:\n" + "\n".join(offenders)
