@@ -143,8 +143,8 @@ def _rows(t: Table) -> tuple:
                 if getattr(cfg, f) > hi:
                     raise ValueError(f"config {v['config'][:60]!r}: {f} {getattr(cfg, f)} is above {hi}")
             rows.append((dtype, layout, m, n, k, cfg))
-        except (KeyError, TypeError, ValueError, IndexError, AttributeError, InvalidProblem) as e:
-            raise ConfigError(f"gemm tuned data ({t.provenance.get('source', '?')}): bad kernels entry "
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError, RecursionError, InvalidProblem) as e:
+            raise ConfigError(f"gemm tuned data {t.file_of(key)}: bad kernels entry "
                               f"{list(key) if isinstance(key, tuple) else key} -> {v!r}: {e}") from None
     return tuple(sorted(rows, key=lambda r: r[:5]))
 
