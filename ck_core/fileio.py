@@ -76,8 +76,8 @@ def read_bytes(path, what: str = "file", limit="config", error: Type[CkError] = 
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise error(f"{what} {p} is {_kind(st.st_mode)}, not a regular file; pass the path of a "
-                        f"regular file{tail}")
+            raise error(f"{what} {p} is {_kind(st.st_mode)}, not a regular file"
+                        f"{tail or '; pass the path of a regular file'}")
         if st.st_size > cap:
             raise error(f"{what} {p} is {_size(st.st_size)}, more than the {_size(cap)} such a file may "
                         f"hold; is it the right file?{tail}")
