@@ -58,9 +58,11 @@ def wrap(fn, grid, launch):
     return recorded
 
 
-def replayer(inputs: dict, outputs: dict, recs: list, scratch: bool = False):
+def replayer(inputs: dict, outputs: dict, recs: list, scratch: bool = False, zero: bool = True):
     """``f(*inputs) -> {name: output}`` launching ``recs`` again with new input tensors (in the
-    order of ``inputs``) and fresh outputs (shapes, strides and dtypes as recorded), or None."""
+    order of ``inputs``) and fresh outputs (shapes, strides and dtypes as recorded), or None.
+    ``zero=False``: the scratch buffers are not zeroed (for launches that, like their general path,
+    write every element they read: the split-KV partials)."""
     import torch
 
     from ...device_errors import flag
@@ -97,7 +99,7 @@ def replayer(inputs: dict, outputs: dict, recs: list, scratch: bool = False):
                             or st.nbytes() != a.numel() * a.element_size() or a.dtype != torch.float32:
                         return None
                     hit = buffers[p] = (len(named) + len(specs), a.dtype)
-                    specs.append((tuple(a.shape), a.stride(), a.dtype, a.dtype == torch.float32))
+                    specs.append((tuple(a.shape), a.stride(), a.dtype, zero))
                 if hit[1] != a.dtype:
                     return None
                 which = hit[0]
