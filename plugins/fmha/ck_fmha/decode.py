@@ -85,10 +85,10 @@ def _lens(seqlens_k, q, batch: int, capacity: int):
     return seqlens_k
 
 
-def _replay_closure(disp, p, t: dict, outputs: tuple, wsig=None, zero: bool = False):
+def _replay_closure(disp, p, t: dict, outputs: tuple, wsig=None):
     """(closure ``f(*t.values()) -> {output name: tensor}`` or None, the run's outputs): one run of
     ``p`` on ``t`` with its launches recorded; the closure replays them on new tensors of the same
-    signature (intermediates allocated anew, zeroed where ``zero``), where the recording checks out against the run
+    signature (intermediates allocated anew, as the launchers allocated them), where the recording checks out against the run
     (:func:`ck_fmha.backends.triton.warm.verified`: once per signature, a host sync).  None on the
     numpy backend, without replayable tensors, and while a CUDA graph is being captured."""
     from .backends.triton import warm as recorded
@@ -101,8 +101,7 @@ def _replay_closure(disp, p, t: dict, outputs: tuple, wsig=None, zero: bool = Fa
         out = disp.run(p, **t)
     outs = out if isinstance(out, tuple) else (out,)
     want = dict(zip(outputs, outs))
-    # (not zeroed by default: the split-KV partials are torch.empty on the general path too)
-    f = recorded.replayer(t, want, recs, scratch=True, zero=zero)
+    f = recorded.replayer(t, want, recs, scratch=True)
     f = None if f is None else recorded.verified(f, t, want)
     if f is None and wsig is not None:   # not again for this signature: its calls take the general path
         if len(_NO_REPLAY) > 1024:
