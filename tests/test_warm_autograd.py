@@ -117,7 +117,8 @@ def _cases():
 
     def conv(nd, fn, ref, memory_format=None):
         def make(g):
-            x, w = _rand(g, 2, 4, *(5,) * nd), _rand(g, 6, 4, *(3,) * nd)
+            n, size = (2, 5) if nd < 3 else (1, 4)   # (the interpreter's 3-D programs are slow)
+            x, w = _rand(g, n, 4, *(size,) * nd), _rand(g, 6, 4, *(3,) * nd)
             if memory_format is not None:
                 x, w = x.to(memory_format=memory_format), w.to(memory_format=memory_format)
             return [x, w], lambda x, w: fn(x, w, padding=1), lambda x, w: ref(x, w, padding=1), 1e-5
@@ -339,3 +340,32 @@ def test_double_backward_records_the_backward_graph(route, ck_rng):
         (gad,) = torch.autograd.grad((ad @ bd).pow(2).sum(), ad, create_graph=True)
         gad.sum().backward()
         assert _rel(ga, gad.detach()) < 1e-5 and _rel(b.grad, bd.grad) < 1e-5, step
+
+
+def test_replay_zeroes_the_buffers_the_launcher_zeroed_and_no_others(monkeypatch):
+    """A recorded replay allocates each intermediate as the launcher did: zeroed where the launcher
+    said so (an accumulator, ck_fmha's warm.zeroed), else uninitialised (here: NaN, to tell)."""
+    from ck_fmha.backends.triton import warm as recorded
+
+    class Launch:   # a recorded launch: its arguments, and what each replay passed
+        def __init__(self, args):
+            self.args, self.seen = list(args), []
+
+        def __call__(self, args):
+            self.seen.append([a.clone() if isinstance(a, torch.Tensor) else a for a in args])
+
+    x, out = torch.randn(4), torch.empty(4)
+    acc, tmp = torch.zeros(8), torch.empty(8)
+    with recorded.recording() as recs:
+        recorded.zeroed(acc)
+    launch = Launch([x, acc, 3, tmp, out])
+    recs.append(launch)
+    monkeypatch.setattr(torch, "empty_strided",
+                        lambda shape, stride, **kw: torch.full(shape, NAN, **kw).as_strided(shape, stride))
+    f = recorded.replayer({"x": x}, {"o": out}, recs, scratch=True)
+    x2 = torch.randn(4)
+    got = f(x2)
+    args = launch.seen[-1]
+    assert torch.equal(args[0], x2) and args[2] == 3 and got["o"] is not out and got["o"].shape == (4,)
+    assert torch.equal(args[1], torch.zeros(8)), "the accumulator starts zeroed"
+    assert torch.isnan(args[3]).all(), "the other intermediate is allocated as torch.empty"

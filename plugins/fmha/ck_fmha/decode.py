@@ -90,7 +90,7 @@ def _lens(seqlens_k, q, batch: int, capacity: int):
 def _replay_closure(disp, p, t: dict, outputs: tuple, wsig=None):
     """(closure ``f(*t.values()) -> {output name: tensor}`` or None, the run's outputs): one run of
     ``p`` on ``t`` with its launches recorded; the closure replays them on new tensors of the same
-    signature (intermediates allocated anew), where the recording checks out against the run
+    signature (intermediates allocated anew, as the launchers allocated them), where the recording checks out against the run
     (:func:`ck_fmha.backends.triton.warm.verified`: once per signature, a host sync).  None on the
     numpy backend, without replayable tensors, and while a CUDA graph is being captured."""
     from .backends.triton import warm as recorded

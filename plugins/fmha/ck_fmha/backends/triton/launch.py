@@ -67,7 +67,7 @@ from typing import Optional
 import torch
 import triton
 
-from . import gluon_bwd, gluon_fwd
+from . import gluon_bwd, gluon_fwd, warm
 from . import kernels as K
 from ... import device_errors
 from .configs import (GLUON_VARIANTS, TritonFmhaConfig, fp8_v_trans, hdim_blocks, hopper, next_pow2, padded_hdim,
@@ -1002,6 +1002,7 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
         else:
             dqa = torch.zeros((b, hq, sq, dq_), device=q.device, dtype=torch.float32)
             sab, sah, sas = dqa.stride(0), dqa.stride(1), dqa.stride(2)
+        warm.zeroed(dqa)   # (an accumulator: a recorded replay zeroes it too)
     else:
         dqa, sab, sah, sas = delta, 0, 0, 0
     ba, aa, (sbb, sbh, sbq, sbk), salb, bmode = bias_params(bias, alibi_slopes, varlen, mode, br, right, delta,
@@ -1053,6 +1054,9 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
             alloc = torch.zeros if seqlens_k is not None else torch.empty
             dk, dv = (alloc(gsplit * t.numel(), device=t.device, dtype=torch.float32).as_strided(
                 (gsplit,) + tuple(t.shape), (t.numel(),) + t.stride()) for t in (dk_out, dv_out))
+            if seqlens_k is not None:   # (a recorded replay zeroes them too)
+                warm.zeroed(dk)
+                warm.zeroed(dv)
             sdkb, sdkh, sdks = _bhs_strides(dk[0], layout)
             sdvb, sdvh, sdvs = _bhs_strides(dv[0], layout)
             sdkg, sdvg = dk.stride(0), dv.stride(0)

@@ -10,8 +10,8 @@ Inside :func:`recording` every launch a launcher makes through its ``via``
 by data pointer to the call's named tensors (inputs, and the outputs the run returned),
 or to the device error flag; where the caller allows ``scratch``, a tensor a launcher
 allocated for itself (an fp32 intermediate: the backward's delta, its dQ accumulator, the
-split-KV partials) is allocated again, zeroed, on each replay (an accumulator needs it, the
-rest does not mind).  Anything else -- a view into a named tensor, a buffer used with two
+split-KV partials) is allocated again on each replay, zeroed where the launcher allocated it
+zeroed (:func:`zeroed`: an accumulator).  Anything else -- a view into a named tensor, a buffer used with two
 dtypes -- means no replay: the call stays on the general path.  A torch operation between
 launches (a copy that made an input dense, a cast) is not recorded; the backward's caller
 checks the replay against the run once before caching it.
@@ -24,12 +24,21 @@ from typing import Optional
 _RECORDING: Optional[list] = None
 
 
+class _Recs(list):
+    """The replays of a :func:`recording`, and ``zeroed``: the data pointers of the buffers the
+    launchers allocated zeroed (:func:`zeroed`), which a replay zeroes again."""
+
+    __slots__ = ("zeroed",)
+
+
 @contextlib.contextmanager
 def recording():
     """``with recording() as recs:`` the replays (or None where one could not be recorded)
     of every launch a launcher's ``via`` makes in the block."""
     global _RECORDING
-    prev, _RECORDING = _RECORDING, []
+    recs = _Recs()
+    recs.zeroed = set()
+    prev, _RECORDING = _RECORDING, recs
     try:
         yield _RECORDING
     finally:
@@ -40,6 +49,13 @@ def active() -> bool:
     """Whether a :func:`recording` is under way (launchers with launch caches of their own, the
     Gluon forward's, then launch through ``via`` so that the launch is recorded)."""
     return _RECORDING is not None
+
+
+def zeroed(t) -> None:
+    """``t``, a buffer a launcher allocated, starts zeroed (an accumulator): a replay of the
+    running :func:`recording` allocates it zeroed too (the others as ``torch.empty``)."""
+    if _RECORDING is not None:
+        _RECORDING.zeroed.add(t.data_ptr())
 
 
 def wrap(fn, grid, launch):
@@ -58,9 +74,11 @@ def wrap(fn, grid, launch):
     return recorded
 
 
-def replayer(inputs: dict, outputs: dict, recs: list, scratch: bool = False):
+def replayer(inputs: dict, outputs: dict, recs: list, scratch: bool = False, zero: bool = True):
     """``f(*inputs) -> {name: output}`` launching ``recs`` again with new input tensors (in the
-    order of ``inputs``) and fresh outputs (shapes, strides and dtypes as recorded), or None."""
+    order of ``inputs``) and fresh outputs (shapes, strides and dtypes as recorded), or None.
+    Scratch buffers start zeroed where the launcher said so (:func:`zeroed`, recorded in ``recs``),
+    else where ``zero`` (``recs`` from elsewhere than :func:`recording`)."""
     import torch
 
     from ...device_errors import flag
@@ -74,6 +92,7 @@ def replayer(inputs: dict, outputs: dict, recs: list, scratch: bool = False):
         return None   # named tensors share memory: a later call's need not
     storages = {t.untyped_storage().data_ptr() for t in named}
     flag_ptr = flag(dev).data_ptr()
+    zero_ptrs = getattr(recs, "zeroed", None)
     buffers: dict = {}   # data pointer -> (position, dtype)
     specs: list = []     # (shape, stride, dtype, zeroed) per buffer
     plan = []
@@ -97,7 +116,8 @@ def replayer(inputs: dict, outputs: dict, recs: list, scratch: bool = False):
                             or st.nbytes() != a.numel() * a.element_size() or a.dtype != torch.float32:
                         return None
                     hit = buffers[p] = (len(named) + len(specs), a.dtype)
-                    specs.append((tuple(a.shape), a.stride(), a.dtype, a.dtype == torch.float32))
+                    specs.append((tuple(a.shape), a.stride(), a.dtype, p in zero_ptrs if zero_ptrs is not None
+                                  else zero))
                 if hit[1] != a.dtype:
                     return None
                 which = hit[0]
