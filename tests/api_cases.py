@@ -173,6 +173,16 @@ def flash_attn_varlen_fwd_bwd():
         _grads(lambda q, k, v: flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lq), max(lk), causal=causal),
                lambda q, k, v: _varlen_ref(q, k, v, cu_q.tolist(), cu_k.tolist(), causal), [q, k, v], 2e-2, 3e-2,
                f"varlen causal={causal}")
+    from ck_fmha.flash_attn import flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func
+
+    kv = _rand(sum(lk), 2, 2, 32, g=g, grad=True)
+    _grads(lambda q, kv: flash_attn_varlen_kvpacked_func(q, kv, cu_q, cu_k, max(lq), max(lk)),
+           lambda q, kv: _varlen_ref(q, kv[:, 0], kv[:, 1], cu_q.tolist(), cu_k.tolist(), False), [q, kv], 2e-2,
+           3e-2, "varlen kvpacked")
+    qkv = _rand(sum(lk), 3, 2, 32, g=g, grad=True)
+    _grads(lambda x: flash_attn_varlen_qkvpacked_func(x, cu_k, max(lk), causal=True),
+           lambda x: _varlen_ref(x[:, 0], x[:, 1], x[:, 2], cu_k.tolist(), cu_k.tolist(), True), [qkv], 2e-2, 3e-2,
+           "varlen qkvpacked")
 
 
 @case
