@@ -21,7 +21,7 @@ from ck_core import api as core
 from ck_core.errors import InvalidProblem, UnsupportedProblem
 
 from .api import _dims, _from_backend, _mask_fields, _to_backend, _token
-from .device_errors import check_pages, raise_pending
+from .device_errors import guard_pages, raise_pending
 from .heuristics import split_count
 from .problem import FmhaProblem
 
@@ -134,7 +134,6 @@ def paged_decode(q, k_cache, v_cache, block_table, seqlens_k, *, max_seqlen_k=No
     _, page_size, hk, _ = k_cache.shape
     if block_table.dim() != 2:
         raise InvalidProblem(f"block_table must be [batch, max_pages], got shape {tuple(block_table.shape)}")
-    check_pages(block_table, k_cache.shape[0])
     capacity = int(max_seqlen_k) if max_seqlen_k is not None else block_table.shape[1] * page_size
     if config is not None:
         return _direct(q, k_cache, v_cache, block_table, seqlens_k, config, dict(
@@ -150,8 +149,8 @@ def paged_decode(q, k_cache, v_cache, block_table, seqlens_k, *, max_seqlen_k=No
     if layout == "bhsd":   # the problem's 'bhsd' pages are [pages, Hk, P, D]: the same data, viewed
         k_cache, v_cache = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
     bt = block_table if block_table.dtype == torch.int32 else block_table.to(torch.int32)
-    t = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "block_table": bt,
-         "seqlens_k": _lens(seqlens_k, q, p.batch, capacity)}
+    bt, lens = guard_pages(bt, k_cache.shape[0], _lens(seqlens_k, q, p.batch, capacity), page_size)
+    t = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "block_table": bt, "seqlens_k": lens}
     if sink is not None:
         t["sink"] = sink
     return _run(p, disp, q, t, return_lse)
@@ -213,7 +212,6 @@ def appendkv(q, knew, vnew, k_cache, v_cache, seqlens_k, *, rotary_cos=None, rot
                                  "[pages, Hk, P, D] ('bhsd') / [pages, P, Hk, D] ('bshd')")
         page_size = k_cache.shape[2] if layout == "bhsd" else k_cache.shape[1]
         capacity = block_table.shape[1] * page_size
-        check_pages(block_table, k_cache.shape[0])
     else:
         page_size, capacity = 0, _dims(k_cache, layout)[2]
     sig = ("appendkv", q.shape, knew.shape, vnew.shape, k_cache.shape, v_cache.shape, q.dtype, q.device, rope,
@@ -232,7 +230,9 @@ def appendkv(q, knew, vnew, k_cache, v_cache, seqlens_k, *, rotary_cos=None, rot
     if rope != "none":
         t.update(rotary_cos=rotary_cos, rotary_sin=rotary_sin)
     if block_table is not None:
-        t["block_table"] = block_table if block_table.dtype == torch.int32 else block_table.to(torch.int32)
+        bt = block_table if block_table.dtype == torch.int32 else block_table.to(torch.int32)
+        t["block_table"], t["seqlens_k"] = guard_pages(bt, k_cache.shape[0], t["seqlens_k"], page_size,
+                                                       appended=sn)
     q_rot, kc, vc = disp.run(p, **_to_backend(disp, t))
     for mine, got in ((k_cache, kc), (v_cache, vc)):
         if got is not mine:   # the numpy backend (or a converted copy) returns new caches: write them back
