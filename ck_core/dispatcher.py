@@ -342,13 +342,16 @@ class Dispatcher:
             for fn, sub in runners:
                 tensors.update(fn(sub, tensors))
                 i += 1
-        except (KeyError, AttributeError, TypeError) as e:
+        except KeyError as e:
             self.check_tensors(problem, {k: v for k, v in tensors.items() if k in known})
-            name = e.args[0] if isinstance(e, KeyError) and e.args else None
+            name = e.args[0] if e.args else None
             if name in inputs and tensors.get(name) is None:   # an input the plan reads was not given
                 raise InvalidProblem(f"missing input tensor {name!r}: this {problem.op} problem's plan reads it "
                                      f"(got {', '.join(k for k, v in tensors.items() if v is not None) or 'none'})"
                                      ) from e
+            raise
+        except (AttributeError, TypeError):
+            self.check_tensors(problem, {k: v for k, v in tensors.items() if k in known})
             raise
         except Exception as exc:
             if not build_failure(exc):

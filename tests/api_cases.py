@@ -173,6 +173,16 @@ def flash_attn_varlen_fwd_bwd():
         _grads(lambda q, k, v: flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lq), max(lk), causal=causal),
                lambda q, k, v: _varlen_ref(q, k, v, cu_q.tolist(), cu_k.tolist(), causal), [q, k, v], 2e-2, 3e-2,
                f"varlen causal={causal}")
+    from ck_fmha.flash_attn import flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func
+
+    kv = _rand(sum(lk), 2, 2, 32, g=g, grad=True)
+    _grads(lambda q, kv: flash_attn_varlen_kvpacked_func(q, kv, cu_q, cu_k, max(lq), max(lk)),
+           lambda q, kv: _varlen_ref(q, kv[:, 0], kv[:, 1], cu_q.tolist(), cu_k.tolist(), False), [q, kv], 2e-2,
+           3e-2, "varlen kvpacked")
+    qkv = _rand(sum(lk), 3, 2, 32, g=g, grad=True)
+    _grads(lambda x: flash_attn_varlen_qkvpacked_func(x, cu_k, max(lk), causal=True),
+           lambda x: _varlen_ref(x[:, 0], x[:, 1], x[:, 2], cu_k.tolist(), cu_k.tolist(), True), [qkv], 2e-2, 3e-2,
+           "varlen qkvpacked")
 
 
 @case
@@ -348,12 +358,45 @@ def bad_inputs_refused():
         raise AssertionError(f"{what}: not refused")
 
 
+class Skip(Exception):
+    """A case whose optional dependency is not installed."""
+
+
+@case
+def transformers_attn_implementation():
+    """attn_implementation="ck_fmha" in a tiny random Llama (GQA): logits, loss and gradients as sdpa's."""
+    try:
+        from transformers import AutoModelForCausalLM, LlamaConfig
+    except ImportError:
+        raise Skip("transformers is not installed") from None
+    from ck_fmha.integrations import transformers as ck_tf
+
+    name = ck_tf.register()
+    cfg = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, head_dim=32, max_position_embeddings=64, pad_token_id=0)
+    torch.manual_seed(0)
+    ref = AutoModelForCausalLM.from_config(LlamaConfig(**cfg), attn_implementation="sdpa", dtype=torch.float32)
+    ck = AutoModelForCausalLM.from_config(LlamaConfig(**cfg), attn_implementation=name, dtype=torch.float32)
+    ck.load_state_dict(ref.state_dict())
+    ref, ck = ref.half().eval(), ck.half().eval()
+    x = torch.randint(1, 97, (2, 11), generator=torch.Generator().manual_seed(1))
+    out_r, out_c = ref(x, labels=x), ck(x, labels=x)
+    close("logits", out_c.logits, out_r.logits, 5e-3)
+    out_r.loss.backward()
+    out_c.loss.backward()
+    for (pname, pr), (_, pc) in zip(ref.named_parameters(), ck.named_parameters()):
+        if pr.grad is not None and pr.grad.norm() > 0:
+            close(pname, pc.grad, pr.grad, 2e-2)
+
+
 def run_case(name: str) -> dict:
     """{'case', 'status' ('ok', 'wrong', 'ck_error', 'raw_error'), 'detail'} of one case."""
     from ck_core.errors import CkError
 
     try:
         CASES[name]()
+    except Skip as e:
+        return {"case": name, "status": "skip", "detail": str(e)}
     except AssertionError as e:
         return {"case": name, "status": "wrong", "detail": str(e)}
     except CkError as e:

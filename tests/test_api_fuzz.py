@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import api_fuzz  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-CPU_CASES = 16
+CPU_CASES = 12
 
 
 def _verdict(s: dict, seed: int) -> None:

@@ -98,8 +98,9 @@ def _problem(q, k, v, bias, alibi, cu_q, cu_k, lens, causal, scale, window, soft
     elif bk != b or bv != b or sv != sk:
         raise InvalidProblem(f"q has batch {b}, k batch {bk} with {sk} keys, v batch {bv} with {sv}; k and v "
                              f"must share q's batch and one key length")
-    if alibi is not None and (not isinstance(alibi, torch.Tensor) or tuple(alibi.shape) not in (
-            (hq,), (b if b is not None else -1, hq)) or alibi.is_complex() or not alibi.is_floating_point()):
+    nb = b if b is not None else (cu_q.numel() - 1 if isinstance(cu_q, torch.Tensor) else -1)   # group: batch
+    if alibi is not None and (not isinstance(alibi, torch.Tensor) or tuple(alibi.shape) not in ((hq,), (nb, hq))
+                              or not alibi.is_floating_point()):
         raise InvalidProblem(f"alibi_slopes must be a float tensor [{hq}] or [batch, {hq}] (one slope per query "
                              f"head), got {getattr(alibi, 'shape', type(alibi).__name__)}")
     if k.dtype != q.dtype or v.dtype != q.dtype:

@@ -27,7 +27,7 @@ from ck_core.plugins import get_manager
 from ck_core.warm import tensor_sig
 
 from .api import _dims, _from_backend, _mask_fields, _to_backend, _token
-from .device_errors import check_pages, raise_pending
+from .device_errors import guard_pages, raise_pending
 from .heuristics import split_count
 from .problem import FmhaProblem
 
@@ -208,7 +208,6 @@ def paged_decode(q, k_cache, v_cache, block_table, seqlens_k, *, max_seqlen_k=No
     _, page_size, hk, _ = k_cache.shape
     if block_table.dim() != 2:
         raise InvalidProblem(f"block_table must be [batch, max_pages], got shape {tuple(block_table.shape)}")
-    check_pages(block_table, k_cache.shape[0])
     capacity = int(max_seqlen_k) if max_seqlen_k is not None else block_table.shape[1] * page_size
     if config is not None:
         return _direct(q, k_cache, v_cache, block_table, seqlens_k, config, dict(
@@ -224,8 +223,9 @@ def paged_decode(q, k_cache, v_cache, block_table, seqlens_k, *, max_seqlen_k=No
     if layout == "bhsd":   # the problem's 'bhsd' pages are [pages, Hk, P, D]: the same data, viewed
         k_cache, v_cache = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
     bt = block_table if block_table.dtype == torch.int32 else block_table.to(torch.int32)
-    t = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "block_table": bt,
-         "seqlens_k": _lens(seqlens_k, q, p.batch, capacity)}
+    n_pages = k_cache.shape[0]
+    bt, lens = guard_pages(bt, n_pages, _lens(seqlens_k, q, p.batch, capacity), page_size)
+    t = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "block_table": bt, "seqlens_k": lens}
     if sink is not None:
         t["sink"] = sink
     if wsig is None:
@@ -236,8 +236,9 @@ def paged_decode(q, k_cache, v_cache, block_table, seqlens_k, *, max_seqlen_k=No
 
         def again(q, k_cache, v_cache, block_table, seqlens_k):
             # (the replay reads data pointers alone: the 'bhsd' transposed views need not be made)
-            out = f(q, k_cache, v_cache, block_table if block_table.dtype == i32 else block_table.to(i32),
-                    _lens(seqlens_k, q, batch, capacity))
+            bt, lens = guard_pages(block_table if block_table.dtype == i32 else block_table.to(i32), n_pages,
+                                   _lens(seqlens_k, q, batch, capacity), page_size)
+            out = f(q, k_cache, v_cache, bt, lens)
             return (out["o"], out["lse"]) if return_lse else out["o"]
 
         warm.put(wsig, again)
@@ -317,7 +318,6 @@ def appendkv(q, knew, vnew, k_cache, v_cache, seqlens_k, *, rotary_cos=None, rot
                                  "[pages, Hk, P, D] ('bhsd') / [pages, P, Hk, D] ('bshd')")
         page_size = k_cache.shape[2] if layout == "bhsd" else k_cache.shape[1]
         capacity = block_table.shape[1] * page_size
-        check_pages(block_table, k_cache.shape[0])
     else:
         page_size, capacity = 0, _dims(k_cache, layout)[2]
     sig = ("appendkv", q.shape, knew.shape, vnew.shape, k_cache.shape, v_cache.shape, q.dtype, q.device, rope,
@@ -335,8 +335,10 @@ def appendkv(q, knew, vnew, k_cache, v_cache, seqlens_k, *, rotary_cos=None, rot
          "seqlens_k": _lens(seqlens_k, q, b, capacity - sn)}
     if rope != "none":
         t.update(rotary_cos=rotary_cos, rotary_sin=rotary_sin)
+    n_pages = k_cache.shape[0]
     if block_table is not None:
-        t["block_table"] = block_table if block_table.dtype == torch.int32 else block_table.to(torch.int32)
+        bt = block_table if block_table.dtype == torch.int32 else block_table.to(torch.int32)
+        t["block_table"], t["seqlens_k"] = guard_pages(bt, n_pages, t["seqlens_k"], page_size, appended=sn)
     f = None
     if wsig is not None:
         f, (q_rot, kc, vc) = _replay_closure(disp, p, t, ("q_rot",), wsig)
@@ -348,8 +350,11 @@ def appendkv(q, knew, vnew, k_cache, v_cache, seqlens_k, *, rotary_cos=None, rot
         def again(q, knew, vnew, k_cache, v_cache, seqlens_k, rotary_cos, rotary_sin, block_table):
             given = {"q": q, "knew": knew, "vnew": vnew, "k_cache": k_cache, "v_cache": v_cache,
                      "seqlens_k": _lens(seqlens_k, q, b, room), "rotary_cos": rotary_cos, "rotary_sin": rotary_sin,
-                     "block_table": block_table if block_table is None or block_table.dtype == i32
-                     else block_table.to(i32)}
+                     "block_table": block_table}
+            if block_table is not None:
+                given["block_table"], given["seqlens_k"] = guard_pages(
+                    block_table if block_table.dtype == i32 else block_table.to(i32), n_pages, given["seqlens_k"],
+                    page_size, appended=sn)
             return f(*[given[n] for n in names])["q_rot"], k_cache, v_cache
 
         warm.put(wsig, again)

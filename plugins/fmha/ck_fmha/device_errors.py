@@ -29,6 +29,7 @@ from ck_core.errors import InvalidProblem
 TOO_LONG = 1     # a length past the capacity
 NEGATIVE = 2     # a negative length
 BAD_OFFSETS = 4  # group-mode offsets below 0, decreasing, past the packed rows, or longer than max_seqlen
+BAD_PAGES = 8    # a page index (block_table / kv_page_indices) outside the page pool
 
 _FLAGS: dict = {}   # torch.device -> int32 [1]
 
@@ -48,6 +49,12 @@ def flag(device) -> torch.Tensor:
 
 
 def _message(code: int, where: str) -> str:
+    if code & BAD_PAGES:
+        msg = (f"a page table (block_table / kv_page_indices) in an earlier FMHA call on {where} indexed a page "
+               "outside the page pool: those batches ran with key length -1 (outputs NaN, nothing written, no "
+               "page read); keep every used entry in [0, num_pages)")
+        rest = code & ~BAD_PAGES & ~NEGATIVE   # the -1 lengths of those batches flag NEGATIVE too
+        return msg if not rest else msg + "; also " + _message(rest, where)
     if code & BAD_OFFSETS:
         msg = (f"group-mode offsets (cu_seqlens_q/cu_seqlens_k) in an earlier FMHA call on {where} started "
                "below 0, decreased, ran past the packed q/k rows, or had a sequence longer than max_seqlen_q/"
@@ -102,20 +109,64 @@ def check_errors() -> None:
             _take(device, t)
 
 
-def check_pages(table, num_pages: int, name: str = "block_table") -> None:
-    """Page indices of ``table`` (block_table / kv_page_indices) inside the pool of ``num_pages``.
 
-    On CPU tensors the host reads them (free: no device); an index past the pool would have the
-    kernels read another allocation's memory (NaN or wrong values).  On a GPU this check would be a
-    host synchronisation per call, and the kernels have no page-index clamp or flag yet: GPU page
-    tables are the caller's to keep in range."""
+def guard_pages(table, num_pages: int, seqlens_k: torch.Tensor, page_size: int, name: str = "block_table",
+                indptr=None, appended: int = 0):
+    """(page table, seqlens_k) to launch with, for a page table (``block_table`` [B, max_pages], or
+    the flat ``kv_page_indices`` that ``indptr`` [B+1] splits per batch) into a pool of ``num_pages``.
+
+    Only the entries a batch uses are checked: those of its first ceil((seqlens_k + ``appended``) /
+    ``page_size``) pages (a block table may be padded with anything past them); with ``indptr``,
+    ``table[indptr[b]:indptr[b+1]]``.  On CPU tensors the host reads them (free) and refuses an index
+    outside the pool.  On a GPU that read would be a synchronisation per call, so device ops only:
+    the batches with a bad page get run-time length -1, which the kernels treat as a bad length (their
+    outputs NaN, nothing written, no page read), the table is clamped into the pool, and ``BAD_PAGES``
+    is ORed into the device's flag (:func:`check_errors`)."""
     if not isinstance(table, torch.Tensor):
         raise InvalidProblem(f"{name} must be an int32 torch tensor, got {type(table).__name__}")
     if table.dtype.is_floating_point or table.dtype == torch.bool or table.is_complex():
         raise InvalidProblem(f"{name} must hold integer page indices (int32), got {table.dtype}")
-    if table.device.type != "cpu" or table.numel() == 0:
-        return
-    lo, hi = int(table.min()), int(table.max())
-    if lo < 0 or hi >= num_pages:
-        raise InvalidProblem(f"{name} indexes pages {lo}..{hi}, outside the pool of {num_pages} pages "
-                             f"(0..{num_pages - 1})")
+    if table.numel() == 0:
+        return table, seqlens_k
+    if table.device.type == "cpu":
+        used = _used_entries(table, seqlens_k, page_size, indptr, appended)
+        vals = table[used] if used is not None else table
+        if vals.numel():
+            lo, hi = int(vals.min()), int(vals.max())
+            if lo < 0 or hi >= num_pages:
+                raise InvalidProblem(f"{name} indexes pages {lo}..{hi}, outside the pool of {num_pages} pages "
+                                     f"(0..{num_pages - 1})")
+        return table, seqlens_k
+    return guard_on_device(table, num_pages, seqlens_k, page_size, indptr, appended)
+
+
+def guard_on_device(table, num_pages: int, seqlens_k, page_size: int, indptr=None, appended: int = 0):
+    """:func:`guard_pages`' device form (torch ops only, no host read; any device)."""
+    out_of_pool = (table < 0) | (table >= num_pages)
+    b = seqlens_k.shape[0]
+    if indptr is None:
+        need = (seqlens_k.to(torch.int64) + appended + page_size - 1).div(page_size, rounding_mode="floor")
+        cols = torch.arange(table.shape[1], device=table.device)
+        bad = (out_of_pool & (cols[None, :] < need[:, None])).any(dim=1)
+    else:
+        owner = torch.searchsorted(indptr[1:].to(torch.int64).contiguous(),
+                                   torch.arange(table.numel(), device=table.device), right=True).clamp_(max=b)
+        bad = torch.zeros(b + 1, dtype=torch.int32, device=table.device).index_add_(
+            0, owner, out_of_pool.reshape(-1).to(torch.int32))[:b] > 0
+    flag(table.device).bitwise_or_(bad.any().to(torch.int32) * BAD_PAGES)
+    seqlens_k = torch.where(bad, torch.full_like(seqlens_k, -1), seqlens_k)
+    return table.clamp(0, max(num_pages - 1, 0)).to(table.dtype), seqlens_k
+
+
+def _used_entries(table, seqlens_k, page_size: int, indptr, appended: int):
+    """Host mask of the entries the batches use (None: all, where the lengths are not on the host)."""
+    if indptr is not None:
+        if indptr.device.type != "cpu":
+            return None
+        mask = torch.zeros(table.numel(), dtype=torch.bool)
+        mask[:max(0, min(int(indptr[-1]), table.numel()))] = True
+        return mask.view(table.shape)
+    if seqlens_k.device.type != "cpu" or table.dim() != 2:
+        return None
+    need = (seqlens_k.to(torch.int64).clamp(min=0) + appended + page_size - 1) // page_size
+    return torch.arange(table.shape[1])[None, :] < need[:, None]

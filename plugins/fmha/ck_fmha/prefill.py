@@ -18,7 +18,7 @@ from ck_core.warm import tensor_sig
 
 from .api import _check_alibi_align, _from_backend, _mask_fields, _to_backend, _token, group_alibi_shift
 from .decode import _lens, _replay_closure
-from .device_errors import check_pages, raise_pending
+from .device_errors import guard_pages, raise_pending
 from .problem import FmhaProblem
 
 _PROBLEMS: dict = {}
@@ -109,7 +109,6 @@ def batch_prefill(q, k_cache, v_cache, seqlens_k, *, cu_seqlens_q, max_seqlen_q,
                                      "kernel runs only for some key lengths, and those are on the device")
             shift_form = m["mask"]
     table = block_table if block_table is not None else kv_page_indices
-    check_pages(table, k_cache.shape[0], "block_table" if block_table is not None else "kv_page_indices")
     if not isinstance(cu_seqlens_q, torch.Tensor) or cu_seqlens_q.dim() != 1 or cu_seqlens_q.numel() < 2:
         raise InvalidProblem(f"cu_seqlens_q must be an int32 tensor of batch+1 >= 2 offsets, got "
                              f"{getattr(cu_seqlens_q, 'shape', type(cu_seqlens_q).__name__)}")
@@ -137,10 +136,13 @@ def batch_prefill(q, k_cache, v_cache, seqlens_k, *, cu_seqlens_q, max_seqlen_q,
     t = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "seqlens_k": _lens(seqlens_k, q, p.batch, p.seqlen_k),
          "cu_seqlens_q": cu_seqlens_q}
     i32 = lambda x: x if x.dtype == torch.int32 else x.to(torch.int32)   # noqa: E731
+    n_pages, ps = k_cache.shape[0], p.page_size
     if block_table is not None:
-        t["block_table"] = i32(block_table)
+        t["block_table"], t["seqlens_k"] = guard_pages(i32(block_table), n_pages, t["seqlens_k"], ps)
     else:
-        t.update(kv_indptr=i32(kv_indptr), kv_page_indices=i32(kv_page_indices))
+        t["kv_indptr"] = i32(kv_indptr)
+        t["kv_page_indices"], t["seqlens_k"] = guard_pages(i32(kv_page_indices), n_pages, t["seqlens_k"], ps,
+                                                           name="kv_page_indices", indptr=t["kv_indptr"])
     for name, x in (("bias", bias), ("alibi_slopes", alibi), ("sink", sink)):
         if x is not None:
             t[name] = x
@@ -157,6 +159,10 @@ def batch_prefill(q, k_cache, v_cache, seqlens_k, *, cu_seqlens_q, max_seqlen_q,
                 for n, x in (("block_table", block_table), ("kv_indptr", kv_indptr),
                              ("kv_page_indices", kv_page_indices)):
                     given[n] = x if x is None or x.dtype == i32 else x.to(i32)
+                pages = "block_table" if block_table is not None else "kv_page_indices"
+                given[pages], given["seqlens_k"] = guard_pages(
+                    given[pages], n_pages, given["seqlens_k"], ps, name=pages,
+                    indptr=None if block_table is not None else given["kv_indptr"])
                 out = f(*[given[n] for n in names])
                 return (out["o"], out["lse"]) if want_lse else out["o"]
 

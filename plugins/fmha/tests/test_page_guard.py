@@ -1,0 +1,85 @@
+"""Page indices (block_table / kv_page_indices) outside the page pool: refused on the host for CPU
+tensors, only the entries a batch uses (padding past them is allowed); on a GPU, device ops mark the
+batch's length -1 (the kernels' bad-length path: NaN outputs, no page read, nothing written), clamp
+the table into the pool and set BAD_PAGES in the device flag."""
+import os
+
+import pytest
+import torch
+
+from ck_core.errors import InvalidProblem
+from ck_fmha import device_errors as D
+
+
+def _i32(*rows):
+    return torch.tensor(rows, dtype=torch.int32)
+
+
+def test_host_check_reads_only_the_used_entries():
+    bt = _i32([0, 1, -1], [2, 9, 9])
+    lens = torch.tensor([10, 3], dtype=torch.int32)          # 2 pages and 1 page of 8
+    t, l = D.guard_pages(bt, 5, lens, 8)
+    assert t is bt and l is lens
+    with pytest.raises(InvalidProblem, match="outside the pool of 5 pages"):
+        D.guard_pages(bt, 5, torch.tensor([17, 3], dtype=torch.int32), 8)   # batch 0 now reads the -1
+    with pytest.raises(InvalidProblem, match="outside the pool"):            # appendkv: the appended rows' page
+        D.guard_pages(bt, 5, torch.tensor([10, 8], dtype=torch.int32), 8, appended=1)
+    with pytest.raises(InvalidProblem, match="int32"):
+        D.guard_pages(bt.float(), 5, lens, 8)
+
+
+def test_host_check_of_sglang_indices_stops_at_the_last_offset():
+    idx = torch.tensor([0, 4, 1, 77], dtype=torch.int32)
+    D.guard_pages(idx, 5, torch.tensor([3, 5], dtype=torch.int32), 4, indptr=torch.tensor([0, 1, 3]))
+    with pytest.raises(InvalidProblem, match="77"):
+        D.guard_pages(idx, 5, torch.tensor([3, 5], dtype=torch.int32), 4, indptr=torch.tensor([0, 1, 4]))
+
+
+@pytest.fixture
+def clean_flags():
+    D._FLAGS.clear()
+    yield
+    D._FLAGS.clear()
+
+
+def test_device_form_marks_the_bad_batches_and_clamps(clean_flags):
+    bt = _i32([0, 1, -1], [2, 9, 9], [3, 7, 0])
+    t, l = D.guard_on_device(bt, 5, torch.tensor([10, 3, 20], dtype=torch.int32), 8)
+    assert l.tolist() == [10, 3, -1]                  # batch 2 reads page 7; batch 1's 9s are padding
+    assert t.tolist() == [[0, 1, 0], [2, 4, 4], [3, 4, 0]] and t.dtype == torch.int32
+    assert int(D.flag("cpu")) == D.BAD_PAGES
+    with pytest.raises(D.DeviceLengthError, match="outside the page pool"):
+        D.raise_pending()
+    t, l = D.guard_on_device(torch.tensor([0, 7, 1, 2, 99], dtype=torch.int32), 5,
+                             torch.tensor([5, 9, 1], dtype=torch.int32), 4, indptr=_i32(0, 1, 3, 4))
+    assert l.tolist() == [5, -1, 1] and max(t.tolist()) == 4   # index 4 (99) lies past the last offset
+
+
+def test_public_calls_refuse_a_page_past_the_pool():
+    from ck_fmha import decode
+    from ck_fmha.prefill import batch_prefill
+
+    q, pool = torch.randn(2, 4, 1, 64).half(), torch.randn(5, 8, 2, 64).half()
+    lens = torch.tensor([10, 10], dtype=torch.int32)
+    with pytest.raises(InvalidProblem, match="outside the pool"):
+        decode.paged_decode(q, pool, pool, _i32([0, 1], [2, 7]), lens)
+    decode.paged_decode(q, pool, pool, _i32([0, 1, 99], [2, 3, -5]), lens)   # padding past the used pages
+    qp = torch.randn(4, 4, 64).half()
+    with pytest.raises(InvalidProblem, match="outside the pool"):
+        batch_prefill(qp, pool, pool, lens, cu_seqlens_q=_i32(0, 2, 4), max_seqlen_q=2, max_seqlen_k=16,
+                      block_table=_i32([0, 1], [5, 3]))
+
+
+@pytest.mark.gpu
+def test_gpu_bad_page_gives_nan_rows_and_the_flag(clean_flags):
+    if os.environ.get("CK_TEST_GPU") != "1" or not torch.cuda.is_available():
+        pytest.skip("needs CK_TEST_GPU=1 and a CUDA device")
+    from ck_fmha import check_errors, decode
+
+    dev = "cuda"
+    q, pool = torch.randn(2, 4, 1, 64, device=dev).half(), torch.randn(5, 8, 2, 64, device=dev).half()
+    o = decode.paged_decode(q, pool, pool, torch.tensor([[0, 1], [2, 1000]], dtype=torch.int32, device=dev),
+                            torch.tensor([10, 10], dtype=torch.int32, device=dev))
+    assert torch.isfinite(o[0]).all() and torch.isnan(o[1]).all()
+    with pytest.raises(D.DeviceLengthError, match="page pool"):
+        check_errors()
