@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # ck-dispatcher: install everything into ./.venv (first run) and run the main job:
 # a dispatched, validated GEMM and FMHA (numpy backend on the CPU; triton on a GPU).
-# Needs Python 3.10 to 3.14 (triton 3.6.0 and torch 2.13.0 publish wheels for those only);
-# PYTHON=/path/to/python picks one, else the first of python3, python3.14 ... python3.10 that fits.
+# Needs Python 3.10 to 3.13: triton 3.6.0 and torch 2.13.0 publish wheels for 3.10-3.14, and numpy<2.3
+# (which Triton 3.6's interpreter needs) for 3.10-3.13. PYTHON=/path/to/python picks one, else the
+# first of python3, python3.13 ... python3.10 that fits.
 # A missing, broken or half-installed .venv is rebuilt; CK_REINSTALL=1 rebuilds it anyway.
 # Extra arguments go to `ck demo`.
 set -euo pipefail
 cd "$(dirname "$0")"
-MIN=3.10 MAX=3.14
+MIN=3.10 MAX=3.13
 
 fits() {  # does interpreter $1 run and have a version in [MIN, MAX]?
-  "$1" -c "import sys; v = sys.version_info[:2]; sys.exit(not ((3, 10) <= v <= (3, 14)))" 2>/dev/null
+  "$1" -c "import sys; v = sys.version_info[:2]; sys.exit(not ((3, 10) <= v <= (3, 13)))" 2>/dev/null
 }
 
 # what the install depends on: a change (or a half-finished install) means install again
@@ -22,17 +23,17 @@ if [ "${CK_REINSTALL:-0}" = 1 ] || [ ! -x .venv/bin/ck ] || ! fits .venv/bin/pyt
     PY=$PYTHON
     if ! fits "$PY"; then
       echo "run.sh: PYTHON=$PY is $("$PY" -V 2>&1 || echo 'not runnable'); ck-dispatcher needs Python $MIN to $MAX" \
-           "(triton 3.6.0 and torch 2.13.0 have wheels for those only)" >&2
+           "(the versions with wheels of triton 3.6.0, torch 2.13.0 and numpy<2.3)" >&2
       exit 4
     fi
   else
     PY=
-    for c in python3 python3.14 python3.13 python3.12 python3.11 python3.10; do
+    for c in python3 python3.13 python3.12 python3.11 python3.10; do
       if command -v "$c" >/dev/null && fits "$c"; then PY=$c; break; fi
     done
     if [ -z "$PY" ]; then
       echo "run.sh: no Python $MIN to $MAX found (python3 is $(python3 -V 2>&1 || echo missing));" \
-           "install one (triton 3.6.0 and torch 2.13.0 have wheels for 3.10-3.14 only) and run" \
+           "install one (triton 3.6.0, torch 2.13.0 and numpy<2.3 have wheels for those only) and run" \
            "PYTHON=/path/to/python3.12 bash run.sh" >&2
       exit 4
     fi

@@ -272,7 +272,9 @@ def _run_and_report(args, op, problem, reg):
     bk = disp.backend_spec
     moved = {k: bk.to_backend(v) for k, v in inputs.items()}
     with busy(f"running {len(plan.stages)} stage(s) (a first call compiles)"):
+        t_first = time.perf_counter()
         outs = disp.run_dict(problem, moved)
+        t_first = time.perf_counter() - t_first
     result = {"problem": problem.to_dict(), "arch": args.arch, "backend": args.backend,
               "plan": plan.describe(), "candidates": len(reg.candidates(problem, args.backend))}
     if not args.no_validate:
@@ -283,8 +285,12 @@ def _run_and_report(args, op, problem, reg):
         report = compare_all({k: bk.to_numpy(outs[k]) for k in ref}, ref, dtypes, tol)
         result["validation"] = [attrs.asdict(v) for v in report.verdicts]
         result["passed"] = report.passed
-    with busy(f"timing {args.repeat} runs"):
-        secs = _seconds_for(disp, problem, moved, args.repeat)
+    if args.repeat is None and bk.timer is None:
+        secs = t_first   # host code (numpy): its time is no kernel's, so not worth repeating by default
+    else:
+        repeat = args.repeat or 3
+        with busy(f"timing {repeat} runs"):
+            secs = _seconds_for(disp, problem, moved, repeat)
     result["seconds"] = secs
     if op.flops:
         result["tflops"] = op.flops(problem) / secs / 1e12
@@ -527,7 +533,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--backend", default=None, help="default: the backend the file's kernels name")
     s.add_argument("--kernel-filter", dest="kfilter", help="restrict the candidates with a filter expression")
     s.add_argument("--seed", type=int, default=None, help="seed of the random inputs (default: fresh ones)")
-    s.add_argument("--repeat", type=int, default=3, help="timed runs (the median is printed)")
+    s.add_argument("--repeat", type=positive_int, default=None,
+                   help="timed runs, the median printed (default 3; 0 extra on the numpy backend: its "
+                        "first run's time is printed)")
     s.add_argument("--tuned", action="store_true", help="use the tuning table")
     s.add_argument("--no-validate", action="store_true", help="skip the float64 reference check")
     s.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -543,7 +551,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="restrict the candidates with a filter expression (problem fields take --<field>)")
     s.add_argument("--seed", type=non_negative_int, default=None,
                    help="seed of the random inputs (default: fresh ones each run)")
-    s.add_argument("--repeat", type=positive_int, default=3, help="timed runs (the median is printed)")
+    s.add_argument("--repeat", type=positive_int, default=None,
+                   help="timed runs, the median printed (default 3; 0 extra on the numpy backend: its "
+                        "first run's time is printed)")
     s.add_argument("--tuned", action="store_true", help="use the tuning table")
     s.add_argument("--no-validate", action="store_true", help="skip the float64 reference check")
     s.add_argument("--json", action="store_true", help="print the result as JSON")

@@ -3,13 +3,14 @@
 Every distribution offers the same extras (``pip install 'ck-gemm[torch]'``, ``'ck-core[plot]'``):
 
 =================  ============================================================
-``[torch]``        the torch entry points (``ck_gemm.matmul``, ``ck_conv.conv2d``,
-                   ``ck_fmha.attention``) and the triton backend's launches
+``[torch]``        the op plugins' torch functions (matmul, conv2d, attention ...) and the
+                   triton backend's launches
 ``[triton]``       the triton backend (Triton 3.6 and torch)
 ``[ray]``          ``ck sweep --executor ray``
 ``[plot]``         ``ck sweep --plot``, ``ck select report`` PNGs (matplotlib)
 ``[train]``        fitting the learned rankers (``python -m ck_core.select_train``)
-``[transformers]`` ck-fmha's ``attn_implementation="ck_fmha"`` for Hugging Face models
+``[transformers]`` an op plugin's Hugging Face integration (the attention plugin's
+                   ``attn_implementation``)
 =================  ============================================================
 """
 from __future__ import annotations
