@@ -10,10 +10,8 @@ from __future__ import annotations
 import csv
 import datetime as _dt
 import json
-import os
 import platform
 import sys
-import tempfile
 from pathlib import Path
 from typing import Iterable
 
@@ -142,12 +140,11 @@ def write_json(path, metadata: dict, rows: list) -> None:
     if path == "-":
         sys.stdout.write(text + "\n")
         return
+    from ..cache import atomic_write
+
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=".sweep-")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, p)
+    atomic_write(p, text.encode(), prefix=".sweep-")
 
 
 def today() -> str:

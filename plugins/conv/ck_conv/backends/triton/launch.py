@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextvars
 import math
 
+from ck_core.dtypes import torch_dtype
 from ck_core.errors import InvalidProblem, UnsupportedProblem
 
 from ...geometry import _cdiv, _class_rows, _pad3, _residue_table, geometry, streamk_programs, tma_blocks
@@ -98,12 +99,11 @@ def _ctab_tensor(rows, device):
 # launching
 # ---------------------------------------------------------------------------
 
-_TORCH_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 
 
 def _check(p: ConvProblem, **tensors):
     import torch
-    want = getattr(torch, _TORCH_DTYPES[p.dtype])
+    want = torch_dtype(p.dtype)
     for name, t in tensors.items():
         if t.dtype != want:
             raise InvalidProblem(f"{name} is {t.dtype} but the problem is {p.dtype}; convert it with .to({want})")

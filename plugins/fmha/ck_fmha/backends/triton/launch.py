@@ -60,7 +60,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from typing import Optional
 
 import torch
@@ -89,8 +88,7 @@ log = logging.getLogger(__name__)
 # ---------------------------------------------------------------------------
 
 
-def _interpret() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+from ck_core.knobs import interpreting as _interpret  # noqa: E402  (one reader of TRITON_INTERPRET)
 
 
 def _arch_of(t: torch.Tensor):
