@@ -269,11 +269,12 @@ def main(argv=None) -> int:
 
         text = json.dumps(with_header(rep), indent=1)
         if args.json:
+            from pathlib import Path
+
+            from ck_core.cache import atomic_write
+
             os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-            tmp = args.json + ".tmp"
-            with open(tmp, "w") as f:
-                f.write(text + "\n")
-            os.replace(tmp, args.json)
+            atomic_write(Path(args.json), (text + "\n").encode(), prefix=".flash_attn_suite-")
         return text
 
     sampler.on_progress = lambda: write(report(None))

@@ -48,10 +48,7 @@ def dtype_token(dtype) -> str:
     return token
 
 
-def torch_dtype(token: str):
-    import torch
-
-    return getattr(torch, _TORCH[token])
+from .dtypes import torch_dtype  # noqa: E402,F401  (one copy: ck_core.dtypes)
 
 
 def _frozen(options: dict) -> tuple:

@@ -16,6 +16,9 @@ ELEMENT_BYTES = {
     "fp8": 1, "bf8": 1, "int8": 1, "int32": 4,
 }
 FLOAT_DTYPES = ("fp16", "bf16", "fp32", "fp8", "bf8")
+#: token -> torch dtype name (fp8: OCP e4m3fn; an arch whose units read e4m3fnuz says so itself)
+TORCH_NAMES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32", "fp64": "float64", "fp8": "float8_e4m3fn",
+               "bf8": "float8_e5m2", "int8": "int8", "int32": "int32"}
 ALL_DTYPES = tuple(ELEMENT_BYTES)
 
 #: (mantissa bits, max finite) of the emulated narrow floats
@@ -26,6 +29,14 @@ RTOL = {"fp16": 2e-2, "bf16": 5e-2, "fp32": 1e-4, "fp64": 1e-10,
         "fp8": 2.5e-1, "bf8": 3.5e-1, "int8": 0.0, "int32": 0.0}
 ATOL = {"fp16": 2e-2, "bf16": 5e-2, "fp32": 1e-4, "fp64": 1e-10,
         "fp8": 2.5e-1, "bf8": 3.5e-1, "int8": 0.0, "int32": 0.0}
+
+
+def torch_dtype(token: str):
+    """The torch dtype of a dtype token (imports torch)."""
+    import torch
+
+    check_dtype(token)
+    return getattr(torch, TORCH_NAMES[token])
 
 
 def check_dtype(name: str, allowed=ALL_DTYPES) -> str:

@@ -14,6 +14,12 @@ import attrs
 from .errors import ConfigError
 
 
+def interpreting() -> bool:
+    """Whether Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``): the one reader
+    of that variable for the core and the plugins."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
 def _bool(text: str) -> bool:
     low = text.strip().lower()
     if low in ("1", "true", "yes", "on"):

@@ -28,7 +28,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import os
 import struct
 import time
 from collections import namedtuple
@@ -46,8 +45,7 @@ _LOADED: dict = {}
 STATS = {"compiled": 0, "loaded": 0, "memory": 0}
 
 
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+from ..knobs import interpreting  # noqa: E402,F401  (one reader of TRITON_INTERPRET)
 
 
 @functools.lru_cache(maxsize=None)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import time
 from typing import Optional
 
@@ -28,8 +27,7 @@ from ..records import BackendSpec
 log = logging.getLogger(__name__)
 
 
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+from ..knobs import interpreting  # noqa: E402,F401  (one reader of TRITON_INTERPRET)
 
 
 def refuse_interpreted_bf16(dtype: str, name: str) -> None:

@@ -24,6 +24,8 @@ import logging
 from collections import OrderedDict
 from typing import Optional, Sequence
 
+from .. import knobs
+
 log = logging.getLogger(__name__)
 
 try:  # the replay only runs where triton is installed; the module imports without it
@@ -228,7 +230,7 @@ def is_replayable_env() -> bool:
     """False under TRITON_INTERPRET=1 or without CUDA (replay needs compiled kernels)."""
     import os
 
-    if os.environ.get("TRITON_INTERPRET") == "1":
+    if knobs.interpreting():
         return False
     try:
         import torch

@@ -19,6 +19,7 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from multiprocessing import get_context
 from typing import Optional
 
+from .. import knobs
 from .. import build as _build
 from .work import Work, compile_row, rates, timeout_row
 
@@ -30,7 +31,7 @@ STARTUP_S = 300
 
 def gpu_count(backend: str) -> int:
     """Visible GPUs for benchmark workers (0: one CPU worker)."""
-    if backend == "numpy" or os.environ.get("TRITON_INTERPRET") == "1":
+    if backend == "numpy" or knobs.interpreting():
         return 0
     try:
         import torch

@@ -14,7 +14,6 @@ import math
 import os
 import platform
 import sys
-import tempfile
 from pathlib import Path
 from typing import Iterable, Optional
 
@@ -291,12 +290,11 @@ def write_json(path, metadata: dict, rows: list) -> None:
     if path == "-":
         sys.stdout.write(text + "\n")
         return
+    from ..cache import atomic_write
+
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=".sweep-")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, p)
+    atomic_write(p, text.encode(), prefix=".sweep-")
 
 
 def today() -> str:

@@ -40,8 +40,8 @@ def run(problem, tensors, config=None):
 
 
 def kernel_for(key_or_config, problem=None):
-    """``(jit_fn, constexprs, grid)`` of a kernel (see :func:`ck_conv.backends.triton.launch.kernel_for`)."""
-    from .backends.triton.launch import kernel_for as _kf
+    """``(jit_fn, constexprs, grid)`` of a kernel (see :func:`ck_conv.backends.triton.aot.kernel_for`)."""
+    from .backends.triton.aot import kernel_for as _kf
     return _kf(key_or_config, problem)
 
 

@@ -70,9 +70,9 @@ import json, re, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from ck_conv.backends.triton.launch import aot_source_args
+from ck_conv.backends.triton.aot import aot_source_args
 from ck_conv.problem import ConvProblem
-from ck_conv.backends.triton.launch import reduce_aot_source_args
+from ck_conv.backends.triton.aot import reduce_aot_source_args
 out = []
 for name, tgt, with_problem in json.loads(sys.argv[1]):
     if isinstance(with_problem, dict):
@@ -168,7 +168,7 @@ def test_extended_kernels_compile_for_hopper_and_cdna3(extended_builds, name):
 
 
 def test_kernel_for_gives_fn_constexprs_grid():
-    from ck_conv.backends.triton.launch import kernel_for
+    from ck_conv.backends.triton.aot import kernel_for
     from ck_conv.problem import ConvProblem
     p = ConvProblem(N=2, C=64, K=64, input_spatial=(9, 9), filter=(3, 3), pad_left=1, pad_right=1)
     fn, consts, grid = kernel_for(FWD, p)

@@ -153,7 +153,11 @@ def ours_callable(t, inputs=None):
     if g.startswith("fwd"):
         return lambda: fwd(q, k, v, causal=t["causal"], config=t["cfg"])
     if g.startswith("bwd"):
-        o, lse = fwd(q, k, v, causal=t["causal"], return_lse=True)
+        from ck_fmha.heuristics import default_fwd_config
+
+        o, lse = fwd(q, k, v, causal=t["causal"], return_lse=True,
+                     config=default_fwd_config(q.shape[-1], v.shape[-1], current_arch(q).name, t["causal"],
+                                               q.shape[-2]))
         do = torch.randn_like(o)
         return lambda: bwd(q, k, v, o, lse, do, causal=t["causal"], config=t["cfg"], deterministic=t["det"])
     # decode

@@ -20,7 +20,6 @@ the next preference wins.  The launcher then runs exactly the first key.
 from __future__ import annotations
 
 import functools
-import os
 from pathlib import Path
 from typing import Dict, Optional, Tuple
 
@@ -76,8 +75,7 @@ def group_split(batch: int, nhead_q: int, nhead_k: int, seqlen_q: int, seqlen_k:
     return n
 
 
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+interpreting = knobs.interpreting   # (one reader of TRITON_INTERPRET, in the core)
 
 
 def right_bounded(p) -> bool:

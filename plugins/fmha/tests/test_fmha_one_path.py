@@ -68,7 +68,7 @@ def _old_gluon_bwd_ok(p, block_n=64):
 def old_bwd(p, hopper):
     """((dK/dV kind, tile), dQ choice) of the old ops.bwd_dq_dk_dv default path."""
     d, sq, sk = p.hdim_q, p.seqlen_q, p.seqlen_k
-    # the arch's tables (launch.default_bwd_choice): sm90 has its own bwd_tuned, other archs read generic's
+    # the arch's tables (heuristics.bwd_want): sm90 has its own bwd_tuned, other archs read generic's
     tag = "sm90" if hopper else "generic"
     cfg_kv, cfg_q = tuning.default_bwd_configs(d, p.hdim_v, tag, causal=_rb(p))
     gluon_ok = hopper and not p.dbias and _old_gluon_bwd_ok(p)

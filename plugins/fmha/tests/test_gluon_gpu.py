@@ -46,6 +46,23 @@ DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 TILES = {64: (128, 128, 12, 3), 128: (128, 128, 12, 2)}
 
 
+def _triton_fwd(q, k, v, *, causal=False, layout="bhsd", **kw):
+    """ops.fwd with the sm90 tables' Triton tile in its pointer form (the launcher runs the config it
+    is given; issue #30 took its default choice away)."""
+    d, s = q.shape[-1], q.shape[2] if layout == "bhsd" else q.shape[1]
+    cfg = tuning.default_fwd_config(d, v.shape[-1], "sm90", causal, s, gluon=False).with_(variant="ptr")
+    return ops.fwd(q, k, v, causal=causal, layout=layout, config=cfg, **kw)
+
+
+def _gluon_bwd_choice(d, causal, dq="gluon"):
+    """The (dK/dV, dQ) choice of the sm90 tables' Gluon backward: dK/dV tile and dQ pass (``dq``:
+    "gluon" or "triton")."""
+    kv = ("gluon", tuning.gluon_dkdv_tile(d, causal, "sm90") or tuning.gluon_tiles("dkdv", "sm90")[d])
+    if dq == "gluon":
+        return kv, ("gluon", tuning.gluon_dq_tile(d, "sm90"))
+    return kv, ("triton", tuning.default_bwd_configs(d, d, "sm90", causal=causal)[1])
+
+
 def _inputs(rng, b, hq, hk, sq, sk, d, layout, dtype):
     g = torch.Generator(device="cuda").manual_seed(int(rng.integers(1 << 62)))
 
@@ -106,9 +123,10 @@ def test_gluon_fwd_matches_float64(case, ck_rng, gluon_calls):
 
 
 def test_default_config_runs_gluon_and_scale(ck_rng, gluon_calls):
-    """No config: the tuned default (FWD_GLUON_SM90) takes the Gluon kernel; a custom scale holds."""
+    """The tables' forward (FWD_GLUON_SM90) is the Gluon kernel; it runs with a custom scale."""
     q, k, v = _inputs(ck_rng, 3, 6, 2, 1024, 1024, 128, "bhsd", "bf16")
-    o, lse = ops.fwd(q, k, v, causal=True, scale=0.05, return_lse=True)
+    o, lse = ops.fwd(q, k, v, causal=True, scale=0.05, return_lse=True,
+                     config=tuning.default_fwd_config(128, 128, "sm90", True, 1024))
     assert len(gluon_calls) == 1
     ro, rl = _reference(q, k, v, True, "bhsd", scale=0.05)
     assert _rel(o, ro) < 1e-2 and _rel(lse, rl) < 1e-5
@@ -116,14 +134,14 @@ def test_default_config_runs_gluon_and_scale(ck_rng, gluon_calls):
 
 @pytest.mark.parametrize("sq, sk, causal", [(256, 384, True), (200, 333, True)], ids=["causal-sq<sk", "ragged-causal-sq<sk"])
 def test_gluon_config_is_refused_where_it_cannot_run(sq, sk, causal, ck_rng, gluon_calls):
-    """A Gluon config is what runs or an error, never swapped; the default choice takes the Triton kernel."""
+    """A Gluon config is what runs or an error, never swapped; the Triton kernel runs the problem."""
     from ck_core.errors import UnsupportedProblem
 
     q, k, v = _inputs(ck_rng, 3, 5, 5, sq, sk, 128, "bhsd", "bf16")
     out = torch.full_like(q, float("nan"))
     with pytest.raises(UnsupportedProblem, match="Gluon"):
         ops.fwd(q, k, v, causal=causal, return_lse=True, out=out, config=TritonFmhaConfig(128, 128, 12, 2, "gluon_wspp"))
-    o, lse = ops.fwd(q, k, v, causal=causal, return_lse=True, out=out)
+    o, lse = _triton_fwd(q, k, v, causal=causal, return_lse=True, out=out)
     assert not gluon_calls and o.data_ptr() == out.data_ptr()
     ro, rl = _reference(q, k, v, causal, "bhsd")   # (top-left causal, as ops.fwd's causal=True)
     assert torch.isfinite(o).all()
@@ -199,12 +217,14 @@ def test_backward_with_the_gluon_dq_pass(layout, causal, dtype, hk, ck_rng):
     assert tuning.gluon_dq_tile(128, "sm90") is not None
     q, k, v = _inputs(ck_rng, 3, 5, hk, 384, 384, 128, layout, dtype)
     do = _inputs(ck_rng, 3, 5, 5, 384, 384, 128, layout, dtype)[0]
-    o, lse = ops.fwd(q, k, v, causal=causal, return_lse=True, layout=layout)
+    o, lse = _triton_fwd(q, k, v, causal=causal, return_lse=True, layout=layout)
+    delta = ops.bwd_dot_do_o(o, do, layout=layout)
     real, real_kv, calls = gluon_bwd.dq, gluon_bwd.dkdv, []
     gluon_bwd.dq = lambda *a, **kw: calls.append("dq") or real(*a, **kw)
     gluon_bwd.dkdv = lambda *a, **kw: calls.append("dkdv") or real_kv(*a, **kw)
     try:
-        dq, dk, dv = ops.bwd(q, k, v, o, lse, do, causal=causal, layout=layout)
+        dq, _, dk, dv = ops.bwd_dq_dk_dv(q, k, v, do, lse, delta, causal=causal, layout=layout,
+                                         choice=_gluon_bwd_choice(128, causal))
     finally:
         gluon_bwd.dq, gluon_bwd.dkdv = real, real_kv
     assert calls == ["dkdv", "dq"]   # the sm90 bwd_gluon_dkdv table has D=128 with and without a mask
@@ -213,8 +233,8 @@ def test_backward_with_the_gluon_dq_pass(layout, causal, dtype, hk, ck_rng):
     ro.backward(do.double().transpose(1, 2) if layout == "bshd" else do.double())
     for got, ref in zip((dq, dk, dv), ts):
         assert torch.isfinite(got).all() and _rel(got, ref.grad) < 1e-2
-    delta = ops.bwd_dot_do_o(o, do, layout=layout)
-    dqt = ops.bwd_dq_dk_dv(q, k, v, do, lse, delta, causal=causal, layout=layout, _dq="triton")[0]
+    dqt = ops.bwd_dq_dk_dv(q, k, v, do, lse, delta, causal=causal, layout=layout,
+                           choice=_gluon_bwd_choice(128, causal, dq="triton"))[0]
     assert _rel(dq, dqt.double()) < 5e-3
 
 
@@ -230,13 +250,14 @@ def test_backward_with_dq_fused_into_dkdv(d, layout, causal, dtype, hk, s, ck_rn
 
     q, k, v = _inputs(ck_rng, 3, 5, hk, s, s, d, layout, dtype)
     do = _inputs(ck_rng, 3, 5, 5, s, s, d, layout, dtype)[0]
-    o, lse = ops.fwd(q, k, v, causal=causal, return_lse=True, layout=layout)
+    o, lse = _triton_fwd(q, k, v, causal=causal, return_lse=True, layout=layout)
     delta = ops.bwd_dot_do_o(o, do, layout=layout)
     real, calls = gluon_bwd.dkdv, []
+    fused = tuning.gluon_fused_tile(d, causal, "sm90") or tuning.gluon_tiles("fused", "sm90")[d]
     gluon_bwd.dkdv = lambda *a, **kw: calls.append(kw.get("dq_acc") is not None) or real(*a, **kw)
     try:
         dq0, dqa, dk, dv = ops.bwd_dq_dk_dv(q, k, v, do, lse, delta, causal=causal, layout=layout,
-                                            deterministic=False, _dkdv="gluon")
+                                            deterministic=False, choice=(("gluon", fused), ("atomic",)))
     finally:
         gluon_bwd.dkdv = real
     assert calls == [True] and dq0 is None and dqa.dtype == torch.float32
@@ -247,23 +268,33 @@ def test_backward_with_dq_fused_into_dkdv(d, layout, causal, dtype, hk, s, ck_rn
     for got, ref in zip((dq, dk, dv), ts):
         assert torch.isfinite(got).all() and _rel(got, ref.grad) < 1e-2
     # the same through ops.bwd: the deterministic answer within rounding
-    dq2, dk2, dv2 = ops.bwd(q, k, v, o, lse, do, causal=causal, layout=layout, deterministic=True)
+    dq2, dk2, dv2 = ops.bwd(q, k, v, o, lse, do, causal=causal, layout=layout, deterministic=True,
+                            config=tuning.default_bwd_configs(d, d, "sm90", causal=causal))
     assert _rel(dq, dq2.double()) < 5e-3 and _rel(dk, dk2.double()) < 5e-3 and _rel(dv, dv2.double()) < 5e-3
 
 
 def test_nondeterministic_backward_prefers_the_faster_path(ck_rng):
-    """deterministic=False where no fused tile is configured (D=128) runs the deterministic Gluon path
-    (faster on the H100 than the Triton fp32-atomic kernel); _dkdv='triton' keeps the atomic kernel."""
+    """deterministic=False where no fused tile is configured (D=128): the tables' choice
+    (heuristics.bwd_want) is the deterministic Gluon path (faster on the H100 than the Triton
+    fp32-atomic kernel), and it runs; the Triton atomic kernel runs when given."""
 
 
     assert tuning.gluon_fused_tile(128, False, "sm90") is None
     q, k, v = _inputs(ck_rng, 2, 4, 4, 256, 256, 128, "bhsd", "bf16")
     do = _inputs(ck_rng, 2, 4, 4, 256, 256, 128, "bhsd", "bf16")[0]
-    o, lse = ops.fwd(q, k, v, return_lse=True)
+    o, lse = _triton_fwd(q, k, v, return_lse=True)
     delta = ops.bwd_dot_do_o(o, do)
-    dq, dqa, _, _ = ops.bwd_dq_dk_dv(q, k, v, do, lse, delta, deterministic=False)
+    from ck_core.plugins import get_manager
+
+    p = FmhaProblem(family="bwd_dq_dk_dv", batch=2, nhead_q=4, nhead_k=4, dtype="bf16", hdim_q=128, hdim_v=128,
+                    seqlen_q=256, seqlen_k=256, deterministic=False)
+    kv, dq_field = tuning.bwd_want(p, get_manager().arch("sm90"))
+    assert kv[4].startswith("gluon_dkdv") and dq_field.startswith("gluon")
+    dq, dqa, _, _ = ops.bwd_dq_dk_dv(q, k, v, do, lse, delta, deterministic=False,
+                                     choice=_gluon_bwd_choice(128, False))
     assert dq is not None and dqa is None
-    dq, dqa, _, _ = ops.bwd_dq_dk_dv(q, k, v, do, lse, delta, deterministic=False, _dkdv="triton")
+    dq, dqa, _, _ = ops.bwd_dq_dk_dv(q, k, v, do, lse, delta, deterministic=False,
+                                     config=tuning.default_bwd_configs(128, 128, "sm90"))
     assert dq is None and dqa is not None
 
 
@@ -361,7 +392,7 @@ def test_backward_ragged_gluon_kernels_match_float64(case, ck_rng):
     det, d, causal, layout, dtype, b, (hq, hk), sq, sk = case
     q, k, v = _inputs(ck_rng, b, hq, hk, sq, sk, d, layout, dtype)
     do = _inputs(ck_rng, b, hq, hq, sq, sq, d, layout, dtype)[0]
-    o, lse = ops.fwd(q, k, v, causal=causal, return_lse=True, layout=layout)
+    o, lse = _triton_fwd(q, k, v, causal=causal, return_lse=True, layout=layout)
     delta = ops.bwd_dot_do_o(o, do, layout=layout)
     if det:
         dk, dv = gluon_bwd.dkdv(q, k, v, do, lse, delta, causal=causal, layout=layout,

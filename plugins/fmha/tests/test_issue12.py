@@ -98,9 +98,14 @@ def test_backward_with_very_negative_lse(deterministic, kw, device):
     bias = torch.randn(B, H, Sq, Sk, generator=g, dtype=torch.float64).half() if kw.pop("bias", False) else None
     q, k, v, do = (x.to(device) for x in (q, k, v, do))
     bias = None if bias is None else bias.to(device)
-    o, lse = ops.fwd(q, k, v, return_lse=True, bias=bias, **kw)
+    from ck_fmha.heuristics import default_bwd_configs, default_fwd_config
+
+    # the generic tables' Triton tiles, pointer form (the launchers run the configs they are given)
+    fcfg = default_fwd_config(D, D, "generic", bool(kw.get("causal")), Sq, gluon=False).with_(variant="ptr")
+    o, lse = ops.fwd(q, k, v, return_lse=True, bias=bias, config=fcfg, **kw)
     assert lse.max() < -11   # the regime of FlashAttention's test_flash_attn_bwd_varlen_overflow
-    dq, dk, dv = ops.bwd(q, k, v, o, lse, do, deterministic=deterministic, bias=bias, **kw)
+    dq, dk, dv = ops.bwd(q, k, v, o, lse, do, deterministic=deterministic, bias=bias,
+                         config=default_bwd_configs(D, D, "generic", causal=bool(kw.get("causal"))), **kw)
     c = dict(scale=D ** -0.5, cap=kw.get("softcap", 0.0), mask="top_left" if (kw.get("causal") or "window" in kw) else "none",
              left=kw.get("window", (-1, -1))[0], right=0 if kw.get("causal") else kw.get("window", (-1, -1))[1],
              sink_tokens=0)
@@ -255,12 +260,17 @@ def test_bad_device_cu_seqlens_give_nan_not_a_result():
     """Offsets already on the GPU are checked there without a host sync: outputs become NaN."""
     from ck_fmha.backends.triton import launch as ops
 
+    from ck_fmha.backends.triton.configs import TritonFmhaConfig
+
     q = torch.randn(20, 2, 64, device="cuda").half()
     cu_k = torch.tensor([0, 9, 20], dtype=torch.int32, device="cuda")
-    ok = ops.fwd(q, q, q, layout="thd", cu_seqlens_q=cu_k, cu_seqlens_k=cu_k, max_seqlen_q=11, max_seqlen_k=11)
+    cfg = TritonFmhaConfig(64, 64, 4, 2, "ptr")   # the launcher runs the config it is given
+    ok = ops.fwd(q, q, q, layout="thd", cu_seqlens_q=cu_k, cu_seqlens_k=cu_k, max_seqlen_q=11, max_seqlen_k=11,
+                 config=cfg)
     assert torch.isfinite(ok).all()
     bad = ops.fwd(q, q, q, layout="thd", cu_seqlens_q=torch.tensor([0, 12, 8], dtype=torch.int32, device="cuda"),
-                  cu_seqlens_k=cu_k, max_seqlen_q=12, max_seqlen_k=11)
+                  cu_seqlens_k=cu_k, max_seqlen_q=12, max_seqlen_k=11, config=cfg)
     assert torch.isnan(bad).all()
-    small = ops.fwd(q, q, q, layout="thd", cu_seqlens_q=cu_k, cu_seqlens_k=cu_k, max_seqlen_q=4, max_seqlen_k=11)
+    small = ops.fwd(q, q, q, layout="thd", cu_seqlens_q=cu_k, cu_seqlens_k=cu_k, max_seqlen_q=4, max_seqlen_k=11,
+                    config=cfg)
     assert torch.isnan(small).all()

@@ -197,14 +197,19 @@ def test_heuristic_reads_the_tables_of_the_dispatchers_arch(user_store):
     assert bwd_want(pb, later) == bwd_want(pb, gfx942)
 
 
-def test_kernel_direct_calls_on_the_cpu_read_the_generic_tables():
+def test_launchers_choose_nothing():
+    """A kernel-direct call names its kernel: without a config the launcher refuses (issue #30: it used to
+    repeat the heuristics' choice from the same tables); the tables' tile is the heuristics' to give."""
+    from ck_core.errors import InvalidProblem
     from ck_fmha.backends.triton import launch as ops
 
     import torch
 
     q = torch.zeros(1, 2, 128, 64, dtype=torch.float16)
     assert ops._arch_of(q) is None and ops.fp8_v_trans_default(q)
-    cfg = ops.default_fwd_choice(q, q, q, 64, 64, 128, v_trans=False, varlen=False, layout="bhsd", mode=0,
-                                 left=-1, right=-1, softcap=0.0, bias=None, alibi_slopes=None, dropout_p=0.0,
-                                 sink=None, sink_tokens=0, out=None, fp8=False, out_dtype=None, paged=None)
-    assert cfg == C.default_fwd_config(64, 64, "generic", seqlen=128).with_(variant="ptr")
+    assert not hasattr(ops, "default_fwd_choice") and not hasattr(ops, "default_bwd_choice")
+    with pytest.raises(InvalidProblem, match="config is required"):
+        ops.fwd(q, q, q)
+    with pytest.raises(InvalidProblem, match="choice .or config. is required"):
+        ops.bwd_dq_dk_dv(q, q, q, q, torch.zeros(1, 2, 128), torch.zeros(1, 2, 128))
+    assert C.default_fwd_config(64, 64, "generic", seqlen=128).variant == "ptr"

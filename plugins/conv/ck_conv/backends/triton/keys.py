@@ -96,7 +96,7 @@ def render(key, backend: str):
     if backend != "triton":
         raise UnsupportedProblem(f"conv has no {backend} templates; use backend triton")
     from . import kernels as triton_kernels
-    from .launch import aot_source_args
+    from .aot import aot_source_args
 
     fn, sig, consts, opts = aot_source_args(config_of(key))
     attrs_ = opts.pop("attrs")

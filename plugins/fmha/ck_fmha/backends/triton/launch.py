@@ -3,11 +3,11 @@
 Public API (all tensors on one device; CPU tensors work under TRITON_INTERPRET=1):
 
 * ``fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0,
-  return_lse=False, layout='bhsd', config=None, cu_seqlens_q=None,
+  return_lse=False, layout='bhsd', config, cu_seqlens_q=None,
   cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, align=None)``
   -> ``o`` or ``(o, lse)``
 * ``bwd(q, k, v, o, lse, do, *, causal, scale, window, softcap, layout,
-  deterministic=True, config=None, ...)`` -> ``(dq, dk, dv)`` (``+ dbias`` with
+  deterministic=True, config, ...)`` -> ``(dq, dk, dv)`` (``+ dbias`` with
   ``return_dbias=True``); group mode ('thd') like the forward
 * ``fwd`` / ``bwd`` also take ``bias`` ([B|1, H|1, Sq, Sk]; [H|1, Tq, max Sk]
   in group mode), ``alibi_slopes`` ([H] or [B, H]; ``alibi_align`` picks the
@@ -39,9 +39,8 @@ Public API (all tensors on one device; CPU tensors work under TRITON_INTERPRET=1
 A given ``config`` (the Dispatcher's key) is what runs: a Gluon variant (``configs.GLUON_VARIANTS``,
 sm90: the warp-specialised kernel of :mod:`.gluon_fwd`) or a TMA form that cannot run the problem raises
 UnsupportedProblem (``triton_keys.supports`` keeps such keys out of a plan); inputs are made dense and
-16-byte aligned where a TMA or Gluon form needs it.  Without a config (kernel-direct calls)
-:func:`default_fwd_choice` / :func:`default_bwd_choice` pick from the tuned tables as the Dispatcher's
-heuristic does (``ck_fmha.heuristics``).
+16-byte aligned where a TMA or Gluon form needs it.  A call without a config is refused: choosing
+is the Dispatcher's (``ck_fmha.attention``) and the tuned tables are ``ck_fmha.heuristics``'s.
 
 Layouts: ``'bhsd'`` [B, H, S, D]; ``'bshd'`` [B, S, H, D]; ``'thd'`` (group /
 varlen mode) [total, H, D] with ``cu_seqlens_q/k`` (int32, B+1) and the
@@ -61,7 +60,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from typing import Optional
 
 import torch
@@ -72,8 +70,6 @@ from . import kernels as K
 from ... import device_errors
 from .configs import (GLUON_VARIANTS, TritonFmhaConfig, fp8_v_trans, hdim_blocks, hopper, next_pow2, padded_hdim,
                       valid_dchunk)
-from ...heuristics import (bwd_gsplit_rule, default_bwd_configs, default_fwd_config, gluon_dkdv_tile, gluon_dq_tile,
-                     gluon_fused_min_seqlen, gluon_fused_tile)
 
 try:
     from ck_core.errors import InvalidProblem, UnsupportedProblem
@@ -92,8 +88,7 @@ log = logging.getLogger(__name__)
 # ---------------------------------------------------------------------------
 
 
-def _interpret() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+from ck_core.knobs import interpreting as _interpret  # noqa: E402  (one reader of TRITON_INTERPRET)
 
 
 def _arch_of(t: torch.Tensor):
@@ -107,11 +102,6 @@ def _arch_of(t: torch.Tensor):
         return current_arch(t)
     except UnsupportedProblem:
         return None
-
-
-def _tuned_arch(arch) -> str:
-    """The arch name whose tuned tables a kernel-direct call reads (the generic tables without one)."""
-    return arch.name if arch is not None else "generic"
 
 
 def _hopper(arch) -> bool:
@@ -592,7 +582,9 @@ def fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, retu
                       alibi_slopes=alibi_slopes, dropout_p=dropout_p, sink=sink, sink_tokens=sink_tokens, out=out,
                       fp8=fp8, out_dtype=out_dtype, paged=_paged)
     if config is None:
-        config = default_fwd_choice(q, k, v, dq, dv, sq, v_trans=v_trans, varlen=varlen, **gluon_args)
+        raise InvalidProblem("fwd: config is required (a TritonFmhaConfig: the launcher runs the kernel it is given; "
+                             "ck_fmha.heuristics.default_fwd_config gives the tuned tables' tile, and "
+                             "ck_fmha.attention chooses one through the Dispatcher)")
     cfg, variant = config, config.variant
     # meta tensors: ``ck build`` tracing this launch for a Hopper target (nothing runs)
     if variant != "ptr" and q.device.type != "meta" and not _hopper(_arch_of(q)):
@@ -720,39 +712,6 @@ def fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, retu
     return (o, lse) if return_lse else o
 
 
-def default_fwd_choice(q, k, v, dq, dv, sq, *, v_trans, varlen, **gluon_args) -> TritonFmhaConfig:
-    """The config of a kernel-direct forward call (no ``config``): the tables' choice that
-    ``ck_fmha.heuristics.fwd_want`` makes for the Dispatcher: the Gluon kernel where tuned and in its
-    scope, else the Triton kernel's tuned tile in the best form of (tma_host, tma, ptr) these tensors
-    allow."""
-    arch = _arch_of(q)
-    tag = _tuned_arch(arch)
-    causal = gluon_args["mode"] & 1 == 1
-    cfg = default_fwd_config(dq, dv, tag, causal=causal, seqlen=sq, fp8=v_trans)
-    if gluon_args["fp8"] or gluon_args["paged"] is not None:   # head-dim chunks: fp16/bf16, contiguous K/V
-        cfg = cfg.with_(DCHUNK=0)
-    if cfg.variant in GLUON_VARIANTS:
-        if not _gluon_reason(q, k, v, cfg, **gluon_args):
-            return cfg
-        cfg = default_fwd_config(dq, dv, tag, causal=causal, seqlen=sq, fp8=v_trans, gluon=False)
-    variant = cfg.variant if (_hopper(arch) and gluon_args["paged"] is None) else "ptr"
-    if varlen and v_trans:
-        variant = "ptr"
-    layout = gluon_args["layout"]
-    hk = _dims(k, layout)[1] if gluon_args["paged"] is None else 0
-    if v_trans:
-        v_host_ok, v_dev_ok = (_vt_host_tma_ok(v, layout, hk, dv) or not is_key_major(v, layout),
-                               _vt_tma_ok(v, layout) or not is_key_major(v, layout))
-    else:
-        v_host_ok, v_dev_ok = v.is_contiguous() and _tma_ok(v), _tma_ok(v)
-    if variant == "tma_host" and not (not varlen and dq == padded_hdim(dq) and dv == padded_hdim(dv)
-                                      and q.is_contiguous() and k.is_contiguous() and v_host_ok and _tma_ok(q, k)):
-        variant = "tma"
-    if variant in ("tma", "tma_ws") and not (_tma_ok(q, k) and v_dev_ok):
-        variant = "ptr"
-    return cfg.with_(variant=variant)
-
-
 def _gluon_reason(q, k, v, cfg, *, layout, mode, left, right, softcap, bias, alibi_slopes, dropout_p, sink,
                   sink_tokens, out, fp8, out_dtype, paged) -> str:
     """Why ``fwd`` cannot hand this problem to the Gluon kernel of ``cfg`` ('' when it can); ``mode``,
@@ -782,66 +741,6 @@ def _dense(t: torch.Tensor) -> torch.Tensor:
     descriptors and the Gluon kernels address.  Preparing the data never changes the kernel."""
     t = t if t.is_contiguous() else t.contiguous()
     return t.clone() if t.data_ptr() % 16 else t
-
-
-def default_bwd_choice(q, k, v, do, lse, delta, *, layout, mode, right, has_sc, bias, alibi_slopes, dropout_p,
-                       return_dbias, deterministic, config, _dq, _dkdv, sq, sk):
-    """The (dK/dV, dQ) choice of a kernel-direct backward call (no ``choice``): the one
-    ``ck_fmha.heuristics.bwd_want`` makes for the Dispatcher, from the same tables; ``config`` =
-    (dK/dV, dQ) Triton configs; ``_dq`` / ``_dkdv`` ("triton" | "gluon" | "none") force a kernel
-    (benchmarks)."""
-    from ck_core import knobs
-
-    d = q.shape[-1]
-    arch = _tuned_arch(_arch_of(q))
-    cfg_kv, cfg_q = config or default_bwd_configs(d, v.shape[-1], arch, causal=mode & 1 == 1)
-    gluon_why = "dbias" if return_dbias else _gluon_dq_reason(
-        q, k, v, do, lse, delta, (64, 2, True), layout=layout, mode=mode, right=right, has_sc=has_sc, bias=bias,
-        alibi_slopes=alibi_slopes, dropout_p=dropout_p, dv_=v.shape[-1])
-    env = knobs.get("CK_FMHA_GLUON_DKDV")
-    gk = None
-    if not deterministic and not gluon_why and _dkdv != "triton":
-        if env != "0" or _dkdv == "gluon":
-            gk = gluon_fused_tile(d, mode == 1, arch)
-            if _dkdv == "gluon":
-                gk = gk or gluon_bwd.tiles("fused", arch).get(d)
-            elif gk is not None and sk < gluon_fused_min_seqlen(arch):
-                gk = None
-        if gk is None:
-            deterministic = True   # on sm90 the separate dQ pass beats the Triton fp32-atomic kernel
-    if deterministic and not return_dbias and _dkdv != "triton" and (env != "0" or _dkdv == "gluon"):
-        gk = gluon_dkdv_tile(d, mode == 1, arch)
-        if _dkdv == "gluon" or env == "1":
-            gk = gk or gluon_bwd.tiles("dkdv", arch).get(d)
-    why = "not configured" if gk is None else gluon_why
-    spec = _arch_of(q)
-    if spec is not None and q.dim() == 4 and layout != "thd":   # GQA with few key blocks: the Triton kernel's group split
-        from ...heuristics import group_split
-
-        bq, hq_, hk_ = q.shape[0], *(_dims(t, layout)[1] for t in (q, k))
-        rule = bwd_gsplit_rule(arch)
-        if not why and _dkdv != "gluon" and group_split(bq, hq_, hk_, sq, sk, 128, spec.compute_units,
-                                                        dict(rule, waves=rule.get("gluon_waves", 0))) > 1:
-            why = "GQA group split"
-        gs = group_split(bq, hq_, hk_, sq, sk, cfg_kv.BLOCK_N, spec.compute_units, rule,
-                         parts=2 if cfg_kv.variant == "kvsplit" else 1)
-        cfg_kv = cfg_kv.with_(GSPLIT=gs if gs > 1 else 0)
-    if why and _dkdv == "gluon":
-        raise UnsupportedProblem(f"gluon dK/dV: {why}")
-    kv = ("triton", cfg_kv) if why else ("gluon", gk)
-    if not deterministic:
-        return kv, ("atomic",)
-    if _dq == "none":
-        return kv, ("none",)
-    gtile = gluon_dq_tile(d, arch) if _dq is None else gluon_bwd.tiles("dq", arch).get(d)
-    if _dq != "triton" and gtile is not None:
-        why = _gluon_dq_reason(q, k, v, do, lse, delta, gtile, layout=layout, mode=mode, right=right, has_sc=has_sc,
-                               bias=bias, alibi_slopes=alibi_slopes, dropout_p=dropout_p, dv_=v.shape[-1])
-        if not why:
-            return kv, ("gluon", gtile)
-        if _dq == "gluon":
-            raise UnsupportedProblem(f"gluon dQ pass: {why}")
-    return kv, ("triton", cfg_q)
 
 
 def _gluon_dq_reason(q, k, v, do, lse, delta, tile, *, layout, mode, right, has_sc, bias, alibi_slopes, dropout_p,
@@ -926,28 +825,16 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
                  layout="bhsd", deterministic=True, config=None, align=None, cu_seqlens_q=None,
                  cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, bias=None, alibi_slopes=None,
                  dropout_p=0.0, seed=0, offset=0, return_dbias=False, alibi_align=None, seqlens_k=None,
-                 choice=None, _dq=None, _dkdv=None, _trusted_varlen=False, _via=None):
+                 choice=None, _trusted_varlen=False, _via=None):
     """Backward stage 2: dK, dV (summed over the GQA group) and dQ.
-
-    The deterministic dQ pass runs on the Gluon sm90 kernel (:mod:`.gluon_bwd`) where
-    the GPU's arch has a ``bwd_gluon_dq`` tile (``tuning.gluon_dq_tile``) for the head dim and the problem is in its scope (plain
-    or causal fp16/bf16 batch mode, whole 128-row tiles), else on the Triton kernel.  ``_dq``
-    ("triton" | "gluon" | "none", benchmarks only) overrides that; "none" skips dQ (dq is None).
-    dK/dV likewise on :func:`gluon_bwd.dkdv` where its ``bwd_gluon_dkdv`` table names a tile
-    (``_dkdv`` overrides; the environment variable ``CK_FMHA_GLUON_DKDV`` = 0 / 1 turns it off / on
-    for every head dim the kernel has).
-
-    ``deterministic=False`` on a Hopper GPU within the Gluon kernels' scope: dQ is computed inside the
-    Gluon dK/dV kernel (TMA reduce-adds into the fp32 accumulator) where the arch's ``bwd_gluon_fused``
-    table names a tile and seqlen_k >= its ``min_seqlen_k``; elsewhere there it takes the deterministic
-    path, which measured faster than the Triton fp32-atomic kernel (``_dkdv="triton"`` keeps that kernel).
 
     ``choice`` = (dK/dV, dQ): what runs, exactly (the Dispatcher's key: ``triton_keys`` dq field and
     variant): dK/dV ``("triton", TritonFmhaConfig)`` | ``("gluon", (BLOCK_MQ, STAGES, persistent))``;
     dQ ``("atomic",)`` (fp32 atomics in the dK/dV kernel, not deterministic) | ``("triton", config)`` |
-    ``("gluon", (BLOCK_N, STAGES, persistent))``.  A choice that cannot run the problem raises
-    UnsupportedProblem.  Without it (kernel-direct calls) :func:`default_bwd_choice` picks from
-    ``deterministic``, ``config``, ``_dq`` and ``_dkdv`` as the heuristic does.
+    ``("gluon", (BLOCK_N, STAGES, persistent))`` | ``("none",)`` (no dQ).  A choice that cannot run the
+    problem raises UnsupportedProblem.  ``config`` = (dK/dV, dQ) Triton configs instead of a choice runs
+    the Triton kernels (dQ by atomics with ``deterministic=False``).  The launcher chooses nothing:
+    ``ck_fmha.heuristics.bwd_want`` makes the tables' choice for the Dispatcher.
 
     Returns ``(dq, dq_acc, dk, dv)`` (``(dq, dq_acc, dk, dv, dbias)`` with
     ``return_dbias``): deterministic mode computes dQ in its own pass (``dq``
@@ -983,10 +870,13 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
     has_sc = bool(softcap and softcap > 0)
     bdq, bdv = padded_hdim(dq_), padded_hdim(dv_)
     if choice is None:
-        choice = default_bwd_choice(q, k, v, do, lse, delta, layout=layout, mode=mode, right=right, has_sc=has_sc,
-                                    bias=bias, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
-                                    return_dbias=return_dbias, deterministic=deterministic, config=config,
-                                    _dq=_dq, _dkdv=_dkdv, sq=sq, sk=sk)
+        if config is None:
+            raise InvalidProblem("bwd_dq_dk_dv: choice (or config) is required: the launcher runs the (dK/dV, dQ) "
+                                 "kernels it is given (ck_fmha.heuristics.default_bwd_configs gives the tuned "
+                                 "tables' Triton configs; ck_fmha.attention's backward chooses through the "
+                                 "Dispatcher)")
+        cfg_kv, cfg_q = config
+        choice = (("triton", cfg_kv), ("triton", cfg_q) if deterministic else ("atomic",))
     (kv_kind, kv), dq_choice = choice
     atomic = dq_choice[0] == "atomic"
     if kv_kind == "gluon" or dq_choice[0] == "gluon":   # the Gluon kernels read dense 16-byte aligned tensors

@@ -17,8 +17,7 @@ import logging
 
 from ck_core.errors import InvalidProblem, UnsupportedProblem
 
-from ...keys import GemmAlgorithm
-from .configs import DEFAULT_STAGES, config_of_algorithm  # noqa: F401  (re-exported)
+from .configs import config_of_algorithm
 
 log = logging.getLogger(__name__)
 
@@ -126,14 +125,7 @@ def jit_calls(key, problem=None) -> list:
     return calls
 
 
-_TORCH_DT = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32", "fp8": "float8_e4m3fn",
-             "bf8": "float8_e5m2", "int8": "int8", "int32": "int32"}
-
-
-def torch_dtype(token: str):
-    import torch
-
-    return getattr(torch, _TORCH_DT[token])
+from ck_core.dtypes import torch_dtype  # noqa: E402,F401  (one copy, in the core)
 
 
 def make_launcher(key, num_sms=None):

@@ -41,10 +41,7 @@ def _dtype_token(t) -> str:
         raise InvalidProblem(f"dtype {t}: the Triton GEMM takes fp16, bf16, fp32, fp8 (e4m3fn) or int8") from None
 
 
-def _torch_dtype(token: str):
-    import torch
-    return {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32, "int32": torch.int32,
-            "int8": torch.int8}[token]
+from ck_core.dtypes import torch_dtype as _torch_dtype  # noqa: E402
 
 
 @functools.lru_cache(maxsize=512)
