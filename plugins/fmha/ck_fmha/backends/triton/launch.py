@@ -709,7 +709,8 @@ def fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, retu
         *(descale_ptrs or (o, o, o)), v_descale_f, device_errors.flag(q.device),
         D_Q=dq, D_V=dv, BLOCK_DQ=bdq, BLOCK_DV=bdv,
         BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
-        MASK_MODE=mode, BOTTOM_RIGHT=br, HAS_SOFTCAP=bool(softcap and softcap > 0),
+        MASK_MODE=mode, BOTTOM_RIGHT=_kernel_br(br, mode, varlen, sq, sk, seqlens_k is not None or _paged is not None),
+        HAS_SOFTCAP=bool(softcap and softcap > 0),
         STORE_LSE=bool(return_lse), IS_VARLEN=varlen, REVERSE_M=bool(mode & 1),
         USE_TMA={"ptr": 0, "tma": 1, "tma_ws": 1, "tma_host": 2}[variant], WARP_SPEC=variant == "tma_ws",
         BIAS_MODE=bmode, HAS_DROPOUT=has_do, **paged_cx, HAS_SINK=has_sink, HAS_SINK_LOGIT=sink is not None,
@@ -918,6 +919,13 @@ def bwd_dot_do_o(o, do, *, layout="bhsd", cu_seqlens_q=None, max_seqlen_q=None, 
     return delta
 
 
+def _kernel_br(br: bool, mode: int, varlen: bool, sq: int, sk: int, runtime_lens: bool) -> bool:
+    """The kernels' BOTTOM_RIGHT where it moves the mask (a mask, and lengths that may differ:
+    group mode, run-time lengths, or sq != sk); else False, so an unmasked or square call of
+    either alignment loads one kernel."""
+    return bool(br and mode != 0 and (varlen or runtime_lens or sq != sk))
+
+
 def _even(varlen: bool, sq: int, sk: int, cfg) -> bool:
     """The backward kernels' EVEN_M / EVEN_N: both lengths whole tiles (batch mode), else both
     masked; the only size-derived constexpr of the backward, so a key builds two kernels per
@@ -1070,7 +1078,8 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
             cu_q, cu_k, ba, aa, dbias_full, sbb, sbh, sbq, sbk, salb, sdbb, sdbh, sdbq, slh,
             k0, k1, off_lo, thresh, dscale, lens_arg, gsplit, sdkg, sdvg,
             D_Q=dq_, D_V=dv_, BLOCK_DQ=kbdq, BLOCK_DV=kbdv, BLOCK_M=cfg_kv.BLOCK_M, BLOCK_N=cfg_kv.BLOCK_N,
-            MASK_MODE=mode, BOTTOM_RIGHT=br, HAS_SOFTCAP=has_sc, ATOMIC_DQ=atomic,
+            MASK_MODE=mode, BOTTOM_RIGHT=_kernel_br(br, mode, varlen, sq, sk, seqlens_k is not None),
+            HAS_SOFTCAP=has_sc, ATOMIC_DQ=atomic,
             # one class for both edges (whole tiles or not): two compiles per key, not four
             EVEN_M=_even(varlen, sq, sk, cfg_kv), EVEN_N=_even(varlen, sq, sk, cfg_kv),
             IS_VARLEN=varlen, BIAS_MODE=bmode, HAS_DROPOUT=has_do, STORE_DBIAS=bool(return_dbias),
@@ -1117,7 +1126,8 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
         cu_q, cu_k, ba, aa, sbb, sbh, sbq, sbk, salb, slh,
         k0, k1, off_lo, thresh, dscale, lens_arg,
         D_Q=dq_, D_V=dv_, BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=cfg_q.BLOCK_M, BLOCK_N=cfg_q.BLOCK_N,
-        MASK_MODE=mode, BOTTOM_RIGHT=br, HAS_SOFTCAP=has_sc,
+        MASK_MODE=mode, BOTTOM_RIGHT=_kernel_br(br, mode, varlen, sq, sk, seqlens_k is not None),
+        HAS_SOFTCAP=has_sc,
         EVEN_M=_even(varlen, sq, sk, cfg_q), EVEN_N=_even(varlen, sq, sk, cfg_q),
         IS_VARLEN=varlen, BIAS_MODE=bmode, HAS_DROPOUT=has_do, HAS_SEQLENS=seqlens_k is not None,
         BLOCK_DQ2=bdq2, BLOCK_DV2=bdv2, num_warps=cfg_q.num_warps, num_stages=cfg_q.num_stages)
