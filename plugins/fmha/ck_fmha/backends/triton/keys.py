@@ -962,8 +962,11 @@ def _candidates(key, batch):
         lens = (n, n - _JIT_RAGGED) if fam == "bwd_dq_dk_dv" else (n,)
         out = [(FmhaProblem(family=fam, batch=b, nhead_q=h, nhead_k=hk, seqlen_q=ln, seqlen_k=ln, mask=m,
                             lse=fam == "fwd", **dims), functools.partial(tensors, ln, ln)) for ln in lens for m in masks]
-        if fam in ("fwd", "bwd_dq_dk_dv"):   # a causal mask aligned bottom-right over more keys than queries
-            sq, sk = n - _JIT_RAGGED, n + _JIT_CROSS   # (FlashAttention's causal): BOTTOM_RIGHT, ragged
+        # a causal mask aligned bottom-right (FlashAttention's causal: BOTTOM_RIGHT), over more keys than
+        # queries (ragged); the backward also square with whole tiles (its EVEN class)
+        brs = {"fwd": ((n - _JIT_RAGGED, n + _JIT_CROSS),),
+               "bwd_dq_dk_dv": ((n - _JIT_RAGGED, n + _JIT_CROSS), (n, n))}.get(fam, ())
+        for sq, sk in brs:
             out.append((FmhaProblem(family=fam, batch=b, nhead_q=h, nhead_k=hk, seqlen_q=sq, seqlen_k=sk,
                                     mask="bottom_right", lse=fam == "fwd", **dims), functools.partial(tensors, sq, sk)))
         return out

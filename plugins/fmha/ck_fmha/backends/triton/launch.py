@@ -920,10 +920,11 @@ def bwd_dot_do_o(o, do, *, layout="bhsd", cu_seqlens_q=None, max_seqlen_q=None, 
 
 
 def _kernel_br(br: bool, mode: int, varlen: bool, sq: int, sk: int, runtime_lens: bool) -> bool:
-    """The kernels' BOTTOM_RIGHT where it moves the mask (a mask, and lengths that may differ:
-    group mode, run-time lengths, or sq != sk); else False, so an unmasked or square call of
-    either alignment loads one kernel."""
-    return bool(br and mode != 0 and (varlen or runtime_lens or sq != sk))
+    """The kernels' BOTTOM_RIGHT: the caller's alignment where there is a mask, else False (an
+    unmasked call loads one kernel whatever alignment it names).  Square problems keep the
+    caller's alignment (both agree there): folding them into one would split the calls of a
+    caller that always names one alignment (FlashAttention: bottom-right) by sq == sk."""
+    return bool(br and mode != 0)
 
 
 def _even(varlen: bool, sq: int, sk: int, cfg) -> bool:
