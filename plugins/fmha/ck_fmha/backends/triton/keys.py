@@ -862,8 +862,9 @@ class TritonFmhaRendered:
 #: every tile and of 16, MHA: sizes are run-time integers (kernels.py), so any batch, head count,
 #: GQA group and length of the key's alignment class loads what this problem built
 _JIT_BATCH, _JIT_HEADS, _JIT_SEQ = 2, 16, 512
-#: the backward's ragged representative is _JIT_SEQ - _JIT_RAGGED long: no tile divides it
-_JIT_RAGGED = 7
+#: the backward's ragged representative is _JIT_SEQ - _JIT_RAGGED long (no tile divides it); the
+#: bottom-right causal one has as many queries over _JIT_SEQ + _JIT_CROSS keys
+_JIT_RAGGED, _JIT_CROSS = 7, 128
 #: the decode-step representative of the split-KV / paged / append-KV families: Llama-style GQA
 #: (32 query heads over 8 key heads), one query row, a 4096-key cache, vLLM's 16-token pages;
 #: batch_prefill: two sequences of 512 queries over the same pages
@@ -904,20 +905,28 @@ def _candidates(key, batch):
                 return meta(b, h, s.hdim_v, n).transpose(2, 3)
             return meta(b, h, n, s.hdim_v)
 
-        tensors = {"fwd": lambda n: dict(q=meta(b, h, n, s.hdim_q), k=meta(b, h, n, s.hdim_q), v=v_fwd(n)),
-                   "bwd_dot_do_o": lambda n: dict(o=meta(b, h, n, s.hdim_v), do=meta(b, h, n, s.hdim_v)),
-                   "bwd_dq_dk_dv": lambda n: dict(q=meta(b, h, n, s.hdim_q), k=meta(b, hk, n, s.hdim_q),
-                                                v=meta(b, hk, n, s.hdim_v), do=meta(b, h, n, s.hdim_v),
-                                                lse=meta(b, h, n, dt=f32), d=meta(b, h, n, dt=f32)),
-                   "bwd_convert_dq": lambda n: dict(q=meta(b, h, n, s.hdim_q),
-                                                  dq_acc=meta(b, h, n, s.hdim_q, dt=f32))}[fam]
+        tensors = {"fwd": lambda n, nk: dict(q=meta(b, h, n, s.hdim_q), k=meta(b, h, nk, s.hdim_q), v=v_fwd(nk)),
+                   "bwd_dot_do_o": lambda n, nk: dict(o=meta(b, h, n, s.hdim_v), do=meta(b, h, n, s.hdim_v)),
+                   "bwd_dq_dk_dv": lambda n, nk: dict(q=meta(b, h, n, s.hdim_q), k=meta(b, hk, nk, s.hdim_q),
+                                                      v=meta(b, hk, nk, s.hdim_v), do=meta(b, h, n, s.hdim_v),
+                                                      lse=meta(b, h, n, dt=f32), d=meta(b, h, n, dt=f32)),
+                   "bwd_convert_dq": lambda n, nk: dict(q=meta(b, h, n, s.hdim_q),
+                                                        dq_acc=meta(b, h, n, s.hdim_q, dt=f32))}[fam]
         masks = ("none",) if fam in ("bwd_dot_do_o", "bwd_convert_dq") else ("none", "top_left")   # no mask there
         # sizes are run-time values (kernels.py: what the kernels specialise on); the backward's one
         # size-derived constexpr is whether both lengths are whole tiles (launch._even): a ragged
         # length too, so every problem of the key's alignment class loads a built kernel
         lens = (n, n - _JIT_RAGGED) if fam == "bwd_dq_dk_dv" else (n,)
-        return [(FmhaProblem(family=fam, batch=b, nhead_q=h, nhead_k=hk, seqlen_q=ln, seqlen_k=ln, mask=m,
-                             lse=fam == "fwd", **dims), functools.partial(tensors, ln)) for ln in lens for m in masks]
+        out = [(FmhaProblem(family=fam, batch=b, nhead_q=h, nhead_k=hk, seqlen_q=ln, seqlen_k=ln, mask=m,
+                            lse=fam == "fwd", **dims), functools.partial(tensors, ln, ln)) for ln in lens for m in masks]
+        # a causal mask aligned bottom-right (FlashAttention's causal: BOTTOM_RIGHT), over more keys than
+        # queries (ragged); the backward also square with whole tiles (its EVEN class)
+        brs = {"fwd": ((n - _JIT_RAGGED, n + _JIT_CROSS),),
+               "bwd_dq_dk_dv": ((n - _JIT_RAGGED, n + _JIT_CROSS), (n, n))}.get(fam, ())
+        for sq, sk in brs:
+            out.append((FmhaProblem(family=fam, batch=b, nhead_q=h, nhead_k=hk, seqlen_q=sq, seqlen_k=sk,
+                                    mask="bottom_right", lse=fam == "fwd", **dims), functools.partial(tensors, sq, sk)))
+        return out
     b, hq, hk, sk, ps = batch or _DEC_BATCH, _DEC_HQ, _DEC_HK, _DEC_SK, _DEC_PAGE
     dec = dict(batch=b, nhead_q=hq, nhead_k=hk, seqlen_q=1, seqlen_k=sk, **dims)
     pages = b * (sk // ps)

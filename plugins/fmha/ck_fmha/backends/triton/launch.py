@@ -698,7 +698,8 @@ def fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, retu
         *(descale_ptrs or (o, o, o)), v_descale_f, device_errors.flag(q.device),
         D_Q=dq, D_V=dv, BLOCK_DQ=bdq, BLOCK_DV=bdv,
         BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
-        MASK_MODE=mode, BOTTOM_RIGHT=br, HAS_SOFTCAP=bool(softcap and softcap > 0),
+        MASK_MODE=mode, BOTTOM_RIGHT=_kernel_br(br, mode, varlen, sq, sk, seqlens_k is not None or _paged is not None),
+        HAS_SOFTCAP=bool(softcap and softcap > 0),
         STORE_LSE=bool(return_lse), IS_VARLEN=varlen, REVERSE_M=bool(mode & 1),
         USE_TMA={"ptr": 0, "tma": 1, "tma_ws": 1, "tma_host": 2}[variant], WARP_SPEC=variant == "tma_ws",
         BIAS_MODE=bmode, HAS_DROPOUT=has_do, **paged_cx, HAS_SINK=has_sink, HAS_SINK_LOGIT=sink is not None,
@@ -812,6 +813,14 @@ def bwd_dot_do_o(o, do, *, layout="bhsd", cu_seqlens_q=None, max_seqlen_q=None, 
         D_V=dv_, BLOCK_DV=padded_hdim(dv_), BLOCK_M=bm0, IS_VARLEN=varlen, num_warps=4)
     _poison(bad, delta)
     return delta
+
+
+def _kernel_br(br: bool, mode: int, varlen: bool, sq: int, sk: int, runtime_lens: bool) -> bool:
+    """The kernels' BOTTOM_RIGHT: the caller's alignment where there is a mask, else False (an
+    unmasked call loads one kernel whatever alignment it names).  Square problems keep the
+    caller's alignment (both agree there): folding them into one would split the calls of a
+    caller that always names one alignment (FlashAttention: bottom-right) by sq == sk."""
+    return bool(br and mode != 0)
 
 
 def _even(varlen: bool, sq: int, sk: int, cfg) -> bool:
@@ -961,7 +970,8 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
             cu_q, cu_k, ba, aa, dbias_full, sbb, sbh, sbq, sbk, salb, sdbb, sdbh, sdbq, slh,
             k0, k1, off_lo, thresh, dscale, lens_arg, gsplit, sdkg, sdvg,
             D_Q=dq_, D_V=dv_, BLOCK_DQ=kbdq, BLOCK_DV=kbdv, BLOCK_M=cfg_kv.BLOCK_M, BLOCK_N=cfg_kv.BLOCK_N,
-            MASK_MODE=mode, BOTTOM_RIGHT=br, HAS_SOFTCAP=has_sc, ATOMIC_DQ=atomic,
+            MASK_MODE=mode, BOTTOM_RIGHT=_kernel_br(br, mode, varlen, sq, sk, seqlens_k is not None),
+            HAS_SOFTCAP=has_sc, ATOMIC_DQ=atomic,
             # one class for both edges (whole tiles or not): two compiles per key, not four
             EVEN_M=_even(varlen, sq, sk, cfg_kv), EVEN_N=_even(varlen, sq, sk, cfg_kv),
             IS_VARLEN=varlen, BIAS_MODE=bmode, HAS_DROPOUT=has_do, STORE_DBIAS=bool(return_dbias),
@@ -1008,7 +1018,8 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
         cu_q, cu_k, ba, aa, sbb, sbh, sbq, sbk, salb, slh,
         k0, k1, off_lo, thresh, dscale, lens_arg,
         D_Q=dq_, D_V=dv_, BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=cfg_q.BLOCK_M, BLOCK_N=cfg_q.BLOCK_N,
-        MASK_MODE=mode, BOTTOM_RIGHT=br, HAS_SOFTCAP=has_sc,
+        MASK_MODE=mode, BOTTOM_RIGHT=_kernel_br(br, mode, varlen, sq, sk, seqlens_k is not None),
+        HAS_SOFTCAP=has_sc,
         EVEN_M=_even(varlen, sq, sk, cfg_q), EVEN_N=_even(varlen, sq, sk, cfg_q),
         IS_VARLEN=varlen, BIAS_MODE=bmode, HAS_DROPOUT=has_do, HAS_SEQLENS=seqlens_k is not None,
         BLOCK_DQ2=bdq2, BLOCK_DV2=bdv2, num_warps=cfg_q.num_warps, num_stages=cfg_q.num_stages)
