@@ -5,17 +5,19 @@ Torch entry points (through the Dispatcher; torch loads on first use)::
     from ck_gemm import matmul, linear
     c = matmul(a, b, d=(bias,), activation="gelu")
     y = linear(x, weight, bias)
+    ck_gemm.patch(model)          # every nn.Linear of a model through linear (ck_gemm.nn)
 """
 from .keys import GemmAlgorithm, GemmSignature
 from .problem import GemmProblem
 
-__all__ = ["GemmProblem", "GemmSignature", "GemmAlgorithm", "matmul", "linear"]
+__all__ = ["GemmProblem", "GemmSignature", "GemmAlgorithm", "matmul", "linear", "patch", "unpatch"]
 
 
 def __getattr__(name):
-    if name in ("matmul", "linear"):
-        from . import api
+    if name in ("matmul", "linear", "patch", "unpatch"):
+        import importlib
 
-        fn = globals()[name] = getattr(api, name)   # later lookups skip this function
+        mod = importlib.import_module(".nn" if name in ("patch", "unpatch") else ".api", __name__)
+        fn = globals()[name] = getattr(mod, name)   # later lookups skip this function
         return fn
     raise AttributeError(f"module 'ck_gemm' has no attribute {name!r}")
