@@ -25,7 +25,8 @@ figures are never below ``CompiledKernel.metadata.shared`` (a sample in CI, ever
 """
 from __future__ import annotations
 
-from .configs import hdim_blocks
+from ...heuristics import DQ_ATOMIC, parse_dq
+from .configs import GLUON_VARIANTS, hdim_blocks
 
 #: mbarriers (TMA, pipelining) and reduction scratch: the most Triton 3.6 allocated above the tile sums
 SLACK = 1024
@@ -33,6 +34,11 @@ SLACK = 1024
 _SMALL = ("bwd_dot_do_o", "bwd_convert_dq", "fwd_splitkv_combine", "fwd_appendkv")
 #: the Gluon dQ pass: two consumer warpgroups of 64 query rows each (``gluon_bwd``'s SUB_M)
 _GLUON_DQ_SUB_M = 64
+
+
+def _gluon_dkdv(variant: str) -> bool:
+    """The Gluon dK/dV kernel's variants (``keys.GLUON_BWD_VARIANTS``: gluon_dkdv, gluon_dkdv_pers)."""
+    return variant.startswith("gluon_dkdv")
 
 
 def _dims(hq: int, hv: int, dchunk: int = 0) -> tuple:
@@ -44,9 +50,6 @@ def kernel_needs(family: str, hq: int, hv: int, alg, elem_bytes: int = 2, bias: 
     """``{kernel: bytes}`` of shared memory for each kernel a key of ``family`` launches.
     ``alg``: the key's TritonFmhaAlg; ``bias``: the problem has an elementwise bias (its tile is
     pipelined with the loop's other loads)."""
-    from .keys import GLUON_BWD_VARIANTS, GLUON_VARIANTS
-    from ...heuristics import DQ_ATOMIC, parse_dq
-
     e = elem_bytes
     if family in _SMALL:
         return {family: 8 * max(hq, hv) + 4 * 256 + SLACK}
@@ -66,7 +69,7 @@ def kernel_needs(family: str, hq: int, hv: int, alg, elem_bytes: int = 2, bias: 
     out = {}
     choice = parse_dq(alg.dq) if alg.dq else (DQ_ATOMIC,)
     atomic = choice[0] == DQ_ATOMIC
-    if alg.variant in GLUON_BWD_VARIANTS:
+    if _gluon_dkdv(alg.variant):
         from .gluon_bwd import dkdv_smem_bytes
 
         out["dkdv"] = dkdv_smem_bytes(hq, bm, st, atomic, e) + SLACK
@@ -100,13 +103,10 @@ def measured(arch) -> bool:
 def tile_sum(family: str, hq: int, hv: int, alg, elem_bytes: int = 2) -> int:
     """The earlier estimate (archs not :func:`measured`): the Q tile plus ``num_stages`` K/V tiles
     (Gluon forward: also the output staging tile and 1 KiB of mbarriers)."""
-    from .keys import GLUON_BWD_VARIANTS, GLUON_VARIANTS
-    from ...heuristics import DQ_ATOMIC
-
     if family in _SMALL:
         return 0
     dq, dv = _dims(hq, hv, alg.dchunk)
-    if alg.variant in GLUON_BWD_VARIANTS:
+    if _gluon_dkdv(alg.variant):
         from .gluon_bwd import dkdv_smem_bytes
 
         return dkdv_smem_bytes(hq, alg.block_m, alg.num_stages, alg.dq == DQ_ATOMIC, elem_bytes)
