@@ -25,7 +25,7 @@ REQUIRED = {
 SHARED = {
     "space", "keyspace", "heuristics", "features", "plan", "footprint",
     "backends.triton.keys", "backends.triton.configs", "backends.triton.aot",
-    "backends.ck", "backends.ck.template",
+    "backends.ck", "backends.ck.template", "nn",
 }
 OWN = {
     "gemm": {"ck_rules"},
@@ -34,7 +34,8 @@ OWN = {
              "device_errors",
              "flash_attn", "integrations", "integrations.transformers", "masks", "paged", "philox",
              "reference.forward", "reference.backward", "reference.layout", "reference.rope",
-             "backends.triton.gluon_fwd", "backends.triton.gluon_bwd", "backends.triton.warm", "decode", "prefill",
+             "backends.triton.gluon_fwd", "backends.triton.gluon_bwd", "backends.triton.warm",
+             "backends.triton.smem", "decode", "prefill",
              "seqtune"},
 }
 

@@ -2,7 +2,8 @@
 
 Light at import: torch and triton load only when a kernel is launched or compiled.
 Torch entry points (through the Dispatcher, with autograd): ``conv1d``, ``conv2d``,
-``conv3d`` taking ``torch.nn.functional.conv*d``'s arguments (see :mod:`ck_conv.api`).
+``conv3d`` taking ``torch.nn.functional.conv*d``'s arguments (see :mod:`ck_conv.api`);
+``patch(model)`` sends a model's ``nn.Conv*d`` layers through them (:mod:`ck_conv.nn`).
 """
 from __future__ import annotations
 
@@ -10,11 +11,11 @@ from .keys import ConvKernelConfig
 from .problem import ConvProblem
 
 __all__ = ["ConvProblem", "ConvKernelConfig", "enumerate_configs", "heuristic_config", "run", "kernel_for",
-           "reference", "conv1d", "conv2d", "conv3d"]
+           "reference", "conv1d", "conv2d", "conv3d", "patch", "unpatch"]
 
 
 #: public names and the module that holds each, imported on first use
-_LAZY = {"conv1d": "api", "conv2d": "api", "conv3d": "api", "enumerate_configs": "space",
+_LAZY = {"conv1d": "api", "conv2d": "api", "conv3d": "api", "patch": "nn", "unpatch": "nn", "enumerate_configs": "space",
          "heuristic_config": "heuristics"}
 
 

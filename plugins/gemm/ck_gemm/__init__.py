@@ -7,22 +7,25 @@ Torch entry points (through the Dispatcher; torch loads on first use)::
     y = linear(x, weight, bias)
     w = preshuffle(weight)          # packed once in a kernel's tile order (CK's preshuffle GEMM)
     y = linear(x, w, bias)
+    ck_gemm.patch(model)            # every nn.Linear of a model through linear (ck_gemm.nn)
 """
 from .keys import GemmAlgorithm, GemmSignature
 from .problem import GemmProblem
 
-__all__ = ["GemmProblem", "GemmSignature", "GemmAlgorithm", "matmul", "linear", "preshuffle", "PackedWeight"]
+__all__ = ["GemmProblem", "GemmSignature", "GemmAlgorithm", "matmul", "linear", "preshuffle", "PackedWeight",
+           "patch", "unpatch"]
 
 
 def __getattr__(name):
-    if name in ("matmul", "linear", "preshuffle", "PackedWeight"):
+    if name in ("matmul", "linear", "preshuffle", "PackedWeight", "patch", "unpatch"):
+        import importlib
+
         try:
-            from . import api
+            mod = importlib.import_module(".nn" if name in ("patch", "unpatch") else ".api", __name__)
         except ImportError as exc:
             from ck_core.deps import missing
 
             raise missing(exc, f"ck_gemm.{name}", "ck-gemm") from exc
-
-        fn = globals()[name] = getattr(api, name)   # later lookups skip this function
+        fn = globals()[name] = getattr(mod, name)   # later lookups skip this function
         return fn
     raise AttributeError(f"module 'ck_gemm' has no attribute {name!r}")

@@ -32,6 +32,8 @@ import attrs
 from ck_core.errors import ConfigError, InvalidProblem, MissingKernel
 from ck_core.key import KernelKey, RecordSchema
 
+from . import smem
+
 from ...heuristics import (DQ_ATOMIC, dq_gluon, dq_triton, gluon_bwd_reason, gluon_dkdv_reason,  # noqa: F401
                           interpreting, parse_dq)
 from .configs import (GLUON_BWD_BLOCK_N, GLUON_BWD_VARIANTS, GLUON_BWD_WARPS, GSPLITS, KVSPLIT,  # noqa: F401
@@ -184,7 +186,9 @@ def legal(key, arch) -> Optional[str]:
         if (dq[0] == "gluon" or a.variant in GLUON_BWD_VARIANTS) and (
                 (s.hdim_q, s.hdim_v) not in GLUON_HDIMS or s.dtype == "fp8" or not _hopper(arch)):
             return f"the Gluon backward kernels cover fp16/bf16 head dims {GLUON_HDIMS} on Hopper only"
-    need = _smem(s.family, s.hdim_q, s.hdim_v, a, 1 if s.dtype == "fp8" else 2)
+    if smem.measured(arch):
+        return smem_reason(key, arch)
+    need = smem.tile_sum(s.family, s.hdim_q, s.hdim_v, a, 1 if s.dtype == "fp8" else 2)
     if need > arch.lds_bytes and a not in _tabled(s.family, s.hdim_q, s.hdim_v, arch.name, s.dtype == "fp8"):
         return f"needs {need} B of shared memory/LDS, {arch.name} has {arch.lds_bytes} B"
     return None
@@ -205,20 +209,58 @@ def _arch_spec(name: str):
         return None
 
 
-def _smem(family, hq, hv, a: TritonFmhaAlg, elem_bytes: int = 2) -> int:
-    """Upper estimate of shared memory: the Q tile plus num_stages K/V tiles (Gluon keys: also the
-    output staging tile and 1 KiB for the mbarriers)."""
-    from .configs import hdim_blocks
+def smem_reason(key, arch, bias: bool = False) -> Optional[str]:
+    """Why ``key``'s kernels do not fit ``arch``'s shared memory / LDS (None when they do)."""
+    return _smem_reason(key, arch.name, arch.lds_bytes, bias)
 
-    dq, dv = sum(hdim_blocks(hq, a.dchunk)), sum(hdim_blocks(hv, a.dchunk))
-    if family in ("bwd_dot_do_o", "bwd_convert_dq", "fwd_splitkv_combine", "fwd_appendkv"):
-        return 0   # elementwise / copy kernels: no K/V tiles in shared memory
-    if a.variant in GLUON_BWD_VARIANTS:
-        from .gluon_bwd import dkdv_smem_bytes
 
-        return dkdv_smem_bytes(hq, a.block_m, a.num_stages, a.dq == DQ_ATOMIC, elem_bytes)
-    extra = elem_bytes * a.block_m * dv + 1024 if a.variant in GLUON_VARIANTS else 0
-    return elem_bytes * (a.block_m * dq + a.num_stages * a.block_n * (dq + dv)) + extra
+@functools.lru_cache(maxsize=8192)
+def _smem_reason(key, arch_name: str, limit: int, bias: bool) -> Optional[str]:
+    s = key.signature
+    needs = smem.kernel_needs(s.family, s.hdim_q, s.hdim_v, key.algorithm, 1 if s.dtype == "fp8" else 2, bias)
+    kernel, need = max(needs.items(), key=lambda kv: kv[1])
+    if need <= limit:
+        return None
+    return (f"its {kernel} kernel needs {need} B of shared memory/LDS{' with the bias tile' if bias else ''}; "
+            f"{arch_name} has {limit} B per block (a smaller tile or fewer stages fits)")
+
+
+def _shrink_cfg(bm: int, bn: int, stages: int):
+    """The next smaller tiling: one pipeline stage fewer, else the larger block halved (to 16)."""
+    if stages > 1:
+        return bm, bn, stages - 1
+    if max(bm, bn) <= 16:
+        return None
+    return (bm // 2, bn, stages) if bm >= bn else (bm, bn // 2, stages)
+
+
+def _fitted(family, hq, hv, a: TritonFmhaAlg, elem_bytes: int, limit: int) -> Optional[TritonFmhaAlg]:
+    """``a``, or the nearest smaller tiling of it whose kernels fit ``limit`` bytes of shared memory
+    (a tuned tile measured on a larger arch, or a head dim whose tile the tables do not size), or None.
+    Gluon kernels keep their tiles (their layouts are written for them)."""
+    for _ in range(16):
+        needs = smem.kernel_needs(family, hq, hv, a, elem_bytes)
+        if max(needs.values()) <= limit:
+            return a
+        if a.variant in GLUON_VARIANTS:
+            return None
+        if needs.get("dq", 0) > limit:   # the backward's Triton dQ pass
+            dq = parse_dq(a.dq)
+            if dq[0] != "triton":
+                return None
+            c = dq[1]
+            smaller = _shrink_cfg(c.BLOCK_M, c.BLOCK_N, c.num_stages)
+            if smaller is None:
+                return None
+            a = attrs.evolve(a, dq=dq_triton(c.with_(BLOCK_M=smaller[0], BLOCK_N=smaller[1], num_stages=smaller[2])))
+            continue
+        if a.variant in GLUON_BWD_VARIANTS:
+            return None
+        smaller = _shrink_cfg(a.block_m, a.block_n, a.num_stages)
+        if smaller is None:
+            return None
+        a = attrs.evolve(a, block_m=smaller[0], block_n=smaller[1], num_stages=smaller[2])
+    return None
 
 
 def _configs(family, hq, hv, arch, elem_bytes: int = 2, prune: bool = True) -> list:
@@ -264,8 +306,12 @@ def _configs(family, hq, hv, arch, elem_bytes: int = 2, prune: bool = True) -> l
         v = c.variant if (_hopper(arch) or c.variant not in CUDA_ONLY) else "ptr"
         chunk = c.DCHUNK if (family == "fwd" and v in DCHUNK_VARIANTS and elem_bytes == 2) else 0
         a = TritonFmhaAlg(c.BLOCK_M, c.BLOCK_N, c.num_warps, c.num_stages, v, dchunk=chunk)
-        tabled = family in ("fwd", "bwd_dq_dk_dv") and c not in extras   # see _tabled
-        if a not in out and (tabled or not prune or _smem(family, hq, hv, a, elem_bytes) <= arch.lds_bytes):
+        if prune and smem.measured(arch):
+            a = _fitted(family, hq, hv, a, elem_bytes, arch.lds_bytes)
+        elif prune:   # (see smem.tile_sum: the tables' tiles are kept where the estimate is not measured)
+            tabled = family in ("fwd", "bwd_dq_dk_dv") and c not in extras
+            a = a if tabled or smem.tile_sum(family, hq, hv, a, elem_bytes) <= arch.lds_bytes else None
+        if a is not None and a not in out:
             out.append(a)
     if family == "fwd_splitkv":   # one key per split count: the count is in the kernel's name
         return [attrs.evolve(a, splits=n) for a in out for n in SPLITS]
@@ -297,9 +343,11 @@ def _bwd_algs(hq, hv, arch, tag, elem_bytes, prune=True) -> list:
         for dq in dqs:
             c = chunk.get(tuple(k), 0) if not dq.startswith("gluon") else 0
             a = TritonFmhaAlg(*k, dq=dq, gsplit=gs, dchunk=c)
-            # the tables' Triton tiles run on every arch (they did before the estimate existed)
-            fits = k[4] in ("ptr", KVSPLIT) or not prune or _smem("bwd_dq_dk_dv", hq, hv, a, elem_bytes) <= arch.lds_bytes
-            if a not in out and fits and legal_pair(a):
+            if prune and smem.measured(arch):   # a tile too large for the arch: its nearest smaller form
+                a = _fitted("bwd_dq_dk_dv", hq, hv, a, elem_bytes, arch.lds_bytes)
+            elif prune and k[4] not in ("ptr", KVSPLIT):   # (the tables' Triton tiles: see smem.tile_sum)
+                a = a if smem.tile_sum("bwd_dq_dk_dv", hq, hv, a, elem_bytes) <= arch.lds_bytes else None
+            if a is not None and a not in out and legal_pair(a):
                 out.append(a)
     return out
 
@@ -311,8 +359,9 @@ def legal_pair(a: TritonFmhaAlg) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _tabled(family, hq, hv, arch_name, fp8) -> frozenset:
-    """The algorithms the arch's tuned tables name: the launchers ran them before the shared-memory
-    estimate (an upper bound) existed, so the estimate prunes only the generic extras."""
+    """The algorithms the arch's tuned tables name: on archs where :func:`smem.tile_sum` (an upper
+    bound there) stands in for a measured estimate, the launchers ran them before it existed, so it
+    prunes only the generic extras."""
     arch = _arch_spec(arch_name)
     if arch is None or family not in ("fwd", "bwd_dq_dk_dv"):
         return frozenset()
@@ -359,6 +408,9 @@ def supports(key, p) -> Optional[str]:
         return "the Triton fp8 forward has no bias or dropout"
     if (s.hdim_q, s.hdim_v) != (p.hdim_q, p.hdim_v):
         return f"kernel head dims {s.hdim_q}/{s.hdim_v}, problem {p.hdim_q}/{p.hdim_v}"
+    why = _smem_unsupported(key, p.bias == "elementwise")
+    if why:
+        return why
     a = key.algorithm
     if a.splits and a.splits != p.num_splits:
         return f"the key runs {a.splits} key splits, the problem asks for {p.num_splits}"
@@ -393,6 +445,13 @@ def supports(key, p) -> Optional[str]:
         return ("per-batch logical seqlens_k is implemented by the Triton split-KV / paged kernels and in group "
                 "mode (fwd, backward); batch-mode fwd/backward take one seqlen_k")
     return None
+
+
+def _smem_unsupported(key, bias: bool) -> Optional[str]:
+    """:func:`smem_reason` on the arch of ``key`` (keys from a file or a tuning store were not
+    enumerated for it); None where no arch plugin describes it."""
+    arch = _arch_spec(key.arch)
+    return smem_reason(key, arch, bias) if arch is not None and smem.measured(arch) else None
 
 
 def _tma_unsupported(variant: str, p) -> Optional[str]:
