@@ -5,18 +5,28 @@ draws its cases with a fixed seed from distributions of real workloads and calls
 call: ``ck_fmha.attention`` (forward for inference, forward with ``requires_grad`` inputs for
 training, and the backward through autograd), ``ck_fmha.attention_forward`` in group mode for
 ragged batches, and ``ck_fmha.decode.paged_decode`` for decode.  Peers run in the same
-process on the same tensors: torch SDPA with the cuDNN and with the flash backend (group mode:
-cuDNN on the padded equivalent; decode: a device-to-device copy of a 2 GiB buffer, measured
-once per run).  Every row is checked against an fp32 SDPA reference before it is timed; a
-wrong row is reported as ``status: wrong`` and never as a data point.
+process on the same tensors: torch SDPA with only the cuDNN backend enabled (a shape it refuses
+raises: it never falls back), SDPA's flash backend, and where both refuse (sliding windows, say)
+FlexAttention compiled; the row's peer (``peer_kind``) is the first that ran, with issue #28's target
+for it (``peer_target``: cuDNN 1.0 forward / 0.9 fwd+bwd, flash or Flex 1.2) and the floor
+(``floor``: forward 0.85, fwd+bwd 0.8).  Group mode: the peers on the zero-padded batch; decode: a
+device-to-device copy of a 2 GiB buffer, measured once per run.  Every row is checked against an
+fp32 reference before it is timed; a wrong row is reported as ``status: wrong`` and never as a data
+point.
+
+Strata (issue #28): every head dim of :data:`HDIM_STRATA` (``d32`` .. ``d256``), drawn from real model
+configs (:data:`MODELS`), and every decode page size of :data:`PAGE_STRATA` over caches above 32 MiB
+(smaller caches: the ``small_cache`` stratum, no floor); the summary gives each ``group/stratum`` its
+geomean and minimum (graph and eager) against the row's peer and the count of rows below the floor.
+``--quick`` runs one case of every stratum (one GPU, minutes).
 
 Timings: CUDA-graph replays (kernel speed) and eager calls (host overhead included), medians
-of ``triton.testing`` timers.  The suite is split into a training set and a held-out set by a
-fixed seed (``split`` column): tuning may look at ``train`` rows only.
+of ``triton.testing`` timers.  The suite's first 70 cases are split into a training set and a
+held-out set by a fixed seed; the model-config cases hold out whole configs
+(:data:`HELD_OUT_MODELS`); ``split`` column: tuning may look at ``train`` rows only.
 """
 from __future__ import annotations
 
-import datetime
 import json
 import logging
 import math
@@ -31,13 +41,64 @@ from ck_core.progress import Progress
 
 log = logging.getLogger(__name__)
 
+from ck_core.bench import broad_result, eager_and_graph_ms, with_header
+from ck_core.bench import shard as shard_cases
+
 HDIMS = (64, 80, 96, 128, 160, 192, 256)
 GQA = (1, 4, 8, "mqa")
 MASKS = ("full", "causal", "window")
-from ck_core.bench import broad_result, eager_and_graph_ms
-from ck_core.bench import shard as shard_cases
-
 SEED = 20261125
+
+#: issue #28's strata: every head dim has its own geomean and minimum
+HDIM_STRATA = (32, 40, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256)
+#: decode: every page size a stratum; caches of at most SMALL_CACHE bytes form their own stratum
+PAGE_STRATA = (1, 8, 16, 32, 64, 128, 256)
+SMALL_CACHE = 32 << 20
+#: issue #28's floors (ratio to the row's peer, CUDA graph): no row below these
+FLOORS = {"fwd": 0.85, "fwd_train": 0.85, "varlen": 0.85, "fp8": 0.85, "fwd_bwd": 0.8, "decode": 0.8}
+#: issue #28's targets by peer: cuDNN (fwd 1.0, fwd+bwd 0.9); where cuDNN refuses the shape, torch's
+#: flash backend or FlexAttention, at 1.2x
+TARGETS = {"cudnn": {"fwd_bwd": 0.9, "decode": 0.8, "*": 1.0}, "flash": {"*": 1.2}, "flex": {"*": 1.2},
+           "copy": {"*": 0.8}}
+#: the order in which a row's peer is chosen: the first that ran the shape
+PEER_ORDER = ("cudnn", "flash", "flex", "efficient")
+
+#: attention configs of public models: (name, head dim, q heads, kv heads, masks, seq lens, batches,
+#: dtypes).  The d48 / d224 configs are the brief's "DiT/others" fill-ins (no one widespread model).
+MODELS = (
+    ("swin-t", 32, 3, 3, ("full",), (49, 144), (256, 1024), ("fp16", "bf16")),       # 7x7 / 12x12 windows
+    ("swin-b", 32, 16, 16, ("full",), (49, 144), (64, 256), ("fp16",)),
+    ("sd15-unet-64", 40, 8, 8, ("full",), (4096, 9216), (1, 2, 4), ("fp16", "bf16")),  # 64x64 / 96x96 latents
+    ("sd15-unet-32", 80, 8, 8, ("full",), (1024,), (2, 8), ("fp16", "bf16")),       # C 640
+    ("sd15-unet-16", 160, 8, 8, ("full",), (256,), (4, 16), ("fp16",)),             # C 1280
+    ("sd21-unet", 64, 5, 5, ("full",), (4096, 9216), (1, 2), ("fp16",)),
+    ("vit-b16", 64, 12, 12, ("full",), (197, 577), (32, 64), ("fp16", "bf16")),
+    ("vit-l16", 64, 16, 16, ("full",), (197, 577), (16, 32), ("bf16",)),
+    ("vit-h14", 80, 16, 16, ("full",), (257, 1025), (8, 32), ("bf16", "fp16")),
+    ("whisper-large", 64, 20, 20, ("full", "causal"), (1500, 448), (4, 16), ("fp16",)),
+    ("llama3-8b", 128, 32, 8, ("causal",), (1000, 2048, 4097, 8192), (1, 2, 4), ("bf16",)),
+    ("mistral-7b", 128, 32, 8, ("window",), (4096, 8192, 16384), (1, 2), ("bf16",)),
+    ("llama2-7b", 128, 32, 32, ("causal",), (777, 4096), (1, 4), ("fp16",)),
+    ("falcon-7b", 64, 71, 1, ("causal",), (2048, 3000), (1, 2), ("bf16",)),          # MQA
+    ("qwen2-1.5b", 128, 12, 2, ("causal",), (1531, 8192), (1, 4), ("bf16",)),
+    ("gemma-7b", 256, 16, 16, ("causal",), (1024, 4096), (1, 2), ("bf16",)),
+    ("gemma2-9b", 256, 16, 8, ("causal", "window"), (4096, 8192), (1,), ("bf16",)),
+    ("dit-others-d48", 48, 24, 24, ("full",), (1024, 4096), (2, 4), ("bf16", "fp16")),
+    ("phi3-mini", 96, 32, 32, ("causal", "window"), (2047, 4096), (1, 2), ("bf16",)),
+    ("gpt-neox-20b", 96, 64, 64, ("causal",), (2048,), (1, 2), ("fp16",)),
+    ("mpt-30b", 112, 56, 56, ("causal",), (2048, 3333, 8192), (1, 2), ("bf16", "fp16")),
+    ("dit-others-d112", 112, 16, 16, ("full",), (1024, 2304), (2, 8), ("bf16",)),
+    ("mla-d192", 192, 16, 16, ("causal",), (1024, 4096), (1, 2), ("bf16",)),           # DeepSeek-V2-Lite q/k dim
+    ("dit-others-d192", 192, 12, 4, ("full", "causal"), (1536, 4096), (1, 2), ("bf16", "fp16")),
+    ("dit-others-d224", 224, 8, 8, ("full", "causal"), (1024, 4096), (1, 2), ("bf16", "fp16")),
+    ("dit-others-d224-gqa", 224, 16, 2, ("causal", "window"), (2048, 5000), (1,), ("bf16",)),
+)
+#: whole model configs held out from tuning (the suite's first 70 cases keep their own seeded split)
+HELD_OUT_MODELS = ("vit-l16", "whisper-large", "qwen2-1.5b", "gemma2-9b", "dit-others-d112", "swin-b",
+                   "dit-others-d224-gqa")
+#: decode configs (name, q heads, kv heads, head dim)
+DECODE_MODELS = (("llama3-8b", 32, 8, 128), ("qwen2-1.5b", 12, 2, 128), ("llama2-7b", 32, 32, 128),
+                 ("falcon-7b", 71, 1, 64))
 
 
 def _log_uniform(rng: random.Random, lo: float, hi: float) -> int:
@@ -45,8 +106,20 @@ def _log_uniform(rng: random.Random, lo: float, hi: float) -> int:
 
 
 def cases(seed: int = SEED, n_attn: int = 48, n_varlen: int = 8, n_decode: int = 10, n_fp8: int = 4,
-          max_tokens: int = 1 << 16) -> list[dict]:
-    """The broad suite's cases (deterministic for a seed).
+          max_tokens: int = 1 << 16, per_hdim: int = 3, n_model_varlen: int = 8, models: bool = True) -> list[dict]:
+    """The broad suite's cases (deterministic for a seed): the seeded draws (:func:`seeded_cases`, the
+    suite's first cases, their split unchanged) then the model-config strata (:func:`model_cases`,
+    ``models=False`` leaves them out)."""
+    out = seeded_cases(seed, n_attn, n_varlen, n_decode, n_fp8, max_tokens)
+    if models:
+        have = {c["case"] for c in out}
+        out += [c for c in model_cases(seed, per_hdim, n_model_varlen) if c["case"] not in have]
+    return out
+
+
+def seeded_cases(seed: int = SEED, n_attn: int = 48, n_varlen: int = 8, n_decode: int = 10, n_fp8: int = 4,
+                 max_tokens: int = 1 << 16) -> list[dict]:
+    """The suite's first cases (deterministic for a seed; a seeded 30% of them held out).
 
     Attention cases draw head dim, sequence length (log-uniform 100..32k, so most are not
     multiples of 128), batch (1..32, capped so that batch*seqlen <= ``max_tokens``), query heads,
@@ -91,7 +164,98 @@ def cases(seed: int = SEED, n_attn: int = 48, n_varlen: int = 8, n_decode: int =
     return out
 
 
+def _stratum(c: dict) -> str:
+    """A case's stratum: its head dim (``d64``); decode: its page size (``page16``) when the KV cache is
+    larger than :data:`SMALL_CACHE`, else ``small_cache``."""
+    if c["kind"] == "decode":
+        return f"page{c['page']}" if _cache_bytes(c) > SMALL_CACHE else "small_cache"
+    return f"d{c['d']}"
+
+
+def _cache_bytes(c: dict) -> int:
+    """Bytes of a decode case's K and V caches (2-byte elements)."""
+    return 2 * c["b"] * c["sk"] * c["hk"] * c["d"] * 2
+
+
+def model_cases(seed: int = SEED, per_hdim: int = 3, n_varlen: int = 8) -> list[dict]:
+    """Issue #28's strata, drawn with a fixed seed from :data:`MODELS`: ``per_hdim`` attention cases (and
+    every config at least once) for every head dim of :data:`HDIM_STRATA` (batch mode: forward, training forward, fwd+bwd),
+    ``n_varlen`` group-mode (ragged) forward cases, and for every page size of :data:`PAGE_STRATA` one
+    decode over a cache above :data:`SMALL_CACHE` and one below.  Whole model configs are held out
+    (:data:`HELD_OUT_MODELS`)."""
+    rng = random.Random(seed + 28)
+    out: list[dict] = []
+
+    def attn(m, kind="attn"):
+        name, d, hq, hk, masks, seqs, batches, dtypes = m
+        mask = rng.choice(masks)
+        s = rng.choice(seqs)
+        c = dict(kind=kind, model=name, b=rng.choice(batches), hq=hq, hk=hk, s=s, d=d, mask=mask,
+                 window=(min(4096, max(128, s // 4)) if "mistral" in name or "gemma2" in name
+                         else _log_uniform(rng, 128, 2048)) if mask == "window" else None,
+                 dtype=rng.choice(dtypes))
+        if kind == "varlen":   # a ragged batch around the model's length: 2..12 sequences
+            n = rng.randint(2, 12)
+            c["lens"] = [max(16, _log_uniform(rng, max(16, s // 8), s)) for _ in range(n)]
+            del c["b"], c["s"]
+        return c
+
+    for d in HDIM_STRATA:
+        ms = [m for m in MODELS if m[1] == d]
+        for i in range(max(per_hdim, len(ms))):   # every model config of the head dim at least once
+            out.append(attn(ms[i] if i < len(ms) else rng.choice(ms)))
+    for _ in range(n_varlen):
+        out.append(attn(rng.choice(MODELS), "varlen"))
+    for page in PAGE_STRATA:
+        for big in (True, False):
+            name, hq, hk, d = rng.choice(DECODE_MODELS)
+            b = rng.choice((1, 4, 16, 64)) if big else rng.choice((1, 2))
+            per_seq = 2 * hk * d * 2   # bytes of K and V per token
+            if big:   # 64 MiB .. 2 GiB of cache
+                sk = max(1024, min(131072, _log_uniform(rng, (64 << 20) // (b * per_seq) + 1,
+                                                        (2 << 30) // (b * per_seq))))
+                while b * sk * per_seq <= (64 << 20):   # a small-headed model at the length cap: more batch
+                    b *= 2
+            else:     # 1 .. 24 MiB
+                sk = max(16, _log_uniform(rng, 256, max(257, (24 << 20) // (b * per_seq))))
+            out.append(dict(kind="decode", model=name, b=b, hq=hq, hk=hk, sk=sk, d=d, page=page,
+                            dtype=rng.choice(("bf16", "fp16"))))
+    seen = set()
+    uniq = []
+    for c in out:
+        c["split"] = "heldout" if c["model"] in HELD_OUT_MODELS else "train"
+        c["case"] = case_name(c)
+        if c["case"] not in seen:
+            seen.add(c["case"])
+            uniq.append(c)
+    return uniq
+
+
+def quick_cases(cs: list[dict]) -> list[dict]:
+    """``--quick``: one case of every stratum (head dims of attention and of group mode, decode page sizes
+    and small caches): the model-config case of least work in each, so one GPU runs them in minutes."""
+    def work(c):
+        if c["kind"] == "decode":
+            return _cache_bytes(c)
+        return _flops(c, "fwd")
+
+    best: dict = {}
+    for c in cs:
+        if c["kind"] == "fp8":
+            continue
+        key = (c["kind"] == "decode", c["kind"] == "varlen", _stratum(c))
+        if key[1] and key[2] not in ("d64", "d128") and (False, True, "d64") in best:
+            continue   # group mode: one case per head dim it was drawn at is enough
+        if key not in best or (("model" in c) > ("model" in best[key])) or (
+                ("model" in c) == ("model" in best[key]) and work(c) < work(best[key])):
+            best[key] = c
+    keep = {id(c) for c in best.values()}
+    return [c for c in cs if id(c) in keep]
+
+
 def case_name(c: dict) -> str:
+    if "model" in c:
+        return f"{c['model']} " + case_name({k: v for k, v in c.items() if k != "model"})
     if c["kind"] == "varlen":
         return (f"varlen {c['dtype']} n{len(c['lens'])} tq{sum(c['lens'])} hq{c['hq']} hk{c['hk']} d{c['d']} "
                 f"{c['mask']}")
@@ -109,7 +273,8 @@ def case_name(c: dict) -> str:
 
 def _flops(c: dict, direction: str) -> float:
     if c["kind"] == "varlen":
-        pairs = sum(L * L for L in c["lens"])
+        w = c["window"] + 1 if c.get("mask") == "window" else None
+        pairs = sum(L * (min(L, w) if w else L) for L in c["lens"])
         f = 4.0 * pairs * c["hq"] * c["d"]
         causal = c["mask"] == "causal"
     else:
@@ -161,6 +326,46 @@ def _peer(c, backend, q, k, v):
             return F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask, is_causal=causal,
                                                   enable_gqa=gqa and rep == 1)
     return f
+
+
+_FLEX = {}
+
+
+def _flex_peer(c, q, k, v):
+    """FlexAttention (compiled, as users run it) on [B, H, S, D] tensors with the case's mask as a block
+    mask: the peer where cuDNN refuses a shape."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    if "fn" not in _FLEX:
+        import torch
+
+        import torch._dynamo
+
+        # one compile per shape (as a user's static-shape model gets): more shapes than the default limit
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 512)
+        _FLEX["fn"] = torch.compile(flex_attention, dynamic=False)
+    fa = _FLEX["fn"]
+    sq, sk = q.shape[2], k.shape[2]
+    mask, win = c.get("mask"), c.get("window") or 0
+    if mask == "causal":
+        def mod(b, h, qi, ki):
+            return ki <= qi
+    elif mask == "window":
+        def mod(b, h, qi, ki):
+            return (ki <= qi) & (qi - ki <= win)
+    else:
+        mod = None
+    bm = create_block_mask(mod, None, None, sq, sk, device=q.device) if mod else None
+    gqa = q.shape[1] != k.shape[1]
+    return lambda: fa(q, k, v, block_mask=bm, enable_gqa=gqa)
+
+
+def _peers(c, q, k, v, names=None) -> dict:
+    """The peers tried for a row, in :data:`PEER_ORDER` (the row's peer is the first that runs it):
+    SDPA cuDNN (only that backend enabled: a shape it refuses raises, it never falls back), SDPA
+    flash (no window: it takes no mask), FlexAttention (window masks, and any shape flash refuses)."""
+    names = names or (("cudnn", "flash", "flex") if c.get("mask") != "window" else ("cudnn", "flex"))
+    return {n: (_flex_peer(c, q, k, v) if n == "flex" else _peer(c, n, q, k, v)) for n in names}
 
 
 def _rel(a, b) -> float:
@@ -234,10 +439,8 @@ def _attn_rows(c: dict, device) -> list[dict]:
     o = ours_fwd()
     refs, _ = _reference(c, q, k, v, bidx=bidx)
     err = max(_rel(o[b], r) for b, r in zip(bidx, refs))
-    # torch's flash backend takes no window: window cases try cuDNN and the efficient backend with a
-    # boolean mask (whichever runs is the peer; the other's refusal is recorded)
-    names = ("cudnn", "flash") if c["mask"] != "window" else ("cudnn", "efficient")
-    rows.append(_row(dict(c, group="fwd"), "fwd", err, ours_fwd, {p: _peer(c, p, q, k, v) for p in names}, c))
+    # the peers (cuDNN first; flash or FlexAttention where cuDNN refuses; each refusal is recorded)
+    rows.append(_row(dict(c, group="fwd"), "fwd", err, ours_fwd, _peers(c, q, k, v), c))
 
     # training: inputs that require grad (the forward writes LSE), then the backward
     qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
@@ -246,7 +449,7 @@ def _attn_rows(c: dict, device) -> list[dict]:
     def ours_train():
         return ck_fmha.attention(qg, kg, vg, causal=causal, window=win)
 
-    peers_train = {p: _peer(c, p, qg, kg, vg) for p in names}
+    peers_train = _peers(c, qg, kg, vg)
     rows.append(_row(dict(c, group="fwd_train"), "fwd", err, ours_train, peers_train, c))
 
     grads = torch.autograd.grad(ours_train(), (qg, kg, vg), do)
@@ -276,6 +479,8 @@ def _row(base: dict, direction: str, err: float, ours: Callable, peers: dict, c:
     t = eager_and_graph_ms(ours)
     row["ours_eager_ms"], row["ours_graph_ms"] = t["eager_ms"], t.get("graph_ms")
     for name, fn in peers.items():
+        if name == "flex" and any(row.get(f"{n}_eager_ms") for n in peers if n != "flex"):
+            continue   # FlexAttention is the peer of last resort: timed only where the SDPA backends refused
         with warnings.catch_warnings(record=True) as said:   # SDPA says why a backend refused
             warnings.simplefilter("always")
             try:
@@ -294,14 +499,33 @@ def _row(base: dict, direction: str, err: float, ours: Callable, peers: dict, c:
         row["ours_tflops"] = round(fl / row["ours_graph_ms"] / 1e9, 1)
     row["unit"] = "TFLOPS (graph)"
     row["ours"] = row.get("ours_tflops")
-    for name in ("cudnn", "flash", "efficient"):
-        if row.get(f"ratio_{name}_graph"):
-            row["ratio"], row["peer_name"] = row[f"ratio_{name}_graph"], f"torch SDPA {name} backend, graph"
-            row["peer"] = round(fl / row[f"{name}_graph_ms"] / 1e9, 1)
-            break
+    _choose_peer(row, fl, list(peers))
     if note:
         row["note"] = note
     return row
+
+
+PEER_NAMES = {"cudnn": "torch SDPA cuDNN backend", "flash": "torch SDPA flash backend",
+              "flex": "FlexAttention (torch.compile)", "efficient": "torch SDPA efficient backend"}
+
+
+def _choose_peer(row: dict, fl: float, tried: list) -> None:
+    """The row's peer: the first of :data:`PEER_ORDER` that ran the shape (graph, else eager time),
+    with issue #28's target for that peer (``peer_target``) and the group's floor (``floor``);
+    ``ratio`` / ``ratio_eager``: the peer's time over ours (graph / eager); ``below_floor``."""
+    group = row.get("group", "fwd")
+    for name in [n for n in PEER_ORDER if n in tried]:
+        if row.get(f"{name}_graph_ms") or row.get(f"{name}_eager_ms"):
+            t = TARGETS.get(name, {})
+            row.update(peer_kind=name, peer_target=t.get(group, t.get("*")), floor=FLOORS.get(group),
+                       peer_name=PEER_NAMES.get(name, name) + ", graph")
+            row["ratio"] = row.get(f"ratio_{name}_graph")
+            row["ratio_eager"] = row.get(f"ratio_{name}_eager")
+            if row.get(f"{name}_graph_ms"):
+                row["peer"] = round(fl / row[f"{name}_graph_ms"] / 1e9, 1)
+            if row["ratio"] is not None and row["floor"] is not None:
+                row["below_floor"] = row["ratio"] < row["floor"]
+            return
 
 
 def _varlen_rows(c: dict, device) -> list[dict]:
@@ -313,14 +537,16 @@ def _varlen_rows(c: dict, device) -> list[dict]:
     lens = c["lens"]
     total, smax, n = sum(lens), max(lens), len(lens)
     cu = torch.tensor([0] + list(__import__("itertools").accumulate(lens)), device=device, dtype=torch.int32)
-    q = torch.randn(total, c["hq"], c["d"], device=device, dtype=torch.bfloat16)
-    k = torch.randn(total, c["hk"], c["d"], device=device, dtype=torch.bfloat16)
-    v = torch.randn(total, c["hk"], c["d"], device=device, dtype=torch.bfloat16)
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[c["dtype"]]
+    q = torch.randn(total, c["hq"], c["d"], device=device, dtype=dt)
+    k = torch.randn(total, c["hk"], c["d"], device=device, dtype=dt)
+    v = torch.randn(total, c["hk"], c["d"], device=device, dtype=dt)
     causal = c["mask"] == "causal"
+    win = _window(c)
 
     def ours():
-        return ck_fmha.attention_forward(q, k, v, causal=causal, layout="thd", cu_seqlens_q=cu, cu_seqlens_k=cu,
-                                         max_seqlen_q=smax, max_seqlen_k=smax)
+        return ck_fmha.attention_forward(q, k, v, causal=causal, window=win, layout="thd", cu_seqlens_q=cu,
+                                         cu_seqlens_k=cu, max_seqlen_q=smax, max_seqlen_k=smax)
 
     # the peer: cuDNN on the padded batch (what a user without varlen support runs)
     def pad(t):
@@ -334,18 +560,16 @@ def _varlen_rows(c: dict, device) -> list[dict]:
     o = ours()
     errs = []
     for i, L in enumerate(lens):
-        ref = F.scaled_dot_product_attention(qp[i:i + 1, :, :L].float(), kp[i:i + 1, :, :L].float(),
-                                             vp[i:i + 1, :, :L].float(), is_causal=causal,
-                                             enable_gqa=c["hq"] != c["hk"])
-        errs.append(_rel(o[cu[i]:cu[i] + L].transpose(0, 1).unsqueeze(0), ref))
+        refs, _ = _reference(dict(c, s=L), qp[i:i + 1, :, :L], kp[i:i + 1, :, :L], vp[i:i + 1, :, :L])
+        errs.append(_rel(o[cu[i]:cu[i] + L].transpose(0, 1), refs[0]))
     err = max(errs)
     cpeer = dict(c, kind="attn", b=n, s=smax)
-    peers = {"cudnn": _peer(cpeer, "cudnn", qp, kp, vp)}
+    peers = _peers(cpeer, qp, kp, vp)
     del keymask
     row = _row(dict(c, group="varlen"), "fwd", err, ours, peers, c,
-               note="peer: cuDNN on the zero-padded batch (flops counted on the ragged lengths)")
-    row["kernels"] = _kernels(lambda: ck_fmha.api.plan_keys(q, k, v, causal=causal, layout="thd", cu_seqlens_q=cu,
-                                                            cu_seqlens_k=cu, max_seqlen_q=smax,
+               note="peers on the zero-padded batch (flops counted on the ragged lengths)")
+    row["kernels"] = _kernels(lambda: ck_fmha.api.plan_keys(q, k, v, causal=causal, window=win, layout="thd",
+                                                            cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=smax,
                                                             max_seqlen_k=smax))
     return [row]
 
@@ -372,12 +596,13 @@ def _decode_rows(c: dict, device, copy_gbs: float) -> list[dict]:
     b, hq, hk, sk, d, page = c["b"], c["hq"], c["hk"], c["sk"], c["d"], c["page"]
     pages_per = -(-sk // page)
     npages = b * pages_per
-    kc = torch.randn(npages, page, hk, d, device=device, dtype=torch.bfloat16)
-    vc = torch.randn(npages, page, hk, d, device=device, dtype=torch.bfloat16)
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[c["dtype"]]
+    kc = torch.randn(npages, page, hk, d, device=device, dtype=dt)
+    vc = torch.randn(npages, page, hk, d, device=device, dtype=dt)
     perm = torch.randperm(npages, device=device).to(torch.int32)
     table = perm.view(b, pages_per)
     seqlens = torch.full((b,), sk, device=device, dtype=torch.int32)
-    q = torch.randn(b, hq, 1, d, device=device, dtype=torch.bfloat16)
+    q = torch.randn(b, hq, 1, d, device=device, dtype=dt)
 
     def ours():
         return decode.paged_decode(q, kc, vc, table, seqlens, max_seqlen_k=sk)
@@ -402,7 +627,15 @@ def _decode_rows(c: dict, device, copy_gbs: float) -> list[dict]:
                copy_gb_s=round(copy_gbs, 1), peer_name="device copy bandwidth (2 GiB, read+write), once per run")
     row["ours_gb_s"] = round(nbytes / row["ours_graph_ms"] / 1e6, 1) if row["ours_graph_ms"] else None
     row["ratio"] = round(row["ours_gb_s"] / copy_gbs, 4) if row["ours_gb_s"] else None
+    if t.get("eager_ms"):
+        row["ratio_eager"] = round(nbytes / t["eager_ms"] / 1e6 / copy_gbs, 4)
     row["ours"], row["peer"] = row["ours_gb_s"], row["copy_gb_s"]
+    big = _cache_bytes(c) > SMALL_CACHE
+    # the floor holds for caches above SMALL_CACHE (smaller ones live in L2: their own stratum, no floor)
+    row.update(peer_kind="copy", peer_target=TARGETS["copy"]["*"], cache_mb=round(_cache_bytes(c) / 2**20, 1),
+               floor=FLOORS["decode"] if big else None)
+    if big and row["ratio"] is not None:
+        row["below_floor"] = row["ratio"] < FLOORS["decode"]
     return [row]
 
 
@@ -428,7 +661,52 @@ def _fp8_rows(c: dict, device) -> list[dict]:
     return [row]
 
 
+def _stats(rs: list[dict]) -> dict:
+    """n, wrong, errors; geomean and minimum of the ratio to the row's peer (graph, eager); rows below
+    the floor; the peers the rows ran against."""
+    s = {"n": len(rs), "wrong": sum(r.get("status") == "wrong" for r in rs),
+         "errors": sum(r.get("status") == "error" for r in rs)}
+    for key, name in (("ratio", "graph"), ("ratio_eager", "eager")):
+        vals = [r[key] for r in rs if r.get(key)]
+        if vals:
+            s[f"{name}_geomean"] = round(math.exp(sum(map(math.log, vals)) / len(vals)), 4)
+            s[f"{name}_min"] = round(min(vals), 4)
+    floored = [r for r in rs if r.get("floor") is not None and r.get("ratio")]
+    s["below_floor"] = sum(r["ratio"] < r["floor"] for r in floored)
+    s["below_target"] = sum(r["ratio"] < r["peer_target"] for r in rs if r.get("ratio") and r.get("peer_target"))
+    peers: dict = {}
+    for r in rs:
+        if r.get("peer_kind"):
+            peers[r["peer_kind"]] = peers.get(r["peer_kind"], 0) + 1
+    if peers:
+        s["peers"] = peers
+    return s
+
+
+def strata_summary(rows: list[dict]) -> dict:
+    """``{group/stratum: stats}`` (:func:`_stats`) for every group (fwd, fwd_train, fwd_bwd, varlen, fp8,
+    decode) and stratum (head dims ``d32``..``d256``; decode page sizes ``page1``..``page256`` and
+    ``small_cache``), in :data:`HDIM_STRATA` / :data:`PAGE_STRATA` order."""
+    order = [f"d{d}" for d in HDIM_STRATA] + [f"page{p}" for p in PAGE_STRATA] + ["small_cache"]
+    out = {}
+    for g in ("fwd", "fwd_train", "fwd_bwd", "varlen", "fp8", "decode"):
+        for st in order:
+            rs = [r for r in rows if r.get("group") == g and (r.get("stratum") or _stratum_of_row(r)) == st]
+            if rs:
+                out[f"{g}/{st}"] = _stats(rs)
+    return out
+
+
+def _stratum_of_row(r: dict) -> Optional[str]:
+    try:
+        return _stratum(dict(r, kind="decode" if r.get("group") == "decode" else r.get("kind", "attn")))
+    except (KeyError, TypeError):
+        return None
+
+
 def _summary(rows: list[dict]) -> dict:
+    """Per group and split (``fwd/all``, ``fwd/train``, ...: the earlier keys, peer columns kept), then
+    the strata (:func:`strata_summary`) under ``group/stratum``."""
     out = {}
     groups = sorted({r["group"] for r in rows})
     for g in groups:
@@ -438,13 +716,15 @@ def _summary(rows: list[dict]) -> dict:
                                                           or (split == "nowindow" and r.get("mask") != "window"))]
             s = {"n": len(rs), "wrong": sum(r.get("status") == "wrong" for r in rs),
                  "errors": sum(r.get("status") == "error" for r in rs)}
-            for key in ("ratio", "ratio_cudnn_graph", "ratio_cudnn_eager", "ratio_flash_graph",
-                        "ratio_flash_eager"):
+            for key in ("ratio", "ratio_eager", "ratio_cudnn_graph", "ratio_cudnn_eager", "ratio_flash_graph",
+                        "ratio_flash_eager", "ratio_flex_graph", "ratio_flex_eager"):
                 vals = [r[key] for r in rs if r.get(key)]
                 if vals:
                     s[key + "_geomean"] = round(math.exp(sum(map(math.log, vals)) / len(vals)), 4)
                     s[key + "_min"] = round(min(vals), 4)
+            s["below_floor"] = sum(bool(r.get("below_floor")) for r in rs)
             out[f"{g}/{split}"] = s
+    out.update(strata_summary(rows))
     return out
 
 
@@ -467,9 +747,10 @@ def pick(cs: list[dict], which: str) -> list[dict]:
 
 
 def run(out_path: Optional[str] = None, budget_s: float = 420.0, seed: int = SEED, kinds=None,
-        limit: Optional[int] = None, progress=None, which: str = "", shard: str = "") -> dict:
+        limit: Optional[int] = None, progress=None, which: str = "", shard: str = "", quick: bool = False) -> dict:
     """Run the suite on the current CUDA device within ``budget_s``; returns the result dict.
-    ``which``: only these cases (see :func:`pick`), in that order."""
+    ``which``: only these cases (see :func:`pick`), in that order; ``quick``: one case of every
+    stratum (:func:`quick_cases`)."""
     import torch
 
     from ck_core.errors import UnsupportedProblem
@@ -478,6 +759,8 @@ def run(out_path: Optional[str] = None, budget_s: float = 420.0, seed: int = SEE
         raise UnsupportedProblem("the broad FMHA suite times CUDA kernels: no CUDA device is visible")
     device = "cuda"
     cs = cases(seed)
+    if quick:
+        cs = quick_cases(cs)
     if which:
         cs = pick(cs, which)
     if kinds:
@@ -506,12 +789,15 @@ def run(out_path: Optional[str] = None, budget_s: float = 420.0, seed: int = SEE
             else:
                 rs = _fp8_rows(c, device)
         except Exception as exc:
-            rs = [dict({k: v for k, v in c.items() if k != "lens"}, group=c["kind"], status="error",
-                       error=f"{type(exc).__name__}: {str(exc)[:300]}")]
+            # a failure row in every group the case would have filled (it counts in each stratum)
+            groups = {"attn": ("fwd", "fwd_train", "fwd_bwd")}.get(c["kind"], (c["kind"],))
+            rs = [dict({k: v for k, v in c.items() if k != "lens"}, group=g, status="error",
+                       error=f"{type(exc).__name__}: {str(exc)[:300]}") for g in groups]
         for r in rs:
             r["case_s"] = round(time.time() - t_case, 2)
+            r["stratum"] = _stratum(c)
             print(f"{r['group']:9s} {r['case']:58s} {r.get('status'):6s} ratio={r.get('ratio')} "
-                  f"flash={r.get('ratio_flash_graph')} eager={r.get('ratio_cudnn_eager')} "
+                  f"peer={r.get('peer_kind')} eager={r.get('ratio_eager')} "
                   f"{r.get('error', '')[:120]}", flush=True)
         rows.extend(rs)
         torch.cuda.empty_cache()
@@ -523,10 +809,11 @@ def run(out_path: Optional[str] = None, budget_s: float = 420.0, seed: int = SEE
 def _write(out_path, rows, skipped, seed, t0) -> dict:
     from ck_core.bench import device_name
 
-    res = dict({"suite": "broad", "seed": seed, "rows": rows, "skipped_for_time": skipped,
-                 "elapsed_s": round(time.time() - t0, 1), "summary": _summary(rows),
-                 "geomean": _summary(rows).get("fwd/all", {}).get("ratio_geomean")},
-               device=device_name(), date=datetime.date.today().isoformat(), command=" ".join(sys.argv))
+    summ = _summary(rows)
+    res = with_header({"suite": "broad", "seed": seed, "rows": rows, "skipped_for_time": skipped,
+                       "elapsed_s": round(time.time() - t0, 1), "summary": summ,
+                       "geomean": summ.get("fwd/all", {}).get("ratio_geomean")},
+                      command="python -m ck_fmha.bench_broad " + " ".join(sys.argv[1:]), device=device_name())
     if out_path:
         with open(out_path, "w") as f:
             json.dump(res, f, indent=1, default=str)
@@ -540,7 +827,7 @@ def bench(peer: str, options: dict) -> dict:
 
     if peer not in ("sdpa", "torch", "cudnn"):
         raise UnsupportedProblem(f"fmha benchmarks compare with 'sdpa' (torch SDPA cuDNN/flash), not {peer!r}")
-    res = run(None, float(options.get("budget") or 420.0), limit=8 if options.get("quick") else None,
+    res = run(None, float(options.get("budget") or 420.0), quick=bool(options.get("quick")),
               progress=options.get("progress"))
     return broad_result(res)
 
@@ -555,12 +842,17 @@ if __name__ == "__main__":
     ap.add_argument("--limit", type=int, default=0)
     ap.add_argument("--cases", default="", help="comma-separated case indices (--list) or name parts")
     ap.add_argument("--shard", default="", metavar="I/N", help="every N-th case from the I-th (one GPU of N)")
+    ap.add_argument("--quick", action="store_true",
+                    help="one case of every stratum (head dims, decode page sizes): minutes on one GPU")
     ap.add_argument("--list", action="store_true")
     a = ap.parse_args()
     if a.list:
-        for i, c in enumerate(cases()):
-            print(i, c["split"], c["case"])
+        cs = cases()
+        keep = {id(c) for c in quick_cases(cs)} if a.quick else None
+        for i, c in enumerate(cs):
+            if keep is None or id(c) in keep:
+                print(i, c["split"], _stratum(c), c["case"])
     else:
         res = run(a.out, a.budget, kinds=a.kinds.split(",") if a.kinds else None, limit=a.limit or None,
-                  which=a.cases, shard=a.shard)
+                  which=a.cases, shard=a.shard, quick=a.quick)
         print(json.dumps(res["summary"], indent=1))
