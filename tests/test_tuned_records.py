@@ -126,7 +126,7 @@ def test_fmha_overlay_configs_are_checked_when_read(user_store, name):
 def test_fmha_other_tables(user_store, table, key, value):
     pytest.importorskip("ck_fmha")
     from ck_fmha import heuristics as tuning
-    from ck_fmha.tuned_records import CHECKS
+    from ck_fmha.heuristics import CHECKS
 
     _overlay("fmha", "sm90", table, [(key, value)], ())
     with pytest.raises(ConfigError, match=table):
@@ -136,7 +136,7 @@ def test_fmha_other_tables(user_store, table, key, value):
 def test_fmha_shipped_tables_pass_their_checks(user_store):
     pytest.importorskip("ck_fmha")
     from ck_fmha import heuristics as tuning
-    from ck_fmha.tuned_records import CHECKS
+    from ck_fmha.heuristics import CHECKS
 
     for arch in ("sm90", "generic"):
         for name in CHECKS:
