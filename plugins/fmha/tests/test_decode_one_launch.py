@@ -105,7 +105,7 @@ def launches(monkeypatch):
 def test_a_cache_that_fills_the_machine_decodes_in_one_launch(ck_dispatch_log, launches, ck_rng, paged, monkeypatch):
     """batch x KV heads = the (fake) arch's compute units: the Dispatcher's count is 1, the plan one stage,
     one kernel launch writes o and lse; both match float64."""
-    from ck_fmha.backends.triton import launch as ops
+    from ck_fmha import decode as ops
 
     monkeypatch.setenv("CK_BACKEND", "triton")
     api.clear()
@@ -140,7 +140,7 @@ PAGE_SIZES = (1, 8, 16, 32, 64, 128, 256)
 def test_every_page_size(backend, ck_dispatch_log, ck_rng, monkeypatch):
     """Page sizes 1 .. 256 (powers of two) are accepted and right, with one split (one launch) and with
     several (main + combine), against float64 over the unpaged keys; the pools' unused slots are NaN."""
-    from ck_fmha.backends.triton import launch as ops
+    from ck_fmha import decode as ops
 
     monkeypatch.setenv("CK_BACKEND", backend)
     api.clear()
@@ -171,7 +171,7 @@ def test_every_page_size_on_gpu(fill, ck_rng):
     """The Dispatcher's own split count on the GPU: batch x KV heads filling the ArchSpec's compute units
     (one launch) or not (split + combine), every page size, against float64."""
     from ck_core.device import current_arch
-    from ck_fmha.backends.triton import launch as ops
+    from ck_fmha import decode as ops
 
     api.clear()
     g = torch.Generator().manual_seed(int(ck_rng.integers(1 << 30)))
