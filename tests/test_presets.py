@@ -131,3 +131,16 @@ def test_preset_build_then_launches_compile_nothing(tmp_path):
                                   capture_output=True, text=True, timeout=600))
     assert warm["stats"]["compiled"] == 0 and warm["stats"]["loaded"] >= 1, warm
     assert not list((tmp_path / "empty2").rglob("*.bin")), "loaded from the set: nothing written to the cache"
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["build", "--preset", "default", "--arch", "sm90", "--wheel", "w"], "give --out DIR"),
+    (["build", "gemm", "--preset", "default", "--arch", "sm90"], "drop the op"),
+    (["build", "--arch", "sm90"], "needs an op"),
+    (["build", "--preset", "nosuch", "--arch", "sm90"], "no preset 'nosuch'"),
+])
+def test_build_preset_cli_refuses_what_it_cannot_do(argv, match, capsys):
+    from ck_core.cli import main
+
+    assert main(argv) == 2
+    assert match in capsys.readouterr().err
