@@ -165,6 +165,11 @@ def format_table(res: dict) -> str:
 def cmd_select(args, extra) -> int:
     from .progress import busy
 
+    if args.png:   # before the scoring, not after it
+        from .deps import require
+
+        require("matplotlib", "ck select report --png")
+
     with busy(f"scoring the {args.op} ranker on the {args.split} shapes"):
         res = report(args.op, args.data, args.split, args.ranker, args.csv, args.png)
     if args.json:

@@ -281,7 +281,7 @@ class FmhaProblem:
     nhead_k: Optional[int] = attrs.field(default=None, converter=_opt_int("nhead_k"), metadata={
         "help": "key/value heads (default nhead_q; GQA/MQA: nhead_q a multiple of it)"})
     seqlen_q: Optional[int] = attrs.field(default=None, converter=_opt_int("seqlen_q"), metadata={
-        "help": "query length of each sequence (group mode: derived, the longest)"})
+        "help": "query length of each sequence (batch mode: required; group mode: derived, the longest)"})
     seqlen_k: Optional[int] = attrs.field(default=None, converter=_opt_int("seqlen_k"), metadata={
         "help": "key length of each sequence, the capacity for KV caches (default seqlen_q; group mode: derived)"})
     hdim_q: int = attrs.field(default=64, converter=_int("hdim_q"), metadata={

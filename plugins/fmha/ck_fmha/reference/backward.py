@@ -90,7 +90,7 @@ def bwd_dq_dk_dv(p: FmhaProblem, q, k, v, lse, do, d, *, bias=None, alibi_slopes
         _, keep = dropout_for(p, b, sq, sk)
         zr = 1.0 if keep is None else keep / (1.0 - p.p_drop)
         kk, vv = L.expand_kv(kb, ratio), L.expand_kv(vb, ratio)
-        dP = (dob @ vv.swapaxes(-1, -2)) * zr
+        dP = (dob @ np.ascontiguousarray(vv.swapaxes(-1, -2))) * zr   # contiguous: see batch_logits
         dS = P * (dP - ds_[b][..., None])
         if dbias is not None:
             g = dS if dbias.shape[-3] != 1 else dS.sum(0, keepdims=True)
@@ -105,8 +105,8 @@ def bwd_dq_dk_dv(p: FmhaProblem, q, k, v, lse, do, d, *, bias=None, alibi_slopes
         for t in range(nsplit):
             lo, hi = (t * kn0, (t + 1) * kn0) if nsplit > 1 else (0, sk)
             dq_parts[t].append(dS[:, :, lo:hi] @ kk[:, lo:hi])
-        dk_full = dS.swapaxes(-1, -2) @ qb
-        dv_full = (P * zr).swapaxes(-1, -2) @ dob
+        dk_full = np.ascontiguousarray(dS.swapaxes(-1, -2)) @ qb
+        dv_full = np.ascontiguousarray((P * zr).swapaxes(-1, -2)) @ dob
         dk_parts.append(dk_full.reshape(Hk, ratio, sk, p.hdim_q).sum(1))
         dv_parts.append(dv_full.reshape(Hk, ratio, sk, p.hdim_v).sum(1))
     dq_acc = np.stack([L.merge_q(p, dq_parts[t], p.hdim_q) for t in range(nsplit)]).astype(np.float32)

@@ -74,7 +74,9 @@ def batch_logits(p: FmhaProblem, q, k, b: int, *, bias=None, alibi_slopes=None,
     """Logits of batch ``b``: q [H, sq, Dq], k [Hk, sk, Dq] (float64, already descaled)."""
     H, sq, sk = q.shape[0], q.shape[1], k.shape[1]
     kk = L.expand_kv(k, p.nhead_ratio)
-    s = p.softmax_scale * (q @ kk.swapaxes(-1, -2))
+    # a contiguous K^T: OpenBLAS's batched product of a transposed view is ~100x slower on a busy
+    # small machine (threads spinning), and `ck demo` spends its time here
+    s = p.softmax_scale * (q @ np.ascontiguousarray(kk.swapaxes(-1, -2)))
     th = None
     if p.logits_soft_cap > 0:
         th = np.tanh(s / p.logits_soft_cap)
