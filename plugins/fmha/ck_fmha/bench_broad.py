@@ -179,7 +179,8 @@ def _cache_bytes(c: dict) -> int:
 
 def model_cases(seed: int = SEED, per_hdim: int = 3, n_varlen: int = 8) -> list[dict]:
     """Issue #28's strata, drawn with a fixed seed from :data:`MODELS`: ``per_hdim`` attention cases (and
-    every config at least once) for every head dim of :data:`HDIM_STRATA` (batch mode: forward, training forward, fwd+bwd),
+    every config at least once) for every head dim of :data:`HDIM_STRATA` (batch mode: forward,
+    training forward, fwd+bwd),
     ``n_varlen`` group-mode (ragged) forward cases, and for every page size of :data:`PAGE_STRATA` one
     decode over a cache above :data:`SMALL_CACHE` and one below.  Whole model configs are held out
     (:data:`HELD_OUT_MODELS`)."""
