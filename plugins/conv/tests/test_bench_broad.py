@@ -46,6 +46,7 @@ def test_the_seeded_draws_are_unchanged_and_every_stratum_has_rows():
     assert cs[:len(first)] == first and len(first) == 40
     have = {s for c in cs for s in cb.strata(c)}
     assert have == {f"{d}/{k}" for d in cb.DIRECTIONS for k in cb.KINDS}
+    assert len({c["case"] for c in cs}) == len(cs)   # names are unique (shards merge by name)
     q = cb.quick_cases(cs)
     assert q == cb.quick_cases(cb.cases()) and {s for c in q for s in cb.strata(c)} == have and len(q) <= 30
 

@@ -82,6 +82,7 @@ def test_the_earlier_cases_and_their_split_are_unchanged():
 
 def test_every_stratum_has_cases_and_held_out_shapes_never_train():
     cs = gb.cases()
+    assert len({c["case"] for c in cs}) == len(cs)   # names are unique (shards merge by name)
     for st in gb.STRATA:
         assert [c for c in cs if st in gb.strata(c)], st
     for layout in gb.LAYOUTS:
