@@ -192,8 +192,7 @@ def model_cases(seed: int = SEED, per_hdim: int = 3, n_varlen: int = 8) -> list[
         mask = rng.choice(masks)
         s = rng.choice(seqs)
         c = dict(kind=kind, model=name, b=rng.choice(batches), hq=hq, hk=hk, s=s, d=d, mask=mask,
-                 window=(min(4096, max(128, s // 4)) if "mistral" in name or "gemma2" in name
-                         else _log_uniform(rng, 128, 2048)) if mask == "window" else None,
+                 window=_model_window(rng, name, s) if mask == "window" else None,
                  dtype=rng.choice(dtypes))
         if kind == "varlen":   # a ragged batch around the model's length: 2..12 sequences
             n = rng.randint(2, 12)
@@ -232,6 +231,19 @@ def model_cases(seed: int = SEED, per_hdim: int = 3, n_varlen: int = 8) -> list[
     return uniq
 
 
+#: the sliding windows of the configs that have one
+WINDOWS = {"mistral-7b": 4096, "gemma2-9b": 4096, "phi3-mini": 2047}
+
+
+def _model_window(rng, name: str, s: int) -> int:
+    """The model's window where the sequence is longer than it (a quarter of the sequence where the
+    window would cover it all: the mask stays a window); configs without one draw 128..2048."""
+    w = WINDOWS.get(name)
+    if w is None:
+        return _log_uniform(rng, 128, 2048)
+    return w if s > w else max(128, s // 4)
+
+
 def quick_cases(cs: list[dict]) -> list[dict]:
     """``--quick``: one case of every stratum (head dims of attention and of group mode, decode page sizes
     and small caches): the model-config case of least work in each, so one GPU runs them in minutes."""
@@ -258,8 +270,8 @@ def case_name(c: dict) -> str:
     if "model" in c:
         return f"{c['model']} " + case_name({k: v for k, v in c.items() if k != "model"})
     if c["kind"] == "varlen":
-        return (f"varlen {c['dtype']} n{len(c['lens'])} tq{sum(c['lens'])} hq{c['hq']} hk{c['hk']} d{c['d']} "
-                f"{c['mask']}")
+        w = f"{c['mask']}{c['window']}" if c.get("mask") == "window" else c["mask"]
+        return f"varlen {c['dtype']} n{len(c['lens'])} tq{sum(c['lens'])} hq{c['hq']} hk{c['hk']} d{c['d']} {w}"
     if c["kind"] == "decode":
         return f"decode {c['dtype']} b{c['b']} hq{c['hq']} hk{c['hk']} sk{c['sk']} d{c['d']} page{c['page']}"
     w = f"{c['mask']}{c['window'] or ''}" if c.get("mask") == "window" else c.get("mask")
