@@ -346,19 +346,32 @@ _FLEX = {}
 
 def _flex_peer(c, q, k, v):
     """FlexAttention (compiled, as users run it) on [B, H, S, D] tensors with the case's mask as a block
-    mask: the peer where cuDNN refuses a shape."""
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    mask: the peer where cuDNN refuses a shape.  Built on its first call (a row whose SDPA peers ran
+    never times it, nor builds its mask)."""
+    state: dict = {}
 
+    def run():
+        if "fa" not in state:
+            state["fa"], state["bm"] = _flex_fn(), _flex_mask(c, q.shape[2], k.shape[2], q.device)
+        return state["fa"](q, k, v, block_mask=state["bm"], enable_gqa=q.shape[1] != k.shape[1])
+    return run
+
+
+def _flex_fn():
     if "fn" not in _FLEX:
         import torch
-
         import torch._dynamo
+        from torch.nn.attention.flex_attention import flex_attention
 
         # one compile per shape (as a user's static-shape model gets): more shapes than the default limit
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 512)
         _FLEX["fn"] = torch.compile(flex_attention, dynamic=False)
-    fa = _FLEX["fn"]
-    sq, sk = q.shape[2], k.shape[2]
+    return _FLEX["fn"]
+
+
+def _flex_mask(c, sq: int, sk: int, device):
+    from torch.nn.attention.flex_attention import create_block_mask
+
     mask, win = c.get("mask"), c.get("window") or 0
     if mask == "causal":
         def mod(b, h, qi, ki):
@@ -367,10 +380,8 @@ def _flex_peer(c, q, k, v):
         def mod(b, h, qi, ki):
             return (ki <= qi) & (qi - ki <= win)
     else:
-        mod = None
-    bm = create_block_mask(mod, None, None, sq, sk, device=q.device) if mod else None
-    gqa = q.shape[1] != k.shape[1]
-    return lambda: fa(q, k, v, block_mask=bm, enable_gqa=gqa)
+        return None
+    return create_block_mask(mod, None, None, sq, sk, device=device)
 
 
 def _peers(c, q, k, v, names=None) -> dict:
