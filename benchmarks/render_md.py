@@ -30,6 +30,8 @@ Regenerate this file with `python benchmarks/render_md.py`.
 
 
 def _fmt(v):
+    if isinstance(v, list):   # a row's strata or kinds
+        return ", ".join(map(str, v))
     if isinstance(v, float):
         return f"{v:.3f}" if abs(v) < 10 else f"{v:.1f}"
     return "" if v is None else str(v)
@@ -69,10 +71,12 @@ def section(name: str, data: dict) -> str:
 
 
 #: per-row columns of the broad suites' tables (those present are shown)
-BROAD_COLS = {"fmha": ("group", "case", "split", "ratio_cudnn_graph", "ratio_cudnn_eager", "ratio_flash_graph",
-                       "ratio_flash_eager", "ratio_efficient_graph", "ours_tflops", "status"),
-              "conv": ("case", "split", "ratio_graph", "ratio_eager", "ours", "peer", "status"),
-              "gemm": ("case", "split", "ratio_graph", "ratio_eager", "gflop", "ours", "peer", "status")}
+BROAD_COLS = {"fmha": ("group", "stratum", "case", "split", "peer_kind", "peer_target", "below_floor",
+                       "ratio_cudnn_graph", "ratio_cudnn_eager", "ratio_flash_graph", "ratio_flash_eager",
+                       "ratio_flex_graph", "ratio_flex_eager", "ratio_efficient_graph", "ours_tflops", "status"),
+              "conv": ("case", "kinds", "split", "ratio_graph", "ratio_eager", "ours", "peer", "ours_gb_s",
+                       "peer_gb_s", "status"),
+              "gemm": ("case", "strata", "split", "ratio_graph", "ratio_eager", "gflop", "ours", "peer", "status")}
 
 
 def broad_section(op: str, data: dict) -> str:

@@ -55,7 +55,8 @@ HDIM_STRATA = (32, 40, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256)
 PAGE_STRATA = (1, 8, 16, 32, 64, 128, 256)
 SMALL_CACHE = 32 << 20
 #: issue #28's floors (ratio to the row's peer, CUDA graph): no row below these
-FLOORS = {"fwd": 0.85, "fwd_train": 0.85, "varlen": 0.85, "fp8": 0.85, "fwd_bwd": 0.8, "decode": 0.8}
+#: (decode: caches above SMALL_CACHE, as a fraction of copy bandwidth; fp8 rows, whose peer runs bf16: none)
+FLOORS = {"fwd": 0.85, "fwd_train": 0.85, "varlen": 0.85, "fwd_bwd": 0.8, "decode": 0.8}
 #: issue #28's targets by peer: cuDNN (fwd 1.0, fwd+bwd 0.9); where cuDNN refuses the shape, torch's
 #: flash backend or FlexAttention, at 1.2x
 TARGETS = {"cudnn": {"fwd_bwd": 0.9, "decode": 0.8, "*": 1.0}, "flash": {"*": 1.2}, "flex": {"*": 1.2},
