@@ -1,6 +1,7 @@
 """Run the broad suites on every visible GPU at once, then merge each suite's shards.
 
     python benchmarks/broad_multi.py --jobs fmha:6,conv:3,gemm:1 --deadline-s 540 --out-dir $OUT
+    python benchmarks/broad_multi.py --quick --jobs fmha:1 --deadline-s 500 --out-dir $OUT   # one stratum each
     python benchmarks/broad_multi.py --jobs "" --cmd "python3 benchmarks/x_probe.py --out $OUT/x.json" ...
 
 Each job ``OP:N`` is split into N shards (``python -m ck_OP.bench_broad --shard I/N``); one worker
@@ -57,6 +58,8 @@ def main() -> int:
     ap.add_argument("--deadline-s", type=float, default=540.0, help="seconds from now when every shard stops")
     ap.add_argument("--out-dir", default="benchmarks/results")
     ap.add_argument("--cmd", action="append", default=[], help="a shell command to run alone on one GPU")
+    ap.add_argument("--quick", action="store_true",
+                    help="each suite's --quick subset (one case of every stratum) instead of the whole suite")
     a = ap.parse_args()
     t0 = time.time()
     out = Path(a.out_dir)
@@ -97,6 +100,7 @@ def main() -> int:
                 continue
             cmd = [sys.executable, "-m", f"ck_{op}.bench_broad", "--shard", f"{i}/{n}", "--budget", f"{left:.0f}",
                    "--out", str(out / f"{op}_shard{i}of{n}.json")] + EXTRA.get(op, [])
+            cmd += ["--quick"] if a.quick else []
             t = time.time()
             p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=left + 60, check=False)
             with log_lock:

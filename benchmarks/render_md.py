@@ -30,6 +30,8 @@ Regenerate this file with `python benchmarks/render_md.py`.
 
 
 def _fmt(v):
+    if isinstance(v, list):   # a row's strata or kinds
+        return ", ".join(map(str, v))
     if isinstance(v, float):
         return f"{v:.3f}" if abs(v) < 10 else f"{v:.1f}"
     return "" if v is None else str(v)
@@ -69,10 +71,12 @@ def section(name: str, data: dict) -> str:
 
 
 #: per-row columns of the broad suites' tables (those present are shown)
-BROAD_COLS = {"fmha": ("group", "case", "split", "ratio_cudnn_graph", "ratio_cudnn_eager", "ratio_flash_graph",
-                       "ratio_flash_eager", "ratio_efficient_graph", "ours_tflops", "status"),
-              "conv": ("case", "split", "ratio_graph", "ratio_eager", "ours", "peer", "status"),
-              "gemm": ("case", "split", "ratio_graph", "ratio_eager", "gflop", "ours", "peer", "status")}
+BROAD_COLS = {"fmha": ("group", "stratum", "case", "split", "peer_kind", "peer_target", "below_floor",
+                       "ratio_cudnn_graph", "ratio_cudnn_eager", "ratio_flash_graph", "ratio_flash_eager",
+                       "ratio_flex_graph", "ratio_flex_eager", "ratio_efficient_graph", "ours_tflops", "status"),
+              "conv": ("case", "kinds", "split", "ratio_graph", "ratio_eager", "ours", "peer", "ours_gb_s",
+                       "peer_gb_s", "status"),
+              "gemm": ("case", "strata", "split", "ratio_graph", "ratio_eager", "gflop", "ours", "peer", "status")}
 
 
 def broad_section(op: str, data: dict) -> str:
@@ -84,8 +88,16 @@ def broad_section(op: str, data: dict) -> str:
     if data.get("note"):
         parts.append(f"- note: {data['note']}")
     parts.append("")
-    summ = [dict(group=k, **v) for k, v in (data.get("summary") or {}).items()]
+    items = (data.get("summary") or {}).items()
+    summ = [dict(group=k, **v) for k, v in items if not is_stratum(k)]
     parts.append(table(summ, list(dict.fromkeys(k for r in summ for k in r))))
+    strata = [dict(stratum=k, **{c: _peers(x) if c == "peers" else x for c, x in v.items()})
+              for k, v in items if is_stratum(k)]
+    if strata:
+        parts.append("Strata (issues #28 / #29): geomean and minimum of each stratum's ratios to the row's peer "
+                     "(graph = CUDA-graph replay, eager = plain calls); floors and targets as the rows record "
+                     "them.\n")
+        parts.append(table(strata, list(dict.fromkeys(k for r in strata for k in r))))
     rows = data.get("rows", [])
     cols = [c for c in BROAD_COLS.get(op, ()) if any(c in r for r in rows)]
     if rows and cols:
@@ -93,6 +105,20 @@ def broad_section(op: str, data: dict) -> str:
         parts.append(table(rows, cols))
         parts.append("</details>\n")
     return "\n".join(parts)
+
+
+#: the last part of a summary key that names a split (or a whole group), not a stratum
+SPLITS = ("all", "train", "heldout", "nowindow", "fp8")
+
+
+def is_stratum(key: str) -> bool:
+    """Whether a broad suite's summary key is a stratum (``fwd/d64``, ``layout/crr``, ``forward/1x1``)
+    rather than a group's split (``fwd/all``, ``train``, ``forward/heldout``)."""
+    return key.rsplit("/", 1)[-1] not in SPLITS
+
+
+def _peers(v) -> str:
+    return ", ".join(f"{k} {n}" for k, n in v.items()) if isinstance(v, dict) else _fmt(v)
 
 
 def _load(name: str) -> dict:
@@ -119,6 +145,19 @@ def _broad(keys: tuple, graph: str, low: str, eager: str | None = None) -> Calla
             parts.append(txt + f", lowest {_x(v[low])}")
         return "; ".join(parts)
     return get
+
+
+def _strata(d: dict, prefixes: tuple, below: str | None) -> str:
+    """A broad run's strata in one cell: ``stratum geomean (min)`` for the summary keys under
+    ``prefixes``, with the rows below the floor; a run without strata says so."""
+    got = [(k, v) for k, v in (d.get("summary") or {}).items()
+           if is_stratum(k) and k.startswith(prefixes) and v.get("graph_geomean")]
+    if not got:
+        return "no strata in this run yet (python benchmarks/broad_multi.py)"
+    parts = [f"{k} {_x(v['graph_geomean'])} (min {_x(v['graph_min'])})" for k, v in got]
+    if below:
+        parts.append(f"rows below the floor: {sum(v.get(below) or 0 for _, v in got)}")
+    return "; ".join(parts)
 
 
 def _n(key: str) -> Callable[[dict], str]:
@@ -150,6 +189,14 @@ STANDING = [
     ("conv broad suite vs cuDNN, CUDA graph", "conv_broad.json",
      _broad(("forward/all", "bwd_data/all", "bwd_weight/all"), "graph_geomean", "graph_min"),
      "fwd >= 0.9x, none < 0.5x", "Dispatcher's pick"),
+    ("FMHA broad strata: head dims (fwd / fwd+bwd), decode page sizes, vs each row's peer, CUDA graph",
+     "fmha_broad.json", lambda d: _strata(d, ("fwd/", "fwd_bwd/", "decode/page"), "below_floor"),
+     "fwd >= 0.85x, fwd+bwd >= 0.8x per row; >= 1.2x where flash/Flex is the peer", "Dispatcher's pick"),
+    ("GEMM broad strata: layouts, mid-M LLM rows, linear training steps, CUDA graph", "gemm_broad.json",
+     lambda d: _strata(d, ("layout/", "llm/", "kind/linear_train"), "below_0.85"), ">= 1.0x, none < 0.85x",
+     "Dispatcher's pick"),
+    ("conv broad strata: kinds of layer (all directions), CUDA graph", "conv_broad.json",
+     lambda d: _strata(d, ("all/",), None), "fwd >= 0.9x, none < 0.5x", "Dispatcher's pick"),
     ("FMHA enumeration, all nine families, one arch (CPU, cold process)", "enumeration.json",
      lambda d: "{:.2f}-{:.2f} s".format(*(f(r["seconds (best of 3, cold process)"] for r in d["rows"]
                                           if r["op"] == "fmha") for f in (min, max))), "< 1 s", "-"),

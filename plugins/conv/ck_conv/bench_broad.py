@@ -9,10 +9,16 @@ Dispatcher's own choice (``Dispatcher.run``), cuDNN runs through PyTorch on the 
 channels-last memory (forward ``F.conv*d``; backward ``aten.convolution_backward``, what autograd
 runs).  Each row is checked against an fp32 result first.  Timed as CUDA-graph replays and
 eagerly.  Whole networks are held out from the training split (``split`` column).
+
+Issue #29's strata: every direction and kind of layer (:data:`KINDS`: 1x1, 3x3, 5x5, 7x7, strided,
+grouped, depthwise, stems, 1D, 3D; :func:`kinds`).  After the seeded draws, a second generator adds a
+layer for every (direction, kind) cell they left empty.  The summary gives ``direction/kind`` and
+``all/kind`` their geomean and minimum (graph and eager); depthwise rows, memory-bound, also report
+the bandwidth reached (``ours_gb_s`` / ``peer_gb_s``: bytes of x, w and dy over the graph time).
+``--quick``: the first case of every stratum.
 """
 from __future__ import annotations
 
-import datetime
 import json
 import math
 import random
@@ -20,7 +26,7 @@ import sys
 import time
 from typing import Optional
 
-from ck_core.bench import broad_result, eager_and_graph_ms, geomean
+from ck_core.bench import broad_result, eager_and_graph_ms, geomean, with_header
 from ck_core.bench import shard as shard_cases
 from ck_core.progress import Progress
 
@@ -80,25 +86,96 @@ LAYERS = (
 )
 
 
-def cases(seed: int = SEED, n: int = 40) -> list[dict]:
-    """``n`` layers drawn without replacement, each with a batch, a dtype and a direction."""
+#: issue #29's kinds of layer (a layer may be several: a strided depthwise 5x5 is three)
+KINDS = ("1x1", "3x3", "5x5", "7x7", "strided", "grouped", "depthwise", "stem", "1d", "3d")
+
+
+def kinds(c: dict) -> list[str]:
+    """The kinds of a case's layer: its square 2D filter (``1x1`` .. ``7x7``) or ``1d`` / ``3d``;
+    ``strided`` (a stride above 1), ``grouped`` (1 < G < C), ``depthwise`` (G = C = K > 1),
+    ``stem`` (at most 4 input channels: RGB, latents, audio)."""
+    flt, nd = tuple(c["filter"]), len(c["filter"])
+    out = []
+    if nd == 1:
+        out.append("1d")
+    elif nd == 3:
+        out.append("3d")
+    elif flt[0] == flt[1] and f"{flt[0]}x{flt[1]}" in KINDS:
+        out.append(f"{flt[0]}x{flt[1]}")
+    if max(c["stride"]) > 1:
+        out.append("strided")
+    if 1 < c["G"] < c["C"]:
+        out.append("grouped")
+    if c["G"] == c["C"] == c["K"] > 1:
+        out.append("depthwise")
+    if c["C"] <= 4:
+        out.append("stem")
+    return out
+
+
+def _case(rng, i: int, direction: Optional[str] = None) -> dict:
+    net, C, K, G, sp, flt, st, pd = LAYERS[i]
+    nd = len(sp)
+    batch = rng.choice((1, 8, 32))
+    # keep one tensor under ~1.5 GiB (3D video and the 1D encoder at batch 32 are large)
+    while batch > 1 and batch * max(C, K) * math.prod(sp) * 2 > 1.5 * (1 << 30):
+        batch //= 2
+    st = st if isinstance(st, tuple) else (st,) * nd
+    pd = pd if isinstance(pd, tuple) else (pd,) * nd
+    dtype = rng.choice(("fp16", "bf16"))
+    return dict(net=net, N=batch, C=C, K=K, G=G, spatial=sp, filter=flt, stride=st, pad=pd, dtype=dtype,
+                direction=direction or rng.choice(DIRECTIONS), split="heldout" if net in HELD_OUT_NETS else "train")
+
+
+def cases(seed: int = SEED, n: int = 40, with_strata: bool = True) -> list[dict]:
+    """``n`` layers drawn without replacement, each with a batch, a dtype and a direction; then (from
+    a second generator, so the first ``n`` never change) a layer for every (direction, kind) cell of
+    :data:`DIRECTIONS` x :data:`KINDS` the draws left empty, so every stratum has rows."""
     rng = random.Random(seed)
     picks = rng.sample(range(len(LAYERS)), min(n, len(LAYERS)))
-    out = []
-    for i in picks:
-        net, C, K, G, sp, flt, st, pd = LAYERS[i]
-        nd = len(sp)
-        batch = rng.choice((1, 8, 32))
-        # keep one tensor under ~1.5 GiB (3D video and the 1D encoder at batch 32 are large)
-        while batch > 1 and batch * max(C, K) * math.prod(sp) * 2 > 1.5 * (1 << 30):
-            batch //= 2
-        st = st if isinstance(st, tuple) else (st,) * nd
-        pd = pd if isinstance(pd, tuple) else (pd,) * nd
-        out.append(dict(net=net, N=batch, C=C, K=K, G=G, spatial=sp, filter=flt, stride=st, pad=pd,
-                        dtype=rng.choice(("fp16", "bf16")), direction=rng.choice(DIRECTIONS),
-                        split="heldout" if net in HELD_OUT_NETS else "train"))
+    out = [_case(rng, i) for i in picks]
+    if with_strata:
+        rng2 = random.Random(seed + 29)
+        have = {(c["direction"], k) for c in out for k in kinds(c)}
+        train = {_shape(c) for c in out if c["split"] == "train"}
+        held = {_shape(c) for c in out if c["split"] == "heldout"}
+        for d in DIRECTIONS:
+            for kind in KINDS:
+                if (d, kind) in have:
+                    continue
+                layers = [i for i, L in enumerate(LAYERS)
+                          if kind in kinds(dict(C=L[1], K=L[2], G=L[3], filter=L[5],
+                                                stride=L[6] if isinstance(L[6], tuple) else (L[6],)))]
+                for _ in range(20):   # a held-out network's layer never also trains (and the reverse)
+                    c = _case(rng2, rng2.choice(layers), d)
+                    if _shape(c) not in (held if c["split"] == "train" else train):
+                        break
+                out.append(c)
+                (train if c["split"] == "train" else held).add(_shape(c))
+                have |= {(d, k) for k in kinds(c)}
     for c in out:
         c["case"] = case_name(c)
+    return out
+
+
+def _shape(c: dict) -> tuple:
+    return (c["N"], c["C"], c["K"], c["G"], tuple(c["spatial"]), tuple(c["filter"]), tuple(c["stride"]),
+            tuple(c["pad"]), c["dtype"], c["direction"])
+
+
+def strata(c: dict) -> list[str]:
+    """The strata a case counts in: ``direction/kind`` for each of its :func:`kinds`."""
+    return [f"{c['direction']}/{k}" for k in kinds(c)]
+
+
+def quick_cases(cs: list[dict]) -> list[dict]:
+    """``--quick``: the first case of every stratum not yet covered (one GPU, minutes)."""
+    seen, out = set(), []
+    for c in cs:
+        new = [s for s in strata(c) if s not in seen]
+        if new:
+            seen.update(new)
+            out.append(c)
     return out
 
 
@@ -145,7 +222,7 @@ def _peer(c, x, w, dy):
 
 
 def run(out_path: Optional[str] = None, budget_s: float = 300.0, seed: int = SEED, arch: Optional[str] = None,
-        limit: Optional[int] = None, progress=None, shard: str = "") -> dict:
+        limit: Optional[int] = None, progress=None, shard: str = "", quick: bool = False) -> dict:
     import torch
 
     from ck_core import Dispatcher, Registry, get_manager
@@ -166,7 +243,8 @@ def run(out_path: Optional[str] = None, budget_s: float = 300.0, seed: int = SEE
     disps = {}
     rows, skipped = [], []
     t0 = time.time()
-    cs = shard_cases(cases(seed)[:limit] if limit else cases(seed), shard)
+    cs = quick_cases(cases(seed)) if quick else cases(seed)
+    cs = shard_cases(cs[:limit] if limit else cs, shard)
     # a bar on a terminal, a line every 30 s in a log (ck bench passes its own, -q silences it)
     counter = (progress or Progress)(len(cs), "ck bench conv --suite broad")
     for c in counter.each(cs, lambda c: c["case"]):
@@ -174,6 +252,7 @@ def run(out_path: Optional[str] = None, budget_s: float = 300.0, seed: int = SEE
             skipped.append(c["case"])
             continue
         row = {k: (list(v) if isinstance(v, tuple) else v) for k, v in c.items()}
+        row.update(kinds=kinds(c), strata=strata(c))
         t_case = time.time()
         try:
             p = _problem(c)
@@ -217,6 +296,12 @@ def run(out_path: Optional[str] = None, budget_s: float = 300.0, seed: int = SEE
                     row["ours"], row["peer"] = ours.get("graph_ms"), theirs.get("graph_ms")
                 row.update(unit="TFLOPS (graph)" if fl else "ms (graph)",
                            peer_name="cuDNN via torch (channels_last)", ratio=row.get("ratio_graph"))
+                if "depthwise" in row["kinds"]:   # memory-bound: the bandwidth reached beside the ratio
+                    nbytes = (x.numel() + w.numel() + dy.numel()) * x.element_size()
+                    row["bytes_moved"] = nbytes
+                    for who, t in (("ours", ours), ("peer", theirs)):
+                        if t.get("graph_ms"):
+                            row[f"{who}_gb_s"] = round(nbytes / t["graph_ms"] / 1e6, 1)
             del x, w, dy, out, ref
         except Exception as exc:
             row.update(status="error", error=f"{type(exc).__name__}: {str(exc)[:300]}")
@@ -225,9 +310,9 @@ def run(out_path: Optional[str] = None, budget_s: float = 300.0, seed: int = SEE
         print(f"{row['case']:78s} {row.get('status'):6s} graph={row.get('ratio_graph')} "
               f"eager={row.get('ratio_eager')} {row.get('error', '')[:100]}", flush=True)
         torch.cuda.empty_cache()
-    res = {"suite": "broad", "seed": seed, "arch": arch_name, "rows": rows, "skipped_for_time": skipped,
-           "summary": summary(rows), "elapsed_s": round(time.time() - t0, 1), "device": device_name(),
-           "date": datetime.date.today().isoformat(), "command": " ".join(sys.argv)}
+    res = with_header({"suite": "broad", "seed": seed, "arch": arch_name, "rows": rows, "skipped_for_time": skipped,
+                       "summary": summary(rows), "elapsed_s": round(time.time() - t0, 1)},
+                      command="python -m ck_conv.bench_broad " + " ".join(sys.argv[1:]), device=device_name())
     if out_path:
         with open(out_path, "w") as f:
             json.dump(res, f, indent=1, default=str)
@@ -241,18 +326,40 @@ def _geomean(vals):
     return round(g, 4) if g else None
 
 
+def _stats(rs: list[dict]) -> dict:
+    out = {"n": len(rs), "wrong": sum(r.get("status") == "wrong" for r in rs),
+           "errors": sum(r.get("status") == "error" for r in rs),
+           "graph_geomean": _geomean(r.get("ratio_graph") for r in rs),
+           "graph_min": min((r["ratio_graph"] for r in rs if r.get("ratio_graph")), default=None),
+           "eager_geomean": _geomean(r.get("ratio_eager") for r in rs),
+           "eager_min": min((r["ratio_eager"] for r in rs if r.get("ratio_eager")), default=None)}
+    if any(r.get("ours_gb_s") for r in rs):   # depthwise: bandwidth reached, ours and cuDNN's
+        out["ours_gb_s_geomean"] = _geomean(r.get("ours_gb_s") for r in rs)
+        out["peer_gb_s_geomean"] = _geomean(r.get("peer_gb_s") for r in rs)
+    return out
+
+
 def summary(rows: list[dict]) -> dict:
+    """``direction/split`` (``all`` directions too), then issue #29's strata: ``direction/kind`` for
+    every direction and kind of :data:`KINDS` with rows, and ``all/kind`` over the directions."""
     out = {}
     for d in DIRECTIONS + ("all",):
         for split in ("all", "train", "heldout"):
             rs = [r for r in rows if (d == "all" or r["direction"] == d) and (split == "all" or r["split"] == split)]
-            out[f"{d}/{split}"] = {
-                "n": len(rs), "wrong": sum(r.get("status") == "wrong" for r in rs),
-                "errors": sum(r.get("status") == "error" for r in rs),
-                "graph_geomean": _geomean(r.get("ratio_graph") for r in rs),
-                "graph_min": min((r["ratio_graph"] for r in rs if r.get("ratio_graph")), default=None),
-                "eager_geomean": _geomean(r.get("ratio_eager") for r in rs)}
+            out[f"{d}/{split}"] = _stats(rs)
+    for d in DIRECTIONS + ("all",):
+        for k in KINDS:
+            rs = [r for r in rows if (d == "all" or r["direction"] == d) and k in (r.get("kinds") or _kinds_of(r))]
+            if rs:
+                out[f"{d}/{k}"] = _stats(rs)
     return out
+
+
+def _kinds_of(r: dict) -> list:
+    try:
+        return kinds(r)
+    except (KeyError, TypeError, ValueError):   # a row of an older run without the layer's fields
+        return []
 
 
 def bench(peer: str, options: dict) -> dict:
@@ -261,7 +368,7 @@ def bench(peer: str, options: dict) -> dict:
     if peer not in ("torch", "cudnn"):
         raise UnsupportedProblem(f"conv benchmarks compare with 'torch' (cuDNN), not {peer!r}")
     res = run(None, float(options.get("budget") or 300.0), arch=options.get("arch"),
-              limit=8 if options.get("quick") else None, progress=options.get("progress"))
+              quick=bool(options.get("quick")), progress=options.get("progress"))
     return broad_result(res)
 
 
@@ -273,10 +380,12 @@ if __name__ == "__main__":
     ap.add_argument("--budget", type=float, default=300.0)
     ap.add_argument("--limit", type=int, default=0)
     ap.add_argument("--shard", default="", metavar="I/N", help="every N-th case from the I-th (one GPU of N)")
+    ap.add_argument("--quick", action="store_true", help="the first case of every direction/kind stratum")
     ap.add_argument("--list", action="store_true")
     a = ap.parse_args()
     if a.list:
-        for c in cases():
-            print(c["split"], c["case"])
+        for c in (quick_cases(cases()) if a.quick else cases()):
+            print(c["split"], ",".join(kinds(c)), c["case"])
     else:
-        print(json.dumps(run(a.out, a.budget, limit=a.limit or None, shard=a.shard)["summary"], indent=1))
+        print(json.dumps(run(a.out, a.budget, limit=a.limit or None, shard=a.shard, quick=a.quick)["summary"],
+                         indent=1))

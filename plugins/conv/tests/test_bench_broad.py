@@ -36,3 +36,57 @@ def test_every_case_has_an_sm90_kernel():
         if c["dtype"] not in regs:
             regs[c["dtype"]] = Registry.from_enumeration("conv", "sm90", "triton", dtypes=[c["dtype"]])
         assert regs[c["dtype"]].candidates(cb._problem(c), "triton"), c["case"]
+
+
+# -- issue #29's strata ------------------------------------------------------------------------------
+
+def test_the_seeded_draws_are_unchanged_and_every_stratum_has_rows():
+    cs = cb.cases()
+    first = cb.cases(with_strata=False)
+    assert cs[:len(first)] == first and len(first) == 40
+    have = {s for c in cs for s in cb.strata(c)}
+    assert have == {f"{d}/{k}" for d in cb.DIRECTIONS for k in cb.KINDS}
+    assert len({c["case"] for c in cs}) == len(cs)   # names are unique (shards merge by name)
+    q = cb.quick_cases(cs)
+    assert q == cb.quick_cases(cb.cases()) and {s for c in q for s in cb.strata(c)} == have and len(q) <= 30
+
+
+def test_kinds_of_layers():
+    def k(C, K, G, flt, st):
+        return cb.kinds(dict(C=C, K=K, G=G, filter=flt, stride=st))
+
+    assert k(3, 64, 1, (7, 7), (2, 2)) == ["7x7", "strided", "stem"]
+    assert k(144, 144, 144, (5, 5), (2, 2)) == ["5x5", "strided", "depthwise"]
+    assert k(128, 128, 32, (3, 3), (1, 1)) == ["3x3", "grouped"]
+    assert k(64, 256, 1, (1, 1), (1, 1)) == ["1x1"]
+    assert k(512, 512, 512, (15,), (1,)) == ["1d", "depthwise"]
+    assert k(64, 64, 1, (3, 3, 3), (1, 1, 1)) == ["3d"]
+
+
+def test_held_out_shapes_never_train():
+    cs = cb.cases()
+    train = {cb._shape(c) for c in cs if c["split"] == "train"}
+    assert not [c["case"] for c in cs if c["split"] == "heldout" and cb._shape(c) in train]
+    assert all(c["split"] == "heldout" for c in cs if c["net"] in cb.HELD_OUT_NETS)
+
+
+def test_strata_summary_math_on_synthetic_rows():
+    def r(direction, C, K, G, flt, st, g, e, split="train", **kw):
+        c = dict(direction=direction, C=C, K=K, G=G, filter=flt, stride=st, split=split, status="ok",
+                 ratio_graph=g, ratio_eager=e, **kw)
+        return dict(c, kinds=cb.kinds(c))
+
+    rows = [r("forward", 64, 64, 1, (3, 3), (1, 1), 0.5, 0.25), r("forward", 64, 64, 1, (3, 3), (2, 2), 2.0, 1.0),
+            r("bwd_data", 96, 96, 96, (3, 3), (1, 1), 0.8, 0.8, ours_gb_s=800.0, peer_gb_s=200.0),
+            r("bwd_weight", 96, 96, 96, (3, 3), (1, 1), 1.25, 1.0, ours_gb_s=200.0, peer_gb_s=800.0),
+            dict(direction="forward", C=3, K=8, G=1, filter=[7, 7], stride=[2, 2], split="heldout", status="wrong")]
+    s = cb.summary(rows)
+    assert s["forward/3x3"]["n"] == 2 and s["forward/3x3"]["graph_geomean"] == pytest.approx(1.0)
+    assert s["forward/3x3"]["graph_min"] == 0.5 and s["forward/3x3"]["eager_min"] == 0.25
+    assert s["forward/strided"]["n"] == 2 and s["forward/strided"]["wrong"] == 1   # the stem counts, wrong
+    assert s["forward/7x7"]["graph_geomean"] is None and s["forward/stem"]["wrong"] == 1
+    dw = s["all/depthwise"]
+    assert dw["n"] == 2 and dw["graph_geomean"] == pytest.approx(1.0)
+    assert dw["ours_gb_s_geomean"] == pytest.approx(400.0)
+    assert dw["peer_gb_s_geomean"] == pytest.approx(400.0) and "ours_gb_s_geomean" not in s["forward/3x3"]
+    assert "bwd_data/1d" not in s and s["all/all"]["n"] == 5

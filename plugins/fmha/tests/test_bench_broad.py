@@ -193,3 +193,28 @@ def test_the_rows_peer_is_the_first_that_ran_with_its_target():
     row = dict(group="fwd_bwd", cudnn_graph_ms=1.0, ratio_cudnn_graph=0.7, ratio_cudnn_eager=0.6)
     bb._choose_peer(row, 1e9, ["cudnn", "flash"])
     assert row["peer_kind"] == "cudnn" and row["peer_target"] == 0.9 and row["below_floor"] is True
+
+
+def test_rows_on_the_cpu_pick_the_peer_that_ran_and_a_wrong_row_is_never_data(monkeypatch):
+    import os
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("runs the kernels in the Triton interpreter")
+    import ck_fmha
+
+    # timings faked (the CPU has no CUDA graphs): the peers still run, each refusal is recorded
+    monkeypatch.setattr(bb, "eager_and_graph_ms", lambda fn: (fn(), {"eager_ms": 2.0, "graph_ms": 1.0})[1])
+    c = dict(kind="attn", model="t", b=1, hq=4, hk=2, s=37, d=40, mask="causal", window=None, dtype="fp16",
+             split="train")
+    c["case"] = bb.case_name(c)
+    rows = bb._attn_rows(c, "cpu")
+    assert [r["group"] for r in rows] == ["fwd", "fwd_train", "fwd_bwd"]
+    for r in rows:
+        assert r["status"] == "ok" and r["rel_err"] < 2e-2, r
+        assert "cudnn_error" in r    # SDPA's cuDNN backend refuses CPU tensors: flash is the peer
+        assert r["peer_kind"] == "flash" and r["peer_target"] == 1.2 and r["ratio"] == 1.0
+        assert "flex_graph_ms" not in r   # FlexAttention is only timed where both SDPA backends refused
+    real = ck_fmha.attention
+    monkeypatch.setattr(ck_fmha, "attention", lambda *a, **k: real(*a, **k) * 1.1)
+    bad = bb._attn_rows(c, "cpu")
+    assert all(r["status"] == "wrong" and "ratio" not in r and "ours_graph_ms" not in r for r in bad)

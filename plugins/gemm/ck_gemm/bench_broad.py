@@ -241,7 +241,7 @@ def _linear_row(c: dict, row: dict, device) -> None:
 
 
 def _rel(got, want) -> float:
-    return float((got.float() - want).norm() / want.norm().clamp_min(1e-30))
+    return float((got.detach().float() - want).norm() / want.norm().clamp_min(1e-30))
 
 
 def _time(row: dict, ours_fn, peer_fn, fl: float) -> None:

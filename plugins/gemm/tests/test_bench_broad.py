@@ -82,6 +82,7 @@ def test_the_earlier_cases_and_their_split_are_unchanged():
 
 def test_every_stratum_has_cases_and_held_out_shapes_never_train():
     cs = gb.cases()
+    assert len({c["case"] for c in cs}) == len(cs)   # names are unique (shards merge by name)
     for st in gb.STRATA:
         assert [c for c in cs if st in gb.strata(c)], st
     for layout in gb.LAYOUTS:
@@ -134,3 +135,36 @@ def test_strata_summary_math_on_synthetic_rows():
     assert s["kind/linear_train"]["graph_geomean"] == 0.8 and s["kind/fp8"]["graph_geomean"] == 1.5
     assert s["layout/ccr"]["wrong"] == 1 and s["layout/ccr"]["graph_geomean"] is None
     assert "layout/rrr" not in s
+
+
+def test_linear_training_step_row_is_checked_before_it_is_timed(monkeypatch):
+    import os
+
+    torch = pytest.importorskip("torch")
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("runs the kernels in the Triton interpreter")
+    import ck_gemm
+
+    monkeypatch.setattr(gb, "eager_and_graph_ms", lambda fn: (fn(), {"eager_ms": 2.0, "graph_ms": 1.0})[1])
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    c = dict(kind="linear_train:t:o", m=33, n=40, k=24, batch=1, dtype="fp16", layout="rcr", split="train")
+    row = dict(c)
+    gb._linear_row(c, row, "cpu")
+    assert row["status"] == "ok" and row["rel_err"] < 2e-2 and row["ratio"] == 1.0
+    assert row["gflop"] == round(3 * 2 * 33 * 40 * 24 / 1e9, 3) and "linear" in row["peer_name"]
+    # a wrong weight gradient (the forward right) makes the row wrong: never timed
+    real = ck_gemm.linear
+
+    class Bad(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, y):
+            return y.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 1.5
+
+    monkeypatch.setattr(ck_gemm, "linear", lambda x, w: Bad.apply(real(x, w)))
+    row = dict(c)
+    gb._linear_row(c, row, "cpu")
+    assert row["status"] == "wrong" and "ratio" not in row and "ours_graph_ms" not in row
