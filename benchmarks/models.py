@@ -143,7 +143,8 @@ def cnn(name: str, cfg: dict, device: str, dtype):
     else:
         import torchvision
 
-        m = {"resnet50": torchvision.models.resnet50, "convnext_t": torchvision.models.convnext_tiny}[name](weights=None)
+        make = {"resnet50": torchvision.models.resnet50, "convnext_t": torchvision.models.convnext_tiny}[name]
+        m = make(weights=None)
         classes = 1000
     torch.manual_seed(0)
     m = m.to(device=device, dtype=dtype, memory_format=torch.channels_last)

@@ -12,7 +12,8 @@ pytest.importorskip("triton")
 pytest.importorskip("transformers")
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="a CPU smoke run (TRITON_INTERPRET=1)")
+pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                reason="a CPU smoke run (TRITON_INTERPRET=1)")
 
 
 @pytest.fixture(scope="module")
