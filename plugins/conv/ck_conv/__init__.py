@@ -15,7 +15,8 @@ __all__ = ["ConvProblem", "ConvKernelConfig", "enumerate_configs", "heuristic_co
 
 
 #: public names and the module that holds each, imported on first use
-_LAZY = {"conv1d": "api", "conv2d": "api", "conv3d": "api", "patch": "nn", "unpatch": "nn", "enumerate_configs": "space",
+_LAZY = {"conv1d": "api", "conv2d": "api", "conv3d": "api", "patch": "nn", "unpatch": "nn",
+         "enumerate_configs": "space",
          "heuristic_config": "heuristics"}
 
 

@@ -201,3 +201,37 @@ def test_sampled_keys_compile_within_the_estimate():
 def test_every_sm90_key_compiles_within_the_estimate():
     names = sorted({k.name for k in _keys() if k.signature.dtype != "fp16"})
     _check(_compile(names), _sm90().lds_bytes)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [224, 256])
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_big_head_dim_varlen_causal_backward_runs_on_the_gpu(d, deterministic):
+    """Issue #25: FlashAttention's test_flash_attn_varlen_causal[...-217-True-256-...] raised Triton's
+    OutOfResources (263168 B > 232448) in the backward; now a key that fits is selected."""
+    import torch
+
+    if not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("needs a CUDA GPU (CK_TEST_GPU=1)")
+    from ck_fmha.flash_attn import flash_attn_varlen_func
+
+    g = torch.Generator(device="cuda").manual_seed(d)
+    lens = [217, 128, 5]
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    h, total = 4, sum(lens)
+    q, k, v = (torch.randn(total, h, d, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+               for _ in range(3))
+    o = flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=True, deterministic=deterministic)
+    do = torch.randn_like(o)
+    dq, dk, dv = torch.autograd.grad(o, (q, k, v), do)
+    for i, n in enumerate(lens):   # float64 reference per sequence, from the math
+        s = slice(int(cu[i]), int(cu[i + 1]))
+        qs, ks, vs = (x[s].detach().double().transpose(0, 1).requires_grad_() for x in (q, k, v))
+        sc = qs @ ks.transpose(-1, -2) / d ** 0.5
+        sc = sc.masked_fill(torch.ones(n, n, dtype=torch.bool, device="cuda").triu(1), float("-inf"))
+        ref = torch.softmax(sc, -1) @ vs
+        gq, gk, gv = torch.autograd.grad(ref, (qs, ks, vs), do[s].double().transpose(0, 1))
+        for got, want in ((o[s], ref), (dq[s], gq), (dk[s], gk), (dv[s], gv)):
+            want = want.transpose(0, 1)   # [H, n, D] -> [n, H, D]
+            err = float((got.double() - want).norm() / want.norm())
+            assert err < 2e-2, (d, i, err)

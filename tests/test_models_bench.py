@@ -1,0 +1,76 @@
+"""benchmarks/models.py runs (CPU smoke, Triton's interpreter): tiny models through the same rows,
+one JSON of the ck.models schema, a markdown table, and a failing row that does not stop the others."""
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+pytest.importorskip("transformers")
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                reason="a CPU smoke run (TRITON_INTERPRET=1)")
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("ck_models_bench", ROOT / "benchmarks" / "models.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _run(bench, tmp_path, capsys, rows, *extra):
+    out = tmp_path / "models.json"
+    assert bench.main(["--tiny", "--device", "cpu", "--rows", rows, "--rep-s", "0.01", "--out", str(out), *extra]) == 0
+    return json.loads(out.read_text()), capsys.readouterr().out
+
+
+def test_cnn_and_llama_rows_run_and_agree(bench, tmp_path, capsys):
+    res, table = _run(bench, tmp_path, capsys, "resnet50:train,llama:forward:attn+gemm")
+    assert res["name"] == "ck.models" and res["version"] == 1
+    assert {"device", "date", "command", "commit", "versions", "rows"} <= set(res)
+    rows = res["rows"]
+    assert [(r["model"].split()[0], r["mode"], r["ours"]) for r in rows] == [
+        ("resnet50", "train", "ck_conv.patch"), ("llama", "forward", "ck_fmha + ck_gemm.patch")]
+    for r in rows:
+        assert r["status"] == "ok", r.get("traceback", r["status"])
+        assert r["ours_ms"] > 0 and r["peer_ms"] > 0 and r["ratio"] == pytest.approx(r["peer_ms"] / r["ours_ms"])
+        assert r["ours_first_ms"] > 0 and r["peer_first_ms"] > 0
+        assert r["check"]["ok"], r["check"]   # ours against the peer on the same weights and inputs
+    assert rows[0]["patched_conv2d"] == 3 and rows[1]["patched_linear"] > 0
+    assert table.count("\n| ") == len(rows) and "| resnet50" in table
+
+
+def test_a_failing_row_does_not_stop_the_others(bench, tmp_path, capsys, monkeypatch):
+    def broken(*a, **k):
+        raise RuntimeError("a kernel that does not run")
+
+    monkeypatch.setattr(bench, "row_cnn", broken)
+    res, table = _run(bench, tmp_path, capsys, "resnet50:infer,convnext_t:infer")
+    assert [r["status"] for r in res["rows"]] == ["error: RuntimeError: a kernel that does not run"] * 2
+    res, _ = _run(bench, tmp_path, capsys, "resnet50:infer", "--budget-s", "-1")
+    assert res["rows"][0]["status"].startswith("skipped: time budget")
+
+
+def test_patch_routes_layers_and_unpatch_restores(bench):
+    import ck_conv
+    import ck_gemm
+
+    m = bench.tiny_cnn()
+    x = torch.randn(2, 3, 11, 13)
+    ref = m(x)
+    assert ck_conv.patch(m) == 3 and ck_conv.patch(m) == 3 and ck_gemm.patch(m) == 1
+    assert all("forward" in vars(mod) for mod in m if isinstance(mod, (torch.nn.Conv2d, torch.nn.Linear)))
+    y = m(x)
+    assert float((y - ref).norm() / ref.norm()) < 1e-4
+    y.sum().backward()   # the public APIs' autograd
+    assert m[0].weight.grad is not None and m[-1].weight.grad is not None
+    assert ck_conv.unpatch(m) == 3 and ck_gemm.unpatch(m) == 1
+    assert not any("forward" in vars(mod) for mod in m)
+    same = torch.nn.Conv2d(3, 4, 3, padding="same", padding_mode="reflect")
+    assert ck_conv.patch(torch.nn.Sequential(same)) == 0   # a padding mode the API does not take stays on torch
