@@ -28,7 +28,6 @@ print(json.dumps(_overhead(reg, 'bf16'), indent=1))" ;;
         dwprobe) timeout 150 python3 benchmarks/conv_probe.py --cases depthwise_3x3_144_56 --directions forward \
                      --rows-only --budget 80 --compile-budget 50 --out "$OUT/conv_probe_rows.json" ;;
         gluonprobe) timeout 400 python3 benchmarks/gluon_fa_probe.py --out "$OUT/gluon_probe.json" ;;
-        models) timeout 600 python3 benchmarks/models.py --out "$OUT/models.json" ;;
         fusedprobe) timeout 500 python3 benchmarks/gluon_fa_probe.py --fused --out "$OUT/fused_probe.json" ;;
         fusedquick) timeout 300 python3 benchmarks/gluon_fa_probe.py --fused --quick --out "$OUT/fused_probe.json" ;;
         fp8debug) timeout 240 python3 benchmarks/fp8_layout_debug.py ;;
