@@ -221,8 +221,10 @@ def cpu(suites, out):
                                    "seconds": round(time.time() - t0, 1)}
         print(suite, result["suites"][suite], flush=True)
     result["errors"] = errors
+    from ck_core.bench import with_header
+
     with open(out, "w") as f:
-        json.dump(result, f, indent=1)
+        json.dump(with_header(result, device="CPU (launches traced on meta tensors, not compiled)"), f, indent=1)
 
 
 def gpu(suite, out, fa, budget_s):
@@ -255,8 +257,10 @@ def gpu(suite, out, fa, budget_s):
     res = {"mode": "gpu", "suite": suite, "stats": dict(ta.STATS), "cache": KernelCache(os.path.join(tmp, "kernels"),
                                                                                        extra_roots=[]).stats(),
            "seconds": round(time.time() - t0, 1), "suite_summary": summary}
+    from ck_core.bench import with_header
+
     with open(out, "w") as f:
-        json.dump(res, f, indent=1, default=str)
+        json.dump(with_header(res), f, indent=1, default=str)
     print(json.dumps(res, default=str)[:2000])
 
 

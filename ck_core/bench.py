@@ -41,6 +41,11 @@ def git_commit(where: Optional[Path] = None) -> str:
     tracked files changed; ``"unknown"`` outside a git checkout (an installed wheel)."""
     import subprocess
 
+    from . import knobs
+
+    given = knobs.get("CK_RESULTS_COMMIT")
+    if given:
+        return given
     cwd = str(where or Path(__file__).resolve().parent)
     try:
         head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=cwd, capture_output=True,
@@ -238,5 +243,6 @@ def run_bench(op_name: str, args, extra: dict) -> int:
     name = op_name if suite == "core" else f"{op_name}_{suite}"
     path = Path(args.json) if args.json else Path(DEFAULT_RESULTS_DIR) / f"{name}.json"
     write(result, path, args.csv)
-    print(f"wrote {path}", file=sys.stderr)
+    if not getattr(args, "quiet", False):
+        print(f"wrote {path}", file=sys.stderr)
     return 0

@@ -76,6 +76,9 @@ _declare("CK_KERNEL_SETS", str, "",
          "Folders of prebuilt kernel sets (`ck build --preset NAME --out DIR`), separated by the path "
          "separator, searched read-only after the kernel cache; 'none': not even the installed "
          "ck-kernels-* distributions (entry points ck_core.kernel_sets).")
+_declare("CK_RESULTS_COMMIT", str, "",
+         "The commit a results file names (ck_core.bench.result_header) when the checkout's own git "
+         "history is not the code that ran (a copied working tree); default: the checkout's HEAD.")
 _declare("CK_BUILD_WORKERS", _int, 0,
          "Default number of build worker processes; 0 means the number of CPUs.")
 _declare("CK_TUNING_DB", str, "",
