@@ -403,6 +403,10 @@ def main(argv=None) -> int:
            "command": " ".join(["python"] + sys.argv), "commit": _commit(), "versions": _versions(),
            "config": cfg, "tolerances": TOL, "ratio_is": "peer ms / ours ms (> 1: ours faster)",
            "wall_s": round(time.time() - t0, 1), "rows": rows}
+    from ck_core.bench import with_header   # the results header (schema, device, date, command, commit)
+
+    res.pop("commit", None)
+    res = with_header(res, res.get("command"), res.get("device"))
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(res, indent=1, default=str))

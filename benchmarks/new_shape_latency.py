@@ -136,6 +136,10 @@ def main(argv=None) -> int:
               lambda x=x: torch.nn.functional.conv2d(x.double(), wc.double(), padding=1))
 
     out["stats"] = dict(ta.STATS)
+    from ck_core.bench import with_header   # the results header (schema, device, date, command, commit)
+
+    out.pop("commit", None)
+    out = with_header(out, out.get("command"), out.get("device"))
     with open(a.out, "w") as f:
         json.dump(out, f, indent=1)
     return 0

@@ -663,6 +663,10 @@ def main(argv=None):
             res["overhead"] = overhead(ns.calls or 1000, ns.profile, ns.only)
         if "autograd" in ns.part:
             res["autograd"] = autograd_parts(ns.calls or 1000, ns.profile)
+    from ck_core.bench import with_header   # the results header (schema, device, date, command, commit)
+
+    res.pop("commit", None)
+    res = with_header(res, res.get("command"), res.get("device"))
     with open(ns.out, "w") as f:
         json.dump(res, f, indent=1)
 
