@@ -34,7 +34,8 @@ OWN = {
              "device_errors",
              "flash_attn", "integrations", "integrations.transformers", "masks", "paged", "philox",
              "reference.forward", "reference.backward", "reference.layout", "reference.rope",
-             "backends.triton.gluon_fwd", "backends.triton.gluon_bwd", "backends.triton.warm", "decode", "prefill",
+             "backends.triton.gluon_fwd", "backends.triton.gluon_bwd", "backends.triton.warm",
+             "backends.triton.launch_bwd", "backends.triton.launch_decode", "decode", "prefill",
              "seqtune"},
 }
 
