@@ -35,7 +35,7 @@ OWN = {
              "flash_attn", "integrations", "integrations.transformers", "masks", "paged", "philox",
              "reference.forward", "reference.backward", "reference.layout", "reference.rope",
              "backends.triton.gluon_fwd", "backends.triton.gluon_bwd", "backends.triton.warm",
-             "backends.triton.smem", "decode", "prefill",
+             "backends.triton.smem", "backends.triton.launch_bwd", "backends.triton.launch_decode", "decode", "prefill",
              "seqtune"},
 }
 

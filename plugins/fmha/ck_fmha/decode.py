@@ -252,6 +252,7 @@ def _direct(q, k, v, block_table, seqlens_k, config, opts):
     """An explicit ``config``: that tile runs (kernel-direct, as benchmarks of one tile need), with the
     split count of the same heuristic the Dispatcher path uses."""
     from .backends.triton import launch as ops
+    from .backends.triton import launch_decode as ops_dec
 
     layout = opts["layout"]
     b, hq, sq, _ = ops._dims(q, layout)
@@ -273,14 +274,14 @@ def _direct(q, k, v, block_table, seqlens_k, config, opts):
         ns = split_count(b * hk, cap, current_arch(q).compute_units, query_rows=(hq // max(hk, 1)) * sq)
     lens = None if seqlens_k is None else seqlens_k.to(device=q.device, dtype=torch.int32)
     direct = int(ns) == 1   # one split: one launch writes o and lse (no combine), as the plan does
-    oacc, lacc = ops._splitkv_main(q, k, v, seqlens_k=lens, max_seqlen_k=cap, causal=opts["causal"],
+    oacc, lacc = ops_dec._splitkv_main(q, k, v, seqlens_k=lens, max_seqlen_k=cap, causal=opts["causal"],
                                    scale=opts["scale"], window=opts["window"], softcap=opts["softcap"],
                                    num_splits=ns, layout=layout, config=config, kv_strides=kv, hk=hk,
                                    align=opts["align"], sink=opts["sink"], sink_tokens=opts["sink_tokens"],
                                    direct=direct, **page)
     if direct:
         return (oacc, lacc) if opts["return_lse"] else oacc
-    return ops.splitkv_combine(oacc, lacc, q, layout=layout, return_lse=opts["return_lse"])
+    return ops_dec.splitkv_combine(oacc, lacc, q, layout=layout, return_lse=opts["return_lse"])
 
 
 def appendkv(q, knew, vnew, k_cache, v_cache, seqlens_k, *, rotary_cos=None, rotary_sin=None, rope="none",

@@ -72,13 +72,13 @@ def batch_prefill(q, k_cache, v_cache, seqlens_k, *, cu_seqlens_q, max_seqlen_q,
             if f is not None:
                 return f(q, k_cache, v_cache, seqlens_k, cu_seqlens_q, block_table, kv_indptr, kv_page_indices,
                          kw.get("bias"), kw.get("alibi_slopes"), kw.get("sink"))
-    from .backends.triton import launch as ops
+    from .backends.triton import launch_decode as ops_dec
 
     unknown = sorted(set(kw) - set(_OPTIONS))
     if unknown:
         raise InvalidProblem(f"batch_prefill got unknown keyword(s) {unknown}; it takes {', '.join(_OPTIONS[:-1])}")
     if kw.get("config") is not None:
-        return ops.batch_prefill_launch(q, k_cache, v_cache, seqlens_k, cu_seqlens_q=cu_seqlens_q,
+        return ops_dec.batch_prefill_launch(q, k_cache, v_cache, seqlens_k, cu_seqlens_q=cu_seqlens_q,
                                         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                                         block_table=block_table, kv_indptr=kv_indptr,
                                         kv_page_indices=kv_page_indices, kv_layout=kv_layout, **kw)

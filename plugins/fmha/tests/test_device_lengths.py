@@ -25,7 +25,7 @@ if os.environ.get("TRITON_INTERPRET") != "1":  # pragma: no cover
 import ck_fmha  # noqa: E402
 from ck_fmha.backends.triton import TritonFmhaConfig  # noqa: E402
 from ck_fmha.decode import paged_decode, splitkv_decode  # noqa: E402
-from ck_fmha.backends.triton.launch import appendkv_launch, batch_prefill_launch  # noqa: E402
+from ck_fmha.backends.triton.launch_decode import appendkv_launch, batch_prefill_launch  # noqa: E402
 from ck_fmha.device_errors import DeviceLengthError  # noqa: E402
 
 pytestmark = [pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning"),

@@ -21,7 +21,7 @@ from ck_fmha.backends.triton import configs as C  # noqa: E402
 from ck_fmha import heuristics as tuning  # noqa: E402
 from ck_fmha.backends.triton import gluon_bwd  # noqa: E402
 
-# -- the launcher's policy before the change, written out from ops.fwd / ops.bwd_dq_dk_dv ---------
+# -- the launcher's policy before the change, written out from ops.fwd / ops_bwd.bwd_dq_dk_dv ---------
 
 
 def _rb(p):
@@ -66,7 +66,7 @@ def _old_gluon_bwd_ok(p, block_n=64):
 
 
 def old_bwd(p, hopper):
-    """((dK/dV kind, tile), dQ choice) of the old ops.bwd_dq_dk_dv default path."""
+    """((dK/dV kind, tile), dQ choice) of the old ops_bwd.bwd_dq_dk_dv default path."""
     d, sq, sk = p.hdim_q, p.seqlen_q, p.seqlen_k
     # the arch's tables (heuristics.bwd_want): sm90 has its own bwd_tuned, other archs read generic's
     tag = "sm90" if hopper else "generic"
@@ -206,6 +206,7 @@ def launched(monkeypatch):
     """(kernel, meta-parameters) of every Triton FMHA kernel launch."""
     from ck_fmha.backends.triton import kernels as K
     from ck_fmha.backends.triton import launch as ops
+    from ck_fmha.backends.triton import launch_bwd as ops_bwd
 
     out = []
 
@@ -222,7 +223,7 @@ def launched(monkeypatch):
 
     for attr, name in _KERNELS.items():
         monkeypatch.setattr(K, attr, Spy(name, getattr(K, attr)))
-    assert ops.K is K
+    assert ops.K is K and ops_bwd.K is K
     return out
 
 

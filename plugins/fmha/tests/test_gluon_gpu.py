@@ -14,6 +14,7 @@ pytestmark = [pytest.mark.gpu,
 
 from ck_fmha.problem import FmhaProblem  # noqa: E402
 from ck_fmha.backends.triton import gluon_fwd, launch as ops  # noqa: E402
+from ck_fmha.backends.triton import launch_bwd as ops_bwd  # noqa: E402
 from ck_fmha import heuristics as tuning  # noqa: E402
 from ck_fmha.backends.triton.configs import GLUON_VARIANTS, TritonFmhaConfig  # noqa: E402
 
@@ -210,7 +211,7 @@ def test_replayed_launches_take_new_tensors(variant, ck_rng):
 @pytest.mark.parametrize("layout, causal, dtype, hk", [("bhsd", False, "bf16", 5), ("bshd", True, "fp16", 1),
                                                        ("bhsd", True, "bf16", 5)])
 def test_backward_with_the_gluon_dq_pass(layout, causal, dtype, hk, ck_rng):
-    """ops.bwd at D=128 takes the Gluon dK/dV kernel and dQ pass (the sm90 bwd_gluon_dkdv /
+    """ops_bwd.bwd at D=128 takes the Gluon dK/dV kernel and dQ pass (the sm90 bwd_gluon_dkdv /
     bwd_gluon_dq tables); dq/dk/dv against float64 autograd, and dq against the Triton dQ kernel's."""
     from ck_fmha.backends.triton import gluon_bwd
 
@@ -218,12 +219,12 @@ def test_backward_with_the_gluon_dq_pass(layout, causal, dtype, hk, ck_rng):
     q, k, v = _inputs(ck_rng, 3, 5, hk, 384, 384, 128, layout, dtype)
     do = _inputs(ck_rng, 3, 5, 5, 384, 384, 128, layout, dtype)[0]
     o, lse = _triton_fwd(q, k, v, causal=causal, return_lse=True, layout=layout)
-    delta = ops.bwd_dot_do_o(o, do, layout=layout)
+    delta = ops_bwd.bwd_dot_do_o(o, do, layout=layout)
     real, real_kv, calls = gluon_bwd.dq, gluon_bwd.dkdv, []
     gluon_bwd.dq = lambda *a, **kw: calls.append("dq") or real(*a, **kw)
     gluon_bwd.dkdv = lambda *a, **kw: calls.append("dkdv") or real_kv(*a, **kw)
     try:
-        dq, _, dk, dv = ops.bwd_dq_dk_dv(q, k, v, do, lse, delta, causal=causal, layout=layout,
+        dq, _, dk, dv = ops_bwd.bwd_dq_dk_dv(q, k, v, do, lse, delta, causal=causal, layout=layout,
                                          choice=_gluon_bwd_choice(128, causal))
     finally:
         gluon_bwd.dq, gluon_bwd.dkdv = real, real_kv
@@ -233,7 +234,7 @@ def test_backward_with_the_gluon_dq_pass(layout, causal, dtype, hk, ck_rng):
     ro.backward(do.double().transpose(1, 2) if layout == "bshd" else do.double())
     for got, ref in zip((dq, dk, dv), ts):
         assert torch.isfinite(got).all() and _rel(got, ref.grad) < 1e-2
-    dqt = ops.bwd_dq_dk_dv(q, k, v, do, lse, delta, causal=causal, layout=layout,
+    dqt = ops_bwd.bwd_dq_dk_dv(q, k, v, do, lse, delta, causal=causal, layout=layout,
                            choice=_gluon_bwd_choice(128, causal, dq="triton"))[0]
     assert _rel(dq, dqt.double()) < 5e-3
 
@@ -251,24 +252,24 @@ def test_backward_with_dq_fused_into_dkdv(d, layout, causal, dtype, hk, s, ck_rn
     q, k, v = _inputs(ck_rng, 3, 5, hk, s, s, d, layout, dtype)
     do = _inputs(ck_rng, 3, 5, 5, s, s, d, layout, dtype)[0]
     o, lse = _triton_fwd(q, k, v, causal=causal, return_lse=True, layout=layout)
-    delta = ops.bwd_dot_do_o(o, do, layout=layout)
+    delta = ops_bwd.bwd_dot_do_o(o, do, layout=layout)
     real, calls = gluon_bwd.dkdv, []
     fused = tuning.gluon_fused_tile(d, causal, "sm90") or tuning.gluon_tiles("fused", "sm90")[d]
     gluon_bwd.dkdv = lambda *a, **kw: calls.append(kw.get("dq_acc") is not None) or real(*a, **kw)
     try:
-        dq0, dqa, dk, dv = ops.bwd_dq_dk_dv(q, k, v, do, lse, delta, causal=causal, layout=layout,
+        dq0, dqa, dk, dv = ops_bwd.bwd_dq_dk_dv(q, k, v, do, lse, delta, causal=causal, layout=layout,
                                             deterministic=False, choice=(("gluon", fused), ("atomic",)))
     finally:
         gluon_bwd.dkdv = real
     assert calls == [True] and dq0 is None and dqa.dtype == torch.float32
-    dq = ops.bwd_convert_dq(dqa, q, layout=layout)
+    dq = ops_bwd.bwd_convert_dq(dqa, q, layout=layout)
     ts = [x.double().requires_grad_() for x in (q, k, v)]
     ro, _ = _reference(*ts, causal, layout)
     ro.backward(do.double().transpose(1, 2) if layout == "bshd" else do.double())
     for got, ref in zip((dq, dk, dv), ts):
         assert torch.isfinite(got).all() and _rel(got, ref.grad) < 1e-2
-    # the same through ops.bwd: the deterministic answer within rounding
-    dq2, dk2, dv2 = ops.bwd(q, k, v, o, lse, do, causal=causal, layout=layout, deterministic=True,
+    # the same through ops_bwd.bwd: the deterministic answer within rounding
+    dq2, dk2, dv2 = ops_bwd.bwd(q, k, v, o, lse, do, causal=causal, layout=layout, deterministic=True,
                             config=tuning.default_bwd_configs(d, d, "sm90", causal=causal))
     assert _rel(dq, dq2.double()) < 5e-3 and _rel(dk, dk2.double()) < 5e-3 and _rel(dv, dv2.double()) < 5e-3
 
@@ -283,17 +284,17 @@ def test_nondeterministic_backward_prefers_the_faster_path(ck_rng):
     q, k, v = _inputs(ck_rng, 2, 4, 4, 256, 256, 128, "bhsd", "bf16")
     do = _inputs(ck_rng, 2, 4, 4, 256, 256, 128, "bhsd", "bf16")[0]
     o, lse = _triton_fwd(q, k, v, return_lse=True)
-    delta = ops.bwd_dot_do_o(o, do)
+    delta = ops_bwd.bwd_dot_do_o(o, do)
     from ck_core.plugins import get_manager
 
     p = FmhaProblem(family="bwd_dq_dk_dv", batch=2, nhead_q=4, nhead_k=4, dtype="bf16", hdim_q=128, hdim_v=128,
                     seqlen_q=256, seqlen_k=256, deterministic=False)
     kv, dq_field = tuning.bwd_want(p, get_manager().arch("sm90"))
     assert kv[4].startswith("gluon_dkdv") and dq_field.startswith("gluon")
-    dq, dqa, _, _ = ops.bwd_dq_dk_dv(q, k, v, do, lse, delta, deterministic=False,
+    dq, dqa, _, _ = ops_bwd.bwd_dq_dk_dv(q, k, v, do, lse, delta, deterministic=False,
                                      choice=_gluon_bwd_choice(128, False))
     assert dq is not None and dqa is None
-    dq, dqa, _, _ = ops.bwd_dq_dk_dv(q, k, v, do, lse, delta, deterministic=False,
+    dq, dqa, _, _ = ops_bwd.bwd_dq_dk_dv(q, k, v, do, lse, delta, deterministic=False,
                                      config=tuning.default_bwd_configs(128, 128, "sm90"))
     assert dq is None and dqa is not None
 
@@ -366,7 +367,7 @@ def test_dispatcher_selects_gluon_for_ragged_lengths(ck_rng, gluon_calls):
 
 
 # (deterministic, hdim, causal, layout, dtype, b, (hq, hk), sq, sk): the backward kernels on ragged
-# lengths.  NOT YET RUN ON A GPU (2026-11-27): the dispatcher and ops.bwd still refuse the Gluon
+# lengths.  NOT YET RUN ON A GPU (2026-11-27): the dispatcher and ops_bwd.bwd still refuse the Gluon
 # backward for ragged lengths (heuristics.gluon_bwd_reason / gluon_dkdv_reason,
 # gluon_bwd.dq_unsupported_reason, launch.default_bwd_choice and bwd_dq_dk_dv); this test calls the
 # kernels directly, and lifting those rules waits for it to pass.
@@ -393,7 +394,7 @@ def test_backward_ragged_gluon_kernels_match_float64(case, ck_rng):
     q, k, v = _inputs(ck_rng, b, hq, hk, sq, sk, d, layout, dtype)
     do = _inputs(ck_rng, b, hq, hq, sq, sq, d, layout, dtype)[0]
     o, lse = _triton_fwd(q, k, v, causal=causal, return_lse=True, layout=layout)
-    delta = ops.bwd_dot_do_o(o, do, layout=layout)
+    delta = ops_bwd.bwd_dot_do_o(o, do, layout=layout)
     if det:
         dk, dv = gluon_bwd.dkdv(q, k, v, do, lse, delta, causal=causal, layout=layout,
                                 tile=gluon_bwd.tiles("dkdv", "sm90")[d])
@@ -405,7 +406,7 @@ def test_backward_ragged_gluon_kernels_match_float64(case, ck_rng):
         dqa = torch.zeros((b, hq, sq, d), device="cuda", dtype=torch.float32)
         dk, dv = gluon_bwd.dkdv(q, k, v, do, lse, delta, causal=causal, layout=layout,
                                 tile=gluon_bwd.tiles("fused", "sm90")[d], dq_acc=dqa)
-        dq = ops.bwd_convert_dq(dqa, q, layout=layout)
+        dq = ops_bwd.bwd_convert_dq(dqa, q, layout=layout)
     ts = [x.double().requires_grad_() for x in (q, k, v)]
     ro, _ = _reference(*ts, causal, layout)
     ro.backward(do.double().transpose(1, 2) if layout == "bshd" else do.double())

@@ -87,6 +87,7 @@ DEVICES = [pytest.param("cpu", marks=cpu_only),
                                 dict(window=(5, 3)), dict(bias=True)])
 def test_backward_with_very_negative_lse(deterministic, kw, device):
     from ck_fmha.backends.triton import launch as ops
+    from ck_fmha.backends.triton import launch_bwd as ops_bwd
 
     g = torch.Generator().manual_seed(0)
     B, H, Sq, Sk, D = (1, 2, 37, 45, 32) if device == "cpu" else (2, 4, 300, 333, 128)
@@ -104,7 +105,7 @@ def test_backward_with_very_negative_lse(deterministic, kw, device):
     fcfg = default_fwd_config(D, D, "generic", bool(kw.get("causal")), Sq, gluon=False).with_(variant="ptr")
     o, lse = ops.fwd(q, k, v, return_lse=True, bias=bias, config=fcfg, **kw)
     assert lse.max() < -11   # the regime of FlashAttention's test_flash_attn_bwd_varlen_overflow
-    dq, dk, dv = ops.bwd(q, k, v, o, lse, do, deterministic=deterministic, bias=bias,
+    dq, dk, dv = ops_bwd.bwd(q, k, v, o, lse, do, deterministic=deterministic, bias=bias,
                          config=default_bwd_configs(D, D, "generic", causal=bool(kw.get("causal"))), **kw)
     c = dict(scale=D ** -0.5, cap=kw.get("softcap", 0.0), mask="top_left" if (kw.get("causal") or "window" in kw) else "none",
              left=kw.get("window", (-1, -1))[0], right=0 if kw.get("causal") else kw.get("window", (-1, -1))[1],
@@ -230,6 +231,7 @@ def test_fp8_inputs_outside_the_e4m3_range_are_refused():
 @pytest.mark.parametrize("bad", ["decreasing", "max_seqlen_q", "past_the_end", "seqlens_k"])
 def test_bad_cu_seqlens_are_refused_on_the_host(bad):
     from ck_fmha.backends.triton import launch as ops
+    from ck_fmha.backends.triton import launch_bwd as ops_bwd
 
     q = torch.randn(20, 2, 32).half()
     cu_q, cu_k = torch.tensor([0, 12, 20], dtype=torch.int32), torch.tensor([0, 9, 20], dtype=torch.int32)
@@ -245,7 +247,7 @@ def test_bad_cu_seqlens_are_refused_on_the_host(bad):
     with pytest.raises(InvalidProblem):
         ops.fwd(q, q, q, layout="thd", cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, **kw)
     with pytest.raises(InvalidProblem):
-        ops.bwd(q, q, q, q, torch.zeros(2, 20), q, layout="thd", cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+        ops_bwd.bwd(q, q, q, q, torch.zeros(2, 20), q, layout="thd", cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
                 **{"max_seqlen_k": 11, **kw})
 
 
@@ -259,6 +261,7 @@ def test_group_problem_maxima_cover_every_sequence():
 def test_bad_device_cu_seqlens_give_nan_not_a_result():
     """Offsets already on the GPU are checked there without a host sync: outputs become NaN."""
     from ck_fmha.backends.triton import launch as ops
+    from ck_fmha.backends.triton import launch_bwd as ops_bwd
 
     from ck_fmha.backends.triton.configs import TritonFmhaConfig
 

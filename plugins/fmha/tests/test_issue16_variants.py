@@ -20,6 +20,7 @@ if os.environ.get("TRITON_INTERPRET") != "1":  # pragma: no cover
 
 from ck_fmha.backends.triton import bwd, fwd  # noqa: E402
 from ck_fmha.backends.triton import launch as ops  # noqa: E402
+from ck_fmha.backends.triton import launch_bwd as ops_bwd  # noqa: E402
 from ck_fmha.backends.triton.configs import TritonFmhaConfig as C  # noqa: E402
 from ck_fmha.backends.triton.configs import hdim_blocks  # noqa: E402
 
@@ -152,10 +153,10 @@ def test_backward_group_split_with_atomic_dq_and_bshd():
     o, lse = fwd(q, k, v, window=(5, 2), return_lse=True, config=C(32, 16, 4, 1, "ptr"))
     ref, want = _grads(q, k, v, do, False, window=(5, 2))
     bs = lambda t: t.transpose(1, 2).contiguous()   # noqa: E731
-    delta = ops.bwd_dot_do_o(bs(o), bs(do), layout="bshd")
-    res = ops.bwd_dq_dk_dv(bs(q), bs(k), bs(v), bs(do), lse, delta, window=(5, 2), layout="bshd",
+    delta = ops_bwd.bwd_dot_do_o(bs(o), bs(do), layout="bshd")
+    res = ops_bwd.bwd_dq_dk_dv(bs(q), bs(k), bs(v), bs(do), lse, delta, window=(5, 2), layout="bshd",
                            choice=(("triton", C(16, 16, 4, 1, "kvsplit", GSPLIT=4)), ("atomic",)))
-    dq = ops.bwd_convert_dq(res[1], bs(q), layout="bshd")
+    dq = ops_bwd.bwd_convert_dq(res[1], bs(q), layout="bshd")
     for name, x, w in zip(("dq", "dk", "dv"), (dq, res[2], res[3]), want):
         assert _rel(x.transpose(1, 2), w) < 4e-3, name
 
@@ -260,6 +261,7 @@ def test_launcher_runs_the_keys_variant(monkeypatch):
         return launch
 
     monkeypatch.setattr(ops, "_kernel", spy)
+    monkeypatch.setattr(ops_bwd, "_kernel", spy)   # (the backward launchers, split from launch.py)
 
     def key(name):
         s, a = K.parse_name(name)
@@ -276,7 +278,7 @@ def test_launcher_runs_the_keys_variant(monkeypatch):
     assert (kw["BLOCK_DQ"], kw["BLOCK_DQ2"], kw["BLOCK_DV"], kw["BLOCK_DV2"]) == (64, 16, 64, 16)
     do = torch.randn(b, hq, s, d, generator=torch.Generator().manual_seed(8)).half()
     _, want = _grads(q, k, v, do, True)
-    d_ = ops.bwd_dot_do_o(out["o"], do)
+    d_ = ops_bwd.bwd_dot_do_o(out["o"], do)
     pb = FmhaProblem(family="bwd_dq_dk_dv", batch=b, nhead_q=hq, nhead_k=hk, seqlen_q=s, seqlen_k=s, hdim_q=d,
                      dtype="fp16", mask="top_left", deterministic=True)
     res = K.make_launcher(key("fmha_bwd_dq_dk_dv_fp16_d80x80_m16n16_w4_s1_kvsplit_c64_g2_dqm16n16w4s1"))(
@@ -313,8 +315,8 @@ def test_backward_group_split_group_mode():
     kw = dict(layout="thd", cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(lens), max_seqlen_k=max(lens),
               causal=True)
     o, lse = fwd(q, k, v, return_lse=True, config=C(32, 16, 4, 1, "ptr"), **kw)
-    delta = ops.bwd_dot_do_o(o, do, layout="thd", cu_seqlens_q=cu, max_seqlen_q=max(lens))
-    dq, _, dk, dv = ops.bwd_dq_dk_dv(q, k, v, do, lse, delta, **kw,
+    delta = ops_bwd.bwd_dot_do_o(o, do, layout="thd", cu_seqlens_q=cu, max_seqlen_q=max(lens))
+    dq, _, dk, dv = ops_bwd.bwd_dq_dk_dv(q, k, v, do, lse, delta, **kw,
                                      choice=(("triton", C(16, 16, 4, 1, "ptr", 64, 4)),
                                              ("triton", C(16, 16, 4, 1, "ptr", 64))))
     for i in range(len(lens)):
@@ -364,7 +366,7 @@ def test_group_split_backward_is_all_launches():
     q, k, v = _qkv(b, hq, hk, s, d, d, 31)
     do = torch.randn(b, hq, s, d, generator=torch.Generator().manual_seed(6)).half()
     o, lse = fwd(q, k, v, return_lse=True, config=C(32, 16, 4, 1, "ptr"))
-    delta = ops.bwd_dot_do_o(o, do)
+    delta = ops_bwd.bwd_dot_do_o(o, do)
     choice = (("triton", C(16, 16, 4, 1, "ptr", 0, 4)), ("triton", C(16, 16, 4, 1, "ptr")))
     calls = []
 
@@ -378,7 +380,7 @@ def test_group_split_backward_is_all_launches():
 
     t = dict(q=q, k=k, v=v, do=do, lse=lse, d=delta)
     with recorded.recording() as recs:
-        dq, _, dk, dv = ops.bwd_dq_dk_dv(q, k, v, do, lse, delta, choice=choice, _via=via)
+        dq, _, dk, dv = ops_bwd.bwd_dq_dk_dv(q, k, v, do, lse, delta, choice=choice, _via=via)
     assert calls.count("fmha_bwd_sum_partials_kernel") == 2
     _, want = _grads(q, k, v, do, False)
     for x, w in zip((dq, dk, dv), want):

@@ -202,6 +202,7 @@ def test_launchers_choose_nothing():
     repeat the heuristics' choice from the same tables); the tables' tile is the heuristics' to give."""
     from ck_core.errors import InvalidProblem
     from ck_fmha.backends.triton import launch as ops
+    from ck_fmha.backends.triton import launch_bwd as ops_bwd
 
     import torch
 
@@ -211,5 +212,5 @@ def test_launchers_choose_nothing():
     with pytest.raises(InvalidProblem, match="config is required"):
         ops.fwd(q, q, q)
     with pytest.raises(InvalidProblem, match="choice .or config. is required"):
-        ops.bwd_dq_dk_dv(q, q, q, q, torch.zeros(1, 2, 128), torch.zeros(1, 2, 128))
+        ops_bwd.bwd_dq_dk_dv(q, q, q, q, torch.zeros(1, 2, 128), torch.zeros(1, 2, 128))
     assert C.default_fwd_config(64, 64, "generic", seqlen=128).variant == "ptr"

@@ -13,7 +13,8 @@ import importlib.util
 _NAMES = {
     "aot_compile": "aot", "constexprs_for": "aot", "kernel_for": "aot", "signature_for": "aot",
     "CUDA_ONLY_VARIANTS": "configs", "FAMILIES": "configs", "VARIANTS": "configs", "TritonFmhaConfig": "configs",
-    "appendkv_launch": "launch", "batch_prefill_launch": "launch", "bwd": "launch", "dropout_randval": "launch",
+    "appendkv_launch": "launch_decode", "batch_prefill_launch": "launch_decode", "bwd": "launch_bwd",
+    "dropout_randval": "launch",
     "fp8_v_trans_default": "launch", "fwd": "launch", "is_key_major": "launch", "mask_params": "launch",
     "v_key_major": "launch",
 }

@@ -510,7 +510,7 @@ def dkdv(q, k, v, do, lse, delta, *, causal=False, scale=None, layout="bhsd", ti
 
     ``dq_acc``: a zeroed contiguous fp32 [B, Hq, Sq, D] tensor (any ``layout``): dQ is then added
     into it in the same kernel (TMA reduce-adds from every key tile, so the summation order and the
-    last bits are not deterministic); ``ops.bwd_convert_dq`` rounds it."""
+    last bits are not deterministic); ``ops_bwd.bwd_convert_dq`` rounds it."""
     import math
 
     import torch

@@ -557,7 +557,7 @@ def _alibi_align(p) -> str:
 
 
 def _features(p, t, tdt) -> dict:
-    """Bias / ALiBi / dropout keyword arguments of ops.fwd / ops.bwd_dq_dk_dv from the problem."""
+    """Bias / ALiBi / dropout keyword arguments of ops.fwd / ops_bwd.bwd_dq_dk_dv from the problem."""
     kw = {}
     if p.bias == "elementwise":
         kw["bias"] = _as_kernel_dtype(p, "bias", t["bias"], tdt)
@@ -616,6 +616,8 @@ def make_launcher(key, capture: Optional[list] = None):
     from ... import plan as stages
     from ...device_errors import guard_offsets
     from . import launch as ops
+    from . import launch_bwd as ops_bwd
+    from . import launch_decode as ops_dec
 
     via = kernel_via(key, capture)
     fam = key.signature.family
@@ -695,14 +697,14 @@ def make_launcher(key, capture: Optional[list] = None):
             seqlens = dev_int32(p, "lens", p.seqlens_k, q) if p.seqlens_k else None
         # one split (the plan's one stage, or fwd_pagedkv): the kernel writes o and lse itself
         direct = p.num_splits == 1 and (alg.splits or 1) == 1
-        oacc, lacc = ops._splitkv_main(q, k, v, seqlens_k=seqlens, scale=p.softmax_scale,
+        oacc, lacc = ops_dec._splitkv_main(q, k, v, seqlens_k=seqlens, scale=p.softmax_scale,
                                        softcap=p.logits_soft_cap, num_splits=alg.splits or 1, layout=p.layout,
                                        config=cfg, **_mask(p), **kw, **_sinks(p, t), _via=via, direct=direct)
         return {"o": oacc, "lse": lacc} if direct else {"o_acc": oacc, "lse_acc": lacc}
 
     def combine(p, t):
         q = cast(p, t, ("q",))["q"]
-        o, lse = ops.splitkv_combine(t["o_acc"], t["lse_acc"], q, layout=p.layout, return_lse=True, _via=via)
+        o, lse = ops_dec.splitkv_combine(t["o_acc"], t["lse_acc"], q, layout=p.layout, return_lse=True, _via=via)
         return {"o": o, "lse": lse}
 
     def pagedkv(p, t):
@@ -737,7 +739,7 @@ def make_launcher(key, capture: Optional[list] = None):
     def dot_do_o(p, t):
         x = cast(p, t, ("o", "do"))
         layout, kw, bad = varlen(p, t, x["o"], k=False)
-        d = ops.bwd_dot_do_o(x["o"], x["do"], layout=layout, **kw, _via=via)
+        d = ops_bwd.bwd_dot_do_o(x["o"], x["do"], layout=layout, **kw, _via=via)
         ops._poison(bad, d)
         return {"d": d}
 
@@ -750,7 +752,7 @@ def make_launcher(key, capture: Optional[list] = None):
     def dq_dk_dv(p, t):
         x = cast(p, t, ("q", "k", "v", "do"))
         layout, kw, bad = varlen(p, t, x["q"])
-        res = ops.bwd_dq_dk_dv(x["q"], x["k"], x["v"], x["do"], t["lse"], t["d"],
+        res = ops_bwd.bwd_dq_dk_dv(x["q"], x["k"], x["v"], x["do"], t["lse"], t["d"],
                                scale=p.softmax_scale, softcap=p.logits_soft_cap, layout=layout,
                                choice=(kv_choice, dq_choice), return_dbias=p.dbias,
                                **_mask(p), **kw, **_features(p, t, tdt), _via=via)
@@ -766,7 +768,7 @@ def make_launcher(key, capture: Optional[list] = None):
             return {}
         q = cast(p, t, ("q",))["q"]
         layout, kw, bad = varlen(p, t, q, k=False)
-        dq = ops.bwd_convert_dq(t["dq_acc"], ops._last_contig(q), layout=layout, **kw, _via=via)
+        dq = ops_bwd.bwd_convert_dq(t["dq_acc"], ops._last_contig(q), layout=layout, **kw, _via=via)
         ops._poison(bad, dq)
         return {"dq": dq}
 
@@ -783,7 +785,7 @@ def make_launcher(key, capture: Optional[list] = None):
                         rotary_dim=p.rotary_dim)
         bt = t["block_table"] if p.paged_kv else None
         lens = t["seqlens_k"] if p.runtime_seqlens_k else dev_int32(p, "lens", p.seqlens_k, x["q"])
-        q_rot, kc, vc = ops.appendkv_launch(x["q"], x["knew"], x["vnew"], x["k_cache"], x["v_cache"], lens,
+        q_rot, kc, vc = ops_dec.appendkv_launch(x["q"], x["knew"], x["vnew"], x["k_cache"], x["v_cache"], lens,
                                             block_table=bt, layout=p.layout, block_m=alg.block_m, **rope,
                                             _via=via)
         return {"q_rot": q_rot, "k_cache": kc, "v_cache": vc}
@@ -800,7 +802,7 @@ def make_launcher(key, capture: Optional[list] = None):
         else:
             lens, longest = dev_int32(p, "lens", p.seqlens_k, q), max(p.seqlens_k)
         cu_q, bad = offsets(p, t, "sq", q)
-        o, lse = ops.batch_prefill_launch(q, x["k_cache"], x["v_cache"], lens,
+        o, lse = ops_dec.batch_prefill_launch(q, x["k_cache"], x["v_cache"], lens,
                                    cu_seqlens_q=cu_q, max_seqlen_q=p.seqlen_q,
                                    max_seqlen_k=longest, kv_layout=p.kv_layout, scale=p.softmax_scale,
                                    softcap=p.logits_soft_cap, return_lse=True, config=cfg, _trusted_varlen=True,
