@@ -30,7 +30,8 @@ SHARED = {
 OWN = {
     "gemm": {"ck_rules"},
     "conv": {"backends.triton.dw_codegen", "geometry"},
-    "fmha": {"codegen", "codegen.ck_facts", "codegen.enumerate", "codegen.spec", "codegen.sweep", "demo",
+    "fmha": {"codegen", "codegen.ck_facts", "codegen.culls", "codegen.decode_families", "codegen.enumerate",
+             "codegen.spec", "codegen.sweep", "demo",
              "device_errors",
              "flash_attn", "integrations", "integrations.transformers", "masks", "paged", "philox",
              "reference.forward", "reference.backward", "reference.layout", "reference.rope",
