@@ -28,6 +28,12 @@ def _triton_keys():
     return triton_keys
 
 
+def _triton_implement():
+    from .backends.triton import implement
+
+    return implement
+
+
 class _CkSpace:
     """CK's codegen rules as a key space (the functions of :mod:`ck_fmha.keys`)."""
     enumerate_keys = staticmethod(keys.ck_keys)
@@ -96,7 +102,7 @@ def implement(key, backend, arch):
     if backend == "numpy":
         return _numpy_stage
     if backend == "triton":
-        return _triton_keys().make_launcher(key)
+        return _triton_implement().make_launcher(key)
     raise UnsupportedProblem(f"fmha has no {backend!r} implementation; use numpy or triton")
 
 
@@ -106,7 +112,7 @@ def _numpy_stage(problem, tensors):
 
 
 def _render(key, backend):
-    return _triton_keys().render(key, backend)
+    return _triton_implement().render(key, backend)
 
 
 def _bench(peer, options):
