@@ -23,14 +23,14 @@ SCRIPT = textwrap.dedent('''
     from ck_core import Registry
     from ck_core.backends import triton_artifacts as ta
     from ck_core.build import build_registry
-    from ck_fmha.backends.triton import keys as T
+    from ck_fmha.backends.triton import implement as TI
     from ck_fmha.problem import FmhaProblem
 
     mode, family, cache, out = sys.argv[1], sys.argv[2], sys.argv[3], {}
     ta.current_target = lambda: GPUTarget("cuda", 90, 32)   # the GPU this box does not have
     full = Registry.from_enumeration("fmha", "sm90", "triton")
     key = min((k for k in full if k.signature.family == family and k.signature.dtype == "fp16"
-               and T.render(k, "triton").jit_calls),
+               and TI.render(k, "triton").jit_calls),
               key=lambda k: (k.signature.hdim_q, k.algorithm.block_m * k.algorithm.block_n, k.name))
     got = []
 
@@ -52,7 +52,7 @@ SCRIPT = textwrap.dedent('''
                                   lse=meta(b, h, n, dt=torch.float32), d=meta(b, h, n, dt=torch.float32))}[family]
         p = FmhaProblem(family=family, batch=b, nhead_q=h, seqlen_q=n, seqlen_k=n, hdim_q=s.hdim_q,
                         hdim_v=s.hdim_v, dtype="fp16", mask=mask, lse=family == "fwd")
-        T.make_launcher(key)(p, t)
+        TI.make_launcher(key)(p, t)
 
     def no_compiler(*a, **k):
         raise AssertionError("compiled although the cache holds the kernel")
@@ -153,7 +153,7 @@ def test_every_built_fmha_key_traces_its_launches(arch):
     the unmasked and causal problems both appear where the kernel takes a mask."""
     pytest.importorskip("torch")
     from ck_core import Registry
-    from ck_fmha.backends.triton import keys as T
+    from ck_fmha.backends.triton import implement as TI
 
     kernel = {"fwd": {"/fmha_fwd_kernel", "/fmha_fwd_gluon_ws_sm90"}, "bwd_dot_do_o": {"/fmha_bwd_dot_do_o_kernel"},
               "bwd_dq_dk_dv": {"/fmha_bwd_dq_dk_dv_kernel", "/fmha_bwd_dq_kernel", "/fmha_bwd_dkdv_gluon_ws_sm90",
@@ -164,7 +164,7 @@ def test_every_built_fmha_key_traces_its_launches(arch):
               "fwd_appendkv": {"/fmha_fwd_appendkv_kernel"}, "batch_prefill": {"/fmha_fwd_kernel"}}
     seen = set()
     for key in Registry.from_enumeration("fmha", arch, "triton"):
-        r = T.render(key, "triton")
+        r = TI.render(key, "triton")
         if r.jit_calls is None:
             # the only keys without a representative problem: tma_host takes power-of-two head dims only
             assert key.algorithm.variant == "tma_host" and key.signature.hdim_q == 96, key.name

@@ -26,12 +26,12 @@ SCRIPT = textwrap.dedent('''
     from ck_core import Registry
     from ck_core.backends import triton_artifacts as ta
     from ck_core.build import build_registry
-    from ck_fmha.backends.triton import keys as T
+    from ck_fmha.backends.triton import implement as TI
 
     mode, family, variant, cache, out = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], {}
     ta.current_target = lambda: GPUTarget("cuda", 90, 32)   # the GPU this box does not have
     full = Registry.from_enumeration("fmha", "sm90", "triton", families=[family], dtypes=["fp16"])
-    key = min((k for k in full if k.algorithm.variant == variant and T.render(k, "triton").jit_calls),
+    key = min((k for k in full if k.algorithm.variant == variant and TI.render(k, "triton").jit_calls),
               key=lambda k: (k.signature.hdim_q, k.algorithm.splits, k.algorithm.block_m * k.algorithm.block_n,
                              k.name))
     got = []
@@ -51,8 +51,8 @@ SCRIPT = textwrap.dedent('''
         out["entries"] = sorted(rep.built[key.name].get("kernels", {})) if key.name in rep.built else []
     else:   # warm: the launcher on problems of another batch size, as the Dispatcher runs them
         triton.compile = no_compiler
-        launch = T.make_launcher(key)
-        for p, tensors in T._representatives(key, batch=3):
+        launch = TI.make_launcher(key)
+        for p, tensors in TI._representatives(key, batch=3):
             launch(p, tensors())
         out["stats"] = dict(ta.STATS)
     out["key"] = key.name

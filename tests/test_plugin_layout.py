@@ -36,7 +36,8 @@ OWN = {
              "flash_attn", "integrations", "integrations.transformers", "masks", "paged", "philox",
              "reference.forward", "reference.backward", "reference.layout", "reference.rope",
              "backends.triton.gluon_fwd", "backends.triton.gluon_bwd", "backends.triton.warm",
-             "backends.triton.smem", "backends.triton.launch_bwd", "backends.triton.launch_decode", "decode", "prefill",
+             "backends.triton.smem", "backends.triton.launch_bwd", "backends.triton.launch_decode",
+             "backends.triton.implement", "decode", "prefill",
              "seqtune"},
 }
 

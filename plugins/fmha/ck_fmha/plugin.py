@@ -28,6 +28,12 @@ def _triton_keys():
     return triton_keys
 
 
+def _triton_implement():
+    from .backends.triton import implement
+
+    return implement
+
+
 class _CkSpace:
     """CK's codegen rules as a key space (the functions of :mod:`ck_fmha.keys`)."""
     enumerate_keys = staticmethod(keys.ck_keys)
@@ -99,7 +105,7 @@ def implement(key, backend, arch):
         from ck_core.backends.triton_backend import refuse_interpreted_bf16
 
         refuse_interpreted_bf16(key.signature.dtype, key.name)
-        return _triton_keys().make_launcher(key)
+        return _triton_implement().make_launcher(key)
     raise UnsupportedProblem(f"fmha has no {backend!r} implementation; use numpy or triton")
 
 
@@ -109,7 +115,7 @@ def _numpy_stage(problem, tensors):
 
 
 def _render(key, backend):
-    return _triton_keys().render(key, backend)
+    return _triton_implement().render(key, backend)
 
 
 def _bench(peer, options):

@@ -23,7 +23,7 @@ SCRIPT = textwrap.dedent('''
     from triton.backends.compiler import GPUTarget
     from ck_core import Registry
     from ck_core.backends import triton_artifacts as ta
-    from ck_fmha.backends.triton import keys as T
+    from ck_fmha.backends.triton import implement as TI
     from ck_fmha.problem import FmhaProblem
 
     cache = sys.argv[1]
@@ -40,7 +40,7 @@ SCRIPT = textwrap.dedent('''
         p = FmhaProblem(batch=2, nhead_q=4, seqlen_q=96, seqlen_k=80, hdim_q=64, dtype="fp16", p_drop=0.2,
                         seed=seed, offset=1)
         try:
-            T.make_launcher(key)(p, dict(q=meta(2, 4, 96, 64), k=meta(2, 4, 80, 64), v=meta(2, 4, 80, 64)))
+            TI.make_launcher(key)(p, dict(q=meta(2, 4, 96, 64), k=meta(2, 4, 80, 64), v=meta(2, 4, 80, 64)))
         except Exception as e:
             out["errors"][seed] = f"{type(e).__name__}: {e}"[-600:]
     out["stats"] = dict(ta.STATS)

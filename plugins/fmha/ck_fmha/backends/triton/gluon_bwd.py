@@ -227,7 +227,7 @@ def dq_unsupported_reason(q, k, v, do, lse, delta, *, causal, layout, block_n=64
 
 
 def _launch(fn, grid, via):
-    """``fn[grid]``, or a Dispatcher launcher's kernel-cache launch (``keys.kernel_via``)."""
+    """``fn[grid]``, or a Dispatcher launcher's kernel-cache launch (``implement.kernel_via``)."""
     return fn[grid] if via is None else via(fn, grid)
 
 

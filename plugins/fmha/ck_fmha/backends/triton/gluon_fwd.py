@@ -518,7 +518,7 @@ def fwd(q, k, v, *, causal=False, scale=None, return_lse=False, layout="bhsd", t
     ``kernel[grid]`` and records the launch; later ones replay the compiled launcher with the new
     tensors (CUtensorMaps cached per base address), falling back to ``kernel[grid]`` where no
     replay can be recorded.  ``_via``: a Dispatcher launcher's kernel-cache launch
-    (``ck_fmha.backends.triton.keys.kernel_via``) in place of ``kernel[grid]``."""
+    (``ck_fmha.backends.triton.implement.kernel_via``) in place of ``kernel[grid]``."""
     global _LAUNCHES
     import torch
 

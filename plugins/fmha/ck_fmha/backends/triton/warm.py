@@ -6,7 +6,7 @@ processing, Triton's binder): the launches one run made, recorded with
 :mod:`ck_core.backends.triton_replay`, launched again with the new tensors.
 
 Inside :func:`recording` every launch a launcher makes through its ``via``
-(``keys.kernel_via``) is recorded.  :func:`replayer` then matches each tensor argument
+(``implement.kernel_via``) is recorded.  :func:`replayer` then matches each tensor argument
 by data pointer to the call's named tensors (inputs, and the outputs the run returned),
 or to the device error flag; where the caller allows ``scratch``, a tensor a launcher
 allocated for itself (an fp32 intermediate: the backward's delta, its dQ accumulator, the
