@@ -162,7 +162,7 @@ def _trace_fmha(errors, cases=None, align="top_left"):
     from ck_core.plugins import get_manager
     from ck_fmha import bench_broad
     from ck_fmha.api import _mask_fields
-    from ck_fmha.backends.triton import keys as T
+    from ck_fmha.backends.triton import implement as T
     from ck_fmha.problem import FmhaProblem
 
     op, calls, disps = get_manager().op("fmha"), [], {}

@@ -58,7 +58,7 @@ WARM = textwrap.dedent('''
     from triton.backends.compiler import GPUTarget
     from ck_core import presets
     from ck_core.backends import triton_artifacts as ta
-    from ck_fmha.backends.triton import keys as T
+    from ck_fmha.backends.triton import implement as TI, keys as T
     from ck_fmha.problem import FmhaProblem
 
     ta.current_target = lambda: GPUTarget("cuda", 90, 32)   # the GPU this box does not have
@@ -77,7 +77,7 @@ WARM = textwrap.dedent('''
             p = FmhaProblem(family="fwd", batch=b, nhead_q=h, seqlen_q=n, seqlen_k=n, hdim_q=d, dtype="fp16",
                             mask=mask, lse=True)
             if T.supports(key, p) is None:
-                T.make_launcher(key)(p, dict(q=meta(b, h, n, d), k=meta(b, h, n, d), v=meta(b, h, n, d)))
+                TI.make_launcher(key)(p, dict(q=meta(b, h, n, d), k=meta(b, h, n, d), v=meta(b, h, n, d)))
     print("RESULT" + json.dumps({"keys": [k.name for k in keys], "stats": ta.STATS}))
 ''')
 

@@ -231,7 +231,7 @@ from triton.backends.compiler import GPUTarget
 from ck_core import Registry
 from ck_core.build import build_registry
 from ck_core.errors import UnsupportedProblem
-from ck_fmha.backends.triton import keys as TK
+from ck_fmha.backends.triton import implement as TKI, keys as TK
 from ck_fmha.backends.triton import aot_compile
 
 def facts(ck):
@@ -249,7 +249,7 @@ with tempfile.TemporaryDirectory() as tmp:
 out["build"] = dict(built={k: v["binary"] for k, v in rep.built.items()}, failed=rep.failed)
 key = reg.keys()[0]
 a = key.algorithm
-out["render"] = dict(facts(TK.render(key, "triton").compile(sm90)), variant=a.variant,
+out["render"] = dict(facts(TKI.render(key, "triton").compile(sm90)), variant=a.variant,
                      smem=TK.smem.need("fwd", 128, 128, a))
 # the other variant: fp16, d64, causal, bshd
 cfg = dict(BLOCK_M=128, BLOCK_N=128, num_warps=12, num_stages=3, variant="gluon_ws", hdim_q=64, mask_mode=1,

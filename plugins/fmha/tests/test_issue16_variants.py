@@ -246,7 +246,7 @@ def test_launcher_runs_the_keys_variant(monkeypatch):
     """A key's launcher hands DCHUNK / kvsplit / GSPLIT to the kernels (CPU interpreter): the launches'
     tiles and grids are the key's, and the results are right."""
     from ck_core.key import KernelKey
-    from ck_fmha.backends.triton import keys as K
+    from ck_fmha.backends.triton import implement as KI, keys as K
     from ck_fmha.problem import FmhaProblem
 
     seen = {}
@@ -271,7 +271,7 @@ def test_launcher_runs_the_keys_variant(monkeypatch):
     q, k, v = _qkv(b, hq, hk, s, d, d, 21)
     p = FmhaProblem(family="fwd", batch=b, nhead_q=hq, nhead_k=hk, seqlen_q=s, seqlen_k=s, hdim_q=d,
                     dtype="fp16", lse=True, mask="top_left")
-    out = K.make_launcher(key("fmha_fwd_fp16_d80x80_m32n16_w4_s1_ptr_c64"))(p, dict(q=q, k=k, v=v))
+    out = KI.make_launcher(key("fmha_fwd_fp16_d80x80_m32n16_w4_s1_ptr_c64"))(p, dict(q=q, k=k, v=v))
     ref = _attention64(q, k, v, causal=True)
     assert _rel(out["o"], ref) < 2e-3
     kw = seen["fmha_fwd_kernel"][1]
@@ -281,7 +281,7 @@ def test_launcher_runs_the_keys_variant(monkeypatch):
     d_ = ops_bwd.bwd_dot_do_o(out["o"], do)
     pb = FmhaProblem(family="bwd_dq_dk_dv", batch=b, nhead_q=hq, nhead_k=hk, seqlen_q=s, seqlen_k=s, hdim_q=d,
                      dtype="fp16", mask="top_left", deterministic=True)
-    res = K.make_launcher(key("fmha_bwd_dq_dk_dv_fp16_d80x80_m16n16_w4_s1_kvsplit_c64_g2_dqm16n16w4s1"))(
+    res = KI.make_launcher(key("fmha_bwd_dq_dk_dv_fp16_d80x80_m16n16_w4_s1_kvsplit_c64_g2_dqm16n16w4s1"))(
         pb, dict(q=q, k=k, v=v, do=do, lse=out["lse"], d=d_))
     for name, w in zip(("dq", "dk", "dv"), want):
         assert _rel(res[name], w) < 4e-3, name

@@ -28,7 +28,7 @@ SCRIPT = textwrap.dedent('''
     from triton.backends.compiler import GPUTarget
     from ck_core.backends import triton_artifacts as ta
     from ck_core.key import KernelKey
-    from ck_fmha.backends.triton import keys as K, smem
+    from ck_fmha.backends.triton import implement as KI, keys as K, smem
 
     tgt = GPUTarget("cuda", 90, 32)
     ta.current_target = lambda: tgt
@@ -36,8 +36,8 @@ SCRIPT = textwrap.dedent('''
 
     def calls(key, bias):
         got = []
-        launch = K.make_launcher(key, capture=got)
-        for p, tensors in K._representatives(key):
+        launch = KI.make_launcher(key, capture=got)
+        for p, tensors in KI._representatives(key):
             t = tensors()
             if bias:
                 if p.family not in ("fwd", "bwd_dq_dk_dv") or p.dtype == "fp8":

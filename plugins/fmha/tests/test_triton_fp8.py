@@ -292,7 +292,7 @@ def test_fp8_key_space_follows_the_arch_specs(monkeypatch):
     import attrs
 
     from ck_core import PluginManager, Registry, plugins
-    from ck_fmha.backends.triton import keys as TK
+    from ck_fmha.backends.triton import implement as TKI, keys as TK
 
     mgr = PluginManager()
     monkeypatch.setattr(plugins, "_MANAGER", mgr)
@@ -309,13 +309,13 @@ def test_fp8_key_space_follows_the_arch_specs(monkeypatch):
         k = keys[0]
         assert TK.parse_name(k.body) == (k.signature, k.algorithm)
         if name in want:
-            r = TK.render(k, "triton")
+            r = TKI.render(k, "triton")
             assert r.dtype == want[name], name
             # NVIDIA: the rendered kernel is the one the launcher runs, over a key-contiguous V
             assert r.config.get("v_trans", False) is (name == "sm90") is TK.fp8_v_trans(spec), name
     assert TK.fp8_format(archs["gfx942"]) == "e4m3fnuz" and TK.fp8_format(archs["sm90"]) == "e4m3fn"
-    assert TK._torch_dtype("fp8", "gfx942") == torch.float8_e4m3fnuz
-    assert TK._torch_dtype("fp8", "gfx950") == torch.float8_e4m3fn
+    assert TKI._torch_dtype("fp8", "gfx942") == torch.float8_e4m3fnuz
+    assert TKI._torch_dtype("fp8", "gfx950") == torch.float8_e4m3fn
     assert TK.fp8_v_trans(None) is True
     assert TK.fp8_v_trans(attrs.evolve(archs["gfx942"], extras={"fp8_v_trans": True})) is True
 
