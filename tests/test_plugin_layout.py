@@ -34,6 +34,7 @@ OWN = {
              "codegen.spec", "codegen.sweep", "demo",
              "device_errors",
              "flash_attn", "integrations", "integrations.transformers", "masks", "paged", "philox",
+             "problem_rules", "problem_tensors",
              "reference.forward", "reference.backward", "reference.layout", "reference.rope",
              "backends.triton.gluon_fwd", "backends.triton.gluon_bwd", "backends.triton.warm",
              "backends.triton.smem", "backends.triton.launch_bwd", "backends.triton.launch_decode",
