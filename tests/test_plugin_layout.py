@@ -29,7 +29,7 @@ SHARED = {
 }
 OWN = {
     "gemm": {"ck_rules"},
-    "conv": {"backends.triton.dw_codegen", "geometry"},
+    "conv": {"backends.triton.dw_codegen", "backends.triton.buffers", "backends.triton.warm", "geometry"},
     "fmha": {"codegen", "codegen.ck_facts", "codegen.culls", "codegen.decode_families", "codegen.enumerate",
              "codegen.spec", "codegen.sweep", "demo",
              "device_errors",
