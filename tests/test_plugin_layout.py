@@ -29,11 +29,13 @@ SHARED = {
 }
 OWN = {
     "gemm": {"ck_rules"},
-    "conv": {"backends.triton.dw_codegen", "geometry"},
+    "conv": {"backends.triton.dw_codegen", "backends.triton.buffers", "backends.triton.warm", "geometry"},
     "fmha": {"codegen", "codegen.ck_facts", "codegen.culls", "codegen.decode_families", "codegen.enumerate",
              "codegen.spec", "codegen.sweep", "demo",
              "device_errors",
              "flash_attn", "integrations", "integrations.transformers", "masks", "paged", "philox",
+             "problem_rules", "problem_tensors",
+             "bench_broad_cases", "bench_broad_timing", "bench_broad_summary",
              "reference.forward", "reference.backward", "reference.layout", "reference.rope",
              "backends.triton.gluon_fwd", "backends.triton.gluon_bwd", "backends.triton.warm",
              "backends.triton.smem", "backends.triton.launch_bwd", "backends.triton.launch_decode",

@@ -1,8 +1,8 @@
-"""Conv geometry: the problem as the kernels see it (lifted to 3D), and the arithmetic of a
-kernel's grid on a problem -- output tiles, reduction length, how a split reduction cuts it, the
-stride-residue tables of bwd_data.  The launcher launches by it, a kernel's name says what it makes
-(``ConvKernelConfig.why_not``), and selection ranks by it, so it sits below all three: it imports
-only the problem.
+"""Conv geometry: the problem as the kernels see it (lifted to 3D, its tensors in channels-last
+order), and the arithmetic of a kernel's grid on a problem -- output tiles, reduction length, how a
+split reduction cuts it, the stride-residue tables of bwd_data.  The launcher launches by it, a
+kernel's name says what it makes (``ConvKernelConfig.why_not``), and selection ranks by it, so it
+sits below all three: it imports only the problem.
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import functools
 import math
 from ck_core.dtypes import ELEMENT_BYTES
 
-from .problem import ConvProblem
+from .problem import _FLT, _IMG, ConvProblem
 
 # ``cfg`` below is a ck_conv.keys.ConvKernelConfig (the records sit above this module: annotations only)
 
@@ -185,3 +185,29 @@ def streamk_fits(cfg: ConvKernelConfig, smem_bytes: int) -> int:
     m, n, k = cfg.tile
     smem = (m + n) * k * ELEMENT_BYTES[cfg.dtype] * cfg.smem_buffers
     return 2 if 2 * smem <= smem_bytes else 1
+
+
+# the channels-last orders (NDHWGC / GKZYXC / NDHWGK) the kernels read and write the tensors in
+def _cl_order(kind: str, nd: int) -> str:
+    return {"in": "N" + _IMG[nd] + "GC", "out": "N" + _IMG[nd] + "GK", "wei": "GK" + _FLT[nd] + "C"}[kind]
+
+
+def to_channels_last(t, layout: str, kind: str, nd: int):
+    """A contiguous channels-last (NDHWGC / GKZYXC / NDHWGK order) view or copy of ``t``."""
+    order = _cl_order(kind, nd)
+    if layout != order:
+        t = t.permute(*[layout.index(ch) for ch in order])
+    return t.contiguous()
+
+
+def from_channels_last(t, layout: str, kind: str, nd: int):
+    order = _cl_order(kind, nd)
+    if layout == order:
+        return t
+    return t.permute(*[order.index(ch) for ch in layout]).contiguous()
+
+
+def _perm(layout: str, kind: str, nd: int):
+    """The permutation :func:`to_channels_last` applies to ``layout`` (None: none, no copy)."""
+    order = _cl_order(kind, nd)
+    return None if layout == order else [layout.index(ch) for ch in order]

@@ -203,7 +203,10 @@ def test_rows_on_the_cpu_pick_the_peer_that_ran_and_a_wrong_row_is_never_data(mo
     import ck_fmha
 
     # timings faked (the CPU has no CUDA graphs): the peers still run, each refusal is recorded
-    monkeypatch.setattr(bb, "eager_and_graph_ms", lambda fn: (fn(), {"eager_ms": 2.0, "graph_ms": 1.0})[1])
+    from ck_fmha import bench_broad_timing
+
+    monkeypatch.setattr(bench_broad_timing, "eager_and_graph_ms",
+                        lambda fn: (fn(), {"eager_ms": 2.0, "graph_ms": 1.0})[1])
     c = dict(kind="attn", model="t", b=1, hq=4, hk=2, s=37, d=40, mask="causal", window=None, dtype="fp16",
              split="train")
     c["case"] = bb.case_name(c)

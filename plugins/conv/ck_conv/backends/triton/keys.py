@@ -27,7 +27,7 @@ def make_launcher(key, arch):
 
     from ck_core.backends import triton_replay
     from ck_core.warm import tensor_sig
-    from .launch import Capture
+    from .warm import Capture
 
     # replays recorded per (problem, operand signature); False: recorded, not replayable
     recorded: dict = {}

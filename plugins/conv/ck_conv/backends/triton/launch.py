@@ -7,96 +7,23 @@ problem's layout.  Tensors of the ``nhwgc`` family go straight to the kernels;
 others are transposed to channels-last first (a copy).
 
 The AOT descriptions of the same kernels (``kernel_for``, ``aot_signature``,
-``aot_source_args``) are :mod:`.aot`'s.
+``aot_source_args``) are :mod:`.aot`'s; the buffers a launch takes beside its operands
+(split outputs, workspaces, cached tables) :mod:`.buffers`'; how a launch reaches its kernel
+and the recording of a run for warm calls :mod:`.warm`'s.
 """
 from __future__ import annotations
-
-import contextvars
 
 from ck_core.dtypes import torch_dtype
 from ck_core.errors import InvalidProblem, UnsupportedProblem
 
-from ...geometry import _cdiv, _class_rows, _residue_table, geometry, streamk_programs, tma_blocks
+from ...geometry import (_cdiv, _class_rows, _residue_table, from_channels_last, geometry, streamk_programs,
+                         tma_blocks, to_channels_last)
 from ...keys import ConvKernelConfig
-from ...problem import _FLT, _IMG, ConvProblem
-
-
-# ---------------------------------------------------------------------------
-# layouts
-# ---------------------------------------------------------------------------
-
-def _cl_order(kind: str, nd: int) -> str:
-    return {"in": "N" + _IMG[nd] + "GC", "out": "N" + _IMG[nd] + "GK", "wei": "GK" + _FLT[nd] + "C"}[kind]
-
-
-def to_channels_last(t, layout: str, kind: str, nd: int):
-    """A contiguous channels-last (NDHWGC / GKZYXC / NDHWGK order) view or copy of ``t``."""
-    order = _cl_order(kind, nd)
-    if layout != order:
-        t = t.permute(*[layout.index(ch) for ch in order])
-    return t.contiguous()
-
-
-def from_channels_last(t, layout: str, kind: str, nd: int):
-    order = _cl_order(kind, nd)
-    if layout == order:
-        return t
-    return t.permute(*[order.index(ch) for ch in layout]).contiguous()
-
-
-# ---------------------------------------------------------------------------
-# bwd_data: which taps reach each stride residue class
-# ---------------------------------------------------------------------------
-
-def _linear_rows(rows, Ho, Wo):
-    """Table rows (tap, od, oh, ow, (od*Ho + oh)*Wo + ow) for the kernel."""
-    return [[(t, a, b, c, (a * Ho + b) * Wo + c) for (t, a, b, c) in row] for row in rows]
-
-
-_TABLES: dict = {}
-
-
-def _table_tensor(rows, T, device, extra=None):
-    """Device copies of a residue table, cached so that launches inside CUDA-graph capture copy nothing."""
-    key = (id(rows), T, str(device), extra)
-    hit = _TABLES.get(key)
-    if hit is not None and hit[0] is rows:
-        _note("keep", hit[1])
-        _note("keep", hit[2])
-        return hit[1], hit[2]
-    import torch
-    tab = torch.zeros((len(rows), T, 5), dtype=torch.int32)
-    cnt = torch.zeros((len(rows),), dtype=torch.int32)
-    for r, row in enumerate(rows):
-        cnt[r] = len(row)
-        for j, e in enumerate(row):
-            tab[r, j] = torch.tensor(e if len(e) == 5 else (*e, (e[1] * extra[0] + e[2]) * extra[1] + e[3]),
-                                     dtype=torch.int32)
-    tab, cnt = tab.to(device), cnt.to(device)
-    _TABLES[key] = (rows, tab, cnt)
-    _note("keep", tab)
-    _note("keep", cnt)
-    return tab, cnt
-
-
-def _ctab_tensor(rows, device):
-    """Device copy of a class table (cached: launches inside CUDA-graph capture copy nothing)."""
-    key = ("ctab", id(rows), str(device))
-    hit = _TABLES.get(key)
-    if hit is not None and hit[0] is rows:
-        _note("keep", hit[1])
-        return hit[1]
-    import torch
-    t = torch.tensor([list(r) for r in rows], dtype=torch.int32).reshape(-1).to(device)
-    _TABLES[key] = (rows, t)
-    _note("keep", t)
-    return t
-
-
-# ---------------------------------------------------------------------------
-# launching
-# ---------------------------------------------------------------------------
-
+from ...problem import ConvProblem
+# _ACCUM, _COUNTERS, _REDUCE_BLOCK: not used here, read through this module by aot.py and the tests
+from .buffers import (_ACCUM, _COUNTERS, _REDUCE_BLOCK, _SplitOut, _StreamK, _accumulator,  # noqa: F401
+                      _counters, _ctab_tensor, _table_tensor, _wexp_table, pixel_tables)
+from .warm import _CAPTURE, _KERNEL, _k
 
 
 def _check(p: ConvProblem, **tensors):
@@ -113,63 +40,6 @@ def _check(p: ConvProblem, **tensors):
         raise InvalidProblem(f"operands live on different devices {sorted(map(str, devs))}; move them to one")
 
 
-_PIX: dict = {}
-
-
-def pixel_tables(p: ConvProblem, device, tap_bits: bool = False):
-    """(base, packed coords) int32 tables over output pixels for bwd_weight, or None
-    when a coordinate does not fit the 10-bit packing (the kernel then divides).
-
-    ``tap_bits``: the second table holds, per output pixel, bit t set where filter
-    tap t reads inside the image (filters of at most 31 taps), so the kernel's
-    row mask is a shift and an and; no packing limit then.
-    """
-    g = geometry(p)
-    key = (p.N, tuple(g[k] for k in ("Di", "Hi", "Wi", "Do", "Ho", "Wo")), g["sd"], g["pad"], str(device))
-    if tap_bits:
-        key += ("bits", g["dil"], g["flt"])
-    if key not in _PIX:
-        _PIX[key] = _pixel_tables(p, g, device, tap_bits)
-    for t in _PIX[key] or ():
-        _note("keep", t)   # cached for good: a replay may hold them
-    return _PIX[key]
-
-
-def _pixel_tables(p: ConvProblem, g: dict, device, tap_bits: bool):
-    lim = max(g["Di"], g["Hi"], g["Wi"], *(o * s for o, s in zip((g["Do"], g["Ho"], g["Wo"]), g["sd"])))
-    if not tap_bits and (lim + max(g["pad"]) >= 511 or max(g["pad"]) > 511):
-        return None
-    import torch
-    P = p.N * g["Do"] * g["Ho"] * g["Wo"]
-    q = torch.arange(P, dtype=torch.int64, device=device)
-    ow = q % g["Wo"]
-    t = q // g["Wo"]
-    oh = t % g["Ho"]
-    t = t // g["Ho"]
-    od = t % g["Do"]
-    n = t // g["Do"]
-    i0 = od * g["sd"][0] - g["pad"][0]
-    i1 = oh * g["sd"][1] - g["pad"][1]
-    i2 = ow * g["sd"][2] - g["pad"][2]
-    base = (((n * g["Di"] + i0) * g["Hi"] + i1) * g["Wi"] + i2).to(torch.int32)
-    if tap_bits:
-        if p.taps > 31:
-            raise UnsupportedProblem(f"tap bits hold 31 taps; the filter has {p.taps}")
-        bits = torch.zeros(P, dtype=torch.int64, device=device)
-        (fz_n, fy_n, fx_n), (dd, dh, dw) = g["flt"], g["dil"]
-        tap = 0
-        for fz in range(fz_n):
-            for fy in range(fy_n):
-                for fx in range(fx_n):
-                    ok = ((i0 + fz * dd >= 0) & (i0 + fz * dd < g["Di"]) & (i1 + fy * dh >= 0)
-                          & (i1 + fy * dh < g["Hi"]) & (i2 + fx * dw >= 0) & (i2 + fx * dw < g["Wi"]))
-                    bits |= ok.to(torch.int64) << tap
-                    tap += 1
-        return base, bits.to(torch.int32)
-    packed = (((i0 + 512) << 20) | ((i1 + 512) << 10) | (i2 + 512)).to(torch.int32)
-    return base, packed
-
-
 def _num_sms(device) -> int:
     """SMs / CUs of ``device`` from its ArchSpec (the interpreter runs programs one after another:
     any count is right on the CPU)."""
@@ -178,114 +48,6 @@ def _num_sms(device) -> int:
 
         return current_arch(device).compute_units
     return 4
-
-
-class _StreamK:
-    """Output, fp32 partials and counters of a stream-K launch of ``nprog`` programs
-    over ``ntiles`` tiles of ``steps`` steps each (kernel args as _SplitOut's)."""
-
-    def __init__(self, final, total: int, steps: int, nprog: int, ntiles: int):
-        import torch
-        self.final = final
-        self.chunk = _cdiv(total, nprog)
-        self.nprog = _cdiv(total, self.chunk)
-        parts = min(self.nprog, _cdiv(steps, self.chunk) + 1)
-        numel = final.numel()
-        if parts * numel >= 2 ** 31:
-            raise UnsupportedProblem(f"stream-K partials of {parts} x {numel} elements overflow 32-bit offsets; "
-                                     f"use a fixup or atomic split reduction for this problem")
-        self.out = torch.empty((parts,) + tuple(final.shape), dtype=torch.float32, device=final.device)
-        _note("scratch", self.out, False)
-        self.fin, self.stride = final, numel
-        self.cnt = _counters(final.device, ntiles)
-        self.atomic, self.ws = False, 2
-
-    def finish(self):
-        return self.final
-
-
-_COUNTERS: dict = {}
-_ACCUM: dict = {}
-_REDUCE_BLOCK = 1024
-
-
-def _counters(device, n: int):
-    """Zeroed int32 arrival counters for ``fixup`` reductions (each tile's last program
-    resets its counter, so they stay zero between launches).  Shared per device:
-    two fixup launches must not run concurrently on different streams."""
-    return _persistent(_COUNTERS, "int32", device, n)
-
-
-def _persistent(cache: dict, dtype: str, device, n: int):
-    import torch
-    c = cache.get(str(device))
-    if c is None or c.numel() < n:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            # a buffer from the graph's private pool must not outlive the graph
-            raise UnsupportedProblem("fixup/atomicfix reductions size their persistent buffers on the first "
-                                     "launch; run the kernel once before capturing it in a CUDA graph")
-        c = torch.zeros(max(n, 1 << 16), dtype=getattr(torch, dtype), device=device)
-        cache[str(device)] = c
-    _note("keep", c)
-    return c
-
-
-def _accumulator(device, n: int):
-    """A zeroed fp32 buffer of at least ``n`` elements for ``atomicfix`` reductions (each
-    tile's last program zeroes its part again).  Shared per device like the counters."""
-    return _persistent(_ACCUM, "float32", device, n)
-
-
-class _SplitOut:
-    """Where a (possibly split) reduction writes, and how it is finished.
-
-    ``out`` goes to the kernel's output pointer, ``fin`` / ``cnt`` / ``stride`` to
-    its ``fin_ptr`` / ``cnt_ptr`` / ``WS_STRIDE``; ``atomic`` / ``ws`` are the
-    ATOMIC / WS constexprs; :meth:`finish` returns the result in ``final``'s dtype.
-    """
-
-    def __init__(self, final, nsplit: int, reduction: str, ntiles: int):
-        import torch
-        self.final, self.nsplit = final, nsplit
-        self.fin, self.cnt, self.stride, self.atomic, self.ws = final, final, 0, False, 0
-        if nsplit == 1:
-            self.out = final
-            return
-        numel = final.numel()
-        if reduction == "atomicfix":
-            self.out = _accumulator(final.device, numel)
-            self.ws = 3
-            self.cnt = _counters(final.device, ntiles)
-            return
-        if reduction in ("twostage", "fixup") and nsplit * numel >= 2 ** 31:
-            # why_not refuses these: a workspace this size would overflow the kernels' 32-bit offsets
-            raise UnsupportedProblem(f"{reduction} workspace of {nsplit} x {numel} elements overflows 32-bit "
-                                     f"offsets; use an atomic split reduction")
-        if reduction in ("atomic", "relaxed"):
-            self.out = torch.zeros(final.shape, dtype=torch.float32, device=final.device)
-            _note("scratch", self.out, True)
-            self.atomic = 2 if reduction == "relaxed" else True
-            return
-        self.out = torch.empty((nsplit,) + tuple(final.shape), dtype=torch.float32, device=final.device)
-        _note("scratch", self.out, False)
-        self.stride = numel
-        if reduction == "fixup":
-            self.ws = 2
-            self.cnt = _counters(final.device, ntiles)
-        else:
-            self.ws = 1
-
-    def finish(self):
-        if self.nsplit == 1 or self.ws in (2, 3):
-            return self.final
-        if self.atomic:
-            _note("converted", self.out, self.final.dtype)
-            return self.out if self.out.dtype == self.final.dtype else self.out.to(self.final.dtype)
-        from . import kernels as tk
-        numel = self.final.numel()
-        _k(tk.splitk_reduce_kernel, (_cdiv(numel, _REDUCE_BLOCK),))(self.out, self.final, numel, self.nsplit,
-                                                                BLOCK=_REDUCE_BLOCK, num_warps=4)
-        return self.final
 
 
 def _flat_args(p: ConvProblem, g: dict, bwd: bool):
@@ -320,26 +82,6 @@ def _rows_grid(p: ConvProblem, g: dict, block: int, rh: int) -> tuple:
     return (_cdiv(g["Wo"] * p.G, block), _cdiv(g["Ho"], rh), p.N * g["Di"])
 
 
-#: host-expanded weight tables of ``_rows_wexp`` launches: id(w) -> (w, w._version, Wo, table);
-#: the weight tensor is held so that its id and storage cannot be reused while cached
-_WEXP: dict = {}
-_WEXP_MAX = 8
-
-
-def _wexp_table(w, wc, T: int, G: int, Wo: int):
-    """[T, Wo*G] table with table[t, ow*G + g] = wc[g, t] (wc: the channels-last [G, 1, ..., 1]
-    depthwise weights made from the caller's ``w``), cached per ``w`` and its in-place version (weights are
-    usually static; a modified or different tensor builds a new table)."""
-    e = _WEXP.get(id(w))
-    if e is not None and e[0] is w and e[1] == w._version and e[2] == Wo:
-        return e[3]
-    tab = wc.reshape(G, T).t().unsqueeze(1).expand(T, Wo, G).contiguous()
-    if len(_WEXP) >= _WEXP_MAX:
-        _WEXP.pop(next(iter(_WEXP)))
-    _WEXP[id(w)] = (w, w._version, Wo, tab)
-    return tab
-
-
 def _dw_rows(x, w, wc, y, p: ConvProblem, g: dict, meta: dict, nw: int, ns: int):
     """Launch the row-reuse depthwise forward kernel (ck_conv.backends.triton.dw_codegen.render_rows)."""
     from .dw_codegen import dw_fwd_rows_kernel
@@ -355,194 +97,6 @@ def _split_as_named(cfg: ConvKernelConfig, nsplit: int) -> int:
         raise UnsupportedProblem(f"kernel {cfg.name} splits {cfg.split} ways but this problem's reduction "
                                  f"leaves {nsplit} non-empty parts; pick a kernel that supports it")
     return nsplit
-
-
-#: (kernel key name, its compile options, a capture list or None) of the running launch
-_KERNEL = contextvars.ContextVar("ck_conv_kernel", default=("conv", None, None))
-
-
-def _k(fn, grid):
-    """``fn[grid]`` with the kernel from the kernel cache, under the running key's name
-    (``<key name>/<function>``; :mod:`ck_core.backends.triton_artifacts`)."""
-    from ck_core.backends import triton_artifacts
-
-    name, extra, jit_capture = _KERNEL.get()
-    suffix = f"/{getattr(fn, '__name__', 'kernel')}"
-    if jit_capture is not None:   # ck build's jit_calls: record the launch, run nothing
-        return lambda *args, **kwargs: jit_capture.append((suffix, fn, args, kwargs))
-    name = name + suffix
-    cap = _CAPTURE.get()
-    if cap is not None:
-        return lambda *args, **kwargs: cap.launch(name, fn, grid, args, kwargs, extra)
-    return triton_artifacts.bind(name, fn, grid, extra)
-
-
-#: the :class:`Capture` of the running launch, if one is being recorded
-_CAPTURE = contextvars.ContextVar("ck_conv_capture", default=None)
-
-
-class Capture:
-    """The launches of one :func:`run` as replays, and the tensors they took in their roles.
-
-    :func:`run` under :meth:`recording` launches through :func:`ck_core.backends.triton_replay.record`
-    and names its operands (``x``/``w``/``y`` of a forward: channels-last input, weights,
-    output buffer).  :meth:`replayer` turns that into a closure for later calls of the
-    same problem on tensors with the same shapes, strides, dtype, device and alignment.
-    """
-
-    def __init__(self):
-        self.launches, self.roles, self.ok = [], {}, True
-        self.fresh, self.kept, self.convert = {}, {}, None
-
-    def scratch(self, t, zero: bool):
-        """``t`` is a buffer each launch needs anew (zeroed when ``zero``)."""
-        role = f"s{len(self.fresh)}"
-        self.roles[role], self.fresh[role] = t, zero
-
-    def keep(self, t):
-        """``t`` is a persistent buffer (counters, accumulators) every launch shares."""
-        self.kept[t.data_ptr()] = t
-
-    def converted(self, src, dtype):
-        """The result is ``src`` (a scratch buffer) converted to ``dtype``."""
-        self.convert = (src.data_ptr(), dtype)
-
-    def launch(self, name, fn, grid, args, kwargs, extra):
-        from ck_core.backends import triton_replay
-
-        r = triton_replay.record(fn, grid, list(args), kwargs, name=name, extra=extra)
-        if r is None:
-            self.ok = False   # launched, but nothing to replay
-        else:
-            self.launches.append(r)
-
-    def recording(self):
-        return _Recording(self)
-
-    def replayer(self, p: ConvProblem, out):
-        """``f(a, b) -> out`` (the direction's two operands in ``IN_NAMES`` order and its result,
-        in the problem's layouts), or None where a launch took a tensor that is not one of the
-        roles or kept buffers (workspaces, copies the replay would not redo).  Roles: ``x`` / ``w``
-        the channels-last first / second operand, ``y`` the output buffer (``_ROLE_KINDS``)."""
-        import torch
-        roles = self.roles
-        if not self.ok or not self.launches or not {"x", "w", "y"} <= set(roles):
-            return None
-        where = {t.data_ptr(): role for role, t in roles.items()}
-        if len(where) != len(roles) or set(where) & set(self.kept):
-            return None
-        conv = None
-        if self.convert is not None:
-            conv = (where.get(self.convert[0]), self.convert[1])
-            if conv[0] not in self.fresh:
-                return None
-        elif out.data_ptr() != roles["y"].data_ptr() and not _is_layout_copy(out, roles["y"], p):
-            return None
-        (ka, kb), ky = _ROLE_KINDS[p.direction]
-        lay = {"in": p.in_layout, "wei": p.wei_layout, "out": p.out_layout}
-        plan = []
-        for r in self.launches:
-            args, slots = list(r.args), []
-            for i, v in enumerate(args):
-                # a tensor descriptor: a recorded Replay holds its base tensor, a plain record the
-                # descriptor itself (rebuilt per call around the role's tensor)
-                desc = None if isinstance(v, torch.Tensor) else v
-                t = v if desc is None else getattr(v, "base", None)
-                if isinstance(t, torch.Tensor) and t.data_ptr() not in self.kept:
-                    role = where.get(t.data_ptr())
-                    if role is None:
-                        return None
-                    if desc is not None:   # the base as the descriptor saw it (often a reshape of the role's)
-                        desc = (_with_base(desc, None), tuple(t.shape), tuple(t.stride()))
-                    slots.append((i, role, desc))
-                    args[i] = None   # the recorded tensors are not kept alive
-            r.args = args
-            plan.append((r, args, tuple(slots)))
-        fresh = tuple((role, tuple(roles[role].shape), roles[role].dtype, torch.zeros if zero else torch.empty)
-                      for role, zero in self.fresh.items())
-        nd = p.ndim
-        px = _perm(lay[ka], ka, nd)
-        pw = _perm(lay[kb], kb, nd)
-        order = _cl_order(ky, nd)
-        po = None if lay[ky] == order else [order.index(ch) for ch in lay[ky]]
-        y = roles["y"]
-        shape, dtype, dev = tuple(y.shape), y.dtype, y.device
-        from ck_core.warm import contiguous_strides
-
-        stride, empty_strided = contiguous_strides(shape), torch.empty_strided
-        # a split's fp32 result converted into the output buffer the launch was given anyway
-        # (as .to() would convert it, without allocating another tensor)
-        into_y = (conv is not None and conv[1] == dtype and roles[conv[0]].dtype != dtype
-                  and tuple(roles[conv[0]].shape) == shape)
-
-        def replay(x, w):
-            vals = {"x": x if px is None else x.permute(px).contiguous(),
-                    "w": w if pw is None else w.permute(pw).contiguous(),
-                    "y": empty_strided(shape, stride, dtype=dtype, device=dev)}
-            for role, sh, dt, new in fresh:
-                vals[role] = new(sh, dtype=dt, device=dev)
-            for r, args, slots in plan:
-                a = args.copy()
-                for i, role, desc in slots:
-                    # pointer slots and a Replay's descriptor slots read the data pointer alone
-                    a[i] = vals[role] if desc is None else _with_base(desc[0], vals[role].as_strided(desc[1], desc[2]))
-                r(a)
-            if conv is None:
-                y = vals["y"]
-            elif into_y:
-                y = vals["y"].copy_(vals[conv[0]])
-            else:
-                y = vals[conv[0]].to(conv[1])
-            return y if po is None else y.permute(po).contiguous()
-
-        # only the operands' data pointers are read: any tensor with the same memory will do
-        replay.pointers_only = px is None and pw is None
-        return replay
-
-
-class _Recording:
-    def __init__(self, cap):
-        self.cap = cap
-
-    def __enter__(self):
-        self.token = _CAPTURE.set(self.cap)
-        return self.cap
-
-    def __exit__(self, *exc):
-        _CAPTURE.reset(self.token)
-
-
-def _with_base(desc, base):
-    """A copy of the tensor descriptor ``desc`` around ``base`` (same shape, strides and block)."""
-    d = object.__new__(type(desc))
-    d.__dict__.update(desc.__dict__)
-    d.base = base
-    return d
-
-
-def _note(what: str, *args) -> None:
-    """Tell the running :class:`Capture`, if any, what a buffer is (``Capture.<what>(*args)``)."""
-    cap = _CAPTURE.get()
-    if cap is not None:
-        getattr(cap, what)(*args)
-
-
-def _perm(layout: str, kind: str, nd: int):
-    """The permutation :func:`to_channels_last` applies to ``layout`` (None: none, no copy)."""
-    order = _cl_order(kind, nd)
-    return None if layout == order else [layout.index(ch) for ch in order]
-
-
-#: per direction: the layout kinds of the two operands (IN_NAMES order) and of the result
-_ROLE_KINDS = {"forward": (("in", "wei"), "out"), "bwd_data": (("out", "wei"), "in"),
-               "bwd_weight": (("in", "out"), "wei")}
-
-
-def _is_layout_copy(out, y, p: ConvProblem) -> bool:
-    """Whether ``out`` is what :func:`from_channels_last` made of ``y`` (not a workspace's reduction)."""
-    ky = _ROLE_KINDS[p.direction][1]
-    lay = {"in": p.in_layout, "wei": p.wei_layout, "out": p.out_layout}[ky]
-    return lay != _cl_order(ky, p.ndim) and out.numel() == y.numel() and out.dtype == y.dtype
 
 
 def run(p: ConvProblem, tensors: dict, config: ConvKernelConfig | str, num_sms: int | None = None,
