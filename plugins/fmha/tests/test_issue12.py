@@ -213,7 +213,7 @@ def test_float32_tensors_for_an_fp16_problem_are_refused(disp):
 
 
 def test_fp8_inputs_outside_the_e4m3_range_are_refused():
-    from ck_fmha.backends.triton.keys import _as_kernel_dtype
+    from ck_fmha.backends.triton.implement import _as_kernel_dtype
 
     p = FmhaProblem(family="fwd", seqlen_q=4, hdim_q=32, dtype="fp8")
     q = np.full((1, 1, 4, 32), 0.5, np.float32)
