@@ -27,6 +27,7 @@ import attrs
 from ck_core.dtypes import ELEMENT_BYTES
 from ck_core.errors import ConfigError, InvalidProblem
 from ck_core.key import KernelKey
+from ck_core.plugins import get_manager
 from ck_core.tuned_data import Table, table
 
 from .backends.triton.configs import GemmConfig, config_of_algorithm
@@ -154,9 +155,16 @@ def shape_bucket(M: int, N: int, K: int) -> tuple:
     return tuple(1 << max(0, math.ceil(math.log2(max(x, 1)))) for x in (M, N, K))
 
 
+@functools.lru_cache(maxsize=None)
+def _has_tma(arch: str) -> bool:
+    spec = get_manager().archs().get(arch)
+    return bool(spec is not None and spec.extras.get("nvidia", {}).get("tma"))
+
+
 def heuristic_config(M: int, N: int, K: int, dtype: str = "fp16", arch: str = "generic") -> GemmConfig:
-    """A reasonable config without a table: small tiles for small problems."""
-    hopper = arch == "sm90"
+    """A reasonable config without a table: small tiles for small problems (TMA forms where the
+    arch plugin's ArchSpec says the arch has the tensor-memory accelerator)."""
+    hopper = _has_tma(arch)
     if M <= 32:
         sk = 1 if N * K < (1 << 22) else max(1, min(8, K // 1024))
         return GemmConfig(block_m=16 if M <= 16 else 32, block_n=64, block_k=128, group_m=1, num_warps=4,
