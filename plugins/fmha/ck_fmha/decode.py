@@ -91,12 +91,12 @@ def page_guard(num_pages: int, page_size: int, table, *, name: str = "block_tabl
                appended: int = 0, record: bool = True):
     """``guard(table, seqlens_k, indptr=None) -> (table, seqlens_k)`` for the page tables of one call
     signature (:func:`ck_fmha.device_errors.guard_pages`): the host check on CPU tensors, else one launch
-    (:class:`ck_fmha.backends.triton.page_guard.PageGuard`, recorded on its first call where ``record``)."""
+    (:class:`ck_fmha.backends.triton.guards.PageGuard`, recorded on its first call where ``record``)."""
     if table.device.type == "cpu":
         def guard(table, seqlens_k, indptr=None):
             return guard_pages(table, num_pages, seqlens_k, page_size, name=name, indptr=indptr, appended=appended)
         return guard
-    from .backends.triton.page_guard import PageGuard   # (triton: an optional dependency of the CPU paths)
+    from .backends.triton.guards import PageGuard   # (triton: an optional dependency of the CPU paths)
 
     return PageGuard(num_pages, page_size, name=name, flat=flat, appended=appended, record=record)
 

@@ -9,7 +9,8 @@ leaves the cache or the block table, the batch's outputs become NaN (decode/pref
 ORs a code into a per-device int32 flag (:func:`flag`).
 
 Group mode's offsets (``cu_seqlens_q``/``cu_seqlens_k``) stay on the device too: the Triton
-launchers pass them through :func:`guard_offsets`, which clamps them into the packed tensors and
+launchers pass them through a guard (:func:`guard_offsets` here in torch operations; the launchers
+run its one-launch form, ``ck_fmha.backends.triton.guards.guard_offsets``), which clamps them into the packed tensors and
 the caller's ``max_seqlen`` (so that no kernel reads or writes outside them), ORs ``BAD_OFFSETS``
 into the flag when it had to change anything, and hands back a device boolean with which the
 launcher fills that call's outputs with NaN.
@@ -122,7 +123,7 @@ def guard_pages(table, num_pages: int, seqlens_k: torch.Tensor, page_size: int, 
     the batches with a bad page get run-time length -1, which the kernels treat as a bad length (their
     outputs NaN, nothing written, no page read), the table is clamped into the pool, and ``BAD_PAGES``
     is ORed into the device's flag (:func:`check_errors`).  The public calls use the one-launch form of
-    this device check instead (:class:`ck_fmha.backends.triton.page_guard.PageGuard`, built once per call
+    this device check instead (:class:`ck_fmha.backends.triton.guards.PageGuard`, built once per call
     signature): it marks the same batches -1 and passes the table on unclamped."""
     check_table(table, name)
     if table.numel() == 0:
