@@ -183,23 +183,75 @@ _ATTENTION = "ck_fmha.attention"
 
 def _fwd(q, k, v, bias, alibi, cu_q, cu_k, lens, causal, scale, window, softcap, layout, dropout_p, seed, offset,
          align, descales, out_dtype):
-    # q, k, v alone (batch mode, no bias/ALiBi, not fp8): a known signature replays the recorded launch
+    # q, k, v alone (no bias/ALiBi, not fp8): a known signature replays the recorded launches (group
+    # mode: the offsets' guard, the kernel and the NaN poisoning, with the offsets as two more inputs)
     sig = None
-    if bias is None and alibi is None and cu_q is None and descales is None:
+    if bias is None and alibi is None and descales is None:
         sig = (_ATTENTION, get_manager(), tensor_sig(q), tensor_sig(k), tensor_sig(v), causal, scale, window,
                softcap, layout, dropout_p, seed, offset, align)
-        f = warm.get(sig)
-        if f is not None:
-            return f(q, k, v)
+        if cu_q is None:
+            f = warm.get(sig)
+            if f is not None:
+                return f(q, k, v)
+        elif isinstance(cu_q, torch.Tensor) and isinstance(cu_k, torch.Tensor):
+            # (one offsets tensor for q and k, as self-attention passes, is one input of the replay)
+            sig += (tensor_sig(cu_q), tensor_sig(cu_k), lens, cu_q.data_ptr() == cu_k.data_ptr())
+            f = warm.get(sig)
+            if f is not None:
+                return f(q, k, v, cu_q, cu_k)
+        else:
+            sig = None
     p, disp = _problem(q, k, v, bias, alibi, cu_q, cu_k, lens, causal, scale, window, softcap, layout, dropout_p,
                        seed, offset, align, descales)
     tensors = _inputs(q, k, v, bias, alibi, cu_q, cu_k)
+    if sig is not None and cu_q is not None and disp.backend != "numpy":
+        f, (o, lse) = _group_closure(disp, p, tensors)
+        if f is not None:
+            warm.put(sig, f)
+        return o, lse
     o, lse = disp.run(p, **_to_backend(disp, tensors))
     if disp.backend == "numpy":
         return _from_backend(o, q, _out_dtype(q, out_dtype)), _from_backend(lse, q, torch.float32)
     if sig is not None:
         warm.put(sig, _warm_closure(disp, p, tensors))
     return o, lse
+
+
+def _group_closure(disp, p, tensors):
+    """(closure ``f(q, k, v, cu_seqlens_q, cu_seqlens_k) -> (o, lse)`` or None, (o, lse)): one run of the
+    group-mode forward ``p`` with its launches recorded (the offsets' guard, the kernel, the poisoning:
+    :mod:`ck_fmha.backends.triton.guards`); the closure replays them on new tensors of the signature,
+    where the replay reproduces the run (checked once: a host synchronisation).  None without replayable
+    tensors and while a CUDA graph is being captured (then the next call records again)."""
+    from ck_core.backends import triton_replay
+
+    from .backends.triton import warm as recorded
+
+    q = tensors["q"]
+    if not triton_replay.replayable(q) or (q.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return None, disp.run(p, **tensors)
+    with recorded.recording() as recs:
+        o, lse = disp.run(p, **tensors)
+    want = {"o": o, "lse": lse}
+    same = tensors["cu_seqlens_q"].data_ptr() == tensors["cu_seqlens_k"].data_ptr()
+    inputs = {n: x for n, x in tensors.items() if not (same and n == "cu_seqlens_k")}
+    f = recorded.replayer(inputs, want, recs, scratch=True)
+    f = None if f is None else recorded.verified(f, inputs, want)
+    if f is None:   # (bad offsets, rows outside every sequence): this signature keeps the general path
+        return (lambda q, k, v, cu_seqlens_q, cu_seqlens_k: disp.run(
+            p, q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)), (o, lse)
+    f = disp.observe(p, f)
+
+    if same:
+        def replay(q, k, v, cu_seqlens_q, cu_seqlens_k):
+            out = f(q, k, v, cu_seqlens_q)
+            return out["o"], out["lse"]
+    else:
+        def replay(q, k, v, cu_seqlens_q, cu_seqlens_k):
+            out = f(q, k, v, cu_seqlens_q, cu_seqlens_k)
+            return out["o"], out["lse"]
+
+    return replay, (o, lse)
 
 
 def _warm_closure(disp, p, tensors):
