@@ -10,10 +10,10 @@ ORs a code into a per-device int32 flag (:func:`flag`).
 
 Group mode's offsets (``cu_seqlens_q``/``cu_seqlens_k``) stay on the device too: the Triton
 launchers pass them through a guard (:func:`guard_offsets` here in torch operations; the launchers
-run its one-launch form, ``ck_fmha.backends.triton.guards.guard_offsets``), which clamps them into the packed tensors and
-the caller's ``max_seqlen`` (so that no kernel reads or writes outside them), ORs ``BAD_OFFSETS``
-into the flag when it had to change anything, and hands back a device boolean with which the
-launcher fills that call's outputs with NaN.
+run its one-launch form, ``ck_fmha.backends.triton.guards.guard_offsets``), which clamps them into
+the packed tensors and the caller's ``max_seqlen`` (so that no kernel reads or writes outside
+them), ORs ``BAD_OFFSETS`` into the flag when it had to change anything, and hands back a device
+flag with which the launcher fills that call's outputs with NaN.
 
 The flag is read without a host synchronisation where reading is free (tensors on the CPU, e.g.
 the Triton interpreter): the next decode/appendkv/prefill call raises.  On a GPU it is read when
