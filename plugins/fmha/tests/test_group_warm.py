@@ -113,3 +113,31 @@ def _ref_autograd(q, k, v, cu):
         p = torch.softmax(qq @ kk.transpose(1, 2) / q.shape[-1] ** 0.5, -1)
         outs.append((p @ vv).transpose(0, 1))
     return torch.cat(outs)
+
+
+@pytest.mark.gpu
+def test_gpu_group_warm_calls_guard_each_call():
+    """On a GPU: warm varlen calls (recorded guard, kernel, poisoning) against a float64 reference, and a
+    warm call of the same signature with offsets past the packed rows gives NaN and the flag."""
+    import os
+
+    if os.environ.get("CK_TEST_GPU") != "1" or not torch.cuda.is_available():
+        pytest.skip("needs CK_TEST_GPU=1 and a CUDA device")
+    from ck_fmha import attention, check_errors
+
+    dev = "cuda"
+    cu = torch.tensor([0, 37, 100, 129], dtype=torch.int32, device=dev)
+    call = lambda q, k, v, c: attention(q, k, v, layout="thd", cu_seqlens_q=c, cu_seqlens_k=c,  # noqa: E731
+                                        max_seqlen_q=63, max_seqlen_k=63)
+    for _ in range(3):
+        q, k, v = (torch.randn(129, 4, 64, device=dev).half() for _ in range(3))
+        want = _ref(q.cpu(), k.cpu(), v.cpu(), cu.cpu())
+        o = call(q, k, v, cu)
+        assert float((o.cpu().double() - want).norm() / want.norm()) < 1e-2
+    check_errors()
+    o = call(q, k, v, torch.tensor([0, 37, 100, 200], dtype=torch.int32, device=dev))
+    assert torch.isnan(o).all()
+    with pytest.raises(D.DeviceLengthError, match="group-mode offsets"):
+        check_errors()
+    assert torch.isfinite(call(q, k, v, cu)).all()
+    check_errors()

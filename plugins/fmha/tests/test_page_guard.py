@@ -201,3 +201,34 @@ def test_offset_guard_kernel_agrees_with_the_torch_form(clean_flags, seed):
         G.poison(bad | G.Bad((torch.zeros(1, dtype=torch.int32),)), o, lse[:, :3])   # two flags; a strided view
         assert bool(torch.isnan(o).all()) == bool(want_bad) == bool(torch.isnan(o).any())
         assert bool(torch.isnan(lse[:, :3]).all()) == bool(want_bad) and not torch.isnan(lse[:, 3:]).any()
+
+
+@pytest.mark.gpu
+def test_gpu_warm_replay_guards_every_call(clean_flags):
+    """The recorded guard (PageGuard's replay) checks each warm call's own table: a good call, then one of
+    the same signature with a page past the pool (NaN rows for that batch alone, the flag), then a good one."""
+    if os.environ.get("CK_TEST_GPU") != "1" or not torch.cuda.is_available():
+        pytest.skip("needs CK_TEST_GPU=1 and a CUDA device")
+    from ck_fmha import check_errors, decode
+    from ck_fmha.prefill import batch_prefill
+
+    dev = "cuda"
+    q, pool = torch.randn(2, 4, 1, 64, device=dev).half(), torch.randn(6, 8, 2, 64, device=dev).half()
+    lens = torch.tensor([10, 10], dtype=torch.int32, device=dev)
+    good = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32, device=dev)
+    bad = torch.tensor([[0, 1], [2, 1000]], dtype=torch.int32, device=dev)
+    qp = torch.randn(4, 4, 64, device=dev).half()
+    cu = torch.tensor([0, 2, 4], dtype=torch.int32, device=dev)
+    for _ in range(3):
+        o = decode.paged_decode(q, pool, pool, good, lens)
+        op = batch_prefill(qp, pool, pool, lens, cu_seqlens_q=cu, max_seqlen_q=2, max_seqlen_k=16, block_table=good)
+        assert torch.isfinite(o).all() and torch.isfinite(op).all()
+    check_errors()
+    o = decode.paged_decode(q, pool, pool, bad, lens)
+    op = batch_prefill(qp, pool, pool, lens, cu_seqlens_q=cu, max_seqlen_q=2, max_seqlen_k=16, block_table=bad)
+    assert torch.isfinite(o[0]).all() and torch.isnan(o[1]).all()
+    assert torch.isfinite(op[:2]).all() and torch.isnan(op[2:]).all()
+    with pytest.raises(D.DeviceLengthError, match="page pool"):
+        check_errors()
+    assert torch.isfinite(decode.paged_decode(q, pool, pool, good, lens)).all()
+    check_errors()
