@@ -183,23 +183,75 @@ _ATTENTION = "ck_fmha.attention"
 
 def _fwd(q, k, v, bias, alibi, cu_q, cu_k, lens, causal, scale, window, softcap, layout, dropout_p, seed, offset,
          align, descales, out_dtype):
-    # q, k, v alone (batch mode, no bias/ALiBi, not fp8): a known signature replays the recorded launch
+    # q, k, v alone (no bias/ALiBi, not fp8): a known signature replays the recorded launches (group
+    # mode: the offsets' guard, the kernel and the NaN poisoning, with the offsets as two more inputs)
     sig = None
-    if bias is None and alibi is None and cu_q is None and descales is None:
+    if bias is None and alibi is None and descales is None:
         sig = (_ATTENTION, get_manager(), tensor_sig(q), tensor_sig(k), tensor_sig(v), causal, scale, window,
                softcap, layout, dropout_p, seed, offset, align)
-        f = warm.get(sig)
-        if f is not None:
-            return f(q, k, v)
+        if cu_q is None:
+            f = warm.get(sig)
+            if f is not None:
+                return f(q, k, v)
+        elif isinstance(cu_q, torch.Tensor) and isinstance(cu_k, torch.Tensor):
+            # (one offsets tensor for q and k, as self-attention passes, is one input of the replay)
+            sig += (tensor_sig(cu_q), tensor_sig(cu_k), lens, cu_q.data_ptr() == cu_k.data_ptr())
+            f = warm.get(sig)
+            if f is not None:
+                return f(q, k, v, cu_q, cu_k)
+        else:
+            sig = None
     p, disp = _problem(q, k, v, bias, alibi, cu_q, cu_k, lens, causal, scale, window, softcap, layout, dropout_p,
                        seed, offset, align, descales)
     tensors = _inputs(q, k, v, bias, alibi, cu_q, cu_k)
+    if sig is not None and cu_q is not None and disp.backend != "numpy":
+        f, (o, lse) = _group_closure(disp, p, tensors)
+        if f is not None:
+            warm.put(sig, f)
+        return o, lse
     o, lse = disp.run(p, **_to_backend(disp, tensors))
     if disp.backend == "numpy":
         return _from_backend(o, q, _out_dtype(q, out_dtype)), _from_backend(lse, q, torch.float32)
     if sig is not None:
         warm.put(sig, _warm_closure(disp, p, tensors))
     return o, lse
+
+
+def _group_closure(disp, p, tensors):
+    """(closure ``f(q, k, v, cu_seqlens_q, cu_seqlens_k) -> (o, lse)`` or None, (o, lse)): one run of the
+    group-mode forward ``p`` with its launches recorded (the offsets' guard, the kernel, the poisoning:
+    :mod:`ck_fmha.backends.triton.guards`); the closure replays them on new tensors of the signature,
+    where the replay reproduces the run (checked once: a host synchronisation).  None without replayable
+    tensors and while a CUDA graph is being captured (then the next call records again)."""
+    from ck_core.backends import triton_replay
+
+    from .backends.triton import warm as recorded
+
+    q = tensors["q"]
+    if not triton_replay.replayable(q) or (q.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return None, disp.run(p, **tensors)
+    with recorded.recording() as recs:
+        o, lse = disp.run(p, **tensors)
+    want = {"o": o, "lse": lse}
+    same = tensors["cu_seqlens_q"].data_ptr() == tensors["cu_seqlens_k"].data_ptr()
+    inputs = {n: x for n, x in tensors.items() if not (same and n == "cu_seqlens_k")}
+    f = recorded.replayer(inputs, want, recs, scratch=True)
+    f = None if f is None else recorded.verified(f, inputs, want)
+    if f is None:   # (bad offsets, rows outside every sequence): this signature keeps the general path
+        return (lambda q, k, v, cu_seqlens_q, cu_seqlens_k: disp.run(
+            p, q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)), (o, lse)
+    f = disp.observe(p, f)
+
+    if same:
+        def replay(q, k, v, cu_seqlens_q, cu_seqlens_k):
+            out = f(q, k, v, cu_seqlens_q)
+            return out["o"], out["lse"]
+    else:
+        def replay(q, k, v, cu_seqlens_q, cu_seqlens_k):
+            out = f(q, k, v, cu_seqlens_q, cu_seqlens_k)
+            return out["o"], out["lse"]
+
+    return replay, (o, lse)
 
 
 def _warm_closure(disp, p, tensors):
@@ -269,12 +321,20 @@ def _bwd(q, k, v, o, lse, do, bias, alibi, cu_q, cu_k, lens, causal, scale, wind
          dropout_p, seed, offset, align, want_dbias) -> list:
     """[dq, dk, dv] (+ dbias): the backward plan through the Dispatcher."""
     sig = None
-    if bias is None and alibi is None and cu_q is None and not dropout_p:   # as _fwd's warm calls
+    if bias is None and alibi is None and not dropout_p:   # as _fwd's warm calls
         sig = (_ATTENTION_BWD, get_manager(), tensor_sig(q), tensor_sig(k), tensor_sig(v), tensor_sig(o),
                tensor_sig(lse), tensor_sig(do), causal, scale, window, softcap, layout, deterministic, align)
-        f = warm.get(sig)
-        if f is not None:
-            return f(q, k, v, o, lse, do if do.is_contiguous() else do.contiguous())
+        if cu_q is None:
+            f = warm.get(sig)
+            if f is not None:
+                return f(q, k, v, o, lse, do if do.is_contiguous() else do.contiguous())
+        elif isinstance(cu_q, torch.Tensor) and isinstance(cu_k, torch.Tensor):   # group mode: as _fwd's
+            sig += (tensor_sig(cu_q), tensor_sig(cu_k), lens, cu_q.data_ptr() == cu_k.data_ptr())
+            f = warm.get(sig)
+            if f is not None:
+                return f(q, k, v, o, lse, do if do.is_contiguous() else do.contiguous(), cu_q, cu_k)
+        else:
+            sig = None
     fp, disp = _problem(q, k, v, bias, alibi, cu_q, cu_k, lens, causal, scale, window, softcap, layout, dropout_p,
                         seed, offset, align, None)
     p = _BWD.get((fp, deterministic, want_dbias))
@@ -288,8 +348,40 @@ def _bwd(q, k, v, o, lse, do, bias, alibi, cu_q, cu_k, lens, causal, scale, wind
     if disp.backend == "numpy":
         return [_from_backend(g, x, x.dtype) for g, x in zip(grads, (q, k, v, bias))]
     if sig is not None:
-        warm.put(sig, _bwd_closure(disp, p, t, grads))
+        warm.put(sig, _bwd_closure(disp, p, t, grads) if cu_q is None else _bwd_group_closure(disp, p, t, grads))
     return grads
+
+
+def _bwd_group_closure(disp, p, t, grads):
+    """:func:`_bwd_closure` of group mode: ``f(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k) -> [dq, dk,
+    dv]``, the recorded launches (the offsets' guards and the poisoning among them) replayed where that
+    reproduces ``grads``; else the cached Problem on the cached Dispatcher."""
+    from ck_core.backends import triton_replay
+
+    from .backends.triton import warm as recorded
+
+    def again(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k):
+        return list(disp.run(p, q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, o=o, lse=lse,
+                             do=do)[2:])
+
+    if not triton_replay.replayable(t["q"]) or list(t) != ["q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "o",
+                                                           "lse", "do"] \
+            or t["q"].is_cuda and torch.cuda.is_current_stream_capturing():   # (the check below syncs)
+        return again
+    same = t["cu_seqlens_q"].data_ptr() == t["cu_seqlens_k"].data_ptr()
+    inputs = {n: x for n, x in t.items() if not (same and n == "cu_seqlens_k")}
+    with recorded.recording() as recs:
+        out = disp.run(p, **t)
+    f = recorded.replayer(inputs, dict(zip(("dq", "dk", "dv"), out[2:5])), recs, scratch=True)
+    if f is None or recorded.verified(f, inputs, dict(zip(("dq", "dk", "dv"), grads))) is None:   # (a sync, once)
+        return again
+    f = disp.observe(p, f)
+
+    def replay(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k):
+        out = f(q, k, v, cu_seqlens_q, o, lse, do) if same else f(q, k, v, cu_seqlens_q, cu_seqlens_k, o, lse, do)
+        return [out["dq"], out["dk"], out["dv"]]
+
+    return replay
 
 
 def _bwd_closure(disp, p, t, grads):

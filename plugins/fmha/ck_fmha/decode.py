@@ -87,6 +87,20 @@ def _lens(seqlens_k, q, batch: int, capacity: int):
     return seqlens_k
 
 
+def page_guard(num_pages: int, page_size: int, table, *, name: str = "block_table", flat: bool = False,
+               appended: int = 0, record: bool = True):
+    """``guard(table, seqlens_k, indptr=None) -> (table, seqlens_k)`` for the page tables of one call
+    signature (:func:`ck_fmha.device_errors.guard_pages`): the host check on CPU tensors, else one launch
+    (:class:`ck_fmha.backends.triton.guards.PageGuard`, recorded on its first call where ``record``)."""
+    if table.device.type == "cpu":
+        def guard(table, seqlens_k, indptr=None):
+            return guard_pages(table, num_pages, seqlens_k, page_size, name=name, indptr=indptr, appended=appended)
+        return guard
+    from .backends.triton.guards import PageGuard   # (triton: an optional dependency of the CPU paths)
+
+    return PageGuard(num_pages, page_size, name=name, flat=flat, appended=appended, record=record)
+
+
 def _replay_closure(disp, p, t: dict, outputs: tuple, wsig=None):
     """(closure ``f(*t.values()) -> {output name: tensor}`` or None, the run's outputs): one run of
     ``p`` on ``t`` with its launches recorded; the closure replays them on new tensors of the same
@@ -224,7 +238,8 @@ def paged_decode(q, k_cache, v_cache, block_table, seqlens_k, *, max_seqlen_k=No
         k_cache, v_cache = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
     bt = block_table if block_table.dtype == torch.int32 else block_table.to(torch.int32)
     n_pages = k_cache.shape[0]
-    bt, lens = guard_pages(bt, n_pages, _lens(seqlens_k, q, p.batch, capacity), page_size)
+    guard = page_guard(n_pages, page_size, bt, record=wsig is not None)
+    bt, lens = guard(bt, _lens(seqlens_k, q, p.batch, capacity))
     t = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "block_table": bt, "seqlens_k": lens}
     if sink is not None:
         t["sink"] = sink
@@ -236,8 +251,8 @@ def paged_decode(q, k_cache, v_cache, block_table, seqlens_k, *, max_seqlen_k=No
 
         def again(q, k_cache, v_cache, block_table, seqlens_k):
             # (the replay reads data pointers alone: the 'bhsd' transposed views need not be made)
-            bt, lens = guard_pages(block_table if block_table.dtype == i32 else block_table.to(i32), n_pages,
-                                   _lens(seqlens_k, q, batch, capacity), page_size)
+            bt, lens = guard(block_table if block_table.dtype == i32 else block_table.to(i32),
+                             _lens(seqlens_k, q, batch, capacity))
             out = f(q, k_cache, v_cache, bt, lens)
             return (out["o"], out["lse"]) if return_lse else out["o"]
 
@@ -339,7 +354,8 @@ def appendkv(q, knew, vnew, k_cache, v_cache, seqlens_k, *, rotary_cos=None, rot
     n_pages = k_cache.shape[0]
     if block_table is not None:
         bt = block_table if block_table.dtype == torch.int32 else block_table.to(torch.int32)
-        t["block_table"], t["seqlens_k"] = guard_pages(bt, n_pages, t["seqlens_k"], page_size, appended=sn)
+        guard = page_guard(n_pages, page_size, bt, appended=sn, record=wsig is not None)
+        t["block_table"], t["seqlens_k"] = guard(bt, t["seqlens_k"])
     f = None
     if wsig is not None:
         f, (q_rot, kc, vc) = _replay_closure(disp, p, t, ("q_rot",), wsig)
@@ -353,9 +369,8 @@ def appendkv(q, knew, vnew, k_cache, v_cache, seqlens_k, *, rotary_cos=None, rot
                      "seqlens_k": _lens(seqlens_k, q, b, room), "rotary_cos": rotary_cos, "rotary_sin": rotary_sin,
                      "block_table": block_table}
             if block_table is not None:
-                given["block_table"], given["seqlens_k"] = guard_pages(
-                    block_table if block_table.dtype == i32 else block_table.to(i32), n_pages, given["seqlens_k"],
-                    page_size, appended=sn)
+                given["block_table"], given["seqlens_k"] = guard(
+                    block_table if block_table.dtype == i32 else block_table.to(i32), given["seqlens_k"])
             return f(*[given[n] for n in names])["q_rot"], k_cache, v_cache
 
         warm.put(wsig, again)

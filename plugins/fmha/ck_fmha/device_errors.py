@@ -9,10 +9,11 @@ leaves the cache or the block table, the batch's outputs become NaN (decode/pref
 ORs a code into a per-device int32 flag (:func:`flag`).
 
 Group mode's offsets (``cu_seqlens_q``/``cu_seqlens_k``) stay on the device too: the Triton
-launchers pass them through :func:`guard_offsets`, which clamps them into the packed tensors and
-the caller's ``max_seqlen`` (so that no kernel reads or writes outside them), ORs ``BAD_OFFSETS``
-into the flag when it had to change anything, and hands back a device boolean with which the
-launcher fills that call's outputs with NaN.
+launchers pass them through a guard (:func:`guard_offsets` here in torch operations; the launchers
+run its one-launch form, ``ck_fmha.backends.triton.guards.guard_offsets``), which clamps them into
+the packed tensors and the caller's ``max_seqlen`` (so that no kernel reads or writes outside
+them), ORs ``BAD_OFFSETS`` into the flag when it had to change anything, and hands back a device
+flag with which the launcher fills that call's outputs with NaN.
 
 The flag is read without a host synchronisation where reading is free (tensors on the CPU, e.g.
 the Triton interpreter): the next decode/appendkv/prefill call raises.  On a GPU it is read when
@@ -121,11 +122,10 @@ def guard_pages(table, num_pages: int, seqlens_k: torch.Tensor, page_size: int, 
     outside the pool.  On a GPU that read would be a synchronisation per call, so device ops only:
     the batches with a bad page get run-time length -1, which the kernels treat as a bad length (their
     outputs NaN, nothing written, no page read), the table is clamped into the pool, and ``BAD_PAGES``
-    is ORed into the device's flag (:func:`check_errors`)."""
-    if not isinstance(table, torch.Tensor):
-        raise InvalidProblem(f"{name} must be an int32 torch tensor, got {type(table).__name__}")
-    if table.dtype.is_floating_point or table.dtype == torch.bool or table.is_complex():
-        raise InvalidProblem(f"{name} must hold integer page indices (int32), got {table.dtype}")
+    is ORed into the device's flag (:func:`check_errors`).  The public calls use the one-launch form of
+    this device check instead (:class:`ck_fmha.backends.triton.guards.PageGuard`, built once per call
+    signature): it marks the same batches -1 and passes the table on unclamped."""
+    check_table(table, name)
     if table.numel() == 0:
         return table, seqlens_k
     if table.device.type == "cpu":
@@ -138,6 +138,14 @@ def guard_pages(table, num_pages: int, seqlens_k: torch.Tensor, page_size: int, 
                                      f"(0..{num_pages - 1})")
         return table, seqlens_k
     return guard_on_device(table, num_pages, seqlens_k, page_size, indptr, appended)
+
+
+def check_table(table, name: str = "block_table") -> None:
+    """Refuse a page table that is not an integer tensor."""
+    if not isinstance(table, torch.Tensor):
+        raise InvalidProblem(f"{name} must be an int32 torch tensor, got {type(table).__name__}")
+    if table.dtype.is_floating_point or table.dtype == torch.bool or table.is_complex():
+        raise InvalidProblem(f"{name} must hold integer page indices (int32), got {table.dtype}")
 
 
 def guard_on_device(table, num_pages: int, seqlens_k, page_size: int, indptr=None, appended: int = 0):

@@ -17,8 +17,8 @@ from ck_core.plugins import get_manager
 from ck_core.warm import tensor_sig
 
 from .api import _check_alibi_align, _from_backend, _mask_fields, _to_backend, _token, group_alibi_shift
-from .decode import _lens, _replay_closure
-from .device_errors import guard_pages, raise_pending
+from .decode import _lens, _replay_closure, page_guard
+from .device_errors import raise_pending
 from .problem import FmhaProblem
 
 _PROBLEMS: dict = {}
@@ -137,12 +137,14 @@ def batch_prefill(q, k_cache, v_cache, seqlens_k, *, cu_seqlens_q, max_seqlen_q,
          "cu_seqlens_q": cu_seqlens_q}
     i32 = lambda x: x if x.dtype == torch.int32 else x.to(torch.int32)   # noqa: E731
     n_pages, ps = k_cache.shape[0], p.page_size
+    record = wsig is not None and shift_form is None
     if block_table is not None:
-        t["block_table"], t["seqlens_k"] = guard_pages(i32(block_table), n_pages, t["seqlens_k"], ps)
+        guard = page_guard(n_pages, ps, block_table, record=record)
+        t["block_table"], t["seqlens_k"] = guard(i32(block_table), t["seqlens_k"])
     else:
         t["kv_indptr"] = i32(kv_indptr)
-        t["kv_page_indices"], t["seqlens_k"] = guard_pages(i32(kv_page_indices), n_pages, t["seqlens_k"], ps,
-                                                           name="kv_page_indices", indptr=t["kv_indptr"])
+        guard = page_guard(n_pages, ps, kv_page_indices, name="kv_page_indices", flat=True, record=record)
+        t["kv_page_indices"], t["seqlens_k"] = guard(i32(kv_page_indices), t["seqlens_k"], t["kv_indptr"])
     for name, x in (("bias", bias), ("alibi_slopes", alibi), ("sink", sink)):
         if x is not None:
             t[name] = x
@@ -160,9 +162,7 @@ def batch_prefill(q, k_cache, v_cache, seqlens_k, *, cu_seqlens_q, max_seqlen_q,
                              ("kv_page_indices", kv_page_indices)):
                     given[n] = x if x is None or x.dtype == i32 else x.to(i32)
                 pages = "block_table" if block_table is not None else "kv_page_indices"
-                given[pages], given["seqlens_k"] = guard_pages(
-                    given[pages], n_pages, given["seqlens_k"], ps, name=pages,
-                    indptr=None if block_table is not None else given["kv_indptr"])
+                given[pages], given["seqlens_k"] = guard(given[pages], given["seqlens_k"], given["kv_indptr"])
                 out = f(*[given[n] for n in names])
                 return (out["o"], out["lse"]) if want_lse else out["o"]
 

@@ -81,6 +81,14 @@ def _gemm(a, b, d, activation: str, out_dtype, sig=None) -> torch.Tensor:
     return c
 
 
+def _d_operand(di, t_out, out_shape, problem_c):
+    """A D tensor as the kernels read it: ``di`` broadcast to C's shape, as a view where its rows are
+    contiguous (a bias (N,) is a row of stride 0 along M: nothing is materialised, the kernels read D
+    through its strides), else a contiguous copy."""
+    x = di.to(t_out).expand(out_shape).reshape(problem_c)
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
 def _operands(a, b, d, batch, m, n, k, t_out, out_shape) -> tuple:
     """(layout of A, A's storage, layout of B, B's storage, the Dispatcher's tensors)."""
     if batch > 1:   # a broadcast operand is repeated: the kernels take one batch stride per operand
@@ -93,7 +101,7 @@ def _operands(a, b, d, batch, m, n, k, t_out, out_shape) -> tuple:
     problem_c = (batch, m, n) if batch > 1 else (m, n)
     for i, di in enumerate(d):
         try:
-            tensors[f"d{i}"] = di.to(t_out).expand(out_shape).reshape(problem_c).contiguous()
+            tensors[f"d{i}"] = _d_operand(di, t_out, out_shape, problem_c)
         except RuntimeError:
             raise InvalidProblem(f"matmul: d[{i}] of shape {tuple(di.shape)} does not broadcast to the "
                                  f"output shape {out_shape}") from None
@@ -117,7 +125,7 @@ def _warm_closure(disp, problem, tensors, a, b, sa, sb, sizes, t_out, out_shape)
             problem_c = (batch, m, n) if batch > 1 else (m, n)
 
             def with_d(a, b, d):
-                return fast(a, b, [di.to(t_out).expand(out_shape).reshape(problem_c).contiguous() for di in d])
+                return fast(a, b, [_d_operand(di, t_out, out_shape, problem_c) for di in d])
 
             return with_d
 

@@ -93,7 +93,7 @@ def make_launcher(key, capture: Optional[list] = None):
     import torch
 
     from ... import plan as stages
-    from ...device_errors import guard_offsets
+    from .guards import guard_offsets
     from . import launch as ops
     from . import launch_decode as ops_dec
     from . import launch_bwd as ops_bwd
@@ -192,7 +192,7 @@ def make_launcher(key, capture: Optional[list] = None):
 
     def offsets(p, t, name, like):
         """Group-mode offsets on the device: the problem's (validated by it: R14, R18, R21), or the
-        caller's run-time tensor clamped by :func:`~ck_fmha.device_errors.guard_offsets` (with the
+        caller's run-time tensor clamped by :func:`~ck_fmha.backends.triton.guards.guard_offsets` (with the
         device flag of its changes).  No host synchronisation either way."""
         if not p.runtime_seqstarts:
             return dev_int32(p, name, p.seqstart_q if name == "sq" else p.seqstart_k, like), None

@@ -65,7 +65,7 @@ from typing import Optional
 import torch
 import triton
 
-from . import gluon_fwd
+from . import gluon_fwd, guards
 from . import kernels as K
 from ... import device_errors
 from .configs import (GLUON_VARIANTS, TritonFmhaConfig, fp8_v_trans, hdim_blocks, hopper, padded_hdim,
@@ -486,11 +486,10 @@ def _kernel(via, kernel, grid):
 
 
 def _poison(bad, *ts):
-    """Fill outputs with NaN where the device-side offset check failed (see :func:`_varlen_check`)."""
+    """Fill outputs with NaN where the device-side offset check failed (see :func:`_varlen_check` and
+    :func:`ck_fmha.backends.triton.guards.poison`)."""
     if bad is not None:
-        for t in ts:
-            if t is not None and t.is_floating_point():
-                t.masked_fill_(bad, float("nan"))
+        guards.poison(bad, *ts)
 
 
 def _check_gqa(hq, hk):

@@ -28,7 +28,7 @@ class _Recs(list):
     """The replays of a :func:`recording`, and ``zeroed``: the data pointers of the buffers the
     launchers allocated zeroed (:func:`zeroed`), which a replay zeroes again."""
 
-    __slots__ = ("zeroed",)
+    __slots__ = ("zeroed", "scratch")
 
 
 @contextlib.contextmanager
@@ -37,7 +37,7 @@ def recording():
     of every launch a launcher's ``via`` makes in the block."""
     global _RECORDING
     recs = _Recs()
-    recs.zeroed = set()
+    recs.zeroed, recs.scratch = set(), set()
     prev, _RECORDING = _RECORDING, recs
     try:
         yield _RECORDING
@@ -56,6 +56,14 @@ def zeroed(t) -> None:
     running :func:`recording` allocates it zeroed too (the others as ``torch.empty``)."""
     if _RECORDING is not None:
         _RECORDING.zeroed.add(t.data_ptr())
+
+
+def scratch(t) -> None:
+    """``t``, a buffer a launcher allocated (any dtype: the int32 offsets and flags of
+    :mod:`ck_fmha.backends.triton.guards`), is written whole by a recorded launch before anything reads
+    it: a replay of the running :func:`recording` allocates it again (``torch.empty``)."""
+    if _RECORDING is not None:
+        _RECORDING.scratch.add(t.data_ptr())
 
 
 def wrap(fn, grid, launch):
@@ -93,6 +101,7 @@ def replayer(inputs: dict, outputs: dict, recs: list, scratch: bool = False, zer
     storages = {t.untyped_storage().data_ptr() for t in named}
     flag_ptr = flag(dev).data_ptr()
     zero_ptrs = getattr(recs, "zeroed", None)
+    declared = getattr(recs, "scratch", ())
     buffers: dict = {}   # data pointer -> (position, dtype)
     specs: list = []     # (shape, stride, dtype, zeroed) per buffer
     plan = []
@@ -113,7 +122,8 @@ def replayer(inputs: dict, outputs: dict, recs: list, scratch: bool = False, zer
                     # anything else is likely a torch operation's result (a copy, clamped offsets)
                     # that a replay would not recompute
                     if not scratch or st.data_ptr() in storages or a.storage_offset() \
-                            or st.nbytes() != a.numel() * a.element_size() or a.dtype != torch.float32:
+                            or st.nbytes() != a.numel() * a.element_size() or (
+                                a.dtype != torch.float32 and p not in declared):
                         return None
                     hit = buffers[p] = (len(named) + len(specs), a.dtype)
                     specs.append((tuple(a.shape), a.stride(), a.dtype, p in zero_ptrs if zero_ptrs is not None
