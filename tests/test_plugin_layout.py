@@ -38,7 +38,7 @@ OWN = {
              "bench_broad_cases", "bench_broad_timing", "bench_broad_summary",
              "reference.forward", "reference.backward", "reference.layout", "reference.rope",
              "backends.triton.gluon_fwd", "backends.triton.gluon_bwd", "backends.triton.warm",
-             "backends.triton.smem", "backends.triton.launch_bwd", "backends.triton.launch_decode",
+             "backends.triton.smem", "backends.triton.guards", "backends.triton.launch_bwd", "backends.triton.launch_decode",
              "backends.triton.implement", "decode", "prefill",
              "seqtune"},
 }
