@@ -171,7 +171,11 @@ def retired_tuning_files() -> list:
     """Where the retired single-file tuning table used to live (``<cache dir>/tuning.json``, and
     ``CK_TUNING_DB`` when set): files there are no longer read."""
     db = get("CK_TUNING_DB")
-    return [cache_dir() / "tuning.json"] + ([Path(db).expanduser()] if db else [])
+    try:
+        old = [cache_dir() / "tuning.json"]
+    except ConfigError:   # no usable cache folder: no old table there either (the store may live elsewhere)
+        old = []
+    return old + ([Path(db).expanduser()] if db else [])
 
 
 def blocking_file(path: Path):

@@ -90,3 +90,12 @@ def test_ck_tune_help_says_where_winners_go(capsys):
         main(["tune", "--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert "--db PATH" in out and "retired" in out and "CK_TUNED_DIR" in out
+
+
+def test_a_blocked_cache_folder_does_not_stop_a_store_elsewhere(fresh, monkeypatch):
+    (fresh / "blocker").write_text("a file, not a folder")
+    monkeypatch.setenv("CK_CACHE_DIR", str(fresh / "blocker" / "cache"))
+    monkeypatch.setenv("CK_TUNED_DIR", str(fresh / "store"))
+    w = Winners()
+    w.record("a1", "numpy", _P(), "k", 1e-6)
+    assert w.save() == fresh / "store" / "toy" / "a1.json"
