@@ -4,7 +4,7 @@ A public call (a torch entry point of an op plugin, such as matmul or conv2d) bu
 from the tensors and runs it through :func:`dispatcher_on` the tensors' device.
 The registry of each Dispatcher is built once, lazily: the ``ck_api_registry``
 hook when a plugin answers, else the op's enumeration with ``OpSpec.api_options``.
-The Dispatchers read the tuning table (``ck tune``'s winners) first, so tuning
+The Dispatchers read the tuned-data store's measured winners (``ck tune``'s) first, so tuning
 improves what users call.  A Dispatcher caches problem -> plan, so a warm call is
 a few dict lookups and the launches.
 """
@@ -79,8 +79,7 @@ def dispatcher_for(op: str, arch, backend: str, manager: Optional[PluginManager]
 
 
 def _tuning_table():
-    """``ck tune``'s measured winners (the tuned-data store, then the tuning table), opened once
-    per process."""
+    """``ck tune``'s measured winners (the tuned-data store), opened once per process."""
     if not _TUNING:
         from .winners import Winners
 
@@ -152,7 +151,7 @@ def on_clear(fn) -> None:
 
 
 def clear() -> None:
-    """Forget every public-API Dispatcher, warm-call closure and the tuning table (tests;
+    """Forget every public-API Dispatcher, warm-call closure and the loaded tuned data (tests;
     after installing a plugin, changing CK_BACKEND / CK_CPU_ARCH, or tuning)."""
     from . import warm
     from .tuned_data import clear_cache

@@ -404,11 +404,20 @@ def cmd_cache(args, extra):
     return 0
 
 
+class _RetiredDb(argparse.Action):
+    """``ck tune --db PATH``: the single-file tuning table it wrote is retired."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string} is retired: `ck tune` records winners in the tuned-data store "
+                     f"(CK_TUNED_DIR, default <cache dir>/tuning.d); to write another store, run "
+                     f"CK_TUNED_DIR={values} ck tune ...")
+
+
 def cmd_tune(args, extra):
     from .dispatcher import Dispatcher
     from .plugins import get_manager
     from .registry import Registry
-    from .tuning import TuningTable, tune
+    from .tuning import tune
     from .winners import Winners
 
     mgr = get_manager()
@@ -428,8 +437,7 @@ def cmd_tune(args, extra):
     moved = {k: bk.to_backend(v) for k, v in inputs.items()}
     timer = (lambda fn: bk.timer(fn, args.repeat)) if bk.timer else (
         lambda fn: _seconds_for_fn(fn, args.repeat))
-    # the user's tuned-data store, or one explicit tuning-table file
-    table = TuningTable(args.db) if args.db else Winners(command=" ".join(["ck", *sys.argv[1:]]))
+    table = Winners(command=" ".join(["ck", *sys.argv[1:]]))   # the user's tuned-data store
     with busy(f"timing the candidates of {len(reg)} kernels" + (f" (top {args.top})" if args.top else "")):
         results = tune(disp, problem, moved, timer, table, top=args.top)
     table.save()
@@ -536,7 +544,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--repeat", type=positive_int, default=None,
                    help="timed runs, the median printed (default 3; 0 extra on the numpy backend: its "
                         "first run's time is printed)")
-    s.add_argument("--tuned", action="store_true", help="use the tuning table")
+    s.add_argument("--tuned", action="store_true", help="use the measured winners of the tuned-data store (CK_TUNED_DIR)")
     s.add_argument("--no-validate", action="store_true", help="skip the float64 reference check")
     s.add_argument("--json", action="store_true", help="print the result as JSON")
     s.add_argument("--csv", action="store_true", help="one CSV row per stage (header first)")
@@ -554,7 +562,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--repeat", type=positive_int, default=None,
                    help="timed runs, the median printed (default 3; 0 extra on the numpy backend: its "
                         "first run's time is printed)")
-    s.add_argument("--tuned", action="store_true", help="use the tuning table")
+    s.add_argument("--tuned", action="store_true", help="use the measured winners of the tuned-data store (CK_TUNED_DIR)")
     s.add_argument("--no-validate", action="store_true", help="skip the float64 reference check")
     s.add_argument("--json", action="store_true", help="print the result as JSON")
     s.add_argument("--csv", action="store_true", help="one CSV row per stage (header first)")
@@ -588,7 +596,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--top", type=positive_int, default=None, help="time only the heuristic's first N")
     s.add_argument("--show", type=positive_int, default=10, help="rows of the timing table to print")
     s.add_argument("--repeat", type=positive_int, default=5, help="timed runs per candidate (median)")
-    s.add_argument("--db", help="tuning table path (default CK_TUNING_DB or the cache dir)")
+    s.add_argument("--db", action=_RetiredDb, metavar="PATH",
+                   help="retired (an error): winners go to the tuned-data store, CK_TUNED_DIR "
+                        "(default <cache dir>/tuning.d); set CK_TUNED_DIR=FOLDER to write another store")
     s.set_defaults(fn=cmd_tune)
 
     s = sub.add_parser("bench", allow_abbrev=False, help="benchmark against a peer: ck bench gemm --vs torch")

@@ -1,6 +1,6 @@
 """Reading the files the project is given: regular files only, bounded, with errors that say what to do.
 
-Every file ck-dispatcher reads on a user's behalf (registry JSON, tuning tables and tuned-data
+Every file ck-dispatcher reads on a user's behalf (registry JSON, tuned-data
 stores, kernel-set configs, filter files, testing matrices, sweep resume files, ranker models,
 oracles) is read through :func:`read_bytes` / :func:`read_text` / :func:`read_json`:
 
@@ -32,7 +32,6 @@ LIMITS = {
     "config": 4 * MiB,          # kernel-set TOML/JSON, seed configs, testing matrices
     "filter": 1 * MiB,          # filter files: one expression per line
     "registry": 256 * MiB,      # `ck export` registries (tens of thousands of keys)
-    "tuning": 256 * MiB,        # the tuning table (CK_TUNING_DB)
     "tuned": 64 * MiB,          # one (op, arch) tuned-data file (tables, rankers)
     "resume": 512 * MiB,        # a sweep's partial rows / CSV / JSON being resumed
     "oracle": 256 * MiB,        # a recorded selection oracle (compressed or not)

@@ -81,9 +81,14 @@ _declare("CK_RESULTS_COMMIT", str, "",
          "history is not the code that ran (a copied working tree); default: the checkout's HEAD.")
 _declare("CK_BUILD_WORKERS", _int, 0,
          "Default number of build worker processes; 0 means the number of CPUs.")
+_declare("CK_TUNED_DIR", str, "",
+         "The user's tuned-data store: the folder `ck tune` and CK_AUTOTUNE write measured winners "
+         "into, read over the op plugins' shipped tables; default <cache dir>/tuning.d "
+         "(docs/tuned-data.md).")
 _declare("CK_TUNING_DB", str, "",
-         "Path of the tuning table (JSON); default <cache dir>/tuning.json.  The tuned-data store "
-         "that `ck tune` writes is the folder beside it, <name>.d/ (docs/tuned-data.md).")
+         "Older way to place the tuned-data store: a path NAME.json puts it in the folder NAME.d "
+         "beside it (CK_TUNED_DIR wins).  The single-file tuning table this once named is retired: "
+         "it is not read; run `ck tune` again to record its winners in the store.")
 _declare("CK_ROCM_PATH", str, "", "ROCm install prefix holding bin/hipcc (default /opt/rocm).")
 _declare("CK_TILE_INCLUDE", str, "",
          "Folder with composable_kernel's include/ (ck_tile headers) for the ck backend.")
@@ -149,10 +154,28 @@ def cache_dir() -> Path:
     return path
 
 
-def tuning_db() -> Path:
-    """The tuning table's path: ``CK_TUNING_DB``, else ``<cache dir>/tuning.json`` (the user's
-    tuned-data store is the folder beside it)."""
-    return Path(get("CK_TUNING_DB") or cache_dir() / "tuning.json")
+def tuned_dir() -> Path:
+    """The user's tuned-data store folder: ``CK_TUNED_DIR``, else ``NAME.d`` beside
+    ``CK_TUNING_DB=NAME.json`` (the older knob), else ``<cache dir>/tuning.d``."""
+    explicit = get("CK_TUNED_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
+    db = get("CK_TUNING_DB")
+    if db:
+        db = Path(db).expanduser()
+        return db.with_name(db.stem + ".d")
+    return cache_dir() / "tuning.d"
+
+
+def retired_tuning_files() -> list:
+    """Where the retired single-file tuning table used to live (``<cache dir>/tuning.json``, and
+    ``CK_TUNING_DB`` when set): files there are no longer read."""
+    db = get("CK_TUNING_DB")
+    try:
+        old = [cache_dir() / "tuning.json"]
+    except ConfigError:   # no usable cache folder: no old table there either (the store may live elsewhere)
+        old = []
+    return old + ([Path(db).expanduser()] if db else [])
 
 
 def blocking_file(path: Path):

@@ -4,8 +4,8 @@ Use from a plugin's ``conftest.py``::
 
     pytest_plugins = ["ck_core.testing"]
 
-Every test session gets a private, temporary ``CK_CACHE_DIR``, ``CK_TUNING_DB`` and
-``XDG_CACHE_HOME`` (set before collection, removed at the end), so no test reads
+Every test session gets a private, temporary ``CK_CACHE_DIR``, ``CK_TUNING_DB`` (so the
+tuned-data store is ``<tmp>/tuning.d``; ``CK_TUNED_DIR`` is unset) and ``XDG_CACHE_HOME`` (set before collection, removed at the end), so no test reads
 or writes the user's real cache, even one that unsets ``CK_CACHE_DIR``.
 
 Fixtures: ``ck_rng`` (a fresh generator; its seed is printed on failure),
@@ -56,7 +56,7 @@ def arch_plugin(*archs: ArchSpec):
     return mod
 
 
-_SESSION_ENV = ("CK_CACHE_DIR", "CK_TUNING_DB", "XDG_CACHE_HOME", "TRITON_CACHE_DIR")
+_SESSION_ENV = ("CK_CACHE_DIR", "CK_TUNING_DB", "CK_TUNED_DIR", "XDG_CACHE_HOME", "TRITON_CACHE_DIR")
 
 
 def pytest_configure(config):
@@ -66,6 +66,7 @@ def pytest_configure(config):
     config._ck_test_env = (tmp, {k: os.environ.get(k) for k in _SESSION_ENV})
     os.environ["CK_CACHE_DIR"] = os.path.join(tmp, "ck-cache")
     os.environ["CK_TUNING_DB"] = os.path.join(tmp, "tuning.json")
+    os.environ.pop("CK_TUNED_DIR", None)   # it would win over CK_TUNING_DB, which tests repoint
     os.environ["XDG_CACHE_HOME"] = os.path.join(tmp, "xdg-cache")
     # Triton's own compile cache (~/.triton by default) is a user cache too
     os.environ["TRITON_CACHE_DIR"] = os.path.join(tmp, "triton-cache")

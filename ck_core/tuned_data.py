@@ -14,8 +14,8 @@ from::
 
 Two layers, read in order: the files an op plugin ships (the folder its OpSpec
 names in ``tuning_data``, or that a plugin passes as ``shipped``), then the
-user's writable store (``<CK_TUNING_DB>.d/`` beside the tuning table, by
-default ``<cache dir>/tuning.d/``), whose entries override shipped entries with
+user's writable store (``CK_TUNED_DIR``, by default ``<cache dir>/tuning.d/``;
+:func:`ck_core.knobs.tuned_dir`), whose entries override shipped entries with
 the same key.  Loading is cached per (op, arch, folders), and the store's
 location is resolved once: a warm lookup reads no file and no environment
 (:func:`clear_cache` forgets both).  A file that is not valid tuned data is a ConfigError naming it.
@@ -40,7 +40,7 @@ FORMAT = "ck-dispatcher.tuned-data/1"
 MAX_FILE_BYTES = fileio.LIMITS["tuned"]
 #: most entries one table may hold, and most characters a key's string field may have
 MAX_ENTRIES = 1 << 20
-_HINT = "fix or delete the file (the user's store is <CK_TUNING_DB>.d/; `ck tune` rewrites it)"
+_HINT = "fix or delete the file (the user's store is CK_TUNED_DIR, default <cache dir>/tuning.d; `ck tune` rewrites it)"
 #: what every provenance record must say
 PROVENANCE_FIELDS = ("command", "date", "device", "source")
 #: op and arch names become file and folder names
@@ -55,9 +55,8 @@ def _check_names(op: str, arch: str) -> None:
 
 
 def user_dir() -> Path:
-    """The writable store: a folder beside the tuning table (``CK_TUNING_DB``)."""
-    db = knobs.tuning_db()
-    return db.with_name(db.stem + ".d")
+    """The writable store (``CK_TUNED_DIR``; :func:`ck_core.knobs.tuned_dir`)."""
+    return knobs.tuned_dir()
 
 
 @functools.lru_cache(maxsize=1)
@@ -254,7 +253,7 @@ def table(op: str, arch: str, name: str, shipped=None, check=None) -> Table:
 
 def clear_cache() -> None:
     """Forget loaded files and the store's location (after writing to the store, changing
-    CK_TUNING_DB / CK_CACHE_DIR, or in tests)."""
+    CK_TUNED_DIR / CK_TUNING_DB / CK_CACHE_DIR, or in tests)."""
     _load.cache_clear()
     _user_root.cache_clear()
 

@@ -1,23 +1,26 @@
 """Measured kernel winners (``ck tune``'s) in the tuned-data store.
 
-Same public API as :class:`ck_core.tuning.TuningTable` (``lookup`` / ``record``
-/ ``save``), so the Dispatcher takes either.  Winners live in the ``kernels``
-table of the (op, arch) data files, keyed by (backend, problem bucket): an op
-plugin may ship some (its ``tuning_data`` folder), ``ck tune`` writes the
-user's store, which overrides them.  A winner recorded in the older single-file
-tuning table (``CK_TUNING_DB``) is still found after the store's.
+The Dispatcher's tuning source (``lookup`` / ``record`` / ``save``).  Winners
+live in the ``kernels`` table of the (op, arch) data files, keyed by (backend,
+problem bucket): an op plugin may ship some (its ``tuning_data`` folder),
+``ck tune`` writes the user's store (``CK_TUNED_DIR``), which overrides them.
+The older single-file tuning table (``<cache dir>/tuning.json``) is retired: it
+is not read, and one found there is named once in a warning.
 """
 from __future__ import annotations
 
 import json
+import logging
 import math
+import os
 import platform
 from collections import defaultdict
 from pathlib import Path
 from typing import Optional
 
-from . import tuned_data
-from .tuning import TuningTable
+from . import knobs, tuned_data
+
+log = logging.getLogger(__name__)
 
 TABLE = "kernels"
 FIELDS = ("backend", "bucket")
@@ -41,9 +44,23 @@ def check_record(key, value) -> None:
         raise ValueError(f"seconds {secs!r:.40} is not a finite number >= 0")
 
 
+_WARNED: set = set()
+
+
+def warn_retired_table() -> None:
+    """Say once per process, per file, that a retired ``tuning.json`` is ignored."""
+    for p in knobs.retired_tuning_files():
+        if p in _WARNED or not os.path.lexists(p) or os.path.isdir(p):
+            continue
+        _WARNED.add(p)
+        log.warning("ignoring %s: the single-file tuning table is retired and not read; measured "
+                    "winners live in the tuned-data store %s now. Run `ck tune` again for the problems "
+                    "it held, then delete the file", p, tuned_data.user_dir())
+
+
 class Winners:
-    def __init__(self, path=None, *, command: str = "ck tune", device: Optional[str] = None):
-        self.legacy = TuningTable(path)
+    def __init__(self, *, command: str = "ck tune", device: Optional[str] = None):
+        warn_retired_table()
         self.command = command
         self.device = device
         self.path: Path = tuned_data.user_dir()
@@ -54,7 +71,7 @@ class Winners:
         hit = t.get((backend, bucket_key(problem))) if len(t) else None   # no table: no bucket to compute
         if isinstance(hit, dict) and isinstance(hit.get("kernel"), str):
             return hit["kernel"]
-        return self.legacy.lookup(arch, backend, problem)
+        return None
 
     def record(self, arch: str, backend: str, problem, kernel: str, seconds: float,
                results: Optional[list] = None) -> None:

@@ -207,6 +207,7 @@ def test_run_and_tune_name_every_slow_step(capsys, monkeypatch, tmp_path):
         yield
 
     monkeypatch.setattr(cli, "busy", spy)
+    monkeypatch.setenv("CK_TUNED_DIR", str(tmp_path / "store"))
     rc, _, _ = _main(capsys, "run", "gemm", "--arch", "gfx942", "--m", "40", "--n", "24", "--k", "16",
                      "--dtype", "fp16", "--layout", "rcr", "--repeat", "1")
     assert rc == 0
@@ -214,8 +215,7 @@ def test_run_and_tune_name_every_slow_step(capsys, monkeypatch, tmp_path):
         assert any(d.startswith(word) or word in d for d in seen), (word, seen)
     seen.clear()
     rc, _, _ = _main(capsys, "tune", "gemm", "--arch", "gfx942", "--m", "40", "--n", "24", "--k", "16",
-                     "--dtype", "fp16", "--layout", "rcr", "--top", "2", "--repeat", "1",
-                     "--db", str(tmp_path / "tune.json"))
+                     "--dtype", "fp16", "--layout", "rcr", "--top", "2", "--repeat", "1")
     assert rc == 0
     assert [d.split()[0] for d in seen] == ["enumerating", "selecting", "timing"], seen
     seen.clear()
@@ -407,10 +407,11 @@ def test_build_without_hipcc_says_each_error_once_and_exits_4(capsys, caplog):
         assert (out + err + caplog.text).count(name + ":") + (out + err + caplog.text).count(name + " failed") == 1, name
 
 
-def test_tune_on_the_numpy_backend_warns_its_winner_is_noise(capsys, tmp_path):
+def test_tune_on_the_numpy_backend_warns_its_winner_is_noise(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("CK_TUNED_DIR", str(tmp_path / "store"))
     rc, out, err = _main(capsys, "tune", "gemm", "--arch", "gfx942", "--m", "40", "--n", "24", "--k", "16",
-                         "--top", "3", "--repeat", "1", "--db", str(tmp_path / "t.json"))
-    assert rc == 0 and "winner recorded" in out
+                         "--top", "3", "--repeat", "1")
+    assert rc == 0 and f"winner recorded in {tmp_path / 'store' / 'gemm' / 'gfx942.json'}" in out
     assert "ck: warning:" in err and "noise" in err and "--backend triton" in err, err
 
 

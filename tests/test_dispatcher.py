@@ -4,7 +4,8 @@ import pytest
 
 from ck_core import Dispatcher, PluginManager, Registry, hookimpl, plugins
 from ck_core.testing import arch_plugin
-from ck_core.tuning import TuningTable, tune
+from ck_core.tuning import tune
+from ck_core.winners import Winners
 
 pytest.importorskip("ck_gemm")
 from ck_gemm import GemmProblem  # noqa: E402
@@ -51,19 +52,25 @@ def test_reject_hook_culls(fake_arch, monkeypatch):
     assert reg and all(k.algorithm.pipeline != "compv4" for k in reg)
 
 
-def test_tuning_table_wins_and_persists(reg, tmp_path, ck_rng):
+def test_tuning_table_wins_and_persists(reg, tmp_path, ck_rng, monkeypatch):
+    from ck_core import tuned_data
+
+    monkeypatch.setenv("CK_TUNED_DIR", str(tmp_path / "store"))
+    tuned_data.clear_cache()
     d = Dispatcher(reg)
     p = GemmProblem(m=100, n=60, k=64)
     from ck_gemm.reference import make_inputs
     inputs = make_inputs(p, ck_rng)
-    table = TuningTable(tmp_path / "t.json")
+    table = Winners()
     fake_times = iter(range(1000, 0, -1))   # later candidates look faster
     results = tune(d, p, inputs, timer=lambda fn: (fn(), next(fake_times))[1], table=table, top=5)
     assert len(results) == 5 and results[0][1] <= results[-1][1]
-    table.save()
-    d2 = Dispatcher(reg, tuning=TuningTable(tmp_path / "t.json"))
+    assert table.save().is_relative_to(tmp_path / "store")
+    tuned_data.clear_cache()
+    d2 = Dispatcher(reg, tuning=Winners())
     assert d2.select(p).name == results[0][0]
     assert d.select(p).name != results[0][0] or len(results) == 1
+    tuned_data.clear_cache()
 
 
 def test_failing_candidate_times_as_infinity(reg, ck_rng, caplog):

@@ -127,9 +127,12 @@ def _filter_file(p):
     load_filter_file(p)
 
 
-def _tuning_table(p):
-    from ck_core.tuning import TuningTable
-    TuningTable(p)
+def _tuned_data(p):
+    from ck_core import tuned_data
+    try:
+        tuned_data.tables("toy", p.stem, shipped=p.parent)   # the reader of the shipped files and the store
+    finally:
+        tuned_data.clear_cache()
 
 
 def _oracle(p):
@@ -154,7 +157,7 @@ def _preset(p):
 
 READERS = [("preset", _preset, ".json"), ("registry", _registry, ".json"), ("kernel_sets", _kernel_sets, ".toml"),
            ("config_json", _config_json, ".json"), ("filter_file", _filter_file, ".txt"),
-           ("tuning_table", _tuning_table, ".json"), ("oracle", _oracle, ".jsonl"),
+           ("tuned_data", _tuned_data, ".json"), ("oracle", _oracle, ".jsonl"),
            ("matrix", _matrix, ".toml"), ("sweep_config", _sweep_config, ".json")]
 
 
@@ -167,12 +170,18 @@ def test_every_reader_refuses_special_and_binary_files(tmp_path, reader, read, e
     assert str(p) in str(err.value) and says in str(err.value)
 
 
-def test_the_tuning_db_knob_pointing_at_a_fifo(tmp_path, monkeypatch):
-    from ck_core.tuning import TuningTable
+def test_the_retired_tuning_db_knob_pointing_at_a_fifo(tmp_path, monkeypatch, caplog):
+    from ck_core import tuned_data
+    from ck_core.winners import Winners
 
     monkeypatch.setenv("CK_TUNING_DB", str(_fifo(tmp_path / "t.json")))
-    with pytest.raises(CkError, match="FIFO"):
-        TuningTable()
+    tuned_data.clear_cache()
+    try:
+        with caplog.at_level("WARNING", logger="ck_core.winners"):
+            Winners()   # the FIFO is named in a warning, never opened (it would block)
+        assert tuned_data.user_dir() == tmp_path / "t.d"
+    finally:
+        tuned_data.clear_cache()
 
 
 def test_the_tuned_data_store_refuses_special_files(tmp_path, monkeypatch):
@@ -191,13 +200,12 @@ def test_the_tuned_data_store_refuses_special_files(tmp_path, monkeypatch):
 
 def test_oversized_files_are_refused_before_they_are_read(tmp_path):
     from ck_core.config import load_json
-    from ck_core.tuning import TuningTable
 
     p = tmp_path / "big.json"
     with open(p, "wb") as f:   # sparse: costs no disk
-        f.truncate(fileio.LIMITS["tuning"] + 1)
+        f.truncate(fileio.LIMITS["tuned"] + 1)
     with pytest.raises(CkError, match="MiB"):
-        TuningTable(p)
+        _tuned_data(p)
     with pytest.raises(CkError, match="MiB"):
         load_json(p)
 

@@ -186,10 +186,10 @@ def test_arch_check_kit_needs_no_op_plugin():
 def test_the_tuning_table_decides_what_the_public_api_runs(ck_dispatch_log, tmp_path, monkeypatch):
     torch = pytest.importorskip("torch")
     pytest.importorskip("ck_gemm")
-    from ck_core.tuning import TuningTable
+    from ck_core.winners import Winners
     from ck_gemm import matmul
 
-    monkeypatch.setenv("CK_TUNING_DB", str(tmp_path / "tuning.json"))
+    monkeypatch.setenv("CK_TUNED_DIR", str(tmp_path / "store"))
     monkeypatch.setenv("CK_BACKEND", "numpy")
     api.clear()
     a, b = torch.rand(33, 17), torch.rand(17, 9)
@@ -198,7 +198,7 @@ def test_the_tuning_table_decides_what_the_public_api_runs(ck_dispatch_log, tmp_
     disp = api.dispatcher_on("gemm", a, dtypes=("fp32",), layouts=("rrr",), dtypes_c=("fp32",),
                              num_ds=(0,))
     other = next(k.name for k in disp.rank(problem) if k.name != first)
-    table = TuningTable()
+    table = Winners()
     table.record("fake64", "numpy", problem, other, 1e-6)
     table.save()
     api.clear()

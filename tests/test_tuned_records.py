@@ -4,7 +4,7 @@ the entry -- never an internal error, never a kernel launched with it.
 
 Covers: the tuned-data store itself (nesting, encoding, size), the op plugins' overlay tables
 (FMHA configs and tiles, conv split targets and lists, GEMM winners), the core's ``kernels``
-winners, the tuning table and ranker models.
+winners and ranker models.
 """
 import json
 import math
@@ -200,13 +200,24 @@ def test_winners_kernels_records(user_store, value):
         Winners().lookup("a1", "numpy", P())
 
 
-def test_tuning_table_seconds_must_be_finite(tmp_path):
-    from ck_core.tuning import FORMAT, TuningTable
+@pytest.mark.parametrize("seconds", ["NaN", "Infinity", "1e999"])
+def test_winners_seconds_must_be_finite(user_store, seconds):
+    from ck_core.problem import Problem
+    from ck_core.winners import Winners
 
-    p = tmp_path / "t.json"
-    p.write_text('{"format": "%s", "entries": {"a": {"kernel": "k", "seconds": NaN}}}' % FORMAT)
-    with pytest.raises(ConfigError, match="finite"):
-        TuningTable(p)
+    class P(Problem):
+        op = "toy"
+
+        def bucket(self):
+            return (1,)
+
+    p = _store_file(user_store)
+    p.write_text(json.dumps({"format": tuned_data.FORMAT, "op": "toy", "arch": "a1", "provenance": PROV,
+                             "tables": {"kernels": {"key": ["backend", "bucket"], "entries": [
+                                 {"key": ["numpy", "[1]"], "value": {"kernel": "k", "seconds": 0.5}}]}}})
+                 .replace("0.5", seconds))
+    with pytest.raises(ConfigError, match=f"{p}.*(finite|NaN|Infinity)"):
+        Winners().lookup("a1", "numpy", P())
 
 
 GBDT = {"kind": "gbdt", "features": ["x"], "trees": {"feature": [0, -1, -1], "threshold": [0.5, 0, 0],

@@ -20,7 +20,7 @@ from ck_core import ConfigError, KernelKey, MissingKernel, Registry, get_manager
 from ck_core.cache import ORPHAN_SECONDS, KernelCache
 from ck_core.errors import CkError, FilterError
 from ck_core.filters import MAX_DEPTH, MAX_INT, MAX_LEN, MAX_STR, compile_filter
-from ck_core.tuning import TuningTable
+from ck_core.winners import Winners
 
 MATERIAL = {"core": "0", "template": "t", "compiler": "c", "target": "x"}
 
@@ -365,42 +365,69 @@ def test_cache_dir_naming_a_file(tmp_path, monkeypatch):
 
 def test_tests_never_use_the_real_cache():
     from ck_core import knobs
-    from ck_core.tuning import default_path
+    from ck_core.tuned_data import user_dir
 
     real = Path.home() / ".cache" / "ck-dispatcher"
     assert real not in knobs.cache_dir().parents and knobs.cache_dir() != real
-    assert Path(os.environ["CK_TUNING_DB"]) == default_path() and real not in default_path().parents
+    assert "CK_TUNED_DIR" not in os.environ and real not in user_dir().parents
+    assert user_dir() == Path(os.environ["CK_TUNING_DB"]).with_name("tuning.d")
     assert os.environ["XDG_CACHE_HOME"] != str(Path.home() / ".cache")
 
 
+class _P:
+    op = "toy"
+
+    def bucket(self):
+        return "b"
+
+    def to_dict(self):
+        return {"m": 1}
+
+
+def _store_doc(value, **top):
+    doc = {"format": "ck-dispatcher.tuned-data/1", "op": "toy", "arch": "a1",
+           "provenance": {"command": "t", "date": "2026-11-29", "device": "cpu", "source": "t"},
+           "tables": {"kernels": {"key": ["backend", "bucket"],
+                                  "entries": [{"key": ["numpy", '"b"'], "value": value}]}}}
+    doc.update(top)
+    return json.dumps(doc).encode()
+
+
 @pytest.mark.parametrize("content", [
-    b"\x00\xff\xfe\x81", b"[]", b'{"entries": []}', b'{"entries": {"k": "gemm"}}',
-    b'{"entries": {"k": {"kernel": 3}}}', b'{"entries": {"k": {"kernel": "g", "seconds": "fast"}}}',
-    b'{"format": "other", "entries": {}}', b'{"entries": {}, "x": 1}', b"[" * 100_000,
+    b"\x00\xff\xfe\x81", b"[]", b'{"tables": []}', _store_doc("gemm"), _store_doc({"kernel": 3}),
+    _store_doc({"kernel": "g", "seconds": "fast"}), _store_doc({"kernel": "g"}, format="other"),
+    _store_doc({"kernel": "g"}, op="other"), b"[" * 100_000,
 ])
-def test_tuning_db_garbage_is_a_config_error(tmp_path, monkeypatch, content):
-    p = tmp_path / "tuning.json"
+def test_tuning_store_garbage_is_a_config_error(tmp_path, monkeypatch, content):
+    from ck_core import tuned_data
+
+    p = tmp_path / "store" / "toy" / "a1.json"
+    p.parent.mkdir(parents=True)
     p.write_bytes(content)
-    monkeypatch.setenv("CK_TUNING_DB", str(p))
-    with pytest.raises(ConfigError, match="tuning table"):
-        TuningTable()
+    monkeypatch.setenv("CK_TUNED_DIR", str(tmp_path / "store"))
+    tuned_data.clear_cache()
+    try:
+        with pytest.raises(ConfigError) as err:
+            Winners().lookup("a1", "numpy", _P())
+        assert str(p) in str(err.value)
+    finally:
+        tuned_data.clear_cache()
 
 
-def test_tuning_db_round_trip(tmp_path):
-    t = TuningTable(tmp_path / "t.json")
+def test_tuning_store_round_trip(tmp_path, monkeypatch):
+    from ck_core import tuned_data
 
-    class P:
-        op = "gemm"
-
-        def bucket(self):
-            return "b"
-
-        def to_dict(self):
-            return {"m": 1}
-
-    t.record("gfx942", "triton", P(), "gemm_k", 1e-3, [{"kernel": "gemm_k", "seconds": 1e-3}])
-    t.save()
-    assert TuningTable(tmp_path / "t.json").lookup("gfx942", "triton", P()) == "gemm_k"
+    monkeypatch.setenv("CK_TUNED_DIR", str(tmp_path / "store"))
+    tuned_data.clear_cache()
+    try:
+        t = Winners()
+        t.record("gfx942", "triton", _P(), "gemm_k", 1e-3, [{"kernel": "gemm_k", "seconds": 1e-3}])
+        assert t.save() == tmp_path / "store" / "toy" / "gfx942.json"
+        tuned_data.clear_cache()
+        assert Winners().lookup("gfx942", "triton", _P()) == "gemm_k"
+        assert Winners().lookup("gfx942", "numpy", _P()) is None
+    finally:
+        tuned_data.clear_cache()
 
 
 def test_cache_clear_removes_the_ck_sources_too(tmp_path, monkeypatch, capsys):
