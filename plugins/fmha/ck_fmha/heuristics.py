@@ -233,13 +233,18 @@ def fwd_want(p, arch) -> list:
     return [(c.BLOCK_M, c.BLOCK_N, c.num_warps, c.num_stages, c.variant, 0 if fp8 else c.DCHUNK) for c in out]
 
 
-def rank(problem, candidates: list, arch) -> list:
-    """The tables' choice first (see :func:`fwd_want`, :func:`bwd_want`), then by tile size."""
+def rank(problem, candidates: list, arch, fit=None) -> list:
+    """The tables' choice first (see :func:`fwd_want`, :func:`bwd_want`), then by tile size.
+    ``fit(kv, dq, dchunk) -> (kv, dq)``: the backend's form of a backward choice on ``arch`` (a tuned
+    tile too large for its shared memory: the nearest smaller form the enumeration holds instead), so
+    the group split and the head-dim chunk are chosen for the tile that runs."""
     fam = problem.family
     if fam == "fwd":
         want = [(w, "") for w in fwd_want(problem, arch)]
     elif fam == "bwd_dq_dk_dv":
         kv, dq = bwd_want(problem, arch)
+        if fit is not None:
+            kv, dq = fit(kv, dq, bwd_dchunk(problem, kv, dq, arch))
         want = [(kv + (bwd_gsplit(problem, kv, arch), bwd_dchunk(problem, kv, dq, arch)), dq)]
     else:
         want = []

@@ -65,6 +65,18 @@ def _old_gluon_bwd_ok(p, block_n=64):
             and (not causal or p.seqlen_q == p.seqlen_k))
 
 
+def _fit(p, cfg_kv, dq, cfg_q):
+    """The dK/dV tile of the tables as the sm90 enumeration holds it (keys._fitted: fewer stages, then
+    halved blocks, until the kernels' measured shared memory fits; the d256 2-stage atomic tile needs
+    263168 B).  ``dq``: ("atomic",), or None for the tables' Triton dQ pass ``cfg_q``."""
+    arch = get_manager().arch("sm90")
+    dq_field = tuning.DQ_ATOMIC if dq else T.dq_triton(cfg_q)
+    a = T.TritonFmhaAlg(cfg_kv.BLOCK_M, cfg_kv.BLOCK_N, cfg_kv.num_warps, cfg_kv.num_stages, cfg_kv.variant,
+                        dq=dq_field, dchunk=cfg_kv.DCHUNK)
+    f = T._fitted("bwd_dq_dk_dv", p.hdim_q, p.hdim_v, a, 2, arch.lds_bytes)
+    return cfg_kv.with_(BLOCK_M=f.block_m, BLOCK_N=f.block_n, num_stages=f.num_stages)
+
+
 def old_bwd(p, hopper):
     """((dK/dV kind, tile), dQ choice) of the old ops_bwd.bwd_dq_dk_dv default path."""
     d, sq, sk = p.hdim_q, p.seqlen_q, p.seqlen_k
@@ -95,6 +107,8 @@ def old_bwd(p, hopper):
 
     if gluon_kv and split(128, rule.get("gluon_waves", 0)) > 1:
         gluon_kv = False
+    if not gluon_kv and hopper:   # session 9: a tuned tile over the arch's shared memory: its nearest smaller form
+        cfg_kv = _fit(p, cfg_kv, None if det else ("atomic",), cfg_q)
     if not gluon_kv:
         gs = split(cfg_kv.BLOCK_N, rule.get("waves", 0), 2 if cfg_kv.variant == "kvsplit" else 1)
         cfg_kv = cfg_kv.with_(GSPLIT=gs if gs > 1 else 0)

@@ -219,7 +219,7 @@ def _smem_reason(key, arch_name: str, limit: int, bias: bool) -> Optional[str]:
     kernel, need = max(needs.items(), key=lambda kv: kv[1])
     if need <= limit:
         return None
-    return (f"its {kernel} kernel needs {need} B of shared memory/LDS{' with the bias tile' if bias else ''}; "
+    return (f"its {kernel} kernel needs {need} B of shared memory/LDS{' with the elementwise bias' if bias else ''}; "
             f"{arch_name} has {limit} B per block (a smaller tile or fewer stages fits)")
 
 
@@ -535,4 +535,11 @@ def rank(problem, candidates: list, arch) -> list:
     """The tuned tables' choice first (:func:`ck_fmha.heuristics.rank`), then by tile size."""
     from ...heuristics import rank as _rank
 
-    return _rank(problem, candidates, arch)
+    def fit(kv, dq, dchunk):   # the enumeration's form of the tables' backward tile (see _bwd_algs)
+        if kv[4] in GLUON_BWD_VARIANTS:
+            return kv, dq
+        a = _fitted("bwd_dq_dk_dv", problem.hdim_q, problem.hdim_v, TritonFmhaAlg(*kv, dq=dq, dchunk=dchunk),
+                    1 if problem.dtype == "fp8" else 2, arch.lds_bytes)
+        return (kv, dq) if a is None else ((a.block_m, a.block_n, a.num_warps, a.num_stages, a.variant), a.dq)
+
+    return _rank(problem, candidates, arch, fit if smem.measured(arch) else None)

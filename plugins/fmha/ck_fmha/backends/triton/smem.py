@@ -3,7 +3,7 @@
 A key whose need exceeds the arch's ``ArchSpec.lds_bytes`` compiles, but its kernel does not
 load (Triton: ``OutOfResources: shared memory``), so the enumeration leaves it out
 (:func:`ck_fmha.backends.triton.keys.legal`) and ``supports()`` refuses it for a problem whose
-features need more (an elementwise bias adds a pipelined bias tile).  The figures are upper bounds
+features need more (an elementwise bias: one tile of conversion scratch).  The figures are upper bounds
 of what Triton 3.6 allocates on sm90 for the launchers' own specialisation (16-byte aligned rows:
 every load that feeds a dot is pipelined through shared memory, ``num_stages`` buffers deep):
 
@@ -32,6 +32,11 @@ from .configs import GLUON_VARIANTS, hdim_blocks
 SLACK = 1024
 #: families whose kernels hold no K/V tiles (elementwise, copies, merges): a few KiB of scratch
 _SMALL = ("bwd_dot_do_o", "bwd_convert_dq", "fwd_splitkv_combine", "fwd_appendkv")
+#: an elementwise bias: its tile is added to the scores in registers, not pipelined through shared
+#: memory; what it costs is layout-conversion scratch, measured on sm90 (Triton 3.6) at 2 to 8 KiB
+#: (fwd, both backward kernels, 4 and 8 warps, padded and chunked head dims), never above one
+#: ``block_m x block_n`` tile, the bound used here.  Conversion scratch is reused, so where the kernel
+#: already converts a larger tile (the dK/dV kernel's fp32 dQ for the atomic adds) it adds nothing.
 #: the Gluon dQ pass: two consumer warpgroups of 64 query rows each (``gluon_bwd``'s SUB_M)
 _GLUON_DQ_SUB_M = 64
 
@@ -49,17 +54,17 @@ def _dims(hq: int, hv: int, dchunk: int = 0) -> tuple:
 def kernel_needs(family: str, hq: int, hv: int, alg, elem_bytes: int = 2, bias: bool = False) -> dict:
     """``{kernel: bytes}`` of shared memory for each kernel a key of ``family`` launches.
     ``alg``: the key's TritonFmhaAlg; ``bias``: the problem has an elementwise bias (its tile is
-    pipelined with the loop's other loads)."""
+    added in registers: its layout conversion's scratch)."""
     e = elem_bytes
     if family in _SMALL:
         return {family: 8 * max(hq, hv) + 4 * 256 + SLACK}
     dq, dv = _dims(hq, hv, alg.dchunk)
     bm, bn, st = alg.block_m, alg.block_n, alg.num_stages
-    bias_tile = st * bm * bn * e if bias else 0
+    bias_scratch = bm * bn * e if bias else 0   # (see the module notes: one tile of conversion scratch)
     if family != "bwd_dq_dk_dv":
         if family in ("fwd_splitkv", "fwd_pagedkv"):
             bm = max(16, bm)   # the split-KV kernel's smallest query block
-        need = e * (bm * dq + st * bn * (dq + dv)) + bias_tile + SLACK
+        need = e * (bm * dq + st * bn * (dq + dv)) + bias_scratch + SLACK
         if alg.variant in GLUON_VARIANTS:
             need += e * bm * dv   # the output staging tile of the TMA store
         out = {family: need}
@@ -74,13 +79,13 @@ def kernel_needs(family: str, hq: int, hv: int, alg, elem_bytes: int = 2, bias: 
 
         out["dkdv"] = dkdv_smem_bytes(hq, bm, st, atomic, e) + SLACK
     else:
-        out["dkdv"] = (e * (bn * (dq + dv) + st * bm * (dq + dv)) + 8 * st * bm + bias_tile
-                       + (4 * bm * dq + e * bn * dq if atomic else 0) + SLACK)
+        out["dkdv"] = (e * (bn * (dq + dv) + st * bm * (dq + dv)) + 8 * st * bm
+                       + max(4 * bm * dq + e * bn * dq if atomic else 0, bias_scratch) + SLACK)
     if choice[0] == "triton":
         c = choice[1]
         cbm, cbn, cst = c.BLOCK_M, c.BLOCK_N, c.num_stages
         out["dq"] = (e * (cbm * (dq + dv) + cst * cbn * (dq + dv)) + 8 * cbm
-                     + (cst * cbm * cbn * e if bias else 0) + SLACK)
+                     + (cbm * cbn * e if bias else 0) + SLACK)
     elif choice[0] == "gluon":
         gbn, gst, _ = choice[1]
         d = max(hq, hv)
