@@ -164,6 +164,29 @@ def _n(key: str) -> Callable[[dict], str]:
     return lambda d: str(d["summary"][key]["n"])
 
 
+def _overhead(d: dict) -> str:
+    """The warm eager table: how many calls are within 1.2x torch's, and the worst ratios."""
+    rows = [(k, v["ratio_wall"]) for k, v in (d.get("table") or {}).items() if isinstance(v, dict) and v.get("ratio_wall")]
+    if not rows:
+        return "no table in this run"
+    ok = sum(r <= 1.2 for _, r in rows)
+    worst = ", ".join(f"{k} {r:.2f}x" for k, r in sorted(rows, key=lambda x: -x[1])[:3])
+    return f"{ok} of {len(rows)} calls within 1.2x; worst: {worst}"
+
+
+def _models(d: dict) -> str:
+    """Each model row's eager ratio (peer / ours) and first-step ratio, or its status."""
+    out = []
+    for r in d.get("rows", []):
+        name = f"{r.get('model')} {r.get('mode')}" + (f" {r['ours'].split('+', 1)[-1]}" if "+" in str(r.get("ours")) else "")
+        if r.get("status") != "ok" or not r.get("ratio"):
+            out.append(f"{name}: {str(r.get('status'))[:40]}")
+            continue
+        first = (r["peer_first_ms"] / r["ours_first_ms"]) if r.get("ours_first_ms") and r.get("peer_first_ms") else None
+        out.append(f"{name} {r['ratio']:.2f}x" + (f" ({first:.2f}x)" if first else ""))
+    return "; ".join(out) or "no rows"
+
+
 #: README's "Where it stands" rows: what, results file (None: a test's verdict), the figure read from
 #: it, the target, and whose figure it is: the Dispatcher's pick (what a user's call runs), the
 #: fastest candidate (the oracle of a tuning list), or a kernel run directly with its tuned config
@@ -197,6 +220,11 @@ STANDING = [
      "Dispatcher's pick"),
     ("conv broad strata: kinds of layer (all directions), CUDA graph", "conv_broad.json",
      lambda d: _strata(d, ("all/",), None), "fwd >= 0.9x, none < 0.5x", "Dispatcher's pick"),
+    ("Host cost of a warm eager call, every public API (tiny problems), ours / torch's us", "overhead_table.json",
+     lambda d: _overhead(d), "<= 1.2x torch's, fwd and fwd+bwd", "Dispatcher's pick"),
+    ("Whole models through the public APIs, eager, peer ms / ours ms (first step in brackets)", "models.json",
+     lambda d: _models(d), "ResNet-50 train >= 0.95x, infer >= 1.0x; Llama generate >= 0.95x, train >= 1.0x",
+     "Dispatcher's pick"),
     ("FMHA enumeration, all nine families, one arch (CPU, cold process)", "enumeration.json",
      lambda d: "{:.2f}-{:.2f} s".format(*(f(r["seconds (best of 3, cold process)"] for r in d["rows"]
                                           if r["op"] == "fmha") for f in (min, max))), "< 1 s", "-"),
@@ -209,6 +237,9 @@ BEGIN, END = "<!-- standing:begin (rendered by benchmarks/render_md.py) -->", "<
 def standing_table() -> str:
     out = ["| what | measured | target | whose figure | date |", "|---|---|---|---|---|"]
     for what, name, get, target, whose in STANDING:
+        if name and not (ROOT / "results" / name).exists():
+            out.append(f"| {what} | not measured yet | {target} | {whose} | -, - |")
+            continue
         d = _load(name) if name else {}
         src = f"[{name}](benchmarks/results/{name})" if name else "test"
         date = str(d.get("date", "-")).split(" ")[0][:10] if name else "-"
