@@ -1,6 +1,6 @@
 """Real models through the public APIs, ours vs cuDNN / cuBLAS / SDPA in one process (issue #26).
 
-    python benchmarks/models.py --out models.json            # GPU (H200: ~8 min, first run compiles)
+    python benchmarks/models.py --out models.json            # GPU (H200: ~8 min, first run compiles; a process per row)
     python benchmarks/models.py --quick --out models.json    # a ~3 minute subset
     python benchmarks/models.py --tiny --device cpu --out /tmp/models.json   # CPU smoke (Triton interpreter)
 
@@ -333,6 +333,43 @@ def markdown(rows: list) -> str:
     return "\n".join(lines)
 
 
+def _isolated(spec: str, argv: list, left_s: float) -> dict:
+    """Row ``spec`` run by a child process of this script (same options), its row read back; a child
+    that crashes or outlives the time left gives an error row."""
+    import tempfile
+
+    model, mode, *variant = spec.split(":")
+    if left_s <= 0:
+        return {"model": model, "mode": mode, "status": "skipped: time budget spent", "wall_s": 0.0}
+    drop = {"--out", "--rows", "--isolate", "--spec", "--budget-s"}
+    args, skip = [], False
+    for x in argv:
+        if skip:
+            skip = False
+            continue
+        if x.split("=", 1)[0] in drop:
+            skip = "=" not in x
+            continue
+        args.append(x)
+    r0 = time.time()
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "row.json"
+        cmd = [sys.executable, str(Path(__file__).resolve()), *args, "--spec", spec, "--isolate", "no",
+               "--out", str(out)]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=max(30.0, left_s + 60.0))
+        except subprocess.TimeoutExpired:
+            return {"model": model, "mode": mode, "status": "error: the row's process ran out of time",
+                    "wall_s": round(time.time() - r0, 1)}
+        if proc.returncode or not out.exists():
+            tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-1:] or ["no output"]
+            return {"model": model, "mode": mode, "status": f"error: the row's process exited {proc.returncode}: "
+                    f"{tail[0][:200]}", "wall_s": round(time.time() - r0, 1)}
+        row = json.loads(out.read_text())["rows"][0]
+    row["wall_s"] = round(time.time() - r0, 1)
+    return row
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None, help="write the JSON here")
@@ -343,6 +380,11 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-s", type=float, default=450.0,
                     help="rows that would start after this many seconds are skipped (status says so)")
     ap.add_argument("--rep-s", type=float, default=3.0, help="timing budget per measurement, seconds")
+    ap.add_argument("--isolate", choices=("auto", "yes", "no"), default="auto",
+                    help="run each row in its own process (auto: on the GPU), so a row that leaves the CUDA "
+                         "context in a bad state (an aborted graph capture, an illegal access) cannot fail "
+                         "the rows after it")
+    ap.add_argument("--spec", default=None, help=argparse.SUPPRESS)   # one exact row (an isolated child)
     for k, v in GPU.items():
         ap.add_argument(f"--{k.replace('_', '-')}", type=int, default=None, help=f"default {v} (tiny: {TINY[k]})")
     a = ap.parse_args(argv)
@@ -359,10 +401,17 @@ def main(argv=None) -> int:
     cnn_dtype = torch.bfloat16 if device == "cuda" else torch.float32
     llm_dtype = torch.bfloat16 if device == "cuda" else torch.float16
     wanted = [r for r in (QUICK if a.quick else ROWS) if not a.rows or any(s in r for s in a.rows.split(","))]
+    if a.spec:
+        wanted = [a.spec]
     t = Timer(device, a.rep_s)
     t0 = time.time()
     rows, llm = [], None
-    for spec in wanted:
+    isolate = a.spec is None and (a.isolate == "yes" or (a.isolate == "auto" and device == "cuda"))
+    for spec in wanted if isolate else ():
+        row = _isolated(spec, argv if argv is not None else sys.argv[1:], a.budget_s - (time.time() - t0))
+        rows.append(row)
+        print(f"{spec}: {str(row.get('status'))[:120]} ({row.get('wall_s')} s)", file=sys.stderr, flush=True)
+    for spec in () if isolate else wanted:
         model, mode, *variant = spec.split(":")
         variant = variant[0] if variant else "conv"
         row = {"model": model if not (a.tiny and model != "llama") else f"{model} (tiny local CNN)",

@@ -74,3 +74,14 @@ def test_patch_routes_layers_and_unpatch_restores(bench):
     assert not any("forward" in vars(mod) for mod in m)
     same = torch.nn.Conv2d(3, 4, 3, padding="same", padding_mode="reflect")
     assert ck_conv.patch(torch.nn.Sequential(same)) == 0   # a padding mode the API does not take stays on torch
+
+
+def test_isolated_rows_run_in_their_own_processes(bench, tmp_path, capsys):
+    """--isolate yes (the default on the GPU): each row in a child process, its row read back; a row the
+    child cannot produce is an error row, and the rows after it still run."""
+    res, _ = _run(bench, tmp_path, capsys, "resnet50:infer", "--isolate", "yes")
+    (row,) = res["rows"]
+    assert row["status"] == "ok", row.get("traceback", row["status"])
+    assert row["mode"] == "infer" and row["ours_ms"] > 0 and row["check"]["ok"]
+    bad = bench._isolated("resnet50:infer", ["--tiny", "--device", "cpu", "--no-such-flag"], 60.0)
+    assert bad["status"].startswith("error: the row's process exited")
