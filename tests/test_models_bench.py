@@ -46,6 +46,23 @@ def test_cnn_and_llama_rows_run_and_agree(bench, tmp_path, capsys):
     assert table.count("\n| ") == len(rows) and "| resnet50" in table
 
 
+def test_generate_row_checks_teacher_forced_decode_logits(bench, tmp_path, capsys, monkeypatch):
+    # the check must see a wrong decode: the second row's ours-side per-step logits are perturbed
+    real, calls = bench._decode_logits, []
+
+    def skewed(m, seq, n):
+        out = real(m, seq, n)
+        calls.append(1)
+        return out * 1.5 if len(calls) == 4 else out   # calls: row 1 peer, ours; row 2 peer, ours
+    monkeypatch.setattr(bench, "_decode_logits", skewed)
+    res, _ = _run(bench, tmp_path, capsys, "llama:generate:attn")   # the attn and the attn+gemm rows
+    good, bad = res["rows"]
+    assert good["status"] == "ok", good.get("traceback", good["status"])
+    assert good["check"]["metric"] == "decode logits" and good["check"]["ok"], good["check"]
+    assert 0.0 <= good["tokens_equal"] <= 1.0
+    assert bad["status"] == "ok" and not bad["check"]["ok"] and bad["check"]["value"] > 0.3
+
+
 def test_a_failing_row_does_not_stop_the_others(bench, tmp_path, capsys, monkeypatch):
     def broken(*a, **k):
         raise RuntimeError("a kernel that does not run")
@@ -80,7 +97,7 @@ def test_isolated_rows_run_in_their_own_processes(bench, tmp_path, capsys):
     """--isolate yes (the default on the GPU): each row in a child process, its row read back; a row the
     child cannot produce is an error row, and the rows after it still run."""
     res, _ = _run(bench, tmp_path, capsys, "resnet50:infer", "--isolate", "yes")
-    (row,) = res["rows"]
+    row = res["rows"][0]   # ("llama:generate:attn" also names the attn+gemm row)
     assert row["status"] == "ok", row.get("traceback", row["status"])
     assert row["mode"] == "infer" and row["ours_ms"] > 0 and row["check"]["ok"]
     bad = bench._isolated("resnet50:infer", ["--tiny", "--device", "cpu", "--no-such-flag"], 60.0)
