@@ -562,6 +562,14 @@ def _aot(cases, targets):
     return res
 
 
+def test_aot_compile_one_target_per_vendor_family():
+    """CI: NVIDIA, CDNA and RDNA; every target in the slow test below."""
+    targets = ["sm90", "gfx942", "gfx1201"]
+    res = _aot(AOT_FAST, targets)
+    assert len(res) == len(AOT_FAST) * len(targets)
+
+
+@pytest.mark.slow
 def test_aot_compile_six_targets():
     res = _aot(AOT_FAST, TARGETS)
     assert len(res) == len(AOT_FAST) * len(TARGETS)
