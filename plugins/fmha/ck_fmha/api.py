@@ -472,11 +472,15 @@ class _Eager(torch.autograd.Function):
         ctx.save_for_backward(q, k, v, o, lse, bias, alibi, cu_q, cu_k)
         ctx.opts = (lens,) + opts
         ctx.mark_non_differentiable(lse)
+        # no zeros for the LSE's gradient (it has none): a materialised one is a fill launch per step
+        ctx.set_materialize_grads(False)
         return o, lse
 
     @staticmethod
     def backward(ctx, do, _dlse):
         q, k, v, o, lse, bias, alibi, cu_q, cu_k = ctx.saved_tensors
+        if do is None:   # o took no part in the loss (only the LSE did, which has no gradient)
+            return (None,) * 9
         want_db = bias is not None and ctx.needs_input_grad[3]
         grads = _bwd(q, k, v, o, lse, do, bias, alibi, cu_q, cu_k, *ctx.opts, want_db)
         return grads[0], grads[1], grads[2], (grads[3] if want_db else None), None, None, None, None, None
