@@ -486,6 +486,9 @@ class _Eager(torch.autograd.Function):
         return grads[0], grads[1], grads[2], (grads[3] if want_db else None), None, None, None, None, None
 
 
+_eager_apply = warm.autograd_apply(_Eager, 0, 7)   # (q, k, v, bias, alibi, cu_q, cu_k: the tensor arguments)
+
+
 def attention(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0, layout="bhsd", deterministic=True,
               bias=None, alibi_slopes=None, dropout_p=0.0, seed=0, offset=0, q_descale=None, k_descale=None,
               v_descale=None, out_dtype=None, return_lse=False, align=None, alibi_align=None, cu_seqlens_q=None,
@@ -537,7 +540,7 @@ def attention(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0, l
         o, lse = _fwd(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, lens, causal, scale, window, softcap,
                       layout, dropout_p, seed, offset, align, descales, out_dtype)
     elif not torch.compiler.is_compiling() and not fp8:
-        o, lse = _Eager.apply(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, lens,
+        o, lse = _eager_apply(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, lens,
                               (causal, scale, window, softcap, layout, bool(deterministic), dropout_p, int(seed),
                                int(offset), align))
     else:

@@ -316,6 +316,8 @@ class _Eager(torch.autograd.Function):
         return (None, ga, gb, None, None, *gd)
 
 
+_matmul_apply = warm.autograd_apply(_Eager, 1, 2)   # (entry, a, b, activation, out_dtype) without D tensors
+
 #: the first field of matmul's warm-call signatures (with D tensors: tensor_sig per tensor;
 #: without: the same fields of A and B, flat)
 _MATMUL = "ck_gemm.matmul"
@@ -377,7 +379,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, d: Sequence[torch.Tensor] = (), 
         if entry is None:
             entry = warm.Entry()
             warm.put(sig, entry)
-        return _Eager.apply(entry, a, b, act, out_dtype, *d)
+        return _matmul_apply(entry, a, b, act, out_dtype) if not d else _Eager.apply(entry, a, b, act, out_dtype, *d)
     return gemm_op(a, b, list(d), _activation(activation), out_dtype)
 
 
@@ -463,6 +465,9 @@ class _LinearEager(torch.autograd.Function):
         return (None, *f(x, w, gy))
 
 
+_linear_apply = warm.autograd_apply(_LinearEager, 1, 3)   # (entry, x, weight, bias)
+
+
 def _linear_bwd(x, w, gy, need_x: bool, need_w: bool, need_b: bool, bias_dtype) -> tuple:
     """(closure ``f(x, weight, dy) -> (dx, dweight, dbias)``, this call's gradients)."""
     n, k = w.shape
@@ -517,7 +522,7 @@ def linear(x: torch.Tensor, weight, bias: Optional[torch.Tensor] = None) -> torc
         sig = _linear_sig(_LINEAR_ENTRY if grad else _LINEAR, x, weight, bias)
         f = _warm_get(sig)
         if f is not None:
-            return _LinearEager.apply(f, x, weight, bias) if grad else f(x, weight, bias)
+            return _linear_apply(f, x, weight, bias) if grad else f(x, weight, bias)
     else:
         grad = sig = None
     if weight.dim() != 2 or x.dim() < 1 or x.shape[-1] != weight.shape[1]:
@@ -533,7 +538,7 @@ def linear(x: torch.Tensor, weight, bias: Optional[torch.Tensor] = None) -> torc
     if grad:
         entry = warm.Entry()
         warm.put(sig, entry)
-        return _LinearEager.apply(entry, x, weight, bias)
+        return _linear_apply(entry, x, weight, bias)
     f, y = _linear_closure(x, weight, bias)
     warm.put(sig, f)
     return y
