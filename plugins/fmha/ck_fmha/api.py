@@ -225,6 +225,18 @@ def _fwd(q, k, v, bias, alibi, cu_q, cu_k, lens, causal, scale, window, softcap,
     return o, lse
 
 
+def forward_closure(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, layout="bhsd", align=None):
+    """The warm closure ``f(q, k, v) -> (o, lse)`` that calls of :func:`attention` on tensors like these with
+    these options (batch mode; no bias, ALiBi, dropout or fp8; normalised as :func:`attention` does)
+    replay, or None before the first such call.  For integrations with warm paths of their own (the
+    transformers adapter's decoding steps): the closure reads only the tensors' data pointers, so it
+    also takes tensors whose views these are."""
+    sig = (_ATTENTION, get_manager(), tensor_sig(q), tensor_sig(k), tensor_sig(v), causal,
+           None if scale is None else float(scale), tuple(window), float(softcap or 0.0), layout, 0.0, 0, 0, align)
+    f = warm.get(sig)
+    return f if f is not None and getattr(f, "replays", False) else None
+
+
 def _batch_closure(disp, p, tensors):
     """(closure ``f(q, k, v) -> (o, lse)`` or None, (o, lse)): one run of the batch-mode forward ``p``
     with its launches recorded; the closure replays them on new tensors of the signature (the run's
@@ -251,6 +263,7 @@ def _batch_closure(disp, p, tensors):
         out = f(q, k, v)
         return out["o"], out["lse"]
 
+    replay.replays = True   # (a recorded launch: forward_closure hands it out)
     return replay, (o, lse)
 
 
