@@ -253,7 +253,13 @@ def _make_bwd(a, b, d, activation: str, grad, need_a: bool, need_b: bool) -> tup
     gd = [_sum_to(gz, di.shape).to(di.dtype) for di in d]
     if fz is None and not d and not sum_a and not sum_b and not cast_a and not cast_b:
         # the common step: two launches, nothing else
-        if fa is not None and fb is not None:
+        ra, rb = getattr(fa, "raw", None), getattr(fb, "raw", None)
+        if ra is not None and rb is not None:
+            # the recorded launches take A and B themselves for their transposed views (same data
+            # pointers; the signature pinned the strides the launches were recorded with)
+            def bwd(a, b, d, grad):
+                return ra(grad, b, ()), rb(a, grad, ()), ()
+        elif fa is not None and fb is not None:
             def bwd(a, b, d, grad):
                 return fa(grad, b.transpose(-1, -2), ()), fb(a.transpose(-1, -2), grad, ()), ()
         elif fa is not None:
