@@ -72,3 +72,29 @@ def test_no_fills_or_layout_copies_on_the_warm_paths(counts):
     assert counts["gemm.linear 64x64 -> 128, bias"]["torch_ops"] == ["empty"]
     ops = counts["gemm.linear 64x64 -> 128, bias fwd+bwd"]["torch_ops"]
     assert "copy_" not in ops and ops.count("sum") == 1, ops
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_warm_attention_backward_runs_the_plans_keys(monkeypatch, ck_dispatch_log, deterministic):
+    """The warm forward and backward report (ck_after_run) exactly the plans' keys that
+    ``ck_fmha.api.plan_keys`` names for these tensors: the replayed launches are the plan's."""
+    from ck_fmha import attention
+    from ck_fmha.api import plan_keys
+
+    monkeypatch.setenv("CK_BACKEND", "triton")
+    core.clear()
+    overhead._stub_launches(monkeypatch.setattr)
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(1, 2, 37, 32, generator=g).half().requires_grad_() for _ in range(3))
+    do = torch.randn(1, 2, 37, 32, generator=g).half()
+    for _ in range(3):
+        for t in (q, k, v):
+            t.grad = None
+        attention(q, k, v, causal=True, deterministic=deterministic).backward(do)
+    ck_dispatch_log.take()
+    attention(q, k, v, causal=True, deterministic=deterministic).backward(do)
+    runs = ck_dispatch_log.take()
+    want = plan_keys(q, k, v, causal=True, deterministic=deterministic)
+    assert [r[2] for r in runs] == [tuple(s["kernel"] for s in want["fwd"]),
+                                    tuple(s["kernel"] for s in want["bwd"])]
+    core.clear()

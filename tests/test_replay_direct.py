@@ -10,7 +10,7 @@ pytest.importorskip("torch")
 from ck_core.backends import triton_replay  # noqa: E402
 
 
-class _Run:
+class CudaLauncher:
     """A stand-in for triton's CudaLauncher: ``__call__`` as triton 3.6 writes it (no scratch)."""
 
     def __init__(self, scratch=0):
@@ -35,18 +35,39 @@ def _replay(run, monkeypatch):
 
 
 def test_direct_launch_passes_what_the_launcher_wrapper_would(monkeypatch):
-    run = _Run()
+    run = CudaLauncher()
     r = _replay(run, monkeypatch)
     r(["x1", 9])
     assert not run.wrapped and len(run.direct) == 1
     run.launch = lambda *a: run.wrapped.append(a)   # what Triton's own __call__ hands its launch
-    _Run.__call__(run, 4, 2, 1, 77, 5, ("meta",), None, None, None, "x1", 9)
+    CudaLauncher.__call__(run, 4, 2, 1, 77, 5, ("meta",), None, None, None, "x1", 9)
     assert run.direct[0] == run.wrapped[0] == (4, 2, 1, 77, 5, False, True, None, None, ("meta",), None, None, None,
                                                "x1", 9)
 
 
 def test_scratch_memory_keeps_tritons_call(monkeypatch):
-    run = _Run(scratch=128)
+    run = CudaLauncher(scratch=128)
     r = _replay(run, monkeypatch)
     r(["x1", 9])
     assert not run.direct and len(run.wrapped) == 1
+
+
+def test_other_launchers_keep_tritons_call(monkeypatch):
+    class HIPLauncher(CudaLauncher):
+        pass
+
+    run = HIPLauncher()
+    _replay(run, monkeypatch)(["x1", 9])
+    assert not run.direct and len(run.wrapped) == 1
+
+
+def test_tritons_cuda_launcher_passes_its_arguments_as_the_direct_call_does():
+    """Written against triton 3.6: its CudaLauncher.__call__ hands the compiled launch exactly
+    (grid, stream, function, cooperative, pdl, scratch, scratch, *args); a triton that changes this
+    must fail here, not launch with shifted arguments."""
+    import inspect
+
+    driver = pytest.importorskip("triton.backends.nvidia.driver")
+    src = inspect.getsource(driver.CudaLauncher.__call__)
+    assert ("self.launch(gridX, gridY, gridZ, stream, function, self.launch_cooperative_grid, self.launch_pdl,"
+            in src and "global_scratch, profile_scratch, *args)" in src), src

@@ -78,11 +78,13 @@ class Replay:
         self._coop = getattr(kernel.run, "launch_cooperative_grid", False)
         self._pdl = getattr(kernel.run, "launch_pdl", False)
         self._stream = torch._C._cuda_getCurrentRawStream
-        # no descriptors, no scratch memory: the compiled launcher itself (CudaLauncher.__call__ only
-        # allocates scratch memory, none here, and passes the same arguments on)
+        # no descriptors, no scratch memory: the compiled launcher itself (NVIDIA's CudaLauncher.__call__
+        # only allocates scratch memory, none here, and passes the same arguments on; AMD's orders them
+        # otherwise and keeps its own call)
         self._direct = None
         run = kernel.run
-        if not descs and not getattr(run, "global_scratch_size", 1) and not getattr(run, "profile_scratch_size", 1):
+        if not descs and type(run).__name__ == "CudaLauncher" and not getattr(run, "global_scratch_size", 1) \
+                and not getattr(run, "profile_scratch_size", 1):
             self._direct = getattr(run, "launch", None)
         for i in descs:               # descriptor slots hold their base tensor
             self.args[i] = descs[i].base
