@@ -27,7 +27,7 @@ from ck_core.plugins import get_manager
 from ck_core.warm import tensor_sig
 
 from .api import _dims, _from_backend, _mask_fields, _to_backend, _token
-from .device_errors import guard_pages, raise_pending
+from .device_errors import check_table, guard_pages, raise_pending
 from .heuristics import split_count
 from .problem import FmhaProblem
 
@@ -236,9 +236,14 @@ def paged_decode(q, k_cache, v_cache, block_table, seqlens_k, *, max_seqlen_k=No
                        sink_tokens=sink_tokens, runtime_lens=True, page_size=page_size)
     if layout == "bhsd":   # the problem's 'bhsd' pages are [pages, Hk, P, D]: the same data, viewed
         k_cache, v_cache = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
+    check_table(block_table, "block_table")
     bt = block_table if block_table.dtype == torch.int32 else block_table.to(torch.int32)
     n_pages = k_cache.shape[0]
-    guard = page_guard(n_pages, page_size, bt, record=wsig is not None)
+    if bt.device.type == "cpu":   # the host checks the pages it reads (free here) and refuses a bad one
+        guard = page_guard(n_pages, page_size, bt, record=wsig is not None)
+    else:   # the split-KV kernel checks every page index it reads (no guard launch; see its docstring)
+        def guard(table, seqlens_k):
+            return table, seqlens_k
     bt, lens = guard(bt, _lens(seqlens_k, q, p.batch, capacity))
     t = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "block_table": bt, "seqlens_k": lens}
     if sink is not None:
