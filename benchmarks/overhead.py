@@ -745,9 +745,9 @@ def main(argv=None):
         res["table"] = cpu_dry_run(ns.calls or 300, ns.only)
         if "launches" in ns.part:   # (the stubs are in place)
             res["launches"] = launch_counts("cpu", ns.only)
-    elif ns.part == ["launches"]:
-        res["launches"] = launch_counts("cuda", ns.only)
     else:
+        if "launches" in ns.part:
+            res["launches"] = launch_counts("cuda", ns.only)
         if "table" in ns.part:
             res["table"] = table(ns.calls or 200, ns.only, not ns.no_compile, ns.compile_all)
         if {"all", "first"} & set(ns.part):
