@@ -546,7 +546,6 @@ def launch_counts(dev: str = "cuda", only=None, warmup: int = 3) -> dict:
     torch operations (on a GPU the ones that write memory launch kernels of their own: ``zeros``,
     ``sum``, ``copy_`` ...) and how many Problems were built and selections / plans made (a warm call:
     none).  On the CPU run it after :func:`_stub_launches`."""
-    import torch
     from torch.utils._python_dispatch import TorchDispatchMode
     from triton.runtime.jit import JITFunction
 

@@ -251,7 +251,8 @@ def _batch_closure(disp, p, tensors):
     if q.is_cuda and torch.cuda.is_current_stream_capturing():
         return None, disp.run(p, **tensors)
     if list(tensors) != ["q", "k", "v"] or p.store_randval or not triton_replay.replayable(q):
-        return _warm_closure(disp, p, tensors), disp.run(p, **tensors)
+        out = disp.run(p, **tensors)
+        return _warm_closure(disp, p, tensors), out
     with recorded.recording() as recs:
         o, lse = disp.run(p, **tensors)
     f = recorded.replayer(tensors, {"o": o, "lse": lse}, recs)   # (the launch reads q, k, v, o, lse alone)
