@@ -260,19 +260,24 @@ def make_launcher(key, capture: Optional[list] = None):
                                choice=(kv_choice, dq_choice), return_dbias=p.dbias,
                                **_mask(p), **kw, **_features(p, t, tdt), _via=via)
         dq, dqa, dk, dv = res[:4]
-        ops._poison(bad, dq, dqa, dk, dv, *res[4:5])
+        # (bad run-time offsets: the plan's convert_dq stage, which always follows this one, fills the
+        # gradients with NaN, in one launch with its dQ)
         out = {"dq": dq, "dk": dk, "dv": dv} if dq is not None else {"dq_acc": dqa, "dk": dk, "dv": dv}
         if p.dbias:
             out["dbias"] = res[4]
         return out
 
     def convert_dq(p, t):
-        if t.get("dq_acc") is None:   # deterministic mode wrote dq in stage 2
-            return {}
-        q = cast(p, t, ("q",))["q"]
+        """dQ from the fp32 accumulator; with bad run-time group-mode offsets also the NaN of the
+        earlier stage's gradients (dq_dk_dv poisons none itself: this stage always follows it)."""
+        q = t["q"] if t.get("dq_acc") is None else cast(p, t, ("q",))["q"]
         layout, kw, bad = varlen(p, t, q, k=False)
+        grads = [t.get(n) for n in ("dk", "dv", "dbias")]
+        if t.get("dq_acc") is None:   # deterministic mode wrote dq in stage 2
+            ops._poison(bad, t.get("dq"), *grads)
+            return {}
         dq = ops_bwd.bwd_convert_dq(t["dq_acc"], ops._last_contig(q), layout=layout, **kw, _via=via)
-        ops._poison(bad, dq)
+        ops._poison(bad, dq, *grads)
         return {"dq": dq}
 
     def appendkv(p, t):
