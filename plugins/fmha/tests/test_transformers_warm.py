@@ -13,9 +13,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 pytest.importorskip("transformers")
-pytestmark = [pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
-                                 reason="CPU tensors run triton kernels only in the interpreter"),
-              pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning"),
+_interp = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                             reason="CPU tensors run triton kernels only in the interpreter")
+pytestmark = [pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning"),
               pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")]
 
 from ck_core import api as core  # noqa: E402
@@ -79,6 +79,7 @@ class _Attn:
     is_causal = True
 
 
+@_interp
 @pytest.mark.parametrize("sq, sk", [(1, 13), (3, 29)])
 def test_dense_steps_replay_the_recorded_launch(replays, monkeypatch, sq, sk):
     g = torch.Generator().manual_seed(sq * 100 + sk)
@@ -119,6 +120,7 @@ def test_dense_steps_replay_the_recorded_launch(replays, monkeypatch, sq, sk):
     assert ((out.double() - ref).norm() / ref.norm()) < 3e-3 and len(ck_tf._WARM) == 2
 
 
+@_interp
 def test_training_and_masked_calls_keep_the_general_path(replays):
     g = torch.Generator().manual_seed(5)
     q = torch.randn(2, 4, 5, 16, generator=g).half().requires_grad_()
@@ -126,3 +128,26 @@ def test_training_and_masked_calls_keep_the_general_path(replays):
     out, _ = ck_tf.attention_forward(_Attn(), q, k, v, None, scaling=0.25)
     out.float().sum().backward()
     assert q.grad is not None and not ck_tf._WARM   # autograd: no replay of the forward alone
+
+
+@pytest.mark.gpu
+def test_decoding_steps_on_the_gpu():
+    """On a GPU (``CK_TEST_GPU=1 pytest -m gpu``): a generation's decoding steps -- growing key lengths, each
+    length met once per layer stack -- through the adapter, each call against the float64 reference, and
+    the second layer of a step (a known signature) replaying the recorded launch."""
+    if os.environ.get("CK_TEST_GPU") != "1" or not torch.cuda.is_available():
+        pytest.skip("needs CK_TEST_GPU=1 and a CUDA device")
+    core.clear()
+    ck_tf._WARM.clear()
+    b, h, hk, d = 3, 8, 2, 64
+    scale = 1 / math.sqrt(d)
+    for sk in range(37, 45):
+        for layer in range(2):
+            q = torch.randn(b, h, 1, d, device="cuda").half()
+            k, v = (torch.randn(b, hk, sk, d, device="cuda").half() for _ in range(2))
+            with torch.no_grad():
+                out, _ = ck_tf.attention_forward(_Attn(), q, k, v, None, scaling=scale)
+            ref = _ref(q.cpu(), k.cpu(), v.cpu(), scale, True)
+            assert ((out.cpu().double() - ref).norm() / ref.norm()) < 3e-3, (sk, layer)
+    assert len(ck_tf._WARM) == 8   # one recorded launch per key length
+    core.clear()
