@@ -19,6 +19,9 @@
 (c) ``--part autograd``: where an eager attention fwd+bwd step spends its host time (forward with
     requires_grad, backward alone, the backward plan called directly; a torch.profiler table).
     ``--profile DIR`` writes a cProfile of each warm call; ``--only TEXT`` picks cases.
+(e) ``--part launches`` (with ``cpu``: on the CPU run's stubs): what one warm call of each table case
+    runs: its Triton launches (replayed or not) and kernels, its torch operations, Problems built and
+    selections made (:func:`launch_counts`).
 (d) ``--part cpu``: a dry run without a GPU: the table's ck calls on CPU tensors (the sm90 arch's
     registries), every Triton launch stubbed out (launches recorded as if on a GPU, replays that
     do nothing), so the time is the host path above the launch.  On a shared CPU, tensor work the
@@ -331,14 +334,17 @@ def api_cases(dev: str = "cuda", only=None) -> dict:
 
     def fb(f, *leaves):
         """forward + backward of ``f()``; the leaves' gradients are dropped first (``zero_grad(set_to_none=
-        True)``, as a training step does: no accumulation into the last step's gradients)."""
-        out = f()
-        dy = torch.ones_like(out)
+        True)``, as a training step does: no accumulation into the last step's gradients).  Nothing runs
+        before the first step (``only`` picks cases without running the others)."""
+        dy = []
 
         def step():
             for t in leaves:
                 t.grad = None
-            f().backward(dy)
+            out = f()
+            if not dy:
+                dy.append(torch.ones_like(out))
+            out.backward(dy[0])
         return step
 
     cases = {}
@@ -507,6 +513,7 @@ class _StubReplay:
     def __init__(self, fn, args, kwargs):
         names = list(fn.arg_names)
         self.names, self.args = tuple(names), list(args) + [kwargs.get(n) for n in names[len(args):]]
+        self._name = getattr(fn, "__name__", "?")
 
     def __call__(self, args):
         pass
@@ -515,20 +522,98 @@ class _StubReplay:
         return self.names.index(name)
 
 
-def _stub_launches():
-    """Route CPU tensors as GPU ones would go (recorded replays) and launch nothing."""
+def _stub_launches(put=setattr):
+    """Route CPU tensors as GPU ones would go (recorded replays) and launch nothing.  ``put``: how the
+    module attributes are replaced (tests pass ``monkeypatch.setattr``)."""
     from ck_core.backends import triton_artifacts as ta
     from ck_core.backends import triton_replay
 
-    ta.launch = lambda name, fn, grid, args, kwargs, **kw: None
-    triton_replay.replayable = lambda t: True
-    triton_replay.record = lambda fn, grid, args, kwargs, **kw: _StubReplay(fn, args, kwargs)
+    put(ta, "launch", lambda name, fn, grid, args, kwargs, **kw: None)
+    put(triton_replay, "replayable", lambda t: True)
+    put(triton_replay, "record", lambda fn, grid, args, kwargs, **kw: _StubReplay(fn, args, kwargs))
     from ck_fmha.backends.triton import warm as fmha_warm
 
-    fmha_warm.verified = lambda f, inputs, want: f   # stubbed launches compute nothing to compare
+    put(fmha_warm, "verified", lambda f, inputs, want: f)   # stubbed launches compute nothing to compare
     from ck_fmha.backends.triton import guards   # the guards' own launches (offsets, poisoning): stubbed too
 
-    guards._launch = lambda fn, grid, *args, **kw: fmha_warm.wrap(fn, grid, lambda *a, **k: None)(*args, **kw)
+    put(guards, "_launch", lambda fn, grid, *args, **kw: fmha_warm.wrap(fn, grid, lambda *a, **k: None)(*args, **kw))
+
+
+def launch_counts(dev: str = "cuda", only=None, warmup: int = 3) -> dict:
+    """What one warm call of each case of :func:`api_cases` runs (``--part launches``; issue #26: GPU
+    wall time ~ launches x 4-6 us + the host path): the Triton launches (``replayed``: a recorded launch
+    replayed; ``jit``: through Triton's binder or the kernel cache, i.e. not warm), their kernels, the
+    torch operations (on a GPU the ones that write memory launch kernels of their own: ``zeros``,
+    ``sum``, ``copy_`` ...) and how many Problems were built and selections / plans made (a warm call:
+    none).  On the CPU run it after :func:`_stub_launches`."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from triton.runtime.jit import JITFunction
+
+    from ck_core.backends import triton_artifacts as ta
+    from ck_core.backends import triton_replay
+    from ck_core.dispatcher import Dispatcher
+    from ck_fmha.problem import FmhaProblem
+    from ck_gemm.problem import GemmProblem
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    seen: dict = {"replayed": [], "jit": [], "problems": 0, "selects": 0}
+    real = {"replay": triton_replay.Replay.__call__, "stub": _StubReplay.__call__, "run": JITFunction.run,
+            "launch": ta.launch, "select": Dispatcher.select, "plan": Dispatcher.plan,
+            "gemm": GemmProblem.__init__, "fmha": FmhaProblem.__init__}
+
+    def replayed(self, args):
+        seen["replayed"].append(getattr(getattr(self, "kernel", None), "name", None) or getattr(self, "_name", "?"))
+        return (real["replay"] if isinstance(self, triton_replay.Replay) else real["stub"])(self, args)
+
+    def jit(self, *args, grid, warmup, **kwargs):
+        if not warmup:
+            seen["jit"].append(self.__name__)
+        return real["run"](self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    def launched(name, fn, grid, args, kwargs, **kw):
+        seen["jit"].append(getattr(fn, "__name__", name))
+        return real["launch"](name, fn, grid, args, kwargs, **kw)
+
+    def counted(what, key):
+        def f(*a, **k):
+            seen[key] += 1
+            return real[what](*a, **k)
+        return f
+
+    rows = {}
+    cases = api_cases(dev, only)
+    for name, (call, _, grad) in cases.items():
+        try:
+            for _ in range(warmup):
+                call()
+            seen.update(replayed=[], jit=[], problems=0, selects=0)
+            triton_replay.Replay.__call__, _StubReplay.__call__ = replayed, replayed
+            JITFunction.run, ta.launch = jit, launched
+            Dispatcher.select, Dispatcher.plan = counted("select", "selects"), counted("plan", "selects")
+            GemmProblem.__init__, FmhaProblem.__init__ = counted("gemm", "problems"), counted("fmha", "problems")
+            try:
+                with Ops() as ops:
+                    call()
+            finally:
+                triton_replay.Replay.__call__, _StubReplay.__call__ = real["replay"], real["stub"]
+                JITFunction.run, ta.launch = real["run"], real["launch"]
+                Dispatcher.select, Dispatcher.plan = real["select"], real["plan"]
+                GemmProblem.__init__, FmhaProblem.__init__ = real["gemm"], real["fmha"]
+            rows[name] = {"grad": grad, "launches": len(seen["replayed"]) + len(seen["jit"]),
+                          "replayed": list(seen["replayed"]), "jit": list(seen["jit"]),
+                          "torch_ops": ops.ops, "problems": seen["problems"], "selects": seen["selects"]}
+        except Exception as e:  # noqa: BLE001 - one case failing must not lose the others
+            rows[name] = {"grad": grad, "error": f"{type(e).__name__}: {e}"[:500]}
+        print(name, json.dumps(rows[name]), flush=True)
+    return rows
 
 
 def cpu_dry_run(calls: int, only=None) -> dict:
@@ -634,7 +719,7 @@ def main(argv=None):
     ap.add_argument("--out", required=True)
     ap.add_argument("--calls", type=int, default=None,
                     help="calls per timing round (default 200 for the table, 1000 for the other parts)")
-    ap.add_argument("--part", nargs="+", choices=["table", "all", "overhead", "first", "cpu", "autograd"],
+    ap.add_argument("--part", nargs="+", choices=["table", "all", "overhead", "first", "cpu", "autograd", "launches"],
                     default=["table"], help="table (default): the issue's per-API table; all: overhead + first")
     ap.add_argument("--only", nargs="*", metavar="TEXT", help="cases whose name contains one of these")
     ap.add_argument("--no-compile", action="store_true", help="table: skip the torch.compile columns")
@@ -657,7 +742,11 @@ def main(argv=None):
            "unit": "us/call (first_call: ms)"}
     if cpu:
         res["table"] = cpu_dry_run(ns.calls or 300, ns.only)
+        if "launches" in ns.part:   # (the stubs are in place)
+            res["launches"] = launch_counts("cpu", ns.only)
     else:
+        if "launches" in ns.part:
+            res["launches"] = launch_counts("cuda", ns.only)
         if "table" in ns.part:
             res["table"] = table(ns.calls or 200, ns.only, not ns.no_compile, ns.compile_all)
         if {"all", "first"} & set(ns.part):

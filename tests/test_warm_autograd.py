@@ -246,8 +246,22 @@ def _pages(k, v, ps, g):
     return kc, vc, table
 
 
+@pytest.fixture(params=["host", "device"])
+def tables_on(request, monkeypatch):
+    """'device': the decode entry points treat the (CPU) lengths and page tables as a GPU's, which the
+    host does not read: the kernels check them, warm calls pass them to the launch as they are."""
+    if request.param == "device":
+        if request.getfixturevalue("route")[0] != "replay":
+            pytest.skip("the device-table route differs from the host one in its warm (replayed) calls only")
+        from ck_fmha import decode
+
+        monkeypatch.setattr(decode, "_on_device", lambda t: True)
+    return request.param
+
+
 @pytest.mark.parametrize("paged", [False, True])
-def test_decode_warm_steps_replay_and_give_the_new_result(route, ck_dispatch_log, ck_rng, monkeypatch, paged):
+def test_decode_warm_steps_replay_and_give_the_new_result(route, ck_dispatch_log, ck_rng, monkeypatch, paged,
+                                                          tables_on):
     from ck_fmha import decode
 
     g = _gen(ck_rng)
@@ -281,7 +295,7 @@ def test_decode_warm_steps_replay_and_give_the_new_result(route, ck_dispatch_log
     assert _rel(o, _decode_ref(q, k, v, [9, 70])) < 3e-3 and warm.size() == before + 2 * grow
 
 
-def test_appendkv_warm_steps_write_the_new_keys(route, ck_dispatch_log, ck_rng):
+def test_appendkv_warm_steps_write_the_new_keys(route, ck_dispatch_log, ck_rng, tables_on):
     from ck_fmha import decode
 
     g = _gen(ck_rng)

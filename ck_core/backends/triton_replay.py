@@ -61,7 +61,7 @@ class Replay:
     """
 
     __slots__ = ("args", "names", "grid", "device", "_kernel", "_run", "_raw", "_descs",
-                 "_desc_cache", "_coop", "_pdl", "_stream")
+                 "_desc_cache", "_coop", "_pdl", "_stream", "_direct")
 
     def __init__(self, kernel, names, args, grid, device, descs, raw):
         import torch
@@ -78,6 +78,14 @@ class Replay:
         self._coop = getattr(kernel.run, "launch_cooperative_grid", False)
         self._pdl = getattr(kernel.run, "launch_pdl", False)
         self._stream = torch._C._cuda_getCurrentRawStream
+        # no descriptors, no scratch memory: the compiled launcher itself (NVIDIA's CudaLauncher.__call__
+        # only allocates scratch memory, none here, and passes the same arguments on; AMD's orders them
+        # otherwise and keeps its own call)
+        self._direct = None
+        run = kernel.run
+        if not descs and type(run).__name__ == "CudaLauncher" and not getattr(run, "global_scratch_size", 1) \
+                and not getattr(run, "profile_scratch_size", 1):
+            self._direct = getattr(run, "launch", None)
         for i in descs:               # descriptor slots hold their base tensor
             self.args[i] = descs[i].base
 
@@ -118,6 +126,11 @@ class Replay:
             return
         g0, g1, g2 = self.grid
         stream = self._stream(self.device)
+        direct = self._direct
+        if direct is not None:
+            direct(g0, g1, g2, stream, k.function, self._coop, self._pdl, None, None, k.packed_metadata, None, None,
+                   None, *args)
+            return
         if not self._descs:
             self._run(g0, g1, g2, stream, k.function, k.packed_metadata, None, None, None, *args)
             return

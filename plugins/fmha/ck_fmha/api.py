@@ -22,7 +22,7 @@ from ck_core import api as core
 from ck_core import warm
 from ck_core.errors import InvalidProblem
 from ck_core.plugins import get_manager
-from ck_core.warm import tensor_sig
+from ck_core.warm import grad_sig, tensor_sig
 
 from .device_errors import raise_pending
 from .problem import FmhaProblem
@@ -182,20 +182,25 @@ _ATTENTION = "ck_fmha.attention"
 
 
 def _fwd(q, k, v, bias, alibi, cu_q, cu_k, lens, causal, scale, window, softcap, layout, dropout_p, seed, offset,
-         align, descales, out_dtype):
+         align, descales, out_dtype, sig_out=None):
     # q, k, v alone (no bias/ALiBi, not fp8): a known signature replays the recorded launches (group
-    # mode: the offsets' guard, the kernel and the NaN poisoning, with the offsets as two more inputs)
+    # mode: the offsets' guard, the kernel and the NaN poisoning, with the offsets as two more inputs).
+    # ``sig_out`` (a list): gets the call's signature (or None), from which autograd's backward keys its own
     sig = None
     if bias is None and alibi is None and descales is None:
         sig = (_ATTENTION, get_manager(), tensor_sig(q), tensor_sig(k), tensor_sig(v), causal, scale, window,
                softcap, layout, dropout_p, seed, offset, align)
         if cu_q is None:
+            if sig_out is not None:
+                sig_out.append(sig)
             f = warm.get(sig)
             if f is not None:
                 return f(q, k, v)
         elif isinstance(cu_q, torch.Tensor) and isinstance(cu_k, torch.Tensor):
             # (one offsets tensor for q and k, as self-attention passes, is one input of the replay)
             sig += (tensor_sig(cu_q), tensor_sig(cu_k), lens, cu_q.data_ptr() == cu_k.data_ptr())
+            if sig_out is not None:
+                sig_out.append(sig)
             f = warm.get(sig)
             if f is not None:
                 return f(q, k, v, cu_q, cu_k)
@@ -209,12 +214,58 @@ def _fwd(q, k, v, bias, alibi, cu_q, cu_k, lens, causal, scale, window, softcap,
         if f is not None:
             warm.put(sig, f)
         return o, lse
+    if sig is not None and disp.backend != "numpy":
+        f, (o, lse) = _batch_closure(disp, p, tensors)
+        if f is not None:
+            warm.put(sig, f)
+        return o, lse
     o, lse = disp.run(p, **_to_backend(disp, tensors))
     if disp.backend == "numpy":
         return _from_backend(o, q, _out_dtype(q, out_dtype)), _from_backend(lse, q, torch.float32)
-    if sig is not None:
-        warm.put(sig, _warm_closure(disp, p, tensors))
     return o, lse
+
+
+def forward_closure(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, layout="bhsd", align=None):
+    """The warm closure ``f(q, k, v) -> (o, lse)`` that calls of :func:`attention` on tensors like these with
+    these options (batch mode; no bias, ALiBi, dropout or fp8; normalised as :func:`attention` does)
+    replay, or None before the first such call.  For integrations with warm paths of their own (the
+    transformers adapter's decoding steps): the closure reads only the tensors' data pointers, so it
+    also takes tensors whose views these are."""
+    sig = (_ATTENTION, get_manager(), tensor_sig(q), tensor_sig(k), tensor_sig(v), causal,
+           None if scale is None else float(scale), tuple(window), float(softcap or 0.0), layout, 0.0, 0, 0, align)
+    f = warm.get(sig)
+    return f if f is not None and getattr(f, "replays", False) else None
+
+
+def _batch_closure(disp, p, tensors):
+    """(closure ``f(q, k, v) -> (o, lse)`` or None, (o, lse)): one run of the batch-mode forward ``p``
+    with its launches recorded; the closure replays them on new tensors of the signature (the run's
+    own launches: no second run to record them, so a signature met once, as a decoding step's growing
+    key length is, costs one launch), else repeats the run on the cached Problem.  None while a CUDA
+    graph is being captured (the next call records)."""
+    from ck_core.backends import triton_replay
+
+    from .backends.triton import warm as recorded
+
+    q = tensors["q"]
+    if q.is_cuda and torch.cuda.is_current_stream_capturing():
+        return None, disp.run(p, **tensors)
+    if list(tensors) != ["q", "k", "v"] or p.store_randval or not triton_replay.replayable(q):
+        out = disp.run(p, **tensors)
+        return _warm_closure(disp, p, tensors), out
+    with recorded.recording() as recs:
+        o, lse = disp.run(p, **tensors)
+    f = recorded.replayer(tensors, {"o": o, "lse": lse}, recs)   # (the launch reads q, k, v, o, lse alone)
+    if f is None:
+        return (lambda q, k, v: disp.run(p, q=q, k=k, v=v)), (o, lse)
+    f = disp.observe(p, f)
+
+    def replay(q, k, v):
+        out = f(q, k, v)
+        return out["o"], out["lse"]
+
+    replay.replays = True   # (a recorded launch: forward_closure hands it out)
+    return replay, (o, lse)
 
 
 def _group_closure(disp, p, tensors):
@@ -318,10 +369,18 @@ _ATTENTION_BWD = "ck_fmha.attention backward"
 
 
 def _bwd(q, k, v, o, lse, do, bias, alibi, cu_q, cu_k, lens, causal, scale, window, softcap, layout, deterministic,
-         dropout_p, seed, offset, align, want_dbias) -> list:
-    """[dq, dk, dv] (+ dbias): the backward plan through the Dispatcher."""
+         dropout_p, seed, offset, align, want_dbias, fsig=None) -> list:
+    """[dq, dk, dv] (+ dbias): the backward plan through the Dispatcher.  ``fsig``: the signature of the
+    forward call (:func:`_fwd`) that made ``o`` and ``lse`` (eager autograd): it pins q, k, v, the
+    options and so o's and lse's layout, and with the gradient's keys the backward's warm call."""
     sig = None
-    if bias is None and alibi is None and not dropout_p:   # as _fwd's warm calls
+    if fsig is not None and not dropout_p:
+        sig = (_ATTENTION_BWD, fsig, grad_sig(do), deterministic)
+        f = warm.get(sig)
+        if f is not None:
+            do = do if do.is_contiguous() else do.contiguous()
+            return f(q, k, v, o, lse, do) if cu_q is None else f(q, k, v, o, lse, do, cu_q, cu_k)
+    elif bias is None and alibi is None and not dropout_p:   # as _fwd's warm calls
         sig = (_ATTENTION_BWD, get_manager(), tensor_sig(q), tensor_sig(k), tensor_sig(v), tensor_sig(o),
                tensor_sig(lse), tensor_sig(do), causal, scale, window, softcap, layout, deterministic, align)
         if cu_q is None:
@@ -467,19 +526,28 @@ class _Eager(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, bias, alibi, cu_q, cu_k, lens, opts):
         (causal, scale, window, softcap, layout, deterministic, dropout_p, seed, offset, align) = opts
+        box = []
         o, lse = _fwd(q, k, v, bias, alibi, cu_q, cu_k, lens, causal, scale, window, softcap, layout, dropout_p,
-                      seed, offset, align, None, None)
+                      seed, offset, align, None, None, box)
         ctx.save_for_backward(q, k, v, o, lse, bias, alibi, cu_q, cu_k)
         ctx.opts = (lens,) + opts
+        ctx.fsig = box[0] if box else None
         ctx.mark_non_differentiable(lse)
+        # no zeros for the LSE's gradient (it has none): a materialised one is a fill launch per step
+        ctx.set_materialize_grads(False)
         return o, lse
 
     @staticmethod
     def backward(ctx, do, _dlse):
         q, k, v, o, lse, bias, alibi, cu_q, cu_k = ctx.saved_tensors
+        if do is None:   # o took no part in the loss (only the LSE did, which has no gradient)
+            return (None,) * 9
         want_db = bias is not None and ctx.needs_input_grad[3]
-        grads = _bwd(q, k, v, o, lse, do, bias, alibi, cu_q, cu_k, *ctx.opts, want_db)
+        grads = _bwd(q, k, v, o, lse, do, bias, alibi, cu_q, cu_k, *ctx.opts, want_db, ctx.fsig)
         return grads[0], grads[1], grads[2], (grads[3] if want_db else None), None, None, None, None, None
+
+
+_eager_apply = warm.autograd_apply(_Eager, 0, 7)   # (q, k, v, bias, alibi, cu_q, cu_k: the tensor arguments)
 
 
 def attention(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0, layout="bhsd", deterministic=True,
@@ -533,7 +601,7 @@ def attention(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0, l
         o, lse = _fwd(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, lens, causal, scale, window, softcap,
                       layout, dropout_p, seed, offset, align, descales, out_dtype)
     elif not torch.compiler.is_compiling() and not fp8:
-        o, lse = _Eager.apply(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, lens,
+        o, lse = _eager_apply(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, lens,
                               (causal, scale, window, softcap, layout, bool(deterministic), dropout_p, int(seed),
                                int(offset), align))
     else:

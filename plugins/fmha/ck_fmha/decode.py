@@ -27,7 +27,7 @@ from ck_core.plugins import get_manager
 from ck_core.warm import tensor_sig
 
 from .api import _dims, _from_backend, _mask_fields, _to_backend, _token
-from .device_errors import guard_pages, raise_pending
+from .device_errors import check_table, guard_pages, raise_pending
 from .heuristics import split_count
 from .problem import FmhaProblem
 
@@ -70,6 +70,19 @@ def _problem(sig, q, hk, dv, capacity, *, causal, scale, window, softcap, num_sp
                              "or None to let the Dispatcher choose")
     hit = _PROBLEMS[sig] = (attrs.evolve(p, num_splits=int(num_splits)), disp)
     return hit
+
+
+def _on_device(t) -> bool:
+    """``t`` lives where the host cannot read it for free (not the CPU): its checks are the kernels'."""
+    return t.device.type != "cpu"
+
+
+def _lens_as_is(seqlens_k, q) -> bool:
+    """Whether warm calls may pass ``seqlens_k`` to the recorded launch unchanged: int32 on q's (non-CPU)
+    device, which the warm signature then pins (shape, dtype, device), so :func:`_lens` would neither
+    check on the host nor convert anything."""
+    return isinstance(seqlens_k, torch.Tensor) and seqlens_k.dtype == torch.int32 and seqlens_k.device == q.device \
+        and _on_device(seqlens_k)
 
 
 def _lens(seqlens_k, q, batch: int, capacity: int):
@@ -188,6 +201,10 @@ def splitkv_decode(q, k, v, *, seqlens_k=None, causal=False, scale=None, window=
             def again(q, k, v, seqlens_k):
                 out = f(q, k, v)
                 return (out["o"], out["lse"]) if return_lse else out["o"]
+        elif _lens_as_is(seqlens_k, q):
+            def again(q, k, v, seqlens_k):
+                out = f(q, k, v, seqlens_k)
+                return (out["o"], out["lse"]) if return_lse else out["o"]
         else:
             def again(q, k, v, seqlens_k):
                 out = f(q, k, v, _lens(seqlens_k, q, batch, sk))
@@ -236,9 +253,14 @@ def paged_decode(q, k_cache, v_cache, block_table, seqlens_k, *, max_seqlen_k=No
                        sink_tokens=sink_tokens, runtime_lens=True, page_size=page_size)
     if layout == "bhsd":   # the problem's 'bhsd' pages are [pages, Hk, P, D]: the same data, viewed
         k_cache, v_cache = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
+    check_table(block_table, "block_table")
     bt = block_table if block_table.dtype == torch.int32 else block_table.to(torch.int32)
     n_pages = k_cache.shape[0]
-    guard = page_guard(n_pages, page_size, bt, record=wsig is not None)
+    if not _on_device(bt):   # the host checks the pages it reads (free here) and refuses a bad one
+        guard = page_guard(n_pages, page_size, bt, record=wsig is not None)
+    else:   # the split-KV kernel checks every page index it reads (no guard launch; see its docstring)
+        def guard(table, seqlens_k):
+            return table, seqlens_k
     bt, lens = guard(bt, _lens(seqlens_k, q, p.batch, capacity))
     t = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "block_table": bt, "seqlens_k": lens}
     if sink is not None:
@@ -249,12 +271,18 @@ def paged_decode(q, k_cache, v_cache, block_table, seqlens_k, *, max_seqlen_k=No
     if f is not None:
         batch, i32 = p.batch, torch.int32
 
-        def again(q, k_cache, v_cache, block_table, seqlens_k):
-            # (the replay reads data pointers alone: the 'bhsd' transposed views need not be made)
-            bt, lens = guard(block_table if block_table.dtype == i32 else block_table.to(i32),
-                             _lens(seqlens_k, q, batch, capacity))
-            out = f(q, k_cache, v_cache, bt, lens)
-            return (out["o"], out["lse"]) if return_lse else out["o"]
+        if _on_device(bt) and block_table.dtype == i32 and _lens_as_is(seqlens_k, q):
+            def again(q, k_cache, v_cache, block_table, seqlens_k):
+                # (the kernel checks the pages; table and lengths go to the launch as they are)
+                out = f(q, k_cache, v_cache, block_table, seqlens_k)
+                return (out["o"], out["lse"]) if return_lse else out["o"]
+        else:
+            def again(q, k_cache, v_cache, block_table, seqlens_k):
+                # (the replay reads data pointers alone: the 'bhsd' transposed views need not be made)
+                bt, lens = guard(block_table if block_table.dtype == i32 else block_table.to(i32),
+                                 _lens(seqlens_k, q, batch, capacity))
+                out = f(q, k_cache, v_cache, bt, lens)
+                return (out["o"], out["lse"]) if return_lse else out["o"]
 
         warm.put(wsig, again)
     o, lse = out[:2]
@@ -363,15 +391,20 @@ def appendkv(q, knew, vnew, k_cache, v_cache, seqlens_k, *, rotary_cos=None, rot
         q_rot, kc, vc = disp.run(p, **_to_backend(disp, t))
     if f is not None and kc is k_cache and vc is v_cache and q_rot.data_ptr() != q.data_ptr():
         names, room, i32 = tuple(t), capacity - sn, torch.int32
+        order = ("q", "knew", "vnew", "k_cache", "v_cache", "seqlens_k", "rotary_cos", "rotary_sin", "block_table")
+        at = [order.index(n) for n in names]
 
-        def again(q, knew, vnew, k_cache, v_cache, seqlens_k, rotary_cos, rotary_sin, block_table):
-            given = {"q": q, "knew": knew, "vnew": vnew, "k_cache": k_cache, "v_cache": v_cache,
-                     "seqlens_k": _lens(seqlens_k, q, b, room), "rotary_cos": rotary_cos, "rotary_sin": rotary_sin,
-                     "block_table": block_table}
-            if block_table is not None:
-                given["block_table"], given["seqlens_k"] = guard(
-                    block_table if block_table.dtype == i32 else block_table.to(i32), given["seqlens_k"])
-            return f(*[given[n] for n in names])["q_rot"], k_cache, v_cache
+        if block_table is None and _lens_as_is(seqlens_k, q):
+            def again(q, knew, vnew, k_cache, v_cache, seqlens_k, rotary_cos, rotary_sin, block_table):
+                given = (q, knew, vnew, k_cache, v_cache, seqlens_k, rotary_cos, rotary_sin, block_table)
+                return f(*[given[i] for i in at])["q_rot"], k_cache, v_cache
+        else:
+            def again(q, knew, vnew, k_cache, v_cache, seqlens_k, rotary_cos, rotary_sin, block_table):
+                lens = _lens(seqlens_k, q, b, room)
+                if block_table is not None:
+                    block_table, lens = guard(block_table if block_table.dtype == i32 else block_table.to(i32), lens)
+                given = (q, knew, vnew, k_cache, v_cache, lens, rotary_cos, rotary_sin, block_table)
+                return f(*[given[i] for i in at])["q_rot"], k_cache, v_cache
 
         warm.put(wsig, again)
     for mine, got in ((k_cache, kc), (v_cache, vc)):

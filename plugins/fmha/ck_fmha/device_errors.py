@@ -52,8 +52,8 @@ def flag(device) -> torch.Tensor:
 def _message(code: int, where: str) -> str:
     if code & BAD_PAGES:
         msg = (f"a page table (block_table / kv_page_indices) in an earlier FMHA call on {where} indexed a page "
-               "outside the page pool: those batches ran with key length -1 (outputs NaN, nothing written, no "
-               "page read); keep every used entry in [0, num_pages)")
+               "outside the page pool: those batches' outputs were set to NaN, nothing was written and no page "
+               "outside the pool was read; keep every used entry in [0, num_pages)")
         rest = code & ~BAD_PAGES & ~NEGATIVE   # the -1 lengths of those batches flag NEGATIVE too
         return msg if not rest else msg + "; also " + _message(rest, where)
     if code & BAD_OFFSETS:

@@ -17,7 +17,7 @@ from ck_core.plugins import get_manager
 from ck_core.warm import tensor_sig
 
 from .api import _check_alibi_align, _from_backend, _mask_fields, _to_backend, _token, group_alibi_shift
-from .decode import _lens, _replay_closure, page_guard
+from .decode import _lens, _lens_as_is, _replay_closure, page_guard
 from .device_errors import raise_pending
 from .problem import FmhaProblem
 
@@ -64,11 +64,10 @@ def batch_prefill(q, k_cache, v_cache, seqlens_k, *, cu_seqlens_q, max_seqlen_q,
                 q, k_cache, v_cache, seqlens_k, cu_seqlens_q, block_table, kv_indptr, kv_page_indices)],
                 max_seqlen_q, max_seqlen_k, kv_layout,
                 *[(n, tensor_sig(x) if isinstance(x, torch.Tensor) else x) for n, x in sorted(kw.items())])
-            hash(wsig)
+            f = warm.get(wsig)   # (hashes the signature: an unhashable option raises TypeError here)
         except (AttributeError, TypeError):   # an argument of another type: the checks below say what
-            wsig = None
+            wsig = f = None
         if wsig is not None:
-            f = warm.get(wsig)
             if f is not None:
                 return f(q, k_cache, v_cache, seqlens_k, cu_seqlens_q, block_table, kv_indptr, kv_page_indices,
                          kw.get("bias"), kw.get("alibi_slopes"), kw.get("sink"))
@@ -153,17 +152,23 @@ def batch_prefill(q, k_cache, v_cache, seqlens_k, *, cu_seqlens_q, max_seqlen_q,
         if f is not None:
             names, batch, cap, i32 = tuple(t), p.batch, p.seqlen_k, torch.int32
             want_lse = bool(kw.get("return_lse"))
+            order = ("q", "k_cache", "v_cache", "seqlens_k", "cu_seqlens_q", "block_table", "kv_indptr",
+                     "kv_page_indices", "bias", "alibi_slopes", "sink")
+            at = [order.index(n) for n in names]
+            as_is = _lens_as_is(seqlens_k, q)   # (int32 on q's device: the signature pins it)
 
             def again(q, k_cache, v_cache, seqlens_k, cu_seqlens_q, block_table, kv_indptr, kv_page_indices,
                       bias, alibi_slopes, sink):
-                given = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "seqlens_k": _lens(seqlens_k, q, batch, cap),
-                         "cu_seqlens_q": cu_seqlens_q, "bias": bias, "alibi_slopes": alibi_slopes, "sink": sink}
-                for n, x in (("block_table", block_table), ("kv_indptr", kv_indptr),
-                             ("kv_page_indices", kv_page_indices)):
-                    given[n] = x if x is None or x.dtype == i32 else x.to(i32)
-                pages = "block_table" if block_table is not None else "kv_page_indices"
-                given[pages], given["seqlens_k"] = guard(given[pages], given["seqlens_k"], given["kv_indptr"])
-                out = f(*[given[n] for n in names])
+                lens = seqlens_k if as_is else _lens(seqlens_k, q, batch, cap)
+                if block_table is not None:
+                    block_table, lens = guard(block_table if block_table.dtype == i32 else block_table.to(i32), lens)
+                else:
+                    kv_indptr = kv_indptr if kv_indptr.dtype == i32 else kv_indptr.to(i32)
+                    kv_page_indices, lens = guard(kv_page_indices if kv_page_indices.dtype == i32
+                                                  else kv_page_indices.to(i32), lens, kv_indptr)
+                given = (q, k_cache, v_cache, lens, cu_seqlens_q, block_table, kv_indptr, kv_page_indices, bias,
+                         alibi_slopes, sink)
+                out = f(*[given[i] for i in at])
                 return (out["o"], out["lse"]) if want_lse else out["o"]
 
             warm.put(wsig, again)

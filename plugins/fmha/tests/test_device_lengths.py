@@ -80,6 +80,36 @@ def test_splitkv_and_paged_decode_bad_length(bad, word):
     _expect_error(word)
 
 
+@pytest.mark.parametrize("ps, ns", [(8, 1), (8, 3), (32, 1), (32, 2)])   # page < / = a multiple of BLOCK_N (16)
+def test_paged_decode_kernel_checks_every_page_it_reads(ps, ns):
+    """The split-KV kernel itself (no guard launch: the GPU's paged_decode, and any call with a config)
+    reads no page outside the pool: that batch's outputs are NaN and the flag names the page pool; the
+    other batch's are the float64 reference's, and entries past a batch's length are never looked at."""
+    b, hq, hk, sq, d = 2, 4, 2, 1, 32
+    lens = [37, 23]
+    npg = -(-max(lens) // ps)
+    q, k = _rand(b, hq, sq, d, seed=11), _rand(b, hk, npg * ps, d, seed=12)
+    pool = torch.full((2 * npg + 1, ps, hk, d), float("nan")).half()   # unlisted pages are NaN
+    table = torch.arange(1, 2 * npg + 1, dtype=torch.int32).view(2, npg)
+    for bi in range(2):
+        for pi in range(npg):
+            pool[table[bi, pi]] = k[bi, :, pi * ps:(pi + 1) * ps].transpose(0, 1)
+    bad = table.clone()
+    bad[0, (lens[0] - 1) // ps] = 2 * npg + 7         # the page of batch 0's last key: outside the pool
+    if (lens[1] - 1) // ps + 1 < npg:
+        bad[1, -1] = -5                                # past batch 1's length: never read, no error
+    seqlens = torch.tensor(lens, dtype=torch.int32)
+    o, lse = paged_decode(q, pool, pool, bad, seqlens, num_splits=ns, config=SMALL, return_lse=True)
+    ro, rl = ref_attention(q[1:], k[1:, :, :lens[1]], k[1:, :, :lens[1]])
+    assert torch.isnan(o[0]).all() and torch.isnan(lse[0]).all()
+    assert rel_err(o[1:], ro) < TOL and rel_err(lse[1:], rl) < 1e-5
+    _expect_error("page pool")
+    o = paged_decode(q, pool, pool, table, seqlens, num_splits=ns, config=SMALL)   # the good table: no error
+    ro, _ = ref_attention(q[:1], k[:1, :, :lens[0]], k[:1, :, :lens[0]])
+    assert rel_err(o[:1], ro) < TOL
+    ck_fmha.check_errors()
+
+
 def test_next_call_raises_a_pending_error():
     """On the CPU the flag is read for free: the next decode call raises, then the flag is clear."""
     q, k = _rand(1, 2, 1, 16, seed=4), _rand(1, 2, 9, 16, seed=5)

@@ -162,6 +162,30 @@ def test_bad_offsets_are_flagged_not_read_past(triton_backend, bad):
     assert torch.isfinite(o).all()
 
 
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_bad_offsets_give_nan_gradients_and_the_flag(triton_backend, deterministic):
+    """The backward plan with bad run-time offsets (one guard for its three stages): every gradient
+    (dq, dk, dv) is NaN -- the last stage fills them in one launch -- and the flag names the offsets;
+    then good offsets give finite gradients of the same signature."""
+    from ck_fmha.api import _bwd
+
+    g = torch.Generator().manual_seed(9)
+    q, k, v, o, do = (torch.randn(19, 2, 32, generator=g, dtype=torch.float16) for _ in range(5))
+    lse = torch.randn(2, 19, generator=g)
+    good = _cu([5, 14])
+
+    def grads(cu_q):
+        return _bwd(q, k, v, o, lse, do, None, None, cu_q, good, (14, 14), False, None, (-1, -1), 0.0, "thd",
+                    deterministic, 0.0, 0, 0, None, False)
+
+    out = grads(torch.tensor([0, 12, 8], dtype=torch.int32))
+    assert all(torch.isnan(x).all() for x in out[:3]), [torch.isnan(x).float().mean().item() for x in out[:3]]
+    with pytest.raises(DeviceLengthError, match="cu_seqlens"):
+        ck_fmha.check_errors()
+    assert all(torch.isfinite(x).all() for x in grads(good)[:3])
+    ck_fmha.check_errors()
+
+
 def test_group_mode_needs_the_maxima(triton_backend):
     q = torch.zeros(8, 2, 32, dtype=torch.float16)
     cu = _cu([3, 5])

@@ -19,7 +19,7 @@ from ck_core import api as core
 from ck_core import warm
 from ck_core.errors import InvalidProblem
 from ck_core.plugins import get_manager
-from ck_core.warm import tensor_sig
+from ck_core.warm import grad_sig, tensor_sig
 
 from .problem import ACTIVATIONS, DEFAULT_C, GemmProblem, pack_b
 
@@ -77,7 +77,11 @@ def _gemm(a, b, d, activation: str, out_dtype, sig=None) -> torch.Tensor:
                               activations=(activation,))
     c = core.run(disp, problem, tensors, device=a.device, dtype=t_out).reshape(out_shape)
     if sig is not None:
-        warm.put(sig, _warm_closure(disp, problem, tensors, a, b, sa, sb, (batch, m, n, k), t_out, out_shape))
+        f = _warm_closure(disp, problem, tensors, a, b, sa, sb, (batch, m, n, k), t_out, out_shape)
+        if getattr(f, "raw", None) is not None and not all(tensors[f"d{i}"].data_ptr() == di.data_ptr()
+                                                           for i, di in enumerate(d)):
+            f.raw = None   # a D operand is a copy: the raw launch may not take the caller's tensor
+        warm.put(sig, f)
     return c
 
 
@@ -119,6 +123,7 @@ def _warm_closure(disp, problem, tensors, a, b, sa, sb, sizes, t_out, out_shape)
     if sa.data_ptr() == a.data_ptr() and sb.data_ptr() == b.data_ptr():
         fast = disp.warm(problem, tensors, out_shape=out_shape)
         if fast is not None and len(tensors) == 2:
+            fast.raw = fast   # (the recorded launch: what linear's closures call, see with_d.raw)
             return fast   # takes (a, b, d) and ignores d (there is none in such a signature)
         if fast is not None:   # the D tensors prepared as _operands does, then the recorded launch
             batch, m, n, _ = sizes
@@ -127,6 +132,9 @@ def _warm_closure(disp, problem, tensors, a, b, sa, sb, sizes, t_out, out_shape)
             def with_d(a, b, d):
                 return fast(a, b, [_d_operand(di, t_out, out_shape, problem_c) for di in d])
 
+            # the recorded launch itself, taking D as the caller's tensors (their data pointers: the
+            # launch's strides are the recorded ones), where _operands passed views of them (see _gemm)
+            with_d.raw = fast
             return with_d
 
     def again(a, b, d):
@@ -245,7 +253,13 @@ def _make_bwd(a, b, d, activation: str, grad, need_a: bool, need_b: bool) -> tup
     gd = [_sum_to(gz, di.shape).to(di.dtype) for di in d]
     if fz is None and not d and not sum_a and not sum_b and not cast_a and not cast_b:
         # the common step: two launches, nothing else
-        if fa is not None and fb is not None:
+        ra, rb = getattr(fa, "raw", None), getattr(fb, "raw", None)
+        if ra is not None and rb is not None:
+            # the recorded launches take A and B themselves for their transposed views (same data
+            # pointers; the signature pinned the strides the launches were recorded with)
+            def bwd(a, b, d, grad):
+                return ra(grad, b, ()), rb(a, grad, ()), ()
+        elif fa is not None and fb is not None:
             def bwd(a, b, d, grad):
                 return fa(grad, b.transpose(-1, -2), ()), fb(a.transpose(-1, -2), grad, ()), ()
         elif fa is not None:
@@ -308,6 +322,8 @@ class _Eager(torch.autograd.Function):
         return (None, ga, gb, None, None, *gd)
 
 
+_matmul_apply = warm.autograd_apply(_Eager, 1, 2)   # (entry, a, b, activation, out_dtype) without D tensors
+
 #: the first field of matmul's warm-call signatures (with D tensors: tensor_sig per tensor;
 #: without: the same fields of A and B, flat)
 _MATMUL = "ck_gemm.matmul"
@@ -369,23 +385,169 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, d: Sequence[torch.Tensor] = (), 
         if entry is None:
             entry = warm.Entry()
             warm.put(sig, entry)
-        return _Eager.apply(entry, a, b, act, out_dtype, *d)
+        return _matmul_apply(entry, a, b, act, out_dtype) if not d else _Eager.apply(entry, a, b, act, out_dtype, *d)
     return gemm_op(a, b, list(d), _activation(activation), out_dtype)
+
+
+#: the first fields of linear's warm-call signatures (no autograd record / the autograd Entry)
+_LINEAR, _LINEAR_ENTRY = "ck_gemm.linear", "ck_gemm.linear/autograd"
+
+
+def _linear_sig(tag, x, weight, bias) -> tuple:
+    return (tag, get_manager(), x.shape, x.stride(), x.dtype, x.device, x.data_ptr() % 16, weight.shape,
+            weight.stride(), weight.dtype, weight.device, weight.data_ptr() % 16,
+            None if bias is None else tensor_sig(bias))
+
+
+def _linear_closure(x, weight, bias) -> tuple:
+    """(closure ``f(x, weight, bias) -> y`` for tensors like these, y of this call): matmul's cold path
+    on ``x`` as (M, K), ``weight.t()`` and the bias as D; the closure launches matmul's recorded launch
+    with the caller's tensors themselves (it reads their data pointers; the signature pins their
+    strides, and (M, K) / (K, N) / the bias row are views of them), else repeats the matmul call."""
+    n, k = weight.shape
+    lead = x.shape[:-1]
+    a, bt = x.reshape(-1, k), weight.t()
+    d = () if bias is None else (bias,)
+    f, y = _closure(a, bt, d, "none", None)
+    y = f(a, bt, d) if y is None else y
+    raw = getattr(f, "raw", None)
+    out = (*lead, n)
+    if raw is None or a.data_ptr() != x.data_ptr():
+        def again(x, weight, bias):
+            return f(x.reshape(-1, k), weight.t(), () if bias is None else (bias,)).reshape(out)
+        return again, y.reshape(out)
+    if x.dim() == 2:
+        if bias is None:
+            def g(x, weight, bias):
+                return raw(x, weight, ())
+        else:
+            def g(x, weight, bias):
+                return raw(x, weight, (bias,))
+    else:
+        def g(x, weight, bias):
+            return raw(x, weight, () if bias is None else (bias,)).view(out)
+    return g, y.reshape(out)
+
+
+class _LinearEager(torch.autograd.Function):
+    """linear with autograd in eager mode on x, weight and bias themselves (no reshape / transpose
+    views for autograd to undo): the forward is the signature's closure (:func:`_linear_closure`,
+    kept in its :class:`ck_core.warm.Entry`); the backward launches dX = dY W, dW = dY^T X (written
+    in the weight's own (out, in) layout, so no layout copy follows) and dbias = the sum of dY's rows,
+    through the Entry's closures by the gradient's signature."""
+
+    @staticmethod
+    def forward(ctx, entry, x, weight, bias):
+        ctx.save_for_backward(x, weight)
+        ctx.entry, ctx.bias_dtype = entry, None if bias is None else bias.dtype
+        f = entry.fwd
+        if f is not None:
+            return f(x, weight, bias)
+        entry.fwd, y = _linear_closure(x, weight, bias)
+        return y
+
+    @staticmethod
+    def backward(ctx, gy):
+        x, w = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        if gy is None:
+            return None, None, None, None
+        if torch.is_grad_enabled():   # a graph of the backward (create_graph): through matmul's autograd
+            n, k = w.shape
+            g2 = gy.reshape(-1, n)
+            gx = matmul(g2, w).reshape(x.shape) if need[1] else None
+            gw = matmul(g2.t(), x.reshape(-1, k)) if need[2] else None
+            gb = g2.sum(0).to(ctx.bias_dtype) if need[3] else None
+            return None, gx, gw, gb
+        key = (grad_sig(gy), need[1], need[2], need[3])
+        bwds = ctx.entry.bwd
+        f = bwds.get(key)
+        if f is None:
+            if len(bwds) > 64:
+                bwds.clear()
+            f, grads = _linear_bwd(x, w, gy, need[1], need[2], need[3], ctx.bias_dtype)
+            bwds[key] = f
+            return (None, *grads)
+        return (None, *f(x, w, gy))
+
+
+_linear_apply = warm.autograd_apply(_LinearEager, 1, 3)   # (entry, x, weight, bias)
+
+
+def _linear_bwd(x, w, gy, need_x: bool, need_w: bool, need_b: bool, bias_dtype) -> tuple:
+    """(closure ``f(x, weight, dy) -> (dx, dweight, dbias)``, this call's gradients)."""
+    n, k = w.shape
+    g2 = gy.reshape(-1, n)
+    x2 = x.reshape(-1, k)
+    fx = fw = None
+    gx = gw = gb = None
+    if need_x:   # dX (M, K) = dY (M, N) @ W (N, K)
+        fx, gx = _closure(g2, w, (), "none", x.dtype)
+        gx = (fx(g2, w, ()) if gx is None else gx).reshape(x.shape)
+    if need_w:   # dW (N, K) = dY^T (N, M) @ X (M, K): the weight's layout
+        fw, gw = _closure(g2.t(), x2, (), "none", w.dtype)
+        gw = fw(g2.t(), x2, ()) if gw is None else gw
+    cast = bias_dtype is not None and bias_dtype != gy.dtype
+    if need_b:
+        gb = g2.sum(0)
+        gb = gb.to(bias_dtype) if cast else gb
+    xshape, flat = x.shape, x.dim() == 2 and gy.dim() == 2
+
+    def bwd(x, w, gy):
+        g2 = gy if flat else gy.reshape(-1, n)
+        gx = gw = None
+        if fx is not None:
+            gx = fx(g2, w, ()) if flat else fx(g2, w, ()).reshape(xshape)
+        if fw is not None:
+            gw = fw(g2.t(), x if flat else x.reshape(-1, k), ())
+        gb = None
+        if need_b:
+            gb = g2.sum(0)
+            gb = gb.to(bias_dtype) if cast else gb
+        return gx, gw, gb
+    return bwd, (gx, gw, gb)
 
 
 def linear(x: torch.Tensor, weight, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``x @ weight.T + bias`` like ``torch.nn.functional.linear`` (weight is (out, in)).
 
     ``weight`` may be a :class:`PackedWeight` (:func:`preshuffle`): then the Dispatcher selects
-    among the pre-shuffled-B keys of the tile it was packed for (inference only: no autograd)."""
+    among the pre-shuffled-B keys of the tile it was packed for (inference only: no autograd).
+    A known signature (shapes, strides, dtypes, device, alignment of x, weight and bias) launches
+    its recorded GEMM on the tensors as they are; under autograd the backward is three launches
+    (dX, dW in the weight's layout, the bias's row sum)."""
     if isinstance(weight, PackedWeight):
         return _linear_packed(x, weight, bias)
+    if not (isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)) or (
+            bias is not None and not isinstance(bias, torch.Tensor)):
+        raise InvalidProblem(f"linear takes torch tensors x, weight (and bias), got {type(x).__name__}, "
+                             f"{type(weight).__name__}, {type(bias).__name__}")
+    if not _compiling() and (bias is None or bias.dim() == 1):   # (a broadcast bias: matmul's D below)
+        grad = _grad_enabled() and (x.requires_grad or weight.requires_grad
+                                    or (bias is not None and bias.requires_grad))
+        sig = _linear_sig(_LINEAR_ENTRY if grad else _LINEAR, x, weight, bias)
+        f = _warm_get(sig)
+        if f is not None:
+            return _linear_apply(f, x, weight, bias) if grad else f(x, weight, bias)
+    else:
+        grad = sig = None
     if weight.dim() != 2 or x.dim() < 1 or x.shape[-1] != weight.shape[1]:
         raise InvalidProblem(f"linear: x is {tuple(x.shape)} and weight {tuple(weight.shape)}; weight must be "
                              f"(out_features, in_features) with in_features = x's last size")
-    lead = x.shape[:-1]
-    y = matmul(x.reshape(-1, x.shape[-1]), weight.t(), d=() if bias is None else (bias,))
-    return y.reshape(*lead, weight.shape[0])
+    if bias is not None and bias.dim() == 1 and bias.shape[0] != weight.shape[0]:
+        raise InvalidProblem(f"linear: bias must have shape ({weight.shape[0]},) (out_features), got "
+                             f"{tuple(bias.shape)}")
+    if sig is None:
+        lead = x.shape[:-1]
+        y = matmul(x.reshape(-1, x.shape[-1]), weight.t(), d=() if bias is None else (bias,))
+        return y.reshape(*lead, weight.shape[0])
+    if grad:
+        entry = warm.Entry()
+        warm.put(sig, entry)
+        return _linear_apply(entry, x, weight, bias)
+    f, y = _linear_closure(x, weight, bias)
+    warm.put(sig, f)
+    return y
 
 
 # -- pre-shuffled weights (CK's preshuffle GEMM) ----------------------------------------------------

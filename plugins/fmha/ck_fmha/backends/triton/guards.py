@@ -126,9 +126,8 @@ class PageGuard:
 
 
 @triton.jit
-def _offset_guard_kernel(CU, n, rows, longest, SAFE, BADOUT, ERR, BAD: tl.constexpr, BLOCK: tl.constexpr):
-    """SAFE = offsets CU [n] clamped: start in [0, rows], each span in [0, longest], each offset <= rows;
-    BADOUT[0] = whether SAFE differs from CU (then BAD is ORed into ERR).  One program."""
+def _clamp_offsets(CU, n, rows, longest, SAFE, BLOCK: tl.constexpr):
+    """SAFE = offsets CU [n] clamped (see :func:`_offset_guard_kernel`); whether anything changed."""
     offs = tl.arange(0, BLOCK)
     c0 = tl.load(CU).to(tl.int64)
     start = tl.minimum(tl.maximum(c0, 0), rows)
@@ -145,24 +144,49 @@ def _offset_guard_kernel(CU, n, rows, longest, SAFE, BADOUT, ERR, BAD: tl.conste
         tl.store(SAFE + j, safe.to(tl.int32), mask=m)
         bad = bad | (tl.max((m & (safe != c)).to(tl.int32), axis=0) > 0)
         carry = carry + tl.sum(span, axis=0)
+    return bad
+
+
+@triton.jit
+def _offset_guard_kernel(CU, n, rows, longest, SAFE, BADOUT, ERR, CU2, rows2, longest2, SAFE2, BAD: tl.constexpr,
+                         TWO: tl.constexpr, BLOCK: tl.constexpr):
+    """SAFE = offsets CU [n] clamped: start in [0, rows], each span in [0, longest], each offset <= rows
+    (TWO: also SAFE2 = CU2 [n] clamped by rows2, longest2: the key offsets in the same launch);
+    BADOUT[0] = whether anything differs from the caller's (then BAD is ORed into ERR).  One program."""
+    bad = _clamp_offsets(CU, n, rows, longest, SAFE, BLOCK)
+    if TWO:
+        bad = bad | _clamp_offsets(CU2, n, rows2, longest2, SAFE2, BLOCK)
     tl.store(BADOUT, bad.to(tl.int32))
     if bad:
         tl.atomic_or(ERR, BAD)
 
 
 @triton.jit
-def _poison_kernel(X, n, F1, F2, TWO: tl.constexpr, BLOCK: tl.constexpr):
-    """X[:n] = NaN where F1[0] (or F2[0]) is set; a grid-stride loop that ends at once otherwise."""
+def _fill_nan(X, n, BLOCK: tl.constexpr):
+    pid, step = tl.program_id(0), tl.num_programs(0) * BLOCK
+    offs = tl.arange(0, BLOCK)
+    nan = tl.full([BLOCK], float("nan"), X.dtype.element_ty)
+    for i0 in range(pid * BLOCK, n, step):
+        i = offs.to(tl.int64) + i0
+        tl.store(X + i, nan, mask=i < n)
+
+
+@triton.jit
+def _poison_kernel(X, n, F1, F2, X1, n1, X2, n2, X3, n3, TWO: tl.constexpr, COUNT: tl.constexpr,
+                   BLOCK: tl.constexpr):
+    """X[:n] (and X1[:n1] .. : COUNT tensors, each dense) = NaN where F1[0] (or F2[0]) is set; grid-stride
+    loops that end at once otherwise.  One launch for all of a launcher's outputs."""
     bad = tl.load(F1)
     if TWO:
         bad = bad | tl.load(F2)
     if bad != 0:
-        pid, step = tl.program_id(0), tl.num_programs(0) * BLOCK
-        offs = tl.arange(0, BLOCK)
-        nan = tl.full([BLOCK], float("nan"), X.dtype.element_ty)
-        for i0 in range(pid * BLOCK, n, step):
-            i = offs.to(tl.int64) + i0
-            tl.store(X + i, nan, mask=i < n)
+        _fill_nan(X, n, BLOCK)
+        if COUNT > 1:
+            _fill_nan(X1, n1, BLOCK)
+        if COUNT > 2:
+            _fill_nan(X2, n2, BLOCK)
+        if COUNT > 3:
+            _fill_nan(X3, n3, BLOCK)
 
 
 class Bad:
@@ -196,8 +220,28 @@ def guard_offsets(cu: torch.Tensor, rows: int, longest: int):
     warm.scratch(safe)
     warm.scratch(bad)
     _launch(_offset_guard_kernel, (1,), cu, n, int(rows), max(0, int(longest)), safe, bad, flag(cu.device),
-            BAD=BAD_OFFSETS, BLOCK=128)
+            cu, 0, 0, safe, BAD=BAD_OFFSETS, TWO=False, BLOCK=128)
     return safe, Bad((bad,))
+
+
+def guard_offsets_pair(cu_q: torch.Tensor, rows_q: int, longest_q: int, cu_k: torch.Tensor, rows_k: int,
+                       longest_k: int):
+    """(safe query offsets, safe key offsets, :class:`Bad`): :func:`guard_offsets` of both in one launch
+    (``cu_q`` and ``cu_k`` on one device, with the same number of offsets)."""
+    n = cu_q.numel()
+    if cu_k.numel() != n or cu_k.device != cu_q.device:
+        safe_q, bad_q = guard_offsets(cu_q, rows_q, longest_q)
+        safe_k, bad_k = guard_offsets(cu_k, rows_k, longest_k)
+        return safe_q, safe_k, bad_q | bad_k
+    safe_q = torch.empty(n, dtype=torch.int32, device=cu_q.device)
+    safe_k = torch.empty(n, dtype=torch.int32, device=cu_q.device)
+    bad = torch.empty(1, dtype=torch.int32, device=cu_q.device)
+    for t in (safe_q, safe_k, bad):
+        warm.scratch(t)
+    _launch(_offset_guard_kernel, (1,), cu_q, n, int(rows_q), max(0, int(longest_q)), safe_q, bad,
+            flag(cu_q.device), cu_k, int(rows_k), max(0, int(longest_k)), safe_k, BAD=BAD_OFFSETS, TWO=True,
+            BLOCK=128)
+    return safe_q, safe_k, Bad((bad,))
 
 
 def poison(bad, *ts) -> None:
@@ -205,6 +249,7 @@ def poison(bad, *ts) -> None:
     tensor) says a guard changed the call's offsets; no host synchronisation."""
     if bad is None:
         return
+    dense = []
     for t in ts:
         if t is None or not t.is_floating_point():
             continue
@@ -216,8 +261,15 @@ def poison(bad, *ts) -> None:
             any_bad = flags[0].bool() if len(flags) == 1 else torch.stack(flags).any()
             t.masked_fill_(any_bad.reshape(()), float("nan"))
             continue
-        n = t.numel()
-        if n == 0:
-            continue
-        grid = (min(triton.cdiv(n, _POISON_BLOCK), _POISON_PROGRAMS),)
-        _launch(_poison_kernel, grid, t, n, flags[0], flags[-1], TWO=len(flags) == 2, BLOCK=_POISON_BLOCK)
+        if t.numel():
+            dense.append(t)
+    for i in range(0, len(dense), 4):   # one launch for up to four tensors
+        part = dense[i:i + 4]
+        grid = (min(triton.cdiv(max(t.numel() for t in part), _POISON_BLOCK), _POISON_PROGRAMS),)
+        more = []
+        for j in range(1, 4):
+            t = part[j] if j < len(part) else part[0]
+            more += [t, t.numel() if j < len(part) else 0]
+        flags = bad.flags
+        _launch(_poison_kernel, grid, part[0], part[0].numel(), flags[0], flags[-1], *more, TWO=len(flags) == 2,
+                COUNT=len(part), BLOCK=_POISON_BLOCK)

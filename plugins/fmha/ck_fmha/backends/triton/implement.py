@@ -93,7 +93,7 @@ def make_launcher(key, capture: Optional[list] = None):
     import torch
 
     from ... import plan as stages
-    from .guards import guard_offsets
+    from .guards import guard_offsets, guard_offsets_pair
     from . import launch as ops
     from . import launch_decode as ops_dec
     from . import launch_bwd as ops_bwd
@@ -202,16 +202,40 @@ def make_launcher(key, capture: Optional[list] = None):
         rows, longest = (p.packed_q, p.seqlen_q) if name == "sq" else (p.packed_k, p.seqlen_k)
         return guard_offsets(cu.to(device=like.device), rows, longest)
 
+    def guarded(p, t, like):
+        """(query offsets, key offsets or None, Bad or None) of a run-time group-mode run: guarded once
+        per run, in one launch for both (:func:`guard_offsets_pair`), and handed to the run's later
+        stages under ``stages.GUARDED`` (the backward's three stages share one guard)."""
+        cu_q, cu_k = t["cu_seqlens_q"], t.get("cu_seqlens_k")
+        hit = t.get(stages.GUARDED)
+        if hit is not None and hit[0] is cu_q and hit[1] is cu_k:   # (this run's offsets, guarded before)
+            return hit[2:]
+        for name in ("cu_seqlens_q", "cu_seqlens_k"):
+            cu = t.get(name)
+            if cu is not None and (cu.dim() != 1 or cu.numel() != p.batch + 1):
+                raise InvalidProblem(f"{name} has shape {tuple(cu.shape)}; expected [{p.batch + 1}]")
+        if cu_k is None:   # (batch prefill: no key offsets)
+            safe, bad = guard_offsets(cu_q.to(device=like.device), p.packed_q, p.seqlen_q)
+            hit = (safe, None, bad)
+        else:
+            hit = guard_offsets_pair(cu_q.to(device=like.device), p.packed_q, p.seqlen_q,
+                                     cu_k.to(device=like.device), p.packed_k, p.seqlen_k)
+        t[stages.GUARDED] = (cu_q, cu_k) + hit   # (taken back out by launch(), which returns it)
+        return hit
+
     def varlen(p, t, like, k=True):
         """(layout, group-mode keywords, device flag of bad run-time offsets or None): device
         cu_seqlens and the problem's maxima, no host sync."""
         if not p.is_group:
             return p.layout, {}, None
-        cu_q, bad = offsets(p, t, "sq", like)
+        if p.runtime_seqstarts:
+            cu_q, cu_k, bad = guarded(p, t, like)
+        else:
+            cu_q, bad = offsets(p, t, "sq", like)
         kw = dict(cu_seqlens_q=cu_q, max_seqlen_q=p.seqlen_q, _trusted_varlen=True)
         if k:
-            cu_k, bad_k = offsets(p, t, "sk", like)
-            bad = bad_k if bad is None else (bad if bad_k is None else bad | bad_k)
+            if not p.runtime_seqstarts:
+                cu_k = offsets(p, t, "sk", like)[0]
             kw.update(cu_seqlens_k=cu_k, max_seqlen_k=p.seqlen_k, **lens(p, like))
         return "thd", kw, bad
 
@@ -236,19 +260,24 @@ def make_launcher(key, capture: Optional[list] = None):
                                choice=(kv_choice, dq_choice), return_dbias=p.dbias,
                                **_mask(p), **kw, **_features(p, t, tdt), _via=via)
         dq, dqa, dk, dv = res[:4]
-        ops._poison(bad, dq, dqa, dk, dv, *res[4:5])
+        # (bad run-time offsets: the plan's convert_dq stage, which always follows this one, fills the
+        # gradients with NaN, in one launch with its dQ)
         out = {"dq": dq, "dk": dk, "dv": dv} if dq is not None else {"dq_acc": dqa, "dk": dk, "dv": dv}
         if p.dbias:
             out["dbias"] = res[4]
         return out
 
     def convert_dq(p, t):
-        if t.get("dq_acc") is None:   # deterministic mode wrote dq in stage 2
-            return {}
-        q = cast(p, t, ("q",))["q"]
+        """dQ from the fp32 accumulator; with bad run-time group-mode offsets also the NaN of the
+        earlier stage's gradients (dq_dk_dv poisons none itself: this stage always follows it)."""
+        q = t["q"] if t.get("dq_acc") is None else cast(p, t, ("q",))["q"]
         layout, kw, bad = varlen(p, t, q, k=False)
+        grads = [t.get(n) for n in ("dk", "dv", "dbias")]
+        if t.get("dq_acc") is None:   # deterministic mode wrote dq in stage 2
+            ops._poison(bad, t.get("dq"), *grads)
+            return {}
         dq = ops_bwd.bwd_convert_dq(t["dq_acc"], ops._last_contig(q), layout=layout, **kw, _via=via)
-        ops._poison(bad, dq)
+        ops._poison(bad, dq, *grads)
         return {"dq": dq}
 
     def appendkv(p, t):
@@ -280,7 +309,10 @@ def make_launcher(key, capture: Optional[list] = None):
             lens, longest = t["seqlens_k"], p.seqlen_k
         else:
             lens, longest = dev_int32(p, "lens", p.seqlens_k, q), max(p.seqlens_k)
-        cu_q, bad = offsets(p, t, "sq", q)
+        if p.runtime_seqstarts:
+            cu_q, _, bad = guarded(p, t, q)
+        else:
+            cu_q, bad = offsets(p, t, "sq", q)
         o, lse = ops_dec.batch_prefill_launch(q, x["k_cache"], x["v_cache"], lens,
                                    cu_seqlens_q=cu_q, max_seqlen_q=p.seqlen_q,
                                    max_seqlen_k=longest, kv_layout=p.kv_layout, scale=p.softmax_scale,
@@ -313,9 +345,16 @@ def make_launcher(key, capture: Optional[list] = None):
     run = table[fam]
     check_names = stages.check_tensor_names
 
+    guarded_key = stages.GUARDED
+
     def launch(p, t):
         check_names(p, t)
-        return run(p, t)
+        out = run(p, t)
+        g = t.pop(guarded_key, None) if p.runtime_seqstarts else None
+        if g is not None:   # a later stage of this run (the Dispatcher's dict) reuses the guarded offsets
+            out = dict(out)
+            out[guarded_key] = g
+        return out
 
     if fam == "fwd":
         launch.warm = warm_fwd

@@ -1323,7 +1323,7 @@ def fmha_fwd_splitkv_kernel(
     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs,
     sob, soh, sos, sosp, slb, slh, sls, sbt,
     HKV, GROUP, SEQ_Q, SEQ_K, CHUNK,
-    scale2, cap_in, cap_out, left, right, SINK, n_sink, ERR, CAP,
+    scale2, cap_in, cap_out, left, right, SINK, n_sink, ERR, CAP, n_pages,
     D_Q: tl.constexpr, D_V: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
     MASK_MODE: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
@@ -1341,7 +1341,9 @@ def fmha_fwd_splitkv_kernel(
     [0, CAP] (CAP: the keys the cache or the block table holds) is clamped, sets ERR and makes the
     batch's partial outputs NaN (see _checked_len).  DIRECT (one split: the whole key range):
     OACC / LACC are the final o (its dtype; sosp 0) and lse [B, H, Sq] (natural log), so the plan
-    needs no combine launch."""
+    needs no combine launch.  With PAGE_SIZE > 0 every page index the program reads is checked
+    against the pool (n_pages): one outside it is not read (page 0 stands in), the program's outputs
+    become NaN and BAD_PAGES (8) is ORed into ERR, so a page table needs no guard launch of its own."""
     split = tl.program_id(0)
     bhk = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -1378,6 +1380,7 @@ def fmha_fwd_splitkv_kernel(
         m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    page_bad = tl.zeros([], dtype=tl.int32)
     for start_n in tl.range(n_lo, n_hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n
@@ -1385,11 +1388,17 @@ def fmha_fwd_splitkv_kernel(
         if PAGE_SIZE > 0:
             if PAGE_SIZE % BLOCK_N == 0:
                 page = tl.load(BLOCK_TABLE + b64 * sbt + start_n // PAGE_SIZE).to(tl.int64)
+                outside = (page < 0) | (page >= n_pages)
+                page_bad = page_bad | outside.to(tl.int32)
+                page = tl.where(outside, 0, page)
                 slot = (start_n % PAGE_SIZE) + offs_n
                 kp = K + page * skb + hk * skh + slot[:, None] * sks + offs_dq[None, :]
                 vp = V + page * svb + hk * svh + slot[:, None] * svs + offs_dv[None, :]
             else:
                 page = tl.load(BLOCK_TABLE + b64 * sbt + cols // PAGE_SIZE, mask=cmask, other=0).to(tl.int64)
+                outside = cmask & ((page < 0) | (page >= n_pages))
+                page_bad = page_bad | tl.max(outside.to(tl.int32), axis=0)
+                page = tl.where(outside, 0, page)
                 slot = cols % PAGE_SIZE
                 kp = K + page[:, None] * skb + hk * skh + slot[:, None] * sks + offs_dq[None, :]
                 vp = V + page[:, None] * svb + hk * svh + slot[:, None] * svs + offs_dv[None, :]
@@ -1423,6 +1432,11 @@ def fmha_fwd_splitkv_kernel(
     if len_bad:   # a wrong length must not pass for a result
         acc = acc + float("nan")
         lse2 = lse2 + float("nan")
+    if PAGE_SIZE > 0:
+        if page_bad != 0:   # nor a page outside the pool (none was read)
+            tl.atomic_or(ERR, 8)
+            acc = acc + float("nan")
+            lse2 = lse2 + float("nan")
     hq = h.to(tl.int64)
     if DIRECT:   # the final outputs: o in its dtype, lse in the natural log
         tl.store(OACC + b64 * sob + hq[:, None] * soh + qi[:, None] * sos + offs_dv[None, :],

@@ -66,7 +66,7 @@ def _splitkv_main(q, k, v, *, page_size, block_table, seqlens_k, max_seqlen_k, c
         lacc.stride(0), lacc.stride(1), lacc.stride(2), sbt,
         hk, group, sq, max_seqlen_k, chunk,
         scale2, cap_in, cap_out, left, right, sink if sink is not None else oacc, int(sink_tokens or 0),
-        device_errors.flag(q.device), cap,
+        device_errors.flag(q.device), cap, k.shape[0] if block_table is not None else 0,
         D_Q=dq, D_V=dv, BLOCK_DQ=padded_hdim(dq), BLOCK_DV=padded_hdim(dv),
         BLOCK_M=bm, BLOCK_N=cfg.BLOCK_N, PAGE_SIZE=int(page_size or 0),
         MASK_MODE=mode, BOTTOM_RIGHT=br, HAS_SOFTCAP=bool(softcap and softcap > 0),

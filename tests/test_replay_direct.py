@@ -1,0 +1,73 @@
+"""A recorded launch without descriptors or scratch memory calls the compiled launcher directly,
+with exactly the arguments Triton's ``CudaLauncher.__call__`` would pass it (issue #26: one Python
+frame less per warm launch); one with scratch memory keeps Triton's own call."""
+import types
+
+import pytest
+
+pytest.importorskip("torch")
+
+from ck_core.backends import triton_replay  # noqa: E402
+
+
+class CudaLauncher:
+    """A stand-in for triton's CudaLauncher: ``__call__`` as triton 3.6 writes it (no scratch)."""
+
+    def __init__(self, scratch=0):
+        self.global_scratch_size = scratch
+        self.profile_scratch_size = 0
+        self.launch_cooperative_grid = False
+        self.launch_pdl = True
+        self.direct, self.wrapped = [], []
+        self.launch = lambda *a: self.direct.append(a)
+
+    def __call__(self, gx, gy, gz, stream, function, *args):
+        self.wrapped.append((gx, gy, gz, stream, function, self.launch_cooperative_grid, self.launch_pdl, None,
+                             None, *args))
+
+
+def _replay(run, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda dev: 77, raising=False)
+    kernel = types.SimpleNamespace(run=run, function=5, packed_metadata=("meta",))
+    return triton_replay.Replay(kernel, ["x", "n"], ["x0", 3], (4, 2), 0, {}, None)
+
+
+def test_direct_launch_passes_what_the_launcher_wrapper_would(monkeypatch):
+    run = CudaLauncher()
+    r = _replay(run, monkeypatch)
+    r(["x1", 9])
+    assert not run.wrapped and len(run.direct) == 1
+    run.launch = lambda *a: run.wrapped.append(a)   # what Triton's own __call__ hands its launch
+    CudaLauncher.__call__(run, 4, 2, 1, 77, 5, ("meta",), None, None, None, "x1", 9)
+    assert run.direct[0] == run.wrapped[0] == (4, 2, 1, 77, 5, False, True, None, None, ("meta",), None, None, None,
+                                               "x1", 9)
+
+
+def test_scratch_memory_keeps_tritons_call(monkeypatch):
+    run = CudaLauncher(scratch=128)
+    r = _replay(run, monkeypatch)
+    r(["x1", 9])
+    assert not run.direct and len(run.wrapped) == 1
+
+
+def test_other_launchers_keep_tritons_call(monkeypatch):
+    class HIPLauncher(CudaLauncher):
+        pass
+
+    run = HIPLauncher()
+    _replay(run, monkeypatch)(["x1", 9])
+    assert not run.direct and len(run.wrapped) == 1
+
+
+def test_tritons_cuda_launcher_passes_its_arguments_as_the_direct_call_does():
+    """Written against triton 3.6: its CudaLauncher.__call__ hands the compiled launch exactly
+    (grid, stream, function, cooperative, pdl, scratch, scratch, *args); a triton that changes this
+    must fail here, not launch with shifted arguments."""
+    import inspect
+
+    driver = pytest.importorskip("triton.backends.nvidia.driver")
+    src = inspect.getsource(driver.CudaLauncher.__call__)
+    assert ("self.launch(gridX, gridY, gridZ, stream, function, self.launch_cooperative_grid, self.launch_pdl,"
+            in src and "global_scratch, profile_scratch, *args)" in src), src
