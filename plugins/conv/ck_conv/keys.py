@@ -314,6 +314,7 @@ class ConvKernelConfig:
             meta["TAPMASK"] = int(self.tap_mask)
             meta["STREAMK"] = int(self.reduction == "streamk")
             meta["GM"] = self.group_merge
+            meta["NCHW"] = int(self.layout == "ngchw")   # reads x, w and writes y in torch's NCHW order
         elif self._bwd_data_tm:
             meta["STREAMK"] = int(self.reduction == "streamk")
             meta["GM"] = self.group_merge

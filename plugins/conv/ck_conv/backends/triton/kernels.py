@@ -175,9 +175,13 @@ def _fwd_tile(x_ptr, w_ptr, pid, g, lo, hi,
               sd, sh, sw, pd, ph, pw, dd, dh, dw, FZ, FY, FX,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
               SPEC: tl.constexpr, EVEN_C: tl.constexpr, IEEE: tl.constexpr, TAPMASK: tl.constexpr,
-              GM: tl.constexpr):
+              GM: tl.constexpr, NCHW: tl.constexpr):
     """Output tile ``pid`` of group block ``g`` summed over the reduction steps [lo, hi)
     (a step = one (tap, channel block)); returns (acc, offs_m, offs_n, mask_m, mask_n).
+
+    NCHW: x is NGC(D)HW and w GKC(ZYX) (torch's default memory format, read in place): a pixel
+    moves by 1 and a channel by the image's D*H*W (a weight's channel by its taps) instead of
+    the channels-last strides (a pixel by CS, a channel by 1).
 
     GM > 1 merges GM groups into one dense GEMM of GM*C inputs and GM*K outputs
     whose weight tile is block diagonal (off-diagonal blocks masked to zero): a
@@ -193,31 +197,44 @@ def _fwd_tile(x_ptr, w_ptr, pid, g, lo, hi,
     mask_m = offs_m < M
     mask_n = offs_n < KV
     T = FZ * FY * FX
+    if NCHW:   # weight channel stride T, tap stride 1; image channel stride D*H*W, pixel stride 1
+        WC = T
+        WT = 1
+        XC = Di * Hi * Wi
+        XP = 1
+    else:      # weight channel stride 1, tap stride C; image channel stride 1, pixel stride CS
+        WC = 1
+        WT = C
+        XC = 1
+        XP = CS
     if GM == 1:
-        w_base = w_ptr + g * K * T * C + offs_n[None, :] * (T * C) + offs_k[:, None]
+        w_base = w_ptr + g * K * T * C + offs_n[None, :] * (T * C) + offs_k[:, None] * WC
     else:
         # w[g*GM + n//K, n%K, tap, c%C] = w_flat[(g*KV + n)*T*C + tap*C + c%C] where c//C == n//K
-        w_base = w_ptr + (g * KV + offs_n)[None, :] * (T * C) + (offs_k % C)[:, None]
+        w_base = w_ptr + (g * KV + offs_n)[None, :] * (T * C) + (offs_k % C)[:, None] * WC
         k_grp = offs_k // C
         n_grp = offs_n // K
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     nkc = tl.cdiv(CV, BLOCK_K)
     if SPEC == 1:
-        a_base = x_ptr + offs_m[:, None] * CS + g * CV + offs_k[None, :]
+        if NCHW:   # 1x1, stride 1, no padding: input pixel = output pixel
+            a_base = x_ptr + ((offs_m // XC) * (CS * XC) + offs_m % XC)[:, None] + ((g * CV + offs_k) * XC)[None, :]
+        else:
+            a_base = x_ptr + offs_m[:, None] * CS + g * CV + offs_k[None, :]
         for kc in range(lo, hi):
             c0 = kc * BLOCK_K
             if GM == 1:
-                b_ptrs = w_base + c0
+                b_ptrs = w_base + c0 * WC
                 b_msk = mask_n[None, :]
             else:
                 b_ptrs = w_base
                 b_msk = mask_n[None, :] & ((kc * (BLOCK_K // C) + k_grp)[:, None] == n_grp[None, :])
             if EVEN_C:
-                a = tl.load(a_base + c0, mask=mask_m[:, None], other=0.0)
+                a = tl.load(a_base + c0 * XC, mask=mask_m[:, None], other=0.0)
                 b = tl.load(b_ptrs, mask=b_msk, other=0.0)
             else:
                 ck = (c0 + offs_k) < CV
-                a = tl.load(a_base + c0, mask=mask_m[:, None] & ck[None, :], other=0.0)
+                a = tl.load(a_base + c0 * XC, mask=mask_m[:, None] & ck[None, :], other=0.0)
                 b = tl.load(b_ptrs, mask=ck[:, None] & b_msk, other=0.0)
             acc = _dot_prec(a, b, acc, IEEE)
     else:
@@ -233,8 +250,12 @@ def _fwd_tile(x_ptr, w_ptr, pid, g, lo, hi,
         # a tap moves every input pixel by the same linear offset, so the pointer
         # tensor is built once and each step adds a scalar; only the bounds mask is
         # per row
-        pix0 = ((n * Di + id0) * Hi + ih0) * Wi + iw0
-        a_base = x_ptr + pix0[:, None] * CS + g * CV + offs_k[None, :]
+        if NCHW:
+            a_base = (x_ptr + (n * (CS * XC) + (id0 * Hi + ih0) * Wi + iw0)[:, None]
+                      + ((g * CV + offs_k) * XC)[None, :])
+        else:
+            pix0 = ((n * Di + id0) * Hi + ih0) * Wi + iw0
+            a_base = x_ptr + pix0[:, None] * CS + g * CV + offs_k[None, :]
         if TAPMASK:
             # closed form, no loop: a loop-carried tensor would pin a layout that
             # costs a shared-memory round trip per step to convert
@@ -255,12 +276,12 @@ def _fwd_tile(x_ptr, w_ptr, pid, g, lo, hi,
                 valid = ((vbits >> tap) & 1) != 0
             else:
                 valid = mask_m & _inside(id0 + fz * dd, Di) & _inside(ih0 + fy * dh, Hi) & _inside(iw0 + fx * dw, Wi)
-            a_ptrs = a_base + (toff * CS + c0)
+            a_ptrs = a_base + (toff * XP + c0 * XC)
             if GM == 1:
-                b_ptrs = w_base + tap * C + c0
+                b_ptrs = w_base + tap * WT + c0 * WC
                 b_msk = mask_n[None, :]
             else:
-                b_ptrs = w_base + tap * C
+                b_ptrs = w_base + tap * WT
                 b_msk = mask_n[None, :] & ((kc * (BLOCK_K // C) + k_grp)[:, None] == n_grp[None, :])
             if EVEN_C:
                 a = tl.load(a_ptrs, mask=valid[:, None], other=0.0)
@@ -285,6 +306,15 @@ def _fwd_tile(x_ptr, w_ptr, pid, g, lo, hi,
 
 
 @triton.jit
+def _y_offs(offs_m, offs_n, k0, KS, P, NCHW: tl.constexpr):
+    """Offsets of output rows ``offs_m`` (image-major pixels, P per image) x channels ``k0 + offs_n``:
+    NGK(D)HW when NCHW (a channel moves by P), else N(D)HWGK (a pixel moves by KS)."""
+    if NCHW:
+        return ((offs_m // P) * (KS * P) + offs_m % P)[:, None] + ((k0 + offs_n) * P)[None, :]
+    return offs_m[:, None] * KS + k0 + offs_n[None, :]
+
+
+@triton.jit
 def _streamk_epilogue(ws_ptr, fin_ptr, cnt_ptr, offs, msk, acc, p, tile, steps, CHUNK, WS_STRIDE):
     """Write a stream-K program's share of ``tile``: directly when the program
     covered the whole tile, else as partial number p - first of the programs that
@@ -304,8 +334,9 @@ def conv_fwd_kernel(
     sd, sh, sw, pd, ph, pw, dd, dh, dw, FZ, FY, FX, IT_CHUNK, WS_STRIDE,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPEC: tl.constexpr, EVEN_C: tl.constexpr, IEEE: tl.constexpr, ATOMIC: tl.constexpr,
-    WS: tl.constexpr, TAPMASK: tl.constexpr, STREAMK: tl.constexpr, GM: tl.constexpr,
+    WS: tl.constexpr, TAPMASK: tl.constexpr, STREAMK: tl.constexpr, GM: tl.constexpr, NCHW: tl.constexpr,
 ):
+    # NCHW: x, w and y in torch's default memory format, read and written in place (see _fwd_tile)
     # CS = G*C (input pixel stride), KS = G*K (output pixel stride); program axis 2
     # splits the reduction into IT_CHUNK (tap, channel-block) steps, summed with
     # fp32 atomics when ATOMIC, through a workspace when WS.  TAPMASK: bit t of
@@ -332,8 +363,8 @@ def conv_fwd_kernel(
             acc, offs_m, offs_n, mask_m, mask_n = _fwd_tile(
                 x_ptr, w_ptr, tile - g * ntile, g, tl.maximum(it0 - base, 0), tl.minimum(it1 - base, steps),
                 M, Di, Hi, Wi, Do, Ho, Wo, C, K, CS, sd, sh, sw, pd, ph, pw, dd, dh, dw, FZ, FY, FX,
-                BLOCK_M, BLOCK_N, BLOCK_K, SPEC, EVEN_C, IEEE, TAPMASK, GM)
-            _streamk_epilogue(y_ptr, fin_ptr, cnt_ptr, offs_m[:, None] * KS + g * (K * GM) + offs_n[None, :],
+                BLOCK_M, BLOCK_N, BLOCK_K, SPEC, EVEN_C, IEEE, TAPMASK, GM, NCHW)
+            _streamk_epilogue(y_ptr, fin_ptr, cnt_ptr, _y_offs(offs_m, offs_n, g * (K * GM), KS, Do * Ho * Wo, NCHW),
                               mask_m[:, None] & mask_n[None, :], acc, p, tile, steps, IT_CHUNK, WS_STRIDE)
     else:
         pid = tl.program_id(0)
@@ -343,8 +374,8 @@ def conv_fwd_kernel(
         acc, offs_m, offs_n, mask_m, mask_n = _fwd_tile(
             x_ptr, w_ptr, pid, g, lo, tl.minimum(lo + IT_CHUNK, steps),
             M, Di, Hi, Wi, Do, Ho, Wo, C, K, CS, sd, sh, sw, pd, ph, pw, dd, dh, dw, FZ, FY, FX,
-            BLOCK_M, BLOCK_N, BLOCK_K, SPEC, EVEN_C, IEEE, TAPMASK, GM)
-        _epilogue(y_ptr, fin_ptr, cnt_ptr, offs_m[:, None] * KS + g * (K * GM) + offs_n[None, :],
+            BLOCK_M, BLOCK_N, BLOCK_K, SPEC, EVEN_C, IEEE, TAPMASK, GM, NCHW)
+        _epilogue(y_ptr, fin_ptr, cnt_ptr, _y_offs(offs_m, offs_n, g * (K * GM), KS, Do * Ho * Wo, NCHW),
                   mask_m[:, None] & mask_n[None, :], acc, s, tl.num_programs(2), g * tl.num_programs(0) + pid,
                   WS_STRIDE, ATOMIC, WS)
 

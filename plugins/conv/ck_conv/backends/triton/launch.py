@@ -163,11 +163,17 @@ def _run(p: ConvProblem, tensors: dict, config, num_sms):
         x, w = tensors["x"], tensors["w"]
         p.check_shapes(x=x, w=w)
         _check(p, x=x, w=w)
-        xc = to_channels_last(x, p.in_layout, "in", nd)
-        wc = to_channels_last(w, p.wei_layout, "wei", nd)
         M = p.N * g["Do"] * g["Ho"] * g["Wo"]
-        y = torch.empty((p.N,) + p.output_spatial + (G, K), dtype=x.dtype, device=x.device)
         cap = _CAPTURE.get()
+        if meta.get("NCHW"):   # the implicit-GEMM kernel reads NGCHW / GKCYX and writes NGKHW in place
+            xc, wc = x.contiguous(), w.contiguous()   # no copy for torch's default (contiguous) tensors
+            y = torch.empty((p.N, G, K) + p.output_spatial, dtype=x.dtype, device=x.device)
+            if cap is not None:
+                cap.direct = True
+        else:   # the other forward kernels read and write channels-last only: NCHW operands are copied
+            xc = to_channels_last(x, p.in_layout, "in", nd)
+            wc = to_channels_last(w, p.wei_layout, "wei", nd)
+            y = torch.empty((p.N,) + p.output_spatial + (G, K), dtype=x.dtype, device=x.device)
         if cap is not None:
             cap.roles.update(x=xc, w=wc, y=y)
         if cfg.flat and not dwise:   # im2col over the flattened (tap, channel) reduction
@@ -204,6 +210,8 @@ def _run(p: ConvProblem, tensors: dict, config, num_sms):
                 EVEN_C=C * gm % meta["BLOCK_K"] == 0, IEEE=ieee, ATOMIC=so.atomic, WS=so.ws, num_warps=nw,
                 num_stages=ns)
             y = so.finish()
+            if meta["NCHW"]:
+                return y
         return from_channels_last(y, p.out_layout, "out", nd)
 
     if p.direction == "bwd_data":
