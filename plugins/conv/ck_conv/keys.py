@@ -314,12 +314,13 @@ class ConvKernelConfig:
             meta["TAPMASK"] = int(self.tap_mask)
             meta["STREAMK"] = int(self.reduction == "streamk")
             meta["GM"] = self.group_merge
-            meta["NCHW"] = int(self.layout == "ngchw")   # reads x, w and writes y in torch's NCHW order
         elif self._bwd_data_tm:
             meta["STREAMK"] = int(self.reduction == "streamk")
             meta["GM"] = self.group_merge
         elif self.group_merge > 1:
             meta["GM"] = self.group_merge
+        if self.direction != "bwd_weight":   # reads and writes the tensors in torch's NCHW order in place
+            meta["NCHW"] = int(self.layout == "ngchw")
         meta.update(num_warps=self.num_warps, num_stages=self.num_stages)
         return meta
 

@@ -1,7 +1,7 @@
-"""The implicit-GEMM forward reads NGCHW / GKCYX and writes NGKHW in place (torch's default memory
-format, issue #26): no layout copies, every variant of the kernel (taps, 1x1, strided 1x1, tap bits,
-split reductions, stream-K, merged groups, odd channels, 1D / 3D) against the float64 reference, over
-outputs poisoned with NaN."""
+"""The implicit-GEMM forward and bwd_data kernels read and write torch's default memory format in
+place (NGCHW / GKCYX / NGKHW, issue #26): no layout copies, every variant of the kernels (taps, 1x1,
+strided 1x1, tap bits, split reductions, stream-K, merged groups, odd channels, 1D / 3D) against the
+float64 reference, over outputs poisoned with NaN."""
 from __future__ import annotations
 
 import math
@@ -60,10 +60,10 @@ def copies(monkeypatch):
     return n
 
 
-def _nchw(shape: dict, dtype="fp16", **kw) -> ConvProblem:
+def _nchw(shape: dict, dtype="fp16", direction="forward", **kw) -> ConvProblem:
     nd = len(shape["input_spatial"])
     i, w, o = LAYOUT_FAMILIES["ngchw"][nd]
-    return ConvProblem(**shape, direction="forward", dtype=dtype, in_layout=i, wei_layout=w, out_layout=o, **kw)
+    return ConvProblem(**shape, direction=direction, dtype=dtype, in_layout=i, wei_layout=w, out_layout=o, **kw)
 
 
 def _check(p, cfg, split=None):
@@ -92,32 +92,41 @@ SHAPES = {
 }
 
 
+DIRECTIONS = ["forward", "bwd_data"]
+
+
+@pytest.mark.parametrize("direction", DIRECTIONS)
 @pytest.mark.parametrize("shape", list(SHAPES))
-def test_nchw_forward_reads_and_writes_in_place(shape, poisoned, copies):
-    p = _nchw(SHAPES[shape])
+def test_nchw_reads_and_writes_in_place(shape, direction, poisoned, copies):
+    p = _nchw(SHAPES[shape], direction=direction)
     _check(p, heuristic_config(attrs.evolve(p, split_k=0)))
     assert copies == {"to": 0, "from": 0}
 
 
+@pytest.mark.parametrize("direction", DIRECTIONS)
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
-def test_nchw_forward_other_dtypes_and_tap_bits(dtype, poisoned):
-    p = _nchw(SHAPES["2d_strided_dilated"], dtype=dtype)
+def test_nchw_other_dtypes_and_tap_bits(dtype, direction, poisoned):
+    p = _nchw(SHAPES["2d_strided_dilated"], dtype=dtype, direction=direction)
     _check(p, attrs.evolve(heuristic_config(attrs.evolve(p, split_k=0)), tap_mask=True))
 
 
+@pytest.mark.parametrize("direction", DIRECTIONS)
 @pytest.mark.parametrize("reduction", ["atomic", "fixup", "twostage", "streamk"])
-def test_nchw_forward_split_reductions(reduction, poisoned, odd_sms):
-    # odd C: EVEN_C off; 40 channels x 9 taps in 16-wide blocks: several reduction steps to split
+def test_nchw_split_reductions(reduction, direction, poisoned, odd_sms):
+    # odd channels: EVEN_C / EVEN_K off; 42 / 36 channels x 9 taps in 16-wide blocks: steps to split
     p = _nchw(dict(N=2, G=2, C=42, K=36, input_spatial=(5, 7), filter=(3, 3), stride=(2, 1), pad_left=(1, 0),
-                   pad_right=(0, 2)))
-    cfg = attrs.evolve(heuristic_config(attrs.evolve(p, split_k=0)), tile=(16, 16, 16), reduction=reduction)
+                   pad_right=(0, 2)), direction=direction)
+    cfg = attrs.evolve(heuristic_config(attrs.evolve(p, split_k=0)), tile=(16, 16, 16), reduction=reduction,
+                       tap_mask=reduction == "streamk")   # bwd_data stream-K: the tap-bit kernel
     _check(p, cfg, 3)
 
 
-def test_nchw_forward_merged_groups(poisoned, odd_sms):
+@pytest.mark.parametrize("direction", DIRECTIONS)
+def test_nchw_merged_groups(direction, poisoned, odd_sms):
     p = _nchw(dict(N=1, G=4, C=4 * 8, K=4 * 16, input_spatial=(4, 5), filter=(3, 3), stride=(1, 2), pad_left=1,
-                   pad_right=1))
+                   pad_right=1), direction=direction)
+    red = 8 if direction == "forward" else 16
     base = attrs.evolve(heuristic_config(attrs.evolve(p, split_k=0)), tap_mask=True)
-    _check(p, attrs.evolve(base, tile=(16, 16, 16), group_merge=4))
-    q = _nchw(dict(N=2, G=4, C=4 * 8, K=4 * 8, input_spatial=(3, 5), filter=(1, 1)))
+    _check(p, attrs.evolve(base, tile=(16, 16, 2 * red), group_merge=4))
+    q = _nchw(dict(N=2, G=4, C=4 * 8, K=4 * 8, input_spatial=(3, 5), filter=(1, 1)), direction=direction)
     _check(q, attrs.evolve(heuristic_config(attrs.evolve(q, split_k=0)), tile=(16, 16, 16), group_merge=2))

@@ -409,8 +409,9 @@ def conv_bwd_data_kernel(
     sd, sh, sw, IT_CHUNK, NSPLIT, WS_STRIDE,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPEC: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr, ATOMIC: tl.constexpr,
-    WS: tl.constexpr,
+    WS: tl.constexpr, NCHW: tl.constexpr,
 ):
+    # NCHW: dy NGK(D)HW, w GKC(ZYX), dx NGC(D)HW, read and written in place (strides as in _fwd_tile)
     # program axis 2 = stride residue class r = ((rd * sh) + rh) * sw + rw; its dx
     # pixels are (rd + i*sd, rh + j*sh, rw + l*sw).  tab[r, j] = (tap, od_off, oh_off,
     # ow_off, linear pixel offset) lists the taps that reach this class and the output
@@ -429,25 +430,42 @@ def conv_bwd_data_kernel(
     mask_n = offs_n < C
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     nkc = tl.cdiv(K, BLOCK_K)
+    if NCHW:   # weight channel stride T, tap stride 1; dy channel stride Do*Ho*Wo, pixel stride 1
+        WC = T
+        WT = 1
+        YC = Do * Ho * Wo
+        YP = 1
+    else:
+        WC = 1
+        WT = C
+        YC = 1
+        YP = KS
     # weight element (k, tap, c) for this group
-    w_base = w_ptr + g * K * T * C + offs_k[:, None] * (T * C) + offs_n[None, :]
+    w_base = w_ptr + g * K * T * C + offs_k[:, None] * (T * C) + offs_n[None, :] * WC
     if SPEC == 1:
         pix_in = offs_m
-        a_base = dy_ptr + offs_m[:, None] * KS + g * K + offs_k[None, :]
+        if NCHW:
+            a_base = dy_ptr + ((offs_m // YC) * (KS * YC) + offs_m % YC)[:, None] + ((g * K + offs_k) * YC)[None, :]
+        else:
+            a_base = dy_ptr + offs_m[:, None] * KS + g * K + offs_k[None, :]
         for kc in range(s * IT_CHUNK, tl.minimum(s * IT_CHUNK + IT_CHUNK, nkc)):
             k0 = kc * BLOCK_K
             if EVEN_K:
-                a = tl.load(a_base + k0, mask=mask_m[:, None], other=0.0)
+                a = tl.load(a_base + k0 * YC, mask=mask_m[:, None], other=0.0)
                 b = tl.load(w_base + k0 * (T * C), mask=mask_n[None, :], other=0.0)
             else:
                 kk = (k0 + offs_k) < K
-                a = tl.load(a_base + k0, mask=mask_m[:, None] & kk[None, :], other=0.0)
+                a = tl.load(a_base + k0 * YC, mask=mask_m[:, None] & kk[None, :], other=0.0)
                 b = tl.load(w_base + k0 * (T * C), mask=kk[:, None] & mask_n[None, :], other=0.0)
             acc = _dot_prec(a, b, acc, IEEE)
     else:
         n, ld, lj, li, mask_m, pix_in = _class_pixels(offs_m, mask_m, r, Rd, Rh, Rw, Di, Hi, Wi, sd, sh, sw)
         ntap = tl.load(ntap_ptr + r)
-        a_base = dy_ptr + (((n * Do + ld) * Ho + lj) * Wo + li)[:, None] * KS + g * K + offs_k[None, :]
+        if NCHW:
+            a_base = (dy_ptr + (n * (KS * YC) + (ld * Ho + lj) * Wo + li)[:, None]
+                      + ((g * K + offs_k) * YC)[None, :])
+        else:
+            a_base = dy_ptr + (((n * Do + ld) * Ho + lj) * Wo + li)[:, None] * KS + g * K + offs_k[None, :]
         lo = s * IT_CHUNK
         j = lo // nkc
         kc = lo - j * nkc
@@ -457,8 +475,8 @@ def conv_bwd_data_kernel(
             tap = tl.load(e)
             valid = mask_m & _inside(ld + tl.load(e + 1), Do) & _inside(lj + tl.load(e + 2), Ho) \
                 & _inside(li + tl.load(e + 3), Wo)
-            a_ptrs = a_base + (tl.load(e + 4) * KS + k0)
-            b_ptrs = w_base + k0 * (T * C) + tap * C
+            a_ptrs = a_base + (tl.load(e + 4) * YP + k0 * YC)
+            b_ptrs = w_base + k0 * (T * C) + tap * WT
             if EVEN_K:
                 a = tl.load(a_ptrs, mask=valid[:, None], other=0.0)
                 b = tl.load(b_ptrs, mask=mask_n[None, :], other=0.0)
@@ -472,7 +490,7 @@ def conv_bwd_data_kernel(
             kc = tl.where(wrap, 0, kc)
             j = tl.where(wrap, j + 1, j)
     tile = (r * tl.num_programs(1) + g) * tl.num_programs(0) + pid
-    _epilogue(dx_ptr, fin_ptr, cnt_ptr, pix_in[:, None] * CS + g * C + offs_n[None, :],
+    _epilogue(dx_ptr, fin_ptr, cnt_ptr, _y_offs(pix_in, offs_n, g * C, CS, Di * Hi * Wi, NCHW),
               mask_m[:, None] & mask_n[None, :], acc, s, NSPLIT, tile, WS_STRIDE, ATOMIC, WS)
 
 
@@ -484,7 +502,8 @@ CLASS_FIELDS = 17
 def _bwd_data_tile(dy_ptr, w_ptr, ctab_ptr, pid, g, r, lo, hi,
                    Mr, Rd, Rh, Rw, Di, Hi, Wi, Do, Ho, Wo, C, K, KS, T, sd, sh, sw,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   SPEC: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr, GM: tl.constexpr):
+                   SPEC: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr, GM: tl.constexpr,
+                   NCHW: tl.constexpr):
     """dx tile ``pid`` of group ``g``, residue class ``r``, over the reduction steps
     [lo, hi) (clipped to the class's own count); returns (acc, pix_in, offs_n, mask_m, mask_n).
 
@@ -506,27 +525,40 @@ def _bwd_data_tile(dy_ptr, w_ptr, ctab_ptr, pid, g, r, lo, hi,
     mask_n = offs_n < CV
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     nkc = tl.cdiv(KV, BLOCK_K)
+    if NCHW:   # as conv_bwd_data_kernel
+        WC = T
+        WT = 1
+        YC = Do * Ho * Wo
+        YP = 1
+    else:
+        WC = 1
+        WT = C
+        YC = 1
+        YP = KS
     # weight element (k, tap, c) for this group
     if GM == 1:
-        w_base = w_ptr + g * K * T * C + offs_k[:, None] * (T * C) + offs_n[None, :]
+        w_base = w_ptr + g * K * T * C + offs_k[:, None] * (T * C) + offs_n[None, :] * WC
     else:
-        w_base = w_ptr + (g * KV + offs_k)[:, None] * (T * C) + (offs_n % C)[None, :]
+        w_base = w_ptr + (g * KV + offs_k)[:, None] * (T * C) + (offs_n % C)[None, :] * WC
         k_grp = offs_k // K
         n_grp = offs_n // C
     if SPEC == 1:
         pix_in = offs_m
-        a_base = dy_ptr + offs_m[:, None] * KS + g * KV + offs_k[None, :]
+        if NCHW:
+            a_base = dy_ptr + ((offs_m // YC) * (KS * YC) + offs_m % YC)[:, None] + ((g * KV + offs_k) * YC)[None, :]
+        else:
+            a_base = dy_ptr + offs_m[:, None] * KS + g * KV + offs_k[None, :]
         for kc in range(lo, tl.minimum(hi, nkc)):
             k0 = kc * BLOCK_K
             b_msk = mask_n[None, :]
             if GM > 1:
                 b_msk = b_msk & ((kc * (BLOCK_K // K) + k_grp)[:, None] == n_grp[None, :])
             if EVEN_K:
-                a = tl.load(a_base + k0, mask=mask_m[:, None], other=0.0)
+                a = tl.load(a_base + k0 * YC, mask=mask_m[:, None], other=0.0)
                 b = tl.load(w_base + k0 * (T * C), mask=b_msk, other=0.0)
             else:
                 kk = (k0 + offs_k) < KV
-                a = tl.load(a_base + k0, mask=mask_m[:, None] & kk[None, :], other=0.0)
+                a = tl.load(a_base + k0 * YC, mask=mask_m[:, None] & kk[None, :], other=0.0)
                 b = tl.load(w_base + k0 * (T * C), mask=kk[:, None] & b_msk, other=0.0)
             acc = _dot_prec(a, b, acc, IEEE)
     else:
@@ -546,7 +578,11 @@ def _bwd_data_tile(dy_ptr, w_ptr, ctab_ptr, pid, g, r, lo, hi,
         lz = tl.load(e + 14)
         ly = tl.load(e + 15)
         lx = tl.load(e + 16)
-        a_base = dy_ptr + (((n * Do + ld) * Ho + lj) * Wo + li)[:, None] * KS + g * KV + offs_k[None, :]
+        if NCHW:
+            a_base = (dy_ptr + (n * (KS * YC) + (ld * Ho + lj) * Wo + li)[:, None]
+                      + ((g * KV + offs_k) * YC)[None, :])
+        else:
+            a_base = dy_ptr + (((n * Do + ld) * Ho + lj) * Wo + li)[:, None] * KS + g * KV + offs_k[None, :]
         j = lo // nkc
         kc = lo - j * nkc
         nx1 = tl.maximum(nx, 1)
@@ -558,8 +594,8 @@ def _bwd_data_tile(dy_ptr, w_ptr, ctab_ptr, pid, g, r, lo, hi,
         for it in range(lo, tl.minimum(hi, nz * ny * nx * nkc)):
             k0 = kc * BLOCK_K
             valid = ((vbits >> j) & 1) != 0
-            a_ptrs = a_base + (lin * KS + k0)
-            b_ptrs = w_base + k0 * (T * C) + tap * C
+            a_ptrs = a_base + (lin * YP + k0 * YC)
+            b_ptrs = w_base + k0 * (T * C) + tap * WT
             b_msk = mask_n[None, :]
             if GM > 1:
                 b_msk = b_msk & ((kc * (BLOCK_K // K) + k_grp)[:, None] == n_grp[None, :])
@@ -597,7 +633,7 @@ def conv_bwd_data_tm_kernel(
     sd, sh, sw, IT_CHUNK, NSPLIT, WS_STRIDE,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPEC: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr, ATOMIC: tl.constexpr,
-    WS: tl.constexpr, STREAMK: tl.constexpr, GM: tl.constexpr,
+    WS: tl.constexpr, STREAMK: tl.constexpr, GM: tl.constexpr, NCHW: tl.constexpr,
 ):
     # bwd_data without per-step table loads (see _bwd_data_tile): the tap bits of the
     # forward kernel on the flipped filter.  Grid as conv_bwd_data_kernel's (axis 2 =
@@ -623,8 +659,8 @@ def conv_bwd_data_tm_kernel(
             acc, pix_in, offs_n, mask_m, mask_n = _bwd_data_tile(
                 dy_ptr, w_ptr, ctab_ptr, tile - rg * ntile, g, rg // G, tl.maximum(it0 - base, 0),
                 tl.minimum(it1 - base, steps), Mr, Rd, Rh, Rw, Di, Hi, Wi, Do, Ho, Wo, C, K, KS, T, sd, sh, sw,
-                BLOCK_M, BLOCK_N, BLOCK_K, SPEC, EVEN_K, IEEE, GM)
-            _streamk_epilogue(dx_ptr, fin_ptr, cnt_ptr, pix_in[:, None] * CS + g * (C * GM) + offs_n[None, :],
+                BLOCK_M, BLOCK_N, BLOCK_K, SPEC, EVEN_K, IEEE, GM, NCHW)
+            _streamk_epilogue(dx_ptr, fin_ptr, cnt_ptr, _y_offs(pix_in, offs_n, g * (C * GM), CS, Di * Hi * Wi, NCHW),
                               mask_m[:, None] & mask_n[None, :], acc, p, tile, steps, IT_CHUNK, WS_STRIDE)
     else:
         pid = tl.program_id(0)
@@ -634,9 +670,9 @@ def conv_bwd_data_tm_kernel(
         lo = s * IT_CHUNK
         acc, pix_in, offs_n, mask_m, mask_n = _bwd_data_tile(
             dy_ptr, w_ptr, ctab_ptr, pid, g, r, lo, lo + IT_CHUNK, Mr, Rd, Rh, Rw, Di, Hi, Wi, Do, Ho, Wo,
-            C, K, KS, T, sd, sh, sw, BLOCK_M, BLOCK_N, BLOCK_K, SPEC, EVEN_K, IEEE, GM)
+            C, K, KS, T, sd, sh, sw, BLOCK_M, BLOCK_N, BLOCK_K, SPEC, EVEN_K, IEEE, GM, NCHW)
         tile = (r * tl.num_programs(1) + g) * tl.num_programs(0) + pid
-        _epilogue(dx_ptr, fin_ptr, cnt_ptr, pix_in[:, None] * CS + g * (C * GM) + offs_n[None, :],
+        _epilogue(dx_ptr, fin_ptr, cnt_ptr, _y_offs(pix_in, offs_n, g * (C * GM), CS, Di * Hi * Wi, NCHW),
                   mask_m[:, None] & mask_n[None, :], acc, s, NSPLIT, tile, WS_STRIDE, ATOMIC, WS)
 
 

@@ -210,18 +210,22 @@ def _run(p: ConvProblem, tensors: dict, config, num_sms):
                 EVEN_C=C * gm % meta["BLOCK_K"] == 0, IEEE=ieee, ATOMIC=so.atomic, WS=so.ws, num_warps=nw,
                 num_stages=ns)
             y = so.finish()
-            if meta["NCHW"]:
-                return y
-        return from_channels_last(y, p.out_layout, "out", nd)
+        return y if meta.get("NCHW") else from_channels_last(y, p.out_layout, "out", nd)
 
     if p.direction == "bwd_data":
         dy, w = tensors["dy"], tensors["w"]
         p.check_shapes(y=dy, w=w)
         _check(p, dy=dy, w=w)
-        dyc = to_channels_last(dy, p.out_layout, "out", nd)
-        wc = to_channels_last(w, p.wei_layout, "wei", nd)
-        dx = torch.empty((p.N,) + p.input_spatial + (G, C), dtype=dy.dtype, device=dy.device)
         cap = _CAPTURE.get()
+        if meta.get("NCHW"):   # the implicit-GEMM kernels read NGKHW / GKCYX and write NGCHW in place
+            dyc, wc = dy.contiguous(), w.contiguous()   # no copy for torch's default (contiguous) tensors
+            dx = torch.empty((p.N, G, C) + p.input_spatial, dtype=dy.dtype, device=dy.device)
+            if cap is not None:
+                cap.direct = True
+        else:   # the depthwise kernels read and write channels-last only: NCHW operands are copied
+            dyc = to_channels_last(dy, p.out_layout, "out", nd)
+            wc = to_channels_last(w, p.wei_layout, "wei", nd)
+            dx = torch.empty((p.N,) + p.input_spatial + (G, C), dtype=dy.dtype, device=dy.device)
         if cap is not None:
             cap.roles.update(x=dyc, w=wc, y=dx)
         if dwise and cfg.flat:
@@ -275,7 +279,7 @@ def _run(p: ConvProblem, tensors: dict, config, num_sms):
                                           EVEN_K=K % meta["BLOCK_K"] == 0, IEEE=ieee, ATOMIC=so.atomic, WS=so.ws,
                                           num_warps=nw, num_stages=ns)
             dx = so.finish()
-        return from_channels_last(dx, p.in_layout, "in", nd)
+        return dx if meta.get("NCHW") else from_channels_last(dx, p.in_layout, "in", nd)
 
     # bwd_weight
     x, dy = tensors["x"], tensors["dy"]
