@@ -70,6 +70,7 @@ def _check(p, cfg, split=None):
     if split:
         if cfg.reduction != "streamk":
             split = split_plan(attrs.evolve(cfg, split=split), p)[0]
+            assert split > 1, "the reduction is too short to split"
         p, cfg = attrs.evolve(p, split_k=split), attrs.evolve(cfg, split=split)
     assert cfg.why_not(p) is None and cfg.triton_meta().get("NCHW") == 1
     ops = random_operands(p, seed=int(np.random.default_rng().integers(1 << 30)))
@@ -113,8 +114,8 @@ def test_nchw_other_dtypes_and_tap_bits(dtype, direction, poisoned):
 @pytest.mark.parametrize("direction", DIRECTIONS)
 @pytest.mark.parametrize("reduction", ["atomic", "fixup", "twostage", "streamk"])
 def test_nchw_split_reductions(reduction, direction, poisoned, odd_sms):
-    # odd channels: EVEN_C / EVEN_K off; 42 / 36 channels x 9 taps in 16-wide blocks: steps to split
-    p = _nchw(dict(N=2, G=2, C=42, K=36, input_spatial=(5, 7), filter=(3, 3), stride=(2, 1), pad_left=(1, 0),
+    # odd channels: EVEN_C / EVEN_K off; 18 / 20 channels x 9 taps in 16-wide blocks: steps to split
+    p = _nchw(dict(N=2, G=2, C=18, K=20, input_spatial=(4, 5), filter=(3, 3), stride=(2, 1), pad_left=(1, 0),
                    pad_right=(0, 2)), direction=direction)
     cfg = attrs.evolve(heuristic_config(attrs.evolve(p, split_k=0)), tile=(16, 16, 16), reduction=reduction,
                        tap_mask=reduction == "streamk")   # bwd_data stream-K: the tap-bit kernel
@@ -130,3 +131,15 @@ def test_nchw_merged_groups(direction, poisoned, odd_sms):
     _check(p, attrs.evolve(base, tile=(16, 16, 2 * red), group_merge=4))
     q = _nchw(dict(N=2, G=4, C=4 * 8, K=4 * 8, input_spatial=(3, 5), filter=(1, 1)), direction=direction)
     _check(q, attrs.evolve(heuristic_config(attrs.evolve(q, split_k=0)), tile=(16, 16, 16), group_merge=2))
+
+
+@pytest.mark.parametrize("shape", ["2d_strided_dilated", "1d", "3d"])
+def test_nchw_im2col_forward(shape, poisoned, copies):
+    """The im2col forward over the flattened (tap, channel) axis (few channels per group)."""
+    from ck_conv.heuristics import flat_candidates
+
+    p = _nchw(SHAPES[shape])
+    cfg = next(c for c in flat_candidates(p) if c.why_not(p) is None)
+    assert cfg.flat and cfg.direction == "forward"
+    _check(p, cfg)
+    assert copies == {"to": 0, "from": 0}

@@ -1080,9 +1080,11 @@ def conv_fwd_flat_kernel(
     M, Di, Hi, Wi, Do, Ho, Wo, C, K, CS, KS,
     sd, sh, sw, pd, ph, pw, dd, dh, dw, FZ, FY, FX,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
+    NCHW: tl.constexpr,
 ):
     # y[p, g, k] = sum_j x[in(p, tap(j)), g, c(j)] * w[g, k, j], j = tap*C + c: the
-    # reduction runs over T*C in BLOCK_K steps (no per-tap padding of C)
+    # reduction runs over T*C in BLOCK_K steps (no per-tap padding of C).  NCHW: x NGC(D)HW,
+    # w GKC(ZYX), y NGK(D)HW read and written in place (a channel moves by the image's pixels)
     pid = tl.program_id(0)
     g = tl.program_id(1)
     TC = FZ * FY * FX * C
@@ -1095,19 +1097,30 @@ def conv_fwd_flat_kernel(
     mask_m = offs_m < M
     mask_n = offs_n < K
     i0, i1, i2, pix = _flat_pixels(offs_m, Di, Hi, Wi, Do, Ho, Wo, sd, sh, sw, pd, ph, pw)
-    a_base = x_ptr + (pix * CS + g * C)[:, None]
+    PI = Di * Hi * Wi
+    if NCHW:   # pix = n*PI + the (possibly padded, negative) in-image offset
+        a_base = x_ptr + (pix + (offs_m // (Do * Ho * Wo)) * (PI * (CS - 1)) + g * C * PI)[:, None]
+    else:
+        a_base = x_ptr + (pix * CS + g * C)[:, None]
     w_base = w_ptr + (g * K + offs_n)[None, :] * TC
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for j0 in range(0, TC, BLOCK_K):
         offs_j = j0 + offs_k
         mj = offs_j < TC
         zd, yd, xd, coff = _flat_cols(offs_j, C, FY, FX, dd, dh, dw, Hi, Wi, CS)
+        if NCHW:   # column j = tap*C + c: x at tap offset + c*PI, w at c*T + tap
+            tap = offs_j // C
+            cc = offs_j - tap * C
+            coff = (zd * Hi + yd) * Wi + xd + cc * PI
+            woff = cc * (FZ * FY * FX) + tap
+        else:
+            woff = offs_j
         valid = (mask_m[:, None] & mj[None, :] & _inside(i0[:, None] + zd[None, :], Di)
                  & _inside(i1[:, None] + yd[None, :], Hi) & _inside(i2[:, None] + xd[None, :], Wi))
         a = tl.load(a_base + coff[None, :], mask=valid, other=0.0)
-        b = tl.load(w_base + offs_j[:, None], mask=mj[:, None] & mask_n[None, :], other=0.0)
+        b = tl.load(w_base + woff[:, None], mask=mj[:, None] & mask_n[None, :], other=0.0)
         acc = _dot_prec(a, b, acc, IEEE)
-    tl.store(y_ptr + offs_m[:, None] * KS + g * K + offs_n[None, :], acc.to(y_ptr.dtype.element_ty),
+    tl.store(y_ptr + _y_offs(offs_m, offs_n, g * K, KS, Do * Ho * Wo, NCHW), acc.to(y_ptr.dtype.element_ty),
              mask=mask_m[:, None] & mask_n[None, :])
 
 

@@ -165,12 +165,12 @@ def _run(p: ConvProblem, tensors: dict, config, num_sms):
         _check(p, x=x, w=w)
         M = p.N * g["Do"] * g["Ho"] * g["Wo"]
         cap = _CAPTURE.get()
-        if meta.get("NCHW"):   # the implicit-GEMM kernel reads NGCHW / GKCYX and writes NGKHW in place
+        if meta.get("NCHW"):   # the implicit-GEMM kernels read NGCHW / GKCYX and write NGKHW in place
             xc, wc = x.contiguous(), w.contiguous()   # no copy for torch's default (contiguous) tensors
             y = torch.empty((p.N, G, K) + p.output_spatial, dtype=x.dtype, device=x.device)
             if cap is not None:
                 cap.direct = True
-        else:   # the other forward kernels read and write channels-last only: NCHW operands are copied
+        else:   # the depthwise kernels read and write channels-last only: NCHW operands are copied
             xc = to_channels_last(x, p.in_layout, "in", nd)
             wc = to_channels_last(w, p.wei_layout, "wei", nd)
             y = torch.empty((p.N,) + p.output_spatial + (G, K), dtype=x.dtype, device=x.device)
