@@ -1,14 +1,14 @@
 """GPU check of the conv eager host path (issue #26): the kernels that read NCHW in place, warm-call
 launch counts, and torch.compile of conv forward and forward+backward.  Under 2 minutes on one GPU.
 
-(1) ``nchw``: the implicit-GEMM forward, the im2col forward and both bwd_data kernels on NCHW tensors
-    (fp16 / bf16; 3x3, strided, dilated, 1x1, grouped, split reductions, stream-K, 1D / 3D) against
+(1) ``nchw``: the implicit-GEMM and im2col forward, both bwd_data kernels and the per-tap bwd_weight
+    kernel on NCHW tensors (fp16 / bf16; 3x3, strided, dilated, 1x1, grouped, split reductions, stream-K, 1D / 3D) against
     float64 torch, over outputs poisoned with NaN (compiles each NCHW kernel variant on the device).
 (2) ``warm``: per warm eager call (conv1d/2d/3d NCHW, channels-last, grouped; forward and fwd+bwd)
     the launches it makes (the profiler's CUDA kernels of one call, ours and torch's) and the us/call.
-(3) ``compile``: ``torch.compile(mode="reduce-overhead")`` (Inductor + CUDA graphs) and
-    ``mode="default"`` of a forward and of a fwd+bwd step, NCHW and channels-last, against float64
-    torch; the error and the tail of its traceback where one fails to trace or run.
+(3) ``compile``: ``torch.compile(mode="reduce-overhead")`` (Inductor + CUDA graphs; ``--compile-modes``
+    adds others, e.g. ``default``) of a forward and of a fwd+bwd step, NCHW and channels-last, against
+    float64 torch; the error and the tail of its traceback where one fails to trace or run.
 
     python benchmarks/conv_host_check.py --out conv_host_check.json [--parts nchw warm compile]
 """
@@ -69,16 +69,21 @@ def nchw_part() -> list:
         shape = shapes[name]
         nd = len(shape["input_spatial"])
         i, w, o = LAYOUT_FAMILIES["ngchw"][nd]
-        for direction in ("forward", "bwd_data"):
+        for direction in ("forward", "bwd_data", "bwd_weight"):
             p = ConvProblem(**shape, direction=direction, dtype=dtype, in_layout=i, wei_layout=w, out_layout=o,
                             split_k=0)
             base = heuristic_config(p)
+            if direction == "bwd_weight":   # the per-tap kernel: the one that reads NCHW in place
+                base = attrs.evolve(base, tma=False, flat=False, group_merge=1)
             variants = {"heuristic": (base, 1)}
             if all_variants:
                 variants.update({"tap bits": (attrs.evolve(base, tap_mask=True), 1),
                                  "atomic split 3": (attrs.evolve(base, reduction="atomic"), 3),
-                                 "fixup split 3": (attrs.evolve(base, reduction="fixup"), 3),
-                                 "stream-K": (attrs.evolve(base, reduction="streamk", tap_mask=True), 2)})
+                                 "fixup split 3": (attrs.evolve(base, reduction="fixup"), 3)})
+                if direction == "bwd_weight":
+                    variants["atomicfix split 3"] = (attrs.evolve(base, reduction="atomicfix"), 3)
+                else:
+                    variants["stream-K"] = (attrs.evolve(base, reduction="streamk", tap_mask=True), 2)
                 if direction == "forward":
                     flat = [c for c in flat_candidates(p) if c.why_not(p) is None]
                     if flat:
@@ -111,6 +116,14 @@ def nchw_part() -> list:
                             out = L.run(q, {"x": xt.view(q.N, q.G, q.C // q.G, *q.input_spatial),
                                             "w": wt.view(q.G, q.K // q.G, q.C // q.G, *q.filter)}, c)
                             want = conv(xt.double(), wt.double(), **kw)
+                        elif direction == "bwd_weight":
+                            xt = torch.randn(xs, device=DEV, generator=g).to(td)
+                            dyt = torch.randn(ys, device=DEV, generator=g).to(td)
+                            out = L.run(q, {"x": xt.view(q.N, q.G, q.C // q.G, *q.input_spatial),
+                                            "dy": dyt.view(q.N, q.G, q.K // q.G, *q.output_spatial)}, c)
+                            wd = torch.zeros(ws, device=DEV, dtype=torch.float64, requires_grad=True)
+                            conv(xt.double(), wd, **kw).backward(dyt.double())
+                            want = wd.grad
                         else:
                             dyt = torch.randn(ys, device=DEV, generator=g).to(td)
                             out = L.run(q, {"dy": dyt.view(q.N, q.G, q.K // q.G, *q.output_spatial),
@@ -221,15 +234,19 @@ def warm_part() -> dict:
     return rows
 
 
+#: torch.compile modes of the compile part (``--compile-modes``; each case and mode is a compile of its own)
+COMPILE_MODES = ["reduce-overhead"]
+
+
 def compile_part() -> dict:
     import torch
 
     cases, g = _cases()
     rows = {}
-    for name in ("conv2d 2x16x8 k3", "conv2d channels_last 2x16x8x8 k3", "conv2d groups=2 2x16x8x8 k3"):
+    for name in ("conv2d 2x16x8 k3", "conv2d channels_last 2x16x8x8 k3"):
         spec = cases[name]
         ours, theirs = spec[5], spec[6]
-        for mode in ("reduce-overhead", "default"):
+        for mode in COMPILE_MODES:
             for grad in (False, True):
                 key = f"{name} {'fwd+bwd' if grad else 'forward'} mode={mode}"
                 row = {}
@@ -266,11 +283,14 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--parts", nargs="+", choices=["nchw", "warm", "compile"], default=["nchw", "warm", "compile"])
+    ap.add_argument("--compile-modes", nargs="+", default=COMPILE_MODES, metavar="MODE",
+                    help="torch.compile modes of the compile part (default: reduce-overhead)")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                     help="cpu: a dry run of the nchw part on the Triton interpreter (TRITON_INTERPRET=1)")
     ns = ap.parse_args(argv)
     global DEV
     DEV = ns.device
+    COMPILE_MODES[:] = ns.compile_modes
     if DEV == "cpu":
         import os
 

@@ -322,7 +322,7 @@ class ConvKernelConfig:
             meta["GM"] = self.group_merge
         elif self.group_merge > 1:
             meta["GM"] = self.group_merge
-        if self.direction != "bwd_weight":   # reads and writes the tensors in torch's NCHW order in place
+        if self.direction != "bwd_weight" or self.group_merge == 1:   # NCHW read and written in place
             meta["NCHW"] = int(self.layout == "ngchw")
         meta.update(num_warps=self.num_warps, num_stages=self.num_stages)
         return meta

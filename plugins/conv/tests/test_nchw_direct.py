@@ -143,3 +143,22 @@ def test_nchw_im2col_forward(shape, poisoned, copies):
     assert cfg.flat and cfg.direction == "forward"
     _check(p, cfg)
     assert copies == {"to": 0, "from": 0}
+
+
+def _per_tap(p, **kw):
+    """The per-tap bwd_weight kernel (not the tensor-descriptor, im2col or merged-group ones)."""
+    return attrs.evolve(heuristic_config(attrs.evolve(p, split_k=0)), tma=False, flat=False, group_merge=1, **kw)
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_nchw_bwd_weight_reads_and_writes_in_place(shape, poisoned, copies):
+    p = _nchw(SHAPES[shape], direction="bwd_weight")
+    _check(p, _per_tap(p))
+    assert copies == {"to": 0, "from": 0}
+
+
+@pytest.mark.parametrize("reduction", ["atomic", "fixup", "atomicfix", "twostage"])
+def test_nchw_bwd_weight_splits_and_tap_bits(reduction, poisoned):
+    p = _nchw(dict(N=3, G=2, C=6, K=10, input_spatial=(7, 9), filter=(3, 3), stride=(2, 1), pad_left=(1, 0),
+                   pad_right=(0, 2), dilation=(1, 2)), direction="bwd_weight")
+    _check(p, _per_tap(p, reduction=reduction, tap_mask=reduction == "atomic", tile=(16, 16, 16)), 3)

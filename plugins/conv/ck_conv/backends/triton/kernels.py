@@ -720,8 +720,10 @@ def conv_bwd_weight_kernel(
     sd, sh, sw, pd, ph, pw, dd, dh, dw, FZ, FY, FX, WS_STRIDE,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPEC: tl.constexpr, ATOMIC: tl.constexpr, IEEE: tl.constexpr, FAST_DIV: tl.constexpr,
-    TABLE: tl.constexpr, WS: tl.constexpr,
+    TABLE: tl.constexpr, WS: tl.constexpr, NCHW: tl.constexpr,
 ):
+    # NCHW: x NGC(D)HW, dy NGK(D)HW and dw GKC(ZYX), read and written in place (a channel moves by
+    # the image's pixels; a pixel's image n = p // (Do*Ho*Wo) places it).
     # TABLE: pb[p] is output pixel p's input pixel at tap 0 (may be out of the
     # image), pc[p] packs its (d, h, w) input coordinates + 512 in 10 bits each,
     # so the reduction loop does no division (cf. CK's precomputed im2col offsets);
@@ -755,15 +757,31 @@ def conv_bwd_weight_kernel(
     inv_wo = 1.0 / (Wo * 1.0)
     inv_ho = 1.0 / (Ho * 1.0)
     toff = ((fz * dd) * Hi + fy * dh) * Wi + fx * dw
+    if NCHW:
+        PO = Do * Ho * Wo
+        PI = Di * Hi * Wi
+        a_base = dy_ptr + ((g * K + offs_m) * PO)[:, None]
+        b_base = x_ptr + ((g * C + offs_n) * PI)[None, :]
     for p0 in range(p_start, p_end, BLOCK_K):
         offs_p = p0 + offs_k
         mp = offs_p < p_end
-        a = tl.load(a_base + offs_p[None, :] * KS, mask=mask_m[:, None] & mp[None, :], other=0.0)
         pix, valid = _bw_pixels(offs_p, mp, pb_ptr, pc_ptr, toff, tap, fz, fy, fx, Di, Hi, Wi, Do, Ho, Wo,
                                 sd, sh, sw, pd, ph, pw, dd, dh, dw, inv_wo, inv_ho, SPEC, TABLE, FAST_DIV)
-        b = tl.load(b_base + pix[:, None] * CS, mask=valid[:, None] & mask_n[None, :], other=0.0)
+        if NCHW:   # pix = n*PI + the (possibly padded) in-image offset
+            n_img = offs_p // PO
+            a = tl.load(a_base + (n_img * (KS * PO) + offs_p - n_img * PO)[None, :],
+                        mask=mask_m[:, None] & mp[None, :], other=0.0)
+            b = tl.load(b_base + (pix + n_img * (PI * (CS - 1)))[:, None], mask=valid[:, None] & mask_n[None, :],
+                        other=0.0)
+        else:
+            a = tl.load(a_base + offs_p[None, :] * KS, mask=mask_m[:, None] & mp[None, :], other=0.0)
+            b = tl.load(b_base + pix[:, None] * CS, mask=valid[:, None] & mask_n[None, :], other=0.0)
         acc = _dot_prec(a, b, acc, IEEE)
-    _epilogue(dw_ptr, fin_ptr, cnt_ptr, g * K * T * C + offs_m[:, None] * (T * C) + tap * C + offs_n[None, :],
+    if NCHW:
+        w_offs = g * K * T * C + offs_m[:, None] * (T * C) + offs_n[None, :] * T + tap
+    else:
+        w_offs = g * K * T * C + offs_m[:, None] * (T * C) + tap * C + offs_n[None, :]
+    _epilogue(dw_ptr, fin_ptr, cnt_ptr, w_offs,
               mask_m[:, None] & mask_n[None, :], acc, s, tl.num_programs(2), g * tl.num_programs(0) + pid,
               WS_STRIDE, ATOMIC, WS)
 

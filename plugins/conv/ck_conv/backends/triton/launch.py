@@ -285,8 +285,11 @@ def _run(p: ConvProblem, tensors: dict, config, num_sms):
     x, dy = tensors["x"], tensors["dy"]
     p.check_shapes(x=x, y=dy)
     _check(p, x=x, dy=dy)
-    xc = to_channels_last(x, p.in_layout, "in", nd)
-    dyc = to_channels_last(dy, p.out_layout, "out", nd)
+    if meta.get("NCHW"):   # the per-tap kernel reads NGCHW x / NGKHW dy and writes GKCYX dw in place
+        xc, dyc = x.contiguous(), dy.contiguous()   # no copy for torch's default (contiguous) tensors
+    else:   # the depthwise, tensor-descriptor, im2col and merged-group kernels read channels-last only
+        xc = to_channels_last(x, p.in_layout, "in", nd)
+        dyc = to_channels_last(dy, p.out_layout, "out", nd)
     P = p.N * g["Do"] * g["Ho"] * g["Wo"]
     if dwise:
         from .dw_codegen import dw_bwd_weight_kernel
@@ -350,11 +353,12 @@ def _run(p: ConvProblem, tensors: dict, config, num_sms):
     bk = meta["BLOCK_K"]
     chunk = _cdiv(_cdiv(P, split), bk) * bk
     split = _split_as_named(cfg, _cdiv(P, chunk))
-    shape = (G, K) + p.filter + (C,)
+    shape = (G, K, C) + p.filter if meta.get("NCHW") else (G, K) + p.filter + (C,)
     final = torch.empty(shape, dtype=x.dtype, device=x.device)
     cap = _CAPTURE.get()
     if cap is not None:
         cap.roles.update(x=xc, w=dyc, y=final)
+        cap.direct = bool(meta.get("NCHW"))
     gm = meta.get("GM", 1)
     grid = (p.taps * _cdiv(K, meta["BLOCK_M"]) * _cdiv(C, meta["BLOCK_N"]), _cdiv(G, gm), split)
     so = _SplitOut(final, split, cfg.reduction, grid[0] * grid[1])
@@ -372,4 +376,4 @@ def _run(p: ConvProblem, tensors: dict, config, num_sms):
     else:
         _k(tk.conv_bwd_weight_kernel, grid)(xc, dyc, so.out, pb, pc, so.fin, so.cnt, P, chunk, *geo, **meta, **flags)
     out = so.finish()
-    return from_channels_last(out, p.wei_layout, "wei", nd)
+    return out if meta.get("NCHW") else from_channels_last(out, p.wei_layout, "wei", nd)
