@@ -112,6 +112,15 @@ def launch_cost() -> tuple[float, float]:
     return float(t["launch_us"]) if "launch_us" in t else 0.0, float(t["step_us"]) if "step_us" in t else 1.0
 
 
+def nchw_in_place_limit() -> int:
+    """Multiply-adds (N * input pixels * K * C/groups * taps) up to which an NCHW call runs on the
+    kernels that read NCHW in place (tuned ``launch_cost`` table, ``nchw_in_place_max_mmac``, in
+    millions): there the three layout copies' launches cost more than the in-place kernels' strided
+    loads; above it the public API hands the kernels channels-last copies."""
+    t = table("conv", "generic", "launch_cost", TUNED_DIR, check=check_entry)
+    return int(t["nchw_in_place_max_mmac"] * 1e6) if "nchw_in_place_max_mmac" in t else 0
+
+
 def split_pays(cfg: ConvKernelConfig, p: ConvProblem, split: int, num_sms: int) -> bool:
     """Whether splitting ``cfg``'s reduction ``split`` ways on ``p`` saves more time than the launches
     the split adds cost (:func:`ck_conv.geometry.launches`: an ``atomic`` split adds a memset and a

@@ -162,3 +162,44 @@ def test_nchw_bwd_weight_splits_and_tap_bits(reduction, poisoned):
     p = _nchw(dict(N=3, G=2, C=6, K=10, input_spatial=(7, 9), filter=(3, 3), stride=(2, 1), pad_left=(1, 0),
                    pad_right=(0, 2), dilation=(1, 2)), direction="bwd_weight")
     _check(p, _per_tap(p, reduction=reduction, tap_mask=reduction == "atomic", tile=(16, 16, 16)), 3)
+
+
+def test_the_public_api_copies_large_nchw_calls_to_channels_last(monkeypatch, ck_rng):
+    """Above the tuned in-place bound an NCHW call runs on channels-last copies (the result still NCHW,
+    forward and gradients right); at or below it the kernels read NCHW in place."""
+    from ck_conv import api
+    from ck_core import api as core
+
+    g = torch.Generator().manual_seed(int(ck_rng.integers(1 << 31)))
+    x = (torch.rand(2, 6, 5, 7, generator=g) * 2 - 1).requires_grad_()
+    w = (torch.rand(4, 3, 3, 3, generator=g) * 2 - 1).requires_grad_()
+    one = torch.rand(1, 1, 5, 7, generator=g)   # one channel: channels-last is the same memory
+    macs = 2 * 5 * 7 * 4 * 3 * 9
+    seen = []
+    real = api._forward
+
+    def spy(x, w, *a, **k):
+        seen.append(api._is_channels_last(x))
+        return real(x, w, *a, **k)
+
+    monkeypatch.setattr(api, "_forward", spy)
+    core.clear()
+    for limit, cl in ((macs, False), (macs - 1, True)):
+        core.clear()   # the warm closures of the last bound
+        monkeypatch.setattr(api, "_IN_PLACE", [limit])
+        seen.clear()
+        y = api.conv2d(x, w, padding=1, groups=2)
+        assert y.is_contiguous()
+        y.backward(torch.ones_like(y))
+        xd, wd = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+        want = torch.nn.functional.conv2d(xd, wd, padding=1, groups=2)
+        want.backward(torch.ones_like(want))
+        rel = lambda a, b: float((a.detach().double() - b).norm() / b.norm())  # noqa: E731
+        assert rel(y, want.detach()) < 1e-5 and rel(x.grad, xd.grad) < 1e-5 and rel(w.grad, wd.grad) < 1e-5
+        x.grad = w.grad = None
+        with torch.no_grad():
+            api.conv2d(x, w, padding=1, groups=2)
+        assert seen and seen[-1] is cl, (limit, seen)
+        monkeypatch.setattr(api, "_IN_PLACE", [0])
+        assert api.conv2d(one, torch.rand(2, 1, 3, 3, generator=g)).shape == (1, 2, 3, 5)   # no endless copying
+    core.clear()
