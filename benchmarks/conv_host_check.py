@@ -5,7 +5,9 @@ launch counts, and torch.compile of conv forward and forward+backward.  Under 2 
     kernel on NCHW tensors (fp16 / bf16; 3x3, strided, dilated, 1x1, grouped, split reductions, stream-K, 1D / 3D) against
     float64 torch, over outputs poisoned with NaN (compiles each NCHW kernel variant on the device).
 (2) ``warm``: per warm eager call (conv1d/2d/3d NCHW, channels-last, grouped; forward and fwd+bwd)
-    the launches it makes (the profiler's CUDA kernels of one call, ours and torch's) and the us/call.
+    the launches it makes (the profiler's CUDA kernels of one call, ours and torch's) and the us/call;
+    the NCHW ResNet layer also with the in-place bound lifted (``ck_in_place``: the in-place kernels on a
+    large problem vs the channels-last copies, what ``launch_cost.nchw_in_place_max_mmac`` should weigh).
 (3) ``compile``: ``torch.compile(mode="reduce-overhead")`` (Inductor + CUDA graphs; ``--compile-modes``
     adds others, e.g. ``default``) of a forward and of a fwd+bwd step, NCHW and channels-last, against
     float64 torch; the error and the tail of its traceback where one fails to trace or run.
@@ -226,6 +228,22 @@ def warm_part() -> dict:
                             return conv(x, w, **kw)
                     row[label] = {"kernels_per_call": _kernels_per_call(fn), "us_per_call": _us(fn)}
                 row["ratio"] = round(row["ck"]["us_per_call"] / row["torch"]["us_per_call"], 2)
+                if spec[4] is None and "ResNet" in name:   # NCHW above the in-place bound: also in place
+                    from ck_conv import api
+                    from ck_core import api as core
+
+                    core.clear()
+                    api._IN_PLACE[:] = [1 << 62]
+                    try:
+                        def fn():
+                            if grad:
+                                x.grad = w.grad = None
+                                ours(x, w, **kw).backward(dy)
+                            else:
+                                ours(x, w, **kw)
+                        row["ck_in_place"] = {"kernels_per_call": _kernels_per_call(fn), "us_per_call": _us(fn)}
+                    finally:
+                        core.clear()
             except Exception as e:  # noqa: BLE001
                 row.update(_err(e))
             key = name + (" fwd+bwd" if grad else "")
