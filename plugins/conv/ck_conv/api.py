@@ -327,6 +327,13 @@ def _conv(nd: int, x, w, bias, stride, padding, dilation, groups):
         if f is not None:
             y = _apply(f, x, w) if grad else f(x, w)
             return y if bias is None else y + bias.view(1, -1, *([1] * nd))
+    if x.dim() == nd + 2 and not _is_channels_last(x) and x.numel() // max(x.shape[1], 1) * w.numel() > _in_place():
+        # a large NCHW call: the kernels run on channels-last copies (their vectorised loads), the result
+        # comes back NCHW (torch's layout for NCHW input); small ones read NCHW in place (no copies).
+        # (One channel or one pixel: channels-last is the same memory, nothing to copy.)
+        xl = _to_last(x)
+        if _is_channels_last(xl):
+            return _conv(nd, xl, _to_last(w), bias, stride, padding, dilation, groups).contiguous()
     if x.dim() == nd + 1:   # unbatched, as torch allows
         return _conv(nd, x.unsqueeze(0), w, bias, stride, padding, dilation, groups).squeeze(0)
     if x.dim() != nd + 2:
@@ -348,6 +355,25 @@ def _conv(nd: int, x, w, bias, stride, padding, dilation, groups):
     if bias is not None:
         y = y + bias.view(1, -1, *([1] * nd))
     return y
+
+
+def _to_last(t: torch.Tensor) -> torch.Tensor:
+    """``t`` (N|K, C, *spatial) with channels-last strides (a copy; any rank, conv1d's too)."""
+    nd = t.dim() - 2
+    return t.permute(_last(nd)).contiguous().permute(_first(nd))
+
+
+def _in_place() -> int:
+    if not _IN_PLACE:
+        from .heuristics import nchw_in_place_limit
+
+        _IN_PLACE.append(nchw_in_place_limit())
+    return _IN_PLACE[0]
+
+
+#: the tuned bound of NCHW calls that run in place (read once; ck_core.api.clear() forgets it)
+_IN_PLACE: list = []
+core.on_clear(_IN_PLACE.clear)
 
 
 def conv1d(x, w, bias: Optional[torch.Tensor] = None, stride=1, padding=0, dilation=1, groups: int = 1):

@@ -109,6 +109,25 @@ def split_plan(cfg: ConvKernelConfig, p: ConvProblem, split: int | None = None) 
     return max(1, _cdiv(steps, chunk)), chunk
 
 
+def launches(cfg: ConvKernelConfig, split: int | None = None) -> int:
+    """Device launches one run of ``cfg`` makes (split ``split`` ways; None: the key's split), as
+    :func:`ck_conv.backends.triton.launch.run` and its buffers make them: the kernel, plus for a
+    split ``atomic`` / ``relaxed`` reduction the fp32 accumulator's memset and the cast out of it
+    (fp32 results: the accumulator is the result, no cast), for ``twostage`` the reduce kernel;
+    ``fixup``, ``atomicfix`` and stream-K finish inside the kernel.  Depthwise bwd_weight sums into
+    a zeroed fp32 buffer at any split unless it is ``atomicfix``.  The layout copies of a problem
+    whose tensors are not channels-last are the problem's, the same for every key."""
+    split = cfg.split if split is None else split
+    cast = 0 if cfg.dtype == "fp32" else 1
+    if cfg.direction == "bwd_weight" and cfg.specialization == "depthwise":
+        return 1 if cfg.reduction == "atomicfix" else 2 + cast
+    if split <= 1 or cfg.reduction in ("fixup", "atomicfix", "streamk"):
+        return 1
+    if cfg.reduction == "twostage":
+        return 2
+    return 2 + cast   # atomic / relaxed: memset, kernel, cast
+
+
 def tma_blocks(cfg: ConvKernelConfig, p: ConvProblem) -> tuple:
     """``(pixel blocks, blocks per output row)`` of the tensor-descriptor bwd_weight kernel: BLOCK_K
     pixels of the flat pixel axis (1x1, stride 1, pad 0), else BLOCK_K columns of one output row."""

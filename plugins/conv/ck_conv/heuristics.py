@@ -20,7 +20,7 @@ import attrs
 
 from ck_core.tuned_data import EMPTY, table
 
-from .geometry import reduction_shape, split_plan, streamk_fits
+from .geometry import launches, reduction_shape, split_plan, streamk_fits
 from .keys import ELEMENT_BYTES, ConvKernelConfig, as_tuples, config_of, conv_facts, evolved, key_of
 from .space import _splits
 from .problem import ConvProblem
@@ -97,9 +97,46 @@ def _preferred_split(cfg: ConvKernelConfig, p: ConvProblem, num_sms: int, smem_b
     if cfg.rows or p.direction != "bwd_weight" and (cfg.flat or cfg.specialization == "depthwise"):
         return 1
     if p.direction == "bwd_weight":
-        return auto_split_k(p, cfg, num_sms)
-    tiles, steps = reduction_shape(cfg, p)
-    return auto_split_mn(tiles, steps, num_sms, eager=cfg.reduction in EAGER_REDUCTIONS)
+        sp = auto_split_k(p, cfg, num_sms)
+    else:
+        tiles, steps = reduction_shape(cfg, p)
+        sp = auto_split_mn(tiles, steps, num_sms, eager=cfg.reduction in EAGER_REDUCTIONS)
+    return sp if sp <= 1 or split_pays(cfg, p, sp, num_sms) else 1
+
+
+def launch_cost() -> tuple[float, float]:
+    """``(launch_us, step_us)`` of the tuned ``launch_cost`` table: what one more device launch
+    costs an eager call, and the time of one reduction step of a program (one BLOCK_K step of
+    a forward / bwd_data tile, one pixel block of a bwd_weight tile), which a split saves."""
+    t = table("conv", "generic", "launch_cost", TUNED_DIR, check=check_entry)
+    return float(t["launch_us"]) if "launch_us" in t else 0.0, float(t["step_us"]) if "step_us" in t else 1.0
+
+
+def nchw_in_place_limit() -> int:
+    """Multiply-adds (N * input pixels * K * C/groups * taps) up to which an NCHW call runs on the
+    kernels that read NCHW in place (tuned ``launch_cost`` table, ``nchw_in_place_max_mmac``, in
+    millions): there the three layout copies' launches cost more than the in-place kernels' strided
+    loads; above it the public API hands the kernels channels-last copies."""
+    t = table("conv", "generic", "launch_cost", TUNED_DIR, check=check_entry)
+    return int(t["nchw_in_place_max_mmac"] * 1e6) if "nchw_in_place_max_mmac" in t else 0
+
+
+def split_pays(cfg: ConvKernelConfig, p: ConvProblem, split: int, num_sms: int) -> bool:
+    """Whether splitting ``cfg``'s reduction ``split`` ways on ``p`` saves more time than the launches
+    the split adds cost (:func:`ck_conv.geometry.launches`: an ``atomic`` split adds a memset and a
+    cast, ``twostage`` a reduce kernel): waves of programs x their steps x ``step_us``, plus the extra
+    launches x ``launch_us`` (:func:`launch_cost`).  Splits that add no launch always pay."""
+    extra = launches(cfg, split) - launches(cfg, 1)
+    if extra <= 0:
+        return True
+    launch_us, step_us = launch_cost()
+    tiles, red = reduction_shape(cfg, p)
+    if p.direction == "bwd_weight":   # the pixel reduction, in blocks of the kernel's pixel unit
+        red = _cdiv(red, cfg.tile[0] if cfg.specialization == "depthwise" else cfg.tile[2])
+    sms = max(int(num_sms), 1)
+    whole = _cdiv(tiles, sms) * red * step_us
+    cut = _cdiv(tiles * split, sms) * _cdiv(red, split) * step_us + extra * launch_us
+    return cut < whole
 
 
 def named_split(cfg: ConvKernelConfig, p: ConvProblem, arch, split: int | None = None) -> tuple:
@@ -339,7 +376,7 @@ TUNED_DIR = str(Path(__file__).resolve().parent / "tuned")
 #: first-tier classes lists of names, every other table nested lists of sizes and names
 _NAME_TOKEN = re.compile(r"[A-Za-z0-9_]{1,40}")
 _POSITIVE_KEYS = {"compute_units", "lds_bytes", "warp_size", "default", "depthwise", "flat", "tma",
-                  "max_acc_per_thread", "max_channels"}
+                  "max_acc_per_thread", "max_channels", "step_us"}
 
 
 def check_entry(key, v) -> None:

@@ -306,8 +306,11 @@ class ConvKernelConfig:
             return {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "LINEAR": int(self.specialization == "filter1x1_stride1_pad0"),
                     "num_warps": self.num_warps, "num_stages": self.num_stages}
         if self.flat:   # im2col over the flattened (tap, channel) axis: no specialisation knobs
-            return {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "num_warps": self.num_warps,
+            meta = {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "num_warps": self.num_warps,
                     "num_stages": self.num_stages}
+            if self.direction == "forward":   # reads and writes torch's NCHW order in place
+                meta["NCHW"] = int(self.layout == "ngchw")
+            return meta
         spec = {"filter1x1_stride1_pad0": 1, "filter1x1_pad0": 2}.get(self.specialization, 0)
         meta = {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "SPEC": spec}
         if self.direction == "forward":
@@ -319,6 +322,8 @@ class ConvKernelConfig:
             meta["GM"] = self.group_merge
         elif self.group_merge > 1:
             meta["GM"] = self.group_merge
+        if self.direction != "bwd_weight" or self.group_merge == 1:   # NCHW read and written in place
+            meta["NCHW"] = int(self.layout == "ngchw")
         meta.update(num_warps=self.num_warps, num_stages=self.num_stages)
         return meta
 

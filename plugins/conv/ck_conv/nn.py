@@ -14,7 +14,8 @@ a padding mode other than zeros, a string ``padding="same"`` that is not symmetr
 from __future__ import annotations
 
 import logging
-import types
+
+from ck_core.patching import has_own_forward, patch_modules, unpatch_modules
 
 log = logging.getLogger(__name__)
 
@@ -49,32 +50,22 @@ def patch(model, *, dims=(1, 2, 3)) -> int:
 
     classes = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}
     kinds = tuple(classes[d] for d in dims)
-    n = 0
-    for name, m in model.named_modules():
+
+    def route(name, m):
         if not isinstance(m, kinds):
-            continue
-        if getattr(m, _MARK, False):
-            n += 1
-            continue
+            return None
         pad = _padding(m)
         if (m.padding_mode != "zeros" or pad is None
-                or type(m).forward is not next(c for c in classes.values() if isinstance(m, c)).forward):
+                or has_own_forward(m, next(c for c in classes.values() if isinstance(m, c)))):
             log.debug("ck_conv.patch: %s (%s) stays on torch's forward (padding %r, mode %s)",
                       name or type(m).__name__, type(m).__name__, m.padding, m.padding_mode)
-            continue
+            return None
         m._ck_padding = pad
-        m.forward = types.MethodType(_conv_forward, m)
-        setattr(m, _MARK, True)
-        n += 1
-    return n
+        return _conv_forward
+
+    return patch_modules(model, _MARK, route)
 
 
 def unpatch(model) -> int:
     """Undo :func:`patch` on ``model``; returns how many modules went back to torch's forward."""
-    n = 0
-    for m in model.modules():
-        if getattr(m, _MARK, False):
-            del m.forward, m._ck_padding
-            delattr(m, _MARK)
-            n += 1
-    return n
+    return unpatch_modules(model, _MARK, extra=("_ck_padding",))

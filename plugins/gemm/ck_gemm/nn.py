@@ -14,7 +14,8 @@ language model's ``lm_head``.
 from __future__ import annotations
 
 import logging
-import types
+
+from ck_core.patching import has_own_forward, patch_modules, unpatch_modules
 
 log = logging.getLogger(__name__)
 
@@ -32,28 +33,17 @@ def patch(model, *, skip=()) -> int:
     ``ck_gemm.linear``; returns how many modules now do.  Idempotent."""
     import torch.nn as nn
 
-    n = 0
-    for name, m in model.named_modules():
-        if not isinstance(m, nn.Linear) or name in skip:
-            continue
-        if getattr(m, _MARK, False):
-            n += 1
-            continue
-        if type(m).forward is not nn.Linear.forward:
+    def route(name, m):
+        if not isinstance(m, nn.Linear):
+            return None
+        if has_own_forward(m, nn.Linear):
             log.debug("ck_gemm.patch: %s (%s) has its own forward; left on it", name, type(m).__name__)
-            continue
-        m.forward = types.MethodType(_linear_forward, m)
-        setattr(m, _MARK, True)
-        n += 1
-    return n
+            return None
+        return _linear_forward
+
+    return patch_modules(model, _MARK, route, skip=skip)
 
 
 def unpatch(model) -> int:
     """Undo :func:`patch` on ``model``; returns how many modules went back to torch's forward."""
-    n = 0
-    for m in model.modules():
-        if getattr(m, _MARK, False):
-            del m.forward
-            delattr(m, _MARK)
-            n += 1
-    return n
+    return unpatch_modules(model, _MARK)

@@ -175,9 +175,13 @@ def _fwd_tile(x_ptr, w_ptr, pid, g, lo, hi,
               sd, sh, sw, pd, ph, pw, dd, dh, dw, FZ, FY, FX,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
               SPEC: tl.constexpr, EVEN_C: tl.constexpr, IEEE: tl.constexpr, TAPMASK: tl.constexpr,
-              GM: tl.constexpr):
+              GM: tl.constexpr, NCHW: tl.constexpr):
     """Output tile ``pid`` of group block ``g`` summed over the reduction steps [lo, hi)
     (a step = one (tap, channel block)); returns (acc, offs_m, offs_n, mask_m, mask_n).
+
+    NCHW: x is NGC(D)HW and w GKC(ZYX) (torch's default memory format, read in place): a pixel
+    moves by 1 and a channel by the image's D*H*W (a weight's channel by its taps) instead of
+    the channels-last strides (a pixel by CS, a channel by 1).
 
     GM > 1 merges GM groups into one dense GEMM of GM*C inputs and GM*K outputs
     whose weight tile is block diagonal (off-diagonal blocks masked to zero): a
@@ -193,31 +197,44 @@ def _fwd_tile(x_ptr, w_ptr, pid, g, lo, hi,
     mask_m = offs_m < M
     mask_n = offs_n < KV
     T = FZ * FY * FX
+    if NCHW:   # weight channel stride T, tap stride 1; image channel stride D*H*W, pixel stride 1
+        WC = T
+        WT = 1
+        XC = Di * Hi * Wi
+        XP = 1
+    else:      # weight channel stride 1, tap stride C; image channel stride 1, pixel stride CS
+        WC = 1
+        WT = C
+        XC = 1
+        XP = CS
     if GM == 1:
-        w_base = w_ptr + g * K * T * C + offs_n[None, :] * (T * C) + offs_k[:, None]
+        w_base = w_ptr + g * K * T * C + offs_n[None, :] * (T * C) + offs_k[:, None] * WC
     else:
         # w[g*GM + n//K, n%K, tap, c%C] = w_flat[(g*KV + n)*T*C + tap*C + c%C] where c//C == n//K
-        w_base = w_ptr + (g * KV + offs_n)[None, :] * (T * C) + (offs_k % C)[:, None]
+        w_base = w_ptr + (g * KV + offs_n)[None, :] * (T * C) + (offs_k % C)[:, None] * WC
         k_grp = offs_k // C
         n_grp = offs_n // K
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     nkc = tl.cdiv(CV, BLOCK_K)
     if SPEC == 1:
-        a_base = x_ptr + offs_m[:, None] * CS + g * CV + offs_k[None, :]
+        if NCHW:   # 1x1, stride 1, no padding: input pixel = output pixel
+            a_base = x_ptr + ((offs_m // XC) * (CS * XC) + offs_m % XC)[:, None] + ((g * CV + offs_k) * XC)[None, :]
+        else:
+            a_base = x_ptr + offs_m[:, None] * CS + g * CV + offs_k[None, :]
         for kc in range(lo, hi):
             c0 = kc * BLOCK_K
             if GM == 1:
-                b_ptrs = w_base + c0
+                b_ptrs = w_base + c0 * WC
                 b_msk = mask_n[None, :]
             else:
                 b_ptrs = w_base
                 b_msk = mask_n[None, :] & ((kc * (BLOCK_K // C) + k_grp)[:, None] == n_grp[None, :])
             if EVEN_C:
-                a = tl.load(a_base + c0, mask=mask_m[:, None], other=0.0)
+                a = tl.load(a_base + c0 * XC, mask=mask_m[:, None], other=0.0)
                 b = tl.load(b_ptrs, mask=b_msk, other=0.0)
             else:
                 ck = (c0 + offs_k) < CV
-                a = tl.load(a_base + c0, mask=mask_m[:, None] & ck[None, :], other=0.0)
+                a = tl.load(a_base + c0 * XC, mask=mask_m[:, None] & ck[None, :], other=0.0)
                 b = tl.load(b_ptrs, mask=ck[:, None] & b_msk, other=0.0)
             acc = _dot_prec(a, b, acc, IEEE)
     else:
@@ -233,8 +250,12 @@ def _fwd_tile(x_ptr, w_ptr, pid, g, lo, hi,
         # a tap moves every input pixel by the same linear offset, so the pointer
         # tensor is built once and each step adds a scalar; only the bounds mask is
         # per row
-        pix0 = ((n * Di + id0) * Hi + ih0) * Wi + iw0
-        a_base = x_ptr + pix0[:, None] * CS + g * CV + offs_k[None, :]
+        if NCHW:
+            a_base = (x_ptr + (n * (CS * XC) + (id0 * Hi + ih0) * Wi + iw0)[:, None]
+                      + ((g * CV + offs_k) * XC)[None, :])
+        else:
+            pix0 = ((n * Di + id0) * Hi + ih0) * Wi + iw0
+            a_base = x_ptr + pix0[:, None] * CS + g * CV + offs_k[None, :]
         if TAPMASK:
             # closed form, no loop: a loop-carried tensor would pin a layout that
             # costs a shared-memory round trip per step to convert
@@ -255,12 +276,12 @@ def _fwd_tile(x_ptr, w_ptr, pid, g, lo, hi,
                 valid = ((vbits >> tap) & 1) != 0
             else:
                 valid = mask_m & _inside(id0 + fz * dd, Di) & _inside(ih0 + fy * dh, Hi) & _inside(iw0 + fx * dw, Wi)
-            a_ptrs = a_base + (toff * CS + c0)
+            a_ptrs = a_base + (toff * XP + c0 * XC)
             if GM == 1:
-                b_ptrs = w_base + tap * C + c0
+                b_ptrs = w_base + tap * WT + c0 * WC
                 b_msk = mask_n[None, :]
             else:
-                b_ptrs = w_base + tap * C
+                b_ptrs = w_base + tap * WT
                 b_msk = mask_n[None, :] & ((kc * (BLOCK_K // C) + k_grp)[:, None] == n_grp[None, :])
             if EVEN_C:
                 a = tl.load(a_ptrs, mask=valid[:, None], other=0.0)
@@ -285,6 +306,15 @@ def _fwd_tile(x_ptr, w_ptr, pid, g, lo, hi,
 
 
 @triton.jit
+def _y_offs(offs_m, offs_n, k0, KS, P, NCHW: tl.constexpr):
+    """Offsets of output rows ``offs_m`` (image-major pixels, P per image) x channels ``k0 + offs_n``:
+    NGK(D)HW when NCHW (a channel moves by P), else N(D)HWGK (a pixel moves by KS)."""
+    if NCHW:
+        return ((offs_m // P) * (KS * P) + offs_m % P)[:, None] + ((k0 + offs_n) * P)[None, :]
+    return offs_m[:, None] * KS + k0 + offs_n[None, :]
+
+
+@triton.jit
 def _streamk_epilogue(ws_ptr, fin_ptr, cnt_ptr, offs, msk, acc, p, tile, steps, CHUNK, WS_STRIDE):
     """Write a stream-K program's share of ``tile``: directly when the program
     covered the whole tile, else as partial number p - first of the programs that
@@ -304,8 +334,9 @@ def conv_fwd_kernel(
     sd, sh, sw, pd, ph, pw, dd, dh, dw, FZ, FY, FX, IT_CHUNK, WS_STRIDE,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPEC: tl.constexpr, EVEN_C: tl.constexpr, IEEE: tl.constexpr, ATOMIC: tl.constexpr,
-    WS: tl.constexpr, TAPMASK: tl.constexpr, STREAMK: tl.constexpr, GM: tl.constexpr,
+    WS: tl.constexpr, TAPMASK: tl.constexpr, STREAMK: tl.constexpr, GM: tl.constexpr, NCHW: tl.constexpr,
 ):
+    # NCHW: x, w and y in torch's default memory format, read and written in place (see _fwd_tile)
     # CS = G*C (input pixel stride), KS = G*K (output pixel stride); program axis 2
     # splits the reduction into IT_CHUNK (tap, channel-block) steps, summed with
     # fp32 atomics when ATOMIC, through a workspace when WS.  TAPMASK: bit t of
@@ -332,8 +363,8 @@ def conv_fwd_kernel(
             acc, offs_m, offs_n, mask_m, mask_n = _fwd_tile(
                 x_ptr, w_ptr, tile - g * ntile, g, tl.maximum(it0 - base, 0), tl.minimum(it1 - base, steps),
                 M, Di, Hi, Wi, Do, Ho, Wo, C, K, CS, sd, sh, sw, pd, ph, pw, dd, dh, dw, FZ, FY, FX,
-                BLOCK_M, BLOCK_N, BLOCK_K, SPEC, EVEN_C, IEEE, TAPMASK, GM)
-            _streamk_epilogue(y_ptr, fin_ptr, cnt_ptr, offs_m[:, None] * KS + g * (K * GM) + offs_n[None, :],
+                BLOCK_M, BLOCK_N, BLOCK_K, SPEC, EVEN_C, IEEE, TAPMASK, GM, NCHW)
+            _streamk_epilogue(y_ptr, fin_ptr, cnt_ptr, _y_offs(offs_m, offs_n, g * (K * GM), KS, Do * Ho * Wo, NCHW),
                               mask_m[:, None] & mask_n[None, :], acc, p, tile, steps, IT_CHUNK, WS_STRIDE)
     else:
         pid = tl.program_id(0)
@@ -343,8 +374,8 @@ def conv_fwd_kernel(
         acc, offs_m, offs_n, mask_m, mask_n = _fwd_tile(
             x_ptr, w_ptr, pid, g, lo, tl.minimum(lo + IT_CHUNK, steps),
             M, Di, Hi, Wi, Do, Ho, Wo, C, K, CS, sd, sh, sw, pd, ph, pw, dd, dh, dw, FZ, FY, FX,
-            BLOCK_M, BLOCK_N, BLOCK_K, SPEC, EVEN_C, IEEE, TAPMASK, GM)
-        _epilogue(y_ptr, fin_ptr, cnt_ptr, offs_m[:, None] * KS + g * (K * GM) + offs_n[None, :],
+            BLOCK_M, BLOCK_N, BLOCK_K, SPEC, EVEN_C, IEEE, TAPMASK, GM, NCHW)
+        _epilogue(y_ptr, fin_ptr, cnt_ptr, _y_offs(offs_m, offs_n, g * (K * GM), KS, Do * Ho * Wo, NCHW),
                   mask_m[:, None] & mask_n[None, :], acc, s, tl.num_programs(2), g * tl.num_programs(0) + pid,
                   WS_STRIDE, ATOMIC, WS)
 
@@ -378,8 +409,9 @@ def conv_bwd_data_kernel(
     sd, sh, sw, IT_CHUNK, NSPLIT, WS_STRIDE,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPEC: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr, ATOMIC: tl.constexpr,
-    WS: tl.constexpr,
+    WS: tl.constexpr, NCHW: tl.constexpr,
 ):
+    # NCHW: dy NGK(D)HW, w GKC(ZYX), dx NGC(D)HW, read and written in place (strides as in _fwd_tile)
     # program axis 2 = stride residue class r = ((rd * sh) + rh) * sw + rw; its dx
     # pixels are (rd + i*sd, rh + j*sh, rw + l*sw).  tab[r, j] = (tap, od_off, oh_off,
     # ow_off, linear pixel offset) lists the taps that reach this class and the output
@@ -398,25 +430,42 @@ def conv_bwd_data_kernel(
     mask_n = offs_n < C
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     nkc = tl.cdiv(K, BLOCK_K)
+    if NCHW:   # weight channel stride T, tap stride 1; dy channel stride Do*Ho*Wo, pixel stride 1
+        WC = T
+        WT = 1
+        YC = Do * Ho * Wo
+        YP = 1
+    else:
+        WC = 1
+        WT = C
+        YC = 1
+        YP = KS
     # weight element (k, tap, c) for this group
-    w_base = w_ptr + g * K * T * C + offs_k[:, None] * (T * C) + offs_n[None, :]
+    w_base = w_ptr + g * K * T * C + offs_k[:, None] * (T * C) + offs_n[None, :] * WC
     if SPEC == 1:
         pix_in = offs_m
-        a_base = dy_ptr + offs_m[:, None] * KS + g * K + offs_k[None, :]
+        if NCHW:
+            a_base = dy_ptr + ((offs_m // YC) * (KS * YC) + offs_m % YC)[:, None] + ((g * K + offs_k) * YC)[None, :]
+        else:
+            a_base = dy_ptr + offs_m[:, None] * KS + g * K + offs_k[None, :]
         for kc in range(s * IT_CHUNK, tl.minimum(s * IT_CHUNK + IT_CHUNK, nkc)):
             k0 = kc * BLOCK_K
             if EVEN_K:
-                a = tl.load(a_base + k0, mask=mask_m[:, None], other=0.0)
+                a = tl.load(a_base + k0 * YC, mask=mask_m[:, None], other=0.0)
                 b = tl.load(w_base + k0 * (T * C), mask=mask_n[None, :], other=0.0)
             else:
                 kk = (k0 + offs_k) < K
-                a = tl.load(a_base + k0, mask=mask_m[:, None] & kk[None, :], other=0.0)
+                a = tl.load(a_base + k0 * YC, mask=mask_m[:, None] & kk[None, :], other=0.0)
                 b = tl.load(w_base + k0 * (T * C), mask=kk[:, None] & mask_n[None, :], other=0.0)
             acc = _dot_prec(a, b, acc, IEEE)
     else:
         n, ld, lj, li, mask_m, pix_in = _class_pixels(offs_m, mask_m, r, Rd, Rh, Rw, Di, Hi, Wi, sd, sh, sw)
         ntap = tl.load(ntap_ptr + r)
-        a_base = dy_ptr + (((n * Do + ld) * Ho + lj) * Wo + li)[:, None] * KS + g * K + offs_k[None, :]
+        if NCHW:
+            a_base = (dy_ptr + (n * (KS * YC) + (ld * Ho + lj) * Wo + li)[:, None]
+                      + ((g * K + offs_k) * YC)[None, :])
+        else:
+            a_base = dy_ptr + (((n * Do + ld) * Ho + lj) * Wo + li)[:, None] * KS + g * K + offs_k[None, :]
         lo = s * IT_CHUNK
         j = lo // nkc
         kc = lo - j * nkc
@@ -426,8 +475,8 @@ def conv_bwd_data_kernel(
             tap = tl.load(e)
             valid = mask_m & _inside(ld + tl.load(e + 1), Do) & _inside(lj + tl.load(e + 2), Ho) \
                 & _inside(li + tl.load(e + 3), Wo)
-            a_ptrs = a_base + (tl.load(e + 4) * KS + k0)
-            b_ptrs = w_base + k0 * (T * C) + tap * C
+            a_ptrs = a_base + (tl.load(e + 4) * YP + k0 * YC)
+            b_ptrs = w_base + k0 * (T * C) + tap * WT
             if EVEN_K:
                 a = tl.load(a_ptrs, mask=valid[:, None], other=0.0)
                 b = tl.load(b_ptrs, mask=mask_n[None, :], other=0.0)
@@ -441,7 +490,7 @@ def conv_bwd_data_kernel(
             kc = tl.where(wrap, 0, kc)
             j = tl.where(wrap, j + 1, j)
     tile = (r * tl.num_programs(1) + g) * tl.num_programs(0) + pid
-    _epilogue(dx_ptr, fin_ptr, cnt_ptr, pix_in[:, None] * CS + g * C + offs_n[None, :],
+    _epilogue(dx_ptr, fin_ptr, cnt_ptr, _y_offs(pix_in, offs_n, g * C, CS, Di * Hi * Wi, NCHW),
               mask_m[:, None] & mask_n[None, :], acc, s, NSPLIT, tile, WS_STRIDE, ATOMIC, WS)
 
 
@@ -453,7 +502,8 @@ CLASS_FIELDS = 17
 def _bwd_data_tile(dy_ptr, w_ptr, ctab_ptr, pid, g, r, lo, hi,
                    Mr, Rd, Rh, Rw, Di, Hi, Wi, Do, Ho, Wo, C, K, KS, T, sd, sh, sw,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   SPEC: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr, GM: tl.constexpr):
+                   SPEC: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr, GM: tl.constexpr,
+                   NCHW: tl.constexpr):
     """dx tile ``pid`` of group ``g``, residue class ``r``, over the reduction steps
     [lo, hi) (clipped to the class's own count); returns (acc, pix_in, offs_n, mask_m, mask_n).
 
@@ -475,27 +525,40 @@ def _bwd_data_tile(dy_ptr, w_ptr, ctab_ptr, pid, g, r, lo, hi,
     mask_n = offs_n < CV
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     nkc = tl.cdiv(KV, BLOCK_K)
+    if NCHW:   # as conv_bwd_data_kernel
+        WC = T
+        WT = 1
+        YC = Do * Ho * Wo
+        YP = 1
+    else:
+        WC = 1
+        WT = C
+        YC = 1
+        YP = KS
     # weight element (k, tap, c) for this group
     if GM == 1:
-        w_base = w_ptr + g * K * T * C + offs_k[:, None] * (T * C) + offs_n[None, :]
+        w_base = w_ptr + g * K * T * C + offs_k[:, None] * (T * C) + offs_n[None, :] * WC
     else:
-        w_base = w_ptr + (g * KV + offs_k)[:, None] * (T * C) + (offs_n % C)[None, :]
+        w_base = w_ptr + (g * KV + offs_k)[:, None] * (T * C) + (offs_n % C)[None, :] * WC
         k_grp = offs_k // K
         n_grp = offs_n // C
     if SPEC == 1:
         pix_in = offs_m
-        a_base = dy_ptr + offs_m[:, None] * KS + g * KV + offs_k[None, :]
+        if NCHW:
+            a_base = dy_ptr + ((offs_m // YC) * (KS * YC) + offs_m % YC)[:, None] + ((g * KV + offs_k) * YC)[None, :]
+        else:
+            a_base = dy_ptr + offs_m[:, None] * KS + g * KV + offs_k[None, :]
         for kc in range(lo, tl.minimum(hi, nkc)):
             k0 = kc * BLOCK_K
             b_msk = mask_n[None, :]
             if GM > 1:
                 b_msk = b_msk & ((kc * (BLOCK_K // K) + k_grp)[:, None] == n_grp[None, :])
             if EVEN_K:
-                a = tl.load(a_base + k0, mask=mask_m[:, None], other=0.0)
+                a = tl.load(a_base + k0 * YC, mask=mask_m[:, None], other=0.0)
                 b = tl.load(w_base + k0 * (T * C), mask=b_msk, other=0.0)
             else:
                 kk = (k0 + offs_k) < KV
-                a = tl.load(a_base + k0, mask=mask_m[:, None] & kk[None, :], other=0.0)
+                a = tl.load(a_base + k0 * YC, mask=mask_m[:, None] & kk[None, :], other=0.0)
                 b = tl.load(w_base + k0 * (T * C), mask=kk[:, None] & b_msk, other=0.0)
             acc = _dot_prec(a, b, acc, IEEE)
     else:
@@ -515,7 +578,11 @@ def _bwd_data_tile(dy_ptr, w_ptr, ctab_ptr, pid, g, r, lo, hi,
         lz = tl.load(e + 14)
         ly = tl.load(e + 15)
         lx = tl.load(e + 16)
-        a_base = dy_ptr + (((n * Do + ld) * Ho + lj) * Wo + li)[:, None] * KS + g * KV + offs_k[None, :]
+        if NCHW:
+            a_base = (dy_ptr + (n * (KS * YC) + (ld * Ho + lj) * Wo + li)[:, None]
+                      + ((g * KV + offs_k) * YC)[None, :])
+        else:
+            a_base = dy_ptr + (((n * Do + ld) * Ho + lj) * Wo + li)[:, None] * KS + g * KV + offs_k[None, :]
         j = lo // nkc
         kc = lo - j * nkc
         nx1 = tl.maximum(nx, 1)
@@ -527,8 +594,8 @@ def _bwd_data_tile(dy_ptr, w_ptr, ctab_ptr, pid, g, r, lo, hi,
         for it in range(lo, tl.minimum(hi, nz * ny * nx * nkc)):
             k0 = kc * BLOCK_K
             valid = ((vbits >> j) & 1) != 0
-            a_ptrs = a_base + (lin * KS + k0)
-            b_ptrs = w_base + k0 * (T * C) + tap * C
+            a_ptrs = a_base + (lin * YP + k0 * YC)
+            b_ptrs = w_base + k0 * (T * C) + tap * WT
             b_msk = mask_n[None, :]
             if GM > 1:
                 b_msk = b_msk & ((kc * (BLOCK_K // K) + k_grp)[:, None] == n_grp[None, :])
@@ -566,7 +633,7 @@ def conv_bwd_data_tm_kernel(
     sd, sh, sw, IT_CHUNK, NSPLIT, WS_STRIDE,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPEC: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr, ATOMIC: tl.constexpr,
-    WS: tl.constexpr, STREAMK: tl.constexpr, GM: tl.constexpr,
+    WS: tl.constexpr, STREAMK: tl.constexpr, GM: tl.constexpr, NCHW: tl.constexpr,
 ):
     # bwd_data without per-step table loads (see _bwd_data_tile): the tap bits of the
     # forward kernel on the flipped filter.  Grid as conv_bwd_data_kernel's (axis 2 =
@@ -592,8 +659,8 @@ def conv_bwd_data_tm_kernel(
             acc, pix_in, offs_n, mask_m, mask_n = _bwd_data_tile(
                 dy_ptr, w_ptr, ctab_ptr, tile - rg * ntile, g, rg // G, tl.maximum(it0 - base, 0),
                 tl.minimum(it1 - base, steps), Mr, Rd, Rh, Rw, Di, Hi, Wi, Do, Ho, Wo, C, K, KS, T, sd, sh, sw,
-                BLOCK_M, BLOCK_N, BLOCK_K, SPEC, EVEN_K, IEEE, GM)
-            _streamk_epilogue(dx_ptr, fin_ptr, cnt_ptr, pix_in[:, None] * CS + g * (C * GM) + offs_n[None, :],
+                BLOCK_M, BLOCK_N, BLOCK_K, SPEC, EVEN_K, IEEE, GM, NCHW)
+            _streamk_epilogue(dx_ptr, fin_ptr, cnt_ptr, _y_offs(pix_in, offs_n, g * (C * GM), CS, Di * Hi * Wi, NCHW),
                               mask_m[:, None] & mask_n[None, :], acc, p, tile, steps, IT_CHUNK, WS_STRIDE)
     else:
         pid = tl.program_id(0)
@@ -603,9 +670,9 @@ def conv_bwd_data_tm_kernel(
         lo = s * IT_CHUNK
         acc, pix_in, offs_n, mask_m, mask_n = _bwd_data_tile(
             dy_ptr, w_ptr, ctab_ptr, pid, g, r, lo, lo + IT_CHUNK, Mr, Rd, Rh, Rw, Di, Hi, Wi, Do, Ho, Wo,
-            C, K, KS, T, sd, sh, sw, BLOCK_M, BLOCK_N, BLOCK_K, SPEC, EVEN_K, IEEE, GM)
+            C, K, KS, T, sd, sh, sw, BLOCK_M, BLOCK_N, BLOCK_K, SPEC, EVEN_K, IEEE, GM, NCHW)
         tile = (r * tl.num_programs(1) + g) * tl.num_programs(0) + pid
-        _epilogue(dx_ptr, fin_ptr, cnt_ptr, pix_in[:, None] * CS + g * (C * GM) + offs_n[None, :],
+        _epilogue(dx_ptr, fin_ptr, cnt_ptr, _y_offs(pix_in, offs_n, g * (C * GM), CS, Di * Hi * Wi, NCHW),
                   mask_m[:, None] & mask_n[None, :], acc, s, NSPLIT, tile, WS_STRIDE, ATOMIC, WS)
 
 
@@ -653,8 +720,10 @@ def conv_bwd_weight_kernel(
     sd, sh, sw, pd, ph, pw, dd, dh, dw, FZ, FY, FX, WS_STRIDE,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPEC: tl.constexpr, ATOMIC: tl.constexpr, IEEE: tl.constexpr, FAST_DIV: tl.constexpr,
-    TABLE: tl.constexpr, WS: tl.constexpr,
+    TABLE: tl.constexpr, WS: tl.constexpr, NCHW: tl.constexpr,
 ):
+    # NCHW: x NGC(D)HW, dy NGK(D)HW and dw GKC(ZYX), read and written in place (a channel moves by
+    # the image's pixels; a pixel's image n = p // (Do*Ho*Wo) places it).
     # TABLE: pb[p] is output pixel p's input pixel at tap 0 (may be out of the
     # image), pc[p] packs its (d, h, w) input coordinates + 512 in 10 bits each,
     # so the reduction loop does no division (cf. CK's precomputed im2col offsets);
@@ -688,15 +757,31 @@ def conv_bwd_weight_kernel(
     inv_wo = 1.0 / (Wo * 1.0)
     inv_ho = 1.0 / (Ho * 1.0)
     toff = ((fz * dd) * Hi + fy * dh) * Wi + fx * dw
+    if NCHW:
+        PO = Do * Ho * Wo
+        PI = Di * Hi * Wi
+        a_base = dy_ptr + ((g * K + offs_m) * PO)[:, None]
+        b_base = x_ptr + ((g * C + offs_n) * PI)[None, :]
     for p0 in range(p_start, p_end, BLOCK_K):
         offs_p = p0 + offs_k
         mp = offs_p < p_end
-        a = tl.load(a_base + offs_p[None, :] * KS, mask=mask_m[:, None] & mp[None, :], other=0.0)
         pix, valid = _bw_pixels(offs_p, mp, pb_ptr, pc_ptr, toff, tap, fz, fy, fx, Di, Hi, Wi, Do, Ho, Wo,
                                 sd, sh, sw, pd, ph, pw, dd, dh, dw, inv_wo, inv_ho, SPEC, TABLE, FAST_DIV)
-        b = tl.load(b_base + pix[:, None] * CS, mask=valid[:, None] & mask_n[None, :], other=0.0)
+        if NCHW:   # pix = n*PI + the (possibly padded) in-image offset
+            n_img = offs_p // PO
+            a = tl.load(a_base + (n_img * (KS * PO) + offs_p - n_img * PO)[None, :],
+                        mask=mask_m[:, None] & mp[None, :], other=0.0)
+            b = tl.load(b_base + (pix + n_img * (PI * (CS - 1)))[:, None], mask=valid[:, None] & mask_n[None, :],
+                        other=0.0)
+        else:
+            a = tl.load(a_base + offs_p[None, :] * KS, mask=mask_m[:, None] & mp[None, :], other=0.0)
+            b = tl.load(b_base + pix[:, None] * CS, mask=valid[:, None] & mask_n[None, :], other=0.0)
         acc = _dot_prec(a, b, acc, IEEE)
-    _epilogue(dw_ptr, fin_ptr, cnt_ptr, g * K * T * C + offs_m[:, None] * (T * C) + tap * C + offs_n[None, :],
+    if NCHW:
+        w_offs = g * K * T * C + offs_m[:, None] * (T * C) + offs_n[None, :] * T + tap
+    else:
+        w_offs = g * K * T * C + offs_m[:, None] * (T * C) + tap * C + offs_n[None, :]
+    _epilogue(dw_ptr, fin_ptr, cnt_ptr, w_offs,
               mask_m[:, None] & mask_n[None, :], acc, s, tl.num_programs(2), g * tl.num_programs(0) + pid,
               WS_STRIDE, ATOMIC, WS)
 
@@ -1013,9 +1098,11 @@ def conv_fwd_flat_kernel(
     M, Di, Hi, Wi, Do, Ho, Wo, C, K, CS, KS,
     sd, sh, sw, pd, ph, pw, dd, dh, dw, FZ, FY, FX,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
+    NCHW: tl.constexpr,
 ):
     # y[p, g, k] = sum_j x[in(p, tap(j)), g, c(j)] * w[g, k, j], j = tap*C + c: the
-    # reduction runs over T*C in BLOCK_K steps (no per-tap padding of C)
+    # reduction runs over T*C in BLOCK_K steps (no per-tap padding of C).  NCHW: x NGC(D)HW,
+    # w GKC(ZYX), y NGK(D)HW read and written in place (a channel moves by the image's pixels)
     pid = tl.program_id(0)
     g = tl.program_id(1)
     TC = FZ * FY * FX * C
@@ -1028,19 +1115,30 @@ def conv_fwd_flat_kernel(
     mask_m = offs_m < M
     mask_n = offs_n < K
     i0, i1, i2, pix = _flat_pixels(offs_m, Di, Hi, Wi, Do, Ho, Wo, sd, sh, sw, pd, ph, pw)
-    a_base = x_ptr + (pix * CS + g * C)[:, None]
+    PI = Di * Hi * Wi
+    if NCHW:   # pix = n*PI + the (possibly padded, negative) in-image offset
+        a_base = x_ptr + (pix + (offs_m // (Do * Ho * Wo)) * (PI * (CS - 1)) + g * C * PI)[:, None]
+    else:
+        a_base = x_ptr + (pix * CS + g * C)[:, None]
     w_base = w_ptr + (g * K + offs_n)[None, :] * TC
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for j0 in range(0, TC, BLOCK_K):
         offs_j = j0 + offs_k
         mj = offs_j < TC
         zd, yd, xd, coff = _flat_cols(offs_j, C, FY, FX, dd, dh, dw, Hi, Wi, CS)
+        if NCHW:   # column j = tap*C + c: x at tap offset + c*PI, w at c*T + tap
+            tap = offs_j // C
+            cc = offs_j - tap * C
+            coff = (zd * Hi + yd) * Wi + xd + cc * PI
+            woff = cc * (FZ * FY * FX) + tap
+        else:
+            woff = offs_j
         valid = (mask_m[:, None] & mj[None, :] & _inside(i0[:, None] + zd[None, :], Di)
                  & _inside(i1[:, None] + yd[None, :], Hi) & _inside(i2[:, None] + xd[None, :], Wi))
         a = tl.load(a_base + coff[None, :], mask=valid, other=0.0)
-        b = tl.load(w_base + offs_j[:, None], mask=mj[:, None] & mask_n[None, :], other=0.0)
+        b = tl.load(w_base + woff[:, None], mask=mj[:, None] & mask_n[None, :], other=0.0)
         acc = _dot_prec(a, b, acc, IEEE)
-    tl.store(y_ptr + offs_m[:, None] * KS + g * K + offs_n[None, :], acc.to(y_ptr.dtype.element_ty),
+    tl.store(y_ptr + _y_offs(offs_m, offs_n, g * K, KS, Do * Ho * Wo, NCHW), acc.to(y_ptr.dtype.element_ty),
              mask=mask_m[:, None] & mask_n[None, :])
 
 

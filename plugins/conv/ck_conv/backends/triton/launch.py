@@ -163,11 +163,17 @@ def _run(p: ConvProblem, tensors: dict, config, num_sms):
         x, w = tensors["x"], tensors["w"]
         p.check_shapes(x=x, w=w)
         _check(p, x=x, w=w)
-        xc = to_channels_last(x, p.in_layout, "in", nd)
-        wc = to_channels_last(w, p.wei_layout, "wei", nd)
         M = p.N * g["Do"] * g["Ho"] * g["Wo"]
-        y = torch.empty((p.N,) + p.output_spatial + (G, K), dtype=x.dtype, device=x.device)
         cap = _CAPTURE.get()
+        if meta.get("NCHW"):   # the implicit-GEMM kernels read NGCHW / GKCYX and write NGKHW in place
+            xc, wc = x.contiguous(), w.contiguous()   # no copy for torch's default (contiguous) tensors
+            y = torch.empty((p.N, G, K) + p.output_spatial, dtype=x.dtype, device=x.device)
+            if cap is not None:
+                cap.direct = True
+        else:   # the depthwise kernels read and write channels-last only: NCHW operands are copied
+            xc = to_channels_last(x, p.in_layout, "in", nd)
+            wc = to_channels_last(w, p.wei_layout, "wei", nd)
+            y = torch.empty((p.N,) + p.output_spatial + (G, K), dtype=x.dtype, device=x.device)
         if cap is not None:
             cap.roles.update(x=xc, w=wc, y=y)
         if cfg.flat and not dwise:   # im2col over the flattened (tap, channel) reduction
@@ -204,16 +210,22 @@ def _run(p: ConvProblem, tensors: dict, config, num_sms):
                 EVEN_C=C * gm % meta["BLOCK_K"] == 0, IEEE=ieee, ATOMIC=so.atomic, WS=so.ws, num_warps=nw,
                 num_stages=ns)
             y = so.finish()
-        return from_channels_last(y, p.out_layout, "out", nd)
+        return y if meta.get("NCHW") else from_channels_last(y, p.out_layout, "out", nd)
 
     if p.direction == "bwd_data":
         dy, w = tensors["dy"], tensors["w"]
         p.check_shapes(y=dy, w=w)
         _check(p, dy=dy, w=w)
-        dyc = to_channels_last(dy, p.out_layout, "out", nd)
-        wc = to_channels_last(w, p.wei_layout, "wei", nd)
-        dx = torch.empty((p.N,) + p.input_spatial + (G, C), dtype=dy.dtype, device=dy.device)
         cap = _CAPTURE.get()
+        if meta.get("NCHW"):   # the implicit-GEMM kernels read NGKHW / GKCYX and write NGCHW in place
+            dyc, wc = dy.contiguous(), w.contiguous()   # no copy for torch's default (contiguous) tensors
+            dx = torch.empty((p.N, G, C) + p.input_spatial, dtype=dy.dtype, device=dy.device)
+            if cap is not None:
+                cap.direct = True
+        else:   # the depthwise kernels read and write channels-last only: NCHW operands are copied
+            dyc = to_channels_last(dy, p.out_layout, "out", nd)
+            wc = to_channels_last(w, p.wei_layout, "wei", nd)
+            dx = torch.empty((p.N,) + p.input_spatial + (G, C), dtype=dy.dtype, device=dy.device)
         if cap is not None:
             cap.roles.update(x=dyc, w=wc, y=dx)
         if dwise and cfg.flat:
@@ -267,14 +279,17 @@ def _run(p: ConvProblem, tensors: dict, config, num_sms):
                                           EVEN_K=K % meta["BLOCK_K"] == 0, IEEE=ieee, ATOMIC=so.atomic, WS=so.ws,
                                           num_warps=nw, num_stages=ns)
             dx = so.finish()
-        return from_channels_last(dx, p.in_layout, "in", nd)
+        return dx if meta.get("NCHW") else from_channels_last(dx, p.in_layout, "in", nd)
 
     # bwd_weight
     x, dy = tensors["x"], tensors["dy"]
     p.check_shapes(x=x, y=dy)
     _check(p, x=x, dy=dy)
-    xc = to_channels_last(x, p.in_layout, "in", nd)
-    dyc = to_channels_last(dy, p.out_layout, "out", nd)
+    if meta.get("NCHW"):   # the per-tap kernel reads NGCHW x / NGKHW dy and writes GKCYX dw in place
+        xc, dyc = x.contiguous(), dy.contiguous()   # no copy for torch's default (contiguous) tensors
+    else:   # the depthwise, tensor-descriptor, im2col and merged-group kernels read channels-last only
+        xc = to_channels_last(x, p.in_layout, "in", nd)
+        dyc = to_channels_last(dy, p.out_layout, "out", nd)
     P = p.N * g["Do"] * g["Ho"] * g["Wo"]
     if dwise:
         from .dw_codegen import dw_bwd_weight_kernel
@@ -338,11 +353,12 @@ def _run(p: ConvProblem, tensors: dict, config, num_sms):
     bk = meta["BLOCK_K"]
     chunk = _cdiv(_cdiv(P, split), bk) * bk
     split = _split_as_named(cfg, _cdiv(P, chunk))
-    shape = (G, K) + p.filter + (C,)
+    shape = (G, K, C) + p.filter if meta.get("NCHW") else (G, K) + p.filter + (C,)
     final = torch.empty(shape, dtype=x.dtype, device=x.device)
     cap = _CAPTURE.get()
     if cap is not None:
         cap.roles.update(x=xc, w=dyc, y=final)
+        cap.direct = bool(meta.get("NCHW"))
     gm = meta.get("GM", 1)
     grid = (p.taps * _cdiv(K, meta["BLOCK_M"]) * _cdiv(C, meta["BLOCK_N"]), _cdiv(G, gm), split)
     so = _SplitOut(final, split, cfg.reduction, grid[0] * grid[1])
@@ -360,4 +376,4 @@ def _run(p: ConvProblem, tensors: dict, config, num_sms):
     else:
         _k(tk.conv_bwd_weight_kernel, grid)(xc, dyc, so.out, pb, pc, so.fin, so.cnt, P, chunk, *geo, **meta, **flags)
     out = so.finish()
-    return from_channels_last(out, p.wei_layout, "wei", nd)
+    return out if meta.get("NCHW") else from_channels_last(out, p.wei_layout, "wei", nd)

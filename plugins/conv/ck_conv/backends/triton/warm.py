@@ -49,6 +49,8 @@ class Capture:
     def __init__(self):
         self.launches, self.roles, self.ok = [], {}, True
         self.fresh, self.kept, self.convert = {}, {}, None
+        #: the kernels took the operands and wrote the result in the problem's layouts (no layout copies)
+        self.direct = False
 
     def scratch(self, t, zero: bool):
         """``t`` is a buffer each launch needs anew (zeroed when ``zero``)."""
@@ -92,7 +94,7 @@ class Capture:
             conv = (where.get(self.convert[0]), self.convert[1])
             if conv[0] not in self.fresh:
                 return None
-        elif out.data_ptr() != roles["y"].data_ptr() and not _is_layout_copy(out, roles["y"], p):
+        elif out.data_ptr() != roles["y"].data_ptr() and (self.direct or not _is_layout_copy(out, roles["y"], p)):
             return None
         (ka, kb), ky = _ROLE_KINDS[p.direction]
         lay = {"in": p.in_layout, "wei": p.wei_layout, "out": p.out_layout}
@@ -117,10 +119,13 @@ class Capture:
         fresh = tuple((role, tuple(roles[role].shape), roles[role].dtype, torch.zeros if zero else torch.empty)
                       for role, zero in self.fresh.items())
         nd = p.ndim
-        px = _perm(lay[ka], ka, nd)
-        pw = _perm(lay[kb], kb, nd)
-        order = _cl_order(ky, nd)
-        po = None if lay[ky] == order else [order.index(ch) for ch in lay[ky]]
+        if self.direct:
+            px = pw = po = None
+        else:
+            px = _perm(lay[ka], ka, nd)
+            pw = _perm(lay[kb], kb, nd)
+            order = _cl_order(ky, nd)
+            po = None if lay[ky] == order else [order.index(ch) for ch in lay[ky]]
         y = roles["y"]
         shape, dtype, dev = tuple(y.shape), y.dtype, y.device
         from ck_core.warm import contiguous_strides
