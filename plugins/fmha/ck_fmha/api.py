@@ -228,13 +228,12 @@ def _fwd(q, k, v, bias, alibi, cu_q, cu_k, lens, causal, scale, window, softcap,
 def forward_closure(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, layout="bhsd", align=None):
     """The warm closure ``f(q, k, v) -> (o, lse)`` that calls of :func:`attention` on tensors like these with
     these options (batch mode; no bias, ALiBi, dropout or fp8; normalised as :func:`attention` does)
-    replay, or None before the first such call.  For integrations with warm paths of their own (the
-    transformers adapter's decoding steps): the closure reads only the tensors' data pointers, so it
-    also takes tensors whose views these are."""
+    run (a recorded launch, or the cached plan where the plan does not record: e.g. a split-KV decode's
+    two launches and workspace), or None before the first such call.  For integrations with warm paths
+    of their own (the transformers adapter's decoding steps): call it with tensors of this signature."""
     sig = (_ATTENTION, get_manager(), tensor_sig(q), tensor_sig(k), tensor_sig(v), causal,
            None if scale is None else float(scale), tuple(window), float(softcap or 0.0), layout, 0.0, 0, 0, align)
-    f = warm.get(sig)
-    return f if f is not None and getattr(f, "replays", False) else None
+    return warm.get(sig)
 
 
 def _batch_closure(disp, p, tensors):
@@ -264,7 +263,6 @@ def _batch_closure(disp, p, tensors):
         out = f(q, k, v)
         return out["o"], out["lse"]
 
-    replay.replays = True   # (a recorded launch: forward_closure hands it out)
     return replay, (o, lse)
 
 
