@@ -123,7 +123,7 @@ def kernel_for(config, *, dtype: str = "fp16", layout: str = "rcr", out_dtype: s
                d_dtype: str | None = None, num_d: int = 0, d_op: str = "add", activation=None,
                batched: bool = False, even_k: bool = False, num_sms: int | None = None,
                split_k: int | None = None, k_multiple_of_16: bool = False,
-               preshuffle: bool = False) -> KernelSpec:
+               preshuffle: bool = False, vec: tuple = (0, 0)) -> KernelSpec:
     """The KernelSpec of ``config`` for one problem signature.
 
     Returns a :class:`KernelSpec` (fn = the ``@triton.jit`` function,
@@ -144,6 +144,11 @@ def kernel_for(config, *, dtype: str = "fp16", layout: str = "rcr", out_dtype: s
     ``k_multiple_of_16=True`` lets the compiler assume K % 16 == 0, without
     which the masked K loop of plain/persistent cannot be vectorised or
     software-pipelined on sm90 (the JIT launcher gets both facts for free).
+    ``vec``: ``(A_VEC, B_VEC)`` of the pointer variants plain and persistent: a power of two
+    (elements) known to divide the operand's bound along its contiguous axis (M, N or K), its
+    row and batch strides and its base (``launch.vec_elems``), so that masked loads along that
+    axis are vectors where the sizes are not multiples of 16 (0: no such fact; the JIT launcher
+    gets multiples of 16 for free).
     ``num_sms``: the programs of a persistent grid, the target's SM/CU count
     (``ArchSpec.compute_units``); persistent variants need it.
     ``preshuffle=True``: B is pre-shuffled for the config's N x K tile (``b_ptr`` points at
@@ -182,6 +187,7 @@ def kernel_for(config, *, dtype: str = "fp16", layout: str = "rcr", out_dtype: s
         units.pop("stride_cm", None)
     ints = "i32"
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    vec_cx = {"A_ROW": a_r, "B_ROW": b_r, "A_VEC": int(vec[0]), "B_VEC": int(vec[1])}
 
     def tiles(M, N):
         return -(-M // bm) * -(-N // bn)
@@ -245,7 +251,7 @@ def kernel_for(config, *, dtype: str = "fp16", layout: str = "rcr", out_dtype: s
     elif cfg.variant in ("plain", "tma", "tma_ws"):
         if cfg.variant == "plain":
             fn = K.gemm_plain_kernel
-            cx = dict(common, SPLIT_K=split, EVEN_K=even_k, **main_epi)
+            cx = dict(common, SPLIT_K=split, EVEN_K=even_k, **main_epi, **vec_cx)
             types = {"a_ptr": f"*{t_in}", "b_ptr": f"*{t_in}"}
         else:
             fn = K.gemm_tma_kernel
@@ -259,7 +265,7 @@ def kernel_for(config, *, dtype: str = "fp16", layout: str = "rcr", out_dtype: s
     else:
         if cfg.variant == "persistent":
             fn = K.gemm_persistent_kernel
-            cx = dict(common, NUM_SMS=num_sms, EVEN_K=even_k, **main_epi)
+            cx = dict(common, NUM_SMS=num_sms, EVEN_K=even_k, **main_epi, **vec_cx)
             types = {"a_ptr": f"*{t_in}", "b_ptr": f"*{t_in}"}
         else:
             fn = K.gemm_tma_persistent_kernel

@@ -46,10 +46,45 @@ from ck_core.dtypes import torch_dtype as _torch_dtype  # noqa: E402
 
 @functools.lru_cache(maxsize=512)
 def _spec(cfg, dtype, layout, out_dtype, d_dtype, num_d, d_op, activation, batched, even_k, num_sms,
-          preshuffle=False):
+          preshuffle=False, vec=(0, 0)):
     return kernel_for(cfg, dtype=dtype, layout=layout, out_dtype=out_dtype, d_dtype=d_dtype, num_d=num_d,
                       d_op=d_op, activation=activation, batched=batched, even_k=even_k, num_sms=num_sms,
-                      preshuffle=preshuffle)
+                      preshuffle=preshuffle, vec=vec)
+
+
+#: the pointer variants whose kernels take the A_VEC / B_VEC facts (``kernel_for``'s ``vec``)
+VEC_VARIANTS = ("plain", "persistent")
+
+
+def vec_elems(t, extent: int) -> int:
+    """The vector (elements) the loads of stored operand ``t`` along its contiguous (last) axis
+    can use where Triton's own specialisation does not see one: the largest power of two, at
+    most 16 bytes, dividing ``extent`` (the problem's size along that axis: its mask bound), the
+    other strides of ``t`` the kernel reads (row, and batch where the batch is above 1) and its
+    base offset; 0 where that is 1
+    (nothing to say) or where all of them are multiples of 16 elements (Triton specialises those
+    itself: the kernel stays the one ``ck build`` compiled).
+
+    Why it matters: a masked load along the contiguous axis is a vector only where the compiler
+    knows the mask bound is a multiple of the vector, so a column-major A with M = 404 (or a
+    row-major B with N = 4100, a row-major A with K % 16 != 0) was read one element a load,
+    without cp.async (sm90 PTX of the plain kernel, ccr 128x128x64: 32 ld.global.b16 a thread
+    per K step; with A_VEC = 4, 8-byte cp.async)."""
+    eb = t.element_size()
+    cap = max(1, 16 // eb)
+    # the strides the kernel is given: the row stride, and the batch stride of a batch above 1
+    # (else 0, see ``gemm``'s bstride)
+    vals = [int(extent), int(t.stride(-2))] + ([int(t.stride(0))] if t.dim() == 3 and t.shape[0] > 1 else [])
+    ptr = t.data_ptr()
+    if ptr % eb:
+        return 0
+    vals.append(ptr // eb)
+    if all(v % 16 == 0 for v in vals[:-1]) and ptr % 16 == 0:
+        return 0
+    v = cap
+    while v > 1 and any(x % v for x in vals):
+        v //= 2
+    return v if v > 1 else 0
 
 
 @functools.lru_cache(maxsize=16)
@@ -185,8 +220,11 @@ def gemm(a, b, *, layout: str = "rcr", config, c=None, d_tensors=(), d_op: str =
                                  f"16-byte aligned tensors or choose a pointer variant (plain, persistent)")
 
     even_k = K % cfg.block_k == 0
+    vec = (0, 0)
+    if cfg.variant in VEC_VARIANTS:
+        vec = (vec_elems(a, K if a_r else M), vec_elems(b, N if b_r else K))
     spec = _spec(cfg, dt, layout, out_token, d_token, len(d_tensors), d_op, activation,
-                 batched_io and cfg.is_tma, even_k, num_sms)
+                 batched_io and cfg.is_tma, even_k, num_sms, False, vec)
 
     def bstride(t):
         return t.stride(0) if (t.dim() == 3 and t.shape[0] > 1) else 0
