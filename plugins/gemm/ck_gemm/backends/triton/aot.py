@@ -193,18 +193,20 @@ def kernel_for(config, *, dtype: str = "fp16", layout: str = "rcr", out_dtype: s
         return -(-M // bm) * -(-N // bn)
 
     if preshuffle:
-        if cfg.variant not in ("plain", "persistent") or layout != "rcr" or batched or split > 1:
+        if cfg.variant not in ("plain", "persistent") or layout != "rcr" or batched \
+                or (split > 1 and cfg.variant != "plain"):
             raise InvalidProblem(f"{cfg.name}: a pre-shuffled B is read by the plain and persistent variants, "
-                                 f"layout rcr, without batch or split-K (got {cfg.variant}, {layout}, "
+                                 f"layout rcr, without batch (split-K: plain only) (got {cfg.variant}, {layout}, "
                                  f"batched={batched}, split_k={split})")
-        types = {"a_ptr": f"*{t_in}", "b_ptr": f"*{t_in}", "c_ptr": f"*{t_out}", "d0_ptr": f"*{t_d}",
+        types = {"a_ptr": f"*{t_in}", "b_ptr": f"*{t_in}", "c_ptr": f"*{t_c}", "d0_ptr": f"*{t_d}",
                  "d1_ptr": f"*{t_d}"}
         if cfg.variant == "plain":
+            # split-K as the plain kernel does it: raw partials, then the reduce pass's epilogue
             fn = K.gemm_preshuffle_kernel
-            cx = dict(common, EVEN_K=even_k, **epi)
+            cx = dict(common, EVEN_K=even_k, SPLIT_K=split, **main_epi)
 
             def grid(M, N, batch=1):
-                return (tiles(M, N), 1, 1)
+                return (tiles(M, N), 1, split)
         else:
             fn = K.gemm_preshuffle_persistent_kernel
             cx = dict(common, NUM_SMS=num_sms, EVEN_K=even_k, **epi)

@@ -809,19 +809,19 @@ def _ptr_k_loop(a_base, b_base, offs_m, offs_n, offs_k, M, N, K, k0, k1,
 # zeros rather than masked loads.  A keeps its masks (M rows, the K tail); C its edge mask.
 
 @triton.jit
-def _packed_k_loop(a_base, b_tiles, offs_m, offs_k, M, K, k_tiles, stride_am, stride_ak,
+def _packed_k_loop(a_base, b_tiles, offs_m, offs_k, M, K, k0, k1, stride_am, stride_ak,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    EVEN_K: tl.constexpr, ACC_INT: tl.constexpr):
-    # acc of the tile whose packed B tiles start at b_tiles (K tiles one after another)
+    # acc of K tiles k0..k1 of the tile whose packed B tiles start at b_tiles (K tiles one after another)
     mask_m = offs_m < M
-    a_ptrs = a_base + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
+    a_ptrs = a_base + offs_m[:, None] * stride_am + (k0 * BLOCK_K + offs_k)[None, :] * stride_ak
     # the BLOCK_K x BLOCK_N view of a tile stored BLOCK_N rows of BLOCK_K (K contiguous)
-    b_ptrs = b_tiles + tl.arange(0, BLOCK_N)[None, :] * BLOCK_K + offs_k[:, None]
+    b_ptrs = b_tiles + k0 * (BLOCK_N * BLOCK_K) + tl.arange(0, BLOCK_N)[None, :] * BLOCK_K + offs_k[:, None]
     if ACC_INT:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kt in range(k_tiles):
+    for kt in range(k0, k1):
         if EVEN_K:
             a = tl.load(a_ptrs, mask=mask_m[:, None], other=0.0)
         else:
@@ -837,21 +837,28 @@ def _packed_k_loop(a_base, b_tiles, offs_m, offs_k, M, K, k_tiles, stride_am, st
 def gemm_preshuffle_kernel(
         a_ptr, b_ptr, c_ptr, d0_ptr, d1_ptr, M, N, K,
         stride_am, stride_ak,
-        stride_cm, stride_cn,
+        stride_cm, stride_cn, stride_ck,
         stride_d0m, stride_d0n,
         stride_d1m, stride_d1n,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
         EVEN_K: tl.constexpr,
-        NUM_D: tl.constexpr, D_OP: tl.constexpr, ACT: tl.constexpr, ACC_INT: tl.constexpr):
-    """One program per C tile (grid (tiles, 1, 1)); B pre-shuffled for BLOCK_N x BLOCK_K."""
+        NUM_D: tl.constexpr, D_OP: tl.constexpr, ACT: tl.constexpr, ACC_INT: tl.constexpr,
+        SPLIT_K: tl.constexpr = 1):
+    """One program per C tile and K split (grid (tiles, 1, SPLIT_K)); B pre-shuffled for
+    BLOCK_N x BLOCK_K.  With SPLIT_K > 1, C is the fp32/int32 workspace (one M x N slice per
+    split, ``stride_ck`` apart, no epilogue) that ``gemm_splitk_reduce_kernel`` sums."""
     pid_m, pid_n = _tile_ids(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    pid_k = tl.program_id(2)
     k_tiles = tl.cdiv(K, BLOCK_K)
+    k0, k1 = _k_range(pid_k, K, BLOCK_K, SPLIT_K)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     b_tiles = b_ptr + pid_n.to(tl.int64) * k_tiles * (BLOCK_N * BLOCK_K)
-    acc = _packed_k_loop(a_ptr, b_tiles, offs_m, offs_k, M, K, k_tiles, stride_am, stride_ak,
+    acc = _packed_k_loop(a_ptr, b_tiles, offs_m, offs_k, M, K, k0, k1, stride_am, stride_ak,
                          BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, ACC_INT)
+    if SPLIT_K > 1:
+        c_ptr += pid_k.to(tl.int64) * stride_ck
     _epilogue_store(acc, offs_m, offs_n, M, N, c_ptr, stride_cm, stride_cn,
                     d0_ptr, stride_d0m, stride_d0n, d1_ptr, stride_d1m, stride_d1n, NUM_D, D_OP, ACT)
 
@@ -875,7 +882,7 @@ def gemm_preshuffle_persistent_kernel(
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         b_tiles = b_ptr + pid_n.to(tl.int64) * k_tiles * (BLOCK_N * BLOCK_K)
-        acc = _packed_k_loop(a_ptr, b_tiles, offs_m, offs_k, M, K, k_tiles, stride_am, stride_ak,
+        acc = _packed_k_loop(a_ptr, b_tiles, offs_m, offs_k, M, K, 0, k_tiles, stride_am, stride_ak,
                              BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, ACC_INT)
         _epilogue_store(acc, offs_m, offs_n, M, N, c_ptr, stride_cm, stride_cn,
                         d0_ptr, stride_d0m, stride_d0n, d1_ptr, stride_d1m, stride_d1n, NUM_D, D_OP, ACT)

@@ -336,8 +336,23 @@ def _gemm_packed(a, b, N, *, layout, config, c, d_tensors, d_op, activation, out
     vals = {"a_ptr": a, "b_ptr": b, "c_ptr": c, "d0_ptr": d0, "d1_ptr": d1, "M": M, "N": N, "K": K,
             "stride_am": a.stride(0), "stride_ak": a.stride(1), "stride_cm": c.stride(0), "stride_cn": c.stride(1),
             "stride_d0m": d0.stride(0), "stride_d0n": d0.stride(1), "stride_d1m": d1.stride(0),
-            "stride_d1n": d1.stride(1)}
-    (launch or _launch)(spec, vals, M, N, 1, kernel_name or spec.name)
+            "stride_d1n": d1.stride(1), "stride_ck": 0}
+    launch = launch or _launch
+    name = kernel_name or spec.name
+    if spec.split_k == 1:
+        launch(spec, vals, M, N, 1, name)
+        return c
+    # split-K: raw partials into the device's workspace, then the reduce pass's epilogue (as gemm does)
+    ws = scratch(a.device, "i32" if spec.acc_dtype == "int32" else "f32",
+                 spec.split_k * M * N)[:spec.split_k * M * N].view(spec.split_k, 1, M, N)
+    vals.update({"c_ptr": ws, "stride_ck": ws.stride(0), "stride_cm": ws.stride(2), "stride_cn": 1})
+    launch(spec, vals, M, N, 1, name)
+    rv = {"ws_ptr": ws, "c_ptr": c, "d0_ptr": d0, "d1_ptr": d1, "M": M, "N": N,
+          "stride_wk": ws.stride(0), "stride_wb": ws.stride(1), "stride_wm": ws.stride(2),
+          "stride_cb": 0, "stride_cm": c.stride(0), "stride_cn": c.stride(1),
+          "stride_d0b": 0, "stride_d0m": d0.stride(0), "stride_d0n": d0.stride(1),
+          "stride_d1b": 0, "stride_d1m": d1.stride(0), "stride_d1n": d1.stride(1)}
+    launch(spec.reduce, rv, M, N, 1, name + "/reduce")
     return c
 
 
