@@ -210,7 +210,7 @@ import json
 from triton.backends.compiler import GPUTarget
 from ck_gemm.backends.triton import GemmConfig, kernel_for, smem_bytes
 out = []
-for v, sk in (("plain", 1), ("persistent", 1), ("plain", 2)):
+for v, sk in (("plain", 1), ("persistent", 1), ("plain", 2), ("tma", 2), ("tma_persistent", 1)):
     cfg = GemmConfig(64, 128, 64, 8, 4, 3, v, sk)
     spec = kernel_for(cfg, num_sms=132, dtype="bf16", layout="rcr", num_d=1, activation="relu", preshuffle=True)
     k = spec.compile(GPUTarget("cuda", 90, 32))
@@ -232,15 +232,19 @@ def test_preshuffle_kernels_compile_for_sm90_ahead_of_time():
     p = subprocess.run([sys.executable, "-c", _AOT], env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
     rows = json.loads([x for x in p.stdout.splitlines() if x.startswith("RESULT")][-1][len("RESULT"):])
-    assert [r[0] for r in rows] == ["plain", "persistent", "plain"]   # the last split over K
+    # then split over K, and the descriptor reads of the packed tile rows
+    assert [r[0] for r in rows] == ["plain", "persistent", "plain", "tma", "tma_persistent"]
     for v, shared, est, wgmma in rows:
         assert shared <= est and wgmma, (v, shared, est)
 
 
-@pytest.mark.parametrize("split_k,act,bias", [(2, None, False), (3, "relu", True)])
-def test_split_k_preshuffled_kernel_matches_float64(split_k, act, bias, ck_rng):
-    """The pre-shuffled plain kernel split over K (raw partials, then the reduce pass's epilogue),
-    odd sizes, against float64 of the weight before packing; C poisoned first."""
+@pytest.mark.parametrize("variant,split_k,act,bias", [("plain", 2, None, False), ("plain", 3, "relu", True),
+                                                     ("tma", 1, "relu", True), ("tma", 2, None, True),
+                                                     ("tma_persistent", 1, None, False)])
+def test_split_k_and_tma_preshuffled_kernels_match_float64(variant, split_k, act, bias, ck_rng):
+    """The pre-shuffled kernels split over K (raw partials, then the reduce pass's epilogue) and
+    read by tensor descriptors (B's packed tile rows), odd M and N (K a multiple of 8: A's
+    descriptor), against float64 of the weight before packing; C poisoned first."""
     pytest.importorskip("triton")
     if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
         pytest.skip("CPU tensors run triton kernels only in the interpreter")
@@ -249,7 +253,9 @@ def test_split_k_preshuffled_kernel_matches_float64(split_k, act, bias, ck_rng):
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     g = torch.Generator().manual_seed(int(ck_rng.integers(1 << 31)))
     m, n, k = _odd(ck_rng, 1, 40), _odd(ck_rng, 1, 70), _odd(ck_rng, 60, 140)
-    cfg = GemmConfig(16, 32, 16, 1, 4, 2, "plain", split_k)
+    if variant != "plain":
+        k = 8 * (k // 8)
+    cfg = GemmConfig(16, 32, 16, 1, 4, 2, variant, split_k)
     a = (torch.rand(m, k, generator=g) * 2 - 1).half().to(dev)
     w = (torch.rand(n, k, generator=g) * 2 - 1).half().to(dev)
     d = (torch.rand(n, generator=g) * 2 - 1).half().to(dev)
@@ -266,7 +272,7 @@ def test_split_k_preshuffled_kernel_matches_float64(split_k, act, bias, ck_rng):
     ref = a.double().cpu() @ w.double().cpu().T + (d.double().cpu() if bias else 0)
     ref = torch.relu(ref) if act else ref
     out = c.double().cpu()
-    assert len(launched) == 2 and launched[1].endswith("/reduce")
+    assert len(launched) == (2 if split_k > 1 else 1) and launched[-1].endswith("/reduce") == (split_k > 1)
     assert torch.isfinite(out).all() and float((out - ref).norm() / ref.norm()) < 3e-3
 
 

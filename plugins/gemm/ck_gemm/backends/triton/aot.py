@@ -38,6 +38,8 @@ TRITON_DTYPES = {"fp16": "fp16", "bf16": "bf16", "fp8": "fp8e4nv", "bf8": "fp8e5
 #: default output dtype per input dtype
 DEFAULT_OUT = {"fp16": "fp16", "bf16": "bf16", "fp8": "bf16", "bf8": "bf16", "int8": "int32", "fp32": "fp32"}
 REDUCE_BLOCK = (32, 128)
+#: the config variants that read a pre-shuffled B (``kernel_for(preshuffle=True)``)
+PRESHUFFLE_CONFIG_VARIANTS = ("plain", "persistent", "tma", "tma_persistent")
 
 
 def parse_layout(layout: str) -> tuple[bool, bool, bool]:
@@ -193,14 +195,33 @@ def kernel_for(config, *, dtype: str = "fp16", layout: str = "rcr", out_dtype: s
         return -(-M // bm) * -(-N // bn)
 
     if preshuffle:
-        if cfg.variant not in ("plain", "persistent") or layout != "rcr" or batched \
-                or (split > 1 and cfg.variant != "plain"):
-            raise InvalidProblem(f"{cfg.name}: a pre-shuffled B is read by the plain and persistent variants, "
-                                 f"layout rcr, without batch (split-K: plain only) (got {cfg.variant}, {layout}, "
-                                 f"batched={batched}, split_k={split})")
+        if cfg.variant not in PRESHUFFLE_CONFIG_VARIANTS or layout != "rcr" or batched \
+                or (split > 1 and cfg.variant not in ("plain", "tma")):
+            raise InvalidProblem(f"{cfg.name}: a pre-shuffled B is read by the variants "
+                                 f"{', '.join(PRESHUFFLE_CONFIG_VARIANTS)}, layout rcr, without batch (split-K: "
+                                 f"plain and tma only) (got {cfg.variant}, {layout}, batched={batched}, "
+                                 f"split_k={split})")
         types = {"a_ptr": f"*{t_in}", "b_ptr": f"*{t_in}", "c_ptr": f"*{t_c}", "d0_ptr": f"*{t_d}",
                  "d1_ptr": f"*{t_d}"}
-        if cfg.variant == "plain":
+        if cfg.is_tma:
+            # the TMA kernels with B's tile (pid_n, kt) read by one descriptor over the packed rows
+            # ([N tiles * K tiles * block_n, block_k], block [block_n, block_k]): A by its own descriptor
+            types = {"a_desc": f"tensordesc<{t_in}[{bm}, {bk}]>", "b_desc": f"tensordesc<{t_in}[{bn}, {bk}]>",
+                     "c_ptr": f"*{t_c}", "d0_ptr": f"*{t_d}", "d1_ptr": f"*{t_d}"}
+            tma_cx = dict(common, A_KMAJOR=True, B_KMAJOR=True, BATCHED=False, WARP_SPEC=False, PACKED_B=True)
+            if cfg.variant == "tma":
+                fn = K.gemm_tma_kernel
+                cx = dict(tma_cx, SPLIT_K=split, **main_epi)
+
+                def grid(M, N, batch=1):
+                    return (tiles(M, N), 1, split)
+            else:
+                fn = K.gemm_tma_persistent_kernel
+                cx = dict(tma_cx, NUM_SMS=num_sms, **epi)
+
+                def grid(M, N, batch=1):
+                    return (max(1, min(num_sms, tiles(M, N))), 1, 1)
+        elif cfg.variant == "plain":
             # split-K as the plain kernel does it: raw partials, then the reduce pass's epilogue
             fn = K.gemm_preshuffle_kernel
             cx = dict(common, EVEN_K=even_k, SPLIT_K=split, **main_epi)

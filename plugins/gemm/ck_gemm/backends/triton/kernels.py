@@ -363,6 +363,13 @@ def _desc_load_a(a_desc, pid_b, off_m, off_k, BLOCK_M: tl.constexpr, BLOCK_K: tl
 
 
 @triton.jit
+def _packed_desc_load_b(b_desc, pid_n, kt, k_tiles, BLOCK_N: tl.constexpr):
+    # a pre-shuffled B (ck_gemm.problem.pack_b) seen as (N tiles * K tiles * BLOCK_N) x BLOCK_K rows:
+    # the BLOCK_N x BLOCK_K tile (pid_n, kt) is BLOCK_N whole rows; returns its BLOCK_K x BLOCK_N view
+    return b_desc.load([(pid_n * k_tiles + kt) * BLOCK_N, 0]).T
+
+
+@triton.jit
 def _desc_load_b(b_desc, pid_b, off_k, off_n, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
                  B_KMAJOR: tl.constexpr, BATCHED: tl.constexpr):
     # B stored N x K (K contiguous, "c") or K x N ("r"); returns the BLOCK_K x BLOCK_N tile
@@ -388,7 +395,8 @@ def gemm_tma_kernel(
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
         SPLIT_K: tl.constexpr, A_KMAJOR: tl.constexpr, B_KMAJOR: tl.constexpr, BATCHED: tl.constexpr,
         WARP_SPEC: tl.constexpr,
-        NUM_D: tl.constexpr, D_OP: tl.constexpr, ACT: tl.constexpr, ACC_INT: tl.constexpr):
+        NUM_D: tl.constexpr, D_OP: tl.constexpr, ACT: tl.constexpr, ACC_INT: tl.constexpr,
+        PACKED_B: tl.constexpr = False):
     pid = tl.program_id(0)
     pid_b = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -396,6 +404,7 @@ def gemm_tma_kernel(
     off_m = pid_m * BLOCK_M
     off_n = pid_n * BLOCK_N
     k_start, k_end = _k_range(pid_k, K, BLOCK_K, SPLIT_K)
+    k_tiles = tl.cdiv(K, BLOCK_K)
     if ACC_INT:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
     else:
@@ -404,7 +413,10 @@ def gemm_tma_kernel(
     for kt in tl.range(k_start, k_end, warp_specialize=WARP_SPEC):
         off_k = kt * BLOCK_K
         a = _desc_load_a(a_desc, pid_b, off_m, off_k, BLOCK_M, BLOCK_K, A_KMAJOR, BATCHED)
-        b = _desc_load_b(b_desc, pid_b, off_k, off_n, BLOCK_K, BLOCK_N, B_KMAJOR, BATCHED)
+        if PACKED_B:
+            b = _packed_desc_load_b(b_desc, pid_n, kt, k_tiles, BLOCK_N)
+        else:
+            b = _desc_load_b(b_desc, pid_b, off_k, off_n, BLOCK_K, BLOCK_N, B_KMAJOR, BATCHED)
         acc = _mma(a, b, acc)
     pb = pid_b.to(tl.int64)
     offs_m = off_m + tl.arange(0, BLOCK_M)
@@ -424,7 +436,8 @@ def gemm_tma_persistent_kernel(
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
         NUM_SMS: tl.constexpr, A_KMAJOR: tl.constexpr, B_KMAJOR: tl.constexpr, BATCHED: tl.constexpr,
         WARP_SPEC: tl.constexpr,
-        NUM_D: tl.constexpr, D_OP: tl.constexpr, ACT: tl.constexpr, ACC_INT: tl.constexpr):
+        NUM_D: tl.constexpr, D_OP: tl.constexpr, ACT: tl.constexpr, ACC_INT: tl.constexpr,
+        PACKED_B: tl.constexpr = False):
     start_pid = tl.program_id(0)
     tiles_per_batch = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     num_tiles = tiles_per_batch * batch_count
@@ -445,7 +458,10 @@ def gemm_tma_persistent_kernel(
         for kt in tl.range(k_tiles, warp_specialize=WARP_SPEC):
             off_k = kt * BLOCK_K
             a = _desc_load_a(a_desc, pid_b, off_m, off_k, BLOCK_M, BLOCK_K, A_KMAJOR, BATCHED)
-            b = _desc_load_b(b_desc, pid_b, off_k, off_n, BLOCK_K, BLOCK_N, B_KMAJOR, BATCHED)
+            if PACKED_B:
+                b = _packed_desc_load_b(b_desc, pid_n, kt, k_tiles, BLOCK_N)
+            else:
+                b = _desc_load_b(b_desc, pid_b, off_k, off_n, BLOCK_K, BLOCK_N, B_KMAJOR, BATCHED)
             acc = _mma(a, b, acc)
         tile_id_c += NUM_SMS
         pb = (tile_id_c // tiles_per_batch).to(tl.int64)

@@ -336,7 +336,22 @@ def _gemm_packed(a, b, N, *, layout, config, c, d_tensors, d_op, activation, out
     vals = {"a_ptr": a, "b_ptr": b, "c_ptr": c, "d0_ptr": d0, "d1_ptr": d1, "M": M, "N": N, "K": K,
             "stride_am": a.stride(0), "stride_ak": a.stride(1), "stride_cm": c.stride(0), "stride_cn": c.stride(1),
             "stride_d0m": d0.stride(0), "stride_d0n": d0.stride(1), "stride_d1m": d1.stride(0),
-            "stride_d1n": d1.stride(1), "stride_ck": 0}
+            "stride_d1n": d1.stride(1), "stride_ck": 0, "stride_cb": 0, "stride_d0b": 0, "stride_d1b": 0,
+            "batch_count": 1}
+    if cfg.is_tma:
+        if a.is_cuda:
+            _, cap, is_hip = _device_info(a.device.index if a.device.index is not None
+                                          else torch.cuda.current_device())
+            if is_hip or cap[0] < 9:
+                raise UnsupportedProblem(f"kernel {kernel_name or cfg.name}: tensor descriptors need sm90+")
+        if not _tma_ok(a, True):
+            raise UnsupportedProblem(f"kernel {kernel_name or cfg.name} cannot run these tensors: A's rows "
+                                     f"({a.stride(0)} x {a.element_size()} B) or base are not 16-byte aligned; "
+                                     f"choose a pointer variant (plain, persistent)")
+        from triton.tools.tensor_descriptor import TensorDescriptor
+        rows = b.view(-1, cfg.block_k)   # the packed tiles, block_n rows of block_k each
+        vals["a_desc"] = TensorDescriptor(a, [M, K], [a.stride(0), 1], [cfg.block_m, cfg.block_k])
+        vals["b_desc"] = TensorDescriptor(rows, list(rows.shape), list(rows.stride()), [cfg.block_n, cfg.block_k])
     launch = launch or _launch
     name = kernel_name or spec.name
     if spec.split_k == 1:
