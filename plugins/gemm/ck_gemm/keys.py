@@ -61,7 +61,7 @@ SPLITK_VARIANTS = ("tile", "tma", "tma_ws")
 STREAMK_VARIANTS = ("streamk", "tma_streamk")
 #: variants whose Triton templates read a pre-shuffled B (one contiguous tile a K step; pointer
 #: loads: the packed tiles need no descriptor), and the name token of a pre-shuffled signature
-PRESHUFFLE_VARIANTS = ("tile", "persistent", "tma", "tma_persistent")
+PRESHUFFLE_VARIANTS = ("tile", "persistent", "tma", "tma_persistent", "tma_cs", "tma_persistent_cs")
 PRESHUFFLE_TOKEN = "preshuffle"
 #: backends that run pre-shuffled-B keys (the CK C++ templates here render the standard pipeline only)
 PRESHUFFLE_BACKENDS = ("numpy", "triton")

@@ -210,7 +210,8 @@ import json
 from triton.backends.compiler import GPUTarget
 from ck_gemm.backends.triton import GemmConfig, kernel_for, smem_bytes
 out = []
-for v, sk in (("plain", 1), ("persistent", 1), ("plain", 2), ("tma", 2), ("tma_persistent", 1)):
+for v, sk in (("plain", 1), ("persistent", 1), ("plain", 2), ("tma", 2), ("tma_persistent", 1),
+              ("tma_persistent_cs", 1)):
     cfg = GemmConfig(64, 128, 64, 8, 4, 3, v, sk)
     spec = kernel_for(cfg, num_sms=132, dtype="bf16", layout="rcr", num_d=1, activation="relu", preshuffle=True)
     k = spec.compile(GPUTarget("cuda", 90, 32))
@@ -233,14 +234,15 @@ def test_preshuffle_kernels_compile_for_sm90_ahead_of_time():
     assert p.returncode == 0, p.stderr[-2000:]
     rows = json.loads([x for x in p.stdout.splitlines() if x.startswith("RESULT")][-1][len("RESULT"):])
     # then split over K, and the descriptor reads of the packed tile rows
-    assert [r[0] for r in rows] == ["plain", "persistent", "plain", "tma", "tma_persistent"]
+    assert [r[0] for r in rows] == ["plain", "persistent", "plain", "tma", "tma_persistent", "tma_persistent_cs"]
     for v, shared, est, wgmma in rows:
         assert shared <= est and wgmma, (v, shared, est)
 
 
 @pytest.mark.parametrize("variant,split_k,act,bias", [("plain", 2, None, False), ("plain", 3, "relu", True),
                                                      ("tma", 1, "relu", True), ("tma", 2, None, True),
-                                                     ("tma_persistent", 1, None, False)])
+                                                     ("tma_persistent", 1, None, False), ("tma_cs", 1, "relu", True),
+                                                     ("tma_persistent_cs", 1, None, True)])
 def test_split_k_and_tma_preshuffled_kernels_match_float64(variant, split_k, act, bias, ck_rng):
     """The pre-shuffled kernels split over K (raw partials, then the reduce pass's epilogue) and
     read by tensor descriptors (B's packed tile rows), odd M and N (K a multiple of 8: A's
@@ -255,7 +257,11 @@ def test_split_k_and_tma_preshuffled_kernels_match_float64(variant, split_k, act
     m, n, k = _odd(ck_rng, 1, 40), _odd(ck_rng, 1, 70), _odd(ck_rng, 60, 140)
     if variant != "plain":
         k = 8 * (k // 8)
+    if variant.endswith("_cs"):   # C stored by descriptor: 16-byte rows
+        n = 8 * (n // 8 + 1)
     cfg = GemmConfig(16, 32, 16, 1, 4, 2, variant, split_k)
+    if variant == "tma_persistent_cs":
+        cfg = cfg.evolve(epi_subtile=2)   # C stored in two N slices
     a = (torch.rand(m, k, generator=g) * 2 - 1).half().to(dev)
     w = (torch.rand(n, k, generator=g) * 2 - 1).half().to(dev)
     d = (torch.rand(n, generator=g) * 2 - 1).half().to(dev)
@@ -294,6 +300,13 @@ def test_preshuffled_space_holds_the_plain_winners_split_k_twins():
     assert want and want <= algs
     legal = get_manager().op("gemm").legal
     assert all(legal(k, arch) is None for k in ps)
-    p = GemmProblem(1, 12288, 4096, preshuffle=True)
     from ck_core import Dispatcher
-    assert Dispatcher(Registry("sm90", ps), backend="triton").select(p).algorithm.split_k > 1
+    plain = Dispatcher(Registry.from_enumeration("gemm", "sm90", "triton", dtypes=["fp16"], layouts=["rcr"]),
+                       backend="triton")
+    packed = Dispatcher(Registry("sm90", ps), backend="triton")
+    assert packed.select(GemmProblem(1, 12288, 4096, preshuffle=True)).algorithm.split_k > 1
+    # the same ranking: the packed pick is the plain pick's twin (skinny split-K, mid-M TMA,
+    # large-M persistent TMA with a descriptor-stored C)
+    for m, n, k in ((1, 12288, 4096), (16, 4096, 4096), (128, 12288, 4096), (512, 12288, 4096)):
+        want = plain.select(GemmProblem(m, n, k)).algorithm
+        assert packed.select(GemmProblem(m, n, k, preshuffle=True)).algorithm == want, (m, n, k)

@@ -39,7 +39,7 @@ TRITON_DTYPES = {"fp16": "fp16", "bf16": "bf16", "fp8": "fp8e4nv", "bf8": "fp8e5
 DEFAULT_OUT = {"fp16": "fp16", "bf16": "bf16", "fp8": "bf16", "bf8": "bf16", "int8": "int32", "fp32": "fp32"}
 REDUCE_BLOCK = (32, 128)
 #: the config variants that read a pre-shuffled B (``kernel_for(preshuffle=True)``)
-PRESHUFFLE_CONFIG_VARIANTS = ("plain", "persistent", "tma", "tma_persistent")
+PRESHUFFLE_CONFIG_VARIANTS = ("plain", "persistent", "tma", "tma_persistent", "tma_cs", "tma_persistent_cs")
 
 
 def parse_layout(layout: str) -> tuple[bool, bool, bool]:
@@ -208,16 +208,27 @@ def kernel_for(config, *, dtype: str = "fp16", layout: str = "rcr", out_dtype: s
             # ([N tiles * K tiles * block_n, block_k], block [block_n, block_k]): A by its own descriptor
             types = {"a_desc": f"tensordesc<{t_in}[{bm}, {bk}]>", "b_desc": f"tensordesc<{t_in}[{bn}, {bk}]>",
                      "c_ptr": f"*{t_c}", "d0_ptr": f"*{t_d}", "d1_ptr": f"*{t_d}"}
-            tma_cx = dict(common, A_KMAJOR=True, B_KMAJOR=True, BATCHED=False, WARP_SPEC=False, PACKED_B=True)
-            if cfg.variant == "tma":
+            tma_cx = dict(common, A_KMAJOR=True, B_KMAJOR=True, BATCHED=False, PACKED_B=True)
+            if cfg.c_desc:   # C stored by descriptor too (row-major C: layout rcr)
+                types.pop("c_ptr")
+                types["c_desc"] = f"tensordesc<{t_out}{desc_c_block_shape(cfg, False)}>"
+                fn = K.gemm_tma_cs_kernel if cfg.variant == "tma_cs" else K.gemm_tma_persistent_cs_kernel
+                cx = dict(tma_cx, EPI_SUBTILE=cfg.epi_subtile, **epi)
+                if cfg.variant != "tma_cs":
+                    cx["NUM_SMS"] = num_sms
+
+                def grid(M, N, batch=1):
+                    t = tiles(M, N)
+                    return (t, 1, 1) if cfg.variant == "tma_cs" else (max(1, min(num_sms, t)), 1, 1)
+            elif cfg.variant == "tma":
                 fn = K.gemm_tma_kernel
-                cx = dict(tma_cx, SPLIT_K=split, **main_epi)
+                cx = dict(tma_cx, SPLIT_K=split, WARP_SPEC=False, **main_epi)
 
                 def grid(M, N, batch=1):
                     return (tiles(M, N), 1, split)
             else:
                 fn = K.gemm_tma_persistent_kernel
-                cx = dict(tma_cx, NUM_SMS=num_sms, **epi)
+                cx = dict(tma_cx, NUM_SMS=num_sms, WARP_SPEC=False, **epi)
 
                 def grid(M, N, batch=1):
                     return (max(1, min(num_sms, tiles(M, N))), 1, 1)

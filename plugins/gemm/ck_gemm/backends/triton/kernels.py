@@ -480,7 +480,8 @@ def gemm_tma_cs_kernel(
         stride_d1b, stride_d1m, stride_d1n,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
         A_KMAJOR: tl.constexpr, B_KMAJOR: tl.constexpr, BATCHED: tl.constexpr, EPI_SUBTILE: tl.constexpr,
-        NUM_D: tl.constexpr, D_OP: tl.constexpr, ACT: tl.constexpr, ACC_INT: tl.constexpr):
+        NUM_D: tl.constexpr, D_OP: tl.constexpr, ACT: tl.constexpr, ACC_INT: tl.constexpr,
+        PACKED_B: tl.constexpr = False):
     # gemm_tma_kernel (without split-K / warp specialisation) storing C by descriptor
     pid = tl.program_id(0)
     pid_b = tl.program_id(1)
@@ -495,7 +496,10 @@ def gemm_tma_cs_kernel(
     for kt in tl.range(0, k_tiles):
         off_k = kt * BLOCK_K
         a = _desc_load_a(a_desc, pid_b, off_m, off_k, BLOCK_M, BLOCK_K, A_KMAJOR, BATCHED)
-        b = _desc_load_b(b_desc, pid_b, off_k, off_n, BLOCK_K, BLOCK_N, B_KMAJOR, BATCHED)
+        if PACKED_B:
+            b = _packed_desc_load_b(b_desc, pid_n, kt, k_tiles, BLOCK_N)
+        else:
+            b = _desc_load_b(b_desc, pid_b, off_k, off_n, BLOCK_K, BLOCK_N, B_KMAJOR, BATCHED)
         acc = _mma(a, b, acc)
     pb = pid_b.to(tl.int64)
     _epilogue_desc_store(acc, c_desc, pid_b, off_m, off_n, M, N,
@@ -512,7 +516,8 @@ def gemm_tma_persistent_cs_kernel(
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
         NUM_SMS: tl.constexpr, A_KMAJOR: tl.constexpr, B_KMAJOR: tl.constexpr, BATCHED: tl.constexpr,
         EPI_SUBTILE: tl.constexpr,
-        NUM_D: tl.constexpr, D_OP: tl.constexpr, ACT: tl.constexpr, ACC_INT: tl.constexpr):
+        NUM_D: tl.constexpr, D_OP: tl.constexpr, ACT: tl.constexpr, ACC_INT: tl.constexpr,
+        PACKED_B: tl.constexpr = False):
     # gemm_tma_persistent_kernel (flattened, software-pipelined tile loop, no warp
     # specialisation) storing C by descriptor: the TMA store of one tile is issued
     # asynchronously and drains while the next tile's loads are already in flight
@@ -534,7 +539,10 @@ def gemm_tma_persistent_cs_kernel(
         for kt in tl.range(k_tiles):
             off_k = kt * BLOCK_K
             a = _desc_load_a(a_desc, pid_b, off_m, off_k, BLOCK_M, BLOCK_K, A_KMAJOR, BATCHED)
-            b = _desc_load_b(b_desc, pid_b, off_k, off_n, BLOCK_K, BLOCK_N, B_KMAJOR, BATCHED)
+            if PACKED_B:
+                b = _packed_desc_load_b(b_desc, pid_n, kt, k_tiles, BLOCK_N)
+            else:
+                b = _desc_load_b(b_desc, pid_b, off_k, off_n, BLOCK_K, BLOCK_N, B_KMAJOR, BATCHED)
             acc = _mma(a, b, acc)
         tile_id_c += NUM_SMS
         pid_bc = tile_id_c // tiles_per_batch

@@ -352,6 +352,11 @@ def _gemm_packed(a, b, N, *, layout, config, c, d_tensors, d_op, activation, out
         rows = b.view(-1, cfg.block_k)   # the packed tiles, block_n rows of block_k each
         vals["a_desc"] = TensorDescriptor(a, [M, K], [a.stride(0), 1], [cfg.block_m, cfg.block_k])
         vals["b_desc"] = TensorDescriptor(rows, list(rows.shape), list(rows.stride()), [cfg.block_n, cfg.block_k])
+        if cfg.c_desc:
+            if not _tma_ok(c, True):
+                raise UnsupportedProblem(f"kernel {kernel_name or cfg.name} cannot store this C by descriptor: its "
+                                         f"rows or base are not 16-byte aligned; choose a pointer-stored variant")
+            vals["c_desc"] = TensorDescriptor(c, [M, N], [c.stride(0), 1], desc_c_block_shape(cfg, False))
     launch = launch or _launch
     name = kernel_name or spec.name
     if spec.split_k == 1:
