@@ -137,8 +137,14 @@ def features(problem, candidates: list, arch) -> dict:
     lda_b = k if problem.layout[0] == "r" else m
     desc_b = problem.layout[1] == "r" and (n * eb) % 16 == 0 and (lda_b * eb) % 16 == 0
     out["log_m_brow_desc"] = np.full(len(candidates), math.log2(m) if desc_b else 0.0)
-    # a pre-shuffled B (packed in the kernel's tile order): likewise a form of its own
-    out["v_preshuffle"] = np.full(len(candidates), float(getattr(problem, "preshuffle", False)))
+    # a pre-shuffled B (packed in the kernel's tile order) is ranked as its plain twin: the
+    # pre-shuffled space holds the plain path's tiles, splits, pipelines and descriptor variants
+    # (the descriptor keys load the same bytes by the same TMA copies, from the packed rows; the
+    # pointer keys read B by unmasked contiguous tiles, no more work than their twins' strided
+    # reads), so the plain ranking applies and a packed weight runs the plain weight's pick where
+    # its twin exists (checked on the GPU by benchmarks/gemm_tail_check.py).  The column stays
+    # (0), so a model trained on packed problems may still tell them apart.
+    out["v_preshuffle"] = np.zeros(len(candidates))
     for name in ("tile_m", "tile_n", "tile_k"):
         out[name] = np.log2(col[name])
     return out

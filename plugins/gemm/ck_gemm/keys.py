@@ -61,7 +61,7 @@ SPLITK_VARIANTS = ("tile", "tma", "tma_ws")
 STREAMK_VARIANTS = ("streamk", "tma_streamk")
 #: variants whose Triton templates read a pre-shuffled B (one contiguous tile a K step; pointer
 #: loads: the packed tiles need no descriptor), and the name token of a pre-shuffled signature
-PRESHUFFLE_VARIANTS = ("tile", "persistent")
+PRESHUFFLE_VARIANTS = ("tile", "persistent", "tma", "tma_persistent", "tma_cs", "tma_persistent_cs")
 PRESHUFFLE_TOKEN = "preshuffle"
 #: backends that run pre-shuffled-B keys (the CK C++ templates here render the standard pipeline only)
 PRESHUFFLE_BACKENDS = ("numpy", "triton")
@@ -216,7 +216,9 @@ def legal(key: KernelKey, arch, tuned=None) -> str | None:
         why = f"the {key.backend} backend has no pre-shuffled-B template (backends {PRESHUFFLE_BACKENDS})"
     if why is None and key.backend == "triton":
         why = triton_smem_violation(sig.dtype, key.algorithm, arch)
-        if why and tuned is not None and key in tuned(arch, key.backend, [sig.dtype], [sig.layout]):
+        # a winner's key with another epilogue or its pre-shuffled twin (the space adds those) too
+        plain = KernelKey(key.op, GemmSignature(sig.dtype, sig.layout), key.algorithm, key.arch, key.backend)
+        if why and tuned is not None and plain in tuned(arch, key.backend, [sig.dtype], [sig.layout]):
             why = None
     return why
 
@@ -278,16 +280,18 @@ def preshuffle_violation(sig: GemmSignature, a: GemmAlgorithm) -> str | None:
     """Why a pre-shuffled-B key ``(sig, a)`` cannot exist (None: it can, or B is not pre-shuffled).
 
     B is packed for the key's N x K tile and zero-padded, so the key pads every dimension (A's
-    rows and K tail, C's edges stay masked), reads whole tiles through pointers (variants
-    :data:`PRESHUFFLE_VARIANTS`) and owns its whole K loop (no split-K)."""
+    rows and K tail, C's edges stay masked) and reads whole tiles (variants
+    :data:`PRESHUFFLE_VARIANTS`: through pointers, or one descriptor over the packed tile rows);
+    the one-tile-a-program variants (``tile``, ``tma``) may split K as the plain keys do (the
+    split-K choices the arch enumerates for skinny M), a persistent loop owns whole tiles."""
     if not sig.preshuffle:
         return None
     if sig.layout != "rcr":
         return f"a pre-shuffled B is a linear weight: layout rcr only, not {sig.layout}"
     if a.variant not in PRESHUFFLE_VARIANTS:
         return f"pre-shuffled B is read by variants {PRESHUFFLE_VARIANTS}, not {a.variant}"
-    if a.split_k != 1:
-        return "a pre-shuffled-B key does not split K"
+    if a.split_k != 1 and a.variant not in ("tile", "tma"):
+        return f"a pre-shuffled-B key splits K on variants tile and tma only, not {a.variant}"
     if not (a.pad_m and a.pad_n and a.pad_k):
         return "a pre-shuffled-B key pads M, N and K (B is zero-padded to whole tiles)"
     return None

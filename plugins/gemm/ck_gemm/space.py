@@ -118,9 +118,19 @@ def enumerate_keys(arch, backend: str, options: dict, tuned=None) -> list[Kernel
                     continue
                 out.append(KernelKey("gemm", sig, alg, arch.name, backend))
     if backend == "triton" and tuned is not None:
-        out.extend(attrs.evolve(k, signature=sig) for k in tuned(arch, backend, dtypes, layouts)
+        winners = tuned(arch, backend, dtypes, layouts)
+        out.extend(attrs.evolve(k, signature=sig) for k in winners
                    for sig in [attrs.evolve(k.signature, dtype_c=dc, num_d=nd, d_op=op, activation=act)
                                for dc in dtypes_c for nd, op, act in epis])
+        # their pre-shuffled twins (rcr, pointer variants, split-K on the tile variant): the
+        # heuristic's tuned-table pick then finds its config among the pre-shuffled keys too, so
+        # a packed weight runs the tile, split and pipeline depth the plain weight would
+        have = set(out)
+        twins = [attrs.evolve(k, signature=sig) for k in winners if k.signature.layout == "rcr"
+                 for sig in [attrs.evolve(k.signature, dtype_c=dc, num_d=nd, d_op=op, activation=act,
+                                          preshuffle=True) for dc in dtypes_c for nd, op, act in ps_epis]
+                 if preshuffle_violation(sig, k.algorithm) is None]
+        out.extend(t for t in dict.fromkeys(twins) if t not in have)
     return out
 
 

@@ -10,7 +10,7 @@ import pytest
 from ck_core.errors import ConfigError, InvalidProblem, MissingKernel
 from ck_core.registry import Registry
 from ck_gemm import GemmProblem
-from ck_gemm.keys import PRESHUFFLE_VARIANTS, parse_name, supports, supports_many
+from ck_gemm.keys import PRESHUFFLE_VARIANTS, parse_name, preshuffle_violation, supports, supports_many
 from ck_gemm.problem import pack_b, unpack_b
 
 
@@ -73,7 +73,8 @@ def test_variants_enumerate_standard_preshuffle_and_multi_d():
     assert len(_sets(variants="multi_d", num_ds=[0, 3])) == len(std)   # the num_ds given (the D ones)
     for k in ps:
         s, a = k.signature, k.algorithm
-        assert s.preshuffle and s.layout == "rcr" and a.variant in PRESHUFFLE_VARIANTS and a.split_k == 1
+        assert s.preshuffle and s.layout == "rcr" and a.variant in PRESHUFFLE_VARIANTS
+        assert a.split_k == 1 or a.variant == "tile"
         assert a.pad_m and a.pad_n and a.pad_k and k.name.endswith("_preshuffle." + k.arch + ".numpy")
     assert not any(k.signature.preshuffle for k in std) and not any("preshuffle" in k.name for k in std)
     # every all-padded rcr standard algorithm has its pre-shuffled twin
@@ -113,7 +114,10 @@ def test_names_round_trip(ck_rng):
     k = next(k for k in keys if k.signature.preshuffle)
     assert legal(k, arch) is None
     assert "rcr only" in legal(attrs.evolve(k, signature=attrs.evolve(k.signature, layout="rrr")), arch)
-    assert "split" in legal(attrs.evolve(k, algorithm=attrs.evolve(k.algorithm, split_k=2)), arch)
+    # split-K: on the one-tile-a-program variant as the plain keys have it, never in a persistent loop
+    assert "split" in (legal(attrs.evolve(k, algorithm=attrs.evolve(k.algorithm, variant="persistent", split_k=2)),
+                             arch) or "")
+    assert preshuffle_violation(k.signature, attrs.evolve(k.algorithm, variant="tile", split_k=2)) is None
     with pytest.raises(MissingKernel, match="unknown token"):
         parse_name(k.name.split(".")[0] + "_preshufle")
 
@@ -206,8 +210,9 @@ import json
 from triton.backends.compiler import GPUTarget
 from ck_gemm.backends.triton import GemmConfig, kernel_for, smem_bytes
 out = []
-for v in ("plain", "persistent"):
-    cfg = GemmConfig(64, 128, 64, 8, 4, 3, v, 1)
+for v, sk in (("plain", 1), ("persistent", 1), ("plain", 2), ("tma", 2), ("tma_persistent", 1),
+              ("tma_persistent_cs", 1)):
+    cfg = GemmConfig(64, 128, 64, 8, 4, 3, v, sk)
     spec = kernel_for(cfg, num_sms=132, dtype="bf16", layout="rcr", num_d=1, activation="relu", preshuffle=True)
     k = spec.compile(GPUTarget("cuda", 90, 32))
     out.append([v, k.metadata.shared, smem_bytes(cfg, "bf16"), "wgmma" in k.asm["ptx"]])
@@ -228,6 +233,80 @@ def test_preshuffle_kernels_compile_for_sm90_ahead_of_time():
     p = subprocess.run([sys.executable, "-c", _AOT], env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
     rows = json.loads([x for x in p.stdout.splitlines() if x.startswith("RESULT")][-1][len("RESULT"):])
-    assert [r[0] for r in rows] == ["plain", "persistent"]
+    # then split over K, and the descriptor reads of the packed tile rows
+    assert [r[0] for r in rows] == ["plain", "persistent", "plain", "tma", "tma_persistent", "tma_persistent_cs"]
     for v, shared, est, wgmma in rows:
         assert shared <= est and wgmma, (v, shared, est)
+
+
+@pytest.mark.parametrize("variant,split_k,act,bias", [("plain", 2, None, False), ("plain", 3, "relu", True),
+                                                     ("tma", 1, "relu", True), ("tma", 2, None, True),
+                                                     ("tma_persistent", 1, None, False), ("tma_cs", 1, "relu", True),
+                                                     ("tma_persistent_cs", 1, None, True)])
+def test_split_k_and_tma_preshuffled_kernels_match_float64(variant, split_k, act, bias, ck_rng):
+    """The pre-shuffled kernels split over K (raw partials, then the reduce pass's epilogue) and
+    read by tensor descriptors (B's packed tile rows), odd M and N (K a multiple of 8: A's
+    descriptor), against float64 of the weight before packing; C poisoned first."""
+    pytest.importorskip("triton")
+    if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
+        pytest.skip("CPU tensors run triton kernels only in the interpreter")
+    from ck_gemm.backends.triton import GemmConfig, gemm
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator().manual_seed(int(ck_rng.integers(1 << 31)))
+    m, n, k = _odd(ck_rng, 1, 40), _odd(ck_rng, 1, 70), _odd(ck_rng, 60, 140)
+    if variant != "plain":
+        k = 8 * (k // 8)
+    if variant.endswith("_cs"):   # C stored by descriptor: 16-byte rows
+        n = 8 * (n // 8 + 1)
+    cfg = GemmConfig(16, 32, 16, 1, 4, 2, variant, split_k)
+    if variant == "tma_persistent_cs":
+        cfg = cfg.evolve(epi_subtile=2)   # C stored in two N slices
+    a = (torch.rand(m, k, generator=g) * 2 - 1).half().to(dev)
+    w = (torch.rand(n, k, generator=g) * 2 - 1).half().to(dev)
+    d = (torch.rand(n, generator=g) * 2 - 1).half().to(dev)
+    c = torch.full((m, n), float("nan"), dtype=torch.float16, device=dev)
+    launched = []
+
+    def rec(spec, vals, M, N, batch, name):
+        launched.append(name)
+        from ck_gemm.backends.triton.launch import _launch
+        _launch(spec, vals, M, N, batch, name)
+
+    gemm(a, pack_b(w, 32, 16), layout="rcr", config=cfg, c=c, d_tensors=(d.expand(m, n),) if bias else (),
+         activation=act, packed_n=n, launch=rec)
+    ref = a.double().cpu() @ w.double().cpu().T + (d.double().cpu() if bias else 0)
+    ref = torch.relu(ref) if act else ref
+    out = c.double().cpu()
+    assert len(launched) == (2 if split_k > 1 else 1) and launched[-1].endswith("/reduce") == (split_k > 1)
+    assert torch.isfinite(out).all() and float((out - ref).norm() / ref.norm()) < 3e-3
+
+
+def test_preshuffled_space_holds_the_plain_winners_split_k_twins():
+    """sm90: the pre-shuffled keys include split-K on the tile variant and the twins of the
+    tuned winners (rcr pointer variants), so a skinny packed linear may split K as the plain
+    weight's pick does."""
+    from ck_gemm.heuristics import tuned_keys
+    from ck_core.plugins import get_manager
+
+    arch = get_manager().arch("sm90")
+    ps = list(Registry.from_enumeration("gemm", "sm90", "triton", dtypes=["fp16"], layouts=["rcr"],
+                                        variants=["preshuffle"]))
+    assert all(k.signature.preshuffle for k in ps)
+    assert any(k.algorithm.split_k > 1 and k.algorithm.variant == "tile" for k in ps)
+    algs = {k.algorithm for k in ps}
+    want = {k.algorithm for k in tuned_keys(arch, "triton", ["fp16"], ["rcr"])
+            if preshuffle_violation(attrs.evolve(k.signature, preshuffle=True), k.algorithm) is None}
+    assert want and want <= algs
+    legal = get_manager().op("gemm").legal
+    assert all(legal(k, arch) is None for k in ps)
+    from ck_core import Dispatcher
+    plain = Dispatcher(Registry.from_enumeration("gemm", "sm90", "triton", dtypes=["fp16"], layouts=["rcr"]),
+                       backend="triton")
+    packed = Dispatcher(Registry("sm90", ps), backend="triton")
+    assert packed.select(GemmProblem(1, 12288, 4096, preshuffle=True)).algorithm.split_k > 1
+    # the same ranking: the packed pick is the plain pick's twin (skinny split-K, mid-M TMA,
+    # large-M persistent TMA with a descriptor-stored C)
+    for m, n, k in ((1, 12288, 4096), (16, 4096, 4096), (128, 12288, 4096), (512, 12288, 4096)):
+        want = plain.select(GemmProblem(m, n, k)).algorithm
+        assert packed.select(GemmProblem(m, n, k, preshuffle=True)).algorithm == want, (m, n, k)

@@ -38,6 +38,8 @@ TRITON_DTYPES = {"fp16": "fp16", "bf16": "bf16", "fp8": "fp8e4nv", "bf8": "fp8e5
 #: default output dtype per input dtype
 DEFAULT_OUT = {"fp16": "fp16", "bf16": "bf16", "fp8": "bf16", "bf8": "bf16", "int8": "int32", "fp32": "fp32"}
 REDUCE_BLOCK = (32, 128)
+#: the config variants that read a pre-shuffled B (``kernel_for(preshuffle=True)``)
+PRESHUFFLE_CONFIG_VARIANTS = ("plain", "persistent", "tma", "tma_persistent", "tma_cs", "tma_persistent_cs")
 
 
 def parse_layout(layout: str) -> tuple[bool, bool, bool]:
@@ -123,7 +125,7 @@ def kernel_for(config, *, dtype: str = "fp16", layout: str = "rcr", out_dtype: s
                d_dtype: str | None = None, num_d: int = 0, d_op: str = "add", activation=None,
                batched: bool = False, even_k: bool = False, num_sms: int | None = None,
                split_k: int | None = None, k_multiple_of_16: bool = False,
-               preshuffle: bool = False) -> KernelSpec:
+               preshuffle: bool = False, vec: tuple = (0, 0)) -> KernelSpec:
     """The KernelSpec of ``config`` for one problem signature.
 
     Returns a :class:`KernelSpec` (fn = the ``@triton.jit`` function,
@@ -144,6 +146,11 @@ def kernel_for(config, *, dtype: str = "fp16", layout: str = "rcr", out_dtype: s
     ``k_multiple_of_16=True`` lets the compiler assume K % 16 == 0, without
     which the masked K loop of plain/persistent cannot be vectorised or
     software-pipelined on sm90 (the JIT launcher gets both facts for free).
+    ``vec``: ``(A_VEC, B_VEC)`` of the pointer variants plain and persistent: a power of two
+    (elements) known to divide the operand's bound along its contiguous axis (M, N or K), its
+    row and batch strides and its base (``launch.vec_elems``), so that masked loads along that
+    axis are vectors where the sizes are not multiples of 16 (0: no such fact; the JIT launcher
+    gets multiples of 16 for free).
     ``num_sms``: the programs of a persistent grid, the target's SM/CU count
     (``ArchSpec.compute_units``); persistent variants need it.
     ``preshuffle=True``: B is pre-shuffled for the config's N x K tile (``b_ptr`` points at
@@ -182,23 +189,56 @@ def kernel_for(config, *, dtype: str = "fp16", layout: str = "rcr", out_dtype: s
         units.pop("stride_cm", None)
     ints = "i32"
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    vec_cx = {"A_ROW": a_r, "B_ROW": b_r, "A_VEC": int(vec[0]), "B_VEC": int(vec[1])}
 
     def tiles(M, N):
         return -(-M // bm) * -(-N // bn)
 
     if preshuffle:
-        if cfg.variant not in ("plain", "persistent") or layout != "rcr" or batched or split > 1:
-            raise InvalidProblem(f"{cfg.name}: a pre-shuffled B is read by the plain and persistent variants, "
-                                 f"layout rcr, without batch or split-K (got {cfg.variant}, {layout}, "
-                                 f"batched={batched}, split_k={split})")
-        types = {"a_ptr": f"*{t_in}", "b_ptr": f"*{t_in}", "c_ptr": f"*{t_out}", "d0_ptr": f"*{t_d}",
+        if cfg.variant not in PRESHUFFLE_CONFIG_VARIANTS or layout != "rcr" or batched \
+                or (split > 1 and cfg.variant not in ("plain", "tma")):
+            raise InvalidProblem(f"{cfg.name}: a pre-shuffled B is read by the variants "
+                                 f"{', '.join(PRESHUFFLE_CONFIG_VARIANTS)}, layout rcr, without batch (split-K: "
+                                 f"plain and tma only) (got {cfg.variant}, {layout}, batched={batched}, "
+                                 f"split_k={split})")
+        types = {"a_ptr": f"*{t_in}", "b_ptr": f"*{t_in}", "c_ptr": f"*{t_c}", "d0_ptr": f"*{t_d}",
                  "d1_ptr": f"*{t_d}"}
-        if cfg.variant == "plain":
+        if cfg.is_tma:
+            # the TMA kernels with B's tile (pid_n, kt) read by one descriptor over the packed rows
+            # ([N tiles * K tiles * block_n, block_k], block [block_n, block_k]): A by its own descriptor
+            types = {"a_desc": f"tensordesc<{t_in}[{bm}, {bk}]>", "b_desc": f"tensordesc<{t_in}[{bn}, {bk}]>",
+                     "c_ptr": f"*{t_c}", "d0_ptr": f"*{t_d}", "d1_ptr": f"*{t_d}"}
+            tma_cx = dict(common, A_KMAJOR=True, B_KMAJOR=True, BATCHED=False, PACKED_B=True)
+            if cfg.c_desc:   # C stored by descriptor too (row-major C: layout rcr)
+                types.pop("c_ptr")
+                types["c_desc"] = f"tensordesc<{t_out}{desc_c_block_shape(cfg, False)}>"
+                fn = K.gemm_tma_cs_kernel if cfg.variant == "tma_cs" else K.gemm_tma_persistent_cs_kernel
+                cx = dict(tma_cx, EPI_SUBTILE=cfg.epi_subtile, **epi)
+                if cfg.variant != "tma_cs":
+                    cx["NUM_SMS"] = num_sms
+
+                def grid(M, N, batch=1):
+                    t = tiles(M, N)
+                    return (t, 1, 1) if cfg.variant == "tma_cs" else (max(1, min(num_sms, t)), 1, 1)
+            elif cfg.variant == "tma":
+                fn = K.gemm_tma_kernel
+                cx = dict(tma_cx, SPLIT_K=split, WARP_SPEC=False, **main_epi)
+
+                def grid(M, N, batch=1):
+                    return (tiles(M, N), 1, split)
+            else:
+                fn = K.gemm_tma_persistent_kernel
+                cx = dict(tma_cx, NUM_SMS=num_sms, WARP_SPEC=False, **epi)
+
+                def grid(M, N, batch=1):
+                    return (max(1, min(num_sms, tiles(M, N))), 1, 1)
+        elif cfg.variant == "plain":
+            # split-K as the plain kernel does it: raw partials, then the reduce pass's epilogue
             fn = K.gemm_preshuffle_kernel
-            cx = dict(common, EVEN_K=even_k, **epi)
+            cx = dict(common, EVEN_K=even_k, SPLIT_K=split, **main_epi)
 
             def grid(M, N, batch=1):
-                return (tiles(M, N), 1, 1)
+                return (tiles(M, N), 1, split)
         else:
             fn = K.gemm_preshuffle_persistent_kernel
             cx = dict(common, NUM_SMS=num_sms, EVEN_K=even_k, **epi)
@@ -245,7 +285,7 @@ def kernel_for(config, *, dtype: str = "fp16", layout: str = "rcr", out_dtype: s
     elif cfg.variant in ("plain", "tma", "tma_ws"):
         if cfg.variant == "plain":
             fn = K.gemm_plain_kernel
-            cx = dict(common, SPLIT_K=split, EVEN_K=even_k, **main_epi)
+            cx = dict(common, SPLIT_K=split, EVEN_K=even_k, **main_epi, **vec_cx)
             types = {"a_ptr": f"*{t_in}", "b_ptr": f"*{t_in}"}
         else:
             fn = K.gemm_tma_kernel
@@ -259,7 +299,7 @@ def kernel_for(config, *, dtype: str = "fp16", layout: str = "rcr", out_dtype: s
     else:
         if cfg.variant == "persistent":
             fn = K.gemm_persistent_kernel
-            cx = dict(common, NUM_SMS=num_sms, EVEN_K=even_k, **main_epi)
+            cx = dict(common, NUM_SMS=num_sms, EVEN_K=even_k, **main_epi, **vec_cx)
             types = {"a_ptr": f"*{t_in}", "b_ptr": f"*{t_in}"}
         else:
             fn = K.gemm_tma_persistent_kernel

@@ -185,6 +185,16 @@ def _epilogue_desc_store(acc, c_desc, pid_b, off_m, off_n, M, N,
 
 
 @triton.jit
+def _vec_hint(x, VEC: tl.constexpr):
+    """``x`` (a multiple of ``VEC``: the launcher checked it, see ``launch.vec_elems``) in a form
+    the compiler sees as one: ``(x // VEC) * VEC`` (``tl.multiple_of`` cannot mark an argument);
+    ``x`` itself where VEC <= 1."""
+    if VEC > 1:
+        x = (x // VEC) * VEC
+    return x
+
+
+@triton.jit
 def _k_range(pid_k, K, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
     k_tiles = tl.cdiv(K, BLOCK_K)
     if SPLIT_K == 1:
@@ -207,7 +217,27 @@ def gemm_plain_kernel(
         stride_d1b, stride_d1m, stride_d1n,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
         SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
-        NUM_D: tl.constexpr, D_OP: tl.constexpr, ACT: tl.constexpr, ACC_INT: tl.constexpr):
+        NUM_D: tl.constexpr, D_OP: tl.constexpr, ACT: tl.constexpr, ACC_INT: tl.constexpr,
+        A_ROW: tl.constexpr = True, B_ROW: tl.constexpr = False, A_VEC: tl.constexpr = 0,
+        B_VEC: tl.constexpr = 0):
+    # a contiguous axis whose bound (M, N or K) or row stride is not a multiple of 16 elements:
+    # the launcher's A_VEC / B_VEC (a power of two dividing them) lets the loads along it be
+    # vectors (cp.async) instead of one element each (masked loads vectorise only when the
+    # bound is a known multiple of the vector)
+    if A_ROW:
+        stride_am = _vec_hint(stride_am, A_VEC)
+        K = _vec_hint(K, A_VEC)
+    else:
+        stride_ak = _vec_hint(stride_ak, A_VEC)
+        M = _vec_hint(M, A_VEC)
+    if B_ROW:
+        stride_bk = _vec_hint(stride_bk, B_VEC)
+        N = _vec_hint(N, B_VEC)
+    else:
+        stride_bn = _vec_hint(stride_bn, B_VEC)
+        K = _vec_hint(K, B_VEC)
+    stride_ab = _vec_hint(stride_ab, A_VEC)
+    stride_bb = _vec_hint(stride_bb, B_VEC)
     pid = tl.program_id(0)
     pid_b = tl.program_id(1).to(tl.int64)
     pid_k = tl.program_id(2)
@@ -255,7 +285,24 @@ def gemm_persistent_kernel(
         stride_d1b, stride_d1m, stride_d1n,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
         NUM_SMS: tl.constexpr, EVEN_K: tl.constexpr,
-        NUM_D: tl.constexpr, D_OP: tl.constexpr, ACT: tl.constexpr, ACC_INT: tl.constexpr):
+        NUM_D: tl.constexpr, D_OP: tl.constexpr, ACT: tl.constexpr, ACC_INT: tl.constexpr,
+        A_ROW: tl.constexpr = True, B_ROW: tl.constexpr = False, A_VEC: tl.constexpr = 0,
+        B_VEC: tl.constexpr = 0):
+    # vector hints: as in gemm_plain_kernel
+    if A_ROW:
+        stride_am = _vec_hint(stride_am, A_VEC)
+        K = _vec_hint(K, A_VEC)
+    else:
+        stride_ak = _vec_hint(stride_ak, A_VEC)
+        M = _vec_hint(M, A_VEC)
+    if B_ROW:
+        stride_bk = _vec_hint(stride_bk, B_VEC)
+        N = _vec_hint(N, B_VEC)
+    else:
+        stride_bn = _vec_hint(stride_bn, B_VEC)
+        K = _vec_hint(K, B_VEC)
+    stride_ab = _vec_hint(stride_ab, A_VEC)
+    stride_bb = _vec_hint(stride_bb, B_VEC)
     start_pid = tl.program_id(0)
     tiles_per_batch = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     num_tiles = tiles_per_batch * batch_count
@@ -316,6 +363,13 @@ def _desc_load_a(a_desc, pid_b, off_m, off_k, BLOCK_M: tl.constexpr, BLOCK_K: tl
 
 
 @triton.jit
+def _packed_desc_load_b(b_desc, pid_n, kt, k_tiles, BLOCK_N: tl.constexpr):
+    # a pre-shuffled B (ck_gemm.problem.pack_b) seen as (N tiles * K tiles * BLOCK_N) x BLOCK_K rows:
+    # the BLOCK_N x BLOCK_K tile (pid_n, kt) is BLOCK_N whole rows; returns its BLOCK_K x BLOCK_N view
+    return b_desc.load([(pid_n * k_tiles + kt) * BLOCK_N, 0]).T
+
+
+@triton.jit
 def _desc_load_b(b_desc, pid_b, off_k, off_n, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
                  B_KMAJOR: tl.constexpr, BATCHED: tl.constexpr):
     # B stored N x K (K contiguous, "c") or K x N ("r"); returns the BLOCK_K x BLOCK_N tile
@@ -341,7 +395,8 @@ def gemm_tma_kernel(
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
         SPLIT_K: tl.constexpr, A_KMAJOR: tl.constexpr, B_KMAJOR: tl.constexpr, BATCHED: tl.constexpr,
         WARP_SPEC: tl.constexpr,
-        NUM_D: tl.constexpr, D_OP: tl.constexpr, ACT: tl.constexpr, ACC_INT: tl.constexpr):
+        NUM_D: tl.constexpr, D_OP: tl.constexpr, ACT: tl.constexpr, ACC_INT: tl.constexpr,
+        PACKED_B: tl.constexpr = False):
     pid = tl.program_id(0)
     pid_b = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -349,6 +404,7 @@ def gemm_tma_kernel(
     off_m = pid_m * BLOCK_M
     off_n = pid_n * BLOCK_N
     k_start, k_end = _k_range(pid_k, K, BLOCK_K, SPLIT_K)
+    k_tiles = tl.cdiv(K, BLOCK_K)
     if ACC_INT:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
     else:
@@ -357,7 +413,10 @@ def gemm_tma_kernel(
     for kt in tl.range(k_start, k_end, warp_specialize=WARP_SPEC):
         off_k = kt * BLOCK_K
         a = _desc_load_a(a_desc, pid_b, off_m, off_k, BLOCK_M, BLOCK_K, A_KMAJOR, BATCHED)
-        b = _desc_load_b(b_desc, pid_b, off_k, off_n, BLOCK_K, BLOCK_N, B_KMAJOR, BATCHED)
+        if PACKED_B:
+            b = _packed_desc_load_b(b_desc, pid_n, kt, k_tiles, BLOCK_N)
+        else:
+            b = _desc_load_b(b_desc, pid_b, off_k, off_n, BLOCK_K, BLOCK_N, B_KMAJOR, BATCHED)
         acc = _mma(a, b, acc)
     pb = pid_b.to(tl.int64)
     offs_m = off_m + tl.arange(0, BLOCK_M)
@@ -377,7 +436,8 @@ def gemm_tma_persistent_kernel(
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
         NUM_SMS: tl.constexpr, A_KMAJOR: tl.constexpr, B_KMAJOR: tl.constexpr, BATCHED: tl.constexpr,
         WARP_SPEC: tl.constexpr,
-        NUM_D: tl.constexpr, D_OP: tl.constexpr, ACT: tl.constexpr, ACC_INT: tl.constexpr):
+        NUM_D: tl.constexpr, D_OP: tl.constexpr, ACT: tl.constexpr, ACC_INT: tl.constexpr,
+        PACKED_B: tl.constexpr = False):
     start_pid = tl.program_id(0)
     tiles_per_batch = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     num_tiles = tiles_per_batch * batch_count
@@ -398,7 +458,10 @@ def gemm_tma_persistent_kernel(
         for kt in tl.range(k_tiles, warp_specialize=WARP_SPEC):
             off_k = kt * BLOCK_K
             a = _desc_load_a(a_desc, pid_b, off_m, off_k, BLOCK_M, BLOCK_K, A_KMAJOR, BATCHED)
-            b = _desc_load_b(b_desc, pid_b, off_k, off_n, BLOCK_K, BLOCK_N, B_KMAJOR, BATCHED)
+            if PACKED_B:
+                b = _packed_desc_load_b(b_desc, pid_n, kt, k_tiles, BLOCK_N)
+            else:
+                b = _desc_load_b(b_desc, pid_b, off_k, off_n, BLOCK_K, BLOCK_N, B_KMAJOR, BATCHED)
             acc = _mma(a, b, acc)
         tile_id_c += NUM_SMS
         pb = (tile_id_c // tiles_per_batch).to(tl.int64)
@@ -417,7 +480,8 @@ def gemm_tma_cs_kernel(
         stride_d1b, stride_d1m, stride_d1n,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
         A_KMAJOR: tl.constexpr, B_KMAJOR: tl.constexpr, BATCHED: tl.constexpr, EPI_SUBTILE: tl.constexpr,
-        NUM_D: tl.constexpr, D_OP: tl.constexpr, ACT: tl.constexpr, ACC_INT: tl.constexpr):
+        NUM_D: tl.constexpr, D_OP: tl.constexpr, ACT: tl.constexpr, ACC_INT: tl.constexpr,
+        PACKED_B: tl.constexpr = False):
     # gemm_tma_kernel (without split-K / warp specialisation) storing C by descriptor
     pid = tl.program_id(0)
     pid_b = tl.program_id(1)
@@ -432,7 +496,10 @@ def gemm_tma_cs_kernel(
     for kt in tl.range(0, k_tiles):
         off_k = kt * BLOCK_K
         a = _desc_load_a(a_desc, pid_b, off_m, off_k, BLOCK_M, BLOCK_K, A_KMAJOR, BATCHED)
-        b = _desc_load_b(b_desc, pid_b, off_k, off_n, BLOCK_K, BLOCK_N, B_KMAJOR, BATCHED)
+        if PACKED_B:
+            b = _packed_desc_load_b(b_desc, pid_n, kt, k_tiles, BLOCK_N)
+        else:
+            b = _desc_load_b(b_desc, pid_b, off_k, off_n, BLOCK_K, BLOCK_N, B_KMAJOR, BATCHED)
         acc = _mma(a, b, acc)
     pb = pid_b.to(tl.int64)
     _epilogue_desc_store(acc, c_desc, pid_b, off_m, off_n, M, N,
@@ -449,7 +516,8 @@ def gemm_tma_persistent_cs_kernel(
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
         NUM_SMS: tl.constexpr, A_KMAJOR: tl.constexpr, B_KMAJOR: tl.constexpr, BATCHED: tl.constexpr,
         EPI_SUBTILE: tl.constexpr,
-        NUM_D: tl.constexpr, D_OP: tl.constexpr, ACT: tl.constexpr, ACC_INT: tl.constexpr):
+        NUM_D: tl.constexpr, D_OP: tl.constexpr, ACT: tl.constexpr, ACC_INT: tl.constexpr,
+        PACKED_B: tl.constexpr = False):
     # gemm_tma_persistent_kernel (flattened, software-pipelined tile loop, no warp
     # specialisation) storing C by descriptor: the TMA store of one tile is issued
     # asynchronously and drains while the next tile's loads are already in flight
@@ -471,7 +539,10 @@ def gemm_tma_persistent_cs_kernel(
         for kt in tl.range(k_tiles):
             off_k = kt * BLOCK_K
             a = _desc_load_a(a_desc, pid_b, off_m, off_k, BLOCK_M, BLOCK_K, A_KMAJOR, BATCHED)
-            b = _desc_load_b(b_desc, pid_b, off_k, off_n, BLOCK_K, BLOCK_N, B_KMAJOR, BATCHED)
+            if PACKED_B:
+                b = _packed_desc_load_b(b_desc, pid_n, kt, k_tiles, BLOCK_N)
+            else:
+                b = _desc_load_b(b_desc, pid_b, off_k, off_n, BLOCK_K, BLOCK_N, B_KMAJOR, BATCHED)
             acc = _mma(a, b, acc)
         tile_id_c += NUM_SMS
         pid_bc = tile_id_c // tiles_per_batch
@@ -762,19 +833,19 @@ def _ptr_k_loop(a_base, b_base, offs_m, offs_n, offs_k, M, N, K, k0, k1,
 # zeros rather than masked loads.  A keeps its masks (M rows, the K tail); C its edge mask.
 
 @triton.jit
-def _packed_k_loop(a_base, b_tiles, offs_m, offs_k, M, K, k_tiles, stride_am, stride_ak,
+def _packed_k_loop(a_base, b_tiles, offs_m, offs_k, M, K, k0, k1, stride_am, stride_ak,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    EVEN_K: tl.constexpr, ACC_INT: tl.constexpr):
-    # acc of the tile whose packed B tiles start at b_tiles (K tiles one after another)
+    # acc of K tiles k0..k1 of the tile whose packed B tiles start at b_tiles (K tiles one after another)
     mask_m = offs_m < M
-    a_ptrs = a_base + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
+    a_ptrs = a_base + offs_m[:, None] * stride_am + (k0 * BLOCK_K + offs_k)[None, :] * stride_ak
     # the BLOCK_K x BLOCK_N view of a tile stored BLOCK_N rows of BLOCK_K (K contiguous)
-    b_ptrs = b_tiles + tl.arange(0, BLOCK_N)[None, :] * BLOCK_K + offs_k[:, None]
+    b_ptrs = b_tiles + k0 * (BLOCK_N * BLOCK_K) + tl.arange(0, BLOCK_N)[None, :] * BLOCK_K + offs_k[:, None]
     if ACC_INT:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kt in range(k_tiles):
+    for kt in range(k0, k1):
         if EVEN_K:
             a = tl.load(a_ptrs, mask=mask_m[:, None], other=0.0)
         else:
@@ -790,21 +861,28 @@ def _packed_k_loop(a_base, b_tiles, offs_m, offs_k, M, K, k_tiles, stride_am, st
 def gemm_preshuffle_kernel(
         a_ptr, b_ptr, c_ptr, d0_ptr, d1_ptr, M, N, K,
         stride_am, stride_ak,
-        stride_cm, stride_cn,
+        stride_cm, stride_cn, stride_ck,
         stride_d0m, stride_d0n,
         stride_d1m, stride_d1n,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
         EVEN_K: tl.constexpr,
-        NUM_D: tl.constexpr, D_OP: tl.constexpr, ACT: tl.constexpr, ACC_INT: tl.constexpr):
-    """One program per C tile (grid (tiles, 1, 1)); B pre-shuffled for BLOCK_N x BLOCK_K."""
+        NUM_D: tl.constexpr, D_OP: tl.constexpr, ACT: tl.constexpr, ACC_INT: tl.constexpr,
+        SPLIT_K: tl.constexpr = 1):
+    """One program per C tile and K split (grid (tiles, 1, SPLIT_K)); B pre-shuffled for
+    BLOCK_N x BLOCK_K.  With SPLIT_K > 1, C is the fp32/int32 workspace (one M x N slice per
+    split, ``stride_ck`` apart, no epilogue) that ``gemm_splitk_reduce_kernel`` sums."""
     pid_m, pid_n = _tile_ids(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    pid_k = tl.program_id(2)
     k_tiles = tl.cdiv(K, BLOCK_K)
+    k0, k1 = _k_range(pid_k, K, BLOCK_K, SPLIT_K)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     b_tiles = b_ptr + pid_n.to(tl.int64) * k_tiles * (BLOCK_N * BLOCK_K)
-    acc = _packed_k_loop(a_ptr, b_tiles, offs_m, offs_k, M, K, k_tiles, stride_am, stride_ak,
+    acc = _packed_k_loop(a_ptr, b_tiles, offs_m, offs_k, M, K, k0, k1, stride_am, stride_ak,
                          BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, ACC_INT)
+    if SPLIT_K > 1:
+        c_ptr += pid_k.to(tl.int64) * stride_ck
     _epilogue_store(acc, offs_m, offs_n, M, N, c_ptr, stride_cm, stride_cn,
                     d0_ptr, stride_d0m, stride_d0n, d1_ptr, stride_d1m, stride_d1n, NUM_D, D_OP, ACT)
 
@@ -828,7 +906,7 @@ def gemm_preshuffle_persistent_kernel(
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         b_tiles = b_ptr + pid_n.to(tl.int64) * k_tiles * (BLOCK_N * BLOCK_K)
-        acc = _packed_k_loop(a_ptr, b_tiles, offs_m, offs_k, M, K, k_tiles, stride_am, stride_ak,
+        acc = _packed_k_loop(a_ptr, b_tiles, offs_m, offs_k, M, K, 0, k_tiles, stride_am, stride_ak,
                              BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, ACC_INT)
         _epilogue_store(acc, offs_m, offs_n, M, N, c_ptr, stride_cm, stride_cn,
                         d0_ptr, stride_d0m, stride_d0n, d1_ptr, stride_d1m, stride_d1n, NUM_D, D_OP, ACT)

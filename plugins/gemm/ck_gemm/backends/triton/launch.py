@@ -46,10 +46,45 @@ from ck_core.dtypes import torch_dtype as _torch_dtype  # noqa: E402
 
 @functools.lru_cache(maxsize=512)
 def _spec(cfg, dtype, layout, out_dtype, d_dtype, num_d, d_op, activation, batched, even_k, num_sms,
-          preshuffle=False):
+          preshuffle=False, vec=(0, 0)):
     return kernel_for(cfg, dtype=dtype, layout=layout, out_dtype=out_dtype, d_dtype=d_dtype, num_d=num_d,
                       d_op=d_op, activation=activation, batched=batched, even_k=even_k, num_sms=num_sms,
-                      preshuffle=preshuffle)
+                      preshuffle=preshuffle, vec=vec)
+
+
+#: the pointer variants whose kernels take the A_VEC / B_VEC facts (``kernel_for``'s ``vec``)
+VEC_VARIANTS = ("plain", "persistent")
+
+
+def vec_elems(t, extent: int) -> int:
+    """The vector (elements) the loads of stored operand ``t`` along its contiguous (last) axis
+    can use where Triton's own specialisation does not see one: the largest power of two, at
+    most 16 bytes, dividing ``extent`` (the problem's size along that axis: its mask bound), the
+    other strides of ``t`` the kernel reads (row, and batch where the batch is above 1) and its
+    base offset; 0 where that is 1
+    (nothing to say) or where all of them are multiples of 16 elements (Triton specialises those
+    itself: the kernel stays the one ``ck build`` compiled).
+
+    Why it matters: a masked load along the contiguous axis is a vector only where the compiler
+    knows the mask bound is a multiple of the vector, so a column-major A with M = 404 (or a
+    row-major B with N = 4100, a row-major A with K % 16 != 0) was read one element a load,
+    without cp.async (sm90 PTX of the plain kernel, ccr 128x128x64: 32 ld.global.b16 a thread
+    per K step; with A_VEC = 4, 8-byte cp.async)."""
+    eb = t.element_size()
+    cap = max(1, 16 // eb)
+    # the strides the kernel is given: the row stride, and the batch stride of a batch above 1
+    # (else 0, see ``gemm``'s bstride)
+    vals = [int(extent), int(t.stride(-2))] + ([int(t.stride(0))] if t.dim() == 3 and t.shape[0] > 1 else [])
+    ptr = t.data_ptr()
+    if ptr % eb:
+        return 0
+    vals.append(ptr // eb)
+    if all(v % 16 == 0 for v in vals[:-1]) and ptr % 16 == 0:
+        return 0
+    v = cap
+    while v > 1 and any(x % v for x in vals):
+        v //= 2
+    return v if v > 1 else 0
 
 
 @functools.lru_cache(maxsize=16)
@@ -185,8 +220,11 @@ def gemm(a, b, *, layout: str = "rcr", config, c=None, d_tensors=(), d_op: str =
                                  f"16-byte aligned tensors or choose a pointer variant (plain, persistent)")
 
     even_k = K % cfg.block_k == 0
+    vec = (0, 0)
+    if cfg.variant in VEC_VARIANTS:
+        vec = (vec_elems(a, K if a_r else M), vec_elems(b, N if b_r else K))
     spec = _spec(cfg, dt, layout, out_token, d_token, len(d_tensors), d_op, activation,
-                 batched_io and cfg.is_tma, even_k, num_sms)
+                 batched_io and cfg.is_tma, even_k, num_sms, False, vec)
 
     def bstride(t):
         return t.stride(0) if (t.dim() == 3 and t.shape[0] > 1) else 0
@@ -298,8 +336,43 @@ def _gemm_packed(a, b, N, *, layout, config, c, d_tensors, d_op, activation, out
     vals = {"a_ptr": a, "b_ptr": b, "c_ptr": c, "d0_ptr": d0, "d1_ptr": d1, "M": M, "N": N, "K": K,
             "stride_am": a.stride(0), "stride_ak": a.stride(1), "stride_cm": c.stride(0), "stride_cn": c.stride(1),
             "stride_d0m": d0.stride(0), "stride_d0n": d0.stride(1), "stride_d1m": d1.stride(0),
-            "stride_d1n": d1.stride(1)}
-    (launch or _launch)(spec, vals, M, N, 1, kernel_name or spec.name)
+            "stride_d1n": d1.stride(1), "stride_ck": 0, "stride_cb": 0, "stride_d0b": 0, "stride_d1b": 0,
+            "batch_count": 1}
+    if cfg.is_tma:
+        if a.is_cuda:
+            _, cap, is_hip = _device_info(a.device.index if a.device.index is not None
+                                          else torch.cuda.current_device())
+            if is_hip or cap[0] < 9:
+                raise UnsupportedProblem(f"kernel {kernel_name or cfg.name}: tensor descriptors need sm90+")
+        if not _tma_ok(a, True):
+            raise UnsupportedProblem(f"kernel {kernel_name or cfg.name} cannot run these tensors: A's rows "
+                                     f"({a.stride(0)} x {a.element_size()} B) or base are not 16-byte aligned; "
+                                     f"choose a pointer variant (plain, persistent)")
+        from triton.tools.tensor_descriptor import TensorDescriptor
+        rows = b.view(-1, cfg.block_k)   # the packed tiles, block_n rows of block_k each
+        vals["a_desc"] = TensorDescriptor(a, [M, K], [a.stride(0), 1], [cfg.block_m, cfg.block_k])
+        vals["b_desc"] = TensorDescriptor(rows, list(rows.shape), list(rows.stride()), [cfg.block_n, cfg.block_k])
+        if cfg.c_desc:
+            if not _tma_ok(c, True):
+                raise UnsupportedProblem(f"kernel {kernel_name or cfg.name} cannot store this C by descriptor: its "
+                                         f"rows or base are not 16-byte aligned; choose a pointer-stored variant")
+            vals["c_desc"] = TensorDescriptor(c, [M, N], [c.stride(0), 1], desc_c_block_shape(cfg, False))
+    launch = launch or _launch
+    name = kernel_name or spec.name
+    if spec.split_k == 1:
+        launch(spec, vals, M, N, 1, name)
+        return c
+    # split-K: raw partials into the device's workspace, then the reduce pass's epilogue (as gemm does)
+    ws = scratch(a.device, "i32" if spec.acc_dtype == "int32" else "f32",
+                 spec.split_k * M * N)[:spec.split_k * M * N].view(spec.split_k, 1, M, N)
+    vals.update({"c_ptr": ws, "stride_ck": ws.stride(0), "stride_cm": ws.stride(2), "stride_cn": 1})
+    launch(spec, vals, M, N, 1, name)
+    rv = {"ws_ptr": ws, "c_ptr": c, "d0_ptr": d0, "d1_ptr": d1, "M": M, "N": N,
+          "stride_wk": ws.stride(0), "stride_wb": ws.stride(1), "stride_wm": ws.stride(2),
+          "stride_cb": 0, "stride_cm": c.stride(0), "stride_cn": c.stride(1),
+          "stride_d0b": 0, "stride_d0m": d0.stride(0), "stride_d0n": d0.stride(1),
+          "stride_d1b": 0, "stride_d1m": d1.stride(0), "stride_d1n": d1.stride(1)}
+    launch(spec.reduce, rv, M, N, 1, name + "/reduce")
     return c
 
 
