@@ -363,6 +363,7 @@ def _to_last(t: torch.Tensor) -> torch.Tensor:
     return t.permute(_last(nd)).contiguous().permute(_first(nd))
 
 
+@torch.compiler.assume_constant_result   # (read on the host: under torch.compile the traced call sees a constant)
 def _in_place() -> int:
     if not _IN_PLACE:
         from .heuristics import nchw_in_place_limit
