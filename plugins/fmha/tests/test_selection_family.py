@@ -114,3 +114,50 @@ def test_a_decode_loop_through_the_api_is_right_at_every_step(monkeypatch):
                                       dtypes=("fp16",), hdims=((d, d),))
             before, hits = disp.selections - 1, disp.family_hits
     assert disp.selections - before <= 2 and disp.family_hits - hits >= 8
+
+
+class _Rec:
+    """A recorded launch that launches nothing (counted when replayed)."""
+
+    def __init__(self, fn, args, kwargs, log):
+        names = list(fn.arg_names)
+        self.names, self.args = tuple(names), list(args) + [kwargs.get(n) for n in names[len(args):]]
+        self.log = log
+
+    def __call__(self, args):
+        self.log.append("replay")
+
+    def slot(self, name):
+        return self.names.index(name)
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="the launch stubs read the interpreter's kernels")
+def test_a_new_shape_launches_its_kernel_once_and_then_replays(monkeypatch):
+    """The first call of a signature records its launch as it runs (it used to run, then launch once more to
+    record); the next call of that signature replays it.  Launches stubbed: the sm90 path on CPU tensors."""
+    torch = pytest.importorskip("torch")
+    import ck_fmha.flash_attn as fa
+    from ck_core import api as core
+    from ck_core.backends import triton_artifacts as ta
+    from ck_core.backends import triton_replay
+
+    monkeypatch.setenv("CK_BACKEND", "triton")
+    monkeypatch.setenv("CK_CPU_ARCH", "sm90")
+    core.clear()
+    log = []
+    monkeypatch.setattr(ta, "launch", lambda name, fn, grid, args, kwargs, **kw: log.append("launch"))
+    monkeypatch.setattr(triton_replay, "replayable", lambda t: True)
+    monkeypatch.setattr(triton_replay, "record", lambda fn, grid, args, kwargs, **kw: (
+        log.append("record"), _Rec(fn, args, kwargs, log))[1])
+    try:
+        q = torch.randn(2, 1, 8, 64).half()
+        for s in (100, 101, 102, 200):
+            k, v = torch.randn(2, s, 2, 64).half(), torch.randn(2, s, 2, 64).half()
+            del log[:]
+            fa.flash_attn_func(q, k, v, causal=True)
+            assert log == ["record"], (s, log)
+            del log[:]
+            fa.flash_attn_func(q, k, v, causal=True)
+            assert log == ["replay"], (s, log)
+    finally:
+        core.clear()
