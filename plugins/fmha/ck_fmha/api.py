@@ -183,16 +183,21 @@ _ATTENTION = "ck_fmha.attention"
 
 def _fwd(q, k, v, bias, alibi, cu_q, cu_k, lens, causal, scale, window, softcap, layout, dropout_p, seed, offset,
          align, descales, out_dtype):
-    # q, k, v alone (no bias/ALiBi, not fp8): a known signature replays the recorded launches (group
-    # mode: the offsets' guard, the kernel and the NaN poisoning, with the offsets as two more inputs)
+    # q, k, v (and a bias in batch mode: a padding mask's; no ALiBi, not fp8): a known signature replays the
+    # recorded launches (group mode: the offsets' guard, the kernel and the NaN poisoning, with the offsets
+    # as two more inputs)
     sig = None
-    if bias is None and alibi is None and descales is None:
+    if alibi is None and descales is None and (bias is None or cu_q is None):
         sig = (_ATTENTION, get_manager(), tensor_sig(q), tensor_sig(k), tensor_sig(v), causal, scale, window,
                softcap, layout, dropout_p, seed, offset, align)
+        if bias is not None:
+            if not isinstance(bias, torch.Tensor):
+                raise InvalidProblem(f"bias must be a torch tensor, got {type(bias).__name__}")
+            sig += ("bias", tensor_sig(bias))
         if cu_q is None:
             f = warm.get(sig)
             if f is not None:
-                return f(q, k, v)
+                return f(q, k, v) if bias is None else f(q, k, v, bias)
         elif isinstance(cu_q, torch.Tensor) and isinstance(cu_k, torch.Tensor):
             # (one offsets tensor for q and k, as self-attention passes, is one input of the replay)
             sig += (tensor_sig(cu_q), tensor_sig(cu_k), lens, cu_q.data_ptr() == cu_k.data_ptr())
@@ -245,10 +250,14 @@ def _first_closure(disp, p, tensors):
     if f is None:
         return _warm_closure(disp, p, tensors), (o, lse)
     f = disp.observe(p, f)
-
-    def replay(q, k, v):
-        out = f(q, k, v)
-        return out["o"], out["lse"]
+    if "bias" in tensors:
+        def replay(q, k, v, bias):
+            out = f(q, k, v, bias)
+            return out["o"], out["lse"]
+    else:
+        def replay(q, k, v):
+            out = f(q, k, v)
+            return out["o"], out["lse"]
 
     return replay, (o, lse)
 
@@ -293,6 +302,8 @@ def _group_closure(disp, p, tensors):
 def _warm_closure(disp, p, tensors):
     """``f(q, k, v) -> (o, lse)`` repeating a call with this signature: the launcher's recorded
     launch (:meth:`Dispatcher.warm`), else the cached Problem on the cached Dispatcher."""
+    if "bias" in tensors:   # (the launcher's own warm form takes q, k, v alone)
+        return lambda q, k, v, bias: disp.run(p, q=q, k=k, v=v, bias=bias)
     fast = disp.warm(p, tensors)
     if fast is not None:
         def replay(q, k, v):

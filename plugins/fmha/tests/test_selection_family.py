@@ -159,5 +159,37 @@ def test_a_new_shape_launches_its_kernel_once_and_then_replays(monkeypatch):
             del log[:]
             fa.flash_attn_func(q, k, v, causal=True)
             assert log == ["replay"], (s, log)
+        # a padding mask's key bias (the transformers integration's): replayed with the new bias tensor
+        import ck_fmha
+
+        q2 = torch.randn(2, 8, 1, 64).half()
+        recs = []
+        monkeypatch.setattr(_Rec, "__call__", lambda self, args: (log.append("replay"), recs.append(args)))
+        for s in (100, 101):
+            k, v = torch.randn(2, 2, s, 64).half(), torch.randn(2, 2, s, 64).half()
+            biases = [torch.zeros(2, 1, 1, s).half().expand(2, 1, 1, s) for _ in range(2)]
+            del log[:]
+            ck_fmha.attention(q2, k, v, causal="bottom_right", align="bottom_right", bias=biases[0])
+            assert log == ["record"], (s, log)
+            del log[:], recs[:]
+            ck_fmha.attention(q2, k, v, causal="bottom_right", align="bottom_right", bias=biases[1])
+            assert log == ["replay"] and any(a is biases[1] for a in recs[0]), (s, log)
     finally:
         core.clear()
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="runs the kernels in the Triton interpreter")
+def test_a_warm_call_with_a_key_bias_reads_the_new_bias():
+    torch = pytest.importorskip("torch")
+    import ck_fmha
+
+    g = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+    q, k, v = (torch.randn(1, 2, 5, 16, generator=g).half() for _ in range(3))
+    for trial in range(2):   # the second call takes the signature's warm closure
+        keep = torch.rand(1, 5, generator=g) > 0.4
+        keep[0, 0] = True
+        bias = torch.zeros(1, 1, 1, 5).half().masked_fill(~keep[:, None, None, :], float("-inf")).expand(1, 1, 5, 5)
+        o = ck_fmha.attention(q, k, v, bias=bias)
+        s = (q.double() @ k.double().transpose(-1, -2)) * 16 ** -0.5 + bias.double()
+        ref = torch.softmax(s, -1) @ v.double()
+        assert ((o.double() - ref).norm() / ref.norm()).item() < 2e-3, trial
