@@ -86,3 +86,33 @@ def test_left_padded_generation_gives_sdpas_logits():
     for step, (lc, lr) in enumerate(zip(g_c.logits, g_r.logits)):
         assert _rel(lc, lr) < 1e-2, step
     assert (g_c.sequences == g_r.sequences).float().mean().item() > 0.9
+
+
+def test_right_and_left_padded_training_step_gives_sdpas_loss_and_gradients():
+    pytest.importorskip("transformers")
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from ck_fmha.integrations import transformers as ck_tf
+
+    name = ck_tf.register()
+    cfg = dict(vocab_size=97, hidden_size=256, intermediate_size=256, num_hidden_layers=2, num_attention_heads=8,
+               num_key_value_heads=2, head_dim=32, max_position_embeddings=128, pad_token_id=0)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        ref = AutoModelForCausalLM.from_config(LlamaConfig(**cfg), attn_implementation="sdpa", dtype=torch.bfloat16)
+        ck = AutoModelForCausalLM.from_config(LlamaConfig(**cfg), attn_implementation=name, dtype=torch.bfloat16)
+    ck.load_state_dict(ref.state_dict())
+    x = torch.randint(1, 97, (3, 40), device="cuda", generator=torch.Generator(device="cuda").manual_seed(6))
+    mask = torch.ones_like(x)
+    mask[0, :9] = 0      # left padding
+    mask[2, 27:] = 0     # right padding
+    labels = x.masked_fill(mask == 0, -100)
+    out_r, out_c = ref(x, attention_mask=mask, labels=labels), ck(x, attention_mask=mask, labels=labels)
+    keep = mask.bool()
+    assert _rel(out_c.logits[keep], out_r.logits[keep]) < 2e-2
+    assert abs(out_c.loss.item() - out_r.loss.item()) < 2e-2 * abs(out_r.loss.item())
+    out_r.loss.backward()
+    out_c.loss.backward()
+    for (pname, pr), (_, pc) in zip(ref.named_parameters(), ck.named_parameters()):
+        if pr.grad is not None and pr.grad.norm() > 0:
+            assert _rel(pc.grad, pr.grad) < 5e-2, pname
