@@ -12,6 +12,19 @@ torch in float64 (each call's output checked: an unspecialised kernel must stay 
 kernels specialised on sizes, every new shape of a known key compiled again (seconds); now a
 new shape of a key already loaded compiles nothing.  ``--preset NAME``: run
 ``ck build --preset NAME`` into the empty cache first (reported: its time), then the calls.
+
+``--part growing`` (issues #26 / #27: a decode loop's every step is a new shape): in a warm process, loops
+whose every call has a new size of one signature family -- dense decode through ``flash_attn_func``
+(q [8, 1, 16, 128], the key length growing by one, as transformers' KV cache does), varlen decode,
+causal prefill through ``ck_fmha.attention`` (the length growing), ``ck_gemm.matmul`` (M growing).  Per
+case: median us of a call of a new size (synchronised) against a repeat of that same call (warm), the
+Dispatchers' full selections and selection-family hits, the output's error against float64 every few
+steps; then the same loops on fresh sizes with selection families off (``family_off``: what a new size
+cost before).  ``--device cpu``: the sm90 host path on CPU tensors with every launch stubbed
+(overhead.py's stubs; errors not checked).
+
+    python benchmarks/new_shape_latency.py --part growing --out growing.json          # GPU, < 1 minute
+    python benchmarks/new_shape_latency.py --part growing --device cpu --out g.json   # no GPU
 """
 from __future__ import annotations
 
@@ -28,13 +41,127 @@ def _rel(a, b) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
+def _growing_cases(dev: str, steps: int, start: int):
+    """name -> (call of size index i, float64 reference of that call or None): zero-argument callables
+    per step, inputs made before the timing."""
+    import torch
+
+    import ck_fmha
+    import ck_fmha.flash_attn as fa
+    import ck_gemm
+
+    h = torch.float16
+    g = torch.Generator(device="cpu").manual_seed(7)
+
+    def t(*shape):
+        return torch.randn(*shape, generator=g).to(device=dev, dtype=h)
+
+    def sdpa64(q, k, v, causal):   # [B, S, H, D] float64, GQA by repetition, bottom-right causal
+        q, k, v = (x.double().transpose(1, 2) for x in (q, k, v))
+        k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
+        s = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+        if causal:
+            sq, sk = s.shape[-2:]
+            s = s.masked_fill(torch.ones(sq, sk, dtype=torch.bool, device=s.device).tril(sk - sq).logical_not(),
+                              float("-inf"))
+        return (torch.softmax(s, -1) @ v).transpose(1, 2)
+
+    cases = {}
+    q1 = t(8, 16, 1, 128).transpose(1, 2)   # transformers' [B, H, S, D] views as [B, S, H, D]
+    dense = [(t(8, 4, s, 128).transpose(1, 2), t(8, 4, s, 128).transpose(1, 2)) for s in range(start, start + steps)]
+    cases["flash_attn_func decode B8 H16/4 D128, keys +1 per call"] = (
+        lambda i: fa.flash_attn_func(q1, *dense[i], causal=True), lambda i: sdpa64(q1, *dense[i], True))
+    qv = t(8, 16, 128)
+    cq = torch.arange(0, 9, dtype=torch.int32, device=dev)
+    var = []
+    for s in range(start, start + steps):
+        var.append((t(8 * s, 4, 128), t(8 * s, 4, 128), torch.arange(0, 9 * s, s, dtype=torch.int32, device=dev), s))
+
+    def varlen(i):
+        k, v, ck, s = var[i]
+        return fa.flash_attn_varlen_func(qv, k, v, cq, ck, 1, s, causal=True)
+
+    def varlen_ref(i):
+        k, v, _, s = var[i]
+        return sdpa64(qv.view(8, 1, 16, 128), k.view(8, s, 4, 128), v.view(8, s, 4, 128), True).reshape(8, 16, 128)
+    cases["flash_attn_varlen_func decode 8 seqs H16/4 D128, keys +1 per call"] = (varlen, varlen_ref)
+    pre = [tuple(t(2, s, 8, 64) for _ in range(3)) for s in range(start, start + steps)]
+    cases["ck_fmha.attention prefill B2 H8 D64 causal, length +1 per call"] = (
+        lambda i: ck_fmha.attention(*pre[i], causal=True, layout="bshd"), lambda i: sdpa64(*pre[i], True))
+    w = t(512, 1024) / 32
+    xs = [t(m, 1024) for m in range(start, start + steps)]
+    cases["ck_gemm.matmul M x 1024 x 512, M +1 per call"] = (
+        lambda i: ck_gemm.matmul(xs[i], w.t()), lambda i: xs[i].double() @ w.double().t())
+    return cases
+
+
+def growing(dev: str, steps: int = 48) -> dict:
+    """``--part growing``: see the module's docstring."""
+    import statistics
+
+    import torch
+
+    from ck_core import api as core
+    from ck_core.dispatcher import Dispatcher
+
+    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+    check = dev != "cpu"
+
+    def counters():
+        ds = list(core._DISPATCHERS.values())
+        return sum(d.selections for d in ds), sum(d.family_hits for d in ds)
+
+    out = {}
+    for label, start in (("family_on", 200), ("family_off", 200 + 2 * steps)):
+        family = Dispatcher._family
+        if label == "family_off":
+            Dispatcher._family = lambda self, problem, op: None
+        try:
+            for name, (call, ref) in _growing_cases(dev, steps, start).items():
+                row = {"new_us": [], "warm_us": [], "max_rel_err": 0.0}
+                try:
+                    call(0)   # the family's first size: selected (and compiled) outside the timing
+                    sync()
+                    sel0, hit0 = counters()
+                    for i in range(1, steps):
+                        sync()
+                        t0 = time.perf_counter()
+                        y = call(i)
+                        sync()
+                        row["new_us"].append((time.perf_counter() - t0) * 1e6)
+                        t0 = time.perf_counter()
+                        call(i)
+                        sync()
+                        row["warm_us"].append((time.perf_counter() - t0) * 1e6)
+                        if check and i % 8 == 1:
+                            row["max_rel_err"] = max(row["max_rel_err"], _rel(y, ref(i)))
+                    sel, hit = counters()
+                    row = {"new_us": round(statistics.median(row["new_us"]), 1),
+                           "warm_us": round(statistics.median(row["warm_us"]), 1),
+                           "new_over_warm_us": round(statistics.median(row["new_us"]) - statistics.median(row["warm_us"]), 1),
+                           "new_sizes": steps - 1, "full_selections": sel - sel0, "family_hits": hit - hit0,
+                           "max_rel_err": row["max_rel_err"] if check else None}
+                except Exception as e:  # noqa: BLE001 - one case failing must not lose the others
+                    row = {"error": f"{type(e).__name__}: {e}"[:400]}
+                out.setdefault(label, {})[name] = row
+                print(label, name, json.dumps(row), flush=True)
+        finally:
+            Dispatcher._family = family
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
+    ap.add_argument("--part", default="first", choices=["first", "growing"],
+                    help="first (default): new shapes in a fresh process, empty cache; growing: new-size loops, warm process")
+    ap.add_argument("--steps", type=int, default=48, help="growing: new sizes per loop")
     ap.add_argument("--preset", default=None)
     ap.add_argument("--arch", default="sm90", help="--preset: the arch to build it for (the device's)")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of this script (TRITON_INTERPRET=1, tiny shapes)")
     a = ap.parse_args(argv)
+    if a.part == "growing":
+        return _main_growing(a)
     tmp = tempfile.mkdtemp(prefix="ck-new-shape-")
     os.environ["CK_CACHE_DIR"] = tmp
     os.environ["CK_KERNEL_SETS"] = "none"
@@ -140,6 +267,27 @@ def main(argv=None) -> int:
 
     out.pop("commit", None)
     out = with_header(out, out.get("command"), out.get("device"))
+    with open(a.out, "w") as f:
+        json.dump(out, f, indent=1)
+    return 0
+
+
+def _main_growing(a) -> int:
+    if a.device == "cpu":   # the sm90 host path, launches stubbed (overhead.py --part cpu's stubs)
+        os.environ["TRITON_INTERPRET"] = "1"
+        os.environ.setdefault("CK_BACKEND", "triton")
+        os.environ.setdefault("CK_CPU_ARCH", "sm90")
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import overhead
+
+        overhead._stub_launches()
+    import torch
+
+    out = {"device": torch.cuda.get_device_name() if a.device == "cuda" else "cpu (launches stubbed)",
+           "unit": "us per call (median)", "growing": growing(a.device, a.steps)}
+    from ck_core.bench import with_header
+
+    out = with_header(out, "python benchmarks/new_shape_latency.py " + " ".join(sys.argv[1:]), out["device"])
     with open(a.out, "w") as f:
         json.dump(out, f, indent=1)
     return 0

@@ -6,6 +6,15 @@ ranker of (op, arch, backend) (:mod:`ck_core.ranker`) > the op's own heuristic
 > first fit.  Plans and
 launchers are cached per problem, so a warm ``run`` costs a dict lookup plus
 the kernel launch.
+
+A new problem of a known *selection family* (``OpSpec.selection_family``: the
+problem without the sizes that leave the op's pick unchanged, e.g. the next
+length of a decode loop) reuses the family's pick where that key still
+``supports()`` it and the tuning store names no winner of its own: one
+``supports()`` call instead of a selection.  Picks of the tuning store and of a
+learned ranker (whose trees split the sizes anywhere) are not reused: those
+problems are selected in full.  ``selections`` counts the full
+selections, ``family_hits`` the picks reused.
 """
 from __future__ import annotations
 
@@ -38,6 +47,23 @@ def build_failure(exc: BaseException) -> bool:
                for c in type(exc).__mro__)
 
 
+def size_bucket(n):
+    """Where a size falls on a geometric grid of 8 steps per octave, for ``OpSpec.selection_family``:
+    sizes in (m * 2**j, (m + 1) * 2**j] for m in 8..15 share a bucket, except that a power of two is a
+    bucket of its own (below 17 each size is one).  So a rule ``n <= 2**k`` or ``n >= 2**k`` (a tuned
+    table's length bucket, a minimum of rows) and a tile's multiple ``m * 2**j`` (``ceil(n / tile)``)
+    never split a bucket; a ranking that reads the size continuously (a padded tile's waste, a learned
+    ranker's log-length) can still change inside one, by the op's accepting."""
+    if n is None:
+        return None
+    n = int(n)
+    if n <= 16 or not n & (n - 1):
+        return n
+    m = n - 1
+    b = m.bit_length()
+    return (b, m >> (b - 4))
+
+
 class Dispatcher:
     def __init__(self, registry: Registry, backend: Optional[str] = None, tuning=None,
                  check_backend: bool = True):
@@ -51,6 +77,10 @@ class Dispatcher:
         self._hot: dict[Any, tuple] = {}
         self._impls: dict[Any, Any] = {}
         self._selected: dict[Any, Any] = {}
+        #: selection family (OpSpec.selection_family) -> the key a full selection picked for it
+        self._families: dict[Any, Any] = {}
+        self.selections = 0    # full selections (a new problem of no known family)
+        self.family_hits = 0   # new problems that took their family's pick
         self._rankers: dict[str, Any] = {}
         #: key name -> why it could not be built or loaded here (the Dispatcher falls back past it)
         self.failed: dict[str, str] = {}
@@ -178,11 +208,39 @@ class Dispatcher:
             model = self._rankers[op.name] = ranker.model_for(op, self.arch.name, self.backend)
             return model
 
+    def _family(self, problem, op):
+        """``problem``'s selection family (see the module's docstring), or None where every problem is
+        selected in full: the op has none, a ``ck_rank_candidates`` hook or autotuning ranks each one."""
+        if op.selection_family is None or knobs.get("CK_AUTOTUNE") \
+                or self.mgr.hook.ck_rank_candidates.get_hookimpls():
+            return None
+        return op.selection_family(problem, self.arch, self.backend)
+
+    def _family_pick(self, problem, op, fam):
+        """The family's pick for ``problem`` where it still holds (it supports the problem, did not
+        fail to build, and the tuning store has no winner for the problem), else None."""
+        key = self._families.get(fam)
+        if key is None or key.name in self.failed or op.supports(key, problem) is not None:
+            return None
+        if self.tuning is not None and self.tuning.lookup(self.arch.name, self.backend, problem):
+            return None
+        return key
+
     def select(self, problem):
         try:
             return self._selected[problem]
         except KeyError:
             pass
+        op = self.mgr.op(problem.op)
+        fam = self._family(problem, op)
+        if fam is not None:
+            key = self._family_pick(problem, op, fam)
+            if key is not None:
+                self._selected[problem] = key
+                self.family_hits += 1
+                log.debug("selected %s for %s: the pick of its selection family", key.name, problem)
+                return key
+        self.selections += 1
         self._selecting = True
         try:
             key = self._quick(problem)
@@ -201,6 +259,10 @@ class Dispatcher:
         if self.failed and key.name in self.failed:
             key = self._next_buildable(problem)
         self._selected[problem] = key
+        rule = getattr(self, "_rule", "")
+        if fam is not None and not rule.startswith("tuning table") and "learned ranker" not in rule:
+            # (a tuned winner is the problem's own; a learned ranker's trees split sizes anywhere)
+            self._families[fam] = key
         log.info("selected %s by %s from %s (registry %s)", key.name, getattr(self, "_rule", "?"),
                  getattr(self, "_considered", "?"), self.registry.name)
         return key
@@ -231,6 +293,7 @@ class Dispatcher:
         self._plans = {p: pl for p, pl in self._plans.items() if all(st.key != key for st in pl.stages)}
         self._hot = {p: h for p, h in self._hot.items() if all(st.key != key for st in h[0].stages)}
         self._selected = {p: k for p, k in self._selected.items() if k != key}
+        self._families = {f: k for f, k in self._families.items() if k != key}
         self._impls.pop(key, None)
 
     def plan(self, problem) -> Plan:
@@ -427,4 +490,5 @@ class Dispatcher:
         self._plans.clear()
         self._hot.clear()
         self._selected.clear()
+        self._families.clear()
         self._impls.clear()

@@ -125,6 +125,14 @@ class OpSpec:
       ``problem``, best tier first; the Dispatcher ranks the keys of the first tier that the
       registry holds and that support the problem, and ranks every candidate only when no
       tier has one (a new problem then costs a few ``supports()`` calls, not one per key);
+    * ``selection_family(problem, arch: ArchSpec, backend: str) -> hashable | None`` (optional):
+      what of ``problem`` the op's selection on (arch, backend) reads, with the sizes that leave its
+      pick unchanged removed or bucketed (e.g. :func:`ck_core.dispatcher.size_bucket`); the
+      Dispatcher reuses the pick of a family's first problem for a later one of the same family where
+      that key still ``supports()`` it (a new size of a known signature then costs one ``supports()``
+      call, not a selection).  None: no family (the problem is selected in full).  Where the ranking
+      reads sizes continuously (a learned ranker's features), the buckets are the op's stated
+      approximation, checked against full selections by its tests;
     * ``problem_options(problem) -> dict`` (optional): enumeration options whose registry still
       holds every key that supports ``problem`` and each stage of its plan (dtype, layout,
       family ...); ``ck run``, ``ck tune`` and ``ck demo`` enumerate only that part of the
@@ -165,6 +173,7 @@ class OpSpec:
     key_space: Optional[Callable] = None
     shortlist: Optional[Callable] = None
     problem_options: Optional[Callable] = None
+    selection_family: Optional[Callable] = None
     description: str = ""
     distribution: str = ""
     #: folder of the op's shipped tuned-data files (``<arch>.json``, read by ck_core.tuned_data)

@@ -89,3 +89,84 @@ def test_backend_unknown(reg):
     from ck_core import PluginError
     with pytest.raises(PluginError, match="unknown backend"):
         Dispatcher(reg, backend="cuda-magic")
+
+
+# -- selection families (OpSpec.selection_family): a new size of a known family reuses its pick --------
+
+class _OneOp:
+    """A manager whose ``op()`` answers one (evolved) OpSpec; everything else the real manager's."""
+
+    def __init__(self, mgr, op):
+        self._mgr, self._op = mgr, op
+
+    def op(self, name):
+        return self._op
+
+    def __getattr__(self, name):
+        return getattr(self._mgr, name)
+
+
+def _with_family(d, family, **over):
+    import attrs
+
+    d.mgr = _OneOp(d.mgr, attrs.evolve(d.mgr.op("gemm"), selection_family=family, **over))
+    return d
+
+
+def test_size_bucket_keeps_powers_of_two_and_tile_multiples_apart():
+    from ck_core.dispatcher import size_bucket
+
+    assert [size_bucket(n) for n in range(1, 17)] == list(range(1, 17))   # small sizes: exact
+    assert size_bucket(17) == size_bucket(18) != size_bucket(19)
+    for k in range(5, 20):
+        assert size_bucket(2 ** k) != size_bucket(2 ** k + 1)          # "n <= 2**k" never splits a bucket
+        assert size_bucket(2 ** k) != size_bucket(2 ** k - 1)          # nor "n >= 2**k"
+        assert size_bucket(2 ** k - 1) == size_bucket(2 ** k - 2 ** (k - 4) + 1)
+        assert size_bucket(2 ** k + 1) == size_bucket(2 ** k + 2 ** (k - 3))
+        assert size_bucket(2 ** k + 2 ** (k - 3)) != size_bucket(2 ** k + 2 ** (k - 3) + 1)
+    seen = [size_bucket(n) for n in range(1, 5000)]
+    runs = [b for i, b in enumerate(seen) if i == 0 or b != seen[i - 1]]
+    assert len(runs) == len(set(runs)) < 120   # contiguous buckets, 8 per octave
+
+
+def test_a_new_problem_of_a_known_family_reuses_the_pick_once_it_supports_it(reg):
+    d = _with_family(Dispatcher(reg), lambda p, arch, backend: ("family", p.n, p.k))
+    first = d.select(GemmProblem(m=256, n=256, k=64))
+    assert (d.selections, d.family_hits) == (1, 0)
+    for m in (512, 768, 1024):   # (multiples of any tile: the pick supports them)
+        assert d.select(GemmProblem(m=m, n=256, k=64)) is first
+    assert (d.selections, d.family_hits) == (1, 3)
+    d.select(GemmProblem(m=256, n=512, k=64))                 # another family: selected in full
+    assert (d.selections, d.family_hits) == (2, 3)
+    d.clear_cache()
+    d.select(GemmProblem(m=768, n=256, k=64))
+    assert (d.selections, d.family_hits) == (3, 3)
+
+
+def test_a_family_pick_that_cannot_run_the_problem_is_passed_over(reg):
+    d = Dispatcher(reg)
+    op = d.mgr.op("gemm")
+    refused = set()
+
+    def supports(key, problem):   # the family's first pick cannot run m=300
+        if problem.m == 300 and key.name in refused:
+            return "not this size"
+        return op.supports(key, problem)
+
+    d = _with_family(d, lambda p, arch, backend: "one family", supports=supports)
+    first = d.select(GemmProblem(m=256, n=256, k=64))
+    refused.add(first.name)
+    other = d.select(GemmProblem(m=300, n=256, k=64))
+    assert other != first and supports(other, GemmProblem(m=300, n=256, k=64)) is None
+    assert (d.selections, d.family_hits) == (2, 0)
+
+
+def test_no_family_without_the_op_hook_or_with_a_rank_hook(reg, fake_arch, monkeypatch):
+    d = Dispatcher(reg)
+    if d.mgr.op("gemm").selection_family is None:
+        for m in (256, 257):
+            d.select(GemmProblem(m=m, n=256, k=64))
+        assert (d.selections, d.family_hits) == (2, 0)
+    monkeypatch.setenv("CK_AUTOTUNE", "1")
+    d = _with_family(Dispatcher(reg), lambda p, arch, backend: "one family")
+    assert d._family(GemmProblem(m=256, n=256, k=64), d.mgr.op("gemm")) is None

@@ -183,19 +183,24 @@ _ATTENTION = "ck_fmha.attention"
 
 def _fwd(q, k, v, bias, alibi, cu_q, cu_k, lens, causal, scale, window, softcap, layout, dropout_p, seed, offset,
          align, descales, out_dtype, sig_out=None):
-    # q, k, v alone (no bias/ALiBi, not fp8): a known signature replays the recorded launches (group
-    # mode: the offsets' guard, the kernel and the NaN poisoning, with the offsets as two more inputs).
-    # ``sig_out`` (a list): gets the call's signature (or None), from which autograd's backward keys its own
+    # q, k, v (and a bias in batch mode: a padding mask's; no ALiBi, not fp8): a known signature replays the
+    # recorded launches (group mode: the offsets' guard, the kernel and the NaN poisoning, with the offsets
+    # as two more inputs).  ``sig_out`` (a list): gets the call's signature (or None), from which autograd's
+    # backward keys its own
     sig = None
-    if bias is None and alibi is None and descales is None:
+    if alibi is None and descales is None and (bias is None or cu_q is None):
         sig = (_ATTENTION, get_manager(), tensor_sig(q), tensor_sig(k), tensor_sig(v), causal, scale, window,
                softcap, layout, dropout_p, seed, offset, align)
+        if bias is not None:
+            if not isinstance(bias, torch.Tensor):
+                raise InvalidProblem(f"bias must be a torch tensor, got {type(bias).__name__}")
+            sig += ("bias", tensor_sig(bias))
         if cu_q is None:
             if sig_out is not None:
                 sig_out.append(sig)
             f = warm.get(sig)
             if f is not None:
-                return f(q, k, v)
+                return f(q, k, v) if bias is None else f(q, k, v, bias)
         elif isinstance(cu_q, torch.Tensor) and isinstance(cu_k, torch.Tensor):
             # (one offsets tensor for q and k, as self-attention passes, is one input of the replay)
             sig += (tensor_sig(cu_q), tensor_sig(cu_k), lens, cu_q.data_ptr() == cu_k.data_ptr())
@@ -215,7 +220,7 @@ def _fwd(q, k, v, bias, alibi, cu_q, cu_k, lens, causal, scale, window, softcap,
             warm.put(sig, f)
         return o, lse
     if sig is not None and disp.backend != "numpy":
-        f, (o, lse) = _batch_closure(disp, p, tensors)
+        f, (o, lse) = _first_closure(disp, p, tensors)
         if f is not None:
             warm.put(sig, f)
         return o, lse
@@ -236,12 +241,12 @@ def forward_closure(q, k, v, *, causal=False, scale=None, window=(-1, -1), softc
     return warm.get(sig)
 
 
-def _batch_closure(disp, p, tensors):
-    """(closure ``f(q, k, v) -> (o, lse)`` or None, (o, lse)): one run of the batch-mode forward ``p``
-    with its launches recorded; the closure replays them on new tensors of the signature (the run's
-    own launches: no second run to record them, so a signature met once, as a decoding step's growing
-    key length is, costs one launch), else repeats the run on the cached Problem.  None while a CUDA
-    graph is being captured (the next call records)."""
+def _first_closure(disp, p, tensors):
+    """(closure ``f(q, k, v) -> (o, lse)`` or None, (o, lse)): the first call of a signature, its launches
+    recorded as it runs, so that a new shape launches its kernel once (not once to run and once more to
+    record: a decode loop's every step is a new shape).  The closure replays those launches where they read
+    only q, k, v, o, lse and the device flag (:func:`ck_fmha.backends.triton.warm.replayer`), else it is
+    :func:`_warm_closure`'s.  None while a CUDA graph is being captured (the next call records again)."""
     from ck_core.backends import triton_replay
 
     from .backends.triton import warm as recorded
@@ -249,19 +254,26 @@ def _batch_closure(disp, p, tensors):
     q = tensors["q"]
     if q.is_cuda and torch.cuda.is_current_stream_capturing():
         return None, disp.run(p, **tensors)
-    if list(tensors) != ["q", "k", "v"] or p.store_randval or not triton_replay.replayable(q):
-        out = disp.run(p, **tensors)
-        return _warm_closure(disp, p, tensors), out
+    if p.store_randval or not all(triton_replay.replayable(t) for t in tensors.values()):
+        o, lse = disp.run(p, **tensors)
+        return _warm_closure(disp, p, tensors), (o, lse)
     with recorded.recording() as recs:
         o, lse = disp.run(p, **tensors)
-    f = recorded.replayer(tensors, {"o": o, "lse": lse}, recs)   # (the launch reads q, k, v, o, lse alone)
+    plan = disp.plan(p)
+    f = None
+    if len(plan.stages) == 1 and getattr(disp.impl(plan.stages[0].key), "warm", None) is not None:
+        f = recorded.replayer(tensors, {"o": o, "lse": lse}, recs)
     if f is None:
-        return (lambda q, k, v: disp.run(p, q=q, k=k, v=v)), (o, lse)
+        return _warm_closure(disp, p, tensors), (o, lse)
     f = disp.observe(p, f)
-
-    def replay(q, k, v):
-        out = f(q, k, v)
-        return out["o"], out["lse"]
+    if "bias" in tensors:
+        def replay(q, k, v, bias):
+            out = f(q, k, v, bias)
+            return out["o"], out["lse"]
+    else:
+        def replay(q, k, v):
+            out = f(q, k, v)
+            return out["o"], out["lse"]
 
     return replay, (o, lse)
 
@@ -306,6 +318,8 @@ def _group_closure(disp, p, tensors):
 def _warm_closure(disp, p, tensors):
     """``f(q, k, v) -> (o, lse)`` repeating a call with this signature: the launcher's recorded
     launch (:meth:`Dispatcher.warm`), else the cached Problem on the cached Dispatcher."""
+    if "bias" in tensors:   # (the launcher's own warm form takes q, k, v alone)
+        return lambda q, k, v, bias: disp.run(p, q=q, k=k, v=v, bias=bias)
     fast = disp.warm(p, tensors)
     if fast is not None:
         def replay(q, k, v):

@@ -23,7 +23,10 @@ import functools
 from pathlib import Path
 from typing import Dict, Optional, Tuple
 
+import attrs
+
 from ck_core import knobs
+from ck_core.dispatcher import size_bucket
 from ck_core.tuned_data import Table, table
 
 from . import seqtune
@@ -506,3 +509,26 @@ _TILE_TABLES = {"dq": "gluon_dq_tiles", "dkdv": "gluon_dkdv_tiles", "fused": "gl
 def gluon_tiles(kind: str, arch: str) -> dict:
     """Head dim -> the hand-picked tile of ``kind`` ("dq", "dkdv", "fused") in ``arch``'s tuned data."""
     return tile_table(_TILE_TABLES[kind], arch)
+
+
+#: FmhaProblem fields that are run-time sizes: bucketed in a selection family (:func:`selection_family`)
+_SIZE_FIELDS = ("batch", "seqlen_q", "seqlen_k", "packed_q", "packed_k")
+
+
+@functools.lru_cache(maxsize=None)
+def _family_fields(cls) -> tuple:
+    return tuple(f.name for f in attrs.fields(cls) if f.name not in _SIZE_FIELDS)
+
+
+def selection_family(p):
+    """The problem's selection family (``OpSpec.selection_family``): every field but the sizes, which
+    are bucketed (:func:`ck_core.dispatcher.size_bucket`: 8 steps per octave, cut at the powers of two of
+    the tuned tables' length buckets).  A decode loop's next key length, a new batch or packed token count
+    then reuses the pick of its bucket where that key supports the problem.  What the ranking reads
+    continuously -- the padded tile's waste (:mod:`ck_fmha.seqtune`, rounded to tenths) and the learned
+    ranker's length and occupancy features -- is approximated by the bucket.  Host-side offsets or lengths
+    (``seqstart_q/k``, ``seqlens_k`` values in the problem) have no family: selected per problem."""
+    if p.seqstart_q is not None or p.seqstart_k is not None or p.seqlens_k is not None:
+        return None
+    return (type(p), tuple(getattr(p, n) for n in _family_fields(type(p))),
+            tuple(size_bucket(getattr(p, n)) if getattr(p, n) else 0 for n in _SIZE_FIELDS))

@@ -15,7 +15,7 @@ from ck_core.errors import UnsupportedProblem
 from ck_core.hookspecs import hookimpl
 from ck_core.records import OpSpec
 
-from . import features, footprint, keys, plan as stages
+from . import features, footprint, heuristics, keys, plan as stages
 from .codegen import ARCHES as CK_ARCHES
 from .problem import FmhaProblem
 
@@ -92,6 +92,15 @@ def supports(key, problem):
     return _space(key.arch, key.backend).supports(key, problem)
 
 
+def selection_family(problem, arch, backend):
+    """The Triton keys' selection family (:func:`ck_fmha.heuristics.selection_family`); CK-rule keys have
+    none: their ranking reads each length's divisibility by the tiles (padding specialisations) and its
+    padded waste, so every problem is selected in full there."""
+    if _space(arch.name, backend) is _CkSpace:
+        return None
+    return heuristics.selection_family(problem)
+
+
 def heuristic(problem, candidates, arch):
     if not candidates:
         return []
@@ -141,7 +150,7 @@ def fmha_op() -> OpSpec:
         input_names=INPUTS, output_names=OUTPUTS, plan=stages.plan, render=_render, bench=_bench,
         flops=stages.flops, heuristic=heuristic, features=features.features, tolerance=stages.tolerance,
         bytes_moved=footprint.bytes_moved, working_bytes=footprint.working_bytes,
-        problem_options=problem_options,
+        problem_options=problem_options, selection_family=selection_family,
         tuning_data=str(Path(__file__).resolve().parent / "tuned"),
         families=("fwd", "fwd_splitkv", "fwd_splitkv_combine", "fwd_pagedkv", "fwd_appendkv",
                   "batch_prefill", "bwd_dot_do_o", "bwd_dq_dk_dv", "bwd_convert_dq"),

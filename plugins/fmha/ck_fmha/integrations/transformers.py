@@ -7,9 +7,13 @@
 :func:`register` adds :func:`attention_forward` to transformers' ``AttentionInterface`` and, under the same
 name, FlashAttention's mask convention to its ``AttentionMaskInterface``: the model then hands over no mask
 (dense batch) or the 2D padding mask [B, kv_len].  Dense batches run ``ck_fmha.flash_attn.flash_attn_func``
-on the [B, H, S, D] views (no copies); padded batches are unpadded into group mode
-(``flash_attn_varlen_func``), as are packed sequences (``cu_seq_lens_q/k`` keyword arguments, or
-``position_ids`` restarting within one row).  Causal masks and sliding windows align to the bottom right,
+on the [B, H, S, D] views (no copies).  Padded batches run the same dense kernel with the mask as an
+additive key bias (0 / -inf, [B, 1, 1, kv_len] broadcast: :func:`_key_bias`, built once per mask tensor
+and shared by the layers of one forward) and their padded query rows zeroed: no unpadding, no host
+synchronisation, and the positions are transformers' own (a query at cache position p sees the keys at
+positions <= p that the mask keeps, as its sdpa path computes, left or right padding alike).  Packed
+sequences (``cu_seq_lens_q/k`` keyword arguments, or ``position_ids`` restarting within one row) run in
+group mode (``flash_attn_varlen_func``).  Causal masks and sliding windows align to the bottom right,
 so that decoding with a KV cache (queries = the last positions) is exact; GQA/MQA run without repeating
 K/V; dropout and softcap are FlashAttention's.  Attention sinks (``s_aux``) and fp32 activations outside
 autocast raise: the kernels run fp16/bf16.
@@ -25,6 +29,7 @@ from ck_core.errors import InvalidProblem, PluginError
 from ck_core.plugins import get_manager
 from ck_core.warm import tensor_sig
 
+from ..api import attention as _attention
 from ..api import forward_closure
 from ..flash_attn import FlashAttnNotImplemented, flash_attn_func, flash_attn_varlen_func
 
@@ -70,6 +75,11 @@ def _window(sliding_window, causal: bool):
     return (w, -1 if causal else w)
 
 
+def _seed(dropout_p: float) -> int:
+    # as FlashAttention's: one draw from torch's default generator (torch.manual_seed repeats it)
+    return int(torch.empty((), dtype=torch.int64).random_()) if dropout_p > 0 else 0
+
+
 def _packed_cu_seqlens(position_ids, batch: int):
     """cu_seqlens of sequences packed into one row (positions restart), or None."""
     if position_ids is None or batch != 1 or position_ids.shape[-1] == 1:
@@ -81,13 +91,26 @@ def _packed_cu_seqlens(position_ids, batch: int):
     return torch.cat([starts, torch.tensor([pos.numel()], device=pos.device)]).to(torch.int32)
 
 
-def _unpad(x: torch.Tensor, mask: torch.Tensor):
-    """x [B, H, S, D] and a bool mask [B, S] -> ([total, H, D], flat indices, cu_seqlens, max_seqlen)."""
-    lens = mask.sum(-1, dtype=torch.int32)
-    idx = mask.reshape(-1).nonzero().reshape(-1)
-    cu = torch.nn.functional.pad(torch.cumsum(lens, 0, dtype=torch.int32), (1, 0))
-    flat = x.transpose(1, 2).reshape(-1, x.shape[1], x.shape[3])
-    return flat[idx], idx, cu, int(lens.max())
+#: the last mask's key bias: (mask tensor, its version, key length, dtype) -> (bias, kept query rows)
+_BIAS: list = [None, None]
+
+
+def _key_bias(mask: torch.Tensor, kv_len: int, sq: int, dtype):
+    """(bias [B, 1, Sq, kv_len] of 0 / -inf: a stride-0 view of [B, 1, 1, kv_len]; the kept query rows
+    [B, Sq, 1, 1]) of a 2D key mask [B, L], built on the device (no host synchronisation).  Keys past the
+    mask's length (a static cache's empty slots) are dropped; the queries are the mask's last ``sq``
+    positions.  The layers of one forward share one mask tensor: built once for it."""
+    k = (mask, mask._version, kv_len, sq, dtype)
+    hit = _BIAS[0]
+    if hit is not None and hit[0] is mask and hit[1:] == k[1:]:
+        return _BIAS[1]
+    keep = mask.to(torch.bool)
+    b = keep.shape[0]
+    bias = torch.zeros((b, 1, 1, kv_len), dtype=dtype, device=mask.device)
+    bias.masked_fill_(~keep[:, None, None, -kv_len:], float("-inf"))
+    out = (bias.expand(b, 1, sq, kv_len), keep[:, -sq:, None, None])
+    _BIAS[0], _BIAS[1] = k, out
+    return out
 
 
 def attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
@@ -123,14 +146,17 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
     kw = dict(dropout_p=float(dropout or 0.0), softmax_scale=scaling, causal=causal,
               window_size=_window(sliding_window, causal), softcap=float(softcap or 0.0))
     if attention_mask is not None:
-        mask = attention_mask.to(torch.bool)
-        qf, idx_q, cu_q, max_q = _unpad(q, mask[:, -sq:])
-        kf, _, cu_k, max_k = _unpad(k, mask)
-        vf = _unpad(v, mask)[0]
-        out = flash_attn_varlen_func(qf, kf, vf, cu_q, cu_k, max_q, max_k, **kw)
-        full = out.new_zeros(b * sq, h, out.shape[-1])
-        full[idx_q] = out
-        return full.reshape(b, sq, h, -1), None
+        if attention_mask.shape[0] != b or attention_mask.shape[1] < sq:
+            raise InvalidProblem(f"the 2D padding mask has shape {tuple(attention_mask.shape)}; expected [{b}, "
+                                 f">= {sq}] (batch, key positions)")
+        kv_len = min(attention_mask.shape[1], k.shape[2])   # (a static cache: its slots past the mask are empty)
+        bias, keep_q = _key_bias(attention_mask, kv_len, sq, dt)
+        left, right = kw["window_size"]
+        out = _attention(q, k[:, :, :kv_len], v[:, :, :kv_len], causal="bottom_right" if causal else False,
+                         scale=scaling, window=(left, right), softcap=kw["softcap"], dropout_p=kw["dropout_p"],
+                         seed=_seed(kw["dropout_p"]), bias=bias, align="bottom_right", deterministic=False)
+        # padded query rows: zeros (as unpadded attention leaves them), not the mean of what they may see
+        return out.transpose(1, 2).masked_fill(~keep_q, 0.0), None
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     if cu_q is None:
         cu_q = cu_k = _packed_cu_seqlens(kwargs.get("position_ids"), b)
