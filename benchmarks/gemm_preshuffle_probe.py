@@ -18,6 +18,7 @@ rewritten after every row, so a run cut by ``--budget-s`` (or a crash) still lea
 """
 from __future__ import annotations
 
+
 import argparse
 import datetime as dt
 import json
@@ -90,7 +91,9 @@ def main() -> int:
 
     runs = launched
     get_manager().pm.register(Log())
-    out = {"schema": {"name": "ck-dispatcher.probe/gemm_preshuffle", "version": 1},
+    from ck_core.bench import RESULT_SCHEMA
+
+    out = {"schema": dict(RESULT_SCHEMA), "kind": "gemm_preshuffle_probe",
            "device": "cpu (dry run)" if args.dry_run else torch.cuda.get_device_name(0),
            "date": dt.datetime.now(dt.timezone.utc).isoformat(),
            "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]), "commit": _commit(),

@@ -17,6 +17,7 @@ JSON is rewritten after every row, so a run cut by ``--budget-s`` still leaves i
 """
 from __future__ import annotations
 
+
 import argparse
 import datetime as dt
 import json
@@ -84,7 +85,9 @@ def main(argv=None) -> int:
     else:
         from ck_core.bench import eager_and_graph_ms as times
     arch = "sm90" if args.dry_run else _gpu_arch(get_manager(), None).name
-    out = {"schema": {"name": "ck-dispatcher.check/gemm_tail", "version": 1},
+    from ck_core.bench import RESULT_SCHEMA
+
+    out = {"schema": dict(RESULT_SCHEMA), "kind": "gemm_tail_check",
            "device": "cpu (dry run)" if args.dry_run else torch.cuda.get_device_name(0), "arch": arch,
            "date": dt.datetime.now(dt.timezone.utc).isoformat(),
            "command": " ".join([Path(sys.argv[0]).name] + (sys.argv[1:] if argv is None else list(argv))),
