@@ -144,40 +144,80 @@ def _metas(tensors):
 
 
 class _OnMeta:
-    """An autograd function per call: the public function on meta twins; zeros back on the CPU."""
+    """An autograd function per call: the public function on meta twins; zeros back on the CPU.
+
+    A call whose signature (tensors' shapes, strides, storage offsets, dtypes, storage sharing,
+    grad flags; the other arguments) was traced before launches what it launched then (the premise
+    of the warm path): its entries are taken from the memo and nothing runs (the suite repeats
+    calls: test_flash_attn_race_condition 250 times)."""
+
+    memo: dict = {}
+    tracer = None
 
     @staticmethod
     def make(fn):
         import torch
 
+        def note(keys):
+            t = _OnMeta.tracer
+            if t is not None and t.case is not None:
+                t.per_case[t.case] |= keys
+
+        def launched(run):
+            t = _OnMeta.tracer
+            before = set(t.per_case.get(t.case, ())) if t is not None else set()
+            t.per_case[t.case] = set()
+            try:
+                res = run()
+            finally:
+                got = t.per_case[t.case]
+                t.per_case[t.case] = before | got
+            return res, got
+
         class F(torch.autograd.Function):
             @staticmethod
-            def forward(ctx, spec, *tensors):
-                metas = _metas(tensors)
-                it = iter(metas)
-                args, kwargs = spec(lambda: next(it))
-                with torch.enable_grad():
-                    res = fn(*args, **kwargs)
-                outs = res if isinstance(res, tuple) else (res,)
-                ctx.metas, ctx.outs, ctx.single = metas, outs, not isinstance(res, tuple)
-                zeros = tuple(torch.zeros(o.shape, dtype=o.dtype) if isinstance(o, torch.Tensor) else o
-                              for o in outs)
+            def forward(ctx, spec, sig, *tensors):
+                ctx.sig, ctx.shapes = sig, [(m.shape, m.dtype, m.requires_grad) for m in tensors]
+                hit = _OnMeta.memo.get(sig)
+                if hit is not None and hit["fwd"] is not None:
+                    note(hit["fwd"])
+                    ctx.metas = ctx.outs = None
+                    outs = hit["outs"]
+                else:
+                    metas = _metas(tensors)
+                    it = iter(metas)
+                    args, kwargs = spec(lambda: next(it))
+                    with torch.enable_grad():
+                        res, keys = launched(lambda: fn(*args, **kwargs))
+                    res_t = res if isinstance(res, tuple) else (res,)
+                    outs = [(o.shape, o.dtype, o.requires_grad) if isinstance(o, torch.Tensor) else o
+                            for o in res_t]
+                    _OnMeta.memo[sig] = {"fwd": keys, "bwd": None, "outs": outs}
+                    ctx.metas, ctx.outs = metas, res_t
+                zeros = tuple(torch.zeros(o[0], dtype=o[1]) if isinstance(o, tuple) and len(o) == 3
+                              and isinstance(o[1], torch.dtype) else o for o in outs)
                 for z, o in zip(zeros, outs):
-                    if isinstance(o, torch.Tensor) and not o.requires_grad:
+                    if isinstance(o, tuple) and len(o) == 3 and isinstance(o[1], torch.dtype) and not o[2]:
                         ctx.mark_non_differentiable(z)
                 return zeros
 
             @staticmethod
             def backward(ctx, *grads):
-                outs = [(o, g) for o, g in zip(ctx.outs, grads)
-                        if isinstance(o, torch.Tensor) and o.requires_grad and g is not None]
-                wants = [m for m in ctx.metas if m.requires_grad]
-                if outs and wants:
-                    torch.autograd.grad([o for o, _ in outs],
-                                        wants, [torch.empty(g.shape, dtype=g.dtype, device="meta") for _, g in outs],
-                                        allow_unused=True, retain_graph=True)
-                return (None,) + tuple(torch.zeros(m.shape, dtype=m.dtype) if m.requires_grad else None
-                                       for m in ctx.metas)
+                memo = _OnMeta.memo[ctx.sig]
+                if ctx.metas is None or memo["bwd"] is not None:
+                    note(memo["bwd"] or set())
+                else:
+                    outs = [(o, g) for o, g in zip(ctx.outs, grads)
+                            if isinstance(o, torch.Tensor) and o.requires_grad and g is not None]
+                    wants = [m for m in ctx.metas if m.requires_grad]
+                    keys = set()
+                    if outs and wants:
+                        _, keys = launched(lambda: torch.autograd.grad(
+                            [o for o, _ in outs], wants,
+                            [torch.empty(g.shape, dtype=g.dtype, device="meta") for _, g in outs],
+                            allow_unused=True, retain_graph=True))
+                    memo["bwd"] = keys
+                return (None, None) + tuple(torch.zeros(sh, dtype=dt) if rg else None for sh, dt, rg in ctx.shapes)
 
         def wrapped(*args, **kwargs):
             flat = []
@@ -195,7 +235,13 @@ class _OnMeta:
             def spec(nxt):
                 return ([nxt() if x is _SLOT else x for x in a2], {k: nxt() if v is _SLOT else v for k, v in k2.items()})
 
-            res = F.apply(spec, *flat)
+            stores = {}
+            sig = (fn.__name__, torch.is_grad_enabled(),
+                   tuple((tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.requires_grad,
+                          stores.setdefault(t.untyped_storage().data_ptr(), len(stores))) for t in flat),
+                   repr([x.tolist() if isinstance(x, torch.Tensor) else x for x in a2]),
+                   repr(sorted((k, v.tolist() if isinstance(v, torch.Tensor) else v) for k, v in k2.items())))
+            res = F.apply(spec, sig, *flat)
             return res[0] if len(res) == 1 and not _returns_tuple(args, kwargs) else res
 
         return wrapped
@@ -219,13 +265,21 @@ def _wrap_public(shim_names) -> None:
         setattr(iface, n, w)
 
 
-def _compile_slice(pending, worker, workers, root, target):
+def digest_of(material) -> str:
+    from ck_core.cache import digest
+
+    return digest(material)
+
+
+def _compile_slice(pending, worker, workers, root, target, deadline):
     from ck_core.backends import triton_artifacts as ta
 
     done = failed = 0
     for i, (name, src, options, material) in enumerate(pending):
         if i % workers != worker:
             continue
+        if time.time() > deadline:
+            break
         try:
             ta._get_or_build(name, src, options, material, target, root)
             done += 1
@@ -235,8 +289,9 @@ def _compile_slice(pending, worker, workers, root, target):
     return done, failed
 
 
-def build(pending, root, workers, target) -> dict:
-    """Compile ``pending`` into the kernel-cache root ``root`` with ``workers`` forked processes."""
+def build(pending, root, workers, target, budget_s=1e9) -> dict:
+    """Compile ``pending`` (in first-use order: the front of the suite first) into the kernel-cache
+    root ``root`` with ``workers`` forked processes; no compile starts after ``budget_s``."""
     os.makedirs(root, exist_ok=True)
     t0 = time.time()
     pids = []
@@ -245,7 +300,7 @@ def build(pending, root, workers, target) -> dict:
         if pid == 0:   # pragma: no cover - the child
             code = 0
             try:
-                _, failed = _compile_slice(pending, w, workers, root, target)
+                _, failed = _compile_slice(pending, w, workers, root, target, t0 + budget_s)
                 code = 1 if failed else 0
             finally:
                 os._exit(code)
@@ -268,6 +323,10 @@ def main(argv=None) -> int:
     ap.add_argument("-k", default=None)
     ap.add_argument("--build", default=None, help="compile the distinct entries into this kernel-cache root")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--build-cases", type=int, default=None,
+                    help="--build: only the entries the first N cases need (the front of the suite)")
+    ap.add_argument("--build-budget-s", type=float, default=1e9, help="--build: start no compile after this")
+    ap.add_argument("--wheel", default=None, help="--build: also write the set as a ck-kernels-sm90 wheel here")
     ap.add_argument("--out", required=True)
     ap.add_argument("--debug", action="store_true", help="show the tests' output and tracebacks")
     a = ap.parse_args(argv)
@@ -292,7 +351,12 @@ def main(argv=None) -> int:
         from ck_core.backends import triton_artifacts as ta
 
         tracer = Tracer()
+        _OnMeta.tracer = tracer
         ta.launch = tracer.launch
+        import torch
+
+        torch.equal = lambda *a, **k: True          # the tests' comparisons of zeros (outcomes mean nothing)
+        torch.allclose = lambda *a, **k: True
         ta.current_target = lambda: tracer.target
         from ck_core import device as ck_device
         from ck_core.backends import triton_backend
@@ -356,9 +420,28 @@ def main(argv=None) -> int:
             "cases_in_order": [{"case": c, "entries": len(tracer.per_case.get(i, ())),
                                 "new": first_index.get(i, 0)} for i, c in enumerate(order)],
             "entries": sorted([n, d, tracer.first[(n, d)]] for n, d in tracer.first),
+            # what each entry specialises on (the constexprs, the integers' and pointers' attributes)
+            "entry_details": [{"name": n, "first_case": tracer.first[(n, digest_of(m))],
+                               "constexprs": m["constexprs"], "attrs": m["attrs"],
+                               "options": {k: m["options"].get(k) for k in ("num_warps", "num_stages")}}
+                              for n, _, _, m in tracer.pending],
         }
+        # Triton's C launcher stub is one per distinct argument-type list (compiled with the host's C
+        # compiler on first use on each machine, cached in TRITON_CACHE_DIR; not part of a kernel set)
+        res["launcher_stub_signatures"] = len({tuple(m["signature"].values()) for _, _, _, m in tracer.pending})
         if a.build:
-            res["build"] = build(tracer.pending, os.path.abspath(a.build), a.workers, tracer.target)
+            want = [p for p, k in zip(tracer.pending, [tracer.first[(n, digest_of(m))] for n, _, _, m in tracer.pending])
+                    if a.build_cases is None or k < a.build_cases]
+            res["build"] = build(want, os.path.abspath(a.build), a.workers, tracer.target, a.build_budget_s)
+            res["build"]["cases_covered"] = a.build_cases or len(order)
+            if a.wheel:
+                from pathlib import Path
+
+                from ck_core.kernel_wheel import write_wheel
+
+                whl = write_wheel(Path(a.build), "sm90", Path(a.wheel), preset="fa-suite")
+                res["build"]["wheel"] = str(whl)
+                res["build"]["wheel_bytes"] = os.path.getsize(whl)
         from ck_core.bench import with_header
 
         os.makedirs(os.path.dirname(os.path.abspath(a.out)) or ".", exist_ok=True)
