@@ -102,6 +102,8 @@ class Tracer:
         self.per_case = defaultdict(set)
         self.launches = 0
         self.errors = Counter()
+        self.check = False
+        self.check_errors = Counter()
 
     def launch(self, name, fn, grid, args, kwargs, cache_root=None, extra=None):
         import torch
@@ -123,6 +125,11 @@ class Tracer:
             self.first[k] = self.case
             self.pending.append((name, src, options, material))
         self.per_case[self.case].add(k)
+        if self.check:   # load the entry from the prebuilt set (triton.compile raises meanwhile)
+            try:
+                ta.kernel_for_call(name, fn, args, kwargs, extra=extra)
+            except Exception as exc:  # noqa: BLE001
+                self.check_errors[f"{name}: {type(exc).__name__}: {str(exc)[:120]}"] += 1
         return None
 
 
@@ -327,6 +334,9 @@ def main(argv=None) -> int:
                     help="--build: only the entries the first N cases need (the front of the suite)")
     ap.add_argument("--build-budget-s", type=float, default=1e9, help="--build: start no compile after this")
     ap.add_argument("--wheel", default=None, help="--build: also write the set as a ck-kernels-sm90 wheel here")
+    ap.add_argument("--check-set", default=None,
+                    help="a built set (folder or wheel): every launch also loads its entry from it, with "
+                         "triton.compile raising (nothing may compile); the report counts loaded / compiled")
     ap.add_argument("--out", required=True)
     ap.add_argument("--debug", action="store_true", help="show the tests' output and tracebacks")
     a = ap.parse_args(argv)
@@ -351,6 +361,19 @@ def main(argv=None) -> int:
         from ck_core.backends import triton_artifacts as ta
 
         tracer = Tracer()
+        if a.check_set:
+            import triton
+
+            sys.path.insert(0, HERE)
+            from compile_count import _prebuilt_root
+
+            os.environ["CK_KERNEL_SETS"] = _prebuilt_root(a.check_set, work)
+            tracer.check = True
+
+            def no_compiler(*args, **kwargs):
+                raise AssertionError("triton.compile called although the prebuilt set should hold the kernel")
+
+            triton.compile = no_compiler
         _OnMeta.tracer = tracer
         ta.launch = tracer.launch
         import torch
@@ -429,6 +452,9 @@ def main(argv=None) -> int:
         # Triton's C launcher stub is one per distinct argument-type list (compiled with the host's C
         # compiler on first use on each machine, cached in TRITON_CACHE_DIR; not part of a kernel set)
         res["launcher_stub_signatures"] = len({tuple(m["signature"].values()) for _, _, _, m in tracer.pending})
+        if a.check_set:
+            res["check_set"] = {"set": a.check_set, "stats": dict(ta.STATS),
+                                "errors": dict(tracer.check_errors.most_common(20))}
         if a.build:
             want = [p for p, k in zip(tracer.pending, [tracer.first[(n, digest_of(m))] for n, _, _, m in tracer.pending])
                     if a.build_cases is None or k < a.build_cases]
@@ -447,7 +473,8 @@ def main(argv=None) -> int:
         os.makedirs(os.path.dirname(os.path.abspath(a.out)) or ".", exist_ok=True)
         with open(a.out, "w") as f:
             json.dump(with_header(res, device="CPU (launches specialised for sm90, not run)"), f, indent=1)
-        print(json.dumps({k: v for k, v in res.items() if k not in ("cases_in_order", "entries")}, indent=1))
+        long = ("cases_in_order", "entries", "entry_details")
+        print(json.dumps({k: v for k, v in res.items() if k not in long}, indent=1))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0
