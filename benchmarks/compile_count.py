@@ -2,6 +2,7 @@
 
     python benchmarks/compile_count.py --cpu [--suites gemm,conv,fmha] --out OUT.json
     python benchmarks/compile_count.py --gpu SUITE --out OUT.json [--fa PATH] [--budget-s S]
+                                      [--prebuilt SET] [--fraction F --min-per-test N]
 
 ``--cpu`` (no GPU needed): for every case of the broad suites (``ck_<op>.bench_broad.cases()``;
 fmha: the batch-mode attention cases, forward and backward) and of ``fa_like`` (the shapes
@@ -18,7 +19,10 @@ the old launchers also split the backward on EVEN_M x EVEN_N separately.
 ``--gpu SUITE`` (on the device machine, from the repo root): runs SUITE in this process with a
 fresh, empty kernel cache (CK_CACHE_DIR in a temporary folder) and reports what
 ``triton_artifacts.STATS`` counted (compiled / loaded / memory), the cache's entries and the wall
-time.  SUITE: fa (FlashAttention's CK test suite through benchmarks/flash_attn_suite.py; needs
+time; with ``--prebuilt SET`` (a kernel-cache folder or a ``ck-kernels-<arch>`` wheel, unpacked
+into the temporary folder) the set is read beside the empty cache (``CK_KERNEL_SETS``), so the
+compiles are what the set lacks.  Compiles outside the kernel cache are counted too (Triton JIT
+kernels, Triton's C launcher stubs).  SUITE: fa (FlashAttention's CK test suite through benchmarks/flash_attn_suite.py; needs
 --fa PATH), fmha, gemm, conv (``ck_<op>.bench_broad.run``).  Run it on main before and after the
 merge to compare.
 """
@@ -227,20 +231,59 @@ def cpu(suites, out):
         json.dump(with_header(result, device="CPU (launches traced on meta tensors, not compiled)"), f, indent=1)
 
 
-def gpu(suite, out, fa, budget_s):
+def _prebuilt_root(path, tmp):
+    """The kernel-cache root of a prebuilt set: a folder as it is, a ``ck-kernels-<arch>`` wheel unpacked."""
+    if os.path.isdir(path):
+        return os.path.abspath(path)
+    from pathlib import Path
+
+    from ck_core.kernel_wheel import unpack_wheel
+
+    return str(unpack_wheel(Path(path), Path(tmp) / "prebuilt"))
+
+
+def _count_outside():
+    """Counters of what compiles outside the kernel cache: Triton JIT kernels (``fn[grid]``: the
+    suite's own, e.g. FlashAttention's rotary reference) and Triton's C launcher stubs (one per
+    distinct kernel signature per machine, cached in TRITON_CACHE_DIR)."""
+    counts = {"triton_jit_compiles": 0, "launcher_stub_builds": 0}
+    try:
+        from triton.runtime import build, jit
+    except ImportError:   # pragma: no cover
+        return counts
+    do_compile, cc = jit.JITFunction._do_compile, build._build
+
+    def counted_compile(self, *a, **k):
+        counts["triton_jit_compiles"] += 1
+        return do_compile(self, *a, **k)
+
+    def counted_build(*a, **k):
+        counts["launcher_stub_builds"] += 1
+        return cc(*a, **k)
+
+    jit.JITFunction._do_compile, build._build = counted_compile, counted_build
+    return counts
+
+
+def gpu(suite, out, fa, budget_s, prebuilt=None, fa_args=()):
+    """One schema for every suite: cases (run / passed / failed / skipped / not_run), compiles into
+    the (fresh, empty) kernel cache, what loaded from the prebuilt set, what compiled outside the
+    cache, wall time."""
     tmp = tempfile.mkdtemp(prefix="ck-compile-count-")
     os.environ["CK_CACHE_DIR"] = tmp
-    os.environ["CK_KERNEL_SETS"] = "none"   # no prebuilt set: count what a bare install compiles
+    # no prebuilt set unless one is given: count what a bare install compiles
+    os.environ["CK_KERNEL_SETS"] = _prebuilt_root(prebuilt, tmp) if prebuilt else "none"
     from ck_core.backends import triton_artifacts as ta
     from ck_core.cache import KernelCache
 
+    outside = _count_outside()
     t0 = time.time()
     report = os.path.join(tmp, "suite.json")
     if suite == "fa":
         sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
         import flash_attn_suite
 
-        argv = ["--fa", fa, "--json", report] + (["--budget-s", str(budget_s)] if budget_s else [])
+        argv = ["--fa", fa, "--json", report, *fa_args] + (["--budget-s", str(budget_s)] if budget_s else [])
         try:
             flash_attn_suite.main(argv)
         except SystemExit:
@@ -248,20 +291,31 @@ def gpu(suite, out, fa, budget_s):
     else:
         mod = __import__(f"ck_{suite}.bench_broad", fromlist=["run"])
         mod.run(out_path=report, **({"budget_s": budget_s} if budget_s else {}))
-    summary = None
+    summary, cases = None, None
     try:
         with open(report) as f:
-            summary = json.load(f).get("summary")
-    except (OSError, ValueError):
+            rep = json.load(f)
+        summary = rep.get("summary")
+        tot = rep.get("totals")          # flash_attn_suite.py's report
+        if tot:
+            cases = {"run": tot["passed"] + tot["failed"] + tot["skipped"], **{
+                k: tot[k] for k in ("passed", "failed", "skipped", "not_run", "selected", "collected")}}
+            summary = {"totals": tot, "per_test": rep.get("per_test"), "failures": rep.get("failures", [])[:20],
+                       "wall_s": rep.get("wall_s")}
+    except (OSError, ValueError, KeyError):
         pass
-    res = {"mode": "gpu", "suite": suite, "stats": dict(ta.STATS), "cache": KernelCache(os.path.join(tmp, "kernels"),
-                                                                                       extra_roots=[]).stats(),
-           "seconds": round(time.time() - t0, 1), "suite_summary": summary}
+    seconds = round(time.time() - t0, 1)
+    res = {"mode": "gpu", "suite": suite, "prebuilt": prebuilt, "prebuilt_root": os.environ["CK_KERNEL_SETS"],
+           "cases": cases, "compiles": ta.STATS["compiled"], "loaded": ta.STATS["loaded"],
+           "stats": dict(ta.STATS), "outside_kernel_cache": outside,
+           "cases_per_minute": round(cases["run"] / seconds * 60, 1) if cases and seconds else None,
+           "cache": KernelCache(os.path.join(tmp, "kernels"), extra_roots=[]).stats(),
+           "seconds": seconds, "suite_summary": summary}
     from ck_core.bench import with_header
 
     with open(out, "w") as f:
         json.dump(with_header(res), f, indent=1, default=str)
-    print(json.dumps(res, default=str)[:2000])
+    print(json.dumps({k: v for k, v in res.items() if k != "suite_summary"}, default=str)[:3000])
 
 
 def main(argv=None):
@@ -271,6 +325,12 @@ def main(argv=None):
     ap.add_argument("--gpu", choices=("fa", "fmha", "gemm", "conv"))
     ap.add_argument("--fa", help="--gpu fa: a snapshot of the flash-attention repository")
     ap.add_argument("--budget-s", type=float, default=None)
+    ap.add_argument("--prebuilt", default=None,
+                    help="--gpu: a prebuilt kernel set (a kernel-cache root folder, or the ck-kernels-<arch> "
+                         ".whl that `ck build --wheel` / benchmarks/fa_trace.py --wheel wrote), read through "
+                         "CK_KERNEL_SETS beside the empty cache; compiles then count what it lacks")
+    ap.add_argument("--fraction", type=float, default=None, help="--gpu fa: flash_attn_suite.py --fraction")
+    ap.add_argument("--min-per-test", type=int, default=None, help="--gpu fa: flash_attn_suite.py --min-per-test")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     if a.cpu == bool(a.gpu):
@@ -280,7 +340,9 @@ def main(argv=None):
     else:
         if a.gpu == "fa" and not a.fa:
             ap.error("--gpu fa needs --fa PATH")
-        gpu(a.gpu, a.out, a.fa, a.budget_s)
+        fa_args = (["--fraction", str(a.fraction)] if a.fraction is not None else []) + (
+            ["--min-per-test", str(a.min_per_test)] if a.min_per_test is not None else [])
+        gpu(a.gpu, a.out, a.fa, a.budget_s, prebuilt=a.prebuilt, fa_args=fa_args)
 
 
 if __name__ == "__main__":

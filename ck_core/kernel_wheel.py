@@ -67,3 +67,50 @@ def write_wheel(root: Path, arch: str, out_dir: Path, preset: Optional[str] = No
         z.writestr(f"{info}/RECORD", record)
     os.replace(tmp, path)
     return path
+
+
+#: the most one unpacked kernel set may take (a damaged or hostile archive must not fill the disk)
+MAX_UNPACKED_BYTES = 4 << 30
+
+
+def unpack_wheel(wheel: Path, dest: Path) -> Path:
+    """Extract the kernel-cache root of a ``ck-kernels-<arch>`` wheel (:func:`write_wheel`) into
+    ``dest``; returns the root (``dest/<package>/kernels``), to name in ``CK_KERNEL_SETS``.
+
+    Only regular files under ``<package>/kernels/`` whose path parts are plain names are written
+    (no absolute paths, ``..``, links or other members), nothing outside ``dest``, at most
+    :data:`MAX_UNPACKED_BYTES` in all; anything else in the archive is a ConfigError."""
+    wheel, dest = Path(wheel), Path(dest)
+    try:
+        z = zipfile.ZipFile(wheel)
+    except (OSError, zipfile.BadZipFile) as exc:
+        raise ConfigError(f"{wheel}: not a kernel-set wheel ({type(exc).__name__}: {exc}); "
+                          "give the .whl that `ck build --preset ... --wheel DIR` wrote") from None
+    with z:
+        members = [m for m in z.infolist() if re.fullmatch(r"ck_kernels_[a-z0-9_]+/kernels/.+", m.filename)]
+        if not members:
+            raise ConfigError(f"{wheel}: no ck_kernels_<arch>/kernels/ entries; give a wheel written by "
+                              "`ck build --preset ... --wheel DIR`")
+        pkgs = {m.filename.split("/")[0] for m in members}
+        if len(pkgs) != 1:
+            raise ConfigError(f"{wheel}: kernels of several packages {sorted(pkgs)}; one set per wheel")
+        total = 0
+        for m in members:
+            parts = m.filename.split("/")
+            mode = (m.external_attr >> 16) & 0o170000
+            if m.is_dir():
+                continue
+            if any(p in ("", ".", "..") or "\\" in p for p in parts) or (mode and mode != 0o100000):
+                raise ConfigError(f"{wheel}: member {m.filename!r} is not a plain file path; not unpacked")
+            total += m.file_size
+            if total > MAX_UNPACKED_BYTES:
+                raise ConfigError(f"{wheel}: more than {MAX_UNPACKED_BYTES >> 20} MiB unpacked; not a kernel set")
+        dest.mkdir(parents=True, exist_ok=True)
+        for m in members:
+            if m.is_dir():
+                continue
+            out = dest.joinpath(*m.filename.split("/"))
+            out.parent.mkdir(parents=True, exist_ok=True)
+            with z.open(m) as src, open(out, "wb") as f:
+                f.write(src.read(m.file_size + 1)[: m.file_size])
+    return dest / pkgs.pop() / "kernels"

@@ -156,7 +156,7 @@ def test_recorded_guard_replays_with_the_new_tensors(clean_flags, monkeypatch):
 
     made = []
     monkeypatch.setattr(triton_replay, "replayable", lambda t: True)
-    monkeypatch.setattr(triton_replay, "record", lambda fn, grid, args, kw: made.append(
+    monkeypatch.setattr(triton_replay, "record", lambda fn, grid, args, kw, **_: made.append(
         _InterpretedReplay(fn, grid, args, kw)) or made[-1])
     guard = PageGuard(5, 8)
     bt, lens = _i32([0, 1, 4], [2, 3, 4]), torch.tensor([17, 9], dtype=torch.int32)

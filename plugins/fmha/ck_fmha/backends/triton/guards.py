@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ck_core.backends import triton_replay
+from ck_core.backends import triton_artifacts, triton_replay
 
 from ...device_errors import BAD_OFFSETS, BAD_PAGES, check_table, flag, guard_pages
 from . import warm
@@ -114,14 +114,14 @@ class PageGuard:
         kw = dict(BAD=BAD_PAGES, FLAT=self.flat, BLOCK=_BLOCK)
         if self.record and triton_replay.replayable(table) and not (
                 table.is_cuda and torch.cuda.is_current_stream_capturing()):
-            r = triton_replay.record(_page_guard_kernel, (b,), args, kw)
+            r = triton_replay.record(_page_guard_kernel, (b,), args, kw, name=helper_entry(_page_guard_kernel))
             if r is not None:
                 self._replay, self._batch, self._device = r, b, seqlens_k.device
                 self._slots = (r.slot("TABLE"), r.slot("LENS"), r.slot("OUT"), r.slot("INDPTR"))
                 for i in self._slots:   # (no reference to this call's tensors)
                     r.args[i] = None
             return out
-        _page_guard_kernel[(b,)](*args, **kw)
+        triton_artifacts.launch(helper_entry(_page_guard_kernel), _page_guard_kernel, (b,), args, kw)
         return out
 
 
@@ -205,8 +205,15 @@ class Bad:
 _POISON_BLOCK, _POISON_PROGRAMS = 1024, 1024   # (a bound on the grid: its programs stride over the tensor)
 
 
+def helper_entry(fn) -> str:
+    """The kernel-cache entry name of a helper kernel that belongs to no key (``ck build`` and
+    launches reach the same entry: a prebuilt set holds it, no JIT compile on a user's call)."""
+    return "fmha/" + getattr(fn, "__name__", type(fn).__name__)
+
+
 def _launch(fn, grid, *args, **kw):
-    return warm.wrap(fn, grid, fn[grid])(*args, **kw)   # (recorded inside warm.recording())
+    launch = triton_artifacts.bind(helper_entry(fn), fn, grid)
+    return warm.wrap(fn, grid, launch)(*args, **kw)   # (recorded inside warm.recording())
 
 
 def guard_offsets(cu: torch.Tensor, rows: int, longest: int):

@@ -65,6 +65,8 @@ from typing import Optional
 import torch
 import triton
 
+from ck_core.backends import triton_artifacts
+
 from . import gluon_fwd, guards
 from . import kernels as K
 from ... import device_errors
@@ -377,7 +379,8 @@ def v_key_major(v: torch.Tensor, layout: str = "bhsd", *, impl: str = "triton") 
     stb = 0 if varlen else buf.stride(0)
     sth, std = buf.stride(-3), buf.stride(-2)
     bs = 64
-    K.fmha_v_transpose_kernel[(triton.cdiv(s, bs), (1 if varlen else b) * h)](
+    triton_artifacts.bind(guards.helper_entry(K.fmha_v_transpose_kernel), K.fmha_v_transpose_kernel,
+                          (triton.cdiv(s, bs), (1 if varlen else b) * h))(
         v, buf, svb, svh, svs, stb, sth, std, s, h,
         D_V=d, BLOCK_S=bs, BLOCK_DV=padded_hdim(d), num_warps=4)
     return view
@@ -759,7 +762,8 @@ def dropout_randval(batch, nhead, seqlen_q, seqlen_k, *, dropout_p, seed=0, offs
         srb, srh, srq = rv.stride(0), rv.stride(1), rv.stride(2)
         cu_q = cu_k = rv
     bm, bn = 32, 64
-    K.fmha_dropout_randval_kernel[(triton.cdiv(seqlen_q, bm), triton.cdiv(seqlen_k, bn), batch * nhead)](
+    triton_artifacts.bind(guards.helper_entry(K.fmha_dropout_randval_kernel), K.fmha_dropout_randval_kernel,
+                          (triton.cdiv(seqlen_q, bm), triton.cdiv(seqlen_k, bn), batch * nhead))(
         rv, cu_q, cu_k, srb, srh, srq, nhead, seqlen_q, seqlen_k, k0, k1, off_lo,
         seqlens_k if (varlen and seqlens_k is not None) else rv,
         BLOCK_M=bm, BLOCK_N=bn, IS_VARLEN=varlen, HAS_SEQLENS=varlen and seqlens_k is not None, num_warps=4)
