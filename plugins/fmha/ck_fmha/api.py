@@ -386,7 +386,7 @@ def _bwd(q, k, v, o, lse, do, bias, alibi, cu_q, cu_k, lens, causal, scale, wind
     forward call (:func:`_fwd`) that made ``o`` and ``lse`` (eager autograd): it pins q, k, v, the
     options and so o's and lse's layout, and with the gradient's keys the backward's warm call."""
     sig = None
-    if fsig is not None and not dropout_p:
+    if fsig is not None and not dropout_p and bias is None:   # (a forward with a bias warms its forward alone)
         sig = (_ATTENTION_BWD, fsig, grad_sig(do), deterministic)
         f = warm.get(sig)
         if f is not None:
