@@ -306,8 +306,13 @@ def _attend(q, k_cache, v_cache, seqlens, table, page, leftpad, batch_idx, mask,
         return decode.splitkv_decode(q, k_cache, v_cache, seqlens_k=seqlens, num_splits=splits, return_lse=True,
                                   layout="bshd", **common)
     # one pass (num_splits=1, or ALiBi, which only the one-pass kernel adds): group-mode queries over pages
-    if table is None:
-        table = torch.arange(b, dtype=torch.int32, device=q.device).reshape(b, 1)
+    if table is None:   # each cache row one page, or for any other length power-of-two pages (rule R08)
+        rows = torch.arange(b, dtype=torch.int32, device=q.device)
+        s = k_cache.shape[1]
+        if s & (s - 1):
+            table, k_cache, v_cache = _rows_as_pages(rows, k_cache, v_cache)
+        else:
+            table = rows.reshape(b, 1)
     cu_q = torch.arange(0, (b + 1) * sq, sq, dtype=torch.int32, device=q.device)
     out, lse = prefill.batch_prefill(q.reshape(b * sq, hq, d), k_cache, v_cache, seqlens, cu_seqlens_q=cu_q,
                                  max_seqlen_q=sq, max_seqlen_k=page, block_table=table, return_lse=True,
