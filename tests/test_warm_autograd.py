@@ -363,6 +363,11 @@ def test_appendkv_rope_warm_steps_read_each_calls_tables(route, ck_rng, rope):
         assert (kc.double() - want_k).abs().max() < 2e-3, step
         assert torch.equal(vc.double(), want_v), step
         assert _rel(q_rot, _rope64(q, cos, sin, pos, inter)) < 1e-3, step
+    before = kc.clone()
+    with pytest.raises(ValueError, match="appended keys reach position 19"):   # host lengths: checked
+        decode.appendkv(q, kn, vn, kc, vc, torch.tensor([17, 2], dtype=torch.int32), rotary_cos=cos[:19],
+                        rotary_sin=sin[:19], rope=rope, rotary_dim=rdim)
+    assert torch.equal(kc, before)
 
 
 def test_autograd_through_torch_compile_still_traces_the_custom_ops(ck_manager, monkeypatch, ck_rng):

@@ -221,6 +221,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         raise InvalidProblem("pass both rotary_cos and rotary_sin or neither")
     if rotary_cos is not None and k is None:
         raise InvalidProblem("rotary_cos/rotary_sin rotate the appended k (and q); pass k and v as well")
+    cache_len = block_table.shape[1] * k_cache.shape[1] if block_table is not None else k_cache.shape[1]
+    if rotary_cos is not None and rotary_cos.shape[0] < cache_len:   # FlashAttention's own check
+        raise InvalidProblem(f"rotary_cos/rotary_sin have {rotary_cos.shape[0]} rows; they must cover the KV "
+                             f"cache's {cache_len} positions")
     if block_table is not None and cache_batch_idx is not None:
         raise FlashAttnNotImplemented("cache_batch_idx with block_table (index the block_table rows instead)")
     if block_table is not None and cache_leftpad is not None:

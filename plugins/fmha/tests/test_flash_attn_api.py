@@ -412,6 +412,9 @@ def test_kvcache_rotary_tables_only_cover_the_cache():
         qq = rope_ref(q[i], cos_x, sin_x, torch.arange(n0, n0 + sq), False)
         ro, _ = ref_seq(qq, kk[:n0 + new], vv[:n0 + new], causal=True)
         assert rel(out[i], ro) < TOL, i
+    with pytest.raises(ValueError, match="must cover the KV cache"):   # FlashAttention's own check
+        fa.flash_attn_with_kvcache(q, kc, vc, k_new, v_new, rotary_cos=cos[:-1], rotary_sin=sin[:-1],
+                                   cache_seqlens=torch.tensor([0, 0], dtype=torch.int32), causal=True)
 
 
 def test_kvcache_leftpad():
