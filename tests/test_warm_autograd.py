@@ -370,6 +370,33 @@ def test_appendkv_rope_warm_steps_read_each_calls_tables(route, ck_rng, rope):
     assert torch.equal(kc, before)
 
 
+def test_kvcache_alibi_warm_steps_read_each_calls_fp16_slopes(route, ck_rng):
+    """ALiBi slopes in fp16 (the kernel reads fp32): converted before the recorded launch, so each warm
+    step reads its own slopes and the replay is kept (converted in the launcher, the copy was replayed as
+    an uninitialised buffer: its verification failed, or where the allocator handed back the same bytes,
+    later steps read stale slopes)."""
+    from ck_fmha import flash_attn as fa
+
+    g = _gen(ck_rng)
+    b, sq, h, d, cap = 2, 3, 2, 16, 13
+    kc, vc = _rand(g, b, cap, h, d, dtype=torch.float16), _rand(g, b, cap, h, d, dtype=torch.float16)
+    lens = torch.tensor([13, 6], dtype=torch.int32)
+    before = warm.size()
+    for step in range(3):
+        q = _rand(g, b, sq, h, d, dtype=torch.float16)
+        slopes = (torch.rand(b, h, generator=g) * 2).to(torch.float16)
+        out = fa.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, alibi_slopes=slopes, num_splits=1)
+        for i in range(b):
+            n = int(lens[i])
+            s = torch.einsum("qhd,khd->hqk", q[i].double(), kc[i, :n].double()) * d ** -0.5
+            dist = (torch.arange(sq)[:, None] + n - sq - torch.arange(n)[None, :]).abs()
+            s = s - slopes[i].double()[:, None, None] * dist
+            ref = torch.einsum("hqk,khd->qhd", s.softmax(-1), vc[i, :n].double())
+            assert _rel(out[i], ref) < 3e-3, (step, i)
+        # the replay engages (the fp32 copy made in the launcher failed its verification: no closure)
+        assert warm.size() == before + (route[0] == "replay"), step
+
+
 def test_autograd_through_torch_compile_still_traces_the_custom_ops(ck_manager, monkeypatch, ck_rng):
     """torch.compile(fullgraph=True) on CPU tensors: the custom ops (not the eager Entry path) are
     traced, forward and backward, and match float64."""
