@@ -321,6 +321,82 @@ def test_appendkv_warm_steps_write_the_new_keys(route, ck_dispatch_log, ck_rng, 
     assert len(runs) == 4 and all(launched == plan for _, plan, launched in runs)
 
 
+def _rope64(x, cos, sin, pos, interleaved):
+    """x [B, H, S, D] float64 rotated at positions pos [B, S] over the first 2 * cos.shape[1] channels."""
+    x = x.double().clone()
+    r = 2 * cos.shape[1]
+    c, s = cos.double()[pos][:, None], sin.double()[pos][:, None]
+    if interleaved:
+        x1, x2 = x[..., 0:r:2].clone(), x[..., 1:r:2].clone()
+        x[..., 0:r:2], x[..., 1:r:2] = x1 * c - x2 * s, x1 * s + x2 * c
+    else:
+        x1, x2 = x[..., : r // 2].clone(), x[..., r // 2: r].clone()
+        x[..., : r // 2], x[..., r // 2: r] = x1 * c - x2 * s, x1 * s + x2 * c
+    return x
+
+
+@pytest.mark.parametrize("rope", ["interleaved", "half_rotated"])
+def test_appendkv_rope_warm_steps_read_each_calls_tables(route, ck_rng, rope):
+    """fp16 rotary tables (FlashAttention's): the kernel reads fp32 tables, converted before the launch,
+    so the recorded replay (and its one verification run, which writes the caller's caches in place)
+    reads the caller's tables; converted inside the launcher, a replay read an uninitialised scratch
+    buffer in their place (FlashAttention's suite: wrong rotated keys in the cache on the H200)."""
+    from ck_fmha import decode
+
+    g = _gen(ck_rng)
+    b, hq, hk, sn, cap, d, rdim = 2, 4, 2, 3, 20, 32, 16
+    h = torch.float16
+    kc, vc = _rand(g, b, hk, cap, d, dtype=h), _rand(g, b, hk, cap, d, dtype=h)
+    want_k, want_v = kc.double(), vc.double()
+    for step, lens in enumerate([[0, 5], [17, 2], [9, 16]]):
+        q = _rand(g, b, hq, sn, d, dtype=h)
+        kn, vn = _rand(g, b, hk, sn, d, dtype=h), _rand(g, b, hk, sn, d, dtype=h)
+        ang = torch.rand(cap, rdim // 2, generator=g) * 6.283
+        cos, sin = ang.cos().to(h), ang.sin().to(h)
+        q_rot, _, _ = decode.appendkv(q, kn, vn, kc, vc, torch.tensor(lens, dtype=torch.int32), rotary_cos=cos,
+                                      rotary_sin=sin, rope=rope, rotary_dim=rdim)
+        pos = torch.tensor(lens)[:, None] + torch.arange(sn)[None, :]
+        inter = rope == "interleaved"
+        kr = _rope64(kn, cos, sin, pos, inter)
+        for bi, n in enumerate(lens):
+            want_k[bi, :, n:n + sn], want_v[bi, :, n:n + sn] = kr[bi], vn[bi].double()
+        assert (kc.double() - want_k).abs().max() < 2e-3, step
+        assert torch.equal(vc.double(), want_v), step
+        assert _rel(q_rot, _rope64(q, cos, sin, pos, inter)) < 1e-3, step
+    before = kc.clone()
+    with pytest.raises(ValueError, match="appended keys reach position 19"):   # host lengths: checked
+        decode.appendkv(q, kn, vn, kc, vc, torch.tensor([17, 2], dtype=torch.int32), rotary_cos=cos[:19],
+                        rotary_sin=sin[:19], rope=rope, rotary_dim=rdim)
+    assert torch.equal(kc, before)
+
+
+def test_kvcache_alibi_warm_steps_read_each_calls_fp16_slopes(route, ck_rng):
+    """ALiBi slopes in fp16 (the kernel reads fp32): converted before the recorded launch, so each warm
+    step reads its own slopes and the replay is kept (converted in the launcher, the copy was replayed as
+    an uninitialised buffer: its verification failed, or where the allocator handed back the same bytes,
+    later steps read stale slopes)."""
+    from ck_fmha import flash_attn as fa
+
+    g = _gen(ck_rng)
+    b, sq, h, d, cap = 2, 3, 2, 16, 13
+    kc, vc = _rand(g, b, cap, h, d, dtype=torch.float16), _rand(g, b, cap, h, d, dtype=torch.float16)
+    lens = torch.tensor([13, 6], dtype=torch.int32)
+    before = warm.size()
+    for step in range(3):
+        q = _rand(g, b, sq, h, d, dtype=torch.float16)
+        slopes = (torch.rand(b, h, generator=g) * 2).to(torch.float16)
+        out = fa.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, alibi_slopes=slopes, num_splits=1)
+        for i in range(b):
+            n = int(lens[i])
+            s = torch.einsum("qhd,khd->hqk", q[i].double(), kc[i, :n].double()) * d ** -0.5
+            dist = (torch.arange(sq)[:, None] + n - sq - torch.arange(n)[None, :]).abs()
+            s = s - slopes[i].double()[:, None, None] * dist
+            ref = torch.einsum("hqk,khd->qhd", s.softmax(-1), vc[i, :n].double())
+            assert _rel(out[i], ref) < 3e-3, (step, i)
+        # the replay engages (the fp32 copy made in the launcher failed its verification: no closure)
+        assert warm.size() == before + (route[0] == "replay"), step
+
+
 def test_autograd_through_torch_compile_still_traces_the_custom_ops(ck_manager, monkeypatch, ck_rng):
     """torch.compile(fullgraph=True) on CPU tensors: the custom ops (not the eager Entry path) are
     traced, forward and backward, and match float64."""

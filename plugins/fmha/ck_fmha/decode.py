@@ -327,6 +327,42 @@ def _direct(q, k, v, block_table, seqlens_k, config, opts):
     return ops_dec.splitkv_combine(oacc, lacc, q, layout=layout, return_lse=opts["return_lse"])
 
 
+def _rope_tables(cos, sin, q, knew, k_cache, block_table, layout, seqlens_k):
+    """The rotary tables as the kernel reads them: fp32, contiguous, and at least as long as the
+    positions it may rotate (the capacity less the appended rows, plus the longer of q and knew).
+
+    Converted HERE, before the launch, and not in the launcher: a recorded launch's replay (the
+    warm path, and its one verification run on the caller's own tensors, which rewrites the caches
+    in place) repeats launches only, so a table converted by a torch operation inside the launcher
+    would be replayed as an uninitialised scratch buffer (silently wrong rotated keys in the cache).
+    The tables must cover the appended keys (checked here for host lengths; FlashAttention's API asks
+    that they cover the whole cache); rows past them (query rows past the cache: causal, more queries
+    than appended keys; device lengths past the table) are rotated by the identity (cos 1, sin 0),
+    never read out of bounds."""
+    if cos.dim() != 2 or sin.shape != cos.shape:
+        raise InvalidProblem(f"rotary_cos {tuple(cos.shape)} and rotary_sin {tuple(sin.shape)} must both be "
+                             "[max_pos, rotary_dim / 2]")
+    _, _, sq, _ = _dims(q, layout)
+    sn = _dims(knew, layout)[2]
+    if block_table is not None:
+        capacity = block_table.shape[1] * (k_cache.shape[2] if layout == "bhsd" else k_cache.shape[1])
+    else:
+        capacity = _dims(k_cache, layout)[2]
+    if isinstance(seqlens_k, torch.Tensor) and seqlens_k.device.type == "cpu" and seqlens_k.numel():
+        last = int(seqlens_k.max()) + sn   # host lengths: the appended keys' positions are known here
+        if cos.shape[0] < last:
+            raise InvalidProblem(f"rotary tables have {cos.shape[0]} positions; the appended keys reach "
+                                 f"position {last - 1}: pass rotary_cos/rotary_sin with at least {last} rows")
+    need = max(capacity - sn, 0) + max(sn, sq)
+    cos = cos.to(device=q.device, dtype=torch.float32).contiguous()
+    sin = sin.to(device=q.device, dtype=torch.float32).contiguous()
+    if cos.shape[0] < need:
+        extra = need - cos.shape[0]
+        cos = torch.cat([cos, cos.new_ones(extra, cos.shape[1])])
+        sin = torch.cat([sin, sin.new_zeros(extra, sin.shape[1])])
+    return cos, sin
+
+
 def appendkv(q, knew, vnew, k_cache, v_cache, seqlens_k, *, rotary_cos=None, rotary_sin=None, rope="none",
              rotary_dim=0, block_table=None, layout="bhsd"):
     """fwd_appendkv through the Dispatcher: ``knew``/``vnew`` written into the caches IN PLACE at
@@ -334,6 +370,9 @@ def appendkv(q, knew, vnew, k_cache, v_cache, seqlens_k, *, rotary_cos=None, rot
     Returns ``(q_rot, k_cache, v_cache)``; arguments as :func:`ck_fmha.backends.triton.launch.appendkv_launch`.
     A device ``seqlens_k`` entry outside [0, capacity - appended] writes nothing (see :mod:`ck_fmha.device_errors`)."""
     raise_pending()
+    if rope != "none" and rotary_cos is not None and rotary_sin is not None:
+        rotary_cos, rotary_sin = _rope_tables(rotary_cos, rotary_sin, q, knew, k_cache, block_table, layout,
+                                              seqlens_k)
     wsig = None
     if isinstance(seqlens_k, torch.Tensor) and not torch.compiler.is_compiling():
         # a known signature replays the recorded launch (the caches written in place)

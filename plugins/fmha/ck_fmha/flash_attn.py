@@ -221,6 +221,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         raise InvalidProblem("pass both rotary_cos and rotary_sin or neither")
     if rotary_cos is not None and k is None:
         raise InvalidProblem("rotary_cos/rotary_sin rotate the appended k (and q); pass k and v as well")
+    cache_len = block_table.shape[1] * k_cache.shape[1] if block_table is not None else k_cache.shape[1]
+    if rotary_cos is not None and rotary_cos.shape[0] < cache_len:   # FlashAttention's own check
+        raise InvalidProblem(f"rotary_cos/rotary_sin have {rotary_cos.shape[0]} rows; they must cover the KV "
+                             f"cache's {cache_len} positions")
     if block_table is not None and cache_batch_idx is not None:
         raise FlashAttnNotImplemented("cache_batch_idx with block_table (index the block_table rows instead)")
     if block_table is not None and cache_leftpad is not None:
@@ -306,8 +310,13 @@ def _attend(q, k_cache, v_cache, seqlens, table, page, leftpad, batch_idx, mask,
         return decode.splitkv_decode(q, k_cache, v_cache, seqlens_k=seqlens, num_splits=splits, return_lse=True,
                                   layout="bshd", **common)
     # one pass (num_splits=1, or ALiBi, which only the one-pass kernel adds): group-mode queries over pages
-    if table is None:
-        table = torch.arange(b, dtype=torch.int32, device=q.device).reshape(b, 1)
+    if table is None:   # each cache row one page, or for any other length power-of-two pages (rule R08)
+        rows = torch.arange(b, dtype=torch.int32, device=q.device)
+        s = k_cache.shape[1]
+        if s & (s - 1):
+            table, k_cache, v_cache = _rows_as_pages(rows, k_cache, v_cache)
+        else:
+            table = rows.reshape(b, 1)
     cu_q = torch.arange(0, (b + 1) * sq, sq, dtype=torch.int32, device=q.device)
     out, lse = prefill.batch_prefill(q.reshape(b * sq, hq, d), k_cache, v_cache, seqlens, cu_seqlens_q=cu_q,
                                  max_seqlen_q=sq, max_seqlen_k=page, block_table=table, return_lse=True,

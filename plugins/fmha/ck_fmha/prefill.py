@@ -56,6 +56,13 @@ def batch_prefill(q, k_cache, v_cache, seqlens_k, *, cu_seqlens_q, max_seqlen_q,
     (``max_seqlen_k``, bounded by the batch's pages) gives NaN rows and the flag of
     :mod:`ck_fmha.device_errors`."""
     raise_pending()
+    for name in ("alibi_slopes", "sink"):
+        # fp32 and contiguous here, not in the launcher: a replay repeats launches only, and would read
+        # a copy made inside the launcher as an uninitialised scratch buffer (see decode._rope_tables)
+        x = kw.get(name)
+        if isinstance(x, torch.Tensor) and isinstance(q, torch.Tensor) and (
+                x.dtype != torch.float32 or not x.is_contiguous() or x.device != q.device):
+            kw = {**kw, name: x.to(device=q.device, dtype=torch.float32).contiguous()}
     wsig = None
     if not kw.get("_trusted_varlen") and not torch.compiler.is_compiling():
         # a known signature replays the recorded launches: the tensors' signatures and the options

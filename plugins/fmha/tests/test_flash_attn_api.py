@@ -279,6 +279,10 @@ KV_CASES = [
     (True, False, True, (6, -1), False, "half", 3, 4),
     (True, False, False, (-1, -1), True, None, 0, 0),            # ALiBi: the one-pass kernel
     (False, True, True, (-1, -1), True, "interleaved", 1, 1),
+    # a contiguous cache of 24 (not a power of two) on the one-pass kernel (ALiBi; num_splits=1):
+    # FlashAttention's suite failed these with R08-page-pow2
+    (False, False, False, (-1, -1), True, "interleaved", 0, 4),
+    (False, False, True, (-1, -1), False, None, 1, 2),
 ]
 
 
@@ -379,6 +383,38 @@ def test_head_dim_not_a_multiple_of_8():
         ro, rl = ref_seq(qq, kk[:n0 + new], vv[:n0 + new], causal=True)
         assert rel(out[i], ro) < TOL
         assert torch.allclose(lse[i].double(), rl, atol=1e-3, rtol=1e-3)
+
+
+def test_kvcache_rotary_tables_only_cover_the_cache():
+    """FlashAttention asks only that cos/sin cover the cache (rows >= its length): query rows past the
+    table (causal, q longer than the appended keys, the cache nearly full) are not rotated and never
+    read out of bounds; the table of exactly the cache's length is accepted (it asked for more)."""
+    b, sq, h, hk, d, cap, new = 2, 5, 4, 2, 24, 19, 2
+    q = rnd(b, sq, h, d, seed=60)
+    kc, vc = rnd(b, cap, hk, d, seed=61), rnd(b, cap, hk, d, seed=62)
+    k_new, v_new = rnd(b, new, hk, d, seed=63), rnd(b, new, hk, d, seed=64)
+    ang = torch.rand(cap, 8, generator=torch.Generator().manual_seed(65)) * 2 * math.pi
+    cos, sin = ang.cos().half(), ang.sin().half()
+    seqlens = torch.tensor([cap - new, 6], dtype=torch.int32)   # row 0: q positions 17..21 of a table of 19
+    k_before, v_before = kc.clone(), vc.clone()
+    out = fa.flash_attn_with_kvcache(q, kc, vc, k_new, v_new, rotary_cos=cos, rotary_sin=sin, cache_seqlens=seqlens,
+                                     causal=True, rotary_interleaved=False)
+    # the identity rotation past the table, written out here
+    cos_x = torch.cat([cos.double(), torch.ones(sq, 8, dtype=torch.float64)])
+    sin_x = torch.cat([sin.double(), torch.zeros(sq, 8, dtype=torch.float64)])
+    for i in range(b):
+        n0 = int(seqlens[i])
+        kk, vv = k_before[i].double(), v_before[i].double()
+        kk[n0:n0 + new] = rope_ref(k_new[i], cos, sin, torch.arange(n0, n0 + new), False)
+        vv[n0:n0 + new] = v_new[i].double()
+        assert rel(kc[i][:n0 + new], kk[:n0 + new]) < 1e-3 and torch.equal(kc[i][n0 + new:], k_before[i][n0 + new:])
+        assert torch.equal(vc[i][:n0 + new].double(), vv[:n0 + new])
+        qq = rope_ref(q[i], cos_x, sin_x, torch.arange(n0, n0 + sq), False)
+        ro, _ = ref_seq(qq, kk[:n0 + new], vv[:n0 + new], causal=True)
+        assert rel(out[i], ro) < TOL, i
+    with pytest.raises(ValueError, match="must cover the KV cache"):   # FlashAttention's own check
+        fa.flash_attn_with_kvcache(q, kc, vc, k_new, v_new, rotary_cos=cos[:-1], rotary_sin=sin[:-1],
+                                   cache_seqlens=torch.tensor([0, 0], dtype=torch.int32), causal=True)
 
 
 def test_kvcache_leftpad():
