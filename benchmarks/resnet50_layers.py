@@ -3,8 +3,9 @@
 Every conv of torchvision's resnet50 forward (53 convs, 23 distinct shapes) at batch 64, 224x224,
 bf16, channels-last, as ``benchmarks/models.py --rows resnet50:infer`` runs them (``ck_conv.conv2d``,
 no grad, warm), against ``torch.nn.functional.conv2d`` (cuDNN) on the same tensors.  Per shape: the
-key the GPU's Dispatcher picked (with its split and launch count, and the keys that failed to build
-there: a failure falls back to a slower candidate), the relative L2 error against cuDNN, and the
+key the GPU's Dispatcher picked (with its split, launch count and selection rule: a heuristic, a tuned winner of the
+machine's tuning store, a learned ranker; and the keys that failed to build there: a failure falls
+back to a slower candidate), the relative L2 error against cuDNN, and the
 CUDA-event time of back-to-back calls.  Then the 53 convs in model order as one chain: back to back
 (``chain_ms``) and, as models.py times a step, one synchronised chain per sample (``chain_sync_ms``),
 the latter also with Triton's launcher called through ``CudaLauncher.__call__`` instead of the
@@ -151,16 +152,17 @@ def main(argv=None) -> int:
         for r in shapes.values():
             out = {k: v for k, v in r.items() if k not in ("x", "w")}
             try:
-                y, want = ours(r), peer(r)
+                y, want = ours(r), peer(r)   # ours: the cold call selects (the rule below is its)
                 out["rel_err"] = float((y.double() - want.double()).norm() / want.double().norm().clamp_min(1e-30))
                 out["out_channels_last"] = bool(y.is_contiguous(memory_format=torch.channels_last))
                 p = _problem("forward", r["x"].shape, r["w"].shape, r["stride"], r["filter"] // 2, 1, 1,
                              r["x"].dtype, True)
                 disp = core.dispatcher_on("conv", r["x"], directions=("forward",), dtypes=(p.dtype,),
                                           ndims=(2,), layouts=(p.layout_family,))
+                rule = getattr(disp, "_rule", None)
                 key = disp.select(p)
                 cfg = config_of(key)
-                out.update(key=key.name, split=cfg.split, launches=launches(cfg),
+                out.update(key=key.name, rule=rule, split=cfg.split, launches=launches(cfg),
                            ours_ms=_events_ms(torch, lambda: ours(r), reps, device),
                            peer_ms=_events_ms(torch, lambda: peer(r), reps, device))
                 out["ratio"] = out["peer_ms"] / out["ours_ms"] if out["ours_ms"] else None
@@ -206,7 +208,9 @@ def main(argv=None) -> int:
     ok = [r for r in rows if r.get("status") == "ok"]
     totals = {"ours_sum_ms": sum(r["count"] * r["ours_ms"] for r in ok),
               "peer_sum_ms": sum(r["count"] * r["peer_ms"] for r in ok),
-              "failed_keys": dict(getattr(disp, "failed", {}) or {}) if disp is not None else {}}
+              "failed_keys": dict(getattr(disp, "failed", {}) or {}) if disp is not None else {},
+              "tuning_store": str(getattr(core._tuning_table(), "path", None)),
+              "tuned_winner_picks": sum("tuning" in str(r.get("rule")) for r in ok)}
     res = {"schema": {"name": "ck-dispatcher.results", "version": 1}, "name": "ck.resnet50_layers", "version": 1,
            "device": torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu",
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
