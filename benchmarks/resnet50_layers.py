@@ -13,6 +13,8 @@ recorded replay's direct ``launch`` (``chain_sync_nodirect_ms``: ck_core.backend
 
     python benchmarks/resnet50_layers.py --out /root/out/resnet50_layers.json     # GPU, ~1 minute
     python benchmarks/resnet50_layers.py --device cpu --tiny --out /tmp/r.json     # CPU dry run
+    git worktree add --detach /tmp/old b3a1a81 &&                                  # another commit's code
+      python benchmarks/resnet50_layers.py --tree /tmp/old --out /root/out/resnet50_layers_old.json
 
 JSON (``{"name": "ck.resnet50_layers", "version": 1, ...}``) to ``--out``; a table on stdout.
 """
@@ -48,9 +50,9 @@ def resnet50_convs(image: int = 224) -> list:
     return convs
 
 
-def _commit() -> str:
+def _commit(root: Path = ROOT) -> str:
     try:
-        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
+        return subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
                               timeout=10).stdout.strip() or "unknown"
     except Exception:  # noqa: BLE001 - no git
         return "unknown"
@@ -106,7 +108,14 @@ def main(argv=None) -> int:
     ap.add_argument("--image", type=int, default=224)
     ap.add_argument("--reps", type=int, default=30, help="calls per timing")
     ap.add_argument("--tiny", action="store_true", help="batch 1, 32x32, 2 reps, first 4 shapes (CPU dry run)")
+    ap.add_argument("--tree", default=None,
+                    help="run another checkout's packages (e.g. `git worktree add /tmp/old b3a1a81`): its ck_core, "
+                         "plugins and archs first on sys.path, to compare two commits with this one script")
     a = ap.parse_args(argv)
+    if a.tree:
+        tree = Path(a.tree).resolve()
+        sys.path[:0] = [str(tree), *(str(tree / "plugins" / op) for op in ("gemm", "conv", "fmha")),
+                        *sorted(str(d) for d in (tree / "archs").glob("*") if d.is_dir())]
     if a.device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")
     import torch
@@ -114,7 +123,13 @@ def main(argv=None) -> int:
 
     import ck_conv
     from ck_conv.api import _problem
-    from ck_conv.geometry import launches
+    try:
+        from ck_conv.geometry import launches
+    except ImportError:   # a tree before geometry.launches: the same count
+        def launches(cfg):
+            if cfg.split <= 1 or cfg.reduction in ("fixup", "atomicfix", "streamk"):
+                return 1
+            return 2 if cfg.reduction == "twostage" or cfg.dtype == "fp32" else 3
     from ck_conv.keys import config_of
     from ck_core import api as core
     from ck_core.backends import triton_replay
@@ -215,7 +230,7 @@ def main(argv=None) -> int:
            "device": torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu",
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "command": "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
-           "commit": _commit(), "versions": {"torch": torch.__version__},
+           "commit": _commit(Path(a.tree) if a.tree else ROOT), "tree": str(a.tree or ROOT), "ck_conv": ck_conv.__file__, "versions": {"torch": torch.__version__},
            "config": {"batch": batch, "image": image, "reps": reps, "dtype": str(dtype)},
            "ratio_is": "peer ms / ours ms (> 1: ours faster)", "totals": totals, "chain": chain, "rows": rows}
     print(json.dumps({"totals": totals, "chain": chain}, indent=1))
