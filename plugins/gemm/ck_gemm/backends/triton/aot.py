@@ -248,7 +248,7 @@ def kernel_for(config, *, dtype: str = "fp16", layout: str = "rcr", out_dtype: s
     elif cfg.c_desc:
         # tensor descriptors for A, B and C; D tensors stay pointers
         tma_cx = dict(common, A_KMAJOR=a_r, B_KMAJOR=not b_r, BATCHED=batched, EPI_SUBTILE=cfg.epi_subtile,
-                      **epi)
+                      PACKED_B=False, **epi)
         types = _desc_types(t_in, cfg, a_r, b_r, batched)
         types.update({"c_desc": f"tensordesc<{t_out}{desc_c_block_shape(cfg, batched)}>",
                       "d0_ptr": f"*{t_d}", "d1_ptr": f"*{t_d}"})
@@ -289,7 +289,7 @@ def kernel_for(config, *, dtype: str = "fp16", layout: str = "rcr", out_dtype: s
             types = {"a_ptr": f"*{t_in}", "b_ptr": f"*{t_in}"}
         else:
             fn = K.gemm_tma_kernel
-            cx = dict(common, SPLIT_K=split, A_KMAJOR=a_r, B_KMAJOR=not b_r, BATCHED=batched,
+            cx = dict(common, SPLIT_K=split, A_KMAJOR=a_r, B_KMAJOR=not b_r, BATCHED=batched, PACKED_B=False,
                       WARP_SPEC=cfg.variant == "tma_ws", **main_epi)
             types = _desc_types(t_in, cfg, a_r, b_r, batched)
         types.update({"c_ptr": f"*{t_c}", "d0_ptr": f"*{t_d}", "d1_ptr": f"*{t_d}"})
@@ -303,7 +303,7 @@ def kernel_for(config, *, dtype: str = "fp16", layout: str = "rcr", out_dtype: s
             types = {"a_ptr": f"*{t_in}", "b_ptr": f"*{t_in}"}
         else:
             fn = K.gemm_tma_persistent_kernel
-            cx = dict(common, NUM_SMS=num_sms, A_KMAJOR=a_r, B_KMAJOR=not b_r, BATCHED=batched,
+            cx = dict(common, NUM_SMS=num_sms, A_KMAJOR=a_r, B_KMAJOR=not b_r, BATCHED=batched, PACKED_B=False,
                       WARP_SPEC=cfg.variant == "tma_persistent_ws", **main_epi)
             types = _desc_types(t_in, cfg, a_r, b_r, batched)
         types.update({"c_ptr": f"*{t_out}", "d0_ptr": f"*{t_d}", "d1_ptr": f"*{t_d}"})
