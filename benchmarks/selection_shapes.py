@@ -265,7 +265,19 @@ def spec_class(p) -> tuple:
     # products: split-K workspace strides (M*N, batch*M*N) and batch strides (M*K, N*K)
     prods = tuple(x % 16 == 0 for x in (p.m * p.n, p.m * p.k, p.n * p.k, p.batch, p.batch * p.m * p.n)) \
         if p.batch > 1 else ((p.m * p.n) % 16 == 0,)
-    return (p.dtype, p.layout, p.batch > 1) + dims + even_k + prods
+    # the plain/persistent kernels' A_VEC / B_VEC: the power of two (at most 16 bytes) dividing each
+    # operand's contiguous extent (ck_gemm.backends.triton.launch.vec_elems; contiguous operands)
+    cap = 16 if p.dtype.startswith("fp8") else 8
+
+    def vec(x):
+        if x % 16 == 0:
+            return 0
+        v = 1
+        while v < cap and x % (2 * v) == 0:
+            v *= 2
+        return 0 if v == 1 else v
+    vecs = (vec(p.k if p.layout[0] == "r" else p.m), vec(p.n if p.layout[1] == "r" else p.k))
+    return (p.dtype, p.layout, p.batch > 1) + dims + even_k + prods + vecs
 
 
 def class_blocks(cases: list, problem_of, block: int) -> list:
