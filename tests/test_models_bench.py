@@ -46,6 +46,7 @@ def test_cnn_and_llama_rows_run_and_agree(bench, tmp_path, capsys):
     assert table.count("\n| ") == len(rows) and "| resnet50" in table
 
 
+@pytest.mark.slow   # (~20 s of interpreter decoding)
 def test_generate_row_checks_teacher_forced_decode_logits(bench, tmp_path, capsys, monkeypatch):
     # the check must see a wrong decode: the second row's ours-side per-step logits are perturbed
     real, calls = bench._decode_logits, []

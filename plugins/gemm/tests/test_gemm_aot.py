@@ -47,6 +47,7 @@ SCRIPT = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow   # (about a minute: CI compiles the sm90 GEMM kernels in test_triton_kernels.py)
 def test_every_arch_builds_ahead_of_time(tmp_path):
     env = dict(os.environ)
     env.pop("TRITON_INTERPRET", None)
