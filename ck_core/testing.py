@@ -14,7 +14,9 @@ manager with the fake arch added), ``ck_dispatch_log`` (like ``ck_manager``,
 plus a :class:`DispatchLog` of every Dispatcher run, with CPU tensors of the
 public APIs dispatching on the fake arch), and the helpers
 :func:`check_against_reference` (op plugins) and :func:`check_arch_plugin`
-(arch plugins), :func:`check_op_plugin` (op plugins; docs/writing-an-op-plugin.md).
+(arch plugins), :func:`check_op_plugin` (op plugins; docs/writing-an-op-plugin.md); for warm-path
+tests on the CPU, :class:`InterpReplay` and :func:`interp_record` (recorded launches replayed by
+Triton's interpreter).
 """
 from __future__ import annotations
 
@@ -364,3 +366,35 @@ def check_op_plugin(op_name: str, *, plugin=None, arch: str | None = None, probl
             dtypes = {k: getattr(p, "dtype_c", getattr(p, "dtype", "fp32")) for k in ref}
             assert not compare_all(poisoned, ref, dtypes, tol).passed, f"{p}: a poisoned {name!r} passed"
     return {"op": op_name, "arch": arch, "keys": len(keys), "problems": len(problems)}
+
+
+class InterpReplay:
+    """A recorded launch for CPU tests of the warm paths: replaying it launches the kernel in Triton's
+    interpreter with the arguments given (the GPU replay's interface: ``args``, ``slot``, ``kernel``)."""
+
+    def __init__(self, fn, grid, args, kwargs):
+        self.fn, self.grid = fn, grid
+        self.names = tuple(fn.arg_names)
+        self.args = list(args) + [kwargs[n] for n in self.names[len(args):]]
+        self.calls = 0
+
+    def __call__(self, args):
+        self.calls += 1
+        self.fn[self.grid](*args)
+
+    @property
+    def kernel(self):
+        return None
+
+    def slot(self, name):
+        return self.names.index(name)
+
+
+def interp_record(made: list):
+    """A stand-in for ``ck_core.backends.triton_replay.record`` that launches (through ``via``
+    where given) and appends an :class:`InterpReplay` of the launch to ``made``."""
+    def record(fn, grid, args, kwargs, name=None, extra=None, via=None):
+        (fn[grid] if via is None else via(fn, grid))(*args, **kwargs)
+        made.append(InterpReplay(fn, grid, args, kwargs))
+        return made[-1]
+    return record

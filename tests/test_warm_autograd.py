@@ -21,31 +21,10 @@ from ck_core import api as core  # noqa: E402
 from ck_core import warm  # noqa: E402
 from ck_core.backends import triton_replay  # noqa: E402
 from ck_core.dispatcher import Dispatcher  # noqa: E402
+from ck_core.testing import InterpReplay as _InterpReplay  # noqa: E402
 
 F = torch.nn.functional
 NAN = float("nan")
-
-
-class _InterpReplay:
-    """A 'replay' that launches the recorded kernel in the interpreter with the given args."""
-
-    def __init__(self, fn, grid, args, kwargs):
-        names = list(fn.arg_names)
-        self.fn, self.grid = fn, grid
-        self.names = tuple(names)
-        self.args = list(args) + [kwargs[n] for n in names[len(args):]]
-        self.calls = 0
-
-    def __call__(self, args):
-        self.calls += 1
-        self.fn[self.grid](*args)
-
-    @property
-    def kernel(self):
-        return None
-
-    def slot(self, name):
-        return self.names.index(name)
 
 
 @pytest.fixture(params=["replay", "plain"])

@@ -19,27 +19,9 @@ pytestmark = [pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
 from ck_core import api as core  # noqa: E402
 from ck_core import warm  # noqa: E402
 from ck_core.backends import triton_replay  # noqa: E402
+from ck_core.testing import interp_record  # noqa: E402
 from ck_fmha.problem import FmhaProblem  # noqa: E402
 from ck_fmha.prefill import batch_prefill  # noqa: E402
-
-
-class _InterpReplay:
-    def __init__(self, fn, grid, args, kwargs):
-        self.fn, self.grid = fn, grid
-        self.names = tuple(fn.arg_names)
-        self.args = list(args) + [kwargs[n] for n in self.names[len(args):]]
-        self.calls = 0
-
-    def __call__(self, args):
-        self.calls += 1
-        self.fn[self.grid](*args)
-
-    @property
-    def kernel(self):
-        return None
-
-    def slot(self, name):
-        return self.names.index(name)
 
 
 @pytest.fixture
@@ -48,13 +30,8 @@ def replays(monkeypatch):
     core.clear()
     made = []
 
-    def record(fn, grid, args, kwargs, name=None, extra=None, via=None):
-        (fn[grid] if via is None else via(fn, grid))(*args, **kwargs)
-        made.append(_InterpReplay(fn, grid, args, kwargs))
-        return made[-1]
-
     monkeypatch.setattr(triton_replay, "replayable", lambda t: True)
-    monkeypatch.setattr(triton_replay, "record", record)
+    monkeypatch.setattr(triton_replay, "record", interp_record(made))
     yield made
     core.clear()
 

@@ -14,21 +14,10 @@ pytest.importorskip("triton")
 
 from ck_core.backends import triton_replay  # noqa: E402
 from ck_core.key import KernelKey  # noqa: E402
+from ck_core.testing import InterpReplay as _InterpReplay  # noqa: E402
 from ck_gemm.backends.triton import keys as tk  # noqa: E402
 from ck_gemm.keys import GemmAlgorithm, GemmSignature  # noqa: E402
 from ck_gemm.problem import GemmProblem  # noqa: E402
-
-
-class _InterpReplay:
-    def __init__(self, fn, grid, args, kwargs):
-        self.fn, self.grid = fn, grid
-        self.names = tuple(fn.arg_names)
-        self.args = list(args) + [kwargs[n] for n in self.names[len(args):]]
-        self.calls = 0
-
-    def __call__(self, args):
-        self.calls += 1
-        self.fn[self.grid](*args)
 
 
 @pytest.fixture
