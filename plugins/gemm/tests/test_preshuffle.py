@@ -153,7 +153,7 @@ def backend(request, monkeypatch, ck_dispatch_log):
 
 
 # Triton 3.6's interpreter returns garbage for a bf16 tl.dot (see test_gemm_triton_dispatch.py):
-# bf16 runs on the numpy backend here and on the GPU (benchmarks/gemm_preshuffle_probe.py)
+# bf16 runs on the numpy backend here and on the GPU (benchmarks/gemm_tail_check.py)
 @pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp32"])
 def test_linear_with_a_preshuffled_weight(backend, dtype, ck_dispatch_log, ck_rng):
     import ck_gemm
