@@ -6,8 +6,8 @@
 
 :func:`register` adds :func:`attention_forward` to transformers' ``AttentionInterface`` and, under the same
 name, FlashAttention's mask convention to its ``AttentionMaskInterface``: the model then hands over no mask
-(dense batch) or the 2D padding mask [B, kv_len].  Dense batches run ``ck_fmha.flash_attn.flash_attn_func``
-on the [B, H, S, D] views (no copies).  Padded batches run the same dense kernel with the mask as an
+(dense batch) or the 2D padding mask [B, kv_len].  Dense batches run ``ck_fmha.attention`` in the layout
+the tensors have underneath (the projections' [B, S, H, D], a KV cache's [B, H, S, D]: no copies).  Padded batches run the same dense kernel with the mask as an
 additive key bias (0 / -inf, [B, 1, 1, kv_len] broadcast: :func:`_key_bias`, built once per mask tensor
 and shared by the layers of one forward) and their padded query rows zeroed: no unpadding, no host
 synchronisation, and the positions are transformers' own (a query at cache position p sees the keys at
@@ -129,9 +129,12 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
         sig = (get_manager(), tensor_sig(query), tensor_sig(key), tensor_sig(value), getattr(module, "is_causal", None),
                is_causal,
                scaling, sliding_window, softcap)
-        f = _WARM.get(sig)
-        if f is not None:
-            return f(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2))[0], None
+        hit = _WARM.get(sig)
+        if hit is not None:
+            f, bshd = hit
+            if bshd:
+                return f(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2))[0], None
+            return f(query, key, value)[0].transpose(1, 2), None
     if kwargs.get("s_aux") is not None:
         raise FlashAttnNotImplemented("s_aux (attention sinks) in the transformers integration")
     if kwargs.get("output_attentions"):
@@ -166,13 +169,22 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
         flat = [t.transpose(1, 2).reshape(-1, t.shape[1], t.shape[3]) for t in (q, k, v)]
         out = flash_attn_varlen_func(*flat, cu_q.to(torch.int32), cu_k.to(torch.int32), int(max_q), int(max_k), **kw)
         return out.reshape(b, sq, h, -1), None
-    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    out = flash_attn_func(qt, kt, vt, **kw)
-    if fast and d % 8 == 0:   # (flash_attn pads other head dims: copies, no replay of the caller's tensors)
-        f = forward_closure(qt, kt, vt, causal="bottom_right" if causal else False, scale=scaling,
-                            window=kw["window_size"], softcap=kw["softcap"], layout="bshd", align="bottom_right")
+    if d % 8 or v.shape[-1] % 8:   # (flash_attn pads other head dims)
+        return flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **kw), None
+    # the layout the tensors have underneath: projections are [B, S, H, D] (transposed views), a KV cache
+    # [B, H, S, D]; the other would not be contiguous, and the TMA kernels would copy it on every call
+    # (the whole cache on every decoding step, and no step could replay its launch)
+    bshd = not k.is_contiguous()
+    qa, ka, va = (t.transpose(1, 2) for t in (q, k, v)) if bshd else (q, k, v)
+    lay, mask = ("bshd" if bshd else "bhsd"), ("bottom_right" if causal else False)
+    out = _attention(qa, ka, va, causal=mask, scale=scaling, window=kw["window_size"], softcap=kw["softcap"],
+                     layout=lay, dropout_p=kw["dropout_p"], seed=_seed(kw["dropout_p"]), align="bottom_right",
+                     deterministic=False)
+    if fast:
+        f = forward_closure(qa, ka, va, causal=mask, scale=scaling, window=kw["window_size"], softcap=kw["softcap"],
+                            layout=lay, align="bottom_right")
         if f is not None:
             if len(_WARM) > 4096:
                 _WARM.clear()
-            _WARM[sig] = f
-    return out, None
+            _WARM[sig] = (f, bshd)
+    return (out if bshd else out.transpose(1, 2)), None
