@@ -158,3 +158,35 @@ def test_any_key_mask_matches_sdpa_and_pads_read_back_nothing():
     syncs = {"nonzero", "item", "__bool__", "__int__", "tolist", "__index__", "__float__"} & set(seen)
     assert not syncs, syncs
     assert out.shape == (2, 8, 4, 16) and not out[~keep].any()
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_kernels_get_the_layout_the_memory_has(monkeypatch, masked):
+    """A decoding step's KV cache ([B, H, S, D] memory) runs as 'bhsd', the projections ([B, S, H, D] memory
+    seen as [B, H, S, D]) as 'bshd': what reaches the kernels is dense, never a copy of the cache."""
+    seen = []
+    real = ck_tf._attention
+
+    def spy(q, k, v, **kw):
+        seen.append((kw["layout"], q.is_contiguous(), k.is_contiguous(), v.is_contiguous()))
+        return real(q, k, v, **kw)
+    monkeypatch.setattr(ck_tf, "_attention", spy)
+    mod = type("M", (), {"is_causal": True})()
+    b, h, hk, d = 2, 4, 2, 16
+    g = torch.Generator().manual_seed(7)
+    proj = [torch.randn(b, 5, n, d, generator=g).half().transpose(1, 2) for n in (h, hk, hk)]   # [B, S, H, D]
+    cache = [torch.randn(b, hk, 9, d, generator=g).half() for _ in range(2)]                    # [B, H, S, D]
+    q1 = torch.randn(b, h, 1, d, generator=g).half()
+    mask = torch.ones(b, 9, dtype=torch.long) if masked else None
+    mask5 = torch.ones(b, 5, dtype=torch.long) if masked else None
+    o_p, _ = ck_tf.attention_forward(mod, *proj, mask5)
+    o_c, _ = ck_tf.attention_forward(mod, q1, *cache, mask)
+    assert [s[0] for s in seen] == ["bshd", "bhsd"]
+    assert all(all(s[1:]) for s in seen), seen
+    for (q, k, v), o in (((proj[0], proj[1], proj[2]), o_p), ((q1, cache[0], cache[1]), o_c)):
+        kk, vv = (t.double().repeat_interleave(h // hk, 1) for t in (k, v))
+        sq, sk = q.shape[2], k.shape[2]
+        logits = q.double() @ kk.transpose(-1, -2) * d ** -0.5
+        logits = logits.masked_fill(torch.ones(sq, sk).tril(sk - sq).logical_not(), float("-inf"))
+        want = (logits.softmax(-1) @ vv).transpose(1, 2)
+        assert o.shape == want.shape and rel(o, want) < 5e-3

@@ -113,6 +113,13 @@ def _key_bias(mask: torch.Tensor, kv_len: int, sq: int, dtype):
     return out
 
 
+def _bshd(k: torch.Tensor) -> bool:
+    """Whether transformers' [B, H, S, D] key is a view of [B, S, H, D] memory (the projections' layout,
+    before a cache concatenates it), not a KV cache's [B, H, S, D]: the layout to hand the kernels, so
+    that neither the cache nor the projections are copied (the TMA kernels copy what is not dense)."""
+    return k.stride(1) < k.stride(2)
+
+
 def attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
                       sliding_window=None, softcap=None, is_causal=None, **kwargs):
     """transformers' attention-function contract: query [B, H, Sq, D], key/value [B, Hk, Sk, D] (the cache
@@ -154,12 +161,15 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
                                  f">= {sq}] (batch, key positions)")
         kv_len = min(attention_mask.shape[1], k.shape[2])   # (a static cache: its slots past the mask are empty)
         bias, keep_q = _key_bias(attention_mask, kv_len, sq, dt)
-        left, right = kw["window_size"]
-        out = _attention(q, k[:, :, :kv_len], v[:, :, :kv_len], causal="bottom_right" if causal else False,
-                         scale=scaling, window=(left, right), softcap=kw["softcap"], dropout_p=kw["dropout_p"],
-                         seed=_seed(kw["dropout_p"]), bias=bias, align="bottom_right", deterministic=False)
+        bshd = _bshd(k)
+        qa, ka, va = (t.transpose(1, 2) for t in (q, k, v)) if bshd else (q, k, v)
+        ka, va = (ka[:, :kv_len], va[:, :kv_len]) if bshd else (ka[:, :, :kv_len], va[:, :, :kv_len])
+        out = _attention(qa, ka, va, causal="bottom_right" if causal else False, scale=scaling,
+                         window=kw["window_size"], softcap=kw["softcap"], layout="bshd" if bshd else "bhsd",
+                         dropout_p=kw["dropout_p"], seed=_seed(kw["dropout_p"]), bias=bias, align="bottom_right",
+                         deterministic=False)
         # padded query rows: zeros (as unpadded attention leaves them), not the mean of what they may see
-        return out.transpose(1, 2).masked_fill(~keep_q, 0.0), None
+        return (out if bshd else out.transpose(1, 2)).masked_fill(~keep_q, 0.0), None
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     if cu_q is None:
         cu_q = cu_k = _packed_cu_seqlens(kwargs.get("position_ids"), b)
@@ -171,10 +181,9 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
         return out.reshape(b, sq, h, -1), None
     if d % 8 or v.shape[-1] % 8:   # (flash_attn pads other head dims)
         return flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **kw), None
-    # the layout the tensors have underneath: projections are [B, S, H, D] (transposed views), a KV cache
-    # [B, H, S, D]; the other would not be contiguous, and the TMA kernels would copy it on every call
-    # (the whole cache on every decoding step, and no step could replay its launch)
-    bshd = not k.is_contiguous()
+    # the layout the tensors have underneath (:func:`_bshd`): the other would copy the whole cache on
+    # every decoding step, and no step could replay its launch
+    bshd = _bshd(k)
     qa, ka, va = (t.transpose(1, 2) for t in (q, k, v)) if bshd else (q, k, v)
     lay, mask = ("bshd" if bshd else "bhsd"), ("bottom_right" if causal else False)
     out = _attention(qa, ka, va, causal=mask, scale=scaling, window=kw["window_size"], softcap=kw["softcap"],
