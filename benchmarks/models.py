@@ -50,7 +50,7 @@ for _p in [ROOT, *sorted(ROOT.glob("plugins/*")), *sorted(ROOT.glob("archs/*"))]
         sys.path.insert(0, str(_p))
 
 GPU = dict(batch=64, image=224, llama_batch=4, seq=1024, gen_batch=8, prompt=128, new_tokens=64,
-           layers=8, hidden=2048, heads=16, kv_heads=4, ffn=5632, vocab=32000, iters=20, gen_iters=3)
+           layers=8, hidden=2048, heads=16, kv_heads=4, ffn=5632, vocab=32000, iters=20, gen_iters=7)
 TINY = dict(batch=2, image=16, llama_batch=2, seq=16, gen_batch=2, prompt=6, new_tokens=4,
             layers=2, hidden=64, heads=4, kv_heads=1, ffn=96, vocab=97, iters=2, gen_iters=1)
 #: tolerances of the correctness checks (bf16 end to end; relative)
@@ -113,8 +113,18 @@ class Timer:
                     fn()
             torch.cuda.current_stream().wait_stream(s)
             g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                fn()
+            # autograd's AccumulateGrad nodes keep the stream of the eager steps that made them (the legacy
+            # default stream): a capture of a backward then fails inside the engine (cudaErrorStreamCapture-
+            # Implicit, pytorch#164302) unless torch redirects such stale streams to the capturing one
+            override = getattr(torch.autograd.graph, "set_override_stale_capture_stream", None)
+            if override is not None:
+                override(True)
+            try:
+                with torch.cuda.graph(g):
+                    fn()
+            finally:
+                if override is not None:
+                    override(False)
             return self.median(g.replay, iters), None
         except Exception as exc:  # noqa: BLE001 - a side that cannot be captured keeps its eager time
             return None, f"{type(exc).__name__}: {str(exc)[:200]}"
