@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 from . import autotune, knobs, ranker
 from .errors import CompileError, InvalidProblem, MissingKernel, UnsupportedProblem
-from .memory import check_fits
+from .memory import check_fits, persistent
 from .problem import Problem
 from .records import Plan, Stage
 from .registry import Registry
@@ -325,7 +325,8 @@ class Dispatcher:
         if self._sample is None:
             import numpy as np
 
-            self._sample = self.backend_spec.to_backend(np.zeros(1, np.float32))
+            # kept for good: no CUDA graph's (a first call inside a graph's warm-up would leave it in the pool)
+            self._sample = persistent(lambda: self.backend_spec.to_backend(np.zeros(1, np.float32)))
         return self._sample
 
     def check_tensors(self, problem, tensors: dict) -> None:
