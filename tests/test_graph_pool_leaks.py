@@ -28,11 +28,24 @@ from ck_core.testing import Allocations, interp_record  # noqa: E402
 F = torch.nn.functional
 
 
+def _fresh_module_buffers(monkeypatch):
+    """Empty the module-level buffer caches, so that each test's first call makes its buffers again."""
+    from ck_conv.backends.triton import buffers
+    from ck_fmha import device_errors
+    from ck_gemm.backends.triton import launch as gemm_launch
+
+    for mod, names in ((buffers, ("_COUNTERS", "_ACCUM", "_TABLES", "_PIX", "_WEXP")),
+                       (device_errors, ("_FLAGS",)), (gemm_launch, ("_SCRATCH",))):
+        for name in names:
+            monkeypatch.setattr(mod, name, {})
+
+
 @pytest.fixture
 def replay_route(monkeypatch, ck_dispatch_log):
     """The GPU's warm route on CPU tensors: launches recorded (:func:`ck_core.testing.interp_record`)
-    and replayed by the interpreter."""
+    and replayed by the interpreter; the module-level buffers made anew."""
     monkeypatch.setenv("CK_BACKEND", "triton")
+    _fresh_module_buffers(monkeypatch)
     core.clear()
     made = []
     monkeypatch.setattr(triton_replay, "replayable", lambda t: True)
@@ -89,9 +102,15 @@ def _rel(got, want) -> float:
     return float((got.detach().double() - want).norm() / want.norm())
 
 
-@pytest.mark.parametrize("backward", [False, True], ids=["fwd", "fwd+bwd"])
-@pytest.mark.parametrize("form", ["eager", "op"])
-@pytest.mark.parametrize("case", list(_cases()))
+#: (case, form, backward): eager calls forward (no autograd record: the warm-call cache) and fwd+bwd (autograd
+#: Entries); the custom ops fwd+bwd (their forward is the forward-only call's; matmul's op is linear's)
+_RUNS = [(c, "eager", b) for c in ("matmul", "linear+bias", "conv2d", "conv2d channels_last", "attention")
+         for b in (False, True)] + [(c, "op", True) for c in ("linear+bias", "conv2d", "conv2d channels_last",
+                                                             "attention")]
+
+
+@pytest.mark.parametrize("case,form,backward", _RUNS,
+                         ids=[f"{c}-{f}-{'fwd+bwd' if b else 'fwd'}" for c, f, b in _RUNS])
 def test_no_tensor_of_a_call_outlives_it(replay_route, ck_rng, case, form, backward):
     make, fns, ref, tol = _cases()[case]
     fn = fns[form]
@@ -132,9 +151,7 @@ def test_buffers_kept_for_good_are_no_calls(monkeypatch):
 
     from ck_core.memory import persistent
 
-    for mod, name in ((buffers, "_COUNTERS"), (buffers, "_ACCUM"), (buffers, "_TABLES"), (buffers, "_PIX"),
-                      (device_errors, "_FLAGS"), (gemm_launch, "_SCRATCH")):
-        monkeypatch.setattr(mod, name, {})
+    _fresh_module_buffers(monkeypatch)
     cpu = torch.device("cpu")
     p = ConvProblem(N=2, G=1, C=4, K=6, input_spatial=(5, 7), filter=(3, 3), pad_left=(1, 1), pad_right=(1, 1),
                     direction="bwd_weight", dtype="fp32")
