@@ -66,6 +66,16 @@ def check_fits(problem, nbytes: Optional[float], sample, backend: str, working: 
             f"would use; make the problem smaller (fewer batches or shorter sizes) or split it")
 
 
+def capturing() -> bool:
+    """Whether the current CUDA stream is capturing a graph (False where torch or CUDA is not in use)."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return False
+    return torch.cuda.is_current_stream_capturing()
+
+
 def persistent(make, device=None):
     """``make()``, run so that the tensors it allocates belong to no CUDA graph: for buffers a module keeps
     across calls (a device flag, counters, a workspace, tables cached on the device, a sample tensor).
