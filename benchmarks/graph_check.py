@@ -11,7 +11,8 @@ Under 2 minutes on one GPU.
     convs at batch 64 (stem 7x7 s2, 3x3, 1x1, strided 1x1), Llama-shaped linears (4096 tokens, 2048 ->
     2048 / 5632) and attention (b8, 16 heads, 512 keys, D 128, causal), bf16; each call alone (warm-up on a
     side stream, capture, 2 replays on fresh data vs float64), then all of them in one captured step.
-    The error and the tail of its traceback where one fails.
+    The error and the tail of its traceback where one fails; a host synchronisation in a warm step
+    (``torch.cuda.set_sync_debug_mode("error")``: what capture cannot hold) is named with its frames.
 
     python benchmarks/graph_check.py --out graph_check.json [--parts compile capture]
 """
@@ -193,6 +194,18 @@ def capture_part(budget_s: float) -> list:
                 for _ in range(2):
                     for _, _, leaves, fn, _, _, dy in steps:
                         _step(fn, leaves, dy)
+            torch.cuda.current_stream().wait_stream(side)
+            torch.cuda.synchronize()
+            # a host synchronisation in a warm step (a capture killer) raises here, with its frames
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                with torch.cuda.stream(side):
+                    for _, _, leaves, fn, _, _, dy in steps:
+                        _step(fn, leaves, dy)
+            except Exception as e:  # noqa: BLE001 - recorded; the capture is tried anyway
+                row["sync_in_warm_step"] = _err(e)
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
             torch.cuda.current_stream().wait_stream(side)
             torch.cuda.synchronize()
             g = torch.cuda.CUDAGraph()
