@@ -598,7 +598,8 @@ def _record(q, k, v, o, lse, causal, scale, layout, bm, bn, stages, pingpong, pe
     rec.dummy_lse = _dummy_lse(q.device)
     # no reference to this call's tensors (o, lse, q/k/v): each replay passes its own in these slots, and
     # a CUDA graph's pool must hold nothing of this call (torch.compile(mode="reduce-overhead"))
-    replay.release(rec.slots)
+    for i in rec.slots:
+        replay.args[i] = None
     return rec
 
 

@@ -260,7 +260,8 @@ def _record(cfg, problem, a, b, c, t_out, act, num_sms=None, name=None, extra=No
         for i, _ in descs:
             args[i] = _with_base(args[i], None)
         if replay is not None:
-            replay.release([i for i, _ in slots])
+            for i, _ in slots:
+                replay.args[i] = None
         rec.steps.append((launch, args, tuple(slots), tuple(descs)))
     return rec
 
