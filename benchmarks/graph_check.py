@@ -112,6 +112,7 @@ def _reference(ref, leaves, dy):
 
 def compile_part(budget_s: float) -> list:
     import torch
+    import torch._inductor.config
 
     from ck_core import api as core
 

@@ -94,6 +94,8 @@ def test_reduce_overhead_compile(case, backward):
     record and replay it; each rep runs on fresh data (its outputs and gradients checked against float64
     before the next replay overwrites them).  A failure names the leaked allocations' Python frames
     (cudagraph_trees_history_recording)."""
+    import torch._inductor.config
+
     torch._dynamo.reset()
     core.clear()
     torch._inductor.config.triton.cudagraph_trees_history_recording = True
