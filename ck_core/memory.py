@@ -91,11 +91,11 @@ def persistent(make, device=None):
     (CPU tensors, the numpy backend) the helper thread is harmless: tests track allocations per thread
     (:class:`ck_core.testing.Allocations`).  A one-time cost per buffer: never call this per call.
     """
+    import sys
     import threading
 
-    try:
-        import torch
-    except ImportError:  # pragma: no cover - the numpy backend without torch
+    torch = sys.modules.get("torch")
+    if torch is None:   # (no torch imported yet: no graph can be under way; the numpy backend pays no import)
         return make()
     dev = None if device is None else torch.device(device)
     cuda = dev.type == "cuda" if dev is not None else torch.cuda.is_initialized()
