@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 from . import autotune, knobs, ranker
 from .errors import CompileError, InvalidProblem, MissingKernel, UnsupportedProblem
-from .memory import check_fits
+from .memory import capturing, check_fits, persistent
 from .problem import Problem
 from .records import Plan, Stage
 from .registry import Registry
@@ -282,8 +282,17 @@ class Dispatcher:
 
     def _failed_build(self, problem, key, exc) -> None:
         """Remember that ``key`` failed to build (logged once per key) and forget every cached
-        choice of it, so the next :meth:`run` of ``problem`` re-plans with the next candidate."""
+        choice of it, so the next :meth:`run` of ``problem`` re-plans with the next candidate.
+
+        Not while a CUDA graph is being captured: a kernel compiled or loaded inside a capture fails
+        for the capture's sake (and another candidate would compile inside it too), so the key is not
+        marked failed and the caller is told to run the call once before capturing."""
         why = f"{type(exc).__name__}: {str(exc)[:300]}"
+        if capturing():
+            raise UnsupportedProblem(
+                f"kernel {key.name} could not be built or loaded while a CUDA graph was being captured ({why}); "
+                f"it is not marked failed. Run this call once before capturing (kernels compile and load "
+                f"outside a capture, which then records their launches)") from exc
         self.failed[key.name] = why
         if key.name not in _WARNED:
             _WARNED.add(key.name)
@@ -325,7 +334,8 @@ class Dispatcher:
         if self._sample is None:
             import numpy as np
 
-            self._sample = self.backend_spec.to_backend(np.zeros(1, np.float32))
+            # kept for good: no CUDA graph's (a first call inside a graph's warm-up would leave it in the pool)
+            self._sample = persistent(lambda: self.backend_spec.to_backend(np.zeros(1, np.float32)))
         return self._sample
 
     def check_tensors(self, problem, tensors: dict) -> None:

@@ -389,6 +389,13 @@ class InterpReplay:
     def slot(self, name):
         return self.names.index(name)
 
+    def release(self, slots=None):
+        import torch
+
+        for i in (range(len(self.args)) if slots is None else slots):
+            if slots is not None or isinstance(self.args[i], torch.Tensor):
+                self.args[i] = None
+
 
 def interp_record(made: list):
     """A stand-in for ``ck_core.backends.triton_replay.record`` that launches (through ``via``
@@ -398,3 +405,90 @@ def interp_record(made: list):
         made.append(InterpReplay(fn, grid, args, kwargs))
         return made[-1]
     return record
+
+
+class Allocations:
+    """``with Allocations() as allocs:`` weak references to every storage that a torch operation of this
+    thread creates inside the block (factories and copies: not views or in-place results), for tests that
+    nothing a call allocated outlives it in a cache or a closure: what breaks
+    ``torch.compile(mode="reduce-overhead")``, whose CUDA-graph trees route a compiled graph's
+    allocations into the graph's private pool and refuse any tensor alive there but its outputs.
+
+    :meth:`alive` (after the caller dropped the call's outputs): ``[(op, frames)]`` of the storages
+    still alive, other than those of the tensors given (the inputs), after ``gc.collect()``;
+    ``frames``: the allocating call's innermost frames in ck_* packages.  Buffers that
+    :func:`ck_core.memory.persistent` made are not seen (they are allocated in a helper thread, as
+    they are outside any graph's pool)."""
+
+    def __init__(self):
+        self._refs: list = []
+
+    def __enter__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        refs = self._refs
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                import torch
+                from torch.multiprocessing.reductions import StorageWeakRef
+
+                impl = _custom_op_impl(func)
+                if impl is not None:   # a custom op (torch.library.custom_op): its implementation's operations
+                    with _Mode():
+                        out = impl(*args, **(kwargs or {}))
+                else:
+                    out = func(*args, **(kwargs or {}))
+                # new storages only: not a view's or an in-place result's (its input's storage)
+                given = set()
+                for a in torch.utils._pytree.tree_leaves((args, kwargs)):
+                    if isinstance(a, torch.Tensor):
+                        given.add(a.untyped_storage()._cdata)
+                    elif isinstance(a, torch.UntypedStorage):
+                        given.add(a._cdata)
+                for t in (out if isinstance(out, (tuple, list)) else (out,)):
+                    if isinstance(t, torch.Tensor) and t.device.type != "meta" \
+                            and t.untyped_storage()._cdata not in given:
+                        refs.append((StorageWeakRef(t.untyped_storage()),
+                                     f"{func} {tuple(t.shape)} {str(t.dtype).replace('torch.', '')}", _ck_frames()))
+                return out
+
+        self._mode = _Mode()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._mode.__exit__(*exc)
+
+    def alive(self, *keep) -> list:
+        import gc
+
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        gc.collect()
+        skip = {StorageWeakRef(t.untyped_storage()).cdata for t in keep if t is not None}
+        seen, out = set(), []
+        for ref, op, frames in self._refs:
+            if ref.cdata in skip or ref.cdata in seen or ref.expired():
+                continue
+            seen.add(ref.cdata)
+            out.append((op, frames))
+        return out
+
+
+def _custom_op_impl(func):
+    """The Python function a ``torch.library.custom_op`` runs, or None for other operations."""
+    from torch._library.custom_ops import OPDEFS
+
+    op = OPDEFS.get(f"{func.namespace}::{func._opname}")
+    return None if op is None else op._init_fn
+
+
+def _ck_frames(n: int = 4) -> tuple:
+    """The innermost ``n`` frames of the calling stack in ck_* packages (``file:line function``)."""
+    import traceback
+
+    frames = [f for f in traceback.extract_stack()[:-2]
+              if ("/ck_" in f.filename or "/ck_core/" in f.filename) and "testing.py" not in f.filename]
+    return tuple(f"{f.filename.rsplit('/', 2)[-2]}/{f.filename.rsplit('/', 1)[-1]}:{f.lineno} {f.name}"
+                 for f in frames[-n:])

@@ -2,7 +2,9 @@
 public call's forward and forward+backward captured with ``torch.cuda.graph`` after a warm-up, then
 replayed on fresh data copied into the captured inputs; the replay's outputs and gradients match a
 float64 reference computed independently on that fresh data (a replay that reads stale pointers or a
-cached scratch buffer fails here).  And conv / attention under ``torch.compile(mode="reduce-overhead")``.
+cached scratch buffer fails here).  And the calls under ``torch.compile(mode="reduce-overhead")``, forward
+and forward+backward (tests/test_graph_pool_leaks.py checks on the CPU what that needs: no tensor of a
+call outlives it).
 Run with ``CK_TEST_GPU=1 pytest -m gpu tests/test_graph_capture_gpu.py``."""
 import pytest
 
@@ -84,17 +86,36 @@ def test_captured_step_replays_on_fresh_data(case, backward):
                 assert _rel(t.grad, r) < tol, (case, rep, i)
 
 
-@pytest.mark.parametrize("case", ["conv2d channels_last", "conv2d", "attention", "linear+bias"])
-def test_reduce_overhead_compile(case):
+@pytest.mark.parametrize("backward", [False, True], ids=["fwd", "fwd+bwd"])
+@pytest.mark.parametrize("case", ["conv2d channels_last", "conv2d", "attention", "linear+bias", "matmul"])
+def test_reduce_overhead_compile(case, backward):
+    """torch.compile(mode="reduce-overhead"): CUDA-graph trees warm the compiled graph up with its
+    allocations routed to the graph's pool, refuse any tensor left alive there but the outputs, then
+    record and replay it; each rep runs on fresh data (its outputs and gradients checked against float64
+    before the next replay overwrites them).  A failure names the leaked allocations' Python frames
+    (cudagraph_trees_history_recording)."""
+    import torch._inductor.config
+
     torch._dynamo.reset()
     core.clear()
-    make = _cases()[case]
-    leaves, fn, ref, tol = make()
-    c = torch.compile(fn, mode="reduce-overhead")
-    for rep in range(4):
-        fresh, _, _, _ = make()
-        torch.compiler.cudagraph_mark_step_begin()
-        y = c(*fresh)
-        torch.cuda.synchronize()
-        want = ref(*[t.double() for t in fresh])
-        assert _rel(y, want) < tol, (case, rep)
+    torch._inductor.config.triton.cudagraph_trees_history_recording = True
+    try:
+        make = _cases()[case]
+        _, fn, ref, tol = make()
+        c = torch.compile(fn, mode="reduce-overhead")
+        for rep in range(4):
+            fresh, _, _, _ = make()
+            fresh = [t.requires_grad_(backward) for t in fresh]
+            torch.compiler.cudagraph_mark_step_begin()
+            y = c(*fresh)
+            if backward:
+                dy = _rand(*y.shape, dtype=y.dtype)
+                y.backward(dy)
+            torch.cuda.synchronize()
+            want, grads = _reference(ref, [t.detach() for t in fresh], dy if backward else torch.zeros_like(y))
+            assert _rel(y, want) < tol, (case, rep)
+            if backward:
+                for i, (t, r) in enumerate(zip(fresh, grads)):
+                    assert _rel(t.grad, r) < tol, (case, rep, i)
+    finally:
+        torch._inductor.config.triton.cudagraph_trees_history_recording = False

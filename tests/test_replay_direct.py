@@ -71,3 +71,32 @@ def test_tritons_cuda_launcher_passes_its_arguments_as_the_direct_call_does():
     src = inspect.getsource(driver.CudaLauncher.__call__)
     assert ("self.launch(gridX, gridY, gridZ, stream, function, self.launch_cooperative_grid, self.launch_pdl,"
             in src and "global_scratch, profile_scratch, *args)" in src), src
+
+
+def test_a_replay_keeps_no_recorded_tensor_once_released(monkeypatch):
+    """The recorded call's tensors live in ``args`` alone (descriptor templates keep no base): once the
+    caller released them nothing of that call stays alive (torch.compile(mode="reduce-overhead") refuses
+    a tensor of a CUDA graph's warm-up kept past it), and a replay's descriptor wraps the tensor given."""
+    import gc
+    import weakref
+
+    import torch
+
+    td = pytest.importorskip("triton.tools.tensor_descriptor")
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda dev: 77, raising=False)
+    run = CudaLauncher()
+    kernel = types.SimpleNamespace(run=run, function=5, packed_metadata=("meta",))
+    base, out = torch.zeros(4, 8), torch.zeros(4)
+    desc = td.TensorDescriptor(base, [4, 8], [8, 1], [2, 8])
+    r = triton_replay.Replay(kernel, ["x_desc", "o", "n"], [desc, out, 3], (4,), 0, {0: desc}, None)
+    assert r.args[0] is base and r.desc_slots == (0,)
+    gone = [weakref.ref(base), weakref.ref(out)]
+    r.release()
+    assert r.args == [None, None, 3]
+    del base, out, desc
+    gc.collect()
+    assert all(w() is None for w in gone), "a released replay still holds a recorded tensor"
+    fresh, o2 = torch.ones(4, 8), torch.ones(4)
+    r([fresh, o2, 3])
+    sent = run.wrapped[-1][-3:]
+    assert sent[0].base is fresh and sent[0].shape == [4, 8] and sent[1] is o2 and sent[2] == 3

@@ -58,6 +58,12 @@ class Replay:
     tensor with the recorded dtype, shape, strides and alignment (the caller's cache key
     must guarantee that); descriptor slots (:attr:`desc_slots`) take the *base tensor*
     of the descriptor, not a descriptor.
+
+    ``args`` holds the recorded call's tensors, and nothing else here does: a caller that
+    keeps the replay sets the slots it fills per call to None (``args[i] = None``, or
+    :meth:`release`) once it has matched them, so that no cache keeps a tensor of that call alive (a CUDA graph's pool must
+    hold nothing but the graph's tensors: ``torch.compile(mode="reduce-overhead")``).  Slots
+    left holding tensors must hold buffers kept for good (:func:`ck_core.memory.persistent`).
     """
 
     __slots__ = ("args", "names", "grid", "device", "_kernel", "_run", "_raw", "_descs",
@@ -73,7 +79,9 @@ class Replay:
         self._kernel = kernel
         self._run = kernel.run
         self._raw = raw              # (launcher, meta per desc position) or None
-        self._descs = descs          # {position: template TensorDescriptor}
+        # {position: template TensorDescriptor} without its base: the recorded tensors live in ``args``
+        # alone, which the caller empties (see the class's note)
+        self._descs = {i: _with_base(d, None) for i, d in descs.items()}
         self._desc_cache = {i: OrderedDict() for i in descs}
         self._coop = getattr(kernel.run, "launch_cooperative_grid", False)
         self._pdl = getattr(kernel.run, "launch_pdl", False)
@@ -88,6 +96,15 @@ class Replay:
             self._direct = getattr(run, "launch", None)
         for i in descs:               # descriptor slots hold their base tensor
             self.args[i] = descs[i].base
+
+    def release(self, slots=None) -> None:
+        """Drop the recorded tensors from :attr:`args` (``slots``: those positions; default every
+        tensor): a caller that keeps this replay passes its own tensors in those slots anyway."""
+        import torch
+
+        for i in (range(len(self.args)) if slots is None else slots):
+            if slots is not None or isinstance(self.args[i], torch.Tensor):
+                self.args[i] = None
 
     @property
     def kernel(self):

@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 
 from ck_core.errors import InvalidProblem
+from ck_core.memory import persistent
 
 #: codes the kernels OR into the flag
 TOO_LONG = 1     # a length past the capacity
@@ -45,7 +46,8 @@ def flag(device) -> torch.Tensor:
     device = torch.device(device)
     t = _FLAGS.get(device)
     if t is None:
-        t = _FLAGS[device] = torch.zeros(1, dtype=torch.int32, device=device)
+        # for good, outside any CUDA graph's pool (a first call may run in a graph's warm-up)
+        t = _FLAGS[device] = persistent(lambda: torch.zeros(1, dtype=torch.int32, device=device), device)
     return t
 
 

@@ -138,3 +138,25 @@ def test_build_failure_classifies():
 
     assert build_failure(CompileError("x")) and build_failure(_out_of_resources())
     assert not build_failure(RuntimeError("x")) and not build_failure(ValueError("OutOfResources"))
+
+
+def test_a_build_failure_inside_a_graph_capture_marks_nothing_failed(disp, monkeypatch, ck_rng):
+    """A kernel that fails to build or load while a CUDA graph is captured failed for the capture's sake
+    (compiles and module loads are not capturable): the key is not marked failed, no other candidate is
+    compiled inside the capture, and the CkError says to run the call once first.  Outside the capture
+    the same key then runs (it was never a bad key)."""
+    p = FmhaProblem(**P, family="fwd", mask="top_left")
+    key = disp.plan(p).stages[0].key.name
+    _failing(monkeypatch, {key})
+    disp.clear_cache()
+    monkeypatch.setattr(dispatcher_mod, "capturing", lambda: True)
+    with pytest.raises(CkError, match="while a CUDA graph was being captured.*Run this call once before"):
+        check_against_reference(disp, p, ck_rng)
+    assert disp.failed == {}
+    monkeypatch.setattr(triton_artifacts, "launch", _REAL_LAUNCH)
+    monkeypatch.setattr(dispatcher_mod, "capturing", lambda: False)
+    assert check_against_reference(disp, p, ck_rng).passed
+    assert disp.plan(p).stages[0].key.name == key and disp.failed == {}
+
+
+_REAL_LAUNCH = triton_artifacts.launch

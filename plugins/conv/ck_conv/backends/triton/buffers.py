@@ -4,11 +4,14 @@ Where a (split) reduction writes and how it is finished (:class:`_SplitOut`, :cl
 the per-device arrival counters and fp32 accumulators of ``fixup`` / ``atomicfix`` reductions, and
 the host-built tables cached on the device (bwd_data residue and class tables, bwd_weight pixel
 tables, expanded depthwise weights) so that launches inside CUDA-graph capture copy nothing.  Each
-buffer is noted to a running :class:`.warm.Capture` (scratch or kept).
+buffer is noted to a running :class:`.warm.Capture` (scratch or kept).  Buffers kept across calls are
+made through :func:`ck_core.memory.persistent`: in no CUDA graph's memory pool, which
+``torch.compile(mode="reduce-overhead")`` requires of everything a graph's warm-up leaves alive.
 """
 from __future__ import annotations
 
 from ck_core.errors import UnsupportedProblem
+from ck_core.memory import persistent
 
 from ...geometry import _cdiv, geometry
 from ...problem import ConvProblem
@@ -32,14 +35,18 @@ def _table_tensor(rows, T, device, extra=None):
         _note("keep", hit[2])
         return hit[1], hit[2]
     import torch
-    tab = torch.zeros((len(rows), T, 5), dtype=torch.int32)
-    cnt = torch.zeros((len(rows),), dtype=torch.int32)
-    for r, row in enumerate(rows):
-        cnt[r] = len(row)
-        for j, e in enumerate(row):
-            tab[r, j] = torch.tensor(e if len(e) == 5 else (*e, (e[1] * extra[0] + e[2]) * extra[1] + e[3]),
-                                     dtype=torch.int32)
-    tab, cnt = tab.to(device), cnt.to(device)
+
+    def build():
+        tab = torch.zeros((len(rows), T, 5), dtype=torch.int32)
+        cnt = torch.zeros((len(rows),), dtype=torch.int32)
+        for r, row in enumerate(rows):
+            cnt[r] = len(row)
+            for j, e in enumerate(row):
+                tab[r, j] = torch.tensor(e if len(e) == 5 else (*e, (e[1] * extra[0] + e[2]) * extra[1] + e[3]),
+                                         dtype=torch.int32)
+        return tab.to(device), cnt.to(device)
+
+    tab, cnt = persistent(build, device)
     _TABLES[key] = (rows, tab, cnt)
     _note("keep", tab)
     _note("keep", cnt)
@@ -54,7 +61,7 @@ def _ctab_tensor(rows, device):
         _note("keep", hit[1])
         return hit[1]
     import torch
-    t = torch.tensor([list(r) for r in rows], dtype=torch.int32).reshape(-1).to(device)
+    t = persistent(lambda: torch.tensor([list(r) for r in rows], dtype=torch.int32).reshape(-1).to(device), device)
     _TABLES[key] = (rows, t)
     _note("keep", t)
     return t
@@ -76,7 +83,7 @@ def pixel_tables(p: ConvProblem, device, tap_bits: bool = False):
     if tap_bits:
         key += ("bits", g["dil"], g["flt"])
     if key not in _PIX:
-        _PIX[key] = _pixel_tables(p, g, device, tap_bits)
+        _PIX[key] = persistent(lambda: _pixel_tables(p, g, device, tap_bits), device)
     for t in _PIX[key] or ():
         _note("keep", t)   # cached for good: a replay may hold them
     return _PIX[key]
@@ -163,7 +170,7 @@ def _persistent(cache: dict, dtype: str, device, n: int):
             # a buffer from the graph's private pool must not outlive the graph
             raise UnsupportedProblem("fixup/atomicfix reductions size their persistent buffers on the first "
                                      "launch; run the kernel once before capturing it in a CUDA graph")
-        c = torch.zeros(max(n, 1 << 16), dtype=getattr(torch, dtype), device=device)
+        c = persistent(lambda: torch.zeros(max(n, 1 << 16), dtype=getattr(torch, dtype), device=device), device)
         cache[str(device)] = c
     _note("keep", c)
     return c
@@ -227,8 +234,8 @@ class _SplitOut:
         return self.final
 
 
-#: host-expanded weight tables of ``_rows_wexp`` launches: id(w) -> (w, w._version, Wo, table);
-#: the weight tensor is held so that its id and storage cannot be reused while cached
+#: expanded weight tables of ``_rows_wexp`` launches: w's storage -> (a weak reference to that storage
+#: (its identity cannot be reused while held), w's view and in-place version, Wo, table or None: seen once)
 _WEXP: dict = {}
 
 _WEXP_MAX = 8
@@ -236,13 +243,30 @@ _WEXP_MAX = 8
 
 def _wexp_table(w, wc, T: int, G: int, Wo: int):
     """[T, Wo*G] table with table[t, ow*G + g] = wc[g, t] (wc: the channels-last [G, 1, ..., 1]
-    depthwise weights made from the caller's ``w``), cached per ``w`` and its in-place version (weights are
-    usually static; a modified or different tensor builds a new table)."""
-    e = _WEXP.get(id(w))
-    if e is not None and e[0] is w and e[1] == w._version and e[2] == Wo:
-        return e[3]
-    tab = wc.reshape(G, T).t().unsqueeze(1).expand(T, Wo, G).contiguous()
-    if len(_WEXP) >= _WEXP_MAX:
+    depthwise weights made from the caller's ``w``), cached per ``w`` (its storage, view and in-place
+    version: weights are usually static; a modified or different tensor builds a new table) from the
+    second call that sees it unchanged (a training step's weights change every step: built per call,
+    nothing kept), never while a CUDA graph is captured (the graph then builds it on each replay, from
+    the weights it reads then).  Kept tables are in no graph's pool (:func:`ck_core.memory.persistent`)
+    and hold no reference to ``w``."""
+    import torch
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    def build():
+        return wc.reshape(G, T).t().unsqueeze(1).expand(T, Wo, G).contiguous()
+
+    if w.is_cuda and torch.cuda.is_current_stream_capturing():
+        return build()
+    ref = StorageWeakRef(w.untyped_storage())
+    state = (w.storage_offset(), tuple(w.shape), w.stride(), w._version, Wo)
+    e = _WEXP.get(ref.cdata)
+    if e is not None and not e[0].expired() and e[1] == state:
+        if e[2] is not None:
+            return e[2]
+        tab = persistent(build, wc.device)   # the second call with these weights: kept from here on
+    else:
+        tab = None
+    if len(_WEXP) >= _WEXP_MAX and ref.cdata not in _WEXP:
         _WEXP.pop(next(iter(_WEXP)))
-    _WEXP[id(w)] = (w, w._version, Wo, tab)
-    return tab
+    _WEXP[ref.cdata] = (ref, state, tab)
+    return build() if tab is None else tab

@@ -577,7 +577,7 @@ def _record(q, k, v, o, lse, causal, scale, layout, bm, bn, stages, pingpong, pe
     kd = TensorDescriptor.from_tensor(k.view(shape_k), [1, bn, d], kv_l)
     vd = TensorDescriptor.from_tensor(v.view(shape_k), [1, bn, d], kv_l)
     od = TensorDescriptor.from_tensor(o.view(shape_q), [1, bm // 2, d], q_l)
-    lse_arg = lse if lse is not None else torch.empty(1, device=q.device, dtype=torch.float32)
+    lse_arg = lse if lse is not None else _dummy_lse(q.device)
     sm_scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     grid = grid_for(-(-sq // bm) * b * hq, persistent, q.device)
     args = [qd, kd, vd, od, lse_arg, hq * sq if lse is not None else 0, sq if lse is not None else 0,
@@ -595,5 +595,25 @@ def _record(q, k, v, o, lse, causal, scale, layout, bm, bn, stages, pingpong, pe
     if set(rec.slots[:4]) != set(replay.desc_slots):
         log.debug("gluon fwd: descriptor slots %s differ from %s; no replay", rec.slots, replay.desc_slots)
         return None
-    rec.dummy_lse = lse_arg
+    rec.dummy_lse = _dummy_lse(q.device)
+    # no reference to this call's tensors (o, lse, q/k/v): each replay passes its own in these slots, and
+    # a CUDA graph's pool must hold nothing of this call (torch.compile(mode="reduce-overhead"))
+    for i in rec.slots:
+        replay.args[i] = None
     return rec
+
+
+_DUMMY: dict = {}
+
+
+def _dummy_lse(device):
+    """The LSE pointer of launches that store none: one fp32 element per device, kept for good (in no
+    CUDA graph's pool: :func:`ck_core.memory.persistent`)."""
+    t = _DUMMY.get(device)
+    if t is None:
+        import torch
+
+        from ck_core.memory import persistent
+
+        t = _DUMMY[device] = persistent(lambda: torch.empty(1, device=device, dtype=torch.float32), device)
+    return t

@@ -14,6 +14,7 @@ from typing import Optional
 import attrs
 
 from ck_core.errors import InvalidProblem
+from ck_core.memory import persistent
 
 from .configs import GLUON_BWD_VARIANTS, fp8_format, fp8_v_trans
 from .keys import GLUON_VARIANTS, TritonFmhaSig, _arch_spec, parse_dq, supports
@@ -106,11 +107,12 @@ def make_launcher(key, capture: Optional[list] = None):
     device_cache: dict = {}
 
     def dev_int32(p, name, values, like):
-        """Host-side problem data uploaded once per problem (never read back: no host sync)."""
+        """Host-side problem data uploaded once per problem (never read back: no host sync), kept in no
+        CUDA graph's pool (:func:`ck_core.memory.persistent`: a first call may run in a graph's warm-up)."""
         k = (p, name)
         t = device_cache.get(k)
         if t is None:
-            t = torch.tensor(values, dtype=torch.int32, device=like.device)
+            t = persistent(lambda: torch.tensor(values, dtype=torch.int32, device=like.device), like.device)
             device_cache[k] = t
         return t
 

@@ -118,16 +118,19 @@ def _on_nvidia(t: torch.Tensor) -> bool:
     return device_target(t.device)[0] == "cuda"
 
 
-_ALLOC_SET = False
+def _alloc(size, alignment, stream):
+    """Triton's global scratch of one launch (the TMA kernels' on-device descriptors): a fresh buffer from the
+    caching allocator, freed after the launch in stream order (inside a CUDA graph: the graph's pool)."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
 def _ensure_allocator():
-    global _ALLOC_SET
-    if not _ALLOC_SET:
-        def _alloc(size, alignment, stream):
-            return torch.empty(size, dtype=torch.int8, device="cuda")
+    """``triton.set_allocator`` in this context: Triton keeps the allocator in a ContextVar, so a flag set
+    once would leave other threads (a server's workers) and copied contexts without one."""
+    from triton.runtime import _allocation
+
+    if _allocation._allocator.get() is not _alloc:
         triton.set_allocator(_alloc)
-        _ALLOC_SET = True
 
 
 def _bhs_strides(t: torch.Tensor, layout: str):

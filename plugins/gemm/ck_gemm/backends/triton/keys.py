@@ -253,8 +253,25 @@ def _record(cfg, problem, a, b, c, t_out, act, num_sms=None, name=None, extra=No
             elif role is None:
                 return None
             (descs if desc else slots).append((i, role))
+        # no reference to this call's tensors (its output, a copy of an operand, the workspace): each
+        # call passes its own in these slots, and a CUDA graph's pool must hold nothing of this call
+        for i, _ in slots:
+            args[i] = None
+        for i, _ in descs:
+            args[i] = _with_base(args[i], None)
+        if replay is not None:
+            for i, _ in slots:
+                replay.args[i] = None
         rec.steps.append((launch, args, tuple(slots), tuple(descs)))
     return rec
+
+
+def _with_base(desc, base):
+    """A copy of the tensor descriptor ``desc`` around ``base`` (same shape, strides and block)."""
+    d = object.__new__(type(desc))
+    d.__dict__.update(desc.__dict__)
+    d.base = base
+    return d
 
 
 def _cache_launch(kname, fn, grid, opts, extra, args):
@@ -278,11 +295,7 @@ def _fast_call(rec, a, b, c, ds=()):
         for i, role in descs:
             # same shape, strides and alignment as the recorded descriptor (the cache key
             # guarantees it): copy it without re-running TensorDescriptor's validation
-            old = args[i]
-            d = object.__new__(type(old))
-            d.__dict__.update(old.__dict__)
-            d.base = vals[role]
-            args[i] = d
+            args[i] = _with_base(args[i], vals[role])
         launch(args)
     return c
 
@@ -303,9 +316,12 @@ def bare_launch(key, problem, a, b, replay: bool = False):
     rec = _record(cfg, problem, a, b, c, t_out, None, name=key.name,
                   extra=triton_artifacts.compile_options(key))
     if replay:
-        if rec is None or rec.replay is None or len(rec.steps) != 1:
+        if rec is None or rec.replay is None or len(rec.steps) != 1 or rec.ws is not None:
             return None
-        launch, args = rec.steps[0][:2]
+        launch, args, slots = rec.steps[0][:3]
+        args, vals = args.copy(), {"a": a, "b": b, "c": c}
+        for i, role in slots:   # (the recording keeps no tensor: the operands go back in)
+            args[i] = vals[role]
         return lambda: launch(args)
     from . import launch as L
 

@@ -20,6 +20,7 @@ import functools
 import logging
 
 from ck_core.errors import InvalidProblem, UnsupportedProblem
+from ck_core.memory import persistent
 
 from .aot import DEFAULT_OUT, desc_block_shapes, desc_c_block_shape, kernel_for, parse_layout
 from .configs import as_config
@@ -403,8 +404,9 @@ def scratch(device, kind: str, numel: int):
         if buf is not None:
             _RETIRED.append(buf)
         size = max(numel, 2 * buf.numel() if buf is not None else 0, 1 << 16)
-        buf = _SCRATCH[key] = (torch.zeros if kind == "locks" else torch.empty)(size, device=device,
-                                                                                 dtype=dtype)
+        make = torch.zeros if kind == "locks" else torch.empty
+        # kept for good: outside any CUDA graph's pool (a first call may run in a graph's warm-up)
+        buf = _SCRATCH[key] = persistent(lambda: make(size, device=device, dtype=dtype), device)
     return buf
 
 
