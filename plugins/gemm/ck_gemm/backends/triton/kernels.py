@@ -261,26 +261,9 @@ def gemm_plain_kernel(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
-    mask_m = offs_m < M
-    mask_n = offs_n < N
     k_start, k_end = _k_range(pid_k, K, BLOCK_K, SPLIT_K)
-    a_ptrs = a_ptr + offs_m[:, None] * stride_am + (k_start * BLOCK_K + offs_k)[None, :] * stride_ak
-    b_ptrs = b_ptr + (k_start * BLOCK_K + offs_k)[:, None] * stride_bk + offs_n[None, :] * stride_bn
-    if ACC_INT:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
-    else:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kt in range(k_start, k_end):
-        if EVEN_K:
-            a = tl.load(a_ptrs, mask=mask_m[:, None], other=0.0)
-            b = tl.load(b_ptrs, mask=mask_n[None, :], other=0.0)
-        else:
-            k_left = K - kt * BLOCK_K
-            a = tl.load(a_ptrs, mask=mask_m[:, None] & (offs_k[None, :] < k_left), other=0.0)
-            b = tl.load(b_ptrs, mask=(offs_k[:, None] < k_left) & mask_n[None, :], other=0.0)
-        acc = _mma(a, b, acc)
-        a_ptrs += BLOCK_K * stride_ak
-        b_ptrs += BLOCK_K * stride_bk
+    acc = _ptr_k_loop(a_ptr, b_ptr, offs_m, offs_n, offs_k, M, N, K, k_start, k_end,
+                      stride_am, stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, ACC_INT)
     _epilogue_store(acc, offs_m, offs_n, M, N, c_ptr, stride_cm, stride_cn,
                     d0_ptr, stride_d0m, stride_d0n, d1_ptr, stride_d1m, stride_d1n, NUM_D, D_OP, ACT)
 
