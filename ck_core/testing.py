@@ -398,3 +398,15 @@ def interp_record(made: list):
         made.append(InterpReplay(fn, grid, args, kwargs))
         return made[-1]
     return record
+
+
+def interp_replays(monkeypatch) -> list:
+    """Route CPU tensors as GPU ones go (``triton_replay.replayable`` says yes) with every recorded
+    launch an :class:`InterpReplay` (:func:`interp_record`): returns the list they are appended to.
+    ``monkeypatch`` undoes it after the test."""
+    from .backends import triton_replay
+
+    made: list = []
+    monkeypatch.setattr(triton_replay, "replayable", lambda t: True)
+    monkeypatch.setattr(triton_replay, "record", interp_record(made))
+    return made
