@@ -239,17 +239,23 @@ def _seconds_for(dispatcher, problem, inputs, repeat):
     return float(np.median(times))
 
 
-def cmd_run(args, extra):
+def _problem_registry(args, extra):
+    """``(op spec, Problem, Registry)`` of ``ck run`` / ``ck tune``: the problem the command line
+    describes and the keys of ``--arch`` / ``--backend`` enumerated for it (narrowed to its options)."""
     from .plugins import get_manager
     from .registry import Registry
 
-    mgr = get_manager()
-    op = mgr.op(args.op)
+    op = get_manager().op(args.op)
     problem, options = _problem(op, extra)
     _check_names(args)
     with busy(f"enumerating {args.op} kernels for {args.arch}/{args.backend}"):
         reg = Registry.from_enumeration(args.op, args.arch, args.backend,
                                         **narrowed_options(op, problem, options))
+    return op, problem, reg
+
+
+def cmd_run(args, extra):
+    op, problem, reg = _problem_registry(args, extra)
     return _run_and_report(args, op, problem, reg)
 
 
@@ -415,18 +421,10 @@ class _RetiredDb(argparse.Action):
 
 def cmd_tune(args, extra):
     from .dispatcher import Dispatcher
-    from .plugins import get_manager
-    from .registry import Registry
     from .tuning import tune
     from .winners import Winners
 
-    mgr = get_manager()
-    op = mgr.op(args.op)
-    problem, options = _problem(op, extra)
-    _check_names(args)
-    with busy(f"enumerating {args.op} kernels for {args.arch}/{args.backend}"):
-        reg = Registry.from_enumeration(args.op, args.arch, args.backend,
-                                        **narrowed_options(op, problem, options))
+    op, problem, reg = _problem_registry(args, extra)
     if args.kfilter:
         reg = reg.filter(args.kfilter)
     disp = Dispatcher(reg, backend=args.backend)
