@@ -17,6 +17,11 @@ def test_every_benchmark_script_is_documented():
     assert not missing, f"benchmarks/README.md does not list {missing}: document them or delete them"
 
 
+def test_no_tool_lingers_in_tools():
+    left = sorted(p.name for p in (ROOT / "tools").glob("*")) if (ROOT / "tools").is_dir() else []
+    assert not left, f"tools/ holds {left}: a maintained tool lives in benchmarks/ (listed in its README), else delete it"
+
+
 def test_the_readme_lists_no_missing_script():
     doc = (ROOT / "benchmarks" / "README.md").read_text()
     for line in doc.splitlines():
