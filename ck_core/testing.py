@@ -368,6 +368,26 @@ def check_op_plugin(op_name: str, *, plugin=None, arch: str | None = None, probl
     return {"op": op_name, "arch": arch, "keys": len(keys), "problems": len(problems)}
 
 
+def skip_unless_backend(backend: str, device: str, arch: str) -> None:
+    """Skip the calling test unless it can run ``backend`` on ``device`` for ``arch``: Triton on the CPU
+    needs TRITON_INTERPRET=1, on "cuda" a GPU (and CK_TEST_GPU=1); ``arch``'s plugin must be installed."""
+    if backend == "triton":
+        pytest.importorskip("triton")
+        from .backends.triton_backend import interpreting
+
+        if device == "cpu" and not interpreting():
+            pytest.skip("the CPU variant runs the Triton kernels under TRITON_INTERPRET=1")
+        if device == "cuda":
+            import torch
+
+            if interpreting() or not torch.cuda.is_available():
+                pytest.skip("needs a CUDA GPU and CK_TEST_GPU=1")
+    from .plugins import get_manager
+
+    if arch not in get_manager().archs():
+        pytest.skip(f"arch plugin {arch} is not installed")
+
+
 class InterpReplay:
     """A recorded launch for CPU tests of the warm paths: replaying it launches the kernel in Triton's
     interpreter with the arguments given (the GPU replay's interface: ``args``, ``slot``, ``kernel``)."""
