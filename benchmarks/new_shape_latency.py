@@ -422,7 +422,7 @@ def _in_own_process(part: str, argv: list, folder: str) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--part", nargs="+", default=["first"], choices=PARTS,
                     help="first (default): new shapes in a fresh process, empty cache; growing: new-size loops, "
