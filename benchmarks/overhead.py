@@ -65,22 +65,10 @@ FIRST = {"gemm": f"ck_gemm.matmul({_t('1536, 1024')}, {_t('1024, 2048')})",
 
 
 def _timed(fn, calls):
+    """:func:`_per_call` on the GPU, after 20 warm-up calls."""
     import torch
 
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    host, wall = [], []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        t2 = time.perf_counter()
-        host.append((t1 - t0) / calls * 1e6)
-        wall.append((t2 - t0) / calls * 1e6)
-    return {"host_us": round(statistics.median(host), 2), "wall_us": round(statistics.median(wall), 2)}
+    return _per_call(fn, calls, torch.cuda.synchronize, warmup=20)
 
 
 def _record_launches(call):
@@ -437,9 +425,10 @@ def api_cases(dev: str = "cuda", only=None) -> dict:
     return cases
 
 
-def _per_call(fn, calls: int, sync) -> dict:
-    """us per call: host (issuing ``calls`` calls), wall (with the final sync); median of 5 rounds."""
-    for _ in range(10):
+def _per_call(fn, calls: int, sync, warmup: int = 10) -> dict:
+    """us per call: host (issuing ``calls`` calls), wall (with the final sync); median of 5 rounds
+    after ``warmup`` calls."""
+    for _ in range(warmup):
         fn()
     sync()
     host, wall = [], []

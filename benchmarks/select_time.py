@@ -1,7 +1,7 @@
 """Selection time of NEW problems through the public API's Dispatcher (CPU, no GPU), and their picks.
 
     python benchmarks/select_time.py gemm conv:forward conv:bwd_data conv:bwd_weight fmha \\
-        [--problems 300] [--seed 15] [--picks out.json] [--profile out.txt]
+        [--problems 300] [--seed 15] [--picks out.json] [--shortlists out.json] [--profile out.txt]
 
 Problems are drawn with a fixed seed around the recorded oracles' shapes (GEMM: random
 M/N/K/batch, fp16/bf16, the four layouts; conv: oracle layers with a random batch and
@@ -9,7 +9,10 @@ spatial size; fmha: FlashAttention-suite-like attention problems, forward and dQ
 (M or the batch + 1000: the signature's key-space and per-key caches filled); then every
 problem is selected once, timed (``Dispatcher.select`` of a problem it never saw: the cost of a
 new problem).  ``--picks`` writes every problem's pick (compare two versions' files:
-a speed-up must not change a single pick).  ``--profile`` writes a cProfile of the timed loop.
+a speed-up must not change a single pick).  ``--shortlists`` writes every timed problem's shortlist
+(``Dispatcher._shortlist``: the keys the ranking scores) beside its pick, the finer comparison for a
+change to the shortlisting (was ``conv_select_fresh.py``).  ``--profile`` writes a cProfile of the
+timed loop.
 """
 from __future__ import annotations
 
@@ -138,6 +141,7 @@ def main(argv=None) -> int:
     ap.add_argument("--problems", type=int, default=300)
     ap.add_argument("--seed", type=int, default=15)
     ap.add_argument("--picks", metavar="JSON")
+    ap.add_argument("--shortlists", metavar="JSON", help="every timed problem's shortlist and pick")
     ap.add_argument("--profile", metavar="TXT")
     args = ap.parse_args(argv)
     mgr = get_manager()
@@ -146,7 +150,7 @@ def main(argv=None) -> int:
         from ck_core.backends import triton_backend
 
         triton_backend._device_target = lambda: ("cuda", 90)
-    picks, prof = {}, cProfile.Profile() if args.profile else None
+    picks, shortlists, prof = {}, {}, cProfile.Profile() if args.profile else None
     for what in args.ops:
         probs = problems(what, args.problems, args.seed, mgr)
         for p in probs:   # every signature's registry enumerated and its per-key caches filled once
@@ -166,6 +170,9 @@ def main(argv=None) -> int:
             if prof:
                 prof.disable()
             picks[f"{what} {p!r}"] = key.name
+            if args.shortlists:   # after the timing: the Dispatcher's shortlist of the problem it just selected
+                shortlists[f"{what} {p!r}"] = {"shortlist": [k.name for k in d._shortlist(p, mgr.op(p.op))],
+                                               "pick": key.name}
             rules[getattr(d, "_rule", "?")] = rules.get(getattr(d, "_rule", "?"), 0) + 1
         times.sort()
         cpu.sort()
@@ -183,6 +190,13 @@ def main(argv=None) -> int:
 
         Path(args.picks).write_text(json.dumps(with_header(doc, device="CPU (selection only, no kernels run)"),
                                                indent=0, sort_keys=True))
+    if args.shortlists:
+        from ck_core.bench import with_header
+
+        doc = {"command": "python benchmarks/select_time.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+               "shortlists": shortlists}
+        Path(args.shortlists).write_text(json.dumps(with_header(doc, device="CPU (selection only, no kernels run)"),
+                                                    indent=0, sort_keys=True))
     if prof:
         with open(args.profile, "w") as f:
             pstats.Stats(prof, stream=f).sort_stats("cumulative").print_stats(60)

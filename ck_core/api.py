@@ -30,7 +30,6 @@ _TUNING: list = []
 #: torch dtype name -> ck dtype token
 _TOKENS = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float8_e4m3fn": "fp8",
            "float8_e5m2": "bf8", "int8": "int8", "int32": "int32"}
-_TORCH = {v: k for k, v in _TOKENS.items()}
 
 
 _BY_DTYPE: dict = {}

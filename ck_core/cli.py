@@ -239,17 +239,23 @@ def _seconds_for(dispatcher, problem, inputs, repeat):
     return float(np.median(times))
 
 
-def cmd_run(args, extra):
+def _problem_registry(args, extra):
+    """``(op spec, Problem, Registry)`` of ``ck run`` / ``ck tune``: the problem the command line
+    describes and the keys of ``--arch`` / ``--backend`` enumerated for it (narrowed to its options)."""
     from .plugins import get_manager
     from .registry import Registry
 
-    mgr = get_manager()
-    op = mgr.op(args.op)
+    op = get_manager().op(args.op)
     problem, options = _problem(op, extra)
     _check_names(args)
     with busy(f"enumerating {args.op} kernels for {args.arch}/{args.backend}"):
         reg = Registry.from_enumeration(args.op, args.arch, args.backend,
                                         **narrowed_options(op, problem, options))
+    return op, problem, reg
+
+
+def cmd_run(args, extra):
+    op, problem, reg = _problem_registry(args, extra)
     return _run_and_report(args, op, problem, reg)
 
 
@@ -415,18 +421,10 @@ class _RetiredDb(argparse.Action):
 
 def cmd_tune(args, extra):
     from .dispatcher import Dispatcher
-    from .plugins import get_manager
-    from .registry import Registry
     from .tuning import tune
     from .winners import Winners
 
-    mgr = get_manager()
-    op = mgr.op(args.op)
-    problem, options = _problem(op, extra)
-    _check_names(args)
-    with busy(f"enumerating {args.op} kernels for {args.arch}/{args.backend}"):
-        reg = Registry.from_enumeration(args.op, args.arch, args.backend,
-                                        **narrowed_options(op, problem, options))
+    op, problem, reg = _problem_registry(args, extra)
     if args.kfilter:
         reg = reg.filter(args.kfilter)
     disp = Dispatcher(reg, backend=args.backend)
@@ -521,6 +519,20 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("--filter", help="safe expression over kernel fields, e.g. \"c.tile_m == 128\"")
         s.add_argument("--filter-file", help="file of filter expressions, one a line")
 
+    def run_args(s):   # what ck run and ck import --run share: the candidates, inputs, timing, check, output
+        s.add_argument("--kernel-filter", dest="kfilter",
+                       help="restrict the candidates with a filter expression (problem fields take --<field>)")
+        s.add_argument("--seed", type=non_negative_int, default=None,
+                       help="seed of the random inputs (default: fresh ones each run)")
+        s.add_argument("--repeat", type=positive_int, default=None,
+                       help="timed runs, the median printed (default 3; 0 extra on the numpy backend: its "
+                            "first run's time is printed)")
+        s.add_argument("--tuned", action="store_true",
+                       help="use the measured winners of the tuned-data store (CK_TUNED_DIR)")
+        s.add_argument("--no-validate", action="store_true", help="skip the float64 reference check")
+        s.add_argument("--json", action="store_true", help="print the result as JSON")
+        s.add_argument("--csv", action="store_true", help="one CSV row per stage (header first)")
+
     s = sub.add_parser("list", allow_abbrev=False, help="enumerate kernels: ck list <op> --arch A [--count] [--json]")
     reg_args(s)
     s.add_argument("--count", action="store_true", help="print the number of kernels only")
@@ -539,15 +551,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--run", action="store_true",
                    help="dispatch the problem given as --<field> value over the imported kernels")
     s.add_argument("--backend", default=None, help="default: the backend the file's kernels name")
-    s.add_argument("--kernel-filter", dest="kfilter", help="restrict the candidates with a filter expression")
-    s.add_argument("--seed", type=int, default=None, help="seed of the random inputs (default: fresh ones)")
-    s.add_argument("--repeat", type=positive_int, default=None,
-                   help="timed runs, the median printed (default 3; 0 extra on the numpy backend: its "
-                        "first run's time is printed)")
-    s.add_argument("--tuned", action="store_true", help="use the measured winners of the tuned-data store (CK_TUNED_DIR)")
-    s.add_argument("--no-validate", action="store_true", help="skip the float64 reference check")
-    s.add_argument("--json", action="store_true", help="print the result as JSON")
-    s.add_argument("--csv", action="store_true", help="one CSV row per stage (header first)")
+    run_args(s)
     s.set_defaults(fn=cmd_import)
 
     s = sub.add_parser("run", allow_abbrev=False, help="dispatch, run and validate one problem")
@@ -555,17 +559,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--arch", required=True, help="gfx942, sm90, ... (ck archs lists them)")
     s.add_argument("--backend", default=knobs.get("CK_BACKEND") or "numpy",
                    help="numpy (default, CK_BACKEND), triton or ck")
-    s.add_argument("--kernel-filter", dest="kfilter",
-                   help="restrict the candidates with a filter expression (problem fields take --<field>)")
-    s.add_argument("--seed", type=non_negative_int, default=None,
-                   help="seed of the random inputs (default: fresh ones each run)")
-    s.add_argument("--repeat", type=positive_int, default=None,
-                   help="timed runs, the median printed (default 3; 0 extra on the numpy backend: its "
-                        "first run's time is printed)")
-    s.add_argument("--tuned", action="store_true", help="use the measured winners of the tuned-data store (CK_TUNED_DIR)")
-    s.add_argument("--no-validate", action="store_true", help="skip the float64 reference check")
-    s.add_argument("--json", action="store_true", help="print the result as JSON")
-    s.add_argument("--csv", action="store_true", help="one CSV row per stage (header first)")
+    run_args(s)
     s.set_defaults(fn=cmd_run)
 
     s = sub.add_parser("build", allow_abbrev=False, help="compile a registry in parallel through its backend")

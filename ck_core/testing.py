@@ -368,6 +368,26 @@ def check_op_plugin(op_name: str, *, plugin=None, arch: str | None = None, probl
     return {"op": op_name, "arch": arch, "keys": len(keys), "problems": len(problems)}
 
 
+def skip_unless_backend(backend: str, device: str, arch: str) -> None:
+    """Skip the calling test unless it can run ``backend`` on ``device`` for ``arch``: Triton on the CPU
+    needs TRITON_INTERPRET=1, on "cuda" a GPU (and CK_TEST_GPU=1); ``arch``'s plugin must be installed."""
+    if backend == "triton":
+        pytest.importorskip("triton")
+        from .backends.triton_backend import interpreting
+
+        if device == "cpu" and not interpreting():
+            pytest.skip("the CPU variant runs the Triton kernels under TRITON_INTERPRET=1")
+        if device == "cuda":
+            import torch
+
+            if interpreting() or not torch.cuda.is_available():
+                pytest.skip("needs a CUDA GPU and CK_TEST_GPU=1")
+    from .plugins import get_manager
+
+    if arch not in get_manager().archs():
+        pytest.skip(f"arch plugin {arch} is not installed")
+
+
 class InterpReplay:
     """A recorded launch for CPU tests of the warm paths: replaying it launches the kernel in Triton's
     interpreter with the arguments given (the GPU replay's interface: ``args``, ``slot``, ``kernel``)."""
@@ -492,3 +512,15 @@ def _ck_frames(n: int = 4) -> tuple:
               if ("/ck_" in f.filename or "/ck_core/" in f.filename) and "testing.py" not in f.filename]
     return tuple(f"{f.filename.rsplit('/', 2)[-2]}/{f.filename.rsplit('/', 1)[-1]}:{f.lineno} {f.name}"
                  for f in frames[-n:])
+
+
+def interp_replays(monkeypatch) -> list:
+    """Route CPU tensors as GPU ones go (``triton_replay.replayable`` says yes) with every recorded
+    launch an :class:`InterpReplay` (:func:`interp_record`): returns the list they are appended to.
+    ``monkeypatch`` undoes it after the test."""
+    from .backends import triton_replay
+
+    made: list = []
+    monkeypatch.setattr(triton_replay, "replayable", lambda t: True)
+    monkeypatch.setattr(triton_replay, "record", interp_record(made))
+    return made

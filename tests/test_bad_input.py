@@ -86,6 +86,7 @@ CLI_ROWS = [
     (["run", "gemm", "--arch", ARCH, "--repeat", ""], USAGE, "--repeat"),
     (["run", "gemm", "--arch", ARCH, "--seed", "-1"], USAGE, "--seed"),
     (["run", "gemm", "--arch", ARCH, "--seed", "x"], USAGE, "--seed"),
+    (["import", "/nonexistent/reg.json", "--run", "--seed", "-1"], USAGE, "--seed"),   # was an internal error
     (["build", "gemm", "--arch", ARCH, "--limit", "-1"], USAGE, "--limit"),
     (["build", "gemm", "--arch", ARCH, "--limit", "0"], USAGE, "--limit"),
     (["build", "gemm", "--arch", ARCH, "--workers", "-3"], USAGE, "--workers"),

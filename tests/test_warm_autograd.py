@@ -19,9 +19,8 @@ pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
 
 from ck_core import api as core  # noqa: E402
 from ck_core import warm  # noqa: E402
-from ck_core.backends import triton_replay  # noqa: E402
 from ck_core.dispatcher import Dispatcher  # noqa: E402
-from ck_core.testing import InterpReplay as _InterpReplay  # noqa: E402
+from ck_core.testing import interp_replays  # noqa: E402
 
 F = torch.nn.functional
 NAN = float("nan")
@@ -31,15 +30,7 @@ NAN = float("nan")
 def route(request, monkeypatch, ck_dispatch_log):
     monkeypatch.setenv("CK_BACKEND", "triton")
     core.clear()
-    replays = []
-    if request.param == "replay":
-        def record(fn, grid, args, kwargs, name=None, extra=None, via=None):
-            (fn[grid] if via is None else via(fn, grid))(*args, **kwargs)
-            r = _InterpReplay(fn, grid, args, kwargs)
-            replays.append(r)
-            return r
-        monkeypatch.setattr(triton_replay, "replayable", lambda t: True)
-        monkeypatch.setattr(triton_replay, "record", record)
+    replays = interp_replays(monkeypatch) if request.param == "replay" else []
     yield request.param, replays
     core.clear()
 

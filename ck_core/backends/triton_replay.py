@@ -24,8 +24,6 @@ import logging
 from collections import OrderedDict
 from typing import Optional, Sequence
 
-from .. import knobs
-
 log = logging.getLogger(__name__)
 
 try:  # the replay only runs where triton is installed; the module imports without it
@@ -254,17 +252,3 @@ def replayable(t) -> bool:
     """Whether launches on ``t``'s device can be recorded and replayed: CUDA tensors (the
     seam a CPU benchmark with stubbed launches replaces)."""
     return t.is_cuda
-
-
-def is_replayable_env() -> bool:
-    """False under TRITON_INTERPRET=1 or without CUDA (replay needs compiled kernels)."""
-    import os
-
-    if knobs.interpreting():
-        return False
-    try:
-        import torch
-
-        return torch.cuda.is_available()
-    except ImportError:
-        return False

@@ -21,7 +21,8 @@ from typing import Optional
 
 from .. import knobs
 from .. import build as _build
-from .work import Work, compile_row, rates, timeout_row
+from .work import Work, rates, timeout_row
+from .work import release as release_tasks
 
 log = logging.getLogger(__name__)
 
@@ -171,14 +172,7 @@ class LocalExecutor:
 
         def release(name, meta, err):
             nonlocal pending_rows
-            for task in work.tasks.get(name, ()):
-                if work.compile_only:
-                    emit(compile_row(task, meta, err))
-                elif err:
-                    emit(dict(task["base"], status="compile_failed", error=err[:500]))
-                else:
-                    pending_rows += 1
-                    bench_q.put(task)
+            pending_rows += release_tasks(work, name, meta, err, emit, bench_q.put)
 
         interrupted = threading.Event()
         old_handler = None

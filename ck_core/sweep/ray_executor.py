@@ -22,7 +22,8 @@ from typing import Optional
 
 from .. import build as _build
 from ..errors import CkError, ConfigError
-from .work import Work, compile_row, rates, timeout_row
+from .work import Work, rates, timeout_row
+from .work import release as release_tasks
 from .local import STARTUP_S
 
 log = logging.getLogger(__name__)
@@ -188,14 +189,7 @@ class RayExecutor:
 
         def release(name, meta, err):
             nonlocal pending_rows
-            for task in work.tasks.get(name, ()):
-                if work.compile_only:
-                    emit(compile_row(task, meta, err))
-                elif err:
-                    emit(dict(task["base"], status="compile_failed", error=err[:500]))
-                else:
-                    pending_rows += 1
-                    queue.append(task)
+            pending_rows += release_tasks(work, name, meta, err, emit, queue.append)
 
         for d in work.keys:
             if d["name"] not in work.compiles:

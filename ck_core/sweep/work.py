@@ -37,5 +37,21 @@ def compile_row(task: dict, meta: Optional[dict], err: Optional[str]) -> dict:
                 compile_s=secs if secs is not None else "")
 
 
+def release(work: Work, name: str, meta: Optional[dict], err: Optional[str], emit, enqueue) -> int:
+    """The tasks waiting on kernel ``name``'s compile (``err``: its failure, None when it built): in a
+    compile-only run their compile rows, else compile_failed rows or each task to ``enqueue`` for
+    its benchmark.  Returns how many were queued."""
+    queued = 0
+    for task in work.tasks.get(name, ()):
+        if work.compile_only:
+            emit(compile_row(task, meta, err))
+        elif err:
+            emit(dict(task["base"], status="compile_failed", error=err[:500]))
+        else:
+            queued += 1
+            enqueue(task)
+    return queued
+
+
 def timeout_row(task: dict, seconds: float) -> dict:
     return dict(task["base"], status="timeout", error=f"no result within {seconds:g} s (--timeout)")

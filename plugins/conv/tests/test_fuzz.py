@@ -31,6 +31,7 @@ torch = pytest.importorskip("torch")
 from ck_conv import ConvProblem  # noqa: E402
 from ck_core import Dispatcher, Registry  # noqa: E402
 from ck_core.fuzzrun import bound_mismatch  # noqa: E402
+from ck_core.testing import skip_unless_backend  # noqa: E402
 
 TD = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 EPS = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8, "fp32": 2.0 ** -24}
@@ -49,18 +50,8 @@ SETUPS = {
 
 
 def _setup_or_skip(name):
-    backend, device, arch, n, scale = SETUPS[name]
-    if backend == "triton":
-        pytest.importorskip("triton")
-        from ck_core.backends.triton_backend import interpreting
-        if device == "cpu" and not interpreting():
-            pytest.skip("the CPU variant runs the Triton kernels under TRITON_INTERPRET=1")
-        if device == "cuda" and (interpreting() or not torch.cuda.is_available()):
-            pytest.skip("needs a CUDA GPU and CK_TEST_GPU=1")
-    from ck_core.plugins import get_manager
-    if arch not in get_manager().archs():
-        pytest.skip(f"arch plugin {arch} is not installed")
-    return backend, device, arch, n, scale
+    skip_unless_backend(*SETUPS[name][:3])
+    return SETUPS[name]
 
 
 # -- layouts -----------------------------------------------------------------------------------

@@ -145,10 +145,6 @@ def gluon_dkdv_reason(p, block_mq: int, fused: bool) -> Optional[str]:
     return None
 
 
-def _tile_of_alg(a) -> tuple:
-    return (a.block_m, a.num_stages, a.variant.endswith("_pers"))
-
-
 # -- the preferences ------------------------------------------------------------------------
 
 def _bwd_tiles(hdim: int, causal: bool, seqlen_k: int, deterministic: bool, gluon_ok: bool, arch: str):

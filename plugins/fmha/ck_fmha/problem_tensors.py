@@ -17,10 +17,6 @@ def _qkv_shape(p, heads: int, seq: int, dim: int) -> tuple:
     return (p.batch, heads, seq, dim)
 
 
-def _row_shape(p) -> tuple:
-    return (p.nhead_q, p.total_q) if p.is_group else (p.batch, p.nhead_q, p.seqlen_q)
-
-
 def expected_shapes(p, **given) -> dict:
     """Expected shape of every tensor the problem's family reads or writes.
 

@@ -18,8 +18,7 @@ pytestmark = [pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
 
 from ck_core import api as core  # noqa: E402
 from ck_core import warm  # noqa: E402
-from ck_core.backends import triton_replay  # noqa: E402
-from ck_core.testing import interp_record  # noqa: E402
+from ck_core.testing import interp_replays  # noqa: E402
 from ck_fmha.problem import FmhaProblem  # noqa: E402
 from ck_fmha.prefill import batch_prefill  # noqa: E402
 
@@ -28,11 +27,7 @@ from ck_fmha.prefill import batch_prefill  # noqa: E402
 def replays(monkeypatch):
     monkeypatch.setenv("CK_BACKEND", "triton")
     core.clear()
-    made = []
-
-    monkeypatch.setattr(triton_replay, "replayable", lambda t: True)
-    monkeypatch.setattr(triton_replay, "record", interp_record(made))
-    yield made
+    yield interp_replays(monkeypatch)
     core.clear()
 
 

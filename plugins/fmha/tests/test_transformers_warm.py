@@ -19,8 +19,7 @@ pytestmark = [pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")
               pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")]
 
 from ck_core import api as core  # noqa: E402
-from ck_core.backends import triton_replay  # noqa: E402
-from ck_core.testing import interp_record  # noqa: E402
+from ck_core.testing import interp_replays  # noqa: E402
 from ck_fmha.integrations import transformers as ck_tf  # noqa: E402
 from ck_fmha.problem import FmhaProblem  # noqa: E402
 
@@ -29,11 +28,7 @@ from ck_fmha.problem import FmhaProblem  # noqa: E402
 def replays(monkeypatch):
     monkeypatch.setenv("CK_BACKEND", "triton")
     core.clear()
-    made = []
-
-    monkeypatch.setattr(triton_replay, "replayable", lambda t: True)
-    monkeypatch.setattr(triton_replay, "record", interp_record(made))
-    yield made
+    yield interp_replays(monkeypatch)
     core.clear()
 
 

@@ -22,8 +22,6 @@ import json
 import math
 from pathlib import Path
 
-import attrs
-
 from ck_core.dtypes import ELEMENT_BYTES
 from ck_core.errors import ConfigError, InvalidProblem
 from ck_core.key import KernelKey
@@ -148,11 +146,6 @@ def _rows(t: Table) -> tuple:
             raise ConfigError(f"gemm tuned data {t.file_of(key)}: bad kernels entry "
                               f"{list(key) if isinstance(key, tuple) else key} -> {v!r}: {e}") from None
     return tuple(sorted(rows, key=lambda r: r[:5]))
-
-
-def shape_bucket(M: int, N: int, K: int) -> tuple:
-    """Power-of-two bucket of a shape (how the tuning table is keyed)."""
-    return tuple(1 << max(0, math.ceil(math.log2(max(x, 1)))) for x in (M, N, K))
 
 
 @functools.lru_cache(maxsize=None)

@@ -12,9 +12,8 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 pytest.importorskip("triton")
 
-from ck_core.backends import triton_replay  # noqa: E402
 from ck_core.key import KernelKey  # noqa: E402
-from ck_core.testing import InterpReplay as _InterpReplay  # noqa: E402
+from ck_core.testing import interp_replays  # noqa: E402
 from ck_gemm.backends.triton import keys as tk  # noqa: E402
 from ck_gemm.keys import GemmAlgorithm, GemmSignature  # noqa: E402
 from ck_gemm.problem import GemmProblem  # noqa: E402
@@ -24,16 +23,7 @@ from ck_gemm.problem import GemmProblem  # noqa: E402
 def replays(monkeypatch):
     if torch.cuda.is_available():
         pytest.skip("the stubbed replays run on the interpreter")
-    made = []
-
-    def record(fn, grid, args, kwargs, name=None, extra=None, via=None):
-        fn[grid](*args, **kwargs)
-        r = _InterpReplay(fn, grid, args, kwargs)
-        made.append(r)
-        return r
-    monkeypatch.setattr(triton_replay, "replayable", lambda t: True)
-    monkeypatch.setattr(triton_replay, "record", record)
-    return made
+    return interp_replays(monkeypatch)
 
 
 def _key(variant, split_k, layout):

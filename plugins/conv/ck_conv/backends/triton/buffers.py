@@ -18,11 +18,6 @@ from ...problem import ConvProblem
 from .warm import _k, _note
 
 
-def _linear_rows(rows, Ho, Wo):
-    """Table rows (tap, od, oh, ow, (od*Ho + oh)*Wo + ow) for the kernel."""
-    return [[(t, a, b, c, (a * Ho + b) * Wo + c) for (t, a, b, c) in row] for row in rows]
-
-
 _TABLES: dict = {}
 
 

@@ -410,9 +410,6 @@ def _as_kernel_dtype(p, name, x, tdt):
 
 # -- ahead-of-time compilation --------------------------------------------------------------
 
-_AOT_FAMILY = {"fwd_pagedkv": "fwd_pagedkv", "fwd_splitkv": "fwd_splitkv", "bwd_dq_dk_dv": "bwd_dq_dk_dv"}
-
-
 @functools.lru_cache(maxsize=None)
 def _source_hash(gluon: bool = False) -> str:
     """Hash of the kernel sources a key compiles from (Gluon keys: gluon_fwd.py, not kernels.py)."""

@@ -195,6 +195,32 @@ def _vec_hint(x, VEC: tl.constexpr):
 
 
 @triton.jit
+def _vec_hints(M, N, K, stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
+               A_ROW: tl.constexpr, B_ROW: tl.constexpr, A_VEC: tl.constexpr, B_VEC: tl.constexpr):
+    """The pointer kernels' (plain, persistent) sizes and A / B strides with the launcher's vector
+    facts applied: along an operand's contiguous axis whose bound (M, N or K) or row stride is not
+    a multiple of 16 elements, A_VEC / B_VEC (a power of two dividing them) lets the loads be
+    vectors (cp.async) instead of one element each (masked loads vectorise only when the bound is
+    a known multiple of the vector).  Returns ``M, N, K, stride_ab, stride_am, stride_ak,
+    stride_bb, stride_bk, stride_bn``."""
+    if A_ROW:
+        stride_am = _vec_hint(stride_am, A_VEC)
+        K = _vec_hint(K, A_VEC)
+    else:
+        stride_ak = _vec_hint(stride_ak, A_VEC)
+        M = _vec_hint(M, A_VEC)
+    if B_ROW:
+        stride_bk = _vec_hint(stride_bk, B_VEC)
+        N = _vec_hint(N, B_VEC)
+    else:
+        stride_bn = _vec_hint(stride_bn, B_VEC)
+        K = _vec_hint(K, B_VEC)
+    stride_ab = _vec_hint(stride_ab, A_VEC)
+    stride_bb = _vec_hint(stride_bb, B_VEC)
+    return M, N, K, stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn
+
+
+@triton.jit
 def _k_range(pid_k, K, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
     k_tiles = tl.cdiv(K, BLOCK_K)
     if SPLIT_K == 1:
@@ -220,24 +246,8 @@ def gemm_plain_kernel(
         NUM_D: tl.constexpr, D_OP: tl.constexpr, ACT: tl.constexpr, ACC_INT: tl.constexpr,
         A_ROW: tl.constexpr = True, B_ROW: tl.constexpr = False, A_VEC: tl.constexpr = 0,
         B_VEC: tl.constexpr = 0):
-    # a contiguous axis whose bound (M, N or K) or row stride is not a multiple of 16 elements:
-    # the launcher's A_VEC / B_VEC (a power of two dividing them) lets the loads along it be
-    # vectors (cp.async) instead of one element each (masked loads vectorise only when the
-    # bound is a known multiple of the vector)
-    if A_ROW:
-        stride_am = _vec_hint(stride_am, A_VEC)
-        K = _vec_hint(K, A_VEC)
-    else:
-        stride_ak = _vec_hint(stride_ak, A_VEC)
-        M = _vec_hint(M, A_VEC)
-    if B_ROW:
-        stride_bk = _vec_hint(stride_bk, B_VEC)
-        N = _vec_hint(N, B_VEC)
-    else:
-        stride_bn = _vec_hint(stride_bn, B_VEC)
-        K = _vec_hint(K, B_VEC)
-    stride_ab = _vec_hint(stride_ab, A_VEC)
-    stride_bb = _vec_hint(stride_bb, B_VEC)
+    M, N, K, stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn = _vec_hints(
+        M, N, K, stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn, A_ROW, B_ROW, A_VEC, B_VEC)
     pid = tl.program_id(0)
     pid_b = tl.program_id(1).to(tl.int64)
     pid_k = tl.program_id(2)
@@ -251,26 +261,9 @@ def gemm_plain_kernel(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
-    mask_m = offs_m < M
-    mask_n = offs_n < N
     k_start, k_end = _k_range(pid_k, K, BLOCK_K, SPLIT_K)
-    a_ptrs = a_ptr + offs_m[:, None] * stride_am + (k_start * BLOCK_K + offs_k)[None, :] * stride_ak
-    b_ptrs = b_ptr + (k_start * BLOCK_K + offs_k)[:, None] * stride_bk + offs_n[None, :] * stride_bn
-    if ACC_INT:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
-    else:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kt in range(k_start, k_end):
-        if EVEN_K:
-            a = tl.load(a_ptrs, mask=mask_m[:, None], other=0.0)
-            b = tl.load(b_ptrs, mask=mask_n[None, :], other=0.0)
-        else:
-            k_left = K - kt * BLOCK_K
-            a = tl.load(a_ptrs, mask=mask_m[:, None] & (offs_k[None, :] < k_left), other=0.0)
-            b = tl.load(b_ptrs, mask=(offs_k[:, None] < k_left) & mask_n[None, :], other=0.0)
-        acc = _mma(a, b, acc)
-        a_ptrs += BLOCK_K * stride_ak
-        b_ptrs += BLOCK_K * stride_bk
+    acc = _ptr_k_loop(a_ptr, b_ptr, offs_m, offs_n, offs_k, M, N, K, k_start, k_end,
+                      stride_am, stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, ACC_INT)
     _epilogue_store(acc, offs_m, offs_n, M, N, c_ptr, stride_cm, stride_cn,
                     d0_ptr, stride_d0m, stride_d0n, d1_ptr, stride_d1m, stride_d1n, NUM_D, D_OP, ACT)
 
@@ -288,21 +281,8 @@ def gemm_persistent_kernel(
         NUM_D: tl.constexpr, D_OP: tl.constexpr, ACT: tl.constexpr, ACC_INT: tl.constexpr,
         A_ROW: tl.constexpr = True, B_ROW: tl.constexpr = False, A_VEC: tl.constexpr = 0,
         B_VEC: tl.constexpr = 0):
-    # vector hints: as in gemm_plain_kernel
-    if A_ROW:
-        stride_am = _vec_hint(stride_am, A_VEC)
-        K = _vec_hint(K, A_VEC)
-    else:
-        stride_ak = _vec_hint(stride_ak, A_VEC)
-        M = _vec_hint(M, A_VEC)
-    if B_ROW:
-        stride_bk = _vec_hint(stride_bk, B_VEC)
-        N = _vec_hint(N, B_VEC)
-    else:
-        stride_bn = _vec_hint(stride_bn, B_VEC)
-        K = _vec_hint(K, B_VEC)
-    stride_ab = _vec_hint(stride_ab, A_VEC)
-    stride_bb = _vec_hint(stride_bb, B_VEC)
+    M, N, K, stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn = _vec_hints(
+        M, N, K, stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn, A_ROW, B_ROW, A_VEC, B_VEC)
     start_pid = tl.program_id(0)
     tiles_per_batch = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     num_tiles = tiles_per_batch * batch_count

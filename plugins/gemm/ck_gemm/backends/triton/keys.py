@@ -178,9 +178,6 @@ def make_launcher(key, num_sms=None):
 # problem signature (kernel, grid, arguments) and afterwards only swaps in the new
 # tensors: the per-call cost is one dict lookup and the bare Triton launch.
 
-_TENSOR_SLOTS = {"a_ptr": "a", "b_ptr": "b", "c_ptr": "c", "d0_ptr": "c", "d1_ptr": "c",
-                 "a_desc": "a", "b_desc": "b"}
-
 
 class _Recorded:
     """The launches of one call (one, or a split-K GEMM and its reduction): ``steps`` of
@@ -206,7 +203,7 @@ def _record(cfg, problem, a, b, c, t_out, act, num_sms=None, name=None, extra=No
     """
     import torch
 
-    from ck_core.backends import triton_artifacts, triton_replay
+    from ck_core.backends import triton_replay
 
     from . import launch as L
 

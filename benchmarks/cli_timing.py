@@ -1,6 +1,6 @@
 """Wall time and verdict of the front-door commands (`ck demo`, `ck run` of each op), as a user types them.
 
-    python tools/cli_timing.py --out cli_timing.json [--backend triton] [--arch sm90] [--repeat 3]
+    python benchmarks/cli_timing.py --out cli_timing.json [--backend triton] [--arch sm90] [--repeat 3]
 
 Each command runs in a fresh process (plugin loading, enumeration, selection, the run and its
 float64 check included); the JSON holds, per command, the exit code, whether it printed PASS, and the
@@ -62,10 +62,13 @@ def main(argv=None) -> int:
                       "tail": "" if rc == 0 else tail}
         print(f"{name:14s} rc={rc} pass={passed} best {min(times):.2f} s  median {statistics.median(times):.2f} s",
               file=sys.stderr)
-    doc = {"what": "front-door command wall times (tools/cli_timing.py)", "backend": args.backend, "arch": arch,
-           "cpus": os.cpu_count(), "gpu": _gpu(), "date": time.strftime("%Y-%m-%d %H:%M:%S"), "cases": rows}
+    from ck_core.bench import with_header   # the results header (schema, device, date, command, commit)
+
+    gpu = _gpu()
+    doc = {"what": "front-door command wall times (benchmarks/cli_timing.py)", "backend": args.backend, "arch": arch,
+           "cpus": os.cpu_count(), "gpu": gpu, "cases": rows}
     with open(args.out, "w") as f:
-        json.dump(doc, f, indent=1)
+        json.dump(with_header(doc, device=gpu or f"CPU ({os.cpu_count()} cores)"), f, indent=1)
     return 0 if all(r["rc"] == 0 for r in rows.values()) else 1
 
 
