@@ -15,8 +15,9 @@ plus a :class:`DispatchLog` of every Dispatcher run, with CPU tensors of the
 public APIs dispatching on the fake arch), and the helpers
 :func:`check_against_reference` (op plugins) and :func:`check_arch_plugin`
 (arch plugins), :func:`check_op_plugin` (op plugins; docs/writing-an-op-plugin.md); for warm-path
-tests on the CPU, :class:`InterpReplay` and :func:`interp_record` (recorded launches replayed by
-Triton's interpreter).
+tests on the CPU, :class:`InterpReplay`, :func:`interp_record` and :func:`interp_replays` (recorded
+launches replayed by Triton's interpreter); :func:`skip_unless_backend`; :func:`run_compiled` (a
+script that compiles real kernels, in a process of its own, its ``RESULT`` JSON back).
 """
 from __future__ import annotations
 
@@ -366,6 +367,24 @@ def check_op_plugin(op_name: str, *, plugin=None, arch: str | None = None, probl
             dtypes = {k: getattr(p, "dtype_c", getattr(p, "dtype", "fp32")) for k in ref}
             assert not compare_all(poisoned, ref, dtypes, tol).passed, f"{p}: a poisoned {name!r} passed"
     return {"op": op_name, "arch": arch, "keys": len(keys), "problems": len(problems)}
+
+
+def run_compiled(argv, env: "dict | None" = None, timeout: float = 900):
+    """Run ``python *argv`` (``["-c", SCRIPT, *args]`` or a script file and its arguments) in a
+    fresh process outside Triton's interpreter (``TRITON_INTERPRET`` removed: the script compiles
+    real kernels), ``env`` added to the environment; returns the JSON the script printed after
+    ``RESULT`` (its last such line).  A failing run fails the test with the end of its stderr."""
+    import json
+    import subprocess
+
+    full = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    full.update(env or {})
+    r = subprocess.run([sys.executable, *map(str, argv)], env=full, capture_output=True, text=True,
+                       timeout=timeout)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = [x for x in r.stdout.splitlines() if x.startswith("RESULT")]
+    assert lines, f"no RESULT line in the output: {(r.stdout + r.stderr)[-3000:]}"
+    return json.loads(lines[-1][len("RESULT"):])
 
 
 def skip_unless_backend(backend: str, device: str, arch: str) -> None:

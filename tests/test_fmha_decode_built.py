@@ -8,13 +8,11 @@ As tests/test_fmha_built.py: sm90 compiles on this CPU-only machine (Gluon's inc
 compiles them for a target without the GPU), in subprocesses; the launcher runs on meta tensors
 and only the final launch is left out.
 """
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+
+from ck_core.testing import run_compiled
 
 pytest.importorskip("triton")
 pytest.importorskip("ck_fmha")
@@ -62,13 +60,8 @@ SCRIPT = textwrap.dedent('''
 
 
 def _run(mode, family, variant, cache):
-    env = dict(os.environ)
-    env.pop("TRITON_INTERPRET", None)
-    env["TRITON_CACHE_DIR"] = str(cache / "triton")
-    r = subprocess.run([sys.executable, "-c", SCRIPT, mode, family, variant, str(cache / "kernels")], env=env,
-                       capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads([x for x in r.stdout.splitlines() if x.startswith("RESULT")][-1][6:])
+    return run_compiled(["-c", SCRIPT, mode, family, variant, str(cache / "kernels")], env={"TRITON_CACHE_DIR": str(cache / "triton")},
+                        timeout=900)
 
 
 @pytest.mark.parametrize("family, variant, kernels", [

@@ -3,13 +3,11 @@ run-time (any value, one artifact), alignment-class integers split on divisibili
 (never the constant 1), a stride group is one class.  No compile: the specialisation (the cache
 key material) of calls is compared, for sm90, in a subprocess without TRITON_INTERPRET (the
 interpreter has no binder)."""
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+
+from ck_core.testing import run_compiled
 
 pytest.importorskip("triton")
 
@@ -50,13 +48,9 @@ SCRIPT = textwrap.dedent('''
 
 
 def test_sizes_do_not_specialise_alignment_classes_do(tmp_path):
-    env = dict(os.environ)
-    env.pop("TRITON_INTERPRET", None)
     script = tmp_path / "spec.py"   # (triton.jit reads the kernel's source from its file)
     script.write_text(SCRIPT)
-    r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    out = json.loads([x for x in r.stdout.splitlines() if x.startswith("RESULT")][-1][6:])
+    out = run_compiled([script], timeout=300)
     assert out["n"] == 1, out                      # every size: one artifact
     assert out["M_unit_is_unaligned"] and out["M_classes"] == 2, out
     assert out["group_all_aligned_differs"] and out["group_one_unaligned_is_unaligned"], out

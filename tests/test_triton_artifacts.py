@@ -5,13 +5,12 @@ launcher's arguments are real (``ck_gemm.backends.triton.gemm`` on meta tensors)
 final launch is left out.  Runs in subprocesses: the test session uses Triton's
 interpreter, and "a fresh process finds a warm cache" needs fresh processes.
 """
-import json
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+
+from ck_core.testing import run_compiled
 
 pytest.importorskip("triton")
 
@@ -127,13 +126,8 @@ SCRIPT = textwrap.dedent('''
 
 
 def _run(mode, cache):
-    env = dict(os.environ)
-    env.pop("TRITON_INTERPRET", None)
-    env["TRITON_CACHE_DIR"] = str(cache / "triton")
-    r = subprocess.run([sys.executable, "-c", SCRIPT, mode, str(cache / "kernels")], env=env,
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads([x for x in r.stdout.splitlines() if x.startswith("RESULT")][-1][6:])
+    return run_compiled(["-c", SCRIPT, mode, str(cache / "kernels")], env={"TRITON_CACHE_DIR": str(cache / "triton")},
+                        timeout=600)
 
 
 def test_launcher_loads_what_ck_build_compiled(tmp_path):

@@ -6,13 +6,11 @@ int and the forward did not compile (examples/fmha/21_stress_test.py on the H100
 tests/test_fmha_built.py: compiled for sm90 on this CPU-only machine in a subprocess, the launcher
 run on meta tensors up to the launch itself.
 """
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+
+from ck_core.testing import run_compiled
 
 pytest.importorskip("triton")
 pytest.importorskip("torch")
@@ -49,12 +47,6 @@ SCRIPT = textwrap.dedent('''
 
 
 def test_every_dropout_seed_compiles_to_one_kernel(tmp_path):
-    env = dict(os.environ)
-    env.pop("TRITON_INTERPRET", None)
-    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton")
-    r = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "kernels")], env=env, capture_output=True,
-                       text=True, timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:]
-    out = json.loads([x for x in r.stdout.splitlines() if x.startswith("RESULT")][-1][6:])
+    out = run_compiled(["-c", SCRIPT, tmp_path / "kernels"], env={"TRITON_CACHE_DIR": str(tmp_path / "triton")})
     assert out["errors"] == {}, out
     assert out["stats"]["compiled"] == 1, out     # one kernel for every seed and offset
