@@ -118,9 +118,9 @@ def _rel(got, want) -> float:
 #: (case, form, backward): eager calls forward (no autograd record: the warm-call cache) and fwd+bwd (autograd
 #: Entries); the custom ops fwd+bwd (their forward is the forward-only call's; matmul's op is linear's); group
 #: mode (offset guards, the device flag, recorded multi-launch runs) fwd+bwd only (the interpreter is slow there)
-_RUNS = [(c, "eager", b) for c in ("matmul", "linear+bias", "conv2d", "conv2d channels_last", "attention")
-         for b in (False, True)] + [("flash_attn_varlen", "eager", True)] + [(c, "op", True) for c in ("linear+bias", "conv2d", "conv2d channels_last",
-                                                             "attention")]
+_RUNS = ([(c, "eager", b) for c in ("matmul", "linear+bias", "conv2d", "conv2d channels_last", "attention")
+          for b in (False, True)] + [("flash_attn_varlen", "eager", True)]
+         + [(c, "op", True) for c in ("linear+bias", "conv2d", "conv2d channels_last", "attention")])
 
 
 @pytest.mark.parametrize("case,form,backward", _RUNS,

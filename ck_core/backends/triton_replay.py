@@ -61,9 +61,10 @@ class Replay:
 
     ``args`` holds the recorded call's tensors, and nothing else here does: a caller that
     keeps the replay sets the slots it fills per call to None (``args[i] = None``, or
-    :meth:`release`) once it has matched them, so that no cache keeps a tensor of that call alive (a CUDA graph's pool must
-    hold nothing but the graph's tensors: ``torch.compile(mode="reduce-overhead")``).  Slots
-    left holding tensors must hold buffers kept for good (:func:`ck_core.memory.persistent`).
+    :meth:`release`) once it has matched them, so that no cache keeps a tensor of that call
+    alive (a CUDA graph's pool must hold nothing but the graph's tensors:
+    ``torch.compile(mode="reduce-overhead")``).  Slots left holding tensors must hold buffers
+    kept for good (:func:`ck_core.memory.persistent`).
     """
 
     __slots__ = ("args", "names", "grid", "device", "_kernel", "_run", "_raw", "_descs",
