@@ -232,7 +232,11 @@ def capture_part(budget_s: float) -> list:
             del g, ys
         except Exception as e:  # noqa: BLE001 - recorded, the next case runs
             row.update(ok=False, **_err(e))
-            torch.cuda.synchronize()
+            try:
+                torch.cuda.synchronize()
+            except Exception as e2:  # noqa: BLE001 - a context left unusable: the rest would fail too
+                row["after"] = f"{type(e2).__name__}: {e2}"[:300]
+                break
         row["seconds"] = round(time.perf_counter() - t0, 1)
         print(f"capture {name}: {row.get('ok')} {row.get('max_rel_err', row.get('error', ''))!s:.300}", flush=True)
     return rows

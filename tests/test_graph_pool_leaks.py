@@ -78,6 +78,17 @@ def _cases():
                       "op": lambda x, w: conv_op(x, w, [1, 1], [1, 1], [1, 1], 1)}, \
             lambda x, w: F.conv2d(x, w, padding=1), 1e-5
 
+    def varlen(q, k, v):   # two sequences of 5 and 6 rows (the offsets are a constant of the case)
+        from ck_fmha.flash_attn import flash_attn_varlen_func
+
+        cu = torch.tensor([0, 5, 11], dtype=torch.int32)
+        return flash_attn_varlen_func(q, k, v, cu, cu, 6, 6, causal=True)
+
+    def varlen_ref(q, k, v):
+        return torch.cat([F.scaled_dot_product_attention(*(t[a:b].transpose(0, 1) for t in (q, k, v)),
+                                                         is_causal=True).transpose(0, 1)
+                          for a, b in ((0, 5), (5, 11))])
+
     def attn_op(q, k, v):
         return attention_op(q, k, v, None, None, None, None, -1, -1, "True", None, [-1, -1], 0.0, "bhsd", True,
                             0.0, 0, 0, "", [], None)[0]
@@ -95,6 +106,8 @@ def _cases():
         "attention": (lambda g: [_rand(g, 1, 2, 11, 32, dtype=torch.float16) for _ in range(3)],
                       {"eager": lambda q, k, v: attention(q, k, v, causal=True), "op": attn_op},
                       lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), 1e-2),
+        "flash_attn_varlen": (lambda g: [_rand(g, 11, 2, 32, dtype=torch.float16) for _ in range(3)],
+                              {"eager": varlen}, varlen_ref, 1e-2),
     }
 
 
@@ -103,10 +116,11 @@ def _rel(got, want) -> float:
 
 
 #: (case, form, backward): eager calls forward (no autograd record: the warm-call cache) and fwd+bwd (autograd
-#: Entries); the custom ops fwd+bwd (their forward is the forward-only call's; matmul's op is linear's)
-_RUNS = [(c, "eager", b) for c in ("matmul", "linear+bias", "conv2d", "conv2d channels_last", "attention")
-         for b in (False, True)] + [(c, "op", True) for c in ("linear+bias", "conv2d", "conv2d channels_last",
-                                                             "attention")]
+#: Entries); the custom ops fwd+bwd (their forward is the forward-only call's; matmul's op is linear's); group
+#: mode (offset guards, the device flag, recorded multi-launch runs) fwd+bwd only (the interpreter is slow there)
+_RUNS = ([(c, "eager", b) for c in ("matmul", "linear+bias", "conv2d", "conv2d channels_last", "attention")
+          for b in (False, True)] + [("flash_attn_varlen", "eager", True)]
+         + [(c, "op", True) for c in ("linear+bias", "conv2d", "conv2d channels_last", "attention")])
 
 
 @pytest.mark.parametrize("case,form,backward", _RUNS,

@@ -100,3 +100,32 @@ def test_a_replay_keeps_no_recorded_tensor_once_released(monkeypatch):
     r([fresh, o2, 3])
     sent = run.wrapped[-1][-3:]
     assert sent[0].base is fresh and sent[0].shape == [4, 8] and sent[1] is o2 and sent[2] == 3
+
+
+def test_a_decomposed_descriptor_expansion_is_not_cached(monkeypatch):
+    """A descriptor without TMA metadata expands to its base tensor itself: the replay builds it per call
+    (a cache by address would keep that call's tensor alive) and passes the tensor given."""
+    import gc
+    import weakref
+
+    import torch
+
+    td = pytest.importorskip("triton.tools.tensor_descriptor")
+    pytest.importorskip("triton.backends.nvidia.driver")
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda dev: 77, raising=False)
+    got = []
+    kernel = types.SimpleNamespace(run=CudaLauncher(), function=5, packed_metadata=("meta",))
+    base = torch.zeros(4, 8)
+    desc = td.TensorDescriptor(base, [4, 8], [8, 1], [2, 8])
+    r = triton_replay.Replay(kernel, ["x_desc", "n"], [desc, 3], (4,), 0, {0: desc},
+                             (lambda *a: got.append(a), {0: None}))
+    r.release()
+    for _ in range(2):
+        x = torch.ones(4, 8)
+        r([x, 3])
+        assert got[-1][13] is x and list(got[-1][14:]) == [4, 8, 8, 1, False, 4, 8, 8, 1, 3]
+    gone = weakref.ref(x)
+    del x, base, desc
+    got.clear()
+    gc.collect()
+    assert gone() is None, "the replay keeps a tensor of an earlier call"

@@ -59,9 +59,10 @@ class Replay:
 
     ``args`` holds the recorded call's tensors, and nothing else here does: a caller that
     keeps the replay sets the slots it fills per call to None (``args[i] = None``, or
-    :meth:`release`) once it has matched them, so that no cache keeps a tensor of that call alive (a CUDA graph's pool must
-    hold nothing but the graph's tensors: ``torch.compile(mode="reduce-overhead")``).  Slots
-    left holding tensors must hold buffers kept for good (:func:`ck_core.memory.persistent`).
+    :meth:`release`) once it has matched them, so that no cache keeps a tensor of that call
+    alive (a CUDA graph's pool must hold nothing but the graph's tensors:
+    ``torch.compile(mode="reduce-overhead")``).  Slots left holding tensors must hold buffers
+    kept for good (:func:`ck_core.memory.persistent`).
     """
 
     __slots__ = ("args", "names", "grid", "device", "_kernel", "_run", "_raw", "_descs",
@@ -117,14 +118,16 @@ class Replay:
         return self.names.index(name)
 
     def _expand(self, i, base):
+        meta = self._raw[1][i]
+        if meta is None:   # a descriptor the compiler decomposed: its expansion is the base tensor itself and
+            # its shape and strides (no CUtensorMap to save; caching it would keep this call's tensor alive)
+            return _tensordesc_arg(_with_base(self._descs[i], base), None)
         cache = self._desc_cache[i]
         key = base.data_ptr()
         hit = cache.get(key)
         if hit is None:
-            from triton.backends.nvidia.driver import make_tensordesc_arg
-
             d = _with_base(self._descs[i], base)
-            hit = make_tensordesc_arg(d, self._raw[1][i])
+            hit = _tensordesc_arg(d, meta)
             cache[key] = hit
             if len(cache) > DESC_CACHE_SIZE:
                 cache.popitem(last=False)
@@ -170,6 +173,18 @@ class Replay:
         for i in self._descs:
             full[i] = _with_base(self._descs[i], args[i])
         self._kernel[self.grid](*full)
+
+
+_MAKE_DESC = []
+
+
+def _tensordesc_arg(desc, meta) -> list:
+    """Triton's launcher arguments of a host tensor descriptor (``make_tensordesc_arg``, imported once)."""
+    if not _MAKE_DESC:
+        from triton.backends.nvidia.driver import make_tensordesc_arg
+
+        _MAKE_DESC.append(make_tensordesc_arg)
+    return _MAKE_DESC[0](desc, meta)
 
 
 def _with_base(template, base):
