@@ -100,16 +100,19 @@ def _key_bias(mask: torch.Tensor, kv_len: int, sq: int, dtype):
     [B, Sq, 1, 1]) of a 2D key mask [B, L], built on the device (no host synchronisation).  Keys past the
     mask's length (a static cache's empty slots) are dropped; the queries are the mask's last ``sq``
     positions.  The layers of one forward share one mask tensor: built once for it."""
+    # (not while compiling or capturing a CUDA graph: a graph would replay the bias of its warm-up, and
+    # a bias kept from a cudagraph tree's pool is refused there)
+    cache = not torch.compiler.is_compiling() and not (mask.is_cuda and torch.cuda.is_current_stream_capturing())
     k = (mask, mask._version, kv_len, sq, dtype)
     hit = _BIAS[0]
-    if hit is not None and hit[0] is mask and hit[1:] == k[1:]:
+    if cache and hit is not None and hit[0] is mask and hit[1:] == k[1:]:
         return _BIAS[1]
     keep = mask.to(torch.bool)
     b = keep.shape[0]
     bias = torch.zeros((b, 1, 1, kv_len), dtype=dtype, device=mask.device)
     bias.masked_fill_(~keep[:, None, None, -kv_len:], float("-inf"))
     out = (bias.expand(b, 1, sq, kv_len), keep[:, -sq:, None, None])
-    _BIAS[0], _BIAS[1] = k, out
+    _BIAS[0], _BIAS[1] = (k, out) if cache else (None, None)
     return out
 
 
