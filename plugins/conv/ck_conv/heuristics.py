@@ -669,14 +669,21 @@ def shortlist(problem, arch, backend: str):
     (:func:`ck_conv.heuristics.candidate_configs`: the heuristic pick first, then the classic
     and realisation variants that won on the H100), then the heuristic pick's kernel on
     each tile of CK's table (what a registry of CK's space alone holds).  Each config comes
-    with the split that fills ``arch`` (as the launch makes it) and unsplit."""
+    with the split that fills ``arch`` (as the launch makes it) and unsplit (a grouped conv's
+    small programs that the split target would split: split only, their unsplit launches in a
+    tier after the tier's others)."""
     if not isinstance(problem, ConvProblem):
         return
-    yield _with_splits(candidate_configs(problem, arch=arch), problem, arch, backend)
-    yield _with_splits(_ck_table_variants(problem, arch), problem, arch, backend)   # only when the first misses
+    # each tier is followed by the unsplit launches it left out (a grouped conv's small programs that
+    # idle the GPU): a tier of their own, reached only where a registry holds none of the others
+    for tier in (lambda: candidate_configs(problem, arch=arch), lambda: _ck_table_variants(problem, arch)):
+        dropped: list = []   # (the CK table's tier is built only when the first misses)
+        yield _with_splits(tier(), problem, arch, backend, dropped)
+        if dropped:
+            yield dropped
 
 
-def _with_splits(cfgs, problem, arch, backend: str) -> list:
+def _with_splits(cfgs, problem, arch, backend: str, dropped: list | None = None) -> list:
     cus, smem = max(int(arch.compute_units or 1), 1), arch.lds_bytes
     out = []
     for c in cfgs:
@@ -700,6 +707,8 @@ def _with_splits(cfgs, problem, arch, backend: str) -> list:
             if sp == 1 and backend == "triton" and underfills(problem, c1, cus):
                 # unsplit it idles the GPU; split, its reduction costs launches (memset and cast):
                 # the same tile's one-launch reductions (fixup, atomicfix) stand in for it
+                if dropped is not None:
+                    dropped.append(key_of(c1, arch.name, backend))
                 continue
         out.extend(key_of(x, arch.name, backend) for x in picks)
     return out

@@ -70,6 +70,21 @@ def test_grouped_bwd_weight_picks_fill_the_gpu(disp, sm90, name):
             assert split_plan(cfg, p)[0] == cfg.split, k.name
 
 
+def test_a_registry_without_splits_still_gets_the_unsplit_launches(sm90):
+    # the unsplit launches the shortlist leaves out come in a tier of their own, after the others
+    from ck_core import Dispatcher, Registry
+
+    p = _problem(*RESNEXT["l2_b8"])
+    reg = Registry.from_enumeration("conv", "sm90", "triton", directions=["bwd_weight"], dtypes=["bf16"], ndims=[2],
+                                    specializations=["filter3x3"], split_ks=[1])
+    tiers = [reg.shortlist(p, t, "triton") for t in shortlist(p, sm90, "triton")]
+    first = next(t for t in tiers if t)
+    assert first and all(config_of(k).split == 1 and underfills(p, config_of(k), sm90.compute_units)
+                         for k in first)
+    key = Dispatcher(reg, backend="triton").select(p)
+    assert key in first
+
+
 def test_the_space_holds_small_tiles_with_one_launch_reductions(sm90):
     space = key_space(sm90, "triton", {"directions": ["bwd_weight"], "dtypes": ["fp16"], "ndims": [2]})
     for red in ("fixup", "atomicfix", "twostage", "relaxed"):
