@@ -13,7 +13,9 @@ time; ratio = cuDNN's time / ours, CUDA-graph medians, eager beside them for the
 ``depthwise`` bwd_weight of ConvNeXt-T's 7x7, MobileNetV2's 3x3 and EfficientNet-B0's 5x5 depthwise
               layers (batch 32): the pick and the next ranked key;
 ``forward``   ResNet-50's 3x3 forward layers (batch 32) and ResNeXt's grouped stride-2 one: the pick and
-              the next ranked keys;
+              the next ranked keys, and on the ResNet rows probes of the key space beyond the shortlist
+              (128x64 / 128x128 / 256x64 tiles, BLOCK_K 64-128, tap bits, 3-4 stages: which tiles
+              the 3x3 candidate list should hold);
 ``api``       ``ck_conv.conv2d``'s autograd on a ResNeXt layer: dW and dX against fp32 torch, the
               bwd_weight key that ran (``ck_after_run``) equal to the Dispatcher's pick, the eager
               fwd+bwd step against torch's.
@@ -68,11 +70,15 @@ ROWS = {
 DIRECTION = {"grouped": "bwd_weight", "depthwise": "bwd_weight", "forward": "forward"}
 #: ranked alternatives timed per section after the pick
 ALTS = {"grouped": 2, "depthwise": 1, "forward": 2}
+#: forward probes on the ungrouped 3x3 rows: keys of the space beyond the shortlist (tile, warps as
+#: waves, stages, tap bits), timed to tell which tiles and depths the 3x3 candidate list should hold
+FORWARD_PROBES = [((128, 64, 64), (2, 4, 1), 3), ((128, 128, 64), (2, 4, 1), 3), ((128, 128, 64), (2, 4, 1), 4),
+                  ((256, 64, 64), (2, 4, 1), 3), ((128, 64, 128), (2, 4, 1), 4)]
 #: the dry run: tiny shapes under the interpreter (fp16: its bf16 dot is not exact enough)
 DRY = {
     "grouped": [("tiny grouped G4", "fp16", 1, 4, 16, 16, 12, 3, 1)],
     "depthwise": [("tiny depthwise", "fp16", 1, 8, 8, 8, 10, 3, 1)],
-    "forward": [("tiny 3x3", "fp16", 1, 1, 16, 16, 8, 3, 1)],
+    "forward": [("tiny 3x3", "fp16", 1, 1, 16, 32, 8, 3, 1)],
 }
 
 
@@ -171,10 +177,15 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="JSON results file")
     ap.add_argument("--budget-s", type=float, default=105.0, help="skip the keys left once this is spent")
-    ap.add_argument("--workers", type=int, default=12, help="processes compiling the keys first")
+    ap.add_argument("--workers", type=int, default=14, help="processes compiling the keys first")
     ap.add_argument("--sections", nargs="+", default=["grouped", "depthwise", "forward", "api"])
     ap.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU, correctness only")
+    ap.add_argument("--plan-only", action="store_true",
+                    help="list the keys each row would time (the real rows, selected for sm90 on the CPU) and stop")
     args = ap.parse_args(argv)
+    if args.plan_only:
+        import os
+        os.environ["TRITON_INTERPRET"] = "1"
     if args.dry_run:
         import os
         os.environ["TRITON_INTERPRET"] = "1"
@@ -191,12 +202,12 @@ def main(argv=None) -> int:
     from ck_core.bench import RESULT_SCHEMA
     from ck_core.plugins import get_manager
 
-    if not torch.cuda.is_available() and not args.dry_run:
+    if not torch.cuda.is_available() and not args.dry_run and not args.plan_only:
         print("no CUDA device: this check times kernels on a GPU (--dry-run checks the script on the CPU)",
               file=sys.stderr)
         return 2
     dev = "cpu" if args.dry_run else "cuda"
-    if args.dry_run:
+    if args.dry_run or args.plan_only:
         arch = get_manager().arch("sm90")
 
         def times(fn, graph_only=False):
@@ -220,7 +231,8 @@ def main(argv=None) -> int:
 
     rows_of = DRY if args.dry_run else ROWS
     out = {"schema": dict(RESULT_SCHEMA), "kind": "conv_tail_check",
-           "device": "cpu (dry run)" if args.dry_run else torch.cuda.get_device_name(0), "arch": arch.name,
+           "device": "cpu (dry run)" if dev == "cpu" or args.plan_only else torch.cuda.get_device_name(0),
+           "arch": arch.name,
            "date": dt.datetime.now(dt.timezone.utc).isoformat(),
            "command": " ".join([Path(sys.argv[0]).name] + (sys.argv[1:] if argv is None else list(argv))),
            "commit": _commit(), "torch": torch.__version__, "skipped_for_time": 0, "compile": {},
@@ -254,6 +266,14 @@ def main(argv=None) -> int:
                 if k != pick:
                     keys.append((f"alt{i}", config_of(k)))
             c = config_of(pick)
+            if sec == "forward" and row[3] == 1:
+                for tile, waves, st in FORWARD_PROBES[:2] if args.dry_run else FORWARD_PROBES:
+                    if tile[1] > row[5]:
+                        continue   # an N tile wider than the output channels: padding
+                    pc = attrs_evolve(c, tile=tile, waves=waves, stages=st, tap_mask=True, pipeline="compv3",
+                                      reduction="atomic", split=1, group_merge=1, flat=False)
+                    if pc.why_not(p) is None and all(pc != x for _, x in keys):
+                        keys.append((f"probe_{'x'.join(map(str, tile))}_st{st}", pc))
             if sec == "grouped" and c.reduction != "streamk":
                 for label, sp in (("unsplit", 1), ("split_half", c.split // 2), ("split_twice", c.split * 2)):
                     if sp >= 1 and sp != c.split:
@@ -262,6 +282,12 @@ def main(argv=None) -> int:
                             keys.append((label, cs))
             plan.append((sec, row, direction, keys, disp._rule if hasattr(disp, "_rule") else None))
     out["planned_keys"] = sum(len(k) for _, _, _, k, _ in plan)
+    if args.plan_only:
+        out["plan"] = [{"section": sec, "case": row[0], "rule": rule, "keys": {lb: c.name for lb, c in keys}}
+                       for sec, row, _, keys, rule in plan]
+        save()
+        print(f"{out['planned_keys']} keys planned; listed in {path}")
+        return 0
 
     # 2. compile them in parallel (a process per chunk; the timing loop then loads them)
     if not args.dry_run and args.workers > 1 and plan:
@@ -272,7 +298,7 @@ def main(argv=None) -> int:
         for _, row, direction, keys, _ in plan:
             for _, c in keys:
                 chunk.append((row, direction, c.name))
-                if len(chunk) == 3:
+                if len(chunk) == 2:
                     tasks.append(chunk)
                     chunk = []
         tasks += [chunk] if chunk else []
