@@ -11,7 +11,9 @@ time; ratio = cuDNN's time / ours, CUDA-graph medians, eager beside them for the
               the next keys of its ranked shortlist, the pick unsplit and split half / twice as many
               ways (what ``split_target.grouped_warps`` should be set from);
 ``depthwise`` bwd_weight of ConvNeXt-T's 7x7, MobileNetV2's 3x3 and EfficientNet-B0's 5x5 depthwise
-              layers (batch 32): the pick and the next ranked key;
+              layers (batch 32): the pick, the next ranked key and the other family (3x3 picks the
+              one-launch atomicfix tiles since session 11: the classic tiles beside them; 5x5 / 7x7
+              the classic ones: atomicfix 32x32 w8 beside them);
 ``forward``   ResNet-50's 3x3 forward layers (batch 32) and ResNeXt's grouped stride-2 one: the pick and
               the next ranked keys, and on the ResNet rows probes of the key space beyond the shortlist
               (128x64 / 128x128 / 256x64 tiles, BLOCK_K 64-128, tap bits, 3-4 stages: which tiles
@@ -196,7 +198,7 @@ def main(argv=None) -> int:
     from ck_conv.bench import from_ours
     from ck_conv.backends.triton.launch import run
     from ck_conv.geometry import reduction_shape, split_plan
-    from ck_conv.heuristics import named_split
+    from ck_conv.heuristics import heuristic_config, named_split
     from ck_conv.keys import config_of
     from ck_core import api as core
     from ck_core.bench import RESULT_SCHEMA
@@ -262,9 +264,18 @@ def main(argv=None) -> int:
             disp = disp_for(direction, row[1])
             pick = disp.select(p)
             keys = [("pick", config_of(pick))]
-            for i, k in enumerate(_ranked(disp, p, ALTS[sec] + 1)):
+            ranked = _ranked(disp, p, 64)
+            for i, k in enumerate(ranked[:ALTS[sec] + 1]):
                 if k != pick:
                     keys.append((f"alt{i}", config_of(k)))
+            if sec == "depthwise":   # the other family at its preferred split: classic (memset, atomics,
+                # cast) beside an atomicfix pick (one launch), atomicfix 32x32 w8 beside a classic pick
+                c0 = config_of(pick)
+                other = (heuristic_config(p) if c0.reduction == "atomicfix" else
+                         attrs_evolve(c0, tile=(32, 32, 1), waves=(8, 1, 1), reduction="atomicfix", split=1))
+                oc = named_split(attrs_evolve(other, split=1), p, arch)[0]
+                if all(oc != x for _, x in keys):
+                    keys.append(("classic" if c0.reduction == "atomicfix" else "atomicfix", oc))
             c = config_of(pick)
             if sec == "forward" and row[3] == 1:
                 for tile, waves, st in FORWARD_PROBES[:2] if args.dry_run else FORWARD_PROBES:

@@ -291,7 +291,9 @@ def problem_class(p: ConvProblem, arch=None) -> str | None:
     """The class of ``p`` the ``first_tier`` table is keyed by (None: none of them); grouped
     stride-1 bwd_weight (ResNeXt) is no class: the tensor-descriptor kernel was not measured there."""
     if p.c_per_group == 1 and p.k_per_group == 1:
-        return "depthwise_" + p.direction
+        # bwd_weight of small filters (3x3: the H100 probe's atomicfix winners) is a class of its own
+        small = p.direction == "bwd_weight" and p.taps <= 9
+        return "depthwise_" + p.direction + ("_taps9" if small else "")
     if p.direction != "bwd_data" and p.G == 1 and p.c_per_group <= int(_lists("flat", "max_channels", arch)) \
             and p.specialization in ("default", "filter3x3"):
         return "stem_" + p.direction
