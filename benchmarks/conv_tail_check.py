@@ -16,8 +16,10 @@ time; ratio = cuDNN's time / ours, CUDA-graph medians, eager beside them for the
               the classic ones: atomicfix 32x32 w8 beside them);
 ``forward``   ResNet-50's 3x3 forward layers (batch 32) and ResNeXt's grouped stride-2 one: the pick and
               the next ranked keys, and on the ResNet rows probes of the key space beyond the shortlist
-              (128x64 / 128x128 / 256x64 tiles, BLOCK_K 64-128, tap bits, 3-4 stages: which tiles
-              the 3x3 candidate list should hold);
+              (128x64 / 128x128 tiles, BLOCK_K 64-128, tap bits, 3-4 stages: which tiles the 3x3
+              candidate list should hold) and the new tensor-descriptor forward (``_tma``: x boxes of
+              output rows x 8 columns at each tap-shifted corner, TMA + wgmma; not in the key space
+              until it is measured: its ``tma_*`` rows);
 ``api``       ``ck_conv.conv2d``'s autograd on a ResNeXt layer: dW and dX against fp32 torch, the
               bwd_weight key that ran (``ck_after_run``) equal to the Dispatcher's pick, the eager
               fwd+bwd step against torch's.
@@ -74,13 +76,15 @@ DIRECTION = {"grouped": "bwd_weight", "depthwise": "bwd_weight", "forward": "for
 ALTS = {"grouped": 2, "depthwise": 1, "forward": 2}
 #: forward probes on the ungrouped 3x3 rows: keys of the space beyond the shortlist (tile, warps as
 #: waves, stages, tap bits), timed to tell which tiles and depths the 3x3 candidate list should hold
-FORWARD_PROBES = [((128, 64, 64), (2, 4, 1), 3), ((128, 128, 64), (2, 4, 1), 3), ((128, 128, 64), (2, 4, 1), 4),
-                  ((256, 64, 64), (2, 4, 1), 3), ((128, 64, 128), (2, 4, 1), 4)]
+FORWARD_PROBES = [((128, 64, 64), (2, 4, 1), 3), ((128, 128, 64), (2, 4, 1), 4), ((128, 64, 128), (2, 4, 1), 4)]
+#: the tensor-descriptor forward (session 11, not yet in the key space): (tile, warps, stages)
+TMA_PROBES = [((128, 64, 64), 4, 0), ((128, 64, 64), 8, 4), ((128, 128, 64), 8, 0), ((64, 64, 64), 4, 0),
+              ((256, 64, 64), 8, 3), ((128, 128, 64), 8, 4)]
 #: the dry run: tiny shapes under the interpreter (fp16: its bf16 dot is not exact enough)
 DRY = {
     "grouped": [("tiny grouped G4", "fp16", 1, 4, 16, 16, 12, 3, 1)],
     "depthwise": [("tiny depthwise", "fp16", 1, 8, 8, 8, 10, 3, 1)],
-    "forward": [("tiny 3x3", "fp16", 1, 1, 16, 32, 8, 3, 1)],
+    "forward": [("tiny 3x3", "fp16", 1, 1, 64, 64, 8, 3, 1)],
 }
 
 
@@ -144,16 +148,21 @@ def _compile_task(task):
     from ck_conv.keys import ConvKernelConfig
     from ck_core.device import current_arch
 
-    arch = current_arch(torch.device("cuda"))
     out = []
-    for row, direction, name in task:
+    for row, direction, name, dev in task:
+        if dev == "cpu":   # the dry run: the interpreter (set in the parent's environment)
+            from ck_core.plugins import get_manager
+            arch = get_manager().arch("sm90")
+        else:
+            arch = current_arch(torch.device(dev))
         t = time.time()
         try:
-            _, _, _, ops = _operands(row, direction, "cuda")
+            _, _, _, ops = _operands(row, direction, dev)
             cfg, q = named_split(ConvKernelConfig.from_name(name), _problem(row, direction), arch,
                                  ConvKernelConfig.from_name(name).split)
             run(q, ops, cfg)
-            torch.cuda.synchronize()
+            if dev != "cpu":
+                torch.cuda.synchronize()
             out.append((name, None, round(time.time() - t, 2)))
         except Exception as e:  # reported by the timing loop too
             out.append((name, f"{type(e).__name__}: {str(e)[:200]}", round(time.time() - t, 2)))
@@ -285,6 +294,13 @@ def main(argv=None) -> int:
                                       reduction="atomic", split=1, group_merge=1, flat=False)
                     if pc.why_not(p) is None and all(pc != x for _, x in keys):
                         keys.append((f"probe_{'x'.join(map(str, tile))}_st{st}", pc))
+                for tile, nw, st in TMA_PROBES[:2] if args.dry_run else TMA_PROBES:
+                    if tile[1] > row[5]:
+                        continue
+                    pc = attrs_evolve(c, tile=tile, waves=(nw, 1, 1), stages=st, tap_mask=False, pipeline="compv3",
+                                      reduction="atomic", split=1, group_merge=1, flat=False, tma=True)
+                    if pc.why_not(p) is None:
+                        keys.append((f"tma_{'x'.join(map(str, tile))}_w{nw}_st{st or 3}", pc))
             if sec == "grouped" and c.reduction != "streamk":
                 for label, sp in (("unsplit", 1), ("split_half", c.split // 2), ("split_twice", c.split * 2)):
                     if sp >= 1 and sp != c.split:
@@ -301,31 +317,37 @@ def main(argv=None) -> int:
         return 0
 
     # 2. compile them in parallel (a process per chunk; the timing loop then loads them)
-    if not args.dry_run and args.workers > 1 and plan:
+    if args.workers > 1 and plan:   # (the dry run: two workers on the interpreter, the pool's own check)
         import concurrent.futures as cf
         import multiprocessing as mp
 
         tasks, chunk = [], []
         for _, row, direction, keys, _ in plan:
             for _, c in keys:
-                chunk.append((row, direction, c.name))
+                chunk.append((row, direction, c.name, dev))
                 if len(chunk) == 2:
                     tasks.append(chunk)
                     chunk = []
         tasks += [chunk] if chunk else []
         t0 = time.perf_counter()
-        with cf.ProcessPoolExecutor(args.workers, mp_context=mp.get_context("spawn")) as ex:
-            for res in ex.map(_compile_task, tasks):
-                for name, err, secs in res:
-                    if err:
-                        out["compile"].setdefault("failed", {})[name] = err
-        out["compile"]["seconds"] = round(time.perf_counter() - t0, 1)
+        ex = cf.ProcessPoolExecutor(min(args.workers, 2) if args.dry_run else args.workers,
+                                    mp_context=mp.get_context("spawn"))
+        futs = [ex.submit(_compile_task, t) for t in tasks]
+        # at most half the budget: what is not compiled by then compiles in the timing loop
+        done, late = cf.wait(futs, timeout=args.budget_s / 2)
+        for fu in done:
+            for name, err, secs in fu.result() if fu.exception() is None else ():
+                if err:
+                    out["compile"].setdefault("failed", {})[name] = err
+        ex.shutdown(wait=False, cancel_futures=True)
+        out["compile"].update(seconds=round(time.perf_counter() - t0, 1), tasks=len(tasks), late=len(late))
         save()
 
     # 3. time them: the picks of every row first, then the alternatives
     results = {}
+    first = {"forward": 0, "grouped": 1, "depthwise": 2}   # alternatives: the forward probes first
     for phase in ("pick", "alt"):
-        for sec, row, direction, keys, rule in plan:
+        for sec, row, direction, keys, rule in plan if phase == "pick" else sorted(plan, key=lambda t: first[t[0]]):
             rk = (sec, row[0])
             if rk not in results:
                 results[rk] = {"case": row[0], "dtype": row[1], "N": row[2], "G": row[3], "C": row[4], "K": row[5],
