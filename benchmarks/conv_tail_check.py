@@ -18,8 +18,8 @@ time; ratio = cuDNN's time / ours, CUDA-graph medians, eager beside them for the
               the next ranked keys, and on the ResNet rows probes of the key space beyond the shortlist
               (128x64 / 128x128 tiles, BLOCK_K 64-128, tap bits, 3-4 stages: which tiles the 3x3
               candidate list should hold) and the new tensor-descriptor forward (``_tma``: x boxes of
-              output rows x 8 columns at each tap-shifted corner, TMA + wgmma; not in the key space
-              until it is measured: its ``tma_*`` rows);
+              output rows x 8 columns at each tap-shifted corner, TMA + wgmma; keys of the space, on
+              no candidate list until measured: its ``tma_*`` rows);
 ``api``       ``ck_conv.conv2d``'s autograd on a ResNeXt layer: dW and dX against fp32 torch, the
               bwd_weight key that ran (``ck_after_run``) equal to the Dispatcher's pick, the eager
               fwd+bwd step against torch's.
@@ -77,7 +77,7 @@ ALTS = {"grouped": 2, "depthwise": 1, "forward": 2}
 #: forward probes on the ungrouped 3x3 rows: keys of the space beyond the shortlist (tile, warps as
 #: waves, stages, tap bits), timed to tell which tiles and depths the 3x3 candidate list should hold
 FORWARD_PROBES = [((128, 64, 64), (2, 4, 1), 3), ((128, 128, 64), (2, 4, 1), 4), ((128, 64, 128), (2, 4, 1), 4)]
-#: the tensor-descriptor forward (session 11, not yet in the key space): (tile, warps, stages)
+#: the tensor-descriptor forward (session 11: keys of the space, on no candidate list yet): (tile, warps, stages)
 TMA_PROBES = [((128, 64, 64), 4, 0), ((128, 64, 64), 8, 4), ((128, 128, 64), 8, 0), ((64, 64, 64), 4, 0),
               ((256, 64, 64), 8, 3), ((128, 128, 64), 8, 4)]
 #: the dry run: tiny shapes under the interpreter (fp16: its bf16 dot is not exact enough)

@@ -174,6 +174,10 @@ def realisation_configs(direction: str, dtype: str, ndim: int, layout: str, spec
         for tile, st, red in itertools.product(_axes(tmt), tmt["stages"], tt["tma_reductions"]):
             for w in (4, 8) if tile[0] * tile[1] >= 128 * 64 else (4,):
                 add(tile, (w, 1, 1), stages=st, reduction=red, tma=True)
+    if direction == "forward" and specialization in ("default", "filter3x3", "filter1x1_stride1_pad0"):
+        # the tensor-descriptor forward (stride 1): x boxes of output rows x 8 columns per tap
+        for tile, w, st in tt["tma_forward"]:
+            add(tile, (w, 1, 1), stages=st, tma=True)
     if direction != "bwd_data" and specialization in ("default", "filter3x3"):
         # im2col over the flattened (tap, channel) axis (RGB stems: few channels per group)
         for tile, w in tt["flat_gemm_tiles"][direction]:
@@ -194,8 +198,8 @@ def _splits(c: ConvKernelConfig, override) -> tuple:
     splits = _triton()["splits"]
     if c.reduction == "streamk":
         return splits["streamk"]
-    if c.rows or (c.flat and c.direction != "bwd_weight") or (c.specialization == "depthwise"
-                                                              and c.direction != "bwd_weight"):
+    if c.rows or ((c.flat or c.tma) and c.direction != "bwd_weight") or (c.specialization == "depthwise"
+                                                                         and c.direction != "bwd_weight"):
         return (1,)
     if override:
         return override

@@ -1,7 +1,7 @@
 """The tensor-descriptor forward (``_tma`` on a forward key, stride 1): x boxes of output rows x
 TMA_FWD_W columns at each tap-shifted corner (zeros outside the image), weight boxes of
-[BLOCK_N, BLOCK_K]; under the interpreter against the float64 reference.  Not in the key space or
-the shortlist yet: ``benchmarks/conv_tail_check.py`` times it on ResNet's 3x3 layers first."""
+[BLOCK_N, BLOCK_K]; under the interpreter against the float64 reference.  Keys of the space, on no
+candidate list yet: ``benchmarks/conv_tail_check.py`` times it on ResNet's 3x3 layers first."""
 from __future__ import annotations
 
 import attrs
@@ -78,3 +78,21 @@ def test_launch_shape_of_the_tensor_descriptor_forward():
     c = _cfg(p, (128, 64, 64), "filter3x3")
     assert reduction_shape(c, p) == (2 * 4 * 7, 9)
     assert split_plan(c, p) == (1, 9)
+
+
+def test_in_the_key_space_on_no_candidate_list():
+    """The tma forward keys are keys of the space (``ck tune`` and the tuning store reach them, ``ck build``
+    compiles them), but no shortlist offers them until a GPU run has measured them."""
+    from ck_conv.heuristics import shortlist
+    from ck_conv.keys import config_of, key_of
+    from ck_conv.keyspace import key_space
+    from ck_core.plugins import get_manager
+
+    arch = get_manager().arch("sm90")
+    p = _problem(dtype="bf16", N=32, G=1, C=64, K=64, input_spatial=(56, 56), filter=(3, 3), pad_left=(1, 1),
+                 pad_right=(1, 1))
+    space = key_space(arch, "triton", {"directions": ["forward"], "dtypes": ["bf16"], "ndims": [2]})
+    c = attrs.evolve(_cfg(p, (128, 64, 64), "filter3x3"), stages=0)
+    assert key_of(c, "sm90", "triton") in space and c.why_not(p) is None
+    assert key_of(attrs.evolve(c, split=2), "sm90", "triton") not in space   # no split form
+    assert not [k.name for tier in shortlist(p, arch, "triton") for k in tier if config_of(k).tma]
