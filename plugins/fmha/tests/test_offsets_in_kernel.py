@@ -1,0 +1,240 @@
+"""Group-mode offsets checked inside the kernels (issue #26: a warm varlen forward is one launch, its
+backward no guard or poisoning launch).  Every kernel that reads ``cu_seqlens_q/k`` checks them all
+first; bad ones (the start below 0, decreasing, past the packed rows, a sequence longer than
+max_seqlen, a logical length outside its span) make the call's outputs NaN -- the whole tensors, rows
+of no sequence too -- and set BAD_OFFSETS in the device flag, with nothing read or written outside the
+tensors.  The launchers get the offsets as the Dispatcher passes run-time ones (``_trusted_varlen``:
+no host check), so the kernels' check is what runs, in the interpreter.  Good offsets give the float64
+reference's results."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+import ck_fmha  # noqa: E402
+from ck_fmha import device_errors as D  # noqa: E402
+from ck_fmha.backends.triton import TritonFmhaConfig  # noqa: E402
+from ck_fmha.backends.triton import launch as ops  # noqa: E402
+from ck_fmha.backends.triton import launch_bwd as ops_bwd  # noqa: E402
+from ck_fmha.backends.triton.launch_decode import batch_prefill_launch  # noqa: E402
+
+pytestmark = [pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning"),
+              pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning"),
+              pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning"),
+              pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")]
+
+SMALL = TritonFmhaConfig(16, 16, 4, 1)
+SENTINEL = 1234.0
+LENS_Q, LENS_K = [5, 9, 3], [7, 4, 10]   # odd sizes; q has 2 packed rows of no sequence, k 1
+ROWS_Q, ROWS_K = sum(LENS_Q) + 2, sum(LENS_K) + 1
+
+
+@pytest.fixture(autouse=True)
+def _clean_flag():
+    D._FLAGS.clear()
+    yield
+    D._FLAGS.clear()
+
+
+def _cu(lens):
+    return torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
+
+
+def _bad(kind, lens, rows):
+    """(offsets, max_seqlen) of one kind of bad offsets for sequences ``lens`` in ``rows`` packed rows."""
+    cu, longest = _cu(lens), max(lens)
+    if kind == "negative":
+        cu[0] = -2
+    elif kind == "decreasing":
+        cu[2] = cu[1] - 1
+    elif kind == "past_rows":   # the last span stays within max_seqlen
+        cu[-1] = rows + 1
+    elif kind == "too_long":
+        longest -= 1
+    return cu, longest
+
+
+def _ref(q, k, v, cu_q, cu_k, lens_k=None):
+    """float64 attention per sequence (GQA by repeated kv heads); rows of no sequence stay 0."""
+    group = q.shape[1] // k.shape[1]
+    o = torch.zeros(q.shape[:-1] + (v.shape[-1],), dtype=torch.float64)
+    for i, (s, e) in enumerate(zip(cu_q[:-1].tolist(), cu_q[1:].tolist())):
+        ks = int(cu_k[i])
+        ke = ks + (int(lens_k[i]) if lens_k is not None else int(cu_k[i + 1]) - ks)
+        qq = q[s:e].double().transpose(0, 1)
+        kk, vv = (x[ks:ke].double().repeat_interleave(group, 1).transpose(0, 1) for x in (k, v))
+        p = torch.softmax(qq @ kk.transpose(1, 2) / q.shape[-1] ** 0.5, -1)
+        o[s:e] = (p @ vv).transpose(0, 1)
+    return o
+
+
+def _rel(got, want):
+    return float((got.double() - want).norm() / want.norm())
+
+
+def _inputs(seed, hq=2, hk=2, d=16):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(ROWS_Q, hq, d, generator=g).half()
+    k, v = (torch.randn(ROWS_K, hk, d, generator=g).half() for _ in range(2))
+    return q, k, v
+
+
+def _fwd_into_sentinel(q, k, v, cu_q, cu_k, max_q, max_k, **kw):
+    """ops.fwd writing o into the middle of a sentinel buffer (a write outside o would show)."""
+    buf = torch.full((q.shape[0] + 4,) + q.shape[1:], SENTINEL).half()
+    o, lse = ops.fwd(q, k, v, layout="thd", cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q,
+                     max_seqlen_k=max_k, config=SMALL, return_lse=True, out=buf[2:-2], _trusted_varlen=True, **kw)
+    assert (buf[:2] == SENTINEL).all() and (buf[-2:] == SENTINEL).all()
+    return o, lse
+
+
+@pytest.mark.parametrize("which", ["q", "k"])
+@pytest.mark.parametrize("kind", ["negative", "decreasing", "past_rows", "too_long"])
+def test_forward_bad_offsets_give_nan_and_the_flag(which, kind):
+    q, k, v = _inputs(11)
+    cu_q, max_q = _cu(LENS_Q), max(LENS_Q)
+    cu_k, max_k = _cu(LENS_K), max(LENS_K)
+    if which == "q":
+        cu_q, max_q = _bad(kind, LENS_Q, ROWS_Q)
+    else:
+        cu_k, max_k = _bad(kind, LENS_K, ROWS_K)
+    o, lse = _fwd_into_sentinel(q, k, v, cu_q, cu_k, max_q, max_k)
+    assert torch.isnan(o).all() and torch.isnan(lse).all()   # rows of no sequence too: the whole outputs
+    assert int(D.flag("cpu")) == D.BAD_OFFSETS
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_forward_good_offsets_match_the_reference(seed):
+    q, k, v = _inputs(20 + seed, hq=4, hk=2, d=24)   # GQA, a padded head dim
+    cu_q, cu_k = _cu(LENS_Q), _cu(LENS_K)
+    o, lse = _fwd_into_sentinel(q, k, v, cu_q, cu_k, max(LENS_Q), max(LENS_K))
+    want = _ref(q, k, v, cu_q, cu_k)
+    rows = slice(0, sum(LENS_Q))
+    assert _rel(o[rows], want[rows]) < 2e-3 and torch.isfinite(lse[:, rows]).all()
+    assert int(D.flag("cpu")) == 0
+
+
+@pytest.mark.parametrize("bad_len", [-1, 5, 11])   # below 0, past its span (4), past max_seqlen_k (10)
+def test_forward_logical_key_lengths_are_checked(bad_len):
+    q, k, v = _inputs(31)
+    cu_q, cu_k = _cu(LENS_Q), _cu(LENS_K)
+    lens = torch.tensor([6, 3, 10], dtype=torch.int32)
+    o, _ = _fwd_into_sentinel(q, k, v, cu_q, cu_k, max(LENS_Q), 10, seqlens_k=lens)
+    want = _ref(q, k, v, cu_q, cu_k, lens)
+    assert _rel(o[:sum(LENS_Q)], want[:sum(LENS_Q)]) < 2e-3 and int(D.flag("cpu")) == 0
+    lens[1] = bad_len
+    o, _ = _fwd_into_sentinel(q, k, v, cu_q, cu_k, max(LENS_Q), 10, seqlens_k=lens)
+    assert torch.isnan(o).all() and int(D.flag("cpu")) == D.BAD_OFFSETS
+
+
+def test_the_check_agrees_with_the_torch_form_on_many_offsets():
+    """Random good and bad offsets, past one 128-offset block of the kernels' scan (a bad one anywhere
+    counts): NaN and the flag exactly where the torch statement of the contract
+    (ck_fmha.device_errors.guard_offsets) changes something."""
+    g = torch.Generator().manual_seed(5)
+    d, hq = 16, 1
+    for trial in range(6):
+        n = 150 if trial == 1 else int(torch.randint(2, 12, (1,), generator=g))
+        spans = torch.randint(0, 6, (n - 1,), generator=g)
+        cu = torch.cat((torch.zeros(1, dtype=torch.long), spans.cumsum(0)))
+        rows, longest = int(cu[-1]) + 1, max(1, int(spans.max()))
+        if trial == 1:   # only the last offset (in the scan's second block of 128) is past the rows
+            cu[-1] = rows + 1
+        elif trial % 2:
+            cu[int(torch.randint(0, n, (1,), generator=g))] += 3 if trial % 4 == 1 else -3
+        cu = cu.to(torch.int32)
+        D._FLAGS.clear()
+        _, want_bad = D.guard_offsets(cu, rows, longest)
+        D._FLAGS.clear()
+        q = torch.randn(rows, hq, d, generator=g).half()
+        o = ops.fwd(q, q, q, layout="thd", cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=longest,
+                    max_seqlen_k=longest, config=SMALL, _trusted_varlen=True)
+        assert bool(torch.isnan(o).all()) == bool(want_bad), (trial, cu.tolist())
+        assert int(D.flag("cpu")) == (D.BAD_OFFSETS if want_bad else 0)
+        if not want_bad:
+            want = _ref(q, q, q, cu, cu)
+            last = int(cu[-1])
+            assert _rel(o[:last], want[:last]) < 2e-3
+
+
+def _grads(q, k, v, do, cu_q, cu_k, max_q, max_k, cfg_kv, deterministic):
+    o, lse = ops.fwd(q, k, v, layout="thd", cu_seqlens_q=_cu(LENS_Q), cu_seqlens_k=_cu(LENS_K),
+                     max_seqlen_q=max(LENS_Q), max_seqlen_k=max(LENS_K), config=SMALL, return_lse=True,
+                     _trusted_varlen=True)
+    return ops_bwd.bwd(q, k, v, o, lse, do, layout="thd", cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q,
+                       max_seqlen_k=max_k, config=(cfg_kv, SMALL), deterministic=deterministic,
+                       _trusted_varlen=True)
+
+
+@pytest.mark.parametrize("deterministic,variant,gsplit", [(True, "ptr", 1), (False, "kvsplit", 2)])
+def test_backward_bad_key_offsets_give_nan_gradients_and_the_flag(deterministic, variant, gsplit):
+    """Every backward kernel checks the offsets: with bad key offsets dq, dk and dv are all NaN (dK/dV
+    partials of a split GQA group too) and the flag is set; good offsets match float64 autograd."""
+    q, k, v = _inputs(41, hq=4, hk=2)
+    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(42)).half()
+    cfg_kv = SMALL.with_(variant=variant, GSPLIT=gsplit)
+    cu_q, cu_k = _cu(LENS_Q), _cu(LENS_K)
+    dq, dk, dv = _grads(q, k, v, do, cu_q, cu_k, max(LENS_Q), max(LENS_K), cfg_kv, deterministic)
+    ref = [x.detach().double().requires_grad_() for x in (q, k, v)]
+    want_o = _ref_autograd(*ref, cu_q, cu_k)
+    want_o.backward(do.double()[:sum(LENS_Q)])
+    for got, want, n in zip((dq, dk, dv), ref, (sum(LENS_Q), sum(LENS_K), sum(LENS_K))):
+        assert _rel(got[:n], want.grad[:n]) < 2e-2
+    assert int(D.flag("cpu")) == 0
+    for kind in ("decreasing", "past_rows"):
+        bad_k, max_k = _bad(kind, LENS_K, ROWS_K)
+        out = _grads(q, k, v, do, cu_q, bad_k, max(LENS_Q), max_k, cfg_kv, deterministic)
+        assert all(torch.isnan(x).all() for x in out), [torch.isnan(x).float().mean().item() for x in out]
+        assert int(D.flag("cpu")) == D.BAD_OFFSETS
+        D._FLAGS.clear()
+    bad_q, max_q = _bad("too_long", LENS_Q, ROWS_Q)
+    out = _grads(q, k, v, do, bad_q, cu_k, max_q, max(LENS_K), cfg_kv, deterministic)
+    assert all(torch.isnan(x).all() for x in out) and int(D.flag("cpu")) == D.BAD_OFFSETS
+
+
+def _ref_autograd(q, k, v, cu_q, cu_k):
+    group = q.shape[1] // k.shape[1]
+    outs = []
+    for i, (s, e) in enumerate(zip(cu_q[:-1].tolist(), cu_q[1:].tolist())):
+        ks, ke = int(cu_k[i]), int(cu_k[i + 1])
+        qq = q[s:e].transpose(0, 1)
+        kk, vv = (x[ks:ke].repeat_interleave(group, 1).transpose(0, 1) for x in (k, v))
+        p = torch.softmax(qq @ kk.transpose(1, 2) / q.shape[-1] ** 0.5, -1)
+        outs.append((p @ vv).transpose(0, 1))
+    return torch.cat(outs)
+
+
+@pytest.mark.parametrize("kind", [None, "decreasing", "past_rows"])
+def test_batch_prefill_query_offsets(kind):
+    """batch_prefill's kernel checks its query offsets too (its page check is the page guard's)."""
+    g = torch.Generator().manual_seed(51)
+    ps, hq, hk, d = 4, 2, 1, 16
+    q = torch.randn(ROWS_Q, hq, d, generator=g).half()
+    pool = torch.randn(9, ps, hk, d, generator=g).half()
+    pages = torch.tensor([[1, 2, 3], [4, 5, 6], [7, 8, 0]], dtype=torch.int32)
+    lens = torch.tensor([9, 12, 5], dtype=torch.int32)
+    cu_q, max_q = (_cu(LENS_Q), max(LENS_Q)) if kind is None else _bad(kind, LENS_Q, ROWS_Q)
+    o, lse = batch_prefill_launch(q, pool, pool, lens, cu_seqlens_q=cu_q, max_seqlen_q=max_q, max_seqlen_k=12,
+                                  block_table=pages, config=SMALL, return_lse=True, _trusted_varlen=True)
+    if kind is not None:
+        assert torch.isnan(o).all() and torch.isnan(lse).all() and int(D.flag("cpu")) == D.BAD_OFFSETS
+        return
+    kk = torch.cat([pool[pages[b]].reshape(-1, hk, d)[:int(lens[b])] for b in range(3)])
+    want = _ref(q, kk, kk, cu_q, _cu(lens.tolist()))
+    n = sum(LENS_Q)
+    assert _rel(o[:n], want[:n]) < 2e-3 and int(D.flag("cpu")) == 0
+
+
+def test_public_call_raises_for_bad_offsets_then_runs():
+    """Through ck_fmha.attention (run-time offsets, the warm path): the CPU flag is read at once."""
+    q, k, v = _inputs(61)
+    bad, _ = _bad("decreasing", LENS_K, ROWS_K)
+    with pytest.raises(D.DeviceLengthError, match="group-mode offsets"):
+        ck_fmha.attention(q, k, v, layout="thd", cu_seqlens_q=_cu(LENS_Q), cu_seqlens_k=bad,
+                          max_seqlen_q=max(LENS_Q), max_seqlen_k=max(LENS_K))
+    o = ck_fmha.attention(q, k, v, layout="thd", cu_seqlens_q=_cu(LENS_Q), cu_seqlens_k=_cu(LENS_K),
+                          max_seqlen_q=max(LENS_Q), max_seqlen_k=max(LENS_K))
+    n = sum(LENS_Q)
+    assert _rel(o[:n], _ref(q, k, v, _cu(LENS_Q), _cu(LENS_K))[:n]) < 2e-3
