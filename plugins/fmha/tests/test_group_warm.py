@@ -117,9 +117,10 @@ def _ref_autograd(q, k, v, cu):
 
 
 @pytest.mark.gpu
-def test_gpu_group_warm_calls_guard_each_call():
-    """On a GPU: warm varlen calls (recorded guard, kernel, poisoning) against a float64 reference, and a
-    warm call of the same signature with offsets past the packed rows gives NaN and the flag."""
+def test_gpu_group_warm_calls_check_each_call():
+    """On a GPU: warm varlen calls (the one recorded kernel launch, which checks the offsets itself)
+    against a float64 reference, and a warm call of the same signature with offsets past the packed
+    rows gives NaN and the flag."""
     import os
 
     if os.environ.get("CK_TEST_GPU") != "1" or not torch.cuda.is_available():

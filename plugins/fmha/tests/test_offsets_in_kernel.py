@@ -238,3 +238,80 @@ def test_public_call_raises_for_bad_offsets_then_runs():
                           max_seqlen_q=max(LENS_Q), max_seqlen_k=max(LENS_K))
     n = sum(LENS_Q)
     assert _rel(o[:n], _ref(q, k, v, _cu(LENS_Q), _cu(LENS_K))[:n]) < 2e-3
+
+
+@pytest.mark.gpu
+def test_gpu_offsets_checked_in_the_kernels_cold_and_warm():
+    """On a GPU, through the public calls (run-time device offsets: recorded launches replayed):
+    good offsets give the float64 reference (fwd and grads, cold and warm); every kind of bad query or
+    key offsets gives all-NaN outputs and the flag, as do bad key offsets in the backward alone and bad
+    query offsets in batch_prefill; good calls of the same signatures run on after them."""
+    import os
+
+    if os.environ.get("CK_TEST_GPU") != "1" or not torch.cuda.is_available():
+        pytest.skip("needs CK_TEST_GPU=1 and a CUDA device")
+    from ck_fmha.api import _bwd
+    from ck_fmha.prefill import batch_prefill
+
+    dev = "cuda"
+    q, k, v = (x.to(dev) for x in _inputs(71, hq=4, hk=2, d=64))
+    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(72)).half().to(dev)
+    good_q, good_k = _cu(LENS_Q).to(dev), _cu(LENS_K).to(dev)
+    mq, mk, nq = max(LENS_Q), max(LENS_K), sum(LENS_Q)
+    ref = [x.detach().cpu().double().requires_grad_() for x in (q, k, v)]
+    want = _ref_autograd(*ref, _cu(LENS_Q), _cu(LENS_K))
+    want.backward(do.cpu().double()[:nq])
+    try:
+        ck_fmha.check_errors()
+    except D.DeviceLengthError:
+        pass
+
+    def fwd_bwd(cq, ck, max_q=mq, max_k=mk):
+        x = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        o = ck_fmha.attention(*x, layout="thd", cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=max_q,
+                              max_seqlen_k=max_k)
+        o.backward(do)
+        return o.detach(), [t.grad for t in x]
+
+    for _ in range(3):   # the cold call records, the next two replay
+        o, grads = fwd_bwd(good_q, good_k)
+        assert _rel(o[:nq].cpu(), want.detach()[:nq]) < 1e-2
+        for got, r, n in zip(grads, ref, (nq, sum(LENS_K), sum(LENS_K))):
+            assert _rel(got[:n].cpu(), r.grad[:n]) < 2e-2
+    ck_fmha.check_errors()
+    for which in ("q", "k"):
+        for kind in ("negative", "decreasing", "past_rows", "too_long"):
+            cq, max_q = (_bad(kind, LENS_Q, ROWS_Q) if which == "q" else (_cu(LENS_Q), mq))
+            ck, max_k = (_bad(kind, LENS_K, ROWS_K) if which == "k" else (_cu(LENS_K), mk))
+            o = ck_fmha.attention(q, k, v, layout="thd", cu_seqlens_q=cq.to(dev), cu_seqlens_k=ck.to(dev),
+                                  max_seqlen_q=max_q, max_seqlen_k=max_k)
+            assert torch.isnan(o).all(), (which, kind)
+            with pytest.raises(D.DeviceLengthError, match="group-mode offsets"):
+                ck_fmha.check_errors()
+    o, lse = ck_fmha.attention(q, k, v, layout="thd", cu_seqlens_q=good_q, cu_seqlens_k=good_k, max_seqlen_q=mq,
+                               max_seqlen_k=mk, return_lse=True)
+    for deterministic in (True, False):
+        bad_k = _bad("decreasing", LENS_K, ROWS_K)[0].to(dev)
+        out = _bwd(q, k, v, o, lse, do, None, None, good_q, bad_k, (mq, mk), False, None, (-1, -1), 0.0, "thd",
+                   deterministic, 0.0, 0, 0, None, False)
+        assert all(torch.isnan(x).all() for x in out[:3]), deterministic
+        with pytest.raises(D.DeviceLengthError, match="group-mode offsets"):
+            ck_fmha.check_errors()
+    ps, hk = 16, 2
+    pool = torch.randn(8, ps, hk, 64, generator=torch.Generator().manual_seed(73)).half().to(dev)
+    pages = torch.tensor([[0, 1], [2, 3], [4, 5]], dtype=torch.int32, device=dev)
+    lens = torch.tensor([20, 9, 32], dtype=torch.int32, device=dev)
+    kw = dict(max_seqlen_k=32, block_table=pages)
+    for cq, max_q, bad in ((good_q, mq, False), (_bad("past_rows", LENS_Q, ROWS_Q)[0].to(dev), mq, True),
+                           (good_q, mq - 1, True), (good_q, mq, False)):
+        op = batch_prefill(q, pool, pool, lens, cu_seqlens_q=cq, max_seqlen_q=max_q, **kw)
+        if bad:
+            assert torch.isnan(op).all()
+            with pytest.raises(D.DeviceLengthError, match="group-mode offsets"):
+                ck_fmha.check_errors()
+        else:
+            assert torch.isfinite(op[:nq]).all()
+            ck_fmha.check_errors()
+    o2, _ = fwd_bwd(good_q, good_k)
+    assert _rel(o2[:nq].cpu(), want.detach()[:nq]) < 1e-2
+    ck_fmha.check_errors()
