@@ -130,17 +130,17 @@ def test_forward_logical_key_lengths_are_checked(bad_len):
 
 
 def test_the_check_agrees_with_the_torch_form_on_many_offsets():
-    """Random good and bad offsets, past one 128-offset block of the kernels' scan (a bad one anywhere
+    """Random good and bad offsets, past one 256-offset block of the kernels' scan (a bad one anywhere
     counts): NaN and the flag exactly where the torch statement of the contract
     (ck_fmha.device_errors.guard_offsets) changes something."""
     g = torch.Generator().manual_seed(5)
     d, hq = 16, 1
     for trial in range(6):
-        n = 150 if trial == 1 else int(torch.randint(2, 12, (1,), generator=g))
+        n = 300 if trial == 1 else int(torch.randint(2, 12, (1,), generator=g))
         spans = torch.randint(0, 6, (n - 1,), generator=g)
         cu = torch.cat((torch.zeros(1, dtype=torch.long), spans.cumsum(0)))
         rows, longest = int(cu[-1]) + 1, max(1, int(spans.max()))
-        if trial == 1:   # only the last offset (in the scan's second block of 128) is past the rows
+        if trial == 1:   # only the last offset (in the scan's second block of 256) is past the rows
             cu[-1] = rows + 1
         elif trial % 2:
             cu[int(torch.randint(0, n, (1,), generator=g))] += 3 if trial % 4 == 1 else -3

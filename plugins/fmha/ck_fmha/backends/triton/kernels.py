@@ -226,27 +226,41 @@ def _checked_len(raw, cap, ERR):
 
 
 @triton.jit
-def _group_offsets_bad(CU, n, rows, longest, LENS, HAS_LENS: tl.constexpr, BLOCK: tl.constexpr):
-    """Whether group-mode offsets CU [n] (int32) break the launch's contract: the start below 0, a
-    span below 0 or longer than ``longest`` (the grid's max_seqlen), an offset past the packed tensor's
-    ``rows``.  HAS_LENS: logical key lengths LENS [n - 1] (HAS_SEQLENS) outside [0, span] or past
-    ``longest``, which then bounds them instead of the spans.  Every program reads all offsets (a few
-    vector loads, from L2 after the first): one bad sequence makes the whole call's outputs NaN, as the
+def _spans_bad(CU, j, m, rows, longest, LENS, HAS_LENS: tl.constexpr):
+    """Per offset j (mask m) of CU: its span negative or longer than ``longest``, or past ``rows``
+    (HAS_LENS: the logical length LENS[j - 1] outside [0, span] or past ``longest`` instead)."""
+    c = tl.load(CU + j, mask=m, other=0).to(tl.int64)
+    span = c - tl.load(CU + j - 1, mask=m, other=0).to(tl.int64)
+    e = (span < 0) | (c > rows)
+    if HAS_LENS:
+        ln = tl.load(LENS + j - 1, mask=m, other=0).to(tl.int64)
+        e = e | (ln < 0) | (ln > span) | (ln > longest)
+    else:
+        e = e | (span > longest)
+    return m & e
+
+
+@triton.jit
+def _group_offsets_bad(n, CU_Q, rows_q, long_q, CU_K, rows_k, long_k, LENS, CHECK_K: tl.constexpr,
+                       HAS_LENS: tl.constexpr, BLOCK: tl.constexpr):
+    """Whether group-mode offsets (int32 [n]) break the launch's contract: CU_Q starting below 0, a span
+    below 0 or longer than ``long_q`` (the grid's max_seqlen_q), an offset past the packed tensor's
+    ``rows_q``; CHECK_K: CU_K likewise against ``rows_k`` and ``long_k`` (HAS_LENS: its logical
+    lengths LENS [n - 1] (HAS_SEQLENS) outside [0, span] or past ``long_k``, which then bound them
+    instead of the spans).  Every program reads all the offsets (both arrays' blocks loaded together:
+    one L2 round trip per BLOCK offsets); one bad sequence makes the whole call's outputs NaN, as the
     contract of :mod:`ck_fmha.device_errors` says, with no launch of its own."""
     offs = tl.arange(0, BLOCK)
-    bad = tl.load(CU).to(tl.int64) < 0
+    bad = tl.load(CU_Q).to(tl.int64) < 0
+    if CHECK_K:
+        bad = bad | (tl.load(CU_K).to(tl.int64) < 0)
     for j0 in range(1, n, BLOCK):
         j = j0 + offs
         m = j < n
-        c = tl.load(CU + j, mask=m, other=0).to(tl.int64)
-        span = c - tl.load(CU + j - 1, mask=m, other=0).to(tl.int64)
-        e = (span < 0) | (c > rows)
-        if HAS_LENS:
-            ln = tl.load(LENS + j - 1, mask=m, other=0).to(tl.int64)
-            e = e | (ln < 0) | (ln > span) | (ln > longest)
-        else:
-            e = e | (span > longest)
-        bad = bad | (tl.max((m & e).to(tl.int32), axis=0) > 0)
+        e = _spans_bad(CU_Q, j, m, rows_q, long_q, CU_Q, False)
+        if CHECK_K:
+            e = e | _spans_bad(CU_K, j, m, rows_k, long_k, LENS, HAS_LENS)
+        bad = bad | (tl.max(e.to(tl.int32), axis=0) > 0)
     return bad
 
 
@@ -536,9 +550,8 @@ def fmha_fwd_kernel(
     hk = h // GROUP
     if IS_VARLEN:
         n_cu = tl.num_programs(1) // H + 1
-        offsets_bad = _group_offsets_bad(CU_Q, n_cu, ROWS_Q, SEQ_Q, CU_Q, False, 128)
-        if PAGE_SIZE == 0:
-            offsets_bad = offsets_bad | _group_offsets_bad(CU_K, n_cu, ROWS_K, LONG_K, SEQLENS_K, HAS_SEQLENS, 128)
+        offsets_bad = _group_offsets_bad(n_cu, CU_Q, ROWS_Q, SEQ_Q, CU_K, ROWS_K, LONG_K, SEQLENS_K, PAGE_SIZE == 0,
+                                         HAS_SEQLENS, 256)
         if offsets_bad:
             idx = tl.program_id(0) + tl.num_programs(0) * bh
             count = tl.num_programs(0) * tl.num_programs(1)
@@ -807,7 +820,7 @@ def fmha_bwd_dot_do_o_kernel(O, DO, DELTA, sob, soh, sos, sdb, sdh, sds, H, SEQ_
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_DV)
     if IS_VARLEN:
-        if _group_offsets_bad(CU_Q, tl.num_programs(1) // H + 1, ROWS_Q, SEQ_Q, CU_Q, False, 128):
+        if _group_offsets_bad(tl.num_programs(1) // H + 1, CU_Q, ROWS_Q, SEQ_Q, CU_Q, 0, 0, CU_Q, False, False, 256):
             _nan_hr(DELTA, H, ROWS_Q, sdlh, pid_m + tl.num_programs(0) * bh, tl.num_programs(0) * tl.num_programs(1),
                     256)
             return
@@ -1104,8 +1117,8 @@ def fmha_bwd_dq_dk_dv_kernel(
     n0 = pid_n * BLOCK_N
     if IS_VARLEN:
         n_cu = tl.num_programs(1) // HK + 1
-        offsets_bad = _group_offsets_bad(CU_Q, n_cu, ROWS_Q, SEQ_Q, CU_Q, False, 128)
-        offsets_bad = offsets_bad | _group_offsets_bad(CU_K, n_cu, ROWS_K, SEQ_K, SEQLENS_K, HAS_SEQLENS, 128)
+        offsets_bad = _group_offsets_bad(n_cu, CU_Q, ROWS_Q, SEQ_Q, CU_K, ROWS_K, SEQ_K, SEQLENS_K, True, HAS_SEQLENS,
+                                         256)
         if offsets_bad:
             idx = pid_n + tl.num_programs(0) * bh
             count = tl.num_programs(0) * tl.num_programs(1)
@@ -1292,8 +1305,8 @@ def fmha_bwd_dq_kernel(
     m0 = pid_m * BLOCK_M
     if IS_VARLEN:
         n_cu = tl.num_programs(1) // H + 1
-        offsets_bad = _group_offsets_bad(CU_Q, n_cu, ROWS_Q, SEQ_Q, CU_Q, False, 128)
-        offsets_bad = offsets_bad | _group_offsets_bad(CU_K, n_cu, ROWS_K, SEQ_K, SEQLENS_K, HAS_SEQLENS, 128)
+        offsets_bad = _group_offsets_bad(n_cu, CU_Q, ROWS_Q, SEQ_Q, CU_K, ROWS_K, SEQ_K, SEQLENS_K, True, HAS_SEQLENS,
+                                         256)
         if offsets_bad:
             _nan_lines(DQ, ROWS_Q, H, sdqs, sdqh, D_Q, tl.program_id(0) + tl.num_programs(0) * bh,
                        tl.num_programs(0) * tl.num_programs(1), 16, BLOCK_DQ)
@@ -1425,8 +1438,8 @@ def fmha_bwd_convert_dq_kernel(DQA, DQ, sab, sah, sas, sdb, sdh, sds, H, SEQ_Q, 
     offs_d = tl.arange(0, BLOCK_DQ)
     if IS_VARLEN:
         n_cu = tl.num_programs(1) // H + 1
-        offsets_bad = _group_offsets_bad(CU_Q, n_cu, ROWS_Q, SEQ_Q, CU_Q, False, 128)
-        offsets_bad = offsets_bad | _group_offsets_bad(CU_K, n_cu, ROWS_K, LONG_K, SEQLENS_K, HAS_SEQLENS, 128)
+        offsets_bad = _group_offsets_bad(n_cu, CU_Q, ROWS_Q, SEQ_Q, CU_K, ROWS_K, LONG_K, SEQLENS_K, True, HAS_SEQLENS,
+                                         256)
         if offsets_bad:
             _nan_lines(DQ, ROWS_Q, H, sds, sdh, D_Q, pid_m + tl.num_programs(0) * bh,
                        tl.num_programs(0) * tl.num_programs(1), 16, BLOCK_DQ)
