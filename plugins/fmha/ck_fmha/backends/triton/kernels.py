@@ -226,14 +226,16 @@ def _checked_len(raw, cap, ERR):
 
 
 @triton.jit
-def _spans_bad(CU, j, m, rows, longest, LENS, HAS_LENS: tl.constexpr):
-    """Per offset j (mask m) of CU: its span negative or longer than ``longest``, or past ``rows``
-    (HAS_LENS: the logical length LENS[j - 1] outside [0, span] or past ``longest`` instead)."""
-    c = tl.load(CU + j, mask=m, other=0).to(tl.int64)
-    span = c - tl.load(CU + j - 1, mask=m, other=0).to(tl.int64)
-    e = (span < 0) | (c > rows)
+def _spans_bad_of(c, prev, ln, first, m, rows, longest, HAS_LENS: tl.constexpr):
+    """Per offset c (its predecessor prev; mask m; ``first``: prev is the array's start): the start below
+    0, the span negative or longer than ``longest``, or c past ``rows`` (HAS_LENS: the logical length
+    ln outside [0, span] or past ``longest`` instead of the span's bound)."""
+    c = c.to(tl.int64)
+    prev = prev.to(tl.int64)
+    span = c - prev
+    e = (span < 0) | (c > rows) | (first & (prev < 0))
     if HAS_LENS:
-        ln = tl.load(LENS + j - 1, mask=m, other=0).to(tl.int64)
+        ln = ln.to(tl.int64)
         e = e | (ln < 0) | (ln > span) | (ln > longest)
     else:
         e = e | (span > longest)
@@ -241,27 +243,73 @@ def _spans_bad(CU, j, m, rows, longest, LENS, HAS_LENS: tl.constexpr):
 
 
 @triton.jit
+def _offsets_fetch(n, CU_Q, CU_K, LENS, j0, CHECK_K: tl.constexpr, HAS_LENS: tl.constexpr, BLOCK: tl.constexpr):
+    """Offsets j0 .. j0 + BLOCK of both arrays and their predecessors (and the logical lengths), loaded:
+    (c_q, prev_q, c_k, prev_k, lens).  Nothing here waits on the loads, so a kernel can issue them,
+    then its own first loads, and only then evaluate them (:func:`_offsets_eval`): the check's L2 round
+    trip overlaps the program's."""
+    j = j0 + tl.arange(0, BLOCK)
+    m = j < n
+    cq = tl.load(CU_Q + j, mask=m, other=0)
+    pq = tl.load(CU_Q + j - 1, mask=m, other=0)
+    ck = cq
+    pk = pq
+    ln = cq
+    if CHECK_K:
+        ck = tl.load(CU_K + j, mask=m, other=0)
+        pk = tl.load(CU_K + j - 1, mask=m, other=0)
+        if HAS_LENS:
+            ln = tl.load(LENS + j - 1, mask=m, other=0)
+    return cq, pq, ck, pk, ln
+
+
+@triton.jit
+def _offsets_eval(cq, pq, ck, pk, ln, n, CU_Q, rows_q, long_q, CU_K, rows_k, long_k, LENS, CHECK_K: tl.constexpr,
+                  HAS_LENS: tl.constexpr, BLOCK: tl.constexpr):
+    """Whether group-mode offsets (int32 [n]) break the launch's contract, from the first block that
+    :func:`_offsets_fetch` loaded (offsets 1 .. BLOCK) and, for more than BLOCK sequences, the rest
+    read here: CU_Q starting below 0, a span below 0 or longer than ``long_q`` (the grid's
+    max_seqlen_q), an offset past the packed tensor's ``rows_q``; CHECK_K: CU_K likewise against
+    ``rows_k`` and ``long_k`` (HAS_LENS: its logical lengths LENS [n - 1] (HAS_SEQLENS) outside
+    [0, span] or past ``long_k``, which then bound them instead of the spans).  Every program reads all
+    the offsets (from L2 after the first); one bad sequence makes the whole call's outputs NaN, as
+    the contract of :mod:`ck_fmha.device_errors` says, with no launch of its own."""
+    j = 1 + tl.arange(0, BLOCK)
+    m = j < n
+    e = _spans_bad_of(cq, pq, ln, j == 1, m, rows_q, long_q, False)
+    if CHECK_K:
+        e = e | _spans_bad_of(ck, pk, ln, j == 1, m, rows_k, long_k, HAS_LENS)
+    bad = tl.max(e.to(tl.int32), axis=0) > 0
+    for j0 in range(1 + BLOCK, n, BLOCK):   # (more than BLOCK sequences)
+        xq, xpq, xk, xpk, xln = _offsets_fetch(n, CU_Q, CU_K, LENS, j0, CHECK_K, HAS_LENS, BLOCK)
+        mx = (j0 + tl.arange(0, BLOCK)) < n
+        ex = _spans_bad_of(xq, xpq, xln, mx & False, mx, rows_q, long_q, False)
+        if CHECK_K:
+            ex = ex | _spans_bad_of(xk, xpk, xln, mx & False, mx, rows_k, long_k, HAS_LENS)
+        bad = bad | (tl.max(ex.to(tl.int32), axis=0) > 0)
+    return bad
+
+
+@triton.jit
 def _group_offsets_bad(n, CU_Q, rows_q, long_q, CU_K, rows_k, long_k, LENS, CHECK_K: tl.constexpr,
                        HAS_LENS: tl.constexpr, BLOCK: tl.constexpr):
-    """Whether group-mode offsets (int32 [n]) break the launch's contract: CU_Q starting below 0, a span
-    below 0 or longer than ``long_q`` (the grid's max_seqlen_q), an offset past the packed tensor's
-    ``rows_q``; CHECK_K: CU_K likewise against ``rows_k`` and ``long_k`` (HAS_LENS: its logical
-    lengths LENS [n - 1] (HAS_SEQLENS) outside [0, span] or past ``long_k``, which then bound them
-    instead of the spans).  Every program reads all the offsets (both arrays' blocks loaded together:
-    one L2 round trip per BLOCK offsets); one bad sequence makes the whole call's outputs NaN, as the
-    contract of :mod:`ck_fmha.device_errors` says, with no launch of its own."""
-    offs = tl.arange(0, BLOCK)
-    bad = tl.load(CU_Q).to(tl.int64) < 0
-    if CHECK_K:
-        bad = bad | (tl.load(CU_K).to(tl.int64) < 0)
-    for j0 in range(1, n, BLOCK):
-        j = j0 + offs
-        m = j < n
-        e = _spans_bad(CU_Q, j, m, rows_q, long_q, CU_Q, False)
-        if CHECK_K:
-            e = e | _spans_bad(CU_K, j, m, rows_k, long_k, LENS, HAS_LENS)
-        bad = bad | (tl.max(e.to(tl.int32), axis=0) > 0)
-    return bad
+    """:func:`_offsets_eval` of offsets fetched here (a kernel with nothing to overlap the check with)."""
+    cq, pq, ck, pk, ln = _offsets_fetch(n, CU_Q, CU_K, LENS, 1, CHECK_K, HAS_LENS, BLOCK)
+    return _offsets_eval(cq, pq, ck, pk, ln, n, CU_Q, rows_q, long_q, CU_K, rows_k, long_k, LENS, CHECK_K, HAS_LENS,
+                         BLOCK)
+
+
+@triton.jit
+def _fwd_bad_offsets(O, LSE, ERR, ROWS_Q, H, sos, soh, slh, D_V: tl.constexpr, BLOCK_DV: tl.constexpr,
+                     STORE_LSE: tl.constexpr):
+    """The forward's bad group-mode offsets: this program's share of NaN over all of O (and LSE), and
+    BAD_OFFSETS (4) ORed into ERR."""
+    idx = tl.program_id(0) + tl.num_programs(0) * tl.program_id(1)
+    count = tl.num_programs(0) * tl.num_programs(1)
+    _nan_lines(O, ROWS_Q, H, sos, soh, D_V, idx, count, 16, BLOCK_DV)
+    if STORE_LSE:
+        _nan_hr(LSE, H, ROWS_Q, slh, idx, count, 256)
+    tl.atomic_or(ERR, 4)
 
 
 @triton.jit
@@ -527,11 +575,12 @@ def fmha_fwd_kernel(
     HAS_SEQLENS (group mode, contiguous K/V): batch b reads SEQLENS_K[b] keys from CU_K[b] on (a
     logical key length within the seqstart_k span; masks align to it).
 
-    IS_VARLEN: every program first checks all the offsets (_group_offsets_bad: CU_Q against ROWS_Q
+    IS_VARLEN: every program checks all the offsets (_offsets_fetch / _offsets_eval: CU_Q against ROWS_Q
     packed rows and SEQ_Q = max_seqlen_q; CU_K against ROWS_K and LONG_K = max_seqlen_k, with
-    HAS_SEQLENS its lengths; paged: CU_Q only).  Bad ones (any batch's) make the program read nothing,
-    write NaN over its share of the whole O (and LSE) and OR BAD_OFFSETS (4) into ERR: the call's
-    outputs are NaN and flagged in this one launch, no guard or poisoning launch of its own.
+    HAS_SEQLENS its lengths; paged: CU_Q only), their loads issued with its own first ones (its batch's
+    offsets clamped into the tensors, then its q tile).  Bad ones (any batch's) make the program read
+    nothing more, write NaN over its share of the whole O (and LSE) and OR BAD_OFFSETS (4) into ERR: the
+    call's outputs are NaN and flagged in this one launch, no guard or poisoning launch of its own.
 
     BLOCK_DQ2 / BLOCK_DV2 > 0 (a key's ``dchunk``): the head dim in two power-of-two chunks, BLOCK_D? (whole)
     + BLOCK_D?2 (masked to D_?), e.g. 160 = 128 + 32, instead of one tile padded to the next power of two
@@ -549,19 +598,12 @@ def fmha_fwd_kernel(
     h = bh % H
     hk = h // GROUP
     if IS_VARLEN:
+        # the offsets' check: its loads now, evaluated after this program's first loads (which read
+        # within the tensors whatever the offsets: this batch's offsets clamped into them)
         n_cu = tl.num_programs(1) // H + 1
-        offsets_bad = _group_offsets_bad(n_cu, CU_Q, ROWS_Q, SEQ_Q, CU_K, ROWS_K, LONG_K, SEQLENS_K, PAGE_SIZE == 0,
-                                         HAS_SEQLENS, 256)
-        if offsets_bad:
-            idx = tl.program_id(0) + tl.num_programs(0) * bh
-            count = tl.num_programs(0) * tl.num_programs(1)
-            _nan_lines(O, ROWS_Q, H, sos, soh, D_V, idx, count, 16, BLOCK_DV)
-            if STORE_LSE:
-                _nan_hr(LSE, H, ROWS_Q, slh, idx, count, 256)
-            tl.atomic_or(ERR, 4)
-            return
-        q_start = tl.load(CU_Q + b)
-        seqlen_q = tl.load(CU_Q + b + 1) - q_start
+        ocq, opq, ock, opk, oln = _offsets_fetch(n_cu, CU_Q, CU_K, SEQLENS_K, 1, PAGE_SIZE == 0, HAS_SEQLENS, 256)
+        q_start = tl.minimum(tl.maximum(tl.load(CU_Q + b), 0), ROWS_Q)
+        seqlen_q = tl.minimum(tl.maximum(tl.load(CU_Q + b + 1) - q_start, 0), tl.minimum(SEQ_Q, ROWS_Q - q_start))
         if PAGE_SIZE > 0:
             k_start = 0
             cap_b = SEQ_K
@@ -569,11 +611,12 @@ def fmha_fwd_kernel(
                 cap_b = tl.minimum(cap_b, (tl.load(KV_INDPTR + b + 1) - tl.load(KV_INDPTR + b)) * PAGE_SIZE)
             seqlen_k, len_bad = _checked_len(tl.load(SEQLENS_K + b), cap_b, ERR)
         else:
-            k_start = tl.load(CU_K + b)
+            k_start = tl.minimum(tl.maximum(tl.load(CU_K + b), 0), ROWS_K)
             if HAS_SEQLENS:   # logical key length, shorter than the seqstart_k span (CK's seqlen_k_ptr)
                 seqlen_k = tl.load(SEQLENS_K + b)
             else:
                 seqlen_k = tl.load(CU_K + b + 1) - k_start
+            seqlen_k = tl.minimum(tl.maximum(seqlen_k, 0), tl.minimum(LONG_K, ROWS_K - k_start))
     else:
         q_start = 0
         seqlen_q = SEQ_Q
@@ -582,6 +625,10 @@ def fmha_fwd_kernel(
         seqlen_k = SEQ_K
     m0 = pid_m * BLOCK_M
     if m0 >= seqlen_q:
+        if IS_VARLEN:   # (no work here: bad offsets still need this program's share of NaN)
+            if _offsets_eval(ocq, opq, ock, opk, oln, n_cu, CU_Q, ROWS_Q, SEQ_Q, CU_K, ROWS_K, LONG_K, SEQLENS_K,
+                             PAGE_SIZE == 0, HAS_SEQLENS, 256):
+                _fwd_bad_offsets(O, LSE, ERR, ROWS_Q, H, sos, soh, slh, D_V, BLOCK_DV, STORE_LSE)
         return
     if BOTTOM_RIGHT:
         off = seqlen_k - seqlen_q
@@ -653,6 +700,11 @@ def fmha_fwd_kernel(
             offs_dq2 = BLOCK_DQ + tl.arange(0, BLOCK_DQ2)
             q2 = tl.load(qb + rows[:, None] * sqs + offs_dq2[None, :],
                          mask=(rows[:, None] < seqlen_q) & (offs_dq2[None, :] < D_Q), other=0.0)
+    if IS_VARLEN:   # the offsets' check, its loads issued before the q tile's
+        if _offsets_eval(ocq, opq, ock, opk, oln, n_cu, CU_Q, ROWS_Q, SEQ_Q, CU_K, ROWS_K, LONG_K, SEQLENS_K,
+                         PAGE_SIZE == 0, HAS_SEQLENS, 256):
+            _fwd_bad_offsets(O, LSE, ERR, ROWS_Q, H, sos, soh, slh, D_V, BLOCK_DV, STORE_LSE)
+            return
     if HAS_SINK_LOGIT:   # the sink is a key of logit SINK[h] (log2 units inside) and value 0
         m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.load(SINK + h).to(tl.float32) * 1.4426950408889634
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32) + 1.0
