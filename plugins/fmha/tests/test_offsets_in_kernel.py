@@ -315,3 +315,60 @@ def test_gpu_offsets_checked_in_the_kernels_cold_and_warm():
     o2, _ = fwd_bwd(good_q, good_k)
     assert _rel(o2[:nq].cpu(), want.detach()[:nq]) < 1e-2
     ck_fmha.check_errors()
+
+
+_SM90_SCRIPT = r'''
+import sys
+import torch
+from triton.backends.compiler import GPUTarget
+from ck_core.backends import triton_artifacts as ta
+from ck_fmha.backends.triton import TritonFmhaConfig
+from ck_fmha.backends.triton import launch as ops, launch_bwd as ops_bwd
+from ck_fmha.backends.triton.launch_decode import batch_prefill_launch
+
+ta.current_target = lambda: GPUTarget("cuda", 90, 32)   # the GPU this box does not have
+done = []
+def compile_only(name, fn, grid, args, kwargs, cache_root=None, extra=None):
+    ck, _ = ta.kernel_for_call(name, fn, args, kwargs, cache_root=sys.argv[1], extra=extra)
+    done.append(ck.metadata.name)
+ta.launch = compile_only
+via = lambda fn, grid: ta.bind("chk/" + fn.__name__, fn, grid)
+M = lambda *s, dt=torch.float16: torch.empty(s, dtype=dt, device="meta")
+cu, lens = torch.empty(4, dtype=torch.int32, device="meta"), torch.empty(3, dtype=torch.int32, device="meta")
+q, k, v, do = M(40, 4, 64), M(40, 2, 64), M(40, 2, 64), M(40, 4, 64)
+cfg = TritonFmhaConfig(64, 64, 4, 2)
+kw = dict(layout="thd", cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=17, max_seqlen_k=19, _trusted_varlen=True)
+o, lse = ops.fwd(q, k, v, config=cfg, return_lse=True, causal="bottom_right", seqlens_k=lens, _via=via, **kw)
+pool = M(9, 16, 2, 64)
+batch_prefill_launch(q, pool, pool, lens, cu_seqlens_q=cu, max_seqlen_q=17, max_seqlen_k=32,
+                     block_table=torch.empty(3, 2, dtype=torch.int32, device="meta"), config=cfg, return_lse=True,
+                     _trusted_varlen=True, _via=via)
+d = ops_bwd.bwd_dot_do_o(o, do, layout="thd", cu_seqlens_q=cu, max_seqlen_q=17, _trusted_varlen=True, _via=via)
+lse = M(4, 40, dt=torch.float32)
+res = ops_bwd.bwd_dq_dk_dv(q, k, v, do, lse, d, config=(cfg.with_(variant="kvsplit", GSPLIT=2), cfg),
+                           deterministic=False, bias=M(4, 40, 19), return_dbias=True, _via=via, **kw)
+ops_bwd.bwd_convert_dq(res[1], q, layout="thd", cu_seqlens_q=cu, max_seqlen_q=17, cu_seqlens_k=cu, max_seqlen_k=19,
+                       total_k=40, _trusted_varlen=True, _via=via)
+ops_bwd.bwd_dq_dk_dv(q, k, v, do, lse, d, config=(cfg, cfg), deterministic=True, _via=via, **kw)
+print("COMPILED", " ".join(done))
+'''
+
+
+@pytest.mark.slow   # (15 s of compiles: CI's budget; run it with -m slow after changing these kernels)
+def test_the_group_mode_kernels_compile_for_sm90(tmp_path):
+    """The interpreter runs what Triton's compiler might refuse (an early return inside a run-time
+    branch, constexpr / tensor mixing): the changed group-mode kernels are compiled for sm90 here, in a
+    subprocess without the interpreter (a CPU box compiles for a GPU it does not have), no launch."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton")
+    r = subprocess.run([sys.executable, "-c", _SM90_SCRIPT, str(tmp_path / "kernels")], env=env, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    names = r.stdout.split("COMPILED", 1)[1].split()
+    assert names.count("fmha_fwd_kernel") == 2 and "fmha_bwd_dq_kernel" in names, names
+    assert {"fmha_bwd_dot_do_o_kernel", "fmha_bwd_dq_dk_dv_kernel", "fmha_bwd_convert_dq_kernel"} <= set(names), names
