@@ -31,12 +31,13 @@ LAUNCHES = {
     "fmha.attention S128 D64 fwd+bwd": 4,               # fwd; dot_do_o, dK/dV, dQ pass
     "flash_attn_func S128 D64 causal": 1,
     "flash_attn_func S128 D64 causal fwd+bwd": 4,       # fwd; dot_do_o, dK/dV + atomic dQ, convert
-    "flash_attn_varlen_func 2x64 D64": 3,               # offsets guard (q and k in one), fwd, poison
-    "flash_attn_varlen_func 2x64 D64 fwd+bwd": 9,       # 3; one guard for the backward stages, 3 kernels, 2 poisons
+    "flash_attn_varlen_func 2x64 D64": 1,               # fwd (it checks the offsets and poisons itself)
+    "flash_attn_varlen_func 2x64 D64 fwd+bwd": 4,       # fwd; dot_do_o, dK/dV + atomic dQ, convert (each checks)
     "fmha.decode.splitkv_decode 4x200 keys": 1,
     "fmha.decode.paged_decode 4x200 keys": 1,           # (CPU tables: the host checks the pages)
     "fmha.decode.appendkv 4x1 new keys": 1,
-    "fmha.prefill.batch_prefill 2x32 q, 200 paged keys": 3,
+    "fmha.prefill.batch_prefill 2x32 q, 200 paged keys": 1,   # (CPU tables: the host checks the pages;
+                                                              # a GPU adds the page guard: 2)
 }
 
 

@@ -8,8 +8,8 @@ torch custom ops ``ck::attention`` and ``ck::attention_bwd`` (fake
 implementations for ``torch.compile``).  Problems are cached per call signature,
 so a warm call is a few dict lookups and the launches.  Group mode (``layout='thd'``)
 builds its problem from the shapes and ``max_seqlen_q/k`` alone: the offsets
-``cu_seqlens_q/k`` stay on the device (no host synchronisation, one plan per shape;
-see :func:`ck_fmha.device_errors.guard_offsets`).
+``cu_seqlens_q/k`` stay on the device (no host synchronisation, one plan per shape): the
+kernels check them themselves (see :mod:`ck_fmha.device_errors`).
 """
 from __future__ import annotations
 
@@ -184,8 +184,8 @@ _ATTENTION = "ck_fmha.attention"
 def _fwd(q, k, v, bias, alibi, cu_q, cu_k, lens, causal, scale, window, softcap, layout, dropout_p, seed, offset,
          align, descales, out_dtype, sig_out=None):
     # q, k, v (and a bias in batch mode: a padding mask's; no ALiBi, not fp8): a known signature replays the
-    # recorded launches (group mode: the offsets' guard, the kernel and the NaN poisoning, with the offsets
-    # as two more inputs).  ``sig_out`` (a list): gets the call's signature (or None), from which autograd's
+    # recorded launches (group mode: the kernel, which checks the offsets and poisons its outputs itself,
+    # with the offsets as two more inputs).  ``sig_out`` (a list): gets the call's signature (or None), from which autograd's
     # backward keys its own
     sig = None
     if alibi is None and descales is None and (bias is None or cu_q is None):
@@ -280,8 +280,8 @@ def _first_closure(disp, p, tensors):
 
 def _group_closure(disp, p, tensors):
     """(closure ``f(q, k, v, cu_seqlens_q, cu_seqlens_k) -> (o, lse)`` or None, (o, lse)): one run of the
-    group-mode forward ``p`` with its launches recorded (the offsets' guard, the kernel, the poisoning:
-    :mod:`ck_fmha.backends.triton.guards`); the closure replays them on new tensors of the signature,
+    group-mode forward ``p`` with its launch recorded (the kernel, which checks the offsets itself:
+    ``kernels._group_offsets_bad``); the closure replays them on new tensors of the signature,
     where the replay reproduces the run (checked once: a host synchronisation).  None without replayable
     tensors and while a CUDA graph is being captured (then the next call records again)."""
     from ck_core.backends import triton_replay
@@ -425,7 +425,7 @@ def _bwd(q, k, v, o, lse, do, bias, alibi, cu_q, cu_k, lens, causal, scale, wind
 
 def _bwd_group_closure(disp, p, t, grads):
     """:func:`_bwd_closure` of group mode: ``f(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k) -> [dq, dk,
-    dv]``, the recorded launches (the offsets' guards and the poisoning among them) replayed where that
+    dv]``, the recorded launches (each checks the offsets itself) replayed where that
     reproduces ``grads``; else the cached Problem on the cached Dispatcher."""
     from ck_core.backends import triton_replay
 

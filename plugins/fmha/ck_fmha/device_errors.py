@@ -8,12 +8,13 @@ leaves the cache or the block table, the batch's outputs become NaN (decode/pref
 ``lse`` rows; appendkv: the rotated q rows, and nothing is written to the caches), and the kernel
 ORs a code into a per-device int32 flag (:func:`flag`).
 
-Group mode's offsets (``cu_seqlens_q``/``cu_seqlens_k``) stay on the device too: the Triton
-launchers pass them through a guard (:func:`guard_offsets` here in torch operations; the launchers
-run its one-launch form, ``ck_fmha.backends.triton.guards.guard_offsets``), which clamps them into
-the packed tensors and the caller's ``max_seqlen`` (so that no kernel reads or writes outside
-them), ORs ``BAD_OFFSETS`` into the flag when it had to change anything, and hands back a device
-flag with which the launcher fills that call's outputs with NaN.
+Group mode's offsets (``cu_seqlens_q``/``cu_seqlens_k``) stay on the device too: every Triton
+kernel that reads them checks them first (``ck_fmha.backends.triton.kernels._group_offsets_bad``:
+the start below 0, a span below 0 or past the caller's ``max_seqlen``, an offset past the packed
+tensor's rows).  Bad ones -- any batch's -- make the kernel read nothing, write NaN over the whole
+of its outputs (rows of no sequence too) and OR ``BAD_OFFSETS`` into the flag, in the same launch.
+:func:`guard_offsets` here is that contract in torch operations (offsets clamped into range, and
+whether anything had to change): the reference the kernels' check is tested against.
 
 The flag is read without a host synchronisation where reading is free (tensors on the CPU, e.g.
 the Triton interpreter): the next decode/appendkv/prefill call raises.  On a GPU it is read when
@@ -76,10 +77,11 @@ def _message(code: int, where: str) -> str:
 
 
 def guard_offsets(cu: torch.Tensor, rows: int, longest: int):
-    """(offsets safe to launch with, device bool: they differ from ``cu``) for group-mode offsets
+    """(offsets clamped into range, device bool: they differ from ``cu``) for group-mode offsets
     ``cu`` [batch+1] into a packed tensor of ``rows`` rows whose sequences are at most ``longest``
     long.  Device ops only (no host synchronisation); a difference sets ``BAD_OFFSETS`` in the flag
-    of ``cu``'s device."""
+    of ``cu``'s device.  The launchers do not call it (the kernels check the offsets themselves, see
+    above); it is the torch statement of what "bad" means."""
     c = cu.to(torch.int64)
     spans = (c[1:] - c[:-1]).clamp_(0, max(0, int(longest)))
     start = c[:1].clamp(0, rows)

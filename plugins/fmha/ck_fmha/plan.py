@@ -24,10 +24,7 @@ INPUTS = ("q", "k", "v", "bias", "alibi_slopes", "sink", "o", "lse", "do", "k_ca
           "block_table", "kv_indptr", "kv_page_indices", "kv_last_page_lens", "knew", "vnew",
           "rotary_cos", "rotary_sin", "seqlens_k", "cu_seqlens_q", "cu_seqlens_k")
 OUTPUTS = ("o", "lse", "randval", "dq", "dk", "dv", "dbias", "q_rot", "k_cache", "v_cache")
-#: what a stage hands the later stages of one run beside tensors: a launcher's guarded group-mode offsets
-#: (not a string: no caller can pass it as a keyword)
-GUARDED = ("guarded group offsets",)
-_NAMES = frozenset((*INPUTS, *OUTPUTS, "o_acc", "lse_acc", "d", "dq_acc", GUARDED))
+_NAMES = frozenset((*INPUTS, *OUTPUTS, "o_acc", "lse_acc", "d", "dq_acc"))
 #: feature tensors and the problem field that must ask for them
 _FEATURE_OF = {"bias": ("bias", "elementwise"), "alibi_slopes": ("bias", "alibi"), "sink": ("sink_logits", True)}
 

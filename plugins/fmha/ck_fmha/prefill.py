@@ -1,8 +1,8 @@
 """``batch_prefill`` through the Dispatcher: group-mode queries over a paged KV cache.
 
 The key lengths and the query offsets come at run time (``runtime_seqlens_k``: the int32 tensor
-``seqlens_k``, read by the kernel; ``runtime_seqstarts``: the tensor ``cu_seqlens_q``, clamped on
-the device by :func:`ck_fmha.device_errors.guard_offsets`); the problem carries ``max_seqlen_q``
+``seqlens_k``, read by the kernel; ``runtime_seqstarts``: the tensor ``cu_seqlens_q``, checked by
+the kernel too, see :mod:`ck_fmha.device_errors`); the problem carries ``max_seqlen_q``
 and ``max_seqlen_k`` as their bounds, so no value goes to the host and the problem and its plan
 are cached per (shapes, maxima, options).
 """

@@ -259,7 +259,8 @@ def test_group_problem_maxima_cover_every_sequence():
 @pytest.mark.gpu
 @pytest.mark.skipif(INTERP or not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_bad_device_cu_seqlens_give_nan_not_a_result():
-    """Offsets already on the GPU are checked there without a host sync: outputs become NaN."""
+    """Offsets already on the GPU are checked there (by the kernel) without a host sync: outputs become NaN
+    and the device flag names the offsets."""
     from ck_fmha.backends.triton import launch as ops
     from ck_fmha.backends.triton import launch_bwd as ops_bwd
 
@@ -277,3 +278,8 @@ def test_bad_device_cu_seqlens_give_nan_not_a_result():
     small = ops.fwd(q, q, q, layout="thd", cu_seqlens_q=cu_k, cu_seqlens_k=cu_k, max_seqlen_q=4, max_seqlen_k=11,
                     config=cfg)
     assert torch.isnan(small).all()
+    from ck_fmha import check_errors
+    from ck_fmha.device_errors import DeviceLengthError
+
+    with pytest.raises(DeviceLengthError, match="group-mode offsets"):   # the kernel flagged them (and reset)
+        check_errors()

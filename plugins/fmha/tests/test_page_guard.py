@@ -172,37 +172,6 @@ def test_recorded_guard_replays_with_the_new_tensors(clean_flags, monkeypatch):
     assert int(D.flag("cpu")) == D.BAD_PAGES
 
 
-@pytest.mark.parametrize("seed", range(2))
-def test_offset_guard_kernel_agrees_with_the_torch_form(clean_flags, seed):
-    """Group-mode offsets: the one-launch guard (clamped offsets, its flag, BAD_OFFSETS) against the torch
-    form of ck_fmha.device_errors on random good and bad offsets; poison fills NaN exactly when bad."""
-    from ck_fmha.backends.triton import guards as G
-
-    g = torch.Generator().manual_seed(seed)
-    for trial in range(12):
-        n = int(torch.randint(2, 300, (1,), generator=g))
-        spans = torch.randint(0, 9, (n - 1,), generator=g)
-        cu = torch.cat((torch.zeros(1, dtype=torch.long), spans.cumsum(0)))
-        rows, longest = int(cu[-1]), int(spans.max())
-        if trial % 2:   # a wrong offset, too few rows, or a too-small maximum
-            i = int(torch.randint(0, n, (1,), generator=g))
-            cu[i] += int(torch.randint(-5, 6, (1,), generator=g))
-            rows -= trial % 4 == 1
-            longest -= trial % 8 == 3
-        cu = cu.to(torch.int32 if trial % 3 else torch.int64)
-        D._FLAGS.clear()
-        want, want_bad = D.guard_offsets(cu, rows, longest)
-        want_flag = int(D.flag("cpu"))
-        D._FLAGS.clear()
-        got, bad = G.guard_offsets(cu, rows, longest)
-        assert got.dtype == torch.int32 and got.tolist() == want.tolist()
-        assert bool(bad.flags[0][0]) == bool(want_bad) and int(D.flag("cpu")) == want_flag
-        o, lse = torch.randn(7, 3, 5), torch.randn(3, 7)
-        G.poison(bad | G.Bad((torch.zeros(1, dtype=torch.int32),)), o, lse[:, :3])   # two flags; a strided view
-        assert bool(torch.isnan(o).all()) == bool(want_bad) == bool(torch.isnan(o).any())
-        assert bool(torch.isnan(lse[:, :3]).all()) == bool(want_bad) and not torch.isnan(lse[:, 3:]).any()
-
-
 @pytest.mark.gpu
 def test_gpu_warm_replay_guards_every_call(clean_flags):
     """The recorded guard (PageGuard's replay) checks each warm call's own table: a good call, then one of

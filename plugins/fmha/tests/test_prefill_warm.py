@@ -1,5 +1,5 @@
-"""Warm batch_prefill calls (issue #26): a known signature replays the recorded launches (offsets guard,
-kernel, poisoning; the page check) with each call's tensors, for both page-table forms (vLLM's
+"""Warm batch_prefill calls (issue #26): a known signature replays the recorded launches (the kernel,
+which checks the query offsets itself; the page check) with each call's tensors, for both page-table forms (vLLM's
 block_table, SGLang's kv_indptr + kv_page_indices).  The recorded launches run in the Triton interpreter
 with each call's arguments; every call draws fresh data (queries, lengths, page order) and is checked
 against a float64 reference written from the math; the previous output is poisoned first."""

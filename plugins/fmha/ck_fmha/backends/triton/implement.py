@@ -94,7 +94,6 @@ def make_launcher(key, capture: Optional[list] = None):
     import torch
 
     from ... import plan as stages
-    from .guards import guard_offsets, guard_offsets_pair
     from . import launch as ops
     from . import launch_decode as ops_dec
     from . import launch_bwd as ops_bwd
@@ -133,14 +132,13 @@ def make_launcher(key, capture: Optional[list] = None):
         if p.vlayout == "c":   # [B, Hk, Dv, Sk] / [Hk, Dv, Tk]: the same data as a key-contiguous V view
             v = v.permute(2, 0, 1) if p.is_group else (v.transpose(2, 3) if p.layout == "bhsd"
                                                         else v.permute(0, 3, 1, 2))
-        layout, kw, bad = varlen(p, t, x["q"])
+        layout, kw = varlen(p, t, x["q"])
         if p.dtype == "fp8":   # per-tensor descales from the problem; o in bf16 (stages._store)
             kw.update(q_descale=p.scale_q, k_descale=p.scale_k, v_descale=p.scale_v, out_dtype=torch.bfloat16,
                       fp8_v_trans=v_trans)
         o, lse = ops.fwd(x["q"], x["k"], v, scale=p.softmax_scale, softcap=p.logits_soft_cap,
                          return_lse=True, layout=layout, config=cfg, **_mask(p), **kw, **_features(p, t, tdt),
                          **_sinks(p, t), _via=via)
-        ops._poison(bad, o, lse)
         out = {"o": o, "lse": lse}
         if p.store_randval:
             out["randval"] = ops.dropout_randval(
@@ -194,59 +192,29 @@ def make_launcher(key, capture: Optional[list] = None):
 
     def offsets(p, t, name, like):
         """Group-mode offsets on the device: the problem's (validated by it: R14, R18, R21), or the
-        caller's run-time tensor clamped by :func:`~ck_fmha.backends.triton.guards.guard_offsets` (with the
-        device flag of its changes).  No host synchronisation either way."""
+        caller's run-time tensor as int32, which the kernels check themselves (bad ones: NaN outputs
+        and the device flag, in the same launch).  No host synchronisation either way."""
         if not p.runtime_seqstarts:
-            return dev_int32(p, name, p.seqstart_q if name == "sq" else p.seqstart_k, like), None
-        cu = t["cu_seqlens_q" if name == "sq" else "cu_seqlens_k"]
+            return dev_int32(p, name, p.seqstart_q if name == "sq" else p.seqstart_k, like)
+        key = "cu_seqlens_q" if name == "sq" else "cu_seqlens_k"
+        cu = t[key]
         if cu.dim() != 1 or cu.numel() != p.batch + 1:
-            raise InvalidProblem(f"{'cu_seqlens_' + name[1]} has shape {tuple(cu.shape)}; expected [{p.batch + 1}]")
-        rows, longest = (p.packed_q, p.seqlen_q) if name == "sq" else (p.packed_k, p.seqlen_k)
-        return guard_offsets(cu.to(device=like.device), rows, longest)
-
-    def guarded(p, t, like):
-        """(query offsets, key offsets or None, Bad or None) of a run-time group-mode run: guarded once
-        per run, in one launch for both (:func:`guard_offsets_pair`), and handed to the run's later
-        stages under ``stages.GUARDED`` (the backward's three stages share one guard)."""
-        cu_q, cu_k = t["cu_seqlens_q"], t.get("cu_seqlens_k")
-        hit = t.get(stages.GUARDED)
-        if hit is not None and hit[0] is cu_q and hit[1] is cu_k:   # (this run's offsets, guarded before)
-            return hit[2:]
-        for name in ("cu_seqlens_q", "cu_seqlens_k"):
-            cu = t.get(name)
-            if cu is not None and (cu.dim() != 1 or cu.numel() != p.batch + 1):
-                raise InvalidProblem(f"{name} has shape {tuple(cu.shape)}; expected [{p.batch + 1}]")
-        if cu_k is None:   # (batch prefill: no key offsets)
-            safe, bad = guard_offsets(cu_q.to(device=like.device), p.packed_q, p.seqlen_q)
-            hit = (safe, None, bad)
-        else:
-            hit = guard_offsets_pair(cu_q.to(device=like.device), p.packed_q, p.seqlen_q,
-                                     cu_k.to(device=like.device), p.packed_k, p.seqlen_k)
-        t[stages.GUARDED] = (cu_q, cu_k) + hit   # (taken back out by launch(), which returns it)
-        return hit
+            raise InvalidProblem(f"{key} has shape {tuple(cu.shape)}; expected [{p.batch + 1}]")
+        return ops.offsets_i32(cu, like.device)
 
     def varlen(p, t, like, k=True):
-        """(layout, group-mode keywords, device flag of bad run-time offsets or None): device
-        cu_seqlens and the problem's maxima, no host sync."""
+        """(layout, group-mode keywords): device cu_seqlens and the problem's maxima, no host sync."""
         if not p.is_group:
-            return p.layout, {}, None
-        if p.runtime_seqstarts:
-            cu_q, cu_k, bad = guarded(p, t, like)
-        else:
-            cu_q, bad = offsets(p, t, "sq", like)
-        kw = dict(cu_seqlens_q=cu_q, max_seqlen_q=p.seqlen_q, _trusted_varlen=True)
+            return p.layout, {}
+        kw = dict(cu_seqlens_q=offsets(p, t, "sq", like), max_seqlen_q=p.seqlen_q, _trusted_varlen=True)
         if k:
-            if not p.runtime_seqstarts:
-                cu_k = offsets(p, t, "sk", like)[0]
-            kw.update(cu_seqlens_k=cu_k, max_seqlen_k=p.seqlen_k, **lens(p, like))
-        return "thd", kw, bad
+            kw.update(cu_seqlens_k=offsets(p, t, "sk", like), max_seqlen_k=p.seqlen_k, **lens(p, like))
+        return "thd", kw
 
     def dot_do_o(p, t):
         x = cast(p, t, ("o", "do"))
-        layout, kw, bad = varlen(p, t, x["o"], k=False)
-        d = ops_bwd.bwd_dot_do_o(x["o"], x["do"], layout=layout, **kw, _via=via)
-        ops._poison(bad, d)
-        return {"d": d}
+        layout, kw = varlen(p, t, x["o"], k=False)
+        return {"d": ops_bwd.bwd_dot_do_o(x["o"], x["do"], layout=layout, **kw, _via=via)}
 
     dq_choice = parse_dq(alg.dq) if fam == "bwd_dq_dk_dv" else None
     if dq_choice is not None and dq_choice[0] == "triton" and alg.dchunk:   # the key's chunk runs in both passes
@@ -256,31 +224,27 @@ def make_launcher(key, capture: Optional[list] = None):
 
     def dq_dk_dv(p, t):
         x = cast(p, t, ("q", "k", "v", "do"))
-        layout, kw, bad = varlen(p, t, x["q"])
+        layout, kw = varlen(p, t, x["q"])
         res = ops_bwd.bwd_dq_dk_dv(x["q"], x["k"], x["v"], x["do"], t["lse"], t["d"],
                                scale=p.softmax_scale, softcap=p.logits_soft_cap, layout=layout,
                                choice=(kv_choice, dq_choice), return_dbias=p.dbias,
                                **_mask(p), **kw, **_features(p, t, tdt), _via=via)
         dq, dqa, dk, dv = res[:4]
-        # (bad run-time offsets: the plan's convert_dq stage, which always follows this one, fills the
-        # gradients with NaN, in one launch with its dQ)
         out = {"dq": dq, "dk": dk, "dv": dv} if dq is not None else {"dq_acc": dqa, "dk": dk, "dv": dv}
         if p.dbias:
             out["dbias"] = res[4]
         return out
 
     def convert_dq(p, t):
-        """dQ from the fp32 accumulator; with bad run-time group-mode offsets also the NaN of the
-        earlier stage's gradients (dq_dk_dv poisons none itself: this stage always follows it)."""
-        q = t["q"] if t.get("dq_acc") is None else cast(p, t, ("q",))["q"]
-        layout, kw, bad = varlen(p, t, q, k=False)
-        grads = [t.get(n) for n in ("dk", "dv", "dbias")]
-        if t.get("dq_acc") is None:   # deterministic mode wrote dq in stage 2
-            ops._poison(bad, t.get("dq"), *grads)
+        """dQ from the fp32 accumulator (nothing in deterministic mode: stage 2 wrote dq).  Bad run-time
+        group-mode offsets: the kernels made every gradient NaN themselves."""
+        if t.get("dq_acc") is None:
             return {}
-        dq = ops_bwd.bwd_convert_dq(t["dq_acc"], ops._last_contig(q), layout=layout, **kw, _via=via)
-        ops._poison(bad, dq, *grads)
-        return {"dq": dq}
+        q = cast(p, t, ("q",))["q"]
+        layout, kw = varlen(p, t, q)
+        if p.is_group:
+            kw["total_k"] = p.packed_k if p.runtime_seqstarts else p.seqstart_k[-1]
+        return {"dq": ops_bwd.bwd_convert_dq(t["dq_acc"], ops._last_contig(q), layout=layout, **kw, _via=via)}
 
     def appendkv(p, t):
         """Writes knew/vnew into t['k_cache'] / t['v_cache'] IN PLACE (when they already have the
@@ -311,17 +275,13 @@ def make_launcher(key, capture: Optional[list] = None):
             lens, longest = t["seqlens_k"], p.seqlen_k
         else:
             lens, longest = dev_int32(p, "lens", p.seqlens_k, q), max(p.seqlens_k)
-        if p.runtime_seqstarts:
-            cu_q, _, bad = guarded(p, t, q)
-        else:
-            cu_q, bad = offsets(p, t, "sq", q)
+        cu_q = offsets(p, t, "sq", q)
         o, lse = ops_dec.batch_prefill_launch(q, x["k_cache"], x["v_cache"], lens,
                                    cu_seqlens_q=cu_q, max_seqlen_q=p.seqlen_q,
                                    max_seqlen_k=longest, kv_layout=p.kv_layout, scale=p.softmax_scale,
                                    softcap=p.logits_soft_cap, return_lse=True, config=cfg, _trusted_varlen=True,
                                    **tables,
                                    **_mask(p), **_features(p, t, tdt), **_sinks(p, t), _via=via)
-        ops._poison(bad, o, lse)
         return {"o": o, "lse": lse}
 
     def warm_fwd(p, t):
@@ -347,16 +307,9 @@ def make_launcher(key, capture: Optional[list] = None):
     run = table[fam]
     check_names = stages.check_tensor_names
 
-    guarded_key = stages.GUARDED
-
     def launch(p, t):
         check_names(p, t)
-        out = run(p, t)
-        g = t.pop(guarded_key, None) if p.runtime_seqstarts else None
-        if g is not None:   # a later stage of this run (the Dispatcher's dict) reuses the guarded offsets
-            out = dict(out)
-            out[guarded_key] = g
-        return out
+        return run(p, t)
 
     if fam == "fwd":
         launch.warm = warm_fwd

@@ -226,6 +226,124 @@ def _checked_len(raw, cap, ERR):
 
 
 @triton.jit
+def _spans_bad_of(c, prev, ln, first, m, rows, longest, HAS_LENS: tl.constexpr):
+    """Per offset c (its predecessor prev; mask m; ``first``: prev is the array's start): the start below
+    0, the span negative or longer than ``longest``, or c past ``rows`` (HAS_LENS: the logical length
+    ln outside [0, span] or past ``longest`` instead of the span's bound)."""
+    c = c.to(tl.int64)
+    prev = prev.to(tl.int64)
+    span = c - prev
+    e = (span < 0) | (c > rows) | (first & (prev < 0))
+    if HAS_LENS:
+        ln = ln.to(tl.int64)
+        e = e | (ln < 0) | (ln > span) | (ln > longest)
+    else:
+        e = e | (span > longest)
+    return m & e
+
+
+@triton.jit
+def _offsets_fetch(n, CU_Q, CU_K, LENS, j0, CHECK_K: tl.constexpr, HAS_LENS: tl.constexpr, BLOCK: tl.constexpr):
+    """Offsets j0 .. j0 + BLOCK of both arrays and their predecessors (and the logical lengths), loaded:
+    (c_q, prev_q, c_k, prev_k, lens).  Nothing here waits on the loads, so a kernel can issue them,
+    then its own first loads, and only then evaluate them (:func:`_offsets_eval`): the check's L2 round
+    trip overlaps the program's."""
+    j = j0 + tl.arange(0, BLOCK)
+    m = j < n
+    cq = tl.load(CU_Q + j, mask=m, other=0)
+    pq = tl.load(CU_Q + j - 1, mask=m, other=0)
+    ck = cq
+    pk = pq
+    ln = cq
+    if CHECK_K:
+        ck = tl.load(CU_K + j, mask=m, other=0)
+        pk = tl.load(CU_K + j - 1, mask=m, other=0)
+        if HAS_LENS:
+            ln = tl.load(LENS + j - 1, mask=m, other=0)
+    return cq, pq, ck, pk, ln
+
+
+@triton.jit
+def _offsets_eval(cq, pq, ck, pk, ln, n, CU_Q, rows_q, long_q, CU_K, rows_k, long_k, LENS, CHECK_K: tl.constexpr,
+                  HAS_LENS: tl.constexpr, BLOCK: tl.constexpr):
+    """Whether group-mode offsets (int32 [n]) break the launch's contract, from the first block that
+    :func:`_offsets_fetch` loaded (offsets 1 .. BLOCK) and, for more than BLOCK sequences, the rest
+    read here: CU_Q starting below 0, a span below 0 or longer than ``long_q`` (the grid's
+    max_seqlen_q), an offset past the packed tensor's ``rows_q``; CHECK_K: CU_K likewise against
+    ``rows_k`` and ``long_k`` (HAS_LENS: its logical lengths LENS [n - 1] (HAS_SEQLENS) outside
+    [0, span] or past ``long_k``, which then bound them instead of the spans).  Every program reads all
+    the offsets (from L2 after the first); one bad sequence makes the whole call's outputs NaN, as
+    the contract of :mod:`ck_fmha.device_errors` says, with no launch of its own."""
+    j = 1 + tl.arange(0, BLOCK)
+    m = j < n
+    e = _spans_bad_of(cq, pq, ln, j == 1, m, rows_q, long_q, False)
+    if CHECK_K:
+        e = e | _spans_bad_of(ck, pk, ln, j == 1, m, rows_k, long_k, HAS_LENS)
+    bad = tl.max(e.to(tl.int32), axis=0) > 0
+    for j0 in range(1 + BLOCK, n, BLOCK):   # (more than BLOCK sequences)
+        xq, xpq, xk, xpk, xln = _offsets_fetch(n, CU_Q, CU_K, LENS, j0, CHECK_K, HAS_LENS, BLOCK)
+        mx = (j0 + tl.arange(0, BLOCK)) < n
+        ex = _spans_bad_of(xq, xpq, xln, mx & False, mx, rows_q, long_q, False)
+        if CHECK_K:
+            ex = ex | _spans_bad_of(xk, xpk, xln, mx & False, mx, rows_k, long_k, HAS_LENS)
+        bad = bad | (tl.max(ex.to(tl.int32), axis=0) > 0)
+    return bad
+
+
+@triton.jit
+def _group_offsets_bad(n, CU_Q, rows_q, long_q, CU_K, rows_k, long_k, LENS, CHECK_K: tl.constexpr,
+                       HAS_LENS: tl.constexpr, BLOCK: tl.constexpr):
+    """:func:`_offsets_eval` of offsets fetched here (a kernel with nothing to overlap the check with)."""
+    cq, pq, ck, pk, ln = _offsets_fetch(n, CU_Q, CU_K, LENS, 1, CHECK_K, HAS_LENS, BLOCK)
+    return _offsets_eval(cq, pq, ck, pk, ln, n, CU_Q, rows_q, long_q, CU_K, rows_k, long_k, LENS, CHECK_K, HAS_LENS,
+                         BLOCK)
+
+
+@triton.jit
+def _fwd_bad_offsets(O, LSE, ERR, ROWS_Q, H, sos, soh, slh, D_V: tl.constexpr, BLOCK_DV: tl.constexpr,
+                     STORE_LSE: tl.constexpr):
+    """The forward's bad group-mode offsets: this program's share of NaN over all of O (and LSE), and
+    BAD_OFFSETS (4) ORed into ERR."""
+    idx = tl.program_id(0) + tl.num_programs(0) * tl.program_id(1)
+    count = tl.num_programs(0) * tl.num_programs(1)
+    _nan_lines(O, ROWS_Q, H, sos, soh, D_V, idx, count, 16, BLOCK_DV)
+    if STORE_LSE:
+        _nan_hr(LSE, H, ROWS_Q, slh, idx, count, 256)
+    tl.atomic_or(ERR, 4)
+
+
+@triton.jit
+def _nan_lines(X, n_rows, n_heads, s_row, s_head, width, idx, count, BLOCK_R: tl.constexpr,
+               BLOCK_C: tl.constexpr):
+    """X[r * s_row + h * s_head + c] = NaN for r < n_rows, h < n_heads, c < width (c contiguous): share
+    ``idx`` of ``count`` programs (a grid-stride loop over the (r, h) lines), for a group-mode output
+    whose offsets are bad: the whole tensor, rows of no sequence too, whatever the offsets say."""
+    lines = n_rows.to(tl.int64) * n_heads
+    offs = tl.arange(0, BLOCK_R).to(tl.int64)
+    cols = tl.arange(0, BLOCK_C)
+    nan = tl.full([BLOCK_R, BLOCK_C], float("nan"), X.dtype.element_ty)
+    step = count.to(tl.int64) * BLOCK_R
+    for i0 in range(idx.to(tl.int64) * BLOCK_R, lines, step):
+        i = i0 + offs
+        base = X + (i // n_heads) * s_row + (i % n_heads) * s_head
+        for c0 in range(0, width, BLOCK_C):
+            c = c0 + cols
+            tl.store(base[:, None] + c[None, :], nan, mask=(i < lines)[:, None] & (c < width)[None, :])
+
+
+@triton.jit
+def _nan_hr(X, n_heads, rows, s_head, idx, count, BLOCK: tl.constexpr):
+    """X[h * s_head + r] = NaN for h < n_heads, r < rows (an LSE / delta [H, Tq]): share ``idx`` of
+    ``count`` programs, as :func:`_nan_lines`."""
+    n = n_heads.to(tl.int64) * rows
+    offs = tl.arange(0, BLOCK).to(tl.int64)
+    nan = tl.full([BLOCK], float("nan"), X.dtype.element_ty)
+    for i0 in range(idx.to(tl.int64) * BLOCK, n, count.to(tl.int64) * BLOCK):
+        i = i0 + offs
+        tl.store(X + (i // rows) * s_head + i % rows, nan, mask=i < n)
+
+
+@triton.jit
 def _paged_kv_ptrs(kb, vb, pt, start_n, cols, seqlen_k, skp, svp, sks, svs, skd, offs_n, offs_dq, offs_dv,
                    PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, KV_VEC: tl.constexpr):
     """K/V tile pointers of keys ``cols`` in a paged cache: ``pt`` is the batch's row of page ids,
@@ -409,7 +527,7 @@ def fmha_fwd_kernel(
     scale2, cap_in, cap_out, left, right,
     BIAS, ALIBI, sbb, sbh, sbq, sbk, sab, seed_lo, seed_hi, off_lo, drop_thresh, drop_scale,
     PT, KV_INDPTR, SEQLENS_K, sbt, skp, svp, skd, SINK, n_sink,
-    QDS, KDS, VDS, v_descale, ERR,
+    QDS, KDS, VDS, v_descale, ERR, ROWS_Q, ROWS_K, LONG_K,
     D_Q: tl.constexpr, D_V: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     MASK_MODE: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
@@ -457,6 +575,13 @@ def fmha_fwd_kernel(
     HAS_SEQLENS (group mode, contiguous K/V): batch b reads SEQLENS_K[b] keys from CU_K[b] on (a
     logical key length within the seqstart_k span; masks align to it).
 
+    IS_VARLEN: every program checks all the offsets (_offsets_fetch / _offsets_eval: CU_Q against ROWS_Q
+    packed rows and SEQ_Q = max_seqlen_q; CU_K against ROWS_K and LONG_K = max_seqlen_k, with
+    HAS_SEQLENS its lengths; paged: CU_Q only), their loads issued with its own first ones (its batch's
+    offsets clamped into the tensors, then its q tile).  Bad ones (any batch's) make the program read
+    nothing more, write NaN over its share of the whole O (and LSE) and OR BAD_OFFSETS (4) into ERR: the
+    call's outputs are NaN and flagged in this one launch, no guard or poisoning launch of its own.
+
     BLOCK_DQ2 / BLOCK_DV2 > 0 (a key's ``dchunk``): the head dim in two power-of-two chunks, BLOCK_D? (whole)
     + BLOCK_D?2 (masked to D_?), e.g. 160 = 128 + 32, instead of one tile padded to the next power of two
     (see _fwd_inner); pointer loads or device descriptors (USE_TMA 0 / 1), no pages, no V_TRANS."""
@@ -473,8 +598,12 @@ def fmha_fwd_kernel(
     h = bh % H
     hk = h // GROUP
     if IS_VARLEN:
-        q_start = tl.load(CU_Q + b)
-        seqlen_q = tl.load(CU_Q + b + 1) - q_start
+        # the offsets' check: its loads now, evaluated after this program's first loads (which read
+        # within the tensors whatever the offsets: this batch's offsets clamped into them)
+        n_cu = tl.num_programs(1) // H + 1
+        ocq, opq, ock, opk, oln = _offsets_fetch(n_cu, CU_Q, CU_K, SEQLENS_K, 1, PAGE_SIZE == 0, HAS_SEQLENS, 256)
+        q_start = tl.minimum(tl.maximum(tl.load(CU_Q + b), 0), ROWS_Q)
+        seqlen_q = tl.minimum(tl.maximum(tl.load(CU_Q + b + 1) - q_start, 0), tl.minimum(SEQ_Q, ROWS_Q - q_start))
         if PAGE_SIZE > 0:
             k_start = 0
             cap_b = SEQ_K
@@ -482,11 +611,12 @@ def fmha_fwd_kernel(
                 cap_b = tl.minimum(cap_b, (tl.load(KV_INDPTR + b + 1) - tl.load(KV_INDPTR + b)) * PAGE_SIZE)
             seqlen_k, len_bad = _checked_len(tl.load(SEQLENS_K + b), cap_b, ERR)
         else:
-            k_start = tl.load(CU_K + b)
+            k_start = tl.minimum(tl.maximum(tl.load(CU_K + b), 0), ROWS_K)
             if HAS_SEQLENS:   # logical key length, shorter than the seqstart_k span (CK's seqlen_k_ptr)
                 seqlen_k = tl.load(SEQLENS_K + b)
             else:
                 seqlen_k = tl.load(CU_K + b + 1) - k_start
+            seqlen_k = tl.minimum(tl.maximum(seqlen_k, 0), tl.minimum(LONG_K, ROWS_K - k_start))
     else:
         q_start = 0
         seqlen_q = SEQ_Q
@@ -495,6 +625,10 @@ def fmha_fwd_kernel(
         seqlen_k = SEQ_K
     m0 = pid_m * BLOCK_M
     if m0 >= seqlen_q:
+        if IS_VARLEN:   # (no work here: bad offsets still need this program's share of NaN)
+            if _offsets_eval(ocq, opq, ock, opk, oln, n_cu, CU_Q, ROWS_Q, SEQ_Q, CU_K, ROWS_K, LONG_K, SEQLENS_K,
+                             PAGE_SIZE == 0, HAS_SEQLENS, 256):
+                _fwd_bad_offsets(O, LSE, ERR, ROWS_Q, H, sos, soh, slh, D_V, BLOCK_DV, STORE_LSE)
         return
     if BOTTOM_RIGHT:
         off = seqlen_k - seqlen_q
@@ -566,6 +700,11 @@ def fmha_fwd_kernel(
             offs_dq2 = BLOCK_DQ + tl.arange(0, BLOCK_DQ2)
             q2 = tl.load(qb + rows[:, None] * sqs + offs_dq2[None, :],
                          mask=(rows[:, None] < seqlen_q) & (offs_dq2[None, :] < D_Q), other=0.0)
+    if IS_VARLEN:   # the offsets' check, its loads issued before the q tile's
+        if _offsets_eval(ocq, opq, ock, opk, oln, n_cu, CU_Q, ROWS_Q, SEQ_Q, CU_K, ROWS_K, LONG_K, SEQLENS_K,
+                         PAGE_SIZE == 0, HAS_SEQLENS, 256):
+            _fwd_bad_offsets(O, LSE, ERR, ROWS_Q, H, sos, soh, slh, D_V, BLOCK_DV, STORE_LSE)
+            return
     if HAS_SINK_LOGIT:   # the sink is a key of logit SINK[h] (log2 units inside) and value 0
         m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.load(SINK + h).to(tl.float32) * 1.4426950408889634
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32) + 1.0
@@ -682,12 +821,14 @@ def fmha_v_transpose_kernel(V, VT, svb, svh, svs, stb, sth, std, SEQ, H,
 
 @triton.jit(do_not_specialize=_PHILOX_ARGS)
 def fmha_dropout_randval_kernel(RV, CU_Q, CU_K, srb, srh, srq, H, SEQ_Q, SEQ_K, seed_lo, seed_hi, off_lo,
-                                SEQLENS_K,
+                                SEQLENS_K, ROWS_Q,
                                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_VARLEN: tl.constexpr,
                                 HAS_SEQLENS: tl.constexpr = False):
     """The forward's dropout random values (store_randval) as uint8: RV [B, H, Sq, Sk]
     ([H, Tq, max Sk] in group mode, srb = 0); a separate pass so that the attention
-    kernels stay free of the extra stores."""
+    kernels stay free of the extra stores.  Group mode stores only inside RV whatever the offsets
+    (rows below ROWS_Q, at most SEQ_Q per sequence, columns below SEQ_K): bad ones are the
+    forward's to flag (its outputs NaN)."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     bh = tl.program_id(2)
@@ -700,6 +841,9 @@ def fmha_dropout_randval_kernel(RV, CU_Q, CU_K, srb, srh, srq, H, SEQ_Q, SEQ_K, 
             seqlen_k = tl.load(SEQLENS_K + b)
         else:
             seqlen_k = tl.load(CU_K + b + 1) - tl.load(CU_K + b)
+        q_start = tl.minimum(tl.maximum(q_start, 0), ROWS_Q)
+        seqlen_q = tl.minimum(seqlen_q, tl.minimum(SEQ_Q, ROWS_Q - q_start))
+        seqlen_k = tl.minimum(seqlen_k, SEQ_K)
     else:
         q_start = 0
         seqlen_q = SEQ_Q
@@ -715,10 +859,12 @@ def fmha_dropout_randval_kernel(RV, CU_Q, CU_K, srb, srh, srq, H, SEQ_Q, SEQ_K, 
 # backward
 # ----------------------------------------------------------------------------
 @triton.jit
-def fmha_bwd_dot_do_o_kernel(O, DO, DELTA, sob, soh, sos, sdb, sdh, sds, H, SEQ_Q, CU_Q, sdlh,
+def fmha_bwd_dot_do_o_kernel(O, DO, DELTA, sob, soh, sos, sdb, sdh, sds, H, SEQ_Q, CU_Q, sdlh, ROWS_Q,
                              D_V: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr,
                              IS_VARLEN: tl.constexpr):
-    """DELTA = rowsum(dO * O): [B, H, Sq] fp32, or [H, Tq] (head stride sdlh) in group mode."""
+    """DELTA = rowsum(dO * O): [B, H, Sq] fp32, or [H, Tq] (head stride sdlh) in group mode, where bad
+    query offsets (see fmha_fwd_kernel; ROWS_Q packed rows) make DELTA NaN and nothing is read (the
+    dK/dV kernel, which checks both offsets, flags them)."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
@@ -726,6 +872,10 @@ def fmha_bwd_dot_do_o_kernel(O, DO, DELTA, sob, soh, sos, sdb, sdh, sds, H, SEQ_
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_DV)
     if IS_VARLEN:
+        if _group_offsets_bad(tl.num_programs(1) // H + 1, CU_Q, ROWS_Q, SEQ_Q, CU_Q, 0, 0, CU_Q, False, False, 256):
+            _nan_hr(DELTA, H, ROWS_Q, sdlh, pid_m + tl.num_programs(0) * bh, tl.num_programs(0) * tl.num_programs(1),
+                    256)
+            return
         q_start = tl.load(CU_Q + b).to(tl.int64)
         seqlen_q = tl.load(CU_Q + b + 1) - q_start
         msk = (rows[:, None] < seqlen_q) & (offs_d[None, :] < D_V)
@@ -983,7 +1133,7 @@ def fmha_bwd_dq_dk_dv_kernel(
     HK, GROUP, SEQ_Q, SEQ_K,
     sm_scale, scale2, cap_in, cap_out, left, right,
     CU_Q, CU_K, BIAS, ALIBI, DBIAS, sbb, sbh, sbq, sbk, sab, sdbb, sdbh, sdbq, slh,
-    seed_lo, seed_hi, off_lo, drop_thresh, drop_scale, SEQLENS_K, GSPLIT, sdkg, sdvg,
+    seed_lo, seed_hi, off_lo, drop_thresh, drop_scale, SEQLENS_K, GSPLIT, sdkg, sdvg, ROWS_Q, ROWS_K, ERR,
     D_Q: tl.constexpr, D_V: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     MASK_MODE: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
@@ -1007,13 +1157,40 @@ def fmha_bwd_dq_dk_dv_kernel(
     GSPLIT > 1 (a key's ``gsplit``): the query heads of a kv head's group are split over GSPLIT programs
     (grid axis 2: split index * (2 if KV_SPLIT else 1) + part), each summing ceil(GROUP / GSPLIT) heads into
     its own fp32 partial dK / dV at DK + i * sdkg / DV + i * sdvg; the launcher sums the partials (fixed
-    order: deterministic).  For GQA / MQA problems with few key blocks per kv head."""
+    order: deterministic).  For GQA / MQA problems with few key blocks per kv head.
+
+    IS_VARLEN: bad offsets (see fmha_fwd_kernel: CU_Q against ROWS_Q and SEQ_Q, CU_K against ROWS_K and
+    SEQ_K) make every program read nothing and write NaN over its share of DK, DV (all GSPLIT partials),
+    DQA (ATOMIC_DQ) and DBIAS, and OR BAD_OFFSETS (4) into ERR."""
     pid_n = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // HK).to(tl.int64)
     hk = (bh % HK).to(tl.int64)
     n0 = pid_n * BLOCK_N
     if IS_VARLEN:
+        n_cu = tl.num_programs(1) // HK + 1
+        offsets_bad = _group_offsets_bad(n_cu, CU_Q, ROWS_Q, SEQ_Q, CU_K, ROWS_K, SEQ_K, SEQLENS_K, True, HAS_SEQLENS,
+                                         256)
+        if offsets_bad:
+            idx = pid_n + tl.num_programs(0) * bh
+            count = tl.num_programs(0) * tl.num_programs(1)
+            pid_z = tl.program_id(2)
+            if KV_SPLIT:   # slice gi's part-0 programs fill that slice
+                gi_fill = pid_z // 2
+                fills = pid_z % 2 == 0
+            else:
+                gi_fill = pid_z
+                fills = pid_z >= 0
+            if fills:
+                _nan_lines(DK + gi_fill.to(tl.int64) * sdkg, ROWS_K, HK, sdks, sdkh, D_Q, idx, count, 16, BLOCK_DQ)
+                _nan_lines(DV + gi_fill.to(tl.int64) * sdvg, ROWS_K, HK, sdvs, sdvh, D_V, idx, count, 16, BLOCK_DV)
+            if pid_z == 0:
+                if ATOMIC_DQ:
+                    _nan_lines(DQA, ROWS_Q, HK * GROUP, sdqs, sdqh, D_Q, idx, count, 16, BLOCK_DQ)
+                if STORE_DBIAS:
+                    _nan_lines(DBIAS, ROWS_Q, HK * GROUP, sdbq, sdbh, SEQ_K, idx, count, 16, BLOCK_N)
+            tl.atomic_or(ERR, 4)
+            return
         q_start = tl.load(CU_Q + b).to(tl.int64)
         seqlen_q = (tl.load(CU_Q + b + 1) - q_start).to(tl.int32)
         k_start = tl.load(CU_K + b).to(tl.int64)
@@ -1158,7 +1335,7 @@ def fmha_bwd_dq_kernel(
     H, GROUP, SEQ_Q, SEQ_K,
     sm_scale, scale2, cap_in, cap_out, left, right,
     CU_Q, CU_K, BIAS, ALIBI, sbb, sbh, sbq, sbk, sab, slh,
-    seed_lo, seed_hi, off_lo, drop_thresh, drop_scale, SEQLENS_K,
+    seed_lo, seed_hi, off_lo, drop_thresh, drop_scale, SEQLENS_K, ROWS_Q, ROWS_K, ERR,
     D_Q: tl.constexpr, D_V: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     MASK_MODE: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
@@ -1169,7 +1346,7 @@ def fmha_bwd_dq_kernel(
     """Deterministic dQ pass: one program per query block, loops over keys.  BLOCK_DQ2 / BLOCK_DV2:
     head-dim chunks (see fmha_fwd_kernel).
     With a causal (right-bounded) mask the heaviest (last) query blocks go first.
-    IS_VARLEN / BIAS_MODE / HAS_DROPOUT as in fmha_bwd_dq_dk_dv_kernel."""
+    IS_VARLEN / BIAS_MODE / HAS_DROPOUT as in fmha_bwd_dq_dk_dv_kernel (bad offsets: DQ NaN, ERR)."""
     pid_m = tl.program_id(0)
     if MASK_MODE & 1:
         pid_m = tl.num_programs(0) - 1 - pid_m
@@ -1179,6 +1356,14 @@ def fmha_bwd_dq_kernel(
     hk = h // GROUP
     m0 = pid_m * BLOCK_M
     if IS_VARLEN:
+        n_cu = tl.num_programs(1) // H + 1
+        offsets_bad = _group_offsets_bad(n_cu, CU_Q, ROWS_Q, SEQ_Q, CU_K, ROWS_K, SEQ_K, SEQLENS_K, True, HAS_SEQLENS,
+                                         256)
+        if offsets_bad:
+            _nan_lines(DQ, ROWS_Q, H, sdqs, sdqh, D_Q, tl.program_id(0) + tl.num_programs(0) * bh,
+                       tl.num_programs(0) * tl.num_programs(1), 16, BLOCK_DQ)
+            tl.atomic_or(ERR, 4)
+            return
         q_start = tl.load(CU_Q + b).to(tl.int64)
         seqlen_q = (tl.load(CU_Q + b + 1) - q_start).to(tl.int32)
         k_start = tl.load(CU_K + b).to(tl.int64)
@@ -1291,9 +1476,12 @@ def fmha_bwd_sum_partials_kernel(P, OUT, N, G, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def fmha_bwd_convert_dq_kernel(DQA, DQ, sab, sah, sas, sdb, sdh, sds, H, SEQ_Q, CU_Q,
+def fmha_bwd_convert_dq_kernel(DQA, DQ, sab, sah, sas, sdb, sdh, sds, H, SEQ_Q, CU_Q, ROWS_Q, CU_K, ROWS_K, LONG_K,
+                               SEQLENS_K,
                                D_Q: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_M: tl.constexpr,
-                               IS_VARLEN: tl.constexpr):
+                               IS_VARLEN: tl.constexpr, HAS_SEQLENS: tl.constexpr = False):
+    """DQ = DQA in DQ's dtype.  Group mode: bad offsets (see fmha_fwd_kernel; the dK/dV kernel flags
+    them) make all of DQ NaN, rows of no sequence too."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
@@ -1301,6 +1489,13 @@ def fmha_bwd_convert_dq_kernel(DQA, DQ, sab, sah, sas, sdb, sdh, sds, H, SEQ_Q, 
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_DQ)
     if IS_VARLEN:
+        n_cu = tl.num_programs(1) // H + 1
+        offsets_bad = _group_offsets_bad(n_cu, CU_Q, ROWS_Q, SEQ_Q, CU_K, ROWS_K, LONG_K, SEQLENS_K, True, HAS_SEQLENS,
+                                         256)
+        if offsets_bad:
+            _nan_lines(DQ, ROWS_Q, H, sds, sdh, D_Q, pid_m + tl.num_programs(0) * bh,
+                       tl.num_programs(0) * tl.num_programs(1), 16, BLOCK_DQ)
+            return
         q_start = tl.load(CU_Q + b).to(tl.int64)
         seqlen_q = tl.load(CU_Q + b + 1) - q_start
         msk = (rows[:, None] < seqlen_q) & (offs_d[None, :] < D_Q)
@@ -1575,7 +1770,7 @@ def fmha_fwd_appendkv_kernel(
 _RUNTIME = ("H", "HK", "HKV", "GROUP", "GSPLIT", "SEQ", "SEQ_Q", "SEQ_K", "SEQ_KNEW", "CHUNK", "CAP",
             "NUM_SPLITS", "left", "right", "n_sink", "rotary_dim", "N", "G",
             "slb", "slh", "sls", "sdlh", "s_lb", "s_lh", "sab", "sbb", "sbh", "sbq", "sbk", "sdbb", "sdbh",
-            "sdbq", "srb", "srh", "srq", "sbt", "scs")
+            "sdbq", "srb", "srh", "srq", "sbt", "scs", "ROWS_Q", "ROWS_K", "LONG_K")
 _SCALARS = ("scale2", "cap_in", "cap_out", "drop_scale", "sm_scale", "v_descale")
 
 

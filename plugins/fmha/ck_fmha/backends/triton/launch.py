@@ -47,8 +47,9 @@ varlen mode) [total, H, D] with ``cu_seqlens_q/k`` (int32, B+1) and the
 caller's ``max_seqlen_q`` (so no host synchronisation is needed); ``seqlens_k``
 ([B]) gives logical key lengths shorter than the cu_seqlens_k spans.  The offsets
 are validated before the launch (:func:`_varlen_check`): on the host, with an
-InvalidProblem, when they are CPU tensors; on the GPU, without a sync, when they
-already live there (bad offsets then turn the outputs into NaN).
+InvalidProblem, when they are CPU tensors; by the kernels themselves, without a sync
+or a launch of their own, when they already live there (bad offsets then turn the
+outputs into NaN and set the device flag).
 
 Masks: ``causal`` is ``False``, ``True``/``'top_left'`` (torch SDPA's
 convention) or ``'bottom_right'`` (flash-attn / decode convention);
@@ -419,13 +420,14 @@ def _varlen_check(q, cu_q, cu_k, max_q, max_k, total_k, seqlens_k=None, trusted=
     0 <= seqlens_k <= its span.  Bad offsets would give NaN, partial or out-of-bounds results.
 
     Offsets on the host (CPU tensors) are checked there and refused with InvalidProblem (then moved
-    to q's device).  Offsets already on the GPU are checked on the GPU, with no host sync (so the
-    launch stays asynchronous and graph-capturable): the result is a device flag with which the
-    caller fills its outputs with NaN, so bad offsets can never pass for a result; pass host
-    cu_seqlens to get the error raised instead.  ``trusted``: offsets the dispatcher built from a
-    validated problem (no check).  Returns (cu_q, cu_k, seqlens_k, bad flag or None)."""
+    to q's device).  Offsets already on the GPU are checked by the kernels themselves, with no host
+    sync and no launch of their own (``kernels._group_offsets_bad``: bad ones make the outputs NaN
+    and set ``BAD_OFFSETS`` in the device flag); pass host cu_seqlens to get the error raised
+    instead.  ``trusted``: offsets the dispatcher built from a validated problem, or its run-time
+    offsets as int32 on q's device (no host check).  Returns (cu_q, cu_k, seqlens_k), int32 on q's
+    device."""
     if trusted:
-        return cu_q, cu_k, seqlens_k, None
+        return cu_q, cu_k, seqlens_k
     ts = [t for t in (cu_q, cu_k, seqlens_k) if t is not None]
     for name, t in (("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)):
         if t is not None and (not isinstance(t, torch.Tensor) or t.dim() != 1 or t.numel() < 2
@@ -436,27 +438,26 @@ def _varlen_check(q, cu_q, cu_k, max_q, max_k, total_k, seqlens_k=None, trusted=
     if all(t.device.type == "cpu" for t in ts):
         _varlen_host(cu_q.tolist(), None if cu_k is None else cu_k.tolist(),
                      None if seqlens_k is None else seqlens_k.tolist(), int(max_q), max_k, total_q, total_k)
-        dev = q.device
-        mv = lambda t: None if t is None else t.to(device=dev, dtype=torch.int32)  # noqa: E731
-        return mv(cu_q), mv(cu_k), mv(seqlens_k), None
+    mv = lambda t: None if t is None else offsets_i32(t, q.device)  # noqa: E731
+    return mv(cu_q), mv(cu_k), mv(seqlens_k)
 
-    def span_bad(cu, longest, total):
-        cu = cu.to(device=q.device, dtype=torch.int64)
-        d = cu[1:] - cu[:-1]
-        bad = (cu[0] < 0) | (d < 0).any() | (cu[-1] > total)
-        return bad if longest is None else bad | (d > int(longest)).any()
 
-    bad = span_bad(cu_q, max_q, total_q)
-    if cu_k is not None:
-        bad = bad | span_bad(cu_k, max_k if seqlens_k is None else None, total_k)
-        if seqlens_k is not None:
-            lens = seqlens_k.to(device=q.device, dtype=torch.int64)
-            span = cu_k[1:].to(device=q.device, dtype=torch.int64) - cu_k[:-1].to(device=q.device, dtype=torch.int64)
-            bad = bad | (lens < 0).any() | (lens > span).any()
-            if max_k is not None:
-                bad = bad | (lens > int(max_k)).any()
-    mv = lambda t: None if t is None else t.to(device=q.device, dtype=torch.int32)  # noqa: E731
-    return mv(cu_q), mv(cu_k), mv(seqlens_k), bad
+def offsets_i32(t: torch.Tensor, device) -> torch.Tensor:
+    """Group-mode offsets (or lengths) as the kernels read them: int32 on ``device``, no host read.  Wider
+    integers are clamped into [-1, 2**31 - 1] first, so that a value past int32 stays one the kernels'
+    check refuses (below 0, or past any packed tensor) instead of wrapping into a plausible offset."""
+    if t.dtype != torch.int32:
+        t = t.to(device=device).clamp(-1, 2 ** 31 - 1)
+    return t.to(device=device, dtype=torch.int32)
+
+
+def varlen_limits(varlen: bool, rows_q: int, rows_k, max_k) -> tuple:
+    """(ROWS_Q, ROWS_K, LONG_K) kernel arguments of group mode's in-kernel offsets check (zeros in batch
+    mode): the packed rows of q and k, and the longest key sequence (max_seqlen_k; unbounded when the
+    caller gave none)."""
+    if not varlen:
+        return 0, 0, 0
+    return int(rows_q), int(rows_k or 0), (2 ** 31 - 1) if max_k is None else int(max_k)
 
 
 def _varlen_host(cq, ck, lens, max_q, max_k, total_q, total_k):
@@ -489,13 +490,6 @@ def _kernel(via, kernel, grid):
     """``kernel[grid]``, or, when a Dispatcher launcher passes ``via`` (``triton_keys.kernel_via``),
     the key's kernel from the cache that ``ck build`` fills (entry ``<key>/<kernel name>``)."""
     return kernel[grid] if via is None else via(kernel, grid)
-
-
-def _poison(bad, *ts):
-    """Fill outputs with NaN where the device-side offset check failed (see :func:`_varlen_check` and
-    :func:`ck_fmha.backends.triton.guards.poison`)."""
-    if bad is not None:
-        guards.poison(bad, *ts)
 
 
 def _check_gqa(hq, hk):
@@ -574,9 +568,8 @@ def fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, retu
             raise InvalidProblem("seqlens_k (logical key lengths) is a group-mode ('thd') argument of fwd; "
                                  "batch mode: splitkv_decode(..., seqlens_k=); paged: batch_prefill")
         seqlens_k = _lens_arg(seqlens_k, b)
-    bad = None
     if varlen:   # (batch_prefill: its page tables and seqlens_k are the caller's, only cu_seqlens_q here)
-        cu_seqlens_q, cu_seqlens_k, seqlens_k, bad = _varlen_check(
+        cu_seqlens_q, cu_seqlens_k, seqlens_k = _varlen_check(
             q, cu_seqlens_q, cu_seqlens_k if _paged is None else None, sq, max_seqlen_k,
             k.shape[0] if _paged is None else None, seqlens_k, trusted=_trusted_varlen)
     mode, br, left, right = mask_params(causal, window, align)
@@ -701,6 +694,7 @@ def fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, retu
         scale2, cap_in, cap_out, left, right,
         ba, aa, sbb, sbh, sbq, sbk, sab, k0, k1, off_lo, thresh, dscale, *paged_args, *sink_args,
         *(descale_ptrs or (o, o, o)), v_descale_f, device_errors.flag(q.device),
+        *varlen_limits(varlen, q.shape[0], None if _paged is not None else k.shape[0], max_seqlen_k),
         D_Q=dq, D_V=dv, BLOCK_DQ=bdq, BLOCK_DV=bdv,
         BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
         MASK_MODE=mode, BOTTOM_RIGHT=_kernel_br(br, mode, varlen, sq, sk, seqlens_k is not None or _paged is not None),
@@ -712,7 +706,6 @@ def fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, retu
         BLOCK_DQ2=bdq2, BLOCK_DV2=bdv2,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    _poison(bad, o, lse if return_lse else None)
     if o_user is not None:
         o = o_user.copy_(o)
     return (o, lse) if return_lse else o
@@ -768,7 +761,7 @@ def dropout_randval(batch, nhead, seqlen_q, seqlen_k, *, dropout_p, seed=0, offs
     triton_artifacts.bind(guards.helper_entry(K.fmha_dropout_randval_kernel), K.fmha_dropout_randval_kernel,
                           (triton.cdiv(seqlen_q, bm), triton.cdiv(seqlen_k, bn), batch * nhead))(
         rv, cu_q, cu_k, srb, srh, srq, nhead, seqlen_q, seqlen_k, k0, k1, off_lo,
-        seqlens_k if (varlen and seqlens_k is not None) else rv,
+        seqlens_k if (varlen and seqlens_k is not None) else rv, int(total_q) if varlen else 0,
         BLOCK_M=bm, BLOCK_N=bn, IS_VARLEN=varlen, HAS_SEQLENS=varlen and seqlens_k is not None, num_warps=4)
     return rv
 

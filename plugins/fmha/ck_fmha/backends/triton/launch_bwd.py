@@ -13,9 +13,10 @@ from ck_core.knobs import interpreting as _interpret
 
 from . import kernels as K
 from . import gluon_bwd, warm
+from ... import device_errors
 from .configs import hdim_blocks, padded_hdim, valid_dchunk
-from .launch import (_bhs_strides, _even, _kernel_br, _check_gqa, _dense, _dims, _kernel, _last_contig, _lens_arg, _poison, _scales,
-                     _varlen_check, bias_params, dropout_params, mask_params)
+from .launch import (_bhs_strides, _even, _kernel_br, _check_gqa, _dense, _dims, _kernel, _last_contig, _lens_arg, _scales,
+                     _varlen_check, bias_params, dropout_params, mask_params, varlen_limits)
 
 
 def _gluon_dq_reason(q, k, v, do, lse, delta, tile, *, layout, mode, right, has_sc, bias, alibi_slopes, dropout_p,
@@ -45,19 +46,17 @@ def bwd_dot_do_o(o, do, *, layout="bhsd", cu_seqlens_q=None, max_seqlen_q=None, 
         if cu_seqlens_q is None or max_seqlen_q is None:
             raise InvalidProblem("layout 'thd' needs cu_seqlens_q and max_seqlen_q")
         b, sq = cu_seqlens_q.numel() - 1, int(max_seqlen_q)
-        cu_seqlens_q, _, _, bad = _varlen_check(o, cu_seqlens_q, None, sq, None, None, trusted=_trusted_varlen)
+        cu_seqlens_q, _, _ = _varlen_check(o, cu_seqlens_q, None, sq, None, None, trusted=_trusted_varlen)
         delta = torch.empty((hq, o.shape[0]), device=o.device, dtype=torch.float32)
     else:
-        bad = None
         delta = torch.empty((b, hq, sq), device=o.device, dtype=torch.float32)
     sob, soh, sos = _bhs_strides(o, layout)
     sdob, sdoh, sdos = _bhs_strides(do, layout)
     bm0 = 64
     _kernel(_via, K.fmha_bwd_dot_do_o_kernel, (triton.cdiv(sq, bm0), b * hq))(
         o, do, delta, sob, soh, sos, sdob, sdoh, sdos, hq, sq,
-        cu_seqlens_q if varlen else delta, delta.stride(0) if varlen else 0,
+        cu_seqlens_q if varlen else delta, delta.stride(0) if varlen else 0, o.shape[0] if varlen else 0,
         D_V=dv_, BLOCK_DV=padded_hdim(dv_), BLOCK_M=bm0, IS_VARLEN=varlen, num_warps=4)
-    _poison(bad, delta)
     return delta
 
 
@@ -99,10 +98,10 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
         if not varlen:
             raise InvalidProblem("seqlens_k (logical key lengths) is a group-mode ('thd') argument of the backward")
         seqlens_k = _lens_arg(seqlens_k, b)
-    bad = None
     if varlen:
-        cu_seqlens_q, cu_seqlens_k, seqlens_k, bad = _varlen_check(
+        cu_seqlens_q, cu_seqlens_k, seqlens_k = _varlen_check(
             q, cu_seqlens_q, cu_seqlens_k, sq, sk, k.shape[0], seqlens_k, trusted=_trusted_varlen)
+    rows_q, rows_k, _ = varlen_limits(varlen, q.shape[0], k.shape[0], sk)
     group = _check_gqa(hq, hk)
     lse = lse.contiguous().float()
     mode, br, left, right = mask_params(causal, window, align)
@@ -199,7 +198,7 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
             sdkb, sdkh, sdks, sdvb, sdvh, sdvs, sab, sah, sas,
             hk, group, sq, sk, sm_scale, scale2, cap_in, cap_out, left, right,
             cu_q, cu_k, ba, aa, dbias_full, sbb, sbh, sbq, sbk, salb, sdbb, sdbh, sdbq, slh,
-            k0, k1, off_lo, thresh, dscale, lens_arg, gsplit, sdkg, sdvg,
+            k0, k1, off_lo, thresh, dscale, lens_arg, gsplit, sdkg, sdvg, rows_q, rows_k, device_errors.flag(q.device),
             D_Q=dq_, D_V=dv_, BLOCK_DQ=kbdq, BLOCK_DV=kbdv, BLOCK_M=cfg_kv.BLOCK_M, BLOCK_N=cfg_kv.BLOCK_N,
             MASK_MODE=mode, BOTTOM_RIGHT=_kernel_br(br, mode, varlen, sq, sk, seqlens_k is not None),
             HAS_SOFTCAP=has_sc, ATOMIC_DQ=atomic,
@@ -225,7 +224,6 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
             if dims:
                 dbias = dbias.sum(dims, keepdim=True)
         dbias = dbias.to(bias.dtype)
-    _poison(bad, dk, dv, dbias, dqa if atomic else None)
     if atomic:
         return (None, dqa, dk, dv, dbias) if return_dbias else (None, dqa, dk, dv)
     if dq_choice[0] == "none":
@@ -247,14 +245,13 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
         sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdob, sdoh, sdos, sdqb, sdqh, sdqs,
         hq, group, sq, sk, sm_scale, scale2, cap_in, cap_out, left, right,
         cu_q, cu_k, ba, aa, sbb, sbh, sbq, sbk, salb, slh,
-        k0, k1, off_lo, thresh, dscale, lens_arg,
+        k0, k1, off_lo, thresh, dscale, lens_arg, rows_q, rows_k, device_errors.flag(q.device),
         D_Q=dq_, D_V=dv_, BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=cfg_q.BLOCK_M, BLOCK_N=cfg_q.BLOCK_N,
         MASK_MODE=mode, BOTTOM_RIGHT=_kernel_br(br, mode, varlen, sq, sk, seqlens_k is not None),
         HAS_SOFTCAP=has_sc,
         EVEN_M=_even(varlen, sq, sk, cfg_q), EVEN_N=_even(varlen, sq, sk, cfg_q),
         IS_VARLEN=varlen, BIAS_MODE=bmode, HAS_DROPOUT=has_do, HAS_SEQLENS=seqlens_k is not None,
         BLOCK_DQ2=bdq2, BLOCK_DV2=bdv2, num_warps=cfg_q.num_warps, num_stages=cfg_q.num_stages)
-    _poison(bad, dq)
     return (dq, None, dk, dv, dbias) if return_dbias else (dq, None, dk, dv)
 
 
@@ -265,10 +262,12 @@ def _chunks(cfg, dq: int, dv: int):
     return hdim_blocks(dq, cfg.DCHUNK), hdim_blocks(dv, cfg.DCHUNK)
 
 
-def bwd_convert_dq(dqa, q_like, *, layout="bhsd", cu_seqlens_q=None, max_seqlen_q=None, _trusted_varlen=False,
-                   _via=None):
+def bwd_convert_dq(dqa, q_like, *, layout="bhsd", cu_seqlens_q=None, max_seqlen_q=None, cu_seqlens_k=None,
+                   max_seqlen_k=None, total_k=None, seqlens_k=None, _trusted_varlen=False, _via=None):
     """Backward stage 3: the fp32 dQ accumulator [B, H, Sq, D] ([total_q, H, D] in group
-    mode) -> dQ in q's dtype and layout."""
+    mode) -> dQ in q's dtype and layout.  Group mode also checks the key offsets where given
+    (``cu_seqlens_k``, ``max_seqlen_k``, ``total_k`` packed key rows, ``seqlens_k``): bad ones make
+    all of dQ NaN (the accumulator holds NaN only in sequence rows)."""
     dq = torch.empty_like(q_like)
     sdqb, sdqh, sdqs = _bhs_strides(dq, layout)
     if layout == "thd":
@@ -276,17 +275,24 @@ def bwd_convert_dq(dqa, q_like, *, layout="bhsd", cu_seqlens_q=None, max_seqlen_
             raise InvalidProblem("layout 'thd' needs cu_seqlens_q and max_seqlen_q")
         _, hq, dq_ = dqa.shape
         b, sq = cu_seqlens_q.numel() - 1, int(max_seqlen_q)
-        cu, _, _, bad = _varlen_check(dqa, cu_seqlens_q, None, sq, None, None, trusted=_trusted_varlen)
+        if seqlens_k is not None:
+            seqlens_k = _lens_arg(seqlens_k, b)
+        cu, cu_k, seqlens_k = _varlen_check(dqa, cu_seqlens_q, cu_seqlens_k, sq, max_seqlen_k, total_k, seqlens_k,
+                                            trusted=_trusted_varlen)
+        if cu_k is None:   # (only the query offsets: checked twice)
+            cu_k, total_k, max_seqlen_k = cu, dqa.shape[0], sq
+        rows_q, rows_k, long_k = varlen_limits(True, dqa.shape[0], total_k, max_seqlen_k)
         sab, sah, sas = 0, dqa.stride(1), dqa.stride(0)
     else:
-        bad = None
+        cu_k, rows_q, rows_k, long_k = dqa, 0, 0, 0
         b, hq, sq, dq_ = dqa.shape
         sab, sah, sas = dqa.stride(0), dqa.stride(1), dqa.stride(2)
         cu = dqa
     _kernel(_via, K.fmha_bwd_convert_dq_kernel, (triton.cdiv(sq, 64), b * hq))(
-        dqa, dq, sab, sah, sas, sdqb, sdqh, sdqs, hq, sq, cu,
-        D_Q=dq_, BLOCK_DQ=padded_hdim(dq_), BLOCK_M=64, IS_VARLEN=layout == "thd", num_warps=4)
-    _poison(bad, dq)
+        dqa, dq, sab, sah, sas, sdqb, sdqh, sdqs, hq, sq, cu, rows_q, cu_k, rows_k, long_k,
+        seqlens_k if seqlens_k is not None else cu_k,
+        D_Q=dq_, BLOCK_DQ=padded_hdim(dq_), BLOCK_M=64, IS_VARLEN=layout == "thd", HAS_SEQLENS=seqlens_k is not None,
+        num_warps=4)
     return dq
 
 
@@ -301,11 +307,10 @@ def bwd(q, k, v, o, lse, do, *, causal=False, scale=None, window=(-1, -1), softc
     ``deterministic=False``, fp32 dQ atomics) :func:`bwd_convert_dq`; the
     default runs a separate deterministic dQ pass.  ``config``: optional
     ``(dkdv_config, dq_config)``.  Bias / ALiBi / dropout arguments must be the forward's."""
-    bad = None
     if layout == "thd" and cu_seqlens_q is not None and cu_seqlens_k is not None and max_seqlen_q is not None:
         if seqlens_k is not None:
             seqlens_k = _lens_arg(seqlens_k, cu_seqlens_q.numel() - 1)
-        cu_seqlens_q, cu_seqlens_k, seqlens_k, bad = _varlen_check(
+        cu_seqlens_q, cu_seqlens_k, seqlens_k = _varlen_check(
             q, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), None if max_seqlen_k is None else int(max_seqlen_k),
             k.shape[0], seqlens_k, trusted=_trusted_varlen)
         _trusted_varlen = True
@@ -321,8 +326,8 @@ def bwd(q, k, v, o, lse, do, *, causal=False, scale=None, window=(-1, -1), softc
     dq, dqa, dk, dv = res[:4]
     if dq is None:
         dq = bwd_convert_dq(dqa, _last_contig(q), layout=layout, cu_seqlens_q=cu_seqlens_q,
-                            max_seqlen_q=max_seqlen_q, _trusted_varlen=_trusted_varlen)
-    _poison(bad, dq, dk, dv, res[4] if return_dbias else None)
+                            max_seqlen_q=max_seqlen_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_k=max_seqlen_k,
+                            total_k=k.shape[0], seqlens_k=seqlens_k, _trusted_varlen=_trusted_varlen)
     return (dq, dk, dv, res[4]) if return_dbias else (dq, dk, dv)
 
 
