@@ -230,8 +230,11 @@ def test_prefill_and_sinks_kernels():
 
 def test_kernel_for_contract():
     fn, cx = kernel_for("fwd", {"BLOCK_M": 64, "BLOCK_N": 32, "hdim_q": 192, "hdim_v": 128, "mask_mode": 1})
-    assert cx["BLOCK_DQ"] == 256 and cx["BLOCK_DV"] == 128 and cx["D_Q"] == 192
+    # the head dims are run-time (d_q, d_v); their classes constexprs: 192 in a 256 block (16-divisible), 128 whole
+    assert cx["BLOCK_DQ"] == 256 and cx["BLOCK_DV"] == 128 and cx["ALIGN_DQ"] == 16 and cx["ALIGN_DV"] == 0
+    assert "D_Q" not in cx and "d_q" not in cx
     sig, cx2 = signature_for("fwd", "bf16", {"hdim_q": 64})
+    assert sig["d_q"] == sig["d_v"] == "i32" and cx2["ALIGN_DQ"] == cx2["ALIGN_DV"] == 0
     assert set(sig) == set(fn.arg_names)
     assert sig["Q"] == "*bf16" and sig["LSE"] == "*fp32" and sig["scale2"] == "fp32" and sig["H"] == "i32"
     assert all(sig[n] == "constexpr" for n in cx2)

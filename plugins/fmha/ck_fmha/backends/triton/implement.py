@@ -16,7 +16,7 @@ import attrs
 from ck_core.errors import InvalidProblem
 
 from .configs import GLUON_BWD_VARIANTS, fp8_format, fp8_v_trans
-from .keys import GLUON_VARIANTS, TritonFmhaSig, _arch_spec, parse_dq, supports
+from .keys import GLUON_VARIANTS, TritonFmhaSig, _arch_spec, artifact_name, parse_dq, supports
 
 
 # -- launchers ----------------------------------------------------------------------------
@@ -70,18 +70,20 @@ def _torch_dtype(token, arch_name: Optional[str] = None):
 
 def kernel_via(key, capture: Optional[list] = None):
     """How the launcher of ``key`` launches a Triton kernel (``ops``' ``_via``): through
-    :mod:`ck_core.backends.triton_artifacts` as cache entry ``<key name>/<kernel name>``, the
-    entry ``ck build`` writes; with ``capture``, the launch is appended to it as
+    :mod:`ck_core.backends.triton_artifacts` as cache entry ``<artifact name>/<kernel name>``
+    (:func:`.keys.artifact_name`: keys of one head-dim class share it), the entry ``ck build`` writes; with ``capture``, the launch is appended to it as
     ``(suffix, fn, args, kwargs)`` instead (:func:`jit_calls`)."""
     from ck_core.backends import triton_artifacts
 
     from . import warm
 
+    prefix = artifact_name(key)
+
     def via(fn, grid):
         suffix = "/" + getattr(fn, "__name__", type(fn).__name__)   # (tests wrap kernels in spies)
         if capture is not None:
             return lambda *args, **kwargs: capture.append((suffix, fn, args, kwargs))
-        launch = triton_artifacts.bind(key.name + suffix, fn, grid, triton_artifacts.compile_options(key))
+        launch = triton_artifacts.bind(prefix + suffix, fn, grid, triton_artifacts.compile_options(key))
         return warm.wrap(fn, grid, launch)   # (recorded inside warm.recording())
 
     return via
@@ -430,6 +432,9 @@ class TritonFmhaRendered:
     #: the key's launches on a representative problem (:func:`jit_calls`), which ``ck build``
     #: compiles into the entries the launcher loads; None where the launcher does not load them
     jit_calls: Optional[object] = None
+    #: the prefix of the kernel-cache entries the launcher loads (``<artifact name>/<kernel name>``,
+    #: :func:`.keys.artifact_name`); ``ck build`` writes its ``jit_calls`` there
+    artifact_name: Optional[str] = None
 
     def compile(self, target, extra_options=None):
         from .aot import aot_compile
@@ -579,4 +584,5 @@ def render(key, backend: str):
     src = _source_hash(a.variant in GLUON_VARIANTS)   # (a Gluon key builds its bhsd, non-causal, LSE instance)
     h = hashlib.sha256((src + repr(sorted(cfg.items())) + s.family + dtype).encode()).hexdigest()
     return TritonFmhaRendered(s.family, dtype, cfg, h, {"num_warps": a.num_warps, "num_stages": a.num_stages},
-                              functools.partial(jit_calls, key) if _representatives(key) else None)
+                              functools.partial(jit_calls, key) if _representatives(key) else None,
+                              artifact_name(key))

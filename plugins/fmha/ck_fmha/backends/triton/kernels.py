@@ -270,7 +270,7 @@ def _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, v
                scale2, cap_in, cap_out,
                biasb, sbq, sbk, slope, aoff, seqlen_q, bh_id, k0, k1, off_lo, thresh,
                pt, skp, svp, skd, n_sink,
-               D_Q: tl.constexpr, D_V: tl.constexpr,
+               D_Q, D_V,
                BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
                MASKED: tl.constexpr, MASK_MODE: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                USE_TMA: tl.constexpr, WARP_SPEC: tl.constexpr,
@@ -278,7 +278,8 @@ def _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, v
                PAGE_SIZE: tl.constexpr, KV_VEC: tl.constexpr, HAS_SINK: tl.constexpr,
                V_TRANS: tl.constexpr = False,
                acc2=0.0, q2=0.0, desc_k2=0, desc_v2=0,
-               BLOCK_DQ2: tl.constexpr = 0, BLOCK_DV2: tl.constexpr = 0):
+               BLOCK_DQ2: tl.constexpr = 0, BLOCK_DV2: tl.constexpr = 0,
+    ALIGN_DQ: tl.constexpr = -1, ALIGN_DV: tl.constexpr = -1):
     """BLOCK_DQ2 / BLOCK_DV2 > 0: a head dim in two chunks, columns [0, BLOCK_D?) (whole: a power of two
     below D_?) and [BLOCK_D?, BLOCK_D? + BLOCK_D?2) (masked to D_?); q2 / acc2 / desc_?2 hold the second
     chunk: S = q k^T + q2 k2^T, acc += P v, acc2 += P v2 (pointer loads or device descriptors)."""
@@ -305,7 +306,7 @@ def _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, v
                 kp = kb + cols[:, None] * sks + offs_dq[None, :]
             if MASKED:
                 k = tl.load(kp, mask=(cols[:, None] < seqlen_k) & (offs_dq[None, :] < D_Q), other=0.0)
-            elif BLOCK_DQ != D_Q and BLOCK_DQ2 == 0:
+            elif ALIGN_DQ != 0 and BLOCK_DQ2 == 0:
                 k = tl.load(kp, mask=offs_dq[None, :] < D_Q, other=0.0)
             else:
                 k = tl.load(kp)
@@ -364,7 +365,7 @@ def _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, v
                 vtp = vb + cols[None, :] + offs_dv[:, None] * svs
                 if MASKED:
                     vt = tl.load(vtp, mask=(cols[None, :] < seqlen_k) & (offs_dv[:, None] < D_V), other=0.0)
-                elif BLOCK_DV != D_V:
+                elif ALIGN_DV != 0:
                     vt = tl.load(vtp, mask=offs_dv[:, None] < D_V, other=0.0)
                 else:
                     vt = tl.load(vtp)
@@ -380,7 +381,7 @@ def _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, v
                 vp = vb + cols[:, None] * svs + offs_dv[None, :]
             if MASKED:
                 v = tl.load(vp, mask=(cols[:, None] < seqlen_k) & (offs_dv[None, :] < D_V), other=0.0)
-            elif BLOCK_DV != D_V and BLOCK_DV2 == 0:
+            elif ALIGN_DV != 0 and BLOCK_DV2 == 0:
                 v = tl.load(vp, mask=offs_dv[None, :] < D_V, other=0.0)
             else:
                 v = tl.load(vp)
@@ -410,7 +411,7 @@ def fmha_fwd_kernel(
     BIAS, ALIBI, sbb, sbh, sbq, sbk, sab, seed_lo, seed_hi, off_lo, drop_thresh, drop_scale,
     PT, KV_INDPTR, SEQLENS_K, sbt, skp, svp, skd, SINK, n_sink,
     QDS, KDS, VDS, v_descale, ERR,
-    D_Q: tl.constexpr, D_V: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
+    d_q, d_v, ALIGN_DQ: tl.constexpr, ALIGN_DV: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     MASK_MODE: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     STORE_LSE: tl.constexpr, IS_VARLEN: tl.constexpr, REVERSE_M: tl.constexpr,
@@ -460,6 +461,14 @@ def fmha_fwd_kernel(
     BLOCK_DQ2 / BLOCK_DV2 > 0 (a key's ``dchunk``): the head dim in two power-of-two chunks, BLOCK_D? (whole)
     + BLOCK_D?2 (masked to D_?), e.g. 160 = 128 + 32, instead of one tile padded to the next power of two
     (see _fwd_inner); pointer loads or device descriptors (USE_TMA 0 / 1), no pages, no V_TRANS."""
+    if ALIGN_DQ == 0:   # the head dim fills its blocks: a compile-time constant
+        D_Q: tl.constexpr = BLOCK_DQ + BLOCK_DQ2
+    else:   # a run-time head dim (one kernel per padded class), a multiple of ALIGN_DQ
+        D_Q = d_q // ALIGN_DQ * ALIGN_DQ
+    if ALIGN_DV == 0:   # the head dim fills its blocks: a compile-time constant
+        D_V: tl.constexpr = BLOCK_DV + BLOCK_DV2
+    else:   # a run-time head dim (one kernel per padded class), a multiple of ALIGN_DV
+        D_V = d_v // ALIGN_DV * ALIGN_DV
     if V_TRANS:
         tl.static_assert(PAGE_SIZE == 0, "V_TRANS (key-contiguous V) is not implemented for paged K/V")
     if BLOCK_DQ2 > 0 or BLOCK_DV2 > 0:
@@ -609,7 +618,7 @@ def fmha_fwd_kernel(
                                    D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_N,
                                    True, MASK_MODE, HAS_SOFTCAP, USE_TMA, False, BIAS_MODE, HAS_DROPOUT,
                                    PAGE_SIZE, KV_VEC, HAS_SINK, V_TRANS,
-                                   acc2, q2, desc_k2, desc_v2, BLOCK_DQ2, BLOCK_DV2)
+                                   acc2, q2, desc_k2, desc_v2, BLOCK_DQ2, BLOCK_DV2, ALIGN_DQ=ALIGN_DQ, ALIGN_DV=ALIGN_DV)
     if MASK_MODE & 2:
         acc, l_i, m_i, acc2 = _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, vcol,
                                    lo, full_lo, rows, off, left, right, seqlen_k,
@@ -618,7 +627,7 @@ def fmha_fwd_kernel(
                                    D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_N,
                                    True, MASK_MODE, HAS_SOFTCAP, USE_TMA, False, BIAS_MODE, HAS_DROPOUT,
                                    PAGE_SIZE, KV_VEC, HAS_SINK, V_TRANS,
-                                   acc2, q2, desc_k2, desc_v2, BLOCK_DQ2, BLOCK_DV2)
+                                   acc2, q2, desc_k2, desc_v2, BLOCK_DQ2, BLOCK_DV2, ALIGN_DQ=ALIGN_DQ, ALIGN_DV=ALIGN_DV)
     acc, l_i, m_i, acc2 = _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, vcol,
                                full_lo, full_hi, rows, off, left, right, seqlen_k,
                                scale2, cap_in, cap_out, biasb, sbq, sbk, slope, aoff, seqlen_q, bh_id,
@@ -626,7 +635,7 @@ def fmha_fwd_kernel(
                                D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_N,
                                False, MASK_MODE, HAS_SOFTCAP, USE_TMA, WARP_SPEC, BIAS_MODE, HAS_DROPOUT,
                                PAGE_SIZE, KV_VEC, HAS_SINK, V_TRANS,
-                                   acc2, q2, desc_k2, desc_v2, BLOCK_DQ2, BLOCK_DV2)
+                                   acc2, q2, desc_k2, desc_v2, BLOCK_DQ2, BLOCK_DV2, ALIGN_DQ=ALIGN_DQ, ALIGN_DV=ALIGN_DV)
     acc, l_i, m_i, acc2 = _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, vcol,
                                full_hi, hi, rows, off, left, right, seqlen_k,
                                scale2, cap_in, cap_out, biasb, sbq, sbk, slope, aoff, seqlen_q, bh_id,
@@ -634,7 +643,7 @@ def fmha_fwd_kernel(
                                D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_N,
                                True, MASK_MODE, HAS_SOFTCAP, USE_TMA, False, BIAS_MODE, HAS_DROPOUT,
                                PAGE_SIZE, KV_VEC, HAS_SINK, V_TRANS,
-                                   acc2, q2, desc_k2, desc_v2, BLOCK_DQ2, BLOCK_DV2)
+                                   acc2, q2, desc_k2, desc_v2, BLOCK_DQ2, BLOCK_DV2, ALIGN_DQ=ALIGN_DQ, ALIGN_DV=ALIGN_DV)
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     acc = acc / l_safe[:, None]
     if HAS_DROPOUT:
@@ -662,11 +671,15 @@ def fmha_fwd_kernel(
 
 @triton.jit
 def fmha_v_transpose_kernel(V, VT, svb, svh, svs, stb, sth, std, SEQ, H,
-                            D_V: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr):
+                            d_v, ALIGN_DV: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr):
     """Key-contiguous copy of V for the fp8 forward (V_TRANS): program (s block, b*H + h) moves the
     [BLOCK_S, D_V] tile of V (channel-contiguous; key s at s*svs) to VT + b*stb + h*sth + d*std + s.
     Memory bound: one read and one write of V; the tile transpose goes through registers / shared
     memory inside the program, so both global accesses are coalesced."""
+    if ALIGN_DV == 0:   # the head dim fills its blocks: a compile-time constant
+        D_V: tl.constexpr = BLOCK_DV
+    else:   # a run-time head dim (one kernel per padded class), a multiple of ALIGN_DV
+        D_V = d_v // ALIGN_DV * ALIGN_DV
     pid = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
@@ -716,9 +729,13 @@ def fmha_dropout_randval_kernel(RV, CU_Q, CU_K, srb, srh, srq, H, SEQ_Q, SEQ_K, 
 # ----------------------------------------------------------------------------
 @triton.jit
 def fmha_bwd_dot_do_o_kernel(O, DO, DELTA, sob, soh, sos, sdb, sdh, sds, H, SEQ_Q, CU_Q, sdlh,
-                             D_V: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr,
+                             d_v, ALIGN_DV: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr,
                              IS_VARLEN: tl.constexpr):
     """DELTA = rowsum(dO * O): [B, H, Sq] fp32, or [H, Tq] (head stride sdlh) in group mode."""
+    if ALIGN_DV == 0:   # the head dim fills its blocks: a compile-time constant
+        D_V: tl.constexpr = BLOCK_DV
+    else:   # a run-time head dim (one kernel per padded class), a multiple of ALIGN_DV
+        D_V = d_v // ALIGN_DV * ALIGN_DV
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
@@ -747,12 +764,13 @@ def _bwd_dkdv_inner(dk, dv, k, v, qb, dob, lseb, deltab, dqab, sqs, sdos, sdqs,
                     sm_scale, scale2, cap_in, cap_out,
                     biasb, dbiasb, sbq, sbk, sdbq, slope, aoff, seqlen_k, bh_id, k0, k1, off_lo, thresh,
                     drop_scale,
-                    D_Q: tl.constexpr, D_V: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
+                    D_Q, D_V, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
                     BLOCK_M: tl.constexpr, MASKED: tl.constexpr, MASK_MODE: tl.constexpr,
                     HAS_SOFTCAP: tl.constexpr, ATOMIC_DQ: tl.constexpr, EVEN_M: tl.constexpr,
                     BIAS_MODE: tl.constexpr, HAS_DROPOUT: tl.constexpr, STORE_DBIAS: tl.constexpr,
                     EVEN_N: tl.constexpr, DO_DK: tl.constexpr = True, DO_DV: tl.constexpr = True,
-                    dk2=0.0, dv2=0.0, k2=0.0, v2=0.0, BLOCK_DQ2: tl.constexpr = 0, BLOCK_DV2: tl.constexpr = 0):
+                    dk2=0.0, dv2=0.0, k2=0.0, v2=0.0, BLOCK_DQ2: tl.constexpr = 0, BLOCK_DV2: tl.constexpr = 0,
+    ALIGN_DQ: tl.constexpr = -1, ALIGN_DV: tl.constexpr = -1):
     """DO_DK / DO_DV: which of the two accumulators this program keeps (KV_SPLIT: dV only -- S, P, dV += P^T dO;
     dK only -- S, dP, dK += dS^T Q, and the dQ atomics and dbias, which need dS).  BLOCK_DQ2 / BLOCK_DV2 > 0:
     head-dim chunks (see _fwd_inner): k2 / v2 / dk2 / dv2 hold the columns from BLOCK_DQ / BLOCK_DV on."""
@@ -767,7 +785,7 @@ def _bwd_dkdv_inner(dk, dv, k, v, qb, dob, lseb, deltab, dqab, sqs, sdos, sdqs,
     for start_m in tl.range(start, end, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
         rows = start_m + offs_m
-        if EVEN_M and BLOCK_DQ == D_Q:
+        if EVEN_M and ALIGN_DQ == 0 and BLOCK_DQ2 == 0:
             q = tl.load(qb + rows[:, None] * sqs + offs_dq[None, :])
         else:
             q = tl.load(qb + rows[:, None] * sqs + offs_dq[None, :],
@@ -801,7 +819,7 @@ def _bwd_dkdv_inner(dk, dv, k, v, qb, dob, lseb, deltab, dqab, sqs, sdos, sdqs,
             pT = tl.where(rows[None, :] < seqlen_q, pT, 0.0)
         if not EVEN_N:
             pT = tl.where(cols[:, None] < seqlen_k, pT, 0.0)
-        if EVEN_M and BLOCK_DV == D_V:
+        if EVEN_M and ALIGN_DV == 0 and BLOCK_DV2 == 0:
             do = tl.load(dob + rows[:, None] * sdos + offs_dv[None, :])
         else:
             do = tl.load(dob + rows[:, None] * sdos + offs_dv[None, :],
@@ -859,12 +877,13 @@ def _bwd_dkdv_tile(
     BIAS, ALIBI, DBIAS, sbb, sbh, sbq, sbk, sab, sdbb, sdbh, sdbq, slh,
     seed_lo, seed_hi, off_lo, drop_thresh, drop_scale,
     b, hk, n0, q_start, k_start, seqlen_q, seqlen_k, off, g_lo, g_hi,
-    D_Q: tl.constexpr, D_V: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
+    D_Q, D_V, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     MASK_MODE: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     ATOMIC_DQ: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, BIAS_MODE: tl.constexpr, HAS_DROPOUT: tl.constexpr, STORE_DBIAS: tl.constexpr,
     DO_DK: tl.constexpr, DO_DV: tl.constexpr, BLOCK_DQ2: tl.constexpr = 0, BLOCK_DV2: tl.constexpr = 0,
+    ALIGN_DQ: tl.constexpr = -1, ALIGN_DV: tl.constexpr = -1,
 ):
     """One key block's dK and/or dV (DO_DK / DO_DV), summed over the query heads g_lo <= g < g_hi of the kv
     head's GQA group (see fmha_bwd_dq_dk_dv_kernel); DK / DV already point at this program's partial sums."""
@@ -937,7 +956,7 @@ def _bwd_dkdv_tile(
                                      D_Q, D_V, BLOCK_DQ, BLOCK_DV,
                                      BLOCK_M, True, MASK_MODE, HAS_SOFTCAP, ATOMIC_DQ, EVEN_M,
                                      BIAS_MODE, HAS_DROPOUT, STORE_DBIAS, EVEN_N, DO_DK, DO_DV,
-                                     dk2, dv2, k2, v2, BLOCK_DQ2, BLOCK_DV2)
+                                     dk2, dv2, k2, v2, BLOCK_DQ2, BLOCK_DV2, ALIGN_DQ=ALIGN_DQ, ALIGN_DV=ALIGN_DV)
         dk, dv, dk2, dv2 = _bwd_dkdv_inner(dk, dv, k, v, qb, dob, lseb, deltab, dqab, sqs, sdos, sdqs,
                                  full_lo, full_hi, cols, off, left, right, seqlen_q,
                                  sm_scale, scale2, cap_in, cap_out,
@@ -946,7 +965,7 @@ def _bwd_dkdv_tile(
                                  D_Q, D_V, BLOCK_DQ, BLOCK_DV,
                                  BLOCK_M, False, MASK_MODE, HAS_SOFTCAP, ATOMIC_DQ, EVEN_M,
                                  BIAS_MODE, HAS_DROPOUT, STORE_DBIAS, EVEN_N, DO_DK, DO_DV,
-                                     dk2, dv2, k2, v2, BLOCK_DQ2, BLOCK_DV2)
+                                     dk2, dv2, k2, v2, BLOCK_DQ2, BLOCK_DV2, ALIGN_DQ=ALIGN_DQ, ALIGN_DV=ALIGN_DV)
         if MASK_MODE & 2:
             dk, dv, dk2, dv2 = _bwd_dkdv_inner(dk, dv, k, v, qb, dob, lseb, deltab, dqab, sqs, sdos, sdqs,
                                      full_hi, hi, cols, off, left, right, seqlen_q,
@@ -956,7 +975,7 @@ def _bwd_dkdv_tile(
                                      D_Q, D_V, BLOCK_DQ, BLOCK_DV,
                                      BLOCK_M, True, MASK_MODE, HAS_SOFTCAP, ATOMIC_DQ, EVEN_M,
                                      BIAS_MODE, HAS_DROPOUT, STORE_DBIAS, EVEN_N, DO_DK, DO_DV,
-                                     dk2, dv2, k2, v2, BLOCK_DQ2, BLOCK_DV2)
+                                     dk2, dv2, k2, v2, BLOCK_DQ2, BLOCK_DV2, ALIGN_DQ=ALIGN_DQ, ALIGN_DV=ALIGN_DV)
     if IS_VARLEN:
         dkb = DK + k_start * sdks + hk * sdkh
         dvb = DV + k_start * sdvs + hk * sdvh
@@ -984,7 +1003,7 @@ def fmha_bwd_dq_dk_dv_kernel(
     sm_scale, scale2, cap_in, cap_out, left, right,
     CU_Q, CU_K, BIAS, ALIBI, DBIAS, sbb, sbh, sbq, sbk, sab, sdbb, sdbh, sdbq, slh,
     seed_lo, seed_hi, off_lo, drop_thresh, drop_scale, SEQLENS_K, GSPLIT, sdkg, sdvg,
-    D_Q: tl.constexpr, D_V: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
+    d_q, d_v, ALIGN_DQ: tl.constexpr, ALIGN_DV: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     MASK_MODE: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     ATOMIC_DQ: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
@@ -1008,6 +1027,14 @@ def fmha_bwd_dq_dk_dv_kernel(
     (grid axis 2: split index * (2 if KV_SPLIT else 1) + part), each summing ceil(GROUP / GSPLIT) heads into
     its own fp32 partial dK / dV at DK + i * sdkg / DV + i * sdvg; the launcher sums the partials (fixed
     order: deterministic).  For GQA / MQA problems with few key blocks per kv head."""
+    if ALIGN_DQ == 0:   # the head dim fills its blocks: a compile-time constant
+        D_Q: tl.constexpr = BLOCK_DQ + BLOCK_DQ2
+    else:   # a run-time head dim (one kernel per padded class), a multiple of ALIGN_DQ
+        D_Q = d_q // ALIGN_DQ * ALIGN_DQ
+    if ALIGN_DV == 0:   # the head dim fills its blocks: a compile-time constant
+        D_V: tl.constexpr = BLOCK_DV + BLOCK_DV2
+    else:   # a run-time head dim (one kernel per padded class), a multiple of ALIGN_DV
+        D_V = d_v // ALIGN_DV * ALIGN_DV
     pid_n = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // HK).to(tl.int64)
@@ -1056,7 +1083,7 @@ def fmha_bwd_dq_dk_dv_kernel(
                            b, hk, n0, q_start, k_start, seqlen_q, seqlen_k, off, g_lo, g_hi,
                            D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_M, BLOCK_N, MASK_MODE, HAS_SOFTCAP,
                            ATOMIC_DQ, EVEN_M, EVEN_N, IS_VARLEN, BIAS_MODE, HAS_DROPOUT, STORE_DBIAS,
-                           False, True, BLOCK_DQ2, BLOCK_DV2)
+                           False, True, BLOCK_DQ2, BLOCK_DV2, ALIGN_DQ=ALIGN_DQ, ALIGN_DV=ALIGN_DV)
         else:
             _bwd_dkdv_tile(Q, K, V, DO, LSE, DELTA, DK, DV, DQA,
                            sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdob, sdoh, sdos,
@@ -1067,7 +1094,7 @@ def fmha_bwd_dq_dk_dv_kernel(
                            b, hk, n0, q_start, k_start, seqlen_q, seqlen_k, off, g_lo, g_hi,
                            D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_M, BLOCK_N, MASK_MODE, HAS_SOFTCAP,
                            ATOMIC_DQ, EVEN_M, EVEN_N, IS_VARLEN, BIAS_MODE, HAS_DROPOUT, STORE_DBIAS,
-                           True, False, BLOCK_DQ2, BLOCK_DV2)
+                           True, False, BLOCK_DQ2, BLOCK_DV2, ALIGN_DQ=ALIGN_DQ, ALIGN_DV=ALIGN_DV)
     else:
         _bwd_dkdv_tile(Q, K, V, DO, LSE, DELTA, DK, DV, DQA,
                        sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdob, sdoh, sdos,
@@ -1078,18 +1105,19 @@ def fmha_bwd_dq_dk_dv_kernel(
                        b, hk, n0, q_start, k_start, seqlen_q, seqlen_k, off, g_lo, g_hi,
                        D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_M, BLOCK_N, MASK_MODE, HAS_SOFTCAP,
                        ATOMIC_DQ, EVEN_M, EVEN_N, IS_VARLEN, BIAS_MODE, HAS_DROPOUT, STORE_DBIAS,
-                       True, True, BLOCK_DQ2, BLOCK_DV2)
+                       True, True, BLOCK_DQ2, BLOCK_DV2, ALIGN_DQ=ALIGN_DQ, ALIGN_DV=ALIGN_DV)
 
 
 @triton.jit
 def _bwd_dq_inner(dq, q, do, lse2, di, kb, vb, sks, svs, start, end, rows, off, left, right, seqlen_k,
                   scale2, cap_in, cap_out,
                   biasb, sbq, sbk, slope, aoff, seqlen_q, bh_id, k0, k1, off_lo, thresh, drop_scale,
-                  D_Q: tl.constexpr, D_V: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
+                  D_Q, D_V, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
                   BLOCK_N: tl.constexpr, MASKED: tl.constexpr, MASK_MODE: tl.constexpr,
                   HAS_SOFTCAP: tl.constexpr, EVEN_N: tl.constexpr,
                   BIAS_MODE: tl.constexpr, HAS_DROPOUT: tl.constexpr, EVEN_M: tl.constexpr,
-                  dq2=0.0, q2=0.0, do2=0.0, BLOCK_DQ2: tl.constexpr = 0, BLOCK_DV2: tl.constexpr = 0):
+                  dq2=0.0, q2=0.0, do2=0.0, BLOCK_DQ2: tl.constexpr = 0, BLOCK_DV2: tl.constexpr = 0,
+    ALIGN_DQ: tl.constexpr = -1, ALIGN_DV: tl.constexpr = -1):
     """BLOCK_DQ2 / BLOCK_DV2 > 0: head-dim chunks (see _fwd_inner); q2 / do2 / dq2 the second chunk."""
     offs_n = tl.arange(0, BLOCK_N)
     offs_dq = tl.arange(0, BLOCK_DQ)
@@ -1102,12 +1130,12 @@ def _bwd_dq_inner(dq, q, do, lse2, di, kb, vb, sks, svs, start, end, rows, off, 
     for start_n in tl.range(start, end, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n
-        if EVEN_N and BLOCK_DQ == D_Q:
+        if EVEN_N and ALIGN_DQ == 0 and BLOCK_DQ2 == 0:
             k = tl.load(kb + cols[:, None] * sks + offs_dq[None, :])
         else:
             k = tl.load(kb + cols[:, None] * sks + offs_dq[None, :],
                         mask=(cols[:, None] < seqlen_k) & (offs_dq[None, :] < D_Q), other=0.0)
-        if EVEN_N and BLOCK_DV == D_V:
+        if EVEN_N and ALIGN_DV == 0 and BLOCK_DV2 == 0:
             v = tl.load(vb + cols[:, None] * svs + offs_dv[None, :])
         else:
             v = tl.load(vb + cols[:, None] * svs + offs_dv[None, :],
@@ -1159,7 +1187,7 @@ def fmha_bwd_dq_kernel(
     sm_scale, scale2, cap_in, cap_out, left, right,
     CU_Q, CU_K, BIAS, ALIBI, sbb, sbh, sbq, sbk, sab, slh,
     seed_lo, seed_hi, off_lo, drop_thresh, drop_scale, SEQLENS_K,
-    D_Q: tl.constexpr, D_V: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
+    d_q, d_v, ALIGN_DQ: tl.constexpr, ALIGN_DV: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     MASK_MODE: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
@@ -1170,6 +1198,14 @@ def fmha_bwd_dq_kernel(
     head-dim chunks (see fmha_fwd_kernel).
     With a causal (right-bounded) mask the heaviest (last) query blocks go first.
     IS_VARLEN / BIAS_MODE / HAS_DROPOUT as in fmha_bwd_dq_dk_dv_kernel."""
+    if ALIGN_DQ == 0:   # the head dim fills its blocks: a compile-time constant
+        D_Q: tl.constexpr = BLOCK_DQ + BLOCK_DQ2
+    else:   # a run-time head dim (one kernel per padded class), a multiple of ALIGN_DQ
+        D_Q = d_q // ALIGN_DQ * ALIGN_DQ
+    if ALIGN_DV == 0:   # the head dim fills its blocks: a compile-time constant
+        D_V: tl.constexpr = BLOCK_DV + BLOCK_DV2
+    else:   # a run-time head dim (one kernel per padded class), a multiple of ALIGN_DV
+        D_V = d_v // ALIGN_DV * ALIGN_DV
     pid_m = tl.program_id(0)
     if MASK_MODE & 1:
         pid_m = tl.num_programs(0) - 1 - pid_m
@@ -1251,19 +1287,19 @@ def fmha_bwd_dq_kernel(
                            biasb, sbq, sbk, slope, aoff, seqlen_q, bh_id, seed_lo, seed_hi, off_lo, drop_thresh,
                            drop_scale, D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_N,
                            True, MASK_MODE, HAS_SOFTCAP, EVEN_N, BIAS_MODE, HAS_DROPOUT, EVEN_M,
-                           dq2, q2, do2, BLOCK_DQ2, BLOCK_DV2)
+                           dq2, q2, do2, BLOCK_DQ2, BLOCK_DV2, ALIGN_DQ=ALIGN_DQ, ALIGN_DV=ALIGN_DV)
     dq, dq2 = _bwd_dq_inner(dq, q, do, lse2, di, kb, vb, sks, svs, full_lo, full_hi, rows, off, left, right, seqlen_k,
                        scale2, cap_in, cap_out,
                        biasb, sbq, sbk, slope, aoff, seqlen_q, bh_id, seed_lo, seed_hi, off_lo, drop_thresh,
                        drop_scale, D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_N,
                        False, MASK_MODE, HAS_SOFTCAP, EVEN_N, BIAS_MODE, HAS_DROPOUT, EVEN_M,
-                           dq2, q2, do2, BLOCK_DQ2, BLOCK_DV2)
+                           dq2, q2, do2, BLOCK_DQ2, BLOCK_DV2, ALIGN_DQ=ALIGN_DQ, ALIGN_DV=ALIGN_DV)
     dq, dq2 = _bwd_dq_inner(dq, q, do, lse2, di, kb, vb, sks, svs, full_hi, hi, rows, off, left, right, seqlen_k,
                        scale2, cap_in, cap_out,
                        biasb, sbq, sbk, slope, aoff, seqlen_q, bh_id, seed_lo, seed_hi, off_lo, drop_thresh,
                        drop_scale, D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_N,
                        True, MASK_MODE, HAS_SOFTCAP, EVEN_N, BIAS_MODE, HAS_DROPOUT, EVEN_M,
-                           dq2, q2, do2, BLOCK_DQ2, BLOCK_DV2)
+                           dq2, q2, do2, BLOCK_DQ2, BLOCK_DV2, ALIGN_DQ=ALIGN_DQ, ALIGN_DV=ALIGN_DV)
     dq = dq * sm_scale
     if IS_VARLEN:
         dqrow = DQ + q_start * sdqs + h * sdqh
@@ -1292,8 +1328,12 @@ def fmha_bwd_sum_partials_kernel(P, OUT, N, G, BLOCK: tl.constexpr):
 
 @triton.jit
 def fmha_bwd_convert_dq_kernel(DQA, DQ, sab, sah, sas, sdb, sdh, sds, H, SEQ_Q, CU_Q,
-                               D_Q: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_M: tl.constexpr,
+                               d_q, ALIGN_DQ: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_M: tl.constexpr,
                                IS_VARLEN: tl.constexpr):
+    if ALIGN_DQ == 0:   # the head dim fills its blocks: a compile-time constant
+        D_Q: tl.constexpr = BLOCK_DQ
+    else:   # a run-time head dim (one kernel per padded class), a multiple of ALIGN_DQ
+        D_Q = d_q // ALIGN_DQ * ALIGN_DQ
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
@@ -1324,7 +1364,7 @@ def fmha_fwd_splitkv_kernel(
     sob, soh, sos, sosp, slb, slh, sls, sbt,
     HKV, GROUP, SEQ_Q, SEQ_K, CHUNK,
     scale2, cap_in, cap_out, left, right, SINK, n_sink, ERR, CAP, n_pages,
-    D_Q: tl.constexpr, D_V: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
+    d_q, d_v, ALIGN_DQ: tl.constexpr, ALIGN_DV: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
     MASK_MODE: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     HAS_SEQLENS: tl.constexpr, HAS_SINK: tl.constexpr = False, HAS_SINK_LOGIT: tl.constexpr = False,
@@ -1344,6 +1384,14 @@ def fmha_fwd_splitkv_kernel(
     needs no combine launch.  With PAGE_SIZE > 0 every page index the program reads is checked
     against the pool (n_pages): one outside it is not read (page 0 stands in), the program's outputs
     become NaN and BAD_PAGES (8) is ORed into ERR, so a page table needs no guard launch of its own."""
+    if ALIGN_DQ == 0:   # the head dim fills its blocks: a compile-time constant
+        D_Q: tl.constexpr = BLOCK_DQ
+    else:   # a run-time head dim (one kernel per padded class), a multiple of ALIGN_DQ
+        D_Q = d_q // ALIGN_DQ * ALIGN_DQ
+    if ALIGN_DV == 0:   # the head dim fills its blocks: a compile-time constant
+        D_V: tl.constexpr = BLOCK_DV
+    else:   # a run-time head dim (one kernel per padded class), a multiple of ALIGN_DV
+        D_V = d_v // ALIGN_DV * ALIGN_DV
     split = tl.program_id(0)
     bhk = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -1453,9 +1501,13 @@ def fmha_fwd_splitkv_combine_kernel(
     OACC, LACC, O, LSE,
     sob, soh, sos, sosp, slb, slh, sls, s_ob, s_oh, s_os, s_lb, s_lh,
     H, SEQ_Q, NUM_SPLITS,
-    D_V: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_S: tl.constexpr, STORE_LSE: tl.constexpr,
+    d_v, ALIGN_DV: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_S: tl.constexpr, STORE_LSE: tl.constexpr,
 ):
     """Merge the split partials of one query row through their LSEs."""
+    if ALIGN_DV == 0:   # the head dim fills its blocks: a compile-time constant
+        D_V: tl.constexpr = BLOCK_DV
+    else:   # a run-time head dim (one kernel per padded class), a multiple of ALIGN_DV
+        D_V = d_v // ALIGN_DV * ALIGN_DV
     row = tl.program_id(0)
     b = (row // (H * SEQ_Q)).to(tl.int64)
     h = ((row // SEQ_Q) % H).to(tl.int64)
@@ -1515,7 +1567,7 @@ def fmha_fwd_appendkv_kernel(
     sqb, sqh, sqs, sknb, sknh, skns, svnb, svnh, svns, sqrb, sqrh, sqrs,
     skcb, skch, skcs, svcb, svch, svcs, sbt, scs,
     H, HK, SEQ_Q, SEQ_KNEW, rotary_dim, ERR, CAP,
-    D_Q: tl.constexpr, D_V: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
+    d_q, d_v, ALIGN_DQ: tl.constexpr, ALIGN_DV: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, PAGE_SIZE: tl.constexpr, ROPE: tl.constexpr,
 ):
     """CK's append-KV: program (m, b, h) with h < H rotates query rows [m*BLOCK_M, ..) of head h into
@@ -1524,6 +1576,14 @@ def fmha_fwd_appendkv_kernel(
     page pools (skcb/svcb: page stride, sk?s: slot stride) addressed through BLOCK_TABLE[b, pos // P].
     seqlens_k[b] outside [0, CAP - SEQ_KNEW] (CAP: the positions the cache or block table holds) sets
     ERR, writes nothing to the caches and NaN to the batch's QR rows (see _checked_len)."""
+    if ALIGN_DQ == 0:   # the head dim fills its blocks: a compile-time constant
+        D_Q: tl.constexpr = BLOCK_DQ
+    else:   # a run-time head dim (one kernel per padded class), a multiple of ALIGN_DQ
+        D_Q = d_q // ALIGN_DQ * ALIGN_DQ
+    if ALIGN_DV == 0:   # the head dim fills its blocks: a compile-time constant
+        D_V: tl.constexpr = BLOCK_DV
+    else:   # a run-time head dim (one kernel per padded class), a multiple of ALIGN_DV
+        D_V = d_v // ALIGN_DV * ALIGN_DV
     pid_m = tl.program_id(0)
     b = tl.program_id(1)
     h = tl.program_id(2)
@@ -1563,16 +1623,19 @@ def fmha_fwd_appendkv_kernel(
         tl.store(vdst + dv[None, :], v.to(VC.dtype.element_ty), mask=rmask[:, None] & (dv[None, :] < D_V))
 
 
-# What the kernels specialise on (ck_core.backends.triton_artifacts.specialisation): head dims,
-# tiles, masks and features are constexprs; sizes (batch, heads, GQA group, sequence lengths,
-# window edges, split counts) are run-time integers: none of them feeds a vectorised access
-# (rows are masked whole; the head dim is a constexpr), so one compiled kernel serves every
-# shape.  The strides of Q, K, V, O and their gradients are the alignment class, one per tensor
+# What the kernels specialise on (ck_core.backends.triton_artifacts.specialisation): padded head
+# dims (BLOCK_D?, BLOCK_D?2), tiles, masks and features are constexprs; the head dims d_q / d_v are
+# run-time integers with a constexpr class ALIGN_D? (configs.hdim_align: 0 when the head dim fills its
+# blocks -- it is then the constant BLOCK_D? + BLOCK_D?2 and the masks fold, the code of a fixed head
+# dim -- else the power of two up to 16 dividing it, which keeps the masked loads as wide), so 40 and
+# 56, or 59 and 61, run one kernel; sizes (batch, heads, GQA group, sequence lengths, window edges,
+# split counts) are run-time integers: none of them feeds a vectorised access (rows are masked
+# whole), so one compiled kernel serves every shape.  The strides of Q, K, V, O and their gradients are the alignment class, one per tensor
 # (all divisible by 16 or not: 16-byte rows), never the constant 1 (no kernel here reads a unit
 # stride: the head dim is contiguous by contract).  Strides of per-row and per-element tensors
 # (LSE, delta, bias, dbias, ALiBi slopes, random values, block tables, rotary tables) are
 # run-time: their accesses are masked by run-time lengths and do not vectorise either way.
-_RUNTIME = ("H", "HK", "HKV", "GROUP", "GSPLIT", "SEQ", "SEQ_Q", "SEQ_K", "SEQ_KNEW", "CHUNK", "CAP",
+_RUNTIME = ("d_q", "d_v", "H", "HK", "HKV", "GROUP", "GSPLIT", "SEQ", "SEQ_Q", "SEQ_K", "SEQ_KNEW", "CHUNK", "CAP",
             "NUM_SPLITS", "left", "right", "n_sink", "rotary_dim", "N", "G",
             "slb", "slh", "sls", "sdlh", "s_lb", "s_lh", "sab", "sbb", "sbh", "sbq", "sbk", "sdbb", "sdbh",
             "sdbq", "srb", "srh", "srq", "sbt", "scs")

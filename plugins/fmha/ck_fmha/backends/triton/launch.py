@@ -70,7 +70,7 @@ from ck_core.backends import triton_artifacts
 from . import gluon_fwd, guards
 from . import kernels as K
 from ... import device_errors
-from .configs import (GLUON_VARIANTS, TritonFmhaConfig, fp8_v_trans, hdim_blocks, hopper, padded_hdim,
+from .configs import (GLUON_VARIANTS, TritonFmhaConfig, fp8_v_trans, hdim_args, hdim_blocks, hopper, padded_hdim,
                       valid_dchunk)
 
 try:
@@ -382,7 +382,7 @@ def v_key_major(v: torch.Tensor, layout: str = "bhsd", *, impl: str = "triton") 
     triton_artifacts.bind(guards.helper_entry(K.fmha_v_transpose_kernel), K.fmha_v_transpose_kernel,
                           (triton.cdiv(s, bs), (1 if varlen else b) * h))(
         v, buf, svb, svh, svs, stb, sth, std, s, h,
-        D_V=d, BLOCK_S=bs, BLOCK_DV=padded_hdim(d), num_warps=4)
+        **hdim_args(d_v=d, blocks_v=padded_hdim(d)), BLOCK_S=bs, BLOCK_DV=padded_hdim(d), num_warps=4)
     return view
 
 
@@ -698,7 +698,7 @@ def fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, retu
         scale2, cap_in, cap_out, left, right,
         ba, aa, sbb, sbh, sbq, sbk, sab, k0, k1, off_lo, thresh, dscale, *paged_args, *sink_args,
         *(descale_ptrs or (o, o, o)), v_descale_f, device_errors.flag(q.device),
-        D_Q=dq, D_V=dv, BLOCK_DQ=bdq, BLOCK_DV=bdv,
+        **hdim_args(dq, bdq + bdq2, dv, bdv + bdv2), BLOCK_DQ=bdq, BLOCK_DV=bdv,
         BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
         MASK_MODE=mode, BOTTOM_RIGHT=_kernel_br(br, mode, varlen, sq, sk, seqlens_k is not None or _paged is not None),
         HAS_SOFTCAP=bool(softcap and softcap > 0),
