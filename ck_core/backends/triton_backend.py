@@ -196,7 +196,7 @@ def _compile_calls(key, calls, target, extra, cache_root, prefix=None) -> dict:
     """Build a key's kernels as its launcher calls them (``rendered.jit_calls()``: a
     representative launch of each, ``(suffix, fn, args, kwargs)``) into the entries the
     launcher loads (:mod:`ck_core.backends.triton_artifacts`): ``<prefix><suffix>``, the
-    prefix :func:`_entry_prefix`."""
+    prefix :func:`_entry_prefix` (a shared helper's own name: ``triton_artifacts.entry_name``)."""
     prefix = prefix or key.name
     from . import triton_artifacts as ta
 
@@ -206,11 +206,11 @@ def _compile_calls(key, calls, target, extra, cache_root, prefix=None) -> dict:
         if not hasattr(fn, "params"):
             raise CompileError(f"{key.name}: the kernel is not a JITFunction (TRITON_INTERPRET=1?); "
                                "compile ahead of time in a process without TRITON_INTERPRET")
-        ck, how = ta.get_or_build(prefix + suffix, fn, args, kwargs, target=target,
+        ck, how = ta.get_or_build(ta.entry_name(prefix, suffix), fn, args, kwargs, target=target,
                                   cache_root=cache_root, extra=extra)
         hows.append(how)
         md = ck.metadata
-        kernels[prefix + suffix] = {"shared": int(getattr(md, "shared", 0)),
+        kernels[ta.entry_name(prefix, suffix)] = {"shared": int(getattr(md, "shared", 0)),
                                       "num_warps": int(getattr(md, "num_warps", 0))}
     first = next(iter(kernels.values()))
     return {"target": f"{target.backend}:{target.arch}", "binary": ta._backend(target).binary_ext,
@@ -235,8 +235,8 @@ def build_for_problem(key, op, arch, problem) -> bool:
         return False
     extra = ta.compile_options(key)
     for suffix, fn, args, kwargs in calls(problem):
-        ck, _ = ta.get_or_build(_entry_prefix(key, rendered) + suffix, fn, args, kwargs, target=arch.gpu_target(),
-                                extra=extra)
+        ck, _ = ta.get_or_build(ta.entry_name(_entry_prefix(key, rendered), suffix), fn, args, kwargs,
+                                target=arch.gpu_target(), extra=extra)
         try:   # the launcher stub is a C build per argument signature (Triton caches it)
             from triton.runtime import driver
 

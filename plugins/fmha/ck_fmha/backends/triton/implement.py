@@ -68,10 +68,17 @@ def _torch_dtype(token, arch_name: Optional[str] = None):
     return {"fp16": torch.float16, "bf16": torch.bfloat16}[token]
 
 
+#: the kernels a key launches whose code depends on none of its fields (fixed meta-parameters; the head
+#: dims' classes and the varlen flag are their constexprs): named ``fmha/<kernel>`` in the kernel cache,
+#: not per key (``triton_artifacts.entry_name``), so every key of a class loads one entry
+_KEYLESS = frozenset({"fmha_bwd_dot_do_o_kernel", "fmha_bwd_convert_dq_kernel", "fmha_bwd_sum_partials_kernel"})
+
+
 def kernel_via(key, capture: Optional[list] = None):
     """How the launcher of ``key`` launches a Triton kernel (``ops``' ``_via``): through
     :mod:`ck_core.backends.triton_artifacts` as cache entry ``<artifact name>/<kernel name>``
-    (:func:`.keys.artifact_name`: keys of one head-dim class share it), the entry ``ck build`` writes; with ``capture``, the launch is appended to it as
+    (:func:`.keys.artifact_name`: keys of one head-dim class share it; ``fmha/<kernel name>`` for the
+    kernels of :data:`_KEYLESS`), the entry ``ck build`` writes; with ``capture``, the launch is appended to it as
     ``(suffix, fn, args, kwargs)`` instead (:func:`jit_calls`)."""
     from ck_core.backends import triton_artifacts
 
@@ -80,10 +87,13 @@ def kernel_via(key, capture: Optional[list] = None):
     prefix = artifact_name(key)
 
     def via(fn, grid):
-        suffix = "/" + getattr(fn, "__name__", type(fn).__name__)   # (tests wrap kernels in spies)
+        kname = getattr(fn, "__name__", type(fn).__name__)   # (tests wrap kernels in spies)
+        # a kernel whose code depends on none of the key's fields: one entry for every key
+        suffix = (triton_artifacts.SHARED + "fmha/" + kname) if kname in _KEYLESS else "/" + kname
         if capture is not None:
             return lambda *args, **kwargs: capture.append((suffix, fn, args, kwargs))
-        launch = triton_artifacts.bind(prefix + suffix, fn, grid, triton_artifacts.compile_options(key))
+        launch = triton_artifacts.bind(triton_artifacts.entry_name(prefix, suffix), fn, grid,
+                                       triton_artifacts.compile_options(key))
         return warm.wrap(fn, grid, launch)   # (recorded inside warm.recording())
 
     return via
