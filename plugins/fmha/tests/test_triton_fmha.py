@@ -246,15 +246,17 @@ def test_kernel_for_contract():
         assert set(sig) == set(f.arg_names)
     # features off by default: paging, sinks
     _, cx = kernel_for("fwd", {"hdim_q": 64})
-    assert cx["PAGE_SIZE"] == 0 and not cx["HAS_SINK"] and not cx["HAS_SINK_LOGIT"]
+    assert cx["PAGED"] == 0 and not cx["HAS_SINK"] and not cx["HAS_SINK_LOGIT"]
     _, cx = kernel_for("fwd_splitkv", {"hdim_q": 64})
     assert not cx["HAS_SINK"] and not cx["HAS_SINK_LOGIT"]
     sig, cx = signature_for("batch_prefill", "bf16", {"hdim_q": 128, "page_size": 1, "kv_lookup": "sglang",
                                                       "sink_logits": True})
-    assert cx["PAGE_SIZE"] == 1 and cx["KV_LOOKUP"] == 1 and cx["IS_VARLEN"] and cx["HAS_SINK_LOGIT"]
+    # the page size is run-time (page_size, page_shift); its class a constexpr: 2, pages below a tile
+    assert cx["PAGED"] == 2 and "PAGE_SIZE" not in cx and sig["page_size"] == sig["page_shift"] == "i32"
+    assert cx["KV_LOOKUP"] == 1 and cx["IS_VARLEN"] and cx["HAS_SINK_LOGIT"]
     assert sig["PT"] == "*i32" and sig["KV_INDPTR"] == "*i32" and sig["SINK"] == "*fp32"
     sig, cx = signature_for("fwd_appendkv", "fp16", {"hdim_q": 64, "rope": "half_rotated", "page_size": 16})
-    assert cx["ROPE"] == 2 and cx["PAGE_SIZE"] == 16 and sig["COS"] == "*fp32" and sig["KC"] == "*fp16"
+    assert cx["ROPE"] == 2 and cx["PAGED"] == 2 and sig["COS"] == "*fp32" and sig["KC"] == "*fp16"
 
 
 # --------------------------------------------------------------------------

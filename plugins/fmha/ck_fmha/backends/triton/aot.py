@@ -33,6 +33,7 @@ from typing import Any, Dict, Mapping, Tuple
 
 from . import kernels as K
 from .configs import GLUON_VARIANTS, TritonFmhaConfig, bias_mode_of, hdim_align, hdim_blocks, next_pow2, padded_hdim
+from .configs import page_args
 from .configs import BWD_ATOMIC_DQ_DEFAULT, FAMILIES, ROPE_MODES, GLUON_HDIMS, fp8_format, hopper
 from .configs import GLUON_WS_WARPS as WS_WARPS
 
@@ -118,7 +119,7 @@ def constexprs_for(family: str, config: Mapping) -> Dict[str, Any]:
                     REVERSE_M=bool(_get(config, "reverse_m", mm & 1 == 1)),
                     USE_TMA={"ptr": 0, "tma": 1, "tma_ws": 1, "tma_host": 2}[variant],
                     WARP_SPEC=variant == "tma_ws", BIAS_MODE=bmode, HAS_DROPOUT=drop,
-                    PAGE_SIZE=ps, KV_LOOKUP=lookup if ps else 0, KV_VEC=int(_get(config, "kv_vec", 0)) if ps else 0,
+                    PAGED=page_args(ps, bn)["PAGED"], KV_LOOKUP=lookup if ps else 0, KV_VEC=int(_get(config, "kv_vec", 0)) if ps else 0,
                     HAS_SINK=bool(_get(config, "sink_tokens", False)),
                     HAS_SINK_LOGIT=bool(_get(config, "sink_logits", False)),
                     DESCALE_PTR=bool(_get(config, "descale_ptr", False)), V_TRANS=vt,
@@ -126,7 +127,7 @@ def constexprs_for(family: str, config: Mapping) -> Dict[str, Any]:
     if family in ("fwd_splitkv", "fwd_pagedkv"):
         ps = int(_get(config, "page_size", 16 if family == "fwd_pagedkv" else 0))
         return dict(**_aligns(dq, bdq, dv, bdv), BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=max(16, bm), BLOCK_N=bn,
-                    PAGE_SIZE=ps, MASK_MODE=mm, BOTTOM_RIGHT=bool(_get(config, "bottom_right", True)),
+                    PAGED=page_args(ps, bn)["PAGED"], MASK_MODE=mm, BOTTOM_RIGHT=bool(_get(config, "bottom_right", True)),
                     HAS_SOFTCAP=sc, HAS_SEQLENS=bool(_get(config, "seqlens", ps > 0)),
                     HAS_SINK=bool(_get(config, "sink_tokens", False)),
                     HAS_SINK_LOGIT=bool(_get(config, "sink_logits", False)))
@@ -165,7 +166,7 @@ def constexprs_for(family: str, config: Mapping) -> Dict[str, Any]:
         rope = _get(config, "rope", 0)
         rope = ROPE_MODES[rope] if isinstance(rope, str) else int(rope)
         return dict(**_aligns(dq, bdq, dv, bdv), BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=bm,
-                    PAGE_SIZE=int(_get(config, "page_size", 0)), ROPE=rope)
+                    PAGED=page_args(int(_get(config, "page_size", 0)))["PAGED"], ROPE=rope)
     raise AssertionError(family)
 
 

@@ -125,6 +125,20 @@ def hdim_class(d: int, chunk: int = 0) -> int:
     return sum(hdim_blocks(d, chunk))
 
 
+def page_args(page_size: int, block_n: int = 0) -> dict:
+    """The paging arguments of a Triton FMHA kernel: the page size as run-time integers (``page_size``, and
+    ``page_shift`` = log2 of it: pages are powers of two, the problem's rule R08) and its constexpr class
+    ``PAGED``: 0 no pages, 1 pages of whole ``block_n`` tiles (one page id per tile), 2 smaller pages (one
+    per key; ``block_n`` 0: the kernel reads per key anyway).  So every page size of a class runs one
+    compiled kernel."""
+    ps = int(page_size or 0)
+    if ps <= 0:
+        return dict(page_size=0, page_shift=0, PAGED=0)
+    if ps & (ps - 1):
+        raise ConfigError(f"page_size={ps} is not a power of two")
+    return dict(page_size=ps, page_shift=ps.bit_length() - 1, PAGED=1 if block_n and ps % block_n == 0 else 2)
+
+
 def valid_dchunk(chunk: int) -> bool:
     return chunk == 0 or (16 <= chunk <= 256 and chunk & (chunk - 1) == 0)
 

@@ -227,20 +227,21 @@ def _checked_len(raw, cap, ERR):
 
 @triton.jit
 def _paged_kv_ptrs(kb, vb, pt, start_n, cols, seqlen_k, skp, svp, sks, svs, skd, offs_n, offs_dq, offs_dv,
-                   PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, KV_VEC: tl.constexpr):
+                   page_size, page_shift, PAGED: tl.constexpr, BLOCK_N: tl.constexpr, KV_VEC: tl.constexpr):
     """K/V tile pointers of keys ``cols`` in a paged cache: ``pt`` is the batch's row of page ids,
-    key t lives in page pt[t // PAGE_SIZE] at slot t % PAGE_SIZE; kb/vb already hold the head offset.
+    key t lives in page pt[t // page_size] at slot t % page_size (page_size = 1 << page_shift, run-time; PAGED 1:
+    pages hold whole BLOCK_N tiles, 2: smaller pages); kb/vb already hold the head offset.
     KV_VEC == 0: linear pages (slot stride sks/svs, d contiguous).  KV_VEC > 0: CK's vectorized
     layout, K [pages, Hk, D/vec, P, vec] (skd: stride of a D/vec chunk) and V [pages, Hk, P/vec, Dv, vec]
     (svs: stride of a P/vec chunk)."""
-    if PAGE_SIZE % BLOCK_N == 0:
-        page = tl.load(pt + start_n // PAGE_SIZE).to(tl.int64)
-        slot = (start_n % PAGE_SIZE) + offs_n
+    if PAGED == 1:
+        page = tl.load(pt + (start_n >> page_shift)).to(tl.int64)
+        slot = (start_n & (page_size - 1)) + offs_n
         kpg = kb + page * skp
         vpg = vb + page * svp
     else:
-        page = tl.load(pt + cols // PAGE_SIZE, mask=cols < seqlen_k, other=0).to(tl.int64)
-        slot = cols % PAGE_SIZE
+        page = tl.load(pt + (cols >> page_shift), mask=cols < seqlen_k, other=0).to(tl.int64)
+        slot = cols & (page_size - 1)
         kpg = kb + page[:, None] * skp
         vpg = vb + page[:, None] * svp
     if KV_VEC > 0:
@@ -275,11 +276,11 @@ def _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, v
                MASKED: tl.constexpr, MASK_MODE: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                USE_TMA: tl.constexpr, WARP_SPEC: tl.constexpr,
                BIAS_MODE: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-               PAGE_SIZE: tl.constexpr, KV_VEC: tl.constexpr, HAS_SINK: tl.constexpr,
+               PAGED: tl.constexpr, KV_VEC: tl.constexpr, HAS_SINK: tl.constexpr,
                V_TRANS: tl.constexpr = False,
                acc2=0.0, q2=0.0, desc_k2=0, desc_v2=0,
                BLOCK_DQ2: tl.constexpr = 0, BLOCK_DV2: tl.constexpr = 0,
-    ALIGN_DQ: tl.constexpr = -1, ALIGN_DV: tl.constexpr = -1):
+    ALIGN_DQ: tl.constexpr = -1, ALIGN_DV: tl.constexpr = -1, page_size=0, page_shift=0):
     """BLOCK_DQ2 / BLOCK_DV2 > 0: a head dim in two chunks, columns [0, BLOCK_D?) (whole: a power of two
     below D_?) and [BLOCK_D?, BLOCK_D? + BLOCK_D?2) (masked to D_?); q2 / acc2 / desc_?2 hold the second
     chunk: S = q k^T + q2 k2^T, acc += P v, acc2 += P v2 (pointer loads or device descriptors)."""
@@ -299,9 +300,9 @@ def _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, v
             if BLOCK_DQ2 > 0:
                 k2 = desc_k2.load([krow + start_n, kcol])
         else:
-            if PAGE_SIZE > 0:
+            if PAGED > 0:
                 kp, vp_pg = _paged_kv_ptrs(kb, vb, pt, start_n, cols, seqlen_k, skp, svp, sks, svs, skd,
-                                           offs_n, offs_dq, offs_dv, PAGE_SIZE, BLOCK_N, KV_VEC)
+                                           offs_n, offs_dq, offs_dv, page_size, page_shift, PAGED, BLOCK_N, KV_VEC)
             else:
                 kp = kb + cols[:, None] * sks + offs_dq[None, :]
             if MASKED:
@@ -375,7 +376,7 @@ def _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, v
             if BLOCK_DV2 > 0:
                 v2 = desc_v2.load([krow + start_n, vcol])
         else:
-            if PAGE_SIZE > 0:
+            if PAGED > 0:
                 vp = vp_pg
             else:
                 vp = vb + cols[:, None] * svs + offs_dv[None, :]
@@ -410,14 +411,14 @@ def fmha_fwd_kernel(
     scale2, cap_in, cap_out, left, right,
     BIAS, ALIBI, sbb, sbh, sbq, sbk, sab, seed_lo, seed_hi, off_lo, drop_thresh, drop_scale,
     PT, KV_INDPTR, SEQLENS_K, sbt, skp, svp, skd, SINK, n_sink,
-    QDS, KDS, VDS, v_descale, ERR,
+    QDS, KDS, VDS, v_descale, ERR, page_size, page_shift,
     d_q, d_v, ALIGN_DQ: tl.constexpr, ALIGN_DV: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     MASK_MODE: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     STORE_LSE: tl.constexpr, IS_VARLEN: tl.constexpr, REVERSE_M: tl.constexpr,
     USE_TMA: tl.constexpr, WARP_SPEC: tl.constexpr,
     BIAS_MODE: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    PAGE_SIZE: tl.constexpr = 0, KV_LOOKUP: tl.constexpr = 0, KV_VEC: tl.constexpr = 0,
+    PAGED: tl.constexpr = 0, KV_LOOKUP: tl.constexpr = 0, KV_VEC: tl.constexpr = 0,
     HAS_SINK: tl.constexpr = False, HAS_SINK_LOGIT: tl.constexpr = False,
     DESCALE_PTR: tl.constexpr = False, V_TRANS: tl.constexpr = False, HAS_SEQLENS: tl.constexpr = False,
     BLOCK_DQ2: tl.constexpr = 0, BLOCK_DV2: tl.constexpr = 0,
@@ -428,7 +429,8 @@ def fmha_fwd_kernel(
     Philox keep mask (key (seed_lo, seed_hi), counter (j, i, b*H + h, off_lo)), kept
     probabilities scaled by drop_scale; LSE is the pre-dropout one.
 
-    PAGE_SIZE > 0 (batch_prefill): K/V are page pools (heads at skh/svh, pages at skp/svp, slots at
+    PAGED > 0 (batch_prefill; 1: pages of whole BLOCK_N tiles, 2: smaller; the page size is the run-time
+    page_size = 1 << page_shift): K/V are page pools (heads at skh/svh, pages at skp/svp, slots at
     sks/svs; KV_VEC > 0: CK's vectorized pages, see _paged_kv_ptrs), the key length of batch b is
     SEQLENS_K[b] and its page ids are PT[b * sbt + i] (KV_LOOKUP 0, vLLM block table) or
     PT[KV_INDPTR[b] + i] (KV_LOOKUP 1, SGLang kv_indptr / kv_page_indices).  A length outside
@@ -470,9 +472,9 @@ def fmha_fwd_kernel(
     else:   # a run-time head dim (one kernel per padded class), a multiple of ALIGN_DV
         D_V = d_v // ALIGN_DV * ALIGN_DV
     if V_TRANS:
-        tl.static_assert(PAGE_SIZE == 0, "V_TRANS (key-contiguous V) is not implemented for paged K/V")
+        tl.static_assert(PAGED == 0, "V_TRANS (key-contiguous V) is not implemented for paged K/V")
     if BLOCK_DQ2 > 0 or BLOCK_DV2 > 0:
-        tl.static_assert(PAGE_SIZE == 0 and not V_TRANS and USE_TMA != 2,
+        tl.static_assert(PAGED == 0 and not V_TRANS and USE_TMA != 2,
                          "head-dim chunks: contiguous K/V, row-major V, pointer loads or device descriptors")
     pid_m = tl.program_id(0)
     if REVERSE_M:
@@ -484,11 +486,11 @@ def fmha_fwd_kernel(
     if IS_VARLEN:
         q_start = tl.load(CU_Q + b)
         seqlen_q = tl.load(CU_Q + b + 1) - q_start
-        if PAGE_SIZE > 0:
+        if PAGED > 0:
             k_start = 0
             cap_b = SEQ_K
             if KV_LOOKUP == 1:
-                cap_b = tl.minimum(cap_b, (tl.load(KV_INDPTR + b + 1) - tl.load(KV_INDPTR + b)) * PAGE_SIZE)
+                cap_b = tl.minimum(cap_b, (tl.load(KV_INDPTR + b + 1) - tl.load(KV_INDPTR + b)) * page_size)
             seqlen_k, len_bad = _checked_len(tl.load(SEQLENS_K + b), cap_b, ERR)
         else:
             k_start = tl.load(CU_K + b)
@@ -500,7 +502,7 @@ def fmha_fwd_kernel(
         q_start = 0
         seqlen_q = SEQ_Q
         k_start = 0
-        tl.static_assert(PAGE_SIZE == 0, "paged K/V is group mode (batch_prefill)")
+        tl.static_assert(PAGED == 0, "paged K/V is group mode (batch_prefill)")
         seqlen_k = SEQ_K
     m0 = pid_m * BLOCK_M
     if m0 >= seqlen_q:
@@ -601,7 +603,7 @@ def fmha_fwd_kernel(
         scale2 = scale2 * qk_descale
         cap_in = cap_in * qk_descale
         o_scale = o_scale * tl.load(VDS).to(tl.float32)
-    if PAGE_SIZE > 0:
+    if PAGED > 0:
         if KV_LOOKUP == 1:
             pt = PT + tl.load(KV_INDPTR + b)
         else:
@@ -617,8 +619,9 @@ def fmha_fwd_kernel(
                                    seed_lo, seed_hi, off_lo, drop_thresh, pt, skp, svp, skd, n_sink,
                                    D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_N,
                                    True, MASK_MODE, HAS_SOFTCAP, USE_TMA, False, BIAS_MODE, HAS_DROPOUT,
-                                   PAGE_SIZE, KV_VEC, HAS_SINK, V_TRANS,
-                                   acc2, q2, desc_k2, desc_v2, BLOCK_DQ2, BLOCK_DV2, ALIGN_DQ=ALIGN_DQ, ALIGN_DV=ALIGN_DV)
+                                   PAGED, KV_VEC, HAS_SINK, V_TRANS,
+                                   acc2, q2, desc_k2, desc_v2, BLOCK_DQ2, BLOCK_DV2, ALIGN_DQ=ALIGN_DQ, ALIGN_DV=ALIGN_DV,
+                                   page_size=page_size, page_shift=page_shift)
     if MASK_MODE & 2:
         acc, l_i, m_i, acc2 = _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, vcol,
                                    lo, full_lo, rows, off, left, right, seqlen_k,
@@ -626,24 +629,27 @@ def fmha_fwd_kernel(
                                    seed_lo, seed_hi, off_lo, drop_thresh, pt, skp, svp, skd, n_sink,
                                    D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_N,
                                    True, MASK_MODE, HAS_SOFTCAP, USE_TMA, False, BIAS_MODE, HAS_DROPOUT,
-                                   PAGE_SIZE, KV_VEC, HAS_SINK, V_TRANS,
-                                   acc2, q2, desc_k2, desc_v2, BLOCK_DQ2, BLOCK_DV2, ALIGN_DQ=ALIGN_DQ, ALIGN_DV=ALIGN_DV)
+                                   PAGED, KV_VEC, HAS_SINK, V_TRANS,
+                                   acc2, q2, desc_k2, desc_v2, BLOCK_DQ2, BLOCK_DV2, ALIGN_DQ=ALIGN_DQ, ALIGN_DV=ALIGN_DV,
+                                   page_size=page_size, page_shift=page_shift)
     acc, l_i, m_i, acc2 = _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, vcol,
                                full_lo, full_hi, rows, off, left, right, seqlen_k,
                                scale2, cap_in, cap_out, biasb, sbq, sbk, slope, aoff, seqlen_q, bh_id,
                                seed_lo, seed_hi, off_lo, drop_thresh, pt, skp, svp, skd, n_sink,
                                D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_N,
                                False, MASK_MODE, HAS_SOFTCAP, USE_TMA, WARP_SPEC, BIAS_MODE, HAS_DROPOUT,
-                               PAGE_SIZE, KV_VEC, HAS_SINK, V_TRANS,
-                                   acc2, q2, desc_k2, desc_v2, BLOCK_DQ2, BLOCK_DV2, ALIGN_DQ=ALIGN_DQ, ALIGN_DV=ALIGN_DV)
+                               PAGED, KV_VEC, HAS_SINK, V_TRANS,
+                                   acc2, q2, desc_k2, desc_v2, BLOCK_DQ2, BLOCK_DV2, ALIGN_DQ=ALIGN_DQ, ALIGN_DV=ALIGN_DV,
+                                   page_size=page_size, page_shift=page_shift)
     acc, l_i, m_i, acc2 = _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, vcol,
                                full_hi, hi, rows, off, left, right, seqlen_k,
                                scale2, cap_in, cap_out, biasb, sbq, sbk, slope, aoff, seqlen_q, bh_id,
                                seed_lo, seed_hi, off_lo, drop_thresh, pt, skp, svp, skd, n_sink,
                                D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_N,
                                True, MASK_MODE, HAS_SOFTCAP, USE_TMA, False, BIAS_MODE, HAS_DROPOUT,
-                               PAGE_SIZE, KV_VEC, HAS_SINK, V_TRANS,
-                                   acc2, q2, desc_k2, desc_v2, BLOCK_DQ2, BLOCK_DV2, ALIGN_DQ=ALIGN_DQ, ALIGN_DV=ALIGN_DV)
+                               PAGED, KV_VEC, HAS_SINK, V_TRANS,
+                                   acc2, q2, desc_k2, desc_v2, BLOCK_DQ2, BLOCK_DV2, ALIGN_DQ=ALIGN_DQ, ALIGN_DV=ALIGN_DV,
+                                   page_size=page_size, page_shift=page_shift)
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     acc = acc / l_safe[:, None]
     if HAS_DROPOUT:
@@ -657,7 +663,7 @@ def fmha_fwd_kernel(
                  mask=(rows[:, None] < seqlen_q) & (offs_dv2[None, :] < D_V))
     if q.dtype.is_fp8():
         acc = acc * (o_scale / _fp8_max(q.dtype))
-    if PAGE_SIZE > 0:
+    if PAGED > 0:
         if len_bad:   # a wrong length must not pass for a result
             acc = acc + float("nan")
             m_i = m_i + float("nan")
@@ -1363,17 +1369,18 @@ def fmha_fwd_splitkv_kernel(
     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs,
     sob, soh, sos, sosp, slb, slh, sls, sbt,
     HKV, GROUP, SEQ_Q, SEQ_K, CHUNK,
-    scale2, cap_in, cap_out, left, right, SINK, n_sink, ERR, CAP, n_pages,
+    scale2, cap_in, cap_out, left, right, SINK, n_sink, ERR, CAP, n_pages, page_size, page_shift,
     d_q, d_v, ALIGN_DQ: tl.constexpr, ALIGN_DV: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr,
     MASK_MODE: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     HAS_SEQLENS: tl.constexpr, HAS_SINK: tl.constexpr = False, HAS_SINK_LOGIT: tl.constexpr = False,
     DIRECT: tl.constexpr = False,
 ):
     """One KV chunk [split*CHUNK, (split+1)*CHUNK) of one (batch, kv head).  The
     M rows are the GROUP*SEQ_Q query rows that share the kv head (GQA packed
-    into M), so K/V are read once per group.  With PAGE_SIZE > 0, K/V are the
-    page pool [num_pages, PAGE_SIZE, HK, D] (skb/svb: page stride, sks/svs:
+    into M), so K/V are read once per group.  With PAGED > 0, K/V are the
+    page pool [num_pages, page_size, HK, D] (page_size = 1 << page_shift, run-time; PAGED 1: pages of whole
+    BLOCK_N tiles, 2: smaller) (skb/svb: page stride, sks/svs:
     slot stride) addressed through BLOCK_TABLE[b, page].  Writes the chunk's
     normalised partial output (fp32) and its log2-domain LSE.  HAS_SINK: the first n_sink
     keys stay visible past the window's left edge; HAS_SINK_LOGIT: SINK [H] joins split 0's
@@ -1381,7 +1388,7 @@ def fmha_fwd_splitkv_kernel(
     [0, CAP] (CAP: the keys the cache or the block table holds) is clamped, sets ERR and makes the
     batch's partial outputs NaN (see _checked_len).  DIRECT (one split: the whole key range):
     OACC / LACC are the final o (its dtype; sosp 0) and lse [B, H, Sq] (natural log), so the plan
-    needs no combine launch.  With PAGE_SIZE > 0 every page index the program reads is checked
+    needs no combine launch.  With PAGED > 0 every page index the program reads is checked
     against the pool (n_pages): one outside it is not read (page 0 stands in), the program's outputs
     become NaN and BAD_PAGES (8) is ORed into ERR, so a page table needs no guard launch of its own."""
     if ALIGN_DQ == 0:   # the head dim fills its blocks: a compile-time constant
@@ -1433,21 +1440,21 @@ def fmha_fwd_splitkv_kernel(
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n
         cmask = cols < n_hi
-        if PAGE_SIZE > 0:
-            if PAGE_SIZE % BLOCK_N == 0:
-                page = tl.load(BLOCK_TABLE + b64 * sbt + start_n // PAGE_SIZE).to(tl.int64)
+        if PAGED > 0:
+            if PAGED == 1:
+                page = tl.load(BLOCK_TABLE + b64 * sbt + (start_n >> page_shift)).to(tl.int64)
                 outside = (page < 0) | (page >= n_pages)
                 page_bad = page_bad | outside.to(tl.int32)
                 page = tl.where(outside, 0, page)
-                slot = (start_n % PAGE_SIZE) + offs_n
+                slot = (start_n & (page_size - 1)) + offs_n
                 kp = K + page * skb + hk * skh + slot[:, None] * sks + offs_dq[None, :]
                 vp = V + page * svb + hk * svh + slot[:, None] * svs + offs_dv[None, :]
             else:
-                page = tl.load(BLOCK_TABLE + b64 * sbt + cols // PAGE_SIZE, mask=cmask, other=0).to(tl.int64)
+                page = tl.load(BLOCK_TABLE + b64 * sbt + (cols >> page_shift), mask=cmask, other=0).to(tl.int64)
                 outside = cmask & ((page < 0) | (page >= n_pages))
                 page_bad = page_bad | tl.max(outside.to(tl.int32), axis=0)
                 page = tl.where(outside, 0, page)
-                slot = cols % PAGE_SIZE
+                slot = cols & (page_size - 1)
                 kp = K + page[:, None] * skb + hk * skh + slot[:, None] * sks + offs_dq[None, :]
                 vp = V + page[:, None] * svb + hk * svh + slot[:, None] * svs + offs_dv[None, :]
         else:
@@ -1480,7 +1487,7 @@ def fmha_fwd_splitkv_kernel(
     if len_bad:   # a wrong length must not pass for a result
         acc = acc + float("nan")
         lse2 = lse2 + float("nan")
-    if PAGE_SIZE > 0:
+    if PAGED > 0:
         if page_bad != 0:   # nor a page outside the pool (none was read)
             tl.atomic_or(ERR, 8)
             acc = acc + float("nan")
@@ -1566,13 +1573,13 @@ def fmha_fwd_appendkv_kernel(
     Q, KNEW, VNEW, QR, KC, VC, COS, SIN, SEQLENS_K, BLOCK_TABLE,
     sqb, sqh, sqs, sknb, sknh, skns, svnb, svnh, svns, sqrb, sqrh, sqrs,
     skcb, skch, skcs, svcb, svch, svcs, sbt, scs,
-    H, HK, SEQ_Q, SEQ_KNEW, rotary_dim, ERR, CAP,
+    H, HK, SEQ_Q, SEQ_KNEW, rotary_dim, ERR, CAP, page_size, page_shift,
     d_q, d_v, ALIGN_DQ: tl.constexpr, ALIGN_DV: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
-    BLOCK_M: tl.constexpr, PAGE_SIZE: tl.constexpr, ROPE: tl.constexpr,
+    BLOCK_M: tl.constexpr, PAGED: tl.constexpr, ROPE: tl.constexpr,
 ):
     """CK's append-KV: program (m, b, h) with h < H rotates query rows [m*BLOCK_M, ..) of head h into
     QR (rows sit at positions seqlens_k[b] + i); h >= H writes knew/vnew rows of kv head h - H into
-    the caches at positions seqlens_k[b] + i (knew rotated).  With PAGE_SIZE > 0 the caches are the
+    the caches at positions seqlens_k[b] + i (knew rotated).  With PAGED > 0 (page_size = 1 << page_shift, run-time) the caches are the
     page pools (skcb/svcb: page stride, sk?s: slot stride) addressed through BLOCK_TABLE[b, pos // P].
     seqlens_k[b] outside [0, CAP - SEQ_KNEW] (CAP: the positions the cache or block table holds) sets
     ERR, writes nothing to the caches and NaN to the batch's QR rows (see _checked_len)."""
@@ -1610,9 +1617,9 @@ def fmha_fwd_appendkv_kernel(
                        rotary_dim, dq < D_Q, rmask, BLOCK_DQ, ROPE)
         v = tl.load(VNEW + b64 * svnb + hk * svnh + r64 * svns + dv[None, :],
                     mask=rmask[:, None] & (dv[None, :] < D_V), other=0.0)
-        if PAGE_SIZE > 0:
-            page = tl.load(BLOCK_TABLE + b64 * sbt + pos // PAGE_SIZE, mask=rmask, other=0).to(tl.int64)
-            slot = (pos % PAGE_SIZE).to(tl.int64)
+        if PAGED > 0:
+            page = tl.load(BLOCK_TABLE + b64 * sbt + (pos >> page_shift), mask=rmask, other=0).to(tl.int64)
+            slot = (pos & (page_size - 1)).to(tl.int64)
             kdst = KC + page[:, None] * skcb + hk * skch + slot[:, None] * skcs
             vdst = VC + page[:, None] * svcb + hk * svch + slot[:, None] * svcs
         else:
@@ -1635,7 +1642,7 @@ def fmha_fwd_appendkv_kernel(
 # stride: the head dim is contiguous by contract).  Strides of per-row and per-element tensors
 # (LSE, delta, bias, dbias, ALiBi slopes, random values, block tables, rotary tables) are
 # run-time: their accesses are masked by run-time lengths and do not vectorise either way.
-_RUNTIME = ("d_q", "d_v", "H", "HK", "HKV", "GROUP", "GSPLIT", "SEQ", "SEQ_Q", "SEQ_K", "SEQ_KNEW", "CHUNK", "CAP",
+_RUNTIME = ("d_q", "d_v", "page_size", "page_shift", "H", "HK", "HKV", "GROUP", "GSPLIT", "SEQ", "SEQ_Q", "SEQ_K", "SEQ_KNEW", "CHUNK", "CAP",
             "NUM_SPLITS", "left", "right", "n_sink", "rotary_dim", "N", "G",
             "slb", "slh", "sls", "sdlh", "s_lb", "s_lh", "sab", "sbb", "sbh", "sbq", "sbk", "sdbb", "sdbh",
             "sdbq", "srb", "srh", "srq", "sbt", "scs")

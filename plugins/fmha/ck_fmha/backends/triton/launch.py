@@ -71,7 +71,7 @@ from . import gluon_fwd, guards
 from . import kernels as K
 from ... import device_errors
 from .configs import (GLUON_VARIANTS, TritonFmhaConfig, fp8_v_trans, hdim_args, hdim_blocks, hopper, padded_hdim,
-                      valid_dchunk)
+                      page_args, valid_dchunk)
 
 try:
     from ck_core.errors import InvalidProblem, UnsupportedProblem
@@ -681,11 +681,11 @@ def fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, retu
         pt, indptr, seqlens = pg["page_table"], pg.get("kv_indptr"), pg["seqlens_k"]
         paged_args = (pt, indptr if indptr is not None else pt, seqlens, pg.get("sbt", 0), pg["skp"], pg["svp"],
                       pg.get("skd", 0))
-        paged_cx = dict(PAGE_SIZE=int(pg["page_size"]), KV_LOOKUP=int(indptr is not None),
+        paged_cx = dict(**page_args(int(pg["page_size"]), cfg.BLOCK_N), KV_LOOKUP=int(indptr is not None),
                         KV_VEC=int(pg.get("kv_vec", 0)))
     else:
         paged_args = (o, o, seqlens_k if seqlens_k is not None else o, 0, 0, 0, 0)
-        paged_cx = dict(PAGE_SIZE=0, KV_LOOKUP=0, KV_VEC=0)
+        paged_cx = dict(**page_args(0), KV_LOOKUP=0, KV_VEC=0)
     if sink is not None:
         sink = sink.to(device=q.device, dtype=torch.float32).contiguous()
     sink_args = (sink if sink is not None else o, int(sink_tokens or 0))

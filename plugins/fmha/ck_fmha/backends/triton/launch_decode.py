@@ -13,7 +13,7 @@ from ck_core.errors import InvalidProblem, UnsupportedProblem
 
 from . import kernels as K
 from ... import device_errors
-from .configs import hdim_args, next_pow2, padded_hdim
+from .configs import hdim_args, next_pow2, padded_hdim, page_args
 from .launch import FP8_DTYPES, _bhs_strides, _check_gqa, _dims, _kernel, _last_contig, _scales, fwd, mask_params
 
 
@@ -68,7 +68,7 @@ def _splitkv_main(q, k, v, *, page_size, block_table, seqlens_k, max_seqlen_k, c
         scale2, cap_in, cap_out, left, right, sink if sink is not None else oacc, int(sink_tokens or 0),
         device_errors.flag(q.device), cap, k.shape[0] if block_table is not None else 0,
         **hdim_args(dq, padded_hdim(dq), dv, padded_hdim(dv)), BLOCK_DQ=padded_hdim(dq), BLOCK_DV=padded_hdim(dv),
-        BLOCK_M=bm, BLOCK_N=cfg.BLOCK_N, PAGE_SIZE=int(page_size or 0),
+        BLOCK_M=bm, BLOCK_N=cfg.BLOCK_N, **page_args(page_size or 0, cfg.BLOCK_N),
         MASK_MODE=mode, BOTTOM_RIGHT=br, HAS_SOFTCAP=bool(softcap and softcap > 0),
         HAS_SEQLENS=seqlens_k is not None, HAS_SINK=bool(sink_tokens) and (mode & 2) != 0,
         HAS_SINK_LOGIT=sink is not None, DIRECT=bool(direct),
@@ -168,7 +168,7 @@ def appendkv_launch(q, knew, vnew, k_cache, v_cache, seqlens_k, *, rotary_cos=No
         *_bhs_strides(q_rot, layout), *kcs, *vcs, sbt, scs,
         hq, hk, sq, sn, int(rotary_dim), device_errors.flag(q.device), cap,
         **hdim_args(dq, padded_hdim(dq), dv, padded_hdim(dv)), BLOCK_DQ=padded_hdim(dq), BLOCK_DV=padded_hdim(dv), BLOCK_M=bm,
-        PAGE_SIZE=int(ps), ROPE=mode, num_warps=4)
+        **page_args(ps), ROPE=mode, num_warps=4)
     return q_rot, k_cache, v_cache
 
 
