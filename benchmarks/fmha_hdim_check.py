@@ -9,7 +9,8 @@ loaded (``ck_core.backends.triton_artifacts.STATS``: a head dim of a class alrea
 its kernels, ``compiled`` 0, where the Dispatcher picks the same tiles).  Run it on the commit before
 and after to compare the ratios (timings differ between machines; ratios within a run compare).
 
-    python benchmarks/fmha_hdim_check.py --out hdim.json [--dims 112 40 56 128 64 96 80] [--budget-s 100]
+    python benchmarks/fmha_hdim_check.py --out hdim.json [--dims 112 40 56 128 64 96 80] [--budget-s 75]
+    python benchmarks/fmha_hdim_check.py --out x.json --dry-run    # tiny shapes on the CPU (interpreter)
 """
 from __future__ import annotations
 
@@ -23,9 +24,19 @@ def _rel(a, b) -> float:
     return float((a.detach().double() - b.detach().double()).norm() / max(b.detach().double().norm(), 1e-30))
 
 
+DEV = "cuda"
+DTYPE = "bfloat16"
+
+
 def _time(fn, reps: int) -> float:
     import torch
 
+    if DEV != "cuda":   # (--dry-run: wall time on the CPU)
+        fn()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        return (time.perf_counter() - t0) * 1e6 / reps
     fn()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -44,15 +55,16 @@ def one(d: int, b: int, s: int, h: int, reps: int) -> dict:
     from ck_core.backends import triton_artifacts as ta
     from ck_fmha.flash_attn import flash_attn_func
 
-    g = torch.Generator(device="cuda").manual_seed(1000 + d)
-    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
-               for _ in range(3))
-    do = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    g = torch.Generator(device=DEV).manual_seed(1000 + d)
+    dt = getattr(torch, DTYPE)
+    q, k, v = (torch.randn(b, s, h, d, device=DEV, dtype=dt, generator=g).requires_grad_() for _ in range(3))
+    do = torch.randn(b, s, h, d, device=DEV, dtype=dt, generator=g)
     before = dict(ta.STATS)
     t0 = time.perf_counter()
     o = flash_attn_func(q, k, v, causal=True)
     o.backward(do)
-    torch.cuda.synchronize()
+    if DEV == "cuda":
+        torch.cuda.synchronize()
     first_s = time.perf_counter() - t0
     stats = {n: ta.STATS[n] - before.get(n, 0) for n in ("compiled", "loaded", "memory")}
     # check: float64 torch (bhsd), causal top-left (square)
@@ -95,8 +107,17 @@ def main(argv=None) -> int:
     ap.add_argument("--seqlen", type=int, default=1024)
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--budget-s", type=float, default=100.0, help="start no head dim after this")
+    ap.add_argument("--budget-s", type=float, default=75.0, help="start no head dim after this (under 2 minutes)")
+    ap.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU (TRITON_INTERPRET=1)")
     a = ap.parse_args(argv)
+    global DEV, DTYPE
+    if a.dry_run:
+        import os
+
+        os.environ["TRITON_INTERPRET"] = "1"
+        os.environ.setdefault("CK_BACKEND", "triton")
+        DEV, DTYPE, a.batch, a.seqlen, a.heads, a.reps = "cpu", "float16", 1, 33, 2, 1   # (bf16: GPU only)
+        a.dims = a.dims if a.dims != ap.get_default("dims") else [40, 56, 64]
     import torch
 
     from ck_core.bench import with_header
@@ -117,7 +138,8 @@ def main(argv=None) -> int:
                    "compiled/loaded per head dim (one kernel per padded head dim class, issue #27)",
            "rows": rows, "skipped_for_budget": skipped, "seconds": round(time.time() - t0, 1)}
     with open(a.out, "w") as f:
-        json.dump(with_header(res, device=torch.cuda.get_device_name()), f, indent=1)
+        json.dump(with_header(res, device=torch.cuda.get_device_name() if DEV == "cuda" else "CPU (interpreter)"),
+                  f, indent=1)
     return 0 if all(r.get("ok") for r in rows) else 1
 
 
