@@ -166,6 +166,7 @@ def _trace_fmha(errors, cases=None, align="top_left"):
     from ck_core.plugins import get_manager
     from ck_fmha import bench_broad
     from ck_fmha.api import _mask_fields
+    from ck_core.backends import triton_artifacts as ta
     from ck_fmha.backends.triton import implement as T
     from ck_fmha.problem import FmhaProblem
 
@@ -202,7 +203,8 @@ def _trace_fmha(errors, cases=None, align="top_left"):
                     key = disp.select(sub)
                     got: list = []
                     T.make_launcher(key, capture=got)(sub, tensors[sub.family]())
-                    calls += [(key.name + sfx, f, a, kw, None) for sfx, f, a, kw in got]
+                    pre = T.artifact_name(key)   # the entries the launcher loads (a head-dim class's, shared)
+                    calls += [(ta.entry_name(pre, sfx), f, a, kw, None) for sfx, f, a, kw in got]
         except Exception as exc:  # noqa: BLE001
             errors.append(f"fmha {c['case']}: {type(exc).__name__}: {str(exc)[:200]}")
     return calls

@@ -1,5 +1,6 @@
 """Built is what runs, for FMHA: the Dispatcher's launcher of an fmha Triton key loads the
-kernels ``ck build`` compiled for it (entries ``<key>/<kernel name>``).
+kernels ``ck build`` compiled for it (entries ``<key's artifact name>/<kernel name>``, or
+``fmha/<kernel name>`` for the kernels that depend on no key field).
 
 As tests/test_triton_artifacts.py: compiles for sm90 on this CPU-only machine, in
 subprocesses; the launcher runs on meta tensors and only the final launch is left out
@@ -90,7 +91,7 @@ def test_fmha_launcher_loads_what_ck_build_compiled(tmp_path, family, kernels):
     warm = _run("warm", family, tmp_path)   # a fresh process; triton.compile raises in it
     key = warm["key"]
     names = [n for n, _ in warm["launched"]]
-    assert names and all(n.startswith(key + "/") for n in names), names
+    assert names and all(n.startswith((key + "/", "fmha/")) for n in names), names
     if kernels is not None:
         assert sorted({n[len(key) + 1:] for n in names}) == kernels
     # four problems of other sizes (odd, unit batch, one head, one row) load the kernels of the
@@ -133,9 +134,10 @@ def test_attention_launches_under_its_key_names(ck_dispatch_log, ck_rng, monkeyp
     keys = [name for r in runs for name in r[2]]
     assert [r[0].family for r in runs] == ["fwd", "bwd_dq_dk_dv"]
     assert names[0] == keys[0] + "/fmha_fwd_kernel"
-    assert names[1] == keys[1] + "/fmha_bwd_dot_do_o_kernel"
+    assert names[1] == "fmha/fmha_bwd_dot_do_o_kernel"   # no key field changes its code: one shared entry
     assert names[2] == keys[2] + "/fmha_bwd_dq_dk_dv_kernel"
-    assert all(any(n.startswith(kn + "/fmha_") for kn in keys) for n in names), (names, keys)
+    assert all(any(n.startswith(kn + "/fmha_") for kn in keys) or n.startswith("fmha/fmha_") for n in names), \
+        (names, keys)
     ref = torch.nn.functional.scaled_dot_product_attention(*(x.detach().double() for x in (q, k, v)), is_causal=True)
     assert float((o.detach().double() - ref).norm() / ref.norm()) < 1e-2
 
@@ -149,10 +151,11 @@ def test_every_built_fmha_key_traces_its_launches(arch):
     from ck_core import Registry
     from ck_fmha.backends.triton import implement as TI
 
-    kernel = {"fwd": {"/fmha_fwd_kernel", "/fmha_fwd_gluon_ws_sm90"}, "bwd_dot_do_o": {"/fmha_bwd_dot_do_o_kernel"},
+    # (the kernels that depend on no key field are shared entries "fmha/<kernel>": suffix "//fmha/<kernel>")
+    kernel = {"fwd": {"/fmha_fwd_kernel", "/fmha_fwd_gluon_ws_sm90"}, "bwd_dot_do_o": {"//fmha/fmha_bwd_dot_do_o_kernel"},
               "bwd_dq_dk_dv": {"/fmha_bwd_dq_dk_dv_kernel", "/fmha_bwd_dq_kernel", "/fmha_bwd_dkdv_gluon_ws_sm90",
-                               "/fmha_bwd_dq_gluon_ws_sm90", "/fmha_bwd_sum_partials_kernel"},
-              "bwd_convert_dq": {"/fmha_bwd_convert_dq_kernel"},
+                               "/fmha_bwd_dq_gluon_ws_sm90", "//fmha/fmha_bwd_sum_partials_kernel"},
+              "bwd_convert_dq": {"//fmha/fmha_bwd_convert_dq_kernel"},
               "fwd_splitkv": {"/fmha_fwd_splitkv_kernel"}, "fwd_splitkv_combine": {"/fmha_fwd_splitkv_combine_kernel"},
               "fwd_pagedkv": {"/fmha_fwd_splitkv_kernel", "/fmha_fwd_splitkv_combine_kernel"},
               "fwd_appendkv": {"/fmha_fwd_appendkv_kernel"}, "batch_prefill": {"/fmha_fwd_kernel"}}
@@ -167,7 +170,7 @@ def test_every_built_fmha_key_traces_its_launches(arch):
         calls = r.jit_calls()
         assert calls and {c[0] for c in calls} <= kernel[fam], (key.name, [c[0] for c in calls])
         masks = {c[3].get("MASK_MODE", int(c[3].get("CAUSAL", -1))) for c in calls   # Gluon kernels: CAUSAL
-                 if c[0] != "/fmha_bwd_sum_partials_kernel"}   # (the group split's sums take no mask)
+                 if c[0] != "//fmha/fmha_bwd_sum_partials_kernel"}   # (the group split's sums take no mask)
         if fam in ("fwd", "bwd_dq_dk_dv", "batch_prefill"):
             assert masks == {0, 1}, (key.name, masks)
         seen.add((fam, key.signature.dtype))

@@ -54,6 +54,7 @@ SCRIPT = textwrap.dedent('''
             launch(p, tensors())
         out["stats"] = dict(ta.STATS)
     out["key"] = key.name
+    out["prefix"] = TI.artifact_name(key)   # the entries' name: the key's head-dim class, no split count
     out["launched"] = got
     print("RESULT" + json.dumps(out))
 ''')
@@ -77,7 +78,7 @@ def _run(mode, family, variant, cache):
 def test_launcher_loads_what_ck_build_compiled(tmp_path, family, variant, kernels):
     built = _run("build", family, variant, tmp_path)
     assert built["failed"] == {}
-    key = built["key"]
+    key = built["prefix"]   # (entries are named <artifact name>/<kernel>: keys.artifact_name)
     if kernels is None:
         kernels = {n[len(key) + 1:] for n in built["entries"]}
         assert "fmha_bwd_dkdv_gluon_ws_sm90" in kernels, kernels

@@ -321,6 +321,18 @@ def kernel_for_call(name: str, fn, args, kwargs: dict, *, cache_root=None, extra
     return ck, list(bound.values())
 
 
+#: a key's launch whose name part (``suffix`` of an op's ``jit_calls``) starts with this names a kernel-cache
+#: entry of its own, shared by every key that launches the kernel alike (a helper whose code depends on none
+#: of the key's fields, only on its constexprs: the entry's material): the key's prefix is left off
+SHARED = "//"
+
+
+def entry_name(prefix: str, suffix: str) -> str:
+    """The kernel-cache entry name of a key's launch: ``prefix + suffix`` (``<key>/<kernel>``), or the
+    shared name a :data:`SHARED` suffix gives."""
+    return suffix[len(SHARED):] if suffix.startswith(SHARED) else prefix + suffix
+
+
 def launch(name: str, fn, grid, args, kwargs: dict, *, cache_root=None, extra: Optional[dict] = None):
     """``fn[grid](*args, **kwargs)`` with the kernel from the cache; returns the CompiledKernel.
 

@@ -176,7 +176,7 @@ def compile_key(key, op, arch, opts: dict) -> dict:
 
     calls = getattr(rendered, "jit_calls", None)
     if calls is not None and not opts.get("force"):
-        return _compile_calls(key, calls(), target, extra, opts.get("cache_root"))
+        return _compile_calls(key, calls(), target, extra, opts.get("cache_root"), _entry_prefix(key, rendered))
     if opts.get("force"):
         blob_meta = build()
         return dict(blob_meta[1], cache_hit=False, bytes=len(blob_meta[0]))
@@ -184,10 +184,20 @@ def compile_key(key, op, arch, opts: dict) -> dict:
     return dict(meta, cache_hit=hit, bytes=len(blob))
 
 
-def _compile_calls(key, calls, target, extra, cache_root) -> dict:
+def _entry_prefix(key, rendered) -> str:
+    """The name the kernel-cache entries of ``key``'s launches start with: the rendering's
+    ``artifact_name`` where the op gives one (keys whose kernels are compiled alike share it: an
+    op whose kernels take a size as a run-time argument names the entry by the size's class),
+    else the key's name."""
+    return getattr(rendered, "artifact_name", None) or key.name
+
+
+def _compile_calls(key, calls, target, extra, cache_root, prefix=None) -> dict:
     """Build a key's kernels as its launcher calls them (``rendered.jit_calls()``: a
     representative launch of each, ``(suffix, fn, args, kwargs)``) into the entries the
-    launcher loads (:mod:`ck_core.backends.triton_artifacts`)."""
+    launcher loads (:mod:`ck_core.backends.triton_artifacts`): ``<prefix><suffix>``, the
+    prefix :func:`_entry_prefix` (a shared helper's own name: ``triton_artifacts.entry_name``)."""
+    prefix = prefix or key.name
     from . import triton_artifacts as ta
 
     t0 = time.perf_counter()
@@ -196,11 +206,11 @@ def _compile_calls(key, calls, target, extra, cache_root) -> dict:
         if not hasattr(fn, "params"):
             raise CompileError(f"{key.name}: the kernel is not a JITFunction (TRITON_INTERPRET=1?); "
                                "compile ahead of time in a process without TRITON_INTERPRET")
-        ck, how = ta.get_or_build(key.name + suffix, fn, args, kwargs, target=target,
+        ck, how = ta.get_or_build(ta.entry_name(prefix, suffix), fn, args, kwargs, target=target,
                                   cache_root=cache_root, extra=extra)
         hows.append(how)
         md = ck.metadata
-        kernels[key.name + suffix] = {"shared": int(getattr(md, "shared", 0)),
+        kernels[ta.entry_name(prefix, suffix)] = {"shared": int(getattr(md, "shared", 0)),
                                       "num_warps": int(getattr(md, "num_warps", 0))}
     first = next(iter(kernels.values()))
     return {"target": f"{target.backend}:{target.arch}", "binary": ta._backend(target).binary_ext,
@@ -225,7 +235,8 @@ def build_for_problem(key, op, arch, problem) -> bool:
         return False
     extra = ta.compile_options(key)
     for suffix, fn, args, kwargs in calls(problem):
-        ck, _ = ta.get_or_build(key.name + suffix, fn, args, kwargs, target=arch.gpu_target(), extra=extra)
+        ck, _ = ta.get_or_build(ta.entry_name(_entry_prefix(key, rendered), suffix), fn, args, kwargs,
+                                target=arch.gpu_target(), extra=extra)
         try:   # the launcher stub is a C build per argument signature (Triton caches it)
             from triton.runtime import driver
 

@@ -230,8 +230,11 @@ def test_prefill_and_sinks_kernels():
 
 def test_kernel_for_contract():
     fn, cx = kernel_for("fwd", {"BLOCK_M": 64, "BLOCK_N": 32, "hdim_q": 192, "hdim_v": 128, "mask_mode": 1})
-    assert cx["BLOCK_DQ"] == 256 and cx["BLOCK_DV"] == 128 and cx["D_Q"] == 192
+    # the head dims are run-time (d_q, d_v); their classes constexprs: 192 in a 256 block (16-divisible), 128 whole
+    assert cx["BLOCK_DQ"] == 256 and cx["BLOCK_DV"] == 128 and cx["ALIGN_DQ"] == 16 and cx["ALIGN_DV"] == 0
+    assert "D_Q" not in cx and "d_q" not in cx
     sig, cx2 = signature_for("fwd", "bf16", {"hdim_q": 64})
+    assert sig["d_q"] == sig["d_v"] == "i32" and cx2["ALIGN_DQ"] == cx2["ALIGN_DV"] == 0
     assert set(sig) == set(fn.arg_names)
     assert sig["Q"] == "*bf16" and sig["LSE"] == "*fp32" and sig["scale2"] == "fp32" and sig["H"] == "i32"
     assert all(sig[n] == "constexpr" for n in cx2)
@@ -243,15 +246,17 @@ def test_kernel_for_contract():
         assert set(sig) == set(f.arg_names)
     # features off by default: paging, sinks
     _, cx = kernel_for("fwd", {"hdim_q": 64})
-    assert cx["PAGE_SIZE"] == 0 and not cx["HAS_SINK"] and not cx["HAS_SINK_LOGIT"]
+    assert cx["PAGED"] == 0 and not cx["HAS_SINK"] and not cx["HAS_SINK_LOGIT"]
     _, cx = kernel_for("fwd_splitkv", {"hdim_q": 64})
     assert not cx["HAS_SINK"] and not cx["HAS_SINK_LOGIT"]
     sig, cx = signature_for("batch_prefill", "bf16", {"hdim_q": 128, "page_size": 1, "kv_lookup": "sglang",
                                                       "sink_logits": True})
-    assert cx["PAGE_SIZE"] == 1 and cx["KV_LOOKUP"] == 1 and cx["IS_VARLEN"] and cx["HAS_SINK_LOGIT"]
+    # the page size is run-time (page_size, page_shift); its class a constexpr: 2, pages below a tile
+    assert cx["PAGED"] == 2 and "PAGE_SIZE" not in cx and sig["page_size"] == sig["page_shift"] == "i32"
+    assert cx["KV_LOOKUP"] == 1 and cx["IS_VARLEN"] and cx["HAS_SINK_LOGIT"]
     assert sig["PT"] == "*i32" and sig["KV_INDPTR"] == "*i32" and sig["SINK"] == "*fp32"
     sig, cx = signature_for("fwd_appendkv", "fp16", {"hdim_q": 64, "rope": "half_rotated", "page_size": 16})
-    assert cx["ROPE"] == 2 and cx["PAGE_SIZE"] == 16 and sig["COS"] == "*fp32" and sig["KC"] == "*fp16"
+    assert cx["ROPE"] == 2 and cx["PAGED"] == 2 and sig["COS"] == "*fp32" and sig["KC"] == "*fp16"
 
 
 # --------------------------------------------------------------------------

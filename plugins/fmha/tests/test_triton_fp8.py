@@ -280,7 +280,7 @@ def test_fp8_signatures():
     sig, cx = signature_for("fwd", "fp8", dict(cfg, variant="tma_host", v_trans=True))
     assert sig["V"] == "tensordesc<fp8e4nv[128,64]>" and cx["V_TRANS"] is True   # [BLOCK_DV, BLOCK_N] tiles
     sig, cx = signature_for("v_transpose", "fp8", dict(cfg, BLOCK_M=64))
-    assert sig["V"] == sig["VT"] == "*fp8e4nv" and cx == {"D_V": 128, "BLOCK_S": 64, "BLOCK_DV": 128}
+    assert sig["V"] == sig["VT"] == "*fp8e4nv" and cx == {"ALIGN_DV": 0, "BLOCK_S": 64, "BLOCK_DV": 128}
     with pytest.raises(ValueError, match="paged"):
         signature_for("batch_prefill", "bf16", dict(cfg, v_trans=True))
     with pytest.raises(ValueError, match="fp8"):

@@ -32,7 +32,8 @@ from __future__ import annotations
 from typing import Any, Dict, Mapping, Tuple
 
 from . import kernels as K
-from .configs import GLUON_VARIANTS, TritonFmhaConfig, bias_mode_of, hdim_blocks, next_pow2, padded_hdim
+from .configs import GLUON_VARIANTS, TritonFmhaConfig, bias_mode_of, hdim_align, hdim_blocks, next_pow2, padded_hdim
+from .configs import page_args
 from .configs import BWD_ATOMIC_DQ_DEFAULT, FAMILIES, ROPE_MODES, GLUON_HDIMS, fp8_format, hopper
 from .configs import GLUON_WS_WARPS as WS_WARPS
 
@@ -56,6 +57,17 @@ def _get(cfg: Mapping, key, default):
     v = cfg.get(key, default)
     return default if v is None else v
 
+
+
+def _aligns(dq, bq, dv, bv) -> Dict[str, int]:
+    """The head dims' constexpr classes (``ALIGN_DQ`` / ``ALIGN_DV``, :func:`configs.hdim_align`); the head
+    dims themselves (``d_q`` / ``d_v``) are run-time integers of the signature."""
+    out = {}
+    if dq is not None:
+        out["ALIGN_DQ"] = hdim_align(dq, bq)
+    if dv is not None:
+        out["ALIGN_DV"] = hdim_align(dv, bv)
+    return out
 
 
 def constexprs_for(family: str, config: Mapping) -> Dict[str, Any]:
@@ -100,61 +112,61 @@ def constexprs_for(family: str, config: Mapping) -> Dict[str, Any]:
                              f"or 'tma' variant")
         (bdq, bdq2), (bdv, bdv2) = hdim_blocks(dq, chunk), hdim_blocks(dv, chunk)
         extra = dict(BLOCK_DQ2=bdq2, BLOCK_DV2=bdv2)   # (0: no chunks; every constexpr is named here)
-        return dict(D_Q=dq, D_V=dv, BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=bm, BLOCK_N=bn, **extra,
-                    MASK_MODE=mm, BOTTOM_RIGHT=br, HAS_SOFTCAP=sc,
+        return dict(**_aligns(dq, bdq + bdq2, dv, bdv + bdv2), BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=bm, BLOCK_N=bn,
+                    **extra, MASK_MODE=mm, BOTTOM_RIGHT=br, HAS_SOFTCAP=sc,
                     STORE_LSE=bool(_get(config, "lse", True)),
                     IS_VARLEN=bool(_get(config, "varlen", prefill)),
                     REVERSE_M=bool(_get(config, "reverse_m", mm & 1 == 1)),
                     USE_TMA={"ptr": 0, "tma": 1, "tma_ws": 1, "tma_host": 2}[variant],
                     WARP_SPEC=variant == "tma_ws", BIAS_MODE=bmode, HAS_DROPOUT=drop,
-                    PAGE_SIZE=ps, KV_LOOKUP=lookup if ps else 0, KV_VEC=int(_get(config, "kv_vec", 0)) if ps else 0,
+                    PAGED=page_args(ps, bn)["PAGED"], KV_LOOKUP=lookup if ps else 0, KV_VEC=int(_get(config, "kv_vec", 0)) if ps else 0,
                     HAS_SINK=bool(_get(config, "sink_tokens", False)),
                     HAS_SINK_LOGIT=bool(_get(config, "sink_logits", False)),
                     DESCALE_PTR=bool(_get(config, "descale_ptr", False)), V_TRANS=vt,
                     HAS_SEQLENS=bool(_get(config, "seqlens", False)) and varlen and not ps)
     if family in ("fwd_splitkv", "fwd_pagedkv"):
         ps = int(_get(config, "page_size", 16 if family == "fwd_pagedkv" else 0))
-        return dict(D_Q=dq, D_V=dv, BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=max(16, bm), BLOCK_N=bn,
-                    PAGE_SIZE=ps, MASK_MODE=mm, BOTTOM_RIGHT=bool(_get(config, "bottom_right", True)),
+        return dict(**_aligns(dq, bdq, dv, bdv), BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=max(16, bm), BLOCK_N=bn,
+                    PAGED=page_args(ps, bn)["PAGED"], MASK_MODE=mm, BOTTOM_RIGHT=bool(_get(config, "bottom_right", True)),
                     HAS_SOFTCAP=sc, HAS_SEQLENS=bool(_get(config, "seqlens", ps > 0)),
                     HAS_SINK=bool(_get(config, "sink_tokens", False)),
                     HAS_SINK_LOGIT=bool(_get(config, "sink_logits", False)))
     if family == "fwd_splitkv_combine":
-        return dict(D_V=dv, BLOCK_DV=bdv, BLOCK_S=max(2, next_pow2(int(_get(config, "num_splits", 16)))),
+        return dict(**_aligns(None, 0, dv, bdv), BLOCK_DV=bdv, BLOCK_S=max(2, next_pow2(int(_get(config, "num_splits", 16)))),
                     STORE_LSE=bool(_get(config, "lse", True)))
     even_m = bool(_get(config, "even_m", False)) and not varlen
     even_n = bool(_get(config, "even_n", False)) and not varlen
     if family == "bwd_dot_do_o":
-        return dict(D_V=dv, BLOCK_DV=bdv, BLOCK_M=bm, IS_VARLEN=varlen)
+        return dict(**_aligns(None, 0, dv, bdv), BLOCK_DV=bdv, BLOCK_M=bm, IS_VARLEN=varlen)
     if family in ("bwd_dq_dk_dv", "bwd_dq"):   # head-dim chunks (see configs.hdim_blocks); 0: none
         chunk = int(_get(config, "DCHUNK", 0))
         (bdq, bdq2), (bdv, bdv2) = hdim_blocks(dq, chunk), hdim_blocks(dv, chunk)
         extra = dict(BLOCK_DQ2=bdq2, BLOCK_DV2=bdv2)
     if family == "bwd_dq_dk_dv":
-        return dict(D_Q=dq, D_V=dv, BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=bm, BLOCK_N=bn, **extra,
-                    MASK_MODE=mm, BOTTOM_RIGHT=br, HAS_SOFTCAP=sc,
+        return dict(**_aligns(dq, bdq + bdq2, dv, bdv + bdv2), BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=bm, BLOCK_N=bn,
+                    **extra, MASK_MODE=mm, BOTTOM_RIGHT=br, HAS_SOFTCAP=sc,
                     ATOMIC_DQ=bool(_get(config, "atomic_dq", BWD_ATOMIC_DQ_DEFAULT)),
                     EVEN_M=even_m, EVEN_N=even_n, IS_VARLEN=varlen, BIAS_MODE=bmode, HAS_DROPOUT=drop,
                     STORE_DBIAS=bool(_get(config, "dbias", False)) and bmode == 1,
                     HAS_SEQLENS=bool(_get(config, "seqlens", False)) and varlen,
                     KV_SPLIT=variant == "kvsplit")
     if family == "bwd_dq":
-        return dict(D_Q=dq, D_V=dv, BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=bm, BLOCK_N=bn, **extra,
-                    MASK_MODE=mm, BOTTOM_RIGHT=br, HAS_SOFTCAP=sc,
+        return dict(**_aligns(dq, bdq + bdq2, dv, bdv + bdv2), BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=bm, BLOCK_N=bn,
+                    **extra, MASK_MODE=mm, BOTTOM_RIGHT=br, HAS_SOFTCAP=sc,
                     EVEN_M=even_m, EVEN_N=even_n, IS_VARLEN=varlen, BIAS_MODE=bmode, HAS_DROPOUT=drop,
                     HAS_SEQLENS=bool(_get(config, "seqlens", False)) and varlen)
     if family == "bwd_convert_dq":
-        return dict(D_Q=dq, BLOCK_DQ=bdq, BLOCK_M=bm, IS_VARLEN=varlen)
+        return dict(**_aligns(dq, bdq, None, 0), BLOCK_DQ=bdq, BLOCK_M=bm, IS_VARLEN=varlen)
     if family == "dropout_randval":
         return dict(BLOCK_M=bm, BLOCK_N=bn, IS_VARLEN=varlen,
                     HAS_SEQLENS=bool(_get(config, "seqlens", False)) and varlen)
     if family == "v_transpose":
-        return dict(D_V=dv, BLOCK_S=bm, BLOCK_DV=bdv)
+        return dict(**_aligns(None, 0, dv, bdv), BLOCK_S=bm, BLOCK_DV=bdv)
     if family == "fwd_appendkv":
         rope = _get(config, "rope", 0)
         rope = ROPE_MODES[rope] if isinstance(rope, str) else int(rope)
-        return dict(D_Q=dq, D_V=dv, BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=bm,
-                    PAGE_SIZE=int(_get(config, "page_size", 0)), ROPE=rope)
+        return dict(**_aligns(dq, bdq, dv, bdv), BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=bm,
+                    PAGED=page_args(int(_get(config, "page_size", 0)))["PAGED"], ROPE=rope)
     raise AssertionError(family)
 
 

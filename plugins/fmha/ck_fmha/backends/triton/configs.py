@@ -97,6 +97,48 @@ def hdim_blocks(d: int, chunk: int = 0):
     return chunk, padded_hdim(d - chunk)
 
 
+def hdim_align(d: int, blocks: int) -> int:
+    """The kernels' ``ALIGN_D?`` of head dim ``d`` tiled by ``blocks`` columns (``sum(hdim_blocks(d,
+    chunk))``): 0 when ``d`` fills them (the kernel then takes ``d`` as a compile-time constant: the code
+    of a fixed head dim), else the largest power of two up to 16 dividing ``d`` (``d`` is a run-time
+    integer then; its masked loads stay that wide: 16-byte vectors for 8-divisible 16-bit dims).  So
+    every head dim of one padded class and alignment shares a compiled kernel (40 and 56; 59 and 61)."""
+    d, blocks = int(d), int(blocks)
+    return 0 if d == blocks else min(16, d & -d)
+
+
+def hdim_args(d_q=None, blocks_q=None, d_v=None, blocks_v=None) -> dict:
+    """The head-dim arguments of a Triton FMHA kernel: ``d_q`` / ``d_v`` (run-time) and their
+    ``ALIGN_DQ`` / ``ALIGN_DV`` classes (:func:`hdim_align`); a kernel without one of them gets None."""
+    out = {}
+    if d_q is not None:
+        out.update(d_q=int(d_q), ALIGN_DQ=hdim_align(d_q, blocks_q))
+    if d_v is not None:
+        out.update(d_v=int(d_v), ALIGN_DV=hdim_align(d_v, blocks_v))
+    return out
+
+
+def hdim_class(d: int, chunk: int = 0) -> int:
+    """The head dim a kernel of head dim ``d`` (and head-dim chunk ``chunk``) is compiled for: the
+    columns of its blocks (``sum(hdim_blocks(d, chunk))``); every head dim of one class runs the class's
+    kernels (with its own ``ALIGN_D?``), e.g. 40 and 64 -> 64, 72 and 80 with chunk 64 -> 80."""
+    return sum(hdim_blocks(d, chunk))
+
+
+def page_args(page_size: int, block_n: int = 0) -> dict:
+    """The paging arguments of a Triton FMHA kernel: the page size as run-time integers (``page_size``, and
+    ``page_shift`` = log2 of it: pages are powers of two, the problem's rule R08) and its constexpr class
+    ``PAGED``: 0 no pages, 1 pages of whole ``block_n`` tiles (one page id per tile), 2 smaller pages (one
+    per key; ``block_n`` 0: the kernel reads per key anyway).  So every page size of a class runs one
+    compiled kernel."""
+    ps = int(page_size or 0)
+    if ps <= 0:
+        return dict(page_size=0, page_shift=0, PAGED=0)
+    if ps & (ps - 1):
+        raise ConfigError(f"page_size={ps} is not a power of two")
+    return dict(page_size=ps, page_shift=ps.bit_length() - 1, PAGED=1 if block_n and ps % block_n == 0 else 2)
+
+
 def valid_dchunk(chunk: int) -> bool:
     return chunk == 0 or (16 <= chunk <= 256 and chunk & (chunk - 1) == 0)
 

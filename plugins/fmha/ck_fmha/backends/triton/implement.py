@@ -17,7 +17,7 @@ from ck_core.errors import InvalidProblem
 from ck_core.memory import persistent
 
 from .configs import GLUON_BWD_VARIANTS, fp8_format, fp8_v_trans
-from .keys import GLUON_VARIANTS, TritonFmhaSig, _arch_spec, parse_dq, supports
+from .keys import GLUON_VARIANTS, TritonFmhaSig, _arch_spec, artifact_name, parse_dq, supports
 
 
 # -- launchers ----------------------------------------------------------------------------
@@ -69,20 +69,32 @@ def _torch_dtype(token, arch_name: Optional[str] = None):
     return {"fp16": torch.float16, "bf16": torch.bfloat16}[token]
 
 
+#: the kernels a key launches whose code depends on none of its fields (fixed meta-parameters; the head
+#: dims' classes and the varlen flag are their constexprs): named ``fmha/<kernel>`` in the kernel cache,
+#: not per key (``triton_artifacts.entry_name``), so every key of a class loads one entry
+_KEYLESS = frozenset({"fmha_bwd_dot_do_o_kernel", "fmha_bwd_convert_dq_kernel", "fmha_bwd_sum_partials_kernel"})
+
+
 def kernel_via(key, capture: Optional[list] = None):
     """How the launcher of ``key`` launches a Triton kernel (``ops``' ``_via``): through
-    :mod:`ck_core.backends.triton_artifacts` as cache entry ``<key name>/<kernel name>``, the
-    entry ``ck build`` writes; with ``capture``, the launch is appended to it as
+    :mod:`ck_core.backends.triton_artifacts` as cache entry ``<artifact name>/<kernel name>``
+    (:func:`.keys.artifact_name`: keys of one head-dim class share it; ``fmha/<kernel name>`` for the
+    kernels of :data:`_KEYLESS`), the entry ``ck build`` writes; with ``capture``, the launch is appended to it as
     ``(suffix, fn, args, kwargs)`` instead (:func:`jit_calls`)."""
     from ck_core.backends import triton_artifacts
 
     from . import warm
 
+    prefix = artifact_name(key)
+
     def via(fn, grid):
-        suffix = "/" + getattr(fn, "__name__", type(fn).__name__)   # (tests wrap kernels in spies)
+        kname = getattr(fn, "__name__", type(fn).__name__)   # (tests wrap kernels in spies)
+        # a kernel whose code depends on none of the key's fields: one entry for every key
+        suffix = (triton_artifacts.SHARED + "fmha/" + kname) if kname in _KEYLESS else "/" + kname
         if capture is not None:
             return lambda *args, **kwargs: capture.append((suffix, fn, args, kwargs))
-        launch = triton_artifacts.bind(key.name + suffix, fn, grid, triton_artifacts.compile_options(key))
+        launch = triton_artifacts.bind(triton_artifacts.entry_name(prefix, suffix), fn, grid,
+                                       triton_artifacts.compile_options(key))
         return warm.wrap(fn, grid, launch)   # (recorded inside warm.recording())
 
     return via
@@ -382,6 +394,9 @@ class TritonFmhaRendered:
     #: the key's launches on a representative problem (:func:`jit_calls`), which ``ck build``
     #: compiles into the entries the launcher loads; None where the launcher does not load them
     jit_calls: Optional[object] = None
+    #: the prefix of the kernel-cache entries the launcher loads (``<artifact name>/<kernel name>``,
+    #: :func:`.keys.artifact_name`); ``ck build`` writes its ``jit_calls`` there
+    artifact_name: Optional[str] = None
 
     def compile(self, target, extra_options=None):
         from .aot import aot_compile
@@ -531,4 +546,5 @@ def render(key, backend: str):
     src = _source_hash(a.variant in GLUON_VARIANTS)   # (a Gluon key builds its bhsd, non-causal, LSE instance)
     h = hashlib.sha256((src + repr(sorted(cfg.items())) + s.family + dtype).encode()).hexdigest()
     return TritonFmhaRendered(s.family, dtype, cfg, h, {"num_warps": a.num_warps, "num_stages": a.num_stages},
-                              functools.partial(jit_calls, key) if _representatives(key) else None)
+                              functools.partial(jit_calls, key) if _representatives(key) else None,
+                              artifact_name(key))

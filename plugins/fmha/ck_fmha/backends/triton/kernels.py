@@ -300,7 +300,7 @@ def _group_offsets_bad(n, CU_Q, rows_q, long_q, CU_K, rows_k, long_k, LENS, CHEC
 
 
 @triton.jit
-def _fwd_bad_offsets(O, LSE, ERR, ROWS_Q, H, sos, soh, slh, D_V: tl.constexpr, BLOCK_DV: tl.constexpr,
+def _fwd_bad_offsets(O, LSE, ERR, ROWS_Q, H, sos, soh, slh, D_V, BLOCK_DV: tl.constexpr,
                      STORE_LSE: tl.constexpr):
     """The forward's bad group-mode offsets: this program's share of NaN over all of O (and LSE), and
     BAD_OFFSETS (4) ORed into ERR."""
@@ -345,20 +345,21 @@ def _nan_hr(X, n_heads, rows, s_head, idx, count, BLOCK: tl.constexpr):
 
 @triton.jit
 def _paged_kv_ptrs(kb, vb, pt, start_n, cols, seqlen_k, skp, svp, sks, svs, skd, offs_n, offs_dq, offs_dv,
-                   PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, KV_VEC: tl.constexpr):
+                   page_size, page_shift, PAGED: tl.constexpr, BLOCK_N: tl.constexpr, KV_VEC: tl.constexpr):
     """K/V tile pointers of keys ``cols`` in a paged cache: ``pt`` is the batch's row of page ids,
-    key t lives in page pt[t // PAGE_SIZE] at slot t % PAGE_SIZE; kb/vb already hold the head offset.
+    key t lives in page pt[t // page_size] at slot t % page_size (page_size = 1 << page_shift, run-time; PAGED 1:
+    pages hold whole BLOCK_N tiles, 2: smaller pages); kb/vb already hold the head offset.
     KV_VEC == 0: linear pages (slot stride sks/svs, d contiguous).  KV_VEC > 0: CK's vectorized
     layout, K [pages, Hk, D/vec, P, vec] (skd: stride of a D/vec chunk) and V [pages, Hk, P/vec, Dv, vec]
     (svs: stride of a P/vec chunk)."""
-    if PAGE_SIZE % BLOCK_N == 0:
-        page = tl.load(pt + start_n // PAGE_SIZE).to(tl.int64)
-        slot = (start_n % PAGE_SIZE) + offs_n
+    if PAGED == 1:
+        page = tl.load(pt + (start_n >> page_shift)).to(tl.int64)
+        slot = (start_n & (page_size - 1)) + offs_n
         kpg = kb + page * skp
         vpg = vb + page * svp
     else:
-        page = tl.load(pt + cols // PAGE_SIZE, mask=cols < seqlen_k, other=0).to(tl.int64)
-        slot = cols % PAGE_SIZE
+        page = tl.load(pt + (cols >> page_shift), mask=cols < seqlen_k, other=0).to(tl.int64)
+        slot = cols & (page_size - 1)
         kpg = kb + page[:, None] * skp
         vpg = vb + page[:, None] * svp
     if KV_VEC > 0:
@@ -388,15 +389,16 @@ def _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, v
                scale2, cap_in, cap_out,
                biasb, sbq, sbk, slope, aoff, seqlen_q, bh_id, k0, k1, off_lo, thresh,
                pt, skp, svp, skd, n_sink,
-               D_Q: tl.constexpr, D_V: tl.constexpr,
+               D_Q, D_V,
                BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
                MASKED: tl.constexpr, MASK_MODE: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                USE_TMA: tl.constexpr, WARP_SPEC: tl.constexpr,
                BIAS_MODE: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-               PAGE_SIZE: tl.constexpr, KV_VEC: tl.constexpr, HAS_SINK: tl.constexpr,
+               PAGED: tl.constexpr, KV_VEC: tl.constexpr, HAS_SINK: tl.constexpr,
                V_TRANS: tl.constexpr = False,
                acc2=0.0, q2=0.0, desc_k2=0, desc_v2=0,
-               BLOCK_DQ2: tl.constexpr = 0, BLOCK_DV2: tl.constexpr = 0):
+               BLOCK_DQ2: tl.constexpr = 0, BLOCK_DV2: tl.constexpr = 0,
+    ALIGN_DQ: tl.constexpr = -1, ALIGN_DV: tl.constexpr = -1, page_size=0, page_shift=0):
     """BLOCK_DQ2 / BLOCK_DV2 > 0: a head dim in two chunks, columns [0, BLOCK_D?) (whole: a power of two
     below D_?) and [BLOCK_D?, BLOCK_D? + BLOCK_D?2) (masked to D_?); q2 / acc2 / desc_?2 hold the second
     chunk: S = q k^T + q2 k2^T, acc += P v, acc2 += P v2 (pointer loads or device descriptors)."""
@@ -416,14 +418,14 @@ def _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, v
             if BLOCK_DQ2 > 0:
                 k2 = desc_k2.load([krow + start_n, kcol])
         else:
-            if PAGE_SIZE > 0:
+            if PAGED > 0:
                 kp, vp_pg = _paged_kv_ptrs(kb, vb, pt, start_n, cols, seqlen_k, skp, svp, sks, svs, skd,
-                                           offs_n, offs_dq, offs_dv, PAGE_SIZE, BLOCK_N, KV_VEC)
+                                           offs_n, offs_dq, offs_dv, page_size, page_shift, PAGED, BLOCK_N, KV_VEC)
             else:
                 kp = kb + cols[:, None] * sks + offs_dq[None, :]
             if MASKED:
                 k = tl.load(kp, mask=(cols[:, None] < seqlen_k) & (offs_dq[None, :] < D_Q), other=0.0)
-            elif BLOCK_DQ != D_Q and BLOCK_DQ2 == 0:
+            elif ALIGN_DQ != 0 and BLOCK_DQ2 == 0:
                 k = tl.load(kp, mask=offs_dq[None, :] < D_Q, other=0.0)
             else:
                 k = tl.load(kp)
@@ -482,7 +484,7 @@ def _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, v
                 vtp = vb + cols[None, :] + offs_dv[:, None] * svs
                 if MASKED:
                     vt = tl.load(vtp, mask=(cols[None, :] < seqlen_k) & (offs_dv[:, None] < D_V), other=0.0)
-                elif BLOCK_DV != D_V:
+                elif ALIGN_DV != 0:
                     vt = tl.load(vtp, mask=offs_dv[:, None] < D_V, other=0.0)
                 else:
                     vt = tl.load(vtp)
@@ -492,13 +494,13 @@ def _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, v
             if BLOCK_DV2 > 0:
                 v2 = desc_v2.load([krow + start_n, vcol])
         else:
-            if PAGE_SIZE > 0:
+            if PAGED > 0:
                 vp = vp_pg
             else:
                 vp = vb + cols[:, None] * svs + offs_dv[None, :]
             if MASKED:
                 v = tl.load(vp, mask=(cols[:, None] < seqlen_k) & (offs_dv[None, :] < D_V), other=0.0)
-            elif BLOCK_DV != D_V and BLOCK_DV2 == 0:
+            elif ALIGN_DV != 0 and BLOCK_DV2 == 0:
                 v = tl.load(vp, mask=offs_dv[None, :] < D_V, other=0.0)
             else:
                 v = tl.load(vp)
@@ -527,14 +529,14 @@ def fmha_fwd_kernel(
     scale2, cap_in, cap_out, left, right,
     BIAS, ALIBI, sbb, sbh, sbq, sbk, sab, seed_lo, seed_hi, off_lo, drop_thresh, drop_scale,
     PT, KV_INDPTR, SEQLENS_K, sbt, skp, svp, skd, SINK, n_sink,
-    QDS, KDS, VDS, v_descale, ERR, ROWS_Q, ROWS_K, LONG_K,
-    D_Q: tl.constexpr, D_V: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
+    QDS, KDS, VDS, v_descale, ERR, ROWS_Q, ROWS_K, LONG_K, page_size, page_shift,
+    d_q, d_v, ALIGN_DQ: tl.constexpr, ALIGN_DV: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     MASK_MODE: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     STORE_LSE: tl.constexpr, IS_VARLEN: tl.constexpr, REVERSE_M: tl.constexpr,
     USE_TMA: tl.constexpr, WARP_SPEC: tl.constexpr,
     BIAS_MODE: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    PAGE_SIZE: tl.constexpr = 0, KV_LOOKUP: tl.constexpr = 0, KV_VEC: tl.constexpr = 0,
+    PAGED: tl.constexpr = 0, KV_LOOKUP: tl.constexpr = 0, KV_VEC: tl.constexpr = 0,
     HAS_SINK: tl.constexpr = False, HAS_SINK_LOGIT: tl.constexpr = False,
     DESCALE_PTR: tl.constexpr = False, V_TRANS: tl.constexpr = False, HAS_SEQLENS: tl.constexpr = False,
     BLOCK_DQ2: tl.constexpr = 0, BLOCK_DV2: tl.constexpr = 0,
@@ -545,7 +547,8 @@ def fmha_fwd_kernel(
     Philox keep mask (key (seed_lo, seed_hi), counter (j, i, b*H + h, off_lo)), kept
     probabilities scaled by drop_scale; LSE is the pre-dropout one.
 
-    PAGE_SIZE > 0 (batch_prefill): K/V are page pools (heads at skh/svh, pages at skp/svp, slots at
+    PAGED > 0 (batch_prefill; 1: pages of whole BLOCK_N tiles, 2: smaller; the page size is the run-time
+    page_size = 1 << page_shift): K/V are page pools (heads at skh/svh, pages at skp/svp, slots at
     sks/svs; KV_VEC > 0: CK's vectorized pages, see _paged_kv_ptrs), the key length of batch b is
     SEQLENS_K[b] and its page ids are PT[b * sbt + i] (KV_LOOKUP 0, vLLM block table) or
     PT[KV_INDPTR[b] + i] (KV_LOOKUP 1, SGLang kv_indptr / kv_page_indices).  A length outside
@@ -585,10 +588,18 @@ def fmha_fwd_kernel(
     BLOCK_DQ2 / BLOCK_DV2 > 0 (a key's ``dchunk``): the head dim in two power-of-two chunks, BLOCK_D? (whole)
     + BLOCK_D?2 (masked to D_?), e.g. 160 = 128 + 32, instead of one tile padded to the next power of two
     (see _fwd_inner); pointer loads or device descriptors (USE_TMA 0 / 1), no pages, no V_TRANS."""
+    if ALIGN_DQ == 0:   # the head dim fills its blocks: a compile-time constant
+        D_Q: tl.constexpr = BLOCK_DQ + BLOCK_DQ2
+    else:   # a run-time head dim (one kernel per padded class), a multiple of ALIGN_DQ
+        D_Q = d_q // ALIGN_DQ * ALIGN_DQ
+    if ALIGN_DV == 0:   # the head dim fills its blocks: a compile-time constant
+        D_V: tl.constexpr = BLOCK_DV + BLOCK_DV2
+    else:   # a run-time head dim (one kernel per padded class), a multiple of ALIGN_DV
+        D_V = d_v // ALIGN_DV * ALIGN_DV
     if V_TRANS:
-        tl.static_assert(PAGE_SIZE == 0, "V_TRANS (key-contiguous V) is not implemented for paged K/V")
+        tl.static_assert(PAGED == 0, "V_TRANS (key-contiguous V) is not implemented for paged K/V")
     if BLOCK_DQ2 > 0 or BLOCK_DV2 > 0:
-        tl.static_assert(PAGE_SIZE == 0 and not V_TRANS and USE_TMA != 2,
+        tl.static_assert(PAGED == 0 and not V_TRANS and USE_TMA != 2,
                          "head-dim chunks: contiguous K/V, row-major V, pointer loads or device descriptors")
     pid_m = tl.program_id(0)
     if REVERSE_M:
@@ -601,14 +612,14 @@ def fmha_fwd_kernel(
         # the offsets' check: its loads now, evaluated after this program's first loads (which read
         # within the tensors whatever the offsets: this batch's offsets clamped into them)
         n_cu = tl.num_programs(1) // H + 1
-        ocq, opq, ock, opk, oln = _offsets_fetch(n_cu, CU_Q, CU_K, SEQLENS_K, 1, PAGE_SIZE == 0, HAS_SEQLENS, 256)
+        ocq, opq, ock, opk, oln = _offsets_fetch(n_cu, CU_Q, CU_K, SEQLENS_K, 1, PAGED == 0, HAS_SEQLENS, 256)
         q_start = tl.minimum(tl.maximum(tl.load(CU_Q + b), 0), ROWS_Q)
         seqlen_q = tl.minimum(tl.maximum(tl.load(CU_Q + b + 1) - q_start, 0), tl.minimum(SEQ_Q, ROWS_Q - q_start))
-        if PAGE_SIZE > 0:
+        if PAGED > 0:
             k_start = 0
             cap_b = SEQ_K
             if KV_LOOKUP == 1:
-                cap_b = tl.minimum(cap_b, (tl.load(KV_INDPTR + b + 1) - tl.load(KV_INDPTR + b)) * PAGE_SIZE)
+                cap_b = tl.minimum(cap_b, (tl.load(KV_INDPTR + b + 1) - tl.load(KV_INDPTR + b)) * page_size)
             seqlen_k, len_bad = _checked_len(tl.load(SEQLENS_K + b), cap_b, ERR)
         else:
             k_start = tl.minimum(tl.maximum(tl.load(CU_K + b), 0), ROWS_K)
@@ -621,13 +632,13 @@ def fmha_fwd_kernel(
         q_start = 0
         seqlen_q = SEQ_Q
         k_start = 0
-        tl.static_assert(PAGE_SIZE == 0, "paged K/V is group mode (batch_prefill)")
+        tl.static_assert(PAGED == 0, "paged K/V is group mode (batch_prefill)")
         seqlen_k = SEQ_K
     m0 = pid_m * BLOCK_M
     if m0 >= seqlen_q:
         if IS_VARLEN:   # (no work here: bad offsets still need this program's share of NaN)
             if _offsets_eval(ocq, opq, ock, opk, oln, n_cu, CU_Q, ROWS_Q, SEQ_Q, CU_K, ROWS_K, LONG_K, SEQLENS_K,
-                             PAGE_SIZE == 0, HAS_SEQLENS, 256):
+                             PAGED == 0, HAS_SEQLENS, 256):
                 _fwd_bad_offsets(O, LSE, ERR, ROWS_Q, H, sos, soh, slh, D_V, BLOCK_DV, STORE_LSE)
         return
     if BOTTOM_RIGHT:
@@ -702,7 +713,7 @@ def fmha_fwd_kernel(
                          mask=(rows[:, None] < seqlen_q) & (offs_dq2[None, :] < D_Q), other=0.0)
     if IS_VARLEN:   # the offsets' check, its loads issued before the q tile's
         if _offsets_eval(ocq, opq, ock, opk, oln, n_cu, CU_Q, ROWS_Q, SEQ_Q, CU_K, ROWS_K, LONG_K, SEQLENS_K,
-                         PAGE_SIZE == 0, HAS_SEQLENS, 256):
+                         PAGED == 0, HAS_SEQLENS, 256):
             _fwd_bad_offsets(O, LSE, ERR, ROWS_Q, H, sos, soh, slh, D_V, BLOCK_DV, STORE_LSE)
             return
     if HAS_SINK_LOGIT:   # the sink is a key of logit SINK[h] (log2 units inside) and value 0
@@ -731,7 +742,7 @@ def fmha_fwd_kernel(
         scale2 = scale2 * qk_descale
         cap_in = cap_in * qk_descale
         o_scale = o_scale * tl.load(VDS).to(tl.float32)
-    if PAGE_SIZE > 0:
+    if PAGED > 0:
         if KV_LOOKUP == 1:
             pt = PT + tl.load(KV_INDPTR + b)
         else:
@@ -747,8 +758,9 @@ def fmha_fwd_kernel(
                                    seed_lo, seed_hi, off_lo, drop_thresh, pt, skp, svp, skd, n_sink,
                                    D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_N,
                                    True, MASK_MODE, HAS_SOFTCAP, USE_TMA, False, BIAS_MODE, HAS_DROPOUT,
-                                   PAGE_SIZE, KV_VEC, HAS_SINK, V_TRANS,
-                                   acc2, q2, desc_k2, desc_v2, BLOCK_DQ2, BLOCK_DV2)
+                                   PAGED, KV_VEC, HAS_SINK, V_TRANS,
+                                   acc2, q2, desc_k2, desc_v2, BLOCK_DQ2, BLOCK_DV2, ALIGN_DQ=ALIGN_DQ, ALIGN_DV=ALIGN_DV,
+                                   page_size=page_size, page_shift=page_shift)
     if MASK_MODE & 2:
         acc, l_i, m_i, acc2 = _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, vcol,
                                    lo, full_lo, rows, off, left, right, seqlen_k,
@@ -756,24 +768,27 @@ def fmha_fwd_kernel(
                                    seed_lo, seed_hi, off_lo, drop_thresh, pt, skp, svp, skd, n_sink,
                                    D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_N,
                                    True, MASK_MODE, HAS_SOFTCAP, USE_TMA, False, BIAS_MODE, HAS_DROPOUT,
-                                   PAGE_SIZE, KV_VEC, HAS_SINK, V_TRANS,
-                                   acc2, q2, desc_k2, desc_v2, BLOCK_DQ2, BLOCK_DV2)
+                                   PAGED, KV_VEC, HAS_SINK, V_TRANS,
+                                   acc2, q2, desc_k2, desc_v2, BLOCK_DQ2, BLOCK_DV2, ALIGN_DQ=ALIGN_DQ, ALIGN_DV=ALIGN_DV,
+                                   page_size=page_size, page_shift=page_shift)
     acc, l_i, m_i, acc2 = _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, vcol,
                                full_lo, full_hi, rows, off, left, right, seqlen_k,
                                scale2, cap_in, cap_out, biasb, sbq, sbk, slope, aoff, seqlen_q, bh_id,
                                seed_lo, seed_hi, off_lo, drop_thresh, pt, skp, svp, skd, n_sink,
                                D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_N,
                                False, MASK_MODE, HAS_SOFTCAP, USE_TMA, WARP_SPEC, BIAS_MODE, HAS_DROPOUT,
-                               PAGE_SIZE, KV_VEC, HAS_SINK, V_TRANS,
-                                   acc2, q2, desc_k2, desc_v2, BLOCK_DQ2, BLOCK_DV2)
+                               PAGED, KV_VEC, HAS_SINK, V_TRANS,
+                                   acc2, q2, desc_k2, desc_v2, BLOCK_DQ2, BLOCK_DV2, ALIGN_DQ=ALIGN_DQ, ALIGN_DV=ALIGN_DV,
+                                   page_size=page_size, page_shift=page_shift)
     acc, l_i, m_i, acc2 = _fwd_inner(acc, l_i, m_i, q, kb, vb, desc_k, desc_v, sks, svs, krow, kcol, vcol,
                                full_hi, hi, rows, off, left, right, seqlen_k,
                                scale2, cap_in, cap_out, biasb, sbq, sbk, slope, aoff, seqlen_q, bh_id,
                                seed_lo, seed_hi, off_lo, drop_thresh, pt, skp, svp, skd, n_sink,
                                D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_N,
                                True, MASK_MODE, HAS_SOFTCAP, USE_TMA, False, BIAS_MODE, HAS_DROPOUT,
-                               PAGE_SIZE, KV_VEC, HAS_SINK, V_TRANS,
-                                   acc2, q2, desc_k2, desc_v2, BLOCK_DQ2, BLOCK_DV2)
+                               PAGED, KV_VEC, HAS_SINK, V_TRANS,
+                                   acc2, q2, desc_k2, desc_v2, BLOCK_DQ2, BLOCK_DV2, ALIGN_DQ=ALIGN_DQ, ALIGN_DV=ALIGN_DV,
+                                   page_size=page_size, page_shift=page_shift)
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     acc = acc / l_safe[:, None]
     if HAS_DROPOUT:
@@ -787,7 +802,7 @@ def fmha_fwd_kernel(
                  mask=(rows[:, None] < seqlen_q) & (offs_dv2[None, :] < D_V))
     if q.dtype.is_fp8():
         acc = acc * (o_scale / _fp8_max(q.dtype))
-    if PAGE_SIZE > 0:
+    if PAGED > 0:
         if len_bad:   # a wrong length must not pass for a result
             acc = acc + float("nan")
             m_i = m_i + float("nan")
@@ -801,11 +816,15 @@ def fmha_fwd_kernel(
 
 @triton.jit
 def fmha_v_transpose_kernel(V, VT, svb, svh, svs, stb, sth, std, SEQ, H,
-                            D_V: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr):
+                            d_v, ALIGN_DV: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr):
     """Key-contiguous copy of V for the fp8 forward (V_TRANS): program (s block, b*H + h) moves the
     [BLOCK_S, D_V] tile of V (channel-contiguous; key s at s*svs) to VT + b*stb + h*sth + d*std + s.
     Memory bound: one read and one write of V; the tile transpose goes through registers / shared
     memory inside the program, so both global accesses are coalesced."""
+    if ALIGN_DV == 0:   # the head dim fills its blocks: a compile-time constant
+        D_V: tl.constexpr = BLOCK_DV
+    else:   # a run-time head dim (one kernel per padded class), a multiple of ALIGN_DV
+        D_V = d_v // ALIGN_DV * ALIGN_DV
     pid = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
@@ -860,11 +879,15 @@ def fmha_dropout_randval_kernel(RV, CU_Q, CU_K, srb, srh, srq, H, SEQ_Q, SEQ_K, 
 # ----------------------------------------------------------------------------
 @triton.jit
 def fmha_bwd_dot_do_o_kernel(O, DO, DELTA, sob, soh, sos, sdb, sdh, sds, H, SEQ_Q, CU_Q, sdlh, ROWS_Q,
-                             D_V: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr,
+                             d_v, ALIGN_DV: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr,
                              IS_VARLEN: tl.constexpr):
     """DELTA = rowsum(dO * O): [B, H, Sq] fp32, or [H, Tq] (head stride sdlh) in group mode, where bad
     query offsets (see fmha_fwd_kernel; ROWS_Q packed rows) make DELTA NaN and nothing is read (the
     dK/dV kernel, which checks both offsets, flags them)."""
+    if ALIGN_DV == 0:   # the head dim fills its blocks: a compile-time constant
+        D_V: tl.constexpr = BLOCK_DV
+    else:   # a run-time head dim (one kernel per padded class), a multiple of ALIGN_DV
+        D_V = d_v // ALIGN_DV * ALIGN_DV
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
@@ -897,12 +920,13 @@ def _bwd_dkdv_inner(dk, dv, k, v, qb, dob, lseb, deltab, dqab, sqs, sdos, sdqs,
                     sm_scale, scale2, cap_in, cap_out,
                     biasb, dbiasb, sbq, sbk, sdbq, slope, aoff, seqlen_k, bh_id, k0, k1, off_lo, thresh,
                     drop_scale,
-                    D_Q: tl.constexpr, D_V: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
+                    D_Q, D_V, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
                     BLOCK_M: tl.constexpr, MASKED: tl.constexpr, MASK_MODE: tl.constexpr,
                     HAS_SOFTCAP: tl.constexpr, ATOMIC_DQ: tl.constexpr, EVEN_M: tl.constexpr,
                     BIAS_MODE: tl.constexpr, HAS_DROPOUT: tl.constexpr, STORE_DBIAS: tl.constexpr,
                     EVEN_N: tl.constexpr, DO_DK: tl.constexpr = True, DO_DV: tl.constexpr = True,
-                    dk2=0.0, dv2=0.0, k2=0.0, v2=0.0, BLOCK_DQ2: tl.constexpr = 0, BLOCK_DV2: tl.constexpr = 0):
+                    dk2=0.0, dv2=0.0, k2=0.0, v2=0.0, BLOCK_DQ2: tl.constexpr = 0, BLOCK_DV2: tl.constexpr = 0,
+    ALIGN_DQ: tl.constexpr = -1, ALIGN_DV: tl.constexpr = -1):
     """DO_DK / DO_DV: which of the two accumulators this program keeps (KV_SPLIT: dV only -- S, P, dV += P^T dO;
     dK only -- S, dP, dK += dS^T Q, and the dQ atomics and dbias, which need dS).  BLOCK_DQ2 / BLOCK_DV2 > 0:
     head-dim chunks (see _fwd_inner): k2 / v2 / dk2 / dv2 hold the columns from BLOCK_DQ / BLOCK_DV on."""
@@ -917,7 +941,7 @@ def _bwd_dkdv_inner(dk, dv, k, v, qb, dob, lseb, deltab, dqab, sqs, sdos, sdqs,
     for start_m in tl.range(start, end, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
         rows = start_m + offs_m
-        if EVEN_M and BLOCK_DQ == D_Q:
+        if EVEN_M and ALIGN_DQ == 0 and BLOCK_DQ2 == 0:
             q = tl.load(qb + rows[:, None] * sqs + offs_dq[None, :])
         else:
             q = tl.load(qb + rows[:, None] * sqs + offs_dq[None, :],
@@ -951,7 +975,7 @@ def _bwd_dkdv_inner(dk, dv, k, v, qb, dob, lseb, deltab, dqab, sqs, sdos, sdqs,
             pT = tl.where(rows[None, :] < seqlen_q, pT, 0.0)
         if not EVEN_N:
             pT = tl.where(cols[:, None] < seqlen_k, pT, 0.0)
-        if EVEN_M and BLOCK_DV == D_V:
+        if EVEN_M and ALIGN_DV == 0 and BLOCK_DV2 == 0:
             do = tl.load(dob + rows[:, None] * sdos + offs_dv[None, :])
         else:
             do = tl.load(dob + rows[:, None] * sdos + offs_dv[None, :],
@@ -1009,12 +1033,13 @@ def _bwd_dkdv_tile(
     BIAS, ALIBI, DBIAS, sbb, sbh, sbq, sbk, sab, sdbb, sdbh, sdbq, slh,
     seed_lo, seed_hi, off_lo, drop_thresh, drop_scale,
     b, hk, n0, q_start, k_start, seqlen_q, seqlen_k, off, g_lo, g_hi,
-    D_Q: tl.constexpr, D_V: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
+    D_Q, D_V, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     MASK_MODE: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     ATOMIC_DQ: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, BIAS_MODE: tl.constexpr, HAS_DROPOUT: tl.constexpr, STORE_DBIAS: tl.constexpr,
     DO_DK: tl.constexpr, DO_DV: tl.constexpr, BLOCK_DQ2: tl.constexpr = 0, BLOCK_DV2: tl.constexpr = 0,
+    ALIGN_DQ: tl.constexpr = -1, ALIGN_DV: tl.constexpr = -1,
 ):
     """One key block's dK and/or dV (DO_DK / DO_DV), summed over the query heads g_lo <= g < g_hi of the kv
     head's GQA group (see fmha_bwd_dq_dk_dv_kernel); DK / DV already point at this program's partial sums."""
@@ -1087,7 +1112,7 @@ def _bwd_dkdv_tile(
                                      D_Q, D_V, BLOCK_DQ, BLOCK_DV,
                                      BLOCK_M, True, MASK_MODE, HAS_SOFTCAP, ATOMIC_DQ, EVEN_M,
                                      BIAS_MODE, HAS_DROPOUT, STORE_DBIAS, EVEN_N, DO_DK, DO_DV,
-                                     dk2, dv2, k2, v2, BLOCK_DQ2, BLOCK_DV2)
+                                     dk2, dv2, k2, v2, BLOCK_DQ2, BLOCK_DV2, ALIGN_DQ=ALIGN_DQ, ALIGN_DV=ALIGN_DV)
         dk, dv, dk2, dv2 = _bwd_dkdv_inner(dk, dv, k, v, qb, dob, lseb, deltab, dqab, sqs, sdos, sdqs,
                                  full_lo, full_hi, cols, off, left, right, seqlen_q,
                                  sm_scale, scale2, cap_in, cap_out,
@@ -1096,7 +1121,7 @@ def _bwd_dkdv_tile(
                                  D_Q, D_V, BLOCK_DQ, BLOCK_DV,
                                  BLOCK_M, False, MASK_MODE, HAS_SOFTCAP, ATOMIC_DQ, EVEN_M,
                                  BIAS_MODE, HAS_DROPOUT, STORE_DBIAS, EVEN_N, DO_DK, DO_DV,
-                                     dk2, dv2, k2, v2, BLOCK_DQ2, BLOCK_DV2)
+                                     dk2, dv2, k2, v2, BLOCK_DQ2, BLOCK_DV2, ALIGN_DQ=ALIGN_DQ, ALIGN_DV=ALIGN_DV)
         if MASK_MODE & 2:
             dk, dv, dk2, dv2 = _bwd_dkdv_inner(dk, dv, k, v, qb, dob, lseb, deltab, dqab, sqs, sdos, sdqs,
                                      full_hi, hi, cols, off, left, right, seqlen_q,
@@ -1106,7 +1131,7 @@ def _bwd_dkdv_tile(
                                      D_Q, D_V, BLOCK_DQ, BLOCK_DV,
                                      BLOCK_M, True, MASK_MODE, HAS_SOFTCAP, ATOMIC_DQ, EVEN_M,
                                      BIAS_MODE, HAS_DROPOUT, STORE_DBIAS, EVEN_N, DO_DK, DO_DV,
-                                     dk2, dv2, k2, v2, BLOCK_DQ2, BLOCK_DV2)
+                                     dk2, dv2, k2, v2, BLOCK_DQ2, BLOCK_DV2, ALIGN_DQ=ALIGN_DQ, ALIGN_DV=ALIGN_DV)
     if IS_VARLEN:
         dkb = DK + k_start * sdks + hk * sdkh
         dvb = DV + k_start * sdvs + hk * sdvh
@@ -1134,7 +1159,7 @@ def fmha_bwd_dq_dk_dv_kernel(
     sm_scale, scale2, cap_in, cap_out, left, right,
     CU_Q, CU_K, BIAS, ALIBI, DBIAS, sbb, sbh, sbq, sbk, sab, sdbb, sdbh, sdbq, slh,
     seed_lo, seed_hi, off_lo, drop_thresh, drop_scale, SEQLENS_K, GSPLIT, sdkg, sdvg, ROWS_Q, ROWS_K, ERR,
-    D_Q: tl.constexpr, D_V: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
+    d_q, d_v, ALIGN_DQ: tl.constexpr, ALIGN_DV: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     MASK_MODE: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     ATOMIC_DQ: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
@@ -1162,6 +1187,14 @@ def fmha_bwd_dq_dk_dv_kernel(
     IS_VARLEN: bad offsets (see fmha_fwd_kernel: CU_Q against ROWS_Q and SEQ_Q, CU_K against ROWS_K and
     SEQ_K) make every program read nothing and write NaN over its share of DK, DV (all GSPLIT partials),
     DQA (ATOMIC_DQ) and DBIAS, and OR BAD_OFFSETS (4) into ERR."""
+    if ALIGN_DQ == 0:   # the head dim fills its blocks: a compile-time constant
+        D_Q: tl.constexpr = BLOCK_DQ + BLOCK_DQ2
+    else:   # a run-time head dim (one kernel per padded class), a multiple of ALIGN_DQ
+        D_Q = d_q // ALIGN_DQ * ALIGN_DQ
+    if ALIGN_DV == 0:   # the head dim fills its blocks: a compile-time constant
+        D_V: tl.constexpr = BLOCK_DV + BLOCK_DV2
+    else:   # a run-time head dim (one kernel per padded class), a multiple of ALIGN_DV
+        D_V = d_v // ALIGN_DV * ALIGN_DV
     pid_n = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // HK).to(tl.int64)
@@ -1233,7 +1266,7 @@ def fmha_bwd_dq_dk_dv_kernel(
                            b, hk, n0, q_start, k_start, seqlen_q, seqlen_k, off, g_lo, g_hi,
                            D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_M, BLOCK_N, MASK_MODE, HAS_SOFTCAP,
                            ATOMIC_DQ, EVEN_M, EVEN_N, IS_VARLEN, BIAS_MODE, HAS_DROPOUT, STORE_DBIAS,
-                           False, True, BLOCK_DQ2, BLOCK_DV2)
+                           False, True, BLOCK_DQ2, BLOCK_DV2, ALIGN_DQ=ALIGN_DQ, ALIGN_DV=ALIGN_DV)
         else:
             _bwd_dkdv_tile(Q, K, V, DO, LSE, DELTA, DK, DV, DQA,
                            sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdob, sdoh, sdos,
@@ -1244,7 +1277,7 @@ def fmha_bwd_dq_dk_dv_kernel(
                            b, hk, n0, q_start, k_start, seqlen_q, seqlen_k, off, g_lo, g_hi,
                            D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_M, BLOCK_N, MASK_MODE, HAS_SOFTCAP,
                            ATOMIC_DQ, EVEN_M, EVEN_N, IS_VARLEN, BIAS_MODE, HAS_DROPOUT, STORE_DBIAS,
-                           True, False, BLOCK_DQ2, BLOCK_DV2)
+                           True, False, BLOCK_DQ2, BLOCK_DV2, ALIGN_DQ=ALIGN_DQ, ALIGN_DV=ALIGN_DV)
     else:
         _bwd_dkdv_tile(Q, K, V, DO, LSE, DELTA, DK, DV, DQA,
                        sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdob, sdoh, sdos,
@@ -1255,18 +1288,19 @@ def fmha_bwd_dq_dk_dv_kernel(
                        b, hk, n0, q_start, k_start, seqlen_q, seqlen_k, off, g_lo, g_hi,
                        D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_M, BLOCK_N, MASK_MODE, HAS_SOFTCAP,
                        ATOMIC_DQ, EVEN_M, EVEN_N, IS_VARLEN, BIAS_MODE, HAS_DROPOUT, STORE_DBIAS,
-                       True, True, BLOCK_DQ2, BLOCK_DV2)
+                       True, True, BLOCK_DQ2, BLOCK_DV2, ALIGN_DQ=ALIGN_DQ, ALIGN_DV=ALIGN_DV)
 
 
 @triton.jit
 def _bwd_dq_inner(dq, q, do, lse2, di, kb, vb, sks, svs, start, end, rows, off, left, right, seqlen_k,
                   scale2, cap_in, cap_out,
                   biasb, sbq, sbk, slope, aoff, seqlen_q, bh_id, k0, k1, off_lo, thresh, drop_scale,
-                  D_Q: tl.constexpr, D_V: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
+                  D_Q, D_V, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
                   BLOCK_N: tl.constexpr, MASKED: tl.constexpr, MASK_MODE: tl.constexpr,
                   HAS_SOFTCAP: tl.constexpr, EVEN_N: tl.constexpr,
                   BIAS_MODE: tl.constexpr, HAS_DROPOUT: tl.constexpr, EVEN_M: tl.constexpr,
-                  dq2=0.0, q2=0.0, do2=0.0, BLOCK_DQ2: tl.constexpr = 0, BLOCK_DV2: tl.constexpr = 0):
+                  dq2=0.0, q2=0.0, do2=0.0, BLOCK_DQ2: tl.constexpr = 0, BLOCK_DV2: tl.constexpr = 0,
+    ALIGN_DQ: tl.constexpr = -1, ALIGN_DV: tl.constexpr = -1):
     """BLOCK_DQ2 / BLOCK_DV2 > 0: head-dim chunks (see _fwd_inner); q2 / do2 / dq2 the second chunk."""
     offs_n = tl.arange(0, BLOCK_N)
     offs_dq = tl.arange(0, BLOCK_DQ)
@@ -1279,12 +1313,12 @@ def _bwd_dq_inner(dq, q, do, lse2, di, kb, vb, sks, svs, start, end, rows, off, 
     for start_n in tl.range(start, end, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n
-        if EVEN_N and BLOCK_DQ == D_Q:
+        if EVEN_N and ALIGN_DQ == 0 and BLOCK_DQ2 == 0:
             k = tl.load(kb + cols[:, None] * sks + offs_dq[None, :])
         else:
             k = tl.load(kb + cols[:, None] * sks + offs_dq[None, :],
                         mask=(cols[:, None] < seqlen_k) & (offs_dq[None, :] < D_Q), other=0.0)
-        if EVEN_N and BLOCK_DV == D_V:
+        if EVEN_N and ALIGN_DV == 0 and BLOCK_DV2 == 0:
             v = tl.load(vb + cols[:, None] * svs + offs_dv[None, :])
         else:
             v = tl.load(vb + cols[:, None] * svs + offs_dv[None, :],
@@ -1336,7 +1370,7 @@ def fmha_bwd_dq_kernel(
     sm_scale, scale2, cap_in, cap_out, left, right,
     CU_Q, CU_K, BIAS, ALIBI, sbb, sbh, sbq, sbk, sab, slh,
     seed_lo, seed_hi, off_lo, drop_thresh, drop_scale, SEQLENS_K, ROWS_Q, ROWS_K, ERR,
-    D_Q: tl.constexpr, D_V: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
+    d_q, d_v, ALIGN_DQ: tl.constexpr, ALIGN_DV: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     MASK_MODE: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
@@ -1347,6 +1381,14 @@ def fmha_bwd_dq_kernel(
     head-dim chunks (see fmha_fwd_kernel).
     With a causal (right-bounded) mask the heaviest (last) query blocks go first.
     IS_VARLEN / BIAS_MODE / HAS_DROPOUT as in fmha_bwd_dq_dk_dv_kernel (bad offsets: DQ NaN, ERR)."""
+    if ALIGN_DQ == 0:   # the head dim fills its blocks: a compile-time constant
+        D_Q: tl.constexpr = BLOCK_DQ + BLOCK_DQ2
+    else:   # a run-time head dim (one kernel per padded class), a multiple of ALIGN_DQ
+        D_Q = d_q // ALIGN_DQ * ALIGN_DQ
+    if ALIGN_DV == 0:   # the head dim fills its blocks: a compile-time constant
+        D_V: tl.constexpr = BLOCK_DV + BLOCK_DV2
+    else:   # a run-time head dim (one kernel per padded class), a multiple of ALIGN_DV
+        D_V = d_v // ALIGN_DV * ALIGN_DV
     pid_m = tl.program_id(0)
     if MASK_MODE & 1:
         pid_m = tl.num_programs(0) - 1 - pid_m
@@ -1436,19 +1478,19 @@ def fmha_bwd_dq_kernel(
                            biasb, sbq, sbk, slope, aoff, seqlen_q, bh_id, seed_lo, seed_hi, off_lo, drop_thresh,
                            drop_scale, D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_N,
                            True, MASK_MODE, HAS_SOFTCAP, EVEN_N, BIAS_MODE, HAS_DROPOUT, EVEN_M,
-                           dq2, q2, do2, BLOCK_DQ2, BLOCK_DV2)
+                           dq2, q2, do2, BLOCK_DQ2, BLOCK_DV2, ALIGN_DQ=ALIGN_DQ, ALIGN_DV=ALIGN_DV)
     dq, dq2 = _bwd_dq_inner(dq, q, do, lse2, di, kb, vb, sks, svs, full_lo, full_hi, rows, off, left, right, seqlen_k,
                        scale2, cap_in, cap_out,
                        biasb, sbq, sbk, slope, aoff, seqlen_q, bh_id, seed_lo, seed_hi, off_lo, drop_thresh,
                        drop_scale, D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_N,
                        False, MASK_MODE, HAS_SOFTCAP, EVEN_N, BIAS_MODE, HAS_DROPOUT, EVEN_M,
-                           dq2, q2, do2, BLOCK_DQ2, BLOCK_DV2)
+                           dq2, q2, do2, BLOCK_DQ2, BLOCK_DV2, ALIGN_DQ=ALIGN_DQ, ALIGN_DV=ALIGN_DV)
     dq, dq2 = _bwd_dq_inner(dq, q, do, lse2, di, kb, vb, sks, svs, full_hi, hi, rows, off, left, right, seqlen_k,
                        scale2, cap_in, cap_out,
                        biasb, sbq, sbk, slope, aoff, seqlen_q, bh_id, seed_lo, seed_hi, off_lo, drop_thresh,
                        drop_scale, D_Q, D_V, BLOCK_DQ, BLOCK_DV, BLOCK_N,
                        True, MASK_MODE, HAS_SOFTCAP, EVEN_N, BIAS_MODE, HAS_DROPOUT, EVEN_M,
-                           dq2, q2, do2, BLOCK_DQ2, BLOCK_DV2)
+                           dq2, q2, do2, BLOCK_DQ2, BLOCK_DV2, ALIGN_DQ=ALIGN_DQ, ALIGN_DV=ALIGN_DV)
     dq = dq * sm_scale
     if IS_VARLEN:
         dqrow = DQ + q_start * sdqs + h * sdqh
@@ -1478,10 +1520,14 @@ def fmha_bwd_sum_partials_kernel(P, OUT, N, G, BLOCK: tl.constexpr):
 @triton.jit
 def fmha_bwd_convert_dq_kernel(DQA, DQ, sab, sah, sas, sdb, sdh, sds, H, SEQ_Q, CU_Q, ROWS_Q, CU_K, ROWS_K, LONG_K,
                                SEQLENS_K,
-                               D_Q: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_M: tl.constexpr,
+                               d_q, ALIGN_DQ: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_M: tl.constexpr,
                                IS_VARLEN: tl.constexpr, HAS_SEQLENS: tl.constexpr = False):
     """DQ = DQA in DQ's dtype.  Group mode: bad offsets (see fmha_fwd_kernel; the dK/dV kernel flags
     them) make all of DQ NaN, rows of no sequence too."""
+    if ALIGN_DQ == 0:   # the head dim fills its blocks: a compile-time constant
+        D_Q: tl.constexpr = BLOCK_DQ
+    else:   # a run-time head dim (one kernel per padded class), a multiple of ALIGN_DQ
+        D_Q = d_q // ALIGN_DQ * ALIGN_DQ
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
@@ -1518,17 +1564,18 @@ def fmha_fwd_splitkv_kernel(
     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs,
     sob, soh, sos, sosp, slb, slh, sls, sbt,
     HKV, GROUP, SEQ_Q, SEQ_K, CHUNK,
-    scale2, cap_in, cap_out, left, right, SINK, n_sink, ERR, CAP, n_pages,
-    D_Q: tl.constexpr, D_V: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    scale2, cap_in, cap_out, left, right, SINK, n_sink, ERR, CAP, n_pages, page_size, page_shift,
+    d_q, d_v, ALIGN_DQ: tl.constexpr, ALIGN_DV: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr,
     MASK_MODE: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     HAS_SEQLENS: tl.constexpr, HAS_SINK: tl.constexpr = False, HAS_SINK_LOGIT: tl.constexpr = False,
     DIRECT: tl.constexpr = False,
 ):
     """One KV chunk [split*CHUNK, (split+1)*CHUNK) of one (batch, kv head).  The
     M rows are the GROUP*SEQ_Q query rows that share the kv head (GQA packed
-    into M), so K/V are read once per group.  With PAGE_SIZE > 0, K/V are the
-    page pool [num_pages, PAGE_SIZE, HK, D] (skb/svb: page stride, sks/svs:
+    into M), so K/V are read once per group.  With PAGED > 0, K/V are the
+    page pool [num_pages, page_size, HK, D] (page_size = 1 << page_shift, run-time; PAGED 1: pages of whole
+    BLOCK_N tiles, 2: smaller) (skb/svb: page stride, sks/svs:
     slot stride) addressed through BLOCK_TABLE[b, page].  Writes the chunk's
     normalised partial output (fp32) and its log2-domain LSE.  HAS_SINK: the first n_sink
     keys stay visible past the window's left edge; HAS_SINK_LOGIT: SINK [H] joins split 0's
@@ -1536,9 +1583,17 @@ def fmha_fwd_splitkv_kernel(
     [0, CAP] (CAP: the keys the cache or the block table holds) is clamped, sets ERR and makes the
     batch's partial outputs NaN (see _checked_len).  DIRECT (one split: the whole key range):
     OACC / LACC are the final o (its dtype; sosp 0) and lse [B, H, Sq] (natural log), so the plan
-    needs no combine launch.  With PAGE_SIZE > 0 every page index the program reads is checked
+    needs no combine launch.  With PAGED > 0 every page index the program reads is checked
     against the pool (n_pages): one outside it is not read (page 0 stands in), the program's outputs
     become NaN and BAD_PAGES (8) is ORed into ERR, so a page table needs no guard launch of its own."""
+    if ALIGN_DQ == 0:   # the head dim fills its blocks: a compile-time constant
+        D_Q: tl.constexpr = BLOCK_DQ
+    else:   # a run-time head dim (one kernel per padded class), a multiple of ALIGN_DQ
+        D_Q = d_q // ALIGN_DQ * ALIGN_DQ
+    if ALIGN_DV == 0:   # the head dim fills its blocks: a compile-time constant
+        D_V: tl.constexpr = BLOCK_DV
+    else:   # a run-time head dim (one kernel per padded class), a multiple of ALIGN_DV
+        D_V = d_v // ALIGN_DV * ALIGN_DV
     split = tl.program_id(0)
     bhk = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -1580,21 +1635,21 @@ def fmha_fwd_splitkv_kernel(
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n
         cmask = cols < n_hi
-        if PAGE_SIZE > 0:
-            if PAGE_SIZE % BLOCK_N == 0:
-                page = tl.load(BLOCK_TABLE + b64 * sbt + start_n // PAGE_SIZE).to(tl.int64)
+        if PAGED > 0:
+            if PAGED == 1:
+                page = tl.load(BLOCK_TABLE + b64 * sbt + (start_n >> page_shift)).to(tl.int64)
                 outside = (page < 0) | (page >= n_pages)
                 page_bad = page_bad | outside.to(tl.int32)
                 page = tl.where(outside, 0, page)
-                slot = (start_n % PAGE_SIZE) + offs_n
+                slot = (start_n & (page_size - 1)) + offs_n
                 kp = K + page * skb + hk * skh + slot[:, None] * sks + offs_dq[None, :]
                 vp = V + page * svb + hk * svh + slot[:, None] * svs + offs_dv[None, :]
             else:
-                page = tl.load(BLOCK_TABLE + b64 * sbt + cols // PAGE_SIZE, mask=cmask, other=0).to(tl.int64)
+                page = tl.load(BLOCK_TABLE + b64 * sbt + (cols >> page_shift), mask=cmask, other=0).to(tl.int64)
                 outside = cmask & ((page < 0) | (page >= n_pages))
                 page_bad = page_bad | tl.max(outside.to(tl.int32), axis=0)
                 page = tl.where(outside, 0, page)
-                slot = cols % PAGE_SIZE
+                slot = cols & (page_size - 1)
                 kp = K + page[:, None] * skb + hk * skh + slot[:, None] * sks + offs_dq[None, :]
                 vp = V + page[:, None] * svb + hk * svh + slot[:, None] * svs + offs_dv[None, :]
         else:
@@ -1627,7 +1682,7 @@ def fmha_fwd_splitkv_kernel(
     if len_bad:   # a wrong length must not pass for a result
         acc = acc + float("nan")
         lse2 = lse2 + float("nan")
-    if PAGE_SIZE > 0:
+    if PAGED > 0:
         if page_bad != 0:   # nor a page outside the pool (none was read)
             tl.atomic_or(ERR, 8)
             acc = acc + float("nan")
@@ -1648,9 +1703,13 @@ def fmha_fwd_splitkv_combine_kernel(
     OACC, LACC, O, LSE,
     sob, soh, sos, sosp, slb, slh, sls, s_ob, s_oh, s_os, s_lb, s_lh,
     H, SEQ_Q, NUM_SPLITS,
-    D_V: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_S: tl.constexpr, STORE_LSE: tl.constexpr,
+    d_v, ALIGN_DV: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_S: tl.constexpr, STORE_LSE: tl.constexpr,
 ):
     """Merge the split partials of one query row through their LSEs."""
+    if ALIGN_DV == 0:   # the head dim fills its blocks: a compile-time constant
+        D_V: tl.constexpr = BLOCK_DV
+    else:   # a run-time head dim (one kernel per padded class), a multiple of ALIGN_DV
+        D_V = d_v // ALIGN_DV * ALIGN_DV
     row = tl.program_id(0)
     b = (row // (H * SEQ_Q)).to(tl.int64)
     h = ((row // SEQ_Q) % H).to(tl.int64)
@@ -1709,16 +1768,24 @@ def fmha_fwd_appendkv_kernel(
     Q, KNEW, VNEW, QR, KC, VC, COS, SIN, SEQLENS_K, BLOCK_TABLE,
     sqb, sqh, sqs, sknb, sknh, skns, svnb, svnh, svns, sqrb, sqrh, sqrs,
     skcb, skch, skcs, svcb, svch, svcs, sbt, scs,
-    H, HK, SEQ_Q, SEQ_KNEW, rotary_dim, ERR, CAP,
-    D_Q: tl.constexpr, D_V: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
-    BLOCK_M: tl.constexpr, PAGE_SIZE: tl.constexpr, ROPE: tl.constexpr,
+    H, HK, SEQ_Q, SEQ_KNEW, rotary_dim, ERR, CAP, page_size, page_shift,
+    d_q, d_v, ALIGN_DQ: tl.constexpr, ALIGN_DV: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, PAGED: tl.constexpr, ROPE: tl.constexpr,
 ):
     """CK's append-KV: program (m, b, h) with h < H rotates query rows [m*BLOCK_M, ..) of head h into
     QR (rows sit at positions seqlens_k[b] + i); h >= H writes knew/vnew rows of kv head h - H into
-    the caches at positions seqlens_k[b] + i (knew rotated).  With PAGE_SIZE > 0 the caches are the
+    the caches at positions seqlens_k[b] + i (knew rotated).  With PAGED > 0 (page_size = 1 << page_shift, run-time) the caches are the
     page pools (skcb/svcb: page stride, sk?s: slot stride) addressed through BLOCK_TABLE[b, pos // P].
     seqlens_k[b] outside [0, CAP - SEQ_KNEW] (CAP: the positions the cache or block table holds) sets
     ERR, writes nothing to the caches and NaN to the batch's QR rows (see _checked_len)."""
+    if ALIGN_DQ == 0:   # the head dim fills its blocks: a compile-time constant
+        D_Q: tl.constexpr = BLOCK_DQ
+    else:   # a run-time head dim (one kernel per padded class), a multiple of ALIGN_DQ
+        D_Q = d_q // ALIGN_DQ * ALIGN_DQ
+    if ALIGN_DV == 0:   # the head dim fills its blocks: a compile-time constant
+        D_V: tl.constexpr = BLOCK_DV
+    else:   # a run-time head dim (one kernel per padded class), a multiple of ALIGN_DV
+        D_V = d_v // ALIGN_DV * ALIGN_DV
     pid_m = tl.program_id(0)
     b = tl.program_id(1)
     h = tl.program_id(2)
@@ -1745,9 +1812,9 @@ def fmha_fwd_appendkv_kernel(
                        rotary_dim, dq < D_Q, rmask, BLOCK_DQ, ROPE)
         v = tl.load(VNEW + b64 * svnb + hk * svnh + r64 * svns + dv[None, :],
                     mask=rmask[:, None] & (dv[None, :] < D_V), other=0.0)
-        if PAGE_SIZE > 0:
-            page = tl.load(BLOCK_TABLE + b64 * sbt + pos // PAGE_SIZE, mask=rmask, other=0).to(tl.int64)
-            slot = (pos % PAGE_SIZE).to(tl.int64)
+        if PAGED > 0:
+            page = tl.load(BLOCK_TABLE + b64 * sbt + (pos >> page_shift), mask=rmask, other=0).to(tl.int64)
+            slot = (pos & (page_size - 1)).to(tl.int64)
             kdst = KC + page[:, None] * skcb + hk * skch + slot[:, None] * skcs
             vdst = VC + page[:, None] * svcb + hk * svch + slot[:, None] * svcs
         else:
@@ -1758,16 +1825,19 @@ def fmha_fwd_appendkv_kernel(
         tl.store(vdst + dv[None, :], v.to(VC.dtype.element_ty), mask=rmask[:, None] & (dv[None, :] < D_V))
 
 
-# What the kernels specialise on (ck_core.backends.triton_artifacts.specialisation): head dims,
-# tiles, masks and features are constexprs; sizes (batch, heads, GQA group, sequence lengths,
-# window edges, split counts) are run-time integers: none of them feeds a vectorised access
-# (rows are masked whole; the head dim is a constexpr), so one compiled kernel serves every
-# shape.  The strides of Q, K, V, O and their gradients are the alignment class, one per tensor
+# What the kernels specialise on (ck_core.backends.triton_artifacts.specialisation): padded head
+# dims (BLOCK_D?, BLOCK_D?2), tiles, masks and features are constexprs; the head dims d_q / d_v are
+# run-time integers with a constexpr class ALIGN_D? (configs.hdim_align: 0 when the head dim fills its
+# blocks -- it is then the constant BLOCK_D? + BLOCK_D?2 and the masks fold, the code of a fixed head
+# dim -- else the power of two up to 16 dividing it, which keeps the masked loads as wide), so 40 and
+# 56, or 59 and 61, run one kernel; sizes (batch, heads, GQA group, sequence lengths, window edges,
+# split counts) are run-time integers: none of them feeds a vectorised access (rows are masked
+# whole), so one compiled kernel serves every shape.  The strides of Q, K, V, O and their gradients are the alignment class, one per tensor
 # (all divisible by 16 or not: 16-byte rows), never the constant 1 (no kernel here reads a unit
 # stride: the head dim is contiguous by contract).  Strides of per-row and per-element tensors
 # (LSE, delta, bias, dbias, ALiBi slopes, random values, block tables, rotary tables) are
 # run-time: their accesses are masked by run-time lengths and do not vectorise either way.
-_RUNTIME = ("H", "HK", "HKV", "GROUP", "GSPLIT", "SEQ", "SEQ_Q", "SEQ_K", "SEQ_KNEW", "CHUNK", "CAP",
+_RUNTIME = ("d_q", "d_v", "page_size", "page_shift", "H", "HK", "HKV", "GROUP", "GSPLIT", "SEQ", "SEQ_Q", "SEQ_K", "SEQ_KNEW", "CHUNK", "CAP",
             "NUM_SPLITS", "left", "right", "n_sink", "rotary_dim", "N", "G",
             "slb", "slh", "sls", "sdlh", "s_lb", "s_lh", "sab", "sbb", "sbh", "sbq", "sbk", "sdbb", "sdbh",
             "sdbq", "srb", "srh", "srq", "sbt", "scs", "ROWS_Q", "ROWS_K", "LONG_K")

@@ -35,7 +35,7 @@ from . import smem
 from ...heuristics import (DQ_ATOMIC, dq_gluon, dq_triton, gluon_bwd_reason, gluon_dkdv_reason,  # noqa: F401
                           interpreting, parse_dq)
 from .configs import (GLUON_BWD_BLOCK_N, GLUON_BWD_VARIANTS, GLUON_BWD_WARPS, GSPLITS, KVSPLIT,  # noqa: F401
-                      fp8_format, fp8_v_trans, hopper as _hopper)
+                      fp8_format, fp8_v_trans, hdim_class, hopper as _hopper)
 
 FAMILIES = ("fwd", "fwd_splitkv", "fwd_splitkv_combine", "fwd_pagedkv", "fwd_appendkv", "batch_prefill",
             "bwd_dot_do_o", "bwd_dq_dk_dv", "bwd_convert_dq")
@@ -109,6 +109,22 @@ def format_name(sig: TritonFmhaSig, a: TritonFmhaAlg) -> str:
             + (f"_g{a.gsplit}" if a.gsplit else "")
             + (f"_k{a.splits}" if a.splits else "")
             + (f"_dq{a.dq}" if a.dq else ""))
+
+
+def artifact_name(key) -> str:
+    """The kernel-cache name of ``key``'s compiled Triton kernels (entries ``<artifact name>/<kernel>``,
+    what its launcher loads and ``ck build`` writes): its name with each head dim replaced by the head
+    dim its kernels are compiled for (``configs.hdim_class``: the padded blocks; the exact head dim is a
+    run-time argument with an alignment class, kernels.py) and without the split count (a run-time
+    argument too).  Keys that differ only there share their compiled kernels: d40 and d56 load the
+    entries of d64's key with the same tile where the kernels' specialisation (the cache entry's
+    material: constexprs, alignment classes) is the same."""
+    s, a = key.signature, key.algorithm
+    if not isinstance(s, TritonFmhaSig):
+        return key.name
+    body = format_name(attrs.evolve(s, hdim_q=hdim_class(s.hdim_q, a.dchunk), hdim_v=hdim_class(s.hdim_v, a.dchunk)),
+                       attrs.evolve(a, splits=0))
+    return f"{body}.{key.arch}.{key.backend}"
 
 
 def parse_name(body: str):

@@ -71,8 +71,8 @@ from ck_core.backends import triton_artifacts
 from . import gluon_fwd, guards
 from . import kernels as K
 from ... import device_errors
-from .configs import (GLUON_VARIANTS, TritonFmhaConfig, fp8_v_trans, hdim_blocks, hopper, padded_hdim,
-                      valid_dchunk)
+from .configs import (GLUON_VARIANTS, TritonFmhaConfig, fp8_v_trans, hdim_args, hdim_blocks, hopper, padded_hdim,
+                      page_args, valid_dchunk)
 
 try:
     from ck_core.errors import InvalidProblem, UnsupportedProblem
@@ -386,7 +386,7 @@ def v_key_major(v: torch.Tensor, layout: str = "bhsd", *, impl: str = "triton") 
     triton_artifacts.bind(guards.helper_entry(K.fmha_v_transpose_kernel), K.fmha_v_transpose_kernel,
                           (triton.cdiv(s, bs), (1 if varlen else b) * h))(
         v, buf, svb, svh, svs, stb, sth, std, s, h,
-        D_V=d, BLOCK_S=bs, BLOCK_DV=padded_hdim(d), num_warps=4)
+        **hdim_args(d_v=d, blocks_v=padded_hdim(d)), BLOCK_S=bs, BLOCK_DV=padded_hdim(d), num_warps=4)
     return view
 
 
@@ -677,11 +677,11 @@ def fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, retu
         pt, indptr, seqlens = pg["page_table"], pg.get("kv_indptr"), pg["seqlens_k"]
         paged_args = (pt, indptr if indptr is not None else pt, seqlens, pg.get("sbt", 0), pg["skp"], pg["svp"],
                       pg.get("skd", 0))
-        paged_cx = dict(PAGE_SIZE=int(pg["page_size"]), KV_LOOKUP=int(indptr is not None),
+        paged_cx = dict(**page_args(int(pg["page_size"]), cfg.BLOCK_N), KV_LOOKUP=int(indptr is not None),
                         KV_VEC=int(pg.get("kv_vec", 0)))
     else:
         paged_args = (o, o, seqlens_k if seqlens_k is not None else o, 0, 0, 0, 0)
-        paged_cx = dict(PAGE_SIZE=0, KV_LOOKUP=0, KV_VEC=0)
+        paged_cx = dict(**page_args(0), KV_LOOKUP=0, KV_VEC=0)
     if sink is not None:
         sink = sink.to(device=q.device, dtype=torch.float32).contiguous()
     sink_args = (sink if sink is not None else o, int(sink_tokens or 0))
@@ -695,7 +695,7 @@ def fwd(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, retu
         ba, aa, sbb, sbh, sbq, sbk, sab, k0, k1, off_lo, thresh, dscale, *paged_args, *sink_args,
         *(descale_ptrs or (o, o, o)), v_descale_f, device_errors.flag(q.device),
         *varlen_limits(varlen, q.shape[0], None if _paged is not None else k.shape[0], max_seqlen_k),
-        D_Q=dq, D_V=dv, BLOCK_DQ=bdq, BLOCK_DV=bdv,
+        **hdim_args(dq, bdq + bdq2, dv, bdv + bdv2), BLOCK_DQ=bdq, BLOCK_DV=bdv,
         BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
         MASK_MODE=mode, BOTTOM_RIGHT=_kernel_br(br, mode, varlen, sq, sk, seqlens_k is not None or _paged is not None),
         HAS_SOFTCAP=bool(softcap and softcap > 0),

@@ -14,7 +14,7 @@ from ck_core.knobs import interpreting as _interpret
 from . import kernels as K
 from . import gluon_bwd, warm
 from ... import device_errors
-from .configs import hdim_blocks, padded_hdim, valid_dchunk
+from .configs import hdim_args, hdim_blocks, padded_hdim, valid_dchunk
 from .launch import (_bhs_strides, _even, _kernel_br, _check_gqa, _dense, _dims, _kernel, _last_contig, _lens_arg, _scales,
                      _varlen_check, bias_params, dropout_params, mask_params, varlen_limits)
 
@@ -56,7 +56,7 @@ def bwd_dot_do_o(o, do, *, layout="bhsd", cu_seqlens_q=None, max_seqlen_q=None, 
     _kernel(_via, K.fmha_bwd_dot_do_o_kernel, (triton.cdiv(sq, bm0), b * hq))(
         o, do, delta, sob, soh, sos, sdob, sdoh, sdos, hq, sq,
         cu_seqlens_q if varlen else delta, delta.stride(0) if varlen else 0, o.shape[0] if varlen else 0,
-        D_V=dv_, BLOCK_DV=padded_hdim(dv_), BLOCK_M=bm0, IS_VARLEN=varlen, num_warps=4)
+        **hdim_args(d_v=dv_, blocks_v=padded_hdim(dv_)), BLOCK_DV=padded_hdim(dv_), BLOCK_M=bm0, IS_VARLEN=varlen, num_warps=4)
     return delta
 
 
@@ -199,7 +199,7 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
             hk, group, sq, sk, sm_scale, scale2, cap_in, cap_out, left, right,
             cu_q, cu_k, ba, aa, dbias_full, sbb, sbh, sbq, sbk, salb, sdbb, sdbh, sdbq, slh,
             k0, k1, off_lo, thresh, dscale, lens_arg, gsplit, sdkg, sdvg, rows_q, rows_k, device_errors.flag(q.device),
-            D_Q=dq_, D_V=dv_, BLOCK_DQ=kbdq, BLOCK_DV=kbdv, BLOCK_M=cfg_kv.BLOCK_M, BLOCK_N=cfg_kv.BLOCK_N,
+            **hdim_args(dq_, kbdq + kbdq2, dv_, kbdv + kbdv2), BLOCK_DQ=kbdq, BLOCK_DV=kbdv, BLOCK_M=cfg_kv.BLOCK_M, BLOCK_N=cfg_kv.BLOCK_N,
             MASK_MODE=mode, BOTTOM_RIGHT=_kernel_br(br, mode, varlen, sq, sk, seqlens_k is not None),
             HAS_SOFTCAP=has_sc, ATOMIC_DQ=atomic,
             # one class for both edges (whole tiles or not): two compiles per key, not four
@@ -246,7 +246,7 @@ def bwd_dq_dk_dv(q, k, v, do, lse, delta, *, causal=False, scale=None, window=(-
         hq, group, sq, sk, sm_scale, scale2, cap_in, cap_out, left, right,
         cu_q, cu_k, ba, aa, sbb, sbh, sbq, sbk, salb, slh,
         k0, k1, off_lo, thresh, dscale, lens_arg, rows_q, rows_k, device_errors.flag(q.device),
-        D_Q=dq_, D_V=dv_, BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=cfg_q.BLOCK_M, BLOCK_N=cfg_q.BLOCK_N,
+        **hdim_args(dq_, bdq + bdq2, dv_, bdv + bdv2), BLOCK_DQ=bdq, BLOCK_DV=bdv, BLOCK_M=cfg_q.BLOCK_M, BLOCK_N=cfg_q.BLOCK_N,
         MASK_MODE=mode, BOTTOM_RIGHT=_kernel_br(br, mode, varlen, sq, sk, seqlens_k is not None),
         HAS_SOFTCAP=has_sc,
         EVEN_M=_even(varlen, sq, sk, cfg_q), EVEN_N=_even(varlen, sq, sk, cfg_q),
@@ -291,7 +291,7 @@ def bwd_convert_dq(dqa, q_like, *, layout="bhsd", cu_seqlens_q=None, max_seqlen_
     _kernel(_via, K.fmha_bwd_convert_dq_kernel, (triton.cdiv(sq, 64), b * hq))(
         dqa, dq, sab, sah, sas, sdqb, sdqh, sdqs, hq, sq, cu, rows_q, cu_k, rows_k, long_k,
         seqlens_k if seqlens_k is not None else cu_k,
-        D_Q=dq_, BLOCK_DQ=padded_hdim(dq_), BLOCK_M=64, IS_VARLEN=layout == "thd", HAS_SEQLENS=seqlens_k is not None,
+        **hdim_args(d_q=dq_, blocks_q=padded_hdim(dq_)), BLOCK_DQ=padded_hdim(dq_), BLOCK_M=64, IS_VARLEN=layout == "thd", HAS_SEQLENS=seqlens_k is not None,
         num_warps=4)
     return dq
 

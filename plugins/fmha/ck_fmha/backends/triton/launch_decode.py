@@ -13,7 +13,7 @@ from ck_core.errors import InvalidProblem, UnsupportedProblem
 
 from . import kernels as K
 from ... import device_errors
-from .configs import next_pow2, padded_hdim
+from .configs import hdim_args, next_pow2, padded_hdim, page_args
 from .launch import FP8_DTYPES, _bhs_strides, _check_gqa, _dims, _kernel, _last_contig, _scales, fwd, mask_params
 
 
@@ -67,8 +67,8 @@ def _splitkv_main(q, k, v, *, page_size, block_table, seqlens_k, max_seqlen_k, c
         hk, group, sq, max_seqlen_k, chunk,
         scale2, cap_in, cap_out, left, right, sink if sink is not None else oacc, int(sink_tokens or 0),
         device_errors.flag(q.device), cap, k.shape[0] if block_table is not None else 0,
-        D_Q=dq, D_V=dv, BLOCK_DQ=padded_hdim(dq), BLOCK_DV=padded_hdim(dv),
-        BLOCK_M=bm, BLOCK_N=cfg.BLOCK_N, PAGE_SIZE=int(page_size or 0),
+        **hdim_args(dq, padded_hdim(dq), dv, padded_hdim(dv)), BLOCK_DQ=padded_hdim(dq), BLOCK_DV=padded_hdim(dv),
+        BLOCK_M=bm, BLOCK_N=cfg.BLOCK_N, **page_args(page_size or 0, cfg.BLOCK_N),
         MASK_MODE=mode, BOTTOM_RIGHT=br, HAS_SOFTCAP=bool(softcap and softcap > 0),
         HAS_SEQLENS=seqlens_k is not None, HAS_SINK=bool(sink_tokens) and (mode & 2) != 0,
         HAS_SINK_LOGIT=sink is not None, DIRECT=bool(direct),
@@ -89,8 +89,8 @@ def splitkv_combine(oacc, lacc, q, *, layout="bhsd", return_lse=True, _via=None)
         lacc.stride(0), lacc.stride(1), lacc.stride(2),
         sob, soh, sos, lse.stride(0) if return_lse else 0, lse.stride(1) if return_lse else 0,
         hq, sq, num_splits,
-        D_V=dv, BLOCK_DV=padded_hdim(dv), BLOCK_S=max(2, next_pow2(num_splits)), STORE_LSE=bool(return_lse),
-        num_warps=4 if dv >= 128 else 2)
+        **hdim_args(d_v=dv, blocks_v=padded_hdim(dv)), BLOCK_DV=padded_hdim(dv), BLOCK_S=max(2, next_pow2(num_splits)),
+        STORE_LSE=bool(return_lse), num_warps=4 if padded_hdim(dv) >= 128 else 2)
     return (o, lse) if return_lse else o
 
 
@@ -167,8 +167,8 @@ def appendkv_launch(q, knew, vnew, k_cache, v_cache, seqlens_k, *, rotary_cos=No
         *_bhs_strides(q, layout), *_bhs_strides(knew, layout), *_bhs_strides(vnew, layout),
         *_bhs_strides(q_rot, layout), *kcs, *vcs, sbt, scs,
         hq, hk, sq, sn, int(rotary_dim), device_errors.flag(q.device), cap,
-        D_Q=dq, D_V=dv, BLOCK_DQ=padded_hdim(dq), BLOCK_DV=padded_hdim(dv), BLOCK_M=bm,
-        PAGE_SIZE=int(ps), ROPE=mode, num_warps=4)
+        **hdim_args(dq, padded_hdim(dq), dv, padded_hdim(dv)), BLOCK_DQ=padded_hdim(dq), BLOCK_DV=padded_hdim(dv), BLOCK_M=bm,
+        **page_args(ps), ROPE=mode, num_warps=4)
     return q_rot, k_cache, v_cache
 
 
