@@ -171,10 +171,6 @@ def _reduction_shape(cfg: ConvKernelConfig, p: ConvProblem) -> tuple:
                 * _cdiv(p.G, meta.get("GM", 1))), P
     if cfg.specialization == "depthwise":
         return 1, 1
-    if cfg.tma:   # tensor-descriptor forward: BLOCK_M // BW output rows x BW columns a tile
-        bh, bw = meta["BLOCK_M"] // meta["BW"], meta["BW"]
-        return (p.N * g["Do"] * _cdiv(g["Ho"], bh) * _cdiv(g["Wo"], bw) * _cdiv(g["K"], meta["BLOCK_N"]) * p.G,
-                p.taps * _cdiv(g["C"], meta["BLOCK_K"]))
     if cfg.flat:   # forward im2col over (tap, channel): one program per output tile
         M = p.N * g["Do"] * g["Ho"] * g["Wo"]
         return _cdiv(M, meta["BLOCK_M"]) * _cdiv(g["K"], meta["BLOCK_N"]) * p.G, \

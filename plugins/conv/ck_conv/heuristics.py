@@ -12,7 +12,6 @@ registry's keys by closeness to the pick and to the split that fills the GPU
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 import re
 from pathlib import Path
@@ -23,7 +22,7 @@ from ck_core.tuned_data import EMPTY, table
 
 from .geometry import launches, reduction_shape, split_plan, streamk_fits
 from .keys import ELEMENT_BYTES, ConvKernelConfig, as_tuples, config_of, conv_facts, evolved, key_of
-from .space import _splits, classic_waves
+from .space import _splits
 from .problem import ConvProblem
 
 #: ``fixup``'s preferred split stops here: the last program of a tile reads every partial
@@ -43,27 +42,9 @@ def auto_split_k(p: ConvProblem, cfg: ConvKernelConfig, num_sms: int) -> int:
     kind = "depthwise" if cfg.specialization == "depthwise" else "flat" if cfg.flat else "tma" if cfg.tma \
         else "default"
     want = max(1, _cdiv(int(_split_target(kind)) * num_sms, tiles))
-    if grouped_small(p, cfg):
-        # small programs (a few warps over a 16-32 channel tile) run many to an SM: aim at warps
-        want = max(want, _cdiv(int(_split_target("grouped_warps")) * num_sms, tiles * cfg.num_warps))
     if cfg.reduction == "fixup":
         want = min(want, FIXUP_MAX_SPLIT)
     return max(1, min(want, P // min_chunk if P >= min_chunk else 1))
-
-
-def grouped_small(p: ConvProblem, cfg: ConvKernelConfig) -> bool:
-    """Whether ``cfg`` runs ``p``'s bwd_weight as a grouped conv's small per-tap (or merged-group)
-    programs, whose preferred split counts warps per SM (``split_target`` ``grouped_warps``)."""
-    return p.direction == "bwd_weight" and p.G > 1 and cfg.specialization != "depthwise" \
-        and cfg.tile[0] * cfg.tile[1] < 64 * 64
-
-
-def underfills(p: ConvProblem, cfg: ConvKernelConfig, num_sms: int) -> bool:
-    """Whether ``cfg``'s unsplit launch on ``p`` is a grouped conv's few small programs that the
-    split target would split (:func:`grouped_small`): latency-bound, most SMs idle (ResNeXt 32x4d
-    bwd_weight, 288 programs of 16x16: 0.15x cuDNN on an H200), whatever the launch-cost estimate
-    of :func:`split_pays` says about the launches a split adds."""
-    return grouped_small(p, cfg) and auto_split_k(p, cfg, num_sms) > 1
 
 
 def _split_target(kind: str) -> float:
@@ -291,9 +272,7 @@ def problem_class(p: ConvProblem, arch=None) -> str | None:
     """The class of ``p`` the ``first_tier`` table is keyed by (None: none of them); grouped
     stride-1 bwd_weight (ResNeXt) is no class: the tensor-descriptor kernel was not measured there."""
     if p.c_per_group == 1 and p.k_per_group == 1:
-        # bwd_weight of small filters (3x3: the H100 probe's atomicfix winners) is a class of its own
-        small = p.direction == "bwd_weight" and p.taps <= 9
-        return "depthwise_" + p.direction + ("_taps9" if small else "")
+        return "depthwise_" + p.direction
     if p.direction != "bwd_data" and p.G == 1 and p.c_per_group <= int(_lists("flat", "max_channels", arch)) \
             and p.specialization in ("default", "filter3x3"):
         return "stem_" + p.direction
@@ -396,7 +375,7 @@ TUNED_DIR = str(Path(__file__).resolve().parent / "tuned")
 #: the records of the tables read here: plan facts and split targets are positive numbers, the
 #: first-tier classes lists of names, every other table nested lists of sizes and names
 _NAME_TOKEN = re.compile(r"[A-Za-z0-9_]{1,40}")
-_POSITIVE_KEYS = {"compute_units", "lds_bytes", "warp_size", "default", "depthwise", "flat", "tma", "grouped_warps",
+_POSITIVE_KEYS = {"compute_units", "lds_bytes", "warp_size", "default", "depthwise", "flat", "tma",
                   "max_acc_per_thread", "max_channels", "step_us"}
 
 
@@ -568,12 +547,8 @@ def extended_candidates(p: ConvProblem, arch=None) -> list[ConvKernelConfig]:
             add_cfg((min(128, tm), min(64, tn), 64), w(min(128, tm), min(64, tn)), tap_mask=True)
         if p.G > 1 and p.k_per_group <= 32 and p.c_per_group <= 32:
             a, b = max(16, tm), max(16, tn)
-            for (gm, c), red in itertools.product(_lists("group_merge", "bwd_weight", arch), ("fixup", "atomicfix")):
-                # the key space's waves for the tile (a merged-group key with others is not in it); fixup's
-                # split stops at FIXUP_MAX_SPLIT, atomicfix's cuts a long reduction further (ResNeXt l1:
-                # 18 tiles of 16 merged groups, 98 pixel blocks a part at 16 parts)
-                add_cfg((a, b, c), classic_waves((a, b, c), "bwd_weight")[0], group_merge=gm, reduction=red,
-                        tap_mask=tap)
+            for gm, c in _lists("group_merge", "bwd_weight", arch):
+                add_cfg((a, b, c), (2, 2, 1), group_merge=gm, reduction="fixup", tap_mask=tap)
         return out
 
     def add(tile, waves, pipe="compv3", **kw):
@@ -671,21 +646,14 @@ def shortlist(problem, arch, backend: str):
     (:func:`ck_conv.heuristics.candidate_configs`: the heuristic pick first, then the classic
     and realisation variants that won on the H100), then the heuristic pick's kernel on
     each tile of CK's table (what a registry of CK's space alone holds).  Each config comes
-    with the split that fills ``arch`` (as the launch makes it) and unsplit (a grouped conv's
-    small programs that the split target would split: split only, their unsplit launches in a
-    tier after the tier's others)."""
+    with the split that fills ``arch`` (as the launch makes it) and unsplit."""
     if not isinstance(problem, ConvProblem):
         return
-    # each tier is followed by the unsplit launches it left out (a grouped conv's small programs that
-    # idle the GPU): a tier of their own, reached only where a registry holds none of the others
-    for tier in (lambda: candidate_configs(problem, arch=arch), lambda: _ck_table_variants(problem, arch)):
-        dropped: list = []   # (the CK table's tier is built only when the first misses)
-        yield _with_splits(tier(), problem, arch, backend, dropped)
-        if dropped:
-            yield dropped
+    yield _with_splits(candidate_configs(problem, arch=arch), problem, arch, backend)
+    yield _with_splits(_ck_table_variants(problem, arch), problem, arch, backend)   # only when the first misses
 
 
-def _with_splits(cfgs, problem, arch, backend: str, dropped: list | None = None) -> list:
+def _with_splits(cfgs, problem, arch, backend: str) -> list:
     cus, smem = max(int(arch.compute_units or 1), 1), arch.lds_bytes
     out = []
     for c in cfgs:
@@ -701,17 +669,9 @@ def _with_splits(cfgs, problem, arch, backend: str, dropped: list | None = None)
             # their unsplit twins only fill a few SMs (H100 probe: 0.1-0.3x cuDNN, and a ranker
             # that has not seen them may pick them)
             # (the triton key space holds the splits; other backends' spaces only unsplit keys)
-            # so are a grouped conv's small per-tap programs where the split target asks for a split
-            # (ResNeXt 32x4d: 288 unsplit 16x16 programs, 0.15x cuDNN on an H200)
             one = sp != 1 and backend == "triton" and c1.direction == "bwd_weight" and (
-                c1.tma or c1.flat or c1.specialization == "depthwise" or grouped_small(problem, c1))
+                c1.tma or c1.flat or c1.specialization == "depthwise")
             picks = (evolved(c1, split=sp),) if one else (evolved(c1, split=sp), c1) if sp != 1 else (c1,)
-            if sp == 1 and backend == "triton" and underfills(problem, c1, cus):
-                # unsplit it idles the GPU; split, its reduction costs launches (memset and cast):
-                # the same tile's one-launch reductions (fixup, atomicfix) stand in for it
-                if dropped is not None:
-                    dropped.append(key_of(c1, arch.name, backend))
-                continue
         out.extend(key_of(x, arch.name, backend) for x in picks)
     return out
 

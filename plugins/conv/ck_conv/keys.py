@@ -103,9 +103,6 @@ SPECIALIZATIONS = ("default", "filter1x1_stride1_pad0", "filter1x1_pad0", "filte
 #: cut between programs finished like ``fixup`` (fills the GPU when the output tiles
 #: do not: c5 7x7x512 has 100 tiles of 64x128 for an H100's SMs)
 REDUCTIONS = ("atomic", "relaxed", "twostage", "fixup", "atomicfix", "streamk")
-#: output columns of one row in a tensor-descriptor forward tile (BLOCK_M / TMA_FWD_W rows of them):
-#: 8 divides ResNet's 56 / 28 / 14 widths and wastes 1 of 8 on its 7 (a kernel constant, not a size)
-TMA_FWD_W = 8
 #: Triton ``num_stages`` an explicit ``_st{n}`` may ask for
 STAGE_RANGE = range(1, 9)
 ELEMENT_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
@@ -171,9 +168,7 @@ class ConvKernelConfig:
     rows: int = attrs.field(default=0, converter=int)
     #: bwd_weight, stride 1: dy and the tap-shifted x blocks load through tensor descriptors
     #: (TMA boxes, zero-filled outside the image; ``_tma``), tile = (BLOCK_M, BLOCK_N, pixels
-    #: of one output row per step); forward, stride 1: per (tap, channel block) one x box of
-    #: BLOCK_M / TMA_FWD_W output rows x TMA_FWD_W columns at the tap-shifted corner and one weight
-    #: box, tile = (output pixels, output channels, channels per step)
+    #: of one output row per step)
     tma: bool = attrs.field(default=False, converter=bool)
     #: programs one output tile's reduction is split over (forward / bwd_data: BLOCK_K
     #: steps; bwd_weight: pixels), combined as ``reduction`` says; 1 = no split.
@@ -307,9 +302,6 @@ class ConvKernelConfig:
             if self.direction == "bwd_weight":
                 meta["WS"] = 3 if self.reduction == "atomicfix" else 0
             return meta
-        if self.tma and self.direction == "forward":   # tensor-descriptor forward: BW output columns a row
-            return {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "BW": TMA_FWD_W, "num_warps": self.num_warps,
-                    "num_stages": self.num_stages}
         if self.tma:    # tensor-descriptor bwd_weight
             return {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "LINEAR": int(self.specialization == "filter1x1_stride1_pad0"),
                     "num_warps": self.num_warps, "num_stages": self.num_stages}
@@ -429,12 +421,9 @@ class ConvKernelConfig:
         return self._split_why_not(p)
 
     def _tma_why_not(self, p: ConvProblem) -> str | None:
-        """The tensor-descriptor kernels (stride 1): bwd_weight (dy and x blocks as TMA boxes) and
-        forward (a BLOCK_M / TMA_FWD_W x TMA_FWD_W block of output pixels per tap-shifted x box)."""
-        if self.direction == "forward":
-            return self._tma_fwd_why_not(p)
+        """The tensor-descriptor bwd_weight kernel (stride 1; dy and x blocks as TMA boxes)."""
         if self.direction != "bwd_weight":
-            return "the tensor-descriptor kernels exist for forward and bwd_weight"
+            return "the tensor-descriptor kernel exists for bwd_weight"
         if self.flat or self.rows or self.tap_mask or self.group_merge != 1 or self.reduction == "streamk":
             return "the tensor-descriptor kernel has no flat / row / tap-mask / merged-group / stream-K form"
         if self.dtype == "fp32":
@@ -455,31 +444,6 @@ class ConvKernelConfig:
         if p.G > 1 and (p.c_per_group % n or p.k_per_group % m):
             return f"grouped: a box must not cross groups ({p.c_per_group} / {p.k_per_group} channels per group, " \
                    f"tile {m}x{n})"
-        return self._split_why_not(p)
-
-    def _tma_fwd_why_not(self, p: ConvProblem) -> str | None:
-        """The tensor-descriptor forward: output rows x TMA_FWD_W columns per tile, one x box per
-        (tap, channel block) at the tap-shifted corner (zeros outside the image: the padding)."""
-        if self.flat or self.rows or self.tap_mask or self.group_merge != 1 or self.reduction != "atomic" \
-                or self.split != 1:
-            return "the tensor-descriptor forward has no flat / row / tap-mask / merged-group / split form"
-        if self.dtype == "fp32":
-            return "the tensor-descriptor kernel is written for fp16 / bf16"
-        if any(s != 1 for s in p.stride):
-            return "the tensor-descriptor forward needs stride 1 (a box is a block of output pixels)"
-        spec = self.specialization
-        if spec not in ("default", "filter3x3", "filter1x1_stride1_pad0"):
-            return f"no tensor-descriptor kernel for the {spec} specialisation"
-        if spec != "default" and p.specialization != spec:
-            return f"needs the {spec} specialisation; problem is {p.specialization}"
-        m, n, k = self.tile
-        if any(t < 16 or t > 256 or t & (t - 1) for t in self.tile):
-            return f"tensor-descriptor tile {self.tile}: powers of two in 16..256 (box sizes)"
-        if p.c_per_group % k:
-            return f"{p.c_per_group} channels per group are not whole {k}-channel boxes (BLOCK_K)"
-        eb = ELEMENT_BYTES[self.dtype]
-        if (p.C * eb) % 16 or (p.c_per_group * p.taps * eb) % 16:
-            return f"channel rows of {p.C} / {p.c_per_group * p.taps} elements are not 16-byte multiples (TMA strides)"
         return self._split_why_not(p)
 
     def _flat_why_not(self, p: ConvProblem) -> str | None:

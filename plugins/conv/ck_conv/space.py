@@ -153,31 +153,19 @@ def realisation_configs(direction: str, dtype: str, ndim: int, layout: str, spec
     merge_taps = taps if direction != "bwd_data" or one_by_one else (True,)
     # bwd_weight merges (a batched dot) reduce with fixup over 64-128 pixel blocks; forward /
     # bwd_data merges are one block-diagonal GEMM of 64-128 rows
-    merge_reds, merge_stages = ((tuple(tt["merge_bwd_weight_reductions"]), (0,)) if direction == "bwd_weight"
-                                else (("atomic",), (0, 3)))
+    merge_reds, merge_stages = (("fixup",), (0,)) if direction == "bwd_weight" else (("atomic",), (0, 3))
     for tile, gm, tap, red, stages in itertools.product(_axes(tt["merge_tiles"]), tt["group_merges"], merge_taps, merge_reds,
                                                         merge_stages):
         if (tile[0] < 64) if direction != "bwd_weight" else (tile[2] < 64):
             continue
         for waves in classic_waves(tile, direction):
             add(tile, waves, stages=stages, reduction=red, group_merge=gm, tap_mask=tap)
-    if direction == "bwd_weight":
-        # grouped convs (4-32 channels per group): the per-tap kernel's small tiles with the split
-        # reductions that finish in one launch or a small reduce (a ResNeXt layer's 288 unsplit
-        # 16x16 programs leave most SMs idle)
-        gt = tt["grouped_bwd_weight"]
-        for tile, st, red, tap in itertools.product(_axes(gt), gt["stages"], gt["reductions"], taps):
-            add(tile, gt["waves"], stages=st, reduction=red, tap_mask=tap)
     if direction == "bwd_weight" and specialization in ("default", "filter3x3", "filter1x1_stride1_pad0"):
         # dy and the tap-shifted x through tensor descriptors (stride 1)
         tmt = tt["tma_tiles"]
         for tile, st, red in itertools.product(_axes(tmt), tmt["stages"], tt["tma_reductions"]):
             for w in (4, 8) if tile[0] * tile[1] >= 128 * 64 else (4,):
                 add(tile, (w, 1, 1), stages=st, reduction=red, tma=True)
-    if direction == "forward" and specialization in ("default", "filter3x3", "filter1x1_stride1_pad0"):
-        # the tensor-descriptor forward (stride 1): x boxes of output rows x 8 columns per tap
-        for tile, w, st in tt["tma_forward"]:
-            add(tile, (w, 1, 1), stages=st, tma=True)
     if direction != "bwd_data" and specialization in ("default", "filter3x3"):
         # im2col over the flattened (tap, channel) axis (RGB stems: few channels per group)
         for tile, w in tt["flat_gemm_tiles"][direction]:
@@ -191,22 +179,20 @@ def realisation_configs(direction: str, dtype: str, ndim: int, layout: str, spec
 OPTIONS = ("directions", "dtypes", "ndims", "layouts", "specializations", "pipelines", "tiles", "split_ks")
 def _splits(c: ConvKernelConfig, override) -> tuple:
     """Reduction splits enumerated for ``c`` (``split_ks`` overrides all but stream-K's): per kind,
-    CK-space atomic forward / bwd_data, the workspace reductions, bwd_weight's pixel split (more parts for
-    tiles under 64x64 outputs: a grouped conv's many small programs), stream-K's
+    CK-space atomic forward / bwd_data, the workspace reductions, bwd_weight's pixel split, stream-K's
     programs per SM, and depthwise bwd_weight's (one program per 16-64 groups: a MobileNet layer,
     G 32-384, fills an H100 only when its pixels are cut in a hundred parts or more)."""
     splits = _triton()["splits"]
     if c.reduction == "streamk":
         return splits["streamk"]
-    if c.rows or ((c.flat or c.tma) and c.direction != "bwd_weight") or (c.specialization == "depthwise"
-                                                                         and c.direction != "bwd_weight"):
+    if c.rows or (c.flat and c.direction != "bwd_weight") or (c.specialization == "depthwise"
+                                                              and c.direction != "bwd_weight"):
         return (1,)
     if override:
         return override
     if c.direction == "bwd_weight":
         return splits["depthwise_bwd_weight" if c.specialization == "depthwise"
-                      else "flat_bwd_weight" if c.flat else "tma_bwd_weight" if c.tma
-                      else "grouped_bwd_weight" if c.tile[0] * c.tile[1] < 64 * 64 else "bwd_weight"]
+                      else "flat_bwd_weight" if c.flat else "tma_bwd_weight" if c.tma else "bwd_weight"]
     return splits["atomic" if c.reduction == "atomic" else "workspace"]
 
 

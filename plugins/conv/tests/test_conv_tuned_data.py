@@ -17,21 +17,18 @@ FROZEN = {
     "r50_c4_1x1_1024_256_14/bwd_data/1": (12, "4f29fb3287e45a9d"),
     # session 8: + the tensor-descriptor bwd_weight kernels (tuned tma) on stride-1 layers; where the
     # tuned first_tier names families, the extended list keeps only those (r3d: tma only)
-    # session 11: its merged-group entries on the key space's waves (1x2x1 for 16x16 tiles; the 2x2x1
-    # they named is no key, so the registry dropped them), each with an atomicfix twin
-    "resnext_g32_3x3_512_14/bwd_weight/1": (22, "f85be3e7694ff5d2"),
+    "resnext_g32_3x3_512_14/bwd_weight/1": (19, "a5752998cec3e6b9"),
     "resnext_g32_3x3_512_14/forward/1": (11, "4bbcbd4e3883154e"),
     "depthwise_3x3_144_56/forward/1": (14, "ce0a960cb181fbe5"),
     "depthwise_3x3_144_56/forward/0": (8, "0cca895d4d353c80"),
-    # session 8: the depthwise bwd_weight list keeps 16x32, 32x16, 8x32 (H100 probe: the others lose);
-    # session 11: of at most 9 taps the atomicfix tiles (the same probe's 3x3 winners)
-    "depthwise_3x3_144_56/bwd_weight/1": (3, "f4aa1d14a35a9cb1"),
+    # session 8: the depthwise bwd_weight list keeps 16x32, 32x16, 8x32 (H100 probe: the others lose)
+    "depthwise_3x3_144_56/bwd_weight/1": (3, "14d50547277c8d29"),
     "r50_c2_3x3_64_64_56/bwd_weight/0": (6, "1f5daf5eaa59dc07"),
     "c3d_3x3x3_64_64_16x56x56/bwd_data/1": (12, "a695686cd1c7a209"),
     "r3d_3x3x3_256_256_8x28x28/bwd_weight/1": (3, "9af4cea2ff49f119"),
 }
-#: all 12 bench cases x 3 directions x (extended, classic): 643 candidates, and a digest of every list
-TOTAL, ALL_DIGEST = 643, "a6326a7001451ed0"
+#: all 12 bench cases x 3 directions x (extended, classic): 640 candidates, and a digest of every list
+TOTAL, ALL_DIGEST = 640, "74ccd607c28ba3de"
 
 
 def _digest(names) -> str:

@@ -232,8 +232,6 @@ def test_tma_applicability():
           pad_right=(3, 3)), "forward", "flat"),
     (dict(N=32, G=672, C=672, K=672, input_spatial=(14, 14), filter=(5, 5), stride=(2, 2), pad_left=(2, 2),
           pad_right=(2, 2)), "bwd_weight", "dw"),   # first_tier: the classic depthwise tiles (atomicfix lost on 5x5)
-    (dict(N=32, G=144, C=144, K=144, input_spatial=(56, 56), filter=(3, 3), pad_left=(1, 1), pad_right=(1, 1)),
-     "bwd_weight", "dw_atomicfix"),   # at most 9 taps: the one-launch tiles (the probe's 3x3 winners)
     (dict(N=32, G=1, C=128, K=128, input_spatial=(128, 128), filter=(3, 3), pad_left=(1, 1), pad_right=(1, 1)),
      "bwd_weight", "tma"),
     (dict(N=32, G=1, C=24, K=144, input_spatial=(56, 56), filter=(1, 1)), "bwd_weight", "tma"),

@@ -109,10 +109,9 @@ def _case(nd, c, k, groups, channels_last, grad):
 #: (nd, C, K, groups, channels_last) -> (launches, device ops) of a warm forward and a warm fwd+bwd step.
 #: NCHW: the implicit-GEMM and im2col forward, the bwd_data and the per-tap bwd_weight kernels (the
 #: picks on these shapes) read and write it in place; the depthwise, tensor-descriptor and merged-group
-#: kernels would take channels-last copies.  Depthwise bwd_weight of a 3x3 filter: the tuned first tier
-#: (``first_tier``: ``depthwise_bwd_weight_taps9``, session 11) is the one-launch ``dw_atomicfix`` family
-#: (no memset, no cast); larger filters (``dw``) sum into a zeroed fp32 buffer (a memset; fp16/bf16 add
-#: a cast).
+#: kernels would take channels-last copies.  Depthwise bwd_weight: the tuned first tier (``first_tier``:
+#: ``dw``) sums into a zeroed fp32 buffer (a memset; fp16/bf16 add a cast), not the one-launch
+#: ``dw_atomicfix`` family.
 CASES = {
     "conv1d": ((1, 16, 16, 1, False), (1, {}), (3, {})),
     "conv2d": ((2, 16, 16, 1, False), (1, {}), (3, {})),
@@ -120,7 +119,7 @@ CASES = {
     "conv2d channels_last": ((2, 16, 16, 1, True), (1, {}), (3, {})),
     "conv2d groups=2": ((2, 16, 32, 2, False), (1, {}), (3, {})),
     "conv2d groups=2 channels_last": ((2, 16, 32, 2, True), (1, {}), (3, {})),
-    "conv2d depthwise channels_last": ((2, 16, 16, 16, True), (1, {}), (3, {})),
+    "conv2d depthwise channels_last": ((2, 16, 16, 16, True), (1, {}), (3, {"zeros": 1})),
 }
 
 

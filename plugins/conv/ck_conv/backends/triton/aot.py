@@ -42,8 +42,6 @@ _ARGS = {
                               "KS", "sd", "sh", "sw", "pd", "ph", "pw", "dd", "dh", "dw", "FZ", "FY", "FX"],
     ("bwd_weight_tma", False): ["x_desc", "dy_desc", "dw_ptr", "fin_ptr", "cnt_ptr", "NBLK", "NWB", "Do", "Ho",
                                 "pd", "ph", "pw", "dd", "dh", "dw", "FY", "FX", "C", "K", "T", "WS_STRIDE"],
-    ("forward_tma", False): ["x_desc", "w_desc", "y_ptr", "Do", "Ho", "Wo", "pd", "ph", "pw", "dd", "dh", "dw",
-                             "FY", "FX", "C", "K", "GK", "NHB", "NWB", "STEPS", "CB"],
     ("bwd_weight_flat", False): ["x_ptr", "dy_ptr", "dw_ptr", "fin_ptr", "cnt_ptr", "P", "NBLK"] + _BW_GEO,
     ("bwd_weight", True): ["x_ptr", "dy_ptr", "dw_ptr", "fin_ptr", "cnt_ptr", "P", "NBLK", "G", "Di", "Hi", "Wi", "Do", "Ho", "Wo",
                            "sd", "sh", "sw", "pd", "ph", "pw", "dd", "dh", "dw"],
@@ -85,9 +83,6 @@ def kernel_for(key_or_config, problem: ConvProblem | None = None):
         else:
             fn = {"forward": tk.dw_fwd_kernel, "bwd_data": tk.dw_bwd_data_kernel}[cfg.direction]
             meta.update(FZ=flt[0], FY=flt[1], FX=flt[2])
-    elif cfg.tma and cfg.direction == "forward":
-        fn = tk.conv_fwd_tma_kernel
-        meta["IEEE"] = ieee
     elif cfg.tma:
         fn = tk.conv_bwd_weight_tma_kernel
         meta["IEEE"] = ieee
@@ -133,9 +128,6 @@ def kernel_for(key_or_config, problem: ConvProblem | None = None):
         g = geometry(p)
         if dwise and cfg.rows:
             return _rows_grid(p, g, meta["BLOCK"], cfg.tile[0])
-        if cfg.tma and p.direction == "forward":
-            return (p.N * g["Do"] * _cdiv(g["Ho"], meta["BLOCK_M"] // meta["BW"]) * _cdiv(g["Wo"], meta["BW"]),
-                    _cdiv(g["K"], meta["BLOCK_N"]), p.G)
         if cfg.tma:
             return (p.taps * _cdiv(g["K"], meta["BLOCK_M"]) * _cdiv(g["C"], meta["BLOCK_N"]), p.G,
                     min(cfg.split, tma_blocks(cfg, p)[0]))
@@ -191,7 +183,7 @@ def aot_signature(key_or_config, constexprs: dict | None = None) -> dict:
         constexprs = kernel_for(cfg)[1]
     dwise = cfg.specialization == "depthwise"
     # depthwise forward / bwd_data kernels store the output dtype (no split workspace)
-    atomic = False if dwise or ((cfg.flat or cfg.tma) and cfg.direction == "forward") \
+    atomic = False if dwise or (cfg.flat and cfg.direction == "forward") \
         else constexprs.get("ATOMIC", True) or bool(constexprs.get("WS", 0))
     ptr = "*" + cfg.dtype
     out_ptr = {"forward": "y_ptr", "bwd_data": "dx_ptr", "bwd_weight": "dw_ptr"}[cfg.direction]
@@ -199,7 +191,7 @@ def aot_signature(key_or_config, constexprs: dict | None = None) -> dict:
     kind = "bwd_weight_gm" if cfg.group_merge > 1 and not dwise and cfg.direction == "bwd_weight" \
         else cfg.direction
     if cfg.tma:
-        kind = "forward_tma" if cfg.direction == "forward" else "bwd_weight_tma"
+        kind = "bwd_weight_tma"
     elif cfg.flat and not dwise:
         kind = cfg.direction + "_flat"
     elif dwise and cfg.rows:
@@ -211,10 +203,6 @@ def aot_signature(key_or_config, constexprs: dict | None = None) -> dict:
     for n in _ARGS[(kind, dwise)]:
         if n in ("tab_ptr", "ntap_ptr", "pb_ptr", "pc_ptr", "cnt_ptr", "ctab_ptr"):
             sig[n] = "*i32"
-        elif kind == "forward_tma" and n.endswith("_desc"):   # x [N, D, H, W, G*C] and w [G*K, taps*C] boxes
-            bm, bn, bk = cfg.tile
-            box = [1, 1, bm // constexprs["BW"], constexprs["BW"], bk] if n == "x_desc" else [bn, bk]
-            sig[n] = f"tensordesc<{cfg.dtype}{box}>"
         elif n in ("x_desc", "dy_desc"):
             bm, bn, bk = cfg.tile
             box = [bk, bn if n == "x_desc" else bm]
@@ -251,7 +239,7 @@ def aot_source_args(key_or_config, problem: ConvProblem | None = None):
         numel = {"forward": problem.output_shape, "bwd_data": problem.input_shape,
                  "bwd_weight": problem.weight_shape}[problem.direction]
         known = {"C": problem.c_per_group, "K": problem.k_per_group, "CS": problem.C, "KS": problem.K,
-                 "G": problem.G, "WS_STRIDE": math.prod(numel), "GK": problem.K}
+                 "G": problem.G, "WS_STRIDE": math.prod(numel)}
         if fn.__name__ == "dw_flat_kernel":  # every int argument, as the JIT would see it
             bwd = problem.direction == "bwd_data"
             R, dsz, ssz, a, b, c, s = _flat_args(problem, geometry(problem), bwd)

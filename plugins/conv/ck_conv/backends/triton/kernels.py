@@ -1200,51 +1200,6 @@ def conv_bwd_weight_tma_kernel(
               WS_STRIDE, ATOMIC, WS)
 
 
-@triton.jit
-def conv_fwd_tma_kernel(
-    x_desc, w_desc, y_ptr,
-    Do, Ho, Wo, pd, ph, pw, dd, dh, dw, FY, FX, C, K, GK, NHB, NWB, STEPS, CB,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BW: tl.constexpr,
-    IEEE: tl.constexpr,
-):
-    # stride 1: a tile is BLOCK_M // BW output rows x BW output columns of one image and depth
-    # (x channels-last [N, D, H, W, G*C]); per step (tap, channel block of BLOCK_K) the x box at the
-    # tap-shifted corner arrives through the descriptor with zeros outside the image (the padding:
-    # no index math, no masks), the weight box [BLOCK_N, BLOCK_K] from w viewed [G*K, taps*C].
-    # Axis 0 walks (image, depth, row block, column block), axis 1 the K tiles, axis 2 the groups.
-    BH: tl.constexpr = BLOCK_M // BW
-    pid = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    g = tl.program_id(2)
-    wb = pid % NWB
-    t = pid // NWB
-    hb = t % NHB
-    t = t // NHB
-    od = t % Do
-    n = t // Do
-    oh0 = hb * BH
-    ow0 = wb * BW
-    k0 = pid_n * BLOCK_N
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for step in range(0, STEPS):
-        tap = step // CB
-        c0 = (step - tap * CB) * BLOCK_K
-        fx = tap % FX
-        fy = (tap // FX) % FY
-        fz = tap // (FX * FY)
-        a = x_desc.load([n, od - pd + fz * dd, oh0 - ph + fy * dh, ow0 - pw + fx * dw, g * C + c0]
-                        ).reshape(BLOCK_M, BLOCK_K)
-        b = w_desc.load([g * K + k0, tap * C + c0])
-        acc = _dot_prec(a, b.T, acc, IEEE)
-    offs_m = tl.arange(0, BLOCK_M)
-    oh = oh0 + offs_m // BW
-    ow = ow0 + offs_m % BW
-    offs_k = k0 + tl.arange(0, BLOCK_N)
-    row = ((n * Do + od) * Ho + oh).to(tl.int64) * Wo + ow
-    msk = ((oh < Ho) & (ow < Wo))[:, None] & (offs_k < K)[None, :]
-    tl.store(y_ptr + row[:, None] * GK + g * K + offs_k[None, :], acc.to(y_ptr.dtype.element_ty), mask=msk)
-
-
 # What the kernels specialise on (ck_core.backends.triton_artifacts.specialisation): tiles, dtypes,
 # the key's convolution specialisation (SPEC, UNIT_W, tap tables) and the other constexprs are the
 # code.  Channel counts and channel strides (C, K, CS, KS; G where groups are the contiguous
@@ -1253,7 +1208,7 @@ def conv_fwd_tma_kernel(
 # rows, chunk and split counts and the geometry (conv strides, pads, dilations, filter sizes; SPEC
 # carries the 1x1 cases) are plain run-time integers: one compiled kernel per key serves every layer
 # shape of that alignment.
-_ALIGN = ("C", "K", "CS", "KS", "G", "GK", "WS_STRIDE")
+_ALIGN = ("C", "K", "CS", "KS", "G", "WS_STRIDE")
 
 
 def _apply_policy():
@@ -1261,8 +1216,7 @@ def _apply_policy():
 
     for fn in (splitk_reduce_kernel, conv_fwd_kernel, conv_bwd_data_kernel, conv_bwd_data_tm_kernel,
                conv_bwd_weight_kernel, conv_bwd_weight_gm_kernel, dw_fwd_kernel, dw_bwd_data_kernel,
-               dw_flat_kernel, conv_bwd_weight_flat_kernel, conv_fwd_flat_kernel, conv_bwd_weight_tma_kernel,
-               conv_fwd_tma_kernel):
+               dw_flat_kernel, conv_bwd_weight_flat_kernel, conv_fwd_flat_kernel, conv_bwd_weight_tma_kernel):
         names = [p.name for p in getattr(fn, "params", ()) if not p.is_constexpr and not p.name.endswith(("_ptr", "_desc"))]
         specialisation(runtime=[n for n in names if n not in _ALIGN],
                        align_only=[n for n in names if n in _ALIGN])(fn)

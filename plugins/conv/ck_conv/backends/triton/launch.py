@@ -91,28 +91,6 @@ def _dw_rows(x, w, wc, y, p: ConvProblem, g: dict, meta: dict, nw: int, ns: int)
     _k(dw_fwd_rows_kernel(rh, fy, fx), grid)(x, wt, y, *_rows_args(p, g), **meta, num_warps=nw, num_stages=ns)
 
 
-def _fwd_tma(kernel, xc, wc, y, p: ConvProblem, g: dict, meta: dict, ieee: int, nw: int, ns: int):
-    """The tensor-descriptor forward: x channels-last as [N, D, H, W, G*C] in boxes of
-    BLOCK_M / BW rows x BW columns x BLOCK_K channels, w as [G*K, taps*C] in [BLOCK_N, BLOCK_K] boxes."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    bm, bn, bk, bw = meta["BLOCK_M"], meta["BLOCK_N"], meta["BLOCK_K"], meta["BW"]
-    G, C, K = p.G, g["C"], g["K"]
-    for t in (xc, wc):
-        if t.data_ptr() % 16:
-            raise UnsupportedProblem("the tensor-descriptor kernel needs 16-byte aligned x and w; pass freshly "
-                                     "allocated tensors or pick another kernel")
-    xv = xc.reshape(p.N, g["Di"], g["Hi"], g["Wi"], G * C)
-    wv = wc.reshape(G * K, p.taps * C)
-    xd = TensorDescriptor(xv, list(xv.shape), list(xv.stride()), [1, 1, bm // bw, bw, bk])
-    wd = TensorDescriptor(wv, list(wv.shape), list(wv.stride()), [bn, bk])
-    nhb, nwb = _cdiv(g["Ho"], bm // bw), _cdiv(g["Wo"], bw)
-    grid = (p.N * g["Do"] * nhb * nwb, _cdiv(K, bn), G)
-    cb = _cdiv(C, bk)
-    _k(kernel, grid)(xd, wd, y, g["Do"], g["Ho"], g["Wo"], *g["pad"], *g["dil"], g["flt"][1], g["flt"][2], C, K,
-                     G * K, nhb, nwb, p.taps * cb, cb, **meta, IEEE=ieee, num_warps=nw, num_stages=ns)
-
-
 def _split_as_named(cfg: ConvKernelConfig, nsplit: int) -> int:
     """The launch's split, which must be the kernel's (``why_not`` refuses the others)."""
     if nsplit != cfg.split:
@@ -198,9 +176,7 @@ def _run(p: ConvProblem, tensors: dict, config, num_sms):
             y = torch.empty((p.N,) + p.output_spatial + (G, K), dtype=x.dtype, device=x.device)
         if cap is not None:
             cap.roles.update(x=xc, w=wc, y=y)
-        if cfg.tma:   # the x box of each (tap, channel block) and the weight box as TMA loads
-            _fwd_tma(tk.conv_fwd_tma_kernel, xc, wc, y, p, g, meta, ieee, nw, ns)
-        elif cfg.flat and not dwise:   # im2col over the flattened (tap, channel) reduction
+        if cfg.flat and not dwise:   # im2col over the flattened (tap, channel) reduction
             grid = (_cdiv(M, meta["BLOCK_M"]) * _cdiv(K, meta["BLOCK_N"]), G)
             _k(tk.conv_fwd_flat_kernel, grid)(xc, wc, y, M, g["Di"], g["Hi"], g["Wi"], g["Do"], g["Ho"], g["Wo"],
                                           C, K, G * C, G * K, *sd, *pad, *dil, *flt, **meta, IEEE=ieee,
