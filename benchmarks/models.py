@@ -360,7 +360,7 @@ def markdown(rows: list) -> str:
     for r in rows:
         c = r.get("check") or {}
         check = f"{'ok' if c.get('ok') else 'NO'} {c.get('metric')} {_fmt(c.get('value'), '.2e')}" if c else "-"
-        lines.append(f"| {r['model']} | {r['mode']} | {r['ours']} | {_fmt(r.get('ours_ms'))} | {r['peer']} | "
+        lines.append(f"| {r['model']} | {r['mode']} | {r.get('ours', '-')} | {_fmt(r.get('ours_ms'))} | {r.get('peer', '-')} | "
                      f"{_fmt(r.get('peer_ms'))} | {_fmt(r.get('ratio'))} | {_fmt(r.get('ours_first_ms'), '.0f')} / "
                      f"{_fmt(r.get('peer_first_ms'), '.0f')} | {_fmt(r.get('ours_graph_ms'))} / "
                      f"{_fmt(r.get('peer_graph_ms'))} | {check} | {r['status'][:60]} |")

@@ -103,3 +103,16 @@ def test_isolated_rows_run_in_their_own_processes(bench, tmp_path, capsys):
     assert row["mode"] == "infer" and row["ours_ms"] > 0 and row["check"]["ok"]
     bad = bench._isolated("resnet50:infer", ["--tiny", "--device", "cpu", "--no-such-flag"], 60.0)
     assert bad["status"].startswith("error: the row's process exited")
+
+
+def test_markdown_lists_rows_the_budget_skipped():
+    """A row skipped for time (no sides measured) is a table line, not a KeyError after the JSON."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "models.py"
+    spec = importlib.util.spec_from_file_location("_models_md", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    text = mod.markdown([{"model": "llama", "mode": "train", "status": "skipped: time budget spent", "wall_s": 0.0}])
+    assert "| llama | train | - |" in text and "skipped" in text
