@@ -215,10 +215,13 @@ def legal(key: KernelKey, arch, tuned=None) -> str | None:
     if why is None and sig.preshuffle and key.backend not in PRESHUFFLE_BACKENDS:
         why = f"the {key.backend} backend has no pre-shuffled-B template (backends {PRESHUFFLE_BACKENDS})"
     if why is None and key.backend == "triton":
-        why = triton_smem_violation(sig.dtype, key.algorithm, arch)
-        # a winner's key with another epilogue or its pre-shuffled twin (the space adds those) too
+        why = triton_smem_violation(sig.dtype, key.algorithm, arch, sig)
+        # a winner's key with another epilogue or its pre-shuffled twin (the space adds those) too, where
+        # that twin stages nothing more than the winner (a fused D tensor or a wider C does: the sm90
+        # 128x256x64 4-stage C-descriptor winner with one D tensor needs 233,504 B of 232,448)
         plain = KernelKey(key.op, GemmSignature(sig.dtype, sig.layout), key.algorithm, key.arch, key.backend)
-        if why and tuned is not None and plain in tuned(arch, key.backend, [sig.dtype], [sig.layout]):
+        if why and tuned is not None and plain in tuned(arch, key.backend, [sig.dtype], [sig.layout]) \
+                and twin_fits(sig, key.algorithm, arch):
             why = None
     return why
 
@@ -354,23 +357,45 @@ def descriptor_violation(a: GemmAlgorithm, problem) -> str | None:
     return None
 
 
-def triton_smem_violation(dtype: str, alg: GemmAlgorithm, arch) -> str | None:
+def triton_smem_violation(dtype: str, alg: GemmAlgorithm, arch, sig: GemmSignature | None = None) -> str | None:
     """On the triton backend the Triton template's own shared-memory model decides.
 
     Triton allocates ``num_stages`` buffers (plus epilogue scratch), not CK's
     LDS buffers, so the CK estimate would let kernels through that do not fit.
+    ``sig``: the key's signature, whose output dtype and D tensors the epilogue stages
+    (without it: the default output and D tensors counted, as the space enumerates).
     """
     model = _triton_smem_model()
     if model is None:  # triton missing: nothing to compile, nothing to prune
         return None
     smem_bytes, config_of_algorithm = model
-    need = smem_bytes(config_of_algorithm(alg), dtype)
+    if sig is None:
+        need = smem_bytes(config_of_algorithm(alg), dtype)
+    else:
+        need = smem_bytes(config_of_algorithm(alg), dtype, out_dtype=sig.dtype_c, num_d=sig.num_d)
     if need > arch.lds_bytes:
         return f"Triton kernel needs {need} B of shared memory/LDS; {arch.name} has {arch.lds_bytes} B"
     return None
 
 
 @functools.lru_cache(maxsize=1)
+def twin_fits(sig: GemmSignature, alg: GemmAlgorithm, arch) -> bool:
+    """Whether a measured winner's ``alg`` with ``sig``'s epilogue (D tensors, C dtype, pre-shuffled B) may
+    join the triton space: its estimate fits ``arch``, or it stages nothing more than the plain winner
+    (whose measurement says it fits where the estimate, an upper bound, says not)."""
+    return triton_smem_violation(sig.dtype, alg, arch, sig) is None \
+        or _smem_of(sig, alg) <= _smem_of(GemmSignature(sig.dtype, sig.layout), alg)
+
+
+def _smem_of(sig: GemmSignature, alg: GemmAlgorithm) -> int:
+    """The Triton template's shared-memory estimate of ``alg`` with ``sig``'s epilogue (0 without triton)."""
+    model = _triton_smem_model()
+    if model is None:
+        return 0
+    smem_bytes, config_of_algorithm = model
+    return smem_bytes(config_of_algorithm(alg), sig.dtype, out_dtype=sig.dtype_c, num_d=sig.num_d)
+
+
 def _triton_smem_model():
     """Triton's shared-memory model, imported once: a failed import is not cached by Python,
     and retrying it per key made a triton-less enumeration take minutes."""

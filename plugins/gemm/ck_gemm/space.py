@@ -22,8 +22,8 @@ from ck_core.key import KernelKey
 
 from . import ck_rules
 from .keys import (EPILOGUES, PRESHUFFLE_BACKENDS, SCHEDULERS, GemmAlgorithm, GemmSignature, _tile_violation,
-                   preshuffle_violation, rules_violation, triton_smem_violation, split_violation, streamk_violation,
-                   variant_violation, warp_tiles_for)
+                   preshuffle_violation, rules_violation, split_violation, streamk_violation, triton_smem_violation,
+                   twin_fits, variant_violation, warp_tiles_for)
 from .problem import ACTIVATIONS, D_OPS, DTYPES, LAYOUTS
 
 log = logging.getLogger(__name__)
@@ -119,9 +119,12 @@ def enumerate_keys(arch, backend: str, options: dict, tuned=None) -> list[Kernel
                 out.append(KernelKey("gemm", sig, alg, arch.name, backend))
     if backend == "triton" and tuned is not None:
         winners = tuned(arch, backend, dtypes, layouts)
+        # (with every epilogue whose staging still fits: a fused D tensor or a wider C can tip a
+        # winner at the limit over it)
         out.extend(attrs.evolve(k, signature=sig) for k in winners
                    for sig in [attrs.evolve(k.signature, dtype_c=dc, num_d=nd, d_op=op, activation=act)
-                               for dc in dtypes_c for nd, op, act in epis])
+                               for dc in dtypes_c for nd, op, act in epis]
+                   if twin_fits(sig, k.algorithm, arch))
         # their pre-shuffled twins (rcr, pointer variants, split-K on the tile variant): the
         # heuristic's tuned-table pick then finds its config among the pre-shuffled keys too, so
         # a packed weight runs the tile, split and pipeline depth the plain weight would
@@ -129,7 +132,7 @@ def enumerate_keys(arch, backend: str, options: dict, tuned=None) -> list[Kernel
         twins = [attrs.evolve(k, signature=sig) for k in winners if k.signature.layout == "rcr"
                  for sig in [attrs.evolve(k.signature, dtype_c=dc, num_d=nd, d_op=op, activation=act,
                                           preshuffle=True) for dc in dtypes_c for nd, op, act in ps_epis]
-                 if preshuffle_violation(sig, k.algorithm) is None]
+                 if preshuffle_violation(sig, k.algorithm) is None and twin_fits(sig, k.algorithm, arch)]
         out.extend(t for t in dict.fromkeys(twins) if t not in have)
     return out
 
