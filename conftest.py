@@ -8,3 +8,30 @@ if os.environ.get("CK_TEST_GPU") != "1":
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 pytest_plugins = ["ck_core.testing"]
+
+
+def _ci_slow_ids():
+    """The test ids listed in tests/ci_slow.txt (comments after '#')."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tests", "ci_slow.txt")
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = [ln.split("   #")[0].split(" #")[0].strip() for ln in f if not ln.lstrip().startswith("#")]
+    except OSError:
+        return ()
+    return tuple(ln for ln in lines if ln)
+
+
+def pytest_collection_modifyitems(config, items):
+    # runs before -m deselects: the listed tests join the `slow` marker CI skips
+    import pytest
+
+    ids = _ci_slow_ids()
+    if not ids:
+        return
+    for item in items:
+        nid = item.nodeid
+        if any(nid == i or (("[" not in i) and nid.startswith(i + "[")) for i in ids):
+            item.add_marker(pytest.mark.slow)
+
+
+pytest_collection_modifyitems.tryfirst = True
