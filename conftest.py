@@ -15,7 +15,7 @@ def _ci_slow_ids():
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tests", "ci_slow.txt")
     try:
         with open(path, encoding="utf-8") as f:
-            lines = [ln.split("   #")[0].split(" #")[0].strip() for ln in f if not ln.lstrip().startswith("#")]
+            lines = [ln.split("#")[0].strip() for ln in f]
     except OSError:
         return ()
     return tuple(ln for ln in lines if ln)
